@@ -1,0 +1,89 @@
+"""What the host agent needs from a phone, whatever drives it.
+
+Two implementations: `host_agent.adb` (a real adb server via pure-python-adb) and
+`host_agent.simulated` (no phone at all). The runner only sees these types.
+
+Errors::
+
+    DeviceError             any failure talking to a device
+    ├── DeviceLost          the device is gone (unplugged, offline, adb server lost it)
+    ├── DeviceTimeout       a call took longer than its deadline
+    └── CommandFailed       the device answered, but the command did not succeed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class DeviceError(Exception):
+    """The device could not be driven."""
+
+
+class DeviceLost(DeviceError):
+    """device lost: it is no longer attached to this host."""
+
+
+class DeviceTimeout(DeviceError):
+    """The device did not answer in time."""
+
+
+class CommandFailed(DeviceError):
+    """The command ran but failed."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    serial: str
+    # "device" (online, authorized), "offline", "unauthorized", or what adb reports.
+    state: str
+    model: str = ""
+    manufacturer: str = ""
+    sdk: int = 0
+    abi: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShellResult:
+    exit_code: int
+    output: str
+
+
+class Device(Protocol):
+    """One phone. Every method has its own deadline and raises DeviceError subclasses."""
+
+    serial: str
+
+    async def shell(self, command: str, timeout: float) -> ShellResult: ...
+
+    async def tap(self, x: int, y: int) -> None: ...
+
+    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None: ...
+
+    async def input_text(self, text: str) -> None: ...
+
+    async def key(self, keycode: int) -> None: ...
+
+    async def launch_app(self, package: str, activity: str) -> None: ...
+
+    async def stop_app(self, package: str) -> None: ...
+
+    async def screenshot(self) -> bytes:
+        """A PNG image."""
+        ...
+
+    async def ui_dump(self) -> str:
+        """The `uiautomator dump` XML of the current screen."""
+        ...
+
+
+class DeviceSource(Protocol):
+    """The phones attached to this host."""
+
+    async def inventory(self) -> list[DeviceInfo]: ...
+
+    def device(self, serial: str) -> Device: ...
+
+    async def close(self) -> None: ...
