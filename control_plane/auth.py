@@ -1,0 +1,129 @@
+"""Bearer tokens and who may call what.
+
+A token reads `amc_<token id>_<secret>`; only sha256(secret) is stored. Roles:
+`client` (Scheduler, except ListHosts), `operator` (Scheduler, ListHosts, Admin),
+`host` (Lease only, as the one host id the token is bound to). Health and reflection are
+open to everyone: they say nothing about tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+
+from control_plane import errors
+from control_plane.domain import ANONYMOUS, Principal, Role, TokenInfo
+from control_plane.store import Store
+
+CLIENTS = frozenset({Role.CLIENT, Role.OPERATOR})
+OPERATORS = frozenset({Role.OPERATOR})
+HOSTS = frozenset({Role.HOST})
+
+# Every RPC has a row; the server refuses to start when one is missing.
+POLICY: dict[str, frozenset[Role]] = {
+    "/amc.v1.Scheduler/SubmitTask": CLIENTS,
+    "/amc.v1.Scheduler/GetTask": CLIENTS,
+    "/amc.v1.Scheduler/ListTasks": CLIENTS,
+    "/amc.v1.Scheduler/CancelTask": CLIENTS,
+    "/amc.v1.Scheduler/WatchTask": CLIENTS,
+    "/amc.v1.Scheduler/ListHosts": OPERATORS,
+    "/amc.v1.Lease/RegisterHost": HOSTS,
+    "/amc.v1.Lease/Acquire": HOSTS,
+    "/amc.v1.Lease/RenewLeases": HOSTS,
+    "/amc.v1.Lease/ReportResult": HOSTS,
+    "/amc.v1.Lease/ReleaseLease": HOSTS,
+    "/amc.v1.Admin/CreateToken": OPERATORS,
+    "/amc.v1.Admin/RevokeToken": OPERATORS,
+    "/amc.v1.Admin/ListTokens": OPERATORS,
+}
+
+PREFIX = "amc_"
+CACHE_SECONDS = 5.0
+
+
+def hash_secret(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def new_token() -> tuple[uuid.UUID, str, bytes]:
+    """(token id, the token to hand out, the hash to store)."""
+    token_id = uuid.uuid4()
+    secret = secrets.token_urlsafe(32)
+    return token_id, f"{PREFIX}{token_id.hex}_{secret}", hash_secret(secret)
+
+
+def parse(token: str) -> tuple[uuid.UUID, str]:
+    if not token.startswith(PREFIX):
+        raise errors.Unauthenticated("malformed token")
+    token_hex, _, secret = token[len(PREFIX):].partition("_")
+    try:
+        token_id = uuid.UUID(hex=token_hex)
+    except ValueError:
+        raise errors.Unauthenticated("malformed token") from None
+    if not secret:
+        raise errors.Unauthenticated("malformed token")
+    return token_id, secret
+
+
+def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode(errors="replace") if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise errors.Unauthenticated("authorization must be 'Bearer <token>'")
+            return token.strip()
+    raise errors.Unauthenticated("missing authorization metadata: 'Bearer <token>'")
+
+
+class Authenticator:
+    """Checks tokens against the store, caching a valid one for a few seconds so that hot
+    calls do not pay a database round trip each. Revocation takes effect at once on the
+    replica that revoked, within CACHE_SECONDS on the others."""
+
+    def __init__(self, store: Store, *, enabled: bool = True) -> None:
+        self.store = store
+        self.enabled = enabled
+        self._cache: dict[uuid.UUID, tuple[TokenInfo, float]] = {}
+
+    async def principal(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Principal:
+        if not self.enabled:
+            return ANONYMOUS
+        token_id, secret = parse(bearer(metadata))
+        info = await self._lookup(token_id)
+        if info is None or not hmac.compare_digest(info.secret_hash, hash_secret(secret)):
+            raise errors.Unauthenticated("unknown token")
+        if info.revoked_at is not None:
+            raise errors.Unauthenticated("token revoked")
+        return Principal(role=info.role, host_id=info.host_id, token_id=info.token_id)
+
+    async def _lookup(self, token_id: uuid.UUID) -> TokenInfo | None:
+        cached = self._cache.get(token_id)
+        if cached and time.monotonic() - cached[1] < CACHE_SECONDS:
+            return cached[0]
+        info = await self.store.get_token(token_id)
+        if info is not None:
+            self._cache[token_id] = (info, time.monotonic())
+        return info
+
+    def forget(self, token_id: uuid.UUID) -> None:
+        self._cache.pop(token_id, None)
+
+
+def authorize(principal: Principal, method: str) -> None:
+    if principal.role is None:  # auth is off
+        return
+    if principal.role not in POLICY[method]:
+        raise errors.PermissionDenied(
+            f"role '{principal.role}' may not call {method.rsplit('/', 1)[-1]}")
+
+
+def check_host(principal: Principal, host_id: str) -> None:
+    """A host token acts only as its own host."""
+    if principal.role is Role.HOST and principal.host_id != host_id:
+        raise errors.PermissionDenied(
+            f"this token is for host '{principal.host_id}', not '{host_id}'")

@@ -1,0 +1,110 @@
+"""Domain values <-> amc.v1 messages. Only the gRPC layer uses this."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from control_plane.domain import Assignment, DeviceInfo, HostInfo, Role, Task, TokenInfo
+from control_plane.lifecycle import Outcome, TaskStatus
+
+STATUS_TO_PB = {
+    TaskStatus.QUEUED: task_pb2.TASK_STATUS_QUEUED,
+    TaskStatus.ASSIGNED: task_pb2.TASK_STATUS_ASSIGNED,
+    TaskStatus.DISPATCHED: task_pb2.TASK_STATUS_DISPATCHED,
+    TaskStatus.DONE: task_pb2.TASK_STATUS_DONE,
+    TaskStatus.FAILED: task_pb2.TASK_STATUS_FAILED,
+    TaskStatus.CANCELLED: task_pb2.TASK_STATUS_CANCELLED,
+}
+STATUS_FROM_PB = {v: k for k, v in STATUS_TO_PB.items()}
+OUTCOME_FROM_PB = {
+    lease_pb2.OUTCOME_DONE: Outcome.DONE,
+    lease_pb2.OUTCOME_FAILED: Outcome.FAILED,
+    lease_pb2.OUTCOME_CANCELLED: Outcome.CANCELLED,
+}
+ROLE_TO_PB = {
+    Role.CLIENT: admin_pb2.ROLE_CLIENT,
+    Role.OPERATOR: admin_pb2.ROLE_OPERATOR,
+    Role.HOST: admin_pb2.ROLE_HOST,
+}
+ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
+DEVICE_STATE_TO_PB = {
+    "device": scheduler_pb2.DEVICE_STATE_DEVICE,
+    "offline": scheduler_pb2.DEVICE_STATE_OFFLINE,
+    "unauthorized": scheduler_pb2.DEVICE_STATE_UNAUTHORIZED,
+    "gone": scheduler_pb2.DEVICE_STATE_GONE,
+}
+DEVICE_STATE_FROM_PB = {v: k for k, v in DEVICE_STATE_TO_PB.items()}
+
+
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def duration(value: timedelta) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromTimedelta(value)
+    return d
+
+
+def task_to_pb(task: Task) -> task_pb2.Task:
+    pb = task_pb2.Task(
+        task_id=str(task.task_id), request_id=task.request_id or "",
+        status=STATUS_TO_PB[task.status], priority=task.priority,
+        max_attempts=task.max_attempts, metadata=task.metadata, attempt=task.attempt,
+        host_id=task.host_id or "", device_serial=task.device_serial or "",
+        cancel_reason=task.cancel_reason or "",
+        selector=task_pb2.DeviceSelector(serial=task.selector_serial or "",
+                                         labels=task.selector_labels),
+        created_at=timestamp(task.created_at), updated_at=timestamp(task.updated_at),
+        cancel_requested_at=timestamp(task.cancel_requested_at),
+        finished_at=timestamp(task.finished_at),
+    )
+    pb.spec.ParseFromString(task.spec)
+    if task.result is not None:
+        pb.result.ParseFromString(task.result)
+    if task.error and not pb.result.error:
+        pb.result.error = task.error
+    return pb
+
+
+def assignment_to_pb(a: Assignment, valid_for: timedelta) -> lease_pb2.Assignment:
+    pb = lease_pb2.Assignment(task_id=str(a.task_id), attempt=a.attempt,
+                              lease_id=str(a.lease_id), device_serial=a.device_serial,
+                              valid_for=duration(valid_for))
+    pb.spec.ParseFromString(a.spec)
+    return pb
+
+
+def device_from_pb(d: lease_pb2.DeviceInfo, host_labels: dict[str, str]) -> DeviceInfo:
+    """The labels a selector matches: host labels, then the device's facts and own labels."""
+    facts = {"model": d.model, "manufacturer": d.manufacturer, "abi": d.abi,
+             "sdk": str(d.sdk) if d.sdk else ""}
+    labels = {**host_labels, **{k: v for k, v in facts.items() if v}, **dict(d.labels)}
+    return DeviceInfo(serial=d.serial, state=DEVICE_STATE_FROM_PB.get(d.state, "offline"),
+                      model=d.model, manufacturer=d.manufacturer, sdk=d.sdk, abi=d.abi,
+                      labels=labels)
+
+
+def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
+    return scheduler_pb2.Host(
+        host_id=h.host_id, labels=h.labels, connected=h.connected,
+        last_seen_at=timestamp(h.last_seen_at),
+        devices=[scheduler_pb2.Device(
+            serial=d.serial, state=DEVICE_STATE_TO_PB.get(d.state,
+                                                          scheduler_pb2.DEVICE_STATE_UNSPECIFIED),
+            model=d.model, manufacturer=d.manufacturer, sdk=d.sdk, abi=d.abi,
+            labels=d.labels, task_id=str(d.task_id) if d.task_id else "")
+            for d in h.devices])
+
+
+def token_to_pb(t: TokenInfo) -> admin_pb2.TokenInfo:
+    return admin_pb2.TokenInfo(token_id=str(t.token_id), name=t.name, role=ROLE_TO_PB[t.role],
+                               host_id=t.host_id or "", created_at=timestamp(t.created_at),
+                               revoked_at=timestamp(t.revoked_at))

@@ -1,0 +1,151 @@
+"""Values the control plane passes around. The spec and result are kept as the bytes the
+gRPC edge gave us (serialized amc.v1 messages): the store never needs their insides."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import NewType
+
+from control_plane.lifecycle import Outcome, TaskStatus
+
+TaskId = NewType("TaskId", uuid.UUID)
+LeaseId = NewType("LeaseId", uuid.UUID)
+HostId = NewType("HostId", str)
+
+
+class Role(enum.StrEnum):
+    CLIENT = "client"
+    OPERATOR = "operator"
+    HOST = "host"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling. `token_id` is None when auth is off (--insecure)."""
+
+    role: Role | None
+    host_id: str | None = None
+    token_id: uuid.UUID | None = None
+
+    @property
+    def caller(self) -> str:
+        return str(self.token_id) if self.token_id else "anonymous"
+
+
+ANONYMOUS = Principal(role=None)
+
+
+@dataclass(frozen=True)
+class NewTask:
+    spec: bytes
+    request_id: str | None = None
+    selector_serial: str | None = None
+    selector_labels: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    max_attempts: int = 3
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: TaskId
+    request_id: str | None
+    status: TaskStatus
+    spec: bytes
+    selector_serial: str | None
+    selector_labels: dict[str, str]
+    priority: int
+    max_attempts: int
+    metadata: dict[str, str]
+    attempt: int
+    host_id: str | None
+    device_serial: str | None
+    cancel_requested_at: datetime | None
+    cancel_reason: str | None
+    result: bytes | None
+    error: str
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    task_id: TaskId
+    attempt: int
+    lease_id: LeaseId
+    device_serial: str
+    spec: bytes
+
+
+@dataclass(frozen=True)
+class Renewal:
+    lease_id: LeaseId
+    renewed: bool
+    cancel_pending: bool
+    task_id: TaskId | None
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Report:
+    task_id: TaskId
+    attempt: int
+    lease_id: LeaseId
+    outcome: Outcome
+    result: bytes
+    error: str
+
+
+@dataclass(frozen=True)
+class Expiry:
+    task_id: TaskId
+    attempt: int
+    lease_id: LeaseId
+    host_id: str
+    to_status: TaskStatus
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    serial: str
+    state: str
+    model: str = ""
+    manufacturer: str = ""
+    sdk: int = 0
+    abi: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    task_id: TaskId | None = None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    host_id: str
+    labels: dict[str, str]
+    connected: bool
+    last_seen_at: datetime
+    devices: list[DeviceInfo]
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    token_id: uuid.UUID
+    name: str
+    role: Role
+    host_id: str | None
+    secret_hash: bytes
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CancelNotice:
+    """A cancellation recorded for a lease, as NOTIFY carries it to the stream's replica."""
+
+    host_id: str
+    lease_id: LeaseId
+    task_id: TaskId
+    attempt: int

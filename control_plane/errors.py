@@ -1,0 +1,94 @@
+"""The control plane's domain errors. Each docstring is the default message.
+
+    AmcError
+    ├── InvalidArgument          malformed input; names the field
+    ├── NotFound
+    │   └── TaskNotFound
+    ├── FailedPrecondition       the task's state does not allow it
+    │   ├── TaskAlreadyTerminal
+    │   ├── NoCancellationRequested
+    │   └── DifferentReportRecorded
+    ├── Aborted                  lease / attempt fencing
+    │   ├── LeaseConflict
+    │   └── StaleAttempt
+    ├── Unauthenticated
+    ├── PermissionDenied
+    └── Unavailable
+        └── DatabaseUnavailable
+
+The gRPC layer maps each branch to one status code (control_plane.rpc); nothing else
+chooses codes.
+"""
+
+from __future__ import annotations
+
+
+class AmcError(Exception):
+    """The request failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidArgument(AmcError):
+    """A field of the request is malformed."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class NotFound(AmcError):
+    """Not found."""
+
+
+class TaskNotFound(NotFound):
+    """No such task."""
+
+
+class FailedPrecondition(AmcError):
+    """The task's current state does not allow this."""
+
+
+class TaskAlreadyTerminal(FailedPrecondition):
+    """The task already finished."""
+
+
+class NoCancellationRequested(FailedPrecondition):
+    """A cancelled outcome needs a cancellation request, and this attempt has none."""
+
+
+class DifferentReportRecorded(FailedPrecondition):
+    """This attempt already has a different result recorded."""
+
+
+class Aborted(AmcError):
+    """The lease or attempt is no longer current."""
+
+
+class LeaseConflict(Aborted):
+    """The lease does not belong to this host, task and attempt."""
+
+
+class StaleAttempt(Aborted):
+    """The lease expired or a newer attempt replaced it; the report was not recorded."""
+
+
+class Unauthenticated(AmcError):
+    """Missing or invalid bearer token."""
+
+
+class PermissionDenied(AmcError):
+    """This token's role may not call this method."""
+
+
+class Unavailable(AmcError):
+    """Temporarily unavailable; retry."""
+
+
+class DatabaseUnavailable(Unavailable):
+    """The database is unreachable; retry."""

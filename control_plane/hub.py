@@ -1,0 +1,99 @@
+"""One replica's side of LISTEN/NOTIFY: wakes waiting Acquires when work is queued, pushes
+recorded cancellations to the renewal streams this replica holds, and tells watchers that a
+task changed. NOTIFY reaches every replica, so whichever holds a host's stream delivers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import structlog
+
+from control_plane.domain import CancelNotice, LeaseId, TaskId
+
+log = structlog.get_logger(__name__)
+
+CHANNELS = ("amc_queued", "amc_cancel", "amc_task")
+PushCallback = Callable[[CancelNotice], None]
+
+
+class Hub:
+    def __init__(self) -> None:
+        self._queued = asyncio.Event()
+        self._streams: dict[str, set[PushCallback]] = defaultdict(set)
+        self._watchers: dict[uuid.UUID, set[asyncio.Event]] = defaultdict(set)
+
+    # -- what the listener connection calls --------------------------------------------------
+
+    def notify(self, channel: str, payload: str) -> None:
+        if channel == "amc_queued":
+            self.wake_acquirers()
+        elif channel == "amc_cancel":
+            self._push_cancel(payload)
+        elif channel == "amc_task":
+            self._wake_watchers(payload)
+
+    def wake_all(self) -> None:
+        """After the listener reconnects: anything may have been missed, so look again."""
+        self.wake_acquirers()
+        for events in self._watchers.values():
+            for event in events:
+                event.set()
+
+    def wake_acquirers(self) -> None:
+        self._queued.set()
+        self._queued = asyncio.Event()
+
+    # -- what the services use -------------------------------------------------------------
+
+    def queued_signal(self) -> asyncio.Event:
+        """Take this before looking for work; it is set by the next queued notification."""
+        return self._queued
+
+    @contextlib.contextmanager
+    def host_stream(self, host_id: str, callback: PushCallback) -> Iterator[None]:
+        self._streams[host_id].add(callback)
+        try:
+            yield
+        finally:
+            self._streams[host_id].discard(callback)
+            if not self._streams[host_id]:
+                del self._streams[host_id]
+
+    @contextlib.contextmanager
+    def watch(self, task_id: uuid.UUID) -> Iterator[asyncio.Event]:
+        event = asyncio.Event()
+        self._watchers[task_id].add(event)
+        try:
+            yield event
+        finally:
+            self._watchers[task_id].discard(event)
+            if not self._watchers[task_id]:
+                del self._watchers[task_id]
+
+    def streams(self) -> int:
+        return sum(len(s) for s in self._streams.values())
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _push_cancel(self, payload: str) -> None:
+        try:
+            host_id, lease, task, attempt = payload.split(" ")
+            notice = CancelNotice(host_id, LeaseId(uuid.UUID(lease)), TaskId(uuid.UUID(task)),
+                                  int(attempt))
+        except ValueError:
+            log.warning("malformed cancel notification", payload=payload)
+            return
+        for callback in list(self._streams.get(notice.host_id, ())):
+            callback(notice)
+
+    def _wake_watchers(self, payload: str) -> None:
+        try:
+            task_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        for event in self._watchers.get(task_id, ()):
+            event.set()

@@ -1,0 +1,180 @@
+"""amc.v1.Lease: the host agents' side — register, acquire, renew, report, release."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
+from control_plane import validate
+from control_plane.auth import Authenticator, check_host
+from control_plane.config import Settings
+from control_plane.convert import OUTCOME_FROM_PB, assignment_to_pb, device_from_pb, duration
+from control_plane.convert import task_to_pb
+from control_plane.domain import CancelNotice, LeaseId, Renewal, Report, TaskId
+from control_plane.errors import InvalidArgument
+from control_plane.hub import Hub
+from control_plane.rpc import Servicer, principal, rpc
+from control_plane.store import Store
+
+log = structlog.get_logger(__name__)
+MAX_DEVICES = 1000
+
+
+class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
+    SERVICE = "amc.v1.Lease"
+
+    def __init__(self, auth: Authenticator, store: Store, hub: Hub, settings: Settings) -> None:
+        super().__init__(auth)
+        self.store = store
+        self.hub = hub
+        self.settings = settings
+
+    def _host(self, host_id: str) -> str:
+        validate.identifier(host_id, "host_id")
+        check_host(principal(), host_id)
+        return host_id
+
+    @rpc
+    async def RegisterHost(self, request: lease_pb2.RegisterHostRequest,
+                           context: grpc.aio.ServicerContext) -> lease_pb2.RegisterHostResponse:
+        host_id = self._host(request.host_id)
+        labels = validate.string_map(dict(request.labels), "labels")
+        if len(request.devices) > MAX_DEVICES:
+            raise InvalidArgument("devices", f"more than {MAX_DEVICES} devices")
+        for i, d in enumerate(request.devices):
+            validate.device(d, f"devices[{i}]")
+        if len({d.serial for d in request.devices}) != len(request.devices):
+            raise InvalidArgument("devices", "a serial is listed twice")
+        devices = [device_from_pb(d, labels) for d in request.devices]
+        await self.store.register_host(host_id, labels, devices)
+        log.info("host registered", host_id=host_id, devices=[d.serial for d in devices])
+        return lease_pb2.RegisterHostResponse(
+            lease_ttl=duration(self.settings.lease_ttl),
+            renew_interval=duration(self.settings.renew_every))
+
+    @rpc
+    async def Acquire(self, request: lease_pb2.AcquireRequest,
+                      context: grpc.aio.ServicerContext) -> lease_pb2.AcquireResponse:
+        host_id = self._host(request.host_id)
+        serials = validate.serials(request.idle_serials, "idle_serials")
+        if request.wait.seconds < 0 or request.wait.nanos < 0:
+            raise InvalidArgument("wait", "must not be negative")
+        wait = min(request.wait.ToTimedelta(), self.settings.max_acquire_wait).total_seconds()
+        ttl = self.settings.lease_ttl
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            queued = self.hub.queued_signal()
+            found = await self.store.acquire(host_id, serials, ttl) if serials else []
+            remaining = deadline - loop.time()
+            if found or remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(queued.wait(), remaining)
+        for a in found:
+            log.info("task assigned", task_id=str(a.task_id), attempt=a.attempt,
+                     lease_id=str(a.lease_id), host_id=host_id, device=a.device_serial)
+        return lease_pb2.AcquireResponse(assignments=[assignment_to_pb(a, ttl) for a in found])
+
+    @rpc
+    async def RenewLeases(self, request_iterator: AsyncIterator[lease_pb2.RenewLeasesRequest],
+                          context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[lease_pb2.RenewLeasesResponse]:
+        outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None] = asyncio.Queue()
+        with contextlib.ExitStack() as stack:
+            reader = asyncio.create_task(self._read_renewals(request_iterator, outbox, stack))
+            try:
+                while (response := await outbox.get()) is not None:
+                    yield response
+                await reader
+            finally:
+                reader.cancel()
+
+    async def _read_renewals(self, requests: AsyncIterator[lease_pb2.RenewLeasesRequest],
+                             outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None],
+                             stack: contextlib.ExitStack) -> None:
+        bound: str | None = None
+        try:
+            async for request in requests:
+                host_id = self._host(request.host_id)
+                if bound is None:
+                    bound = host_id
+                    stack.enter_context(self.hub.host_stream(
+                        host_id, lambda notice: outbox.put_nowait(_push(notice))))
+                    log.info("renewal stream opened", host_id=host_id)
+                elif host_id != bound:
+                    raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
+                outbox.put_nowait(await self._renew(host_id, request))
+        finally:
+            outbox.put_nowait(None)
+            if bound:
+                log.info("renewal stream closed", host_id=bound)
+
+    async def _renew(self, host_id: str,
+                     request: lease_pb2.RenewLeasesRequest) -> lease_pb2.RenewLeasesResponse:
+        if len(request.lease_ids) > validate.MAX_LEASES_PER_RENEWAL:
+            raise InvalidArgument("lease_ids", f"more than {validate.MAX_LEASES_PER_RENEWAL}")
+        parsed: dict[str, uuid.UUID] = {}
+        for raw in request.lease_ids:
+            with contextlib.suppress(ValueError):
+                parsed[raw] = uuid.UUID(raw)
+        ttl = self.settings.lease_ttl
+        renewals = await self.store.renew(host_id, list(parsed.values()), ttl) if parsed else []
+        by_id: dict[uuid.UUID, Renewal] = {r.lease_id: r for r in renewals}
+        states = [_lease_state(raw, by_id.get(parsed[raw]) if raw in parsed else None, ttl)
+                  for raw in request.lease_ids]
+        return lease_pb2.RenewLeasesResponse(leases=states, seq=request.seq)
+
+    @rpc
+    async def ReportResult(self, request: lease_pb2.ReportResultRequest,
+                           context: grpc.aio.ServicerContext) -> task_pb2.Task:
+        task_id = TaskId(validate.task_id(request.task_id))
+        lease_id = LeaseId(validate.lease_id(request.lease_id))
+        if request.attempt < 1:
+            raise InvalidArgument("attempt", "must be 1 or more")
+        if request.outcome not in OUTCOME_FROM_PB:
+            raise InvalidArgument("outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or "
+                                  "OUTCOME_CANCELLED")
+        validate.result(request.result)
+        report = Report(task_id, request.attempt, lease_id, OUTCOME_FROM_PB[request.outcome],
+                        request.result.SerializeToString(deterministic=True),
+                        request.result.error)
+        host_id = principal().host_id
+        code, task = await self.store.report(host_id, report)
+        log.info("result " + code, task_id=str(task_id), attempt=request.attempt,
+                 lease_id=str(lease_id), host_id=task.host_id, outcome=str(report.outcome))
+        return task_to_pb(task)
+
+    @rpc
+    async def ReleaseLease(self, request: lease_pb2.ReleaseLeaseRequest,
+                           context: grpc.aio.ServicerContext) -> lease_pb2.ReleaseLeaseResponse:
+        lease_id = LeaseId(validate.lease_id(request.lease_id))
+        if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
+            raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
+        ended = await self.store.release(principal().host_id, lease_id,
+                                         request.reason or "released by host")
+        if ended:
+            log.info("lease released", task_id=str(ended.task_id), attempt=ended.attempt,
+                     lease_id=str(lease_id), host_id=ended.host_id, to=str(ended.to_status))
+        return lease_pb2.ReleaseLeaseResponse()
+
+
+def _lease_state(raw: str, renewal: Renewal | None, ttl: object) -> lease_pb2.LeaseState:
+    if renewal is None or not renewal.renewed:
+        return lease_pb2.LeaseState(lease_id=raw, result=lease_pb2.RENEWAL_RESULT_CONFLICT)
+    return lease_pb2.LeaseState(
+        lease_id=raw, result=lease_pb2.RENEWAL_RESULT_RENEWED, valid_for=duration(ttl),  # type: ignore[arg-type]
+        cancel_pending=renewal.cancel_pending, task_id=str(renewal.task_id),
+        attempt=renewal.attempt)
+
+
+def _push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
+    state = lease_pb2.LeaseState(lease_id=str(notice.lease_id), cancel_pending=True,
+                                 task_id=str(notice.task_id), attempt=notice.attempt)
+    return lease_pb2.RenewLeasesResponse(leases=[state], push=True)

@@ -1,0 +1,123 @@
+-- Every statement the control plane sends, by name (control_plane.sql loads this file).
+-- Transitions that lock several rows are functions in migrations/002_transitions.sql.
+
+-- name: submit_task
+-- submit: - -> queued. Returns nothing when (caller, request_id) exists already.
+WITH ins AS (
+    INSERT INTO tasks (task_id, caller, request_id, status, spec, selector_serial,
+                       selector_labels, priority, max_attempts, metadata)
+    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9)
+    ON CONFLICT (caller, request_id) DO NOTHING
+    RETURNING *
+), ev AS (
+    INSERT INTO task_events (task_id, attempt, kind, to_status)
+    SELECT task_id, 0, 'submit', 'queued' FROM ins
+)
+SELECT * FROM ins;
+
+-- name: task_by_request
+SELECT * FROM tasks WHERE caller = $1 AND request_id = $2;
+
+-- name: get_task
+SELECT * FROM tasks WHERE task_id = $1;
+
+-- name: list_tasks
+-- Newest first, keyset-paged on (created_at, task_id).
+SELECT * FROM tasks
+WHERE (cardinality($1::text[]) = 0 OR status = ANY ($1))
+  AND ($2::text IS NULL OR host_id = $2)
+  AND ($3::timestamptz IS NULL OR (created_at, task_id) < ($3, $4::uuid))
+ORDER BY created_at DESC, task_id DESC
+LIMIT $5;
+
+-- name: cancel_task
+SELECT code, (task).* FROM amc_cancel($1, $2);
+
+-- name: acquire
+SELECT * FROM amc_acquire($1, $2, $3);
+
+-- name: renew_leases
+-- Renews the host's live leases among $2; the first renewal acknowledges the assignment
+-- (assigned -> dispatched). Leases not renewed come back with task_id NULL: a conflict.
+WITH req AS (
+    SELECT DISTINCT unnest($2::uuid[]) AS lease_id
+), renewed AS (
+    UPDATE attempts a SET lease_expires_at = now() + $3::interval,
+                          acknowledged_at = COALESCE(a.acknowledged_at, now())
+    FROM req
+    WHERE a.lease_id = req.lease_id AND a.host_id = $1 AND a.state = 'active'
+      AND a.lease_expires_at > now()
+    RETURNING a.lease_id, a.task_id, a.attempt, a.cancel_requested_at IS NOT NULL AS cancel_pending
+), acknowledged AS (
+    UPDATE tasks t SET status = 'dispatched', updated_at = now()
+    FROM renewed r
+    WHERE t.task_id = r.task_id AND t.attempt = r.attempt AND t.status = 'assigned'
+    RETURNING t.task_id, t.attempt
+), ev AS (
+    INSERT INTO task_events (task_id, attempt, kind, from_status, to_status)
+    SELECT task_id, attempt, 'acknowledge', 'assigned', 'dispatched' FROM acknowledged
+), seen AS (
+    UPDATE hosts SET last_seen_at = now() WHERE host_id = $1
+)
+SELECT req.lease_id, r.task_id, r.attempt, COALESCE(r.cancel_pending, false) AS cancel_pending
+FROM req LEFT JOIN renewed r USING (lease_id);
+
+-- name: report_result
+SELECT code, (task).* FROM amc_report($1, $2, $3, $4, $5, $6, $7);
+
+-- name: lease_owner
+SELECT host_id, state FROM attempts WHERE lease_id = $1;
+
+-- name: release_lease
+SELECT * FROM amc_expire(1, $1, $2);
+
+-- name: expire_leases
+SELECT * FROM amc_expire($1);
+
+-- name: upsert_host
+INSERT INTO hosts (host_id, labels) VALUES ($1, $2)
+ON CONFLICT (host_id) DO UPDATE SET labels = EXCLUDED.labels, last_seen_at = now(),
+                                    registered_at = now();
+
+-- name: upsert_devices
+-- $2..$8 are parallel arrays, one element per device; labels as JSON text.
+INSERT INTO devices (host_id, serial, state, model, manufacturer, sdk, abi, labels)
+SELECT $1, d.serial, d.state, d.model, d.manufacturer, d.sdk, d.abi, d.labels::jsonb
+FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[])
+     AS d (serial, state, model, manufacturer, sdk, abi, labels)
+ON CONFLICT (host_id, serial) DO UPDATE SET
+    state = EXCLUDED.state, model = EXCLUDED.model, manufacturer = EXCLUDED.manufacturer,
+    sdk = EXCLUDED.sdk, abi = EXCLUDED.abi, labels = EXCLUDED.labels, updated_at = now();
+
+-- name: mark_devices_gone
+UPDATE devices SET state = 'gone', updated_at = now()
+WHERE host_id = $1 AND serial <> ALL ($2::text[]) AND state <> 'gone';
+
+-- name: list_hosts
+SELECT h.host_id, h.labels, h.last_seen_at,
+       h.last_seen_at > now() - $1::interval AS connected,
+       COALESCE(jsonb_agg(jsonb_build_object(
+           'serial', d.serial, 'state', d.state, 'model', d.model,
+           'manufacturer', d.manufacturer, 'sdk', d.sdk, 'abi', d.abi, 'labels', d.labels,
+           'task_id', d.task_id) ORDER BY d.serial) FILTER (WHERE d.serial IS NOT NULL),
+           '[]') AS devices
+FROM hosts h LEFT JOIN devices d USING (host_id)
+GROUP BY h.host_id
+ORDER BY h.host_id;
+
+-- name: create_token
+INSERT INTO tokens (token_id, name, role, host_id, secret_hash)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING *;
+
+-- name: get_token
+SELECT * FROM tokens WHERE token_id = $1;
+
+-- name: revoke_token
+UPDATE tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE token_id = $1 RETURNING *;
+
+-- name: list_tokens
+SELECT * FROM tokens ORDER BY created_at, token_id;
+
+-- name: ping
+SELECT 1;

@@ -1,0 +1,101 @@
+"""The gRPC border: authentication, authorization and the one table from domain errors
+to status codes. Every servicer method is wrapped by `@rpc`; none picks a code itself."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from control_plane import errors
+from control_plane.auth import Authenticator, authorize
+from control_plane.domain import ANONYMOUS, Principal
+
+log = structlog.get_logger(__name__)
+
+CODES: list[tuple[type[errors.AmcError], grpc.StatusCode]] = [
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.Aborted, grpc.StatusCode.ABORTED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+]
+
+principal_var: contextvars.ContextVar[Principal] = contextvars.ContextVar(
+    "principal", default=ANONYMOUS)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def code_for(exc: errors.AmcError) -> grpc.StatusCode:
+    for cls, code in CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def principal() -> Principal:
+    return principal_var.get()
+
+
+class Servicer:
+    """Base of the servicers: `SERVICE` names the proto service, `auth` checks callers."""
+
+    SERVICE = ""
+
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+
+
+async def _enter(self: Servicer, method: str, context: grpc.aio.ServicerContext) -> None:
+    who = await self.auth.principal(context.invocation_metadata())
+    authorize(who, method)
+    principal_var.set(who)
+
+
+async def _fail(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+    if isinstance(exc, errors.AmcError):
+        await context.abort(code_for(exc), exc.message)
+    log.exception("unexpected error", method=method)
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+
+def rpc(func: F) -> F:
+    """Wrap a servicer method (unary or streaming response) with auth and error mapping."""
+    name = func.__name__
+
+    if inspect.isasyncgenfunction(func):
+        @functools.wraps(func)
+        async def stream(self: Servicer, request: Any,
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            method = f"/{self.SERVICE}/{name}"
+            try:
+                await _enter(self, method, context)
+                async for item in func(self, request, context):
+                    yield item
+            except (errors.AmcError, Exception) as exc:  # noqa: BLE001 - the border
+                if isinstance(exc, grpc.aio.AbortError):
+                    raise
+                await _fail(context, method, exc)
+
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(func)
+    async def unary(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        method = f"/{self.SERVICE}/{name}"
+        try:
+            await _enter(self, method, context)
+            return await func(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - the border
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            await _fail(context, method, exc)
+
+    return unary  # type: ignore[return-value]

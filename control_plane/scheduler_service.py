@@ -1,0 +1,137 @@
+"""amc.v1.Scheduler: submit, follow and cancel tasks; see the hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import grpc
+import structlog
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from control_plane import validate
+from control_plane.auth import Authenticator
+from control_plane.config import Settings
+from control_plane.convert import STATUS_FROM_PB, host_to_pb, task_to_pb
+from control_plane.domain import NewTask, TaskId
+from control_plane.errors import InvalidArgument
+from control_plane.hub import Hub
+from control_plane.rpc import Servicer, principal, rpc
+from control_plane.store import Store
+
+log = structlog.get_logger(__name__)
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+def encode_page_token(created_at: datetime, task_id: uuid.UUID) -> str:
+    raw = f"{created_at.isoformat()}|{task_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
+    if not token:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        created, task_id = raw.split("|")
+        return datetime.fromisoformat(created), uuid.UUID(task_id)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "not a token from a previous ListTasks") from None
+
+
+class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
+    SERVICE = "amc.v1.Scheduler"
+
+    def __init__(self, auth: Authenticator, store: Store, hub: Hub, settings: Settings) -> None:
+        super().__init__(auth)
+        self.store = store
+        self.hub = hub
+        self.settings = settings
+
+    @rpc
+    async def SubmitTask(self, request: scheduler_pb2.SubmitTaskRequest,
+                         context: grpc.aio.ServicerContext) -> task_pb2.Task:
+        validate.submit(request)
+        new = NewTask(
+            spec=request.spec.SerializeToString(deterministic=True),
+            request_id=request.request_id or None,
+            selector_serial=request.selector.serial or None,
+            selector_labels=dict(request.selector.labels), priority=request.priority,
+            max_attempts=request.max_attempts or DEFAULT_MAX_ATTEMPTS,
+            metadata=dict(request.metadata))
+        task, created = await self.store.submit(principal().caller, new)
+        if created:
+            log.info("task submitted", task_id=str(task.task_id), priority=task.priority,
+                     request_id=task.request_id)
+        return task_to_pb(task)
+
+    @rpc
+    async def GetTask(self, request: scheduler_pb2.GetTaskRequest,
+                      context: grpc.aio.ServicerContext) -> task_pb2.Task:
+        task_id = TaskId(validate.task_id(request.task_id))
+        return task_to_pb(await self.store.get_task(task_id))
+
+    @rpc
+    async def ListTasks(self, request: scheduler_pb2.ListTasksRequest,
+                        context: grpc.aio.ServicerContext) -> scheduler_pb2.ListTasksResponse:
+        statuses = []
+        for i, value in enumerate(request.statuses):
+            if value not in STATUS_FROM_PB:
+                raise InvalidArgument(f"statuses[{i}]", f"unknown task status {value}")
+            statuses.append(STATUS_FROM_PB[value])
+        host_id = validate.identifier(request.host_id, "host_id", required=False) or None
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", "must not be negative")
+        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+        after = decode_page_token(request.page_token)
+        tasks = await self.store.list_tasks(statuses, host_id, after, size + 1)
+        token = ""
+        if len(tasks) > size:
+            tasks = tasks[:size]
+            token = encode_page_token(tasks[-1].created_at, tasks[-1].task_id)
+        return scheduler_pb2.ListTasksResponse(tasks=[task_to_pb(t) for t in tasks],
+                                               next_page_token=token)
+
+    @rpc
+    async def CancelTask(self, request: scheduler_pb2.CancelTaskRequest,
+                         context: grpc.aio.ServicerContext) -> task_pb2.Task:
+        task_id = TaskId(validate.task_id(request.task_id))
+        if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
+            raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
+        code, task = await self.store.cancel(task_id, request.reason)
+        if code != "unchanged":
+            log.info("cancellation " + ("done" if code == "cancelled" else "requested"),
+                     task_id=str(task_id), attempt=task.attempt, host_id=task.host_id,
+                     status=str(task.status))
+        return task_to_pb(task)
+
+    @rpc
+    async def WatchTask(self, request: scheduler_pb2.WatchTaskRequest,
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[task_pb2.Task]:
+        task_id = TaskId(validate.task_id(request.task_id))
+        refresh = self.settings.watch_refresh.total_seconds()
+        with self.hub.watch(task_id) as changed:
+            last = None
+            while True:
+                changed.clear()
+                task = await self.store.get_task(task_id)
+                if task != last:
+                    yield task_to_pb(task)
+                    last = task
+                if task.status.terminal:
+                    return
+                try:
+                    await asyncio.wait_for(changed.wait(), refresh)
+                except TimeoutError:
+                    pass
+
+    @rpc
+    async def ListHosts(self, request: scheduler_pb2.ListHostsRequest,
+                        context: grpc.aio.ServicerContext) -> scheduler_pb2.ListHostsResponse:
+        hosts = await self.store.list_hosts(self.settings.lease_ttl)
+        return scheduler_pb2.ListHostsResponse(hosts=[host_to_pb(h) for h in hosts])

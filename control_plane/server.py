@@ -1,0 +1,200 @@
+"""One control-plane replica: the gRPC server and the background work beside it (the
+LISTEN connection, the lease-expiry sweep, the health check of the database)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import random
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from amc.v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, scheduler_pb2
+from amc.v1 import scheduler_pb2_grpc
+from control_plane import auth, errors
+from control_plane.admin_service import AdminService
+from control_plane.config import Settings
+from control_plane.hub import CHANNELS, Hub
+from control_plane.lease_service import LeaseService
+from control_plane.scheduler_service import SchedulerService
+from control_plane.store import Store, migrate
+
+log = structlog.get_logger(__name__)
+
+SERVICES = {
+    "amc.v1.Scheduler": scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"],
+    "amc.v1.Lease": lease_pb2.DESCRIPTOR.services_by_name["Lease"],
+    "amc.v1.Admin": admin_pb2.DESCRIPTOR.services_by_name["Admin"],
+}
+MAX_MESSAGE = 1 << 20
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass(frozen=True)
+class Tls:
+    cert_chain: bytes
+    private_key: bytes
+
+
+def rpc_methods() -> list[str]:
+    return [f"/{name}/{m.name}" for name, svc in SERVICES.items() for m in svc.methods]
+
+
+def is_loopback(listen: str) -> bool:
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ControlPlane:
+    def __init__(self, dsn: str, settings: Settings | None = None, *, listen: str =
+                 "127.0.0.1:50051", insecure: bool = False, tls: Tls | None = None) -> None:
+        missing = set(rpc_methods()) - set(auth.POLICY)
+        if missing:
+            raise RuntimeError(f"no auth policy for {sorted(missing)}")
+        if insecure and not is_loopback(listen):
+            raise ValueError("--insecure turns authentication off and is allowed only when "
+                             f"listening on loopback, not on {listen}")
+        self.dsn = dsn
+        self.settings = settings or Settings()
+        self.listen = listen
+        self.insecure = insecure
+        self.tls = tls
+        self.hub = Hub()
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self._store: Store | None = None
+        self._server: grpc.aio.Server | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "not started"
+        return self._store
+
+    async def start(self) -> int:
+        applied = await migrate(self.dsn)
+        self._store = await Store.open(self.dsn)
+        authenticator = auth.Authenticator(self.store, enabled=not self.insecure)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(
+            SchedulerService(authenticator, self.store, self.hub, self.settings), server)
+        lease_pb2_grpc.add_LeaseServicer_to_server(
+            LeaseService(authenticator, self.store, self.hub, self.settings), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(authenticator, self.store),
+                                                   server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            [*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME], server)
+        if self.tls:
+            creds = grpc.ssl_server_credentials([(self.tls.private_key, self.tls.cert_chain)])
+            self.port = server.add_secure_port(self.listen, creds)
+        else:
+            self.port = server.add_insecure_port(self.listen)
+        await server.start()
+        self._server = server
+        await self._set_health(True)
+        self._background = [asyncio.create_task(coro) for coro in
+                             (self._listen(), self._sweep(), self._watch_database())]
+        log.info("control plane serving", listen=self.listen, port=self.port,
+                 auth="off (--insecure)" if self.insecure else "bearer tokens",
+                 tls=bool(self.tls), migrations_applied=applied,
+                 lease_ttl=self.settings.lease_ttl.total_seconds())
+        return self.port
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting calls, let in-flight ones finish for `grace` seconds, then close."""
+        if self._server is not None:
+            await self._set_health(False)
+            await self._server.stop(grace)
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._store is not None:
+            await self._store.close()
+        self._stopped.set()
+        log.info("control plane stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # -- background ------------------------------------------------------------------------
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", *SERVICES):
+            await self.health.set(name, status)
+
+    async def _watch_database(self) -> None:
+        serving = True
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await asyncio.wait_for(self.store.ping(), 2.0)
+                ok = True
+            except (errors.DatabaseUnavailable, TimeoutError):
+                ok = False
+            if ok != serving:
+                serving = ok
+                await self._set_health(ok)
+                log.warning("database " + ("reachable again" if ok else "unreachable"))
+
+    async def _listen(self) -> None:
+        async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(errors.DatabaseUnavailable),
+                wait=wait_exponential_jitter(initial=0.05, max=2.0), reraise=True):
+            with attempt:
+                await self._listen_once()
+
+    async def _listen_once(self) -> None:
+        lost = asyncio.Event()
+        callbacks = dict.fromkeys(CHANNELS, self.hub.notify)
+        async with self.store.listening(self.dsn, callbacks, lost.set) as conn:
+            self.hub.wake_all()
+            while not lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), 5.0)
+                try:
+                    await asyncio.wait_for(conn.execute("SELECT 1"), 5.0)
+                except Exception:  # noqa: BLE001 - any failure means the connection is gone
+                    break
+        log.warning("notification connection lost; reconnecting")
+        raise errors.DatabaseUnavailable()
+
+    async def _sweep(self) -> None:
+        period = self.settings.sweep_interval.total_seconds()
+        while True:
+            # Jitter keeps replicas from sweeping in lock-step.
+            await asyncio.sleep(period * random.uniform(0.5, 1.0))
+            try:
+                while len(ended := await self.store.expire(100)) == 100 or ended:
+                    for e in ended:
+                        log.info("lease expired", task_id=str(e.task_id), attempt=e.attempt,
+                                 lease_id=str(e.lease_id), host_id=e.host_id,
+                                 to=str(e.to_status))
+                    if len(ended) < 100:
+                        break
+            except errors.DatabaseUnavailable:
+                log.warning("expiry sweep skipped: database unavailable")

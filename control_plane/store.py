@@ -1,0 +1,286 @@
+"""PostgreSQL access: the only module that imports asyncpg.
+
+Every hot call (acquire, renew, report) is one statement, so one round trip. asyncpg
+errors become domain errors here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from control_plane import errors
+from control_plane.domain import (
+    Assignment,
+    DeviceInfo,
+    Expiry,
+    HostInfo,
+    LeaseId,
+    NewTask,
+    Renewal,
+    Report,
+    Role,
+    Task,
+    TaskId,
+    TokenInfo,
+)
+from control_plane.lifecycle import TaskStatus
+from control_plane.migrate import apply
+from control_plane.sql import QUERIES as Q
+
+Listener = Callable[[str, str], Awaitable[None] | None]
+
+# SQLSTATE classes that mean "the database is not there right now": connection exceptions,
+# operator intervention (shutdown, starting up), insufficient resources.
+_UNAVAILABLE_CLASSES = ("08", "57", "53")
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        state = getattr(exc, "sqlstate", "") or ""
+        if state[:2] in _UNAVAILABLE_CLASSES or state in ("40001", "40P01"):
+            raise errors.DatabaseUnavailable() from exc
+        raise
+    except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
+        raise errors.DatabaseUnavailable() from exc
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
+                              schema="pg_catalog")
+
+
+async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> asyncpg.Pool:
+    with translated():
+        return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size,
+                                         init=_init_connection, command_timeout=30,
+                                         timeout=10)
+
+
+async def migrate(dsn: str) -> list[str]:
+    with translated():
+        conn = await asyncpg.connect(dsn, timeout=10)
+        try:
+            return await apply(conn)
+        finally:
+            await conn.close()
+
+
+def _task(row: asyncpg.Record | dict[str, Any]) -> Task:
+    return Task(
+        task_id=TaskId(row["task_id"]), request_id=row["request_id"],
+        status=TaskStatus(row["status"]), spec=bytes(row["spec"]),
+        selector_serial=row["selector_serial"], selector_labels=row["selector_labels"] or {},
+        priority=row["priority"], max_attempts=row["max_attempts"],
+        metadata=row["metadata"] or {}, attempt=row["attempt"], host_id=row["host_id"],
+        device_serial=row["device_serial"], cancel_requested_at=row["cancel_requested_at"],
+        cancel_reason=row["cancel_reason"],
+        result=bytes(row["result"]) if row["result"] is not None else None,
+        error=row["error"], created_at=row["created_at"], updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def _token(row: asyncpg.Record) -> TokenInfo:
+    return TokenInfo(token_id=row["token_id"], name=row["name"], role=Role(row["role"]),
+                     host_id=row["host_id"], secret_hash=bytes(row["secret_hash"]),
+                     created_at=row["created_at"], revoked_at=row["revoked_at"])
+
+
+class Store:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def open(cls, dsn: str, **pool_options: int) -> Store:
+        return cls(await connect_pool(dsn, **pool_options))
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        with translated():
+            return await self.pool.fetch(Q[name], *args)
+
+    async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        with translated():
+            return await self.pool.fetchrow(Q[name], *args)
+
+    async def ping(self) -> None:
+        await self._fetchrow("ping")
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    async def submit(self, caller: str, new: NewTask) -> tuple[Task, bool]:
+        """Queue a task; returns (task, created). An existing request_id returns its task."""
+        row = await self._fetchrow(
+            "submit_task", uuid.uuid4(), caller, new.request_id, new.spec, new.selector_serial,
+            new.selector_labels, new.priority, new.max_attempts, new.metadata)
+        if row is not None:
+            return _task(row), True
+        # The same request id was used before (maybe by a concurrent call that has committed
+        # since this statement's snapshot): read the row it made.
+        existing = await self._fetchrow("task_by_request", caller, new.request_id)
+        if existing is None:
+            raise errors.DatabaseUnavailable("request id is being created concurrently; retry")
+        return _task(existing), False
+
+    async def get_task(self, task_id: TaskId) -> Task:
+        row = await self._fetchrow("get_task", task_id)
+        if row is None:
+            raise errors.TaskNotFound(f"no task {task_id}")
+        return _task(row)
+
+    async def list_tasks(self, statuses: list[TaskStatus], host_id: str | None,
+                         after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[Task]:
+        created, task_id = after if after else (None, None)
+        rows = await self._fetch("list_tasks", [str(s) for s in statuses], host_id, created,
+                                 task_id, limit)
+        return [_task(r) for r in rows]
+
+    async def cancel(self, task_id: TaskId, reason: str) -> tuple[str, Task]:
+        """Returns (code, task); code is cancelled | requested | unchanged."""
+        row = await self._fetchrow("cancel_task", task_id, reason)
+        assert row is not None
+        code = row["code"]
+        if code == "not_found":
+            raise errors.TaskNotFound(f"no task {task_id}")
+        task = _task(row)
+        if code == "terminal":
+            raise errors.TaskAlreadyTerminal(
+                f"task {task_id} is already {task.status}; a finished task cannot be cancelled")
+        return code, task
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def acquire(self, host_id: str, serials: list[str], ttl: timedelta) -> list[Assignment]:
+        rows = await self._fetch("acquire", host_id, serials, ttl)
+        return [Assignment(TaskId(r["task_id"]), r["attempt"], LeaseId(r["lease_id"]),
+                           r["device_serial"], bytes(r["spec"])) for r in rows]
+
+    async def renew(self, host_id: str, lease_ids: list[uuid.UUID],
+                    ttl: timedelta) -> list[Renewal]:
+        rows = await self._fetch("renew_leases", host_id, lease_ids, ttl)
+        return [Renewal(LeaseId(r["lease_id"]), r["task_id"] is not None, r["cancel_pending"],
+                        r["task_id"], r["attempt"] or 0) for r in rows]
+
+    async def report(self, host_id: str | None, report: Report) -> tuple[str, Task]:
+        """Returns (code, task); code is recorded | repeated."""
+        row = await self._fetchrow(
+            "report_result", host_id, report.task_id, report.attempt, report.lease_id,
+            str(report.outcome), report.result, report.error)
+        assert row is not None
+        code = row["code"]
+        if code in ("recorded", "repeated"):
+            return code, _task(row)
+        raise _report_refusal(code, report)
+
+    async def release(self, host_id: str | None, lease_id: LeaseId, reason: str) -> Expiry | None:
+        owner = await self._fetchrow("lease_owner", lease_id)
+        if owner is None or (host_id is not None and owner["host_id"] != host_id):
+            raise errors.LeaseConflict("no such lease for this host")
+        rows = await self._fetch("release_lease", lease_id, reason)
+        return _expiry(rows[0]) if rows else None
+
+    async def expire(self, limit: int = 100) -> list[Expiry]:
+        return [_expiry(r) for r in await self._fetch("expire_leases", limit)]
+
+    # -- hosts -----------------------------------------------------------------------------
+
+    async def register_host(self, host_id: str, labels: dict[str, str],
+                            devices: list[DeviceInfo]) -> None:
+        with translated():
+            async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute(Q["upsert_host"], host_id, labels)
+                await conn.execute(
+                    Q["upsert_devices"], host_id, [d.serial for d in devices],
+                    [d.state for d in devices], [d.model for d in devices],
+                    [d.manufacturer for d in devices], [d.sdk for d in devices],
+                    [d.abi for d in devices], [json.dumps(d.labels) for d in devices])
+                await conn.execute(Q["mark_devices_gone"], host_id, [d.serial for d in devices])
+
+    async def list_hosts(self, connected_within: timedelta) -> list[HostInfo]:
+        rows = await self._fetch("list_hosts", connected_within)
+        return [HostInfo(r["host_id"], r["labels"], r["connected"], r["last_seen_at"],
+                         [_device(d) for d in r["devices"]]) for r in rows]
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    async def create_token(self, token_id: uuid.UUID, name: str, role: Role,
+                           host_id: str | None, secret_hash: bytes) -> TokenInfo:
+        row = await self._fetchrow("create_token", token_id, name, str(role), host_id,
+                                   secret_hash)
+        assert row is not None
+        return _token(row)
+
+    async def get_token(self, token_id: uuid.UUID) -> TokenInfo | None:
+        row = await self._fetchrow("get_token", token_id)
+        return _token(row) if row else None
+
+    async def revoke_token(self, token_id: uuid.UUID) -> TokenInfo:
+        row = await self._fetchrow("revoke_token", token_id)
+        if row is None:
+            raise errors.NotFound(f"no token {token_id}")
+        return _token(row)
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        return [_token(r) for r in await self._fetch("list_tokens")]
+
+    # -- notifications ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def listening(self, dsn: str, channels: dict[str, Listener],
+                        on_lost: Callable[[], None]) -> AsyncIterator[asyncpg.Connection]:
+        """A dedicated connection LISTENing on `channels`; `on_lost` runs if it drops."""
+        with translated():
+            conn = await asyncpg.connect(dsn, timeout=10)
+        try:
+            conn.add_termination_listener(lambda _c: on_lost())
+            for channel, callback in channels.items():
+                await conn.add_listener(channel, _adapt(callback))
+            yield conn
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
+
+
+def _adapt(callback: Listener) -> Callable[[Any, int, str, str], None]:
+    def on_notify(_conn: Any, _pid: int, channel: str, payload: str) -> None:
+        callback(channel, payload)
+
+    return on_notify
+
+
+def _expiry(row: asyncpg.Record) -> Expiry:
+    return Expiry(TaskId(row["task_id"]), row["attempt"], LeaseId(row["lease_id"]),
+                  row["host_id"], TaskStatus(row["to_status"]))
+
+
+def _device(d: dict[str, Any]) -> DeviceInfo:
+    task_id = d.get("task_id")
+    return DeviceInfo(d["serial"], d["state"], d["model"], d["manufacturer"], d["sdk"],
+                      d["abi"], d["labels"] or {}, TaskId(uuid.UUID(task_id)) if task_id else None)
+
+
+def _report_refusal(code: str, report: Report) -> errors.AmcError:
+    where = f"task {report.task_id} attempt {report.attempt}"
+    refusals: dict[str, errors.AmcError] = {
+        "foreign": errors.LeaseConflict(
+            f"lease does not belong to this host and {where}; nothing was recorded"),
+        "stale": errors.StaleAttempt(
+            f"{where} is no longer current (lease expired or replaced); nothing was recorded"),
+        "different": errors.DifferentReportRecorded(
+            f"{where} already has a different outcome recorded; it stands"),
+        "no_cancel": errors.NoCancellationRequested(
+            f"{where} has no cancellation request, so it cannot end cancelled"),
+    }
+    return refusals[code]

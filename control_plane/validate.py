@@ -1,0 +1,220 @@
+"""Checks on incoming messages, at the gRPC edge. Each problem names its field."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from control_plane.errors import InvalidArgument
+
+MAX_ACTIONS = 1000
+MAX_STEPS = 200
+MAX_SPEC_BYTES = 1 << 20
+MAX_STRING = 4096
+MAX_TEXT = 16 * 1024
+MAX_MAP_ENTRIES = 64
+MAX_KEY = 128
+MAX_VALUE = 1024
+MAX_ID = 128
+MAX_SECONDS = 24 * 3600
+MAX_COORD = 100_000
+MAX_PRIORITY = 1_000_000
+MAX_ATTEMPTS = 100
+MAX_SERIALS = 1000
+MAX_LEASES_PER_RENEWAL = 10_000
+_PACKAGE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
+
+
+def task_id(value: str, field: str = "task_id") -> uuid.UUID:
+    return _uuid(value, field, "task id")
+
+
+def lease_id(value: str, field: str = "lease_id") -> uuid.UUID:
+    return _uuid(value, field, "lease id")
+
+
+def token_id(value: str, field: str = "token_id") -> uuid.UUID:
+    return _uuid(value, field, "token id")
+
+
+def _uuid(value: str, field: str, what: str) -> uuid.UUID:
+    if not value:
+        raise InvalidArgument(field, "required")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(field, f"not a valid {what} (expected a UUID)") from None
+
+
+def identifier(value: str, field: str, *, required: bool = True) -> str:
+    """Host ids, serials, request ids: printable, no spaces, bounded."""
+    if not value:
+        if required:
+            raise InvalidArgument(field, "required")
+        return value
+    if len(value) > MAX_ID:
+        raise InvalidArgument(field, f"longer than {MAX_ID} characters")
+    if not _ID.match(value):
+        raise InvalidArgument(field, "may hold letters, digits and . _ : @ / + - only")
+    return value
+
+
+def string_map(values: dict[str, str], field: str) -> dict[str, str]:
+    if len(values) > MAX_MAP_ENTRIES:
+        raise InvalidArgument(field, f"more than {MAX_MAP_ENTRIES} entries")
+    for key, value in values.items():
+        if not key or len(key) > MAX_KEY:
+            raise InvalidArgument(f"{field}", f"keys must be 1 to {MAX_KEY} characters")
+        if len(value) > MAX_VALUE:
+            raise InvalidArgument(f"{field}[{key}]", f"longer than {MAX_VALUE} characters")
+        _no_nul(key, field)
+        _no_nul(value, f"{field}[{key}]")
+    return dict(values)
+
+
+def _no_nul(value: str, field: str) -> None:
+    if "\x00" in value:
+        raise InvalidArgument(field, "contains a NUL character")
+
+
+def _text(value: str, field: str, *, required: bool = False, limit: int = MAX_STRING) -> None:
+    if required and not value:
+        raise InvalidArgument(field, "required")
+    if len(value) > limit:
+        raise InvalidArgument(field, f"longer than {limit} characters")
+    _no_nul(value, field)
+
+
+def _duration(d: object, field: str, *, has: bool, required: bool = False) -> None:
+    if not has:
+        if required:
+            raise InvalidArgument(field, "required")
+        return
+    seconds, nanos = d.seconds, d.nanos  # type: ignore[attr-defined]
+    if seconds < 0 or nanos < 0 or nanos >= 1_000_000_000:
+        raise InvalidArgument(field, "must be a non-negative duration")
+    if seconds > MAX_SECONDS:
+        raise InvalidArgument(field, f"longer than {MAX_SECONDS} s")
+
+
+def _coord(value: int, field: str) -> None:
+    if not 0 <= value <= MAX_COORD:
+        raise InvalidArgument(field, f"must be between 0 and {MAX_COORD}")
+
+
+def _selector(sel: task_pb2.UiSelector, field: str) -> None:
+    which = sel.WhichOneof("by")
+    if which is None:
+        raise InvalidArgument(field, "set one of text, resource_id, content_desc")
+    _text(getattr(sel, which), f"{field}.{which}", required=True)
+
+
+def action(a: task_pb2.Action, field: str) -> None:  # noqa: C901 - one branch per kind
+    kind = a.WhichOneof("kind")
+    f = f"{field}.{kind}"
+    if kind is None:
+        raise InvalidArgument(field, "empty action: set one of tap, tap_on, swipe, input_text, "
+                              "key, launch_app, stop_app, shell, screenshot, wait, wait_for, "
+                              "assert_visible")
+    elif kind == "tap":
+        _coord(a.tap.x, f"{f}.x")
+        _coord(a.tap.y, f"{f}.y")
+    elif kind == "tap_on":
+        _selector(a.tap_on.selector, f"{f}.selector")
+    elif kind == "swipe":
+        for name in ("x1", "y1", "x2", "y2"):
+            _coord(getattr(a.swipe, name), f"{f}.{name}")
+        _duration(a.swipe.duration, f"{f}.duration", has=a.swipe.HasField("duration"))
+    elif kind == "input_text":
+        _text(a.input_text.text, f"{f}.text", required=True, limit=MAX_TEXT)
+    elif kind == "key":
+        if not 0 <= a.key.keycode <= 10_000:
+            raise InvalidArgument(f"{f}.keycode", "must be an Android keycode (0 to 10000)")
+    elif kind in ("launch_app", "stop_app"):
+        msg = getattr(a, kind)
+        if not _PACKAGE.match(msg.package) or len(msg.package) > 255:
+            raise InvalidArgument(f"{f}.package", "must be an Android package name, "
+                                  "e.g. com.example.app")
+        if kind == "launch_app":
+            _text(a.launch_app.activity, f"{f}.activity", limit=255)
+    elif kind == "shell":
+        _text(a.shell.command, f"{f}.command", required=True, limit=MAX_TEXT)
+        _duration(a.shell.timeout, f"{f}.timeout", has=a.shell.HasField("timeout"))
+    elif kind == "wait":
+        _duration(a.wait.duration, f"{f}.duration", has=a.wait.HasField("duration"),
+                  required=True)
+    elif kind in ("wait_for", "assert_visible"):
+        msg = getattr(a, kind)
+        _selector(msg.selector, f"{f}.selector")
+        if kind == "wait_for":
+            _duration(a.wait_for.timeout, f"{f}.timeout", has=a.wait_for.HasField("timeout"),
+                      required=True)
+
+
+def _actions(actions: object, field: str, *, allow_empty: bool = False) -> int:
+    items = list(actions)  # type: ignore[call-overload]
+    if not items and not allow_empty:
+        raise InvalidArgument(field, "needs at least one action")
+    for i, a in enumerate(items):
+        action(a, f"{field}[{i}]")
+    return len(items)
+
+
+def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
+    kind = s.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument(field, "required: set actions or workflow")
+    if s.ByteSize() > MAX_SPEC_BYTES:
+        raise InvalidArgument(field, f"larger than {MAX_SPEC_BYTES} bytes")
+    if kind == "actions":
+        count = _actions(s.actions.actions, f"{field}.actions.actions")
+    else:
+        steps = s.workflow.steps
+        if not steps:
+            raise InvalidArgument(f"{field}.workflow.steps", "needs at least one step")
+        if len(steps) > MAX_STEPS:
+            raise InvalidArgument(f"{field}.workflow.steps", f"more than {MAX_STEPS} steps")
+        count = 0
+        for i, step in enumerate(steps):
+            where = f"{field}.workflow.steps[{i}]"
+            _text(step.name, f"{where}.name", required=True, limit=MAX_KEY)
+            count += _actions(step.actions, f"{where}.actions")
+    if count > MAX_ACTIONS:
+        raise InvalidArgument(field, f"more than {MAX_ACTIONS} actions in all")
+
+
+def submit(req: scheduler_pb2.SubmitTaskRequest) -> None:
+    identifier(req.request_id, "request_id", required=False)
+    spec(req.spec)
+    identifier(req.selector.serial, "selector.serial", required=False)
+    string_map(dict(req.selector.labels), "selector.labels")
+    if abs(req.priority) > MAX_PRIORITY:
+        raise InvalidArgument("priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+    if not 0 <= req.max_attempts <= MAX_ATTEMPTS:
+        raise InvalidArgument("max_attempts", f"must be between 1 and {MAX_ATTEMPTS} "
+                              "(0 for the default)")
+    string_map(dict(req.metadata), "metadata")
+
+
+def result(r: task_pb2.TaskResult, field: str = "result") -> None:
+    if r.ByteSize() > MAX_SPEC_BYTES:
+        raise InvalidArgument(field, f"larger than {MAX_SPEC_BYTES} bytes")
+    _text(r.error, f"{field}.error", limit=MAX_TEXT)
+
+
+def serials(values: object, field: str) -> list[str]:
+    items = list(values)  # type: ignore[call-overload]
+    if len(items) > MAX_SERIALS:
+        raise InvalidArgument(field, f"more than {MAX_SERIALS} serials")
+    return [identifier(s, f"{field}[{i}]") for i, s in enumerate(items)]
+
+
+def device(d: lease_pb2.DeviceInfo, field: str) -> None:
+    identifier(d.serial, f"{field}.serial")
+    for name in ("model", "manufacturer", "abi"):
+        _text(getattr(d, name), f"{field}.{name}", limit=MAX_KEY)
+    if not 0 <= d.sdk <= 1000:
+        raise InvalidArgument(f"{field}.sdk", "must be between 0 and 1000")
+    string_map(dict(d.labels), f"{field}.labels")

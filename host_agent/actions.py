@@ -1,0 +1,244 @@
+"""Runs one action of a task spec on a device.
+
+What the stop token interrupts: actions that wait or only look (wait, wait_for, shell,
+screenshot, and the UI dumps of tap_on and assert_visible) are raced against the token
+and end as soon as it trips. Single input actions (tap, swipe, input_text, key,
+launch_app, stop_app) are short and bounded by the driver's own deadline; once started
+they finish, so the step record says what the phone really did. None starts after the
+token tripped.
+
+`execute` turns every ordinary failure into a failed StepOutput; it raises only Stopped
+(the token tripped) and DeviceLost (nothing more can run on this device).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from host_agent.devices import CommandFailed, Device, DeviceError, DeviceLost, DeviceTimeout
+from host_agent.results import cut
+from host_agent.spec import (
+    Action,
+    AssertVisible,
+    InputText,
+    Key,
+    LaunchApp,
+    Screenshot,
+    Shell,
+    StopApp,
+    Swipe,
+    Tap,
+    TapOn,
+    UiSelector,
+    Wait,
+    WaitFor,
+)
+from host_agent.stop_token import StopToken
+
+# How often wait_for looks at the screen again (a `uiautomator dump` itself takes ~1 s).
+POLL_INTERVAL = 0.5
+
+_BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one action produced."""
+
+    ok: bool
+    output: str = ""
+    error: str = ""
+    # Small structured facts, e.g. a screenshot's `png_bytes` and `sha256`.
+    data: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def failed(
+        cls, error: str, output: str = "", data: Mapping[str, str] | None = None
+    ) -> StepOutput:
+        return cls(ok=False, output=cut(output), error=cut(error), data=data or {})
+
+
+_OK = StepOutput(ok=True)
+
+
+class UnreadableDump(Exception):
+    """The UI dump is not XML we can read."""
+
+
+async def execute(
+    action: Action,
+    device: Device,
+    token: StopToken,
+    *,
+    shell_default_timeout: float,
+    poll_interval: float = POLL_INTERVAL,
+) -> StepOutput:
+    """Run `action` on `device`. Raises Stopped or DeviceLost; other failures are outputs."""
+    try:
+        return await _dispatch(action, device, token, shell_default_timeout, poll_interval)
+    except DeviceLost:
+        raise
+    except DeviceError as exc:
+        return StepOutput.failed(describe_device_error(exc))
+
+
+async def _dispatch(
+    action: Action, device: Device, token: StopToken, shell_timeout: float, poll: float
+) -> StepOutput:
+    match action:
+        case Tap():
+            await device.tap(action.x, action.y)
+        case Swipe():
+            await device.swipe(action.x1, action.y1, action.x2, action.y2, action.duration_ms)
+        case InputText():
+            await device.input_text(action.text)
+        case Key():
+            await device.key(action.keycode)
+        case LaunchApp():
+            await device.launch_app(action.package, action.activity)
+        case StopApp():
+            await device.stop_app(action.package)
+        case Wait():
+            await token.race(asyncio.sleep(action.seconds))
+        case TapOn():
+            return await _tap_on(action.selector, device, token)
+        case AssertVisible():
+            return await _assert_visible(action.selector, device, token)
+        case WaitFor():
+            return await _wait_for(action, device, token, poll)
+        case Shell():
+            return await _shell(action, device, token, shell_timeout)
+        case Screenshot():
+            return await _screenshot(device, token)
+        case _:
+            assert_never(action)
+    return _OK
+
+
+async def _tap_on(selector: UiSelector, device: Device, token: StopToken) -> StepOutput:
+    try:
+        node = find_element(await token.race(device.ui_dump()), selector)
+    except UnreadableDump as exc:
+        return StepOutput.failed(str(exc))
+    if node is None:
+        return StepOutput.failed(f"element not found: {selector}")
+    centre = bounds_centre(node.get("bounds", ""))
+    if centre is None:
+        return StepOutput.failed(f"element {selector} has no usable bounds: {node.get('bounds')!r}")
+    token.raise_if_tripped()  # the dump took a while: do not tap for a stopped task
+    x, y = centre
+    await device.tap(x, y)
+    return StepOutput(
+        ok=True, output=f"tapped {selector} at ({x}, {y})", data={"x": str(x), "y": str(y)}
+    )
+
+
+async def _assert_visible(selector: UiSelector, device: Device, token: StopToken) -> StepOutput:
+    try:
+        node = find_element(await token.race(device.ui_dump()), selector)
+    except UnreadableDump as exc:
+        return StepOutput.failed(str(exc))
+    if node is None:
+        return StepOutput.failed(f"element not found: {selector}")
+    return StepOutput(ok=True, output=f"visible: {selector}")
+
+
+async def _wait_for(action: WaitFor, device: Device, token: StopToken, poll: float) -> StepOutput:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + action.timeout
+    while True:
+        found, problem = await _look_for(action.selector, device, token)
+        if found:
+            return StepOutput(ok=True, output=f"visible: {action.selector}")
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            detail = f" (last ui dump: {problem})" if problem else ""
+            return StepOutput.failed(
+                f"element not found: {action.selector} within {action.timeout:g}s{detail}"
+            )
+        await token.race(asyncio.sleep(min(poll, remaining)))
+
+
+async def _look_for(selector: UiSelector, device: Device, token: StopToken) -> tuple[bool, str]:
+    """Whether `selector` is on screen, and why we could not tell (or "")."""
+    try:
+        return find_element(await token.race(device.ui_dump()), selector) is not None, ""
+    except DeviceLost:
+        raise
+    except (DeviceError, UnreadableDump) as exc:
+        # A dump taken mid-animation can fail; the next poll may succeed.
+        message = describe_device_error(exc) if isinstance(exc, DeviceError) else str(exc)
+        return False, message
+
+
+async def _shell(
+    action: Shell, device: Device, token: StopToken, default_timeout: float
+) -> StepOutput:
+    timeout = action.timeout if action.timeout is not None else default_timeout
+    try:
+        # The driver enforces the timeout too; this one also bounds a driver that hangs.
+        async with asyncio.timeout(timeout):
+            result = await token.race(device.shell(action.command, timeout))
+    except (TimeoutError, DeviceTimeout):
+        return StepOutput.failed(f"shell timed out after {timeout:g}s: {action.command!r}")
+    data = {"exit_code": str(result.exit_code)}
+    if result.exit_code != 0:
+        return StepOutput.failed(f"shell exited with code {result.exit_code}", result.output, data)
+    return StepOutput(ok=True, output=cut(result.output), data=data)
+
+
+async def _screenshot(device: Device, token: StopToken) -> StepOutput:
+    png = await token.race(device.screenshot())
+    data = {"png_bytes": str(len(png)), "sha256": hashlib.sha256(png).hexdigest()}
+    return StepOutput(ok=True, output=f"screenshot: {len(png)} bytes", data=data)
+
+
+def find_element(xml: str, selector: UiSelector) -> ET.Element | None:
+    """The first node of a `uiautomator dump` whose attribute matches `selector` exactly."""
+    for node in _parse_dump(xml).iter():
+        if node.get(selector.attribute) == selector.value:
+            return node
+    return None
+
+
+def _parse_dump(xml: str) -> ET.Element:
+    # `uiautomator dump /dev/tty` appends "UI hierchary dumped to: …" after the XML.
+    start, end = xml.find("<"), xml.rfind(">")
+    if start < 0 or end < start:
+        raise UnreadableDump(f"ui dump unreadable: no XML in {cut(xml, 200)!r}")
+    try:
+        return ET.fromstring(xml[start : end + 1])
+    except ET.ParseError as exc:
+        raise UnreadableDump(f"ui dump unreadable: {exc}") from exc
+
+
+def bounds_centre(bounds: str) -> tuple[int, int] | None:
+    """Centre of `[x1,y1][x2,y2]`, or None if it is not that or encloses nothing."""
+    m = _BOUNDS.fullmatch(bounds.strip())
+    if m is None:
+        return None
+    x1, y1, x2, y2 = map(int, m.groups())
+    if x2 <= x1 or y2 <= y1:
+        return None
+    return (x1 + x2) // 2, (y1 + y2) // 2
+
+
+def describe_device_error(exc: DeviceError) -> str:
+    """A message that starts with what went wrong, e.g. "device lost: serial X is offline"."""
+    prefix = next(_ERROR_PREFIXES[c] for c in type(exc).__mro__ if c in _ERROR_PREFIXES)
+    detail = str(exc) or (type(exc).__doc__ or "").strip()
+    return detail if detail.startswith(prefix) else f"{prefix}: {detail}"
+
+
+_ERROR_PREFIXES: dict[type[DeviceError], str] = {
+    DeviceLost: "device lost",
+    DeviceTimeout: "device timed out",
+    CommandFailed: "command failed",
+    DeviceError: "device error",
+}

@@ -1,0 +1,388 @@
+"""Phones through an adb server, using pure-python-adb (`ppadb`) only for what it gets right.
+
+This is the one module that imports `ppadb`. The library's async client is old and has
+defects that this module works around:
+
+* its reads use ``StreamReader.read(n)``, which may return fewer than ``n`` bytes, so a
+  reply split across TCP segments (``"O"``, ``"KAY"``) is taken for an error;
+* it reads ``FAIL`` messages as 1024 raw bytes (length digits included, or cut short);
+* ``shell()`` decodes output strictly (invalid UTF-8 raises ``UnicodeDecodeError``) and
+  leaks its connection when anything raises; there is no overall deadline;
+* ``screencap()`` rewrites ``\\r\\n`` in the image based on a guess at byte 5;
+* ``push``/``pull`` in the async client are broken; every error is a bare ``RuntimeError``.
+
+So `ppadb` only opens and closes the TCP connection and encodes requests; framing
+(``OKAY``/``FAIL`` + length), reading, deadlines and error mapping live here. Every call
+runs under ``asyncio.timeout`` (→ `DeviceTimeout`) and closes its connection in
+``finally``, also when cancelled. No `ppadb` exception type escapes this module.
+
+Exit codes come from a marker: ``<command>; echo <marker>$?``. A reply without the
+marker means the connection ended before the command did; the adb server is then asked
+whether the phone is still there to tell `DeviceLost` from a dropped connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import uuid
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from host_agent.devices import (
+    CommandFailed,
+    DeviceError,
+    DeviceInfo,
+    DeviceLost,
+    DeviceTimeout,
+    ShellResult,
+)
+
+with warnings.catch_warnings():
+    # ppadb writes regexes as plain strings ("\s"); compiling its sources warns.
+    warnings.filterwarnings(
+        "ignore", message="invalid escape sequence", category=SyntaxWarning, module=r".*ppadb"
+    )
+    warnings.filterwarnings(
+        "ignore", message="invalid escape sequence", category=DeprecationWarning, module=r".*ppadb"
+    )
+    from ppadb.client_async import ClientAsync
+    from ppadb.protocol import Protocol
+
+__all__ = ["AdbDevice", "AdbSource", "UnsupportedText", "escape_input_text"]
+
+DEFAULT_CALL_TIMEOUT = 30.0
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+UI_DUMP_PATH = "/sdcard/amc_window_dump.xml"
+_READ_SIZE = 65536
+# Substrings of adb server FAIL messages that mean the phone is gone or unusable.
+_LOST_HINTS = ("not found", "offline", "closed", "unauthorized", "connection refused", "no devices")
+_EXIT_CODE = re.compile(rb"^(\d+)")
+
+
+class UnsupportedText(DeviceError, ValueError):
+    """`input text` cannot type this text (see `escape_input_text`)."""
+
+
+class _AdbFailure(Exception):
+    """The adb server answered FAIL; carries its message. Never leaves this module."""
+
+
+# -- errors and deadlines ------------------------------------------------------------------
+
+
+def _failure_to_error(serial: str, message: str) -> DeviceError:
+    if any(hint in message.lower() for hint in _LOST_HINTS):
+        return DeviceLost(f"device lost: {serial}: {message}")
+    return DeviceError(f"{serial}: adb server refused: {message}")
+
+
+@asynccontextmanager
+async def _guard(serial: str, what: str, seconds: float) -> AsyncIterator[None]:
+    """One deadline for the whole call, and adb/socket failures as DeviceError types."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError as exc:
+        raise DeviceTimeout(f"{serial}: {what} timed out after {seconds:g}s") from exc
+    except _AdbFailure as exc:
+        raise _failure_to_error(serial, str(exc)) from None
+    except (OSError, EOFError) as exc:
+        raise DeviceError(f"{serial}: {what}: adb connection failed: {exc!r}") from exc
+
+
+# -- the adb host protocol -----------------------------------------------------------------
+
+
+class _Session:
+    """One connection to the adb server. ppadb connects; framing is done here."""
+
+    def __init__(self, connection: Any):
+        self._conn = connection
+        self._reader: asyncio.StreamReader = connection.reader
+
+    async def request(self, payload: str) -> None:
+        """Send one request and wait for OKAY; FAIL raises `_AdbFailure`."""
+        await self._conn.write(Protocol.encode_data(payload))
+        status = await self._reader.readexactly(4)
+        if status == b"OKAY":
+            return
+        if status == b"FAIL":
+            raise _AdbFailure(await self.read_string())
+        raise DeviceError(f"adb server sent {status!r} instead of OKAY/FAIL")
+
+    async def read_string(self) -> str:
+        """A length-prefixed reply (four hex digits, then the payload)."""
+        header = await self._reader.readexactly(4)
+        try:
+            length = int(header, 16)
+        except ValueError:
+            raise DeviceError(f"adb server sent a bad length {header!r}") from None
+        return (await self._reader.readexactly(length)).decode("utf-8", errors="replace")
+
+    async def read_to_end(self) -> bytes:
+        """Everything until the server closes; a reset just ends what we got."""
+        data = bytearray()
+        with suppress(ConnectionError):
+            while chunk := await self._reader.read(_READ_SIZE):
+                data += chunk
+        return bytes(data)
+
+    def close(self) -> None:
+        # Synchronous on purpose: it must also work while a cancellation unwinds.
+        writer = self._conn.writer
+        if writer is not None:
+            writer.close()
+
+
+@asynccontextmanager
+async def _session(client: ClientAsync) -> AsyncIterator[_Session]:
+    try:
+        connection = await client.create_connection()
+    except RuntimeError as exc:  # ppadb wraps OSError from connect in RuntimeError
+        raise DeviceError(f"adb server unreachable at {client.host}:{client.port}") from exc
+    session = _Session(connection)
+    try:
+        yield session
+    finally:
+        session.close()
+        with suppress(Exception):
+            await connection.close()
+
+
+async def _host_query(client: ClientAsync, payload: str) -> str:
+    async with _session(client) as session:
+        await session.request(payload)
+        return await session.read_string()
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+
+def parse_devices_l(listing: str) -> list[tuple[str, str, dict[str, str]]]:
+    """`host:devices-l` lines → (serial, state, {"product": …, "transport_id": …})."""
+    entries = []
+    for line in listing.splitlines():
+        words = line.split()
+        if len(words) < 2:
+            continue
+        labels = dict(w.split(":", 1) for w in words[2:] if ":" in w)
+        entries.append((words[0], words[1], labels))
+    return entries
+
+
+_PROP_LINE = re.compile(r"^\[(?P<key>[^\]]*)\]: \[(?P<value>.*)\]$")
+
+
+def parse_getprop(output: str) -> dict[str, str]:
+    """`getprop` output (``[key]: [value]`` per line) → dict; multi-line values are cut."""
+    props = {}
+    for line in output.splitlines():
+        match = _PROP_LINE.match(line.strip())
+        if match:
+            props[match["key"]] = match["value"]
+    return props
+
+
+def _info_from_props(
+    serial: str, state: str, props: dict[str, str], labels: dict[str, str]
+) -> DeviceInfo:
+    sdk = props.get("ro.build.version.sdk", "")
+    return DeviceInfo(
+        serial=serial,
+        state=state,
+        model=props.get("ro.product.model", ""),
+        manufacturer=props.get("ro.product.manufacturer", ""),
+        sdk=int(sdk) if sdk.isdigit() else 0,
+        abi=props.get("ro.product.cpu.abi", ""),
+        labels=labels,
+    )
+
+
+def _split_exit_marker(raw: bytes, marker: bytes) -> tuple[int, bytes] | None:
+    """(exit code, output before the marker), or None when the marker never came."""
+    at = raw.rfind(marker)
+    if at < 0:
+        return None
+    code = _EXIT_CODE.match(raw[at + len(marker) :])
+    if code is None:
+        return None
+    return int(code[1]), raw[:at]
+
+
+def escape_input_text(text: str) -> str:
+    """Text for ``input text``, escaped for the device's ``sh``.
+
+    Supported: printable ASCII (letters, digits, punctuation, spaces). Spaces become
+    ``%s`` (``input`` turns them back); every other non-alphanumeric character gets a
+    backslash so ``sh`` passes it literally (``; & | $ ` " ' ( ) < > * ? ~ # \\`` …).
+    Not supported, raising `UnsupportedText`: non-ASCII, control characters (newline,
+    tab: send key events instead) and a literal ``%s`` (``input`` would type a space).
+    """
+    if not (text.isascii() and text.isprintable()):
+        raise UnsupportedText(f"input text supports printable ASCII only: {text!r}")
+    if "%s" in text:
+        raise UnsupportedText("input text cannot type a literal '%s'")
+    return "".join("%s" if c == " " else c if c.isalnum() else "\\" + c for c in text)
+
+
+def _png_from(raw: bytes) -> bytes:
+    start = raw.find(PNG_SIGNATURE)
+    if start < 0:
+        raise CommandFailed(f"screencap printed no PNG: {raw[:200]!r}")
+    return raw[start:]
+
+
+def _xml_from(output: str) -> str:
+    start = output.find("<?xml")
+    if start < 0:
+        start = output.find("<hierarchy")
+    end = output.rfind("</hierarchy>")
+    if start < 0 or end < start:
+        raise CommandFailed(f"uiautomator printed no hierarchy: {output[:300]!r}")
+    return output[start : end + len("</hierarchy>")]
+
+
+def _raise_if_reported(command: str, output: str, needles: tuple[str, ...]) -> None:
+    # `am start` and `monkey` may exit 0 after printing their own error.
+    if any(needle in output for needle in needles):
+        raise CommandFailed(f"`{command}` failed: {output.strip()}")
+
+
+# -- the driver ----------------------------------------------------------------------------
+
+
+class AdbDevice:
+    """One phone behind the adb server. Each call opens its own connection."""
+
+    def __init__(self, client: ClientAsync, serial: str, call_timeout: float):
+        self.serial = serial
+        self._client = client
+        self._call_timeout = call_timeout
+
+    # -- Device protocol ---------------------------------------------------------------
+
+    async def shell(self, command: str, timeout: float) -> ShellResult:  # noqa: ASYNC109
+        """Run `command` with ``sh``; a non-zero exit is a result, not an error.
+
+        The command must be a complete list for ``sh -c`` that can be followed by
+        ``; echo …`` (no trailing ``&``, comment or ``exit``).
+        """
+        async with _guard(self.serial, f"shell `{command}`", timeout):
+            code, output = await self._run("shell", command)
+        return ShellResult(code, output.decode("utf-8", errors="replace"))
+
+    async def tap(self, x: int, y: int) -> None:
+        await self._action(f"input tap {int(x)} {int(y)}")
+
+    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None:
+        points = " ".join(str(int(v)) for v in (x1, y1, x2, y2, duration_ms))
+        await self._action(f"input swipe {points}")
+
+    async def input_text(self, text: str) -> None:
+        if text:
+            await self._action(f"input text {escape_input_text(text)}")
+
+    async def key(self, keycode: int) -> None:
+        await self._action(f"input keyevent {int(keycode)}")
+
+    async def launch_app(self, package: str, activity: str) -> None:
+        if activity:
+            command = f"am start -n {shlex.quote(f'{package}/{activity}')}"
+            needles = ("Error:", "Error type")
+        else:
+            command = f"monkey -p {shlex.quote(package)} -c android.intent.category.LAUNCHER 1"
+            needles = ("monkey aborted", "No activities found")
+        _raise_if_reported(command, await self._action(command), needles)
+
+    async def stop_app(self, package: str) -> None:
+        await self._action(f"am force-stop {shlex.quote(package)}")
+
+    async def screenshot(self) -> bytes:
+        """``screencap -p`` over ``exec-out`` (no pty, so no newline rewriting)."""
+        command = "screencap -p"
+        async with _guard(self.serial, command, self._call_timeout):
+            code, raw = await self._run("exec-out", command)
+        if code != 0:
+            raise CommandFailed(f"`{command}` exited {code}: {raw[:200]!r}")
+        return _png_from(raw)
+
+    async def ui_dump(self) -> str:
+        output = await self._action(f"uiautomator dump {UI_DUMP_PATH} && cat {UI_DUMP_PATH}")
+        return _xml_from(output)
+
+    # -- internals ---------------------------------------------------------------------
+
+    async def _action(self, command: str) -> str:
+        """Run an action command; its output, or CommandFailed on a non-zero exit."""
+        async with _guard(self.serial, f"`{command}`", self._call_timeout):
+            code, raw = await self._run("shell", command)
+        output = raw.decode("utf-8", errors="replace")
+        if code != 0:
+            raise CommandFailed(f"`{command}` exited {code}: {output.strip()}")
+        return output
+
+    async def _run(self, service: str, command: str) -> tuple[int, bytes]:
+        """Run under the caller's guard: (exit code, raw output)."""
+        marker = f"AMC_EXIT_{uuid.uuid4().hex}_"
+        wrapped = f"{command.rstrip().rstrip(';')}; echo {marker}$?"
+        raw = await self._exchange(f"{service}:{wrapped}")
+        result = _split_exit_marker(raw, marker.encode())
+        if result is None:
+            raise await self._why_cut_short(command)
+        return result
+
+    async def _exchange(self, request: str) -> bytes:
+        async with _session(self._client) as session:
+            await session.request(f"host:transport:{self.serial}")
+            await session.request(request)
+            return await session.read_to_end()
+
+    async def _why_cut_short(self, command: str) -> DeviceError:
+        listing = await _host_query(self._client, "host:devices")
+        states = {serial: state for serial, state, _ in parse_devices_l(listing)}
+        state = states.get(self.serial)
+        if state != "device":
+            return DeviceLost(f"device lost: {self.serial} ({state or 'gone'}) during `{command}`")
+        return DeviceError(f"{self.serial}: connection dropped during `{command}`")
+
+
+class AdbSource:
+    """The phones an adb server (default: the local one on 5037) knows about."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 5037,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    ):
+        self._client = ClientAsync(host=host, port=port)
+        self._call_timeout = call_timeout
+
+    async def inventory(self) -> list[DeviceInfo]:
+        """Every device adb lists; online ones are described from one `getprop` each."""
+        async with _guard("adb", "host:devices-l", self._call_timeout):
+            listing = await _host_query(self._client, "host:devices-l")
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._describe(*e)) for e in parse_devices_l(listing)]
+        return [info for task in tasks if (info := task.result()) is not None]
+
+    def device(self, serial: str) -> AdbDevice:
+        return AdbDevice(self._client, serial, self._call_timeout)
+
+    async def close(self) -> None:
+        """Nothing to release: every call opens and closes its own connection."""
+
+    async def _describe(self, serial: str, state: str, labels: dict[str, str]) -> DeviceInfo | None:
+        if state != "device":
+            return DeviceInfo(serial=serial, state=state, labels=labels)
+        try:
+            result = await self.device(serial).shell("getprop", self._call_timeout)
+        except DeviceLost:
+            return None  # unplugged between the listing and getprop
+        except DeviceError as exc:
+            return DeviceInfo(serial=serial, state=state, labels={**labels, "error": str(exc)})
+        return _info_from_props(serial, state, parse_getprop(result.output), labels)

@@ -1,0 +1,252 @@
+"""Phones that are not there: a `DeviceSource` for demos, load tests and chaos tests.
+
+`SimulatedSource(count)` offers ``sim-0 … sim-{count-1}``, all online. Every action
+waits `delay` seconds (cancellable) and then succeeds. Each action, finished or not, is
+recorded as an `ActionRecord` in `SimulatedSource.actions` and, when `action_log` is a
+path, appended to it as one flushed JSON line, so a test can check from outside that
+two attempts never drove the same phone at the same time.
+
+`unplug(serial)` takes a phone away (calls raise `DeviceLost`, an action in flight is
+interrupted, `inventory()` omits it); `plug(serial)` brings it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from host_agent.devices import DeviceInfo, DeviceLost, DeviceTimeout, ShellResult
+
+__all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource", "make_png"]
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+SIMULATED_PROPS: dict[str, str] = {
+    "ro.product.model": "Simulated",
+    "ro.product.manufacturer": "AMC",
+    "ro.build.version.sdk": "34",
+    "ro.product.cpu.abi": "x86_64",
+}
+
+UI_XML = (
+    "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>"
+    '<hierarchy rotation="0">'
+    '<node index="0" text="" resource-id="" class="android.widget.FrameLayout" '
+    'package="com.amc.simulated" content-desc="" clickable="false" bounds="[0,0][1080,2400]">'
+    '<node index="0" text="Simulated" resource-id="com.amc.simulated:id/title" '
+    'class="android.widget.TextView" package="com.amc.simulated" content-desc="" '
+    'clickable="false" bounds="[40,100][1040,180]" />'
+    '<node index="1" text="OK" resource-id="android:id/button1" '
+    'class="android.widget.Button" package="com.amc.simulated" content-desc="confirm" '
+    'clickable="true" bounds="[100,200][300,260]" />'
+    "</node></hierarchy>"
+)
+
+
+def make_png(width: int = 4, height: int = 3, rgb: tuple[int, int, int] = (30, 144, 255)) -> bytes:
+    """A valid truecolour PNG filled with one colour, written without Pillow."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    row = b"\x00" + bytes(rgb) * width  # filter type 0 (None) before each scanline
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        PNG_SIGNATURE
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(row * height))
+        + chunk(b"IEND", b"")
+    )
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    serial: str
+    action: str
+    args: dict[str, Any]
+    started_monotonic: float
+    ended_monotonic: float
+    started_wall: float
+    ended_wall: float
+    # "ok", "lost" or "cancelled" (which is also how a caller's timeout looks from here).
+    outcome: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass
+class _Recorder:
+    log_path: Path | None
+    records: list[ActionRecord] = field(default_factory=list)
+
+    def add(self, record: ActionRecord) -> None:
+        self.records.append(record)
+        if self.log_path is not None:
+            # Open, write, close per line: several sources (processes) may share the file.
+            with self.log_path.open("a", encoding="utf-8") as log:
+                log.write(record.to_json() + "\n")
+                log.flush()
+
+
+class SimulatedSource:
+    def __init__(
+        self,
+        count: int,
+        delay: float = 0.0,
+        prefix: str = "sim-",
+        action_log: str | Path | None = None,
+    ):
+        self.delay = delay
+        self.serials = [f"{prefix}{i}" for i in range(count)]
+        self._recorder = _Recorder(Path(action_log) if action_log is not None else None)
+        # Set when a phone is unplugged; replaced by a fresh one when it comes back.
+        self._unplugged: dict[str, asyncio.Event] = {s: asyncio.Event() for s in self.serials}
+
+    @property
+    def actions(self) -> list[ActionRecord]:
+        return self._recorder.records
+
+    async def inventory(self) -> list[DeviceInfo]:
+        return [
+            DeviceInfo(
+                serial=serial,
+                state="device",
+                model=SIMULATED_PROPS["ro.product.model"],
+                manufacturer=SIMULATED_PROPS["ro.product.manufacturer"],
+                sdk=int(SIMULATED_PROPS["ro.build.version.sdk"]),
+                abi=SIMULATED_PROPS["ro.product.cpu.abi"],
+                labels={"simulated": "true"},
+            )
+            for serial in self.serials
+            if self.is_plugged(serial)
+        ]
+
+    def device(self, serial: str) -> SimulatedDevice:
+        return SimulatedDevice(self, serial)
+
+    async def close(self) -> None:
+        """Nothing to release: the log file is opened per line."""
+
+    def unplug(self, serial: str) -> None:
+        self._unplugged[serial].set()
+
+    def plug(self, serial: str) -> None:
+        if serial in self._unplugged:
+            self._unplugged[serial] = asyncio.Event()
+
+    def is_plugged(self, serial: str) -> bool:
+        event = self._unplugged.get(serial)
+        return event is not None and not event.is_set()
+
+    def actions_for(self, serial: str) -> list[ActionRecord]:
+        return [record for record in self.actions if record.serial == serial]
+
+    def record(self, record: ActionRecord) -> None:
+        self._recorder.add(record)
+
+    async def pause(self, serial: str) -> None:
+        """Wait `delay` seconds as a phone would; DeviceLost if unplugged meanwhile."""
+        unplugged = self._unplugged.get(serial)
+        if unplugged is None or unplugged.is_set():
+            raise DeviceLost(f"device lost: {serial} is not attached")
+        try:
+            async with asyncio.timeout(self.delay):
+                await unplugged.wait()
+        except TimeoutError:
+            return  # the work took `delay` and the phone stayed
+        raise DeviceLost(f"device lost: {serial} was unplugged during the action")
+
+
+class SimulatedDevice:
+    """One simulated phone; every method goes through `_act` for timing and the log."""
+
+    def __init__(self, source: SimulatedSource, serial: str):
+        self.serial = serial
+        self._source = source
+
+    async def shell(self, command: str, timeout: float) -> ShellResult:  # noqa: ASYNC109
+        try:
+            async with asyncio.timeout(timeout):
+                await self._act("shell", command=command)
+        except TimeoutError:
+            raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
+        return _shell_result(command)
+
+    async def tap(self, x: int, y: int) -> None:
+        await self._act("tap", x=x, y=y)
+
+    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None:
+        await self._act("swipe", x1=x1, y1=y1, x2=x2, y2=y2, duration_ms=duration_ms)
+
+    async def input_text(self, text: str) -> None:
+        await self._act("input_text", text=text)
+
+    async def key(self, keycode: int) -> None:
+        await self._act("key", keycode=keycode)
+
+    async def launch_app(self, package: str, activity: str) -> None:
+        await self._act("launch_app", package=package, activity=activity)
+
+    async def stop_app(self, package: str) -> None:
+        await self._act("stop_app", package=package)
+
+    async def screenshot(self) -> bytes:
+        await self._act("screenshot")
+        return make_png(36, 64, _colour_for(self.serial))
+
+    async def ui_dump(self) -> str:
+        await self._act("ui_dump")
+        return UI_XML
+
+    async def _act(self, action: str, **args: Any) -> None:
+        started_monotonic, started_wall = time.monotonic(), time.time()
+        outcome = "cancelled"  # also what a timeout from the caller looks like here
+        try:
+            await self._source.pause(self.serial)
+            outcome = "ok"
+        except DeviceLost:
+            outcome = "lost"
+            raise
+        finally:
+            self._source.record(
+                ActionRecord(
+                    serial=self.serial,
+                    action=action,
+                    args=args,
+                    started_monotonic=started_monotonic,
+                    ended_monotonic=time.monotonic(),
+                    started_wall=started_wall,
+                    ended_wall=time.time(),
+                    outcome=outcome,
+                )
+            )
+
+
+def _shell_result(command: str) -> ShellResult:
+    """Plausible output for a few commands; anything else succeeds silently."""
+    words = command.split()
+    if not words:
+        return ShellResult(0, "")
+    if words[0] == "echo":
+        return ShellResult(0, " ".join(words[1:]) + "\n")
+    if words[0] == "getprop":
+        if len(words) > 1:
+            return ShellResult(0, SIMULATED_PROPS.get(words[1], "") + "\n")
+        return ShellResult(0, "".join(f"[{k}]: [{v}]\n" for k, v in SIMULATED_PROPS.items()))
+    if words[0] == "false":
+        return ShellResult(1, "")
+    return ShellResult(0, "")
+
+
+def _colour_for(serial: str) -> tuple[int, int, int]:
+    # Stable per phone, so screenshots of different phones differ.
+    digest = zlib.crc32(serial.encode())
+    return (digest & 0xFF, (digest >> 8) & 0xFF, (digest >> 16) & 0xFF)

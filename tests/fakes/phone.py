@@ -1,0 +1,191 @@
+"""A fake phone: what adbd's `sh` would print for the commands the host agent sends.
+
+`FakePhone` understands just enough of the Android shell for the driver:
+
+* ``getprop`` (whole ``[key]: [value]`` listing) and ``getprop <key>``
+* ``input ...``, ``am ...``, ``monkey ...`` (no output, exit 0)
+* ``uiautomator dump <path>`` (writes `ui_xml` to a fake file) and ``cat <path>``
+* ``screencap -p`` (the PNG, after `screencap_prefix` so drivers must trim)
+* ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``
+* compound commands joined by ``;``, ``&&`` and ``||`` (tokenised with `shlex`, so
+  quoting and backslash escapes behave as in ``sh``)
+
+Anything else prints ``/system/bin/sh: <cmd>: inaccessible or not found`` and exits 127.
+`failures` lets a test make a command fail: a key is matched as a prefix of the
+simple command (e.g. ``"am start"``) and maps to ``(exit_code, output)``.
+
+Three ways to run a command, all recording it in `commands`:
+
+* ``handle_shell(cmd) -> bytes``: synchronous; ``sleep N`` is recorded but not waited.
+* ``await run_shell(cmd) -> bytes``: ``sleep N`` really sleeps (cancellable).
+* ``async for chunk in stream_shell(cmd)``: like `run_shell`, but yields output as it is
+  produced, so a server can send what came before a ``sleep`` before sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+# One PNG writer for the simulator and the fakes; re-exported for tests.
+from host_agent.simulated import PNG_SIGNATURE, make_png
+
+__all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
+
+_OPERATORS = frozenset({";", "&&", "||"})
+
+DEFAULT_PROPS: dict[str, str] = {
+    "ro.product.model": "Pixel Fake",
+    "ro.product.manufacturer": "AMC",
+    "ro.build.version.sdk": "34",
+    "ro.product.cpu.abi": "arm64-v8a",
+    "ro.build.version.release": "14",
+    "ro.product.name": "fake_phone",
+    "ro.product.device": "fake",
+}
+
+DEFAULT_UI_XML = (
+    "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>"
+    '<hierarchy rotation="0">'
+    '<node index="0" text="" resource-id="" class="android.widget.FrameLayout" '
+    'package="com.example" content-desc="" clickable="false" bounds="[0,0][1080,2400]">'
+    '<node index="0" text="Hello" resource-id="com.example:id/title" '
+    'class="android.widget.TextView" package="com.example" content-desc="" '
+    'clickable="false" bounds="[40,100][1040,180]" />'
+    '<node index="1" text="OK" resource-id="android:id/button1" '
+    'class="android.widget.Button" package="com.example" content-desc="confirm" '
+    'clickable="true" bounds="[100,200][300,260]" />'
+    "</node></hierarchy>"
+)
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A pause the shell asks for; the runner of the steps decides whether to wait."""
+
+    seconds: float
+
+
+@dataclass
+class FakePhone:
+    serial: str
+    props: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROPS))
+    ui_xml: str = DEFAULT_UI_XML
+    png: bytes = field(default_factory=make_png)
+    # Some devices print a warning before the PNG (e.g. multi-display notices).
+    screencap_prefix: bytes = b""
+    failures: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    # (time.monotonic(), full command line) for every command asked.
+    commands: list[tuple[float, str]] = field(default_factory=list)
+    # (time.monotonic(), argv) for every simple command actually executed.
+    executed: list[tuple[float, list[str]]] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.props.setdefault("ro.serialno", self.serial)
+
+    # -- entry points -------------------------------------------------------------------
+
+    def handle_shell(self, command: str) -> bytes:
+        return b"".join(s for s in self.iter_shell(command) if isinstance(s, bytes))
+
+    async def run_shell(self, command: str) -> bytes:
+        return b"".join([chunk async for chunk in self.stream_shell(command)])
+
+    async def stream_shell(self, command: str) -> AsyncIterator[bytes]:
+        for step in self.iter_shell(command):
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+            elif step:
+                yield step
+
+    def iter_shell(self, command: str) -> Iterator[bytes | Sleep]:
+        """Run `command` lazily: output chunks and pauses, in order."""
+        self.commands.append((time.monotonic(), command))
+        status = 0
+        for operator, argv in _split_commands(command):
+            if (operator == "&&" and status != 0) or (operator == "||" and status == 0):
+                continue
+            if argv[:1] == ["exit"]:
+                return
+            self.executed.append((time.monotonic(), argv))
+            if argv[:1] == ["sleep"]:
+                yield Sleep(float(argv[1]) if len(argv) > 1 else 0.0)
+                status = 0
+                continue
+            status, output = self._run_simple(argv, status)
+            yield output
+
+    def shell_commands(self) -> list[str]:
+        """Just the command lines, in order (handy for assertions)."""
+        return [command for _, command in self.commands]
+
+    # -- simple commands ----------------------------------------------------------------
+
+    def _run_simple(self, argv: list[str], last_status: int) -> tuple[int, bytes]:
+        line = " ".join(argv)
+        for prefix, result in self.failures.items():
+            if line.startswith(prefix):
+                return result
+        name = argv[0]
+        if name == "echo":
+            words = [w.replace("$?", str(last_status)) for w in argv[1:]]
+            return 0, (" ".join(words) + "\n").encode()
+        if name in ("true", "input", "am", "monkey"):
+            return 0, b""
+        if name == "false":
+            return 1, b""
+        if name == "getprop":
+            return 0, self._getprop(argv[1:])
+        if name == "uiautomator":
+            return self._uiautomator(argv[1:])
+        if name == "cat":
+            return self._cat(argv[1:])
+        if name in ("screencap", "/system/bin/screencap"):
+            return 0, self.screencap_prefix + self.png
+        return 127, f"/system/bin/sh: {name}: inaccessible or not found\n".encode()
+
+    def _getprop(self, args: list[str]) -> bytes:
+        if args:
+            return (self.props.get(args[0], "") + "\n").encode()
+        lines = [f"[{key}]: [{value}]\n" for key, value in sorted(self.props.items())]
+        return "".join(lines).encode()
+
+    def _uiautomator(self, args: list[str]) -> tuple[int, bytes]:
+        if args[:1] != ["dump"]:
+            return 1, b"Usage: uiautomator <subcommand> [options]\n"
+        path = args[1] if len(args) > 1 else "/sdcard/window_dump.xml"
+        self.files[path] = self.ui_xml.encode()
+        # Android's own spelling.
+        return 0, f"UI hierchary dumped to: {path}\n".encode()
+
+    def _cat(self, paths: list[str]) -> tuple[int, bytes]:
+        out, status = b"", 0
+        for path in paths:
+            if path in self.files:
+                out += self.files[path]
+            else:
+                out += f"cat: {path}: No such file or directory\n".encode()
+                status = 1
+        return status, out
+
+
+def _split_commands(command: str) -> list[tuple[str, list[str]]]:
+    """[(operator before it, argv)] for each simple command; the first gets ';'."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    result: list[tuple[str, list[str]]] = []
+    operator, argv = ";", list[str]()
+    for token in lexer:
+        if token in _OPERATORS:
+            if argv:
+                result.append((operator, argv))
+            operator, argv = token, []
+        else:
+            argv.append(token)
+    if argv:
+        result.append((operator, argv))
+    return result

@@ -1,0 +1,182 @@
+"""Tier 2 device tests: the real adb server between our driver and a fake phone.
+
+    pure-python-adb / adb CLI → real `adb server` (private port) → FakeAdbd → FakePhone
+
+No adb binary is a failure, not a skip: CI installs the Debian `adb` package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from ppadb.client_async import ClientAsync
+
+from host_agent.adb import AdbSource
+from host_agent.devices import DeviceLost
+from tests.fakes.adbd import FakeAdbd
+from tests.fakes.phone import PNG_SIGNATURE, FakePhone, make_png
+from tests.fakes.real_adb import RealAdbServer, find_adb, poll_until
+
+# adb names a `connect`ed phone after its address; this is only the phone's own label.
+SERIAL = "FAKE0001"
+
+
+@pytest.fixture
+def phone() -> FakePhone:
+    return FakePhone(SERIAL)
+
+
+@pytest.fixture
+async def adbd(phone: FakePhone) -> AsyncIterator[FakeAdbd]:
+    async with FakeAdbd(phone) as adbd:
+        yield adbd
+
+
+@pytest.fixture
+async def adb_server(tmp_path: Path, adbd: FakeAdbd) -> AsyncIterator[RealAdbServer]:
+    """A private adb server with the fake phone connected and online."""
+    async with RealAdbServer(tmp_path / "adb-home") as server:
+        await server.connect(adbd.address)
+        yield server
+
+
+def test_adb_binary_is_installed() -> None:
+    """THEN an adb binary is found (CI installs the Debian `adb` package)."""
+    assert find_adb().is_file()
+
+
+async def test_real_adb_shell_echo_reaches_fake_adbd(
+    adb_server: RealAdbServer, adbd: FakeAdbd, phone: FakePhone
+) -> None:
+    """THEN `adb shell echo hi` prints "hi" produced by the fake phone."""
+    result = await adb_server.adb("-s", adbd.address, "shell", "echo hi")
+
+    assert result.stdout == b"hi\n"
+    assert phone.shell_commands() == ["echo hi"]
+    assert "shell:echo hi" in adbd.services
+
+
+async def test_adb_devices_lists_fake_phone_with_its_model(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN `adb devices -l` lists the phone as "device" with the model from its banner."""
+    result = await adb_server.adb("devices", "-l")
+
+    line = next(ln for ln in result.text.splitlines() if ln.startswith(adbd.address))
+    assert line.split()[1] == "device"
+    assert "model:Pixel_Fake" in line  # adb turns the space into "_"
+    assert len(adbd.connections) == 1
+    assert adbd.connections[0].system_identity.startswith("host::")
+
+
+async def test_binary_output_larger_than_max_payload_arrives_intact(
+    adb_server: RealAdbServer, adbd: FakeAdbd, phone: FakePhone
+) -> None:
+    """THEN `adb exec-out screencap -p` returns every byte, across many flow-controlled WRTEs."""
+    phone.png = PNG_SIGNATURE + os.urandom(3 * adbd.max_payload + 1234)
+
+    result = await adb_server.adb("-s", adbd.address, "exec-out", "screencap -p")
+
+    assert result.stdout == phone.png
+
+
+async def test_concurrent_streams_each_get_their_own_output(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN commands run at once over one transport each print only their own output."""
+    results = await asyncio.gather(
+        *(adb_server.shell(adbd.address, f"sleep 0.3; echo stream{n}") for n in range(5))
+    )
+
+    assert results == [f"stream{n}\n".encode() for n in range(5)]
+    assert len(adbd.connections) == 1
+
+
+async def test_unsupported_service_is_refused_and_device_stays_online(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN `adb pull` (sync:) fails and the phone is still "device" afterwards."""
+    result = await adb_server.adb(
+        "-s", adbd.address, "pull", "/sdcard/x", str(adb_server.home / "x"), check=False
+    )
+
+    assert result.returncode != 0
+    assert "sync:" in adbd.services
+    assert (await adb_server.devices())[adbd.address] == "device"
+
+
+async def test_stopped_fake_adbd_drops_out_of_adb_devices(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN once the phone's adbd goes away, adb no longer reports it as "device"."""
+    await adbd.stop()
+
+    async def gone() -> bool:
+        return (await adb_server.devices()).get(adbd.address) != "device"
+
+    await poll_until(gone, 15.0, "the stopped phone to leave the 'device' state")
+
+
+async def test_pure_python_adb_drives_fake_phone_through_real_server(
+    adb_server: RealAdbServer, adbd: FakeAdbd, phone: FakePhone
+) -> None:
+    """THEN pure-python-adb sees the phone and gets shell output and the PNG through adb."""
+    client = ClientAsync(adb_server.host, adb_server.port)
+
+    device = await client.device(adbd.address)
+    assert device is not None
+    assert await device.shell("getprop ro.product.model") == "Pixel Fake\n"
+    assert await device.screencap() == bytes(phone.png)
+    assert phone.shell_commands()[-1] == "/system/bin/screencap -p"
+
+
+async def test_host_agent_adb_source_drives_fake_phone_through_real_server(
+    adb_server: RealAdbServer, adbd: FakeAdbd, phone: FakePhone
+) -> None:
+    """THEN AdbSource lists the phone online with its model, taps reach it, screenshots are PNG."""
+    phone.png = make_png(8, 6, (200, 10, 10))
+    source = AdbSource(adb_server.host, adb_server.port, call_timeout=10.0)
+
+    inventory = {info.serial: info for info in await source.inventory()}
+    info = inventory[adbd.address]
+    assert info.state == "device"
+    assert info.model == phone.props["ro.product.model"]
+
+    device = source.device(adbd.address)
+    result = await device.shell("echo hi", timeout=10.0)
+    assert result.output.strip() == "hi"
+
+    await device.tap(120, 340)
+    assert any("input tap 120 340" in command for command in phone.shell_commands())
+
+    assert await device.screenshot() == phone.png
+    assert "com.example:id/title" in await device.ui_dump()
+
+
+async def test_dropped_transport_comes_back_online(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN adb reconnects by itself after the phone hangs up the transport."""
+    await adbd.drop_connections()
+
+    async def reconnected() -> bool:
+        return len(adbd.connections) == 2
+
+    await poll_until(reconnected, 30.0, "adb to open a second transport")
+    await adb_server.wait_for_state(adbd.address, "device", within=30.0)
+
+
+async def test_host_agent_reports_device_lost_when_phone_goes_away(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN a shell on a phone whose adbd is gone raises DeviceLost through the real server."""
+    device = AdbSource(adb_server.host, adb_server.port, call_timeout=10.0).device(adbd.address)
+    await adbd.stop()
+    await adb_server.wait_for_state(adbd.address, "offline", within=15.0)
+
+    with pytest.raises(DeviceLost):
+        await device.shell("echo hi", timeout=10.0)
