@@ -96,9 +96,13 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    stopping = asyncio.create_task(stop.wait())
+    crashed = asyncio.create_task(plane.crashed.wait())
+    await asyncio.wait([stopping, crashed], return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping: finishing in-flight calls", grace=args.grace)
     await plane.stop(args.grace)
+    if plane.crashed.is_set():
+        raise SystemExit(1)
 
 
 async def create_token(args: argparse.Namespace, dsn: str) -> None:

@@ -13,7 +13,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
 
 from amc.v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, scheduler_pb2
 from amc.v1 import scheduler_pb2_grpc
@@ -84,6 +84,8 @@ class ControlPlane:
         self._server: grpc.aio.Server | None = None
         self._background: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
+        # Set when a background loop died of a bug: the replica must not limp on without it.
+        self.crashed = asyncio.Event()
 
     @property
     def store(self) -> Store:
@@ -115,6 +117,8 @@ class ControlPlane:
         await self._set_health(True)
         self._background = [asyncio.create_task(coro) for coro in
                              (self._listen(), self._sweep(), self._watch_database())]
+        for task in self._background:
+            task.add_done_callback(self._background_done)
         log.info("control plane serving", listen=self.listen, port=self.port,
                  auth="off (--insecure)" if self.insecure else "bearer tokens",
                  tls=bool(self.tls), migrations_applied=applied,
@@ -141,6 +145,15 @@ class ControlPlane:
 
     # -- background ------------------------------------------------------------------------
 
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("background loop died", loop=task.get_coro().__name__,  # type: ignore[union-attr]
+                      exc_info=exc)
+            self.crashed.set()
+
     async def _set_health(self, serving: bool) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -164,7 +177,8 @@ class ControlPlane:
     async def _listen(self) -> None:
         async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(errors.DatabaseUnavailable),
-                wait=wait_exponential_jitter(initial=0.05, max=2.0), reraise=True):
+                wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
+                reraise=True):
             with attempt:
                 await self._listen_once()
 

@@ -52,7 +52,14 @@ with warnings.catch_warnings():
     from ppadb.client_async import ClientAsync
     from ppadb.protocol import Protocol
 
-__all__ = ["AdbDevice", "AdbSource", "UnsupportedText", "escape_input_text"]
+__all__ = [
+    "AdbDevice",
+    "AdbSource",
+    "UnsupportedText",
+    "escape_input_text",
+    "parse_devices_l",
+    "parse_getprop",
+]
 
 DEFAULT_CALL_TIMEOUT = 30.0
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

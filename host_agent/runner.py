@@ -227,10 +227,16 @@ def _step_result(
         status=StepStatus.OK if all(o.ok for o in outputs) else StepStatus.FAILED,
         started_at=started_at,
         duration=duration,
-        output=cut("\n".join(o.output for o in outputs if o.output)),
+        output=_joined([o.output for o in outputs]),
         error=cut(error),
         data=data,
     )
+
+
+def _joined(outputs: list[str]) -> str:
+    if len(outputs) == 1:
+        return cut(outputs[0])
+    return cut("\n".join(o.rstrip("\n") for o in outputs if o))
 
 
 def _result(halt: _Halt | None, steps: tuple[StepResult, ...]) -> RunResult:

@@ -109,6 +109,7 @@ class SimulatedSource:
         self._recorder = _Recorder(Path(action_log) if action_log is not None else None)
         # Set when a phone is unplugged; replaced by a fresh one when it comes back.
         self._unplugged: dict[str, asyncio.Event] = {s: asyncio.Event() for s in self.serials}
+        self._in_flight: dict[str, int] = dict.fromkeys(self.serials, 0)
 
     @property
     def actions(self) -> list[ActionRecord]:
@@ -146,6 +147,10 @@ class SimulatedSource:
         event = self._unplugged.get(serial)
         return event is not None and not event.is_set()
 
+    def in_flight(self, serial: str) -> int:
+        """How many actions are running on `serial` right now."""
+        return self._in_flight.get(serial, 0)
+
     def actions_for(self, serial: str) -> list[ActionRecord]:
         return [record for record in self.actions if record.serial == serial]
 
@@ -157,11 +162,14 @@ class SimulatedSource:
         unplugged = self._unplugged.get(serial)
         if unplugged is None or unplugged.is_set():
             raise DeviceLost(f"device lost: {serial} is not attached")
+        self._in_flight[serial] += 1
         try:
             async with asyncio.timeout(self.delay):
                 await unplugged.wait()
         except TimeoutError:
             return  # the work took `delay` and the phone stayed
+        finally:
+            self._in_flight[serial] -= 1
         raise DeviceLost(f"device lost: {serial} was unplugged during the action")
 
 

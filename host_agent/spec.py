@@ -285,7 +285,7 @@ def _required(value: str, name: str) -> str:
 
 def _seconds(pb: duration_pb2.Duration) -> float:
     """Seconds of a Duration; an unset one is 0."""
-    seconds = pb.seconds + pb.nanos / 1e9
+    seconds = float(pb.seconds + pb.nanos / 1e9)
     if seconds < 0:
         raise InvalidSpec(f"negative duration {seconds:g}s")
     return seconds

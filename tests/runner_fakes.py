@@ -55,7 +55,7 @@ class FakeDevice:
     failures: dict[str, Exception] = field(default_factory=dict)
     # Successive ui_dump answers; the last one repeats.
     screens: list[str] = field(default_factory=lambda: [HOME_SCREEN])
-    shell_result: ShellResult = ShellResult(0, "ok\n")
+    shell_result: ShellResult = field(default_factory=lambda: ShellResult(0, "ok\n"))
     png: bytes = PNG
     # Called (and awaited if it returns an awaitable) as each call starts.
     on_call: Callable[[Call], Awaitable[None] | None] | None = None
@@ -88,7 +88,7 @@ class FakeDevice:
         finally:
             call.ended = time.monotonic()
 
-    async def shell(self, command: str, timeout: float) -> ShellResult:
+    async def shell(self, command: str, timeout: float) -> ShellResult:  # noqa: ASYNC109
         await self._call("shell", command, timeout)
         return self.shell_result
 
@@ -120,10 +120,10 @@ class FakeDevice:
         return self.screens[index]
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
-    """Poll `check` until it holds; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+async def eventually(check: Callable[[], bool], within: float = 5.0, what: str = "") -> None:
+    """Poll `check` until it holds; fail the test after `within` seconds."""
+    deadline = time.monotonic() + within
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what or check}")
+            raise AssertionError(f"not within {within}s: {what or check}")
         await asyncio.sleep(0.005)

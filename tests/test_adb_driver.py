@@ -1,6 +1,6 @@
 """The adb driver (`host_agent.adb`) against a fake adb server speaking the real protocol.
 
-    AdbSource / AdbDevice → TCP (adb host protocol) → FakeAdbServer → FakePhone
+AdbSource / AdbDevice → TCP (adb host protocol) → FakeAdbServer → FakePhone
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ CALL_TIMEOUT = 2.0
 EXIT_MARKER = re.compile(r"; echo AMC_EXIT_[0-9a-f]{32}_\$\?$")
 
 
-async def assert_eventually(
-    condition: Callable[[], bool], what: str, timeout: float = CALL_TIMEOUT
-) -> None:
-    deadline = time.monotonic() + timeout
+async def assert_eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + CALL_TIMEOUT
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -356,7 +354,7 @@ async def test_hanging_server_raises_device_timeout_within_the_call_timeout(
     device = AdbSource(port=server.port, call_timeout=0.3).device(SERIAL)
     started = time.monotonic()
 
-    with pytest.raises(DeviceTimeout, match="timed out after 0.3s"):
+    with pytest.raises(DeviceTimeout, match=r"timed out after 0\.3s"):
         await device.tap(1, 1)
 
     assert 0.3 <= time.monotonic() - started < 1.5
@@ -395,7 +393,7 @@ async def test_unreachable_adb_server_raises_device_error() -> None:
 
 async def test_unknown_serial_raises_device_lost(source: AdbSource) -> None:
     """THEN adb's "device 'X' not found" becomes DeviceLost saying "device lost"."""
-    with pytest.raises(DeviceLost, match="device lost.*not found"):
+    with pytest.raises(DeviceLost, match=r"device lost.*not found"):
         await source.device("no-such-phone").tap(1, 1)
 
 
@@ -473,7 +471,8 @@ def test_importing_the_driver_silences_only_ppadb_escape_warnings(tmp_path: Path
     """THEN a fresh compile of ppadb under -W error imports cleanly and no filter is left."""
     check = (
         "import warnings, host_agent.adb\n"
-        "assert not [f for f in warnings.filters if 'ppadb' in str(getattr(f[3], 'pattern', f[3]))]\n"
+        "modules = [str(getattr(f[3], 'pattern', f[3])) for f in warnings.filters]\n"
+        "assert not [m for m in modules if 'ppadb' in m], modules\n"
     )
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
 

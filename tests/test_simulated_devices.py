@@ -1,0 +1,234 @@
+"""The simulated device source: phones that are not there, but behave and leave a trail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import time
+import xml.etree.ElementTree as ET
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from host_agent.devices import DeviceLost, DeviceTimeout, ShellResult
+from host_agent.simulated import PNG_SIGNATURE, SimulatedDevice, SimulatedSource
+
+DEADLINE = 2.0
+
+
+async def assert_eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+def read_png(data: bytes) -> tuple[int, int, bytes]:
+    """(width, height, raw scanlines) after checking the signature and every chunk CRC."""
+    assert data.startswith(PNG_SIGNATURE)
+    at, chunks = len(PNG_SIGNATURE), dict[bytes, bytes]()
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
+        assert crc == zlib.crc32(kind + body), f"bad CRC in {kind!r}"
+        chunks[kind] = chunks.get(kind, b"") + body
+        at += 12 + length
+    assert list(chunks)[-1] == b"IEND"
+    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
+    return width, height, zlib.decompress(chunks[b"IDAT"])
+
+
+async def test_inventory_lists_count_phones_online_as_simulated() -> None:
+    """THEN sim-0 … sim-2 are listed in state "device" with model "Simulated"."""
+    source = SimulatedSource(3)
+
+    inventory = await source.inventory()
+
+    assert [i.serial for i in inventory] == ["sim-0", "sim-1", "sim-2"]
+    assert {(i.state, i.model, i.sdk) for i in inventory} == {("device", "Simulated", 34)}
+
+
+async def test_prefix_names_the_phones() -> None:
+    """THEN the serials start with the given prefix."""
+    inventory = await SimulatedSource(2, prefix="rack7-").inventory()
+
+    assert [i.serial for i in inventory] == ["rack7-0", "rack7-1"]
+
+
+async def test_every_action_succeeds_and_is_recorded_with_its_arguments() -> None:
+    """THEN each call leaves one "ok" record naming the phone, the action and its args."""
+    source = SimulatedSource(1)
+    device = source.device("sim-0")
+
+    await device.tap(1, 2)
+    await device.swipe(1, 2, 3, 4, 300)
+    await device.input_text("hi there")
+    await device.key(66)
+    await device.launch_app("com.example", ".Main")
+    await device.stop_app("com.example")
+    await device.screenshot()
+    await device.ui_dump()
+    await device.shell("echo hi", timeout=DEADLINE)
+
+    assert [(r.serial, r.action, r.args, r.outcome) for r in source.actions] == [
+        ("sim-0", "tap", {"x": 1, "y": 2}, "ok"),
+        ("sim-0", "swipe", {"x1": 1, "y1": 2, "x2": 3, "y2": 4, "duration_ms": 300}, "ok"),
+        ("sim-0", "input_text", {"text": "hi there"}, "ok"),
+        ("sim-0", "key", {"keycode": 66}, "ok"),
+        ("sim-0", "launch_app", {"package": "com.example", "activity": ".Main"}, "ok"),
+        ("sim-0", "stop_app", {"package": "com.example"}, "ok"),
+        ("sim-0", "screenshot", {}, "ok"),
+        ("sim-0", "ui_dump", {}, "ok"),
+        ("sim-0", "shell", {"command": "echo hi"}, "ok"),
+    ]
+
+
+async def test_actions_take_the_configured_delay_and_record_their_window() -> None:
+    """THEN an action lasts at least `delay`, and its record spans that window on both clocks."""
+    source = SimulatedSource(1, delay=0.05)
+    wall_before = time.time()
+
+    await source.device("sim-0").tap(5, 5)
+
+    [record] = source.actions
+    assert record.ended_monotonic - record.started_monotonic >= 0.05
+    assert wall_before <= record.started_wall <= record.ended_wall <= time.time()
+
+
+async def test_action_log_gets_one_flushed_json_line_per_action(tmp_path: Path) -> None:
+    """THEN the file can be read after each action and holds exactly the actions so far."""
+    log = tmp_path / "actions.jsonl"
+    source = SimulatedSource(2, action_log=log)
+
+    await source.device("sim-0").tap(1, 1)
+    first = log.read_text().splitlines()
+    await source.device("sim-1").key(4)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+
+    assert len(first) == 1
+    assert [(line["serial"], line["action"], line["args"]) for line in lines] == [
+        ("sim-0", "tap", {"x": 1, "y": 1}),
+        ("sim-1", "key", {"keycode": 4}),
+    ]
+    assert {"started_monotonic", "ended_monotonic", "started_wall", "ended_wall"} <= set(lines[0])
+
+
+async def test_two_sources_append_to_one_action_log(tmp_path: Path) -> None:
+    """THEN several host agents can share a log: every source's lines are kept."""
+    log = tmp_path / "actions.jsonl"
+    first, second = (
+        SimulatedSource(1, action_log=log),
+        SimulatedSource(1, prefix="b-", action_log=log),
+    )
+
+    await asyncio.gather(first.device("sim-0").tap(1, 1), second.device("b-0").tap(2, 2))
+
+    serials = sorted(json.loads(line)["serial"] for line in log.read_text().splitlines())
+    assert serials == ["b-0", "sim-0"]
+
+
+async def test_screenshot_is_a_valid_png_that_differs_per_phone() -> None:
+    """THEN the bytes decode as a PNG with matching size, and two phones look different."""
+    source = SimulatedSource(2)
+
+    first = await source.device("sim-0").screenshot()
+    second = await source.device("sim-1").screenshot()
+
+    width, height, pixels = read_png(first)
+    assert len(pixels) == height * (1 + 3 * width)
+    assert first != second
+
+
+async def test_ui_dump_is_uiautomator_xml_with_a_confirm_button() -> None:
+    """THEN the XML parses and has the OK button with its id, description and bounds."""
+    xml = await SimulatedSource(1).device("sim-0").ui_dump()
+
+    root = ET.fromstring(xml.encode())
+    [button] = [n for n in root.iter("node") if n.get("resource-id") == "android:id/button1"]
+    assert root.tag == "hierarchy"
+    assert (button.get("text"), button.get("content-desc")) == ("OK", "confirm")
+    assert button.get("bounds") == "[100,200][300,260]"
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("echo hello world", ShellResult(0, "hello world\n")),
+        ("getprop ro.product.model", ShellResult(0, "Simulated\n")),
+        ("false", ShellResult(1, "")),
+        ("pm clear com.example", ShellResult(0, "")),
+    ],
+)
+async def test_shell_answers_plausibly(command: str, expected: ShellResult) -> None:
+    """THEN echo echoes, getprop knows the model, false fails, anything else succeeds."""
+    assert await SimulatedSource(1).device("sim-0").shell(command, timeout=DEADLINE) == expected
+
+
+async def test_shell_slower_than_its_timeout_raises_device_timeout() -> None:
+    """THEN a delay above the shell timeout ends in DeviceTimeout at about the timeout."""
+    device = SimulatedSource(1, delay=5.0).device("sim-0")
+    started = time.monotonic()
+
+    with pytest.raises(DeviceTimeout):
+        await device.shell("echo slow", timeout=0.05)
+
+    assert time.monotonic() - started < 1.0
+
+
+async def test_unplugged_phone_raises_device_lost_and_leaves_the_inventory() -> None:
+    """THEN calls raise DeviceLost ("device lost"), inventory omits it, plug brings it back."""
+    source = SimulatedSource(2)
+    device = source.device("sim-1")
+
+    source.unplug("sim-1")
+
+    with pytest.raises(DeviceLost, match="device lost"):
+        await device.tap(1, 1)
+    assert [i.serial for i in await source.inventory()] == ["sim-0"]
+
+    source.plug("sim-1")
+    await device.tap(1, 1)
+    assert [i.serial for i in await source.inventory()] == ["sim-0", "sim-1"]
+
+
+async def test_unplug_interrupts_an_action_in_flight_with_device_lost() -> None:
+    """THEN the running action fails at once with DeviceLost and is recorded as "lost"."""
+    source = SimulatedSource(1, delay=30.0)
+    call = asyncio.create_task(source.device("sim-0").tap(1, 1))
+    await assert_eventually(lambda: source.in_flight("sim-0") == 1, "the tap to start")
+
+    source.unplug("sim-0")
+
+    with pytest.raises(DeviceLost):
+        await call
+    assert [r.outcome for r in source.actions] == ["lost"]
+
+
+async def test_unknown_serial_raises_device_lost() -> None:
+    """THEN a serial the source never had behaves like an unplugged phone."""
+    device: SimulatedDevice = SimulatedSource(1).device("sim-9")
+
+    with pytest.raises(DeviceLost, match="device lost"):
+        await device.key(3)
+
+
+async def test_cancelling_an_action_stops_it_and_records_its_window(tmp_path: Path) -> None:
+    """THEN cancellation ends the delay at once and the log still shows the attempt's window."""
+    log = tmp_path / "actions.jsonl"
+    source = SimulatedSource(1, delay=30.0, action_log=log)
+    call = asyncio.create_task(source.device("sim-0").swipe(0, 0, 9, 9, 100))
+    await assert_eventually(lambda: source.in_flight("sim-0") == 1, "the swipe to start")
+
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+    [line] = [json.loads(text) for text in log.read_text().splitlines()]
+    assert (line["action"], line["outcome"]) == ("swipe", "cancelled")
+    assert line["ended_monotonic"] - line["started_monotonic"] < 5.0
+    assert source.in_flight("sim-0") == 0

@@ -1,0 +1,255 @@
+"""The runner's protobuf edge: TaskSpec in, TaskResult and Outcome out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from google.protobuf import duration_pb2
+
+from amc.v1 import lease_pb2, task_pb2
+from host_agent.results import OUTPUT_LIMIT, Outcome, RunResult, StepResult, StepStatus
+from host_agent.spec import (
+    DEFAULT_SWIPE_MS,
+    DEFAULT_WAIT_FOR_TIMEOUT,
+    ActionList,
+    AssertVisible,
+    InputText,
+    InvalidSpec,
+    Key,
+    LaunchApp,
+    Screenshot,
+    Shell,
+    StopApp,
+    Swipe,
+    Tap,
+    TapOn,
+    UiSelector,
+    Wait,
+    WaitFor,
+    Workflow,
+    WorkflowStep,
+    outcome_to_proto,
+    report_request,
+    result_to_proto,
+    spec_from_proto,
+)
+from host_agent.stop_token import StopReason
+
+
+def secs(value: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromTimedelta(timedelta(seconds=value))
+    return d
+
+
+def actions_spec(*actions: task_pb2.Action) -> task_pb2.TaskSpec:
+    return task_pb2.TaskSpec(actions=task_pb2.ActionList(actions=list(actions)))
+
+
+def test_every_action_kind_converts() -> None:
+    ok = task_pb2.UiSelector(text="OK")
+    pb = actions_spec(
+        task_pb2.Action(tap=task_pb2.Tap(x=1, y=2)),
+        task_pb2.Action(tap_on=task_pb2.TapOn(selector=task_pb2.UiSelector(resource_id="a:id/b"))),
+        task_pb2.Action(swipe=task_pb2.Swipe(x1=1, y1=2, x2=3, y2=4, duration=secs(0.5))),
+        task_pb2.Action(input_text=task_pb2.InputText(text="hi")),
+        task_pb2.Action(key=task_pb2.Key(keycode=66)),
+        task_pb2.Action(launch_app=task_pb2.LaunchApp(package="com.x", activity=".Main")),
+        task_pb2.Action(stop_app=task_pb2.StopApp(package="com.x")),
+        task_pb2.Action(shell=task_pb2.Shell(command="id", timeout=secs(5))),
+        task_pb2.Action(screenshot=task_pb2.Screenshot()),
+        task_pb2.Action(wait=task_pb2.Wait(duration=secs(1.5))),
+        task_pb2.Action(wait_for=task_pb2.WaitFor(selector=ok, timeout=secs(3))),
+        task_pb2.Action(
+            assert_visible=task_pb2.AssertVisible(selector=task_pb2.UiSelector(content_desc="Menu"))
+        ),
+    )
+    assert spec_from_proto(pb) == ActionList(
+        (
+            Tap(1, 2),
+            TapOn(UiSelector(resource_id="a:id/b")),
+            Swipe(1, 2, 3, 4, duration_ms=500),
+            InputText("hi"),
+            Key(66),
+            LaunchApp("com.x", ".Main"),
+            StopApp("com.x"),
+            Shell("id", timeout=5.0),
+            Screenshot(),
+            Wait(1.5),
+            WaitFor(UiSelector(text="OK"), timeout=3.0),
+            AssertVisible(UiSelector(content_desc="Menu")),
+        )
+    )
+
+
+def test_unset_durations_take_their_defaults() -> None:
+    ok = task_pb2.UiSelector(text="OK")
+    pb = actions_spec(
+        task_pb2.Action(swipe=task_pb2.Swipe(x1=1, y1=2, x2=3, y2=4)),
+        task_pb2.Action(shell=task_pb2.Shell(command="id")),
+        task_pb2.Action(wait=task_pb2.Wait()),
+        task_pb2.Action(wait_for=task_pb2.WaitFor(selector=ok)),
+    )
+    assert spec_from_proto(pb) == ActionList(
+        (
+            Swipe(1, 2, 3, 4, duration_ms=DEFAULT_SWIPE_MS),
+            Shell("id", timeout=None),
+            Wait(0.0),
+            WaitFor(UiSelector(text="OK"), timeout=DEFAULT_WAIT_FOR_TIMEOUT),
+        )
+    )
+
+
+def test_workflow_converts_with_names_and_continue_on_error() -> None:
+    pb = task_pb2.TaskSpec(
+        workflow=task_pb2.Workflow(
+            steps=[
+                task_pb2.WorkflowStep(
+                    name="open",
+                    actions=[task_pb2.Action(launch_app=task_pb2.LaunchApp(package="com.x"))],
+                ),
+                task_pb2.WorkflowStep(
+                    actions=[task_pb2.Action(key=task_pb2.Key(keycode=4))],
+                    continue_on_error=True,
+                ),
+            ]
+        )
+    )
+    assert spec_from_proto(pb) == Workflow(
+        (
+            WorkflowStep("open", (LaunchApp("com.x"),)),
+            WorkflowStep("step 1", (Key(4),), continue_on_error=True),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("pb", "message"),
+    [
+        (task_pb2.TaskSpec(), "task spec has neither actions nor a workflow"),
+        (
+            actions_spec(task_pb2.Action(tap=task_pb2.Tap()), task_pb2.Action()),
+            "action 1: no action kind set",
+        ),
+        (
+            actions_spec(task_pb2.Action(tap_on=task_pb2.TapOn())),
+            "action 0: selector has none of text, resource_id, content_desc",
+        ),
+        (
+            actions_spec(
+                task_pb2.Action(tap_on=task_pb2.TapOn(selector=task_pb2.UiSelector(text="")))
+            ),
+            "action 0: selector text is empty",
+        ),
+        (
+            actions_spec(task_pb2.Action(launch_app=task_pb2.LaunchApp())),
+            "action 0: package is empty",
+        ),
+        (actions_spec(task_pb2.Action(shell=task_pb2.Shell())), "action 0: command is empty"),
+        (
+            actions_spec(task_pb2.Action(wait=task_pb2.Wait(duration=secs(-1)))),
+            "action 0: negative duration -1s",
+        ),
+        (actions_spec(task_pb2.Action(tap=task_pb2.Tap(x=-5))), "action 0: negative value -5"),
+        (
+            task_pb2.TaskSpec(
+                workflow=task_pb2.Workflow(
+                    steps=[task_pb2.WorkflowStep(name="login", actions=[task_pb2.Action()])]
+                )
+            ),
+            "workflow step 0 'login', action 0: no action kind set",
+        ),
+    ],
+)
+def test_invalid_specs_are_refused_with_where_and_why(pb: task_pb2.TaskSpec, message: str) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        spec_from_proto(pb)
+    assert str(info.value) == message
+
+
+def test_ui_selector_needs_exactly_one_field() -> None:
+    with pytest.raises(InvalidSpec):
+        UiSelector()
+    with pytest.raises(InvalidSpec):
+        UiSelector(text="a", content_desc="b")
+    selector = UiSelector(resource_id="com.x:id/ok")
+    assert (selector.attribute, selector.value, str(selector)) == (
+        "resource-id",
+        "com.x:id/ok",
+        "resource_id='com.x:id/ok'",
+    )
+
+
+@pytest.mark.parametrize(
+    ("outcome", "pb"),
+    [
+        (Outcome.DONE, lease_pb2.OUTCOME_DONE),
+        (Outcome.FAILED, lease_pb2.OUTCOME_FAILED),
+        (Outcome.CANCELLED, lease_pb2.OUTCOME_CANCELLED),
+    ],
+)
+def test_outcome_to_proto(outcome: Outcome, pb: int) -> None:
+    assert outcome_to_proto(outcome) == pb
+
+
+def test_result_to_proto_carries_every_step_field() -> None:
+    started = datetime(2025, 1, 2, 3, 4, 5, 600000, tzinfo=UTC)
+    result = RunResult(
+        Outcome.CANCELLED,
+        "cancelled: stopped before step 2 'key'",
+        (
+            StepResult(0, "tap", StepStatus.OK, started, timedelta(milliseconds=120)),
+            StepResult(
+                1,
+                "screenshot",
+                StepStatus.FAILED,
+                started,
+                timedelta(seconds=1),
+                "out",
+                "bad",
+                {"png_bytes": "10"},
+            ),
+            StepResult(2, "key", StepStatus.SKIPPED),
+        ),
+        StopReason.CANCELLED,
+    )
+
+    pb = result_to_proto(result)
+
+    assert pb.error == "cancelled: stopped before step 2 'key'"
+    assert [s.status for s in pb.steps] == [
+        task_pb2.STEP_STATUS_OK,
+        task_pb2.STEP_STATUS_FAILED,
+        task_pb2.STEP_STATUS_SKIPPED,
+    ]
+    first, second, skipped = pb.steps
+    assert first.started_at.ToDatetime(tzinfo=UTC) == started
+    assert first.duration.ToTimedelta() == timedelta(milliseconds=120)
+    assert (second.index, second.name, second.output, second.error) == (
+        1,
+        "screenshot",
+        "out",
+        "bad",
+    )
+    assert dict(second.data) == {"png_bytes": "10"}
+    assert not skipped.HasField("started_at")
+
+
+def test_result_to_proto_cuts_long_text() -> None:
+    step = StepResult(0, "shell", StepStatus.FAILED, output="x" * 10_000, error="y" * 10_000)
+    pb = result_to_proto(RunResult(Outcome.FAILED, "z" * 10_000, (step,)))
+    assert len(pb.steps[0].output.encode()) <= OUTPUT_LIMIT
+    assert len(pb.steps[0].error.encode()) <= OUTPUT_LIMIT
+    assert len(pb.error.encode()) <= OUTPUT_LIMIT
+
+
+def test_report_request_is_the_same_message_every_time() -> None:
+    """THEN retries of a report are identical, as idempotent reporting needs."""
+    result = RunResult(Outcome.DONE, "", (StepResult(0, "tap", StepStatus.OK),))
+    first = report_request(result, task_id="t", attempt=2, lease_id="l")
+    again = report_request(result, task_id="t", attempt=2, lease_id="l")
+    assert first == again
+    assert (first.task_id, first.attempt, first.lease_id) == ("t", 2, "l")
+    assert first.outcome == lease_pb2.OUTCOME_DONE
+    assert first.result.steps[0].name == "tap"
