@@ -23,6 +23,8 @@ PushCallback = Callable[[CancelNotice], None]
 class Hub:
     def __init__(self) -> None:
         self._queued = asyncio.Event()
+        # Acquires parked until work is queued (or their wait ends).
+        self.waiting_acquires = 0
         self._streams: dict[str, set[PushCallback]] = defaultdict(set)
         self._watchers: dict[uuid.UUID, set[asyncio.Event]] = defaultdict(set)
 

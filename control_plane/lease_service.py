@@ -75,8 +75,12 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             remaining = deadline - loop.time()
             if found or remaining <= 0:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(queued.wait(), remaining)
+            self.hub.waiting_acquires += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queued.wait(), remaining)
+            finally:
+                self.hub.waiting_acquires -= 1
         for a in found:
             log.info("task assigned", task_id=str(a.task_id), attempt=a.attempt,
                      lease_id=str(a.lease_id), host_id=host_id, device=a.device_serial)

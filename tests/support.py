@@ -4,6 +4,7 @@ real socket with real tokens, and direct reads of the database for assertions.""
 from __future__ import annotations
 
 import asyncio
+import json
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -107,6 +108,8 @@ class Farm:
         await self.plane.start()
         if self.db is None:
             self.db = await asyncpg.connect(self.dsn)
+            await self.db.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
+                                         schema="pg_catalog")
 
     async def restart(self) -> None:
         """Stop this replica entirely and start a new one on the same port and database."""

@@ -1,0 +1,288 @@
+"""Leases and results (spec/000, the control plane's side) and DESIGN.md's lease rules."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from tests.support import Farm, actions_spec, eventually
+
+RENEWED = lease_pb2.RENEWAL_RESULT_RENEWED
+CONFLICT = lease_pb2.RENEWAL_RESULT_CONFLICT
+
+
+async def submit(client, **kw) -> task_pb2.Task:  # type: ignore[no-untyped-def]
+    return await client.scheduler.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(spec=actions_spec(), **kw))
+
+
+async def assigned(farm: Farm, **kw):  # type: ignore[no-untyped-def]
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    task = await submit(client, **kw)
+    return client, host, task, await host.acquire_one("s1")
+
+
+async def status_is(farm: Farm, task_id: str, status: str) -> bool:
+    return await farm.status(task_id) == status
+
+
+async def test_lease_renewal_succeeds(farm: Farm) -> None:
+    """THEN the expiry is extended without changing the task attempt or device."""
+    _, host, task, a = await assigned(farm)
+    (before,) = await farm.attempts(task.task_id)
+    (state,) = await host.renew(a.lease_id)
+    assert state.result == RENEWED
+    assert state.valid_for.ToTimedelta() == farm.settings.lease_ttl
+    (after,) = await farm.attempts(task.task_id)
+    assert after["lease_expires_at"] > before["lease_expires_at"]
+    assert (after["attempt"], after["device_serial"], after["host_id"]) == (1, "s1", "h1")
+    row = await farm.task_row(task.task_id)
+    assert (row["attempt"], row["device_serial"], row["status"]) == (1, "s1", "dispatched")
+
+
+async def test_first_renewal_acknowledges_and_later_ones_change_nothing_else(farm: Farm) -> None:
+    _, host, task, a = await assigned(farm)
+    assert await farm.status(task.task_id) == "assigned"
+    await host.renew(a.lease_id)
+    await host.renew(a.lease_id)
+    kinds = [e["kind"] for e in await farm.events(task.task_id)]
+    assert kinds == ["submit", "assign", "acknowledge"]
+
+
+async def test_lease_is_stale_or_foreign(farm: Farm) -> None:
+    """THEN a conflict, and the current attempt is neither revived nor altered."""
+    client, host, task, a = await assigned(farm)
+    other = await farm.host("h2", "s9")
+    # foreign: another host's token, even with its own host id on the stream
+    (foreign,) = await other.renew(a.lease_id)
+    assert foreign.result == CONFLICT
+    # expired: the lease ran out and the sweep requeued the task
+    await farm.expire_now(a.lease_id)
+    await eventually(lambda: status_is(farm, task.task_id, "queued"), what="requeue")
+    (expired,) = await host.renew(a.lease_id)
+    assert expired.result == CONFLICT
+    # replaced: a newer attempt holds the task now
+    b = await host.acquire_one("s1")
+    assert b.attempt == 2
+    before = await farm.attempts(task.task_id)
+    (replaced,) = await host.renew(a.lease_id)
+    assert replaced.result == CONFLICT
+    assert await farm.attempts(task.task_id) == before
+    assert [r["state"] for r in before] == ["expired", "active"]
+    # unknown and malformed ids are conflicts too, never errors
+    (unknown,) = await host.renew("2f1bd1a2-0000-4000-8000-000000000000")
+    (garbage,) = await host.renew("not-a-lease")
+    assert unknown.result == garbage.result == CONFLICT
+
+
+async def test_renewing_a_released_lease_is_a_conflict_and_revives_nothing(farm: Farm) -> None:
+    _, host, task, a = await assigned(farm)
+    await host.release(a.lease_id)
+    assert await farm.status(task.task_id) == "queued"
+    (state,) = await host.renew(a.lease_id)
+    assert state.result == CONFLICT
+    assert [r["state"] for r in await farm.attempts(task.task_id)] == ["released"]
+
+
+async def test_one_renewal_carries_many_leases(farm: Farm) -> None:
+    client = await farm.client()
+    serials = [f"s{i}" for i in range(5)]
+    host = await farm.host("h1", *serials)
+    for _ in serials:
+        await submit(client)
+    found = await host.acquire(*serials, wait=1)
+    assert len(found) == 5
+    ids = [a.lease_id for a in found]
+    states = await host.renew(*ids, "not-a-lease")
+    assert [s.lease_id for s in states] == [*ids, "not-a-lease"]
+    assert [s.result for s in states] == [RENEWED] * 5 + [CONFLICT]
+
+
+async def test_report_a_successful_result(farm: Farm) -> None:
+    """THEN the task is done, the device reservation released, the result recorded."""
+    _, host, task, a = await assigned(farm)
+    await host.renew(a.lease_id)
+    result = task_pb2.TaskResult(steps=[task_pb2.StepResult(
+        index=0, name="tap", status=task_pb2.STEP_STATUS_OK, output="ok",
+        data={"sha256": "abc"})])
+    done = await host.c.lease.ReportResult(lease_pb2.ReportResultRequest(
+        task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id,
+        outcome=lease_pb2.OUTCOME_DONE, result=result))
+    assert done.status == task_pb2.TASK_STATUS_DONE
+    assert done.result == result
+    assert done.HasField("finished_at")
+    assert await farm.device_holder("h1", "s1") is None
+    stored = task_pb2.TaskResult.FromString((await farm.task_row(task.task_id))["result"])
+    assert stored == result
+
+
+async def test_report_a_cancelled_result(farm: Farm) -> None:
+    """THEN the task is cancelled, the device released, the result recorded."""
+    client, host, task, a = await assigned(farm)
+    await host.renew(a.lease_id)
+    await client.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=task.task_id))
+    cancelled = await host.report(a, lease_pb2.OUTCOME_CANCELLED, error="stopped before step 1")
+    assert cancelled.status == task_pb2.TASK_STATUS_CANCELLED
+    assert cancelled.result.error == "stopped before step 1"
+    assert await farm.device_holder("h1", "s1") is None
+
+
+async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
+    """THEN the recorded terminal result comes back, without a new attempt or error."""
+    _, host, task, a = await assigned(farm)
+    await host.renew(a.lease_id)
+    first = await host.report(a, lease_pb2.OUTCOME_DONE)
+    before = await farm.snapshot()
+    again = await host.report(a, lease_pb2.OUTCOME_DONE)
+    assert again == first
+    assert await farm.snapshot() == before
+    assert len(await farm.attempts(task.task_id)) == 1
+
+
+async def test_a_different_outcome_for_a_finished_attempt_is_refused(farm: Farm) -> None:
+    _, host, task, a = await assigned(farm)
+    await host.report(a, lease_pb2.OUTCOME_FAILED, error="boom")
+    before = await farm.snapshot()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await host.report(a, lease_pb2.OUTCOME_DONE)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert await farm.snapshot() == before
+
+
+async def test_stale_attempt_reports_after_requeue(farm: Farm) -> None:
+    """THEN the stale report is rejected and the newer attempt's state is preserved."""
+    _, host, task, a = await assigned(farm)
+    await host.renew(a.lease_id)
+    await farm.expire_now(a.lease_id)
+    await eventually(lambda: status_is(farm, task.task_id, "queued"), what="requeue")
+    b = await host.acquire_one("s1")
+    await host.renew(b.lease_id)
+    before = await farm.snapshot()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await host.report(a, lease_pb2.OUTCOME_DONE)
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    assert await farm.snapshot() == before
+    row = await farm.task_row(task.task_id)
+    assert (row["status"], row["attempt"]) == ("dispatched", 2)
+
+
+async def test_a_report_on_an_expired_lease_not_yet_swept_is_aborted(farm: Farm) -> None:
+    _, host, task, a = await assigned(farm)
+    await farm.plane.stop(0)  # no sweeper: the lease is expired but still marked active
+    await farm.expire_now(a.lease_id)
+    await farm.start(0)
+    host = await farm.host("h1")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await host.report(a, lease_pb2.OUTCOME_DONE)
+    assert err.value.code() == grpc.StatusCode.ABORTED
+
+
+async def test_a_host_reporting_on_another_hosts_lease_is_aborted_and_changes_nothing(
+        farm: Farm) -> None:
+    _, host, task, a = await assigned(farm)
+    intruder = await farm.host("h2", "s2")
+    before = await farm.snapshot()
+    for call in (intruder.report(a, lease_pb2.OUTCOME_DONE), intruder.release(a.lease_id)):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == grpc.StatusCode.ABORTED
+    assert await farm.snapshot() == before
+
+
+async def test_expiry_requeues_until_max_attempts_then_fails(farm: Farm) -> None:
+    _, host, task, a = await assigned(farm, max_attempts=2)
+    await farm.expire_now(a.lease_id)
+    await eventually(lambda: status_is(farm, task.task_id, "queued"), what="requeue")
+    assert await farm.device_holder("h1", "s1") is None
+    b = await host.acquire_one("s1")
+    await farm.expire_now(b.lease_id)
+    await eventually(lambda: status_is(farm, task.task_id, "failed"), what="failed")
+    row = await farm.task_row(task.task_id)
+    assert "expired on attempt 2 of 2" in row["error"]
+    assert await farm.device_holder("h1", "s1") is None
+    assert await host.acquire("s1", wait=0.2) == []
+
+
+async def test_release_requeues_at_once_like_an_expiry(farm: Farm) -> None:
+    _, host, task, a = await assigned(farm)
+    await host.release(a.lease_id, "draining")
+    row = await farm.task_row(task.task_id)
+    assert (row["status"], row["host_id"], row["device_serial"]) == ("queued", None, None)
+    assert (await farm.events(task.task_id))[-1]["detail"] == "draining"
+    again = await host.acquire_one("s1")
+    assert (again.task_id, again.attempt) == (task.task_id, 2)
+
+
+async def test_acquire_long_poll_is_woken_by_a_new_task(farm: Farm) -> None:
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    waiting = asyncio.create_task(host.acquire("s1", wait=30))
+    await eventually(lambda: _has_waiter(farm), what="the acquire to be waiting")
+    task = await submit(client)
+    found = await asyncio.wait_for(waiting, 25)
+    assert [a.task_id for a in found] == [task.task_id]
+
+
+def _has_waiter(farm: Farm) -> bool:
+    assert farm.plane is not None
+    return farm.plane.hub.waiting_acquires == 1
+
+
+async def test_acquire_returns_empty_after_wait_when_nothing_matches(farm: Farm) -> None:
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    await submit(client, selector=task_pb2.DeviceSelector(serial="other"))
+    assert await host.acquire("s1", wait=0.3) == []
+
+
+async def test_acquire_gives_at_most_one_task_per_device_by_priority_then_age(
+        farm: Farm) -> None:
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    low = await submit(client, priority=0)
+    high = await submit(client, priority=5)
+    mid = await submit(client, priority=1)
+    found = await host.acquire("s1", "s2", wait=1)
+    assert sorted(a.task_id for a in found) == sorted([high.task_id, mid.task_id])
+    assert len({a.device_serial for a in found}) == 2
+    assert await farm.status(low.task_id) == "queued"
+
+
+async def test_acquire_matches_serial_and_labels(farm: Farm) -> None:
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2", rack="a")
+    wants_s2 = await submit(client, selector=task_pb2.DeviceSelector(serial="s2"))
+    wants_rack_b = await submit(client, selector=task_pb2.DeviceSelector(labels={"rack": "b"}))
+    wants_model = await submit(client, selector=task_pb2.DeviceSelector(
+        labels={"rack": "a", "model": "Pixel Test"}))
+    found = {a.task_id: a.device_serial for a in await host.acquire("s1", "s2", wait=1)}
+    assert found[wants_s2.task_id] == "s2"
+    assert found[wants_model.task_id] == "s1"
+    assert wants_rack_b.task_id not in found
+
+
+async def test_acquire_ignores_devices_not_idle_or_not_the_hosts(farm: Farm) -> None:
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    other = await farm.host("h2", "x1")
+    await submit(client)
+    await submit(client)
+    assert await other.acquire("s1", wait=0) == []  # h2 has no s1
+    first = await host.acquire("s1", wait=0)
+    assert len(first) == 1
+    assert await host.acquire("s1", wait=0) == []  # s1 is reserved now
+
+
+async def test_acquire_never_hands_one_task_to_two_hosts(farm: Farm) -> None:
+    client = await farm.client()
+    hosts = [await farm.host(f"h{i}", *[f"h{i}-s{j}" for j in range(5)]) for i in range(4)]
+    tasks = [await submit(client) for _ in range(30)]
+    results = await asyncio.gather(*[
+        h.acquire(*[f"{h.host_id}-s{j}" for j in range(5)], wait=1) for h in hosts])
+    handed = [a.task_id for r in results for a in r]
+    assert len(handed) == len(set(handed)) == 20
+    assert set(handed) <= {t.task_id for t in tasks}
+    assert farm.db is not None
+    assert await farm.db.fetchval("SELECT count(*) FROM devices WHERE task_id IS NOT NULL") == 20
