@@ -17,7 +17,8 @@ from control_plane.domain import CancelNotice, LeaseId, TaskId
 log = structlog.get_logger(__name__)
 
 CHANNELS = ("amc_queued", "amc_cancel", "amc_task")
-PushCallback = Callable[[CancelNotice], None]
+# Called with a notice to push, or with None when the replica is closing the stream.
+PushCallback = Callable[[CancelNotice | None], None]
 
 
 class Hub:
@@ -25,6 +26,9 @@ class Hub:
         self._queued = asyncio.Event()
         # Acquires parked until work is queued (or their wait ends).
         self.waiting_acquires = 0
+        # Set when the replica shuts down: long polls and streams end at once, so that
+        # clients reconnect to another replica instead of waiting out the grace period.
+        self.closing = False
         self._streams: dict[str, set[PushCallback]] = defaultdict(set)
         self._watchers: dict[uuid.UUID, set[asyncio.Event]] = defaultdict(set)
 
@@ -44,6 +48,13 @@ class Hub:
         for events in self._watchers.values():
             for event in events:
                 event.set()
+
+    def close(self) -> None:
+        self.closing = True
+        self.wake_all()
+        for callbacks in list(self._streams.values()):
+            for callback in list(callbacks):
+                callback(None)
 
     def wake_acquirers(self) -> None:
         self._queued.set()

@@ -17,13 +17,14 @@ from control_plane.config import Settings
 from control_plane.convert import OUTCOME_FROM_PB, assignment_to_pb, device_from_pb, duration
 from control_plane.convert import task_to_pb
 from control_plane.domain import CancelNotice, LeaseId, Renewal, Report, TaskId
-from control_plane.errors import InvalidArgument
+from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.hub import Hub
 from control_plane.rpc import Servicer, principal, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
 MAX_DEVICES = 1000
+CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
 
 
 class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
@@ -73,7 +74,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             queued = self.hub.queued_signal()
             found = await self.store.acquire(host_id, serials, ttl) if serials else []
             remaining = deadline - loop.time()
-            if found or remaining <= 0:
+            if found or remaining <= 0 or self.hub.closing:
                 break
             self.hub.waiting_acquires += 1
             try:
@@ -95,6 +96,8 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             reader = asyncio.create_task(self._read_renewals(request_iterator, outbox, stack))
             try:
                 while (response := await outbox.get()) is not None:
+                    if response is CLOSING:
+                        raise Unavailable("control plane shutting down; reconnect")
                     yield response
                 await reader
             finally:
@@ -110,7 +113,8 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                 if bound is None:
                     bound = host_id
                     stack.enter_context(self.hub.host_stream(
-                        host_id, lambda notice: outbox.put_nowait(_push(notice))))
+                        host_id, lambda notice: outbox.put_nowait(
+                            _push(notice) if notice else CLOSING)))
                     log.info("renewal stream opened", host_id=host_id)
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")

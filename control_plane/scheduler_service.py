@@ -17,7 +17,7 @@ from control_plane.auth import Authenticator
 from control_plane.config import Settings
 from control_plane.convert import STATUS_FROM_PB, host_to_pb, task_to_pb
 from control_plane.domain import NewTask, TaskId
-from control_plane.errors import InvalidArgument
+from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.hub import Hub
 from control_plane.rpc import Servicer, principal, rpc
 from control_plane.store import Store
@@ -125,6 +125,8 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
                     last = task
                 if task.status.terminal:
                     return
+                if self.hub.closing:
+                    raise Unavailable("control plane shutting down; watch again")
                 try:
                     await asyncio.wait_for(changed.wait(), refresh)
                 except TimeoutError:

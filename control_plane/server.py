@@ -129,7 +129,10 @@ class ControlPlane:
         """Stop accepting calls, let in-flight ones finish for `grace` seconds, then close."""
         if self._server is not None:
             await self._set_health(False)
-            await self._server.stop(grace)
+            stopping = asyncio.create_task(self._server.stop(grace))
+            await asyncio.sleep(0)  # new calls are refused from here on
+            self.hub.close()
+            await stopping
         for task in self._background:
             task.cancel()
         for task in self._background:

@@ -286,3 +286,13 @@ async def test_acquire_never_hands_one_task_to_two_hosts(farm: Farm) -> None:
     assert set(handed) <= {t.task_id for t in tasks}
     assert farm.db is not None
     assert await farm.db.fetchval("SELECT count(*) FROM devices WHERE task_id IS NOT NULL") == 20
+
+
+async def test_stopping_a_replica_returns_parked_acquires_at_once(farm: Farm) -> None:
+    host = await farm.host("h1", "s1")
+    waiting = asyncio.create_task(host.acquire("s1", wait=60))
+    await eventually(lambda: _has_waiter(farm), what="the acquire to be waiting")
+    assert farm.plane is not None
+    await farm.plane.stop(30)
+    assert await asyncio.wait_for(waiting, 10) == []
+    farm.plane = None

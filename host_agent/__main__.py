@@ -1,0 +1,68 @@
+"""`host-agent`: the host agent as a process (flags in host_agent.config).
+
+Exit codes: 0 after a clean drain (SIGTERM or SIGINT), 1 when the agent cannot go on
+(e.g. the control plane refuses its token), 2 for bad flags or settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+
+import structlog
+
+from amc_common.channel import aio_channel
+from amc_common.logs import configure
+from host_agent.adb import AdbSource
+from host_agent.agent import Agent
+from host_agent.config import Config, parse
+from host_agent.devices import DeviceSource
+from host_agent.simulated import SimulatedSource
+from host_agent.systemd import Notifier
+
+log = structlog.get_logger("host_agent")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse(argv)
+    configure(config.log_format, config.log_level)  # type: ignore[arg-type]
+    return asyncio.run(serve(config))
+
+
+async def serve(config: Config) -> int:
+    source = _device_source(config)
+    channel = aio_channel(config.control_plane, config.token, config.ca, tls=config.tls)
+    notifier = Notifier()
+    agent = Agent(config.agent, source, channel, notifier)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.stop)
+    log.info("host agent starting", host_id=config.agent.host_id,
+             control_plane=config.control_plane, tls=bool(config.ca or config.tls),
+             devices=(f"{config.simulated_devices} simulated" if config.simulated_devices
+                      else f"adb at {config.adb_host}:{config.adb_port}"),
+             systemd=notifier.enabled)
+    try:
+        await agent.run()
+    except Exception:
+        log.exception("host agent failed")
+        return 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await channel.close()
+        await source.close()
+        notifier.close()
+    return 0
+
+
+def _device_source(config: Config) -> DeviceSource:
+    if config.simulated_devices:
+        return SimulatedSource(config.simulated_devices, delay=config.sim_delay,
+                               action_log=config.action_log)
+    return AdbSource(config.adb_host, config.adb_port, call_timeout=config.adb_timeout)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,384 @@
+"""The host agent: offers this host's phones to the control plane, runs what it is given.
+
+    run()
+     ├─ register (retried until accepted), then READY=1 to systemd
+     └─ one TaskGroup
+         ├─ LeaseKeeper.run()      the renewal stream and self-fencing (leases.py)
+         ├─ _refresh_loop()        inventory every `inventory_interval`; re-register on change
+         ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
+         ├─ _acquire_loop()        one Acquire long poll for all idle devices at a time
+         └─ _work() per assignment: acknowledge (first renewal) → run → report → forget
+
+Drain (`stop()`, i.e. SIGTERM): no new Acquire (one in flight is cancelled); running tasks
+get `drain_timeout` to finish and report as usual; then their tokens trip SHUTDOWN, the
+runners stop at the next step boundary and those leases are given back with ReleaseLease,
+*not* reported FAILED, so the control plane requeues the tasks at once. A second `stop()`
+cuts the grace period short. Reports and releases run shielded and are awaited before
+`run()` returns, so a cancellation cannot lose them half-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from google.protobuf import duration_pb2
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
+
+from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
+from host_agent.config import AgentSettings
+from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
+from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult, Timing
+from host_agent.reporting import (
+    Delivery,
+    RetryPolicy,
+    is_retryable,
+    release_lease,
+    report_result,
+)
+from host_agent.results import Outcome, RunResult
+from host_agent.runner import outcome_for, run
+from host_agent.spec import InvalidSpec, report_request, spec_from_proto
+from host_agent.stop_token import Stopped, StopReason, StopToken
+from host_agent.systemd import Notifier
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# Deadline of the short unary calls (RegisterHost); Acquire gets its wait on top.
+CALL_TIMEOUT = 10.0
+# How many finished attempts `Agent.finished` remembers (for tests and debugging).
+FINISHED_KEPT = 256
+# The control plane's limits on registered text (validate.py there); longer is cut here
+# rather than have one odd phone make every registration fail.
+_MAX_TEXT, _MAX_LABEL = 128, 1024
+
+_DEVICE_STATES = {
+    "device": scheduler_pb2.DEVICE_STATE_DEVICE,
+    "offline": scheduler_pb2.DEVICE_STATE_OFFLINE,
+    "unauthorized": scheduler_pb2.DEVICE_STATE_UNAUTHORIZED,
+}
+
+
+class Ending(enum.Enum):
+    """What the agent did with an attempt it was given."""
+
+    REPORTED = "reported"  # sent a result (see `delivery` for whether it was accepted)
+    RELEASED = "released"  # gave the lease back unreported (shutdown, never acknowledged)
+    DROPPED = "dropped"  # did nothing: the lease was already dead when acknowledged
+
+
+@dataclass(frozen=True)
+class Finished:
+    lease: HeldLease
+    device: str
+    ending: Ending
+    result: RunResult | None = None
+    delivery: Delivery[Any] | None = None
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, source: DeviceSource,
+                 channel: grpc.aio.Channel, notifier: Notifier | None = None) -> None:
+        self.settings = settings
+        self._source = source
+        self._stub = lease_pb2_grpc.LeaseStub(channel)
+        self._notifier = notifier or Notifier(address="")
+        self._log = log.bind(host_id=settings.host_id)
+        self.keeper: LeaseKeeper | None = None
+        self.finished: deque[Finished] = deque(maxlen=FINISHED_KEPT)
+        self.registered = asyncio.Event()
+        self._inventory: tuple[DeviceInfo, ...] = ()
+        self._busy: dict[str, asyncio.Task[None]] = {}
+        # Tripped (SHUTDOWN) by stop(): races the registration and the Acquire long poll.
+        self._draining = StopToken()
+        self._hurry = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._refreshing = asyncio.Lock()
+        self._final_calls: set[asyncio.Future[Any]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Begin draining; called again, stop running tasks without waiting any longer."""
+        if self._draining.trip(StopReason.SHUTDOWN):
+            self._log.info("stop requested: draining", running=len(self._busy))
+            self._changed.set()
+        else:
+            self._log.info("second stop request: ending the grace period")
+            self._hurry.set()
+
+    async def run(self) -> None:
+        """Serve until stop() and the drain are through. Raises if the agent cannot go on."""
+        try:
+            timing = await self._draining.race(self._register_until_accepted())
+        except Stopped:
+            self._log.info("stopped before the first registration")
+            return
+        keeper = self.keeper = LeaseKeeper(self._stub, self.settings.host_id, timing)
+        self._notifier.ready(self._status())
+        try:
+            async with asyncio.TaskGroup() as group:
+                background = [group.create_task(keeper.run(), name="renewal stream"),
+                              group.create_task(self._refresh_loop(), name="inventory"),
+                              group.create_task(self._watchdog_loop(), name="watchdog")]
+                await self._acquire_loop(group)
+                await self._drain()
+                for task in background:
+                    task.cancel()
+        finally:
+            if self._final_calls:
+                await asyncio.wait(self._final_calls)
+        self._log.info("host agent stopped")
+
+    async def _drain(self) -> None:
+        workers = set(self._busy.values())
+        self._notifier.stopping(f"draining: {len(workers)} task(s) running")
+        if workers:
+            self._log.info("draining", running=len(workers),
+                           drain_timeout=self.settings.drain_timeout)
+            await self._grace(workers)
+        remaining = [w for w in workers if not w.done()]
+        if remaining:
+            assert self.keeper is not None
+            self._log.info("drain timeout: stopping running tasks", running=len(remaining))
+            for lease in self.keeper.held():
+                lease.token.trip(StopReason.SHUTDOWN)
+            await asyncio.wait(remaining)
+
+    async def _grace(self, workers: set[asyncio.Task[None]]) -> None:
+        """Until every worker is done, the drain timeout passes, or stop() comes again."""
+        all_done = asyncio.ensure_future(asyncio.wait(workers))
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        try:
+            await asyncio.wait((all_done, hurry), timeout=self.settings.drain_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Cancelling asyncio.wait() leaves the workers themselves running.
+            all_done.cancel()
+            hurry.cancel()
+            await asyncio.gather(all_done, hurry, return_exceptions=True)
+
+    async def _watchdog_loop(self) -> None:
+        interval = self._notifier.watchdog_interval
+        if interval is None:
+            return
+        while True:
+            self._notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    def _status(self) -> str:
+        online = sum(1 for d in self._inventory if d.state == "device")
+        return f"{online} device(s) online, {len(self._busy)} task(s) running"
+
+    # -- registration and inventory --------------------------------------------------------
+
+    async def _register_until_accepted(self) -> Timing:
+        retrying = AsyncRetrying(retry=retry_if_exception(is_retryable),
+                                 wait=wait_exponential_jitter(initial=0.2, max=10.0),
+                                 before_sleep=self._log_retry("registration"))
+        async for attempt in retrying:
+            with attempt:
+                return await self._register(await self._read_inventory())
+        raise AssertionError("unreachable: AsyncRetrying retries until it returns or raises")
+
+    async def _register(self, inventory: tuple[DeviceInfo, ...]) -> Timing:
+        request = lease_pb2.RegisterHostRequest(
+            host_id=self.settings.host_id, labels=dict(self.settings.labels),
+            devices=[_device_to_proto(d) for d in inventory])
+        response = await self._stub.RegisterHost(request, timeout=CALL_TIMEOUT)
+        timing = Timing(ttl=_seconds(response.lease_ttl),
+                        interval=_seconds(response.renew_interval))
+        self._inventory = inventory
+        if self.keeper is not None:
+            self.keeper.timing = timing
+        self._log.info("registered", devices={d.serial: d.state for d in inventory},
+                       lease_ttl=timing.ttl, renew_interval=timing.interval)
+        self.registered.set()
+        self._changed.set()
+        self._notifier.status(self._status())
+        return timing
+
+    async def _read_inventory(self) -> tuple[DeviceInfo, ...]:
+        try:
+            return tuple(await self._source.inventory())
+        except DeviceError as exc:
+            # Phones we cannot see must not take work: offer none until they are back.
+            self._log.warning("device inventory failed; offering no devices", error=str(exc))
+            return ()
+
+    async def refresh_inventory(self) -> None:
+        """Read the devices again and re-register if anything changed."""
+        async with self._refreshing:
+            inventory = await self._read_inventory()
+            if inventory == self._inventory:
+                return
+            try:
+                await self._register(inventory)
+            except grpc.aio.AioRpcError as exc:
+                if not is_retryable(exc):
+                    raise
+                self._log.warning("re-registration failed; will retry", code=exc.code().name)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.inventory_interval)
+            await self.refresh_inventory()
+
+    # -- taking work -----------------------------------------------------------------------
+
+    def _idle_serials(self) -> list[str]:
+        return [d.serial for d in self._inventory
+                if d.state == "device" and d.serial not in self._busy]
+
+    async def _acquire_loop(self, group: asyncio.TaskGroup) -> None:
+        while not self._draining.tripped:
+            self._changed.clear()
+            idle = self._idle_serials()
+            if not idle:
+                await self._changed.wait()
+                continue
+            try:
+                assignments = await self._draining.race(self._acquire(idle))
+            except Stopped:
+                return
+            received_at = time.monotonic()
+            for assignment in assignments:
+                self._start(group, assignment, received_at)
+
+    async def _acquire(self, idle: list[str]) -> list[lease_pb2.Assignment]:
+        request = lease_pb2.AcquireRequest(host_id=self.settings.host_id, idle_serials=idle,
+                                           wait=_duration(self.settings.acquire_wait))
+        retrying = AsyncRetrying(retry=retry_if_exception(is_retryable),
+                                 wait=wait_exponential_jitter(initial=0.2, max=10.0),
+                                 before_sleep=self._log_retry("acquire"))
+        async for attempt in retrying:
+            with attempt:
+                response = await self._stub.Acquire(
+                    request, timeout=self.settings.acquire_wait + CALL_TIMEOUT)
+        return list(response.assignments)
+
+    def _start(self, group: asyncio.TaskGroup, a: lease_pb2.Assignment,
+               received_at: float) -> None:
+        assert self.keeper is not None
+        lease = self.keeper.new_lease(a.lease_id, a.task_id, a.attempt,
+                                      _seconds(a.valid_for), received_at)
+        if a.device_serial in self._busy:
+            # The control plane hands out one task per device; never run two on one phone.
+            self._log.error("assignment for a busy device; giving it back",
+                            device=a.device_serial, task_id=a.task_id)
+            group.create_task(self._final(release_lease(
+                self._stub, a.lease_id, "device already busy on this host")))
+            return
+        self._busy[a.device_serial] = group.create_task(
+            self._work(a, lease), name=f"task {a.task_id} attempt {a.attempt}")
+        self._notifier.status(self._status())
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    async def _work(self, a: lease_pb2.Assignment, lease: HeldLease) -> None:
+        assert self.keeper is not None
+        # Bound in this task's context only, so the runner's log lines carry them too.
+        structlog.contextvars.bind_contextvars(
+            device=a.device_serial, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
+        try:
+            finished = await self._attempt(a, lease)
+            if finished.result is not None and finished.result.outcome is not Outcome.DONE:
+                # A failed run may mean the phone went away: look before offering it again.
+                await self.refresh_inventory()
+        except Exception:
+            # A bug here must not take the other devices' tasks down with it.
+            self._log.exception("task worker failed; giving the lease back")
+            finished = Finished(lease, a.device_serial, Ending.RELEASED, None,
+                                await self._final(self._release(lease, "host agent error")))
+        finally:
+            self.keeper.forget(lease.lease_id)
+            self._busy.pop(a.device_serial, None)
+            self._changed.set()
+            self._notifier.status(self._status())
+        self.finished.append(finished)
+
+    async def _attempt(self, a: lease_pb2.Assignment, lease: HeldLease) -> Finished:
+        assert self.keeper is not None
+        answer = await self.keeper.acknowledge(lease)
+        if answer is not None and answer.result is RenewalResult.CONFLICT:
+            self._log.warning("lease already lost at acknowledgement; dropping the task")
+            return Finished(lease, a.device_serial, Ending.DROPPED)
+        if answer is None and lease.token.reason is not StopReason.CANCELLED:
+            # Never acknowledged (no answer in time, or shutting down): nothing ran.
+            why = (lease.token.reason or StopReason.LEASE_LOST).label
+            delivery = await self._final(self._release(lease, f"not acknowledged: {why}"))
+            return Finished(lease, a.device_serial, Ending.RELEASED, None, delivery)
+        # With the token tripped CANCELLED already, the runner skips every step and the
+        # device is never touched: the report says CANCELLED.
+        result = await self._execute(a, lease.token)
+        if result.stop_reason is StopReason.SHUTDOWN:
+            delivery = await self._final(self._release(lease, StopReason.SHUTDOWN.label))
+            return Finished(lease, a.device_serial, Ending.RELEASED, result, delivery)
+        request = report_request(result, task_id=a.task_id, attempt=a.attempt,
+                                 lease_id=a.lease_id)
+        policy = RetryPolicy(total=self.settings.report_timeout)
+        delivery = await self._final(report_result(self._stub, request, policy))
+        return Finished(lease, a.device_serial, Ending.REPORTED, result, delivery)
+
+    async def _execute(self, a: lease_pb2.Assignment, token: StopToken) -> RunResult:
+        try:
+            spec = spec_from_proto(a.spec)
+        except InvalidSpec as exc:
+            return RunResult(outcome_for(False, True, token.reason), f"invalid task spec: {exc}",
+                             ())
+        self._log.info("running task", kind=a.spec.WhichOneof("kind"))
+        result = await run(spec, self._source.device(a.device_serial), token,
+                           shell_default_timeout=self.settings.shell_timeout)
+        self._log.info("task finished", outcome=result.outcome.value,
+                       stop_reason=result.stop_reason.value if result.stop_reason else None,
+                       error=result.error)
+        return result
+
+    async def _release(self, lease: HeldLease, why: str) -> Delivery[Any]:
+        policy = RetryPolicy(total=self.settings.release_timeout)
+        return await release_lease(self._stub, lease.lease_id, f"host: {why}", policy)
+
+    async def _final(self, call: Coroutine[Any, Any, T]) -> T:
+        """Run a final call (report, release) so that cancelling the caller cannot cut it
+        off; `run()` waits for every one of them before it returns."""
+        task = asyncio.ensure_future(call)
+        self._final_calls.add(task)
+        task.add_done_callback(self._final_calls.discard)
+        return await asyncio.shield(task)
+
+    def _log_retry(self, what: str) -> Any:
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
+            self._log.warning(f"{what} failed; retrying", code=code,
+                              attempt=state.attempt_number,
+                              retry_in=round(state.upcoming_sleep, 3))
+        return before_sleep
+
+
+def _device_to_proto(d: DeviceInfo) -> lease_pb2.DeviceInfo:
+    return lease_pb2.DeviceInfo(
+        serial=d.serial, state=_DEVICE_STATES.get(d.state, scheduler_pb2.DEVICE_STATE_OFFLINE),
+        model=d.model[:_MAX_TEXT], manufacturer=d.manufacturer[:_MAX_TEXT], sdk=d.sdk,
+        abi=d.abi[:_MAX_TEXT],
+        labels={k[:_MAX_TEXT]: v[:_MAX_LABEL] for k, v in d.labels.items()})
+
+
+def _seconds(d: duration_pb2.Duration) -> float:
+    return float(d.ToTimedelta().total_seconds())
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
+

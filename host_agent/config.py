@@ -1,0 +1,217 @@
+"""The host agent's settings, from flags with `AMC_*` environment defaults.
+
+Every flag can come from the environment instead (the systemd unit's EnvironmentFile);
+a flag given on the command line wins. Durations accept `30`, `30s`, `500ms` or `2m`.
+Anything malformed ends the process with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from amc_common.channel import read_token
+
+DEFAULT_CONTROL_PLANE = "127.0.0.1:50051"
+DEFAULT_ADB = "127.0.0.1:5037"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the Agent itself needs; the rest of `Config` is about building its parts."""
+
+    host_id: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # SIGTERM: how long running tasks may go on before they are stopped and released.
+    drain_timeout: float = 30.0
+    # How often the device inventory is read again (and re-registered if it changed).
+    inventory_interval: float = 10.0
+    # How long one Acquire long poll waits for work (the control plane caps it at 60 s).
+    acquire_wait: float = 10.0
+    # A report gives up after this long; the lease then runs out on the control plane.
+    report_timeout: float = 60.0
+    release_timeout: float = 10.0
+    # The default for `shell` actions that set no timeout of their own.
+    shell_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class Config:
+    control_plane: str
+    token: str
+    agent: AgentSettings
+    ca: Path | None = None
+    tls: bool = False
+    adb_host: str = "127.0.0.1"
+    adb_port: int = 5037
+    adb_timeout: float = 30.0
+    simulated_devices: int = 0
+    sim_delay: float = 0.2
+    action_log: Path | None = None
+    log_format: str = "auto"
+    log_level: str = "INFO"
+
+
+class ConfigError(Exception):
+    """A setting is malformed or missing."""
+
+
+# -- value parsers (argparse turns ValueError into "invalid … value") ----------------------
+
+
+def duration(text: str) -> float:
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(text)
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(text)
+    return host.strip("[]"), int(port)
+
+
+address.__name__ = "host:port"  # argparse names the parser in its error message
+
+
+def address_text(text: str) -> str:
+    address(text)
+    return text
+
+
+address_text.__name__ = "host:port"
+
+
+def label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(text)
+    return key.strip(), value.strip()
+
+
+label.__name__ = "key=value label"
+
+
+def labels_list(text: str) -> dict[str, str]:
+    return dict(label(item) for item in text.split(",") if item.strip())
+
+
+labels_list.__name__ = "comma-separated key=value list"
+
+
+def count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not the whole usage: this usually ends up in a journal.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = _Parser(prog="host-agent", description="Runs AMC tasks on this host's phones.")
+
+    def opt(flag: str, var: str, default: object = None, **kw: object) -> None:
+        help_text = f"{kw.pop('help', '')} [${var}]".strip()
+        p.add_argument(flag, default=env.get(var, default), help=help_text, **kw)  # type: ignore[arg-type]
+
+    opt("--control-plane", "AMC_ADDR", DEFAULT_CONTROL_PLANE, type=address_text,
+        help="control plane address host:port")
+    opt("--ca", "AMC_CA", help="CA certificate (PEM) for TLS to the control plane")
+    p.add_argument("--tls", action="store_true", default=env.get("AMC_TLS", "") in ("1", "true"),
+                   help="TLS with the system's CA roots [$AMC_TLS=1]")
+    opt("--token-file", "AMC_TOKEN_FILE", help="file holding the host token (or $AMC_TOKEN)")
+    opt("--host-id", "AMC_HOST_ID", socket.gethostname(), help="this host's id")
+    p.add_argument("--label", action="append", type=label, default=[], metavar="KEY=VALUE",
+                   help="a host label, repeatable [$AMC_LABELS, comma-separated]")
+    opt("--adb", "AMC_ADB_ADDR", DEFAULT_ADB, type=address, help="adb server host:port")
+    opt("--adb-timeout", "AMC_ADB_TIMEOUT", "30s", type=duration, help="deadline of one adb call")
+    opt("--simulated-devices", "AMC_SIMULATED_DEVICES", "0", type=count,
+        help="run N simulated phones instead of adb")
+    opt("--sim-delay", "AMC_SIM_DELAY", "0.2s", type=duration,
+        help="how long a simulated action takes")
+    opt("--action-log", "AMC_ACTION_LOG", help="JSON-lines log of simulated actions")
+    opt("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", type=duration,
+        help="on SIGTERM, how long running tasks may go on")
+    opt("--inventory-interval", "AMC_INVENTORY_INTERVAL", "10s", type=duration,
+        help="how often the device list is refreshed")
+    opt("--acquire-wait", "AMC_ACQUIRE_WAIT", "10s", type=duration,
+        help="long-poll wait of one Acquire")
+    opt("--report-timeout", "AMC_REPORT_TIMEOUT", "60s", type=duration,
+        help="how long a report is retried")
+    opt("--shell-timeout", "AMC_SHELL_TIMEOUT", "60s", type=duration,
+        help="default timeout of shell actions")
+    opt("--log-format", "AMC_LOG_FORMAT", "auto", choices=("auto", "console", "json"))
+    opt("--log-level", "AMC_LOG_LEVEL", "INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> Config:
+    """The configuration, or exit 2 with one line saying what is wrong."""
+    parser = _parser(env)
+    args = parser.parse_args(argv)
+    try:
+        return _config(args, env)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
+    try:
+        host_labels = {**labels_list(env.get("AMC_LABELS", "")), **dict(args.label)}
+    except ValueError as exc:
+        raise ConfigError(f"$AMC_LABELS: not a key=value list: {exc}") from None
+    for name in ("drain_timeout", "acquire_wait", "report_timeout", "shell_timeout"):
+        if getattr(args, name) < 0 or (name != "drain_timeout" and getattr(args, name) == 0):
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    if args.inventory_interval <= 0:
+        raise ConfigError("--inventory-interval must be positive")
+    if not args.host_id:
+        raise ConfigError("--host-id is empty")
+    agent = AgentSettings(
+        host_id=args.host_id, labels=host_labels, drain_timeout=args.drain_timeout,
+        inventory_interval=args.inventory_interval, acquire_wait=args.acquire_wait,
+        report_timeout=args.report_timeout, shell_timeout=args.shell_timeout)
+    adb_host, adb_port = args.adb
+    return Config(
+        control_plane=args.control_plane, token=_token(args.token_file, env), agent=agent,
+        ca=_existing(args.ca, "--ca"), tls=args.tls, adb_host=adb_host, adb_port=adb_port,
+        adb_timeout=args.adb_timeout, simulated_devices=args.simulated_devices,
+        sim_delay=args.sim_delay, action_log=Path(args.action_log) if args.action_log else None,
+        log_format=args.log_format, log_level=args.log_level)
+
+
+def _token(token_file: str | None, env: Mapping[str, str]) -> str:
+    try:
+        token = read_token(None if token_file else env.get("AMC_TOKEN"), token_file)
+    except OSError as exc:
+        raise ConfigError(f"--token-file: cannot read {token_file}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError("no host token: give --token-file, $AMC_TOKEN_FILE or $AMC_TOKEN")
+    return token
+
+
+def _existing(path: str | None, flag: str) -> Path | None:
+    if not path:
+        return None
+    if not Path(path).is_file():
+        raise ConfigError(f"{flag}: no such file: {path}")
+    return Path(path)

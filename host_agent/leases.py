@@ -1,0 +1,303 @@
+"""The lease-renewal stream: one `RenewLeases` stream per agent for all of its leases.
+
+`LeaseKeeper.run()` keeps the stream open for good (reconnecting with backoff) and sends
+a request with every held lease every renew interval, plus one at once when a lease is
+added: that first renewal acknowledges the assignment, and `acknowledge()` waits for its
+answer. Answers are matched to requests by `seq`, so each lease's self-fencing deadline
+counts from when the renewing request was *sent*:
+
+    deadline = send time of the request whose answer said RENEWED + valid_for - margin
+
+A timer per lease trips its StopToken with LEASE_LOST when the deadline passes, whether or
+not the stream is up: the host stops acting before the control plane can hand the task to
+another host. CONFLICT trips LEASE_LOST at once; `cancel_pending` (in an answer or a push)
+trips CANCELLED. The first trip wins (see `stop_token`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from amc.v1 import lease_pb2, lease_pb2_grpc
+from host_agent.reporting import FATAL_CODES
+from host_agent.stop_token import Stopped, StopReason, StopToken
+
+log = structlog.get_logger(__name__)
+
+# The margin covers what the agent cannot interrupt once the deadline passes (an input
+# action already sent to the phone) plus scheduling delays of this process.
+MIN_MARGIN = 1.0
+MARGIN_FRACTION = 0.2
+
+
+def fencing_margin(ttl: float) -> float:
+    """max(1 s, 20 % of the TTL), but never more than half of it."""
+    return min(max(MIN_MARGIN, MARGIN_FRACTION * ttl), ttl / 2)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What RegisterHost said: how long a lease lives and how often to renew it."""
+
+    ttl: float
+    interval: float
+
+    @property
+    def margin(self) -> float:
+        return fencing_margin(self.ttl)
+
+
+class RenewalResult(enum.Enum):
+    RENEWED = "renewed"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    """The control plane's answer about one lease in one renewal response."""
+
+    result: RenewalResult
+    valid_for: float
+    cancel_pending: bool
+
+
+@dataclass(eq=False)
+class HeldLease:
+    """One lease this host holds, and the stop token of the run it guards."""
+
+    lease_id: str
+    task_id: str
+    attempt: int
+    # time.monotonic() after which the host must not act for this lease any more.
+    deadline: float
+    token: StopToken = field(default_factory=StopToken)
+    # How a cancellation request reached us ("renewal" or "push") and when (monotonic).
+    cancel_seen_via: str | None = None
+    cancel_seen_at: float | None = None
+    # Set by a CONFLICT: the lease is dead; renewing it again is pointless.
+    conflicted: bool = False
+    _first_answer: asyncio.Future[LeaseAnswer] | None = None
+    _timer: asyncio.TimerHandle | None = None
+
+
+class StreamBroken(Exception):
+    """The renewal stream ended or failed; reconnect."""
+
+
+class LeaseKeeper:
+    """Renews every held lease over one stream, and fences each one by its deadline."""
+
+    def __init__(self, stub: lease_pb2_grpc.LeaseStub, host_id: str, timing: Timing,
+                 *, max_backoff: float | None = None) -> None:
+        self._stub = stub
+        self._host_id = host_id
+        self.timing = timing
+        self._max_backoff = max_backoff
+        self._held: dict[str, HeldLease] = {}
+        # seq -> time.monotonic() when that request was handed to the stream.
+        self._sent: dict[int, float] = {}
+        # seq 0 means "push" on the wire, so requests count from 1, across reconnects.
+        self._seq = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._answered = False
+        self.connected = False
+
+    # -- what the agent calls --------------------------------------------------------------
+
+    def new_lease(self, lease_id: str, task_id: str, attempt: int, valid_for: float,
+                  received_at: float) -> HeldLease:
+        """A lease from an Assignment. Until its first renewal is answered its deadline counts
+        from when the assignment arrived: no action happens before that answer anyway."""
+        deadline = received_at + valid_for - self.timing.margin
+        return HeldLease(lease_id, task_id, attempt, deadline)
+
+    def hold(self, lease: HeldLease) -> None:
+        """Start renewing `lease` (at once) and fencing it."""
+        lease._first_answer = asyncio.get_running_loop().create_future()
+        self._held[lease.lease_id] = lease
+        self._arm(lease)
+        self._wake.set()
+
+    async def acknowledge(self, lease: HeldLease) -> LeaseAnswer | None:
+        """Hold `lease` and wait for the first answer about it (which acknowledges it).
+
+        None when the token tripped first: the deadline passed with no answer, a pushed
+        cancellation arrived, or the host is shutting down (see `lease.token.reason`).
+        """
+        if lease.lease_id not in self._held:
+            self.hold(lease)
+        assert lease._first_answer is not None
+        try:
+            return await lease.token.race(asyncio.shield(lease._first_answer))
+        except Stopped:
+            return None
+
+    def forget(self, lease_id: str) -> None:
+        """Stop renewing and fencing a lease (its task was reported or given back)."""
+        lease = self._held.pop(lease_id, None)
+        if lease is not None and lease._timer is not None:
+            lease._timer.cancel()
+
+    def held(self) -> list[HeldLease]:
+        return list(self._held.values())
+
+    # -- the stream ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Keep a stream open until cancelled. A stream that had worked is reopened at once;
+        one that fails before any answer is retried with exponential backoff."""
+        while True:
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(StreamBroken),
+                wait=wait_exponential_jitter(initial=0.1, max=self._backoff_cap()),
+                before_sleep=lambda state: log.info(
+                    "renewal stream reconnecting", attempt=state.attempt_number,
+                    error=str(state.outcome.exception() if state.outcome else "")),
+            )
+            async for attempt in retrying:
+                with attempt:
+                    await self._session()
+
+    def _backoff_cap(self) -> float:
+        # Reconnect well within a renew interval, so a blip costs no lease.
+        return self._max_backoff or max(0.2, self.timing.interval)
+
+    async def _session(self) -> None:
+        """One stream; returns when a stream that had answered breaks (reconnect at once),
+        raises StreamBroken when it broke before any answer (back off first)."""
+        self._answered = False
+        call = self._stub.RenewLeases()
+        reader = asyncio.ensure_future(self._read(call))
+        sender = asyncio.ensure_future(self._send_every_interval(call))
+        try:
+            done, _ = await asyncio.wait((reader, sender), return_when=asyncio.FIRST_COMPLETED)
+            error = _stream_error(next(iter(done)))
+        finally:
+            await _cancel_all(reader, sender)
+            call.cancel()
+            self._sent.clear()  # answers to those requests can no longer arrive
+            self.connected = False
+        if self._answered:
+            log.warning("renewal stream broke; reopening", error=str(error))
+            return
+        raise error
+
+    async def _send_every_interval(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            self._wake.clear()
+            await self._send(call)
+            try:
+                async with asyncio.timeout(self.timing.interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+        seq = next(self._seq)
+        lease_ids = [lease_id for lease_id, lease in self._held.items() if not lease.conflicted]
+        # Taken before the write, so the deadline errs early, never late.
+        self._sent[seq] = time.monotonic()
+        await call.write(lease_pb2.RenewLeasesRequest(
+            host_id=self._host_id, lease_ids=lease_ids, seq=seq))
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        while (response := await call.read()) is not grpc.aio.EOF:
+            assert isinstance(response, lease_pb2.RenewLeasesResponse)
+            if not self._answered:
+                log.info("renewal stream open", leases=len(self._held))
+            self._answered = self.connected = True
+            self.on_response(response)
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def on_response(self, response: lease_pb2.RenewLeasesResponse) -> None:
+        if response.push:
+            for state in response.leases:
+                if (lease := self._held.get(state.lease_id)) and state.cancel_pending:
+                    self._cancel(lease, "push")
+            return
+        sent_at = self._sent.pop(response.seq, None)
+        if sent_at is None:
+            log.warning("renewal answer for an unknown request ignored", seq=response.seq)
+            return
+        for state in response.leases:
+            if (lease := self._held.get(state.lease_id)) is not None:
+                self._on_answer(lease, _answer_from(state), sent_at)
+
+    def _on_answer(self, lease: HeldLease, answer: LeaseAnswer, sent_at: float) -> None:
+        if answer.result is RenewalResult.RENEWED:
+            self._extend(lease, sent_at + answer.valid_for - self.timing.margin)
+        # The first answer before any trip, so an acknowledging CONFLICT reads as one.
+        if lease._first_answer is not None and not lease._first_answer.done():
+            lease._first_answer.set_result(answer)
+        if answer.result is RenewalResult.CONFLICT:
+            lease.conflicted = True
+            if lease.token.trip(StopReason.LEASE_LOST):
+                log.warning("lease conflict: stop acting", lease_id=lease.lease_id,
+                            task_id=lease.task_id, attempt=lease.attempt)
+        elif answer.cancel_pending:
+            self._cancel(lease, "renewal")
+
+    def _cancel(self, lease: HeldLease, via: str) -> None:
+        if lease.cancel_seen_via is None:
+            lease.cancel_seen_via, lease.cancel_seen_at = via, time.monotonic()
+        if lease.token.trip(StopReason.CANCELLED):
+            log.info("cancellation requested: stopping at the next step boundary", via=via,
+                     lease_id=lease.lease_id, task_id=lease.task_id, attempt=lease.attempt)
+
+    # -- self-fencing ----------------------------------------------------------------------
+
+    def _extend(self, lease: HeldLease, deadline: float) -> None:
+        # Answers arrive in order on one stream, but never let an old one shorten the lease.
+        if deadline > lease.deadline:
+            lease.deadline = deadline
+            self._arm(lease)
+
+    def _arm(self, lease: HeldLease) -> None:
+        if lease._timer is not None:
+            lease._timer.cancel()
+        delay = max(0.0, lease.deadline - time.monotonic())
+        lease._timer = asyncio.get_running_loop().call_later(delay, self._fence, lease)
+
+    def _fence(self, lease: HeldLease) -> None:
+        if time.monotonic() < lease.deadline:  # the loop may fire a hair early
+            self._arm(lease)
+            return
+        lease._timer = None
+        if lease.token.trip(StopReason.LEASE_LOST):
+            log.warning("lease deadline passed without renewal: stop acting",
+                        lease_id=lease.lease_id, task_id=lease.task_id, attempt=lease.attempt)
+
+
+def _answer_from(state: lease_pb2.LeaseState) -> LeaseAnswer:
+    if state.result == lease_pb2.RENEWAL_RESULT_RENEWED:
+        valid_for = state.valid_for.ToTimedelta().total_seconds()
+        return LeaseAnswer(RenewalResult.RENEWED, valid_for, state.cancel_pending)
+    # Anything but RENEWED in an answer means the lease is not ours to act on.
+    return LeaseAnswer(RenewalResult.CONFLICT, 0.0, False)
+
+
+def _stream_error(task: asyncio.Future[None]) -> StreamBroken:
+    """Why the stream ended, as StreamBroken; fatal gRPC errors are raised as they are."""
+    exc = task.exception()
+    if exc is None:
+        return StreamBroken("the control plane ended the renewal stream")
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() in FATAL_CODES:
+            raise exc
+        return StreamBroken(f"{exc.code().name}: {exc.details()}")
+    raise exc
+
+
+async def _cancel_all(*tasks: asyncio.Future[None]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,164 @@
+"""The host's final word on an attempt: ReportResult, or ReleaseLease when it gives up.
+
+Both are safe to repeat (an identical report returns the recorded outcome; releasing an
+ended lease changes nothing), so both retry with exponential backoff on errors that may
+have happened before *or after* the control plane acted: the connection dropped, the
+deadline ran out, the server was busy or restarting. They stop at once on refusals (the
+lease is stale or foreign, a different outcome is recorded, the request is malformed),
+which retrying cannot change, and give up after a bounded total time: the lease then runs
+out on the control plane, which requeues the task or fails it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar
+
+import grpc
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_before_delay,
+    wait_exponential_jitter,
+)
+
+from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+# structlog's bound loggers have no common static type worth spelling out.
+Logger: TypeAlias = Any
+
+# Errors that say nothing about the request itself. UNKNOWN and INTERNAL are what gRPC
+# reports for a stream reset mid-call; CANCELLED reaching us (we never cancel final calls:
+# they run shielded) means the server went away; RESOURCE_EXHAUSTED is an overloaded one.
+TRANSIENT_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+})
+
+# Retrying these cannot help on any call: the token or the request itself is wrong. Where
+# they end a background loop (registration, Acquire, the renewal stream), the agent stops
+# loudly instead of retrying for ever.
+FATAL_CODES = frozenset({
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNIMPLEMENTED,
+})
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in TRANSIENT_CODES
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """For loops that must go on (registration, Acquire): any gRPC error but a fatal one."""
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() not in FATAL_CODES
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    # Give up when the next attempt would start later than this after the first.
+    total: float = 60.0
+    # Each call's own deadline (a half-open connection must not hang the report).
+    call_timeout: float = 10.0
+    initial_backoff: float = 0.2
+    max_backoff: float = 5.0
+
+
+@dataclass(frozen=True)
+class Delivery(Generic[T]):
+    """How a final call ended: `response` when accepted, else the last error's code."""
+
+    response: T | None
+    attempts: int
+    code: grpc.StatusCode | None = None
+    details: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.response is not None
+
+    @property
+    def refused(self) -> bool:
+        """The control plane said no (retrying could not help), as opposed to unreachable."""
+        return self.code is not None and self.code not in TRANSIENT_CODES
+
+
+async def report_result(stub: lease_pb2_grpc.LeaseStub, request: lease_pb2.ReportResultRequest,
+                        policy: RetryPolicy = RetryPolicy()) -> Delivery[task_pb2.Task]:
+    """Send one report, resending the *same* message on transient errors."""
+    bound = log.bind(task_id=request.task_id, attempt=request.attempt,
+                     lease_id=request.lease_id, outcome=lease_pb2.Outcome.Name(request.outcome))
+    delivery = await call_with_retries(
+        lambda timeout: stub.ReportResult(request, timeout=timeout), policy, bound, "report")
+    if delivery.accepted:
+        assert delivery.response is not None
+        status = task_pb2.TaskStatus.Name(delivery.response.status)
+        bound.info("result reported", status=status, attempts=delivery.attempts)
+    return delivery
+
+
+async def release_lease(stub: lease_pb2_grpc.LeaseStub, lease_id: str, reason: str,
+                        policy: RetryPolicy = RetryPolicy(total=10.0)
+                        ) -> Delivery[lease_pb2.ReleaseLeaseResponse]:
+    """Give a lease back so its task is requeued now rather than when the lease runs out."""
+    bound = log.bind(lease_id=lease_id)
+    request = lease_pb2.ReleaseLeaseRequest(lease_id=lease_id, reason=reason)
+    delivery = await call_with_retries(
+        lambda timeout: stub.ReleaseLease(request, timeout=timeout), policy, bound, "release")
+    if delivery.accepted:
+        bound.info("lease released", reason=reason)
+    return delivery
+
+
+async def call_with_retries(call: Callable[[float], Awaitable[T]], policy: RetryPolicy,
+                            bound: Logger, what: str) -> Delivery[T]:
+    """`call(timeout)` until it succeeds, fails for good, or `policy.total` runs out."""
+    deadline = time.monotonic() + policy.total
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(is_transient),
+        wait=wait_exponential_jitter(initial=policy.initial_backoff, max=policy.max_backoff),
+        stop=stop_before_delay(policy.total),
+        before_sleep=_log_retry(bound, what),
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                # The last attempt gets what is left, at least a second, so it can answer.
+                timeout = min(policy.call_timeout, max(1.0, deadline - time.monotonic()))
+                response = await call(timeout)
+    except grpc.aio.AioRpcError as exc:
+        attempts = retrying.statistics.get("attempt_number", 1)
+        _log_failure(bound, what, exc, attempts)
+        return Delivery(None, attempts, exc.code(), exc.details() or "")
+    return Delivery(response, retrying.statistics.get("attempt_number", 1))
+
+
+def _log_retry(bound: Logger, what: str) -> Callable[[RetryCallState], None]:
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
+        bound.warning(f"{what} failed; retrying", code=code, attempt=state.attempt_number,
+                      retry_in=round(state.upcoming_sleep, 3))
+    return before_sleep
+
+
+def _log_failure(bound: Logger, what: str, exc: grpc.aio.AioRpcError, attempts: int) -> None:
+    if exc.code() in TRANSIENT_CODES:
+        bound.error(f"{what} undelivered; giving up (the lease will run out)",
+                    code=exc.code().name, details=exc.details(), attempts=attempts)
+    else:
+        bound.warning(f"{what} refused by the control plane", code=exc.code().name,
+                      details=exc.details(), attempts=attempts)

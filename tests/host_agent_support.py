@@ -1,0 +1,91 @@
+"""Helpers for the host-agent tests: a real Agent on a real channel against a `Farm`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from amc.v1 import scheduler_pb2, task_pb2
+from amc_common.channel import aio_channel
+from control_plane.config import Settings
+from control_plane.domain import Role
+from host_agent.agent import Agent, Finished
+from host_agent.config import AgentSettings
+from host_agent.devices import DeviceSource
+from host_agent.systemd import Notifier
+from tests.support import Clients, Farm, eventually
+
+# Short leases, so lease loss and self-fencing happen within a test's patience.
+SHORT_TTL = Settings(lease_ttl=timedelta(seconds=3), sweep_interval=timedelta(seconds=0.05),
+                     watch_refresh=timedelta(seconds=1))
+
+TEST_SETTINGS = AgentSettings(host_id="host-1", drain_timeout=0.5, inventory_interval=0.5,
+                              acquire_wait=2.0, report_timeout=5.0, shell_timeout=10.0)
+
+
+@asynccontextmanager
+async def short_ttl_farm(database_url: str,
+                         settings: Settings = SHORT_TTL) -> AsyncIterator[Farm]:
+    farm = Farm(database_url, settings)
+    await farm.start()
+    try:
+        yield farm
+    finally:
+        await farm.stop()
+
+
+@asynccontextmanager
+async def running_agent(farm: Farm, source: DeviceSource, *, address: str | None = None,
+                        notifier: Notifier | None = None, **settings: Any
+                        ) -> AsyncIterator[Agent]:
+    """An Agent serving `farm` (through `address`, e.g. a proxy), stopped on exit."""
+    config = replace(TEST_SETTINGS, **settings)
+    token = await farm.token(Role.HOST, config.host_id)
+    channel = aio_channel(address or farm.address, token)
+    agent = Agent(config, source, channel, notifier)
+    task = asyncio.create_task(agent.run(), name="agent")
+    try:
+        await eventually(lambda: agent.registered.is_set() or task.done(),
+                         what="the agent to register")
+        if task.done():
+            task.result()
+        yield agent
+    finally:
+        agent.stop()
+        try:
+            await asyncio.wait_for(task, 30)
+        finally:
+            await channel.close()
+
+
+async def submit(client: Clients, spec: task_pb2.TaskSpec, **fields: Any) -> str:
+    task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=spec, **fields))
+    return str(task.task_id)
+
+
+async def cancel(client: Clients, task_id: str) -> task_pb2.Task:
+    return await client.scheduler.CancelTask(
+        scheduler_pb2.CancelTaskRequest(task_id=task_id, reason="test"))
+
+
+async def get(client: Clients, task_id: str) -> task_pb2.Task:
+    return await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+
+
+async def finished(agent: Agent, task_id: str, timeout: float = 15.0) -> Finished:
+    """The agent's record of the (first) attempt of `task_id` it finished."""
+    return await eventually(
+        lambda: next((f for f in agent.finished if f.lease.task_id == task_id), None),
+        timeout=timeout, what=f"the agent to finish task {task_id}")
+
+
+async def status_is(farm: Farm, task_id: str, *statuses: str, timeout: float = 15.0) -> str:
+    async def check() -> str | None:
+        status = await farm.status(task_id)
+        return status if status in statuses else None
+
+    return await eventually(check, timeout=timeout, what=f"task status in {statuses}")

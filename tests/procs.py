@@ -1,0 +1,73 @@
+"""Control-plane replicas as real processes, for tests about restarts and replicas."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from control_plane.embedded import free_port
+from tests.support import eventually
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Replica:
+    dsn: str
+    port: int = field(default_factory=free_port)
+    args: list[str] = field(default_factory=list)
+    log: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> Replica:
+        env = {**os.environ, "DATABASE_URL": self.dsn, "AMC_LOG_FORMAT": "json"}
+        command = [sys.executable, "-m", "control_plane", "--listen", self.address, *self.args]
+        if self.log:
+            with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
+                self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
+                                             stderr=subprocess.STDOUT)
+        else:
+            self.proc = subprocess.Popen(command, cwd=ROOT, env=env,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await eventually(self.serving, timeout=30, interval=0.1, what=f"replica {self.address}")
+        return self
+
+    async def serving(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"replica exited with {self.proc.returncode}")
+        async with grpc.aio.insecure_channel(self.address) as ch:
+            try:
+                reply = await health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(), timeout=1)
+            except grpc.aio.AioRpcError:
+                return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def kill(self) -> None:
+        """As a crash: no clean-up at all."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

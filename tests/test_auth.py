@@ -1,0 +1,178 @@
+"""The auth matrix: every RPC x every kind of caller gives the documented code.
+
+A new RPC without a row here fails `test_every_rpc_has_a_row`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from control_plane.domain import Role
+from control_plane.server import ControlPlane, rpc_methods
+from tests.support import Clients, Farm, actions_spec, device
+
+OK = grpc.StatusCode.OK
+UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+DENIED = grpc.StatusCode.PERMISSION_DENIED
+ABORTED = grpc.StatusCode.ABORTED
+CONFLICT = "CONFLICT"  # a renewal answered with a per-lease conflict, not an error
+
+
+@dataclass
+class World:
+    task_id: str
+    a_lease: lease_pb2.Assignment
+    b_lease: lease_pb2.Assignment
+    token_id: str
+
+
+async def build_world(farm: Farm) -> World:
+    client = await farm.client()
+    leases = {}
+    for h in ("A", "B"):
+        serial = f"{h}-{uuid.uuid4().hex[:8]}"
+        host = await farm.host(h, serial)
+        await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(
+            spec=actions_spec(), selector=task_pb2.DeviceSelector(serial=serial)))
+        leases[h] = await host.acquire_one(serial)
+    task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(
+        spec=actions_spec(), selector=task_pb2.DeviceSelector(serial="nowhere")))
+    operator = await farm.operator()
+    made = await operator.admin.CreateToken(admin_pb2.CreateTokenRequest(
+        role=admin_pb2.ROLE_CLIENT, name="victim"))
+    return World(task.task_id, leases["A"], leases["B"], made.info.token_id)
+
+
+Call = Callable[[Clients, World, bool], Awaitable[object]]
+
+
+def lease_of(w: World, own: bool) -> lease_pb2.Assignment:
+    return w.a_lease if own else w.b_lease
+
+
+async def renew(c: Clients, w: World, own: bool) -> object:
+    request = lease_pb2.RenewLeasesRequest(host_id="A", lease_ids=[lease_of(w, own).lease_id])
+    responses = [r async for r in c.lease.RenewLeases(iter([request]))]
+    return CONFLICT if responses[0].leases[0].result == lease_pb2.RENEWAL_RESULT_CONFLICT else OK
+
+
+async def watch(c: Clients, w: World, own: bool) -> object:
+    call = c.scheduler.WatchTask(scheduler_pb2.WatchTaskRequest(task_id=w.task_id))
+    async for _ in call:
+        call.cancel()
+        return OK
+    return OK
+
+
+def host_id(own: bool) -> str:
+    return "A" if own else "B"
+
+
+CALLS: dict[str, Call] = {
+    "/amc.v1.Scheduler/SubmitTask": lambda c, w, own: c.scheduler.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(spec=actions_spec())),
+    "/amc.v1.Scheduler/GetTask": lambda c, w, own: c.scheduler.GetTask(
+        scheduler_pb2.GetTaskRequest(task_id=w.task_id)),
+    "/amc.v1.Scheduler/ListTasks": lambda c, w, own: c.scheduler.ListTasks(
+        scheduler_pb2.ListTasksRequest()),
+    "/amc.v1.Scheduler/CancelTask": lambda c, w, own: c.scheduler.CancelTask(
+        scheduler_pb2.CancelTaskRequest(task_id=w.task_id)),
+    "/amc.v1.Scheduler/WatchTask": watch,
+    "/amc.v1.Scheduler/ListHosts": lambda c, w, own: c.scheduler.ListHosts(
+        scheduler_pb2.ListHostsRequest()),
+    "/amc.v1.Lease/RegisterHost": lambda c, w, own: c.lease.RegisterHost(
+        lease_pb2.RegisterHostRequest(host_id=host_id(own), devices=[device("x1")])),
+    "/amc.v1.Lease/Acquire": lambda c, w, own: c.lease.Acquire(
+        lease_pb2.AcquireRequest(host_id=host_id(own), idle_serials=["A-s1"])),
+    "/amc.v1.Lease/RenewLeases": renew,
+    "/amc.v1.Lease/ReportResult": lambda c, w, own: c.lease.ReportResult(
+        lease_pb2.ReportResultRequest(
+            task_id=lease_of(w, own).task_id, attempt=1, lease_id=lease_of(w, own).lease_id,
+            outcome=lease_pb2.OUTCOME_FAILED)),
+    "/amc.v1.Lease/ReleaseLease": lambda c, w, own: c.lease.ReleaseLease(
+        lease_pb2.ReleaseLeaseRequest(lease_id=lease_of(w, own).lease_id)),
+    "/amc.v1.Admin/CreateToken": lambda c, w, own: c.admin.CreateToken(
+        admin_pb2.CreateTokenRequest(role=admin_pb2.ROLE_CLIENT)),
+    "/amc.v1.Admin/RevokeToken": lambda c, w, own: c.admin.RevokeToken(
+        admin_pb2.RevokeTokenRequest(token_id=w.token_id)),
+    "/amc.v1.Admin/ListTokens": lambda c, w, own: c.admin.ListTokens(
+        admin_pb2.ListTokensRequest()),
+}
+
+CALLERS = ["none", "malformed", "revoked", "client", "operator", "host_own", "host_foreign"]
+
+
+def expected(method: str, caller: str) -> object:
+    service = method.split("/")[1]
+    if caller in ("none", "malformed", "revoked"):
+        return UNAUTH
+    allowed = {
+        "client": service == "amc.v1.Scheduler" and not method.endswith("ListHosts"),
+        "operator": service in ("amc.v1.Scheduler", "amc.v1.Admin"),
+        "host_own": service == "amc.v1.Lease",
+        "host_foreign": service == "amc.v1.Lease",
+    }[caller]
+    if not allowed:
+        return DENIED
+    if caller == "host_foreign":
+        name = method.rsplit("/", 1)[1]
+        return {"RegisterHost": DENIED, "Acquire": DENIED, "RenewLeases": CONFLICT,
+                "ReportResult": ABORTED, "ReleaseLease": ABORTED}[name]
+    return OK
+
+
+async def caller_clients(farm: Farm, caller: str) -> Clients:
+    if caller == "none":
+        return farm.clients(None)
+    if caller == "malformed":
+        return farm.clients("amc_not-a-token")
+    if caller == "revoked":
+        token = await farm.token(Role.CLIENT)
+        token_id = token.split("_")[1]
+        operator = await farm.operator()
+        await operator.admin.RevokeToken(admin_pb2.RevokeTokenRequest(
+            token_id=str(uuid.UUID(hex=token_id))))
+        return farm.clients(token)
+    if caller in ("host_own", "host_foreign"):
+        return farm.clients(await farm.token(Role.HOST, "A"))
+    return farm.clients(await farm.token(Role(caller)))
+
+
+def test_every_rpc_has_a_row() -> None:
+    assert sorted(CALLS) == sorted(rpc_methods())
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+async def test_auth_matrix(farm: Farm, caller: str) -> None:
+    failures = []
+    for method, call in CALLS.items():
+        world = await build_world(farm)
+        clients = await caller_clients(farm, caller)
+        try:
+            outcome = await call(clients, world, caller != "host_foreign")
+            got: object = outcome if outcome in (OK, CONFLICT) else OK
+        except grpc.aio.AioRpcError as exc:
+            got = exc.code()
+        want = expected(method, caller)
+        if got != want:
+            failures.append(f"{method} as {caller}: got {got}, want {want}")
+    assert not failures, "\n".join(failures)
+
+
+async def test_insecure_is_refused_on_a_non_loopback_listener(database_url: str) -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        ControlPlane(database_url, listen="0.0.0.0:0", insecure=True)
+
+
+async def test_only_the_token_hash_is_stored(farm: Farm) -> None:
+    token = await farm.token(Role.CLIENT)
+    assert farm.db is not None
+    stored = await farm.db.fetch("SELECT * FROM tokens")
+    secret = token.split("_", 2)[2]
+    assert all(secret.encode() not in bytes(r["secret_hash"]) for r in stored)
+    assert all(secret not in str(dict(r)) for r in stored)
