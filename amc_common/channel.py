@@ -21,8 +21,9 @@ class _BearerAuth(grpc.AuthMetadataPlugin):
     def __init__(self, token: str) -> None:
         self._metadata = (("authorization", f"Bearer {token}"),)
 
-    def __call__(self, context: grpc.AuthMetadataContext,
-                 callback: grpc.AuthMetadataPluginCallback) -> None:
+    def __call__(
+        self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback
+    ) -> None:
         callback(self._metadata, None)
 
 
@@ -75,15 +76,16 @@ def read_token(token: str | None = None, token_file: str | Path | None = None) -
     return None
 
 
-def aio_channel(address: str, token: str | None = None, ca_file: str | Path | None = None,
-                *, tls: bool = False) -> grpc.aio.Channel:
+def aio_channel(
+    address: str, token: str | None = None, ca_file: str | Path | None = None, *, tls: bool = False
+) -> grpc.aio.Channel:
     """A channel for asyncio code. TLS when a CA file is given (or `tls`), else plaintext."""
     if ca_file or tls:
         creds = grpc.ssl_channel_credentials(Path(ca_file).read_bytes() if ca_file else None)
         if token:
             creds = grpc.composite_channel_credentials(
-                creds, grpc.metadata_call_credentials(_BearerAuth(token)))
+                creds, grpc.metadata_call_credentials(_BearerAuth(token))
+            )
         return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
     interceptors = bearer_interceptors(token) if token else []
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
-                                     interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)

@@ -54,5 +54,7 @@ def configure(fmt: LogFormat = "auto", level: str = "INFO") -> None:
     root.setLevel(level.upper())
 
 
-def _identity(_logger: object, _name: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+def _identity(
+    _logger: object, _name: str, event: structlog.types.EventDict
+) -> structlog.types.EventDict:
     return event

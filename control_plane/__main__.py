@@ -1,7 +1,7 @@
 """`control-plane`: run a replica, or create a token directly in the database.
 
-    control-plane [serve] [--listen 127.0.0.1:50051] [--database-url URL | --data-dir DIR]
-    control-plane tokens create --role operator [--host-id H] [--name N]
+control-plane [serve] [--listen 127.0.0.1:50051] [--database-url URL | --data-dir DIR]
+control-plane tokens create --role operator [--host-id H] [--name N]
 """
 
 from __future__ import annotations
@@ -31,19 +31,29 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def common_flags() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--database-url", default=_env("DATABASE_URL"),
-                   help="PostgreSQL URL (env DATABASE_URL); none: an embedded server")
-    p.add_argument("--data-dir", default=_env("AMC_DATA_DIR", ".amc/pgdata"),
-                   help="the embedded server's data directory (default .amc/pgdata)")
-    p.add_argument("--log-format", choices=["auto", "console", "json"],
-                   default=_env("AMC_LOG_FORMAT", "auto"))
+    p.add_argument(
+        "--database-url",
+        default=_env("DATABASE_URL"),
+        help="PostgreSQL URL (env DATABASE_URL); none: an embedded server",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=_env("AMC_DATA_DIR", ".amc/pgdata"),
+        help="the embedded server's data directory (default .amc/pgdata)",
+    )
+    p.add_argument(
+        "--log-format", choices=["auto", "console", "json"], default=_env("AMC_LOG_FORMAT", "auto")
+    )
     return p
 
 
 def parser() -> argparse.ArgumentParser:
     common = common_flags()
-    p = argparse.ArgumentParser(prog="control-plane", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="control-plane",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command")
     serve = sub.add_parser("serve", parents=[common], help="run a replica (the default)")
     add_serve_flags(serve)
@@ -57,27 +67,52 @@ def parser() -> argparse.ArgumentParser:
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default=_env("AMC_LISTEN", "127.0.0.1:50051"),
-                   help="address:port for gRPC (env AMC_LISTEN)")
-    p.add_argument("--insecure", action="store_true",
-                   default=_env("AMC_INSECURE", "") in ("1", "true"),
-                   help="no authentication (development only; loopback listeners only)")
+    p.add_argument(
+        "--listen",
+        default=_env("AMC_LISTEN", "127.0.0.1:50051"),
+        help="address:port for gRPC (env AMC_LISTEN)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=_env("AMC_INSECURE", "") in ("1", "true"),
+        help="no authentication (development only; loopback listeners only)",
+    )
     p.add_argument("--tls-cert", default=_env("AMC_TLS_CERT"), help="PEM certificate chain")
     p.add_argument("--tls-key", default=_env("AMC_TLS_KEY"), help="PEM private key")
-    p.add_argument("--lease-ttl", type=float, default=float(_env("AMC_LEASE_TTL", "15") or 15),
-                   help="lease time-to-live in seconds (default 15)")
-    p.add_argument("--renew-interval", type=float, default=None,
-                   help="seconds between renewals the hosts are told to use (default TTL/3)")
-    p.add_argument("--sweep-interval", type=float, default=1.0,
-                   help="seconds between lease-expiry sweeps (default 1)")
-    p.add_argument("--grace", type=float, default=5.0,
-                   help="seconds in-flight calls get on SIGTERM (default 5)")
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=float(_env("AMC_LEASE_TTL", "15") or 15),
+        help="lease time-to-live in seconds (default 15)",
+    )
+    p.add_argument(
+        "--renew-interval",
+        type=float,
+        default=None,
+        help="seconds between renewals the hosts are told to use (default TTL/3)",
+    )
+    p.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=1.0,
+        help="seconds between lease-expiry sweeps (default 1)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds in-flight calls get on SIGTERM (default 5)",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     renew = timedelta(seconds=args.renew_interval) if args.renew_interval else None
-    return Settings(lease_ttl=timedelta(seconds=args.lease_ttl), renew_interval=renew,
-                    sweep_interval=timedelta(seconds=args.sweep_interval))
+    return Settings(
+        lease_ttl=timedelta(seconds=args.lease_ttl),
+        renew_interval=renew,
+        sweep_interval=timedelta(seconds=args.sweep_interval),
+    )
 
 
 def tls_from(args: argparse.Namespace) -> Tls | None:
@@ -89,8 +124,9 @@ def tls_from(args: argparse.Namespace) -> Tls | None:
 
 
 async def serve(args: argparse.Namespace, dsn: str) -> None:
-    plane = ControlPlane(dsn, settings_from(args), listen=args.listen, insecure=args.insecure,
-                         tls=tls_from(args))
+    plane = ControlPlane(
+        dsn, settings_from(args), listen=args.listen, insecure=args.insecure, tls=tls_from(args)
+    )
     await plane.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -116,9 +152,12 @@ async def create_token(args: argparse.Namespace, dsn: str) -> None:
     finally:
         await store.close()
     print(token)
-    print(f"token id {info.token_id}, role {info.role}"
-          + (f", host {info.host_id}" if info.host_id else "") + " (shown once)",
-          file=sys.stderr)
+    print(
+        f"token id {info.token_id}, role {info.role}"
+        + (f", host {info.host_id}" if info.host_id else "")
+        + " (shown once)",
+        file=sys.stderr,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

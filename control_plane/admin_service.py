@@ -17,8 +17,9 @@ from control_plane.store import Store
 log = structlog.get_logger(__name__)
 
 
-async def create_token(store: Store, role: Role, host_id: str | None,
-                       name: str) -> tuple[TokenInfo, str]:
+async def create_token(
+    store: Store, role: Role, host_id: str | None, name: str
+) -> tuple[TokenInfo, str]:
     """Shared by the RPC and the `control-plane tokens create` bootstrap command."""
     if role is Role.HOST and not host_id:
         raise InvalidArgument("host_id", "required for a host token")
@@ -38,20 +39,23 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
         self.store = store
 
     @rpc
-    async def CreateToken(self, request: admin_pb2.CreateTokenRequest,
-                          context: grpc.aio.ServicerContext) -> admin_pb2.CreateTokenResponse:
+    async def CreateToken(
+        self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CreateTokenResponse:
         if request.role not in ROLE_FROM_PB:
             raise InvalidArgument("role", "must be ROLE_CLIENT, ROLE_OPERATOR or ROLE_HOST")
         host_id = validate.identifier(request.host_id, "host_id", required=False) or None
         if len(request.name) > validate.MAX_KEY:
             raise InvalidArgument("name", f"longer than {validate.MAX_KEY} characters")
-        info, token = await create_token(self.store, ROLE_FROM_PB[request.role], host_id,
-                                         request.name)
+        info, token = await create_token(
+            self.store, ROLE_FROM_PB[request.role], host_id, request.name
+        )
         return admin_pb2.CreateTokenResponse(info=token_to_pb(info), token=token)
 
     @rpc
-    async def RevokeToken(self, request: admin_pb2.RevokeTokenRequest,
-                          context: grpc.aio.ServicerContext) -> admin_pb2.RevokeTokenResponse:
+    async def RevokeToken(
+        self, request: admin_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RevokeTokenResponse:
         token_id = validate.token_id(request.token_id)
         info = await self.store.revoke_token(token_id)
         self.auth.forget(token_id)
@@ -59,7 +63,8 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
         return admin_pb2.RevokeTokenResponse(info=token_to_pb(info))
 
     @rpc
-    async def ListTokens(self, request: admin_pb2.ListTokensRequest,
-                         context: grpc.aio.ServicerContext) -> admin_pb2.ListTokensResponse:
+    async def ListTokens(
+        self, request: admin_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListTokensResponse:
         tokens = await self.store.list_tokens()
         return admin_pb2.ListTokensResponse(tokens=[token_to_pb(t) for t in tokens])

@@ -59,7 +59,7 @@ def new_token() -> tuple[uuid.UUID, str, bytes]:
 def parse(token: str) -> tuple[uuid.UUID, str]:
     if not token.startswith(PREFIX):
         raise errors.Unauthenticated("malformed token")
-    token_hex, _, secret = token[len(PREFIX):].partition("_")
+    token_hex, _, secret = token[len(PREFIX) :].partition("_")
     try:
         token_id = uuid.UUID(hex=token_hex)
     except ValueError:
@@ -119,11 +119,13 @@ def authorize(principal: Principal, method: str) -> None:
         return
     if principal.role not in POLICY[method]:
         raise errors.PermissionDenied(
-            f"role '{principal.role}' may not call {method.rsplit('/', 1)[-1]}")
+            f"role '{principal.role}' may not call {method.rsplit('/', 1)[-1]}"
+        )
 
 
 def check_host(principal: Principal, host_id: str) -> None:
     """A host token acts only as its own host."""
     if principal.role is Role.HOST and principal.host_id != host_id:
         raise errors.PermissionDenied(
-            f"this token is for host '{principal.host_id}', not '{host_id}'")
+            f"this token is for host '{principal.host_id}', not '{host_id}'"
+        )

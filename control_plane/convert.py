@@ -55,14 +55,21 @@ def duration(value: timedelta) -> duration_pb2.Duration:
 
 def task_to_pb(task: Task) -> task_pb2.Task:
     pb = task_pb2.Task(
-        task_id=str(task.task_id), request_id=task.request_id or "",
-        status=STATUS_TO_PB[task.status], priority=task.priority,
-        max_attempts=task.max_attempts, metadata=task.metadata, attempt=task.attempt,
-        host_id=task.host_id or "", device_serial=task.device_serial or "",
+        task_id=str(task.task_id),
+        request_id=task.request_id or "",
+        status=STATUS_TO_PB[task.status],
+        priority=task.priority,
+        max_attempts=task.max_attempts,
+        metadata=task.metadata,
+        attempt=task.attempt,
+        host_id=task.host_id or "",
+        device_serial=task.device_serial or "",
         cancel_reason=task.cancel_reason or "",
-        selector=task_pb2.DeviceSelector(serial=task.selector_serial or "",
-                                         labels=task.selector_labels),
-        created_at=timestamp(task.created_at), updated_at=timestamp(task.updated_at),
+        selector=task_pb2.DeviceSelector(
+            serial=task.selector_serial or "", labels=task.selector_labels
+        ),
+        created_at=timestamp(task.created_at),
+        updated_at=timestamp(task.updated_at),
         cancel_requested_at=timestamp(task.cancel_requested_at),
         finished_at=timestamp(task.finished_at),
     )
@@ -75,36 +82,65 @@ def task_to_pb(task: Task) -> task_pb2.Task:
 
 
 def assignment_to_pb(a: Assignment, valid_for: timedelta) -> lease_pb2.Assignment:
-    pb = lease_pb2.Assignment(task_id=str(a.task_id), attempt=a.attempt,
-                              lease_id=str(a.lease_id), device_serial=a.device_serial,
-                              valid_for=duration(valid_for))
+    pb = lease_pb2.Assignment(
+        task_id=str(a.task_id),
+        attempt=a.attempt,
+        lease_id=str(a.lease_id),
+        device_serial=a.device_serial,
+        valid_for=duration(valid_for),
+    )
     pb.spec.ParseFromString(a.spec)
     return pb
 
 
 def device_from_pb(d: lease_pb2.DeviceInfo, host_labels: dict[str, str]) -> DeviceInfo:
     """The labels a selector matches: host labels, then the device's facts and own labels."""
-    facts = {"model": d.model, "manufacturer": d.manufacturer, "abi": d.abi,
-             "sdk": str(d.sdk) if d.sdk else ""}
+    facts = {
+        "model": d.model,
+        "manufacturer": d.manufacturer,
+        "abi": d.abi,
+        "sdk": str(d.sdk) if d.sdk else "",
+    }
     labels = {**host_labels, **{k: v for k, v in facts.items() if v}, **dict(d.labels)}
-    return DeviceInfo(serial=d.serial, state=DEVICE_STATE_FROM_PB.get(d.state, "offline"),
-                      model=d.model, manufacturer=d.manufacturer, sdk=d.sdk, abi=d.abi,
-                      labels=labels)
+    return DeviceInfo(
+        serial=d.serial,
+        state=DEVICE_STATE_FROM_PB.get(d.state, "offline"),
+        model=d.model,
+        manufacturer=d.manufacturer,
+        sdk=d.sdk,
+        abi=d.abi,
+        labels=labels,
+    )
 
 
 def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
     return scheduler_pb2.Host(
-        host_id=h.host_id, labels=h.labels, connected=h.connected,
+        host_id=h.host_id,
+        labels=h.labels,
+        connected=h.connected,
         last_seen_at=timestamp(h.last_seen_at),
-        devices=[scheduler_pb2.Device(
-            serial=d.serial, state=DEVICE_STATE_TO_PB.get(d.state,
-                                                          scheduler_pb2.DEVICE_STATE_UNSPECIFIED),
-            model=d.model, manufacturer=d.manufacturer, sdk=d.sdk, abi=d.abi,
-            labels=d.labels, task_id=str(d.task_id) if d.task_id else "")
-            for d in h.devices])
+        devices=[
+            scheduler_pb2.Device(
+                serial=d.serial,
+                state=DEVICE_STATE_TO_PB.get(d.state, scheduler_pb2.DEVICE_STATE_UNSPECIFIED),
+                model=d.model,
+                manufacturer=d.manufacturer,
+                sdk=d.sdk,
+                abi=d.abi,
+                labels=d.labels,
+                task_id=str(d.task_id) if d.task_id else "",
+            )
+            for d in h.devices
+        ],
+    )
 
 
 def token_to_pb(t: TokenInfo) -> admin_pb2.TokenInfo:
-    return admin_pb2.TokenInfo(token_id=str(t.token_id), name=t.name, role=ROLE_TO_PB[t.role],
-                               host_id=t.host_id or "", created_at=timestamp(t.created_at),
-                               revoked_at=timestamp(t.revoked_at))
+    return admin_pb2.TokenInfo(
+        token_id=str(t.token_id),
+        name=t.name,
+        role=ROLE_TO_PB[t.role],
+        host_id=t.host_id or "",
+        created_at=timestamp(t.created_at),
+        revoked_at=timestamp(t.revoked_at),
+    )

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-
 def _bin_path() -> Path:
     # Located without importing the package: its __init__ starts platformdirs and
     # psutil machinery (and warns) that this module does not need.
@@ -65,21 +64,44 @@ class EmbeddedPostgres:
         self._user = self._prepare_user()
         if not (self.datadir / "PG_VERSION").exists():
             sync = [] if self.durable else ["--no-sync"]
-            self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust",
-                      "--encoding=UTF8", *sync)
+            self._run(
+                "initdb",
+                "-D",
+                str(self.datadir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                *sync,
+            )
         running = self._running_port()
         if running:
             self.port = running
             return self.url
         self.port = self.port or free_port()
-        options = [f"-c listen_addresses=127.0.0.1", f"-p {self.port}",
-                   f"-c unix_socket_directories=''", "-c max_connections=300"]
+        options = [
+            "-c listen_addresses=127.0.0.1",
+            f"-p {self.port}",
+            "-c unix_socket_directories=''",
+            "-c max_connections=300",
+        ]
         extra = dict(self.settings)
         if not self.durable:
             extra = {**FAST_SETTINGS, **extra}
         options += [f"-c {k}={v}" for k, v in extra.items()]
-        self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.datadir / "server.log"),
-                  "-w", "-t", "60", "-o", " ".join(options), "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.datadir / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            " ".join(options),
+            "start",
+        )
         return self.url
 
     def stop(self, mode: str = "fast") -> None:
@@ -104,8 +126,11 @@ class EmbeddedPostgres:
         try:
             entry = pwd.getpwnam(SYSTEM_USER)
         except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", SYSTEM_USER],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", SYSTEM_USER],
+                check=True,
+                capture_output=True,
+            )
             entry = pwd.getpwnam(SYSTEM_USER)
         _open_path_to(self.datadir)
         _open_tree(POSTGRES_BIN_PATH.parent)
@@ -118,8 +143,15 @@ class EmbeddedPostgres:
         # Files, not pipes: pg_ctl leaves the server holding its stdout, and a pipe would
         # keep this call waiting for the server's exit.
         with open(os.devnull, "wb") as devnull:
-            done = subprocess.run([str(binary(program)), *args], stdin=devnull, stdout=devnull,
-                                  stderr=subprocess.PIPE, user=self._user, cwd="/", timeout=120)
+            done = subprocess.run(
+                [str(binary(program)), *args],
+                stdin=devnull,
+                stdout=devnull,
+                stderr=subprocess.PIPE,
+                user=self._user,
+                cwd="/",
+                timeout=120,
+            )
         if done.returncode != 0:
             raise RuntimeError(f"{program} failed: {done.stderr.decode(errors='replace').strip()}")
 

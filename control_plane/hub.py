@@ -95,8 +95,9 @@ class Hub:
     def _push_cancel(self, payload: str) -> None:
         try:
             host_id, lease, task, attempt = payload.split(" ")
-            notice = CancelNotice(host_id, LeaseId(uuid.UUID(lease)), TaskId(uuid.UUID(task)),
-                                  int(attempt))
+            notice = CancelNotice(
+                host_id, LeaseId(uuid.UUID(lease)), TaskId(uuid.UUID(task)), int(attempt)
+            )
         except ValueError:
             log.warning("malformed cancel notification", payload=payload)
             return

@@ -14,8 +14,13 @@ from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from control_plane import validate
 from control_plane.auth import Authenticator, check_host
 from control_plane.config import Settings
-from control_plane.convert import OUTCOME_FROM_PB, assignment_to_pb, device_from_pb, duration
-from control_plane.convert import task_to_pb
+from control_plane.convert import (
+    OUTCOME_FROM_PB,
+    assignment_to_pb,
+    device_from_pb,
+    duration,
+    task_to_pb,
+)
 from control_plane.domain import CancelNotice, LeaseId, Renewal, Report, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.hub import Hub
@@ -42,8 +47,9 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         return host_id
 
     @rpc
-    async def RegisterHost(self, request: lease_pb2.RegisterHostRequest,
-                           context: grpc.aio.ServicerContext) -> lease_pb2.RegisterHostResponse:
+    async def RegisterHost(
+        self, request: lease_pb2.RegisterHostRequest, context: grpc.aio.ServicerContext
+    ) -> lease_pb2.RegisterHostResponse:
         host_id = self._host(request.host_id)
         labels = validate.string_map(dict(request.labels), "labels")
         if len(request.devices) > MAX_DEVICES:
@@ -57,11 +63,13 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         log.info("host registered", host_id=host_id, devices=[d.serial for d in devices])
         return lease_pb2.RegisterHostResponse(
             lease_ttl=duration(self.settings.lease_ttl),
-            renew_interval=duration(self.settings.renew_every))
+            renew_interval=duration(self.settings.renew_every),
+        )
 
     @rpc
-    async def Acquire(self, request: lease_pb2.AcquireRequest,
-                      context: grpc.aio.ServicerContext) -> lease_pb2.AcquireResponse:
+    async def Acquire(
+        self, request: lease_pb2.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> lease_pb2.AcquireResponse:
         host_id = self._host(request.host_id)
         serials = validate.serials(request.idle_serials, "idle_serials")
         if request.wait.seconds < 0 or request.wait.nanos < 0:
@@ -83,14 +91,22 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             finally:
                 self.hub.waiting_acquires -= 1
         for a in found:
-            log.info("task assigned", task_id=str(a.task_id), attempt=a.attempt,
-                     lease_id=str(a.lease_id), host_id=host_id, device=a.device_serial)
+            log.info(
+                "task assigned",
+                task_id=str(a.task_id),
+                attempt=a.attempt,
+                lease_id=str(a.lease_id),
+                host_id=host_id,
+                device=a.device_serial,
+            )
         return lease_pb2.AcquireResponse(assignments=[assignment_to_pb(a, ttl) for a in found])
 
     @rpc
-    async def RenewLeases(self, request_iterator: AsyncIterator[lease_pb2.RenewLeasesRequest],
-                          context: grpc.aio.ServicerContext
-                          ) -> AsyncIterator[lease_pb2.RenewLeasesResponse]:
+    async def RenewLeases(
+        self,
+        request_iterator: AsyncIterator[lease_pb2.RenewLeasesRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[lease_pb2.RenewLeasesResponse]:
         outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None] = asyncio.Queue()
         with contextlib.ExitStack() as stack:
             reader = asyncio.create_task(self._read_renewals(request_iterator, outbox, stack))
@@ -103,18 +119,24 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             finally:
                 reader.cancel()
 
-    async def _read_renewals(self, requests: AsyncIterator[lease_pb2.RenewLeasesRequest],
-                             outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None],
-                             stack: contextlib.ExitStack) -> None:
+    async def _read_renewals(
+        self,
+        requests: AsyncIterator[lease_pb2.RenewLeasesRequest],
+        outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None],
+        stack: contextlib.ExitStack,
+    ) -> None:
         bound: str | None = None
         try:
             async for request in requests:
                 host_id = self._host(request.host_id)
                 if bound is None:
                     bound = host_id
-                    stack.enter_context(self.hub.host_stream(
-                        host_id, lambda notice: outbox.put_nowait(
-                            _push(notice) if notice else CLOSING)))
+                    stack.enter_context(
+                        self.hub.host_stream(
+                            host_id,
+                            lambda notice: outbox.put_nowait(_push(notice) if notice else CLOSING),
+                        )
+                    )
                     log.info("renewal stream opened", host_id=host_id)
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
@@ -124,8 +146,9 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             if bound:
                 log.info("renewal stream closed", host_id=bound)
 
-    async def _renew(self, host_id: str,
-                     request: lease_pb2.RenewLeasesRequest) -> lease_pb2.RenewLeasesResponse:
+    async def _renew(
+        self, host_id: str, request: lease_pb2.RenewLeasesRequest
+    ) -> lease_pb2.RenewLeasesResponse:
         if len(request.lease_ids) > validate.MAX_LEASES_PER_RENEWAL:
             raise InvalidArgument("lease_ids", f"more than {validate.MAX_LEASES_PER_RENEWAL}")
         parsed: dict[str, uuid.UUID] = {}
@@ -135,41 +158,64 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         ttl = self.settings.lease_ttl
         renewals = await self.store.renew(host_id, list(parsed.values()), ttl) if parsed else []
         by_id: dict[uuid.UUID, Renewal] = {r.lease_id: r for r in renewals}
-        states = [_lease_state(raw, by_id.get(parsed[raw]) if raw in parsed else None, ttl)
-                  for raw in request.lease_ids]
+        states = [
+            _lease_state(raw, by_id.get(parsed[raw]) if raw in parsed else None, ttl)
+            for raw in request.lease_ids
+        ]
         return lease_pb2.RenewLeasesResponse(leases=states, seq=request.seq)
 
     @rpc
-    async def ReportResult(self, request: lease_pb2.ReportResultRequest,
-                           context: grpc.aio.ServicerContext) -> task_pb2.Task:
+    async def ReportResult(
+        self, request: lease_pb2.ReportResultRequest, context: grpc.aio.ServicerContext
+    ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         lease_id = LeaseId(validate.lease_id(request.lease_id))
         if request.attempt < 1:
             raise InvalidArgument("attempt", "must be 1 or more")
         if request.outcome not in OUTCOME_FROM_PB:
-            raise InvalidArgument("outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or "
-                                  "OUTCOME_CANCELLED")
+            raise InvalidArgument(
+                "outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
+            )
         validate.result(request.result)
-        report = Report(task_id, request.attempt, lease_id, OUTCOME_FROM_PB[request.outcome],
-                        request.result.SerializeToString(deterministic=True),
-                        request.result.error)
+        report = Report(
+            task_id,
+            request.attempt,
+            lease_id,
+            OUTCOME_FROM_PB[request.outcome],
+            request.result.SerializeToString(deterministic=True),
+            request.result.error,
+        )
         host_id = principal().host_id
         code, task = await self.store.report(host_id, report)
-        log.info("result " + code, task_id=str(task_id), attempt=request.attempt,
-                 lease_id=str(lease_id), host_id=task.host_id, outcome=str(report.outcome))
+        log.info(
+            "result " + code,
+            task_id=str(task_id),
+            attempt=request.attempt,
+            lease_id=str(lease_id),
+            host_id=task.host_id,
+            outcome=str(report.outcome),
+        )
         return task_to_pb(task)
 
     @rpc
-    async def ReleaseLease(self, request: lease_pb2.ReleaseLeaseRequest,
-                           context: grpc.aio.ServicerContext) -> lease_pb2.ReleaseLeaseResponse:
+    async def ReleaseLease(
+        self, request: lease_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> lease_pb2.ReleaseLeaseResponse:
         lease_id = LeaseId(validate.lease_id(request.lease_id))
         if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
             raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
-        ended = await self.store.release(principal().host_id, lease_id,
-                                         request.reason or "released by host")
+        ended = await self.store.release(
+            principal().host_id, lease_id, request.reason or "released by host"
+        )
         if ended:
-            log.info("lease released", task_id=str(ended.task_id), attempt=ended.attempt,
-                     lease_id=str(lease_id), host_id=ended.host_id, to=str(ended.to_status))
+            log.info(
+                "lease released",
+                task_id=str(ended.task_id),
+                attempt=ended.attempt,
+                lease_id=str(lease_id),
+                host_id=ended.host_id,
+                to=str(ended.to_status),
+            )
         return lease_pb2.ReleaseLeaseResponse()
 
 
@@ -177,12 +223,20 @@ def _lease_state(raw: str, renewal: Renewal | None, ttl: object) -> lease_pb2.Le
     if renewal is None or not renewal.renewed:
         return lease_pb2.LeaseState(lease_id=raw, result=lease_pb2.RENEWAL_RESULT_CONFLICT)
     return lease_pb2.LeaseState(
-        lease_id=raw, result=lease_pb2.RENEWAL_RESULT_RENEWED, valid_for=duration(ttl),  # type: ignore[arg-type]
-        cancel_pending=renewal.cancel_pending, task_id=str(renewal.task_id),
-        attempt=renewal.attempt)
+        lease_id=raw,
+        result=lease_pb2.RENEWAL_RESULT_RENEWED,
+        valid_for=duration(ttl),  # type: ignore[arg-type]
+        cancel_pending=renewal.cancel_pending,
+        task_id=str(renewal.task_id),
+        attempt=renewal.attempt,
+    )
 
 
 def _push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
-    state = lease_pb2.LeaseState(lease_id=str(notice.lease_id), cancel_pending=True,
-                                 task_id=str(notice.task_id), attempt=notice.attempt)
+    state = lease_pb2.LeaseState(
+        lease_id=str(notice.lease_id),
+        cancel_pending=True,
+        task_id=str(notice.task_id),
+        attempt=notice.attempt,
+    )
     return lease_pb2.RenewLeasesResponse(leases=[state], push=True)

@@ -29,7 +29,8 @@ CODES: list[tuple[type[errors.AmcError], grpc.StatusCode]] = [
 ]
 
 principal_var: contextvars.ContextVar[Principal] = contextvars.ContextVar(
-    "principal", default=ANONYMOUS)
+    "principal", default=ANONYMOUS
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,15 +73,17 @@ def rpc(func: F) -> F:
     name = func.__name__
 
     if inspect.isasyncgenfunction(func):
+
         @functools.wraps(func)
-        async def stream(self: Servicer, request: Any,
-                         context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def stream(
+            self: Servicer, request: Any, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
             method = f"/{self.SERVICE}/{name}"
             try:
                 await _enter(self, method, context)
                 async for item in func(self, request, context):
                     yield item
-            except (errors.AmcError, Exception) as exc:  # noqa: BLE001 - the border
+            except (errors.AmcError, Exception) as exc:
                 if isinstance(exc, grpc.aio.AbortError):
                     raise
                 await _fail(context, method, exc)
@@ -93,7 +96,7 @@ def rpc(func: F) -> F:
         try:
             await _enter(self, method, context)
             return await func(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - the border
+        except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise
             await _fail(context, method, exc)

@@ -54,31 +54,40 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         self.settings = settings
 
     @rpc
-    async def SubmitTask(self, request: scheduler_pb2.SubmitTaskRequest,
-                         context: grpc.aio.ServicerContext) -> task_pb2.Task:
+    async def SubmitTask(
+        self, request: scheduler_pb2.SubmitTaskRequest, context: grpc.aio.ServicerContext
+    ) -> task_pb2.Task:
         validate.submit(request)
         new = NewTask(
             spec=request.spec.SerializeToString(deterministic=True),
             request_id=request.request_id or None,
             selector_serial=request.selector.serial or None,
-            selector_labels=dict(request.selector.labels), priority=request.priority,
+            selector_labels=dict(request.selector.labels),
+            priority=request.priority,
             max_attempts=request.max_attempts or DEFAULT_MAX_ATTEMPTS,
-            metadata=dict(request.metadata))
+            metadata=dict(request.metadata),
+        )
         task, created = await self.store.submit(principal().caller, new)
         if created:
-            log.info("task submitted", task_id=str(task.task_id), priority=task.priority,
-                     request_id=task.request_id)
+            log.info(
+                "task submitted",
+                task_id=str(task.task_id),
+                priority=task.priority,
+                request_id=task.request_id,
+            )
         return task_to_pb(task)
 
     @rpc
-    async def GetTask(self, request: scheduler_pb2.GetTaskRequest,
-                      context: grpc.aio.ServicerContext) -> task_pb2.Task:
+    async def GetTask(
+        self, request: scheduler_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
+    ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         return task_to_pb(await self.store.get_task(task_id))
 
     @rpc
-    async def ListTasks(self, request: scheduler_pb2.ListTasksRequest,
-                        context: grpc.aio.ServicerContext) -> scheduler_pb2.ListTasksResponse:
+    async def ListTasks(
+        self, request: scheduler_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListTasksResponse:
         statuses = []
         for i, value in enumerate(request.statuses):
             if value not in STATUS_FROM_PB:
@@ -94,25 +103,32 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         if len(tasks) > size:
             tasks = tasks[:size]
             token = encode_page_token(tasks[-1].created_at, tasks[-1].task_id)
-        return scheduler_pb2.ListTasksResponse(tasks=[task_to_pb(t) for t in tasks],
-                                               next_page_token=token)
+        return scheduler_pb2.ListTasksResponse(
+            tasks=[task_to_pb(t) for t in tasks], next_page_token=token
+        )
 
     @rpc
-    async def CancelTask(self, request: scheduler_pb2.CancelTaskRequest,
-                         context: grpc.aio.ServicerContext) -> task_pb2.Task:
+    async def CancelTask(
+        self, request: scheduler_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext
+    ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
             raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
         code, task = await self.store.cancel(task_id, request.reason)
         if code != "unchanged":
-            log.info("cancellation " + ("done" if code == "cancelled" else "requested"),
-                     task_id=str(task_id), attempt=task.attempt, host_id=task.host_id,
-                     status=str(task.status))
+            log.info(
+                "cancellation " + ("done" if code == "cancelled" else "requested"),
+                task_id=str(task_id),
+                attempt=task.attempt,
+                host_id=task.host_id,
+                status=str(task.status),
+            )
         return task_to_pb(task)
 
     @rpc
-    async def WatchTask(self, request: scheduler_pb2.WatchTaskRequest,
-                        context: grpc.aio.ServicerContext) -> AsyncIterator[task_pb2.Task]:
+    async def WatchTask(
+        self, request: scheduler_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[task_pb2.Task]:
         task_id = TaskId(validate.task_id(request.task_id))
         refresh = self.settings.watch_refresh.total_seconds()
         with self.hub.watch(task_id) as changed:
@@ -133,7 +149,8 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
                     pass
 
     @rpc
-    async def ListHosts(self, request: scheduler_pb2.ListHostsRequest,
-                        context: grpc.aio.ServicerContext) -> scheduler_pb2.ListHostsResponse:
+    async def ListHosts(
+        self, request: scheduler_pb2.ListHostsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListHostsResponse:
         hosts = await self.store.list_hosts(self.settings.lease_ttl)
         return scheduler_pb2.ListHostsResponse(hosts=[host_to_pb(h) for h in hosts])

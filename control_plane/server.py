@@ -15,8 +15,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
 
-from amc.v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, scheduler_pb2
-from amc.v1 import scheduler_pb2_grpc
+from amc.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    lease_pb2,
+    lease_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 from control_plane import auth, errors
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
@@ -64,14 +70,23 @@ def is_loopback(listen: str) -> bool:
 
 
 class ControlPlane:
-    def __init__(self, dsn: str, settings: Settings | None = None, *, listen: str =
-                 "127.0.0.1:50051", insecure: bool = False, tls: Tls | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        settings: Settings | None = None,
+        *,
+        listen: str = "127.0.0.1:50051",
+        insecure: bool = False,
+        tls: Tls | None = None,
+    ) -> None:
         missing = set(rpc_methods()) - set(auth.POLICY)
         if missing:
             raise RuntimeError(f"no auth policy for {sorted(missing)}")
         if insecure and not is_loopback(listen):
-            raise ValueError("--insecure turns authentication off and is allowed only when "
-                             f"listening on loopback, not on {listen}")
+            raise ValueError(
+                "--insecure turns authentication off and is allowed only when "
+                f"listening on loopback, not on {listen}"
+            )
         self.dsn = dsn
         self.settings = settings or Settings()
         self.listen = listen
@@ -98,15 +113,21 @@ class ControlPlane:
         authenticator = auth.Authenticator(self.store, enabled=not self.insecure)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-            SchedulerService(authenticator, self.store, self.hub, self.settings), server)
+            SchedulerService(authenticator, self.store, self.hub, self.settings), server
+        )
         lease_pb2_grpc.add_LeaseServicer_to_server(
-            LeaseService(authenticator, self.store, self.hub, self.settings), server)
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(authenticator, self.store),
-                                                   server)
+            LeaseService(authenticator, self.store, self.hub, self.settings), server
+        )
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(authenticator, self.store), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            [*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME], server)
+            [
+                *SERVICES,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            server,
+        )
         if self.tls:
             creds = grpc.ssl_server_credentials([(self.tls.private_key, self.tls.cert_chain)])
             self.port = server.add_secure_port(self.listen, creds)
@@ -115,14 +136,21 @@ class ControlPlane:
         await server.start()
         self._server = server
         await self._set_health(True)
-        self._background = [asyncio.create_task(coro) for coro in
-                             (self._listen(), self._sweep(), self._watch_database())]
+        self._background = [
+            asyncio.create_task(coro)
+            for coro in (self._listen(), self._sweep(), self._watch_database())
+        ]
         for task in self._background:
             task.add_done_callback(self._background_done)
-        log.info("control plane serving", listen=self.listen, port=self.port,
-                 auth="off (--insecure)" if self.insecure else "bearer tokens",
-                 tls=bool(self.tls), migrations_applied=applied,
-                 lease_ttl=self.settings.lease_ttl.total_seconds())
+        log.info(
+            "control plane serving",
+            listen=self.listen,
+            port=self.port,
+            auth="off (--insecure)" if self.insecure else "bearer tokens",
+            tls=bool(self.tls),
+            migrations_applied=applied,
+            lease_ttl=self.settings.lease_ttl.total_seconds(),
+        )
         return self.port
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -153,13 +181,19 @@ class ControlPlane:
             return
         exc = task.exception()
         if exc is not None:
-            log.error("background loop died", loop=task.get_coro().__name__,  # type: ignore[union-attr]
-                      exc_info=exc)
+            log.error(
+                "background loop died",
+                loop=task.get_coro().__name__,  # type: ignore[union-attr]
+                exc_info=exc,
+            )
             self.crashed.set()
 
     async def _set_health(self, serving: bool) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if serving
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in ("", *SERVICES):
             await self.health.set(name, status)
 
@@ -179,9 +213,10 @@ class ControlPlane:
 
     async def _listen(self) -> None:
         async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(errors.DatabaseUnavailable),
-                wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
-                reraise=True):
+            retry=retry_if_exception_type(errors.DatabaseUnavailable),
+            wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
+            reraise=True,
+        ):
             with attempt:
                 await self._listen_once()
 
@@ -195,7 +230,7 @@ class ControlPlane:
                     await asyncio.wait_for(lost.wait(), 5.0)
                 try:
                     await asyncio.wait_for(conn.execute("SELECT 1"), 5.0)
-                except Exception:  # noqa: BLE001 - any failure means the connection is gone
+                except Exception:
                     break
         log.warning("notification connection lost; reconnecting")
         raise errors.DatabaseUnavailable()
@@ -208,9 +243,14 @@ class ControlPlane:
             try:
                 while len(ended := await self.store.expire(100)) == 100 or ended:
                     for e in ended:
-                        log.info("lease expired", task_id=str(e.task_id), attempt=e.attempt,
-                                 lease_id=str(e.lease_id), host_id=e.host_id,
-                                 to=str(e.to_status))
+                        log.info(
+                            "lease expired",
+                            task_id=str(e.task_id),
+                            attempt=e.attempt,
+                            lease_id=str(e.lease_id),
+                            host_id=e.host_id,
+                            to=str(e.to_status),
+                        )
                     if len(ended) < 100:
                         break
             except errors.DatabaseUnavailable:

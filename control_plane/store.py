@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,7 +34,7 @@ from control_plane.lifecycle import TaskStatus
 from control_plane.migrate import apply
 from control_plane.sql import QUERIES as Q
 
-Listener = Callable[[str, str], Awaitable[None] | None]
+Listener = Callable[[str, str], None]
 
 # SQLSTATE classes that mean "the database is not there right now": connection exceptions,
 # operator intervention (shutdown, starting up), insufficient resources.
@@ -55,15 +55,19 @@ def translated() -> Iterator[None]:
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
-                              schema="pg_catalog")
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
 async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> asyncpg.Pool:
     with translated():
-        return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size,
-                                         init=_init_connection, command_timeout=30,
-                                         timeout=10)
+        return await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=_init_connection,
+            command_timeout=30,
+            timeout=10,
+        )
 
 
 async def migrate(dsn: str) -> list[str]:
@@ -77,23 +81,38 @@ async def migrate(dsn: str) -> list[str]:
 
 def _task(row: asyncpg.Record | dict[str, Any]) -> Task:
     return Task(
-        task_id=TaskId(row["task_id"]), request_id=row["request_id"],
-        status=TaskStatus(row["status"]), spec=bytes(row["spec"]),
-        selector_serial=row["selector_serial"], selector_labels=row["selector_labels"] or {},
-        priority=row["priority"], max_attempts=row["max_attempts"],
-        metadata=row["metadata"] or {}, attempt=row["attempt"], host_id=row["host_id"],
-        device_serial=row["device_serial"], cancel_requested_at=row["cancel_requested_at"],
+        task_id=TaskId(row["task_id"]),
+        request_id=row["request_id"],
+        status=TaskStatus(row["status"]),
+        spec=bytes(row["spec"]),
+        selector_serial=row["selector_serial"],
+        selector_labels=row["selector_labels"] or {},
+        priority=row["priority"],
+        max_attempts=row["max_attempts"],
+        metadata=row["metadata"] or {},
+        attempt=row["attempt"],
+        host_id=row["host_id"],
+        device_serial=row["device_serial"],
+        cancel_requested_at=row["cancel_requested_at"],
         cancel_reason=row["cancel_reason"],
         result=bytes(row["result"]) if row["result"] is not None else None,
-        error=row["error"], created_at=row["created_at"], updated_at=row["updated_at"],
+        error=row["error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
         finished_at=row["finished_at"],
     )
 
 
 def _token(row: asyncpg.Record) -> TokenInfo:
-    return TokenInfo(token_id=row["token_id"], name=row["name"], role=Role(row["role"]),
-                     host_id=row["host_id"], secret_hash=bytes(row["secret_hash"]),
-                     created_at=row["created_at"], revoked_at=row["revoked_at"])
+    return TokenInfo(
+        token_id=row["token_id"],
+        name=row["name"],
+        role=Role(row["role"]),
+        host_id=row["host_id"],
+        secret_hash=bytes(row["secret_hash"]),
+        created_at=row["created_at"],
+        revoked_at=row["revoked_at"],
+    )
 
 
 class Store:
@@ -123,8 +142,17 @@ class Store:
     async def submit(self, caller: str, new: NewTask) -> tuple[Task, bool]:
         """Queue a task; returns (task, created). An existing request_id returns its task."""
         row = await self._fetchrow(
-            "submit_task", uuid.uuid4(), caller, new.request_id, new.spec, new.selector_serial,
-            new.selector_labels, new.priority, new.max_attempts, new.metadata)
+            "submit_task",
+            uuid.uuid4(),
+            caller,
+            new.request_id,
+            new.spec,
+            new.selector_serial,
+            new.selector_labels,
+            new.priority,
+            new.max_attempts,
+            new.metadata,
+        )
         if row is not None:
             return _task(row), True
         # The same request id was used before (maybe by a concurrent call that has committed
@@ -140,11 +168,17 @@ class Store:
             raise errors.TaskNotFound(f"no task {task_id}")
         return _task(row)
 
-    async def list_tasks(self, statuses: list[TaskStatus], host_id: str | None,
-                         after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[Task]:
+    async def list_tasks(
+        self,
+        statuses: list[TaskStatus],
+        host_id: str | None,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[Task]:
         created, task_id = after if after else (None, None)
-        rows = await self._fetch("list_tasks", [str(s) for s in statuses], host_id, created,
-                                 task_id, limit)
+        rows = await self._fetch(
+            "list_tasks", [str(s) for s in statuses], host_id, created, task_id, limit
+        )
         return [_task(r) for r in rows]
 
     async def cancel(self, task_id: TaskId, reason: str) -> tuple[str, Task]:
@@ -157,27 +191,52 @@ class Store:
         task = _task(row)
         if code == "terminal":
             raise errors.TaskAlreadyTerminal(
-                f"task {task_id} is already {task.status}; a finished task cannot be cancelled")
+                f"task {task_id} is already {task.status}; a finished task cannot be cancelled"
+            )
         return code, task
 
     # -- leases ----------------------------------------------------------------------------
 
     async def acquire(self, host_id: str, serials: list[str], ttl: timedelta) -> list[Assignment]:
         rows = await self._fetch("acquire", host_id, serials, ttl)
-        return [Assignment(TaskId(r["task_id"]), r["attempt"], LeaseId(r["lease_id"]),
-                           r["device_serial"], bytes(r["spec"])) for r in rows]
+        return [
+            Assignment(
+                TaskId(r["task_id"]),
+                r["attempt"],
+                LeaseId(r["lease_id"]),
+                r["device_serial"],
+                bytes(r["spec"]),
+            )
+            for r in rows
+        ]
 
-    async def renew(self, host_id: str, lease_ids: list[uuid.UUID],
-                    ttl: timedelta) -> list[Renewal]:
+    async def renew(
+        self, host_id: str, lease_ids: list[uuid.UUID], ttl: timedelta
+    ) -> list[Renewal]:
         rows = await self._fetch("renew_leases", host_id, lease_ids, ttl)
-        return [Renewal(LeaseId(r["lease_id"]), r["task_id"] is not None, r["cancel_pending"],
-                        r["task_id"], r["attempt"] or 0) for r in rows]
+        return [
+            Renewal(
+                LeaseId(r["lease_id"]),
+                r["task_id"] is not None,
+                r["cancel_pending"],
+                r["task_id"],
+                r["attempt"] or 0,
+            )
+            for r in rows
+        ]
 
     async def report(self, host_id: str | None, report: Report) -> tuple[str, Task]:
         """Returns (code, task); code is recorded | repeated."""
         row = await self._fetchrow(
-            "report_result", host_id, report.task_id, report.attempt, report.lease_id,
-            str(report.outcome), report.result, report.error)
+            "report_result",
+            host_id,
+            report.task_id,
+            report.attempt,
+            report.lease_id,
+            str(report.outcome),
+            report.result,
+            report.error,
+        )
         assert row is not None
         code = row["code"]
         if code in ("recorded", "repeated"):
@@ -196,29 +255,44 @@ class Store:
 
     # -- hosts -----------------------------------------------------------------------------
 
-    async def register_host(self, host_id: str, labels: dict[str, str],
-                            devices: list[DeviceInfo]) -> None:
+    async def register_host(
+        self, host_id: str, labels: dict[str, str], devices: list[DeviceInfo]
+    ) -> None:
         with translated():
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(Q["upsert_host"], host_id, labels)
                 await conn.execute(
-                    Q["upsert_devices"], host_id, [d.serial for d in devices],
-                    [d.state for d in devices], [d.model for d in devices],
-                    [d.manufacturer for d in devices], [d.sdk for d in devices],
-                    [d.abi for d in devices], [json.dumps(d.labels) for d in devices])
+                    Q["upsert_devices"],
+                    host_id,
+                    [d.serial for d in devices],
+                    [d.state for d in devices],
+                    [d.model for d in devices],
+                    [d.manufacturer for d in devices],
+                    [d.sdk for d in devices],
+                    [d.abi for d in devices],
+                    [json.dumps(d.labels) for d in devices],
+                )
                 await conn.execute(Q["mark_devices_gone"], host_id, [d.serial for d in devices])
 
     async def list_hosts(self, connected_within: timedelta) -> list[HostInfo]:
         rows = await self._fetch("list_hosts", connected_within)
-        return [HostInfo(r["host_id"], r["labels"], r["connected"], r["last_seen_at"],
-                         [_device(d) for d in r["devices"]]) for r in rows]
+        return [
+            HostInfo(
+                r["host_id"],
+                r["labels"],
+                r["connected"],
+                r["last_seen_at"],
+                [_device(d) for d in r["devices"]],
+            )
+            for r in rows
+        ]
 
     # -- tokens ----------------------------------------------------------------------------
 
-    async def create_token(self, token_id: uuid.UUID, name: str, role: Role,
-                           host_id: str | None, secret_hash: bytes) -> TokenInfo:
-        row = await self._fetchrow("create_token", token_id, name, str(role), host_id,
-                                   secret_hash)
+    async def create_token(
+        self, token_id: uuid.UUID, name: str, role: Role, host_id: str | None, secret_hash: bytes
+    ) -> TokenInfo:
+        row = await self._fetchrow("create_token", token_id, name, str(role), host_id, secret_hash)
         assert row is not None
         return _token(row)
 
@@ -238,8 +312,9 @@ class Store:
     # -- notifications ---------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def listening(self, dsn: str, channels: dict[str, Listener],
-                        on_lost: Callable[[], None]) -> AsyncIterator[asyncpg.Connection]:
+    async def listening(
+        self, dsn: str, channels: Mapping[str, Listener], on_lost: Callable[[], None]
+    ) -> AsyncIterator[asyncpg.Connection]:
         """A dedicated connection LISTENing on `channels`; `on_lost` runs if it drops."""
         with translated():
             conn = await asyncpg.connect(dsn, timeout=10)
@@ -261,26 +336,43 @@ def _adapt(callback: Listener) -> Callable[[Any, int, str, str], None]:
 
 
 def _expiry(row: asyncpg.Record) -> Expiry:
-    return Expiry(TaskId(row["task_id"]), row["attempt"], LeaseId(row["lease_id"]),
-                  row["host_id"], TaskStatus(row["to_status"]))
+    return Expiry(
+        TaskId(row["task_id"]),
+        row["attempt"],
+        LeaseId(row["lease_id"]),
+        row["host_id"],
+        TaskStatus(row["to_status"]),
+    )
 
 
 def _device(d: dict[str, Any]) -> DeviceInfo:
     task_id = d.get("task_id")
-    return DeviceInfo(d["serial"], d["state"], d["model"], d["manufacturer"], d["sdk"],
-                      d["abi"], d["labels"] or {}, TaskId(uuid.UUID(task_id)) if task_id else None)
+    return DeviceInfo(
+        d["serial"],
+        d["state"],
+        d["model"],
+        d["manufacturer"],
+        d["sdk"],
+        d["abi"],
+        d["labels"] or {},
+        TaskId(uuid.UUID(task_id)) if task_id else None,
+    )
 
 
 def _report_refusal(code: str, report: Report) -> errors.AmcError:
     where = f"task {report.task_id} attempt {report.attempt}"
     refusals: dict[str, errors.AmcError] = {
         "foreign": errors.LeaseConflict(
-            f"lease does not belong to this host and {where}; nothing was recorded"),
+            f"lease does not belong to this host and {where}; nothing was recorded"
+        ),
         "stale": errors.StaleAttempt(
-            f"{where} is no longer current (lease expired or replaced); nothing was recorded"),
+            f"{where} is no longer current (lease expired or replaced); nothing was recorded"
+        ),
         "different": errors.DifferentReportRecorded(
-            f"{where} already has a different outcome recorded; it stands"),
+            f"{where} already has a different outcome recorded; it stands"
+        ),
         "no_cancel": errors.NoCancellationRequested(
-            f"{where} has no cancellation request, so it cannot end cancelled"),
+            f"{where} has no cancellation request, so it cannot end cancelled"
+        ),
     }
     return refusals[code]

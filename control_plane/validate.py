@@ -111,13 +111,16 @@ def _selector(sel: task_pb2.UiSelector, field: str) -> None:
     _text(getattr(sel, which), f"{field}.{which}", required=True)
 
 
-def action(a: task_pb2.Action, field: str) -> None:  # noqa: C901 - one branch per kind
+def action(a: task_pb2.Action, field: str) -> None:
     kind = a.WhichOneof("kind")
     f = f"{field}.{kind}"
     if kind is None:
-        raise InvalidArgument(field, "empty action: set one of tap, tap_on, swipe, input_text, "
-                              "key, launch_app, stop_app, shell, screenshot, wait, wait_for, "
-                              "assert_visible")
+        raise InvalidArgument(
+            field,
+            "empty action: set one of tap, tap_on, swipe, input_text, "
+            "key, launch_app, stop_app, shell, screenshot, wait, wait_for, "
+            "assert_visible",
+        )
     elif kind == "tap":
         _coord(a.tap.x, f"{f}.x")
         _coord(a.tap.y, f"{f}.y")
@@ -135,22 +138,26 @@ def action(a: task_pb2.Action, field: str) -> None:  # noqa: C901 - one branch p
     elif kind in ("launch_app", "stop_app"):
         msg = getattr(a, kind)
         if not _PACKAGE.match(msg.package) or len(msg.package) > 255:
-            raise InvalidArgument(f"{f}.package", "must be an Android package name, "
-                                  "e.g. com.example.app")
+            raise InvalidArgument(
+                f"{f}.package", "must be an Android package name, e.g. com.example.app"
+            )
         if kind == "launch_app":
             _text(a.launch_app.activity, f"{f}.activity", limit=255)
     elif kind == "shell":
         _text(a.shell.command, f"{f}.command", required=True, limit=MAX_TEXT)
         _duration(a.shell.timeout, f"{f}.timeout", has=a.shell.HasField("timeout"))
     elif kind == "wait":
-        _duration(a.wait.duration, f"{f}.duration", has=a.wait.HasField("duration"),
-                  required=True)
+        _duration(a.wait.duration, f"{f}.duration", has=a.wait.HasField("duration"), required=True)
     elif kind in ("wait_for", "assert_visible"):
         msg = getattr(a, kind)
         _selector(msg.selector, f"{f}.selector")
         if kind == "wait_for":
-            _duration(a.wait_for.timeout, f"{f}.timeout", has=a.wait_for.HasField("timeout"),
-                      required=True)
+            _duration(
+                a.wait_for.timeout,
+                f"{f}.timeout",
+                has=a.wait_for.HasField("timeout"),
+                required=True,
+            )
 
 
 def _actions(actions: object, field: str, *, allow_empty: bool = False) -> int:
@@ -193,8 +200,9 @@ def submit(req: scheduler_pb2.SubmitTaskRequest) -> None:
     if abs(req.priority) > MAX_PRIORITY:
         raise InvalidArgument("priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
     if not 0 <= req.max_attempts <= MAX_ATTEMPTS:
-        raise InvalidArgument("max_attempts", f"must be between 1 and {MAX_ATTEMPTS} "
-                              "(0 for the default)")
+        raise InvalidArgument(
+            "max_attempts", f"must be between 1 and {MAX_ATTEMPTS} (0 for the default)"
+        )
     string_map(dict(req.metadata), "metadata")
 
 

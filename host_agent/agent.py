@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 from google.protobuf import duration_pb2
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
 from host_agent.config import AgentSettings
@@ -39,6 +39,7 @@ from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult, Timing
 from host_agent.reporting import (
     Delivery,
     RetryPolicy,
+    backoff,
     is_retryable,
     release_lease,
     report_result,
@@ -183,7 +184,7 @@ class Agent:
 
     async def _register_until_accepted(self) -> Timing:
         retrying = AsyncRetrying(retry=retry_if_exception(is_retryable),
-                                 wait=wait_exponential_jitter(initial=0.2, max=10.0),
+                                 wait=backoff(0.2, 10.0),
                                  before_sleep=self._log_retry("registration"))
         async for attempt in retrying:
             with attempt:
@@ -258,7 +259,7 @@ class Agent:
         request = lease_pb2.AcquireRequest(host_id=self.settings.host_id, idle_serials=idle,
                                            wait=_duration(self.settings.acquire_wait))
         retrying = AsyncRetrying(retry=retry_if_exception(is_retryable),
-                                 wait=wait_exponential_jitter(initial=0.2, max=10.0),
+                                 wait=backoff(0.2, 10.0),
                                  before_sleep=self._log_retry("acquire"))
         async for attempt in retrying:
             with attempt:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import grpc
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from amc.v1 import lease_pb2, lease_pb2_grpc
-from host_agent.reporting import FATAL_CODES
+from host_agent.reporting import FATAL_CODES, backoff
 from host_agent.stop_token import Stopped, StopReason, StopToken
 
 log = structlog.get_logger(__name__)
@@ -157,7 +157,7 @@ class LeaseKeeper:
         while True:
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(StreamBroken),
-                wait=wait_exponential_jitter(initial=0.1, max=self._backoff_cap()),
+                wait=backoff(0.1, self._backoff_cap()),
                 before_sleep=lambda state: log.info(
                     "renewal stream reconnecting", attempt=state.attempt_number,
                     error=str(state.outcome.exception() if state.outcome else "")),

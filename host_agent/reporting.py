@@ -23,8 +23,11 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_before_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
+
+from tenacity.wait import wait_base as WaitStrategy
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 
@@ -55,6 +58,12 @@ FATAL_CODES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.UNIMPLEMENTED,
 })
+
+
+def backoff(initial: float, cap: float) -> WaitStrategy:
+    """Exponential backoff from `initial` up to `cap`, plus up to `initial` of jitter so many
+    hosts that lost the control plane together do not come back in lockstep."""
+    return wait_exponential(multiplier=initial, max=cap) + wait_random(0, initial)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -128,7 +137,7 @@ async def call_with_retries(call: Callable[[float], Awaitable[T]], policy: Retry
     deadline = time.monotonic() + policy.total
     retrying = AsyncRetrying(
         retry=retry_if_exception(is_transient),
-        wait=wait_exponential_jitter(initial=policy.initial_backoff, max=policy.max_backoff),
+        wait=backoff(policy.initial_backoff, policy.max_backoff),
         stop=stop_before_delay(policy.total),
         before_sleep=_log_retry(bound, what),
         reraise=True,

@@ -88,8 +88,11 @@ async def database_url(pg_url: str, template_url: str) -> AsyncIterator[str]:
         await conn.close()
 
 
-FAST = Settings(lease_ttl=timedelta(seconds=15), sweep_interval=timedelta(seconds=0.05),
-                watch_refresh=timedelta(seconds=1))
+FAST = Settings(
+    lease_ttl=timedelta(seconds=15),
+    sweep_interval=timedelta(seconds=0.05),
+    watch_refresh=timedelta(seconds=1),
+)
 
 
 @pytest.fixture

@@ -31,17 +31,22 @@ class Replica:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> Replica:
+        self.spawn()
+        await eventually(self.serving, timeout=30, interval=0.1, what=f"replica {self.address}")
+        return self
+
+    def spawn(self) -> None:
         env = {**os.environ, "DATABASE_URL": self.dsn, "AMC_LOG_FORMAT": "json"}
         command = [sys.executable, "-m", "control_plane", "--listen", self.address, *self.args]
         if self.log:
             with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
-                self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
-                                             stderr=subprocess.STDOUT)
+                self.proc = subprocess.Popen(
+                    command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+                )
         else:
-            self.proc = subprocess.Popen(command, cwd=ROOT, env=env,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        await eventually(self.serving, timeout=30, interval=0.1, what=f"replica {self.address}")
-        return self
+            self.proc = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
 
     async def serving(self) -> bool:
         assert self.proc is not None
@@ -50,7 +55,8 @@ class Replica:
         async with grpc.aio.insecure_channel(self.address) as ch:
             try:
                 reply = await health_pb2_grpc.HealthStub(ch).Check(
-                    health_pb2.HealthCheckRequest(), timeout=1)
+                    health_pb2.HealthCheckRequest(), timeout=1
+                )
             except grpc.aio.AioRpcError:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING

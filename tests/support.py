@@ -4,8 +4,8 @@ real socket with real tokens, and direct reads of the database for assertions.""
 from __future__ import annotations
 
 import asyncio
-import json
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,7 +17,6 @@ import grpc
 from google.protobuf import duration_pb2
 
 from amc.v1 import (
-    admin_pb2,
     admin_pb2_grpc,
     lease_pb2,
     lease_pb2_grpc,
@@ -34,8 +33,13 @@ from control_plane.server import ControlPlane
 T = TypeVar("T")
 
 
-async def eventually(check: Callable[[], Awaitable[T] | T], *, timeout: float = 10.0,
-                     interval: float = 0.02, what: str = "condition") -> T:
+async def eventually(
+    check: Callable[[], Awaitable[T] | T],
+    *,
+    timeout: float = 10.0,  # noqa: ASYNC109
+    interval: float = 0.02,
+    what: str = "condition",
+) -> T:
     """Poll `check` until it returns a truthy value (returned) or the deadline passes."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -70,14 +74,23 @@ def actions_spec(*actions: task_pb2.Action) -> task_pb2.TaskSpec:
 
 
 def workflow_spec(**steps: list[task_pb2.Action]) -> task_pb2.TaskSpec:
-    return task_pb2.TaskSpec(workflow=task_pb2.Workflow(steps=[
-        task_pb2.WorkflowStep(name=name, actions=acts) for name, acts in steps.items()]))
+    return task_pb2.TaskSpec(
+        workflow=task_pb2.Workflow(
+            steps=[task_pb2.WorkflowStep(name=name, actions=acts) for name, acts in steps.items()]
+        )
+    )
 
 
 def device(serial: str, **labels: str) -> lease_pb2.DeviceInfo:
-    return lease_pb2.DeviceInfo(serial=serial, state=scheduler_pb2.DEVICE_STATE_DEVICE,
-                                model="Pixel Test", manufacturer="AMC", sdk=34,
-                                abi="arm64-v8a", labels=labels)
+    return lease_pb2.DeviceInfo(
+        serial=serial,
+        state=scheduler_pb2.DEVICE_STATE_DEVICE,
+        model="Pixel Test",
+        manufacturer="AMC",
+        sdk=34,
+        abi="arm64-v8a",
+        labels=labels,
+    )
 
 
 @dataclass
@@ -107,9 +120,13 @@ class Farm:
         self.plane = ControlPlane(self.dsn, self.settings, listen=f"127.0.0.1:{port}")
         await self.plane.start()
         if self.db is None:
-            self.db = await asyncpg.connect(self.dsn)
-            await self.db.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
-                                         schema="pg_catalog")
+            await self.reconnect_db()
+
+    async def reconnect_db(self) -> None:
+        self.db = await asyncpg.connect(self.dsn)
+        await self.db.set_type_codec(
+            "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
 
     async def restart(self) -> None:
         """Stop this replica entirely and start a new one on the same port and database."""
@@ -135,8 +152,12 @@ class Farm:
     def clients(self, token: str | None) -> Clients:
         ch = aio_channel(self.address, token)
         self._channels.append(ch)
-        return Clients(ch, scheduler_pb2_grpc.SchedulerStub(ch), lease_pb2_grpc.LeaseStub(ch),
-                       admin_pb2_grpc.AdminStub(ch))
+        return Clients(
+            ch,
+            scheduler_pb2_grpc.SchedulerStub(ch),
+            lease_pb2_grpc.LeaseStub(ch),
+            admin_pb2_grpc.AdminStub(ch),
+        )
 
     async def client(self) -> Clients:
         return self.clients(await self.token(Role.CLIENT))
@@ -165,17 +186,20 @@ class Farm:
     async def attempts(self, task_id: str) -> list[asyncpg.Record]:
         assert self.db is not None
         return await self.db.fetch(
-            "SELECT * FROM attempts WHERE task_id = $1::uuid ORDER BY attempt", task_id)
+            "SELECT * FROM attempts WHERE task_id = $1::uuid ORDER BY attempt", task_id
+        )
 
     async def events(self, task_id: str) -> list[asyncpg.Record]:
         assert self.db is not None
         return await self.db.fetch(
-            "SELECT * FROM task_events WHERE task_id = $1::uuid ORDER BY event_id", task_id)
+            "SELECT * FROM task_events WHERE task_id = $1::uuid ORDER BY event_id", task_id
+        )
 
     async def device_holder(self, host_id: str, serial: str) -> str | None:
         assert self.db is not None
         value = await self.db.fetchval(
-            "SELECT task_id FROM devices WHERE host_id = $1 AND serial = $2", host_id, serial)
+            "SELECT task_id FROM devices WHERE host_id = $1 AND serial = $2", host_id, serial
+        )
         return str(value) if value else None
 
     async def expire_now(self, lease_id: str) -> None:
@@ -183,7 +207,9 @@ class Farm:
         assert self.db is not None
         await self.db.execute(
             "UPDATE attempts SET lease_expires_at = now() - interval '1 second'"
-            " WHERE lease_id = $1::uuid", lease_id)
+            " WHERE lease_id = $1::uuid",
+            lease_id,
+        )
 
     async def snapshot(self) -> list[Any]:
         """Every row that requests could change, to prove a refused request changed none."""
@@ -203,12 +229,16 @@ class HostClient:
     seq: int = 0
 
     async def register(self, *serials: str, **labels: str) -> lease_pb2.RegisterHostResponse:
-        return await self.c.lease.RegisterHost(lease_pb2.RegisterHostRequest(
-            host_id=self.host_id, labels=labels, devices=[device(s) for s in serials]))
+        return await self.c.lease.RegisterHost(
+            lease_pb2.RegisterHostRequest(
+                host_id=self.host_id, labels=labels, devices=[device(s) for s in serials]
+            )
+        )
 
     async def acquire(self, *serials: str, wait: float = 0.0) -> list[lease_pb2.Assignment]:
-        response = await self.c.lease.Acquire(lease_pb2.AcquireRequest(
-            host_id=self.host_id, idle_serials=serials, wait=seconds(wait)))
+        response = await self.c.lease.Acquire(
+            lease_pb2.AcquireRequest(host_id=self.host_id, idle_serials=serials, wait=seconds(wait))
+        )
         return list(response.assignments)
 
     async def acquire_one(self, serial: str, wait: float = 5.0) -> lease_pb2.Assignment:
@@ -219,8 +249,9 @@ class HostClient:
     async def renew(self, *lease_ids: str) -> list[lease_pb2.LeaseState]:
         """One request on a short-lived stream."""
         self.seq += 1
-        request = lease_pb2.RenewLeasesRequest(host_id=self.host_id, lease_ids=lease_ids,
-                                               seq=self.seq)
+        request = lease_pb2.RenewLeasesRequest(
+            host_id=self.host_id, lease_ids=lease_ids, seq=self.seq
+        )
         call = self.c.lease.RenewLeases(iter([request]))
         responses = [r async for r in call]
         answers = [r for r in responses if not r.push]
@@ -230,15 +261,21 @@ class HostClient:
     def stream(self) -> RenewStream:
         return RenewStream(self)
 
-    async def report(self, a: lease_pb2.Assignment, outcome: int,
-                     error: str = "") -> task_pb2.Task:
-        return await self.c.lease.ReportResult(lease_pb2.ReportResultRequest(
-            task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id, outcome=outcome,
-            result=task_pb2.TaskResult(error=error)))
+    async def report(self, a: lease_pb2.Assignment, outcome: int, error: str = "") -> task_pb2.Task:
+        return await self.c.lease.ReportResult(
+            lease_pb2.ReportResultRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                outcome=outcome,
+                result=task_pb2.TaskResult(error=error),
+            )
+        )
 
     async def release(self, lease_id: str, reason: str = "shutting down") -> None:
-        await self.c.lease.ReleaseLease(lease_pb2.ReleaseLeaseRequest(lease_id=lease_id,
-                                                                      reason=reason))
+        await self.c.lease.ReleaseLease(
+            lease_pb2.ReleaseLeaseRequest(lease_id=lease_id, reason=reason)
+        )
 
 
 class RenewStream:
@@ -263,10 +300,13 @@ class RenewStream:
     async def renew(self, *lease_ids: str) -> list[lease_pb2.LeaseState]:
         self.host.seq += 1
         seq = self.host.seq
-        await self.requests.put(lease_pb2.RenewLeasesRequest(
-            host_id=self.host.host_id, lease_ids=lease_ids, seq=seq))
-        answer = await eventually(lambda: next((a for a in self.answers if a.seq == seq), None),
-                                  what=f"renewal answer {seq}")
+        await self.requests.put(
+            lease_pb2.RenewLeasesRequest(host_id=self.host.host_id, lease_ids=lease_ids, seq=seq)
+        )
+        answer = await eventually(
+            lambda: next((a for a in self.answers if a.seq == seq), None),
+            what=f"renewal answer {seq}",
+        )
         return list(answer.leases)
 
     async def close(self) -> None:

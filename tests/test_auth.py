@@ -37,14 +37,21 @@ async def build_world(farm: Farm) -> World:
     for h in ("A", "B"):
         serial = f"{h}-{uuid.uuid4().hex[:8]}"
         host = await farm.host(h, serial)
-        await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(
-            spec=actions_spec(), selector=task_pb2.DeviceSelector(serial=serial)))
+        await client.scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(
+                spec=actions_spec(), selector=task_pb2.DeviceSelector(serial=serial)
+            )
+        )
         leases[h] = await host.acquire_one(serial)
-    task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(
-        spec=actions_spec(), selector=task_pb2.DeviceSelector(serial="nowhere")))
+    task = await client.scheduler.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(
+            spec=actions_spec(), selector=task_pb2.DeviceSelector(serial="nowhere")
+        )
+    )
     operator = await farm.operator()
-    made = await operator.admin.CreateToken(admin_pb2.CreateTokenRequest(
-        role=admin_pb2.ROLE_CLIENT, name="victim"))
+    made = await operator.admin.CreateToken(
+        admin_pb2.CreateTokenRequest(role=admin_pb2.ROLE_CLIENT, name="victim")
+    )
     return World(task.task_id, leases["A"], leases["B"], made.info.token_id)
 
 
@@ -75,33 +82,46 @@ def host_id(own: bool) -> str:
 
 CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/SubmitTask": lambda c, w, own: c.scheduler.SubmitTask(
-        scheduler_pb2.SubmitTaskRequest(spec=actions_spec())),
+        scheduler_pb2.SubmitTaskRequest(spec=actions_spec())
+    ),
     "/amc.v1.Scheduler/GetTask": lambda c, w, own: c.scheduler.GetTask(
-        scheduler_pb2.GetTaskRequest(task_id=w.task_id)),
+        scheduler_pb2.GetTaskRequest(task_id=w.task_id)
+    ),
     "/amc.v1.Scheduler/ListTasks": lambda c, w, own: c.scheduler.ListTasks(
-        scheduler_pb2.ListTasksRequest()),
+        scheduler_pb2.ListTasksRequest()
+    ),
     "/amc.v1.Scheduler/CancelTask": lambda c, w, own: c.scheduler.CancelTask(
-        scheduler_pb2.CancelTaskRequest(task_id=w.task_id)),
+        scheduler_pb2.CancelTaskRequest(task_id=w.task_id)
+    ),
     "/amc.v1.Scheduler/WatchTask": watch,
     "/amc.v1.Scheduler/ListHosts": lambda c, w, own: c.scheduler.ListHosts(
-        scheduler_pb2.ListHostsRequest()),
+        scheduler_pb2.ListHostsRequest()
+    ),
     "/amc.v1.Lease/RegisterHost": lambda c, w, own: c.lease.RegisterHost(
-        lease_pb2.RegisterHostRequest(host_id=host_id(own), devices=[device("x1")])),
+        lease_pb2.RegisterHostRequest(host_id=host_id(own), devices=[device("x1")])
+    ),
     "/amc.v1.Lease/Acquire": lambda c, w, own: c.lease.Acquire(
-        lease_pb2.AcquireRequest(host_id=host_id(own), idle_serials=["A-s1"])),
+        lease_pb2.AcquireRequest(host_id=host_id(own), idle_serials=["A-s1"])
+    ),
     "/amc.v1.Lease/RenewLeases": renew,
     "/amc.v1.Lease/ReportResult": lambda c, w, own: c.lease.ReportResult(
         lease_pb2.ReportResultRequest(
-            task_id=lease_of(w, own).task_id, attempt=1, lease_id=lease_of(w, own).lease_id,
-            outcome=lease_pb2.OUTCOME_FAILED)),
+            task_id=lease_of(w, own).task_id,
+            attempt=1,
+            lease_id=lease_of(w, own).lease_id,
+            outcome=lease_pb2.OUTCOME_FAILED,
+        )
+    ),
     "/amc.v1.Lease/ReleaseLease": lambda c, w, own: c.lease.ReleaseLease(
-        lease_pb2.ReleaseLeaseRequest(lease_id=lease_of(w, own).lease_id)),
+        lease_pb2.ReleaseLeaseRequest(lease_id=lease_of(w, own).lease_id)
+    ),
     "/amc.v1.Admin/CreateToken": lambda c, w, own: c.admin.CreateToken(
-        admin_pb2.CreateTokenRequest(role=admin_pb2.ROLE_CLIENT)),
+        admin_pb2.CreateTokenRequest(role=admin_pb2.ROLE_CLIENT)
+    ),
     "/amc.v1.Admin/RevokeToken": lambda c, w, own: c.admin.RevokeToken(
-        admin_pb2.RevokeTokenRequest(token_id=w.token_id)),
-    "/amc.v1.Admin/ListTokens": lambda c, w, own: c.admin.ListTokens(
-        admin_pb2.ListTokensRequest()),
+        admin_pb2.RevokeTokenRequest(token_id=w.token_id)
+    ),
+    "/amc.v1.Admin/ListTokens": lambda c, w, own: c.admin.ListTokens(admin_pb2.ListTokensRequest()),
 }
 
 CALLERS = ["none", "malformed", "revoked", "client", "operator", "host_own", "host_foreign"]
@@ -121,8 +141,13 @@ def expected(method: str, caller: str) -> object:
         return DENIED
     if caller == "host_foreign":
         name = method.rsplit("/", 1)[1]
-        return {"RegisterHost": DENIED, "Acquire": DENIED, "RenewLeases": CONFLICT,
-                "ReportResult": ABORTED, "ReleaseLease": ABORTED}[name]
+        return {
+            "RegisterHost": DENIED,
+            "Acquire": DENIED,
+            "RenewLeases": CONFLICT,
+            "ReportResult": ABORTED,
+            "ReleaseLease": ABORTED,
+        }[name]
     return OK
 
 
@@ -135,8 +160,9 @@ async def caller_clients(farm: Farm, caller: str) -> Clients:
         token = await farm.token(Role.CLIENT)
         token_id = token.split("_")[1]
         operator = await farm.operator()
-        await operator.admin.RevokeToken(admin_pb2.RevokeTokenRequest(
-            token_id=str(uuid.UUID(hex=token_id))))
+        await operator.admin.RevokeToken(
+            admin_pb2.RevokeTokenRequest(token_id=str(uuid.UUID(hex=token_id)))
+        )
         return farm.clients(token)
     if caller in ("host_own", "host_foreign"):
         return farm.clients(await farm.token(Role.HOST, "A"))

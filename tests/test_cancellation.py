@@ -13,12 +13,14 @@ CANCELLED = task_pb2.TASK_STATUS_CANCELLED
 
 async def submit(farm: Farm, client, **kw) -> task_pb2.Task:  # type: ignore[no-untyped-def]
     return await client.scheduler.SubmitTask(
-        scheduler_pb2.SubmitTaskRequest(spec=actions_spec(tap(), tap()), **kw))
+        scheduler_pb2.SubmitTaskRequest(spec=actions_spec(tap(), tap()), **kw)
+    )
 
 
 async def cancel(client, task_id: str, reason: str = "") -> task_pb2.Task:  # type: ignore[no-untyped-def]
     return await client.scheduler.CancelTask(
-        scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason))
+        scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
+    )
 
 
 async def dispatched(farm: Farm, client, host, serial: str = "s1"):  # type: ignore[no-untyped-def]
@@ -46,7 +48,8 @@ async def test_cancel_a_task_that_has_not_been_assigned(farm: Farm) -> None:
 
 
 async def test_cancel_a_task_that_has_not_been_assigned_while_an_acquire_races_it(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """Either the cancel wins (cancelled, no attempt, no lease) or the acquire does (the
     cancel becomes a request on attempt 1); never a lease on a cancelled task."""
     client = await farm.client()
@@ -54,8 +57,8 @@ async def test_cancel_a_task_that_has_not_been_assigned_while_an_acquire_races_i
     for _ in range(10):
         task = await submit(farm, client)
         reply, found = await asyncio.gather(
-            cancel(client, task.task_id),
-            host.acquire(*[f"s{i}" for i in range(10)], wait=0))
+            cancel(client, task.task_id), host.acquire(*[f"s{i}" for i in range(10)], wait=0)
+        )
         attempts = await farm.attempts(task.task_id)
         if reply.status == CANCELLED:
             assert attempts == [] and found == []
@@ -84,8 +87,7 @@ async def test_cancel_a_task_currently_executing_on_a_host(farm: Farm) -> None:
     assert await farm.status(task.task_id) == "dispatched"
 
 
-async def test_owning_host_observes_the_pending_cancellation_at_lease_renewal(
-        farm: Farm) -> None:
+async def test_owning_host_observes_the_pending_cancellation_at_lease_renewal(farm: Farm) -> None:
     """THEN the renewal response signals the pending cancellation."""
     client = await farm.client()
     host = await farm.host("h1", "s1")
@@ -98,7 +100,8 @@ async def test_owning_host_observes_the_pending_cancellation_at_lease_renewal(
 
 
 async def test_cancel_is_pushed_on_the_open_renewal_stream_without_waiting_for_a_renewal(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     client = await farm.client()
     host = await farm.host("h1", "s1")
     task, a = await dispatched(farm, client, host)
@@ -125,7 +128,8 @@ async def test_cancellation_is_not_instantaneous(farm: Farm) -> None:
 
 
 async def test_execution_stops_due_to_a_cancellation_request_is_recorded_as_cancelled(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN the control plane marks the task cancelled and releases its device."""
     client = await farm.client()
     host = await farm.host("h1", "s1")
@@ -203,7 +207,7 @@ async def test_lease_expires_while_a_cancellation_is_pending(farm: Farm) -> None
 async def test_report_cancelled_without_a_cancellation_request_is_refused(farm: Farm) -> None:
     client = await farm.client()
     host = await farm.host("h1", "s1")
-    task, a = await dispatched(farm, client, host)
+    _task, a = await dispatched(farm, client, host)
     before = await farm.snapshot()
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await host.report(a, lease_pb2.OUTCOME_CANCELLED)

@@ -1,14 +1,53 @@
 """The host agent end to end: a real control plane (real PostgreSQL, real gRPC), the Agent
-on a real channel, simulated phones that record every action they are asked for."""
+on a real channel, simulated phones that record every action they are asked for (with
+monotonic start and end times, the same clock the agent's lease deadlines use)."""
 
 from __future__ import annotations
 
-from amc.v1 import task_pb2
-from host_agent.agent import Ending
-from host_agent.results import Outcome
+import asyncio
+import time
+
+import grpc
+
+from amc.v1 import lease_pb2, task_pb2
+from host_agent.agent import Agent, Ending
+from host_agent.leases import HeldLease
+from host_agent.results import Outcome, StepStatus
 from host_agent.simulated import SimulatedSource
-from tests.host_agent_support import finished, running_agent, status_is, submit
-from tests.support import Farm, actions_spec, tap, wait_action, workflow_spec
+from host_agent.stop_token import StopReason
+from tests.fakes.tcp_proxy import TcpProxy
+from tests.host_agent_support import (
+    cancel,
+    finished,
+    running_agent,
+    short_ttl_farm,
+    status_is,
+    submit,
+)
+from tests.support import Farm, actions_spec, eventually, tap, wait_action, workflow_spec
+
+
+async def held_lease(agent: Agent, task_id: str) -> HeldLease:
+    assert agent.keeper is not None
+    keeper = agent.keeper
+    return await eventually(
+        lambda: next((lease for lease in keeper.held() if lease.task_id == task_id), None),
+        what=f"the agent to hold a lease for {task_id}")
+
+
+async def first_action_done(source: SimulatedSource, serial: str = "sim-0") -> None:
+    await eventually(lambda: source.actions_for(serial), what="the first action on the phone")
+
+
+def taps_after(source: SimulatedSource, moment: float) -> list[str]:
+    return [f"{r.action}{r.args}" for r in source.actions if r.started_monotonic > moment]
+
+
+async def report_events(farm: Farm, task_id: str) -> list[str]:
+    return [str(e["to_status"]) for e in await farm.events(task_id) if e["kind"] == "report"]
+
+
+# -- running work ---------------------------------------------------------------------------
 
 
 async def test_agent_runs_a_workflow_to_done_with_simulated_devices(farm: Farm) -> None:
@@ -28,3 +67,346 @@ async def test_agent_runs_a_workflow_to_done_with_simulated_devices(farm: Farm) 
     assert [s.name for s in result.steps] == ["open", "confirm"]
     assert all(s.status == task_pb2.STEP_STATUS_OK for s in result.steps)
     assert await farm.device_holder("host-1", "sim-0") is None
+
+
+async def test_agent_runs_tasks_on_two_devices_at_once_over_one_renewal_stream(
+        farm: Farm) -> None:
+    """THEN both phones work at the same time and one stream renews both leases."""
+    assert farm.plane is not None
+    source = SimulatedSource(2, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source) as agent:
+        ids = [await submit(client, actions_spec(tap(), wait_action(0.5), tap()))
+               for _ in range(2)]
+        assert agent.keeper is not None
+        keeper = agent.keeper
+        await eventually(lambda: len(keeper.held()) == 2, what="two leases held at once")
+        assert farm.plane.hub.streams() == 1
+        for task_id in ids:
+            await status_is(farm, task_id, "done")
+    assert {r.serial for r in source.actions} == {"sim-0", "sim-1"}
+
+
+async def test_agent_reports_an_invalid_spec_as_failed_without_touching_the_device(
+        farm: Farm) -> None:
+    """THEN a spec no runner can run fails with the reason and no action reaches the phone."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    bad = task_pb2.TaskSpec(actions=task_pb2.ActionList(actions=[
+        task_pb2.Action(tap_on=task_pb2.TapOn(selector=task_pb2.UiSelector()))]))
+    async with running_agent(farm, source):
+        try:
+            task_id = await submit(client, bad)
+        except grpc.aio.AioRpcError as exc:  # the control plane may refuse it up front
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+            return
+        await status_is(farm, task_id, "failed")
+    assert "invalid task spec" in str((await farm.task_row(task_id))["error"])
+    assert source.actions == []
+
+
+# -- cancellation ---------------------------------------------------------------------------
+
+
+async def test_execution_stops_due_to_a_cancellation_request(farm: Farm) -> None:
+    """THEN the Host Agent reports terminal status cancelled, and the control plane
+    transitions the task to status cancelled and releases its device reservation."""
+    source = SimulatedSource(1, delay=0.02)
+    client = await farm.client()
+    async with running_agent(farm, source) as agent:
+        spec = actions_spec(tap(1, 1), wait_action(30), tap(2, 2), tap(3, 3))
+        task_id = await submit(client, spec)
+        await first_action_done(source)
+        await cancel(client, task_id)
+        await status_is(farm, task_id, "cancelled", timeout=5)
+        record = await finished(agent, task_id)
+    assert [r.args for r in source.actions] == [{"x": 1, "y": 1}]  # later steps never ran
+    assert record.result is not None and record.result.outcome is Outcome.CANCELLED
+    assert [s.status for s in record.result.steps] == [
+        StepStatus.OK, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.SKIPPED]
+    assert await report_events(farm, task_id) == ["cancelled"]
+    assert await farm.device_holder("host-1", "sim-0") is None
+
+
+async def test_agent_stop_triggered_by_cancellation_reports_cancelled(farm: Farm) -> None:
+    """THEN the terminal result it reports for that attempt is `cancelled`."""
+    source = SimulatedSource(1, delay=0.02)
+    client = await farm.client()
+    async with running_agent(farm, source) as agent:
+        spec = workflow_spec(first=[tap()], long=[wait_action(30)], last=[tap()])
+        task_id = await submit(client, spec)
+        lease = await held_lease(agent, task_id)
+        await first_action_done(source)
+        await cancel(client, task_id)
+        record = await finished(agent, task_id)
+    assert lease.token.reason is StopReason.CANCELLED
+    assert record.delivery is not None and record.delivery.accepted
+    assert record.delivery.response.status == task_pb2.TASK_STATUS_CANCELLED
+    (attempt,) = await farm.attempts(task_id)
+    assert attempt["outcome"] == "cancelled"
+
+
+async def test_cancel_before_the_first_step_reports_cancelled_without_touching_the_device(
+        farm: Farm) -> None:
+    """THEN the acknowledgement finds the cancellation: cancelled, and no device action."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
+            running_agent(farm, source, address=proxy.address) as agent:
+        task_id = await submit(client, actions_spec(tap(), tap()))
+        # Hold the connection still right after the assignment reached the agent, so
+        # the cancellation is recorded before the acknowledging renewal arrives.
+        frozen = proxy.freeze_after("down", task_id.encode())
+        await eventually(frozen.is_set, what="the assignment to reach the agent")
+        assert await farm.status(task_id) == "assigned"
+        await cancel(client, task_id)
+        proxy.thaw()
+        await status_is(farm, task_id, "cancelled")
+        record = await finished(agent, task_id)
+    assert source.actions == []
+    assert record.result is not None and record.result.outcome is Outcome.CANCELLED
+    assert all(s.status is StepStatus.SKIPPED for s in record.result.steps)
+    assert await report_events(farm, task_id) == ["cancelled"]
+
+
+async def test_owning_host_observes_the_pending_cancellation_at_lease_renewal(
+        farm: Farm) -> None:
+    """THEN the renewal response signals the pending cancellation and the Host Agent stops
+    further planned actions at the next available step boundary."""
+    source = SimulatedSource(1, delay=0.02)
+    client = await farm.client()
+    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
+            running_agent(farm, source, address=proxy.address) as agent:
+        task_id = await submit(client, actions_spec(tap(), wait_action(30), tap()))
+        lease = await held_lease(agent, task_id)
+        await first_action_done(source)
+        # With the stream down no push can reach the host: only a renewal can tell it.
+        proxy.cut()
+        await cancel(client, task_id)
+        proxy.heal()
+        await status_is(farm, task_id, "cancelled")
+    assert lease.cancel_seen_via == "renewal"
+    assert lease.token.reason is StopReason.CANCELLED
+    assert len(source.actions) == 1
+
+
+async def test_renewal_response_signals_a_pending_cancellation_and_the_agent_stops_at_the_next_step_boundary(  # noqa: E501
+        farm: Farm) -> None:
+    """THEN the Host Agent stops further planned actions at the next available step
+    boundary: the action in flight finishes, no later one starts."""
+    source = SimulatedSource(1, delay=0.3)
+    client = await farm.client()
+    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
+            running_agent(farm, source, address=proxy.address) as agent:
+        task_id = await submit(client, actions_spec(*[tap(i, i) for i in range(40)]))
+        lease = await held_lease(agent, task_id)
+        await first_action_done(source)
+        proxy.cut()
+        await cancel(client, task_id)
+        proxy.heal()
+        record = await finished(agent, task_id)
+    assert lease.cancel_seen_via == "renewal" and lease.cancel_seen_at is not None
+    assert taps_after(source, lease.cancel_seen_at) == []
+    assert all(r.outcome == "ok" for r in source.actions)  # the one in flight completed
+    assert record.result is not None and record.result.outcome is Outcome.CANCELLED
+    ran = [s for s in record.result.steps if s.status is StepStatus.OK]
+    assert len(ran) == len(source.actions) < 40
+    assert await farm.status(task_id) == "cancelled"
+
+
+# -- lease loss -----------------------------------------------------------------------------
+
+
+async def test_execution_stops_due_to_lease_loss_unrelated_to_cancellation(
+        database_url: str) -> None:
+    """THEN the Host Agent reports terminal status failed, not cancelled."""
+    source = SimulatedSource(1, delay=0.02)
+    async with short_ttl_farm(database_url) as farm:
+        client = await farm.client()
+        async with running_agent(farm, source) as agent:
+            task_id = await submit(client, actions_spec(tap(), wait_action(30), tap()),
+                                   max_attempts=1)
+            lease = await held_lease(agent, task_id)
+            await first_action_done(source)
+            await farm.expire_now(lease.lease_id)
+            record = await finished(agent, task_id)
+        assert lease.token.reason is StopReason.LEASE_LOST
+        assert record.result is not None and record.result.outcome is Outcome.FAILED
+        assert record.result.stop_reason is StopReason.LEASE_LOST
+        # The control plane had ended the attempt already, so it refuses the late report.
+        assert record.delivery is not None
+        assert record.delivery.code == grpc.StatusCode.ABORTED
+        assert len(source.actions) == 1
+        assert await farm.status(task_id) == "failed"
+        assert await report_events(farm, task_id) == []
+
+
+async def test_agent_stop_triggered_by_lease_loss_reports_failed_not_cancelled(
+        database_url: str) -> None:
+    """THEN the terminal result it reports for that attempt is `failed`, not `cancelled`."""
+    source = SimulatedSource(1, delay=0.02)
+    async with short_ttl_farm(database_url) as farm:
+        client = await farm.client()
+        async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
+                running_agent(farm, source, address=proxy.address) as agent:
+            task_id = await submit(client, actions_spec(tap(), wait_action(30)))
+            lease = await held_lease(agent, task_id)
+            await first_action_done(source)
+            proxy.cut()
+            # The host fences itself before the control plane's lease runs out; the
+            # control plane is back in that window, so the report is recorded.
+            await eventually(lambda: lease.token.tripped, what="self-fencing")
+            proxy.heal()
+            record = await finished(agent, task_id)
+        assert lease.token.reason is StopReason.LEASE_LOST
+        assert record.result is not None and record.result.outcome is Outcome.FAILED
+        sent = record.delivery
+        assert sent is not None and sent.accepted, sent
+        assert await report_events(farm, task_id) == ["failed"]
+        (attempt,) = await farm.attempts(task_id)
+        assert attempt["outcome"] == "failed"
+
+
+async def test_self_fencing_when_the_control_plane_is_unreachable(database_url: str) -> None:
+    """THEN no action is sent to the phone after the lease deadline, and the stop reason is
+    lease lost, although the host never heard from the control plane."""
+    source = SimulatedSource(1, delay=0.05)
+    async with short_ttl_farm(database_url) as farm:
+        client = await farm.client()
+        async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
+                running_agent(farm, source, address=proxy.address,
+                              report_timeout=1.0) as agent:
+            task_id = await submit(client, actions_spec(*[tap(i, i) for i in range(400)]))
+            lease = await held_lease(agent, task_id)
+            await first_action_done(source)
+            proxy.cut()
+            cut_at = time.monotonic()
+            record = await finished(agent, task_id)
+            deadline = lease.deadline
+        assert lease.token.reason is StopReason.LEASE_LOST
+        assert cut_at < deadline <= cut_at + 3.0  # the TTL is 3 s
+        assert taps_after(source, deadline) == []
+        assert sum(1 for r in source.actions if r.ended_monotonic > deadline) <= 1
+        assert record.result is not None and record.result.outcome is Outcome.FAILED
+        assert record.delivery is not None and not record.delivery.accepted
+        # The control plane's own lease runs out later, and the task goes back to the queue.
+        await status_is(farm, task_id, "queued")
+        (attempt, *_) = await farm.attempts(task_id)
+        assert attempt["state"] == "expired"
+
+
+# -- devices --------------------------------------------------------------------------------
+
+
+async def test_device_unplugged_mid_task_fails_the_task_with_device_lost(farm: Farm) -> None:
+    """THEN the step fails with "device lost", the task is failed and the phone is gone."""
+    source = SimulatedSource(1, delay=0.2)
+    client = await farm.client()
+    async with running_agent(farm, source) as agent:
+        task_id = await submit(client, actions_spec(*[tap(i, i) for i in range(20)]))
+        await first_action_done(source)
+        source.unplug("sim-0")
+        await status_is(farm, task_id, "failed")
+        record = await finished(agent, task_id)
+        assert agent.registered.is_set()
+    row = await farm.task_row(task_id)
+    assert "device lost" in row["error"]
+    result = task_pb2.TaskResult.FromString(row["result"])
+    assert any("device lost" in s.error for s in result.steps)
+    assert record.result is not None and record.result.outcome is Outcome.FAILED
+    assert farm.db is not None
+    state = await farm.db.fetchval(
+        "SELECT state FROM devices WHERE host_id = 'host-1' AND serial = 'sim-0'")
+    assert state == "gone"
+
+
+# -- drain ----------------------------------------------------------------------------------
+
+
+async def test_drain_lets_a_task_finish_within_the_drain_timeout_and_takes_no_new_work(
+        farm: Farm) -> None:
+    """THEN a task that ends within the grace period is reported done; nothing new starts."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source, drain_timeout=10.0) as agent:
+        task_id = await submit(client, actions_spec(wait_action(0.5), tap()))
+        await held_lease(agent, task_id)
+        agent.stop()
+        later = await submit(client, actions_spec(tap()))
+        record = await finished(agent, task_id)
+    assert record.result is not None and record.result.outcome is Outcome.DONE
+    assert await farm.status(task_id) == "done"
+    assert await farm.status(later) == "queued"
+    assert len(source.actions) == 1
+
+
+async def test_drain_timeout_stops_the_task_and_releases_its_lease_so_it_requeues(
+        farm: Farm) -> None:
+    """THEN the lease is given back, nothing is reported, the task is queued again."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source, drain_timeout=0.2) as agent:
+        task_id = await submit(client, actions_spec(tap(), wait_action(30), tap()))
+        lease = await held_lease(agent, task_id)
+        await first_action_done(source)
+        agent.stop()
+        record = await finished(agent, task_id)
+    assert lease.token.reason is StopReason.SHUTDOWN
+    assert record.ending is Ending.RELEASED
+    assert record.delivery is not None and record.delivery.accepted
+    assert await farm.status(task_id) == "queued"
+    (attempt,) = await farm.attempts(task_id)
+    assert attempt["state"] == "released"
+    assert await report_events(farm, task_id) == []
+
+
+async def test_second_stop_ends_the_grace_period_at_once(farm: Farm) -> None:
+    """THEN a second stop request trips the running task without waiting out the drain."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source, drain_timeout=60.0) as agent:
+        task_id = await submit(client, actions_spec(wait_action(30)))
+        lease = await held_lease(agent, task_id)
+        started = time.monotonic()
+        agent.stop()
+        agent.stop()
+        await finished(agent, task_id)
+    assert time.monotonic() - started < 10
+    assert lease.token.reason is StopReason.SHUTDOWN
+    assert await farm.status(task_id) == "queued"
+
+
+async def test_agent_keeps_working_across_a_control_plane_restart(farm: Farm) -> None:
+    """THEN the renewal stream reconnects with the lease kept and the task still ends done."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source) as agent:
+        task_id = await submit(client, actions_spec(tap(), wait_action(2.0), tap()))
+        lease = await held_lease(agent, task_id)
+        await first_action_done(source)
+        await farm.restart()
+        await status_is(farm, task_id, "done")
+        assert not lease.token.tripped
+    del agent
+    assert len(source.actions) == 2
+
+
+async def test_renewal_request_lists_every_held_lease(farm: Farm) -> None:
+    """THEN the agent's renewal batch carries all its leases, each renewed (not fenced)."""
+    source = SimulatedSource(3, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source) as agent:
+        ids = [await submit(client, actions_spec(wait_action(3))) for _ in range(3)]
+        leases = [await held_lease(agent, t) for t in ids]
+        before = {lease.lease_id: lease.deadline for lease in leases}
+        assert agent.keeper is not None
+        interval = agent.keeper.timing.interval
+        await asyncio.sleep(0)  # let the acknowledgements go out
+
+        def all_extended() -> bool:
+            return all(lease.deadline > before[lease.lease_id] for lease in leases)
+
+        await eventually(all_extended, timeout=interval * 3, what="every lease renewed")
+        for task_id in ids:
+            await status_is(farm, task_id, "done")
+    assert lease_pb2.RENEWAL_RESULT_RENEWED  # the proto enum the keeper maps from

@@ -14,7 +14,8 @@ CONFLICT = lease_pb2.RENEWAL_RESULT_CONFLICT
 
 async def submit(client, **kw) -> task_pb2.Task:  # type: ignore[no-untyped-def]
     return await client.scheduler.SubmitTask(
-        scheduler_pb2.SubmitTaskRequest(spec=actions_spec(), **kw))
+        scheduler_pb2.SubmitTaskRequest(spec=actions_spec(), **kw)
+    )
 
 
 async def assigned(farm: Farm, **kw):  # type: ignore[no-untyped-def]
@@ -53,7 +54,7 @@ async def test_first_renewal_acknowledges_and_later_ones_change_nothing_else(far
 
 async def test_lease_is_stale_or_foreign(farm: Farm) -> None:
     """THEN a conflict, and the current attempt is neither revived nor altered."""
-    client, host, task, a = await assigned(farm)
+    _client, host, task, a = await assigned(farm)
     other = await farm.host("h2", "s9")
     # foreign: another host's token, even with its own host id on the stream
     (foreign,) = await other.renew(a.lease_id)
@@ -104,12 +105,26 @@ async def test_report_a_successful_result(farm: Farm) -> None:
     """THEN the task is done, the device reservation released, the result recorded."""
     _, host, task, a = await assigned(farm)
     await host.renew(a.lease_id)
-    result = task_pb2.TaskResult(steps=[task_pb2.StepResult(
-        index=0, name="tap", status=task_pb2.STEP_STATUS_OK, output="ok",
-        data={"sha256": "abc"})])
-    done = await host.c.lease.ReportResult(lease_pb2.ReportResultRequest(
-        task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id,
-        outcome=lease_pb2.OUTCOME_DONE, result=result))
+    result = task_pb2.TaskResult(
+        steps=[
+            task_pb2.StepResult(
+                index=0,
+                name="tap",
+                status=task_pb2.STEP_STATUS_OK,
+                output="ok",
+                data={"sha256": "abc"},
+            )
+        ]
+    )
+    done = await host.c.lease.ReportResult(
+        lease_pb2.ReportResultRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            outcome=lease_pb2.OUTCOME_DONE,
+            result=result,
+        )
+    )
     assert done.status == task_pb2.TASK_STATUS_DONE
     assert done.result == result
     assert done.HasField("finished_at")
@@ -142,7 +157,7 @@ async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
 
 
 async def test_a_different_outcome_for_a_finished_attempt_is_refused(farm: Farm) -> None:
-    _, host, task, a = await assigned(farm)
+    _, host, _task, a = await assigned(farm)
     await host.report(a, lease_pb2.OUTCOME_FAILED, error="boom")
     before = await farm.snapshot()
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -169,7 +184,7 @@ async def test_stale_attempt_reports_after_requeue(farm: Farm) -> None:
 
 
 async def test_a_report_on_an_expired_lease_not_yet_swept_is_aborted(farm: Farm) -> None:
-    _, host, task, a = await assigned(farm)
+    _, host, _task, a = await assigned(farm)
     await farm.plane.stop(0)  # no sweeper: the lease is expired but still marked active
     await farm.expire_now(a.lease_id)
     await farm.start(0)
@@ -180,8 +195,9 @@ async def test_a_report_on_an_expired_lease_not_yet_swept_is_aborted(farm: Farm)
 
 
 async def test_a_host_reporting_on_another_hosts_lease_is_aborted_and_changes_nothing(
-        farm: Farm) -> None:
-    _, host, task, a = await assigned(farm)
+    farm: Farm,
+) -> None:
+    _, _host, _task, a = await assigned(farm)
     intruder = await farm.host("h2", "s2")
     before = await farm.snapshot()
     for call in (intruder.report(a, lease_pb2.OUTCOME_DONE), intruder.release(a.lease_id)):
@@ -237,8 +253,7 @@ async def test_acquire_returns_empty_after_wait_when_nothing_matches(farm: Farm)
     assert await host.acquire("s1", wait=0.3) == []
 
 
-async def test_acquire_gives_at_most_one_task_per_device_by_priority_then_age(
-        farm: Farm) -> None:
+async def test_acquire_gives_at_most_one_task_per_device_by_priority_then_age(farm: Farm) -> None:
     client = await farm.client()
     host = await farm.host("h1", "s1", "s2")
     low = await submit(client, priority=0)
@@ -255,8 +270,9 @@ async def test_acquire_matches_serial_and_labels(farm: Farm) -> None:
     host = await farm.host("h1", "s1", "s2", rack="a")
     wants_s2 = await submit(client, selector=task_pb2.DeviceSelector(serial="s2"))
     wants_rack_b = await submit(client, selector=task_pb2.DeviceSelector(labels={"rack": "b"}))
-    wants_model = await submit(client, selector=task_pb2.DeviceSelector(
-        labels={"rack": "a", "model": "Pixel Test"}))
+    wants_model = await submit(
+        client, selector=task_pb2.DeviceSelector(labels={"rack": "a", "model": "Pixel Test"})
+    )
     found = {a.task_id: a.device_serial for a in await host.acquire("s1", "s2", wait=1)}
     assert found[wants_s2.task_id] == "s2"
     assert found[wants_model.task_id] == "s1"
@@ -279,8 +295,9 @@ async def test_acquire_never_hands_one_task_to_two_hosts(farm: Farm) -> None:
     client = await farm.client()
     hosts = [await farm.host(f"h{i}", *[f"h{i}-s{j}" for j in range(5)]) for i in range(4)]
     tasks = [await submit(client) for _ in range(30)]
-    results = await asyncio.gather(*[
-        h.acquire(*[f"{h.host_id}-s{j}" for j in range(5)], wait=1) for h in hosts])
+    results = await asyncio.gather(
+        *[h.acquire(*[f"{h.host_id}-s{j}" for j in range(5)], wait=1) for h in hosts]
+    )
     handed = [a.task_id for r in results for a in r]
     assert len(handed) == len(set(handed)) == 20
     assert set(handed) <= {t.task_id for t in tasks}

@@ -20,8 +20,10 @@ async def cluster(database_url: str, tmp_path) -> AsyncIterator[tuple[Farm, list
     """An in-process replica for tokens and database reads, plus two replica processes."""
     farm = Farm(database_url, Settings(lease_ttl=timedelta(seconds=15)))
     await farm.start()
-    replicas = [Replica(database_url, args=["--sweep-interval", "0.05"],
-                        log=tmp_path / f"replica{i}.log") for i in range(2)]
+    replicas = [
+        Replica(database_url, args=["--sweep-interval", "0.05"], log=tmp_path / f"replica{i}.log")
+        for i in range(2)
+    ]
     try:
         await asyncio.gather(*(r.start() for r in replicas))
         yield farm, replicas
@@ -49,8 +51,12 @@ def _clients_at(farm: Farm, address: str, token: str):  # type: ignore[no-untype
 
     ch = aio_channel(address, token)
     farm._channels.append(ch)
-    return Clients(ch, scheduler_pb2_grpc.SchedulerStub(ch), lease_pb2_grpc.LeaseStub(ch),
-                   admin_pb2_grpc.AdminStub(ch))
+    return Clients(
+        ch,
+        scheduler_pb2_grpc.SchedulerStub(ch),
+        lease_pb2_grpc.LeaseStub(ch),
+        admin_pb2_grpc.AdminStub(ch),
+    )
 
 
 async def client_on(farm: Farm, replica: Replica):  # type: ignore[no-untyped-def]
@@ -103,8 +109,9 @@ async def test_a_cancel_sent_to_one_replica_reaches_a_host_streaming_to_the_othe
     await stream.renew(a.lease_id)
     await client.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=task.task_id))
     # Pushed by replica two on its own: no renewal is sent after the cancel.
-    pushes = await eventually(lambda: stream.pushes, timeout=1.0, interval=0.005,
-                              what="the cancel pushed within 1 s")
+    pushes = await eventually(
+        lambda: stream.pushes, timeout=1.0, interval=0.005, what="the cancel pushed within 1 s"
+    )
     assert pushes[0].leases[0].lease_id == a.lease_id and pushes[0].leases[0].cancel_pending
     await stream.close()
 
@@ -121,12 +128,17 @@ async def test_expiry_sweeps_in_two_replicas_end_each_lease_once(cluster) -> Non
     await farm.db.execute("UPDATE attempts SET lease_expires_at = now() - interval '1 second'")
 
     async def all_requeued() -> bool:
-        return await farm.db.fetchval(  # type: ignore[union-attr]
-            "SELECT count(*) FROM tasks WHERE status = 'queued'") == 40
+        return (
+            await farm.db.fetchval(  # type: ignore[union-attr]
+                "SELECT count(*) FROM tasks WHERE status = 'queued'"
+            )
+            == 40
+        )
 
     await eventually(all_requeued, what="every task requeued")
     counts = await farm.db.fetch(
-        "SELECT task_id, count(*) AS n FROM task_events WHERE kind = 'expired' GROUP BY 1")
+        "SELECT task_id, count(*) AS n FROM task_events WHERE kind = 'expired' GROUP BY 1"
+    )
     assert len(counts) == 40 and all(r["n"] == 1 for r in counts)
     assert {str(r["task_id"]) for r in counts} == {t.task_id for t in tasks}
     assert await farm.db.fetchval("SELECT count(*) FROM devices WHERE task_id IS NOT NULL") == 0
@@ -140,7 +152,8 @@ async def test_sigterm_stops_a_replica_cleanly_ending_its_streams(cluster) -> No
 
     async def watch() -> None:
         async for update in client.scheduler.WatchTask(
-                scheduler_pb2.WatchTaskRequest(task_id=task.task_id)):
+            scheduler_pb2.WatchTaskRequest(task_id=task.task_id)
+        ):
             seen.append(update)
 
     watcher = asyncio.create_task(watch())

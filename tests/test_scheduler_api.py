@@ -17,18 +17,32 @@ def submit_request(**kw) -> scheduler_pb2.SubmitTaskRequest:  # type: ignore[no-
 
 async def test_submit_stores_the_task_as_queued_with_its_fields(farm: Farm) -> None:
     client = await farm.client()
-    spec = workflow_spec(login=[tap(1, 2)], check=[task_pb2.Action(
-        assert_visible=task_pb2.AssertVisible(selector=task_pb2.UiSelector(text="Welcome")))])
-    task = await client.scheduler.SubmitTask(submit_request(
-        spec=spec, priority=7, max_attempts=5, metadata={"team": "qa"},
-        selector=task_pb2.DeviceSelector(labels={"rack": "a"})))
-    assert (task.status, task.priority, task.max_attempts) == (
-        task_pb2.TASK_STATUS_QUEUED, 7, 5)
+    spec = workflow_spec(
+        login=[tap(1, 2)],
+        check=[
+            task_pb2.Action(
+                assert_visible=task_pb2.AssertVisible(selector=task_pb2.UiSelector(text="Welcome"))
+            )
+        ],
+    )
+    task = await client.scheduler.SubmitTask(
+        submit_request(
+            spec=spec,
+            priority=7,
+            max_attempts=5,
+            metadata={"team": "qa"},
+            selector=task_pb2.DeviceSelector(labels={"rack": "a"}),
+        )
+    )
+    assert (task.status, task.priority, task.max_attempts) == (task_pb2.TASK_STATUS_QUEUED, 7, 5)
     got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task.task_id))
     assert got == task and got.spec == spec and dict(got.metadata) == {"team": "qa"}
     row = await farm.task_row(task.task_id)
     assert (row["status"], row["max_attempts"], row["selector_labels"]) == (
-        "queued", 5, {"rack": "a"})
+        "queued",
+        5,
+        {"rack": "a"},
+    )
 
 
 async def test_max_attempts_defaults_to_three(farm: Farm) -> None:
@@ -42,8 +56,9 @@ async def test_resubmitting_the_same_request_id_returns_the_same_task(farm: Farm
     first = await client.scheduler.SubmitTask(submit_request(request_id="order-17"))
     second = await client.scheduler.SubmitTask(submit_request(request_id="order-17"))
     assert first == second
-    concurrent = await asyncio.gather(*[client.scheduler.SubmitTask(
-        submit_request(request_id="order-18")) for _ in range(8)])
+    concurrent = await asyncio.gather(
+        *[client.scheduler.SubmitTask(submit_request(request_id="order-18")) for _ in range(8)]
+    )
     assert len({t.task_id for t in concurrent}) == 1
     assert farm.db is not None
     assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 2
@@ -56,31 +71,46 @@ async def test_request_ids_are_scoped_to_the_caller(farm: Farm) -> None:
     assert ta.task_id != tb.task_id
 
 
-@pytest.mark.parametrize(("request_kw", "field"), [
-    ({"spec": task_pb2.TaskSpec()}, "spec"),
-    ({"spec": task_pb2.TaskSpec(actions=task_pb2.ActionList())}, "spec.actions.actions"),
-    ({"spec": actions_spec(task_pb2.Action())}, "spec.actions.actions[0]"),
-    ({"spec": actions_spec(tap(-1, 5))}, "spec.actions.actions[0].tap.x"),
-    ({"spec": actions_spec(task_pb2.Action(tap_on=task_pb2.TapOn()))},
-     "spec.actions.actions[0].tap_on.selector"),
-    ({"spec": actions_spec(task_pb2.Action(launch_app=task_pb2.LaunchApp(package="no")))},
-     "spec.actions.actions[0].launch_app.package"),
-    ({"spec": actions_spec(task_pb2.Action(wait=task_pb2.Wait()))},
-     "spec.actions.actions[0].wait.duration"),
-    ({"spec": actions_spec(task_pb2.Action(shell=task_pb2.Shell(command="ls",
-                                                                timeout=seconds(-1))))},
-     "spec.actions.actions[0].shell.timeout"),
-    ({"spec": workflow_spec(**{"": [tap()]})}, "spec.workflow.steps[0].name"),
-    ({"spec": task_pb2.TaskSpec(workflow=task_pb2.Workflow())}, "spec.workflow.steps"),
-    ({"max_attempts": -1}, "max_attempts"),
-    ({"priority": 10**9}, "priority"),
-    ({"request_id": "has spaces"}, "request_id"),
-    ({"selector": task_pb2.DeviceSelector(serial="x" * 500)}, "selector.serial"),
-    ({"metadata": {"k": "v" * 5000}}, "metadata[k]"),
-    ({"metadata": {f"k{i}": "v" for i in range(100)}}, "metadata"),
-])
+@pytest.mark.parametrize(
+    ("request_kw", "field"),
+    [
+        ({"spec": task_pb2.TaskSpec()}, "spec"),
+        ({"spec": task_pb2.TaskSpec(actions=task_pb2.ActionList())}, "spec.actions.actions"),
+        ({"spec": actions_spec(task_pb2.Action())}, "spec.actions.actions[0]"),
+        ({"spec": actions_spec(tap(-1, 5))}, "spec.actions.actions[0].tap.x"),
+        (
+            {"spec": actions_spec(task_pb2.Action(tap_on=task_pb2.TapOn()))},
+            "spec.actions.actions[0].tap_on.selector",
+        ),
+        (
+            {"spec": actions_spec(task_pb2.Action(launch_app=task_pb2.LaunchApp(package="no")))},
+            "spec.actions.actions[0].launch_app.package",
+        ),
+        (
+            {"spec": actions_spec(task_pb2.Action(wait=task_pb2.Wait()))},
+            "spec.actions.actions[0].wait.duration",
+        ),
+        (
+            {
+                "spec": actions_spec(
+                    task_pb2.Action(shell=task_pb2.Shell(command="ls", timeout=seconds(-1)))
+                )
+            },
+            "spec.actions.actions[0].shell.timeout",
+        ),
+        ({"spec": workflow_spec(**{"": [tap()]})}, "spec.workflow.steps[0].name"),
+        ({"spec": task_pb2.TaskSpec(workflow=task_pb2.Workflow())}, "spec.workflow.steps"),
+        ({"max_attempts": -1}, "max_attempts"),
+        ({"priority": 10**9}, "priority"),
+        ({"request_id": "has spaces"}, "request_id"),
+        ({"selector": task_pb2.DeviceSelector(serial="x" * 500)}, "selector.serial"),
+        ({"metadata": {"k": "v" * 5000}}, "metadata[k]"),
+        ({"metadata": {f"k{i}": "v" for i in range(100)}}, "metadata"),
+    ],
+)
 async def test_bad_submissions_are_invalid_argument_naming_the_field_and_change_nothing(
-        farm: Farm, request_kw: dict, field: str) -> None:  # type: ignore[type-arg]
+    farm: Farm, request_kw: dict, field: str
+) -> None:  # type: ignore[type-arg]
     client = await farm.client()
     before = await farm.snapshot()
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -111,8 +141,10 @@ async def test_too_many_actions_are_refused(farm: Farm) -> None:
 @pytest.mark.parametrize("task_id", ["", "nope", "12345678-1234-1234-1234-1234567890123"])
 async def test_malformed_task_ids_are_invalid_argument(farm: Farm, task_id: str) -> None:
     client = await farm.client()
-    for call in (client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id)),
-                 client.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=task_id))):
+    for call in (
+        client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id)),
+        client.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=task_id)),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -122,8 +154,10 @@ async def test_malformed_task_ids_are_invalid_argument(farm: Farm, task_id: str)
 async def test_unknown_tasks_are_not_found(farm: Farm) -> None:
     client = await farm.client()
     missing = "00000000-0000-4000-8000-000000000001"
-    for call in (client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=missing)),
-                 client.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=missing))):
+    for call in (
+        client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=missing)),
+        client.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=missing)),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -142,28 +176,36 @@ async def test_list_tasks_filters_by_status_and_host_and_pages(farm: Farm) -> No
     seen: list[str] = []
     token = ""
     while True:
-        page = await client.scheduler.ListTasks(scheduler_pb2.ListTasksRequest(
-            page_size=3, page_token=token))
+        page = await client.scheduler.ListTasks(
+            scheduler_pb2.ListTasksRequest(page_size=3, page_token=token)
+        )
         assert len(page.tasks) <= 3
         seen += [t.task_id for t in page.tasks]
         token = page.next_page_token
         if not token:
             break
     assert seen == [t.task_id for t in reversed(made)]
-    queued = await client.scheduler.ListTasks(scheduler_pb2.ListTasksRequest(
-        statuses=[task_pb2.TASK_STATUS_QUEUED]))
+    queued = await client.scheduler.ListTasks(
+        scheduler_pb2.ListTasksRequest(statuses=[task_pb2.TASK_STATUS_QUEUED])
+    )
     assert len(queued.tasks) == 6
     on_host = await client.scheduler.ListTasks(scheduler_pb2.ListTasksRequest(host_id="h1"))
     assert [t.task_id for t in on_host.tasks] == [a.task_id]
 
 
-@pytest.mark.parametrize(("request_kw", "field"), [
-    ({"statuses": [99]}, "statuses[0]"),
-    ({"page_size": -1}, "page_size"),
-    ({"page_token": "garbage!"}, "page_token"),
-])
-async def test_bad_list_requests_name_the_field(farm: Farm, request_kw: dict,  # type: ignore[type-arg]
-                                                field: str) -> None:
+@pytest.mark.parametrize(
+    ("request_kw", "field"),
+    [
+        ({"statuses": [99]}, "statuses[0]"),
+        ({"page_size": -1}, "page_size"),
+        ({"page_token": "garbage!"}, "page_token"),
+    ],
+)
+async def test_bad_list_requests_name_the_field(
+    farm: Farm,
+    request_kw: dict,  # type: ignore[type-arg]
+    field: str,
+) -> None:
     client = await farm.client()
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.scheduler.ListTasks(scheduler_pb2.ListTasksRequest(**request_kw))
@@ -171,8 +213,7 @@ async def test_bad_list_requests_name_the_field(farm: Farm, request_kw: dict,  #
     assert (err.value.details() or "").startswith(field)
 
 
-async def test_watch_task_streams_every_change_and_ends_after_a_terminal_state(
-        farm: Farm) -> None:
+async def test_watch_task_streams_every_change_and_ends_after_a_terminal_state(farm: Farm) -> None:
     client = await farm.client()
     host = await farm.host("h1", "s1")
     task = await client.scheduler.SubmitTask(submit_request())
@@ -180,7 +221,8 @@ async def test_watch_task_streams_every_change_and_ends_after_a_terminal_state(
 
     async def watch() -> None:
         async for update in client.scheduler.WatchTask(
-                scheduler_pb2.WatchTaskRequest(task_id=task.task_id)):
+            scheduler_pb2.WatchTaskRequest(task_id=task.task_id)
+        ):
             seen.append(update.status)
 
     watcher = asyncio.create_task(watch())
@@ -191,16 +233,21 @@ async def test_watch_task_streams_every_change_and_ends_after_a_terminal_state(
     await eventually(lambda: task_pb2.TASK_STATUS_DISPATCHED in seen, what="dispatched")
     await host.report(a, lease_pb2.OUTCOME_DONE)
     await asyncio.wait_for(watcher, 10)
-    assert seen == [task_pb2.TASK_STATUS_QUEUED, task_pb2.TASK_STATUS_ASSIGNED,
-                    task_pb2.TASK_STATUS_DISPATCHED, task_pb2.TASK_STATUS_DONE]
+    assert seen == [
+        task_pb2.TASK_STATUS_QUEUED,
+        task_pb2.TASK_STATUS_ASSIGNED,
+        task_pb2.TASK_STATUS_DISPATCHED,
+        task_pb2.TASK_STATUS_DONE,
+    ]
 
 
 async def test_list_hosts_shows_devices_connection_and_holders(farm: Farm) -> None:
     client = await farm.client()
     operator = await farm.operator()
     host = await farm.host("h1", "s1", "s2", rack="a")
-    task = await client.scheduler.SubmitTask(submit_request(
-        selector=task_pb2.DeviceSelector(serial="s2")))
+    task = await client.scheduler.SubmitTask(
+        submit_request(selector=task_pb2.DeviceSelector(serial="s2"))
+    )
     await host.acquire_one("s2")
     await host.register("s2", rack="a")  # s1 unplugged
     (h,) = (await operator.scheduler.ListHosts(scheduler_pb2.ListHostsRequest())).hosts
@@ -219,6 +266,9 @@ async def test_register_host_rejects_bad_inventories(farm: Farm) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (err.value.details() or "").startswith("devices")
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await host.c.lease.RegisterHost(lease_pb2.RegisterHostRequest(
-            host_id="h1", devices=[lease_pb2.DeviceInfo(serial="bad serial")]))
+        await host.c.lease.RegisterHost(
+            lease_pb2.RegisterHostRequest(
+                host_id="h1", devices=[lease_pb2.DeviceInfo(serial="bad serial")]
+            )
+        )
     assert (err.value.details() or "").startswith("devices[0].serial")

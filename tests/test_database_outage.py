@@ -1,0 +1,86 @@
+"""The control plane while its database is away: health says so, calls say UNAVAILABLE,
+and everything works again when the database is back."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from amc.v1 import scheduler_pb2
+from control_plane.config import Settings
+from control_plane.embedded import EmbeddedPostgres
+from tests.support import Farm, actions_spec, eventually
+
+
+@pytest.fixture
+async def own_database() -> AsyncIterator[EmbeddedPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="amc-outage-"))
+    # Durable: an immediate shutdown must not lose acknowledged commits here.
+    server = EmbeddedPostgres(root / "data", durable=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def health(farm: Farm) -> int:
+    async with grpc.aio.insecure_channel(farm.address) as ch:
+        reply = await health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service="amc.v1.Scheduler"), timeout=2
+        )
+    return reply.status
+
+
+async def test_health_is_not_serving_while_the_database_is_unreachable(
+    own_database: EmbeddedPostgres,
+) -> None:
+    farm = Farm(own_database.url, Settings(sweep_interval=timedelta(seconds=0.1)))
+    await farm.start()
+    try:
+        client = await farm.client()
+        assert await health(farm) == health_pb2.HealthCheckResponse.SERVING
+        own_database.stop("immediate")
+        await eventually(
+            lambda: _is(farm, health_pb2.HealthCheckResponse.NOT_SERVING), what="NOT_SERVING"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.scheduler.SubmitTask(
+                scheduler_pb2.SubmitTaskRequest(spec=actions_spec()), timeout=20
+            )
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "internal" not in (err.value.details() or "").lower()
+        own_database.start()
+        await eventually(
+            lambda: _is(farm, health_pb2.HealthCheckResponse.SERVING),
+            timeout=30,
+            what="SERVING again",
+        )
+        task = await eventually(lambda: _submit(client), timeout=30, what="a submit to work")
+        await farm.reconnect_db()
+        assert await farm.status(task.task_id) == "queued"
+    finally:
+        await farm.stop()
+
+
+async def _is(farm: Farm, status: int) -> bool:
+    return await health(farm) == status
+
+
+async def _submit(client):  # type: ignore[no-untyped-def]
+    try:
+        return await client.scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(spec=actions_spec())
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return None
+        raise
