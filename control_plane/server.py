@@ -8,9 +8,11 @@ import contextlib
 import ipaddress
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
@@ -53,6 +55,24 @@ SERVER_OPTIONS = [
 class Tls:
     cert_chain: bytes
     private_key: bytes
+
+
+class _ReflectionPool:
+    """The default descriptor pool, plus method names (`amc.v1.Scheduler.SubmitTask`), which
+    the upb-backed pool cannot resolve to their file, so that `grpcurl describe` works on a
+    method as well as on a service or message."""
+
+    def __init__(self) -> None:
+        self._pool = descriptor_pool.Default()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, symbol: str) -> Any:  # noqa: N802 - the pool's API
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            return self._pool.FindMethodByName(symbol).containing_service.file
 
 
 def rpc_methods() -> list[str]:
@@ -127,6 +147,7 @@ class ControlPlane:
                 reflection.SERVICE_NAME,
             ],
             server,
+            pool=_ReflectionPool(),
         )
         if self.tls:
             creds = grpc.ssl_server_credentials([(self.tls.private_key, self.tls.cert_chain)])

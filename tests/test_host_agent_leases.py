@@ -1,0 +1,192 @@
+"""The LeaseKeeper (host_agent.leases) against a real control plane: acknowledgement,
+renewal answers matched by seq, pushes, reconnects and self-fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from amc.v1 import lease_pb2, lease_pb2_grpc
+from amc_common.channel import aio_channel
+from control_plane.domain import Role
+from host_agent.leases import (
+    HeldLease,
+    LeaseKeeper,
+    RenewalResult,
+    Timing,
+    fencing_margin,
+)
+from host_agent.stop_token import StopReason
+from tests.fakes.tcp_proxy import TcpProxy
+from tests.host_agent_support import cancel, short_ttl_farm, status_is, submit
+from tests.support import Farm, HostClient, actions_spec, eventually
+
+HOST = "h1"
+
+
+@asynccontextmanager
+async def keeper_for(farm: Farm, address: str | None = None) -> AsyncIterator[LeaseKeeper]:
+    """A running keeper for HOST, with the timing RegisterHost gives."""
+    channel = aio_channel(address or farm.address, await farm.token(Role.HOST, HOST))
+    stub = lease_pb2_grpc.LeaseStub(channel)
+    registered = await stub.RegisterHost(lease_pb2.RegisterHostRequest(host_id=HOST))
+    timing = Timing(registered.lease_ttl.ToTimedelta().total_seconds(),
+                    registered.renew_interval.ToTimedelta().total_seconds())
+    keeper = LeaseKeeper(stub, HOST, timing)
+    task = asyncio.create_task(keeper.run())
+    try:
+        yield keeper
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await channel.close()
+
+
+async def assignment(farm: Farm) -> tuple[HostClient, lease_pb2.Assignment, float]:
+    client = await farm.client()
+    host = await farm.host(HOST, "s1")
+    await submit(client, actions_spec())
+    a = await host.acquire_one("s1")
+    return host, a, time.monotonic()
+
+
+def lease_from(keeper: LeaseKeeper, a: lease_pb2.Assignment, received_at: float) -> HeldLease:
+    return keeper.new_lease(a.lease_id, a.task_id, a.attempt,
+                            a.valid_for.ToTimedelta().total_seconds(), received_at)
+
+
+@pytest.mark.parametrize(("ttl", "margin"), [(15, 3.0), (2, 1.0), (1, 0.5), (100, 20.0)])
+def test_fencing_margin_is_a_fifth_of_the_ttl_at_least_a_second_at_most_half(
+        ttl: float, margin: float) -> None:
+    """THEN the margin is max(1 s, 20 % of the TTL), capped at half the TTL."""
+    assert fencing_margin(ttl) == pytest.approx(margin)
+
+
+async def test_first_renewal_acknowledges_and_the_deadline_counts_from_its_send_time(
+        farm: Farm) -> None:
+    """THEN the answer is RENEWED, the task is dispatched, and the deadline is send time +
+    valid_for - margin (never later than the answer's arrival + valid_for - margin)."""
+    _, a, received_at = await assignment(farm)
+    async with keeper_for(farm) as keeper:
+        lease = lease_from(keeper, a, received_at)
+        before = time.monotonic()
+        answer = await keeper.acknowledge(lease)
+        after = time.monotonic()
+    assert answer is not None and answer.result is RenewalResult.RENEWED
+    assert not answer.cancel_pending and not lease.token.tripped
+    assert await farm.status(a.task_id) == "dispatched"
+    ttl, margin = answer.valid_for, keeper.timing.margin
+    assert before + ttl - margin <= lease.deadline <= after + ttl - margin
+
+
+async def test_renewal_response_signals_a_pending_cancellation_at_acknowledgement(
+        farm: Farm) -> None:
+    """THEN an acknowledgement that says cancel_pending trips the token CANCELLED."""
+    _, a, received_at = await assignment(farm)
+    await cancel(await farm.client(), a.task_id)
+    async with keeper_for(farm) as keeper:
+        lease = lease_from(keeper, a, received_at)
+        answer = await keeper.acknowledge(lease)
+    assert answer is not None and answer.cancel_pending
+    assert lease.token.reason is StopReason.CANCELLED
+    assert lease.cancel_seen_via == "renewal"
+
+
+async def test_acknowledging_a_lost_lease_answers_conflict_and_trips_lease_lost(
+        farm: Farm) -> None:
+    """THEN a lease that expired before its acknowledgement is a CONFLICT: LEASE_LOST."""
+    _, a, received_at = await assignment(farm)
+    await farm.expire_now(a.lease_id)
+    await status_is(farm, a.task_id, "queued")
+    async with keeper_for(farm) as keeper:
+        lease = lease_from(keeper, a, received_at)
+        answer = await keeper.acknowledge(lease)
+        assert answer is not None and answer.result is RenewalResult.CONFLICT
+        assert lease.token.reason is StopReason.LEASE_LOST
+        assert lease.conflicted
+    assert await farm.status(a.task_id) == "queued"  # nothing revived
+
+
+async def test_pushed_cancellation_trips_the_token_before_the_next_renewal(
+        farm: Farm) -> None:
+    """THEN a cancellation recorded mid-run arrives by push, well within a renew interval."""
+    _, a, received_at = await assignment(farm)
+    async with keeper_for(farm) as keeper:
+        lease = lease_from(keeper, a, received_at)
+        await keeper.acknowledge(lease)
+        await cancel(await farm.client(), a.task_id)
+        await asyncio.wait_for(lease.token.wait(), keeper.timing.interval / 2)
+    assert lease.token.reason is StopReason.CANCELLED
+    assert lease.cancel_seen_via == "push"
+
+
+async def test_stream_reconnects_after_a_reset_and_keeps_renewing_its_leases(
+        farm: Farm) -> None:
+    """THEN after the connection drops the keeper reopens the stream and the lease it held is
+    renewed again: its deadline moves past the reset."""
+    _, a, received_at = await assignment(farm)
+    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
+            keeper_for(farm, proxy.address) as keeper:
+        lease = lease_from(keeper, a, received_at)
+        await keeper.acknowledge(lease)
+        proxy.cut(refuse=False)
+        reset_at = time.monotonic()
+        ttl, margin = keeper.timing.ttl, keeper.timing.margin
+        await eventually(lambda: lease.deadline > reset_at + ttl - margin,
+                         timeout=keeper.timing.interval * 3, what="a renewal after the reset")
+        assert not lease.token.tripped
+        assert len(proxy.connections) >= 2
+
+
+async def test_lease_deadline_trips_lease_lost_while_the_stream_is_down(
+        database_url: str) -> None:
+    """THEN with the control plane unreachable the token trips LEASE_LOST at the deadline,
+    not before, and before the control plane's own expiry (send time + TTL)."""
+    async with short_ttl_farm(database_url) as farm:
+        _, a, received_at = await assignment(farm)
+        async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
+                keeper_for(farm, proxy.address) as keeper:
+            lease = lease_from(keeper, a, received_at)
+            await keeper.acknowledge(lease)
+            proxy.cut()
+            last_deadline = lease.deadline
+            await asyncio.wait_for(lease.token.wait(), keeper.timing.ttl)
+            tripped_at = time.monotonic()
+        assert lease.token.reason is StopReason.LEASE_LOST
+        assert lease.deadline == last_deadline  # nothing renewed it after the cut
+        assert tripped_at >= lease.deadline
+        # The control plane still counts the lease live for at least the margin.
+        assert (await farm.status(a.task_id)) == "dispatched"
+
+
+async def test_answers_are_matched_to_requests_by_seq(farm: Farm) -> None:
+    """THEN an answer for a request this keeper never sent changes no deadline."""
+    _, a, received_at = await assignment(farm)
+    async with keeper_for(farm) as keeper:
+        lease = lease_from(keeper, a, received_at)
+        await keeper.acknowledge(lease)
+        deadline = lease.deadline
+        state = lease_pb2.LeaseState(lease_id=a.lease_id, result=lease_pb2.RENEWAL_RESULT_RENEWED,
+                                     cancel_pending=True)
+        state.valid_for.FromSeconds(3600)
+        keeper.on_response(lease_pb2.RenewLeasesResponse(leases=[state], seq=10**9))
+        assert lease.deadline == deadline
+        assert not lease.token.tripped
+
+
+async def test_forgotten_lease_is_no_longer_renewed_or_fenced(farm: Farm) -> None:
+    """THEN once forgotten, a lease's deadline passing trips nothing."""
+    _, a, received_at = await assignment(farm)
+    async with keeper_for(farm) as keeper:
+        lease = keeper.new_lease(a.lease_id, a.task_id, a.attempt, 0.0, received_at)
+        keeper.forget(lease.lease_id)
+        keeper.hold(lease)
+        keeper.forget(lease.lease_id)
+        for _ in range(3):  # a timer already due would fire on the next loop iteration
+            await asyncio.sleep(0)
+        assert not lease.token.tripped
+        assert keeper.held() == []
