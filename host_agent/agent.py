@@ -361,7 +361,7 @@ class Agent:
             exc = state.outcome.exception() if state.outcome else None
             code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
             self._log.warning(f"{what} failed; retrying", code=code,
-                              attempt=state.attempt_number,
+                              tries=state.attempt_number,
                               retry_in=round(state.upcoming_sleep, 3))
         return before_sleep
 

@@ -159,7 +159,7 @@ class LeaseKeeper:
                 retry=retry_if_exception_type(StreamBroken),
                 wait=backoff(0.1, self._backoff_cap()),
                 before_sleep=lambda state: log.info(
-                    "renewal stream reconnecting", attempt=state.attempt_number,
+                    "renewal stream reconnecting", tries=state.attempt_number,
                     error=str(state.outcome.exception() if state.outcome else "")),
             )
             async for attempt in retrying:

@@ -90,7 +90,7 @@ class Delivery(Generic[T]):
     """How a final call ended: `response` when accepted, else the last error's code."""
 
     response: T | None
-    attempts: int
+    tries: int
     code: grpc.StatusCode | None = None
     details: str = ""
 
@@ -114,7 +114,7 @@ async def report_result(stub: lease_pb2_grpc.LeaseStub, request: lease_pb2.Repor
     if delivery.accepted:
         assert delivery.response is not None
         status = task_pb2.TaskStatus.Name(delivery.response.status)
-        bound.info("result reported", status=status, attempts=delivery.attempts)
+        bound.info("result reported", status=status, tries=delivery.tries)
     return delivery
 
 
@@ -149,9 +149,9 @@ async def call_with_retries(call: Callable[[float], Awaitable[T]], policy: Retry
                 timeout = min(policy.call_timeout, max(1.0, deadline - time.monotonic()))
                 response = await call(timeout)
     except grpc.aio.AioRpcError as exc:
-        attempts = retrying.statistics.get("attempt_number", 1)
-        _log_failure(bound, what, exc, attempts)
-        return Delivery(None, attempts, exc.code(), exc.details() or "")
+        tries = retrying.statistics.get("attempt_number", 1)
+        _log_failure(bound, what, exc, tries)
+        return Delivery(None, tries, exc.code(), exc.details() or "")
     return Delivery(response, retrying.statistics.get("attempt_number", 1))
 
 
@@ -159,15 +159,15 @@ def _log_retry(bound: Logger, what: str) -> Callable[[RetryCallState], None]:
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-        bound.warning(f"{what} failed; retrying", code=code, attempt=state.attempt_number,
+        bound.warning(f"{what} failed; retrying", code=code, tries=state.attempt_number,
                       retry_in=round(state.upcoming_sleep, 3))
     return before_sleep
 
 
-def _log_failure(bound: Logger, what: str, exc: grpc.aio.AioRpcError, attempts: int) -> None:
+def _log_failure(bound: Logger, what: str, exc: grpc.aio.AioRpcError, tries: int) -> None:
     if exc.code() in TRANSIENT_CODES:
         bound.error(f"{what} undelivered; giving up (the lease will run out)",
-                    code=exc.code().name, details=exc.details(), attempts=attempts)
+                    code=exc.code().name, details=exc.details(), tries=tries)
     else:
         bound.warning(f"{what} refused by the control plane", code=exc.code().name,
-                      details=exc.details(), attempts=attempts)
+                      details=exc.details(), tries=tries)

@@ -52,7 +52,7 @@ async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
             what="the agent's report to end")
     delivery = record.delivery
     assert delivery is not None and delivery.accepted, delivery
-    assert delivery.attempts >= 2  # the first response never arrived
+    assert delivery.tries >= 2  # the first response never arrived
     assert delivery.response.status == task_pb2.TASK_STATUS_DONE
     events = await farm.events(task_id)
     assert [e["to_status"] for e in events if e["kind"] == "report"] == ["done"]
@@ -76,7 +76,7 @@ async def test_stale_report_is_refused_once_and_not_retried(farm: Farm) -> None:
     await status_is(farm, a.task_id, "queued")
     delivery = await report_result(host.c.lease, report(a, lease_pb2.OUTCOME_DONE), FAST_RETRY)
     assert delivery.code == grpc.StatusCode.ABORTED
-    assert delivery.refused and delivery.attempts == 1
+    assert delivery.refused and delivery.tries == 1
     assert await farm.status(a.task_id) == "queued"
 
 
@@ -87,7 +87,7 @@ async def test_cancelled_report_without_a_cancellation_is_refused_and_not_retrie
     delivery = await report_result(host.c.lease, report(a, lease_pb2.OUTCOME_CANCELLED),
                                    FAST_RETRY)
     assert delivery.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert delivery.attempts == 1
+    assert delivery.tries == 1
     assert await farm.status(a.task_id) == "dispatched"
 
 
@@ -107,7 +107,7 @@ async def test_report_gives_up_after_its_total_time_when_the_control_plane_is_un
         await channel.close()
     assert not delivery.accepted and not delivery.refused
     assert delivery.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-    assert delivery.attempts >= 2
+    assert delivery.tries >= 2
     assert elapsed < 1.0 + 0.5 + 0.5
     assert await farm.status(a.task_id) == "dispatched"
 
