@@ -14,6 +14,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import prometheus_client
 import structlog
 
 from amc_common import logs
@@ -99,6 +100,11 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="seconds between lease-expiry sweeps (default 1)",
     )
     p.add_argument(
+        "--metrics-listen",
+        default=_env("AMC_METRICS_LISTEN", ""),
+        help="host:port for Prometheus metrics at /metrics (env AMC_METRICS_LISTEN; off if empty)",
+    )
+    p.add_argument(
         "--grace",
         type=float,
         default=5.0,
@@ -128,6 +134,10 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
         dsn, settings_from(args), listen=args.listen, insecure=args.insecure, tls=tls_from(args)
     )
     await plane.start()
+    if args.metrics_listen:
+        host, _, port = args.metrics_listen.rpartition(":")
+        prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
+        log.info("metrics serving", listen=args.metrics_listen)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

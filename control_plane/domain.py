@@ -79,6 +79,7 @@ class Assignment:
     lease_id: LeaseId
     device_serial: str
     spec: bytes
+    queued_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class Renewal:
     cancel_pending: bool
     task_id: TaskId | None
     attempt: int
+    # Set when this answer is the first to carry the pending cancel: requested -> now.
+    delivery_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,3 +152,14 @@ class CancelNotice:
     lease_id: LeaseId
     task_id: TaskId
     attempt: int
+    requested_epoch: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A report's answer: the task, and the attempt's cancel timing for the metrics."""
+
+    code: str
+    task: Task
+    cancel_requested_at: datetime | None
+    cancel_delivered_at: datetime | None

@@ -94,9 +94,13 @@ class Hub:
 
     def _push_cancel(self, payload: str) -> None:
         try:
-            host_id, lease, task, attempt = payload.split(" ")
+            host_id, lease, task, attempt, epoch = payload.split(" ")
             notice = CancelNotice(
-                host_id, LeaseId(uuid.UUID(lease)), TaskId(uuid.UUID(task)), int(attempt)
+                host_id,
+                LeaseId(uuid.UUID(lease)),
+                TaskId(uuid.UUID(task)),
+                int(attempt),
+                float(epoch),
             )
         except ValueError:
             log.warning("malformed cancel notification", payload=payload)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -11,7 +12,7 @@ import grpc
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
-from control_plane import validate
+from control_plane import metrics, validate
 from control_plane.auth import Authenticator, check_host
 from control_plane.config import Settings
 from control_plane.convert import (
@@ -21,9 +22,10 @@ from control_plane.convert import (
     duration,
     task_to_pb,
 )
-from control_plane.domain import CancelNotice, LeaseId, Renewal, Report, TaskId
+from control_plane.domain import CancelNotice, LeaseId, Recorded, Renewal, Report, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.hub import Hub
+from control_plane.lifecycle import Outcome
 from control_plane.rpc import Servicer, principal, rpc
 from control_plane.store import Store
 
@@ -40,6 +42,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         self.store = store
         self.hub = hub
         self.settings = settings
+        self._pending: set[asyncio.Task[None]] = set()
 
     def _host(self, host_id: str) -> str:
         validate.identifier(host_id, "host_id")
@@ -77,7 +80,8 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         wait = min(request.wait.ToTimedelta(), self.settings.max_acquire_wait).total_seconds()
         ttl = self.settings.lease_ttl
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
+        started = loop.time()
+        deadline = started + wait
         while True:
             queued = self.hub.queued_signal()
             found = await self.store.acquire(host_id, serials, ttl) if serials else []
@@ -90,7 +94,10 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                     await asyncio.wait_for(queued.wait(), remaining)
             finally:
                 self.hub.waiting_acquires -= 1
+        metrics.ACQUIRE_WAIT.observe(loop.time() - started)
         for a in found:
+            metrics.ASSIGNMENT_LATENCY.observe(a.queued_seconds)
+            metrics.TRANSITIONS.labels("assign", "assigned").inc()
             log.info(
                 "task assigned",
                 task_id=str(a.task_id),
@@ -134,7 +141,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                     stack.enter_context(
                         self.hub.host_stream(
                             host_id,
-                            lambda notice: outbox.put_nowait(_push(notice) if notice else CLOSING),
+                            lambda notice: outbox.put_nowait(self._push(notice)),
                         )
                     )
                     log.info("renewal stream opened", host_id=host_id)
@@ -158,6 +165,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         ttl = self.settings.lease_ttl
         renewals = await self.store.renew(host_id, list(parsed.values()), ttl) if parsed else []
         by_id: dict[uuid.UUID, Renewal] = {r.lease_id: r for r in renewals}
+        _observe_renewals(len(request.lease_ids), renewals)
         states = [
             _lease_state(raw, by_id.get(parsed[raw]) if raw in parsed else None, ttl)
             for raw in request.lease_ids
@@ -186,7 +194,10 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             request.result.error,
         )
         host_id = principal().host_id
-        code, task = await self.store.report(host_id, report)
+        answer = await self.store.report(host_id, report)
+        code, task = answer.code, answer.task
+        if code == "recorded":
+            _observe_report(report, answer)
         log.info(
             "result " + code,
             task_id=str(task_id),
@@ -208,6 +219,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             principal().host_id, lease_id, request.reason or "released by host"
         )
         if ended:
+            metrics.EXPIRED.labels(str(ended.to_status)).inc()
             log.info(
                 "lease released",
                 task_id=str(ended.task_id),
@@ -217,6 +229,36 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                 to=str(ended.to_status),
             )
         return lease_pb2.ReleaseLeaseResponse()
+
+    def _push(self, notice: CancelNotice | None) -> lease_pb2.RenewLeasesResponse:
+        """What hub.close() or a cancel notification puts on a stream's outbox."""
+        if notice is None:
+            return CLOSING
+        metrics.CANCEL_DELIVERY.labels("push").observe(
+            max(0.0, time.time() - notice.requested_epoch)
+        )
+        # Recorded for the delivered -> stopped split; a lost update only costs a metric.
+        task = asyncio.create_task(self.store.mark_cancel_delivered(notice.lease_id))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return _push(notice)
+
+
+def _observe_renewals(asked: int, renewals: list[Renewal]) -> None:
+    renewed = sum(1 for r in renewals if r.renewed)
+    metrics.RENEWAL_BATCH.observe(asked)
+    metrics.RENEWALS.labels("renewed").inc(renewed)
+    metrics.RENEWALS.labels("conflict").inc(asked - renewed)
+    for r in renewals:
+        if r.delivery_seconds is not None:
+            metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
+
+
+def _observe_report(report: Report, answer: Recorded) -> None:
+    metrics.TRANSITIONS.labels("report", str(report.outcome)).inc()
+    delivered, finished = answer.cancel_delivered_at, answer.task.finished_at
+    if report.outcome is Outcome.CANCELLED and delivered and finished:
+        metrics.CANCEL_STOP.observe(max(0.0, (finished - delivered).total_seconds()))
 
 
 def _lease_state(raw: str, renewal: Renewal | None, ttl: object) -> lease_pb2.LeaseState:

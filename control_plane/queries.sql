@@ -42,12 +42,19 @@ SELECT * FROM amc_acquire($1, $2, $3);
 WITH req AS (
     SELECT DISTINCT unnest($2::uuid[]) AS lease_id
 ), renewed AS (
-    UPDATE attempts a SET lease_expires_at = now() + $3::interval,
-                          acknowledged_at = COALESCE(a.acknowledged_at, now())
+    UPDATE attempts a SET
+        lease_expires_at = now() + $3::interval,
+        acknowledged_at = COALESCE(a.acknowledged_at, now()),
+        cancel_delivered_at = COALESCE(a.cancel_delivered_at,
+                                       CASE WHEN a.cancel_requested_at IS NOT NULL THEN now() END)
     FROM req
     WHERE a.lease_id = req.lease_id AND a.host_id = $1 AND a.state = 'active'
       AND a.lease_expires_at > now()
-    RETURNING a.lease_id, a.task_id, a.attempt, a.cancel_requested_at IS NOT NULL AS cancel_pending
+    RETURNING a.lease_id, a.task_id, a.attempt, a.cancel_requested_at IS NOT NULL AS cancel_pending,
+              -- set by this statement: this answer is the first to tell the host
+              CASE WHEN a.cancel_delivered_at = now()
+                   THEN extract(epoch FROM now() - a.cancel_requested_at)::float8 END
+                   AS delivery_seconds
 ), acknowledged AS (
     UPDATE tasks t SET status = 'dispatched', updated_at = now()
     FROM renewed r
@@ -59,11 +66,17 @@ WITH req AS (
 ), seen AS (
     UPDATE hosts SET last_seen_at = now() WHERE host_id = $1
 )
-SELECT req.lease_id, r.task_id, r.attempt, COALESCE(r.cancel_pending, false) AS cancel_pending
+SELECT req.lease_id, r.task_id, r.attempt, COALESCE(r.cancel_pending, false) AS cancel_pending,
+       r.delivery_seconds
 FROM req LEFT JOIN renewed r USING (lease_id);
 
 -- name: report_result
-SELECT code, (task).* FROM amc_report($1, $2, $3, $4, $5, $6, $7);
+SELECT code, (task).*, att_cancel_requested_at, att_cancel_delivered_at
+FROM amc_report($1, $2, $3, $4, $5, $6, $7);
+
+-- name: mark_cancel_delivered
+UPDATE attempts SET cancel_delivered_at = COALESCE(cancel_delivered_at, now())
+WHERE lease_id = $1;
 
 -- name: lease_owner
 SELECT host_id, state FROM attempts WHERE lease_id = $1;
@@ -118,6 +131,12 @@ UPDATE tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE token_id = $1 R
 
 -- name: list_tokens
 SELECT * FROM tokens ORDER BY created_at, token_id;
+
+-- name: task_counts
+SELECT status, count(*) AS n FROM tasks GROUP BY status;
+
+-- name: hosts_connected
+SELECT count(*) AS n FROM hosts WHERE last_seen_at > now() - $1::interval;
 
 -- name: ping
 SELECT 1;

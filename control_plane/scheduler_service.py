@@ -12,7 +12,7 @@ import grpc
 import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from control_plane import validate
+from control_plane import metrics, validate
 from control_plane.auth import Authenticator
 from control_plane.config import Settings
 from control_plane.convert import STATUS_FROM_PB, host_to_pb, task_to_pb
@@ -69,6 +69,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         )
         task, created = await self.store.submit(principal().caller, new)
         if created:
+            metrics.TRANSITIONS.labels("submit", "queued").inc()
             log.info(
                 "task submitted",
                 task_id=str(task.task_id),
@@ -116,6 +117,8 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
         code, task = await self.store.cancel(task_id, request.reason)
         if code != "unchanged":
+            event = "cancel" if code == "cancelled" else "cancel_requested"
+            metrics.TRANSITIONS.labels(event, str(task.status)).inc()
             log.info(
                 "cancellation " + ("done" if code == "cancelled" else "requested"),
                 task_id=str(task_id),

@@ -25,11 +25,12 @@ from amc.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from control_plane import auth, errors
+from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
+from control_plane.lifecycle import TaskStatus
 from control_plane.scheduler_service import SchedulerService
 from control_plane.store import Store, migrate
 
@@ -68,7 +69,7 @@ class _ReflectionPool:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pool, name)
 
-    def FindFileContainingSymbol(self, symbol: str) -> Any:  # noqa: N802 - the pool's API
+    def FindFileContainingSymbol(self, symbol: str) -> Any:
         try:
             return self._pool.FindFileContainingSymbol(symbol)
         except KeyError:
@@ -157,6 +158,8 @@ class ControlPlane:
         await server.start()
         self._server = server
         await self._set_health(True)
+        metrics.STREAMS.set_function(self.hub.streams)
+        metrics.ACQUIRES_WAITING.set_function(lambda: self.hub.waiting_acquires)
         self._background = [
             asyncio.create_task(coro)
             for coro in (self._listen(), self._sweep(), self._watch_database())
@@ -220,17 +223,29 @@ class ControlPlane:
 
     async def _watch_database(self) -> None:
         serving = True
+        metrics.DATABASE_UP.set(1)
+        ticks = 0
         while True:
             await asyncio.sleep(1.0)
+            ticks += 1
             try:
                 await asyncio.wait_for(self.store.ping(), 2.0)
+                if ticks % 5 == 0:
+                    await self._refresh_gauges()
                 ok = True
             except (errors.DatabaseUnavailable, TimeoutError):
                 ok = False
+            metrics.DATABASE_UP.set(1 if ok else 0)
             if ok != serving:
                 serving = ok
                 await self._set_health(ok)
                 log.warning("database " + ("reachable again" if ok else "unreachable"))
+
+    async def _refresh_gauges(self) -> None:
+        tasks, hosts = await self.store.gauges(self.settings.lease_ttl)
+        for status in TaskStatus:
+            metrics.TASKS.labels(str(status)).set(tasks.get(str(status), 0))
+        metrics.HOSTS_CONNECTED.set(hosts)
 
     async def _listen(self) -> None:
         async for attempt in AsyncRetrying(
@@ -262,8 +277,10 @@ class ControlPlane:
             # Jitter keeps replicas from sweeping in lock-step.
             await asyncio.sleep(period * random.uniform(0.5, 1.0))
             try:
+                metrics.SWEEPS.inc()
                 while len(ended := await self.store.expire(100)) == 100 or ended:
                     for e in ended:
+                        metrics.EXPIRED.labels(str(e.to_status)).inc()
                         log.info(
                             "lease expired",
                             task_id=str(e.task_id),

@@ -23,6 +23,7 @@ from control_plane.domain import (
     HostInfo,
     LeaseId,
     NewTask,
+    Recorded,
     Renewal,
     Report,
     Role,
@@ -137,6 +138,12 @@ class Store:
     async def ping(self) -> None:
         await self._fetchrow("ping")
 
+    async def gauges(self, connected_within: timedelta) -> tuple[dict[str, int], int]:
+        """(tasks by status, hosts seen within `connected_within`) for the metrics."""
+        rows = await self._fetch("task_counts")
+        hosts = await self._fetchrow("hosts_connected", connected_within)
+        return {r["status"]: r["n"] for r in rows}, int(hosts["n"]) if hosts else 0
+
     # -- tasks -----------------------------------------------------------------------------
 
     async def submit(self, caller: str, new: NewTask) -> tuple[Task, bool]:
@@ -206,6 +213,7 @@ class Store:
                 LeaseId(r["lease_id"]),
                 r["device_serial"],
                 bytes(r["spec"]),
+                r["queued_seconds"] or 0.0,
             )
             for r in rows
         ]
@@ -221,12 +229,13 @@ class Store:
                 r["cancel_pending"],
                 r["task_id"],
                 r["attempt"] or 0,
+                r["delivery_seconds"],
             )
             for r in rows
         ]
 
-    async def report(self, host_id: str | None, report: Report) -> tuple[str, Task]:
-        """Returns (code, task); code is recorded | repeated."""
+    async def report(self, host_id: str | None, report: Report) -> Recorded:
+        """The answer's code is recorded | repeated; refusals raise."""
         row = await self._fetchrow(
             "report_result",
             host_id,
@@ -240,8 +249,14 @@ class Store:
         assert row is not None
         code = row["code"]
         if code in ("recorded", "repeated"):
-            return code, _task(row)
+            return Recorded(
+                code, _task(row), row["att_cancel_requested_at"], row["att_cancel_delivered_at"]
+            )
         raise _report_refusal(code, report)
+
+    async def mark_cancel_delivered(self, lease_id: LeaseId) -> None:
+        with translated():
+            await self.pool.execute(Q["mark_cancel_delivered"], lease_id)
 
     async def release(self, host_id: str | None, lease_id: LeaseId, reason: str) -> Expiry | None:
         owner = await self._fetchrow("lease_owner", lease_id)

@@ -38,11 +38,18 @@ async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
-    log.info("host agent starting", host_id=config.agent.host_id,
-             control_plane=config.control_plane, tls=bool(config.ca or config.tls),
-             devices=(f"{config.simulated_devices} simulated" if config.simulated_devices
-                      else f"adb at {config.adb_host}:{config.adb_port}"),
-             systemd=notifier.enabled)
+    log.info(
+        "host agent starting",
+        host_id=config.agent.host_id,
+        control_plane=config.control_plane,
+        tls=bool(config.ca or config.tls),
+        devices=(
+            f"{config.simulated_devices} simulated"
+            if config.simulated_devices
+            else f"adb at {config.adb_host}:{config.adb_port}"
+        ),
+        systemd=notifier.enabled,
+    )
     try:
         await agent.run()
     except Exception:
@@ -59,8 +66,9 @@ async def serve(config: Config) -> int:
 
 def _device_source(config: Config) -> DeviceSource:
     if config.simulated_devices:
-        return SimulatedSource(config.simulated_devices, delay=config.sim_delay,
-                               action_log=config.action_log)
+        return SimulatedSource(
+            config.simulated_devices, delay=config.sim_delay, action_log=config.action_log
+        )
     return AdbSource(config.adb_host, config.adb_port, call_timeout=config.adb_timeout)
 
 

@@ -23,7 +23,7 @@ import asyncio
 import enum
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -87,8 +87,13 @@ class Finished:
 
 
 class Agent:
-    def __init__(self, settings: AgentSettings, source: DeviceSource,
-                 channel: grpc.aio.Channel, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        source: DeviceSource,
+        channel: grpc.aio.Channel,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.settings = settings
         self._source = source
         self._stub = lease_pb2_grpc.LeaseStub(channel)
@@ -119,6 +124,8 @@ class Agent:
 
     async def run(self) -> None:
         """Serve until stop() and the drain are through. Raises if the agent cannot go on."""
+        # Every task started from here on (renewal stream, workers) logs the host id.
+        structlog.contextvars.bind_contextvars(host_id=self.settings.host_id)
         try:
             timing = await self._draining.race(self._register_until_accepted())
         except Stopped:
@@ -128,9 +135,11 @@ class Agent:
         self._notifier.ready(self._status())
         try:
             async with asyncio.TaskGroup() as group:
-                background = [group.create_task(keeper.run(), name="renewal stream"),
-                              group.create_task(self._refresh_loop(), name="inventory"),
-                              group.create_task(self._watchdog_loop(), name="watchdog")]
+                background = [
+                    group.create_task(keeper.run(), name="renewal stream"),
+                    group.create_task(self._refresh_loop(), name="inventory"),
+                    group.create_task(self._watchdog_loop(), name="watchdog"),
+                ]
                 await self._acquire_loop(group)
                 await self._drain()
                 for task in background:
@@ -144,8 +153,9 @@ class Agent:
         workers = set(self._busy.values())
         self._notifier.stopping(f"draining: {len(workers)} task(s) running")
         if workers:
-            self._log.info("draining", running=len(workers),
-                           drain_timeout=self.settings.drain_timeout)
+            self._log.info(
+                "draining", running=len(workers), drain_timeout=self.settings.drain_timeout
+            )
             await self._grace(workers)
         remaining = [w for w in workers if not w.done()]
         if remaining:
@@ -160,8 +170,11 @@ class Agent:
         all_done = asyncio.ensure_future(asyncio.wait(workers))
         hurry = asyncio.ensure_future(self._hurry.wait())
         try:
-            await asyncio.wait((all_done, hurry), timeout=self.settings.drain_timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                (all_done, hurry),
+                timeout=self.settings.drain_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             # Cancelling asyncio.wait() leaves the workers themselves running.
             all_done.cancel()
@@ -183,9 +196,11 @@ class Agent:
     # -- registration and inventory --------------------------------------------------------
 
     async def _register_until_accepted(self) -> Timing:
-        retrying = AsyncRetrying(retry=retry_if_exception(is_retryable),
-                                 wait=backoff(0.2, 10.0),
-                                 before_sleep=self._log_retry("registration"))
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_retryable),
+            wait=backoff(0.2, 10.0),
+            before_sleep=self._log_retry("registration"),
+        )
         async for attempt in retrying:
             with attempt:
                 return await self._register(await self._read_inventory())
@@ -193,16 +208,23 @@ class Agent:
 
     async def _register(self, inventory: tuple[DeviceInfo, ...]) -> Timing:
         request = lease_pb2.RegisterHostRequest(
-            host_id=self.settings.host_id, labels=dict(self.settings.labels),
-            devices=[_device_to_proto(d) for d in inventory])
+            host_id=self.settings.host_id,
+            labels=dict(self.settings.labels),
+            devices=[_device_to_proto(d) for d in inventory],
+        )
         response = await self._stub.RegisterHost(request, timeout=CALL_TIMEOUT)
-        timing = Timing(ttl=_seconds(response.lease_ttl),
-                        interval=_seconds(response.renew_interval))
+        timing = Timing(
+            ttl=_seconds(response.lease_ttl), interval=_seconds(response.renew_interval)
+        )
         self._inventory = inventory
         if self.keeper is not None:
             self.keeper.timing = timing
-        self._log.info("registered", devices={d.serial: d.state for d in inventory},
-                       lease_ttl=timing.ttl, renew_interval=timing.interval)
+        self._log.info(
+            "registered",
+            devices={d.serial: d.state for d in inventory},
+            lease_ttl=timing.ttl,
+            renew_interval=timing.interval,
+        )
         self.registered.set()
         self._changed.set()
         self._notifier.status(self._status())
@@ -237,8 +259,9 @@ class Agent:
     # -- taking work -----------------------------------------------------------------------
 
     def _idle_serials(self) -> list[str]:
-        return [d.serial for d in self._inventory
-                if d.state == "device" and d.serial not in self._busy]
+        return [
+            d.serial for d in self._inventory if d.state == "device" and d.serial not in self._busy
+        ]
 
     async def _acquire_loop(self, group: asyncio.TaskGroup) -> None:
         while not self._draining.tripped:
@@ -256,56 +279,75 @@ class Agent:
                 self._start(group, assignment, received_at)
 
     async def _acquire(self, idle: list[str]) -> list[lease_pb2.Assignment]:
-        request = lease_pb2.AcquireRequest(host_id=self.settings.host_id, idle_serials=idle,
-                                           wait=_duration(self.settings.acquire_wait))
-        retrying = AsyncRetrying(retry=retry_if_exception(is_retryable),
-                                 wait=backoff(0.2, 10.0),
-                                 before_sleep=self._log_retry("acquire"))
+        request = lease_pb2.AcquireRequest(
+            host_id=self.settings.host_id,
+            idle_serials=idle,
+            wait=_duration(self.settings.acquire_wait),
+        )
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_retryable),
+            wait=backoff(0.2, 10.0),
+            before_sleep=self._log_retry("acquire"),
+        )
         async for attempt in retrying:
             with attempt:
                 response = await self._stub.Acquire(
-                    request, timeout=self.settings.acquire_wait + CALL_TIMEOUT)
+                    request, timeout=self.settings.acquire_wait + CALL_TIMEOUT
+                )
         return list(response.assignments)
 
-    def _start(self, group: asyncio.TaskGroup, a: lease_pb2.Assignment,
-               received_at: float) -> None:
+    def _start(self, group: asyncio.TaskGroup, a: lease_pb2.Assignment, received_at: float) -> None:
         assert self.keeper is not None
-        lease = self.keeper.new_lease(a.lease_id, a.task_id, a.attempt,
-                                      _seconds(a.valid_for), received_at)
+        lease = self.keeper.new_lease(
+            a.lease_id, a.task_id, a.attempt, _seconds(a.valid_for), received_at
+        )
         if a.device_serial in self._busy:
             # The control plane hands out one task per device; never run two on one phone.
-            self._log.error("assignment for a busy device; giving it back",
-                            device=a.device_serial, task_id=a.task_id)
-            group.create_task(self._final(release_lease(
-                self._stub, a.lease_id, "device already busy on this host")))
+            self._log.error(
+                "assignment for a busy device; giving it back",
+                device=a.device_serial,
+                task_id=a.task_id,
+            )
+            group.create_task(
+                self._final(
+                    release_lease(self._stub, a.lease_id, "device already busy on this host")
+                )
+            )
             return
         self._busy[a.device_serial] = group.create_task(
-            self._work(a, lease), name=f"task {a.task_id} attempt {a.attempt}")
+            self._work(a, lease), name=f"task {a.task_id} attempt {a.attempt}"
+        )
         self._notifier.status(self._status())
 
     # -- one attempt -----------------------------------------------------------------------
 
     async def _work(self, a: lease_pb2.Assignment, lease: HeldLease) -> None:
-        assert self.keeper is not None
         # Bound in this task's context only, so the runner's log lines carry them too.
         structlog.contextvars.bind_contextvars(
-            device=a.device_serial, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
+            device=a.device_serial, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id
+        )
         try:
-            finished = await self._attempt(a, lease)
+            finished = await self._attempt_guarded(a, lease)
+            self.finished.append(finished)
             if finished.result is not None and finished.result.outcome is not Outcome.DONE:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self.refresh_inventory()
-        except Exception:
-            # A bug here must not take the other devices' tasks down with it.
-            self._log.exception("task worker failed; giving the lease back")
-            finished = Finished(lease, a.device_serial, Ending.RELEASED, None,
-                                await self._final(self._release(lease, "host agent error")))
         finally:
-            self.keeper.forget(lease.lease_id)
             self._busy.pop(a.device_serial, None)
             self._changed.set()
             self._notifier.status(self._status())
-        self.finished.append(finished)
+
+    async def _attempt_guarded(self, a: lease_pb2.Assignment, lease: HeldLease) -> Finished:
+        assert self.keeper is not None
+        try:
+            return await self._attempt(a, lease)
+        except Exception:
+            # A bug here must not take the other devices' tasks down with it.
+            self._log.exception("task worker failed; giving the lease back")
+            delivery = await self._final(self._release(lease, "host agent error"))
+            return Finished(lease, a.device_serial, Ending.RELEASED, None, delivery)
+        finally:
+            self.keeper.forget(lease.lease_id)
 
     async def _attempt(self, a: lease_pb2.Assignment, lease: HeldLease) -> Finished:
         assert self.keeper is not None
@@ -313,19 +355,20 @@ class Agent:
         if answer is not None and answer.result is RenewalResult.CONFLICT:
             self._log.warning("lease already lost at acknowledgement; dropping the task")
             return Finished(lease, a.device_serial, Ending.DROPPED)
-        if answer is None and lease.token.reason is not StopReason.CANCELLED:
-            # Never acknowledged (no answer in time, or shutting down): nothing ran.
-            why = (lease.token.reason or StopReason.LEASE_LOST).label
-            delivery = await self._final(self._release(lease, f"not acknowledged: {why}"))
+        reason = lease.token.reason
+        if reason is StopReason.LEASE_LOST or reason is StopReason.SHUTDOWN:
+            # No answer in time, or shutting down: nothing ran, so give the task back rather
+            # than fail it.
+            why = f"stopped before the first step: {reason.label}"
+            delivery = await self._final(self._release(lease, why))
             return Finished(lease, a.device_serial, Ending.RELEASED, None, delivery)
-        # With the token tripped CANCELLED already, the runner skips every step and the
-        # device is never touched: the report says CANCELLED.
+        # With the token tripped CANCELLED already (by the acknowledgement or a push), the
+        # runner skips every step and the device is never touched: the report says CANCELLED.
         result = await self._execute(a, lease.token)
         if result.stop_reason is StopReason.SHUTDOWN:
             delivery = await self._final(self._release(lease, StopReason.SHUTDOWN.label))
             return Finished(lease, a.device_serial, Ending.RELEASED, result, delivery)
-        request = report_request(result, task_id=a.task_id, attempt=a.attempt,
-                                 lease_id=a.lease_id)
+        request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
         policy = RetryPolicy(total=self.settings.report_timeout)
         delivery = await self._final(report_result(self._stub, request, policy))
         return Finished(lease, a.device_serial, Ending.REPORTED, result, delivery)
@@ -334,14 +377,22 @@ class Agent:
         try:
             spec = spec_from_proto(a.spec)
         except InvalidSpec as exc:
-            return RunResult(outcome_for(False, True, token.reason), f"invalid task spec: {exc}",
-                             ())
+            return RunResult(
+                outcome_for(False, True, token.reason), f"invalid task spec: {exc}", ()
+            )
         self._log.info("running task", kind=a.spec.WhichOneof("kind"))
-        result = await run(spec, self._source.device(a.device_serial), token,
-                           shell_default_timeout=self.settings.shell_timeout)
-        self._log.info("task finished", outcome=result.outcome.value,
-                       stop_reason=result.stop_reason.value if result.stop_reason else None,
-                       error=result.error)
+        result = await run(
+            spec,
+            self._source.device(a.device_serial),
+            token,
+            shell_default_timeout=self.settings.shell_timeout,
+        )
+        self._log.info(
+            "task finished",
+            outcome=result.outcome.value,
+            stop_reason=result.stop_reason.value if result.stop_reason else None,
+            error=result.error,
+        )
         return result
 
     async def _release(self, lease: HeldLease, why: str) -> Delivery[Any]:
@@ -356,22 +407,30 @@ class Agent:
         task.add_done_callback(self._final_calls.discard)
         return await asyncio.shield(task)
 
-    def _log_retry(self, what: str) -> Any:
+    def _log_retry(self, what: str) -> Callable[[RetryCallState], None]:
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-            self._log.warning(f"{what} failed; retrying", code=code,
-                              tries=state.attempt_number,
-                              retry_in=round(state.upcoming_sleep, 3))
+            self._log.warning(
+                f"{what} failed; retrying",
+                code=code,
+                tries=state.attempt_number,
+                retry_in=round(state.upcoming_sleep, 3),
+            )
+
         return before_sleep
 
 
 def _device_to_proto(d: DeviceInfo) -> lease_pb2.DeviceInfo:
     return lease_pb2.DeviceInfo(
-        serial=d.serial, state=_DEVICE_STATES.get(d.state, scheduler_pb2.DEVICE_STATE_OFFLINE),
-        model=d.model[:_MAX_TEXT], manufacturer=d.manufacturer[:_MAX_TEXT], sdk=d.sdk,
+        serial=d.serial,
+        state=_DEVICE_STATES.get(d.state, scheduler_pb2.DEVICE_STATE_OFFLINE),
+        model=d.model[:_MAX_TEXT],
+        manufacturer=d.manufacturer[:_MAX_TEXT],
+        sdk=d.sdk,
         abi=d.abi[:_MAX_TEXT],
-        labels={k[:_MAX_TEXT]: v[:_MAX_LABEL] for k, v in d.labels.items()})
+        labels={k[:_MAX_TEXT]: v[:_MAX_LABEL] for k, v in d.labels.items()},
+    )
 
 
 def _seconds(d: duration_pb2.Duration) -> float:
@@ -382,4 +441,3 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
     d.FromNanoseconds(round(seconds * 1e9))
     return d
-

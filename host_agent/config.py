@@ -132,35 +132,90 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help_text = f"{kw.pop('help', '')} [${var}]".strip()
         p.add_argument(flag, default=env.get(var, default), help=help_text, **kw)  # type: ignore[arg-type]
 
-    opt("--control-plane", "AMC_ADDR", DEFAULT_CONTROL_PLANE, type=address_text,
-        help="control plane address host:port")
+    opt(
+        "--control-plane",
+        "AMC_ADDR",
+        DEFAULT_CONTROL_PLANE,
+        type=address_text,
+        help="control plane address host:port",
+    )
     opt("--ca", "AMC_CA", help="CA certificate (PEM) for TLS to the control plane")
-    p.add_argument("--tls", action="store_true", default=env.get("AMC_TLS", "") in ("1", "true"),
-                   help="TLS with the system's CA roots [$AMC_TLS=1]")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        default=env.get("AMC_TLS", "") in ("1", "true"),
+        help="TLS with the system's CA roots [$AMC_TLS=1]",
+    )
     opt("--token-file", "AMC_TOKEN_FILE", help="file holding the host token (or $AMC_TOKEN)")
     opt("--host-id", "AMC_HOST_ID", socket.gethostname(), help="this host's id")
-    p.add_argument("--label", action="append", type=label, default=[], metavar="KEY=VALUE",
-                   help="a host label, repeatable [$AMC_LABELS, comma-separated]")
+    p.add_argument(
+        "--label",
+        action="append",
+        type=label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a host label, repeatable [$AMC_LABELS, comma-separated]",
+    )
     opt("--adb", "AMC_ADB_ADDR", DEFAULT_ADB, type=address, help="adb server host:port")
     opt("--adb-timeout", "AMC_ADB_TIMEOUT", "30s", type=duration, help="deadline of one adb call")
-    opt("--simulated-devices", "AMC_SIMULATED_DEVICES", "0", type=count,
-        help="run N simulated phones instead of adb")
-    opt("--sim-delay", "AMC_SIM_DELAY", "0.2s", type=duration,
-        help="how long a simulated action takes")
+    opt(
+        "--simulated-devices",
+        "AMC_SIMULATED_DEVICES",
+        "0",
+        type=count,
+        help="run N simulated phones instead of adb",
+    )
+    opt(
+        "--sim-delay",
+        "AMC_SIM_DELAY",
+        "0.2s",
+        type=duration,
+        help="how long a simulated action takes",
+    )
     opt("--action-log", "AMC_ACTION_LOG", help="JSON-lines log of simulated actions")
-    opt("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", type=duration,
-        help="on SIGTERM, how long running tasks may go on")
-    opt("--inventory-interval", "AMC_INVENTORY_INTERVAL", "10s", type=duration,
-        help="how often the device list is refreshed")
-    opt("--acquire-wait", "AMC_ACQUIRE_WAIT", "10s", type=duration,
-        help="long-poll wait of one Acquire")
-    opt("--report-timeout", "AMC_REPORT_TIMEOUT", "60s", type=duration,
-        help="how long a report is retried")
-    opt("--shell-timeout", "AMC_SHELL_TIMEOUT", "60s", type=duration,
-        help="default timeout of shell actions")
+    opt(
+        "--drain-timeout",
+        "AMC_DRAIN_TIMEOUT",
+        "30s",
+        type=duration,
+        help="on SIGTERM, how long running tasks may go on",
+    )
+    opt(
+        "--inventory-interval",
+        "AMC_INVENTORY_INTERVAL",
+        "10s",
+        type=duration,
+        help="how often the device list is refreshed",
+    )
+    opt(
+        "--acquire-wait",
+        "AMC_ACQUIRE_WAIT",
+        "10s",
+        type=duration,
+        help="long-poll wait of one Acquire",
+    )
+    opt(
+        "--report-timeout",
+        "AMC_REPORT_TIMEOUT",
+        "60s",
+        type=duration,
+        help="how long a report is retried",
+    )
+    opt(
+        "--shell-timeout",
+        "AMC_SHELL_TIMEOUT",
+        "60s",
+        type=duration,
+        help="default timeout of shell actions",
+    )
     opt("--log-format", "AMC_LOG_FORMAT", "auto", choices=("auto", "console", "json"))
-    opt("--log-level", "AMC_LOG_LEVEL", "INFO",
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper)
+    opt(
+        "--log-level",
+        "AMC_LOG_LEVEL",
+        "INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        type=str.upper,
+    )
     return p
 
 
@@ -187,16 +242,30 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     if not args.host_id:
         raise ConfigError("--host-id is empty")
     agent = AgentSettings(
-        host_id=args.host_id, labels=host_labels, drain_timeout=args.drain_timeout,
-        inventory_interval=args.inventory_interval, acquire_wait=args.acquire_wait,
-        report_timeout=args.report_timeout, shell_timeout=args.shell_timeout)
+        host_id=args.host_id,
+        labels=host_labels,
+        drain_timeout=args.drain_timeout,
+        inventory_interval=args.inventory_interval,
+        acquire_wait=args.acquire_wait,
+        report_timeout=args.report_timeout,
+        shell_timeout=args.shell_timeout,
+    )
     adb_host, adb_port = args.adb
     return Config(
-        control_plane=args.control_plane, token=_token(args.token_file, env), agent=agent,
-        ca=_existing(args.ca, "--ca"), tls=args.tls, adb_host=adb_host, adb_port=adb_port,
-        adb_timeout=args.adb_timeout, simulated_devices=args.simulated_devices,
-        sim_delay=args.sim_delay, action_log=Path(args.action_log) if args.action_log else None,
-        log_format=args.log_format, log_level=args.log_level)
+        control_plane=args.control_plane,
+        token=_token(args.token_file, env),
+        agent=agent,
+        ca=_existing(args.ca, "--ca"),
+        tls=args.tls,
+        adb_host=adb_host,
+        adb_port=adb_port,
+        adb_timeout=args.adb_timeout,
+        simulated_devices=args.simulated_devices,
+        sim_delay=args.sim_delay,
+        action_log=Path(args.action_log) if args.action_log else None,
+        log_format=args.log_format,
+        log_level=args.log_level,
+    )
 
 
 def _token(token_file: str | None, env: Mapping[str, str]) -> str:

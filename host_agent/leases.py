@@ -8,10 +8,11 @@ counts from when the renewing request was *sent*:
 
     deadline = send time of the request whose answer said RENEWED + valid_for - margin
 
-A timer per lease trips its StopToken with LEASE_LOST when the deadline passes, whether or
-not the stream is up: the host stops acting before the control plane can hand the task to
-another host. CONFLICT trips LEASE_LOST at once; `cancel_pending` (in an answer or a push)
-trips CANCELLED. The first trip wins (see `stop_token`).
+A timer per lease trips its StopToken with LEASE_LOST when the deadline passes (a loop
+tick early, FENCE_LEAD), whether or not the stream is up: the host stops acting before
+the control plane can hand the task to another host. CONFLICT trips LEASE_LOST at once;
+`cancel_pending` (in an answer or a push) trips CANCELLED. The first trip wins (see
+`stop_token`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ log = structlog.get_logger(__name__)
 # action already sent to the phone) plus scheduling delays of this process.
 MIN_MARGIN = 1.0
 MARGIN_FRACTION = 0.2
+# The timer trips the token this much before the deadline: a runner already woken in the
+# loop iteration where the deadline passes must still find the token tripped, so that no
+# action *starts* after the deadline even on a busy event loop.
+FENCE_LEAD = 0.05
 
 
 def fencing_margin(ttl: float) -> float:
@@ -95,8 +100,14 @@ class StreamBroken(Exception):
 class LeaseKeeper:
     """Renews every held lease over one stream, and fences each one by its deadline."""
 
-    def __init__(self, stub: lease_pb2_grpc.LeaseStub, host_id: str, timing: Timing,
-                 *, max_backoff: float | None = None) -> None:
+    def __init__(
+        self,
+        stub: lease_pb2_grpc.LeaseStub,
+        host_id: str,
+        timing: Timing,
+        *,
+        max_backoff: float | None = None,
+    ) -> None:
         self._stub = stub
         self._host_id = host_id
         self.timing = timing
@@ -108,12 +119,12 @@ class LeaseKeeper:
         self._seq = itertools.count(1)
         self._wake = asyncio.Event()
         self._answered = False
-        self.connected = False
 
     # -- what the agent calls --------------------------------------------------------------
 
-    def new_lease(self, lease_id: str, task_id: str, attempt: int, valid_for: float,
-                  received_at: float) -> HeldLease:
+    def new_lease(
+        self, lease_id: str, task_id: str, attempt: int, valid_for: float, received_at: float
+    ) -> HeldLease:
         """A lease from an Assignment. Until its first renewal is answered its deadline counts
         from when the assignment arrived: no action happens before that answer anyway."""
         deadline = received_at + valid_for - self.timing.margin
@@ -159,8 +170,10 @@ class LeaseKeeper:
                 retry=retry_if_exception_type(StreamBroken),
                 wait=backoff(0.1, self._backoff_cap()),
                 before_sleep=lambda state: log.info(
-                    "renewal stream reconnecting", tries=state.attempt_number,
-                    error=str(state.outcome.exception() if state.outcome else "")),
+                    "renewal stream reconnecting",
+                    tries=state.attempt_number,
+                    error=str(state.outcome.exception() if state.outcome else ""),
+                ),
             )
             async for attempt in retrying:
                 with attempt:
@@ -184,7 +197,6 @@ class LeaseKeeper:
             await _cancel_all(reader, sender)
             call.cancel()
             self._sent.clear()  # answers to those requests can no longer arrive
-            self.connected = False
         if self._answered:
             log.warning("renewal stream broke; reopening", error=str(error))
             return
@@ -205,15 +217,16 @@ class LeaseKeeper:
         lease_ids = [lease_id for lease_id, lease in self._held.items() if not lease.conflicted]
         # Taken before the write, so the deadline errs early, never late.
         self._sent[seq] = time.monotonic()
-        await call.write(lease_pb2.RenewLeasesRequest(
-            host_id=self._host_id, lease_ids=lease_ids, seq=seq))
+        await call.write(
+            lease_pb2.RenewLeasesRequest(host_id=self._host_id, lease_ids=lease_ids, seq=seq)
+        )
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
             assert isinstance(response, lease_pb2.RenewLeasesResponse)
             if not self._answered:
                 log.info("renewal stream open", leases=len(self._held))
-            self._answered = self.connected = True
+            self._answered = True
             self.on_response(response)
 
     # -- answers ---------------------------------------------------------------------------
@@ -241,8 +254,12 @@ class LeaseKeeper:
         if answer.result is RenewalResult.CONFLICT:
             lease.conflicted = True
             if lease.token.trip(StopReason.LEASE_LOST):
-                log.warning("lease conflict: stop acting", lease_id=lease.lease_id,
-                            task_id=lease.task_id, attempt=lease.attempt)
+                log.warning(
+                    "lease conflict: stop acting",
+                    lease_id=lease.lease_id,
+                    task_id=lease.task_id,
+                    attempt=lease.attempt,
+                )
         elif answer.cancel_pending:
             self._cancel(lease, "renewal")
 
@@ -250,8 +267,13 @@ class LeaseKeeper:
         if lease.cancel_seen_via is None:
             lease.cancel_seen_via, lease.cancel_seen_at = via, time.monotonic()
         if lease.token.trip(StopReason.CANCELLED):
-            log.info("cancellation requested: stopping at the next step boundary", via=via,
-                     lease_id=lease.lease_id, task_id=lease.task_id, attempt=lease.attempt)
+            log.info(
+                "cancellation requested: stopping at the next step boundary",
+                via=via,
+                lease_id=lease.lease_id,
+                task_id=lease.task_id,
+                attempt=lease.attempt,
+            )
 
     # -- self-fencing ----------------------------------------------------------------------
 
@@ -264,17 +286,21 @@ class LeaseKeeper:
     def _arm(self, lease: HeldLease) -> None:
         if lease._timer is not None:
             lease._timer.cancel()
-        delay = max(0.0, lease.deadline - time.monotonic())
+        delay = max(0.0, lease.deadline - FENCE_LEAD - time.monotonic())
         lease._timer = asyncio.get_running_loop().call_later(delay, self._fence, lease)
 
     def _fence(self, lease: HeldLease) -> None:
-        if time.monotonic() < lease.deadline:  # the loop may fire a hair early
+        if time.monotonic() < lease.deadline - FENCE_LEAD:  # the loop may fire a hair early
             self._arm(lease)
             return
         lease._timer = None
         if lease.token.trip(StopReason.LEASE_LOST):
-            log.warning("lease deadline passed without renewal: stop acting",
-                        lease_id=lease.lease_id, task_id=lease.task_id, attempt=lease.attempt)
+            log.warning(
+                "lease deadline passed without renewal: stop acting",
+                lease_id=lease.lease_id,
+                task_id=lease.task_id,
+                attempt=lease.attempt,
+            )
 
 
 def _answer_from(state: lease_pb2.LeaseState) -> LeaseAnswer:

@@ -26,7 +26,6 @@ from tenacity import (
     wait_exponential,
     wait_random,
 )
-
 from tenacity.wait import wait_base as WaitStrategy
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
@@ -40,24 +39,28 @@ Logger: TypeAlias = Any
 # Errors that say nothing about the request itself. UNKNOWN and INTERNAL are what gRPC
 # reports for a stream reset mid-call; CANCELLED reaching us (we never cancel final calls:
 # they run shielded) means the server went away; RESOURCE_EXHAUSTED is an overloaded one.
-TRANSIENT_CODES = frozenset({
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-})
+TRANSIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
 
 # Retrying these cannot help on any call: the token or the request itself is wrong. Where
 # they end a background loop (registration, Acquire, the renewal stream), the agent stops
 # loudly instead of retrying for ever.
-FATAL_CODES = frozenset({
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.UNIMPLEMENTED,
-})
+FATAL_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
 
 
 def backoff(initial: float, cap: float) -> WaitStrategy:
@@ -104,13 +107,21 @@ class Delivery(Generic[T]):
         return self.code is not None and self.code not in TRANSIENT_CODES
 
 
-async def report_result(stub: lease_pb2_grpc.LeaseStub, request: lease_pb2.ReportResultRequest,
-                        policy: RetryPolicy = RetryPolicy()) -> Delivery[task_pb2.Task]:
+async def report_result(
+    stub: lease_pb2_grpc.LeaseStub,
+    request: lease_pb2.ReportResultRequest,
+    policy: RetryPolicy = RetryPolicy(),
+) -> Delivery[task_pb2.Task]:
     """Send one report, resending the *same* message on transient errors."""
-    bound = log.bind(task_id=request.task_id, attempt=request.attempt,
-                     lease_id=request.lease_id, outcome=lease_pb2.Outcome.Name(request.outcome))
+    bound = log.bind(
+        task_id=request.task_id,
+        attempt=request.attempt,
+        lease_id=request.lease_id,
+        outcome=lease_pb2.Outcome.Name(request.outcome),
+    )
     delivery = await call_with_retries(
-        lambda timeout: stub.ReportResult(request, timeout=timeout), policy, bound, "report")
+        lambda timeout: stub.ReportResult(request, timeout=timeout), policy, bound, "report"
+    )
     if delivery.accepted:
         assert delivery.response is not None
         status = task_pb2.TaskStatus.Name(delivery.response.status)
@@ -118,21 +129,26 @@ async def report_result(stub: lease_pb2_grpc.LeaseStub, request: lease_pb2.Repor
     return delivery
 
 
-async def release_lease(stub: lease_pb2_grpc.LeaseStub, lease_id: str, reason: str,
-                        policy: RetryPolicy = RetryPolicy(total=10.0)
-                        ) -> Delivery[lease_pb2.ReleaseLeaseResponse]:
+async def release_lease(
+    stub: lease_pb2_grpc.LeaseStub,
+    lease_id: str,
+    reason: str,
+    policy: RetryPolicy = RetryPolicy(total=10.0),
+) -> Delivery[lease_pb2.ReleaseLeaseResponse]:
     """Give a lease back so its task is requeued now rather than when the lease runs out."""
     bound = log.bind(lease_id=lease_id)
     request = lease_pb2.ReleaseLeaseRequest(lease_id=lease_id, reason=reason)
     delivery = await call_with_retries(
-        lambda timeout: stub.ReleaseLease(request, timeout=timeout), policy, bound, "release")
+        lambda timeout: stub.ReleaseLease(request, timeout=timeout), policy, bound, "release"
+    )
     if delivery.accepted:
         bound.info("lease released", reason=reason)
     return delivery
 
 
-async def call_with_retries(call: Callable[[float], Awaitable[T]], policy: RetryPolicy,
-                            bound: Logger, what: str) -> Delivery[T]:
+async def call_with_retries(
+    call: Callable[[float], Awaitable[T]], policy: RetryPolicy, bound: Logger, what: str
+) -> Delivery[T]:
     """`call(timeout)` until it succeeds, fails for good, or `policy.total` runs out."""
     deadline = time.monotonic() + policy.total
     retrying = AsyncRetrying(
@@ -159,15 +175,28 @@ def _log_retry(bound: Logger, what: str) -> Callable[[RetryCallState], None]:
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-        bound.warning(f"{what} failed; retrying", code=code, tries=state.attempt_number,
-                      retry_in=round(state.upcoming_sleep, 3))
+        bound.warning(
+            f"{what} failed; retrying",
+            code=code,
+            tries=state.attempt_number,
+            retry_in=round(state.upcoming_sleep, 3),
+        )
+
     return before_sleep
 
 
 def _log_failure(bound: Logger, what: str, exc: grpc.aio.AioRpcError, tries: int) -> None:
     if exc.code() in TRANSIENT_CODES:
-        bound.error(f"{what} undelivered; giving up (the lease will run out)",
-                    code=exc.code().name, details=exc.details(), tries=tries)
+        bound.error(
+            f"{what} undelivered; giving up (the lease will run out)",
+            code=exc.code().name,
+            details=exc.details(),
+            tries=tries,
+        )
     else:
-        bound.warning(f"{what} refused by the control plane", code=exc.code().name,
-                      details=exc.details(), tries=tries)
+        bound.warning(
+            f"{what} refused by the control plane",
+            code=exc.code().name,
+            details=exc.details(),
+            tries=tries,
+        )

@@ -26,8 +26,7 @@ def _address(raw: str) -> str | bytes:
 
 
 class Notifier:
-    def __init__(self, address: str | None = None,
-                 environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, address: str | None = None, environ: Mapping[str, str] = os.environ) -> None:
         raw = address if address is not None else environ.get("NOTIFY_SOCKET", "")
         self._address = _address(raw) if raw else None
         self._socket: socket.socket | None = None

@@ -1,10 +1,16 @@
+# ruff: noqa: E402
 """One PostgreSQL server per test session (embedded, or DATABASE_URL's), the schema built
 once into a template, and a fresh database per test made from it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
+
+# The tests fork (pg_ctl, adb, the agent) while gRPC threads run; gRPC's fork handlers only
+# get in the way of children that exec at once. Must be set before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+import asyncio
 import shutil
 import tempfile
 import uuid

@@ -9,8 +9,10 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import grpc
+
 from amc.v1 import scheduler_pb2, task_pb2
-from amc_common.channel import aio_channel
+from amc_common.channel import CHANNEL_OPTIONS, bearer_interceptors
 from control_plane.config import Settings
 from control_plane.domain import Role
 from host_agent.agent import Agent, Finished
@@ -20,16 +22,24 @@ from host_agent.systemd import Notifier
 from tests.support import Clients, Farm, eventually
 
 # Short leases, so lease loss and self-fencing happen within a test's patience.
-SHORT_TTL = Settings(lease_ttl=timedelta(seconds=3), sweep_interval=timedelta(seconds=0.05),
-                     watch_refresh=timedelta(seconds=1))
+SHORT_TTL = Settings(
+    lease_ttl=timedelta(seconds=3),
+    sweep_interval=timedelta(seconds=0.05),
+    watch_refresh=timedelta(seconds=1),
+)
 
-TEST_SETTINGS = AgentSettings(host_id="host-1", drain_timeout=0.5, inventory_interval=0.5,
-                              acquire_wait=2.0, report_timeout=5.0, shell_timeout=10.0)
+TEST_SETTINGS = AgentSettings(
+    host_id="host-1",
+    drain_timeout=0.5,
+    inventory_interval=0.5,
+    acquire_wait=2.0,
+    report_timeout=5.0,
+    shell_timeout=10.0,
+)
 
 
 @asynccontextmanager
-async def short_ttl_farm(database_url: str,
-                         settings: Settings = SHORT_TTL) -> AsyncIterator[Farm]:
+async def short_ttl_farm(database_url: str, settings: Settings = SHORT_TTL) -> AsyncIterator[Farm]:
     farm = Farm(database_url, settings)
     await farm.start()
     try:
@@ -38,19 +48,43 @@ async def short_ttl_farm(database_url: str,
         await farm.stop()
 
 
+# gRPC waits 1 s, then 1.6x longer each time (up to 120 s), before it reconnects to an
+# address that refused it; a test that heals a cut must not wait that out.
+FAST_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 300),
+]
+
+
+def agent_channel(address: str, token: str) -> grpc.aio.Channel:
+    """What amc_common.channel.aio_channel builds (plaintext), with fast reconnects."""
+    return grpc.aio.insecure_channel(
+        address,
+        options=[*CHANNEL_OPTIONS, *FAST_RECONNECT],
+        interceptors=bearer_interceptors(token),
+    )
+
+
 @asynccontextmanager
-async def running_agent(farm: Farm, source: DeviceSource, *, address: str | None = None,
-                        notifier: Notifier | None = None, **settings: Any
-                        ) -> AsyncIterator[Agent]:
+async def running_agent(
+    farm: Farm,
+    source: DeviceSource,
+    *,
+    address: str | None = None,
+    notifier: Notifier | None = None,
+    **settings: Any,
+) -> AsyncIterator[Agent]:
     """An Agent serving `farm` (through `address`, e.g. a proxy), stopped on exit."""
     config = replace(TEST_SETTINGS, **settings)
     token = await farm.token(Role.HOST, config.host_id)
-    channel = aio_channel(address or farm.address, token)
+    channel = agent_channel(address or farm.address, token)
     agent = Agent(config, source, channel, notifier)
     task = asyncio.create_task(agent.run(), name="agent")
     try:
-        await eventually(lambda: agent.registered.is_set() or task.done(),
-                         what="the agent to register")
+        await eventually(
+            lambda: agent.registered.is_set() or task.done(), what="the agent to register"
+        )
         if task.done():
             task.result()
         yield agent
@@ -69,23 +103,28 @@ async def submit(client: Clients, spec: task_pb2.TaskSpec, **fields: Any) -> str
 
 async def cancel(client: Clients, task_id: str) -> task_pb2.Task:
     return await client.scheduler.CancelTask(
-        scheduler_pb2.CancelTaskRequest(task_id=task_id, reason="test"))
+        scheduler_pb2.CancelTaskRequest(task_id=task_id, reason="test")
+    )
 
 
 async def get(client: Clients, task_id: str) -> task_pb2.Task:
     return await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
 
 
-async def finished(agent: Agent, task_id: str, timeout: float = 15.0) -> Finished:
+async def finished(agent: Agent, task_id: str, within: float = 15.0) -> Finished:
     """The agent's record of the (first) attempt of `task_id` it finished."""
-    return await eventually(
-        lambda: next((f for f in agent.finished if f.lease.task_id == task_id), None),
-        timeout=timeout, what=f"the agent to finish task {task_id}")
+
+    def record() -> Finished | None:
+        return next((f for f in agent.finished if f.lease.task_id == task_id), None)
+
+    found = await eventually(record, timeout=within, what=f"the agent to finish {task_id}")
+    assert found is not None
+    return found
 
 
-async def status_is(farm: Farm, task_id: str, *statuses: str, timeout: float = 15.0) -> str:
-    async def check() -> str | None:
+async def status_is(farm: Farm, task_id: str, *statuses: str, within: float = 15.0) -> str:
+    async def check() -> str:
         status = await farm.status(task_id)
-        return status if status in statuses else None
+        return status if status in statuses else ""
 
-    return await eventually(check, timeout=timeout, what=f"task status in {statuses}")
+    return await eventually(check, timeout=within, what=f"task status in {statuses}")

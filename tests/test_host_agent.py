@@ -29,9 +29,13 @@ from tests.support import Farm, actions_spec, eventually, tap, wait_action, work
 async def held_lease(agent: Agent, task_id: str) -> HeldLease:
     assert agent.keeper is not None
     keeper = agent.keeper
-    return await eventually(
-        lambda: next((lease for lease in keeper.held() if lease.task_id == task_id), None),
-        what=f"the agent to hold a lease for {task_id}")
+
+    def lease() -> HeldLease | None:
+        return next((held for held in keeper.held() if held.task_id == task_id), None)
+
+    found = await eventually(lease, what=f"the agent to hold a lease for {task_id}")
+    assert found is not None
+    return found
 
 
 async def first_action_done(source: SimulatedSource, serial: str = "sim-0") -> None:
@@ -68,15 +72,13 @@ async def test_agent_runs_a_workflow_to_done_with_simulated_devices(farm: Farm) 
     assert await farm.device_holder("host-1", "sim-0") is None
 
 
-async def test_agent_runs_tasks_on_two_devices_at_once_over_one_renewal_stream(
-        farm: Farm) -> None:
+async def test_agent_runs_tasks_on_two_devices_at_once_over_one_renewal_stream(farm: Farm) -> None:
     """THEN both phones work at the same time and one stream renews both leases."""
     assert farm.plane is not None
     source = SimulatedSource(2, delay=0.01)
     client = await farm.client()
     async with running_agent(farm, source) as agent:
-        ids = [await submit(client, actions_spec(tap(), wait_action(0.5), tap()))
-               for _ in range(2)]
+        ids = [await submit(client, actions_spec(tap(), wait_action(0.5), tap())) for _ in range(2)]
         assert agent.keeper is not None
         keeper = agent.keeper
         await eventually(lambda: len(keeper.held()) == 2, what="two leases held at once")
@@ -87,7 +89,8 @@ async def test_agent_runs_tasks_on_two_devices_at_once_over_one_renewal_stream(
 
 
 async def test_agent_reports_a_spec_it_cannot_run_as_failed_without_touching_the_device(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN a spec this agent cannot run (say, from a newer control plane) fails with the
     reason, and no action reaches the phone."""
     assert farm.db is not None
@@ -96,8 +99,9 @@ async def test_agent_reports_a_spec_it_cannot_run_as_failed_without_touching_the
     task_id = await submit(client, actions_spec(tap()))
     # The control plane validates specs as the agent does; only version skew gets one by.
     unknown = task_pb2.TaskSpec(actions=task_pb2.ActionList(actions=[task_pb2.Action()]))
-    await farm.db.execute("UPDATE tasks SET spec = $1 WHERE task_id = $2::uuid",
-                          unknown.SerializeToString(), task_id)
+    await farm.db.execute(
+        "UPDATE tasks SET spec = $1 WHERE task_id = $2::uuid", unknown.SerializeToString(), task_id
+    )
     async with running_agent(farm, source):
         await status_is(farm, task_id, "failed")
     assert "invalid task spec" in str((await farm.task_row(task_id))["error"])
@@ -117,12 +121,16 @@ async def test_execution_stops_due_to_a_cancellation_request(farm: Farm) -> None
         task_id = await submit(client, spec)
         await first_action_done(source)
         await cancel(client, task_id)
-        await status_is(farm, task_id, "cancelled", timeout=5)
+        await status_is(farm, task_id, "cancelled", within=5)
         record = await finished(agent, task_id)
     assert [r.args for r in source.actions] == [{"x": 1, "y": 1}]  # later steps never ran
     assert record.result is not None and record.result.outcome is Outcome.CANCELLED
     assert [s.status for s in record.result.steps] == [
-        StepStatus.OK, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.SKIPPED]
+        StepStatus.OK,
+        StepStatus.FAILED,
+        StepStatus.SKIPPED,
+        StepStatus.SKIPPED,
+    ]
     assert await report_events(farm, task_id) == ["cancelled"]
     assert await farm.device_holder("host-1", "sim-0") is None
 
@@ -139,19 +147,22 @@ async def test_agent_stop_triggered_by_cancellation_reports_cancelled(farm: Farm
         await cancel(client, task_id)
         record = await finished(agent, task_id)
     assert lease.token.reason is StopReason.CANCELLED
-    assert record.delivery is not None and record.delivery.accepted
+    assert record.delivery is not None and record.delivery.response is not None
     assert record.delivery.response.status == task_pb2.TASK_STATUS_CANCELLED
     (attempt,) = await farm.attempts(task_id)
     assert attempt["outcome"] == "cancelled"
 
 
 async def test_cancel_before_the_first_step_reports_cancelled_without_touching_the_device(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN the acknowledgement finds the cancellation: cancelled, and no device action."""
     source = SimulatedSource(1, delay=0.01)
     client = await farm.client()
-    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
-            running_agent(farm, source, address=proxy.address) as agent:
+    async with (
+        TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
+        running_agent(farm, source, address=proxy.address) as agent,
+    ):
         task_id = await submit(client, actions_spec(tap(), tap()))
         # Hold the connection still right after the assignment reached the agent, so
         # the cancellation is recorded before the acknowledging renewal arrives.
@@ -168,14 +179,15 @@ async def test_cancel_before_the_first_step_reports_cancelled_without_touching_t
     assert await report_events(farm, task_id) == ["cancelled"]
 
 
-async def test_owning_host_observes_the_pending_cancellation_at_lease_renewal(
-        farm: Farm) -> None:
+async def test_owning_host_observes_the_pending_cancellation_at_lease_renewal(farm: Farm) -> None:
     """THEN the renewal response signals the pending cancellation and the Host Agent stops
     further planned actions at the next available step boundary."""
     source = SimulatedSource(1, delay=0.02)
     client = await farm.client()
-    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
-            running_agent(farm, source, address=proxy.address) as agent:
+    async with (
+        TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
+        running_agent(farm, source, address=proxy.address) as agent,
+    ):
         task_id = await submit(client, actions_spec(tap(), wait_action(30), tap()))
         lease = await held_lease(agent, task_id)
         await first_action_done(source)
@@ -190,13 +202,16 @@ async def test_owning_host_observes_the_pending_cancellation_at_lease_renewal(
 
 
 async def test_renewal_response_signals_a_pending_cancellation_and_the_agent_stops_at_the_next_step_boundary(  # noqa: E501
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN the Host Agent stops further planned actions at the next available step
     boundary: the action in flight finishes, no later one starts."""
     source = SimulatedSource(1, delay=0.3)
     client = await farm.client()
-    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
-            running_agent(farm, source, address=proxy.address) as agent:
+    async with (
+        TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
+        running_agent(farm, source, address=proxy.address) as agent,
+    ):
         task_id = await submit(client, actions_spec(*[tap(i, i) for i in range(40)]))
         lease = await held_lease(agent, task_id)
         await first_action_done(source)
@@ -217,14 +232,16 @@ async def test_renewal_response_signals_a_pending_cancellation_and_the_agent_sto
 
 
 async def test_execution_stops_due_to_lease_loss_unrelated_to_cancellation(
-        database_url: str) -> None:
+    database_url: str,
+) -> None:
     """THEN the Host Agent reports terminal status failed, not cancelled."""
     source = SimulatedSource(1, delay=0.02)
     async with short_ttl_farm(database_url) as farm:
         client = await farm.client()
         async with running_agent(farm, source) as agent:
-            task_id = await submit(client, actions_spec(tap(), wait_action(30), tap()),
-                                   max_attempts=1)
+            task_id = await submit(
+                client, actions_spec(tap(), wait_action(30), tap()), max_attempts=1
+            )
             lease = await held_lease(agent, task_id)
             await first_action_done(source)
             await farm.expire_now(lease.lease_id)
@@ -241,13 +258,16 @@ async def test_execution_stops_due_to_lease_loss_unrelated_to_cancellation(
 
 
 async def test_agent_stop_triggered_by_lease_loss_reports_failed_not_cancelled(
-        database_url: str) -> None:
+    database_url: str,
+) -> None:
     """THEN the terminal result it reports for that attempt is `failed`, not `cancelled`."""
     source = SimulatedSource(1, delay=0.02)
     async with short_ttl_farm(database_url) as farm:
         client = await farm.client()
-        async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
-                running_agent(farm, source, address=proxy.address) as agent:
+        async with (
+            TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
+            running_agent(farm, source, address=proxy.address) as agent,
+        ):
             task_id = await submit(client, actions_spec(tap(), wait_action(30)))
             lease = await held_lease(agent, task_id)
             await first_action_done(source)
@@ -272,9 +292,10 @@ async def test_self_fencing_when_the_control_plane_is_unreachable(database_url: 
     source = SimulatedSource(1, delay=0.05)
     async with short_ttl_farm(database_url) as farm:
         client = await farm.client()
-        async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
-                running_agent(farm, source, address=proxy.address,
-                              report_timeout=1.0) as agent:
+        async with (
+            TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
+            running_agent(farm, source, address=proxy.address, report_timeout=1.0) as agent,
+        ):
             task_id = await submit(client, actions_spec(*[tap(i, i) for i in range(400)]))
             lease = await held_lease(agent, task_id)
             await first_action_done(source)
@@ -292,6 +313,32 @@ async def test_self_fencing_when_the_control_plane_is_unreachable(database_url: 
         await status_is(farm, task_id, "queued")
         (attempt, *_) = await farm.attempts(task_id)
         assert attempt["state"] == "expired"
+
+
+async def test_assignment_never_acknowledged_in_time_is_released_not_failed(
+    database_url: str,
+) -> None:
+    """THEN with no answer to the acknowledging renewal before the deadline, the agent
+    touches nothing and gives the lease back, so the task is requeued, not failed."""
+    source = SimulatedSource(1, delay=0.01)
+    async with short_ttl_farm(database_url) as farm:
+        client = await farm.client()
+        async with (
+            TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
+            running_agent(farm, source, address=proxy.address) as agent,
+        ):
+            task_id = await submit(client, actions_spec(tap()), max_attempts=1)
+            proxy.freeze_after("down", task_id.encode())
+            lease = await held_lease(agent, task_id)
+            await eventually(lambda: lease.token.tripped, what="the deadline to pass")
+            proxy.thaw()
+            record = await finished(agent, task_id)
+        assert lease.token.reason is StopReason.LEASE_LOST
+        assert record.ending is Ending.RELEASED and record.result is None
+        assert source.actions == []
+        (attempt,) = await farm.attempts(task_id)
+        assert attempt["state"] in ("released", "expired")
+        assert await report_events(farm, task_id) == []
 
 
 # -- devices --------------------------------------------------------------------------------
@@ -315,7 +362,8 @@ async def test_device_unplugged_mid_task_fails_the_task_with_device_lost(farm: F
     assert record.result is not None and record.result.outcome is Outcome.FAILED
     assert farm.db is not None
     state = await farm.db.fetchval(
-        "SELECT state FROM devices WHERE host_id = 'host-1' AND serial = 'sim-0'")
+        "SELECT state FROM devices WHERE host_id = 'host-1' AND serial = 'sim-0'"
+    )
     assert state == "gone"
 
 
@@ -323,7 +371,8 @@ async def test_device_unplugged_mid_task_fails_the_task_with_device_lost(farm: F
 
 
 async def test_drain_lets_a_task_finish_within_the_drain_timeout_and_takes_no_new_work(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN a task that ends within the grace period is reported done; nothing new starts."""
     source = SimulatedSource(1, delay=0.01)
     client = await farm.client()
@@ -340,7 +389,8 @@ async def test_drain_lets_a_task_finish_within_the_drain_timeout_and_takes_no_ne
 
 
 async def test_drain_timeout_stops_the_task_and_releases_its_lease_so_it_requeues(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN the lease is given back, nothing is reported, the task is queued again."""
     source = SimulatedSource(1, delay=0.01)
     client = await farm.client()

@@ -13,7 +13,7 @@ from control_plane.domain import Role
 from host_agent.reporting import RetryPolicy, release_lease, report_result
 from host_agent.simulated import SimulatedSource
 from tests.fakes.tcp_proxy import TcpProxy
-from tests.host_agent_support import running_agent, status_is, submit
+from tests.host_agent_support import finished, running_agent, status_is, submit
 from tests.support import Farm, HostClient, actions_spec, eventually, tap
 
 FAST_RETRY = RetryPolicy(total=3.0, call_timeout=2.0, initial_backoff=0.05, max_backoff=0.2)
@@ -27,10 +27,14 @@ async def assigned(farm: Farm) -> tuple[HostClient, lease_pb2.Assignment]:
     return host, a
 
 
-def report(a: lease_pb2.Assignment, outcome: int) -> lease_pb2.ReportResultRequest:
-    return lease_pb2.ReportResultRequest(task_id=a.task_id, attempt=a.attempt,
-                                         lease_id=a.lease_id, outcome=outcome,
-                                         result=task_pb2.TaskResult())
+def report(a: lease_pb2.Assignment, outcome: lease_pb2.Outcome) -> lease_pb2.ReportResultRequest:
+    return lease_pb2.ReportResultRequest(
+        task_id=a.task_id,
+        attempt=a.attempt,
+        lease_id=a.lease_id,
+        outcome=outcome,
+        result=task_pb2.TaskResult(),
+    )
 
 
 async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
@@ -38,8 +42,10 @@ async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
     attempt or error: the agent's retry gets it, and one report transition is recorded."""
     source = SimulatedSource(1, delay=0.01)
     client = await farm.client()
-    async with TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy, \
-            running_agent(farm, source, address=proxy.address) as agent:
+    async with (
+        TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
+        running_agent(farm, source, address=proxy.address) as agent,
+    ):
         task_id = await submit(client, actions_spec(tap()))
         # Only the report carries the task id upstream: forward it, then let nothing
         # through, and drop the connection once the control plane has recorded it.
@@ -47,11 +53,9 @@ async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
         await eventually(report_sent.is_set, what="the report to reach the control plane")
         await status_is(farm, task_id, "done")
         proxy.cut(refuse=False)
-        record = await eventually(
-            lambda: next((f for f in agent.finished if f.lease.task_id == task_id), None),
-            what="the agent's report to end")
+        record = await finished(agent, task_id)
     delivery = record.delivery
-    assert delivery is not None and delivery.accepted, delivery
+    assert delivery is not None and delivery.response is not None, delivery
     assert delivery.tries >= 2  # the first response never arrived
     assert delivery.response.status == task_pb2.TASK_STATUS_DONE
     events = await farm.events(task_id)
@@ -81,18 +85,19 @@ async def test_stale_report_is_refused_once_and_not_retried(farm: Farm) -> None:
 
 
 async def test_cancelled_report_without_a_cancellation_is_refused_and_not_retried(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN FAILED_PRECONDITION ends the report at once and the task is still running."""
     host, a = await assigned(farm)
-    delivery = await report_result(host.c.lease, report(a, lease_pb2.OUTCOME_CANCELLED),
-                                   FAST_RETRY)
+    delivery = await report_result(host.c.lease, report(a, lease_pb2.OUTCOME_CANCELLED), FAST_RETRY)
     assert delivery.code == grpc.StatusCode.FAILED_PRECONDITION
     assert delivery.tries == 1
     assert await farm.status(a.task_id) == "dispatched"
 
 
 async def test_report_gives_up_after_its_total_time_when_the_control_plane_is_unreachable(
-        farm: Farm) -> None:
+    farm: Farm,
+) -> None:
     """THEN a report to an unreachable control plane is retried, then given up, in bounded
     time, and says it was not refused but undelivered."""
     _, a = await assigned(farm)
@@ -101,8 +106,9 @@ async def test_report_gives_up_after_its_total_time_when_the_control_plane_is_un
         channel = aio_channel(proxy.address, await farm.token(Role.HOST, "h1"))
         proxy.cut()
         started = time.monotonic()
-        delivery = await report_result(lease_pb2_grpc.LeaseStub(channel),
-                                       report(a, lease_pb2.OUTCOME_DONE), policy)
+        delivery = await report_result(
+            lease_pb2_grpc.LeaseStub(channel), report(a, lease_pb2.OUTCOME_DONE), policy
+        )
         elapsed = time.monotonic() - started
         await channel.close()
     assert not delivery.accepted and not delivery.refused

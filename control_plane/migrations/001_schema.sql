@@ -80,6 +80,8 @@ CREATE TABLE attempts (
     lease_expires_at    timestamptz NOT NULL,
     acknowledged_at     timestamptz,
     cancel_requested_at timestamptz,
+    -- When the host was first told (push or renewal answer): for the cancel-latency split.
+    cancel_delivered_at timestamptz,
     outcome             text,
     reported_at         timestamptz,
     created_at          timestamptz NOT NULL DEFAULT now(),

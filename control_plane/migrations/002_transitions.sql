@@ -16,7 +16,8 @@ CREATE TRIGGER tasks_queued_update AFTER UPDATE OF status ON tasks
 
 -- assign: queued -> assigned, for up to one task per idle device of the host.
 CREATE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
-RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea)
+RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
+               queued_seconds double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
     d record;
@@ -29,7 +30,7 @@ BEGIN
         ORDER BY dv.serial
         FOR UPDATE SKIP LOCKED
     LOOP
-        SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec INTO t
+        SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at INTO t
         FROM tasks tk
         WHERE tk.status = 'queued'
           AND (tk.selector_serial IS NULL OR tk.selector_serial = d.serial)
@@ -43,6 +44,7 @@ BEGIN
         lease_id := gen_random_uuid();
         device_serial := d.serial;
         spec := t.spec;
+        queued_seconds := extract(epoch FROM clock_timestamp() - t.updated_at);
         UPDATE tasks tk SET status = 'assigned', attempt = t.next_attempt, host_id = p_host,
                             device_serial = d.serial, updated_at = now()
         WHERE tk.task_id = t.task_id;
@@ -91,7 +93,7 @@ BEGIN
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (p_task, t.attempt, 'cancel_requested', t.status, t.status, p_reason);
         PERFORM pg_notify('amc_cancel', a.host_id || ' ' || a.lease_id || ' ' || p_task
-                                        || ' ' || t.attempt);
+                                        || ' ' || t.attempt || ' ' || extract(epoch FROM now()));
         v_code := 'requested';
     ELSIF t.status IN ('done', 'failed') THEN
         v_code := 'terminal';
@@ -105,7 +107,8 @@ END $$;
 -- lease only. code: recorded | repeated | different | stale | foreign | no_cancel
 CREATE FUNCTION amc_report(p_host text, p_task uuid, p_attempt integer, p_lease uuid,
                            p_outcome text, p_result bytea, p_error text)
-RETURNS TABLE (code text, task tasks)
+RETURNS TABLE (code text, task tasks, att_cancel_requested_at timestamptz,
+               att_cancel_delivered_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
     t tasks;
@@ -136,7 +139,8 @@ BEGIN
         VALUES (p_task, p_attempt, 'report', t.status, p_outcome, p_error);
         v_code := 'recorded';
     END IF;
-    RETURN QUERY SELECT v_code, tk FROM tasks tk WHERE tk.task_id = p_task;
+    RETURN QUERY SELECT v_code, tk, a.cancel_requested_at, a.cancel_delivered_at
+                 FROM tasks tk WHERE tk.task_id = p_task;
 END $$;
 
 -- expire / release: assigned/dispatched -> cancelled (cancel pending) | queued (attempts

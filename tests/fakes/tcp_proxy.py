@@ -121,8 +121,12 @@ class TcpProxy:
     async def __aenter__(self) -> Self:
         return await self.start()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.stop()
 
     # -- forwarding -----------------------------------------------------------------------
@@ -148,8 +152,10 @@ class TcpProxy:
             return
         link = Link(len(self.connections), writer, up_writer)
         self.connections.append(link)
-        pumps = [asyncio.ensure_future(self._pump(link, reader, "up")),
-                 asyncio.ensure_future(self._pump(link, up_reader, "down"))]
+        pumps = [
+            asyncio.ensure_future(self._pump(link, reader, "up")),
+            asyncio.ensure_future(self._pump(link, up_reader, "down")),
+        ]
         try:
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -172,9 +178,12 @@ class TcpProxy:
         link.writer(direction).write(data)
         seen = link.tails[direction] + data
         for trigger in self._triggers:
-            if trigger.direction == direction and not trigger.fired.is_set() \
-                    and trigger.pattern in seen:
+            if (
+                trigger.direction == direction
+                and not trigger.fired.is_set()
+                and trigger.pattern in seen
+            ):
                 link.frozen = True
                 trigger.fired.set()
         longest = max((len(t.pattern) for t in self._triggers), default=1)
-        link.tails[direction] = seen[-(longest - 1):] if longest > 1 else b""
+        link.tails[direction] = seen[-(longest - 1) :] if longest > 1 else b""

@@ -1,0 +1,134 @@
+"""A synchronous client for the Scheduler and Admin services.
+
+A command-line call makes a handful of requests and exits, so the blocking gRPC API is
+the simple fit. The bearer token rides on each call as metadata, which works the same over
+plaintext and TLS. Every failure leaves here as an `RpcFailed` naming what was being done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from amc.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_cli.errors import BadInput, rpc_failed
+from amc_common.channel import CHANNEL_OPTIONS
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the control plane is and how to talk to it."""
+
+    address: str
+    token: str | None = None
+    ca_file: Path | None = None
+    tls: bool = False
+    timeout: float = 30.0
+
+
+def read_token(token: str | None, token_file: Path | None) -> str | None:
+    if token:
+        return token.strip()
+    if token_file is None:
+        return None
+    try:
+        return token_file.read_text().strip() or None
+    except OSError as exc:
+        raise BadInput(f"cannot read token file {token_file}: {exc.strerror or exc}") from None
+
+
+def open_channel(target: Target) -> grpc.Channel:
+    if not (target.ca_file or target.tls):
+        return grpc.insecure_channel(target.address, options=CHANNEL_OPTIONS)
+    root = None
+    if target.ca_file:
+        try:
+            root = target.ca_file.read_bytes()
+        except OSError as exc:
+            raise BadInput(f"cannot read CA file {target.ca_file}: {exc.strerror or exc}") from None
+    creds = grpc.ssl_channel_credentials(root)
+    return grpc.secure_channel(target.address, creds, options=CHANNEL_OPTIONS)
+
+
+class Client:
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._channel = open_channel(target)
+        self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {target.token}"),) if target.token else ()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, doing: str, method: Callable[..., R], request: Any) -> R:
+        try:
+            return method(request, metadata=self._metadata, timeout=self.target.timeout)
+        except grpc.RpcError as exc:
+            raise self.failed(exc, doing) from None
+
+    def failed(self, exc: grpc.RpcError, doing: str) -> Exception:
+        return rpc_failed(exc, doing, self.target.address, bool(self.target.token))
+
+    # -- Scheduler --------------------------------------------------------------------------
+
+    def submit(self, request: scheduler_pb2.SubmitTaskRequest) -> task_pb2.Task:
+        return self._call("submit", self._scheduler.SubmitTask, request)
+
+    def get_task(self, task_id: str) -> task_pb2.Task:
+        return self._call(
+            f"task {task_id}", self._scheduler.GetTask, scheduler_pb2.GetTaskRequest(task_id=task_id)
+        )
+
+    def cancel(self, task_id: str, reason: str) -> task_pb2.Task:
+        request = scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
+        return self._call(f"cancel task {task_id}", self._scheduler.CancelTask, request)
+
+    def list_tasks(
+        self, statuses: list[task_pb2.TaskStatus.ValueType], host_id: str, limit: int
+    ) -> tuple[list[task_pb2.Task], str]:
+        """Pages through ListTasks until `limit` tasks (0: all); returns them and the token
+        of the next page, empty when there is none."""
+        tasks: list[task_pb2.Task] = []
+        token = ""
+        while True:
+            size = min(limit - len(tasks), 500) if limit else 500
+            request = scheduler_pb2.ListTasksRequest(
+                statuses=statuses, host_id=host_id, page_size=size, page_token=token
+            )
+            page = self._call("list tasks", self._scheduler.ListTasks, request)
+            tasks.extend(page.tasks)
+            token = page.next_page_token
+            if not token or (limit and len(tasks) >= limit):
+                return tasks, token
+
+    def watch(self, task_id: str) -> Iterator[task_pb2.Task]:
+        """The task's current state, then each change; ends after a terminal state. No
+        deadline: a task may take as long as it takes. Raises grpc.RpcError as is, so the
+        caller can tell a dropped stream from a refusal."""
+        request = scheduler_pb2.WatchTaskRequest(task_id=task_id)
+        yield from self._scheduler.WatchTask(request, metadata=self._metadata)
+
+    def list_hosts(self) -> scheduler_pb2.ListHostsResponse:
+        return self._call("list hosts", self._scheduler.ListHosts, scheduler_pb2.ListHostsRequest())
+
+    # -- Admin ------------------------------------------------------------------------------
+
+    def create_token(
+        self, role: admin_pb2.Role.ValueType, host_id: str, name: str
+    ) -> admin_pb2.CreateTokenResponse:
+        request = admin_pb2.CreateTokenRequest(role=role, host_id=host_id, name=name)
+        return self._call("create token", self._admin.CreateToken, request)
+
+    def list_tokens(self) -> admin_pb2.ListTokensResponse:
+        return self._call("list tokens", self._admin.ListTokens, admin_pb2.ListTokensRequest())
+
+    def revoke_token(self, token_id: str) -> admin_pb2.RevokeTokenResponse:
+        request = admin_pb2.RevokeTokenRequest(token_id=token_id)
+        return self._call(f"revoke token {token_id}", self._admin.RevokeToken, request)

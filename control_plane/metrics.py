@@ -1,0 +1,41 @@
+"""Prometheus metrics of a control-plane replica (prometheus-client, default registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+TASKS = Gauge("amc_tasks", "Tasks by status (refreshed every few seconds)", ["status"])
+TRANSITIONS = Counter(
+    "amc_task_transitions_total", "Task transitions done by this replica", ["event", "to"]
+)
+ACQUIRE_WAIT = Histogram(
+    "amc_acquire_wait_seconds", "How long Acquire calls were held", buckets=LATENCY
+)
+ACQUIRES_WAITING = Gauge("amc_acquires_waiting", "Acquire long polls parked right now")
+ASSIGNMENT_LATENCY = Histogram(
+    "amc_assignment_latency_seconds", "Time from queued to assigned", buckets=LATENCY
+)
+RENEWALS = Counter("amc_renewals_total", "Lease renewals answered", ["result"])
+RENEWAL_BATCH = Histogram(
+    "amc_renewal_batch_leases",
+    "Leases per renewal request",
+    buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+)
+HOSTS_CONNECTED = Gauge("amc_hosts_connected", "Hosts seen within one lease TTL")
+STREAMS = Gauge("amc_renewal_streams", "Renewal streams open on this replica")
+CANCEL_DELIVERY = Histogram(
+    "amc_cancel_delivery_seconds",
+    "Cancel requested -> delivered to the host (push or renewal)",
+    ["path"],
+    buckets=LATENCY,
+)
+CANCEL_STOP = Histogram(
+    "amc_cancel_stop_seconds",
+    "Cancel delivered -> the host's cancelled report received",
+    buckets=LATENCY,
+)
+EXPIRED = Counter("amc_leases_expired_total", "Leases ended by expiry or release", ["to"])
+SWEEPS = Counter("amc_expiry_sweeps_total", "Expiry sweeps run by this replica")
+DATABASE_UP = Gauge("amc_database_up", "1 while the database answers")

@@ -1,0 +1,331 @@
+"""The host agent as a process: the `host-agent` console script, its flags and environment,
+SIGTERM drain, sd_notify to systemd, and the systemd unit itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from control_plane.domain import Role
+from host_agent.config import AgentSettings, duration, parse
+from host_agent.simulated import SimulatedSource
+from host_agent.systemd import Notifier, watchdog_interval
+from tests.host_agent_support import running_agent, status_is, submit
+from tests.support import Farm, actions_spec, eventually, tap, wait_action
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST_AGENT = Path(sys.executable).parent / "host-agent"
+UNIT = ROOT / "scripts" / "systemd" / "amc-host-agent.service"
+ENV_EXAMPLE = ROOT / "scripts" / "systemd" / "host-agent.env.example"
+
+
+@asynccontextmanager
+async def agent_process(*args: str, log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """The real console script; killed if a test leaves it running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMC_", "NOTIFY_"))}
+    with log.open("ab") as out:
+        proc = await asyncio.create_subprocess_exec(
+            str(HOST_AGENT), *args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env
+        )
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def log_events(log: Path) -> list[dict[str, object]]:
+    events = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            events.append(json.loads(line))
+    return events
+
+
+# -- SIGTERM --------------------------------------------------------------------------------
+
+
+async def test_sigterm_drain_releases_the_running_task_so_it_requeues_and_exits_0(
+    farm: Farm, tmp_path: Path
+) -> None:
+    """THEN the process exits 0, the task is queued again with attempt 1 released, and
+    nothing was reported for it."""
+    token = tmp_path / "host.token"
+    token.write_text(await farm.token(Role.HOST, "host-sig") + "\n")
+    log = tmp_path / "agent.log"
+    client = await farm.client()
+    async with agent_process(
+        "--control-plane",
+        farm.address,
+        "--token-file",
+        str(token),
+        "--host-id",
+        "host-sig",
+        "--simulated-devices",
+        "1",
+        "--sim-delay",
+        "10ms",
+        "--drain-timeout",
+        "0.5",
+        "--log-format",
+        "json",
+        log=log,
+    ) as proc:
+        task_id = await submit(client, actions_spec(tap(), wait_action(60), tap()))
+        await status_is(farm, task_id, "dispatched", within=30)
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+    assert rc == 0, log.read_text()
+    assert await farm.status(task_id) == "queued"
+    (attempt,) = await farm.attempts(task_id)
+    assert attempt["state"] == "released"
+    assert [e["kind"] for e in await farm.events(task_id)].count("report") == 0
+    messages = [e.get("event") for e in log_events(log)]
+    assert "drain timeout: stopping running tasks" in messages
+    assert "lease released" in messages
+
+
+async def test_sigterm_with_nothing_running_exits_0_promptly(farm: Farm, tmp_path: Path) -> None:
+    """THEN an idle agent stops at once (its Acquire long poll is abandoned) and exits 0."""
+    log = tmp_path / "agent.log"
+    token = await farm.token(Role.HOST, "host-idle")
+    env_token = tmp_path / "t"
+    env_token.write_text(token)
+    async with agent_process(
+        "--control-plane",
+        farm.address,
+        "--token-file",
+        str(env_token),
+        "--host-id",
+        "host-idle",
+        "--simulated-devices",
+        "2",
+        "--acquire-wait",
+        "30s",
+        "--log-format",
+        "json",
+        log=log,
+    ) as proc:
+        await eventually(
+            lambda: "registered" in [e.get("event") for e in log_events(log)],
+            timeout=30,
+            what="the agent to register",
+        )
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 10)
+    assert rc == 0, log.read_text()
+
+
+# -- flags and environment ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--drain-timeout", "soon"],
+        ["--control-plane", "no-port"],
+        ["--label", "novalue"],
+        ["--simulated-devices", "-1"],
+        ["--log-format", "xml"],
+        ["--no-such-flag"],
+        ["--token-file", "/nonexistent/token"],
+        ["--ca", "/nonexistent/ca.pem"],
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """THEN the process exits 2 and says what is wrong in one line."""
+    monkeypatch.setenv("AMC_TOKEN", "t")
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("host-agent: error: ")
+
+
+def test_missing_token_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """THEN without a token the agent does not start."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse([], env={})
+    assert exit_info.value.code == 2
+    assert "no host token" in capsys.readouterr().err
+
+
+def test_console_script_exits_2_on_a_bad_flag() -> None:
+    """THEN the installed `host-agent` script exits 2 with a one-line error."""
+    done = subprocess.run(
+        [str(HOST_AGENT), "--drain-timeout", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "--drain-timeout" in done.stderr
+
+
+def test_environment_supplies_defaults_and_flags_win(tmp_path: Path) -> None:
+    """THEN AMC_* variables configure the agent; a flag overrides its variable."""
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    env = {
+        "AMC_ADDR": "cp.example:7000",
+        "AMC_TOKEN_FILE": str(token),
+        "AMC_HOST_ID": "h9",
+        "AMC_LABELS": "site=lab, rack=r1",
+        "AMC_ADB_ADDR": "10.0.0.2:5038",
+        "AMC_DRAIN_TIMEOUT": "2m",
+        "AMC_SIMULATED_DEVICES": "3",
+        "AMC_LOG_FORMAT": "json",
+    }
+    config = parse(["--label", "rack=r2", "--drain-timeout", "500ms"], env=env)
+    assert config.control_plane == "cp.example:7000"
+    assert config.token == "secret"
+    assert config.agent.host_id == "h9"
+    assert dict(config.agent.labels) == {"site": "lab", "rack": "r2"}
+    assert (config.adb_host, config.adb_port) == ("10.0.0.2", 5038)
+    assert config.agent.drain_timeout == 0.5
+    assert config.simulated_devices == 3 and config.log_format == "json"
+
+
+def test_defaults() -> None:
+    """THEN with only a token: local control plane and adb, hostname as id, 30 s drain."""
+    config = parse([], env={"AMC_TOKEN": "t"})
+    assert config.control_plane == "127.0.0.1:50051"
+    assert (config.adb_host, config.adb_port) == ("127.0.0.1", 5037)
+    assert config.agent.host_id == socket.gethostname()
+    assert config.agent.drain_timeout == AgentSettings(host_id="x").drain_timeout == 30.0
+    assert config.simulated_devices == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30", 30.0), ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), (".5", 0.5)]
+)
+def test_duration_values(text: str, seconds: float) -> None:
+    assert duration(text) == pytest.approx(seconds)
+
+
+# -- systemd --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = str(tmp_path / "notify")
+    sock.bind(path)
+    sock.setblocking(False)
+    try:
+        yield sock, path
+    finally:
+        sock.close()
+
+
+def received(sock: socket.socket) -> list[str]:
+    messages = []
+    while True:
+        try:
+            messages.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            return messages
+
+
+async def test_agent_notifies_systemd_ready_after_registering_and_stopping_on_drain(
+    farm: Farm, notify_socket: tuple[socket.socket, str]
+) -> None:
+    """THEN READY=1 follows the first registration, WATCHDOG=1 pings come at half of
+    WATCHDOG_USEC, and STOPPING=1 is sent when the drain begins."""
+    sock, path = notify_socket
+    notifier = Notifier(path, environ={"WATCHDOG_USEC": "200000"})
+    seen: list[str] = []
+
+    def count(line: str) -> int:
+        seen.extend(received(sock))
+        return sum(line in message.split("\n") for message in seen)
+
+    async with running_agent(farm, SimulatedSource(1), notifier=notifier):
+        await eventually(lambda: count("READY=1"), what="READY=1")
+        await eventually(lambda: count("WATCHDOG=1") >= 2, timeout=5, what="two watchdog pings")
+        assert count("STOPPING=1") == 0
+    await eventually(lambda: count("STOPPING=1"), what="STOPPING=1")
+    ready = next(m for m in seen if "READY=1" in m.split("\n"))
+    assert "STATUS=1 device(s) online, 0 task(s) running" in ready.split("\n")
+    notifier.close()
+
+
+def test_notifier_reaches_an_abstract_socket() -> None:
+    """THEN an '@' address is the Linux abstract namespace, as systemd writes it."""
+    name = f"amc-test-{os.getpid()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name)
+    try:
+        notifier = Notifier(f"@{name}")
+        assert notifier.ready("up")
+        assert sock.recv(4096) == b"READY=1\nSTATUS=up"
+        notifier.close()
+    finally:
+        sock.close()
+
+
+def test_notifier_without_notify_socket_is_a_no_op() -> None:
+    notifier = Notifier(environ={})
+    assert not notifier.enabled and not notifier.ready("x") and not notifier.watchdog()
+
+
+def test_watchdog_interval_is_half_the_timeout_for_this_process_only() -> None:
+    assert watchdog_interval({"WATCHDOG_USEC": "30000000"}) == 15.0
+    assert (
+        watchdog_interval({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}) == 15.0
+    )
+    assert watchdog_interval({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
+    assert watchdog_interval({}) is None
+
+
+def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """THEN `systemd-analyze verify` accepts the unit without a single warning (ExecStart
+    pointed at this environment's real `host-agent`, which verify requires to exist)."""
+    analyze = shutil.which("systemd-analyze")
+    assert analyze is not None, "systemd-analyze is needed (Debian package `systemd`)"
+    assert HOST_AGENT.is_file()
+    text = UNIT.read_text()
+    assert "ExecStart=/opt/amc/.venv/bin/host-agent\n" in text
+    unit = tmp_path / UNIT.name
+    unit.write_text(
+        text.replace("ExecStart=/opt/amc/.venv/bin/host-agent", f"ExecStart={HOST_AGENT}")
+    )
+    done = subprocess.run(
+        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "", done.stderr
+
+
+def test_systemd_unit_stop_timeout_exceeds_the_drain_timeout() -> None:
+    """THEN systemd waits out the drain (and the reports) before it sends SIGKILL."""
+    settings = dict(
+        line.split("=", 1)
+        for line in UNIT.read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    env = dict(
+        line.split("=", 1)
+        for line in ENV_EXAMPLE.read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    drain = duration(env["AMC_DRAIN_TIMEOUT"])
+    report = AgentSettings(host_id="x").report_timeout
+    assert duration(settings["TimeoutStopSec"]) > drain + report
+    assert settings["Type"] == "notify" and settings["KillSignal"] == "SIGTERM"
+    assert settings["Restart"] == "on-failure"
