@@ -34,7 +34,7 @@ protos: $(INSTALLED)
 	touch $(GENERATED)
 
 run: setup
-	$(PY) -m control_plane.localfarm $(ARGS)
+	$(PY) scripts/localfarm.py $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

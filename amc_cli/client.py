@@ -83,7 +83,9 @@ class Client:
 
     def get_task(self, task_id: str) -> task_pb2.Task:
         return self._call(
-            f"task {task_id}", self._scheduler.GetTask, scheduler_pb2.GetTaskRequest(task_id=task_id)
+            f"task {task_id}",
+            self._scheduler.GetTask,
+            scheduler_pb2.GetTaskRequest(task_id=task_id),
         )
 
     def cancel(self, task_id: str, reason: str) -> task_pb2.Task:

@@ -91,6 +91,8 @@ class Renewal:
     attempt: int
     # Set when this answer is the first to carry the pending cancel: requested -> now.
     delivery_seconds: float | None = None
+    # This renewal was the host's acknowledgement (assigned -> dispatched).
+    acknowledged: bool = False
 
 
 @dataclass(frozen=True)

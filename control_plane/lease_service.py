@@ -166,6 +166,15 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         renewals = await self.store.renew(host_id, list(parsed.values()), ttl) if parsed else []
         by_id: dict[uuid.UUID, Renewal] = {r.lease_id: r for r in renewals}
         _observe_renewals(len(request.lease_ids), renewals)
+        for r in renewals:
+            if r.acknowledged:
+                log.info(
+                    "task dispatched",
+                    task_id=str(r.task_id),
+                    attempt=r.attempt,
+                    lease_id=str(r.lease_id),
+                    host_id=host_id,
+                )
         states = [
             _lease_state(raw, by_id.get(parsed[raw]) if raw in parsed else None, ttl)
             for raw in request.lease_ids
@@ -250,6 +259,8 @@ def _observe_renewals(asked: int, renewals: list[Renewal]) -> None:
     metrics.RENEWALS.labels("renewed").inc(renewed)
     metrics.RENEWALS.labels("conflict").inc(asked - renewed)
     for r in renewals:
+        if r.acknowledged:
+            metrics.TRANSITIONS.labels("acknowledge", "dispatched").inc()
         if r.delivery_seconds is not None:
             metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
 

@@ -67,8 +67,9 @@ WITH req AS (
     UPDATE hosts SET last_seen_at = now() WHERE host_id = $1
 )
 SELECT req.lease_id, r.task_id, r.attempt, COALESCE(r.cancel_pending, false) AS cancel_pending,
-       r.delivery_seconds
-FROM req LEFT JOIN renewed r USING (lease_id);
+       r.delivery_seconds, ack.task_id IS NOT NULL AS acknowledged
+FROM req LEFT JOIN renewed r USING (lease_id)
+         LEFT JOIN acknowledged ack ON ack.task_id = r.task_id;
 
 -- name: report_result
 SELECT code, (task).*, att_cancel_requested_at, att_cancel_delivered_at

@@ -230,6 +230,7 @@ class Store:
                 r["task_id"],
                 r["attempt"] or 0,
                 r["delivery_seconds"],
+                r["acknowledged"],
             )
             for r in rows
         ]

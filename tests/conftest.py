@@ -1,4 +1,3 @@
-# ruff: noqa: E402
 """One PostgreSQL server per test session (embedded, or DATABASE_URL's), the schema built
 once into a template, and a fresh database per test made from it."""
 

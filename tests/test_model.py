@@ -58,6 +58,10 @@ SETTINGS = Settings(
     watch_refresh=timedelta(seconds=1),
 )
 
+# What the steps ran into, over the whole test: printed at the end (pytest -s) and checked
+# so that a change that makes some branch unreachable does not pass unnoticed.
+COVERAGE: Counter[str] = Counter()
+
 OK = grpc.StatusCode.OK
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -348,6 +352,9 @@ class ControlPlaneMachine(RuleBasedStateMachine):
     # -- helpers ---------------------------------------------------------------------------
 
     def expect(self, reply: Reply, code: grpc.StatusCode, what: str) -> None:
+        COVERAGE[f"{what.split()[0]} {reply.code.name}"] += 1
+        if code == OK:
+            assert reply.value is not None
         assert reply.code == code, (
             f"{what}: got {reply.code.name} ({reply.details!r}), want {code.name}"
         )
@@ -413,6 +420,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         want = self.model.acquire(host, serials)
         got = [(a.task_id, a.attempt, a.device_serial) for a in reply.value]
         assert got == want, f"acquire({host}, {serials}): got {got}, want {want}"
+        COVERAGE[f"acquire {len(got)} assignments"] += 1
         leases = [
             Lease(a.task_id, a.attempt, a.lease_id, host, a.device_serial) for a in reply.value
         ]
@@ -437,6 +445,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         want = {i: self.model.renew(host, i) for i in dict.fromkeys(ids)}
         for s in states:
             renewed, cancel_pending = want[s.lease_id]
+            COVERAGE[f"renewal {'RENEWED' if renewed else 'CONFLICT'} {cancel_pending=}"] += 1
             result = (
                 lease_pb2.RENEWAL_RESULT_RENEWED if renewed else lease_pb2.RENEWAL_RESULT_CONFLICT
             )
@@ -484,6 +493,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         )
         reply = self.world.call(lambda: self.world.hosts[host].c.lease.ReportResult(request))
         want = self.model.report(host, lease.lease_id, task_id, attempt, outcome)
+        COVERAGE[f"report {outcome} {variant} {'foreign' if foreign else 'own'} {want.name}"] += 1
         self.expect(reply, want, f"report {outcome} on {lease} as {host} ({variant})")
         if reply.code == OK:
             self.expect_task(reply.value, "report")
@@ -501,11 +511,13 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             return  # its attempt already ended: moving its expiry means nothing
         self.world.run(self.world.expire(lease.lease_id))
         self.model.end(a, "expired")
+        COVERAGE[f"expiry to {self.model.tasks[a.task_id].status}"] += 1
 
     @precondition(lambda self: self.restarts < MAX_RESTARTS)
     @rule()
     def restart(self) -> None:
         self.restarts += 1
+        COVERAGE["restart"] += 1
         self.world.run(self.world.restart())
 
     def _caller(self, lease: Lease, foreign: bool) -> str:
@@ -610,6 +622,7 @@ async def test_control_plane_matches_the_reference_state_machine(farm: Farm) -> 
         suppress_health_check=list(HealthCheck),
     )
     await asyncio.to_thread(run_state_machine_as_test, machine, settings=config)
+    print(sorted(COVERAGE.items()))
 
 
 def test_the_model_refuses_a_report_from_a_stale_attempt() -> None:

@@ -1,0 +1,559 @@
+"""Task-spec files (YAML or JSON) -> `SubmitTaskRequest`.
+
+A file is a mapping with `actions:` (a list of actions) or `workflow:` (named steps), plus
+optional `selector`, `priority`, `max_attempts`, `metadata` and `request_id`; a bare list
+is an actions list. An action is a one-key mapping, `kind: arguments`, where the kinds and
+their fields are those of `amc.v1.Action`, and shorthands spare the common cases:
+
+    - tap: [540, 1200]                      # or {x: 540, y: 1200}
+    - tap_on: "Log in"                      # or {text: ...}, {resource_id: ...}, {selector: ...}
+    - input_text: "alice@example.com"
+    - key: enter                            # a name from KEYCODES, or a number
+    - wait: 2s                              # durations: 2s, 500ms, 1m30s, 1.5 (seconds)
+    - shell: "pm list packages"             # or {command: ..., timeout: 5s}
+    - screenshot                            # no arguments
+
+The document is normalised against the message descriptors (names checked, durations
+turned into proto JSON, scalars coerced) and then handed to `json_format.ParseDict`. Each
+problem is reported with the file, the line (YAML) and the path inside the document;
+the server checks values (ranges, required fields) and its answers name the field too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import sys
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from datetime import date
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import duration_pb2, json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from amc.v1 import scheduler_pb2, task_pb2
+from amc_cli.errors import BadInput, SpecError
+
+STDIN = "-"
+
+# Android KeyEvent codes an operator is likely to want by name.
+KEYCODES = {
+    "home": 3,
+    "back": 4,
+    "call": 5,
+    "endcall": 6,
+    "dpad_up": 19,
+    "dpad_down": 20,
+    "dpad_left": 21,
+    "dpad_right": 22,
+    "dpad_center": 23,
+    "volume_up": 24,
+    "volume_down": 25,
+    "power": 26,
+    "camera": 27,
+    "tab": 61,
+    "space": 62,
+    "enter": 66,
+    "del": 67,
+    "backspace": 67,
+    "menu": 82,
+    "search": 84,
+    "media_play_pause": 85,
+    "page_up": 92,
+    "page_down": 93,
+    "escape": 111,
+    "forward_del": 112,
+    "move_home": 122,
+    "move_end": 123,
+    "app_switch": 187,
+    "sleep": 223,
+    "wakeup": 224,
+}
+
+# A lone scalar fills this field of the message.
+_SCALAR_FIELD = {
+    "amc.v1.Wait": "duration",
+    "amc.v1.InputText": "text",
+    "amc.v1.Key": "keycode",
+    "amc.v1.LaunchApp": "package",
+    "amc.v1.StopApp": "package",
+    "amc.v1.Shell": "command",
+    "amc.v1.TapOn": "selector",
+    "amc.v1.WaitFor": "selector",
+    "amc.v1.AssertVisible": "selector",
+    "amc.v1.UiSelector": "text",
+}
+# A list fills these fields in order; the first `required` of them must be there.
+_LIST_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "amc.v1.Tap": (2, ("x", "y")),
+    "amc.v1.Swipe": (4, ("x1", "y1", "x2", "y2", "duration")),
+}
+_TOP_LEVEL = [
+    "actions",
+    "workflow",
+    "selector",
+    "priority",
+    "max_attempts",
+    "metadata",
+    "request_id",
+    "spec",
+]
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|m|s|ms|us|µs|ns)")
+_NANOS = {
+    "h": 3600 * 10**9,
+    "m": 60 * 10**9,
+    "s": 10**9,
+    "ms": 10**6,
+    "us": 10**3,
+    "µs": 10**3,
+    "ns": 1,
+}
+
+
+def load_request(path: str) -> scheduler_pb2.SubmitTaskRequest:
+    """Read FILE (or stdin for `-`) and build the request it describes."""
+    source, text = _read(path)
+    doc = _parse(source, text, as_json=path.lower().endswith(".json"))
+    return _Builder(doc).request()
+
+
+def with_flags(
+    request: scheduler_pb2.SubmitTaskRequest,
+    *,
+    serial: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    request_id: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> scheduler_pb2.SubmitTaskRequest:
+    """Command-line flags win over the file; labels and metadata merge key by key."""
+    out = scheduler_pb2.SubmitTaskRequest()
+    out.CopyFrom(request)
+    if serial is not None:
+        out.selector.serial = serial
+    out.selector.labels.update(labels or {})
+    if priority is not None:
+        out.priority = priority
+    if max_attempts is not None:
+        out.max_attempts = max_attempts
+    if request_id is not None:
+        out.request_id = request_id
+    out.metadata.update(metadata or {})
+    return out
+
+
+def parse_duration(value: object) -> duration_pb2.Duration:
+    """`2s`, `500ms`, `1m30s`, `1.5` or a number of seconds; raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 2s, 500ms or 1m30s")
+    if isinstance(value, int | float):
+        nanos = Decimal(str(value)) * 10**9
+    elif isinstance(value, str):
+        nanos = _duration_nanos(value.strip())
+    else:
+        raise ValueError("expected a duration such as 2s, 500ms or 1m30s")
+    if not nanos.is_finite():
+        raise ValueError("expected a finite duration")
+    if nanos < 0:
+        raise ValueError("a duration cannot be negative")
+    d = duration_pb2.Duration()
+    try:
+        d.FromNanoseconds(int(nanos))
+    except (ValueError, OverflowError):
+        raise ValueError("too long for a duration") from None
+    return d
+
+
+def _duration_nanos(text: str) -> Decimal:
+    try:
+        return Decimal(text) * 10**9
+    except InvalidOperation:
+        pass
+    total, pos = Decimal(0), 0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += Decimal(match[1]) * _NANOS[match[2]]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"{text!r} is not a duration (try 2s, 500ms, 1m30s or 1.5)")
+    return total
+
+
+# -- reading and parsing ---------------------------------------------------------------------
+
+
+def _read(path: str) -> tuple[str, str]:
+    if path == STDIN:
+        return "<stdin>", sys.stdin.read()
+    try:
+        return path, Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read spec file {path}: {exc.strerror or exc}") from None
+
+
+@dataclass
+class _Doc:
+    """A parsed document and the line of each container and item (YAML only)."""
+
+    source: str
+    data: Any
+    lines: dict[int, int] = field(default_factory=dict)
+    item_lines: dict[tuple[int, Hashable], int] = field(default_factory=dict)
+    # Containers made while normalising are kept alive, so their ids stay theirs.
+    made: list[Any] = field(default_factory=list)
+
+    def remember(self, made: Any, line: int | None) -> None:
+        self.made.append(made)
+        if line:
+            self.lines[id(made)] = line
+
+    def line(self, parent: Any, key: Hashable, value: Any = None) -> int | None:
+        if isinstance(value, dict | list) and id(value) in self.lines:
+            return self.lines[id(value)]
+        return self.item_lines.get((id(parent), key)) or self.lines.get(id(parent))
+
+    def error(self, parent: Any, key: Hashable, value: Any, path: str, problem: str) -> SpecError:
+        where = f"{path}: " if path else ""
+        return SpecError(self.source, self.line(parent, key, value), where + problem)
+
+
+def _parse(source: str, text: str, *, as_json: bool) -> _Doc:
+    if not text.strip():
+        raise SpecError(source, None, "the file is empty; it needs actions or a workflow")
+    looks_json = text.lstrip()[:1] in ("{", "[")
+    if as_json or looks_json:
+        try:
+            return _Doc(source, json.loads(text, object_pairs_hook=_no_duplicates(source)))
+        except json.JSONDecodeError as exc:
+            if as_json:
+                raise SpecError(source, exc.lineno, f"invalid JSON: {exc.msg}") from None
+            # A YAML flow mapping also starts with a brace; let YAML have a go.
+    return _parse_yaml(source, text)
+
+
+def _no_duplicates(source: str) -> Any:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise SpecError(source, None, f"duplicate key {key!r}")
+            out[key] = value
+        return out
+
+    return hook
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that remembers lines and refuses duplicate keys."""
+
+    def __init__(self, source: str, text: str) -> None:
+        super().__init__(text)
+        self.doc = _Doc(source, None)
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    out: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if not isinstance(key, Hashable):
+            raise SpecError(loader.doc.source, line, "a mapping key must be a plain value")
+        if key in out:
+            raise SpecError(loader.doc.source, line, f"duplicate key {key!r}")
+        out[key] = loader.construct_object(value_node, deep=True)
+        loader.doc.item_lines[(id(out), key)] = value_node.start_mark.line + 1
+    loader.doc.lines[id(out)] = node.start_mark.line + 1
+    return out
+
+
+def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> list[Any]:
+    out = [loader.construct_object(child, deep=True) for child in node.value]
+    for i, child in enumerate(node.value):
+        loader.doc.item_lines[(id(out), i)] = child.start_mark.line + 1
+    loader.doc.lines[id(out)] = node.start_mark.line + 1
+    return out
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
+
+
+def _parse_yaml(source: str, text: str) -> _Doc:
+    loader = _Loader(source, text)
+    try:
+        loader.doc.data = loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        raise SpecError(source, *_yaml_problem(exc)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(source, None, f"invalid YAML: {' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
+    return loader.doc
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> tuple[int | None, str]:
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or exc.context or "cannot parse"
+    text = f"invalid YAML: {problem}"
+    if mark is not None:
+        text += f" (column {mark.column + 1})"
+    if exc.context and exc.context_mark is not None and exc.problem:
+        text += f", {exc.context} on line {exc.context_mark.line + 1}"
+    return (mark.line + 1 if mark is not None else None), text
+
+
+# -- normalising against the descriptors -----------------------------------------------------
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def _suggest(word: object, choices: list[str]) -> str:
+    close = difflib.get_close_matches(str(word), choices, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _repeated(f: FieldDescriptor) -> bool:
+    return bool(f.is_repeated)
+
+
+def _is_map(f: FieldDescriptor) -> bool:
+    return f.message_type is not None and f.message_type.GetOptions().map_entry
+
+
+class _Builder:
+    """Walks the document beside the message descriptors, producing proto JSON."""
+
+    def __init__(self, doc: _Doc) -> None:
+        self.doc = doc
+
+    def fail(self, parent: Any, key: Hashable, value: Any, path: str, problem: str) -> SpecError:
+        return self.doc.error(parent, key, value, path, problem)
+
+    def request(self) -> scheduler_pb2.SubmitTaskRequest:
+        data = self.doc.data
+        if isinstance(data, list):
+            data = {"actions": data}
+            self.doc.remember(data, 1)
+        if not isinstance(data, dict):
+            problem = f"expected a mapping with actions or workflow, got {_describe(data)}"
+            raise self.fail(None, None, data, "", problem)
+        out: dict[str, Any] = {}
+        spec: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "actions":
+                spec["actions"] = {"actions": self.field(value, _ACTIONS, key, data, key)}
+            elif key == "workflow":
+                if isinstance(value, list):
+                    value = {"steps": value}
+                    self.doc.remember(value, self.doc.line(data, key))
+                spec["workflow"] = self.message(value, task_pb2.Workflow.DESCRIPTOR, key, data, key)
+            elif key == "spec":
+                spec.update(self.message(value, task_pb2.TaskSpec.DESCRIPTOR, key, data, key))
+            elif key in _REQUEST_FIELDS:
+                f = _REQUEST_FIELDS[key]
+                out[f.name] = self.field(value, f, f.name, data, key)
+            else:
+                raise self.fail(data, key, None, "", _unknown_top_level(key))
+        if len(spec) != 1:
+            problem = "set actions or workflow, not both" if spec else "no actions or workflow"
+            raise self.fail(data, None, data, "", problem)
+        out["spec"] = spec
+        try:
+            return json_format.ParseDict(out, scheduler_pb2.SubmitTaskRequest())
+        except json_format.ParseError as exc:
+            raise SpecError(self.doc.source, None, " ".join(str(exc).split())) from None
+
+    def message(self, value: Any, desc: Descriptor, path: str, parent: Any, key: Hashable) -> Any:
+        if desc.full_name == "google.protobuf.Duration":
+            try:
+                return parse_duration(value).ToJsonString()
+            except ValueError as exc:
+                raise self.fail(parent, key, value, path, str(exc)) from None
+        if desc.full_name == "amc.v1.Action":
+            return self.action(value, path, parent, key)
+        value = self.shorthand(value, desc, path, parent, key)
+        if not isinstance(value, dict):
+            names = ", ".join(desc.fields_by_name)
+            problem = f"expected a mapping of {names}, got {_describe(value)}"
+            raise self.fail(parent, key, value, path, problem)
+        value = self.inline_selector(value, desc, path, parent, key)
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            f = desc.fields_by_name.get(k) or desc.fields_by_camelcase_name.get(k)
+            if f is None:
+                names = list(desc.fields_by_name)
+                problem = f"unknown field {k!r}; {_suggest(k, names)}{desc.name} has " + ", ".join(
+                    names
+                )
+                raise self.fail(value, k, None, path, problem)
+            out[f.name] = self.field(v, f, f"{path}.{f.name}", value, k)
+        return out
+
+    def shorthand(self, value: Any, desc: Descriptor, path: str, parent: Any, key: Hashable) -> Any:
+        """`null` is `{}`; a list or a lone scalar fills the fields in _LIST_FIELDS and
+        _SCALAR_FIELD."""
+        if value is None:
+            return {}
+        if isinstance(value, list) and desc.full_name in _LIST_FIELDS:
+            required, names = _LIST_FIELDS[desc.full_name]
+            if not required <= len(value) <= len(names):
+                shape = ", ".join(names[:required]) + (", ..." if len(names) > required else "")
+                raise self.fail(parent, key, value, path, f"expected a list [{shape}]")
+            out = dict(zip(names, value, strict=False))
+            self.doc.remember(out, self.doc.line(parent, key, value))
+            return out
+        if not isinstance(value, dict | list) and desc.full_name in _SCALAR_FIELD:
+            return {_SCALAR_FIELD[desc.full_name]: value}
+        return value
+
+    def inline_selector(
+        self, value: dict[Any, Any], desc: Descriptor, path: str, parent: Any, key: Hashable
+    ) -> dict[Any, Any]:
+        """`tap_on: {text: OK}` means `tap_on: {selector: {text: OK}}`."""
+        sel = desc.fields_by_name.get("selector")
+        if sel is None or sel.message_type.full_name != "amc.v1.UiSelector":
+            return value
+        by = [k for k in value if k in sel.message_type.fields_by_name]
+        if not by:
+            return value
+        if "selector" in value:
+            problem = "give selector: or text/resource_id/content_desc, not both"
+            raise self.fail(parent, key, value, path, problem)
+        out = {k: v for k, v in value.items() if k not in by}
+        out["selector"] = {k: value[k] for k in by}
+        line = self.doc.line(parent, key, value)
+        self.doc.remember(out, line)
+        self.doc.remember(out["selector"], line)
+        return out
+
+    def action(self, value: Any, path: str, parent: Any, key: Hashable) -> dict[str, Any]:
+        if isinstance(value, str) and value in _ACTION_KINDS:
+            value = {value: None}  # `- screenshot`
+        if not isinstance(value, dict):
+            problem = f"an action is a mapping such as `tap: [10, 20]`, got {_describe(value)}"
+            raise self.fail(parent, key, value, path, problem)
+        if len(value) != 1:
+            found = ", ".join(map(str, value)) or "nothing"
+            problem = f"an action has exactly one kind, found {found}"
+            raise self.fail(parent, key, value, path, problem)
+        ((kind, args),) = value.items()
+        desc = task_pb2.Action.DESCRIPTOR
+        f = desc.fields_by_name.get(kind) or desc.fields_by_camelcase_name.get(kind)
+        if f is None:
+            kinds = ", ".join(_ACTION_KINDS)
+            problem = f"unknown action {kind!r}; {_suggest(kind, _ACTION_KINDS)}expected {kinds}"
+            raise self.fail(parent, key, value, path, problem)
+        return {f.name: self.message(args, f.message_type, f"{path}.{f.name}", value, kind)}
+
+    def field(self, value: Any, f: FieldDescriptor, path: str, parent: Any, key: Hashable) -> Any:
+        if _is_map(f):
+            if not isinstance(value, dict):
+                raise self.fail(
+                    parent, key, value, path, f"expected a mapping, got {_describe(value)}"
+                )
+            vf = f.message_type.fields_by_name["value"]
+            return {str(k): self.single(v, vf, f"{path}.{k}", value, k) for k, v in value.items()}
+        if _repeated(f):
+            if not isinstance(value, list):
+                raise self.fail(
+                    parent, key, value, path, f"expected a list, got {_describe(value)}"
+                )
+            return [self.single(v, f, f"{path}[{i}]", value, i) for i, v in enumerate(value)]
+        return self.single(value, f, path, parent, key)
+
+    def single(self, value: Any, f: FieldDescriptor, path: str, parent: Any, key: Hashable) -> Any:
+        if f.message_type is not None:
+            return self.message(value, f.message_type, path, parent, key)
+        try:
+            return _scalar(value, f)
+        except ValueError as exc:
+            raise self.fail(parent, key, value, path, str(exc)) from None
+
+
+_ACTIONS = task_pb2.ActionList.DESCRIPTOR.fields_by_name["actions"]
+_ACTION_KINDS = list(task_pb2.Action.DESCRIPTOR.fields_by_name)
+_REQUEST_FIELDS = {
+    name: f
+    for names in (
+        scheduler_pb2.SubmitTaskRequest.DESCRIPTOR.fields_by_name,
+        scheduler_pb2.SubmitTaskRequest.DESCRIPTOR.fields_by_camelcase_name,
+    )
+    for name, f in names.items()
+    if f.name != "spec"
+}
+
+
+def _unknown_top_level(key: Any) -> str:
+    hint = " (steps go under workflow:)" if key == "steps" else ""
+    return f"unknown key {key!r}{hint}; {_suggest(key, _TOP_LEVEL)}expected " + ", ".join(
+        _TOP_LEVEL
+    )
+
+
+def _scalar(value: Any, f: FieldDescriptor) -> Any:
+    t = f.type
+    if t == FieldDescriptor.TYPE_STRING:
+        return _text(value)
+    if t == FieldDescriptor.TYPE_BOOL:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"expected true or false, got {_describe(value)}")
+    if t == FieldDescriptor.TYPE_ENUM:
+        return value
+    if t in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"expected a number, got {_describe(value)}")
+    if f.full_name == "amc.v1.Key.keycode" and isinstance(value, str):
+        return _keycode(value)
+    return _whole_number(value)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, date):  # YAML reads 2024-05-01 as a date
+        return value.isoformat()
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise ValueError(f"expected text, got {_describe(value)}")
+
+
+def _whole_number(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        return int(value)
+    raise ValueError(f"expected a whole number, got {_describe(value)}")
+
+
+def _keycode(value: str) -> int:
+    name = value.strip().lower().removeprefix("keycode_")
+    if name in KEYCODES:
+        return KEYCODES[name]
+    if name.isdigit():
+        return int(name)
+    names = list(KEYCODES)
+    raise ValueError(
+        f"unknown key {value!r}; {_suggest(name, names)}use a number or one of " + ", ".join(names)
+    )
