@@ -42,7 +42,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy control_plane host_agent amc_common
+	$(VENV)/bin/mypy control_plane host_agent amc_common amc_cli
 
 clean:
 	rm -rf $(VENV) amc .pytest_cache

@@ -82,25 +82,22 @@ class Client:
         return self._call("submit", self._scheduler.SubmitTask, request)
 
     def get_task(self, task_id: str) -> task_pb2.Task:
-        return self._call(
-            f"task {task_id}",
-            self._scheduler.GetTask,
-            scheduler_pb2.GetTaskRequest(task_id=task_id),
-        )
+        request = scheduler_pb2.GetTaskRequest(task_id=task_id)
+        return self._call("get task", self._scheduler.GetTask, request)
 
     def cancel(self, task_id: str, reason: str) -> task_pb2.Task:
         request = scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
-        return self._call(f"cancel task {task_id}", self._scheduler.CancelTask, request)
+        return self._call("cancel task", self._scheduler.CancelTask, request)
 
     def list_tasks(
-        self, statuses: list[task_pb2.TaskStatus.ValueType], host_id: str, limit: int
+        self, statuses: list[task_pb2.TaskStatus], host_id: str, limit: int, page_size: int = 500
     ) -> tuple[list[task_pb2.Task], str]:
         """Pages through ListTasks until `limit` tasks (0: all); returns them and the token
         of the next page, empty when there is none."""
         tasks: list[task_pb2.Task] = []
         token = ""
         while True:
-            size = min(limit - len(tasks), 500) if limit else 500
+            size = min(limit - len(tasks), page_size) if limit else page_size
             request = scheduler_pb2.ListTasksRequest(
                 statuses=statuses, host_id=host_id, page_size=size, page_token=token
             )
@@ -123,7 +120,7 @@ class Client:
     # -- Admin ------------------------------------------------------------------------------
 
     def create_token(
-        self, role: admin_pb2.Role.ValueType, host_id: str, name: str
+        self, role: admin_pb2.Role, host_id: str, name: str
     ) -> admin_pb2.CreateTokenResponse:
         request = admin_pb2.CreateTokenRequest(role=role, host_id=host_id, name=name)
         return self._call("create token", self._admin.CreateToken, request)
@@ -133,4 +130,4 @@ class Client:
 
     def revoke_token(self, token_id: str) -> admin_pb2.RevokeTokenResponse:
         request = admin_pb2.RevokeTokenRequest(token_id=token_id)
-        return self._call(f"revoke token {token_id}", self._admin.RevokeToken, request)
+        return self._call("revoke token", self._admin.RevokeToken, request)

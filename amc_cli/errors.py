@@ -30,10 +30,16 @@ class ExitCode(enum.IntEnum):
 
 
 EXIT_CODES_HELP = """\
-Exit codes: 0 ok · 1 other error · 2 bad input (usage, spec file, INVALID_ARGUMENT) ·
-3 not found · 4 conflict (FAILED_PRECONDITION, ABORTED, ALREADY_EXISTS) ·
-5 unavailable (UNAVAILABLE, DEADLINE_EXCEEDED) · 6 auth (UNAUTHENTICATED,
-PERMISSION_DENIED) · watch and submit --wait: 0 done, 8 failed, 9 cancelled."""
+**Exit codes:**
+0 ok ·
+1 any other error ·
+2 bad input (usage, spec file, INVALID_ARGUMENT) ·
+3 not found ·
+4 conflict (FAILED_PRECONDITION, ABORTED, ALREADY_EXISTS) ·
+5 unavailable (UNAVAILABLE, DEADLINE_EXCEEDED) ·
+6 auth (UNAUTHENTICATED, PERMISSION_DENIED).
+watch, submit --wait and cancel --wait end with 0 when the task is done,
+8 when it failed, 9 when it was cancelled."""
 
 _BY_STATUS: dict[grpc.StatusCode, ExitCode] = {
     grpc.StatusCode.INVALID_ARGUMENT: ExitCode.BAD_INPUT,

@@ -103,7 +103,7 @@ _TOP_LEVEL = [
     "request_id",
     "spec",
 ]
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|m|s|ms|us|µs|ns)")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
 _NANOS = {
     "h": 3600 * 10**9,
     "m": 60 * 10**9,
@@ -302,13 +302,18 @@ def _parse_yaml(source: str, text: str) -> _Doc:
 
 
 def _yaml_problem(exc: yaml.MarkedYAMLError) -> tuple[int | None, str]:
+    """PyYAML's context ("while parsing a block mapping", at its own line) then its
+    problem, at the line and column reported."""
     mark = exc.problem_mark or exc.context_mark
-    problem = exc.problem or exc.context or "cannot parse"
-    text = f"invalid YAML: {problem}"
+    text = "invalid YAML: "
+    if exc.context:
+        text += exc.context
+        if exc.context_mark is not None and exc.problem:
+            text += f" on line {exc.context_mark.line + 1}"
+        text += ", " if exc.problem else ""
+    text += exc.problem or ""
     if mark is not None:
         text += f" (column {mark.column + 1})"
-    if exc.context and exc.context_mark is not None and exc.problem:
-        text += f", {exc.context} on line {exc.context_mark.line + 1}"
     return (mark.line + 1 if mark is not None else None), text
 
 
@@ -399,10 +404,9 @@ class _Builder:
         for k, v in value.items():
             f = desc.fields_by_name.get(k) or desc.fields_by_camelcase_name.get(k)
             if f is None:
-                names = list(desc.fields_by_name)
-                problem = f"unknown field {k!r}; {_suggest(k, names)}{desc.name} has " + ", ".join(
-                    names
-                )
+                known = list(desc.fields_by_name)
+                has = ", ".join(known)
+                problem = f"unknown field {k!r}; {_suggest(k, known)}{desc.name} has {has}"
                 raise self.fail(value, k, None, path, problem)
             out[f.name] = self.field(v, f, f"{path}.{f.name}", value, k)
         return out
@@ -421,7 +425,9 @@ class _Builder:
             self.doc.remember(out, self.doc.line(parent, key, value))
             return out
         if not isinstance(value, dict | list) and desc.full_name in _SCALAR_FIELD:
-            return {_SCALAR_FIELD[desc.full_name]: value}
+            out = {_SCALAR_FIELD[desc.full_name]: value}
+            self.doc.remember(out, self.doc.line(parent, key, value))
+            return out
         return value
 
     def inline_selector(
@@ -553,7 +559,7 @@ def _keycode(value: str) -> int:
         return KEYCODES[name]
     if name.isdigit():
         return int(name)
-    names = list(KEYCODES)
     raise ValueError(
-        f"unknown key {value!r}; {_suggest(name, names)}use a number or one of " + ", ".join(names)
+        f"unknown key {value!r}; {_suggest(name, list(KEYCODES))}use a keycode number or a name"
+        " such as enter, back, home, tab, del (list in docs/cli.md)"
     )

@@ -1,0 +1,374 @@
+"""The `amc` commands. Each one reads its flags, makes its calls through `Client` and
+hands the answer to `render`; failures are raised as `CliError` and printed by __main__."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from amc.v1 import admin_pb2, task_pb2
+from amc_cli import render
+from amc_cli.client import Client, Target, read_token
+from amc_cli.errors import EXIT_CODES_HELP, BadInput, ExitCode
+from amc_cli.follow import follow, outcome_exit
+from amc_cli.specfile import load_request, with_flags
+
+DEFAULT_ADDR = "127.0.0.1:50051"
+
+app = typer.Typer(
+    name="amc",
+    help="Operate an Agentic Mobile Control phone farm: submit, follow and cancel tasks, "
+    "see hosts and devices, manage tokens.",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+tokens_app = typer.Typer(
+    help="Bearer tokens (operator role).",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    epilog=EXIT_CODES_HELP,
+)
+app.add_typer(tokens_app, name="tokens")
+
+
+class Output(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+class Status(enum.StrEnum):
+    queued = "queued"
+    assigned = "assigned"
+    dispatched = "dispatched"
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def pb(self) -> task_pb2.TaskStatus:
+        return task_pb2.TaskStatus.Value(f"TASK_STATUS_{self.name.upper()}")
+
+
+class RoleName(enum.StrEnum):
+    client = "client"
+    operator = "operator"
+    host = "host"
+
+    @property
+    def pb(self) -> admin_pb2.Role:
+        return admin_pb2.Role.Value(f"ROLE_{self.name.upper()}")
+
+
+OutputOpt = Annotated[
+    Output,
+    typer.Option("--output", "-o", envvar="AMC_OUTPUT", help="table for people, json for scripts."),
+]
+
+
+@dataclass
+class Session:
+    """The connection flags; the client is made on first use, so `--help` needs none."""
+
+    addr: str
+    token: str | None
+    token_file: Path | None
+    ca: Path | None
+    tls: bool
+    timeout: float
+    _client: Client | None = field(default=None, repr=False)
+
+    def client(self) -> Client:
+        if self._client is None:
+            token = read_token(self.token, self.token_file)
+            target = Target(self.addr, token, self.ca, self.tls, self.timeout)
+            self._client = Client(target)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _client(ctx: typer.Context) -> Client:
+    session: Session = ctx.find_root().obj
+    return session.client()
+
+
+def _exit(code: ExitCode) -> NoReturn:
+    raise typer.Exit(int(code))
+
+
+def _key_values(values: list[str] | None, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"{flag}: expected KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+@app.callback()
+def connect(
+    ctx: typer.Context,
+    addr: Annotated[
+        str, typer.Option(envvar="AMC_ADDR", help="Control plane address, host:port.")
+    ] = DEFAULT_ADDR,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="AMC_TOKEN", help="Bearer token.", show_default=False),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="AMC_TOKEN_FILE", help="File holding the bearer token."),
+    ] = None,
+    ca: Annotated[
+        Path | None,
+        typer.Option(envvar="AMC_CA", help="PEM CA bundle: use TLS and trust this CA."),
+    ] = None,
+    tls: Annotated[
+        bool, typer.Option(envvar="AMC_TLS", help="Use TLS with the system's CAs.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(envvar="AMC_TIMEOUT", help="Seconds to wait for each answer.")
+    ] = 30.0,
+) -> None:
+    """Operate an Agentic Mobile Control phone farm."""
+    session = Session(addr, token, token_file, ca, tls, timeout)
+    ctx.obj = session
+    ctx.call_on_close(session.close)
+
+
+# -- tasks -----------------------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    ctx: typer.Context,
+    file: Annotated[
+        str, typer.Argument(metavar="FILE", help="YAML or JSON task spec; - reads stdin.")
+    ],
+    serial: Annotated[
+        str | None, typer.Option(help="Run on this device serial only.", show_default=False)
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", "-l", metavar="KEY=VALUE", help="Required device label."),
+    ] = None,
+    priority: Annotated[int | None, typer.Option(help="Higher runs first.")] = None,
+    max_attempts: Annotated[int | None, typer.Option(help="Attempts before failing.")] = None,
+    request_id: Annotated[
+        str | None, typer.Option(help="Idempotency key: resubmitting returns the same task.")
+    ] = None,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option("--metadata", "-m", metavar="KEY=VALUE", help="Metadata to attach."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", "-w", help="Follow the task until it ends, like watch.")
+    ] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Submit a task from a YAML or JSON spec file (see docs/cli.md for the format).
+
+    Flags override the file's selector, priority, max_attempts and request_id; labels and
+    metadata are merged into the file's. With --wait the exit code tells the outcome:
+    0 done, 8 failed, 9 cancelled.
+    """
+    request = with_flags(
+        load_request(file),
+        serial=serial,
+        labels=_key_values(label, "--label"),
+        priority=priority,
+        max_attempts=max_attempts,
+        request_id=request_id,
+        metadata=_key_values(metadata, "--metadata"),
+    )
+    client = _client(ctx)
+    task = client.submit(request)
+    if not wait:
+        if output is Output.json:
+            render.print_json(task)
+        else:
+            render.console().print(
+                f"submitted task {task.task_id} ({render.status_name(task.status)})",
+                highlight=False,
+            )
+        return
+    if output is Output.table:
+        render.console().print(f"submitted task {task.task_id}", highlight=False)
+    _follow(client, task.task_id, output)
+
+
+@app.command()
+def get(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="Task id.")],
+    output: OutputOpt = Output.table,
+) -> None:
+    """Show one task: status, where it runs, its spec and step results."""
+    task = _client(ctx).get_task(task_id)
+    if output is Output.json:
+        render.print_json(task)
+    else:
+        render.task_detail(task)
+
+
+@app.command("list")
+def list_tasks(
+    ctx: typer.Context,
+    status: Annotated[
+        list[Status] | None,
+        typer.Option("--status", "-s", help="Only tasks in this status (repeatable)."),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Only tasks on this host.", show_default=False)
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=0, help="At most this many tasks; 0 for all.")
+    ] = 50,
+    output: OutputOpt = Output.table,
+) -> None:
+    """List tasks, newest first."""
+    statuses = [s.pb for s in status or []]
+    tasks, next_page = _client(ctx).list_tasks(statuses, host or "", limit)
+    if output is Output.json:
+        render.print_json(
+            {"tasks": [render.to_dict(t) for t in tasks], "next_page_token": next_page}
+        )
+    else:
+        render.task_table(tasks, more=bool(next_page))
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="Task id.")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Recorded with the task.")] = "",
+    wait: Annotated[
+        bool, typer.Option("--wait", "-w", help="Follow the task until it has stopped.")
+    ] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Cancel a task.
+
+    A queued task is cancelled at once; a running one stops at its host's next renewal
+    (or sooner, by push). Cancelling a cancelled task changes nothing; cancelling a done
+    or failed task is a conflict (exit 4). With --wait, exits by outcome like watch.
+    """
+    client = _client(ctx)
+    task = client.cancel(task_id, reason)
+    if wait and task.status not in render.TERMINAL:
+        _follow(client, task_id, output)
+        return
+    if output is Output.json:
+        render.print_json(task)
+    elif task.status in render.TERMINAL:
+        render.console().print(f"task {task.task_id} {render.status_name(task.status)}")
+    else:
+        render.console().print(
+            f"cancellation requested: task {task.task_id} is "
+            f"{render.status_name(task.status)} on {render.where(task)} and stops at its "
+            "host's next renewal",
+            highlight=False,
+        )
+
+
+@app.command()
+def watch(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="Task id.")],
+    output: OutputOpt = Output.table,
+) -> None:
+    """Follow a task live until it ends, one line per change, then its step results.
+
+    Exit code: 0 done, 8 failed, 9 cancelled. With --output json, prints the final task.
+    """
+    _follow(_client(ctx), task_id, output)
+
+
+def _follow(client: Client, task_id: str, output: Output) -> NoReturn:
+    def show(task: task_pb2.Task, before: task_pb2.Task | None) -> None:
+        line = render.progress_line(task, before)
+        if line is not None:
+            out.print(line)
+
+    out = render.console()
+    people = output is Output.table
+    final = follow(
+        client,
+        task_id,
+        show if people else lambda task, before: None,
+        render.note if people else None,
+    )
+    if people:
+        if final.result.steps:
+            render.steps_table(final.result, out)
+    else:
+        render.print_json(final)
+    _exit(outcome_exit(final))
+
+
+# -- hosts and tokens ------------------------------------------------------------------------
+
+
+@app.command()
+def hosts(ctx: typer.Context, output: OutputOpt = Output.table) -> None:
+    """Hosts, their devices and which task holds each device (operator role)."""
+    response = _client(ctx).list_hosts()
+    if output is Output.json:
+        render.print_json(response)
+    else:
+        render.hosts_table(response)
+
+
+@tokens_app.command("create")
+def tokens_create(
+    ctx: typer.Context,
+    role: Annotated[RoleName, typer.Option(help="What the token may do.")],
+    host_id: Annotated[
+        str | None, typer.Option(help="The host a host token acts as.", show_default=False)
+    ] = None,
+    name: Annotated[str, typer.Option(help="A label to recognise it by.")] = "",
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create a token and print it. It is shown this once; only its hash is kept."""
+    response = _client(ctx).create_token(role.pb, host_id or "", name)
+    if output is Output.json:
+        render.print_json(response)
+        return
+    render.note(
+        f"created {role} token {response.info.token_id}; it is shown only now, so keep it safe"
+    )
+    typer.echo(response.token)
+
+
+@tokens_app.command("list")
+def tokens_list(ctx: typer.Context, output: OutputOpt = Output.table) -> None:
+    """List tokens (never their secrets)."""
+    response = _client(ctx).list_tokens()
+    if output is Output.json:
+        render.print_json(response)
+    else:
+        render.tokens_table(response.tokens)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    ctx: typer.Context,
+    token_id: Annotated[str, typer.Argument(metavar="ID", help="Token id.")],
+    output: OutputOpt = Output.table,
+) -> None:
+    """Revoke a token: calls made with it fail from now on."""
+    response = _client(ctx).revoke_token(token_id)
+    if output is Output.json:
+        render.print_json(response)
+    else:
+        render.token_info(response.info, "revoked")

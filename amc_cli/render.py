@@ -1,0 +1,300 @@
+"""Output: rich tables for people, one JSON document for scripts.
+
+Values from the server go into `Text` cells, never markup strings, so a step output that
+happens to contain `[bold]` prints as written. When stdout is not a terminal the console
+gets a wide page, so piped tables are not wrapped mid-id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from datetime import UTC
+from typing import Any
+
+from google.protobuf import duration_pb2, json_format, timestamp_pb2
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
+
+STATUS_STYLE = {
+    "queued": "yellow",
+    "assigned": "cyan",
+    "dispatched": "blue",
+    "done": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
+TERMINAL = {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
+
+
+def console() -> Console:
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(highlight=False, width=500 if piped else None)
+
+
+# -- JSON ------------------------------------------------------------------------------------
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+def print_json(document: Message | dict[str, Any]) -> None:
+    data = to_dict(document) if isinstance(document, Message) else document
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+# -- small values ----------------------------------------------------------------------------
+
+
+def enum_name(prefix: str, name: str) -> str:
+    return name.removeprefix(prefix).lower()
+
+
+def status_name(status: int) -> str:
+    return enum_name("TASK_STATUS_", task_pb2.TaskStatus.Name(status))
+
+
+def status_text(status: int, width: int = 0) -> Text:
+    name = status_name(status)
+    return Text(name.ljust(width), style=STATUS_STYLE.get(name, ""))
+
+
+def when(ts: timestamp_pb2.Timestamp, *, time_only: bool = False) -> str:
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    local = ts.ToDatetime(tzinfo=UTC).astimezone()
+    return local.strftime("%H:%M:%S" if time_only else "%Y-%m-%d %H:%M:%S")
+
+
+def seconds(d: duration_pb2.Duration) -> str:
+    total = d.seconds + d.nanos / 1e9
+    return f"{total:.1f}s" if total < 60 else f"{int(total // 60)}m{total % 60:04.1f}s"
+
+
+def pairs(values: Iterable[tuple[str, str]]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(values)) or "-"
+
+
+def where(task: task_pb2.Task) -> str:
+    if not task.host_id:
+        return "-"
+    return f"{task.host_id}/{task.device_serial}"
+
+
+def spec_summary(spec: task_pb2.TaskSpec, limit: int = 6) -> str:
+    def kinds(actions: Iterable[task_pb2.Action]) -> list[str]:
+        return [a.WhichOneof("kind") or "?" for a in actions]
+
+    if spec.WhichOneof("kind") == "workflow":
+        steps = spec.workflow.steps
+        names = [s.name for s in steps]
+        shown = ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+        return f"workflow, {len(steps)} step{'s' * (len(steps) != 1)}: {shown}"
+    acts = kinds(spec.actions.actions)
+    shown = ", ".join(acts[:limit]) + (", ..." if len(acts) > limit else "")
+    return f"{len(acts)} action{'s' * (len(acts) != 1)}: {shown}"
+
+
+# -- tasks -----------------------------------------------------------------------------------
+
+
+def task_detail(task: task_pb2.Task) -> None:
+    out = console()
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    status = status_text(task.status)
+    if task.attempt:
+        status.append(f"  (attempt {task.attempt} of {task.max_attempts})")
+    rows: list[tuple[str, str | Text]] = [
+        ("task", task.task_id),
+        ("status", status),
+        ("device", where(task)),
+        ("spec", spec_summary(task.spec)),
+        ("selector", _selector(task.selector)),
+        ("priority", str(task.priority)),
+    ]
+    if task.request_id:
+        rows.append(("request id", task.request_id))
+    if task.metadata:
+        rows.append(("metadata", pairs(task.metadata.items())))
+    rows += [("created", when(task.created_at)), ("updated", when(task.updated_at))]
+    if task.HasField("finished_at"):
+        rows.append(("finished", when(task.finished_at)))
+    if task.HasField("cancel_requested_at"):
+        reason = f": {task.cancel_reason}" if task.cancel_reason else ""
+        rows.append(("cancel", f"requested {when(task.cancel_requested_at)}{reason}"))
+    if task.result.error:
+        rows.append(("error", Text(task.result.error, style="red")))
+    for key, value in rows:
+        grid.add_row(key, value if isinstance(value, Text) else Text(value))
+    out.print(grid)
+    if task.result.steps:
+        out.print()
+        steps_table(task.result, out)
+
+
+def _selector(sel: task_pb2.DeviceSelector) -> str:
+    parts = [f"serial={sel.serial}"] if sel.serial else []
+    parts += [f"{k}={v}" for k, v in sorted(sel.labels.items())]
+    return " ".join(parts) or "any device"
+
+
+def steps_table(result: task_pb2.TaskResult, out: Console | None = None) -> None:
+    table = Table(title="steps", title_justify="left", show_edge=False)
+    for name in ("#", "step", "status", "took", "output / error"):
+        table.add_column(name, overflow="fold")
+    for step in result.steps:
+        name = enum_name("STEP_STATUS_", task_pb2.StepStatus.Name(step.status))
+        style = {"ok": "green", "failed": "red", "skipped": "dim"}.get(name, "")
+        detail = Text(step.output.strip())
+        if step.error:
+            if detail:
+                detail.append("\n")
+            detail.append(step.error, style="red")
+        for key, value in sorted(step.data.items()):
+            detail.append(f"{chr(10) if detail else ''}{key}={value}", style="dim")
+        table.add_row(
+            str(step.index),
+            Text(step.name),
+            Text(name, style=style),
+            seconds(step.duration) if step.HasField("duration") else "-",
+            detail,
+        )
+    (out or console()).print(table)
+
+
+def task_table(tasks: list[task_pb2.Task], more: bool) -> None:
+    out = console()
+    if not tasks:
+        out.print("no tasks")
+        return
+    table = Table(show_edge=False)
+    for name in ("task", "status", "attempt", "priority", "device", "created", "spec"):
+        table.add_column(name, no_wrap=name == "task")
+    for t in tasks:
+        table.add_row(
+            t.task_id,
+            status_text(t.status),
+            f"{t.attempt}/{t.max_attempts}",
+            str(t.priority),
+            Text(where(t)),
+            when(t.created_at),
+            Text(spec_summary(t.spec, limit=3)),
+        )
+    out.print(table)
+    if more:
+        out.print(Text(f"showing the first {len(tasks)}; raise --limit for more", style="dim"))
+
+
+def progress_line(task: task_pb2.Task, before: task_pb2.Task | None) -> Text | None:
+    """One line for what changed since `before` (None: the first state seen)."""
+    if before is not None:
+        cancel_new = task.HasField("cancel_requested_at") and not before.HasField(
+            "cancel_requested_at"
+        )
+        moved = (task.status, task.attempt) != (before.status, before.attempt)
+        if not (moved or cancel_new):
+            return None
+    line = Text(when(task.updated_at, time_only=True) + "  ", style="dim")
+    line.append_text(status_text(task.status, width=10))
+    if task.status in (task_pb2.TASK_STATUS_ASSIGNED, task_pb2.TASK_STATUS_DISPATCHED):
+        line.append(f"  attempt {task.attempt}/{task.max_attempts} on {where(task)}")
+    elif task.status == task_pb2.TASK_STATUS_QUEUED and task.attempt:
+        line.append(f"  again, after attempt {task.attempt}/{task.max_attempts}")
+    if task.HasField("cancel_requested_at") and task.status not in TERMINAL:
+        reason = f": {task.cancel_reason}" if task.cancel_reason else ""
+        line.append(f"  cancel requested{reason}", style="magenta")
+    if task.status in TERMINAL and task.result.error:
+        line.append(f"  {task.result.error}", style="red")
+    return line
+
+
+# -- hosts and tokens ------------------------------------------------------------------------
+
+
+def hosts_table(response: scheduler_pb2.ListHostsResponse) -> None:
+    out = console()
+    if not response.hosts:
+        out.print("no hosts have registered")
+        return
+    table = Table(show_edge=False)
+    for name in ("host", "connected", "last seen", "device", "state", "model", "sdk", "task"):
+        table.add_column(name, no_wrap=name in ("device", "task"))
+    devices = busy = 0
+    for host in response.hosts:
+        connected = Text("yes", style="green") if host.connected else Text("no", style="red")
+        first: list[Text | str] = [Text(host.host_id), connected, when(host.last_seen_at)]
+        for device in host.devices or [None]:
+            if device is None:
+                table.add_row(*first, "-", "-", "-", "-", "-")
+                break
+            devices += 1
+            busy += bool(device.task_id)
+            state = enum_name("DEVICE_STATE_", scheduler_pb2.DeviceState.Name(device.state))
+            table.add_row(
+                *first,
+                Text(device.serial),
+                Text(state, style="green" if state == "device" else "yellow"),
+                Text(device.model or "-"),
+                str(device.sdk or "-"),
+                device.task_id or Text("idle", style="dim"),
+            )
+            first = ["", "", ""]
+        table.add_section()
+    out.print(table)
+    connected_count = sum(h.connected for h in response.hosts)
+    out.print(
+        Text(
+            f"{len(response.hosts)} hosts ({connected_count} connected), "
+            f"{devices} devices ({busy} busy)",
+            style="dim",
+        )
+    )
+
+
+def _role(role: int) -> str:
+    return enum_name("ROLE_", admin_pb2.Role.Name(role))
+
+
+def tokens_table(tokens: Iterable[admin_pb2.TokenInfo]) -> None:
+    out = console()
+    table = Table(show_edge=False)
+    for name in ("token id", "name", "role", "host", "created", "revoked"):
+        table.add_column(name, no_wrap=name == "token id")
+    rows = 0
+    for t in tokens:
+        rows += 1
+        revoked = when(t.revoked_at) if t.HasField("revoked_at") else ""
+        table.add_row(
+            t.token_id,
+            Text(t.name or "-"),
+            _role(t.role),
+            Text(t.host_id or "-"),
+            when(t.created_at),
+            Text(revoked, style="red"),
+        )
+    out.print(table if rows else "no tokens")
+
+
+def token_info(info: admin_pb2.TokenInfo, verb: str) -> None:
+    name = f" {info.name!r}" if info.name else ""
+    host = f" for host {info.host_id}" if info.host_id else ""
+    console().print(Text(f"{verb} {_role(info.role)} token {info.token_id}{name}{host}"))
+
+
+def note(message: str) -> None:
+    """A remark for the person at the terminal, on stderr so stdout stays the result."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(message, style="dim"))
