@@ -77,15 +77,22 @@ def read_token(token: str | None = None, token_file: str | Path | None = None) -
 
 
 def aio_channel(
-    address: str, token: str | None = None, ca_file: str | Path | None = None, *, tls: bool = False
+    address: str,
+    token: str | None = None,
+    ca_file: str | Path | None = None,
+    *,
+    tls: bool = False,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
-    """A channel for asyncio code. TLS when a CA file is given (or `tls`), else plaintext."""
+    """A channel for asyncio code. TLS when a CA file is given (or `tls`), else plaintext.
+    `options` are added to (and override) CHANNEL_OPTIONS."""
+    merged = list({k: v for k, v in [*CHANNEL_OPTIONS, *options]}.items())
     if ca_file or tls:
         creds = grpc.ssl_channel_credentials(Path(ca_file).read_bytes() if ca_file else None)
         if token:
             creds = grpc.composite_channel_credentials(
                 creds, grpc.metadata_call_credentials(_BearerAuth(token))
             )
-        return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(address, creds, options=merged)
     interceptors = bearer_interceptors(token) if token else []
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=merged, interceptors=interceptors)

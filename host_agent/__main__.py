@@ -10,6 +10,7 @@ import asyncio
 import signal
 from collections.abc import Sequence
 
+import prometheus_client
 import structlog
 
 from amc_common.channel import aio_channel
@@ -22,6 +23,13 @@ from host_agent.simulated import SimulatedSource
 from host_agent.systemd import Notifier
 
 log = structlog.get_logger("host_agent")
+# gRPC's default reconnect backoff grows to 120 s: far too slow for a host whose leases
+# self-fence after one TTL. Back off to a few seconds at most.
+RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 3000),
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,7 +40,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def serve(config: Config) -> int:
     source = _device_source(config)
-    channel = aio_channel(config.control_plane, config.token, config.ca, tls=config.tls)
+    channel = aio_channel(
+        config.control_plane, config.token, config.ca, tls=config.tls, options=RECONNECT
+    )
+    if config.token is None:
+        log.warning(
+            "no token (--insecure): only a control plane without authentication accepts this"
+        )
+    if config.metrics_listen:
+        host, _, port = config.metrics_listen.rpartition(":")
+        prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
     notifier = Notifier()
     agent = Agent(config.agent, source, channel, notifier)
     loop = asyncio.get_running_loop()

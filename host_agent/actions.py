@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import assert_never
 
+from host_agent import metrics
 from host_agent.devices import CommandFailed, Device, DeviceError, DeviceLost, DeviceTimeout
 from host_agent.results import cut
 from host_agent.spec import (
@@ -39,7 +41,7 @@ from host_agent.spec import (
     Wait,
     WaitFor,
 )
-from host_agent.stop_token import StopToken
+from host_agent.stop_token import Stopped, StopToken
 
 # How often wait_for looks at the screen again (a `uiautomator dump` itself takes ~1 s).
 POLL_INTERVAL = 0.5
@@ -80,12 +82,22 @@ async def execute(
     poll_interval: float = POLL_INTERVAL,
 ) -> StepOutput:
     """Run `action` on `device`. Raises Stopped or DeviceLost; other failures are outputs."""
+    started = time.monotonic()
+    status = "failed"
     try:
-        return await _dispatch(action, device, token, shell_default_timeout, poll_interval)
-    except DeviceLost:
+        output = await _dispatch(action, device, token, shell_default_timeout, poll_interval)
+        status = "ok" if output.ok else "failed"
+        return output
+    except Stopped:
+        status = "stopped"
         raise
     except DeviceError as exc:
+        metrics.DEVICE_ERRORS.labels(type(exc).__name__).inc()
+        if isinstance(exc, DeviceLost):
+            raise
         return StepOutput.failed(describe_device_error(exc))
+    finally:
+        metrics.STEP_SECONDS.labels(action.kind, status).observe(time.monotonic() - started)
 
 
 async def _dispatch(

@@ -272,7 +272,7 @@ class AdbDevice:
 
     # -- Device protocol ---------------------------------------------------------------
 
-    async def shell(self, command: str, timeout: float) -> ShellResult:  # noqa: ASYNC109
+    async def shell(self, command: str, timeout: float) -> ShellResult:
         """Run `command` with ``sh``; a non-zero exit is a result, not an error.
 
         The command must be a complete list for ``sh -c`` that can be followed by

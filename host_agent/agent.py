@@ -33,6 +33,7 @@ from google.protobuf import duration_pb2
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
+from host_agent import metrics
 from host_agent.config import AgentSettings
 from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
 from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult, Timing
@@ -329,6 +330,8 @@ class Agent:
         try:
             finished = await self._attempt_guarded(a, lease)
             self.finished.append(finished)
+            outcome = finished.result.outcome.name.lower() if finished.result else "none"
+            metrics.TASKS.labels(f"{finished.ending.name.lower()}:{outcome}").inc()
             if finished.result is not None and finished.result.outcome is not Outcome.DONE:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self.refresh_inventory()

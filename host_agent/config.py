@@ -11,10 +11,10 @@ import argparse
 import os
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from amc_common.channel import read_token
 
@@ -46,7 +46,8 @@ class AgentSettings:
 @dataclass(frozen=True)
 class Config:
     control_plane: str
-    token: str
+    # None with --insecure: the control plane runs without authentication.
+    token: str | None
     agent: AgentSettings
     ca: Path | None = None
     tls: bool = False
@@ -58,6 +59,7 @@ class Config:
     action_log: Path | None = None
     log_format: str = "auto"
     log_level: str = "INFO"
+    metrics_listen: str | None = None
 
 
 class ConfigError(Exception):
@@ -99,7 +101,7 @@ def label(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-label.__name__ = "key=value label"
+label.__name__ = "KEY=VALUE"
 
 
 def labels_list(text: str) -> dict[str, str]:
@@ -116,6 +118,24 @@ def count(text: str) -> int:
     return value
 
 
+def log_format(text: str) -> str:
+    if text not in ("auto", "console", "json"):
+        raise ValueError(text)
+    return text
+
+
+log_format.__name__ = "log format (auto, console, json)"
+
+
+def log_level(text: str) -> str:
+    if text.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(text)
+    return text.upper()
+
+
+log_level.__name__ = "log level"
+
+
 # -- the command line ----------------------------------------------------------------------
 
 
@@ -125,29 +145,50 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# flag, environment variable, default, value parser, help. A flag's value comes from the
+# command line, else its variable, else the default (argparse parses string defaults too,
+# so a malformed variable is reported like a malformed flag).
+# fmt: off
+_OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
+    ("--control-plane", "AMC_ADDR", DEFAULT_CONTROL_PLANE, address_text, "control plane host:port"),
+    ("--ca", "AMC_CA", None, str, "CA certificate (PEM) for TLS to the control plane"),
+    ("--token-file", "AMC_TOKEN_FILE", None, str, "file holding the host token (or $AMC_TOKEN)"),
+    ("--host-id", "AMC_HOST_ID", socket.gethostname(), str, "this host's id"),
+    ("--adb", "AMC_ADB_ADDR", DEFAULT_ADB, address, "adb server host:port"),
+    ("--adb-timeout", "AMC_ADB_TIMEOUT", "30s", duration, "deadline of one adb call"),
+    ("--simulated-devices", "AMC_SIMULATED_DEVICES", "0", count, "N simulated phones, no adb"),
+    ("--sim-delay", "AMC_SIM_DELAY", "0.2s", duration, "how long a simulated action takes"),
+    ("--action-log", "AMC_ACTION_LOG", None, str, "JSON-lines log of simulated actions"),
+    ("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", duration, "SIGTERM: grace for running tasks"),
+    ("--inventory-interval", "AMC_INVENTORY_INTERVAL", "10s", duration, "device list refresh"),
+    ("--acquire-wait", "AMC_ACQUIRE_WAIT", "10s", duration, "long-poll wait of one Acquire"),
+    ("--report-timeout", "AMC_REPORT_TIMEOUT", "60s", duration, "how long a report is retried"),
+    ("--shell-timeout", "AMC_SHELL_TIMEOUT", "60s", duration, "default timeout of shell actions"),
+    ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
+    ("--log-level", "AMC_LOG_LEVEL", "INFO", log_level, "DEBUG, INFO, WARNING or ERROR"),
+    ("--metrics-listen", "AMC_METRICS_LISTEN", None, address_text, "host:port for /metrics"),
+]
+# fmt: on
+
+
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = _Parser(prog="host-agent", description="Runs AMC tasks on this host's phones.")
-
-    def opt(flag: str, var: str, default: object = None, **kw: object) -> None:
-        help_text = f"{kw.pop('help', '')} [${var}]".strip()
-        p.add_argument(flag, default=env.get(var, default), help=help_text, **kw)  # type: ignore[arg-type]
-
-    opt(
-        "--control-plane",
-        "AMC_ADDR",
-        DEFAULT_CONTROL_PLANE,
-        type=address_text,
-        help="control plane address host:port",
-    )
-    opt("--ca", "AMC_CA", help="CA certificate (PEM) for TLS to the control plane")
+    for flag, var, default, parse_value, help_text in _OPTIONS:
+        p.add_argument(
+            flag, default=env.get(var, default), type=parse_value, help=f"{help_text} [${var}]"
+        )
     p.add_argument(
         "--tls",
         action="store_true",
         default=env.get("AMC_TLS", "") in ("1", "true"),
         help="TLS with the system's CA roots [$AMC_TLS=1]",
     )
-    opt("--token-file", "AMC_TOKEN_FILE", help="file holding the host token (or $AMC_TOKEN)")
-    opt("--host-id", "AMC_HOST_ID", socket.gethostname(), help="this host's id")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=env.get("AMC_INSECURE", "") in ("1", "true"),
+        help="no token: only for a control plane run with --insecure [$AMC_INSECURE=1]",
+    )
     p.add_argument(
         "--label",
         action="append",
@@ -155,66 +196,6 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a host label, repeatable [$AMC_LABELS, comma-separated]",
-    )
-    opt("--adb", "AMC_ADB_ADDR", DEFAULT_ADB, type=address, help="adb server host:port")
-    opt("--adb-timeout", "AMC_ADB_TIMEOUT", "30s", type=duration, help="deadline of one adb call")
-    opt(
-        "--simulated-devices",
-        "AMC_SIMULATED_DEVICES",
-        "0",
-        type=count,
-        help="run N simulated phones instead of adb",
-    )
-    opt(
-        "--sim-delay",
-        "AMC_SIM_DELAY",
-        "0.2s",
-        type=duration,
-        help="how long a simulated action takes",
-    )
-    opt("--action-log", "AMC_ACTION_LOG", help="JSON-lines log of simulated actions")
-    opt(
-        "--drain-timeout",
-        "AMC_DRAIN_TIMEOUT",
-        "30s",
-        type=duration,
-        help="on SIGTERM, how long running tasks may go on",
-    )
-    opt(
-        "--inventory-interval",
-        "AMC_INVENTORY_INTERVAL",
-        "10s",
-        type=duration,
-        help="how often the device list is refreshed",
-    )
-    opt(
-        "--acquire-wait",
-        "AMC_ACQUIRE_WAIT",
-        "10s",
-        type=duration,
-        help="long-poll wait of one Acquire",
-    )
-    opt(
-        "--report-timeout",
-        "AMC_REPORT_TIMEOUT",
-        "60s",
-        type=duration,
-        help="how long a report is retried",
-    )
-    opt(
-        "--shell-timeout",
-        "AMC_SHELL_TIMEOUT",
-        "60s",
-        type=duration,
-        help="default timeout of shell actions",
-    )
-    opt("--log-format", "AMC_LOG_FORMAT", "auto", choices=("auto", "console", "json"))
-    opt(
-        "--log-level",
-        "AMC_LOG_LEVEL",
-        "INFO",
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        type=str.upper,
     )
     return p
 
@@ -234,13 +215,7 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         host_labels = {**labels_list(env.get("AMC_LABELS", "")), **dict(args.label)}
     except ValueError as exc:
         raise ConfigError(f"$AMC_LABELS: not a key=value list: {exc}") from None
-    for name in ("drain_timeout", "acquire_wait", "report_timeout", "shell_timeout"):
-        if getattr(args, name) < 0 or (name != "drain_timeout" and getattr(args, name) == 0):
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    if args.inventory_interval <= 0:
-        raise ConfigError("--inventory-interval must be positive")
-    if not args.host_id:
-        raise ConfigError("--host-id is empty")
+    _check_positive(args)
     agent = AgentSettings(
         host_id=args.host_id,
         labels=host_labels,
@@ -253,7 +228,7 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     adb_host, adb_port = args.adb
     return Config(
         control_plane=args.control_plane,
-        token=_token(args.token_file, env),
+        token=None if args.insecure else _token(args.token_file, env),
         agent=agent,
         ca=_existing(args.ca, "--ca"),
         tls=args.tls,
@@ -265,7 +240,18 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         action_log=Path(args.action_log) if args.action_log else None,
         log_format=args.log_format,
         log_level=args.log_level,
+        metrics_listen=args.metrics_listen,
     )
+
+
+def _check_positive(args: argparse.Namespace) -> None:
+    # A zero drain timeout is allowed: stop running tasks at once on SIGTERM.
+    names = ("acquire_wait", "report_timeout", "shell_timeout", "inventory_interval")
+    for name in names:
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    if not args.host_id:
+        raise ConfigError("--host-id is empty")
 
 
 def _token(token_file: str | None, env: Mapping[str, str]) -> str:
@@ -274,7 +260,10 @@ def _token(token_file: str | None, env: Mapping[str, str]) -> str:
     except OSError as exc:
         raise ConfigError(f"--token-file: cannot read {token_file}: {exc.strerror}") from None
     if not token:
-        raise ConfigError("no host token: give --token-file, $AMC_TOKEN_FILE or $AMC_TOKEN")
+        raise ConfigError(
+            "no host token: give --token-file, $AMC_TOKEN_FILE or $AMC_TOKEN "
+            "(or --insecure for a control plane without authentication)"
+        )
     return token
 
 

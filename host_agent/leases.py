@@ -18,6 +18,7 @@ the control plane can hand the task to another host. CONFLICT trips LEASE_LOST a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import time
@@ -28,6 +29,7 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from amc.v1 import lease_pb2, lease_pb2_grpc
+from host_agent import metrics
 from host_agent.reporting import FATAL_CODES, backoff
 from host_agent.stop_token import Stopped, StopReason, StopToken
 
@@ -163,8 +165,7 @@ class LeaseKeeper:
     # -- the stream ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Keep a stream open until cancelled. A stream that had worked is reopened at once;
-        one that fails before any answer is retried with exponential backoff."""
+        """Keep a stream open until cancelled, reconnecting with exponential backoff."""
         while True:
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(StreamBroken),
@@ -184,9 +185,10 @@ class LeaseKeeper:
         return self._max_backoff or max(0.2, self.timing.interval)
 
     async def _session(self) -> None:
-        """One stream; returns when a stream that had answered breaks (reconnect at once),
-        raises StreamBroken when it broke before any answer (back off first)."""
+        """One stream. Returns when a stream that had worked (answered, and lived a renew
+        interval) breaks, to reconnect at once; otherwise raises StreamBroken to back off."""
         self._answered = False
+        opened_at = time.monotonic()
         call = self._stub.RenewLeases()
         reader = asyncio.ensure_future(self._read(call))
         sender = asyncio.ensure_future(self._send_every_interval(call))
@@ -197,7 +199,7 @@ class LeaseKeeper:
             await _cancel_all(reader, sender)
             call.cancel()
             self._sent.clear()  # answers to those requests can no longer arrive
-        if self._answered:
+        if self._answered and time.monotonic() - opened_at >= self.timing.interval:
             log.warning("renewal stream broke; reopening", error=str(error))
             return
         raise error
@@ -206,11 +208,9 @@ class LeaseKeeper:
         while True:
             self._wake.clear()
             await self._send(call)
-            try:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.timing.interval):
                     await self._wake.wait()
-            except TimeoutError:
-                pass
 
     async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
         seq = next(self._seq)
@@ -253,6 +253,7 @@ class LeaseKeeper:
             lease._first_answer.set_result(answer)
         if answer.result is RenewalResult.CONFLICT:
             lease.conflicted = True
+            metrics.LEASE_CONFLICTS.inc()
             if lease.token.trip(StopReason.LEASE_LOST):
                 log.warning(
                     "lease conflict: stop acting",
@@ -266,6 +267,7 @@ class LeaseKeeper:
     def _cancel(self, lease: HeldLease, via: str) -> None:
         if lease.cancel_seen_via is None:
             lease.cancel_seen_via, lease.cancel_seen_at = via, time.monotonic()
+            metrics.CANCELS_SEEN.labels(via).inc()
         if lease.token.trip(StopReason.CANCELLED):
             log.info(
                 "cancellation requested: stopping at the next step boundary",
@@ -294,6 +296,7 @@ class LeaseKeeper:
             self._arm(lease)
             return
         lease._timer = None
+        metrics.DEADLINE_MISSES.inc()
         if lease.token.trip(StopReason.LEASE_LOST):
             log.warning(
                 "lease deadline passed without renewal: stop acting",

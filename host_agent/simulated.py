@@ -180,7 +180,7 @@ class SimulatedDevice:
         self.serial = serial
         self._source = source
 
-    async def shell(self, command: str, timeout: float) -> ShellResult:  # noqa: ASYNC109
+    async def shell(self, command: str, timeout: float) -> ShellResult:
         try:
             async with asyncio.timeout(timeout):
                 await self._act("shell", command=command)

@@ -95,7 +95,8 @@ def main() -> int:
     agent = None
     try:
         wait_serving(args.listen, plane)
-        agent_args = ["--control-plane", args.listen, "--drain-timeout", args.drain_timeout,
+        agent_args = ["--control-plane", args.listen, "--insecure",
+                      "--drain-timeout", args.drain_timeout,
                       "--metrics-listen", "127.0.0.1:9465"]
         phones = [] if args.simulated_devices is not None else adb_phones(args.adb)
         if phones:

@@ -5,6 +5,7 @@ monotonic start and end times, the same clock the agent's lease deadlines use)."
 from __future__ import annotations
 
 import time
+import uuid
 
 import grpc
 
@@ -24,6 +25,10 @@ from tests.host_agent_support import (
     submit,
 )
 from tests.support import Farm, actions_spec, eventually, tap, wait_action, workflow_spec
+
+
+def input_text(text: str) -> task_pb2.Action:
+    return task_pb2.Action(input_text=task_pb2.InputText(text=text))
 
 
 async def held_lease(agent: Agent, task_id: str) -> HeldLease:
@@ -163,10 +168,12 @@ async def test_cancel_before_the_first_step_reports_cancelled_without_touching_t
         TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
         running_agent(farm, source, address=proxy.address) as agent,
     ):
-        task_id = await submit(client, actions_spec(tap(), tap()))
-        # Hold the connection still right after the assignment reached the agent, so
-        # the cancellation is recorded before the acknowledging renewal arrives.
-        frozen = proxy.freeze_after("down", task_id.encode())
+        # Hold the connection still right after the assignment (its spec carries the
+        # marker) reached the agent, so the cancellation is recorded before the
+        # acknowledging renewal arrives.
+        marker = uuid.uuid4().hex
+        frozen = proxy.freeze_after("down", marker.encode())
+        task_id = await submit(client, actions_spec(input_text(marker), tap()))
         await eventually(frozen.is_set, what="the assignment to reach the agent")
         assert await farm.status(task_id) == "assigned"
         await cancel(client, task_id)
@@ -327,8 +334,9 @@ async def test_assignment_never_acknowledged_in_time_is_released_not_failed(
             TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
             running_agent(farm, source, address=proxy.address) as agent,
         ):
-            task_id = await submit(client, actions_spec(tap()), max_attempts=1)
-            proxy.freeze_after("down", task_id.encode())
+            marker = uuid.uuid4().hex
+            proxy.freeze_after("down", marker.encode())  # after the assignment arrived
+            task_id = await submit(client, actions_spec(input_text(marker)), max_attempts=1)
             lease = await held_lease(agent, task_id)
             await eventually(lambda: lease.token.tripped, what="the deadline to pass")
             proxy.thaw()

@@ -4,6 +4,7 @@ transport errors, idempotent across a lost response, never retried when refused.
 from __future__ import annotations
 
 import time
+import uuid
 
 import grpc
 
@@ -14,7 +15,7 @@ from host_agent.reporting import RetryPolicy, release_lease, report_result
 from host_agent.simulated import SimulatedSource
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.host_agent_support import finished, running_agent, status_is, submit
-from tests.support import Farm, HostClient, actions_spec, eventually, tap
+from tests.support import Farm, HostClient, actions_spec, eventually
 
 FAST_RETRY = RetryPolicy(total=3.0, call_timeout=2.0, initial_backoff=0.05, max_backoff=0.2)
 
@@ -46,10 +47,12 @@ async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
         TcpProxy("127.0.0.1", int(farm.address.rsplit(":", 1)[1])) as proxy,
         running_agent(farm, source, address=proxy.address) as agent,
     ):
-        task_id = await submit(client, actions_spec(tap()))
-        # Only the report carries the task id upstream: forward it, then let nothing
-        # through, and drop the connection once the control plane has recorded it.
-        report_sent = proxy.freeze_after("up", task_id.encode())
+        # Only the report carries the step's output (the marker) upstream: forward it,
+        # then let nothing through, and drop the connection once it is recorded.
+        marker = uuid.uuid4().hex
+        report_sent = proxy.freeze_after("up", marker.encode())
+        echo = task_pb2.Action(shell=task_pb2.Shell(command=f"echo {marker}"))
+        task_id = await submit(client, actions_spec(echo))
         await eventually(report_sent.is_set, what="the report to reach the control plane")
         await status_is(farm, task_id, "done")
         proxy.cut(refuse=False)
@@ -58,6 +61,7 @@ async def test_retry_a_result_after_response_loss(farm: Farm) -> None:
     assert delivery is not None and delivery.response is not None, delivery
     assert delivery.tries >= 2  # the first response never arrived
     assert delivery.response.status == task_pb2.TASK_STATUS_DONE
+    assert delivery.response.result.steps[0].output == f"{marker}\n"
     events = await farm.events(task_id)
     assert [e["to_status"] for e in events if e["kind"] == "report"] == ["done"]
     assert len(await farm.attempts(task_id)) == 1
