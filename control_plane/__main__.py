@@ -6,9 +6,14 @@ control-plane tokens create --role operator [--host-id H] [--name N]
 
 from __future__ import annotations
 
+import os
+
+# The embedded server is started and stopped with fork+exec while gRPC runs; gRPC's fork
+# handlers only log noise for children that exec at once. Set before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from datetime import timedelta
