@@ -6,8 +6,11 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PROTOS := $(wildcard protos/amc/v1/*.proto)
 GENERATED := amc/v1/.generated
+# buf (lint, and `buf curl` in the tests) from the npm registry, into .tools/
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help setup protos run test lint bench chaos fuzz clean
+.PHONY: help setup tools protos run test lint bench chaos fuzz clean
 
 help:
 	@echo "make run    - embedded PostgreSQL + control plane + a host agent (local farm)"
@@ -29,6 +32,11 @@ $(GENERATED): $(PROTOS) scripts/gen_protos.py $(INSTALLED)
 
 setup: $(INSTALLED) $(GENERATED)
 
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
+tools: $(BUF)
+
 protos: $(INSTALLED)
 	$(PY) scripts/gen_protos.py
 	touch $(GENERATED)
@@ -36,13 +44,14 @@ protos: $(INSTALLED)
 run: setup
 	$(PY) scripts/localfarm.py $(ARGS)
 
-test: setup
+test: setup tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: setup
+lint: setup tools
+	$(BUF) lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy control_plane host_agent amc_common amc_cli
 
 clean:
-	rm -rf $(VENV) amc .pytest_cache
+	rm -rf $(VENV) amc .tools .pytest_cache
