@@ -27,8 +27,10 @@ BIN = Path(sys.executable).parent
 
 
 def say(message: str) -> None:
-    print(f"\033[1mlocalfarm:\033[0m {message}" if sys.stdout.isatty() else
-          f"localfarm: {message}", flush=True)
+    print(
+        f"\033[1mlocalfarm:\033[0m {message}" if sys.stdout.isatty() else f"localfarm: {message}",
+        flush=True,
+    )
 
 
 def adb_phones(address: str) -> list[str]:
@@ -41,7 +43,7 @@ def adb_phones(address: str) -> list[str]:
         source = AdbSource(host, int(port), call_timeout=3.0)
         try:
             return [d.serial for d in await source.inventory() if d.state == "device"]
-        except Exception:  # noqa: BLE001 - any failure means: no usable adb server
+        except Exception:
             return []
         finally:
             await source.close()
@@ -77,27 +79,48 @@ def stop(proc: subprocess.Popen[bytes], name: str, within: float) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--listen", default="127.0.0.1:50051")
     p.add_argument("--data-dir", default=str(ROOT / ".amc" / "pgdata"))
     p.add_argument("--adb", default=os.environ.get("AMC_ADB_ADDR", "127.0.0.1:5037"))
-    p.add_argument("--simulated-devices", type=int, default=None,
-                   help="force N simulated phones (default: 2 when adb has no phones)")
+    p.add_argument(
+        "--simulated-devices",
+        type=int,
+        default=None,
+        help="force N simulated phones (default: 2 when adb has no phones)",
+    )
     p.add_argument("--drain-timeout", default="10s")
     args = p.parse_args()
 
-    say("control plane on %s with authentication OFF (--insecure; loopback only)" % args.listen)
+    say(f"control plane on {args.listen} with authentication OFF (--insecure; loopback only)")
     plane = subprocess.Popen(
-        [str(BIN / "control-plane"), "--insecure", "--listen", args.listen,
-         "--data-dir", args.data_dir, "--metrics-listen", "127.0.0.1:9464"],
-        cwd=ROOT, start_new_session=True)
+        [
+            str(BIN / "control-plane"),
+            "--insecure",
+            "--listen",
+            args.listen,
+            "--data-dir",
+            args.data_dir,
+            "--metrics-listen",
+            "127.0.0.1:9464",
+        ],
+        cwd=ROOT,
+        start_new_session=True,
+    )
     agent = None
     try:
         wait_serving(args.listen, plane)
-        agent_args = ["--control-plane", args.listen, "--insecure",
-                      "--drain-timeout", args.drain_timeout,
-                      "--metrics-listen", "127.0.0.1:9465"]
+        agent_args = [
+            "--control-plane",
+            args.listen,
+            "--insecure",
+            "--drain-timeout",
+            args.drain_timeout,
+            "--metrics-listen",
+            "127.0.0.1:9465",
+        ]
         phones = [] if args.simulated_devices is not None else adb_phones(args.adb)
         if phones:
             say(f"host agent on the adb server at {args.adb}: {', '.join(phones)}")
@@ -106,9 +129,12 @@ def main() -> int:
             n = args.simulated_devices if args.simulated_devices is not None else 2
             say(f"no phones on an adb server at {args.adb}: host agent with {n} simulated phones")
             agent_args += ["--simulated-devices", str(n)]
-        agent = subprocess.Popen([str(BIN / "host-agent"), *agent_args], cwd=ROOT,
-                                 start_new_session=True,
-                                 env={**os.environ, "AMC_HOST_ID": "local"})
+        agent = subprocess.Popen(
+            [str(BIN / "host-agent"), *agent_args],
+            cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, "AMC_HOST_ID": "local"},
+        )
         say("ready: try `amc hosts`, or the README's tour; Ctrl-C stops everything")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while plane.poll() is None and agent.poll() is None:
