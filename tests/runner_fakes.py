@@ -88,7 +88,7 @@ class FakeDevice:
         finally:
             call.ended = time.monotonic()
 
-    async def shell(self, command: str, timeout: float) -> ShellResult:  # noqa: ASYNC109
+    async def shell(self, command: str, timeout: float) -> ShellResult:
         await self._call("shell", command, timeout)
         return self.shell_result
 

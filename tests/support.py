@@ -36,7 +36,7 @@ T = TypeVar("T")
 async def eventually(
     check: Callable[[], Awaitable[T] | T],
     *,
-    timeout: float = 10.0,  # noqa: ASYNC109
+    timeout: float = 10.0,
     interval: float = 0.02,
     what: str = "condition",
 ) -> T:

@@ -55,7 +55,7 @@ class Running:
     proc: asyncio.subprocess.Process
     lines: list[str] = field(default_factory=list)
 
-    async def line_with(self, text: str, timeout: float = 15.0) -> str:  # noqa: ASYNC109
+    async def line_with(self, text: str, timeout: float = 15.0) -> str:
         for line in self.lines:
             if text in line:
                 return line
