@@ -17,6 +17,7 @@ help:
 	@echo "make test   - the test suite"
 	@echo "make lint   - ruff and mypy"
 	@echo "make protos - regenerate the amc.v1 Python package from protos/"
+	@echo "make chaos  - random faults for DURATION s (default 180), then the six invariants"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +53,10 @@ lint: setup tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy control_plane host_agent amc_common amc_cli
+
+DURATION ?= 180
+chaos: setup
+	$(PY) scripts/chaos.py --duration $(DURATION)
 
 clean:
 	rm -rf $(VENV) amc .tools .pytest_cache

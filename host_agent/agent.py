@@ -371,6 +371,13 @@ class Agent:
         if result.stop_reason is StopReason.SHUTDOWN:
             delivery = await self._final(self._release(lease, StopReason.SHUTDOWN.label))
             return Finished(lease, a.device_serial, Ending.RELEASED, result, delivery)
+        if result.stop_reason is StopReason.LEASE_LOST and result.outcome is not Outcome.DONE:
+            # We fenced ourselves before the control plane's expiry. A FAILED report landing
+            # in that window would be accepted and fail a task that should be requeued (or
+            # cancelled, if a cancel came meanwhile). Give the lease back first so the
+            # control plane applies its expiry rules; the FAILED report that follows is then
+            # refused as stale, which is expected.
+            await self._final(self._release(lease, StopReason.LEASE_LOST.label))
         request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
         policy = RetryPolicy(total=self.settings.report_timeout)
         delivery = await self._final(report_result(self._stub, request, policy))

@@ -323,6 +323,10 @@ def _stream_error(task: asyncio.Future[None]) -> StreamBroken:
         if exc.code() in FATAL_CODES:
             raise exc
         return StreamBroken(f"{exc.code().name}: {exc.details()}")
+    if isinstance(exc, asyncio.InvalidStateError):
+        # Writing to a call that already ended (e.g. after the process was frozen while its
+        # replica died): the stream is gone, so reconnect like any other break.
+        return StreamBroken(f"the renewal stream had ended: {exc}")
     raise exc
 
 

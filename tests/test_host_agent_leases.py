@@ -201,3 +201,15 @@ async def test_forgotten_lease_is_no_longer_renewed_or_fenced(farm: Farm) -> Non
             await asyncio.sleep(0)
         assert not lease.token.tripped
         assert keeper.held() == []
+
+
+async def test_writing_to_a_renewal_stream_that_already_ended_is_a_break_not_a_crash() -> None:
+    """Found by `make chaos`: an agent frozen while its replica died wrote to the finished
+    call on SIGCONT, and asyncio.InvalidStateError took the whole agent down."""
+    import asyncio
+
+    from host_agent.leases import StreamBroken, _stream_error
+
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failed.set_exception(asyncio.InvalidStateError("RPC already finished."))
+    assert isinstance(_stream_error(failed), StreamBroken)

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""`make chaos`: break the farm on purpose, at random, then check that nothing was lost,
+nothing ran twice, and no cancellation was mistaken for a failure.
+
+Starts a durable embedded PostgreSQL, 2 control-plane replicas, 3 host agents with
+simulated phones (each behind its own TCP proxy), and a client that keeps submitting
+workflows and cancels about a third of them at random moments. For DURATION seconds it
+injects faults (scripts/chaos_lib/faults.py): replica kill -9 + restart, agent kill -9 +
+restart, agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown +
+start, one agent's connections cut beyond the TTL. Then it quiesces (no new faults,
+everything up, nothing in flight), checks the six invariants (chaos_lib/invariants.py)
+from PostgreSQL and the agents' logs, writes chaos-results.json and prints a table.
+
+Exit status: 0 when every invariant held and every fault kind ran at least its minimum
+number of times; 1 otherwise; 2 when the harness itself failed.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The harness forks (pg_ctl, replicas, agents) while gRPC threads run; gRPC's fork
+# handlers only get in the way of children that exec at once. Set before grpc loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+import argparse
+import asyncio
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from chaos_lib import evidence, recovery, report
+from chaos_lib.farm import Farm, FarmConfig
+from chaos_lib.faults import KINDS, Injector
+from chaos_lib.invariants import Checks, grouped
+from chaos_lib.monitor import Monitor
+from chaos_lib.workload import ActionTail, Workload
+
+QUICK_DURATION = 20.0
+DEFAULT_DURATION = 180.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--duration", type=float, default=None, help="seconds of faults (default 180)")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 20 s, every fault kind at least once"
+    )
+    p.add_argument(
+        "--min-per-kind",
+        type=int,
+        default=None,
+        help="inject every fault kind at least this often (default 2; 1 with --quick)",
+    )
+    p.add_argument("--max-concurrent", type=int, default=2, help="faults in progress at once")
+    p.add_argument("--seed", type=int, default=None, help="seed of the schedule and workload")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--agents", type=int, default=3)
+    p.add_argument("--devices", type=int, default=3, help="simulated phones per agent")
+    p.add_argument("--lease-ttl", type=float, default=3.0)
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of work before faults")
+    p.add_argument("--quiesce-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--insecure", action="store_true", help="authentication off (default: real tokens)"
+    )
+    p.add_argument("--output", type=Path, default=Path("chaos-results.json"))
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="logs and data (default: a new directory under /tmp, removed if the run passes)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the work directory anyway")
+    args = p.parse_args(argv)
+    if args.duration is None:
+        args.duration = QUICK_DURATION if args.quick else DEFAULT_DURATION
+    if args.min_per_kind is None:
+        args.min_per_kind = 1 if args.quick else 2
+    if args.seed is None:
+        args.seed = random.randrange(1 << 31)
+    return args
+
+
+def say(message: str) -> None:
+    print(f"chaos: {message}", flush=True)
+
+
+class ChaosRun:
+    """One run: start the farm, break it for a while, let it settle, check it."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.config = FarmConfig(
+            workdir,
+            args.replicas,
+            args.agents,
+            args.devices,
+            args.lease_ttl,
+            insecure=args.insecure,
+        )
+        self.farm = Farm(self.config, self.rng)
+        self.problems: list[str] = []
+        self.began = time.monotonic()
+        self.chaos_s = 0.0
+
+    async def start(self) -> None:
+        await self.farm.start()
+        self.monitor = Monitor(self.farm.dsn)
+        await self.monitor.wait_devices(self.config.agents * self.config.devices)
+        say(
+            f"farm up: PostgreSQL, {len(self.farm.replicas)} replicas, {len(self.farm.agents)} "
+            f"agents x {self.config.devices} phones "
+            f"(sim delays {[a.sim_delay for a in self.farm.agents]})"
+        )
+        self.workload = Workload(
+            [r.address for r in self.farm.replicas],
+            self.farm.client_token,
+            self.rng,
+            ActionTail(self.farm.action_logs()),
+            lambda: self.monitor.backlog,
+            target_backlog=int(self.config.agents * self.config.devices * 1.5),
+        )
+        self.injector = Injector(
+            self.farm,
+            self.rng,
+            min_per_kind=self.args.min_per_kind,
+            max_concurrent=self.args.max_concurrent,
+        )
+        self.injector.on_host_fault = self.workload.cancel_on_host
+
+    async def break_things(self) -> None:
+        """The workload and the faults for `duration` seconds, the monitor throughout."""
+        self._sampling = asyncio.create_task(self.monitor.run())
+        submitting = asyncio.create_task(self.workload.submit_forever())
+        watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
+        try:
+            await asyncio.sleep(self.args.warmup)  # faults find work in flight from the start
+            began = time.monotonic()
+            await self.injector.run(self.args.duration)
+            self.chaos_s = time.monotonic() - began
+        finally:
+            submitting.cancel()
+            watching.cancel()
+        say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
+
+    async def quiesce(self) -> None:
+        """No new faults or tasks, everything up; wait until nothing is in flight."""
+        fixed = await self.farm.ensure_up()
+        if fixed:
+            self.problems.append(f"still down at the quiesce: {fixed}")
+        await self.workload.wait_cancellers(30)
+        await self.workload.resubmit_unacknowledged()
+        self._sampling.cancel()
+        if not await self.monitor.wait_settled(self.args.quiesce_timeout):
+            self.problems.append(
+                f"not settled within {self.args.quiesce_timeout:.0f}s: {self.monitor.counts}"
+            )
+        await asyncio.sleep(0.5)
+        codes = await self.farm.stop()
+        self.problems += [
+            f"{name} exited with {rc} at the end"
+            for name, rc in codes.items()
+            if rc not in (0, None)
+        ]
+        await self.workload.close()
+        await self.monitor.close()
+
+    async def check(self) -> dict[str, Any]:
+        farm, injector = self.farm, self.injector
+        ev = await evidence.load(farm.dsn, farm.action_logs(), farm.agent_logs())
+        freezes = {
+            a.host_id: [
+                (f.started_at, f.healed_at or time.time())
+                for f in injector.faults
+                if f.kind == "agent_freeze" and f.target == a.host_id
+            ]
+            for a in farm.agents
+        }
+        delays = {a.host_id: a.sim_delay for a in farm.agents}
+        checks = Checks(ev, self.workload.tasks, freezes, delays, self.config.lease_ttl)
+        violations = checks.run(self.monitor.findings)
+        recovery.measure(injector.faults, ev)
+        self._harness_problems()
+        counts = injector.counts()
+        return {
+            "summary": {
+                "passed": not violations and not self.problems,
+                "violations": len(violations),
+                "tasks": len(ev.tasks),
+                "faults": sum(counts.values()),
+                "faults_by_kind": counts,
+                "duration_s": round(self.chaos_s, 1),
+                "wall_s": round(time.monotonic() - self.began, 1),
+                "seed": self.args.seed,
+                "problems": self.problems,
+            },
+            "config": self._config_summary(),
+            "tasks": report.task_summary(ev, checks.stats),
+            "notable": report.notable(ev),
+            "faults": report.fault_summary(injector.faults, KINDS),
+            "violations": grouped(violations),
+            "recovery": recovery.summary(injector.faults, KINDS),
+            "clients": {
+                "submit_retries": self.workload.counters.submit_retries,
+                "cancel_retries": self.workload.counters.cancel_retries,
+                "watch_reconnects": self.workload.counters.watch_reconnects,
+                "unexpected_codes": self.workload.counters.unexpected,
+            },
+            "process_errors_logged": report.process_errors(
+                {r.name: r.log for r in farm.replicas} | farm.agent_logs()
+            ),
+            "monitor": {
+                "samples": self.monitor.samples,
+                "failed_samples": self.monitor.failed_samples,
+            },
+        }
+
+    def _harness_problems(self) -> None:
+        counts = self.injector.counts()
+        short = {k: n for k, n in counts.items() if n < self.args.min_per_kind}
+        if short:
+            self.problems.append(f"fault kinds injected fewer than the minimum: {short}")
+        self.problems += [
+            f"{f.kind} on {f.target} failed: {f.error}" for f in self.injector.faults if f.error
+        ]
+        internal = self.workload.counters.unexpected.get("INTERNAL")
+        if internal:
+            self.problems.append(f"clients were answered INTERNAL {internal} times")
+
+    def _config_summary(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "replicas": c.replicas,
+            "agents": c.agents,
+            "devices_per_agent": c.devices,
+            "lease_ttl_s": c.lease_ttl,
+            "sweep_interval_s": c.sweep_interval,
+            "sim_delays_s": {a.host_id: a.sim_delay for a in self.farm.agents},
+            "auth": not c.insecure,
+            "min_per_kind": self.args.min_per_kind,
+            "max_concurrent_faults": self.args.max_concurrent,
+            "workdir": str(c.workdir),
+        }
+
+
+async def run(args: argparse.Namespace) -> int:
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="amc-chaos-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    workdir.chmod(0o755)  # PostgreSQL runs as its own user and must reach its data
+    say(f"seed {args.seed}; work directory {workdir}")
+    chaos = ChaosRun(args, workdir)
+    try:
+        await chaos.start()
+        await chaos.break_things()
+        await chaos.quiesce()
+        results = await chaos.check()
+        await chaos.farm.stop_database()
+    except BaseException:
+        chaos.farm.kill_everything()
+        say(f"harness failed; logs kept in {workdir}")
+        raise
+    report.write(args.output, results)
+    print(report.table(results))
+    say(f"results in {args.output}")
+    passed = bool(results["summary"]["passed"])
+    if passed and not args.keep and args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        say(f"logs and data kept in {workdir}")
+    return 0 if passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return asyncio.run(run(args))
+    except KeyboardInterrupt:
+        return 2
+    except Exception:
+        traceback.print_exc()
+        say("error: the harness failed (exit status 2)")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The processes of the farm under test: PostgreSQL, control-plane replicas, host agents.
+
+Each wrapper can crash its process the hard way (SIGKILL, an immediate PostgreSQL
+shutdown, SIGSTOP) and bring it back on the same address, and logs every process's
+output to a file in the run's work directory (appended across restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from control_plane.embedded import EmbeddedPostgres, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def _spawn(
+    command: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _kill(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait(10)
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None, within: float) -> int | None:
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(within)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
+@dataclass
+class Postgres:
+    """A durable embedded server that can crash and come back on the same port."""
+
+    datadir: Path
+    server: EmbeddedPostgres = field(init=False)
+    url: str = ""
+    up: bool = False
+
+    def __post_init__(self) -> None:
+        self.server = EmbeddedPostgres(self.datadir, durable=True)
+
+    async def start(self) -> str:
+        # The port is kept from the first start (EmbeddedPostgres reuses a port set before).
+        self.url = await asyncio.to_thread(self.server.start)
+        self.up = True
+        return self.url
+
+    async def crash(self) -> None:
+        """An immediate shutdown: no checkpoint, as a power cut would leave it."""
+        self.up = False
+        await asyncio.to_thread(self.server.stop, "immediate")
+
+    async def stop(self) -> None:
+        self.up = False
+        await asyncio.to_thread(self.server.stop, "fast")
+
+
+async def health(address: str, within: float = 1.0) -> bool:
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=within
+            )
+        except grpc.aio.AioRpcError:
+            return False
+    return reply.status == SERVING
+
+
+@dataclass
+class Replica:
+    name: str
+    dsn: str
+    log: Path
+    lease_ttl: float
+    sweep_interval: float
+    insecure: bool
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self) -> None:
+        command = [
+            str(BIN / "control-plane"),
+            "--listen",
+            self.address,
+            "--database-url",
+            self.dsn,
+            "--lease-ttl",
+            str(self.lease_ttl),
+            "--sweep-interval",
+            str(self.sweep_interval),
+            "--log-format",
+            "json",
+            "--grace",
+            "1",
+        ]
+        if self.insecure:
+            command.append("--insecure")
+        self.proc = _spawn(command, self.log)
+        self.starts += 1
+
+    async def start(self, within: float = 90.0) -> float:
+        """Start (again, if it dies before serving: e.g. PostgreSQL is down); returns when
+        it serves, with the seconds that took."""
+        began = time.monotonic()
+        deadline = began + within
+        self.spawn()
+        while time.monotonic() < deadline:
+            if not self.alive:
+                await asyncio.sleep(0.3)
+                self.spawn()
+                continue
+            if await health(self.address):
+                return time.monotonic() - began
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"replica {self.name} did not serve within {within:.0f}s")
+
+    def kill(self) -> None:
+        _kill(self.proc)
+
+    def terminate(self) -> int | None:
+        return _terminate(self.proc, 15)
+
+
+@dataclass
+class AgentProc:
+    host_id: str
+    control_plane: str  # the address of this agent's proxy
+    devices: int
+    sim_delay: float
+    action_log: Path
+    log: Path
+    token_file: Path
+    proc: subprocess.Popen[bytes] | None = None
+    frozen: bool = False
+    starts: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self) -> None:
+        command = [
+            str(BIN / "host-agent"),
+            "--control-plane",
+            self.control_plane,
+            "--host-id",
+            self.host_id,
+            "--token-file",
+            str(self.token_file),
+            "--simulated-devices",
+            str(self.devices),
+            "--sim-delay",
+            f"{self.sim_delay:.3f}s",
+            "--action-log",
+            str(self.action_log),
+            "--drain-timeout",
+            "5s",
+            "--acquire-wait",
+            "5s",
+            "--report-timeout",
+            "30s",
+            "--log-format",
+            "json",
+        ]
+        self.proc = _spawn(command, self.log)
+        self.frozen = False
+        self.starts += 1
+
+    def kill(self) -> None:
+        _kill(self.proc)
+        self.frozen = False
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.frozen = False
+
+    def terminate(self) -> int | None:
+        self.frozen = False
+        return _terminate(self.proc, 20)

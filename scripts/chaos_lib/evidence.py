@@ -1,0 +1,175 @@
+"""What the checks read after the run: PostgreSQL's tables, each agent's action log (what
+it sent to its phones, timestamped) and each agent's own JSON log (when its stop tokens
+tripped, which reports were accepted or refused).
+
+Times are epoch seconds: PostgreSQL's `now()` and the agents' `time.time()` read the same
+clock on this machine. `now()` is when the writing transaction *began*, so two transitions
+that waited on each other's locks may carry times out of their commit order; the checks
+order transitions by `event_id` where that matters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from amc.v1 import task_pb2
+
+TRIPS = {
+    "cancellation requested: stopping at the next step boundary": "cancelled",
+    "lease conflict: stop acting": "lease_lost",
+    "lease deadline passed without renewal: stop acting": "lease_lost",
+}
+
+
+@dataclass
+class Action:
+    host: str
+    serial: str
+    action: str
+    start: float
+    end: float
+    outcome: str
+    # (task_id, attempt) when the agent's log names them (it did not when this was written).
+    logged: tuple[str, int] | None = None
+    # Filled by the checks: the attempt it belongs to, and its end as the phone saw it.
+    task_id: str = ""
+    attempt: int = 0
+    effective_end: float = 0.0
+
+
+@dataclass
+class AgentEvent:
+    host: str
+    at: float
+    event: str
+    fields: dict[str, Any]
+
+
+@dataclass
+class Evidence:
+    tasks: dict[str, dict[str, Any]]
+    attempts: dict[tuple[str, int], dict[str, Any]]
+    events: dict[str, list[dict[str, Any]]]
+    devices: list[dict[str, Any]]
+    actions: list[Action]
+    agent_events: list[AgentEvent]
+    unparsed_log_lines: int = 0
+    # (task_id, attempt) -> (first trip time, reason), from the agents' logs
+    trips: dict[tuple[str, int], tuple[float, str]] = field(default_factory=dict)
+
+    def attempts_of(self, task_id: str) -> list[dict[str, Any]]:
+        return sorted(
+            (a for (t, _), a in self.attempts.items() if t == task_id), key=lambda a: a["attempt"]
+        )
+
+
+async def load(dsn: str, action_logs: dict[str, Path], agent_logs: dict[str, Path]) -> Evidence:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            tasks = await conn.fetch("SELECT * FROM tasks")
+            attempts = await conn.fetch("SELECT * FROM attempts")
+            events = await conn.fetch("SELECT * FROM task_events ORDER BY event_id")
+            devices = await conn.fetch("SELECT * FROM devices")
+    finally:
+        await conn.close()
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        by_task[str(e["task_id"])].append(_row(e))
+    agent_events, unparsed = _agent_events(agent_logs)
+    evidence = Evidence(
+        tasks={str(t["task_id"]): _row(t) for t in tasks},
+        attempts={(str(a["task_id"]), a["attempt"]): _row(a) for a in attempts},
+        events=dict(by_task),
+        devices=[_row(d) for d in devices],
+        actions=_actions(action_logs),
+        agent_events=agent_events,
+        unparsed_log_lines=unparsed,
+    )
+    for e in agent_events:
+        reason = TRIPS.get(e.event)
+        key = (str(e.fields.get("task_id")), int(e.fields.get("attempt") or 0))
+        if reason and (key not in evidence.trips or e.at < evidence.trips[key][0]):
+            evidence.trips[key] = (e.at, reason)
+    return evidence
+
+
+def _row(record: asyncpg.Record) -> dict[str, Any]:
+    row = dict(record)
+    for key, value in row.items():
+        if isinstance(value, datetime):
+            row[key] = value.timestamp()
+        elif key in ("task_id", "lease_id", "event_id") and value is not None:
+            row[key] = str(value) if key != "event_id" else value
+    return row
+
+
+def _actions(logs: dict[str, Path]) -> list[Action]:
+    actions = []
+    for host, path in logs.items():
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # empty, or cut short by a SIGKILL
+            logged = (str(r["task_id"]), int(r["attempt"])) if r.get("task_id") else None
+            actions.append(
+                Action(
+                    host,
+                    r["serial"],
+                    r["action"],
+                    r["started_wall"],
+                    r["ended_wall"],
+                    r["outcome"],
+                    logged,
+                )
+            )
+    actions.sort(key=lambda a: a.start)
+    return actions
+
+
+def _agent_events(logs: dict[str, Path]) -> tuple[list[AgentEvent], int]:
+    events, unparsed = [], 0
+    for host, path in logs.items():
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+                at = datetime.fromisoformat(record.pop("timestamp")).timestamp()
+                event = record.pop("event")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                unparsed += 1
+                continue
+            events.append(AgentEvent(host, at, event, record))
+    events.sort(key=lambda e: e.at)
+    return events, unparsed
+
+
+def task_result(row: dict[str, Any]) -> task_pb2.TaskResult | None:
+    if row.get("result") is None:
+        return None
+    result = task_pb2.TaskResult()
+    result.ParseFromString(bytes(row["result"]))
+    return result
+
+
+def last_step_window(result: task_pb2.TaskResult | None) -> tuple[float, float] | None:
+    """(start, end) of the last step that ran, as the host timed it."""
+    if result is None:
+        return None
+    ran = [s for s in result.steps if s.status != task_pb2.STEP_STATUS_SKIPPED]
+    if not ran:
+        return None
+    step = ran[-1]
+    start = step.started_at.seconds + step.started_at.nanos / 1e9
+    return start, start + step.duration.seconds + step.duration.nanos / 1e9

@@ -1,0 +1,185 @@
+"""Faults on a random schedule: every kind at least `min_per_kind` times, then more at
+random until the time is up; at most `max_concurrent` at once, never two on one target,
+and never both replicas down together (the farm is meant to survive one at a time).
+
+    replica_kill   SIGKILL a control-plane replica, restart it on the same port
+    agent_kill     SIGKILL a host agent, restart it (same host id and devices)
+    agent_freeze   SIGSTOP an agent for longer than the lease TTL, then SIGCONT
+    pg_restart     PostgreSQL immediate shutdown (a crash), then start it again
+    proxy_cut      cut one agent's connections for longer than the TTL (blackhole or reset)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from chaos_lib.farm import Farm
+from chaos_lib.proxy import CUT_MODES
+
+KINDS = ("replica_kill", "agent_kill", "agent_freeze", "pg_restart", "proxy_cut")
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    started_at: float  # wall clock
+    healed_at: float | None = None  # when the fault was undone (restart begun, SIGCONT, heal)
+    recovered_at: float | None = None  # when the harness saw the target serving again
+    detail: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Injector:
+    def __init__(
+        self,
+        farm: Farm,
+        rng: random.Random,
+        *,
+        min_per_kind: int,
+        max_concurrent: int = 2,
+        kinds: tuple[str, ...] = KINDS,
+    ) -> None:
+        self.farm = farm
+        self.rng = rng
+        self.min_per_kind = min_per_kind
+        self.max_concurrent = max_concurrent
+        self.kinds = kinds
+        self.faults: list[Fault] = []
+        self.busy: set[str] = set()
+        self._running: set[asyncio.Task[None]] = set()
+        self.stopping = False
+        # Called with the host id when a fault cuts a host off (the workload cancels there).
+        self.on_host_fault: Callable[[str], None] | None = None
+
+    @property
+    def ttl(self) -> float:
+        return self.farm.config.lease_ttl
+
+    def counts(self) -> dict[str, int]:
+        return {k: sum(1 for f in self.faults if f.kind == k) for k in self.kinds}
+
+    async def run(self, duration: float) -> None:
+        """Inject until `duration` seconds passed and every kind had its minimum."""
+        deadline = time.monotonic() + duration
+        required = [k for k in self.kinds for _ in range(self.min_per_kind)]
+        self.rng.shuffle(required)
+        while not self.stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not required:
+                break
+            if len(self._running) >= self.max_concurrent:
+                await asyncio.wait(set(self._running), return_when=asyncio.FIRST_COMPLETED)
+                continue
+            pool = required or self.rng.sample(self.kinds, len(self.kinds))
+            choice = next(((k, t) for k in pool if (t := self._target(k)) is not None), None)
+            if choice is None:
+                await asyncio.sleep(0.2)
+                continue
+            kind, target = choice
+            if kind in required:
+                required.remove(kind)
+            self._launch(kind, target)
+            if required:
+                pace = max(0.3, min(remaining / (len(required) + 1), 6.0))
+                await asyncio.sleep(self.rng.uniform(0.3, pace))
+            else:
+                await asyncio.sleep(self.rng.uniform(1.0, 5.0))
+        await self.finish()
+
+    async def finish(self) -> None:
+        """Wait for the faults in progress to be undone."""
+        if self._running:
+            await asyncio.wait(set(self._running))
+
+    def _target(self, kind: str) -> str | None:
+        farm = self.farm
+        if kind == "replica_kill":
+            alive = [r.name for r in farm.replicas if r.alive and r.name not in self.busy]
+            return self.rng.choice(alive) if len(alive) == len(farm.replicas) else None
+        if kind == "pg_restart":
+            return None if "postgres" in self.busy else "postgres"
+        free = [a.host_id for a in farm.agents if a.host_id not in self.busy]
+        return self.rng.choice(free) if free else None
+
+    def _launch(self, kind: str, target: str) -> None:
+        fault = Fault(kind, target, time.time())
+        self.faults.append(fault)
+        self.busy.add(target)
+        task = asyncio.create_task(self._inject(fault))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _inject(self, fault: Fault) -> None:
+        try:
+            await getattr(self, f"_{fault.kind}")(fault)
+        except Exception as exc:
+            fault.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.busy.discard(fault.target)
+
+    # -- the faults --------------------------------------------------------------------------
+
+    async def _replica_kill(self, fault: Fault) -> None:
+        replica = next(r for r in self.farm.replicas if r.name == fault.target)
+        replica.kill()
+        down = self.rng.uniform(0.5, 2.5)
+        await asyncio.sleep(down)
+        fault.healed_at = time.time()
+        fault.detail["restart_to_serving_s"] = round(await replica.start(), 3)
+        fault.recovered_at = time.time()
+
+    async def _agent_kill(self, fault: Fault) -> None:
+        agent = self._agent(fault.target)
+        agent.kill()
+        self._host_cut_off(fault.target)
+        await asyncio.sleep(self.rng.uniform(0.5, 2.5))
+        agent.spawn()
+        fault.healed_at = time.time()
+
+    async def _agent_freeze(self, fault: Fault) -> None:
+        agent = self._agent(fault.target)
+        agent.freeze()
+        self._host_cut_off(fault.target)
+        frozen = self.ttl + self.rng.uniform(1.0, 3.0)
+        fault.detail["frozen_s"] = round(frozen, 3)
+        await asyncio.sleep(frozen)
+        agent.thaw()
+        fault.healed_at = time.time()
+
+    async def _pg_restart(self, fault: Fault) -> None:
+        await self.farm.pg.crash()
+        fault.detail["crashed_at"] = time.time()
+        await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+        await self.farm.pg.start()
+        fault.healed_at = time.time()
+        fault.detail["outage_s"] = round(fault.healed_at - fault.started_at, 3)
+        await self.farm.wait_serving(60)
+        fault.recovered_at = time.time()
+
+    async def _proxy_cut(self, fault: Fault) -> None:
+        assert self.farm.proxies is not None
+        mode = self.rng.choice(CUT_MODES)
+        fault.detail["mode"] = mode
+        self.farm.proxies.cut(fault.target, mode)
+        self._host_cut_off(fault.target)
+        cut = self.ttl + self.rng.uniform(1.0, 3.0)
+        fault.detail["cut_s"] = round(cut, 3)
+        await asyncio.sleep(cut)
+        self.farm.proxies.heal(fault.target)
+        fault.healed_at = time.time()
+
+    def _host_cut_off(self, host_id: str) -> None:
+        if self.on_host_fault is not None:
+            self.on_host_fault(host_id)
+
+    def _agent(self, host_id: str) -> Any:
+        return next(a for a in self.farm.agents if a.host_id == host_id)

@@ -1,0 +1,530 @@
+"""The six invariants of the chaos run, checked after the quiesce from the evidence.
+
+    1  no task lost: every submitted task is in exactly one state; all end terminal
+    2  no duplicate transitions: every terminal state was entered once
+    3  `cancelled` only where a cancellation was requested; a task whose cancellation was
+       requested in flight ends cancelled, or done (or failed by a step) only where the host
+       could not have stopped first: its last step had finished before the request, or the
+       request landed during the last step, or the host had not been told yet (which it
+       must be by the next renewal, also checked); never after the host saw the request
+       and went on to act. A lease-lost or shutdown FAILED accepted meanwhile breaks it.
+    4  at most one executor: no two attempts of a task acted in overlapping time windows
+       (and no attempt acted outside its lease, or after its host's stop token tripped)
+    5  no orphan reservation: no device reserved without an active attempt; all free at end
+    6  no stale report accepted: every accepted report came from the current attempt with
+       a live lease
+
+The action logs do not say which task an action was for, so an action is attributed to the
+attempt on its host and device that began last before it (one device runs one attempt at a
+time: the agent offers only idle devices, and a device stays reserved until its attempt
+ends). Should the log records name their task and attempt, the two are compared. An
+action the process was frozen through is counted as the phone saw it: from its
+start for the simulated action's duration, not until the process woke up to log it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos_lib.evidence import Action, Evidence, last_step_window, task_result
+from chaos_lib.monitor import Finding
+from chaos_lib.workload import Submitted
+
+NAMES = {
+    1: "no task lost",
+    2: "no duplicate transitions",
+    3: "cancelled only on request; cancel in flight ends cancelled",
+    4: "at most one executor",
+    5: "no orphan reservation",
+    6: "no stale report accepted",
+}
+TERMINAL = frozenset({"done", "failed", "cancelled"})
+REPORTED = frozenset({"done", "failed", "cancelled"})
+EXAMPLES = 5
+# A renewal whose transaction began this long after the cancel's must have seen it: it
+# cannot have been waiting on the cancel's row lock for that long (they take milliseconds).
+RENEWAL_SLACK = 0.5
+
+
+@dataclass
+class Violation:
+    invariant: int
+    check: str
+    detail: dict[str, Any]
+
+
+@dataclass
+class Checks:
+    evidence: Evidence
+    submitted: list[Submitted]
+    # host -> [(frozen from, to)] and host -> simulated action duration
+    freezes: dict[str, list[tuple[float, float]]]
+    delays: dict[str, float]
+    lease_ttl: float
+    violations: list[Violation] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    def fail(self, invariant: int, check: str, **detail: Any) -> None:
+        self.violations.append(Violation(invariant, check, detail))
+
+    def run(self, findings: Iterable[Finding]) -> list[Violation]:
+        for f in findings:
+            self.fail(f.invariant, f"(while running) {f.check}", at=f.at, **f.row)
+        self._attribute()
+        for check in (self._one, self._two, self._three, self._four, self._five, self._six):
+            check()
+        return self.violations
+
+    # -- attribution -------------------------------------------------------------------------
+
+    def _attribute(self) -> None:
+        ev = self.evidence
+        by_device: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for att in ev.attempts.values():
+            by_device[(att["host_id"], att["device_serial"])].append(att)
+        starts = {}
+        for key, atts in by_device.items():
+            atts.sort(key=lambda a: a["created_at"])
+            starts[key] = [a["created_at"] for a in atts]
+        for action in ev.actions:
+            key = (action.host, action.serial)
+            i = bisect.bisect_right(starts.get(key, []), action.start) - 1
+            action.effective_end = self._phone_end(action)
+            if i < 0:
+                self.fail(4, "device action outside any attempt", **_action(action))
+                continue
+            att = by_device[key][i]
+            action.task_id, action.attempt = att["task_id"], att["attempt"]
+            if action.logged is not None and action.logged != (action.task_id, action.attempt):
+                self.fail(
+                    4,
+                    "action logged for one attempt, acted in another's time",
+                    logged=action.logged,
+                    **_action(action),
+                )
+        self.stats["device actions"] = len(ev.actions)
+
+    def _phone_end(self, action: Action) -> float:
+        for frozen_from, frozen_to in self.freezes.get(action.host, ()):
+            if action.start < frozen_to and action.end > frozen_from:
+                self.stats["actions spanning a freeze"] += 1
+                return min(action.end, action.start + self.delays.get(action.host, 0.0) + 0.05)
+        return action.end
+
+    # -- 1 -----------------------------------------------------------------------------------
+
+    def _one(self) -> None:
+        ev = self.evidence
+        requests = {s.request_id for s in self.submitted}
+        for s in self.submitted:
+            if not s.task_id:
+                self.fail(1, "submission never acknowledged", request_id=s.request_id)
+            elif s.task_id not in ev.tasks:
+                self.fail(1, "acknowledged task missing from the database", task_id=s.task_id)
+        for task_id, t in ev.tasks.items():
+            if t["request_id"] not in requests:
+                self.fail(1, "task in the database that nobody submitted", task_id=task_id)
+            if t["status"] not in TERMINAL:
+                self.fail(
+                    1, "task not terminal after the quiesce", task_id=task_id, status=t["status"]
+                )
+            atts = ev.attempts_of(task_id)
+            if len(atts) > t["max_attempts"]:
+                self.fail(1, "more attempts than max_attempts", task_id=task_id, attempts=len(atts))
+            if [a["attempt"] for a in atts] != list(range(1, len(atts) + 1)) or (
+                atts and atts[-1]["attempt"] != t["attempt"]
+            ):
+                self.fail(1, "attempt numbers not 1..n ending at the task's", task_id=task_id)
+
+    # -- 2 -----------------------------------------------------------------------------------
+
+    def _two(self) -> None:
+        ev = self.evidence
+        for task_id, t in ev.tasks.items():
+            events = ev.events.get(task_id, [])
+            terminal = [
+                e
+                for e in events
+                if e["to_status"] in TERMINAL and e["from_status"] != e["to_status"]
+            ]
+            wanted = 1 if t["status"] in TERMINAL else 0
+            if len(terminal) != wanted:
+                self.fail(
+                    2,
+                    "terminal state entered more than once"
+                    if len(terminal) > 1
+                    else "terminal status without its transition",
+                    task_id=task_id,
+                    status=t["status"],
+                    transitions=[(e["kind"], e["from_status"], e["to_status"]) for e in terminal],
+                )
+            self._chain(task_id, t, events)
+            self._attempt_events(task_id, events)
+
+    def _chain(self, task_id: str, t: dict[str, Any], events: list[dict[str, Any]]) -> None:
+        current: str | None = None
+        for e in events:
+            if e["kind"] == "submit":
+                if current is not None:
+                    self.fail(2, "submitted twice", task_id=task_id)
+                current = e["to_status"]
+                continue
+            if current in TERMINAL:
+                self.fail(
+                    2,
+                    "transition after a terminal state",
+                    task_id=task_id,
+                    event=e["kind"],
+                    after=current,
+                )
+            if e["from_status"] != current:
+                self.fail(
+                    2,
+                    "transition from a status the task was not in",
+                    task_id=task_id,
+                    event=e["kind"],
+                    claimed=e["from_status"],
+                    actual=current,
+                )
+            current = e["to_status"]
+        if current != t["status"]:
+            self.fail(
+                2,
+                "status disagrees with the transition log",
+                task_id=task_id,
+                status=t["status"],
+                log=current,
+            )
+
+    def _attempt_events(self, task_id: str, events: list[dict[str, Any]]) -> None:
+        assigns = Counter(e["attempt"] for e in events if e["kind"] == "assign")
+        endings = Counter(
+            e["attempt"] for e in events if e["kind"] in ("report", "expired", "released")
+        )
+        numbers = {a["attempt"] for a in self.evidence.attempts_of(task_id)}
+        if set(assigns) != numbers or any(n != 1 for n in assigns.values()):
+            self.fail(
+                2,
+                "attempts and assign transitions disagree",
+                task_id=task_id,
+                attempts=sorted(numbers),
+                assigns=dict(assigns),
+            )
+        for attempt, n in endings.items():
+            if n > 1:
+                self.fail(2, "attempt ended more than once", task_id=task_id, attempt=attempt)
+
+    # -- 3 -----------------------------------------------------------------------------------
+
+    def _three(self) -> None:
+        ev = self.evidence
+        for task_id, t in ev.tasks.items():
+            events = ev.events.get(task_id, [])
+            requested = t["cancel_requested_at"]
+            if t["status"] == "cancelled":
+                ended = next(
+                    (
+                        e
+                        for e in events
+                        if e["to_status"] == "cancelled" and e["from_status"] != "cancelled"
+                    ),
+                    None,
+                )
+                if requested is None:
+                    self.fail(3, "cancelled without a cancellation request", task_id=task_id)
+                elif (
+                    ended is not None
+                    and ended["kind"] != "cancel"
+                    and not any(
+                        e["kind"] == "cancel_requested" and e["event_id"] < ended["event_id"]
+                        for e in events
+                    )
+                ):
+                    # By the order of the transitions, not their times: `now()` is when a
+                    # transaction began, and one may begin, wait for the cancel's lock, and
+                    # commit after it.
+                    self.fail(3, "cancelled before the request", task_id=task_id)
+            in_flight = next((e for e in events if e["kind"] == "cancel_requested"), None)
+            if in_flight is not None:
+                self._requested_in_flight(task_id, t, events, in_flight)
+        self._surfaced()
+        self._client_answers()
+
+    def _requested_in_flight(
+        self, task_id: str, t: dict[str, Any], events: list[dict[str, Any]], request: dict[str, Any]
+    ) -> None:
+        status, at = t["status"], t["cancel_requested_at"]
+        self.stats[f"cancel in flight -> {status}"] += 1
+        if status == "cancelled" or status not in TERMINAL:
+            return
+        end = next(e for e in events if e["to_status"] == status and e["from_status"] != status)
+        where = {"task_id": task_id, "status": status, "requested_at": at}
+        if end["kind"] != "report" or end["attempt"] != request["attempt"]:
+            self.fail(
+                3,
+                f"cancel pending, yet ended {status} by {end['kind']}",
+                attempt=end["attempt"],
+                **where,
+            )
+            return
+        result = task_result(t)
+        error = result.error if result is not None else t["error"]
+        if status == "failed" and not error.startswith("step "):
+            self.fail(
+                3,
+                "cancel pending, yet a failed report was accepted (not a step failure)",
+                error=error,
+                reported_at=end["at"],
+                **where,
+            )
+            return
+        window = last_step_window(result)
+        if window is not None and window[1] <= at:
+            self.stats[f"cancel in flight -> {status}: last step had finished"] += 1
+            return
+        trip = self.evidence.trips.get((task_id, request["attempt"]))
+        if (
+            trip is not None
+            and trip[1] == "cancelled"
+            and window is not None
+            and trip[0] < window[0]
+        ):
+            self.fail(
+                3,
+                f"host saw the cancellation before the last step, ran it, ended {status}",
+                seen_at=trip[0],
+                last_step_started=window[0],
+                **where,
+            )
+            return
+        # Cooperative cancellation stops at the next boundary: there was none left after the
+        # request landed, or the host had not heard of it yet ("not instantaneous": it is due
+        # by the next renewal, checked in _surfaced).
+        if window is not None and window[0] < at:
+            self.stats[f"cancel in flight -> {status}: request landed during the last step"] += 1
+        else:
+            self.stats[f"cancel in flight -> {status}: host not told before the last step"] += 1
+
+    def _surfaced(self) -> None:
+        """A pending cancellation is in the first renewal answer after the request, at the
+        latest: so an attempt renewed after the request has it marked delivered by then.
+        Times are those of the transactions' starts, hence the slack."""
+        for (task_id, attempt), a in self.evidence.attempts.items():
+            requested = a["cancel_requested_at"]
+            if requested is None:
+                continue
+            last_renewal = a["lease_expires_at"] - self.lease_ttl
+            delivered = a["cancel_delivered_at"]
+            if last_renewal > requested + RENEWAL_SLACK and (
+                delivered is None or delivered > last_renewal
+            ):
+                self.fail(
+                    3,
+                    "cancellation not surfaced by the next renewal",
+                    task_id=task_id,
+                    attempt=attempt,
+                    requested_at=requested,
+                    renewed_at=last_renewal,
+                    delivered_at=delivered,
+                )
+
+    def _client_answers(self) -> None:
+        tasks = self.evidence.tasks
+        for s in self.submitted:
+            t = tasks.get(s.task_id)
+            if s.moment is None or t is None:
+                continue
+            self.stats[
+                f"cancel moment {s.moment}: {s.cancel_answer or s.cancel_note or 'not sent'}"
+            ] += 1
+            if s.cancel_acked and t["cancel_requested_at"] is None:
+                self.fail(
+                    3,
+                    "acknowledged cancellation missing from the database",
+                    task_id=s.task_id,
+                    answer=s.cancel_answer,
+                )
+            if s.cancel_answer == "cancelled" and t["status"] != "cancelled":
+                self.fail(
+                    3, "answered cancelled, ended otherwise", task_id=s.task_id, status=t["status"]
+                )
+            if s.cancel_answer == "FAILED_PRECONDITION" and (
+                t["status"] not in ("done", "failed") or t["cancel_requested_at"] is not None
+            ):
+                self.fail(
+                    3,
+                    "cancel refused as terminal, but the task was not done/failed",
+                    task_id=s.task_id,
+                    status=t["status"],
+                )
+
+    # -- 4 -----------------------------------------------------------------------------------
+
+    def _four(self) -> None:
+        ev = self.evidence
+        by_attempt: dict[tuple[str, int], list[Action]] = defaultdict(list)
+        for action in ev.actions:
+            if action.task_id:
+                by_attempt[(action.task_id, action.attempt)].append(action)
+        for key, actions in by_attempt.items():
+            att = ev.attempts[key]
+            bound = _lease_end(att)
+            trip = ev.trips.get(key)
+            for action in actions:
+                if action.start > bound:
+                    self.fail(
+                        4,
+                        "device action after its attempt's lease ended",
+                        attempt_state=att["state"],
+                        lease_end=bound,
+                        **_action(action),
+                    )
+                if trip is not None and action.start > trip[0]:
+                    invariant = 3 if trip[1] == "cancelled" else 4
+                    self.fail(
+                        invariant,
+                        f"device action after the host's stop token tripped ({trip[1]})",
+                        tripped_at=trip[0],
+                        **_action(action),
+                    )
+        per_task: dict[str, dict[int, list[Action]]] = defaultdict(dict)
+        for (task_id, attempt), actions in by_attempt.items():
+            per_task[task_id][attempt] = actions
+        for task_id, attempts in per_task.items():
+            self._overlaps(task_id, attempts)
+        self.stats["tasks run by more than one attempt"] = sum(
+            1 for a in per_task.values() if len(a) > 1
+        )
+
+    def _overlaps(self, task_id: str, attempts: dict[int, list[Action]]) -> None:
+        numbers = sorted(attempts)
+        for i, a in enumerate(numbers):
+            for b in numbers[i + 1 :]:
+                for x in attempts[a]:
+                    for y in attempts[b]:
+                        if x.start < y.effective_end and y.start < x.effective_end:
+                            self.fail(
+                                4,
+                                "two attempts of a task acted at the same time",
+                                task_id=task_id,
+                                first=_action(x),
+                                second=_action(y),
+                            )
+                            return
+
+    # -- 5 -----------------------------------------------------------------------------------
+
+    def _five(self) -> None:
+        ev = self.evidence
+        for d in ev.devices:
+            if d["task_id"] is not None:
+                self.fail(
+                    5,
+                    "device still reserved at the end",
+                    host_id=d["host_id"],
+                    serial=d["serial"],
+                    task_id=d["task_id"],
+                )
+        for (task_id, attempt), a in ev.attempts.items():
+            if a["state"] == "active":
+                self.fail(5, "attempt still active at the end", task_id=task_id, attempt=attempt)
+
+    # -- 6 -----------------------------------------------------------------------------------
+
+    def _six(self) -> None:
+        ev = self.evidence
+        for task_id, events in ev.events.items():
+            for e in events:
+                if e["kind"] == "report":
+                    self._accepted_report(task_id, ev.tasks[task_id], e)
+        for said in ev.agent_events:
+            if said.event == "result reported":
+                self._host_told_accepted(said)
+            elif said.event == "report refused by the control plane":
+                self.stats[f"reports refused ({said.fields.get('code')})"] += 1
+
+    def _accepted_report(self, task_id: str, t: dict[str, Any], e: dict[str, Any]) -> None:
+        att = self.evidence.attempts.get((task_id, e["attempt"]))
+        where = {"task_id": task_id, "attempt": e["attempt"]}
+        self.stats["reports accepted"] += 1
+        if att is None:
+            self.fail(6, "report accepted for an attempt that does not exist", **where)
+        elif att["reported_at"] is None or att["state"] != e["to_status"]:
+            self.fail(
+                6, "report accepted but the attempt does not record it", state=att["state"], **where
+            )
+        elif att["reported_at"] >= att["lease_expires_at"]:
+            self.fail(
+                6,
+                "report accepted after the lease expired",
+                reported_at=att["reported_at"],
+                lease_expires_at=att["lease_expires_at"],
+                **where,
+            )
+        elif e["attempt"] != t["attempt"]:
+            self.fail(
+                6,
+                "report accepted from an attempt that is not the current one",
+                current=t["attempt"],
+                **where,
+            )
+        elif e["from_status"] not in ("assigned", "dispatched"):
+            self.fail(
+                6, "report accepted for a task not in flight", status=e["from_status"], **where
+            )
+
+    def _host_told_accepted(self, e: Any) -> None:
+        key = (str(e.fields.get("task_id")), int(e.fields.get("attempt") or 0))
+        att = self.evidence.attempts.get(key)
+        outcome = str(e.fields.get("outcome", "")).removeprefix("OUTCOME_").lower()
+        if att is None or att["state"] not in REPORTED or att["outcome"] != outcome:
+            self.fail(
+                6,
+                "host was told its report was accepted; the database disagrees",
+                host=e.host,
+                task_id=key[0],
+                attempt=key[1],
+                outcome=outcome,
+                attempt_state=att["state"] if att else None,
+            )
+
+
+def _lease_end(att: dict[str, Any]) -> float:
+    """The last moment the attempt's holder could rightly act."""
+    if att["state"] in REPORTED:
+        return float(att["reported_at"])
+    if att["state"] == "expired":
+        return float(att["lease_expires_at"])
+    if att["state"] == "released":
+        return float(att["ended_at"])
+    return float("inf")
+
+
+def _action(a: Action) -> dict[str, Any]:
+    return {
+        "host": a.host,
+        "serial": a.serial,
+        "action": a.action,
+        "start": round(a.start, 4),
+        "end": round(a.end, 4),
+        "task_id": a.task_id,
+        "attempt": a.attempt,
+    }
+
+
+def grouped(violations: list[Violation]) -> dict[str, dict[str, Any]]:
+    """By invariant number: name, count, counts by check, the first few examples."""
+    out: dict[str, dict[str, Any]] = {}
+    for n, name in NAMES.items():
+        mine = [v for v in violations if v.invariant == n]
+        out[str(n)] = {
+            "name": name,
+            "count": len(mine),
+            "by_check": dict(Counter(v.check for v in mine)),
+            "examples": [{"check": v.check, **v.detail} for v in mine[:EXAMPLES]],
+        }
+    return out

@@ -1,0 +1,130 @@
+"""`chaos-results.json` and the table printed at the end of a run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from chaos_lib.evidence import Evidence, task_result
+from chaos_lib.faults import Fault
+from chaos_lib.invariants import NAMES
+
+
+def task_summary(ev: Evidence, stats: Counter[str]) -> dict[str, Any]:
+    by_status = Counter(t["status"] for t in ev.tasks.values())
+    failed_by_cause = Counter(
+        _failure_cause(t) for t in ev.tasks.values() if t["status"] == "failed"
+    )
+    attempts = Counter(a["state"] for a in ev.attempts.values())
+    return {
+        "submitted": len(ev.tasks),
+        "by_status": dict(sorted(by_status.items())),
+        "failed_by_cause": dict(failed_by_cause),
+        "attempts": sum(attempts.values()),
+        "attempts_by_end": dict(sorted(attempts.items())),
+        "retried": sum(1 for t in ev.tasks.values() if t["attempt"] > 1),
+        "cancel_requested": sum(
+            1 for t in ev.tasks.values() if t["cancel_requested_at"] is not None
+        ),
+        "details": dict(sorted(stats.items())),
+    }
+
+
+def notable(ev: Evidence) -> dict[str, Any]:
+    """Outcomes no invariant forbids that an operator would still want to hear about."""
+    lost = [
+        {"task_id": task_id, "attempt": t["attempt"], "max_attempts": t["max_attempts"]}
+        for task_id, t in ev.tasks.items()
+        if t["status"] == "failed"
+        and _failure_cause(t) == "lease lost"
+        and t["attempt"] < t["max_attempts"]
+    ]
+    return {
+        "failed_by_own_lease_lost_report_with_attempts_left": {
+            "count": len(lost),
+            "why": "the host fenced itself (deadline passed without renewal) and reported "
+            "FAILED while the control plane still held its lease live, so the task failed "
+            "instead of being requeued by the expiry",
+            "examples": lost[:5],
+        }
+    }
+
+
+def _failure_cause(t: dict[str, Any]) -> str:
+    result = task_result(t)
+    error = (result.error if result is not None else "") or t["error"]
+    if error.startswith("lease expired") or error.startswith("lease released"):
+        return "attempts exhausted (lease ran out)"
+    if error.startswith("step "):
+        return "a step failed (on purpose)"
+    return error.split(":")[0] or "unknown"
+
+
+def fault_summary(faults: list[Fault], kinds: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        kind: {
+            "count": sum(1 for f in faults if f.kind == kind),
+            "errors": [f.error for f in faults if f.kind == kind and f.error],
+            "events": [f.to_json() for f in faults if f.kind == kind],
+        }
+        for kind in kinds
+    }
+
+
+def process_errors(logs: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """Error-level lines the processes logged themselves, counted by their first line."""
+    found: dict[str, dict[str, int]] = {}
+    for name, path in logs.items():
+        counts: Counter[str] = Counter()
+        text = path.read_text(errors="replace") if path.exists() else ""
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                record = json.loads(line)
+                if record.get("level") in ("error", "critical"):
+                    first = str(record.get("event")).splitlines()[0]
+                    counts[re.sub(r"\d+", "N", first)[:100]] += 1
+        if counts:
+            found[name] = dict(counts)
+    return found
+
+
+def write(path: Path, results: dict[str, Any]) -> None:
+    path.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def table(results: dict[str, Any]) -> str:
+    s, t = results["summary"], results["tasks"]
+    lines = [
+        "",
+        f"chaos run: {s['duration_s']:.0f}s of faults, {s['wall_s']:.0f}s in all, seed {s['seed']}"
+        f" — {'PASSED' if s['passed'] else 'FAILED'}",
+        "",
+        f"tasks      {t['submitted']} submitted  "
+        + "  ".join(f"{k} {v}" for k, v in t["by_status"].items())
+        + f"  (retried {t['retried']}, cancel requested {t['cancel_requested']})",
+        f"attempts   {t['attempts']}  "
+        + "  ".join(f"{k} {v}" for k, v in t["attempts_by_end"].items()),
+        "",
+        f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
+    ]
+    for kind, info in results["faults"].items():
+        rec = results["recovery"].get(kind, {})
+        shown = [
+            f"{m} {v['min']:.2f}/{v['median']:.2f}/{v['max']:.2f}"
+            for m, v in rec.items()
+            if m not in ("frozen_s", "cut_s")
+        ]
+        lines.append(f"{kind:<14}{info['count']:>4}  " + ("; ".join(shown) or "-"))
+    lines += ["", f"{'invariant':<64}{'violations':>10}"]
+    for n, info in results["violations"].items():
+        lines.append(f"{n}. {NAMES[int(n)]:<61}{info['count']:>10}")
+        for check, count in info["by_check"].items():
+            lines.append(f"     {check[:70]:<70} {count}")
+    if s["problems"]:
+        lines += ["", "harness problems:"] + [f"  - {p}" for p in s["problems"]]
+    lines.append("")
+    return "\n".join(lines)

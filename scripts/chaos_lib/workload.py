@@ -1,0 +1,316 @@
+"""The clients' side of the run: a submitter that keeps work queued, and cancellers that
+cancel about a third of the tasks at a random moment of their life.
+
+Cancellation moments: `queued` (at once after the submit), `just_assigned` (as soon as a
+watch sees it assigned or dispatched), `mid_run` (a random time into the run) and
+`before_last_step` (when the attempt's action log shows every device action before the
+last step finished). Besides, when a fault cuts a host off, a task or two running there
+are cancelled (`host_faulted`): the host cannot hear of it, so the lease runs out with
+the cancellation pending. The clients reach the replicas through gRPC's own round-robin
+balancing over both addresses, so a dead replica costs them retries only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_common.channel import bearer_interceptors
+from chaos_lib.specs import Plan, random_plan
+
+T = TypeVar("T")
+MOMENTS = ("queued", "just_assigned", "mid_run", "before_last_step")
+RETRY_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
+)
+IN_FLIGHT = (task_pb2.TASK_STATUS_ASSIGNED, task_pb2.TASK_STATUS_DISPATCHED)
+TERMINAL = (task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED)
+
+
+def status_name(value: int) -> str:
+    return task_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_").lower()
+
+
+@dataclass
+class Submitted:
+    request_id: str
+    plan: Plan
+    moment: str | None  # when it is to be cancelled; None: never
+    task_id: str = ""
+    submitted_at: float = 0.0  # wall clock when the submit was acknowledged
+    cancel_sent_at: float | None = None
+    cancel_answer: str = ""  # the status the answer carried, or the refusal's code
+    cancel_acked: bool = False
+    cancel_note: str = ""
+
+
+@dataclass
+class Counters:
+    submit_retries: int = 0
+    cancel_retries: int = 0
+    watch_reconnects: int = 0
+    # Codes a client should never see from a healthy control plane (INTERNAL and such).
+    unexpected: dict[str, int] = field(default_factory=dict)
+
+
+class ActionTail:
+    """Follows the agents' action logs while the run goes on (for `before_last_step`)."""
+
+    def __init__(self, logs: dict[str, Path]) -> None:
+        self._logs = logs
+        self._offsets = dict.fromkeys(logs, 0)
+        self._partial = dict.fromkeys(logs, "")
+        self.starts: dict[tuple[str, str], list[float]] = {}
+
+    def poll(self) -> None:
+        for host, path in self._logs.items():
+            if not path.exists():
+                continue
+            with path.open(encoding="utf-8") as f:
+                f.seek(self._offsets[host])
+                chunk = f.read()
+                self._offsets[host] = f.tell()
+            lines = (self._partial[host] + chunk).split("\n")
+            self._partial[host] = lines.pop()
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    key = (host, record["serial"])
+                    self.starts.setdefault(key, []).append(record["started_wall"])
+
+    def count_since(self, host: str, serial: str, since: float) -> int:
+        return sum(1 for s in self.starts.get((host, serial), ()) if s >= since)
+
+    async def run(self) -> None:
+        while True:
+            self.poll()
+            await asyncio.sleep(0.02)
+
+
+class Workload:
+    def __init__(
+        self,
+        addresses: list[str],
+        token: str | None,
+        rng: random.Random,
+        tail: ActionTail,
+        backlog: Callable[[], int | None],
+        target_backlog: int,
+        cancel_share: float = 1 / 3,
+    ) -> None:
+        target = "ipv4:" + ",".join(addresses)
+        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
+        interceptors = bearer_interceptors(token) if token else []
+        self._channel = grpc.aio.insecure_channel(
+            target, options=options, interceptors=interceptors
+        )
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._rng = rng
+        self._tail = tail
+        self._backlog = backlog
+        self._target = target_backlog
+        self._cancel_share = cancel_share
+        self.tasks: list[Submitted] = []
+        self.counters = Counters()
+        self._cancellers: set[asyncio.Task[None]] = set()
+        self._prefix = uuid.uuid4().hex[:8]
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    # -- calls -------------------------------------------------------------------------------
+
+    async def _call(
+        self, call: Callable[[], Awaitable[T]], counter: str, within: float = 60.0
+    ) -> T:
+        """`call()` until it succeeds, retrying what a client should retry; other errors
+        are raised. Submit and cancel are idempotent, so a retry after a lost answer is safe."""
+        deadline = time.monotonic() + within
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code not in RETRY_CODES or time.monotonic() > deadline:
+                    raise
+                if code is grpc.StatusCode.UNKNOWN:
+                    self._unexpected(code)
+                setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _unexpected(self, code: grpc.StatusCode) -> None:
+        self.counters.unexpected[code.name] = self.counters.unexpected.get(code.name, 0) + 1
+
+    # -- submitting --------------------------------------------------------------------------
+
+    async def submit_forever(self) -> None:
+        while True:
+            backlog = self._backlog()
+            if backlog is not None and backlog >= self._target:
+                await asyncio.sleep(0.1)
+                continue
+            await self.submit_one()
+            await asyncio.sleep(self._rng.uniform(0.0, 0.1))
+
+    async def submit_one(self) -> Submitted:
+        plan = random_plan(self._rng)
+        moment = self._rng.choice(MOMENTS) if self._rng.random() < self._cancel_share else None
+        item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, moment)
+        self.tasks.append(item)
+        request = scheduler_pb2.SubmitTaskRequest(
+            request_id=item.request_id,
+            spec=plan.spec,
+            max_attempts=self._rng.choice([2, 3, 3, 4, 5]),
+            priority=self._rng.choice([0, 0, 0, 1, 5]),
+            metadata={"chaos": "1", "moment": moment or ""},
+        )
+        try:
+            task = await self._submit(request)
+        except grpc.aio.AioRpcError as exc:
+            self._unexpected(exc.code())
+            return item
+        item.task_id, item.submitted_at = task.task_id, time.time()
+        if moment is not None:
+            canceller = asyncio.create_task(self._cancel_at_moment(item, task))
+            self._cancellers.add(canceller)
+            canceller.add_done_callback(self._cancellers.discard)
+        return item
+
+    async def resubmit_unacknowledged(self) -> None:
+        """After the run: learn the ids of submits whose answers never came (same request
+        id, so nothing new is created if the first one did reach the database)."""
+        for item in self.tasks:
+            if item.task_id:
+                continue
+            request = scheduler_pb2.SubmitTaskRequest(
+                request_id=item.request_id, spec=item.plan.spec
+            )
+            item.task_id = (await self._submit(request)).task_id
+
+    async def _submit(self, request: scheduler_pb2.SubmitTaskRequest) -> task_pb2.Task:
+        return await self._call(lambda: self._stub.SubmitTask(request, timeout=5), "submit_retries")
+
+    def cancel_on_host(self, host_id: str, most: int = 2) -> None:
+        """A fault just cut `host_id` off: cancel a few of the tasks running there."""
+        canceller = asyncio.create_task(self._cancel_on_host(host_id, most))
+        self._cancellers.add(canceller)
+        canceller.add_done_callback(self._cancellers.discard)
+
+    async def _cancel_on_host(self, host_id: str, most: int) -> None:
+        request = scheduler_pb2.ListTasksRequest(statuses=IN_FLIGHT, host_id=host_id, page_size=50)
+        try:
+            listed = await self._call(
+                lambda: self._stub.ListTasks(request, timeout=5), "cancel_retries"
+            )
+        except grpc.aio.AioRpcError as exc:
+            self._unexpected(exc.code())
+            return
+        by_id = {s.task_id: s for s in self.tasks if s.task_id and s.moment is None}
+        mine = [by_id[t.task_id] for t in listed.tasks if t.task_id in by_id]
+        for item in self._rng.sample(mine, min(most, len(mine))):
+            item.moment = "host_faulted"
+            await self._cancel(item)
+
+    async def wait_cancellers(self, within: float) -> None:
+        if self._cancellers:
+            await asyncio.wait(set(self._cancellers), timeout=within)
+        for task in set(self._cancellers):
+            task.cancel()
+
+    # -- cancelling --------------------------------------------------------------------------
+
+    async def _cancel_at_moment(self, item: Submitted, task: task_pb2.Task) -> None:
+        try:
+            if item.moment == "queued":
+                await self._cancel(item)
+                return
+            seen = await self._watch_until(
+                item.task_id, lambda t: t.status in IN_FLIGHT or t.status in TERMINAL
+            )
+            if seen is None or seen.status in TERMINAL:
+                item.cancel_note = "finished before its moment"
+                return
+            if item.moment == "mid_run":
+                longest = 4.0 if item.plan.long else 1.5
+                await asyncio.sleep(self._rng.uniform(0.05, longest))
+            elif item.moment == "before_last_step":
+                if not await self._before_last_step(item, seen):
+                    return
+            await self._cancel(item)
+        except asyncio.CancelledError:
+            item.cancel_note = item.cancel_note or "canceller stopped at the end of the run"
+            raise
+
+    async def _before_last_step(self, item: Submitted, seen: task_pb2.Task) -> bool:
+        dispatched = await self._watch_until(
+            item.task_id,
+            lambda t: t.status == task_pb2.TASK_STATUS_DISPATCHED or t.status in TERMINAL,
+        )
+        if dispatched is None or dispatched.status in TERMINAL:
+            item.cancel_note = "finished before its moment"
+            return False
+        # Updated_at of the first in-flight state seen: the assignment or its acknowledgement,
+        # before the attempt's first action either way.
+        first = seen if seen.attempt == dispatched.attempt else dispatched
+        since = first.updated_at.ToDatetime(tzinfo=UTC).timestamp()
+        need = item.plan.device_actions_before_last
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self._tail.poll()
+            if self._tail.count_since(dispatched.host_id, dispatched.device_serial, since) >= need:
+                return True
+            await asyncio.sleep(0.01)
+        item.cancel_note = "last step never came"
+        return False
+
+    async def _cancel(self, item: Submitted) -> None:
+        request = scheduler_pb2.CancelTaskRequest(
+            task_id=item.task_id, reason=f"chaos: {item.moment}"
+        )
+        item.cancel_sent_at = time.time()
+        try:
+            task = await self._call(
+                lambda: self._stub.CancelTask(request, timeout=5), "cancel_retries"
+            )
+        except grpc.aio.AioRpcError as exc:
+            item.cancel_answer = exc.code().name
+            if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+                self._unexpected(exc.code())
+            return
+        item.cancel_acked = True
+        item.cancel_answer = status_name(task.status)
+
+    async def _watch_until(
+        self, task_id: str, done: Callable[[task_pb2.Task], bool], within: float = 120.0
+    ) -> task_pb2.Task | None:
+        """The first state of the task `done` accepts, following WatchTask (reopened when
+        it breaks); None if the deadline passes."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            call: Any = self._stub.WatchTask(scheduler_pb2.WatchTaskRequest(task_id=task_id))
+            try:
+                async for task in call:
+                    if done(task):
+                        call.cancel()
+                        return task  # type: ignore[no-any-return]
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRY_CODES:
+                    self._unexpected(exc.code())
+                    return None
+            self.counters.watch_reconnects += 1
+            await asyncio.sleep(0.1)
+        return None
