@@ -26,7 +26,7 @@ from control_plane.domain import CancelNotice, LeaseId, Recorded, Renewal, Repor
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.hub import Hub
 from control_plane.lifecycle import Outcome
-from control_plane.rpc import Servicer, principal, rpc
+from control_plane.rpc import Servicer, check_decoded, principal, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -77,7 +77,9 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         serials = validate.serials(request.idle_serials, "idle_serials")
         if request.wait.seconds < 0 or request.wait.nanos < 0:
             raise InvalidArgument("wait", "must not be negative")
-        wait = min(request.wait.ToTimedelta(), self.settings.max_acquire_wait).total_seconds()
+        # Clamped before any conversion: a huge Duration does not fit a timedelta.
+        asked = request.wait.seconds + request.wait.nanos / 1e9
+        wait = min(asked, self.settings.max_acquire_wait.total_seconds())
         ttl = self.settings.lease_ttl
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -135,6 +137,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         bound: str | None = None
         try:
             async for request in requests:
+                check_decoded(request)
                 host_id = self._host(request.host_id)
                 if bound is None:
                     bound = host_id

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from control_plane import errors
 from control_plane.auth import Authenticator, authorize
@@ -27,6 +28,43 @@ CODES: list[tuple[type[errors.AmcError], grpc.StatusCode]] = [
     (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
 ]
+
+
+class Undecodable:
+    """What a request that is not a valid message becomes, so that @rpc can refuse it with
+    INVALID_ARGUMENT instead of gRPC answering UNKNOWN with a Python class name."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def check_decoded(request: Any) -> None:
+    if isinstance(request, Undecodable):
+        raise errors.InvalidArgument("request", "not a valid message of this method's type")
+
+
+def _safe(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return Undecodable(exc)
+
+    return parse
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """Parse failures of our own services' requests become `Undecodable` values."""
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith("/amc.v1."):
+            return handler
+        return handler._replace(request_deserializer=_safe(handler.request_deserializer))
+
 
 principal_var: contextvars.ContextVar[Principal] = contextvars.ContextVar(
     "principal", default=ANONYMOUS
@@ -81,6 +119,7 @@ def rpc(func: F) -> F:
             method = f"/{self.SERVICE}/{name}"
             try:
                 await _enter(self, method, context)
+                check_decoded(request)
                 async for item in func(self, request, context):
                     yield item
             except (errors.AmcError, Exception) as exc:
@@ -95,6 +134,7 @@ def rpc(func: F) -> F:
         method = f"/{self.SERVICE}/{name}"
         try:
             await _enter(self, method, context)
+            check_decoded(request)
             return await func(self, request, context)
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):

@@ -6,7 +6,7 @@ import asyncio
 import base64
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 
 import grpc
 import structlog
@@ -39,8 +39,10 @@ def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
         created, task_id = raw.split("|")
-        return datetime.fromisoformat(created), uuid.UUID(task_id)
-    except (ValueError, UnicodeDecodeError):
+        # In UTC and in PostgreSQL's range, or asyncpg fails to encode it.
+        when = datetime.fromisoformat(created).astimezone(UTC)
+        return when, uuid.UUID(task_id)
+    except (ValueError, UnicodeDecodeError, OverflowError):
         raise InvalidArgument("page_token", "not a token from a previous ListTasks") from None
 
 

@@ -31,6 +31,7 @@ from control_plane.config import Settings
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
 from control_plane.lifecycle import TaskStatus
+from control_plane.rpc import DecodeGuard
 from control_plane.scheduler_service import SchedulerService
 from control_plane.store import Store, migrate
 
@@ -132,7 +133,7 @@ class ControlPlane:
         applied = await migrate(self.dsn)
         self._store = await Store.open(self.dsn)
         authenticator = auth.Authenticator(self.store, enabled=not self.insecure)
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard()])
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
             SchedulerService(authenticator, self.store, self.hub, self.settings), server
         )

@@ -50,6 +50,8 @@ def translated() -> Iterator[None]:
         state = getattr(exc, "sqlstate", "") or ""
         if state[:2] in _UNAVAILABLE_CLASSES or state in ("40001", "40P01"):
             raise errors.DatabaseUnavailable() from exc
+        if state[:2] == "22":  # data exception: a value PostgreSQL cannot hold
+            raise errors.InvalidArgument("request", "a value cannot be stored") from exc
         raise
     except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
         raise errors.DatabaseUnavailable() from exc
@@ -247,7 +249,8 @@ class Store:
             report.result,
             report.error,
         )
-        assert row is not None
+        if row is None:  # no such task: the lease cannot be one of its attempts
+            raise _report_refusal("foreign", report)
         code = row["code"]
         if code in ("recorded", "repeated"):
             return Recorded(
