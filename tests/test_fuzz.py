@@ -4,17 +4,18 @@ Admin, sent to the real control plane on a real database.
 Each request is drawn one of three ways: a valid request of a small world (tasks in every
 status, live, stale and foreign leases) with a few fields replaced by hostile values; a
 message generated from the descriptor alone; or wire-format bytes with random (mostly
-unknown) fields that still parse as the request type. Hostile values: random unicode and
-NUL, strings just under, at and over every limit in control_plane.validate, up to past the
-1 MiB message limit, uuids and non-uuids, ids from the world, unknown enum numbers,
-integers at their edges, negative and out-of-range Duration/Timestamp fields, huge
-repeated fields and maps.
+unknown) fields, which may not parse as the request type, or plain garbage. Hostile values:
+random unicode and NUL, strings just under, at and over every limit in
+control_plane.validate, up to past the 1 MiB message limit, uuids and non-uuids, ids from
+the world, unknown enum numbers, integers at their edges, negative and out-of-range
+Duration/Timestamp fields, huge repeated fields and maps.
 
 For every request: the code is one a client can act on (never INTERNAL, UNKNOWN, a
-timeout...), the details leak no internals, and when the request was refused the database
-is exactly as before (a digest of every table). The world is restored after any request
-that changed it, so each example starts from the same state and failures shrink. After the
-run the server must still be SERVING and take a normal submit.
+timeout...; INVALID_ARGUMENT for bytes that are not a message of the type), the details
+leak no internals, and when the request was refused the database is exactly as before (a
+digest of every table). The world is restored after any request that changed it, so each
+example starts from the same state and failures shrink. After the run the server must
+still be SERVING and take a normal submit.
 
 `AMC_FUZZ_EXAMPLES=100000` sets the total number of requests (split over the RPCs).
 """
@@ -33,8 +34,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, TypeVar
 
+import asyncpg
 import grpc
 import pytest
+import pytest_asyncio
 from google.protobuf import descriptor, duration_pb2, message, text_format, timestamp_pb2
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -90,6 +93,8 @@ READ_ONLY = {
     "/amc.v1.Admin/ListTokens",
 }
 TABLES = ("tokens", "hosts", "devices", "tasks", "attempts", "task_events")
+# Referencing tables first.
+RESTORE_ORDER = (("task_events", "attempts", "tasks"), ("devices", "hosts"), ("tokens",))
 METHODS = {f"/{service}/{m.name}": m for service, svc in SERVICES.items() for m in svc.methods}
 METHOD_CLASSES = {name: GetMessageClass(m.input_type) for name, m in METHODS.items()}
 CODES: Counter[str] = Counter()
@@ -354,12 +359,19 @@ class World:
         self.pristine = await self.digest()
 
     async def restore(self) -> None:
+        """Put back the tables a request changed (DELETE and INSERT: much cheaper than
+        TRUNCATE on tables this small), in foreign-key order."""
         db = self.farm.db
         assert db is not None
-        await db.execute(
-            f"TRUNCATE {', '.join(TABLES)};"
-            + "".join(f"INSERT INTO {t} SELECT * FROM fuzz_saved_{t};" for t in TABLES)
-        )
+        now = await self.digest()
+        changed = {t for t, was, is_ in zip(TABLES, self.pristine, now, strict=True) if was != is_}
+        sql = []
+        for group in RESTORE_ORDER:
+            if changed & set(group):
+                sql += [f"DELETE FROM {t};" for t in group]
+                sql += [f"INSERT INTO {t} SELECT * FROM fuzz_saved_{t};" for t in reversed(group)]
+        if sql:
+            await db.execute("".join(sql))
         assert await self.digest() == self.pristine
 
     async def digest(self) -> list[str]:
@@ -438,6 +450,7 @@ class Reply:
 # -- request strategies -------------------------------------------------------------------
 
 KEEP = object()  # a template's field left as it is
+ONEOF = "oneof:"  # the key of a oneof's (member, value) among a message's generated fields
 
 
 class Requests:
@@ -477,17 +490,9 @@ class Requests:
         return one.map(lambda b: [b])
 
     def raw(self, desc: descriptor.Descriptor) -> st.SearchStrategy[bytes]:
-        """Wire-format fields, mostly unknown to the type, that still parse as it."""
-        cls = GetMessageClass(desc)
-
-        def parses(data: bytes) -> bool:
-            try:
-                cls.FromString(data)
-            except message.DecodeError:
-                return False
-            return True
-
-        return WIRE_FIELDS.filter(parses)
+        """Wire-format fields, mostly unknown to the type (parsing as it or not: a known
+        field may get the wrong wire type or bad UTF-8), and plain garbage."""
+        return weighted((3, WIRE_FIELDS), (1, st.binary(min_size=1, max_size=64)))
 
     # -- messages --------------------------------------------------------------------------
 
@@ -506,14 +511,22 @@ class Requests:
         self, desc: descriptor.Descriptor, template: message.Message | None, depth: int
     ) -> st.SearchStrategy[message.Message]:
         cls = GetMessageClass(desc)
-        if depth > 6:
+        if depth > 5:
             return st.just(cls())
-        parts = {}
+        parts: dict[str, st.SearchStrategy[Any]] = {}
+        if template is None:
+            # A oneof gets one member or none: setting several only keeps the last.
+            for oneof in desc.oneofs:
+                parts[ONEOF + oneof.name] = st.one_of(
+                    st.none(),
+                    *(st.tuples(st.just(f.name), self.value(f, depth)) for f in oneof.fields),
+                )
+            for f in desc.fields:
+                if f.containing_oneof is None:
+                    parts[f.name] = st.one_of(st.none(), self.value(f, depth))
+            return st.fixed_dictionaries(parts).map(lambda values: _assemble(cls, None, values))
         for f in desc.fields:
             generic = self.value(f, depth)
-            if template is None:
-                parts[f.name] = st.one_of(st.none(), generic)
-                continue
             current = getattr(template, f.name)
             if f.message_type and not f.is_repeated and template.HasField(f.name):
                 kept: st.SearchStrategy[Any] = self.message(f.message_type, current, depth + 1)
@@ -531,18 +544,16 @@ class Requests:
             key_f = f.message_type.fields_by_name["key"]
             value_f = f.message_type.fields_by_name["value"]
             keys, values = self.single(key_f, depth + 1), self.single(value_f, depth + 1)
-            return st.one_of(
-                st.dictionaries(keys, values, max_size=5),
-                st.tuples(values, st.sampled_from(COUNTS)).map(
-                    lambda t: {f"k{i}": t[0] for i in range(_fit(t[0], t[1]))}
-                ),
+            return weighted(
+                (6, st.dictionaries(keys, values, max_size=4)),
+                (1, st.tuples(values, st.sampled_from(COUNTS)).map(_huge_map)),
             )
         one = self.single(f, depth)
         if not f.is_repeated:
             return one
-        return st.one_of(
-            st.lists(one, max_size=5),
-            st.tuples(one, st.sampled_from(COUNTS)).map(lambda t: [t[0]] * _fit(t[0], t[1])),
+        return weighted(
+            (6, st.lists(one, max_size=4 if depth < 2 else 2)),
+            (1, st.tuples(one, st.sampled_from(COUNTS)).map(_huge_list)),
         )
 
     def single(self, f: descriptor.FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
@@ -569,6 +580,14 @@ class Requests:
         return st.floats()
 
 
+def _huge_list(t: tuple[Any, int]) -> list[Any]:
+    return [t[0]] * _fit(t[0], t[1])
+
+
+def _huge_map(t: tuple[Any, int]) -> dict[str, Any]:
+    return {f"k{i}": t[0] for i in range(_fit(t[0], t[1]))}
+
+
 def _fit(element: Any, count: int) -> int:
     """At most `count` copies, and no more than make a field just past the message limit:
     nested huge lists would otherwise multiply into gigabytes."""
@@ -578,7 +597,7 @@ def _fit(element: Any, count: int) -> int:
         size = len(element)
     else:
         size = 8
-    return min(count, (2 << 20) // (size + 2))
+    return min(count, (5 << 18) // (size + 2))  # 1.25 MiB
 
 
 def _is_map(f: descriptor.FieldDescriptor) -> bool:
@@ -598,6 +617,11 @@ def _assemble(
     for name, value in values.items():
         if value is KEEP:
             continue
+        if name.startswith(ONEOF):
+            if value is not None:
+                name, value = value
+            else:
+                continue
         f = cls.DESCRIPTOR.fields_by_name[name]
         msg.ClearField(name)
         if value is None:
@@ -727,20 +751,36 @@ def templates(w: World) -> dict[str, list[message.Message]]:
 # -- the tests ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def world(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
-    # The sweeper's jitter draws from the global `random` while hypothesis generates data
-    # in its thread; hypothesis takes that for a strategy using `random`. Give the sweeper
-    # its own generator.
-    monkeypatch.setattr(control_plane.server, "random", random.Random())
-    farm = Farm(database_url, SETTINGS)
-    await farm.start()
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def world(pg_url: str, template_url: str) -> AsyncIterator[World]:
+    """One farm for every RPC's run (building it costs more than a few hundred requests):
+    a database of its own from the session's template, restored between requests."""
+    base, _, rest = template_url.rpartition("/")
+    template, _, query = rest.partition("?")
+    name = f"amc_fuzz_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_url)
     try:
-        w = World(farm, asyncio.get_running_loop())
-        await w.build()
-        yield w
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     finally:
-        await farm.stop()
+        await admin.close()
+    farm = Farm(f"{base}/{name}" + (f"?{query}" if query else ""), SETTINGS)
+    with pytest.MonkeyPatch.context() as patch:
+        # The sweeper's jitter draws from the global `random` while hypothesis generates
+        # data in its thread; hypothesis takes that for a strategy using `random`. Give the
+        # sweeper its own generator.
+        patch.setattr(control_plane.server, "random", random.Random())
+        await farm.start()
+        try:
+            w = World(farm, asyncio.get_running_loop())
+            await w.build()
+            yield w
+        finally:
+            await farm.stop()
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 def caller_for(method: str) -> st.SearchStrategy[str]:
@@ -750,7 +790,8 @@ def caller_for(method: str) -> st.SearchStrategy[str]:
 
 
 def check_one(w: World, method: str, caller: str, payloads: list[bytes]) -> None:
-    requests = [METHOD_CLASSES[method].FromString(p) for p in payloads]
+    parsed = [_parse(method, p) for p in payloads]
+    requests = [r for r in parsed if r is not None]
     if any(bug(w, method, r) for r in requests for bug in KNOWN_BUGS.values()):
         reject()
     if w.dirty:
@@ -760,10 +801,15 @@ def check_one(w: World, method: str, caller: str, payloads: list[bytes]) -> None
     CODES[f"{method.rsplit('/', 1)[1]} {reply.code.name}"] += 1
 
     def what() -> str:
-        shown = "\n".join(_shown(r) for r in requests)
+        shown = "\n".join(
+            _shown(r) if r is not None else f"undecodable {p[:200]!r}"
+            for r, p in zip(parsed, payloads, strict=True)
+        )
         return f"{method} as {caller}: {reply.code.name} {reply.details[:300]!r}\n{shown}"
 
     assert reply.code in ACCEPTABLE, what()
+    if parsed[0] is None:
+        assert reply.code == grpc.StatusCode.INVALID_ARGUMENT, what()
     assert not _leaks(reply.details, requests), f"details leak internals: {what()}"
     after = w.run(w.digest())
     changed = after != w.pristine
@@ -772,6 +818,13 @@ def check_one(w: World, method: str, caller: str, payloads: list[bytes]) -> None
         assert not changed, f"a read-only call changed the database: {what()}"
     if reply.code != grpc.StatusCode.OK and reply.answers == 0:
         assert not changed, f"a refused request changed the database: {what()}"
+
+
+def _parse(method: str, payload: bytes) -> message.Message | None:
+    try:
+        return METHOD_CLASSES[method].FromString(payload)
+    except message.DecodeError:
+        return None
 
 
 def _leaks(details: str, requests: list[message.Message]) -> bool:
@@ -828,35 +881,6 @@ async def assert_still_serving(w: World) -> None:
 # skips requests hitting it, so that the fuzzer keeps looking for others until it is fixed.
 
 KNOWN_BUGS: dict[str, Callable[[World, str, Any], bool]] = {}
-
-
-def test_every_rpc_is_fuzzed() -> None:
-    assert sorted(METHODS) == sorted(rpc_methods())
-
-
-@pytest.mark.parametrize("method", rpc_methods())
-async def test_fuzzed_requests_get_a_clean_answer_and_refusals_change_nothing(
-    world: World, method: str
-) -> None:
-    """No INTERNAL/UNKNOWN, nothing leaked, a refused request leaves the database as it
-    was, and the server stays healthy."""
-    strategy = Requests(world).for_method(method, templates(world)[method])
-
-    @settings(
-        max_examples=PER_RPC,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        print_blob=True,
-    )
-    @given(caller=caller_for(method), payloads=strategy)
-    def fuzz(caller: str, payloads: list[bytes]) -> None:
-        check_one(world, method, caller, payloads)
-
-    # One database of failing examples per RPC (the function is the same for all of them).
-    fuzz.hypothesis.inner_test._hypothesis_internal_add_digest = method.encode()  # type: ignore[attr-defined]
-    await asyncio.to_thread(fuzz)
-    await assert_still_serving(world)
-    print(sorted((k, v) for k, v in CODES.items() if k.startswith(method.rsplit("/", 1)[1])))
 
 
 # -- minimal reproductions of what the fuzzer found ---------------------------------------
@@ -931,3 +955,39 @@ async def test_an_undecodable_unary_request_is_invalid_argument(farm: Farm) -> N
         await channel.unary_unary("/amc.v1.Scheduler/GetTask")(BAD_UTF8, timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert not LEAKS.search(err.value.details() or "")
+
+
+# -- the fuzzing ---------------------------------------------------------------------
+# After the reproductions above: those run on their own event loops, these share one.
+
+
+def test_every_rpc_is_fuzzed() -> None:
+    assert sorted(METHODS) == sorted(rpc_methods())
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("method", rpc_methods())
+async def test_fuzzed_requests_get_a_clean_answer_and_refusals_change_nothing(
+    world: World, method: str
+) -> None:
+    """No INTERNAL/UNKNOWN, nothing leaked, a refused request leaves the database as it
+    was, and the server stays healthy."""
+    await world.restore()
+    world.dirty = False
+    strategy = Requests(world).for_method(method, templates(world)[method])
+
+    @settings(
+        max_examples=PER_RPC,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
+    @given(caller=caller_for(method), payloads=strategy)
+    def fuzz(caller: str, payloads: list[bytes]) -> None:
+        check_one(world, method, caller, payloads)
+
+    # One database of failing examples per RPC (the function is the same for all of them).
+    fuzz.hypothesis.inner_test._hypothesis_internal_add_digest = method.encode()  # type: ignore[attr-defined]
+    await asyncio.to_thread(fuzz)
+    await assert_still_serving(world)
+    print(sorted((k, v) for k, v in CODES.items() if k.startswith(method.rsplit("/", 1)[1])))

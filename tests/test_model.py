@@ -48,11 +48,17 @@ EXAMPLES = _EXTENDED or 50
 STEPS = 50 if _EXTENDED else 30
 # A restart costs ~0.2 s; one per example at most keeps the test quick.
 MAX_RESTARTS = 1
-# How a report names its attempt: exactly, or with a wrong attempt number or task. A report
-# naming a task that does not exist is answered INTERNAL (the bug that
-# test_fuzz.py::test_a_report_for_an_unknown_task_is_aborted pins): add "unknown_task" here
-# once it is fixed.
-REPORT_VARIANTS = ["exact", "exact", "exact", "wrong_attempt", "other_task"]
+# How a report names its attempt: exactly, or with a wrong attempt number, another task or
+# one that does not exist.
+REPORT_VARIANTS = [
+    "exact",
+    "exact",
+    "exact",
+    "exact",
+    "wrong_attempt",
+    "other_task",
+    "unknown_task",
+]
 SETTINGS = Settings(
     lease_ttl=timedelta(minutes=10),
     sweep_interval=timedelta(seconds=0.05),
@@ -494,11 +500,14 @@ class ControlPlaneMachine(RuleBasedStateMachine):
 
     @rule(
         lease=leases,
-        outcome=st.sampled_from(sorted(OUTCOMES)),
+        outcome=st.sampled_from(["as_told", "as_told", *sorted(OUTCOMES)]),
         foreign=st.booleans(),
         variant=st.sampled_from(REPORT_VARIANTS),
     )
     def report(self, lease: Lease, outcome: str, foreign: bool, variant: str) -> None:
+        """`as_told`: what a well-behaved host reports, cancelled once told to cancel."""
+        if outcome == "as_told":
+            outcome = "cancelled" if self.model.attempts[lease.lease_id].cancel else "done"
         host = self._caller(lease, foreign)
         task_id, attempt = lease.task_id, lease.attempt
         if variant == "wrong_attempt":
