@@ -54,6 +54,9 @@ lint: setup tools
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy control_plane host_agent amc_common amc_cli
 
+bench: setup
+	$(PY) scripts/bench.py $(ARGS)
+
 # >= 100,000 fuzzed requests across every RPC (make test runs a few thousand)
 fuzz: setup
 	AMC_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py -p no:cacheprovider -o timeout=0 $(PYTEST_ARGS)

@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""`make bench`: AMC's throughput and latencies, beside PostgreSQL's ceiling and a peer queue,
+all measured in one run on this machine (issue 5).
+
+Starts an embedded PostgreSQL (durable, default settings), the control plane and host agents
+as separate processes (simulated devices), then runs, in this order:
+
+  5 ceiling    pgbench single-row UPDATE TPS, 1 and 8 clients, on the same server
+  1 lifecycle  --tasks no-op tasks through 4 agents x 25 devices, first submit -> last done
+  2 pickup     --trials submits to an idle device: submit -> dispatched / first action
+  3 cancel     --trials cancels of running tasks (10 ms steps): -> runner stopped -> cancelled
+  4 renewal    --leases leases renewed back to back for --renew-seconds by fake hosts
+  6 peer       ../shared/bench/peers/run-pgqueuer, when that folder exists
+
+--reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
+as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
+p99 over the trials); renewal is one window (with min / median / max over its 1-s slices).
+Prints a table and writes bench-results.json. The default run (--reps 1) takes about four
+minutes on a 2-core machine; --reps 3 about nine. --quick is a smoke run of well under a
+minute without the peer. --profile adds py-spy and pg_stat_statements (slower: its figures
+are for finding costs, not for quoting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_lib import (
+    ceiling,
+    latency,
+    lifecycle,
+    peer,
+    pgstats,
+    profiling,
+    promtext,
+    renewal,
+    report,
+)
+from bench_lib.client import Client, Clock
+from bench_lib.pgstats import Db
+from bench_lib.stack import AgentSpec, Stack, workdir
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = ("ceiling", "lifecycle", "pickup", "cancel", "renewal", "peer")
+DRAIN_AGENTS = 4
+DRAIN_DEVICES = 25
+LATENCY_DEVICES = 4
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--tasks", type=int, default=5000, help="lifecycle tasks per repetition")
+    p.add_argument("--reps", type=int, default=1, help="repetitions of lifecycle/ceiling/peer")
+    p.add_argument("--trials", type=int, default=200, help="pickup and cancel trials each")
+    p.add_argument("--warmup", type=int, default=5, help="untimed trials before those")
+    p.add_argument("--leases", type=int, default=10_000, help="leases held for the renewals")
+    p.add_argument("--renew-hosts", type=int, default=10, help="fake hosts (streams) holding them")
+    p.add_argument("--renew-seconds", type=float, default=30.0, help="renewal window")
+    p.add_argument("--pgbench-seconds", type=float, default=5.0, help="each pgbench run")
+    p.add_argument("--concurrency", type=int, default=32, help="SubmitTask calls in flight")
+    p.add_argument("--lease-ttl", type=float, default=60.0, help="control plane --lease-ttl")
+    p.add_argument("--peer-dir", type=Path, default=ROOT.parent / "shared" / "bench" / "peers")
+    p.add_argument("--peer-jobs", type=int, default=20_000, help="pgqueuer drain jobs")
+    p.add_argument("--peer-trials", type=int, default=0, help="pgqueuer latency trials (~2 s each)")
+    p.add_argument("--no-peer", action="store_true", help="skip the pgqueuer run")
+    p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
+    p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, no peer: a smoke run")
+    p.add_argument("--profile", action="store_true", help="py-spy + pg_stat_statements")
+    p.add_argument(
+        "--pythonpath",
+        type=Path,
+        default=None,
+        help="first on the control plane's and agents' PYTHONPATH (to measure a patched copy)",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.tasks, args.reps, args.trials, args.warmup = 200, 1, 20, 2
+        args.leases, args.renew_hosts, args.renew_seconds = 1000, 2, 3.0
+        args.pgbench_seconds, args.no_peer = 1.0, True
+    args.only = {w.strip() for w in args.only.split(",") if w.strip()}
+    unknown = args.only - set(WORKLOADS)
+    if unknown:
+        p.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    if args.profile:
+        profiling.py_spy()
+    return args
+
+
+def say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = workdir(args.workdir)
+        self.stack = Stack(self.work, lease_ttl=args.lease_ttl, pythonpath=args.pythonpath)
+        self.results: dict[str, Any] = {}
+        self.phases: dict[str, float] = {}
+        self.profiles: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def phase(self, name: str) -> AsyncIterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - started, 1)
+
+    async def main(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "machine": report.machine(),
+            "versions": report.versions(ROOT),
+            "settings": {k: sorted(v) if isinstance(v, set) else str(v)
+                         for k, v in vars(self.args).items()},
+            "results": self.results,
+            "phases_s": self.phases,
+        }  # fmt: skip
+        started = time.monotonic()
+        try:
+            say(f"embedded PostgreSQL (durable) in {self.work}")
+            async with self.phase("postgres start"):
+                self.stack.start_postgres(profiling.PG_SETTINGS if self.args.profile else None)
+                doc["postgres"] = await pgstats.settings(self.stack.dsn)
+            if "ceiling" in self.args.only:
+                await self.ceiling()
+            if self.args.only & {"lifecycle", "pickup", "cancel", "renewal"}:
+                await self.amc_workloads()
+        finally:
+            say("stopping the stack")
+            self.stack.stop()
+        if "peer" in self.args.only:
+            await self.peer()
+        self.results["ratios"] = ratios(self.results)
+        if self.profiles:
+            doc["profile"] = self.profiles
+        doc["machine"]["loadavg_at_end"] = os.getloadavg()
+        doc["duration_s"] = round(time.monotonic() - started, 1)
+        if self.args.workdir is None:
+            shutil.rmtree(self.work, ignore_errors=True)
+        return doc
+
+    # -- workloads -------------------------------------------------------------------------
+
+    async def ceiling(self) -> None:
+        a = self.args
+        say(f"ceiling: pgbench 1-row UPDATE, 1 and 8 clients, {a.reps} x {a.pgbench_seconds:g}s")
+        async with self.phase("ceiling"):
+            script = await ceiling.prepare(self.stack.dsn, self.work)
+            reps = [
+                await ceiling.run_once(self.stack.dsn, script, a.pgbench_seconds)
+                for _ in range(a.reps)
+            ]
+        self.results["ceiling"] = ceiling.aggregate(reps)
+
+    async def amc_workloads(self) -> None:
+        st, a = self.stack, self.args
+        say("control plane and host agents")
+        async with self.phase("stack start"):
+            await st.start_control_plane()
+            for i in range(DRAIN_AGENTS):
+                st.start_agent(AgentSpec(f"drain-{i}", DRAIN_DEVICES, "0s", lifecycle.POOL))
+            st.start_agent(
+                AgentSpec(latency.HOST, LATENCY_DEVICES, "10ms", latency.POOL, action_log=True)
+            )
+            await wait_agents_parked(st, DRAIN_AGENTS + 1)
+        clock = Clock()
+        client = Client.connect(st.address)
+        db = await Db.connect(st.dsn)
+        try:
+            if "lifecycle" in a.only:
+                await self.lifecycle(client, db, clock)
+            if a.only & {"pickup", "cancel"}:
+                say(f"pickup and cancel latency: {a.trials} trials each")
+                async with self.phase("latency"), self.profiled("latency", latency.HOST, 120):
+                    self.results["latency"] = await latency.run(
+                        st, client, db, clock, a.trials, a.warmup
+                    )
+            st.check_alive()
+        finally:
+            await client.close()
+            await db.close()
+        if "renewal" in a.only:
+            st.stop_agents()  # the fake hosts alone, so the CPU figures are the renewals'
+            say(f"renewal: {a.leases} leases on {a.renew_hosts} streams, {a.renew_seconds:g}s")
+            options = renewal.Options(a.leases, a.renew_seconds, a.renew_hosts)
+            window = a.renew_seconds + 5
+            async with self.phase("renewal"):
+                self.results["renewal"] = await renewal.run(
+                    st, options, self.profiled("renewal", None, window)
+                )
+
+    async def lifecycle(self, client: Client, db: Db, clock: Clock) -> None:
+        a = self.args
+        reps = []
+        for rep in range(a.reps):
+            say(f"lifecycle {rep + 1}/{a.reps}: {a.tasks} tasks")
+            options = lifecycle.Options(a.tasks, a.concurrency)
+            profile = self.profiled("lifecycle", "drain-0", 120) if rep == 0 else _nothing()
+            async with self.phase(f"lifecycle {rep + 1}"), profile:
+                reps.append(await lifecycle.run_once(self.stack, client, db, clock, options))
+            say(f"  {reps[-1]['tasks_per_s']:.0f} tasks/s, verified={reps[-1]['verified']}")
+            await wait_agents_parked(self.stack, DRAIN_AGENTS + 1)
+        self.results["lifecycle"] = lifecycle.aggregate(reps)
+
+    async def peer(self) -> None:
+        a = self.args
+        script = None if a.no_peer else peer.find(a.peer_dir)
+        if script is None:
+            self.results["peer_skipped"] = "--no-peer" if a.no_peer else f"no {a.peer_dir}"
+            return
+        say(f"peer: {script} --reps {a.reps} --n {a.peer_jobs} --trials {a.peer_trials}")
+        async with self.phase("peer"):
+            self.results["peer"] = await peer.run(
+                script, a.reps, a.peer_jobs, a.peer_trials, self.work / "peer.log"
+            )
+
+    # -- --profile -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def profiled(self, name: str, agent: str | None, seconds: float) -> AsyncIterator[None]:
+        if not self.args.profile:
+            yield
+            return
+        st = self.stack
+        assert st.control_plane is not None
+        await profiling.reset_statements(st.dsn)
+        pids = {"control-plane": st.control_plane.pid}
+        if agent:
+            pids[agent] = st.agents[agent].pid
+        recordings = [
+            await profiling.start(f"{name}-{proc}", pid, self.work, seconds)
+            for proc, pid in pids.items()
+        ]
+        try:
+            async with profiling.WaitSampler(st.dsn) as waits:
+                yield
+        finally:
+            self.profiles[name] = {
+                "py_spy": {r.name: await profiling.finish(r) for r in recordings},
+                "statements": await profiling.top_statements(st.dsn),
+                "postgres_waits": waits.summary(),
+            }
+
+
+@contextlib.asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
+
+
+async def wait_agents_parked(st: Stack, agents: int, within: float = 60.0) -> None:
+    """Every agent registered and holding an Acquire long poll: the farm is idle."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        st.check_alive()
+        samples = await promtext.scrape(st.metrics_url)
+        if promtext.value(samples, "amc_acquires_waiting") >= agents:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"the {agents} agents did not all park an Acquire within {within:.0f}s")
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    lc = results.get("lifecycle")
+    if not lc:
+        return out
+    amc = lc["tasks_per_s"]["median"]
+    ce = results.get("ceiling")
+    if ce:
+        out["lifecycle_vs_tps_1"] = amc / ce["tps_1_client"]["median"]
+        out["lifecycle_vs_tps_8"] = amc / ce["tps_8_clients"]["median"]
+    pe = results.get("peer")
+    if pe:
+        for variant, fig in pe["drain_per_s"].items():
+            out[f"lifecycle_vs_pgqueuer_{variant}"] = amc / fig["median"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    doc = asyncio.run(Run(args).main())
+    rows = report.rows(doc["results"])
+    doc["table"] = [r.__dict__ for r in rows]
+    doc["table_markdown"] = report.markdown(rows)
+    report.write_json(args.out, doc)
+    print(report.table(rows))
+    say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
+    ok = doc["results"].get("lifecycle", {}).get("verified", True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

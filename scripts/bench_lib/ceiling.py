@@ -1,0 +1,89 @@
+"""Workload 5, the ceiling: what this PostgreSQL server commits per second when every
+transaction is one single-row UPDATE (pgbench, 1 and 8 clients), on the same server and
+in the same run as the AMC figures it is set beside. In its own database, `pgbench`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench_lib.stats import over_reps
+from control_plane.embedded import binary
+
+DATABASE = "pgbench"
+SCRIPT = """\\set aid random(1, 100000 * :scale)
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+"""
+_TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MULTILINE)
+
+
+async def _pgbench(dsn: str, *args: str) -> str:
+    url = urllib.parse.urlparse(dsn)
+    argv = [
+        str(binary("pgbench")),
+        "-h",
+        url.hostname or "127.0.0.1",
+        "-p",
+        str(url.port or 5432),
+        "-U",
+        url.username or "postgres",
+        *args,
+        DATABASE,
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    text = out.decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench {' '.join(args)} failed:\n{text[-2000:]}")
+    return text
+
+
+async def prepare(dsn: str, workdir: Path) -> Path:
+    conn = await asyncpg.connect(dsn)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
+            await conn.execute(f"CREATE DATABASE {DATABASE}")
+    finally:
+        await conn.close()
+    await _pgbench(dsn, "-i", "-s", "1", "-q")
+    script = workdir / "single-row-update.sql"
+    script.write_text(SCRIPT)
+    return script
+
+
+async def tps(dsn: str, script: Path, clients: int, seconds: float) -> float:
+    threads = min(clients, 2)
+    text = await _pgbench(
+        dsn,
+        "-n",
+        "-f",
+        str(script),
+        "-c",
+        str(clients),
+        "-j",
+        str(threads),
+        "-T",
+        str(max(1, round(seconds))),
+    )
+    match = _TPS.search(text)
+    if match is None:
+        raise RuntimeError(f"no tps in pgbench's output:\n{text[-2000:]}")
+    return float(match[1])
+
+
+async def run_once(dsn: str, script: Path, seconds: float) -> dict[str, Any]:
+    return {
+        "tps_1_client": await tps(dsn, script, 1, seconds),
+        "tps_8_clients": await tps(dsn, script, 8, seconds),
+    }
+
+
+def aggregate(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {k: over_reps([r[k] for r in reps]) for k in reps[0]} | {"reps": reps}

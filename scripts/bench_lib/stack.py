@@ -1,0 +1,268 @@
+"""The system under test as separate processes: an embedded PostgreSQL (durable, default
+settings), one control-plane process and host agents with simulated devices. Also what the
+benchmark reads about them from outside: CPU seconds and resident memory (psutil)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from control_plane.embedded import EmbeddedPostgres, free_port
+
+BIN = Path(sys.executable).parent
+# Any non-empty token: the control plane runs with --insecure (auth off, loopback only), but
+# the host agent refuses to start without one.
+AGENT_TOKEN = "insecure-benchmark"
+
+
+def workdir(keep: Path | None = None) -> Path:
+    """A directory for the server's data and the processes' logs. Under /tmp and 0755:
+    as root, PostgreSQL runs as its own user, which must be able to reach its data."""
+    path = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="amc-bench-"))
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o755)
+    return path
+
+
+@dataclass
+class Child:
+    """A process we started, with its output in a log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+            raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{tail}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+
+
+def save(path: Path, data: bytes) -> None:
+    """A child's captured output, kept beside the other logs."""
+    path.write_bytes(data)
+
+
+def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        popen = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the benchmark only
+        )
+    return Child(name, popen, log)
+
+
+# -- CPU and memory ------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (not its children)."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """A process, its live children and the children it has reaped (PostgreSQL's backends
+    come and go; the postmaster reaps them, so their time lands in its children_* fields)."""
+    try:
+        root = psutil.Process(pid)
+        t = root.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                c = child.cpu_times()
+                total += c.user + c.system
+    except psutil.Error:
+        return 0.0
+    return total
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (every process, ours or not)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+# -- the stack -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    host_id: str
+    devices: int
+    sim_delay: str
+    pool: str
+    action_log: bool = False
+
+
+@dataclass
+class Stack:
+    root: Path
+    lease_ttl: float = 60.0
+    log_format: str = "json"
+    # Put first on the children's PYTHONPATH: measure a patched copy of the packages
+    # (control_plane, host_agent, ...) without touching the working tree.
+    pythonpath: Path | None = None
+    pg: EmbeddedPostgres | None = None
+    dsn: str = ""
+    control_plane: Child | None = None
+    address: str = ""
+    metrics_url: str = ""
+    agents: dict[str, Child] = field(default_factory=dict)
+    action_logs: dict[str, Path] = field(default_factory=dict)
+
+    # PostgreSQL ---------------------------------------------------------------------------
+
+    def start_postgres(self, settings: dict[str, str] | None = None) -> str:
+        """Durable, PostgreSQL's defaults (plus `settings`, e.g. for --profile)."""
+        self.pg = EmbeddedPostgres(self.root / "pg", durable=True, settings=settings or {})
+        self.dsn = self.pg.start()
+        return self.dsn
+
+    def postmaster_pid(self) -> int | None:
+        assert self.pg is not None
+        pidfile = self.pg.datadir / "postmaster.pid"
+        try:
+            return int(pidfile.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    # control plane ------------------------------------------------------------------------
+
+    async def start_control_plane(self) -> None:
+        port, mport = free_port(), free_port()
+        self.address = f"127.0.0.1:{port}"
+        self.metrics_url = f"http://127.0.0.1:{mport}/metrics"
+        argv = [
+            str(BIN / "control-plane"),
+            "--insecure",
+            "--listen",
+            self.address,
+            "--database-url",
+            self.dsn,
+            "--lease-ttl",
+            str(self.lease_ttl),
+            "--metrics-listen",
+            f"127.0.0.1:{mport}",
+            "--log-format",
+            self.log_format,
+        ]
+        self.control_plane = spawn(
+            "control plane", argv, self.root / "control-plane.log", env=self._env()
+        )
+        await wait_serving(self.address, self.control_plane)
+
+    # host agents --------------------------------------------------------------------------
+
+    def start_agent(self, spec: AgentSpec) -> Child:
+        argv = [
+            str(BIN / "host-agent"),
+            "--control-plane",
+            self.address,
+            "--host-id",
+            spec.host_id,
+            "--simulated-devices",
+            str(spec.devices),
+            "--sim-delay",
+            spec.sim_delay,
+            "--label",
+            f"pool={spec.pool}",
+            "--log-format",
+            self.log_format,
+            "--drain-timeout",
+            "0s",
+        ]
+        if spec.action_log:
+            path = self.root / f"actions-{spec.host_id}.jsonl"
+            path.unlink(missing_ok=True)
+            self.action_logs[spec.host_id] = path
+            argv += ["--action-log", str(path)]
+        child = spawn(
+            f"host agent {spec.host_id}",
+            argv,
+            self.root / f"agent-{spec.host_id}.log",
+            env={**self._env(), "AMC_TOKEN": AGENT_TOKEN},
+        )
+        self.agents[spec.host_id] = child
+        return child
+
+    def _env(self) -> dict[str, str]:
+        if self.pythonpath is None:
+            return {}
+        rest = os.environ.get("PYTHONPATH", "")
+        return {"PYTHONPATH": os.pathsep.join(p for p in (str(self.pythonpath), rest) if p)}
+
+    def check_alive(self) -> None:
+        for child in [self.control_plane, *self.agents.values()]:
+            if child is not None:
+                child.check_alive()
+
+    def stop_agents(self) -> None:
+        for child in self.agents.values():
+            with contextlib.suppress(ProcessLookupError):
+                child.popen.send_signal(signal.SIGTERM)
+        for child in self.agents.values():
+            child.stop()
+        self.agents.clear()
+
+    def stop(self) -> None:
+        self.stop_agents()
+        if self.control_plane is not None:
+            self.control_plane.stop()
+            self.control_plane = None
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                self.pg.stop("fast")
+
+
+async def wait_serving(address: str, child: Child, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            child.check_alive()
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{child.name} did not serve on {address} within {within:.0f}s")
