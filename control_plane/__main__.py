@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"control-plane: {exc}", file=sys.stderr)
         return 2
     finally:
-        if embedded is not None and args.command != "tokens":
+        if embedded is not None and embedded.started_here:
             embedded.stop()
     return 0
 

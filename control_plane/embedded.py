@@ -51,6 +51,8 @@ class EmbeddedPostgres:
     durable: bool = True
     settings: dict[str, str] = field(default_factory=dict)
     port: int = 0
+    # False when start() found the server already running: then it is not ours to stop.
+    started_here: bool = False
     _user: str | None = None
 
     @property
@@ -76,8 +78,11 @@ class EmbeddedPostgres:
             )
         running = self._running_port()
         if running:
+            # Another process of ours runs it (e.g. `tokens create` beside `make run`).
             self.port = running
+            self.started_here = False
             return self.url
+        self.started_here = True
         self.port = self.port or free_port()
         options = [
             "-c listen_addresses=127.0.0.1",
