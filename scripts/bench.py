@@ -5,7 +5,7 @@ all measured in one run on this machine (issue 5).
 Starts an embedded PostgreSQL (durable, default settings), the control plane and host agents
 as separate processes (simulated devices), then runs, in this order:
 
-  5 ceiling    pgbench single-row UPDATE TPS, 1 and 8 clients, on the same server
+  5 ceiling    pgbench single-row UPDATE TPS, 1 and 8 clients (and 8 with a NOTIFY), same server
   1 lifecycle  --tasks no-op tasks through 4 agents x 25 devices, first submit -> last done
   2 pickup     --trials submits to an idle device: submit -> dispatched / first action
   3 cancel     --trials cancels of running tasks (10 ms steps): -> runner stopped -> cancelled
@@ -15,8 +15,8 @@ as separate processes (simulated devices), then runs, in this order:
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
 p99 over the trials); renewal is one window (with min / median / max over its 1-s slices).
-Prints a table and writes bench-results.json. The default run (--reps 1) takes about four
-minutes on a 2-core machine; --reps 3 about nine. --quick is a smoke run of well under a
+Prints a table and writes bench-results.json. The default run (--reps 1) takes 3-4 minutes
+on a 2-core machine; --reps 3 about eight. --quick is a smoke run of well under a
 minute without the peer. --profile adds py-spy and pg_stat_statements (slower: its figures
 are for finding costs, not for quoting).
 """
@@ -159,7 +159,7 @@ class Run:
 
     async def ceiling(self) -> None:
         a = self.args
-        say(f"ceiling: pgbench 1-row UPDATE, 1 and 8 clients, {a.reps} x {a.pgbench_seconds:g}s")
+        say(f"ceiling: pgbench 1-row UPDATE, 1/8/8+NOTIFY clients, {a.pgbench_seconds:g}s each")
         async with self.phase("ceiling"):
             script = await ceiling.prepare(self.stack.dsn, self.work)
             reps = [

@@ -1,6 +1,11 @@
 """Workload 5, the ceiling: what this PostgreSQL server commits per second when every
 transaction is one single-row UPDATE (pgbench, 1 and 8 clients), on the same server and
-in the same run as the AMC figures it is set beside. In its own database, `pgbench`."""
+in the same run as the AMC figures it is set beside. In its own database, `pgbench`.
+
+Also the same UPDATE with a NOTIFY in its transaction, 8 clients: a notifying transaction
+holds a database-wide lock from its commit until after its WAL flush, so such commits
+cannot share an fsync. AMC's transitions notify (triggers on `tasks`); this is their
+ceiling."""
 
 from __future__ import annotations
 
@@ -18,6 +23,12 @@ from control_plane.embedded import binary
 DATABASE = "pgbench"
 SCRIPT = """\\set aid random(1, 100000 * :scale)
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+"""
+NOTIFY_SCRIPT = """\\set aid random(1, 100000 * :scale)
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+SELECT pg_notify('pgbench', '');
+COMMIT;
 """
 _TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MULTILINE)
 
@@ -45,7 +56,7 @@ async def _pgbench(dsn: str, *args: str) -> str:
     return text
 
 
-async def prepare(dsn: str, workdir: Path) -> Path:
+async def prepare(dsn: str, workdir: Path) -> tuple[Path, Path]:
     conn = await asyncpg.connect(dsn)
     try:
         if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
@@ -53,9 +64,10 @@ async def prepare(dsn: str, workdir: Path) -> Path:
     finally:
         await conn.close()
     await _pgbench(dsn, "-i", "-s", "1", "-q")
-    script = workdir / "single-row-update.sql"
+    script, notify = workdir / "single-row-update.sql", workdir / "update-notify.sql"
     script.write_text(SCRIPT)
-    return script
+    notify.write_text(NOTIFY_SCRIPT)
+    return script, notify
 
 
 async def tps(dsn: str, script: Path, clients: int, seconds: float) -> float:
@@ -78,10 +90,12 @@ async def tps(dsn: str, script: Path, clients: int, seconds: float) -> float:
     return float(match[1])
 
 
-async def run_once(dsn: str, script: Path, seconds: float) -> dict[str, Any]:
+async def run_once(dsn: str, scripts: tuple[Path, Path], seconds: float) -> dict[str, Any]:
+    update, notify = scripts
     return {
-        "tps_1_client": await tps(dsn, script, 1, seconds),
-        "tps_8_clients": await tps(dsn, script, 8, seconds),
+        "tps_1_client": await tps(dsn, update, 1, seconds),
+        "tps_8_clients": await tps(dsn, update, 8, seconds),
+        "tps_8_clients_with_notify": await tps(dsn, notify, 8, seconds),
     }
 
 

@@ -191,7 +191,9 @@ def _ceiling_rows(results: dict[str, Any]) -> list[Row]:
     out = [
         Row("5 ceiling", "pgbench 1-row UPDATE TPS, 1 client", spread(ce["tps_1_client"])),
         Row("5 ceiling", "pgbench 1-row UPDATE TPS, 8 clients", spread(ce["tps_8_clients"])),
-    ]
+        Row("5 ceiling", "  same + NOTIFY in the transaction, 8 clients",
+            spread(ce["tps_8_clients_with_notify"])),
+    ]  # fmt: skip
     if "lifecycle_vs_tps_1" in r:
         out.append(
             Row(
