@@ -30,6 +30,8 @@ def configure(fmt: LogFormat = "auto", level: str = "INFO") -> None:
     ]
     structlog.configure(
         processors=[
+            # First, so that a line below the level costs no further processing.
+            structlog.stdlib.filter_by_level,
             *shared,
             structlog.processors.StackInfoRenderer(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,

@@ -7,7 +7,7 @@ import enum
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NewType
+from typing import NamedTuple, NewType
 
 from control_plane.lifecycle import Outcome, TaskStatus
 
@@ -82,12 +82,12 @@ class Assignment:
     queued_seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class Renewal:
+class Renewal(NamedTuple):
+    """A lease renewed (a lease asked about and not renewed is a conflict)."""
+
     lease_id: LeaseId
-    renewed: bool
     cancel_pending: bool
-    task_id: TaskId | None
+    task_id: TaskId
     attempt: int
     # Set when this answer is the first to carry the pending cancel: requested -> now.
     delivery_seconds: float | None = None

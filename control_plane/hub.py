@@ -8,11 +8,12 @@ import asyncio
 import contextlib
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import structlog
 
 from control_plane.domain import CancelNotice, LeaseId, TaskId
+from control_plane.lifecycle import TaskStatus
 
 log = structlog.get_logger(__name__)
 
@@ -31,12 +32,41 @@ class Hub:
         self.closing = False
         self._streams: dict[str, set[PushCallback]] = defaultdict(set)
         self._watchers: dict[uuid.UUID, set[asyncio.Event]] = defaultdict(set)
+        # Notifications for the other replicas, sent after the commits that caused them.
+        self.replica = uuid.uuid4().hex
+        self._outbox: dict[tuple[str, str], None] = {}
+        self._outbox_ready = asyncio.Event()
+
+    def publish(self, channel: str, payload: str = "") -> None:
+        """A change this replica committed: act on it here at once, tell the others soon."""
+        self.notify(channel, payload)
+        if channel == "amc_queued":
+            payload = self.replica  # so that this replica skips its own
+        self._outbox[(channel, payload)] = None
+        self._outbox_ready.set()
+
+    def task_changed(self, task_id: uuid.UUID, status: TaskStatus) -> None:
+        """After committing a transition of the task to `status`."""
+        self.publish("amc_task", str(task_id))
+        if status is TaskStatus.QUEUED:
+            self.publish("amc_queued")
+
+    async def send_outbox(self, send: Callable[[list[tuple[str, str]]], Awaitable[None]]) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            batch, self._outbox = list(self._outbox), {}
+            try:
+                await send(batch)
+            except Exception as error:  # the others re-poll: never die here
+                log.warning("notifications not sent", count=len(batch), error=str(error))
 
     # -- what the listener connection calls --------------------------------------------------
 
     def notify(self, channel: str, payload: str) -> None:
         if channel == "amc_queued":
-            self.wake_acquirers()
+            if payload != self.replica:
+                self.wake_acquirers()
         elif channel == "amc_cancel":
             self._push_cancel(payload)
         elif channel == "amc_task":

@@ -25,7 +25,7 @@ from control_plane.convert import (
 from control_plane.domain import CancelNotice, LeaseId, Recorded, Renewal, Report, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.hub import Hub
-from control_plane.lifecycle import Outcome
+from control_plane.lifecycle import Outcome, TaskStatus
 from control_plane.rpc import Servicer, check_decoded, principal, rpc
 from control_plane.store import Store
 
@@ -98,6 +98,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                 self.hub.waiting_acquires -= 1
         metrics.ACQUIRE_WAIT.observe(loop.time() - started)
         for a in found:
+            self.hub.task_changed(a.task_id, TaskStatus.ASSIGNED)
             metrics.ASSIGNMENT_LATENCY.observe(a.queued_seconds)
             metrics.TRANSITIONS.labels("assign", "assigned").inc()
             log.info(
@@ -167,22 +168,42 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                 parsed[raw] = uuid.UUID(raw)
         ttl = self.settings.lease_ttl
         renewals = await self.store.renew(host_id, list(parsed.values()), ttl) if parsed else []
-        by_id: dict[uuid.UUID, Renewal] = {r.lease_id: r for r in renewals}
-        _observe_renewals(len(request.lease_ids), renewals)
+        by_id: dict[uuid.UUID, Renewal] = {}
         for r in renewals:
+            by_id[r.lease_id] = r
             if r.acknowledged:
-                log.info(
+                self.hub.task_changed(r.task_id, TaskStatus.DISPATCHED)
+                metrics.TRANSITIONS.labels("acknowledge", "dispatched").inc()
+                log.debug(
                     "task dispatched",
                     task_id=str(r.task_id),
                     attempt=r.attempt,
                     lease_id=str(r.lease_id),
                     host_id=host_id,
                 )
-        states = [
-            _lease_state(raw, by_id.get(parsed[raw]) if raw in parsed else None, ttl)
-            for raw in request.lease_ids
-        ]
-        return lease_pb2.RenewLeasesResponse(leases=states, seq=request.seq)
+            if r.delivery_seconds is not None:
+                metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
+        metrics.RENEWAL_BATCH.observe(len(request.lease_ids))
+        metrics.RENEWALS.labels("renewed").inc(len(renewals))
+        metrics.RENEWALS.labels("conflict").inc(len(request.lease_ids) - len(renewals))
+        response = lease_pb2.RenewLeasesResponse(seq=request.seq)
+        add = response.leases.add
+        valid_for = duration(ttl)
+        for raw in request.lease_ids:
+            lease = parsed.get(raw)
+            renewal = by_id.get(lease) if lease is not None else None
+            if renewal is None:
+                add(lease_id=raw, result=lease_pb2.RENEWAL_RESULT_CONFLICT)
+            else:
+                add(
+                    lease_id=raw,
+                    result=lease_pb2.RENEWAL_RESULT_RENEWED,
+                    valid_for=valid_for,
+                    cancel_pending=renewal.cancel_pending,
+                    task_id=str(renewal.task_id),
+                    attempt=renewal.attempt,
+                )
+        return response
 
     @rpc
     async def ReportResult(
@@ -209,6 +230,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         answer = await self.store.report(host_id, report)
         code, task = answer.code, answer.task
         if code == "recorded":
+            self.hub.task_changed(task_id, task.status)
             _observe_report(report, answer)
         log.info(
             "result " + code,
@@ -231,6 +253,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             principal().host_id, lease_id, request.reason or "released by host"
         )
         if ended:
+            self.hub.task_changed(ended.task_id, ended.to_status)
             metrics.EXPIRED.labels(str(ended.to_status)).inc()
             log.info(
                 "lease released",
@@ -256,36 +279,11 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         return _push(notice)
 
 
-def _observe_renewals(asked: int, renewals: list[Renewal]) -> None:
-    renewed = sum(1 for r in renewals if r.renewed)
-    metrics.RENEWAL_BATCH.observe(asked)
-    metrics.RENEWALS.labels("renewed").inc(renewed)
-    metrics.RENEWALS.labels("conflict").inc(asked - renewed)
-    for r in renewals:
-        if r.acknowledged:
-            metrics.TRANSITIONS.labels("acknowledge", "dispatched").inc()
-        if r.delivery_seconds is not None:
-            metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
-
-
 def _observe_report(report: Report, answer: Recorded) -> None:
     metrics.TRANSITIONS.labels("report", str(report.outcome)).inc()
     delivered, finished = answer.cancel_delivered_at, answer.task.finished_at
     if report.outcome is Outcome.CANCELLED and delivered and finished:
         metrics.CANCEL_STOP.observe(max(0.0, (finished - delivered).total_seconds()))
-
-
-def _lease_state(raw: str, renewal: Renewal | None, ttl: object) -> lease_pb2.LeaseState:
-    if renewal is None or not renewal.renewed:
-        return lease_pb2.LeaseState(lease_id=raw, result=lease_pb2.RENEWAL_RESULT_CONFLICT)
-    return lease_pb2.LeaseState(
-        lease_id=raw,
-        result=lease_pb2.RENEWAL_RESULT_RENEWED,
-        valid_for=duration(ttl),  # type: ignore[arg-type]
-        cancel_pending=renewal.cancel_pending,
-        task_id=str(renewal.task_id),
-        attempt=renewal.attempt,
-    )
 
 
 def _push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:

@@ -141,3 +141,8 @@ SELECT count(*) AS n FROM hosts WHERE last_seen_at > now() - $1::interval;
 
 -- name: ping
 SELECT 1;
+
+-- name: notify
+-- Notifications are not durable anyway: no need to wait for this commit's WAL flush.
+SELECT set_config('synchronous_commit', 'off', true), count(pg_notify(n.c, n.p))
+FROM unnest($1::text[], $2::text[]) AS n (c, p);

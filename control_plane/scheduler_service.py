@@ -71,6 +71,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         )
         task, created = await self.store.submit(principal().caller, new)
         if created:
+            self.hub.task_changed(task.task_id, task.status)
             metrics.TRANSITIONS.labels("submit", "queued").inc()
             log.info(
                 "task submitted",
@@ -119,6 +120,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
         code, task = await self.store.cancel(task_id, request.reason)
         if code != "unchanged":
+            self.hub.task_changed(task_id, task.status)
             event = "cancel" if code == "cancelled" else "cancel_requested"
             metrics.TRANSITIONS.labels(event, str(task.status)).inc()
             log.info(

@@ -163,7 +163,12 @@ class ControlPlane:
         metrics.ACQUIRES_WAITING.set_function(lambda: self.hub.waiting_acquires)
         self._background = [
             asyncio.create_task(coro)
-            for coro in (self._listen(), self._sweep(), self._watch_database())
+            for coro in (
+                self._listen(),
+                self._sweep(),
+                self._watch_database(),
+                self.hub.send_outbox(self.store.notify),
+            )
         ]
         for task in self._background:
             task.add_done_callback(self._background_done)
@@ -281,6 +286,7 @@ class ControlPlane:
                 metrics.SWEEPS.inc()
                 while len(ended := await self.store.expire(100)) == 100 or ended:
                     for e in ended:
+                        self.hub.task_changed(e.task_id, e.to_status)
                         metrics.EXPIRED.labels(str(e.to_status)).inc()
                         log.info(
                             "lease expired",

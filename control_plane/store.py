@@ -61,6 +61,10 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """No RESET ALL / UNLISTEN * / CLOSE ALL round trip on every release."""
+
+
 async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> asyncpg.Pool:
     with translated():
         return await asyncpg.create_pool(
@@ -68,6 +72,7 @@ async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> as
             min_size=min_size,
             max_size=max_size,
             init=_init_connection,
+            reset=_keep_session,
             command_timeout=30,
             timeout=10,
         )
@@ -223,19 +228,9 @@ class Store:
     async def renew(
         self, host_id: str, lease_ids: list[uuid.UUID], ttl: timedelta
     ) -> list[Renewal]:
+        """The leases renewed; any other lease asked about is a conflict."""
         rows = await self._fetch("renew_leases", host_id, lease_ids, ttl)
-        return [
-            Renewal(
-                LeaseId(r["lease_id"]),
-                r["task_id"] is not None,
-                r["cancel_pending"],
-                r["task_id"],
-                r["attempt"] or 0,
-                r["delivery_seconds"],
-                r["acknowledged"],
-            )
-            for r in rows
-        ]
+        return [Renewal(r[0], r[3], r[1], r[2], r[4], r[5]) for r in rows if r[1] is not None]
 
     async def report(self, host_id: str | None, report: Report) -> Recorded:
         """The answer's code is recorded | repeated; refusals raise."""
@@ -257,6 +252,10 @@ class Store:
                 code, _task(row), row["att_cancel_requested_at"], row["att_cancel_delivered_at"]
             )
         raise _report_refusal(code, report)
+
+    async def notify(self, batch: list[tuple[str, str]]) -> None:
+        with translated():
+            await self.pool.execute(Q["notify"], [c for c, _ in batch], [p for _, p in batch])
 
     async def mark_cancel_delivered(self, lease_id: LeaseId) -> None:
         with translated():

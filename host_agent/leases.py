@@ -94,6 +94,11 @@ class HeldLease:
     _first_answer: asyncio.Future[LeaseAnswer] | None = None
     _timer: asyncio.TimerHandle | None = None
 
+    @property
+    def unanswered(self) -> bool:
+        """No answer yet: the control plane has not seen this lease's acknowledgement."""
+        return self._first_answer is None or not self._first_answer.done()
+
 
 class StreamBroken(Exception):
     """The renewal stream ended or failed; reconnect."""
@@ -205,16 +210,26 @@ class LeaseKeeper:
         raise error
 
     async def _send_every_interval(self, call: grpc.aio.StreamStreamCall) -> None:
+        # A wake-up (a new lease) sends only the leases still waiting for their first
+        # answer; every interval, all of them.
+        next_full = 0.0
         while True:
             self._wake.clear()
-            await self._send(call)
+            full = time.monotonic() >= next_full
+            await self._send(call, full)
+            if full:
+                next_full = time.monotonic() + self.timing.interval
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.timing.interval):
+                async with asyncio.timeout(max(0.0, next_full - time.monotonic())):
                     await self._wake.wait()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _send(self, call: grpc.aio.StreamStreamCall, full: bool = True) -> None:
         seq = next(self._seq)
-        lease_ids = [lease_id for lease_id, lease in self._held.items() if not lease.conflicted]
+        lease_ids = [
+            lease_id
+            for lease_id, lease in self._held.items()
+            if not lease.conflicted and (full or lease.unanswered)
+        ]
         # Taken before the write, so the deadline errs early, never late.
         self._sent[seq] = time.monotonic()
         await call.write(

@@ -130,7 +130,7 @@ class _StepLoop:
                 break
             result, halt = await self._run_step(index, step)
             results.append(result)
-            log.info("step finished", index=index, step=step.name, status=result.status.value)
+            log.debug("step finished", index=index, step=step.name, status=result.status.value)
             if halt is not None:
                 break
         skipped = [StepResult(i, s.name, StepStatus.SKIPPED) for i, s in enumerate(steps)]

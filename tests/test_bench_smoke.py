@@ -35,6 +35,7 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert results["lifecycle"]["tasks_per_s"]["reps"]
     assert results["latency"]["pickup"]["submit_to_first_action_ms"]["n"] == 20
     assert results["latency"]["cancel"]["cancel_to_cancelled_ms"]["n"] == 20
+    assert results["latency"]["cancel"]["returned_to_runner_stopped_ms"]["n"] == 20
     assert results["renewal"]["conflicts"] == 0 and results["renewal"]["renewals_per_s"] > 0
     assert doc["postgres"]["fsync"] == "on" and doc["postgres"]["synchronous_commit"] == "on"
 

@@ -9,7 +9,7 @@ call (time.monotonic() here) to
     the agent runs only after the acknowledgement's answer came back.
 Cancel: a task of 100 uninterruptible 10 ms actions is running (WatchTask said
 dispatched, then 20-40 ms more, so the cancel lands at a random point of an action).
-Measured from just before CancelTask to
+Measured from CancelTask's return (the issue's start; also from just before the call) to
   * the runner stopped: the end of the task's last action (action log),
   * `cancelled` seen by the caller on the WatchTask stream it held open.
 The split requested -> delivered -> stopped comes from the control plane's histograms
@@ -211,6 +211,10 @@ def cancel_figures(
         delivered = _mono(clock, row["cancel_delivered_at"])
         finished = _mono(clock, row["finished_at"])
         stopped = _last_end(actions.get(t.serial, []), t.t_submit, t.t_end)
+        # The measure starts when CancelTask has returned; the call's own time and
+        # the figures from just before the call are kept beside it.
+        total.add("returned_to_runner_stopped_ms", t.t_return, stopped)
+        total.add("returned_to_cancelled_ms", t.t_return, t.t_end)
         total.add("cancel_to_cancelled_ms", t.t0, t.t_end)
         total.add("cancel_to_runner_stopped_ms", t.t0, stopped)
         total.add("cancel_call_ms", t.t0, t.t_return)
