@@ -85,9 +85,10 @@ class Assignment:
 class Renewal(NamedTuple):
     """A lease renewed (a lease asked about and not renewed is a conflict)."""
 
-    lease_id: LeaseId
+    # As text: renewals come and go in bulk, and both ids only pass through.
+    lease_id: str
     cancel_pending: bool
-    task_id: TaskId
+    task_id: str
     attempt: int
     # Set when this answer is the first to carry the pending cancel: requested -> now.
     delivery_seconds: float | None = None

@@ -45,7 +45,7 @@ class Hub:
         self._outbox[(channel, payload)] = None
         self._outbox_ready.set()
 
-    def task_changed(self, task_id: uuid.UUID, status: TaskStatus) -> None:
+    def task_changed(self, task_id: uuid.UUID | str, status: TaskStatus) -> None:
         """After committing a transition of the task to `status`."""
         self.publish("amc_task", str(task_id))
         if status is TaskStatus.QUEUED:

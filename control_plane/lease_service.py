@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +31,9 @@ from control_plane.rpc import Servicer, check_decoded, principal, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
+_canonical_uuid = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+).fullmatch
 MAX_DEVICES = 1000
 CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
 
@@ -162,13 +166,22 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     ) -> lease_pb2.RenewLeasesResponse:
         if len(request.lease_ids) > validate.MAX_LEASES_PER_RENEWAL:
             raise InvalidArgument("lease_ids", f"more than {validate.MAX_LEASES_PER_RENEWAL}")
-        parsed: dict[str, uuid.UUID] = {}
+        # Lease ids as the database spells them (what hosts send); any other spelling
+        # uuid.UUID accepts is mapped to it, and what is not a UUID is a conflict.
+        canonical: list[str] = []
+        spelled: dict[str, str] = {}
         for raw in request.lease_ids:
-            with contextlib.suppress(ValueError):
-                parsed[raw] = uuid.UUID(raw)
+            if _canonical_uuid(raw):
+                canonical.append(raw)
+                continue
+            try:
+                spelled[raw] = str(uuid.UUID(raw))
+            except ValueError:
+                continue
+            canonical.append(spelled[raw])
         ttl = self.settings.lease_ttl
-        renewals = await self.store.renew(host_id, list(parsed.values()), ttl) if parsed else []
-        by_id: dict[uuid.UUID, Renewal] = {}
+        renewals = await self.store.renew(host_id, canonical, ttl) if canonical else []
+        by_id: dict[str, Renewal] = {}
         for r in renewals:
             by_id[r.lease_id] = r
             if r.acknowledged:
@@ -176,9 +189,9 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                 metrics.TRANSITIONS.labels("acknowledge", "dispatched").inc()
                 log.debug(
                     "task dispatched",
-                    task_id=str(r.task_id),
+                    task_id=r.task_id,
                     attempt=r.attempt,
-                    lease_id=str(r.lease_id),
+                    lease_id=r.lease_id,
                     host_id=host_id,
                 )
             if r.delivery_seconds is not None:
@@ -186,21 +199,18 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         metrics.RENEWAL_BATCH.observe(len(request.lease_ids))
         metrics.RENEWALS.labels("renewed").inc(len(renewals))
         metrics.RENEWALS.labels("conflict").inc(len(request.lease_ids) - len(renewals))
-        response = lease_pb2.RenewLeasesResponse(seq=request.seq)
+        response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
         add = response.leases.add
-        valid_for = duration(ttl)
         for raw in request.lease_ids:
-            lease = parsed.get(raw)
-            renewal = by_id.get(lease) if lease is not None else None
+            renewal = by_id.get(spelled.get(raw, raw) if spelled else raw)
             if renewal is None:
                 add(lease_id=raw, result=lease_pb2.RENEWAL_RESULT_CONFLICT)
             else:
                 add(
                     lease_id=raw,
                     result=lease_pb2.RENEWAL_RESULT_RENEWED,
-                    valid_for=valid_for,
                     cancel_pending=renewal.cancel_pending,
-                    task_id=str(renewal.task_id),
+                    task_id=renewal.task_id,
                     attempt=renewal.attempt,
                 )
         return response

@@ -225,9 +225,7 @@ class Store:
             for r in rows
         ]
 
-    async def renew(
-        self, host_id: str, lease_ids: list[uuid.UUID], ttl: timedelta
-    ) -> list[Renewal]:
+    async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
         """The leases renewed; any other lease asked about is a conflict."""
         rows = await self._fetch("renew_leases", host_id, lease_ids, ttl)
         return [Renewal(r[0], r[3], r[1], r[2], r[4], r[5]) for r in rows if r[1] is not None]

@@ -256,9 +256,10 @@ class LeaseKeeper:
         if sent_at is None:
             log.warning("renewal answer for an unknown request ignored", seq=response.seq)
             return
+        valid_for = response.valid_for.ToTimedelta().total_seconds()
         for state in response.leases:
             if (lease := self._held.get(state.lease_id)) is not None:
-                self._on_answer(lease, _answer_from(state), sent_at)
+                self._on_answer(lease, _answer_from(state, valid_for), sent_at)
 
     def _on_answer(self, lease: HeldLease, answer: LeaseAnswer, sent_at: float) -> None:
         if answer.result is RenewalResult.RENEWED:
@@ -321,9 +322,8 @@ class LeaseKeeper:
             )
 
 
-def _answer_from(state: lease_pb2.LeaseState) -> LeaseAnswer:
+def _answer_from(state: lease_pb2.LeaseState, valid_for: float) -> LeaseAnswer:
     if state.result == lease_pb2.RENEWAL_RESULT_RENEWED:
-        valid_for = state.valid_for.ToTimedelta().total_seconds()
         return LeaseAnswer(RenewalResult.RENEWED, valid_for, state.cancel_pending)
     # Anything but RENEWED in an answer means the lease is not ours to act on.
     return LeaseAnswer(RenewalResult.CONFLICT, 0.0, False)

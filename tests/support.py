@@ -248,6 +248,9 @@ class HostClient:
 
     async def renew(self, *lease_ids: str) -> list[lease_pb2.LeaseState]:
         """One request on a short-lived stream."""
+        return list((await self.renew_answer(*lease_ids)).leases)
+
+    async def renew_answer(self, *lease_ids: str) -> lease_pb2.RenewLeasesResponse:
         self.seq += 1
         request = lease_pb2.RenewLeasesRequest(
             host_id=self.host_id, lease_ids=lease_ids, seq=self.seq
@@ -256,7 +259,7 @@ class HostClient:
         responses = [r async for r in call]
         answers = [r for r in responses if not r.push]
         assert len(answers) == 1
-        return list(answers[0].leases)
+        return answers[0]
 
     def stream(self) -> RenewStream:
         return RenewStream(self)

@@ -183,8 +183,9 @@ async def test_answers_are_matched_to_requests_by_seq(farm: Farm) -> None:
         state = lease_pb2.LeaseState(
             lease_id=a.lease_id, result=lease_pb2.RENEWAL_RESULT_RENEWED, cancel_pending=True
         )
-        state.valid_for.FromSeconds(3600)
-        keeper.on_response(lease_pb2.RenewLeasesResponse(leases=[state], seq=10**9))
+        answer = lease_pb2.RenewLeasesResponse(leases=[state], seq=10**9)
+        answer.valid_for.FromSeconds(3600)
+        keeper.on_response(answer)
         assert lease.deadline == deadline
         assert not lease.token.tripped
 

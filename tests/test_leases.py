@@ -33,9 +33,10 @@ async def test_lease_renewal_succeeds(farm: Farm) -> None:
     """THEN the expiry is extended without changing the task attempt or device."""
     _, host, task, a = await assigned(farm)
     (before,) = await farm.attempts(task.task_id)
-    (state,) = await host.renew(a.lease_id)
+    answer = await host.renew_answer(a.lease_id)
+    (state,) = answer.leases
     assert state.result == RENEWED
-    assert state.valid_for.ToTimedelta() == farm.settings.lease_ttl
+    assert answer.valid_for.ToTimedelta() == farm.settings.lease_ttl
     (after,) = await farm.attempts(task.task_id)
     assert after["lease_expires_at"] > before["lease_expires_at"]
     assert (after["attempt"], after["device_serial"], after["host_id"]) == (1, "s1", "h1")
