@@ -306,6 +306,35 @@ async def test_acquire_never_hands_one_task_to_two_hosts(farm: Farm) -> None:
     assert await farm.db.fetchval("SELECT count(*) FROM devices WHERE task_id IS NOT NULL") == 20
 
 
+async def test_concurrent_acquires_for_one_device_reserve_it_once(farm: Farm) -> None:
+    """Acquire reads devices without locking them and reserves one only after taking its
+    task: two Acquires racing for the same device must still give it one task, and leave
+    the loser's task queued, not half-assigned."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    assert farm.db is not None
+    for _ in range(10):
+        tasks = [await submit(client) for _ in range(4)]
+        results = await asyncio.gather(*[host.acquire("s1", "s2", wait=0) for _ in range(4)])
+        handed = [a for r in results for a in r]
+        assert sorted(a.device_serial for a in handed) == ["s1", "s2"], handed
+        rows = await farm.db.fetch(
+            "SELECT status, count(*) AS n FROM tasks WHERE task_id = ANY($1::uuid[])"
+            " GROUP BY status",
+            [t.task_id for t in tasks],
+        )
+        assert {r["status"]: r["n"] for r in rows} == {"assigned": 2, "queued": 2}
+        assert await farm.db.fetchval("SELECT count(*) FROM attempts WHERE state = 'active'") == 2
+        for a in handed:
+            await host.report(a, lease_pb2.OUTCOME_DONE)
+        assert await farm.db.fetchval("SELECT count(*) FROM devices WHERE task_id IS NOT NULL") == 0
+        for t in tasks:
+            if t.task_id not in {a.task_id for a in handed}:
+                await client.scheduler.CancelTask(
+                    scheduler_pb2.CancelTaskRequest(task_id=t.task_id)
+                )
+
+
 async def test_stopping_a_replica_returns_parked_acquires_at_once(farm: Farm) -> None:
     host = await farm.host("h1", "s1")
     waiting = asyncio.create_task(host.acquire("s1", wait=60))

@@ -19,7 +19,15 @@ DROP FUNCTION amc_notify_queued();
 DROP INDEX attempts_live;
 ALTER TABLE attempts SET (fillfactor = 50);
 
--- 3. An Acquire that finds no work writes nothing.
+-- 3. Acquire locks only what it assigns. It used to lock every idle device of the host
+-- first (FOR UPDATE SKIP LOCKED) and then probe the queue once per device: an Acquire that
+-- found nothing still wrote (row locks are WAL records) and waited for a flush, and one that
+-- found one task among seven idle devices locked seven rows and probed seven times. Now:
+-- devices are read without locks, and only where matching work is queued; the task is taken
+-- first (SKIP LOCKED), then its device is reserved with an UPDATE whose conditions are
+-- rechecked against the latest row version (another Acquire or a re-registration may have
+-- changed it); a label set that found nothing is not probed again in the same call. Lock
+-- order is task -> device, as in every other transition.
 CREATE OR REPLACE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
 RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
                queued_seconds double precision)
@@ -27,21 +35,23 @@ LANGUAGE plpgsql AS $$
 DECLARE
     d record;
     t record;
+    v_nothing_for jsonb[] := '{}';
 BEGIN
     FOR d IN
         SELECT dv.serial, dv.labels FROM devices dv
         WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
           AND dv.state = 'device' AND dv.task_id IS NULL
-          -- Lock only devices that have work waiting: an Acquire that finds nothing locks
-          -- no row, so it is a read-only transaction (no xid, no WAL, no commit flush).
           AND EXISTS (SELECT 1 FROM tasks tk
                       WHERE tk.status = 'queued'
                         AND (tk.selector_serial IS NULL OR tk.selector_serial = dv.serial)
                         AND dv.labels @> tk.selector_labels)
         ORDER BY dv.serial
-        FOR UPDATE SKIP LOCKED
     LOOP
-        SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at INTO t
+        CONTINUE WHEN d.labels = ANY (v_nothing_for)
+                  AND NOT EXISTS (SELECT 1 FROM tasks tk
+                                  WHERE tk.status = 'queued' AND tk.selector_serial = d.serial);
+        SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at,
+               tk.selector_labels INTO t
         FROM tasks tk
         WHERE tk.status = 'queued'
           AND (tk.selector_serial IS NULL OR tk.selector_serial = d.serial)
@@ -49,6 +59,14 @@ BEGIN
         ORDER BY tk.priority DESC, tk.created_at, tk.task_id
         LIMIT 1
         FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            v_nothing_for := v_nothing_for || d.labels;
+            CONTINUE;
+        END IF;
+        UPDATE devices dv SET task_id = t.task_id, updated_at = now()
+        WHERE dv.host_id = p_host AND dv.serial = d.serial
+          AND dv.state = 'device' AND dv.task_id IS NULL AND dv.labels @> t.selector_labels;
+        -- Taken or changed meanwhile: the task stays queued (and may suit the next device).
         CONTINUE WHEN NOT FOUND;
         task_id := t.task_id;
         attempt := t.next_attempt;
@@ -62,8 +80,6 @@ BEGIN
         INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_serial, state,
                               lease_expires_at)
         VALUES (t.task_id, t.next_attempt, lease_id, p_host, d.serial, 'active', now() + p_ttl);
-        UPDATE devices dv SET task_id = t.task_id, updated_at = now()
-        WHERE dv.host_id = p_host AND dv.serial = d.serial;
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (t.task_id, t.next_attempt, 'assign', 'queued', 'assigned', p_host || '/' || d.serial);
         RETURN NEXT;
