@@ -26,6 +26,7 @@ HOSTS = frozenset({Role.HOST})
 # Every RPC has a row; the server refuses to start when one is missing.
 POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Scheduler/SubmitTask": CLIENTS,
+    "/amc.v1.Scheduler/SubmitTasks": CLIENTS,
     "/amc.v1.Scheduler/GetTask": CLIENTS,
     "/amc.v1.Scheduler/ListTasks": CLIENTS,
     "/amc.v1.Scheduler/CancelTask": CLIENTS,

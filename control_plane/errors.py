@@ -40,6 +40,7 @@ class InvalidArgument(AmcError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+        self.problem = problem
 
 
 class NotFound(AmcError):

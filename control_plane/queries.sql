@@ -15,8 +15,33 @@ WITH ins AS (
 )
 SELECT * FROM ins;
 
+-- name: submit_tasks
+-- submit, for a batch: the rows created (not those whose (caller, request_id) exists). Tasks
+-- of one batch get created_at a microsecond apart, so equal priorities run in batch order.
+WITH req AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
+                         $7::integer[], $8::integer[], $9::jsonb[])
+        WITH ORDINALITY AS r (task_id, request_id, spec, selector_serial, selector_labels,
+                              priority, max_attempts, metadata, ord)
+), ins AS (
+    INSERT INTO tasks (task_id, caller, request_id, status, spec, selector_serial,
+                       selector_labels, priority, max_attempts, metadata, created_at, updated_at)
+    SELECT task_id, $1, request_id, 'queued', spec, selector_serial, selector_labels,
+           priority, max_attempts, metadata, now() + (ord - 1) * interval '1 microsecond', now()
+    FROM req ORDER BY ord
+    ON CONFLICT (caller, request_id) DO NOTHING
+    RETURNING *
+), ev AS (
+    INSERT INTO task_events (task_id, attempt, kind, to_status)
+    SELECT task_id, 0, 'submit', 'queued' FROM ins
+)
+SELECT * FROM ins;
+
 -- name: task_by_request
 SELECT * FROM tasks WHERE caller = $1 AND request_id = $2;
+
+-- name: tasks_by_request
+SELECT * FROM tasks WHERE caller = $1 AND request_id = ANY ($2::text[]);
 
 -- name: get_task
 SELECT * FROM tasks WHERE task_id = $1;

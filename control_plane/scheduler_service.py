@@ -46,6 +46,18 @@ def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
         raise InvalidArgument("page_token", "not a token from a previous ListTasks") from None
 
 
+def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
+    return NewTask(
+        spec=request.spec.SerializeToString(deterministic=True),
+        request_id=request.request_id or None,
+        selector_serial=request.selector.serial or None,
+        selector_labels=dict(request.selector.labels),
+        priority=request.priority,
+        max_attempts=request.max_attempts or DEFAULT_MAX_ATTEMPTS,
+        metadata=dict(request.metadata),
+    )
+
+
 class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
     SERVICE = "amc.v1.Scheduler"
 
@@ -60,16 +72,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitTaskRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.Task:
         validate.submit(request)
-        new = NewTask(
-            spec=request.spec.SerializeToString(deterministic=True),
-            request_id=request.request_id or None,
-            selector_serial=request.selector.serial or None,
-            selector_labels=dict(request.selector.labels),
-            priority=request.priority,
-            max_attempts=request.max_attempts or DEFAULT_MAX_ATTEMPTS,
-            metadata=dict(request.metadata),
-        )
-        task, created = await self.store.submit(principal().caller, new)
+        task, created = await self.store.submit(principal().caller, _new_task(request))
         if created:
             self.hub.task_changed(task.task_id, task.status)
             metrics.TRANSITIONS.labels("submit", "queued").inc()
@@ -80,6 +83,25 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
                 request_id=task.request_id,
             )
         return task_to_pb(task)
+
+    @rpc
+    async def SubmitTasks(
+        self, request: scheduler_pb2.SubmitTasksRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SubmitTasksResponse:
+        validate.submit_batch(request)
+        news = [_new_task(t) for t in request.tasks]
+        submitted = await self.store.submit_many(principal().caller, news)
+        created = [task for task, new in submitted if new]
+        for task in created:
+            self.hub.task_changed(task.task_id, task.status)
+        if created:
+            metrics.TRANSITIONS.labels("submit", "queued").inc(len(created))
+            log.info(
+                "tasks submitted",
+                count=len(created),
+                task_ids=[str(t.task_id) for t in created],
+            )
+        return scheduler_pb2.SubmitTasksResponse(tasks=[task_to_pb(t) for t, _ in submitted])
 
     @rpc
     async def GetTask(

@@ -176,6 +176,41 @@ class Store:
             raise errors.DatabaseUnavailable("request id is being created concurrently; retry")
         return _task(existing), False
 
+    async def submit_many(self, caller: str, news: list[NewTask]) -> list[tuple[Task, bool]]:
+        """Queue tasks in one transaction, in order; (task, created) for each, in order."""
+        ids = [uuid.uuid4() for _ in news]
+        with translated():
+            async with self.pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(
+                    Q["submit_tasks"],
+                    caller,
+                    ids,
+                    [n.request_id for n in news],
+                    [n.spec for n in news],
+                    [n.selector_serial for n in news],
+                    [n.selector_labels for n in news],
+                    [n.priority for n in news],
+                    [n.max_attempts for n in news],
+                    [n.metadata for n in news],
+                )
+                created = {row["task_id"]: _task(row) for row in rows}
+                existing: dict[str, Task] = {}
+                if len(created) < len(news):
+                    # Request ids used before (maybe by a call committed since this
+                    # statement's snapshot): the tasks they made.
+                    again = [n.request_id for n in news if n.request_id is not None]
+                    for row in await conn.fetch(Q["tasks_by_request"], caller, again):
+                        existing[row["request_id"]] = _task(row)
+        out: list[tuple[Task, bool]] = []
+        for task_id, new in zip(ids, news, strict=True):
+            if task_id in created:
+                out.append((created[task_id], True))
+            elif new.request_id in existing:
+                out.append((existing[new.request_id], False))
+            else:
+                raise errors.DatabaseUnavailable("request id is being created concurrently; retry")
+        return out
+
     async def get_task(self, task_id: TaskId) -> Task:
         row = await self._fetchrow("get_task", task_id)
         if row is None:

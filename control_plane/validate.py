@@ -23,6 +23,7 @@ MAX_PRIORITY = 1_000_000
 MAX_ATTEMPTS = 100
 MAX_SERIALS = 1000
 MAX_LEASES_PER_RENEWAL = 10_000
+MAX_BATCH = 500
 _PACKAGE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
 
@@ -204,6 +205,25 @@ def submit(req: scheduler_pb2.SubmitTaskRequest) -> None:
             "max_attempts", f"must be between 1 and {MAX_ATTEMPTS} (0 for the default)"
         )
     string_map(dict(req.metadata), "metadata")
+
+
+def submit_batch(req: scheduler_pb2.SubmitTasksRequest) -> None:
+    if not req.tasks:
+        raise InvalidArgument("tasks", "at least one task")
+    if len(req.tasks) > MAX_BATCH:
+        raise InvalidArgument("tasks", f"at most {MAX_BATCH} tasks in one call")
+    first_with: dict[str, int] = {}
+    for i, task in enumerate(req.tasks):
+        try:
+            submit(task)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"tasks[{i}].{exc.field}", exc.problem) from None
+        if task.request_id:
+            if task.request_id in first_with:
+                raise InvalidArgument(
+                    f"tasks[{i}].request_id", f"repeats tasks[{first_with[task.request_id]}]"
+                )
+            first_with[task.request_id] = i
 
 
 def result(r: task_pb2.TaskResult, field: str = "result") -> None:

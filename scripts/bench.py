@@ -71,6 +71,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--renew-seconds", type=float, default=30.0, help="renewal window")
     p.add_argument("--pgbench-seconds", type=float, default=5.0, help="each pgbench run")
     p.add_argument("--concurrency", type=int, default=32, help="SubmitTask calls in flight")
+    p.add_argument(
+        "--submit-batch",
+        type=int,
+        default=50,
+        help="lifecycle tasks per SubmitTasks call; then again one SubmitTask each (1: only that)",
+    )
     p.add_argument("--lease-ttl", type=float, default=60.0, help="control plane --lease-ttl")
     p.add_argument("--peer-dir", type=Path, default=ROOT.parent / "shared" / "bench" / "peers")
     p.add_argument("--peer-jobs", type=int, default=20_000, help="pgqueuer drain jobs")
@@ -207,16 +213,23 @@ class Run:
 
     async def lifecycle(self, client: Client, db: Db, clock: Clock) -> None:
         a = self.args
-        reps = []
-        for rep in range(a.reps):
-            say(f"lifecycle {rep + 1}/{a.reps}: {a.tasks} tasks")
-            options = lifecycle.Options(a.tasks, a.concurrency)
-            profile = self.profiled("lifecycle", "drain-0", 120) if rep == 0 else _nothing()
-            async with self.phase(f"lifecycle {rep + 1}"), profile:
-                reps.append(await lifecycle.run_once(self.stack, client, db, clock, options))
-            say(f"  {reps[-1]['tasks_per_s']:.0f} tasks/s, verified={reps[-1]['verified']}")
-            await wait_agents_parked(self.stack, DRAIN_AGENTS + 1)
-        self.results["lifecycle"] = lifecycle.aggregate(reps)
+        # Batched first (the headline figure), then one SubmitTask per task.
+        variants = [("lifecycle", a.submit_batch)]
+        if a.submit_batch > 1:
+            variants.append(("lifecycle_single", 1))
+        for key, batch in variants:
+            reps = []
+            how = f"SubmitTasks x {batch}" if batch > 1 else "one SubmitTask each"
+            for rep in range(a.reps):
+                say(f"lifecycle {rep + 1}/{a.reps}: {a.tasks} tasks, {how}")
+                options = lifecycle.Options(a.tasks, a.concurrency, batch)
+                first = rep == 0 and key == "lifecycle"
+                profile = self.profiled("lifecycle", "drain-0", 120) if first else _nothing()
+                async with self.phase(f"{key} {rep + 1}"), profile:
+                    reps.append(await lifecycle.run_once(self.stack, client, db, clock, options))
+                say(f"  {reps[-1]['tasks_per_s']:.0f} tasks/s, verified={reps[-1]['verified']}")
+                await wait_agents_parked(self.stack, DRAIN_AGENTS + 1)
+            self.results[key] = lifecycle.aggregate(reps)
 
     async def peer(self) -> None:
         a = self.args
@@ -289,6 +302,10 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
     if pe:
         for variant, fig in pe["drain_per_s"].items():
             out[f"lifecycle_vs_pgqueuer_{variant}"] = amc / fig["median"]
+            if single := results.get("lifecycle_single"):
+                out[f"lifecycle_single_vs_pgqueuer_{variant}"] = (
+                    single["tasks_per_s"]["median"] / fig["median"]
+                )
     return out
 
 
@@ -301,7 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(args.out, doc)
     print(report.table(rows))
     say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
-    ok = doc["results"].get("lifecycle", {}).get("verified", True)
+    ok = all(
+        doc["results"].get(key, {}).get("verified", True)
+        for key in ("lifecycle", "lifecycle_single")
+    )
     return 0 if ok else 1
 
 

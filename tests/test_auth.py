@@ -84,6 +84,11 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/SubmitTask": lambda c, w, own: c.scheduler.SubmitTask(
         scheduler_pb2.SubmitTaskRequest(spec=actions_spec())
     ),
+    "/amc.v1.Scheduler/SubmitTasks": lambda c, w, own: c.scheduler.SubmitTasks(
+        scheduler_pb2.SubmitTasksRequest(
+            tasks=[scheduler_pb2.SubmitTaskRequest(spec=actions_spec())]
+        )
+    ),
     "/amc.v1.Scheduler/GetTask": lambda c, w, own: c.scheduler.GetTask(
         scheduler_pb2.GetTaskRequest(task_id=w.task_id)
     ),

@@ -32,6 +32,9 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     results = doc["results"]
     assert set(results) >= {"ceiling", "lifecycle", "latency", "renewal", "ratios"}
     assert results["lifecycle"]["verified"] is True
+    assert results["lifecycle"]["submit_batch"] == 50
+    assert results["lifecycle_single"]["verified"] is True
+    assert results["lifecycle_single"]["submit_batch"] == 1
     assert results["lifecycle"]["tasks_per_s"]["reps"]
     assert results["latency"]["pickup"]["submit_to_first_action_ms"]["n"] == 20
     assert results["latency"]["cancel"]["cancel_to_cancelled_ms"]["n"] == 20

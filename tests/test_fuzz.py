@@ -680,19 +680,24 @@ def templates(w: World) -> dict[str, list[message.Message]]:
             assert_visible=task_pb2.AssertVisible(selector=task_pb2.UiSelector(content_desc="Back"))
         ),
     )
+    submits = [
+        scheduler_pb2.SubmitTaskRequest(
+            request_id="fresh",
+            spec=every_action,
+            selector=task_pb2.DeviceSelector(serial="A4", labels={"rack": "r1"}),
+            priority=3,
+            max_attempts=2,
+            metadata={"team": "qa"},
+        ),
+        scheduler_pb2.SubmitTaskRequest(
+            spec=workflow_spec(login=[tap()], check=[wait_action(1), tap(1, 2)])
+        ),
+    ]
     return {
-        "/amc.v1.Scheduler/SubmitTask": [
-            scheduler_pb2.SubmitTaskRequest(
-                request_id="fresh",
-                spec=every_action,
-                selector=task_pb2.DeviceSelector(serial="A4", labels={"rack": "r1"}),
-                priority=3,
-                max_attempts=2,
-                metadata={"team": "qa"},
-            ),
-            scheduler_pb2.SubmitTaskRequest(
-                spec=workflow_spec(login=[tap()], check=[wait_action(1), tap(1, 2)])
-            ),
+        "/amc.v1.Scheduler/SubmitTask": submits,
+        "/amc.v1.Scheduler/SubmitTasks": [
+            scheduler_pb2.SubmitTasksRequest(tasks=submits),
+            scheduler_pb2.SubmitTasksRequest(tasks=[submits[1]] * 3),
         ],
         "/amc.v1.Scheduler/GetTask": [scheduler_pb2.GetTaskRequest(task_id=w.tasks[0])],
         "/amc.v1.Scheduler/ListTasks": [

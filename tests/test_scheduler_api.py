@@ -120,6 +120,84 @@ async def test_bad_submissions_are_invalid_argument_naming_the_field_and_change_
     assert await farm.snapshot() == before
 
 
+def batch(*requests: scheduler_pb2.SubmitTaskRequest) -> scheduler_pb2.SubmitTasksRequest:
+    return scheduler_pb2.SubmitTasksRequest(tasks=requests)
+
+
+async def test_submit_tasks_queues_a_batch_in_order_and_runs_it_in_that_order(
+    farm: Farm,
+) -> None:
+    client = await farm.client()
+    answer = await client.scheduler.SubmitTasks(
+        batch(
+            *[submit_request(metadata={"n": str(i)}) for i in range(20)],
+            submit_request(priority=5, metadata={"n": "urgent"}),
+        )
+    )
+    tasks = list(answer.tasks)
+    assert [t.metadata["n"] for t in tasks] == [*map(str, range(20)), "urgent"]
+    assert {t.status for t in tasks} == {task_pb2.TASK_STATUS_QUEUED}
+    assert farm.db is not None
+    events = await farm.db.fetch(
+        "SELECT task_id::text, kind, to_status FROM task_events WHERE kind = 'submit'"
+    )
+    assert sorted(e["task_id"] for e in events) == sorted(t.task_id for t in tasks)
+    # One device, taking one task at a time: the urgent one, then the batch in its order.
+    host = await farm.host("h1", "s1")
+    order = []
+    for _ in range(len(tasks)):
+        a = await host.acquire_one("s1")
+        order.append(a.task_id)
+        await host.report(a, lease_pb2.OUTCOME_DONE)
+    assert order == [tasks[-1].task_id] + [t.task_id for t in tasks[:-1]]
+
+
+async def test_submit_tasks_returns_existing_tasks_for_request_ids_used_before(
+    farm: Farm,
+) -> None:
+    client = await farm.client()
+    first = await client.scheduler.SubmitTask(submit_request(request_id="r-1"))
+    answer = await client.scheduler.SubmitTasks(
+        batch(submit_request(request_id="r-1"), submit_request(request_id="r-2"), submit_request())
+    )
+    assert answer.tasks[0] == first
+    again = await client.scheduler.SubmitTasks(
+        batch(submit_request(request_id="r-2"), submit_request(request_id="r-1"))
+    )
+    assert [t.task_id for t in again.tasks] == [answer.tasks[1].task_id, first.task_id]
+    assert farm.db is not None
+    assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 3
+    assert await farm.db.fetchval("SELECT count(*) FROM task_events") == 3
+
+
+@pytest.mark.parametrize(
+    ("requests", "field"),
+    [
+        ([], "tasks"),
+        ([submit_request()] * 501, "tasks"),
+        ([submit_request(), submit_request(priority=10**9)], "tasks[1].priority"),
+        (
+            [submit_request(spec=actions_spec(tap(-1, 5)))],
+            "tasks[0].spec.actions.actions[0].tap.x",
+        ),
+        (
+            [submit_request(request_id="a"), submit_request(), submit_request(request_id="a")],
+            "tasks[2].request_id",
+        ),
+    ],
+)
+async def test_bad_batches_are_invalid_argument_naming_the_field_and_change_nothing(
+    farm: Farm, requests: list[scheduler_pb2.SubmitTaskRequest], field: str
+) -> None:
+    client = await farm.client()
+    before = await farm.snapshot()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.scheduler.SubmitTasks(batch(*requests))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith(field + ":"), err.value.details()
+    assert await farm.snapshot() == before
+
+
 async def test_a_message_over_one_mebibyte_is_refused(farm: Farm) -> None:
     client = await farm.client()
     huge = actions_spec(task_pb2.Action(input_text=task_pb2.InputText(text="x" * (1 << 20))))

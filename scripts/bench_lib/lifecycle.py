@@ -1,15 +1,18 @@
 """Workload 1, lifecycle throughput: N one-action no-op tasks submitted while the drain
-agents (4 x 25 simulated devices, --sim-delay 0s) run them; tasks/s from the first
-SubmitTask to the last `done`, checked row by row in PostgreSQL."""
+agents (4 x 25 simulated devices, --sim-delay 0s) run them; tasks/s from the first submit
+to the last `done`, checked row by row in PostgreSQL. Submitted in SubmitTasks batches
+(`batch` > 1, a few calls in flight) or one SubmitTask per task (32 calls in flight)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from amc.v1 import scheduler_pb2
 from bench_lib import pgstats, stack
 from bench_lib.client import Client, Clock, bounded, key_actions, submit_request
 from bench_lib.pgstats import Db
@@ -23,7 +26,10 @@ POLL = 0.05  # how often the benchmark counts `done` rows while waiting
 class Options:
     tasks: int
     concurrency: int = 32
+    batch: int = 1
     timeout: float = 300.0
+    # SubmitTasks calls in flight when batching.
+    batch_concurrency: int = 4
 
 
 async def run_once(st: stack.Stack, client: Client, db: Db, clock: Clock, opt: Options) -> dict:
@@ -33,15 +39,26 @@ async def run_once(st: stack.Stack, client: Client, db: Db, clock: Clock, opt: O
     cpu0 = _cpu(st)
     first_submit = time.monotonic()
 
-    async def submit() -> uuid.UUID:
+    async def submit() -> list[uuid.UUID]:
         task = await client.scheduler.SubmitTask(request, timeout=60)
-        return uuid.UUID(task.task_id)
+        return [uuid.UUID(task.task_id)]
 
-    submitting = asyncio.ensure_future(bounded([submit] * opt.tasks, opt.concurrency))
+    async def submit_batch(n: int) -> list[uuid.UUID]:
+        batch = scheduler_pb2.SubmitTasksRequest(tasks=[request] * n)
+        answer = await client.scheduler.SubmitTasks(batch, timeout=60)
+        return [uuid.UUID(t.task_id) for t in answer.tasks]
+
+    if opt.batch > 1:
+        full, rest = divmod(opt.tasks, opt.batch)
+        sizes = [opt.batch] * full + ([rest] if rest else [])
+        calls = [functools.partial(submit_batch, n) for n in sizes]
+        submitting = asyncio.ensure_future(bounded(calls, opt.batch_concurrency))
+    else:
+        submitting = asyncio.ensure_future(bounded([submit] * opt.tasks, opt.concurrency))
     submitted: list[float] = []
     submitting.add_done_callback(lambda _: submitted.append(time.monotonic()))
     seen_all = await _wait_all_done(db, since, opt.tasks, submitting, opt.timeout)
-    task_ids = await submitting
+    task_ids = [task_id for ids in await submitting for task_id in ids]
     cpu1 = _cpu(st)
     check = await db.lifecycle_check(task_ids)
     after = await pgstats.counters(st.dsn)
@@ -50,6 +67,7 @@ async def run_once(st: stack.Stack, client: Client, db: Db, clock: Clock, opt: O
     wall = seen_all - first_submit
     return {
         "tasks": opt.tasks,
+        "submit_batch": opt.batch,
         "tasks_per_s": opt.tasks / elapsed,
         "elapsed_s": elapsed,
         "client_seen_all_done_s": wall,
@@ -102,6 +120,7 @@ def aggregate(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
     return {
         "tasks": reps[0]["tasks"],
+        "submit_batch": reps[0]["submit_batch"],
         "tasks_per_s": over_reps([r["tasks_per_s"] for r in reps]),
         "elapsed_s": over_reps([r["elapsed_s"] for r in reps]),
         "verified": all(r["verified"] for r in reps),

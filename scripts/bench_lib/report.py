@@ -78,10 +78,12 @@ def _lifecycle_rows(results: dict[str, Any]) -> list[Row]:
     if not lc:
         return []
     ratio = results.get("ratios", {}).get("lifecycle_vs_pgqueuer_b10")
+    batch = lc.get("submit_batch", 1)
+    how = f"SubmitTasks x {batch}" if batch > 1 else "one SubmitTask each"
     out = [
         Row(
             "1 lifecycle",
-            f"tasks/s, {lc['tasks']} tasks, 4x25 devices",
+            f"tasks/s, {lc['tasks']} tasks, 4x25 devices, {how}",
             spread(lc["tasks_per_s"]),
             ">= 1.0x pgqueuer b10",
             None if ratio is None else ratio >= 1.0,
@@ -104,6 +106,22 @@ def _lifecycle_rows(results: dict[str, Any]) -> list[Row]:
             ),
         ),
     ]
+    single = results.get("lifecycle_single")
+    if single:
+        out += [
+            Row(
+                "1 lifecycle",
+                f"tasks/s, {single['tasks']} tasks, one SubmitTask each",
+                spread(single["tasks_per_s"]),
+            ),
+            Row(
+                "1 lifecycle",
+                "  verified; commits / task (WAL fsyncs / task)",
+                ("yes" if single["verified"] else "NO")
+                + f"; {spread(single['commits_per_task'], 2)}"
+                f" ({spread(single['wal_fsyncs_per_task'], 2)})",
+            ),
+        ]
     return out
 
 
@@ -215,12 +233,14 @@ def _peer_rows(results: dict[str, Any]) -> list[Row]:
     for variant in ("b10", "b100"):
         if variant in pe["drain_per_s"]:
             ratio = r.get(f"lifecycle_vs_pgqueuer_{variant}")
+            single = r.get(f"lifecycle_single_vs_pgqueuer_{variant}")
             out.append(
                 Row(
                     "6 peer",
                     f"pgqueuer {pe['version']} drain {variant}, jobs/s",
                     spread(pe["drain_per_s"][variant])
-                    + (f"   AMC / pgqueuer = {ratio:.2f}" if ratio else ""),
+                    + (f"   AMC / pgqueuer = {ratio:.2f}" if ratio else "")
+                    + (f" ({single:.2f} one SubmitTask each)" if single else ""),
                 )
             )
     if "pickup_ms" in pe:
