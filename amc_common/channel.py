@@ -27,45 +27,63 @@ class _BearerAuth(grpc.AuthMetadataPlugin):
         callback(self._metadata, None)
 
 
-class _AddMetadata:
-    """Adds fixed metadata (the bearer token) to every call on a plaintext channel."""
+class TokenChannel(grpc.aio.Channel):
+    """A plaintext channel that sends the bearer token as metadata of every call.
 
-    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
-        self._metadata = tuple(metadata)
+    Not an interceptor: grpc.aio turns the writes of an intercepted stream into a request
+    iterator served by a task of its own, which is left pending (then destroyed) whenever
+    the call ends first; per-call metadata costs nothing of the kind."""
 
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(tuple(details.metadata or ()) + self._metadata))
-        return details._replace(metadata=metadata)  # type: ignore[attr-defined, no-any-return]
+    def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
+        self._channel = channel
+        self._metadata = (("authorization", f"Bearer {token}"),)
 
-    async def _call(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(self._channel.unary_unary(*args, **kwargs), self._metadata)
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(self._channel.unary_stream(*args, **kwargs), self._metadata)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(self._channel.stream_unary(*args, **kwargs), self._metadata)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(self._channel.stream_stream(*args, **kwargs), self._metadata)
+
+    async def __aenter__(self) -> TokenChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close(None)
+
+    async def close(self, grace: float | None = None) -> None:
+        await self._channel.close(grace)
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        return self._channel.get_state(try_to_connect)
+
+    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
+        await self._channel.wait_for_state_change(last_observed_state)
+
+    async def channel_ready(self) -> None:
+        await self._channel.channel_ready()
 
 
-# grpc.aio files an interceptor under the first call type it matches, so each type needs
-# its own object.
-class _UnaryUnary(_AddMetadata, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return await self._call(continuation, details, request)
+class _WithMetadata:
+    """A multi-callable that adds fixed metadata to the call's own."""
+
+    def __init__(self, call: Any, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._call = call
+        self._metadata = metadata
+
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        combined = (*tuple(metadata or ()), *self._metadata)
+        return self._call(*args, metadata=combined, **kwargs)
 
 
-class _UnaryStream(_AddMetadata, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return await self._call(continuation, details, request)
-
-
-class _StreamUnary(_AddMetadata, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
-        return await self._call(continuation, details, request_iterator)
-
-
-class _StreamStream(_AddMetadata, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
-        return await self._call(continuation, details, request_iterator)
-
-
-def bearer_interceptors(token: str) -> list[Any]:
-    metadata = [("authorization", f"Bearer {token}")]
-    return [cls(metadata) for cls in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
+def with_token(channel: grpc.aio.Channel, token: str | None) -> grpc.aio.Channel:
+    """`channel` sending `token` on every call (as it is when there is no token)."""
+    return TokenChannel(channel, token) if token else channel
 
 
 def read_token(token: str | None = None, token_file: str | Path | None = None) -> str | None:
@@ -94,5 +112,4 @@ def aio_channel(
                 creds, grpc.metadata_call_credentials(_BearerAuth(token))
             )
         return grpc.aio.secure_channel(address, creds, options=merged)
-    interceptors = bearer_interceptors(token) if token else []
-    return grpc.aio.insecure_channel(address, options=merged, interceptors=interceptors)
+    return with_token(grpc.aio.insecure_channel(address, options=merged), token)

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from amc.v1 import scheduler_pb2, task_pb2
-from amc_common.channel import CHANNEL_OPTIONS, bearer_interceptors
+from amc_common.channel import CHANNEL_OPTIONS, with_token
 from control_plane.config import Settings
 from control_plane.domain import Role
 from host_agent.agent import Agent, Finished
@@ -59,10 +59,8 @@ FAST_RECONNECT = [
 
 def agent_channel(address: str, token: str) -> grpc.aio.Channel:
     """What amc_common.channel.aio_channel builds (plaintext), with fast reconnects."""
-    return grpc.aio.insecure_channel(
-        address,
-        options=[*CHANNEL_OPTIONS, *FAST_RECONNECT],
-        interceptors=bearer_interceptors(token),
+    return with_token(
+        grpc.aio.insecure_channel(address, options=[*CHANNEL_OPTIONS, *FAST_RECONNECT]), token
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from amc_common.channel import bearer_interceptors
+from amc_common.channel import with_token
 from chaos_lib.specs import Plan, random_plan
 
 T = TypeVar("T")
@@ -112,10 +112,7 @@ class Workload:
     ) -> None:
         target = "ipv4:" + ",".join(addresses)
         options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
-        interceptors = bearer_interceptors(token) if token else []
-        self._channel = grpc.aio.insecure_channel(
-            target, options=options, interceptors=interceptors
-        )
+        self._channel = with_token(grpc.aio.insecure_channel(target, options=options), token)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._rng = rng
         self._tail = tail
