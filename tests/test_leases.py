@@ -280,6 +280,29 @@ async def test_acquire_matches_serial_and_labels(farm: Farm) -> None:
     assert wants_rack_b.task_id not in found
 
 
+async def test_acquire_gives_a_device_one_of_two_tasks_naming_it_and_the_rest_a_general_one(
+    farm: Farm,
+) -> None:
+    """One queue scan serves a group of alike devices: a task naming a device already given
+    a task in the same call stays queued, and the other device still gets work."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    first = await submit(client, priority=9, selector=task_pb2.DeviceSelector(serial="s1"))
+    second = await submit(client, priority=8, selector=task_pb2.DeviceSelector(serial="s1"))
+    general = await submit(client, priority=1)
+    assignments = await host.acquire("s1", "s2", wait=1)
+    assert {a.task_id: a.device_serial for a in assignments} == {
+        first.task_id: "s1",
+        general.task_id: "s2",
+    }
+    assert await farm.status(second.task_id) == "queued"
+    # Once s1 is free again, the task naming it is next.
+    for a in assignments:
+        await host.report(a, lease_pb2.OUTCOME_DONE)
+    again = await host.acquire("s1", "s2", wait=1)
+    assert [(a.task_id, a.device_serial) for a in again] == [(second.task_id, "s1")]
+
+
 async def test_acquire_ignores_devices_not_idle_or_not_the_hosts(farm: Farm) -> None:
     client = await farm.client()
     host = await farm.host("h1", "s1")
