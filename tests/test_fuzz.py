@@ -56,7 +56,7 @@ T = TypeVar("T")
 FD = descriptor.FieldDescriptor
 
 TOTAL = int(os.environ.get("AMC_FUZZ_EXAMPLES", "0")) or 3000
-PER_RPC = max(20, TOTAL // len(rpc_methods()))
+PER_RPC = max(20, -(-TOTAL // len(rpc_methods())))  # rounded up: at least TOTAL in all
 CALL_TIMEOUT = 20.0
 
 SETTINGS = Settings(
