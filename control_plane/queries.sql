@@ -1,23 +1,10 @@
 -- Every statement the control plane sends, by name (control_plane.sql loads this file).
 -- Transitions that lock several rows are functions in migrations/002_transitions.sql.
 
--- name: submit_task
--- submit: - -> queued. Returns nothing when (caller, request_id) exists already.
-WITH ins AS (
-    INSERT INTO tasks (task_id, caller, request_id, status, spec, selector_serial,
-                       selector_labels, priority, max_attempts, metadata)
-    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9)
-    ON CONFLICT (caller, request_id) DO NOTHING
-    RETURNING *
-), ev AS (
-    INSERT INTO task_events (task_id, attempt, kind, to_status)
-    SELECT task_id, 0, 'submit', 'queued' FROM ins
-)
-SELECT * FROM ins;
-
 -- name: submit_tasks
--- submit, for a batch: the rows created (not those whose (caller, request_id) exists). Tasks
--- of one batch get created_at a microsecond apart, so equal priorities run in batch order.
+-- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
+-- (caller, request_id) exists already). Tasks of one batch get created_at a microsecond
+-- apart, so equal priorities run in batch order.
 WITH req AS (
     SELECT * FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
                          $7::integer[], $8::integer[], $9::jsonb[])
@@ -36,9 +23,6 @@ WITH req AS (
     SELECT task_id, 0, 'submit', 'queued' FROM ins
 )
 SELECT * FROM ins;
-
--- name: task_by_request
-SELECT * FROM tasks WHERE caller = $1 AND request_id = $2;
 
 -- name: tasks_by_request
 SELECT * FROM tasks WHERE caller = $1 AND request_id = ANY ($2::text[]);

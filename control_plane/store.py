@@ -155,52 +155,33 @@ class Store:
 
     async def submit(self, caller: str, new: NewTask) -> tuple[Task, bool]:
         """Queue a task; returns (task, created). An existing request_id returns its task."""
-        row = await self._fetchrow(
-            "submit_task",
-            uuid.uuid4(),
-            caller,
-            new.request_id,
-            new.spec,
-            new.selector_serial,
-            new.selector_labels,
-            new.priority,
-            new.max_attempts,
-            new.metadata,
-        )
-        if row is not None:
-            return _task(row), True
-        # The same request id was used before (maybe by a concurrent call that has committed
-        # since this statement's snapshot): read the row it made.
-        existing = await self._fetchrow("task_by_request", caller, new.request_id)
-        if existing is None:
-            raise errors.DatabaseUnavailable("request id is being created concurrently; retry")
-        return _task(existing), False
+        (answer,) = await self.submit_many(caller, [new])
+        return answer
 
     async def submit_many(self, caller: str, news: list[NewTask]) -> list[tuple[Task, bool]]:
-        """Queue tasks in one transaction, in order; (task, created) for each, in order."""
+        """Queue tasks with one statement (so all or none), in order; (task, created) for
+        each, in order. An existing request_id returns its task."""
         ids = [uuid.uuid4() for _ in news]
-        with translated():
-            async with self.pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(
-                    Q["submit_tasks"],
-                    caller,
-                    ids,
-                    [n.request_id for n in news],
-                    [n.spec for n in news],
-                    [n.selector_serial for n in news],
-                    [n.selector_labels for n in news],
-                    [n.priority for n in news],
-                    [n.max_attempts for n in news],
-                    [n.metadata for n in news],
-                )
-                created = {row["task_id"]: _task(row) for row in rows}
-                existing: dict[str, Task] = {}
-                if len(created) < len(news):
-                    # Request ids used before (maybe by a call committed since this
-                    # statement's snapshot): the tasks they made.
-                    again = [n.request_id for n in news if n.request_id is not None]
-                    for row in await conn.fetch(Q["tasks_by_request"], caller, again):
-                        existing[row["request_id"]] = _task(row)
+        rows = await self._fetch(
+            "submit_tasks",
+            caller,
+            ids,
+            [n.request_id for n in news],
+            [n.spec for n in news],
+            [n.selector_serial for n in news],
+            [n.selector_labels for n in news],
+            [n.priority for n in news],
+            [n.max_attempts for n in news],
+            [n.metadata for n in news],
+        )
+        created = {row["task_id"]: _task(row) for row in rows}
+        existing: dict[str, Task] = {}
+        if len(created) < len(news):
+            # Request ids used before (maybe by a call that committed since the statement's
+            # snapshot): the tasks they made.
+            again = [n.request_id for n in news if n.request_id is not None]
+            for row in await self._fetch("tasks_by_request", caller, again):
+                existing[row["request_id"]] = _task(row)
         out: list[tuple[Task, bool]] = []
         for task_id, new in zip(ids, news, strict=True):
             if task_id in created:
