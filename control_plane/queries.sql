@@ -75,9 +75,10 @@ WITH req AS (
 ), seen AS (
     UPDATE hosts SET last_seen_at = now() WHERE host_id = $1
 )
-SELECT req.lease_id::text, r.task_id::text, r.attempt,
-       COALESCE(r.cancel_pending, false) AS cancel_pending,
-       r.delivery_seconds, ack.task_id IS NOT NULL AS acknowledged
+-- Columns in the order of domain.Renewal's fields.
+SELECT req.lease_id::text, COALESCE(r.cancel_pending, false) AS cancel_pending,
+       r.task_id::text, r.attempt, r.delivery_seconds,
+       ack.task_id IS NOT NULL AS acknowledged
 FROM req LEFT JOIN renewed r USING (lease_id)
          LEFT JOIN acknowledged ack ON ack.task_id = r.task_id;
 

@@ -91,7 +91,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         validate.submit_batch(request)
         news = [_new_task(t) for t in request.tasks]
         submitted = await self.store.submit_many(principal().caller, news)
-        created = [task for task, new in submitted if new]
+        created = [task for task, is_new in submitted if is_new]
         for task in created:
             self.hub.task_changed(task.task_id, task.status)
         if created:

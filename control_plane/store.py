@@ -244,7 +244,7 @@ class Store:
     async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
         """The leases renewed; any other lease asked about is a conflict."""
         rows = await self._fetch("renew_leases", host_id, lease_ids, ttl)
-        return [Renewal(r[0], r[3], r[1], r[2], r[4], r[5]) for r in rows if r[1] is not None]
+        return [Renewal._make(r) for r in rows if r["task_id"] is not None]
 
     async def report(self, host_id: str | None, report: Report) -> Recorded:
         """The answer's code is recorded | repeated; refusals raise."""
