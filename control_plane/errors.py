@@ -8,9 +8,10 @@
     │   ├── TaskAlreadyTerminal
     │   ├── NoCancellationRequested
     │   └── DifferentReportRecorded
-    ├── Aborted                  lease / attempt fencing
+    ├── Aborted                  lease / attempt fencing, or lost to concurrent changes
     │   ├── LeaseConflict
-    │   └── StaleAttempt
+    │   ├── StaleAttempt
+    │   └── Contended
     ├── Unauthenticated
     ├── PermissionDenied
     └── Unavailable
@@ -77,6 +78,11 @@ class LeaseConflict(Aborted):
 
 class StaleAttempt(Aborted):
     """The lease expired or a newer attempt replaced it; the report was not recorded."""
+
+
+class Contended(Aborted):
+    """The change kept losing to concurrent changes of the same rows; nothing was changed.
+    Retry."""
 
 
 class Unauthenticated(AmcError):

@@ -46,41 +46,9 @@ SELECT code, (task).* FROM amc_cancel($1, $2);
 SELECT * FROM amc_acquire($1, $2, $3);
 
 -- name: renew_leases
--- Renews the host's live leases among $2; the first renewal acknowledges the assignment
--- (assigned -> dispatched). Leases not renewed come back with task_id NULL: a conflict.
-WITH req AS (
-    SELECT DISTINCT unnest($2::uuid[]) AS lease_id
-), renewed AS (
-    UPDATE attempts a SET
-        lease_expires_at = now() + $3::interval,
-        acknowledged_at = COALESCE(a.acknowledged_at, now()),
-        cancel_delivered_at = COALESCE(a.cancel_delivered_at,
-                                       CASE WHEN a.cancel_requested_at IS NOT NULL THEN now() END)
-    FROM req
-    WHERE a.lease_id = req.lease_id AND a.host_id = $1 AND a.state = 'active'
-      AND a.lease_expires_at > now()
-    RETURNING a.lease_id, a.task_id, a.attempt, a.cancel_requested_at IS NOT NULL AS cancel_pending,
-              -- set by this statement: this answer is the first to tell the host
-              CASE WHEN a.cancel_delivered_at = now()
-                   THEN extract(epoch FROM now() - a.cancel_requested_at)::float8 END
-                   AS delivery_seconds
-), acknowledged AS (
-    UPDATE tasks t SET status = 'dispatched', updated_at = now()
-    FROM renewed r
-    WHERE t.task_id = r.task_id AND t.attempt = r.attempt AND t.status = 'assigned'
-    RETURNING t.task_id, t.attempt
-), ev AS (
-    INSERT INTO task_events (task_id, attempt, kind, from_status, to_status)
-    SELECT task_id, attempt, 'acknowledge', 'assigned', 'dispatched' FROM acknowledged
-), seen AS (
-    UPDATE hosts SET last_seen_at = now() WHERE host_id = $1
-)
--- Columns in the order of domain.Renewal's fields.
-SELECT req.lease_id::text, COALESCE(r.cancel_pending, false) AS cancel_pending,
-       r.task_id::text, r.attempt, r.delivery_seconds,
-       ack.task_id IS NOT NULL AS acknowledged
-FROM req LEFT JOIN renewed r USING (lease_id)
-         LEFT JOIN acknowledged ack ON ack.task_id = r.task_id;
+-- Renews the host's live leases among $2 (first renewal = acknowledgement); conflicts come
+-- back with task_id NULL. Columns in the order of domain.Renewal's fields.
+SELECT * FROM amc_renew($1, $2::uuid[], $3);
 
 -- name: report_result
 SELECT code, (task).*, att_cancel_requested_at, att_cancel_delivered_at

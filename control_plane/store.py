@@ -9,11 +9,17 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from control_plane import errors
 from control_plane.domain import (
@@ -36,10 +42,16 @@ from control_plane.migrate import apply
 from control_plane.sql import QUERIES as Q
 
 Listener = Callable[[str, str], None]
+T = TypeVar("T")
 
 # SQLSTATE classes that mean "the database is not there right now": connection exceptions,
 # operator intervention (shutdown, starting up), insufficient resources.
 _UNAVAILABLE_CLASSES = ("08", "57", "53")
+# Serialization failure and deadlock: the transaction was rolled back and may simply be run
+# again. Every transition takes its rows in one order (migrations/004_lock_order.sql), so
+# these should not happen; if they do, they are retried here, never reported as an outage.
+_RETRIED_STATES = ("40001", "40P01")
+RETRIES = 5
 
 
 @contextlib.contextmanager
@@ -48,13 +60,34 @@ def translated() -> Iterator[None]:
         yield
     except asyncpg.PostgresError as exc:
         state = getattr(exc, "sqlstate", "") or ""
-        if state[:2] in _UNAVAILABLE_CLASSES or state in ("40001", "40P01"):
+        if state in _RETRIED_STATES:
+            raise errors.Contended() from exc
+        if state[:2] in _UNAVAILABLE_CLASSES:
             raise errors.DatabaseUnavailable() from exc
         if state[:2] == "22":  # data exception: a value PostgreSQL cannot hold
             raise errors.InvalidArgument("request", "a value cannot be stored") from exc
         raise
     except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
         raise errors.DatabaseUnavailable() from exc
+
+
+async def retried(operation: Callable[[], Awaitable[T]]) -> T:
+    """Run one statement or transaction; a deadlock or serialization failure (rolled back,
+    so nothing happened) runs it again, a few times, with jitter. Each call is made anew."""
+    try:
+        with translated():
+            return await operation()
+    except errors.Contended:
+        pass
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(errors.Contended),
+        stop=stop_after_attempt(RETRIES - 1),
+        wait=wait_random_exponential(multiplier=0.005, max=0.2),
+        reraise=True,
+    ):
+        with attempt, translated():
+            return await operation()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -135,12 +168,10 @@ class Store:
         await self.pool.close()
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
-        with translated():
-            return await self.pool.fetch(Q[name], *args)
+        return await retried(lambda: self.pool.fetch(Q[name], *args))
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
-        with translated():
-            return await self.pool.fetchrow(Q[name], *args)
+        return await retried(lambda: self.pool.fetchrow(Q[name], *args))
 
     async def ping(self) -> None:
         await self._fetchrow("ping")
@@ -268,12 +299,10 @@ class Store:
         raise _report_refusal(code, report)
 
     async def notify(self, batch: list[tuple[str, str]]) -> None:
-        with translated():
-            await self.pool.execute(Q["notify"], [c for c, _ in batch], [p for _, p in batch])
+        await self._fetch("notify", [c for c, _ in batch], [p for _, p in batch])
 
     async def mark_cancel_delivered(self, lease_id: LeaseId) -> None:
-        with translated():
-            await self.pool.execute(Q["mark_cancel_delivered"], lease_id)
+        await self._fetch("mark_cancel_delivered", lease_id)
 
     async def release(self, host_id: str | None, lease_id: LeaseId, reason: str) -> Expiry | None:
         owner = await self._fetchrow("lease_owner", lease_id)
@@ -290,7 +319,8 @@ class Store:
     async def register_host(
         self, host_id: str, labels: dict[str, str], devices: list[DeviceInfo]
     ) -> None:
-        with translated():
+
+        async def register() -> None:
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(Q["upsert_host"], host_id, labels)
                 await conn.execute(
