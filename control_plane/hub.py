@@ -14,6 +14,7 @@ import structlog
 
 from control_plane.domain import CancelNotice, LeaseId, TaskId
 from control_plane.lifecycle import TaskStatus
+from control_plane.presence import Presence
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +35,7 @@ class Hub:
         self._watchers: dict[uuid.UUID, set[asyncio.Event]] = defaultdict(set)
         # Notifications for the other replicas, sent after the commits that caused them.
         self.replica = uuid.uuid4().hex
+        self.presence = Presence(self.replica)
         self._outbox: dict[tuple[str, str], None] = {}
         self._outbox_ready = asyncio.Event()
 
@@ -99,9 +101,11 @@ class Hub:
     @contextlib.contextmanager
     def host_stream(self, host_id: str, callback: PushCallback) -> Iterator[None]:
         self._streams[host_id].add(callback)
+        self.presence.opened(host_id)
         try:
             yield
         finally:
+            self.presence.closed(host_id)
             self._streams[host_id].discard(callback)
             if not self._streams[host_id]:
                 del self._streams[host_id]

@@ -87,15 +87,18 @@ UPDATE devices SET state = 'gone', updated_at = now()
 WHERE host_id = $1 AND serial <> ALL ($2::text[]) AND state <> 'gone';
 
 -- name: list_hosts
-SELECT h.host_id, h.labels, h.last_seen_at,
-       h.last_seen_at > now() - $1::interval AS connected,
+-- Connected: its renewal stream is open on a live replica, or it registered or closed its
+-- stream within the window. last_seen: the later of that and its replica's heartbeat.
+SELECT h.host_id, h.labels,
+       GREATEST(h.last_seen_at, r.seen_at) AS last_seen_at,
+       GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval AS connected,
        COALESCE(jsonb_agg(jsonb_build_object(
            'serial', d.serial, 'state', d.state, 'model', d.model,
            'manufacturer', d.manufacturer, 'sdk', d.sdk, 'abi', d.abi, 'labels', d.labels,
            'task_id', d.task_id) ORDER BY d.serial) FILTER (WHERE d.serial IS NOT NULL),
            '[]') AS devices
-FROM hosts h LEFT JOIN devices d USING (host_id)
-GROUP BY h.host_id
+FROM hosts h LEFT JOIN replicas r USING (replica_id) LEFT JOIN devices d USING (host_id)
+GROUP BY h.host_id, r.seen_at
 ORDER BY h.host_id;
 
 -- name: create_token
@@ -116,7 +119,29 @@ SELECT * FROM tokens ORDER BY created_at, token_id;
 SELECT status, count(*) AS n FROM tasks GROUP BY status;
 
 -- name: hosts_connected
-SELECT count(*) AS n FROM hosts WHERE last_seen_at > now() - $1::interval;
+SELECT count(*) AS n FROM hosts h LEFT JOIN replicas r USING (replica_id)
+WHERE GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval;
+
+-- name: replica_alive
+-- This replica's heartbeat: what keeps the hosts whose streams it holds connected.
+INSERT INTO replicas (replica_id) VALUES ($1)
+ON CONFLICT (replica_id) DO UPDATE SET seen_at = now();
+
+-- name: set_presence
+-- Streams this replica opened ($3 true) or closed ($3 false) since the last call, one
+-- element per host, sorted by host_id (the lock order). A close does not clear a stream
+-- that has since opened on another replica.
+UPDATE hosts h SET replica_id = CASE WHEN s.opened THEN $1 END, last_seen_at = now()
+FROM unnest($2::text[], $3::boolean[]) AS s (host_id, opened)
+WHERE h.host_id = s.host_id AND (s.opened OR h.replica_id = $1);
+
+-- name: replica_gone
+-- A replica stopping cleanly: its streams are closed, its row goes, and so do the rows of
+-- replicas not seen for a day.
+WITH closed AS (
+    UPDATE hosts SET replica_id = NULL, last_seen_at = now() WHERE replica_id = $1
+)
+DELETE FROM replicas WHERE replica_id = $1 OR seen_at < now() - interval '1 day';
 
 -- name: ping
 SELECT 1;

@@ -168,6 +168,11 @@ class ControlPlane:
                 self._sweep(),
                 self._watch_database(),
                 self.hub.send_outbox(self.store.notify),
+                self.hub.presence.write(
+                    self.store.set_presence,
+                    lambda: self.store.replica_alive(self.hub.replica),
+                    self.settings.renew_every,
+                ),
             )
         ]
         for task in self._background:
@@ -197,6 +202,8 @@ class ControlPlane:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._store is not None:
+            with contextlib.suppress(errors.AmcError, TimeoutError):
+                await asyncio.wait_for(self._store.replica_gone(self.hub.replica), 2.0)
             await self._store.close()
         self._stopped.set()
         log.info("control plane stopped")

@@ -336,6 +336,17 @@ class Store:
                 )
                 await conn.execute(Q["mark_devices_gone"], host_id, [d.serial for d in devices])
 
+        await retried(register)
+
+    async def replica_alive(self, replica: str) -> None:
+        await self._fetch("replica_alive", replica)
+
+    async def set_presence(self, replica: str, hosts: list[str], opened: list[bool]) -> None:
+        await self._fetch("set_presence", replica, hosts, opened)
+
+    async def replica_gone(self, replica: str) -> None:
+        await self._fetch("replica_gone", replica)
+
     async def list_hosts(self, connected_within: timedelta) -> list[HostInfo]:
         rows = await self._fetch("list_hosts", connected_within)
         return [
