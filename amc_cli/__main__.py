@@ -17,12 +17,13 @@ import typer
 
 from amc_cli.app import app
 from amc_cli.errors import CliError, ExitCode
+from amc_common.secrets import redact
 
 PROG = "amc"
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")
+    sys.stderr.write(f"{PROG}: error: {redact(' '.join(message.split()))}\n")
     sys.stderr.flush()
 
 
@@ -46,7 +47,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         return ExitCode.ERROR
     except Exception as exc:
         if os.environ.get("AMC_DEBUG"):
-            traceback.print_exc()
+            sys.stderr.write(redact(traceback.format_exc()))  # never locals, never a token
         _error(f"unexpected {type(exc).__name__}: {exc} (AMC_DEBUG=1 shows where)")
         return ExitCode.ERROR
     return result if isinstance(result, int) else ExitCode.OK

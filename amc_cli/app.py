@@ -77,7 +77,7 @@ class Session:
     """The connection flags; the client is made on first use, so `--help` needs none."""
 
     addr: str
-    token: str | None
+    token: str | None = field(repr=False)
     token_file: Path | None
     ca: Path | None
     tls: bool

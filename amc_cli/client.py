@@ -8,7 +8,7 @@ plaintext and TLS. Every failure leaves here as an `RpcFailed` naming what was b
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ class Target:
     """Where the control plane is and how to talk to it."""
 
     address: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     ca_file: Path | None = None
     tls: bool = False
     timeout: float = 30.0

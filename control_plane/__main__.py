@@ -2,6 +2,11 @@
 
 control-plane [serve] [--listen 127.0.0.1:50051] [--database-url URL | --data-dir DIR]
 control-plane tokens create --role operator [--host-id H] [--name N]
+
+A start that fails (database unreachable, port taken, unreadable certificate) logs one
+line saying what is wrong, the cause and what to do, then exits 1; --debug (or
+AMC_DEBUG=1) adds the traceback. The database URL is only ever shown with its password
+masked.
 """
 
 from __future__ import annotations
@@ -14,15 +19,19 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
 
+import asyncpg
 import prometheus_client
 import structlog
 
 from amc_common import logs
+from amc_common.secrets import mask_url, redact
+from control_plane import errors
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
@@ -49,6 +58,12 @@ def common_flags() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-format", choices=["auto", "console", "json"], default=_env("AMC_LOG_FORMAT", "auto")
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=logs.debug_enabled(),
+        help="a failed start shows its traceback (env AMC_DEBUG=1)",
     )
     return p
 
@@ -134,15 +149,25 @@ def tls_from(args: argparse.Namespace) -> Tls | None:
     return Tls(Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
 
 
+class StartFailed(Exception):
+    """The replica could not start; `__cause__` says why. Logged in one line by main()."""
+
+
 async def serve(args: argparse.Namespace, dsn: str) -> None:
     plane = ControlPlane(
         dsn, settings_from(args), listen=args.listen, insecure=args.insecure, tls=tls_from(args)
     )
-    await plane.start()
-    if args.metrics_listen:
-        host, _, port = args.metrics_listen.rpartition(":")
-        prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
-        log.info("metrics serving", listen=args.metrics_listen)
+    try:
+        await plane.start()
+        if args.metrics_listen:
+            host, _, port = args.metrics_listen.rpartition(":")
+            prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
+            log.info("metrics serving", listen=args.metrics_listen)
+    except Exception as exc:
+        if not _is_database_problem(exc):  # else nothing was opened: migrate() failed
+            with contextlib.suppress(Exception):
+                await plane.stop(0)
+        raise StartFailed() from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -183,22 +208,58 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_format)
     embedded = None
     dsn = args.database_url
-    if not dsn:
-        embedded = EmbeddedPostgres(Path(args.data_dir))
-        dsn = embedded.start()
-        log.info("embedded PostgreSQL started", data_dir=str(embedded.datadir), url=dsn)
     try:
+        if not dsn:
+            embedded = EmbeddedPostgres(Path(args.data_dir))
+            dsn = embedded.start()
+            log.info(
+                "embedded PostgreSQL started", data_dir=str(embedded.datadir), url=mask_url(dsn)
+            )
         if args.command == "tokens":
             asyncio.run(create_token(args, dsn))
         else:
             asyncio.run(serve(args, dsn))
     except ValueError as exc:
-        print(f"control-plane: {exc}", file=sys.stderr)
+        print(f"control-plane: {redact(str(exc))}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        _cannot_start(exc, args, dsn)
+        return 1
     finally:
         if embedded is not None and embedded.started_here:
             embedded.stop()
     return 0
+
+
+def _cannot_start(exc: Exception, args: argparse.Namespace, dsn: str | None) -> None:
+    """One line: what failed, the underlying error, what to do (a traceback with --debug)."""
+    cause = exc.__cause__ if isinstance(exc, StartFailed) and exc.__cause__ else exc
+    event = "tokens create failed" if args.command == "tokens" else "cannot start"
+    debug = bool(args.debug)
+    if _is_database_problem(cause):
+        where = "--database-url (or DATABASE_URL)" if args.database_url else "--data-dir"
+        logs.failure(
+            log,
+            f"{event}: the database is unreachable or refused the connection",
+            cause,
+            debug=debug,
+            error=logs.describe(logs.root_cause(cause)),
+            database=mask_url(dsn or ""),
+            hint=f"check {where} and that PostgreSQL is running and reachable there",
+        )
+    elif isinstance(cause, RuntimeError) and "bind" in str(cause).lower():
+        hint = f"is another process listening on {args.listen}? choose another --listen"
+        logs.failure(log, event, cause, debug=debug, hint=hint)
+    else:
+        logs.failure(log, event, cause, debug=debug, hint="check the flags and settings")
+
+
+def _is_database_problem(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, errors.DatabaseUnavailable | asyncpg.PostgresError):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 Exit codes: 0 after a clean drain (SIGTERM or SIGINT), 1 when the agent cannot go on
 (e.g. the control plane refuses its token), 2 for bad flags or settings.
+
+Failing, the agent logs one line: what went wrong, the control plane's words and what to
+do. `--debug` (or AMC_DEBUG=1) adds the traceback, which never shows local variables; the
+token never appears in any line.
 """
 
 from __future__ import annotations
@@ -10,11 +14,12 @@ import asyncio
 import signal
 from collections.abc import Sequence
 
+import grpc
 import prometheus_client
 import structlog
 
+from amc_common import logs
 from amc_common.channel import aio_channel
-from amc_common.logs import configure
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
 from host_agent.config import Config, parse
@@ -34,8 +39,12 @@ RECONNECT = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse(argv)
-    configure(config.log_format, config.log_level)  # type: ignore[arg-type]
-    return asyncio.run(serve(config))
+    logs.configure(config.log_format, config.log_level)  # type: ignore[arg-type]
+    try:
+        return asyncio.run(serve(config))
+    except Exception as exc:  # before the agent ran: the CA file, the metrics port, …
+        _failed(exc, config)
+        return 1
 
 
 async def serve(config: Config) -> int:
@@ -69,8 +78,8 @@ async def serve(config: Config) -> int:
     )
     try:
         await agent.run()
-    except Exception:
-        log.exception("host agent failed")
+    except Exception as exc:
+        _failed(exc, config)
         return 1
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -79,6 +88,38 @@ async def serve(config: Config) -> int:
         await source.close()
         notifier.close()
     return 0
+
+
+# What to do when the control plane refuses the agent for good.
+_HINTS = {
+    grpc.StatusCode.UNAUTHENTICATED: (
+        "the control plane does not accept this token (unknown, revoked or malformed): "
+        "check --token-file, $AMC_TOKEN_FILE or $AMC_TOKEN"
+    ),
+    grpc.StatusCode.PERMISSION_DENIED: (
+        "a host token acts only as the host it was made for: give the --host-id it was "
+        "made for, or a host token for this host (amc tokens create --role host "
+        "--host-id {host_id})"
+    ),
+    grpc.StatusCode.INVALID_ARGUMENT: "check --host-id and --label",
+}
+
+
+def _failed(exc: BaseException, config: Config) -> None:
+    """The one line saying why the agent stops (with the traceback only under --debug)."""
+    leaf = exc
+    while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+        leaf = leaf.exceptions[0]
+    code = leaf.code() if isinstance(leaf, grpc.aio.AioRpcError) else None
+    hint = _HINTS.get(code, "") if code is not None else ""
+    logs.failure(
+        log,
+        "host agent failed",
+        exc,
+        debug=config.debug,
+        hint=hint.format(host_id=config.agent.host_id),
+        control_plane=config.control_plane,
+    )
 
 
 def _device_source(config: Config) -> DeviceSource:

@@ -46,8 +46,9 @@ class AgentSettings:
 @dataclass(frozen=True)
 class Config:
     control_plane: str
-    # None with --insecure: the control plane runs without authentication.
-    token: str | None
+    # None with --insecure: the control plane runs without authentication. Not in the
+    # repr: a Config printed (or shown in a traceback) must not carry the secret.
+    token: str | None = field(repr=False)
     agent: AgentSettings
     ca: Path | None = None
     tls: bool = False
@@ -60,6 +61,8 @@ class Config:
     log_format: str = "auto"
     log_level: str = "INFO"
     metrics_listen: str | None = None
+    # A failure that ends the agent also logs its traceback (never local variables).
+    debug: bool = False
 
 
 class ConfigError(Exception):
@@ -190,6 +193,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="no token: only for a control plane run with --insecure [$AMC_INSECURE=1]",
     )
     p.add_argument(
+        "--debug",
+        action="store_true",
+        default=env.get("AMC_DEBUG", "").lower() not in ("", "0", "false", "no"),
+        help="a failure that ends the agent shows its traceback [$AMC_DEBUG=1]",
+    )
+    p.add_argument(
         "--label",
         action="append",
         type=label,
@@ -241,6 +250,7 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         log_format=args.log_format,
         log_level=args.log_level,
         metrics_listen=args.metrics_listen,
+        debug=args.debug,
     )
 
 
