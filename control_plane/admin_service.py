@@ -45,8 +45,7 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
         if request.role not in ROLE_FROM_PB:
             raise InvalidArgument("role", "must be ROLE_CLIENT, ROLE_OPERATOR or ROLE_HOST")
         host_id = validate.identifier(request.host_id, "host_id", required=False) or None
-        if len(request.name) > validate.MAX_KEY or "\x00" in request.name:
-            raise InvalidArgument("name", f"at most {validate.MAX_KEY} characters, no NUL")
+        validate.token_name(request.name)
         info, token = await create_token(
             self.store, ROLE_FROM_PB[request.role], host_id, request.name
         )

@@ -24,8 +24,13 @@ MAX_ATTEMPTS = 100
 MAX_SERIALS = 1000
 MAX_LEASES_PER_RENEWAL = 10_000
 MAX_BATCH = 500
-_PACKAGE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
+# Whole-string patterns: used with fullmatch only (`$` also matches before a final "\n").
+_PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
+# Control characters (C0, DEL, C1: NUL, tab, CR, LF, VT, FF, NEL...) and the Unicode line
+# and paragraph separators: never in a label or a name, where they would make two values
+# that look the same differ.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def task_id(value: str, field: str = "task_id") -> uuid.UUID:
@@ -57,12 +62,16 @@ def identifier(value: str, field: str, *, required: bool = True) -> str:
         return value
     if len(value) > MAX_ID:
         raise InvalidArgument(field, f"longer than {MAX_ID} characters")
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         raise InvalidArgument(field, "may hold letters, digits and . _ : @ / + - only")
     return value
 
 
-def string_map(values: dict[str, str], field: str) -> dict[str, str]:
+def string_map(
+    values: dict[str, str], field: str, *, free_text_values: bool = False
+) -> dict[str, str]:
+    """Labels by default: keys and values printable, on one line. `free_text_values` (task
+    metadata) lets values hold any text but NUL."""
     if len(values) > MAX_MAP_ENTRIES:
         raise InvalidArgument(field, f"more than {MAX_MAP_ENTRIES} entries")
     for key, value in values.items():
@@ -72,12 +81,34 @@ def string_map(values: dict[str, str], field: str) -> dict[str, str]:
             raise InvalidArgument(f"{field}[{key}]", f"longer than {MAX_VALUE} characters")
         _no_nul(key, field)
         _no_nul(value, f"{field}[{key}]")
+        _printable(key, field, "a key")
+        if not free_text_values:
+            _printable(value, f"{field}[{key}]")
     return dict(values)
+
+
+def token_name(value: str, field: str = "name") -> str:
+    """A token's name: free text on one line, bounded."""
+    if len(value) > MAX_KEY:
+        raise InvalidArgument(field, f"longer than {MAX_KEY} characters")
+    _no_nul(value, field)
+    _printable(value, field)
+    return value
 
 
 def _no_nul(value: str, field: str) -> None:
     if "\x00" in value:
         raise InvalidArgument(field, "contains a NUL character")
+
+
+def _printable(value: str, field: str, what: str = "") -> None:
+    if found := _UNPRINTABLE.search(value):
+        where = f"{what} " if what else ""
+        raise InvalidArgument(
+            field,
+            f"{where}contains U+{ord(found.group()):04X}: control characters and line breaks"
+            " are not allowed",
+        )
 
 
 def _text(value: str, field: str, *, required: bool = False, limit: int = MAX_STRING) -> None:
@@ -138,7 +169,7 @@ def action(a: task_pb2.Action, field: str) -> None:
             raise InvalidArgument(f"{f}.keycode", "must be an Android keycode (0 to 10000)")
     elif kind in ("launch_app", "stop_app"):
         msg = getattr(a, kind)
-        if not _PACKAGE.match(msg.package) or len(msg.package) > 255:
+        if not _PACKAGE.fullmatch(msg.package) or len(msg.package) > 255:
             raise InvalidArgument(
                 f"{f}.package", "must be an Android package name, e.g. com.example.app"
             )
@@ -204,7 +235,7 @@ def submit(req: scheduler_pb2.SubmitTaskRequest) -> None:
         raise InvalidArgument(
             "max_attempts", f"must be between 1 and {MAX_ATTEMPTS} (0 for the default)"
         )
-    string_map(dict(req.metadata), "metadata")
+    string_map(dict(req.metadata), "metadata", free_text_values=True)
 
 
 def submit_batch(req: scheduler_pb2.SubmitTasksRequest) -> None:
@@ -241,8 +272,9 @@ def serials(values: object, field: str) -> list[str]:
 
 def device(d: lease_pb2.DeviceInfo, field: str) -> None:
     identifier(d.serial, f"{field}.serial")
-    for name in ("model", "manufacturer", "abi"):
-        _text(getattr(d, name), f"{field}.{name}", limit=MAX_KEY)
+    for fact in ("model", "manufacturer", "abi"):  # label values too (convert.device_from_pb)
+        _text(getattr(d, fact), f"{field}.{fact}", limit=MAX_KEY)
+        _printable(getattr(d, fact), f"{field}.{fact}")
     if not 0 <= d.sdk <= 1000:
         raise InvalidArgument(f"{field}.sdk", "must be between 0 and 1000")
     string_map(dict(d.labels), f"{field}.labels")

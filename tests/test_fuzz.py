@@ -7,15 +7,18 @@ message generated from the descriptor alone; or wire-format bytes with random (m
 unknown) fields, which may not parse as the request type, or plain garbage. Hostile values:
 random unicode and NUL, strings just under, at and over every limit in
 control_plane.validate, up to past the 1 MiB message limit, uuids and non-uuids, ids from
-the world, unknown enum numbers, integers at their edges, negative and out-of-range
-Duration/Timestamp fields, huge repeated fields and maps.
+the world, ids and labels with a line break or other control character at their end (most
+often: `$` matches before a final newline), start or inside, unknown enum numbers,
+integers at their edges, negative and out-of-range Duration/Timestamp fields, huge
+repeated fields and maps.
 
 For every request: the code is one a client can act on (never INTERNAL, UNKNOWN, a
-timeout...; INVALID_ARGUMENT for bytes that are not a message of the type), the details
-leak no internals, and when the request was refused the database is exactly as before (a
-digest of every table). The world is restored after any request that changed it, so each
-example starts from the same state and failures shrink. After the run the server must
-still be SERVING and take a normal submit.
+timeout...; INVALID_ARGUMENT for bytes that are not a message of the type, and for an
+identifier or a label key or value holding a line break or control character), the
+details leak no internals, and when the request was refused the database is exactly as
+before (a digest of every table). The world is restored after any request that changed
+it, so each example starts from the same state and failures shrink. After the run the
+server must still be SERVING and take a normal submit.
 
 `AMC_FUZZ_EXAMPLES=100000` sets the total number of requests (split over the RPCs).
 """
@@ -119,6 +122,49 @@ LENGTHS = sorted({n + d for n in LIMITS for d in (-1, 0, 1)} | {100_000, (1 << 2
 LONG = st.tuples(CHARS, st.sampled_from(LENGTHS)).map(lambda t: t[0] * t[1])
 WITH_NUL = st.tuples(TEXT, TEXT).map(lambda t: f"{t[0]}\x00{t[1]}")
 IDENT = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,30}", fullmatch=True)
+# Line breaks (all that str.splitlines() breaks on) and other control characters: no
+# identifier and no label key or value may hold one (BROKEN_RE finds them).
+BREAKS = (
+    "\n",
+    "\r\n",
+    "\r",
+    "\t",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1d",
+    "\x1e",
+    "\x85",
+    "\u2028",
+    "\u2029",
+    "\x00",
+    "\x1f",
+    "\x7f",
+    "\x9f",
+)
+BROKEN_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+WHERE = st.sampled_from(["end", "end", "start", "inside"])
+
+
+def _break(t: tuple[str, str, str]) -> str:
+    value, brk, where = t
+    if where == "end":
+        return value + brk
+    if where == "start":
+        return brk + value
+    cut = len(value) // 2
+    return value[:cut] + brk + value[cut:]
+
+
+def broken(values: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """A value with a break at its end (most often, and first when shrinking), its start,
+    or inside."""
+    return st.tuples(values, st.sampled_from(BREAKS), WHERE).map(_break)
+
+
+BROKEN = broken(st.one_of(IDENT, st.sampled_from(["A", "A1", "rack", "r1", "Pixel 7"])))
+# Fields holding identifiers (their hints get broken too); see must_refuse for all checked.
+IDENTIFIER_FIELDS = ("host_id", "serial", "idle_serials", "request_id")
 UUIDS = st.uuids().flatmap(
     lambda u: st.sampled_from(
         [str(u), str(u).upper(), u.hex, f"{{{u}}}", f"urn:uuid:{u}", str(u)[:-1], f" {u}"]
@@ -474,6 +520,9 @@ class Requests:
             "package": st.sampled_from(["com.example.app", "a.b", "1.x", "com."]),
             "request_id": st.sampled_from(["req-1", "req-2", "fresh"]),
         }
+        for name in IDENTIFIER_FIELDS:
+            # a known id, or one with a break: "A\n" must not pass for "A"
+            self.hints[name] = weighted((2, self.hints[name]), (1, broken(self.hints[name])))
         self._generic: dict[tuple[str, int], st.SearchStrategy[message.Message]] = {}
 
     # -- whole requests --------------------------------------------------------------------
@@ -530,6 +579,9 @@ class Requests:
             current = getattr(template, f.name)
             if f.message_type and not f.is_repeated and template.HasField(f.name):
                 kept: st.SearchStrategy[Any] = self.message(f.message_type, current, depth + 1)
+            elif _is_map(f) and current and _is_string_map(f):
+                # as it is, or with one key or value broken
+                kept = weighted((3, st.just(KEEP)), (1, _broken_entry(dict(current))))
             elif _is_map(f) or not f.message_type or not f.is_repeated or len(current) > 4:
                 kept = st.just(KEEP)
             else:
@@ -563,7 +615,7 @@ class Requests:
                 return TIMES.map(lambda fields: cls(**fields))
             return self.message(f.message_type, None, depth + 1)
         if f.type == FD.TYPE_STRING:
-            options = [TEXT, IDENT, UUIDS, LONG, WITH_NUL, self.anything_known]
+            options = [TEXT, IDENT, UUIDS, LONG, WITH_NUL, BROKEN, self.anything_known]
             if f.name in self.hints:
                 # nested one_ofs flatten: map both so that the hints get half the draws
                 return weighted((1, self.hints[f.name]), (1, st.one_of(options)))
@@ -602,6 +654,28 @@ def _fit(element: Any, count: int) -> int:
 
 def _is_map(f: descriptor.FieldDescriptor) -> bool:
     return bool(f.message_type and f.message_type.GetOptions().map_entry)
+
+
+def _is_string_map(f: descriptor.FieldDescriptor) -> bool:
+    entry = f.message_type.fields_by_name
+    return entry["key"].type == entry["value"].type == FD.TYPE_STRING
+
+
+def _broken_entry(current: dict[str, str]) -> st.SearchStrategy[dict[str, str]]:
+    """The map with one entry's key or value broken."""
+
+    def apply(t: tuple[str, bool, str, str]) -> dict[str, str]:
+        key, in_key, brk, where = t
+        out = dict(current)
+        if in_key:
+            out[_break((key, brk, where))] = out.pop(key)
+        else:
+            out[key] = _break((current[key], brk, where))
+        return out
+
+    return st.tuples(
+        st.sampled_from(sorted(current)), st.booleans(), st.sampled_from(BREAKS), WHERE
+    ).map(apply)
 
 
 def _serialize(msg: message.Message) -> bytes:
@@ -815,6 +889,11 @@ def check_one(w: World, method: str, caller: str, payloads: list[bytes]) -> None
     assert reply.code in ACCEPTABLE, what()
     if parsed[0] is None:
         assert reply.code == grpc.StatusCode.INVALID_ARGUMENT, what()
+    elif len(payloads[0]) < control_plane.server.MAX_MESSAGE:
+        where = must_refuse(method, caller, parsed[0])
+        assert where is None or reply.code == grpc.StatusCode.INVALID_ARGUMENT, (
+            f"{where} holds a line break or control character: {what()}"
+        )
     assert not _leaks(reply.details, requests), f"details leak internals: {what()}"
     after = w.run(w.digest())
     changed = after != w.pristine
@@ -823,6 +902,59 @@ def check_one(w: World, method: str, caller: str, payloads: list[bytes]) -> None
         assert not changed, f"a read-only call changed the database: {what()}"
     if reply.code != grpc.StatusCode.OK and reply.answers == 0:
         assert not changed, f"a refused request changed the database: {what()}"
+
+
+def _broken(value: str) -> bool:
+    return bool(BROKEN_RE.search(value))
+
+
+def _broken_map(values: Any) -> bool:
+    return any(_broken(k) or _broken(v) for k, v in values.items())
+
+
+def _broken_submit(r: Any) -> str | None:
+    if _broken(r.request_id):
+        return "request_id"
+    if _broken(r.selector.serial):
+        return "selector.serial"
+    if _broken_map(r.selector.labels):
+        return "selector.labels"
+    return None
+
+
+def must_refuse(method: str, caller: str, r: Any) -> str | None:
+    """The identifier or label field of a request (the first message of a stream) holding
+    a line break or control character, if the request must be INVALID_ARGUMENT for it:
+    whenever validation reaches the field (a host token naming another host is refused
+    before its labels and serials are looked at)."""
+    name = method.rsplit("/", 1)[1]
+    if name == "SubmitTask":
+        return _broken_submit(r)
+    if name == "SubmitTasks":
+        for i, task in enumerate(r.tasks):
+            if found := _broken_submit(task):
+                return f"tasks[{i}].{found}"
+        return None
+    if name == "ListTasks":
+        return "host_id" if _broken(r.host_id) else None
+    if name == "CreateToken":
+        return next((f for f in ("host_id", "name") if _broken(getattr(r, f))), None)
+    if name not in ("RegisterHost", "Acquire", "RenewLeases"):
+        return None
+    if _broken(r.host_id):
+        return "host_id"
+    if r.host_id != caller:  # PERMISSION_DENIED first
+        return None
+    if name == "Acquire":
+        return "idle_serials" if any(map(_broken, r.idle_serials)) else None
+    if name == "RegisterHost":
+        if _broken_map(r.labels):
+            return "labels"
+        for i, d in enumerate(r.devices):
+            facts = (d.serial, d.model, d.manufacturer, d.abi)
+            if any(map(_broken, facts)) or _broken_map(d.labels):
+                return f"devices[{i}]"
+    return None
 
 
 def _parse(method: str, payload: bytes) -> message.Message | None:
