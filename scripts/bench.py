@@ -11,14 +11,19 @@ as separate processes (simulated devices), then runs, in this order:
   3 cancel     --trials cancels of running tasks (10 ms steps): -> runner stopped -> cancelled
   4 renewal    --leases leases renewed back to back for --renew-seconds by fake hosts
   6 peer       ../shared/bench/peers/run-pgqueuer, when that folder exists
+  7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
+               --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
+               task, RSS per connected host, idle CPU; N each on a fresh control plane, then
+               --fleet-replica-hosts across two replicas (issue 10)
 
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
 p99 over the trials); renewal is one window (with min / median / max over its 1-s slices).
 Prints a table and writes bench-results.json. The default run (--reps 1) takes 3-4 minutes
 on a 2-core machine; --reps 3 about eight. --quick is a smoke run of well under a
-minute without the peer. --profile adds py-spy and pg_stat_statements (slower: its figures
-are for finding costs, not for quoting).
+minute without the peer (its fleet: 10 hosts, 3 s). Only the fleet, at the issue's sizes:
+`make bench ARGS='--only fleet'` (about 4 minutes). --profile adds py-spy and
+pg_stat_statements (slower: its figures are for finding costs, not for quoting).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lib import (
     ceiling,
+    fleet,
     latency,
     lifecycle,
     peer,
@@ -52,7 +58,7 @@ from bench_lib.pgstats import Db
 from bench_lib.stack import AgentSpec, Stack, workdir
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKLOADS = ("ceiling", "lifecycle", "pickup", "cancel", "renewal", "peer")
+WORKLOADS = ("ceiling", "lifecycle", "pickup", "cancel", "renewal", "peer", "fleet")
 DRAIN_AGENTS = 4
 DRAIN_DEVICES = 25
 LATENCY_DEVICES = 4
@@ -82,6 +88,30 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-jobs", type=int, default=20_000, help="pgqueuer drain jobs")
     p.add_argument("--peer-trials", type=int, default=0, help="pgqueuer latency trials (~2 s each)")
     p.add_argument("--no-peer", action="store_true", help="skip the pgqueuer run")
+    p.add_argument(
+        "--fleet-hosts", default="10,1000,5000", help="fleet sizes, one run each (one replica)"
+    )
+    p.add_argument("--fleet-rate", type=float, default=20.0, help="fleet tasks submitted per s")
+    p.add_argument("--fleet-seconds", type=float, default=15.0, help="fleet submit window")
+    p.add_argument("--fleet-idle-seconds", type=float, default=10.0, help="fleet idle-CPU window")
+    p.add_argument(
+        "--fleet-replica-hosts",
+        type=int,
+        default=1000,
+        help="hosts of the two-replica fleet run (0: none)",
+    )
+    p.add_argument(
+        "--fleet-lease-ttl",
+        type=float,
+        default=15.0,
+        help="the fleet replicas' --lease-ttl (15, their default: hosts renew every 5 s)",
+    )
+    p.add_argument(
+        "--fleet-hosts-per-channel",
+        type=int,
+        default=1,
+        help="fleet hosts sharing one gRPC channel (1: a connection per host, as a farm)",
+    )
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -98,10 +128,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.tasks, args.reps, args.trials, args.warmup = 200, 1, 20, 2
         args.leases, args.renew_hosts, args.renew_seconds = 1000, 2, 3.0
         args.pgbench_seconds, args.no_peer = 1.0, True
+        args.fleet_hosts, args.fleet_seconds, args.fleet_idle_seconds = "10", 3.0, 2.0
+        args.fleet_replica_hosts = 10
     args.only = {w.strip() for w in args.only.split(",") if w.strip()}
     unknown = args.only - set(WORKLOADS)
     if unknown:
         p.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    try:
+        args.fleet_hosts = [int(n) for n in str(args.fleet_hosts).split(",") if n.strip()]
+    except ValueError:
+        p.error("--fleet-hosts: comma-separated host counts, e.g. 10,1000,5000")
+    if any(n < 1 for n in args.fleet_hosts) or args.fleet_rate <= 0:
+        p.error("--fleet-hosts must be >= 1 and --fleet-rate > 0")
     if args.profile:
         profiling.py_spy()
     return args
@@ -147,6 +185,8 @@ class Run:
                 await self.ceiling()
             if self.args.only & {"lifecycle", "pickup", "cancel", "renewal"}:
                 await self.amc_workloads()
+            if "fleet" in self.args.only:
+                await self.fleet()
         finally:
             say("stopping the stack")
             self.stack.stop()
@@ -210,6 +250,25 @@ class Run:
                 self.results["renewal"] = await renewal.run(
                     st, options, self.profiled("renewal", None, window)
                 )
+
+    async def fleet(self) -> None:
+        a, st = self.args, self.stack
+        # The fleet's control planes alone on the machine: the other workloads' are stopped.
+        st.stop_agents()
+        if st.control_plane is not None:
+            st.control_plane.stop()
+            st.control_plane = None
+        options = fleet.Options(
+            hosts=tuple(a.fleet_hosts),
+            rate=a.fleet_rate,
+            seconds=a.fleet_seconds,
+            idle_seconds=a.fleet_idle_seconds,
+            replica_hosts=a.fleet_replica_hosts,
+            lease_ttl=a.fleet_lease_ttl,
+            hosts_per_channel=a.fleet_hosts_per_channel,
+        )
+        async with self.phase("fleet"):
+            self.results["fleet"] = await fleet.run(st, options, say)
 
     async def lifecycle(self, client: Client, db: Db, clock: Clock) -> None:
         a = self.args
@@ -320,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
     ok = all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single")
+        for key in ("lifecycle", "lifecycle_single", "fleet")
     )
     return 0 if ok else 1
 

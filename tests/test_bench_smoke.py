@@ -13,10 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_lib import peer, promtext, stats  # noqa: E402
+from bench_lib import fleet, peer, promtext, report, stats  # noqa: E402
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(160)
 def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) -> None:
     """THEN the table is printed and bench-results.json holds every AMC workload."""
     out = tmp_path / "bench-results.json"
@@ -24,13 +24,14 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
         [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=150,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1 lifecycle" in done.stdout and "5 ceiling" in done.stdout
+    assert "7 fleet 10x4, 2 replicas" in done.stdout
     doc = json.loads(out.read_text())
     results = doc["results"]
-    assert set(results) >= {"ceiling", "lifecycle", "latency", "renewal", "ratios"}
+    assert set(results) >= {"ceiling", "lifecycle", "latency", "renewal", "ratios", "fleet"}
     assert results["lifecycle"]["verified"] is True
     assert results["lifecycle"]["submit_batch"] == 50
     assert results["lifecycle_single"]["verified"] is True
@@ -41,6 +42,63 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert results["latency"]["cancel"]["returned_to_runner_stopped_ms"]["n"] == 20
     assert results["renewal"]["conflicts"] == 0 and results["renewal"]["renewals_per_s"] > 0
     assert doc["postgres"]["fsync"] == "on" and doc["postgres"]["synchronous_commit"] == "on"
+    runs = results["fleet"]["runs"]
+    assert [(r["hosts"], r["replicas"]) for r in runs] == [(10, 1), (10, 2)]
+    for run in runs:
+        assert run["verified"] is True and run["errors"]["total"] == 0
+        assert run["submit"]["pickup_ms"]["n"] == run["submit"]["tasks"] == 60
+        assert sum(run["connect"]["tcp_connections"]) == 10  # a connection per host
+        assert run["submit"]["control_plane_cpu_ms_per_task"] > 0
+
+
+def _fleet_run(
+    hosts: int,
+    replicas: int,
+    pickup: tuple[float, float],
+    cpu_ms: float,
+    rss_per_host: float = 50_000,
+    idle_cores: float = 0.01,
+) -> dict:
+    return {
+        "hosts": hosts, "replicas": replicas, "devices_per_host": 4, "verified": True,
+        "connect": {"tcp_connections": [hosts]}, "errors": {"total": 0},
+        "control_plane_rss_baseline_bytes": 60 * 2**20,
+        "control_plane_rss_per_host_bytes": rss_per_host,
+        "idle": {"control_plane_cores": idle_cores, "postgres_cores": 0.0,
+                 "control_plane_rss_bytes": 60 * 2**20 + hosts * rss_per_host},
+        "submit": {"tasks": 300, "done": 300,
+                   "pickup_ms": {"n": 300, "p50": pickup[0], "p99": pickup[1], "max": pickup[1]},
+                   "control_plane_cpu_ms_per_task": cpu_ms, "postgres_cpu_ms_per_task": 1.0,
+                   "usage": {"load_client_cores": 0.1, "machine_busy_cores": 1.0},
+                   "loop_lag_ms": {"p99": 1.0}},
+    }  # fmt: skip
+
+
+def test_fleet_targets_are_judged_against_the_ten_host_run() -> None:
+    """THEN CPU per task at 1,000 hosts is held to 1.5x the 10-host figure, pickup to 5/20 ms,
+    and RSS / idle CPU only at 5,000 hosts; a target whose run is missing is not judged."""
+    runs = [
+        _fleet_run(10, 1, (3.0, 9.0), 2.0),
+        _fleet_run(1000, 1, (4.0, 19.0), 3.0),  # 1.5x exactly: met
+        _fleet_run(5000, 1, (50.0, 900.0), 9.0, rss_per_host=120 * 1024, idle_cores=0.04),
+        _fleet_run(1000, 2, (6.0, 19.0), 3.1),
+    ]
+    assert fleet.judge(runs) == {
+        "pickup_1000": True,
+        "cpu_per_task_1000": True,
+        "pickup_1000_two_replicas": False,
+        "cpu_per_task_1000_two_replicas": False,
+        "rss_per_host_5000": False,
+        "idle_cpu_5000": True,
+    }
+    assert fleet.judge(runs[:1])["pickup_1000"] is None
+    rows = report.rows({"fleet": {"runs": runs, "settings": {"rate_per_s": 20.0}}})
+    judged = [(r.workload, r.met) for r in rows if r.met is not None]
+    assert judged == [
+        ("7 fleet 1,000x4", True), ("7 fleet 1,000x4", True),
+        ("7 fleet 5,000x4", False), ("7 fleet 5,000x4", True),
+        ("7 fleet 1,000x4, 2 replicas", False), ("7 fleet 1,000x4, 2 replicas", False),
+    ]  # fmt: skip
 
 
 def test_histogram_quantile_interpolates_inside_the_bucket() -> None:

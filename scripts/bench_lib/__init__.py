@@ -10,5 +10,7 @@ latency    workloads 2 and 3: pickup and cancel latency
 renewal    workload 4: renewal capacity (renew_load.py is its load-client process)
 ceiling    workload 5: pgbench single-row UPDATE TPS on the same server
 peer       workload 6: ../shared/bench/peers/run-pgqueuer in the same run
+fleet      workload 7: N hosts x 4 devices, pickup / CPU / RSS per host (issue 10);
+           fleet_load.py is its load-client process, fleet_host.py one host's behaviour
 report     the table, the targets and bench-results.json
 """

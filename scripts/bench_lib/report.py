@@ -1,4 +1,5 @@
-"""The run's table, the targets of issue 5 judged against it, and bench-results.json."""
+"""The run's table, the targets of issues 5 and 10 judged against it, and
+bench-results.json."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _renewal_rows(results.get("renewal"))
     out += _ceiling_rows(results)
     out += _peer_rows(results)
+    out += _fleet_rows(results.get("fleet"))
     return out
 
 
@@ -250,6 +252,81 @@ def _peer_rows(results: dict[str, Any]) -> list[Row]:
                 "pgqueuer pickup / cancel (flag; scope) p50, ms",
                 f"{spread(pe['pickup_ms'], 1)} / {spread(pe['cancel_ms'], 1)};"
                 f" {spread(pe['cancel_scope_ms'], 1)}",
+            )
+        )
+    return out
+
+
+def _fleet_rows(fl: dict[str, Any] | None) -> list[Row]:
+    if not fl:
+        return []
+    from bench_lib import fleet  # the targets live beside the workload
+
+    base = fleet.find(fl["runs"], 10, 1)
+    out: list[Row] = []
+    for run in fl["runs"]:
+        n, replicas = run["hosts"], run["replicas"]
+        sub, idle = run["submit"], run["idle"]
+        name = f"7 fleet {n:,}x{run['devices_per_host']}" + (
+            f", {replicas} replicas" if replicas > 1 else ""
+        )
+        at_target = n == fleet.TARGET_HOSTS
+        incomplete = "" if sub["done"] == sub["tasks"] else f"; only {sub['done']} done"
+        out.append(
+            Row(
+                name,
+                f"pickup: submit -> assignment at the host, ms ({sub['tasks']} tasks,"
+                f" {fl['settings']['rate_per_s']:g}/s)",
+                pcts(sub["pickup_ms"]) + incomplete,
+                "p50 <= 5, p99 <= 20" if at_target else "",
+                fleet.pickup_met(run) if at_target else None,
+            )
+        )
+        cpu_target, cpu_ok = "", None
+        if at_target and base is not None:
+            limit = fleet.CPU_GROWTH * base["submit"]["control_plane_cpu_ms_per_task"]
+            cpu_target, cpu_ok = f"CP <= 1.5x 10 hosts = {limit:.2f}", fleet.cpu_met(run, base)
+        out.append(
+            Row(
+                name,
+                "CPU ms / task: control plane / PostgreSQL",
+                f"{_num(sub['control_plane_cpu_ms_per_task'], 2)}"
+                f" / {_num(sub['postgres_cpu_ms_per_task'], 2)}",
+                cpu_target,
+                cpu_ok,
+            )
+        )
+        at_idle = n == fleet.IDLE_HOSTS and replicas == 1
+        per_host_kb = run["control_plane_rss_per_host_bytes"] / 1024
+        out.append(
+            Row(
+                name,
+                "control-plane RSS MB, 0 -> N hosts; KB / host",
+                f"{_num(run['control_plane_rss_baseline_bytes'] / 2**20)}"
+                f" -> {_num(idle['control_plane_rss_bytes'] / 2**20)}; {_num(per_host_kb, 1)}",
+                "<= 100 KB / host" if at_idle else "",
+                per_host_kb <= fleet.RSS_PER_HOST_KB if at_idle else None,
+            )
+        )
+        out.append(
+            Row(
+                name,
+                "idle CPU cores, nothing queued: control plane / PostgreSQL",
+                f"{_num(idle['control_plane_cores'], 3)} / {_num(idle['postgres_cores'], 3)}",
+                "CP <= 0.05" if at_idle else "",
+                idle["control_plane_cores"] <= fleet.IDLE_CORES if at_idle else None,
+            )
+        )
+        errors = run["errors"]["total"]
+        lag = sub["loop_lag_ms"]
+        out.append(
+            Row(
+                name,
+                "  verified; errors; TCP conns; load client cores, loop lag p99 ms; machine",
+                f"{'yes' if run['verified'] else 'NO'}; {errors};"
+                f" {'+'.join(str(c) for c in run['connect']['tcp_connections'])};"
+                f" {_num(sub['usage']['load_client_cores'], 2)}, {_num(lag.get('p99'), 1)};"
+                f" {_num(sub['usage']['machine_busy_cores'], 2)} cores busy",
             )
         )
     return out

@@ -126,6 +126,15 @@ def machine_busy_seconds() -> float:
 
 
 @dataclass(frozen=True)
+class Replica:
+    """A control-plane process: where it serves gRPC and its metrics."""
+
+    child: Child
+    address: str
+    metrics_url: str
+
+
+@dataclass(frozen=True)
 class AgentSpec:
     host_id: str
     devices: int
@@ -169,27 +178,36 @@ class Stack:
     # control plane ------------------------------------------------------------------------
 
     async def start_control_plane(self) -> None:
+        replica = await self.start_replica("control-plane", self.lease_ttl)
+        self.control_plane = replica.child
+        self.address, self.metrics_url = replica.address, replica.metrics_url
+
+    async def start_replica(self, name: str, lease_ttl: float) -> Replica:
+        """One more control-plane process on this stack's database (not stopped by stop():
+        the caller stops it), serving when this returns. Its log is `<name>.log`."""
         port, mport = free_port(), free_port()
-        self.address = f"127.0.0.1:{port}"
-        self.metrics_url = f"http://127.0.0.1:{mport}/metrics"
+        address = f"127.0.0.1:{port}"
         argv = [
             str(BIN / "control-plane"),
             "--insecure",
             "--listen",
-            self.address,
+            address,
             "--database-url",
             self.dsn,
             "--lease-ttl",
-            str(self.lease_ttl),
+            str(lease_ttl),
             "--metrics-listen",
             f"127.0.0.1:{mport}",
             "--log-format",
             self.log_format,
         ]
-        self.control_plane = spawn(
-            "control plane", argv, self.root / "control-plane.log", env=self._env()
-        )
-        await wait_serving(self.address, self.control_plane)
+        child = spawn(name, argv, self.root / f"{name}.log", env=self._env())
+        try:
+            await wait_serving(address, child)
+        except BaseException:
+            child.stop()
+            raise
+        return Replica(child, address, f"http://127.0.0.1:{mport}/metrics")
 
     # host agents --------------------------------------------------------------------------
 

@@ -1,0 +1,199 @@
+"""Workload 7, the fleet (issue 10): N hosts x 4 devices, each host its own rack, tasks at a
+fixed rate each for one random rack; pickup, CPU per task, RSS per connected host, idle CPU.
+
+Per run: fresh control-plane process(es) on the stack's PostgreSQL (so that RSS with 0
+hosts is the process's own baseline), their RSS read once they serve, then the load client
+(fleet_load.py, its own process: the hosts are fleet_host.FleetHost) connects, idles,
+submits, verifies; then the replicas are stopped. One run per --fleet-hosts N on one
+replica, and one with --fleet-replica-hosts hosts split across two replicas (tasks
+submitted through the first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench_lib import stack
+
+HERE = Path(__file__).resolve().parent
+BASELINE_SETTLE = 1.0  # after the replicas serve, before their RSS baseline
+
+# Issue 10's targets.
+PICKUP_P50_MS, PICKUP_P99_MS = 5.0, 20.0
+CPU_GROWTH = 1.5  # control-plane CPU per task at 1,000 hosts vs 10
+TARGET_HOSTS = 1000
+IDLE_HOSTS = 5000
+RSS_PER_HOST_KB = 100.0
+IDLE_CORES = 0.05
+
+
+@dataclass(frozen=True)
+class Options:
+    hosts: tuple[int, ...] = (10, 1000, 5000)
+    rate: float = 20.0
+    seconds: float = 15.0
+    idle_seconds: float = 10.0
+    replica_hosts: int = 1000  # 0: no two-replica run
+    lease_ttl: float = 15.0
+    devices: int = 4
+    drain_timeout: float = 60.0
+    hosts_per_channel: int = 1
+
+
+async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict[str, Any]:
+    runs = []
+    plan = [(n, 1) for n in opt.hosts] + ([(opt.replica_hosts, 2)] if opt.replica_hosts else [])
+    for hosts, replicas in plan:
+        say(f"fleet: {hosts} hosts x {opt.devices} devices on {replicas} replica(s)")
+        result = await run_one(st, opt, hosts, replicas, say)
+        runs.append(result)
+        sub = result["submit"]
+        say(
+            f"  pickup p50 {sub['pickup_ms'].get('p50', float('nan')):.1f} /"
+            f" p99 {sub['pickup_ms'].get('p99', float('nan')):.1f} ms;"
+            f" {sub['done']}/{sub['tasks']} done, verified={result['verified']}"
+        )
+    return {
+        "settings": {
+            "rate_per_s": opt.rate,
+            "seconds": opt.seconds,
+            "idle_seconds": opt.idle_seconds,
+            "devices_per_host": opt.devices,
+            "lease_ttl_s": opt.lease_ttl,
+            "hosts_per_channel": opt.hosts_per_channel,
+        },
+        "runs": runs,
+        "targets": judge(runs),
+        "verified": all(r["verified"] for r in runs),
+    }
+
+
+async def run_one(
+    st: stack.Stack, opt: Options, hosts: int, replicas: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    name = f"fleet-{hosts}x{replicas}"
+    started: list[stack.Replica] = []
+    try:
+        for k in range(replicas):
+            started.append(await st.start_replica(f"{name}-cp{k}", opt.lease_ttl))
+        await asyncio.sleep(BASELINE_SETTLE)
+        baseline = sum(stack.rss_bytes(r.child.pid) for r in started)
+        pm = st.postmaster_pid()
+        assert pm is not None
+        argv = [
+            sys.executable, str(HERE / "fleet_load.py"),
+            "--addresses", ",".join(r.address for r in started),
+            "--metrics-urls", ",".join(r.metrics_url for r in started),
+            "--cp-pids", ",".join(str(r.child.pid) for r in started),
+            "--pg-pid", str(pm), "--dsn", st.dsn, "--hosts", str(hosts),
+            "--devices", str(opt.devices), "--rate", str(opt.rate),
+            "--seconds", str(opt.seconds), "--idle-seconds", str(opt.idle_seconds),
+            "--drain-timeout", str(opt.drain_timeout),
+            "--hosts-per-channel", str(opt.hosts_per_channel),
+            "--prefix", f"{name}-{int(time.time())}",
+        ]  # fmt: skip
+        # Connecting, idle, submitting, draining, closing, each bounded in the client.
+        limit = 180 + hosts / 20 + opt.idle_seconds + opt.seconds + opt.drain_timeout
+        result = await _load(argv, st.root / f"{name}-load.log", limit, started, say)
+    finally:
+        for r in started:
+            r.child.stop()
+    connected = result["idle"]["control_plane_rss_bytes"]
+    result["control_plane_rss_baseline_bytes"] = baseline
+    result["control_plane_rss_per_host_bytes"] = (connected - baseline) / hosts
+    return result
+
+
+async def _load(
+    argv: list[str],
+    log: Path,
+    limit: float,
+    replicas: list[stack.Replica],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    errors = asyncio.ensure_future(proc.stderr.read())
+    lines: list[str] = []
+    deadline = time.monotonic() + limit
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"the fleet load client ran over {limit:.0f}s")
+            try:
+                raw = await asyncio.wait_for(proc.stdout.readline(), min(remaining, 5.0))
+            except TimeoutError:
+                for r in replicas:
+                    r.child.check_alive()
+                continue
+            if not raw:
+                break
+            line = raw.decode(errors="replace").rstrip()
+            lines.append(line)
+            if not line.startswith("{"):
+                say(f"  {line}")
+        await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        err = await errors
+        stack.save(log, err)
+    if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        tail = err.decode(errors="replace")[-3000:]
+        raise RuntimeError(f"fleet load client failed ({proc.returncode}):\n{tail}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+# -- targets -------------------------------------------------------------------------------
+
+
+def find(runs: list[dict[str, Any]], hosts: int, replicas: int) -> dict[str, Any] | None:
+    for r in runs:
+        if r["hosts"] == hosts and r["replicas"] == replicas:
+            return r
+    return None
+
+
+def pickup_met(run: dict[str, Any]) -> bool | None:
+    p = run["submit"]["pickup_ms"]
+    if not p.get("n"):
+        return None
+    complete = run["submit"]["done"] == run["submit"]["tasks"]
+    return bool(complete and p["p50"] <= PICKUP_P50_MS and p["p99"] <= PICKUP_P99_MS)
+
+
+def cpu_met(run: dict[str, Any], base: dict[str, Any] | None) -> bool | None:
+    if base is None:
+        return None
+    limit = CPU_GROWTH * base["submit"]["control_plane_cpu_ms_per_task"]
+    return bool(run["submit"]["control_plane_cpu_ms_per_task"] <= limit)
+
+
+def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each target: met (True/False) or None when the run it needs was not made."""
+    base = find(runs, 10, 1)
+    one = find(runs, TARGET_HOSTS, 1)
+    two = find(runs, TARGET_HOSTS, 2)
+    idle = find(runs, IDLE_HOSTS, 1)
+    return {
+        "pickup_1000": pickup_met(one) if one else None,
+        "cpu_per_task_1000": cpu_met(one, base) if one else None,
+        "pickup_1000_two_replicas": pickup_met(two) if two else None,
+        "cpu_per_task_1000_two_replicas": cpu_met(two, base) if two else None,
+        "rss_per_host_5000": (
+            idle["control_plane_rss_per_host_bytes"] / 1024 <= RSS_PER_HOST_KB if idle else None
+        ),
+        "idle_cpu_5000": idle["idle"]["control_plane_cores"] <= IDLE_CORES if idle else None,
+    }

@@ -1,0 +1,272 @@
+"""One fake host of the fleet workload: what host_agent.agent.Agent and LeaseKeeper do on the
+wire, without running anything on a phone.
+
+    RegisterHost(host_id, {pool, rack}, 4 devices)
+    one RenewLeases stream, for good: every renew interval a request naming every held lease
+        (none: an empty request, as the agent sends), and at once one naming the leases not
+        acknowledged yet when an assignment arrives
+    one Acquire(idle serials, wait 10 s) parked at a time, again as soon as it returns
+    per assignment: acknowledge (its first renewal, answered RENEWED) -> report DONE
+        (ReportResult with one ok step) -> the device is idle again
+
+All of it is in this class, so that a change of the lease protocol (e.g. a batched report
+RPC) changes one place: `_report` is where results leave the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
+from host_agent.results import Outcome, RunResult, StepResult, StepStatus
+from host_agent.spec import report_request
+
+# host_agent's defaults: AgentSettings.acquire_wait, agent.CALL_TIMEOUT.
+ACQUIRE_WAIT = 10.0
+CALL_TIMEOUT = 10.0
+# How long an assignment may wait for its acknowledgement's answer before the host gives up
+# on it (the agent fences by the lease deadline; here it is an error to count).
+ACK_TIMEOUT = 30.0
+# After a failed Acquire or a broken stream (not expected in a run): wait, then again.
+RETRY_AFTER = 0.5
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
+
+
+@dataclass
+class Counters:
+    """What went wrong, over all hosts (a clean run has only zeros)."""
+
+    acquire_errors: int = 0
+    stream_errors: int = 0
+    report_errors: int = 0
+    conflicts: int = 0
+    ack_timeouts: int = 0
+    # "<phase> <what> <code>" -> count; the phase is the load client's (connect, idle, ...).
+    by_kind: dict[str, int] = field(default_factory=dict)
+    last_error: str = ""
+    phase: str = "connect"
+    # How long the failed calls had run (Acquire).
+    failed_after_s: list[float] = field(default_factory=list)
+
+    def error(self, what: str, exc: BaseException, after: float | None = None) -> None:
+        setattr(self, what, getattr(self, what) + 1)
+        if after is not None:
+            self.failed_after_s.append(round(after, 3))
+        code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
+        kind = f"{self.phase} {what} {code}"
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+        details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+        self.last_error = f"{kind}: {details}"[:500]
+
+    def total(self) -> int:
+        return sum(
+            (self.acquire_errors, self.stream_errors, self.report_errors, self.conflicts,
+             self.ack_timeouts)
+        )  # fmt: skip
+
+
+# on_assigned(task_id, monotonic time the Acquire answer arrived); on_done(task_id, time).
+Observer = Callable[[str, float], None]
+
+
+@dataclass(eq=False)
+class _Lease:
+    assignment: lease_pb2.Assignment
+    answered: asyncio.Future[int] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class FleetHost:
+    def __init__(
+        self,
+        host_id: str,
+        labels: dict[str, str],
+        channel: grpc.aio.Channel,
+        *,
+        devices: int,
+        counters: Counters,
+        on_assigned: Observer,
+        on_done: Observer,
+    ) -> None:
+        self.host_id = host_id
+        self.labels = labels
+        self.serials = [f"d{i}" for i in range(devices)]
+        self._stub = lease_pb2_grpc.LeaseStub(channel)
+        self._counters = counters
+        self._on_assigned = on_assigned
+        self._on_done = on_done
+        self._interval = 5.0  # replaced by RegisterHost's answer
+        self._busy: set[str] = set()
+        self._held: dict[str, _Lease] = {}
+        self._seq = itertools.count(1)
+        self._wake = asyncio.Event()  # a new lease to acknowledge
+        self._idle_again = asyncio.Event()  # a device became idle
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def register(self) -> None:
+        devices = [
+            lease_pb2.DeviceInfo(
+                serial=s,
+                state=scheduler_pb2.DEVICE_STATE_DEVICE,
+                model="Simulated",
+                manufacturer="AMC",
+                sdk=34,
+                abi="x86_64",
+            )
+            for s in self.serials
+        ]
+        request = lease_pb2.RegisterHostRequest(
+            host_id=self.host_id, labels=self.labels, devices=devices
+        )
+        answer = await self._stub.RegisterHost(request, timeout=60)
+        self._interval = answer.renew_interval.ToTimedelta().total_seconds() or self._interval
+
+    def start(self) -> None:
+        """The renewal stream and the Acquire loop, until stop()."""
+        self._spawn(self._stream_loop())
+        self._spawn(self._acquire_loop())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- taking work -----------------------------------------------------------------------
+
+    async def _acquire_loop(self) -> None:
+        wait = _duration(ACQUIRE_WAIT)
+        while not self._stopping:
+            self._idle_again.clear()
+            idle = [s for s in self.serials if s not in self._busy]
+            if not idle:
+                await self._idle_again.wait()
+                continue
+            request = lease_pb2.AcquireRequest(host_id=self.host_id, idle_serials=idle, wait=wait)
+            called = time.monotonic()
+            try:
+                answer = await self._stub.Acquire(request, timeout=ACQUIRE_WAIT + CALL_TIMEOUT)
+            except grpc.aio.AioRpcError as exc:
+                if self._stopping:
+                    return
+                self._counters.error("acquire_errors", exc, time.monotonic() - called)
+                await asyncio.sleep(RETRY_AFTER)
+                continue
+            received = time.monotonic()
+            for a in answer.assignments:
+                self._on_assigned(a.task_id, received)
+                self._busy.add(a.device_serial)
+                self._spawn(self._work(a))
+
+    async def _work(self, a: lease_pb2.Assignment) -> None:
+        lease = _Lease(a)
+        self._held[a.lease_id] = lease
+        self._wake.set()
+        try:
+            try:
+                result = await asyncio.wait_for(asyncio.shield(lease.answered), ACK_TIMEOUT)
+            except TimeoutError:
+                self._counters.ack_timeouts += 1
+                return
+            if result != lease_pb2.RENEWAL_RESULT_RENEWED:
+                self._counters.conflicts += 1
+                return
+            if await self._report(a):
+                self._on_done(a.task_id, time.monotonic())
+        finally:
+            self._held.pop(a.lease_id, None)
+            self._busy.discard(a.device_serial)
+            self._idle_again.set()
+
+    async def _report(self, a: lease_pb2.Assignment) -> bool:
+        """THE place results leave the host: one ReportResult per attempt, as the agent does
+        today. If the lease protocol gains a batched report RPC (ReportResults), switch here
+        (collect the requests of one loop turn and send them in one call)."""
+        now = datetime.now(UTC)
+        step = StepResult(0, "key", StepStatus.OK, now, timedelta(0))
+        request = report_request(
+            RunResult(Outcome.DONE, "", (step,)),
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+        )
+        try:
+            await self._stub.ReportResult(request, timeout=CALL_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            self._counters.error("report_errors", exc)
+            return False
+        return True
+
+    # -- the renewal stream ----------------------------------------------------------------
+
+    async def _stream_loop(self) -> None:
+        while not self._stopping:
+            call = self._stub.RenewLeases()
+            reader = asyncio.ensure_future(self._read(call))
+            sender = asyncio.ensure_future(self._send(call))
+            try:
+                done, _ = await asyncio.wait((reader, sender), return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception() or RuntimeError("the control plane ended the stream")
+                    if not self._stopping:
+                        self._counters.error("stream_errors", exc)
+            finally:
+                for task in (reader, sender):
+                    task.cancel()
+                await asyncio.gather(reader, sender, return_exceptions=True)
+                call.cancel()
+            if not self._stopping:
+                await asyncio.sleep(RETRY_AFTER)
+
+    async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+        # As LeaseKeeper: a wake-up sends the leases still waiting for their first answer;
+        # every interval, all of them (none held: an empty request all the same).
+        next_full = 0.0
+        while True:
+            self._wake.clear()
+            full = time.monotonic() >= next_full
+            ids = [i for i, lease in self._held.items() if full or not lease.answered.done()]
+            if full or ids:
+                await call.write(
+                    lease_pb2.RenewLeasesRequest(
+                        host_id=self.host_id, lease_ids=ids, seq=next(self._seq)
+                    )
+                )
+            if full:
+                next_full = time.monotonic() + self._interval
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_full - time.monotonic())):
+                    await self._wake.wait()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        while (response := await call.read()) is not grpc.aio.EOF:
+            assert isinstance(response, lease_pb2.RenewLeasesResponse)
+            if response.push:
+                continue  # cancellations: none in this workload
+            for state in response.leases:
+                lease = self._held.get(state.lease_id)
+                if lease is not None and not lease.answered.done():
+                    lease.answered.set_result(state.result)

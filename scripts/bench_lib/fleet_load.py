@@ -1,0 +1,399 @@
+"""The fleet load client, a process of its own: N fake hosts x 4 devices (fleet_host.py), each
+with a rack label of its own, on one or more control-plane replicas, and a submitter.
+
+    fleet_load.py --addresses A[,B] --metrics-urls U[,V] --cp-pids P[,Q] --pg-pid PM \
+        --dsn URL --hosts 1000 [--rate 20] [--seconds 15] [--idle-seconds 10] [--prefix f1000]
+
+1. connect: one grpc.aio channel per host (its own TCP connection: a local subchannel pool),
+   host i on replica i mod R; RegisterHost, then its renewal stream and parked Acquire;
+   until every replica's metrics count all its hosts' streams and parked Acquires.
+2. idle: nothing queued for --idle-seconds: CPU of the replicas, of PostgreSQL (the
+   postmaster's tree) and of this process, and the replicas' RSS.
+3. submit: --rate SubmitTask calls per second for --seconds through the first replica,
+   open loop (each at its scheduled time, whatever the earlier ones are doing), each task
+   for the rack of a random host; then until every task is reported done, or
+   --drain-timeout after the last submit. CPU deltas over first submit -> last done.
+   Pickup = just before SubmitTask -> the Acquire answer naming the task arrives at its host
+   (time.monotonic() in this one process).
+4. verify in PostgreSQL: every task done, exactly one attempt, done once.
+
+Progress lines go to stdout, then the result as one JSON line (the last line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import gc
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import grpc
+import psutil
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_common.channel import aio_channel
+from bench_lib import promtext, stack
+from bench_lib.client import bounded, key_actions
+from bench_lib.fleet_host import Counters, FleetHost
+from bench_lib.pgstats import Db
+from bench_lib.stats import summarize
+
+# A channel of its own per host means a TCP connection of its own only with a local
+# subchannel pool: by default gRPC shares one connection among channels with equal options.
+HOST_CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+CONNECT_CONCURRENCY = 32
+SETTLE = 2.0  # after every host is parked, before the idle window
+LAG_TICK = 0.01  # the event-loop lag probe's period
+
+
+def progress(message: str) -> None:
+    print(message, flush=True)
+
+
+class Usage:
+    """CPU seconds of the replicas, PostgreSQL and this process, read at one moment."""
+
+    def __init__(self, cp_pids: list[int], pg_pid: int) -> None:
+        self.at = time.monotonic()
+        self.cp = sum(stack.cpu_seconds(p) for p in cp_pids)
+        self.pg = stack.tree_cpu_seconds(pg_pid)
+        self.me = stack.cpu_seconds(os.getpid())
+        self.machine = stack.machine_busy_seconds()
+
+    def cores_since(self, before: Usage) -> dict[str, float]:
+        wall = self.at - before.at
+        return {
+            "wall_s": wall,
+            "control_plane_cores": (self.cp - before.cp) / wall,
+            "postgres_cores": (self.pg - before.pg) / wall,
+            "load_client_cores": (self.me - before.me) / wall,
+            "machine_busy_cores": (self.machine - before.machine) / wall,
+        }
+
+
+class LagProbe:
+    """How late a LAG_TICK sleep wakes up: this process's event loop is the clock of every
+    pickup, so its lag is an error bar on them."""
+
+    def __init__(self) -> None:
+        self.lags_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> LagProbe:
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(LAG_TICK)
+            self.lags_ms.append((time.monotonic() - t - LAG_TICK) * 1e3)
+
+
+def connections(pid: int, address: str) -> int:
+    """Established TCP connections to the replica's gRPC port."""
+    port = int(address.rsplit(":", 1)[1])
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return -1
+    return sum(1 for c in conns if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+
+
+async def parked(urls: list[str], expected: list[int]) -> tuple[list[int], list[int]]:
+    waiting, streams = [], []
+    for url in urls:
+        samples = await promtext.scrape(url)
+        waiting.append(int(promtext.value(samples, "amc_acquires_waiting")))
+        streams.append(int(promtext.value(samples, "amc_renewal_streams")))
+    return waiting, streams
+
+
+class Fleet:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.addresses: list[str] = args.addresses.split(",")
+        self.urls: list[str] = args.metrics_urls.split(",")
+        self.cp_pids = [int(p) for p in args.cp_pids.split(",")]
+        self.counters = Counters()
+        self.assigned: dict[str, float] = {}
+        self.done: dict[str, float] = {}
+        self.all_done = asyncio.Event()
+        self.expected = 0  # tasks submitted so far; all_done when that many are done
+        self.submitting = True
+        self.hosts: list[FleetHost] = []
+        self.channels: list[grpc.aio.Channel] = []
+        self._by_key: dict[tuple[int, int], grpc.aio.Channel] = {}
+
+    def on_assigned(self, task_id: str, at: float) -> None:
+        self.assigned.setdefault(task_id, at)
+
+    def on_done(self, task_id: str, at: float) -> None:
+        self.done.setdefault(task_id, at)
+        if not self.submitting and len(self.done) >= self.expected:
+            self.all_done.set()
+
+    def usage(self) -> Usage:
+        return Usage(self.cp_pids, self.args.pg_pid)
+
+    def rss(self) -> int:
+        return sum(stack.rss_bytes(p) for p in self.cp_pids)
+
+    # -- 1. connect ------------------------------------------------------------------------
+
+    async def connect(self) -> dict[str, Any]:
+        a = self.args
+        per_channel = max(1, a.hosts_per_channel)
+        for i in range(a.hosts):
+            replica = i % len(self.addresses)
+            host_id = f"{a.prefix}-h{i:05d}"
+            labels = {"pool": "fleet", "rack": f"{a.prefix}-rack{i:05d}"}
+            channel = self._channel_for(i, replica, per_channel)
+            self.hosts.append(
+                FleetHost(
+                    host_id,
+                    labels,
+                    channel,
+                    devices=a.devices,
+                    counters=self.counters,
+                    on_assigned=self.on_assigned,
+                    on_done=self.on_done,
+                )
+            )
+        started = time.monotonic()
+
+        async def bring_up(host: FleetHost) -> None:
+            await host.register()
+            host.start()
+
+        await bounded([functools.partial(bring_up, h) for h in self.hosts], CONNECT_CONCURRENCY)
+        registered = time.monotonic() - started
+        progress(f"{a.hosts} hosts registered in {registered:.1f}s; waiting for them to park")
+        expected = [len(range(r, a.hosts, len(self.addresses))) for r in range(len(self.urls))]
+        deadline = time.monotonic() + 60 + a.hosts / 50
+        while True:
+            waiting, streams = await parked(self.urls, expected)
+            if all(w >= e and s >= e for w, s, e in zip(waiting, streams, expected, strict=True)):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"not all hosts parked: acquires {waiting}, streams {streams} of {expected}"
+                )
+            await asyncio.sleep(0.2)
+        return {
+            "register_s": registered,
+            "connect_s": time.monotonic() - started,
+            "channels": len(self.channels),
+            "tcp_connections": [
+                connections(pid, address)
+                for pid, address in zip(self.cp_pids, self.addresses, strict=True)
+            ],
+        }
+
+    def _channel_for(self, i: int, replica: int, per_channel: int) -> grpc.aio.Channel:
+        """One channel per host (per_channel 1), or hosts grouped per_channel to a channel."""
+        key = (replica, i // len(self.addresses) // per_channel)
+        channel = self._by_key.get(key)
+        if channel is None:
+            channel = aio_channel(self.addresses[replica], options=HOST_CHANNEL_OPTIONS)
+            self._by_key[key] = channel
+            self.channels.append(channel)
+        return channel
+
+    # -- 2. idle ---------------------------------------------------------------------------
+
+    async def idle(self) -> dict[str, Any]:
+        self.counters.phase = "idle"
+        await asyncio.sleep(SETTLE)
+        before = self.usage()
+        with LagProbe() as lag:
+            await asyncio.sleep(self.args.idle_seconds)
+        after = self.usage()
+        waiting, streams = await parked(self.urls, [])
+        return {
+            **after.cores_since(before),
+            "control_plane_rss_bytes": self.rss(),
+            "acquires_waiting": waiting,
+            "streams": streams,
+            "loop_lag_ms": summarize(lag.lags_ms),
+        }
+
+    # -- 3. submit -------------------------------------------------------------------------
+
+    async def submit(self) -> dict[str, Any]:
+        a = self.args
+        rng = random.Random(a.seed)
+        count = round(a.rate * a.seconds)
+        spec = key_actions(1)
+        channel = aio_channel(self.addresses[a.submit_to])
+        scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
+        submitted: dict[str, float] = {}
+        call_ms: list[float] = []
+        failed: list[str] = []
+        rss: list[int] = []
+        self.counters.phase = "submit"
+
+        async def one(rack: str) -> None:
+            request = scheduler_pb2.SubmitTaskRequest(
+                spec=spec, selector=task_pb2.DeviceSelector(labels={"rack": rack}), max_attempts=1
+            )
+            sent = time.monotonic()
+            try:
+                task = await scheduler.SubmitTask(request, timeout=60)
+            except grpc.aio.AioRpcError as exc:
+                failed.append(f"{exc.code().name}: {exc.details()}")
+                return
+            call_ms.append((time.monotonic() - sent) * 1e3)
+            submitted[task.task_id] = sent
+
+        async def sample_rss() -> None:
+            while True:
+                rss.append(self.rss())
+                await asyncio.sleep(0.5)
+
+        try:
+            # The submitter's connection up before the clock starts.
+            await asyncio.wait_for(channel.channel_ready(), 10)
+            calls: list[asyncio.Task[None]] = []
+            sampler = asyncio.ensure_future(sample_rss())
+            before = self.usage()
+            start = before.at
+            with LagProbe() as lag:
+                for i in range(count):
+                    await asyncio.sleep(max(0.0, start + i / a.rate - time.monotonic()))
+                    rack = self.hosts[rng.randrange(len(self.hosts))].labels["rack"]
+                    calls.append(asyncio.ensure_future(one(rack)))
+                await asyncio.gather(*calls)
+                last_submit = time.monotonic()
+                self.expected = len(submitted)
+                self.submitting = False
+                if len(self.done) >= self.expected:
+                    self.all_done.set()
+                progress(f"{len(submitted)} tasks submitted; waiting for them to be done")
+                try:
+                    await asyncio.wait_for(self.all_done.wait(), a.drain_timeout)
+                except TimeoutError:
+                    pass
+                after = self.usage()
+            sampler.cancel()
+        finally:
+            await channel.close()
+        done_in = [t for t in submitted if t in self.done]
+        pickups = [(self.assigned[t] - s) * 1e3 for t, s in submitted.items() if t in self.assigned]
+        usage = after.cores_since(before)
+        wall = usage["wall_s"]
+        n = max(1, len(done_in))
+        return {
+            "tasks": count,
+            "submitted": len(submitted),
+            "submit_failures": len(failed),
+            "submit_failure_example": failed[0] if failed else "",
+            "assigned": sum(1 for t in submitted if t in self.assigned),
+            "done": len(done_in),
+            "window_s": wall,
+            "submit_phase_s": last_submit - start,
+            "drained": self.all_done.is_set(),
+            "pickup_ms": summarize(pickups),
+            "submit_to_done_ms": summarize(
+                [(self.done[t] - s) * 1e3 for t, s in submitted.items() if t in self.done]
+            ),
+            "submit_call_ms": summarize(call_ms),
+            "usage": usage,
+            "control_plane_cpu_ms_per_task": (after.cp - before.cp) * 1e3 / n,
+            "postgres_cpu_ms_per_task": (after.pg - before.pg) * 1e3 / n,
+            "load_client_cpu_ms_per_task": (after.me - before.me) * 1e3 / n,
+            "control_plane_rss_bytes_max": max(rss) if rss else self.rss(),
+            "loop_lag_ms": summarize(lag.lags_ms),
+            "task_ids": list(submitted),
+        }
+
+    # -- 4. verify, and the end ------------------------------------------------------------
+
+    async def verify(self, task_ids: list[str]) -> dict[str, Any]:
+        db = await Db.connect(self.args.dsn)
+        try:
+            check = await db.lifecycle_check([uuid.UUID(t) for t in task_ids])
+        finally:
+            await db.close()
+        counts = {k: int(v) for k, v in check.items() if isinstance(v, int)}
+        n = len(task_ids)
+        wanted = ("tasks", "done", "attempts", "attempts_done", "done_events")
+        ok = n > 0 and all(counts.get(k) == n for k in wanted)
+        return {"verified": ok, "check": counts}
+
+    async def close(self) -> None:
+        self.counters.phase = "close"
+        await asyncio.wait_for(
+            asyncio.gather(*(h.stop() for h in self.hosts), return_exceptions=True), 60
+        )
+        await asyncio.wait_for(
+            asyncio.gather(*(c.close() for c in self.channels), return_exceptions=True), 60
+        )
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    fleet = Fleet(args)
+    out: dict[str, Any] = {
+        "hosts": args.hosts,
+        "devices_per_host": args.devices,
+        "replicas": len(fleet.addresses),
+        "hosts_per_channel": args.hosts_per_channel,
+    }
+    try:
+        out["connect"] = await fleet.connect()
+        # Thousands of hosts' objects live to the end: keep the collector from walking them
+        # (its pauses would show up as pickup time).
+        gc.collect()
+        gc.freeze()
+        progress(f"connected in {out['connect']['connect_s']:.1f}s; idle {args.idle_seconds:g}s")
+        out["idle"] = await fleet.idle()
+        progress(f"idle: control plane {out['idle']['control_plane_cores']:.3f} cores")
+        out["submit"] = await fleet.submit()
+        task_ids = out["submit"].pop("task_ids")
+        out.update(await fleet.verify(task_ids))
+        errors = dict(vars(fleet.counters))
+        errors["failed_after_s"] = summarize(errors["failed_after_s"])
+        out["errors"] = {**errors, "total": fleet.counters.total()}
+    finally:
+        progress("closing the hosts")
+        await fleet.close()
+    return out
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--addresses", required=True, help="replicas' gRPC addresses, comma-separated")
+    p.add_argument("--metrics-urls", required=True, help="their /metrics URLs, same order")
+    p.add_argument("--cp-pids", required=True, help="their process ids, same order")
+    p.add_argument("--pg-pid", type=int, required=True, help="the postmaster's process id")
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--hosts", type=int, default=10)
+    p.add_argument("--devices", type=int, default=4)
+    p.add_argument("--rate", type=float, default=20.0)
+    p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--idle-seconds", type=float, default=10.0)
+    p.add_argument("--drain-timeout", type=float, default=60.0)
+    p.add_argument("--hosts-per-channel", type=int, default=1)
+    p.add_argument("--submit-to", type=int, default=0, help="index of the submitting replica")
+    p.add_argument("--prefix", default=f"fleet-{uuid.uuid4().hex[:6]}")
+    p.add_argument("--seed", type=int, default=1)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    result = asyncio.run(main(parse(sys.argv[1:])))
+    print(json.dumps(result), flush=True)
