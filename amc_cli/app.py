@@ -88,7 +88,7 @@ class Session:
         if self._client is None:
             token = read_token(self.token, self.token_file)
             target = Target(self.addr, token, self.ca, self.tls, self.timeout)
-            self._client = Client(target)
+            self._client = Client(target, on_retry=render.note)
         return self._client
 
     def close(self) -> None:
@@ -262,6 +262,9 @@ def cancel(
     A queued task is cancelled at once; a running one stops at its host's next renewal
     (or sooner, by push). Cancelling a cancelled task changes nothing; cancelling a done
     or failed task is a conflict (exit 4). With --wait, exits by outcome like watch.
+
+    A cancel is idempotent: while the control plane is unavailable it is tried again, with
+    backoff, for up to --timeout seconds.
     """
     client = _client(ctx)
     task = client.cancel(task_id, reason)

@@ -3,22 +3,47 @@
 A command-line call makes a handful of requests and exits, so the blocking gRPC API is
 the simple fit. The bearer token rides on each call as metadata, which works the same over
 plaintext and TLS. Every failure leaves here as an `RpcFailed` naming what was being done.
+
+Calls that are idempotent (CancelTask: cancelling twice is cancelling once) are tried again
+while the control plane is UNAVAILABLE (down, restarting, unreachable), with exponential
+backoff and jitter, for at most the target's `timeout` in all.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_before_delay,
+    wait_exponential_jitter,
+)
 
 from amc.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_cli.errors import BadInput, rpc_failed
 from amc_common.channel import CHANNEL_OPTIONS
 
 R = TypeVar("R")
+
+# Retries of an idempotent call: 0.25 s, 0.5 s, 1 s, … up to 5 s apart, each plus up to
+# 0.25 s of jitter, while the next attempt would still start within the timeout.
+RETRY_FIRST_BACKOFF = 0.25
+RETRY_MAX_BACKOFF = 5.0
+RETRY_JITTER = 0.25
+# gRPC's own reconnect backoff grows to 120 s; a retried call must find the server back
+# within seconds of its return, so the channel tries to connect again at least this often.
+RECONNECT_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
 
 
 @dataclass(frozen=True)
@@ -44,8 +69,9 @@ def read_token(token: str | None, token_file: Path | None) -> str | None:
 
 
 def open_channel(target: Target) -> grpc.Channel:
+    options = [*CHANNEL_OPTIONS, *RECONNECT_OPTIONS]
     if not (target.ca_file or target.tls):
-        return grpc.insecure_channel(target.address, options=CHANNEL_OPTIONS)
+        return grpc.insecure_channel(target.address, options=options)
     root = None
     if target.ca_file:
         try:
@@ -53,12 +79,18 @@ def open_channel(target: Target) -> grpc.Channel:
         except OSError as exc:
             raise BadInput(f"cannot read CA file {target.ca_file}: {exc.strerror or exc}") from None
     creds = grpc.ssl_channel_credentials(root)
-    return grpc.secure_channel(target.address, creds, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(target.address, creds, options=options)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
 
 
 class Client:
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, on_retry: Callable[[str], None] | None = None) -> None:
         self.target = target
+        # Told about each retry of an idempotent call (a note for the person at the terminal).
+        self.on_retry = on_retry
         self._channel = open_channel(target)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
@@ -73,6 +105,40 @@ class Client:
         except grpc.RpcError as exc:
             raise self.failed(exc, doing) from None
 
+    def _call_idempotent(self, doing: str, method: Callable[..., R], request: Any) -> R:
+        """`_call`, tried again while the control plane is UNAVAILABLE: backoff with jitter,
+        every attempt starting within `timeout` of the first and ending by then too."""
+        budget = self.target.timeout
+        deadline = time.monotonic() + budget
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            details = exc.details() if isinstance(exc, grpc.Call) else ""
+            wait = state.next_action.sleep if state.next_action else 0.0
+            if self.on_retry is not None:
+                self.on_retry(
+                    f"{doing}: control plane unavailable ({' '.join((details or '').split())}); "
+                    f"trying again in {wait:.2g}s"
+                )
+
+        retrying = Retrying(
+            retry=retry_if_exception(_unavailable),
+            wait=wait_exponential_jitter(
+                initial=RETRY_FIRST_BACKOFF, max=RETRY_MAX_BACKOFF, jitter=RETRY_JITTER
+            ),
+            stop=stop_before_delay(budget),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    left = max(deadline - time.monotonic(), 0.05)
+                    return method(request, metadata=self._metadata, timeout=left)
+        except grpc.RpcError as exc:
+            raise self.failed(exc, doing) from None
+        raise AssertionError("unreachable: Retrying retries until it returns or raises")
+
     def failed(self, exc: grpc.RpcError, doing: str) -> Exception:
         return rpc_failed(exc, doing, self.target.address, bool(self.target.token))
 
@@ -86,8 +152,9 @@ class Client:
         return self._call("get task", self._scheduler.GetTask, request)
 
     def cancel(self, task_id: str, reason: str) -> task_pb2.Task:
+        """Idempotent, so retried while the control plane is unavailable."""
         request = scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
-        return self._call("cancel task", self._scheduler.CancelTask, request)
+        return self._call_idempotent("cancel task", self._scheduler.CancelTask, request)
 
     def list_tasks(
         self, statuses: list[task_pb2.TaskStatus], host_id: str, limit: int, page_size: int = 500

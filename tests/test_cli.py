@@ -23,7 +23,8 @@ from control_plane.admin_service import create_token
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.server import ControlPlane, Tls
-from tests.support import Farm, HostClient, seconds
+from tests.fakes.tcp_proxy import TcpProxy
+from tests.support import Farm, HostClient, eventually, seconds
 from tests.test_tls import self_signed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -309,6 +310,39 @@ async def test_cancel_a_done_task_is_a_conflict(amc: Cli, farm: Farm) -> None:
     assert run.code == 4
     assert "FAILED_PRECONDITION" in run.assert_one_error_line()
     assert await farm.status(task["task_id"]) == "done"
+
+
+async def test_cancel_retries_while_the_control_plane_is_unavailable(amc: Cli, farm: Farm) -> None:
+    """A cancel is idempotent: while the control plane cannot be reached (UNAVAILABLE)
+    `amc cancel` tries again with backoff, and succeeds once it is back."""
+    task = await amc.submit("-", stdin=TAP)
+    async with TcpProxy("127.0.0.1", farm.plane.port if farm.plane else 0) as proxy:
+        proxy.cut()  # every connection refused (closed on accept)
+        cancel = await amc.start("cancel", task["task_id"], "-o", "json", address=proxy.address)
+        await eventually(
+            lambda: proxy.refused >= 2 or cancel.returncode is not None,
+            timeout=20,
+            what="two refused attempts",
+        )
+        assert cancel.returncode is None, "amc cancel gave up while the server was away"
+        proxy.heal()
+        async with asyncio.timeout(TIMEOUT):
+            out, err = await cancel.communicate()
+    assert cancel.returncode == 0, err.decode()
+    assert json.loads(out)["status"] == "TASK_STATUS_CANCELLED"
+    assert "trying again" in err.decode() and "Traceback" not in err.decode()
+    assert await farm.status(task["task_id"]) == "cancelled"
+
+
+async def test_cancel_gives_up_after_the_timeout_when_the_server_stays_away(amc: Cli) -> None:
+    """The retries are bounded by --timeout: then exit 5 and one error line."""
+    address = f"127.0.0.1:{free_port()}"
+    run = await amc("--timeout", "2", "cancel", str(uuid.uuid4()), address=address)
+    assert run.code == 5, run.err
+    *notes, error = run.err.splitlines()
+    assert notes and all("trying again" in note for note in notes), run.err
+    assert error.startswith("amc: error: ") and "UNAVAILABLE" in error and address in error
+    assert "Traceback" not in run.err
 
 
 # -- watch -----------------------------------------------------------------------------------
