@@ -108,6 +108,13 @@ async def run_one(
     connected = result["idle"]["control_plane_rss_bytes"]
     result["control_plane_rss_baseline_bytes"] = baseline
     result["control_plane_rss_per_host_bytes"] = (connected - baseline) / hosts
+    # What the tasks cost on top of the fleet's idle traffic (which the window also holds).
+    sub, idle = result["submit"], result["idle"]
+    for proc in ("control_plane", "postgres"):
+        extra = sub["usage"][f"{proc}_cores"] - idle[f"{proc}_cores"]
+        sub[f"{proc}_cpu_ms_per_task_net_of_idle"] = (
+            extra * sub["window_s"] * 1e3 / max(1, sub["done"])
+        )
     return result
 
 
