@@ -36,6 +36,7 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Lease/Acquire": HOSTS,
     "/amc.v1.Lease/RenewLeases": HOSTS,
     "/amc.v1.Lease/ReportResult": HOSTS,
+    "/amc.v1.Lease/ReportResults": HOSTS,
     "/amc.v1.Lease/ReleaseLease": HOSTS,
     "/amc.v1.Admin/CreateToken": OPERATORS,
     "/amc.v1.Admin/RevokeToken": OPERATORS,

@@ -113,6 +113,18 @@ class Expiry:
     lease_id: LeaseId
     host_id: str
     to_status: TaskStatus
+    # The task's selector, to offer it again when it is requeued.
+    selector_serial: str | None = None
+    selector_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What one Acquire round found: its assignments, and the devices left idle after it
+    (serial, labels) that the replica indexes while the call waits."""
+
+    assignments: list[Assignment]
+    idle: list[tuple[str, dict[str, str]]]
 
 
 @dataclass(frozen=True)

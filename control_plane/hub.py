@@ -1,6 +1,7 @@
-"""One replica's side of LISTEN/NOTIFY: wakes waiting Acquires when work is queued, pushes
-recorded cancellations to the renewal streams this replica holds, and tells watchers that a
-task changed. NOTIFY reaches every replica, so whichever holds a host's stream delivers."""
+"""One replica's side of LISTEN/NOTIFY: offers queued work to the parked Acquires that can
+take it (control_plane.dispatch), pushes recorded cancellations to the renewal streams this
+replica holds, and tells watchers that a task changed. NOTIFY reaches every replica, so
+whichever holds a host's stream or parked Acquire acts on it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import structlog
 
+from control_plane import metrics
+from control_plane.dispatch import Dispatcher, Offer
 from control_plane.domain import CancelNotice, LeaseId, TaskId
 from control_plane.lifecycle import TaskStatus
 from control_plane.presence import Presence
@@ -25,12 +28,12 @@ PushCallback = Callable[[CancelNotice | None], None]
 
 class Hub:
     def __init__(self) -> None:
-        self._queued = asyncio.Event()
-        # Acquires parked until work is queued (or their wait ends).
-        self.waiting_acquires = 0
+        # Acquires parked on this replica, indexed by what their idle devices can take.
+        self.dispatcher = Dispatcher()
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False
+        self.closed = asyncio.Event()
         self._streams: dict[str, set[PushCallback]] = defaultdict(set)
         self._watchers: dict[uuid.UUID, set[asyncio.Event]] = defaultdict(set)
         # Notifications for the other replicas, sent after the commits that caused them.
@@ -42,16 +45,22 @@ class Hub:
     def publish(self, channel: str, payload: str = "") -> None:
         """A change this replica committed: act on it here at once, tell the others soon."""
         self.notify(channel, payload)
-        if channel == "amc_queued":
-            payload = self.replica  # so that this replica skips its own
+        self._send(channel, payload)
+
+    def _send(self, channel: str, payload: str) -> None:
         self._outbox[(channel, payload)] = None
         self._outbox_ready.set()
 
     def task_changed(self, task_id: uuid.UUID | str, status: TaskStatus) -> None:
-        """After committing a transition of the task to `status`."""
+        """After committing a transition of the task to `status` (for watchers)."""
         self.publish("amc_task", str(task_id))
-        if status is TaskStatus.QUEUED:
-            self.publish("amc_queued")
+
+    def queued(self, offers: list[Offer]) -> None:
+        """After committing tasks into the queue: offered here at once, and to the other
+        replicas' parked Acquires by one notification each (sent in one batch)."""
+        for offer in offers:
+            self._dispatch(offer)
+            self._send("amc_queued", offer.to_payload(self.replica))
 
     async def send_outbox(self, send: Callable[[list[tuple[str, str]]], Awaitable[None]]) -> None:
         while True:
@@ -67,8 +76,7 @@ class Hub:
 
     def notify(self, channel: str, payload: str) -> None:
         if channel == "amc_queued":
-            if payload != self.replica:
-                self.wake_acquirers()
+            self._offer(payload)
         elif channel == "amc_cancel":
             self._push_cancel(payload)
         elif channel == "amc_task":
@@ -76,27 +84,20 @@ class Hub:
 
     def wake_all(self) -> None:
         """After the listener reconnects: anything may have been missed, so look again."""
-        self.wake_acquirers()
+        self.dispatcher.wake_all()
         for events in self._watchers.values():
             for event in events:
                 event.set()
 
     def close(self) -> None:
         self.closing = True
+        self.closed.set()
         self.wake_all()
         for callbacks in list(self._streams.values()):
             for callback in list(callbacks):
                 callback(None)
 
-    def wake_acquirers(self) -> None:
-        self._queued.set()
-        self._queued = asyncio.Event()
-
     # -- what the services use -------------------------------------------------------------
-
-    def queued_signal(self) -> asyncio.Event:
-        """Take this before looking for work; it is set by the next queued notification."""
-        return self._queued
 
     @contextlib.contextmanager
     def host_stream(self, host_id: str, callback: PushCallback) -> Iterator[None]:
@@ -125,6 +126,20 @@ class Hub:
         return sum(len(s) for s in self._streams.values())
 
     # -- internals -------------------------------------------------------------------------
+
+    def _offer(self, payload: str) -> None:
+        try:
+            replica, offer = Offer.from_payload(payload)
+        except ValueError:
+            # Not an offer (a replica of an older release): anyone may take it.
+            self.dispatcher.wake_all()
+            return
+        if replica != self.replica:  # this replica offered its own already
+            self._dispatch(offer)
+
+    def _dispatch(self, offer: Offer) -> None:
+        woken = self.dispatcher.offer(offer)
+        metrics.OFFERS.labels("unmatched" if woken is None else "woken").inc()
 
     def _push_cancel(self, payload: str) -> None:
         try:

@@ -8,6 +8,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import grpc
 import structlog
@@ -23,11 +24,11 @@ from control_plane.convert import (
     duration,
     task_to_pb,
 )
-from control_plane.domain import CancelNotice, LeaseId, Recorded, Renewal, Report, TaskId
-from control_plane.errors import InvalidArgument, Unavailable
-from control_plane.hub import Hub
-from control_plane.lifecycle import Outcome, TaskStatus
-from control_plane.rpc import Servicer, check_decoded, principal, rpc
+from control_plane.dispatch import Waiter
+from control_plane.domain import Assignment, CancelNotice, LeaseId, Report, TaskId
+from control_plane.effects import Effects
+from control_plane.errors import AmcError, InvalidArgument, Unavailable
+from control_plane.rpc import Servicer, check_decoded, code_for, principal, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -35,16 +36,20 @@ _canonical_uuid = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 ).fullmatch
 MAX_DEVICES = 1000
+MAX_REPORTS = 1000
 CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
 
 
 class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     SERVICE = "amc.v1.Lease"
 
-    def __init__(self, auth: Authenticator, store: Store, hub: Hub, settings: Settings) -> None:
+    def __init__(
+        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
+    ) -> None:
         super().__init__(auth)
         self.store = store
-        self.hub = hub
+        self.effects = effects
+        self.hub = effects.hub
         self.settings = settings
         self._pending: set[asyncio.Task[None]] = set()
 
@@ -87,33 +92,56 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         ttl = self.settings.lease_ttl
         loop = asyncio.get_running_loop()
         started = loop.time()
-        deadline = started + wait
-        while True:
-            queued = self.hub.queued_signal()
-            found = await self.store.acquire(host_id, serials, ttl) if serials else []
-            remaining = deadline - loop.time()
-            if found or remaining <= 0 or self.hub.closing:
-                break
-            self.hub.waiting_acquires += 1
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(queued.wait(), remaining)
-            finally:
-                self.hub.waiting_acquires -= 1
+        found = await self._acquire(host_id, serials, ttl, started + wait) if serials else []
+        if not serials:  # nothing to offer work to: just hold the call as asked
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.hub.closed.wait(), wait)
         metrics.ACQUIRE_WAIT.observe(loop.time() - started)
-        for a in found:
-            self.hub.task_changed(a.task_id, TaskStatus.ASSIGNED)
-            metrics.ASSIGNMENT_LATENCY.observe(a.queued_seconds)
-            metrics.TRANSITIONS.labels("assign", "assigned").inc()
-            log.info(
-                "task assigned",
-                task_id=str(a.task_id),
-                attempt=a.attempt,
-                lease_id=str(a.lease_id),
-                host_id=host_id,
-                device=a.device_serial,
-            )
+        self.effects.assigned(host_id, found)
         return lease_pb2.AcquireResponse(assignments=[assignment_to_pb(a, ttl) for a in found])
+
+    async def _acquire(
+        self, host_id: str, serials: list[str], ttl: timedelta, deadline: float
+    ) -> list[Assignment]:
+        """Ask the database; if nothing is there, park (indexed by the idle devices' labels)
+        until an offer fits or the deadline passes, and ask again. See control_plane.dispatch."""
+        dispatcher = self.hub.dispatcher
+        waiter = Waiter(host_id)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                mark = dispatcher.offered
+                looked_for, waiter.offers = waiter.offers, {}
+                waiter.woken.clear()
+                waiter.everything = False
+                metrics.ACQUIRE_QUERIES.inc()
+                acquired = await self.store.acquire(host_id, serials, ttl)
+                taken = {str(a.task_id) for a in acquired.assignments}
+                dispatcher.park(waiter, acquired.idle)
+                # Offers it had no room for go on to another host; one that an idle device
+                # here fits was not there to take (another host has it).
+                dispatcher.offer_again(
+                    [
+                        o
+                        for o in looked_for.values()
+                        if o.task_id not in taken and not waiter.can_take(o)
+                    ],
+                    skip=waiter,
+                )
+                if acquired.assignments:
+                    return acquired.assignments
+                remaining = deadline - loop.time()
+                if remaining <= 0 or self.hub.closing:
+                    return []
+                dispatcher.missed_since(mark, waiter)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.woken.wait(), remaining)
+                if self.hub.closing:
+                    return []
+        finally:
+            dispatcher.leave(waiter)
+            # Offers that came after its last look: someone else may take them.
+            dispatcher.offer_again(list(waiter.offers.values()), skip=waiter)
 
     @rpc
     async def RenewLeases(
@@ -181,24 +209,8 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             canonical.append(spelled[raw])
         ttl = self.settings.lease_ttl
         renewals = await self.store.renew(host_id, canonical, ttl) if canonical else []
-        by_id: dict[str, Renewal] = {}
-        for r in renewals:
-            by_id[r.lease_id] = r
-            if r.acknowledged:
-                self.hub.task_changed(r.task_id, TaskStatus.DISPATCHED)
-                metrics.TRANSITIONS.labels("acknowledge", "dispatched").inc()
-                log.debug(
-                    "task dispatched",
-                    task_id=r.task_id,
-                    attempt=r.attempt,
-                    lease_id=r.lease_id,
-                    host_id=host_id,
-                )
-            if r.delivery_seconds is not None:
-                metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
-        metrics.RENEWAL_BATCH.observe(len(request.lease_ids))
-        metrics.RENEWALS.labels("renewed").inc(len(renewals))
-        metrics.RENEWALS.labels("conflict").inc(len(request.lease_ids) - len(renewals))
+        self.effects.renewed(host_id, len(request.lease_ids), renewals)
+        by_id = {r.lease_id: r for r in renewals}
         response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
         add = response.leases.add
         for raw in request.lease_ids:
@@ -219,38 +231,30 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     async def ReportResult(
         self, request: lease_pb2.ReportResultRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.Task:
-        task_id = TaskId(validate.task_id(request.task_id))
-        lease_id = LeaseId(validate.lease_id(request.lease_id))
-        if request.attempt < 1:
-            raise InvalidArgument("attempt", "must be 1 or more")
-        if request.outcome not in OUTCOME_FROM_PB:
-            raise InvalidArgument(
-                "outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
-            )
-        validate.result(request.result)
-        report = Report(
-            task_id,
-            request.attempt,
-            lease_id,
-            OUTCOME_FROM_PB[request.outcome],
-            request.result.SerializeToString(deterministic=True),
-            request.result.error,
-        )
+        report = _report_from_pb(request)
         host_id = principal().host_id
         answer = await self.store.report(host_id, report)
-        code, task = answer.code, answer.task
-        if code == "recorded":
-            self.hub.task_changed(task_id, task.status)
-            _observe_report(report, answer)
-        log.info(
-            "result " + code,
-            task_id=str(task_id),
-            attempt=request.attempt,
-            lease_id=str(lease_id),
-            host_id=task.host_id,
-            outcome=str(report.outcome),
-        )
-        return task_to_pb(task)
+        self.effects.reported(host_id, report, answer)
+        return task_to_pb(answer.task)
+
+    @rpc
+    async def ReportResults(
+        self, request: lease_pb2.ReportResultsRequest, context: grpc.aio.ServicerContext
+    ) -> lease_pb2.ReportResultsResponse:
+        if len(request.results) > MAX_REPORTS:
+            raise InvalidArgument("results", f"more than {MAX_REPORTS} results")
+        reports = [_report_from_pb(r, f"results[{i}].") for i, r in enumerate(request.results)]
+        host_id = principal().host_id
+        answers = await self.store.report_many(host_id, reports) if reports else []
+        response = lease_pb2.ReportResultsResponse()
+        for report, answer in zip(reports, answers, strict=True):
+            if isinstance(answer, AmcError):
+                self.effects.refused(host_id, report, answer)
+                response.answers.add(code=code_for(answer).value[0], message=answer.message)
+            else:
+                self.effects.reported(host_id, report, answer)
+                response.answers.add(code=0, task=task_to_pb(answer.task))
+        return response
 
     @rpc
     async def ReleaseLease(
@@ -263,16 +267,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             principal().host_id, lease_id, request.reason or "released by host"
         )
         if ended:
-            self.hub.task_changed(ended.task_id, ended.to_status)
-            metrics.EXPIRED.labels(str(ended.to_status)).inc()
-            log.info(
-                "lease released",
-                task_id=str(ended.task_id),
-                attempt=ended.attempt,
-                lease_id=str(lease_id),
-                host_id=ended.host_id,
-                to=str(ended.to_status),
-            )
+            self.effects.ended("released", [ended])
         return lease_pb2.ReleaseLeaseResponse()
 
     def _push(self, notice: CancelNotice | None) -> lease_pb2.RenewLeasesResponse:
@@ -289,11 +284,24 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         return _push(notice)
 
 
-def _observe_report(report: Report, answer: Recorded) -> None:
-    metrics.TRANSITIONS.labels("report", str(report.outcome)).inc()
-    delivered, finished = answer.cancel_delivered_at, answer.task.finished_at
-    if report.outcome is Outcome.CANCELLED and delivered and finished:
-        metrics.CANCEL_STOP.observe(max(0.0, (finished - delivered).total_seconds()))
+def _report_from_pb(request: lease_pb2.ReportResultRequest, where: str = "") -> Report:
+    task_id = TaskId(validate.task_id(request.task_id, f"{where}task_id"))
+    lease_id = LeaseId(validate.lease_id(request.lease_id, f"{where}lease_id"))
+    if request.attempt < 1:
+        raise InvalidArgument(f"{where}attempt", "must be 1 or more")
+    if request.outcome not in OUTCOME_FROM_PB:
+        raise InvalidArgument(
+            f"{where}outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
+        )
+    validate.result(request.result, f"{where}result")
+    return Report(
+        task_id,
+        request.attempt,
+        lease_id,
+        OUTCOME_FROM_PB[request.outcome],
+        request.result.SerializeToString(deterministic=True),
+        request.result.error,
+    )
 
 
 def _push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:

@@ -14,6 +14,15 @@ ACQUIRE_WAIT = Histogram(
     "amc_acquire_wait_seconds", "How long Acquire calls were held", buckets=LATENCY
 )
 ACQUIRES_WAITING = Gauge("amc_acquires_waiting", "Acquire long polls parked right now")
+ACQUIRE_QUERIES = Counter(
+    "amc_acquire_queries_total", "Times an Acquire asked the database for work (first or woken)"
+)
+OFFERS = Counter(
+    "amc_dispatch_offers_total",
+    "Queued tasks offered to this replica's parked Acquires: woken (one that can take it) or"
+    " unmatched (none here can; nothing woken)",
+    ["result"],
+)
 ASSIGNMENT_LATENCY = Histogram(
     "amc_assignment_latency_seconds", "Time from queued to assigned", buckets=LATENCY
 )

@@ -43,16 +43,25 @@ LIMIT $5;
 SELECT code, (task).* FROM amc_cancel($1, $2);
 
 -- name: acquire
-SELECT * FROM amc_acquire($1, $2, $3);
+-- Assignments (task_id set), then the devices left idle (labels set).
+SELECT * FROM amc_acquire_idle($1, $2, $3);
 
 -- name: renew_leases
 -- Renews the host's live leases among $2 (first renewal = acknowledgement); conflicts come
 -- back with task_id NULL. Columns in the order of domain.Renewal's fields.
 SELECT * FROM amc_renew($1, $2::uuid[], $3);
 
--- name: report_result
-SELECT code, (task).*, att_cancel_requested_at, att_cancel_delivered_at
-FROM amc_report($1, $2, $3, $4, $5, $6, $7);
+-- name: report_results
+-- One result or several, in one transaction: each as amc_report() alone would take it, in
+-- task_id order (the lock order); `ord` says which result a row answers. A task that does
+-- not exist comes back with code NULL.
+SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at
+FROM (SELECT * FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[], $6::bytea[],
+                           $7::text[])
+          WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error, ord)
+      ORDER BY u.task_id, u.ord) r
+LEFT JOIN LATERAL amc_report($1, r.task_id, r.attempt, r.lease_id, r.outcome, r.result,
+                             r.error) x ON true;
 
 -- name: mark_cancel_delivered
 UPDATE attempts SET cancel_delivered_at = COALESCE(cancel_delivered_at, now())
@@ -62,10 +71,11 @@ WHERE lease_id = $1;
 SELECT host_id, state FROM attempts WHERE lease_id = $1;
 
 -- name: release_lease
-SELECT * FROM amc_expire(1, $1, $2);
+-- With the task's selector: a requeued task is offered to the hosts that can take it.
+SELECT * FROM amc_expire_offers(1, $1, $2);
 
 -- name: expire_leases
-SELECT * FROM amc_expire($1);
+SELECT * FROM amc_expire_offers($1);
 
 -- name: upsert_host
 INSERT INTO hosts (host_id, labels) VALUES ($1, $2)

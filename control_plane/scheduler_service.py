@@ -12,13 +12,13 @@ import grpc
 import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from control_plane import metrics, validate
+from control_plane import validate
 from control_plane.auth import Authenticator
 from control_plane.config import Settings
 from control_plane.convert import STATUS_FROM_PB, host_to_pb, task_to_pb
 from control_plane.domain import NewTask, TaskId
+from control_plane.effects import Effects
 from control_plane.errors import InvalidArgument, Unavailable
-from control_plane.hub import Hub
 from control_plane.rpc import Servicer, principal, rpc
 from control_plane.store import Store
 
@@ -61,10 +61,13 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
 class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
     SERVICE = "amc.v1.Scheduler"
 
-    def __init__(self, auth: Authenticator, store: Store, hub: Hub, settings: Settings) -> None:
+    def __init__(
+        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
+    ) -> None:
         super().__init__(auth)
         self.store = store
-        self.hub = hub
+        self.effects = effects
+        self.hub = effects.hub
         self.settings = settings
 
     @rpc
@@ -74,14 +77,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         validate.submit(request)
         task, created = await self.store.submit(principal().caller, _new_task(request))
         if created:
-            self.hub.task_changed(task.task_id, task.status)
-            metrics.TRANSITIONS.labels("submit", "queued").inc()
-            log.info(
-                "task submitted",
-                task_id=str(task.task_id),
-                priority=task.priority,
-                request_id=task.request_id,
-            )
+            self.effects.submitted([task])
         return task_to_pb(task)
 
     @rpc
@@ -91,16 +87,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         validate.submit_batch(request)
         news = [_new_task(t) for t in request.tasks]
         submitted = await self.store.submit_many(principal().caller, news)
-        created = [task for task, is_new in submitted if is_new]
-        for task in created:
-            self.hub.task_changed(task.task_id, task.status)
-        if created:
-            metrics.TRANSITIONS.labels("submit", "queued").inc(len(created))
-            log.info(
-                "tasks submitted",
-                count=len(created),
-                task_ids=[str(t.task_id) for t in created],
-            )
+        self.effects.submitted([task for task, is_new in submitted if is_new])
         return scheduler_pb2.SubmitTasksResponse(tasks=[task_to_pb(t) for t, _ in submitted])
 
     @rpc
@@ -141,17 +128,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
             raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
         code, task = await self.store.cancel(task_id, request.reason)
-        if code != "unchanged":
-            self.hub.task_changed(task_id, task.status)
-            event = "cancel" if code == "cancelled" else "cancel_requested"
-            metrics.TRANSITIONS.labels(event, str(task.status)).inc()
-            log.info(
-                "cancellation " + ("done" if code == "cancelled" else "requested"),
-                task_id=str(task_id),
-                attempt=task.attempt,
-                host_id=task.host_id,
-                status=str(task.status),
-            )
+        self.effects.cancelled(code, task)
         return task_to_pb(task)
 
     @rpc

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +27,14 @@ from amc.v1 import (
 from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
+from control_plane.effects import Effects
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
 from control_plane.lifecycle import TaskStatus
 from control_plane.rpc import DecodeGuard
 from control_plane.scheduler_service import SchedulerService
 from control_plane.store import Store, migrate
+from control_plane.sweep import sweep_expired
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +51,10 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
+    # A farm's hosts reconnect together (a replica restarts, the network blinks): calls
+    # queued before the server takes them must not be cancelled at the default 1,000.
+    ("grpc.server.max_pending_requests", 100_000),
+    ("grpc.server.max_pending_requests_hard_limit", 200_000),
 ]
 
 
@@ -115,6 +120,7 @@ class ControlPlane:
         self.insecure = insecure
         self.tls = tls
         self.hub = Hub()
+        self.effects = Effects(self.hub)
         self.health = health.aio.HealthServicer()
         self.port = 0
         self._store: Store | None = None
@@ -135,10 +141,10 @@ class ControlPlane:
         authenticator = auth.Authenticator(self.store, enabled=not self.insecure)
         server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard()])
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-            SchedulerService(authenticator, self.store, self.hub, self.settings), server
+            SchedulerService(authenticator, self.store, self.effects, self.settings), server
         )
         lease_pb2_grpc.add_LeaseServicer_to_server(
-            LeaseService(authenticator, self.store, self.hub, self.settings), server
+            LeaseService(authenticator, self.store, self.effects, self.settings), server
         )
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(authenticator, self.store), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -160,12 +166,12 @@ class ControlPlane:
         self._server = server
         await self._set_health(True)
         metrics.STREAMS.set_function(self.hub.streams)
-        metrics.ACQUIRES_WAITING.set_function(lambda: self.hub.waiting_acquires)
+        metrics.ACQUIRES_WAITING.set_function(lambda: len(self.hub.dispatcher))
         self._background = [
             asyncio.create_task(coro)
             for coro in (
                 self._listen(),
-                self._sweep(),
+                sweep_expired(self.store, self.effects, self.settings.sweep_interval),
                 self._watch_database(),
                 self.hub.send_outbox(self.store.notify),
                 self.hub.presence.write(
@@ -283,27 +289,3 @@ class ControlPlane:
                     break
         log.warning("notification connection lost; reconnecting")
         raise errors.DatabaseUnavailable()
-
-    async def _sweep(self) -> None:
-        period = self.settings.sweep_interval.total_seconds()
-        while True:
-            # Jitter keeps replicas from sweeping in lock-step.
-            await asyncio.sleep(period * random.uniform(0.5, 1.0))
-            try:
-                metrics.SWEEPS.inc()
-                while len(ended := await self.store.expire(100)) == 100 or ended:
-                    for e in ended:
-                        self.hub.task_changed(e.task_id, e.to_status)
-                        metrics.EXPIRED.labels(str(e.to_status)).inc()
-                        log.info(
-                            "lease expired",
-                            task_id=str(e.task_id),
-                            attempt=e.attempt,
-                            lease_id=str(e.lease_id),
-                            host_id=e.host_id,
-                            to=str(e.to_status),
-                        )
-                    if len(ended) < 100:
-                        break
-            except errors.DatabaseUnavailable:
-                log.warning("expiry sweep skipped: database unavailable")

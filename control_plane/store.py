@@ -6,6 +6,7 @@ errors become domain errors here, and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import uuid
@@ -23,6 +24,7 @@ from tenacity import (
 
 from control_plane import errors
 from control_plane.domain import (
+    Acquired,
     Assignment,
     DeviceInfo,
     Expiry,
@@ -164,8 +166,13 @@ class Store:
     async def open(cls, dsn: str, **pool_options: int) -> Store:
         return cls(await connect_pool(dsn, **pool_options))
 
-    async def close(self) -> None:
-        await self.pool.close()
+    async def close(self, timeout: float = 10.0) -> None:
+        """Close the connections once released; past `timeout`, cut them: a stop must not
+        hang on a connection that never comes back."""
+        try:
+            await asyncio.wait_for(self.pool.close(), timeout)
+        except TimeoutError:
+            self.pool.terminate()
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         return await retried(lambda: self.pool.fetch(Q[name], *args))
@@ -258,19 +265,23 @@ class Store:
 
     # -- leases ----------------------------------------------------------------------------
 
-    async def acquire(self, host_id: str, serials: list[str], ttl: timedelta) -> list[Assignment]:
+    async def acquire(self, host_id: str, serials: list[str], ttl: timedelta) -> Acquired:
         rows = await self._fetch("acquire", host_id, serials, ttl)
-        return [
-            Assignment(
-                TaskId(r["task_id"]),
-                r["attempt"],
-                LeaseId(r["lease_id"]),
-                r["device_serial"],
-                bytes(r["spec"]),
-                r["queued_seconds"] or 0.0,
-            )
-            for r in rows
-        ]
+        return Acquired(
+            [
+                Assignment(
+                    TaskId(r["task_id"]),
+                    r["attempt"],
+                    LeaseId(r["lease_id"]),
+                    r["device_serial"],
+                    bytes(r["spec"]),
+                    r["queued_seconds"] or 0.0,
+                )
+                for r in rows
+                if r["task_id"] is not None
+            ],
+            [(r["device_serial"], r["labels"]) for r in rows if r["task_id"] is None],
+        )
 
     async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
         """The leases renewed; any other lease asked about is a conflict."""
@@ -279,24 +290,36 @@ class Store:
 
     async def report(self, host_id: str | None, report: Report) -> Recorded:
         """The answer's code is recorded | repeated; refusals raise."""
-        row = await self._fetchrow(
-            "report_result",
+        (answer,) = await self.report_many(host_id, [report])
+        if isinstance(answer, errors.AmcError):
+            raise answer
+        return answer
+
+    async def report_many(
+        self, host_id: str | None, reports: list[Report]
+    ) -> list[Recorded | errors.AmcError]:
+        """Results applied in one transaction, each as if alone; per result, in order, the
+        answer (code recorded | repeated) or the refusal."""
+        rows = await self._fetch(
+            "report_results",
             host_id,
-            report.task_id,
-            report.attempt,
-            report.lease_id,
-            str(report.outcome),
-            report.result,
-            report.error,
+            [r.task_id for r in reports],
+            [r.attempt for r in reports],
+            [r.lease_id for r in reports],
+            [str(r.outcome) for r in reports],
+            [r.result for r in reports],
+            [r.error for r in reports],
         )
-        if row is None:  # no such task: the lease cannot be one of its attempts
-            raise _report_refusal("foreign", report)
-        code = row["code"]
-        if code in ("recorded", "repeated"):
-            return Recorded(
-                code, _task(row), row["att_cancel_requested_at"], row["att_cancel_delivered_at"]
-            )
-        raise _report_refusal(code, report)
+        answers: list[Recorded | errors.AmcError] = [_report_refusal("foreign", r) for r in reports]
+        for row in rows:
+            i, code, report = row["ord"] - 1, row["code"], reports[row["ord"] - 1]
+            if code in ("recorded", "repeated"):
+                answers[i] = Recorded(
+                    code, _task(row), row["att_cancel_requested_at"], row["att_cancel_delivered_at"]
+                )
+            elif code is not None:  # None: no such task, so not one of its attempts
+                answers[i] = _report_refusal(code, report)
+        return answers
 
     async def notify(self, batch: list[tuple[str, str]]) -> None:
         await self._fetch("notify", [c for c, _ in batch], [p for _, p in batch])
@@ -415,6 +438,8 @@ def _expiry(row: asyncpg.Record) -> Expiry:
         LeaseId(row["lease_id"]),
         row["host_id"],
         TaskStatus(row["to_status"]),
+        row["selector_serial"],
+        row["selector_labels"] or {},
     )
 
 

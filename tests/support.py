@@ -215,8 +215,13 @@ class Farm:
         """Every row that requests could change, to prove a refused request changed none."""
         assert self.db is not None
         out: list[Any] = []
-        for table in ("tasks", "attempts", "devices", "task_events", "hosts", "tokens"):
+        for table in ("tasks", "attempts", "devices", "task_events", "tokens"):
             out.append(await self.db.fetch(f"SELECT * FROM {table} ORDER BY 1, 2"))
+        # Not last_seen_at / replica_id: those follow the host's stream (presence), written
+        # by the replica whenever a stream opens or closes, not by requests.
+        out.append(
+            await self.db.fetch("SELECT host_id, labels, registered_at FROM hosts ORDER BY 1")
+        )
         return out
 
 

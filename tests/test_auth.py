@@ -68,6 +68,24 @@ async def renew(c: Clients, w: World, own: bool) -> object:
     return CONFLICT if responses[0].leases[0].result == lease_pb2.RENEWAL_RESULT_CONFLICT else OK
 
 
+async def report_batch(c: Clients, w: World, own: bool) -> object:
+    """The batch call itself succeeds; its one result is refused as ReportResult's would be."""
+    answer = await c.lease.ReportResults(
+        lease_pb2.ReportResultsRequest(
+            results=[
+                lease_pb2.ReportResultRequest(
+                    task_id=lease_of(w, own).task_id,
+                    attempt=1,
+                    lease_id=lease_of(w, own).lease_id,
+                    outcome=lease_pb2.OUTCOME_FAILED,
+                )
+            ]
+        )
+    )
+    (result,) = answer.answers
+    return ABORTED if result.code == grpc.StatusCode.ABORTED.value[0] else OK
+
+
 async def watch(c: Clients, w: World, own: bool) -> object:
     call = c.scheduler.WatchTask(scheduler_pb2.WatchTaskRequest(task_id=w.task_id))
     async for _ in call:
@@ -117,6 +135,7 @@ CALLS: dict[str, Call] = {
             outcome=lease_pb2.OUTCOME_FAILED,
         )
     ),
+    "/amc.v1.Lease/ReportResults": lambda c, w, own: report_batch(c, w, own),
     "/amc.v1.Lease/ReleaseLease": lambda c, w, own: c.lease.ReleaseLease(
         lease_pb2.ReleaseLeaseRequest(lease_id=lease_of(w, own).lease_id)
     ),
@@ -151,6 +170,7 @@ def expected(method: str, caller: str) -> object:
             "Acquire": DENIED,
             "RenewLeases": CONFLICT,
             "ReportResult": ABORTED,
+            "ReportResults": ABORTED,
             "ReleaseLease": ABORTED,
         }[name]
     return OK
@@ -186,7 +206,7 @@ async def test_auth_matrix(farm: Farm, caller: str) -> None:
         clients = await caller_clients(farm, caller)
         try:
             outcome = await call(clients, world, caller != "host_foreign")
-            got: object = outcome if outcome in (OK, CONFLICT) else OK
+            got: object = outcome if outcome in (OK, CONFLICT, ABORTED) else OK
         except grpc.aio.AioRpcError as exc:
             got = exc.code()
         want = expected(method, caller)

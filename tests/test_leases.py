@@ -244,7 +244,7 @@ async def test_acquire_long_poll_is_woken_by_a_new_task(farm: Farm) -> None:
 
 def _has_waiter(farm: Farm) -> bool:
     assert farm.plane is not None
-    return farm.plane.hub.waiting_acquires == 1
+    return len(farm.plane.hub.dispatcher) == 1
 
 
 async def test_acquire_returns_empty_after_wait_when_nothing_matches(farm: Farm) -> None:
@@ -366,3 +366,85 @@ async def test_stopping_a_replica_returns_parked_acquires_at_once(farm: Farm) ->
     await farm.plane.stop(30)
     assert await asyncio.wait_for(waiting, 10) == []
     farm.plane = None
+
+
+# -- results in a batch ---------------------------------------------------------------------
+
+
+def _result(a: lease_pb2.Assignment, outcome: int, **kw) -> lease_pb2.ReportResultRequest:  # type: ignore[no-untyped-def]
+    fields = {"task_id": a.task_id, "attempt": a.attempt, "lease_id": a.lease_id, **kw}
+    return lease_pb2.ReportResultRequest(outcome=outcome, **fields)
+
+
+async def test_results_reported_together_are_each_answered_as_alone(farm: Farm) -> None:
+    """One call, one transaction: recorded ones free their devices; a stale one is refused
+    with the code ReportResult would give, and changes nothing."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2", "s3")
+    tasks = [await submit(client) for _ in range(3)]
+    handed = await host.acquire("s1", "s2", "s3", wait=5)
+    assert len(handed) == 3
+    await farm.expire_now(handed[2].lease_id)
+    answer = await host.c.lease.ReportResults(
+        lease_pb2.ReportResultsRequest(
+            results=[
+                _result(handed[0], lease_pb2.OUTCOME_DONE),
+                _result(handed[1], lease_pb2.OUTCOME_FAILED),
+                _result(handed[2], lease_pb2.OUTCOME_DONE),
+            ]
+        )
+    )
+    codes = [a.code for a in answer.answers]
+    assert codes == [0, 0, grpc.StatusCode.ABORTED.value[0]]
+    assert [a.task.status for a in answer.answers[:2]] == [
+        task_pb2.TASK_STATUS_DONE,
+        task_pb2.TASK_STATUS_FAILED,
+    ]
+    assert "no longer current" in answer.answers[2].message
+    by_id = {t.task_id: t for t in tasks}
+    assert await farm.status(handed[0].task_id) == "done"
+    assert await farm.status(handed[1].task_id) == "failed"
+    assert handed[2].task_id in by_id
+    assert await farm.status(handed[2].task_id) == "assigned"  # the sweep's to end
+    assert await farm.device_holder("h1", handed[0].device_serial) is None
+    # The identical batch again: the recorded ones come back as recorded.
+    again = await host.c.lease.ReportResults(
+        lease_pb2.ReportResultsRequest(results=[_result(handed[0], lease_pb2.OUTCOME_DONE)])
+    )
+    assert [a.code for a in again.answers] == [0]
+    kinds = [e["kind"] for e in await farm.events(handed[0].task_id)]
+    assert kinds.count("report") == 1
+
+
+async def test_a_malformed_result_in_a_batch_refuses_the_whole_call(farm: Farm) -> None:
+    """THEN INVALID_ARGUMENT naming the result, and nothing is recorded."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    await submit(client)
+    (a,) = await host.acquire("s1", wait=5)
+    before = await farm.snapshot()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await host.c.lease.ReportResults(
+            lease_pb2.ReportResultsRequest(
+                results=[
+                    _result(a, lease_pb2.OUTCOME_DONE),
+                    _result(a, lease_pb2.OUTCOME_DONE, attempt=0),
+                ]
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith("results[1].attempt")
+    assert await farm.snapshot() == before
+
+
+async def test_a_result_for_another_hosts_lease_in_a_batch_is_aborted(farm: Farm) -> None:
+    client = await farm.client()
+    h1 = await farm.host("h1", "s1")
+    h2 = await farm.host("h2", "s2")
+    await submit(client)
+    (a,) = await h1.acquire("s1", wait=5)
+    answer = await h2.c.lease.ReportResults(
+        lease_pb2.ReportResultsRequest(results=[_result(a, lease_pb2.OUTCOME_DONE)])
+    )
+    assert [x.code for x in answer.answers] == [grpc.StatusCode.ABORTED.value[0]]
+    assert await farm.status(a.task_id) == "assigned"

@@ -150,7 +150,7 @@ async def test_a_deadlock_is_retried_not_reported_as_an_outage(farm: Farm) -> No
     finally:
         await other.close()
     assert answer.cancel_requested_at.seconds > 0
-    assert await farm.db.fetchval(deadlocks) == before + 1
+    assert await farm.db.fetchval(deadlocks) > before  # it happened, and was retried
     (attempt,) = await farm.attempts(task.task_id)
     assert attempt["cancel_requested_at"] is not None
 

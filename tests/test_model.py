@@ -35,7 +35,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import control_plane.server
+import control_plane.sweep
 from amc.v1 import lease_pb2, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane.config import Settings
 from control_plane.domain import Role
@@ -631,7 +631,7 @@ async def farm(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     # The sweeper's jitter draws from the global `random` while hypothesis generates data in
     # its thread; hypothesis takes that for a strategy using `random` and refuses. Give the
     # sweeper its own generator.
-    monkeypatch.setattr(control_plane.server, "random", random.Random())
+    monkeypatch.setattr(control_plane.sweep, "random", random.Random())
     f = Farm(database_url, SETTINGS)
     await f.start()
     try:

@@ -163,3 +163,20 @@ async def test_sigterm_stops_a_replica_cleanly_ending_its_streams(cluster) -> No
         await asyncio.wait_for(watcher, 10)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert one.log is not None and b"control plane stopped" in one.log.read_bytes()
+
+
+async def test_a_task_queued_through_one_replica_wakes_a_host_parked_on_another(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Targeted dispatch across replicas: the offer travels in the NOTIFY payload."""
+    farm, (r1, _r2) = cluster
+    host = await farm.host("far", "f1", rack="far")  # parked on the in-process replica
+    waiting = asyncio.create_task(host.acquire("f1", wait=30))
+    dispatcher = farm.plane.hub.dispatcher
+    await eventually(lambda: len(dispatcher) == 1, what="the Acquire to park")
+    client = await client_on(farm, r1)
+    task = await client.scheduler.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(
+            spec=actions_spec(), selector=task_pb2.DeviceSelector(labels={"rack": "far"})
+        )
+    )
+    (a,) = await asyncio.wait_for(waiting, 10)
+    assert a.task_id == task.task_id

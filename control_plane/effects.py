@@ -1,0 +1,141 @@
+"""What follows a committed transition, written once: tell the hub (watchers, dispatch of
+queued work, the other replicas), count it, log it. Every transition of every service and
+of the expiry sweep goes through here, after its transaction committed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+
+from control_plane import metrics
+from control_plane.dispatch import Offer
+from control_plane.domain import Assignment, Expiry, Recorded, Renewal, Report, Task
+from control_plane.errors import AmcError
+from control_plane.hub import Hub
+from control_plane.lifecycle import Outcome, TaskStatus
+
+log = structlog.get_logger(__name__)
+
+
+class Effects:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    def submitted(self, tasks: Sequence[Task]) -> None:
+        """New tasks, queued."""
+        if not tasks:
+            return
+        for task in tasks:
+            self.hub.task_changed(task.task_id, task.status)
+        self.hub.queued(
+            [Offer(str(t.task_id), t.selector_serial, t.selector_labels) for t in tasks]
+        )
+        metrics.TRANSITIONS.labels("submit", "queued").inc(len(tasks))
+        if len(tasks) == 1:
+            (task,) = tasks
+            log.info(
+                "task submitted",
+                task_id=str(task.task_id),
+                priority=task.priority,
+                request_id=task.request_id,
+            )
+        else:
+            log.info("tasks submitted", count=len(tasks), task_ids=[str(t.task_id) for t in tasks])
+
+    def assigned(self, host_id: str, assignments: Sequence[Assignment]) -> None:
+        for a in assignments:
+            self.hub.task_changed(a.task_id, TaskStatus.ASSIGNED)
+            metrics.ASSIGNMENT_LATENCY.observe(a.queued_seconds)
+            metrics.TRANSITIONS.labels("assign", "assigned").inc()
+            log.info(
+                "task assigned",
+                task_id=str(a.task_id),
+                attempt=a.attempt,
+                lease_id=str(a.lease_id),
+                host_id=host_id,
+                device=a.device_serial,
+            )
+
+    def renewed(self, host_id: str, asked: int, renewals: Sequence[Renewal]) -> None:
+        """A renewal answered: acknowledgements among it, and cancels it delivered."""
+        for r in renewals:
+            if r.acknowledged:
+                self.hub.task_changed(r.task_id, TaskStatus.DISPATCHED)
+                metrics.TRANSITIONS.labels("acknowledge", "dispatched").inc()
+                log.debug(
+                    "task dispatched",
+                    task_id=r.task_id,
+                    attempt=r.attempt,
+                    lease_id=r.lease_id,
+                    host_id=host_id,
+                )
+            if r.delivery_seconds is not None:
+                metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
+        metrics.RENEWAL_BATCH.observe(asked)
+        metrics.RENEWALS.labels("renewed").inc(len(renewals))
+        metrics.RENEWALS.labels("conflict").inc(asked - len(renewals))
+
+    def reported(self, host_id: str | None, report: Report, answer: Recorded) -> None:
+        """A result answered: recorded now, or the same one recorded before (repeated)."""
+        task = answer.task
+        if answer.code == "recorded":
+            self.hub.task_changed(report.task_id, task.status)
+            metrics.TRANSITIONS.labels("report", str(report.outcome)).inc()
+            delivered, finished = answer.cancel_delivered_at, task.finished_at
+            if report.outcome is Outcome.CANCELLED and delivered and finished:
+                metrics.CANCEL_STOP.observe(max(0.0, (finished - delivered).total_seconds()))
+        log.info(
+            "result " + answer.code,
+            task_id=str(report.task_id),
+            attempt=report.attempt,
+            lease_id=str(report.lease_id),
+            host_id=task.host_id or host_id,
+            outcome=str(report.outcome),
+        )
+
+    def refused(self, host_id: str | None, report: Report, refusal: AmcError) -> None:
+        """A result of a batch refused (a lone ReportResult's refusal is its error reply)."""
+        log.info(
+            "result refused",
+            task_id=str(report.task_id),
+            attempt=report.attempt,
+            lease_id=str(report.lease_id),
+            host_id=host_id,
+            outcome=str(report.outcome),
+            error=refusal.message,
+        )
+
+    def cancelled(self, code: str, task: Task) -> None:
+        """code: cancelled (was queued) | requested (the host is told) | unchanged."""
+        if code == "unchanged":
+            return
+        self.hub.task_changed(task.task_id, task.status)
+        event = "cancel" if code == "cancelled" else "cancel_requested"
+        metrics.TRANSITIONS.labels(event, str(task.status)).inc()
+        log.info(
+            "cancellation " + ("done" if code == "cancelled" else "requested"),
+            task_id=str(task.task_id),
+            attempt=task.attempt,
+            host_id=task.host_id,
+            status=str(task.status),
+        )
+
+    def ended(self, how: str, ended: Sequence[Expiry]) -> None:
+        """Leases ended by the host (how = released) or by running out (expired)."""
+        offers = []
+        for e in ended:
+            self.hub.task_changed(e.task_id, e.to_status)
+            if e.to_status is TaskStatus.QUEUED:
+                offers.append(Offer(str(e.task_id), e.selector_serial, e.selector_labels))
+            metrics.EXPIRED.labels(str(e.to_status)).inc()
+            log.info(
+                "lease " + how,
+                task_id=str(e.task_id),
+                attempt=e.attempt,
+                lease_id=str(e.lease_id),
+                host_id=e.host_id,
+                to=str(e.to_status),
+            )
+        if offers:
+            self.hub.queued(offers)

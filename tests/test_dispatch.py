@@ -1,0 +1,195 @@
+"""Targeted dispatch (issue 10): a queued task wakes only parked Acquires that can take it,
+through whichever replica it was queued; nothing is woken, and the database is not asked,
+when no parked host can take it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from prometheus_client import REGISTRY
+
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from control_plane.dispatch import MAX_PAYLOAD, RECENT, Dispatcher, Offer, Waiter
+from tests.support import Clients, Farm, actions_spec, eventually
+
+# -- the index on its own -------------------------------------------------------------------
+
+
+def _parked(d: Dispatcher, host: str, *devices: tuple[str, dict[str, str]]) -> Waiter:
+    w = Waiter(host)
+    d.park(w, list(devices))
+    return w
+
+
+def test_an_offer_wakes_only_a_waiter_whose_idle_device_matches() -> None:
+    d = Dispatcher()
+    a = _parked(d, "a", ("a1", {"rack": "a", "model": "p7"}))
+    b = _parked(d, "b", ("b1", {"rack": "b", "model": "p7"}))
+    assert d.offer(Offer("t1", None, {"rack": "b", "model": "p7"})) is b
+    assert not a.woken.is_set() and b.woken.is_set()
+    assert d.offer(Offer("t2", "a1", {})) is a
+    assert d.offer(Offer("t3", None, {"rack": "c"})) is None
+    assert d.offer(Offer("t4", "a1", {"rack": "b"})) is None  # serial and labels both
+
+
+def test_matching_looks_at_the_rarest_label_not_every_host() -> None:
+    d = Dispatcher()
+    for i in range(1000):
+        _parked(d, f"h{i}", (f"s{i}", {"model": "p7", "rack": f"r{i}"}))
+    d.looked_at = 0
+    woken = d.offer(Offer("t", None, {"model": "p7", "rack": "r777"}))
+    assert woken is not None and woken.host_id == "h777"
+    assert d.looked_at == 1
+    d.looked_at = 0
+    assert d.offer(Offer("u", None, {"model": "p8"})) is None
+    assert d.looked_at == 0
+
+
+def test_a_waiter_is_offered_no_more_tasks_than_it_has_idle_devices() -> None:
+    d = Dispatcher()
+    one = _parked(d, "one", ("s1", {"rack": "a"}))
+    two = _parked(d, "two", ("s2", {"rack": "a"}))
+    first = d.offer(Offer("t1", None, {"rack": "a"}))
+    second = d.offer(Offer("t2", None, {"rack": "a"}))
+    assert {first, second} == {one, two}
+    assert d.offer(Offer("t3", None, {"rack": "a"})) is None
+
+
+def test_offers_made_while_an_acquire_was_asking_the_database_are_replayed() -> None:
+    d = Dispatcher()
+    w = Waiter("h")
+    mark = d.offered
+    d.offer(Offer("t1", None, {"rack": "a"}))  # not parked yet: nobody woken
+    d.offer(Offer("t2", None, {"rack": "b"}))
+    d.park(w, [("s1", {"rack": "a"})])
+    assert d.missed_since(mark, w)
+    assert list(w.offers) == ["t1"] and w.woken.is_set()
+    # More than it remembers: the waiter just looks again.
+    late = Waiter("late")
+    mark = d.offered
+    for i in range(RECENT + 1):
+        d.offer(Offer(f"x{i}", None, {"rack": "z"}))
+    d.park(late, [("s9", {"rack": "q"})])
+    assert d.missed_since(mark, late) and late.everything
+
+
+def test_leaving_removes_a_waiter_from_every_list() -> None:
+    d = Dispatcher()
+    w = _parked(d, "h", ("s1", {"rack": "a"}), ("s2", {"rack": "b"}))
+    d.leave(w)
+    assert len(d) == 0
+    assert d.offer(Offer("t", "s1", {})) is None
+    assert d.offer(Offer("u", None, {"rack": "b"})) is None
+
+
+def test_an_offer_too_big_for_a_notification_travels_without_its_labels() -> None:
+    big = Offer("t", "s1", {f"k{i}": "v" * 100 for i in range(100)})
+    replica, offer = Offer.from_payload(big.to_payload("r1"))
+    assert (replica, offer.task_id, offer.serial, offer.labels) == ("r1", "t", "s1", None)
+    assert len(big.to_payload("r1")) <= MAX_PAYLOAD
+    small = Offer("t", None, {"rack": "a"})
+    assert Offer.from_payload(small.to_payload("r1")) == ("r1", small)
+    with pytest.raises(ValueError):
+        Offer.from_payload(json.dumps({"r": "x"}))
+
+
+# -- end to end -----------------------------------------------------------------------------
+
+
+def _queries() -> float:
+    return REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0
+
+
+async def _submit(client: Clients, **selector: str) -> task_pb2.Task:
+    serial = selector.pop("serial", "")
+    return await client.scheduler.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(
+            spec=actions_spec(), selector=task_pb2.DeviceSelector(serial=serial, labels=selector)
+        )
+    )
+
+
+async def _parked_hosts(farm: Farm, n: int) -> None:
+    assert farm.plane is not None
+    dispatcher = farm.plane.hub.dispatcher
+    await eventually(lambda: len(dispatcher) == n, what=f"{n} parked Acquires")
+
+
+async def test_a_queued_task_wakes_only_the_host_that_can_take_it(farm: Farm) -> None:
+    """THEN the host of the task's rack gets it, and no other parked Acquire asks again."""
+    client = await farm.client()
+    hosts = [await farm.host(f"h{i}", f"h{i}-s1", rack=f"r{i}") for i in range(20)]
+    parked = [asyncio.create_task(h.acquire(f"{h.host_id}-s1", wait=30)) for h in hosts]
+    await _parked_hosts(farm, 20)
+    before = _queries()
+    task = await _submit(client, rack="r7")
+    (a,) = await asyncio.wait_for(parked[7], 10)
+    assert a.task_id == task.task_id and a.device_serial == "h7-s1"
+    assert _queries() - before == 1  # h7's, and nobody else's
+    await _parked_hosts(farm, 19)
+    # A task no parked host can take wakes nobody and asks the database nothing.
+    other = await _submit(client, rack="nowhere")
+    await _submit(client, serial="no-such-serial")
+    assert _queries() - before == 1
+    assert await farm.status(other.task_id) == "queued"
+    assert not any(p.done() for i, p in enumerate(parked) if i != 7)
+    for p in parked:
+        p.cancel()
+
+
+async def test_tasks_queued_together_are_spread_over_the_hosts_that_can_take_them(
+    farm: Farm,
+) -> None:
+    """Each woken host is offered at most one task per idle device; the rest go on."""
+    client = await farm.client()
+    hosts = [await farm.host(f"h{i}", f"h{i}-s1", f"h{i}-s2", rack="a") for i in range(3)]
+    parked = [
+        asyncio.create_task(h.acquire(f"{h.host_id}-s1", f"{h.host_id}-s2", wait=30)) for h in hosts
+    ]
+    await _parked_hosts(farm, 3)
+    await client.scheduler.SubmitTasks(
+        scheduler_pb2.SubmitTasksRequest(
+            tasks=[
+                scheduler_pb2.SubmitTaskRequest(
+                    spec=actions_spec(), selector=task_pb2.DeviceSelector(labels={"rack": "a"})
+                )
+                for _ in range(6)
+            ]
+        )
+    )
+    handed = [a for r in await asyncio.wait_for(asyncio.gather(*parked), 10) for a in r]
+    assert len(handed) == len({a.task_id for a in handed}) == 6
+
+
+async def test_an_offer_a_busy_host_could_not_use_goes_to_another(farm: Farm) -> None:
+    """A host woken for two tasks with one idle device takes one; the other task reaches
+    the next host that can take it without waiting for a re-poll."""
+    client = await farm.client()
+    h1 = await farm.host("h1", "s1", rack="a")
+    first = asyncio.create_task(h1.acquire("s1", wait=30))
+    await _parked_hosts(farm, 1)
+    await _submit(client, rack="a")
+    (a1,) = await asyncio.wait_for(first, 10)
+    # h2 parks; a task queued meanwhile must reach it at once.
+    h2 = await farm.host("h2", "s2", rack="a")
+    second = asyncio.create_task(h2.acquire("s2", wait=30))
+    await _parked_hosts(farm, 1)
+    t2 = await _submit(client, rack="a")
+    (a2,) = await asyncio.wait_for(second, 10)
+    assert a2.task_id == t2.task_id
+    await h1.report(a1, lease_pb2.OUTCOME_DONE)
+
+
+async def test_a_requeued_task_is_offered_to_a_parked_host(farm: Farm) -> None:
+    client = await farm.client()
+    h1 = await farm.host("h1", "s1", rack="a")
+    h2 = await farm.host("h2", "s2", rack="a")
+    task = await _submit(client, rack="a")
+    a = await h1.acquire_one("s1")
+    waiting = asyncio.create_task(h2.acquire("s2", wait=30))
+    await _parked_hosts(farm, 1)
+    await h1.release(a.lease_id)
+    (again,) = await asyncio.wait_for(waiting, 10)
+    assert (again.task_id, again.attempt) == (task.task_id, 2)
