@@ -39,11 +39,11 @@ from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
 from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult, Timing
 from host_agent.reporting import (
     Delivery,
+    ResultBatcher,
     RetryPolicy,
     backoff,
     is_retryable,
     release_lease,
-    report_result,
 )
 from host_agent.results import Outcome, RunResult
 from host_agent.runner import outcome_for, run
@@ -98,6 +98,7 @@ class Agent:
         self.settings = settings
         self._source = source
         self._stub = lease_pb2_grpc.LeaseStub(channel)
+        self._results = ResultBatcher(self._stub)
         self._notifier = notifier or Notifier(address="")
         self._log = log.bind(host_id=settings.host_id)
         self.keeper: LeaseKeeper | None = None
@@ -380,7 +381,7 @@ class Agent:
             await self._final(self._release(lease, StopReason.LEASE_LOST.label))
         request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
         policy = RetryPolicy(total=self.settings.report_timeout)
-        delivery = await self._final(report_result(self._stub, request, policy))
+        delivery = await self._final(self._results.report(request, policy))
         return Finished(lease, a.device_serial, Ending.REPORTED, result, delivery)
 
     async def _execute(self, a: lease_pb2.Assignment, token: StopToken) -> RunResult:

@@ -35,7 +35,7 @@ class AgentSettings:
     # How often the device inventory is read again (and re-registered if it changed).
     inventory_interval: float = 10.0
     # How long one Acquire long poll waits for work (the control plane caps it at 60 s).
-    acquire_wait: float = 10.0
+    acquire_wait: float = 60.0
     # A report gives up after this long; the lease then runs out on the control plane.
     report_timeout: float = 60.0
     release_timeout: float = 10.0
@@ -164,7 +164,7 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--action-log", "AMC_ACTION_LOG", None, str, "JSON-lines log of simulated actions"),
     ("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", duration, "SIGTERM: grace for running tasks"),
     ("--inventory-interval", "AMC_INVENTORY_INTERVAL", "10s", duration, "device list refresh"),
-    ("--acquire-wait", "AMC_ACQUIRE_WAIT", "10s", duration, "long-poll wait of one Acquire"),
+    ("--acquire-wait", "AMC_ACQUIRE_WAIT", "60s", duration, "long-poll wait of one Acquire"),
     ("--report-timeout", "AMC_REPORT_TIMEOUT", "60s", duration, "how long a report is retried"),
     ("--shell-timeout", "AMC_SHELL_TIMEOUT", "60s", duration, "default timeout of shell actions"),
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),

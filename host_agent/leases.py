@@ -1,10 +1,11 @@
 """The lease-renewal stream: one `RenewLeases` stream per agent for all of its leases.
 
 `LeaseKeeper.run()` keeps the stream open for good (reconnecting with backoff) and sends
-a request with every held lease every renew interval, plus one at once when a lease is
-added: that first renewal acknowledges the assignment, and `acknowledge()` waits for its
-answer. Answers are matched to requests by `seq`, so each lease's self-fencing deadline
-counts from when the renewing request was *sent*:
+a request with every held lease every renew interval (none while it holds no lease, after
+the one that opens the stream), plus one at once when a lease is added: that first renewal
+acknowledges the assignment, and `acknowledge()` waits for its answer. Answers are matched
+to requests by `seq`, so each lease's self-fencing deadline counts from when the renewing
+request was *sent*:
 
     deadline = send time of the request whose answer said RENEWED + valid_for - margin
 
@@ -211,12 +212,18 @@ class LeaseKeeper:
 
     async def _send_every_interval(self, call: grpc.aio.StreamStreamCall) -> None:
         # A wake-up (a new lease) sends only the leases still waiting for their first
-        # answer; every interval, all of them.
+        # answer; every interval, all of them. The first request opens the stream (the
+        # control plane counts the host connected while it stays open); after it, a host
+        # holding no lease sends nothing: HTTP/2 keepalive watches the connection, so an
+        # idle host costs the control plane no message per interval.
         next_full = 0.0
+        opened = False
         while True:
             self._wake.clear()
             full = time.monotonic() >= next_full
-            await self._send(call, full)
+            if self._held or not opened:
+                await self._send(call, full)
+                opened = True
             if full:
                 next_full = time.monotonic() + self.timing.interval
             with contextlib.suppress(TimeoutError):

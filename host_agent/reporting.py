@@ -7,10 +7,16 @@ deadline ran out, the server was busy or restarting. They stop at once on refusa
 lease is stale or foreign, a different outcome is recorded, the request is malformed),
 which retrying cannot change, and give up after a bounded total time: the lease then runs
 out on the control plane, which requeues the task or fails it.
+
+`ResultBatcher` sends the results of tasks that end at nearly the same moment together:
+while one report call is in flight, the results that come meanwhile wait and then go in one
+ReportResults call (one transaction on the control plane). Nothing waits for company: a
+result that ends alone goes at once, as a plain ReportResult.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -200,3 +206,104 @@ def _log_failure(bound: Logger, what: str, exc: grpc.aio.AioRpcError, tries: int
             details=exc.details(),
             tries=tries,
         )
+
+
+# A control plane answers at most this many results in one ReportResults call.
+MAX_BATCH = 1000
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class ResultBatcher:
+    """Reports results, several in one call when they end together (see the module doc)."""
+
+    def __init__(self, stub: lease_pb2_grpc.LeaseStub, max_batch: int = MAX_BATCH) -> None:
+        self._stub = stub
+        self._max_batch = max_batch
+        self._waiting: list[_Pending] = []
+        self._sender: asyncio.Task[None] | None = None
+        # Off once a control plane says it has no ReportResults (an older release).
+        self._batches = True
+
+    async def report(
+        self, request: lease_pb2.ReportResultRequest, policy: RetryPolicy = RetryPolicy()
+    ) -> Delivery[task_pb2.Task]:
+        pending = _Pending(request, policy, asyncio.get_running_loop().create_future())
+        self._waiting.append(pending)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send_waiting())
+        return await pending.delivered
+
+    async def _send_waiting(self) -> None:
+        while self._waiting:
+            batch = self._waiting[: self._max_batch]
+            del self._waiting[: len(batch)]
+            try:
+                await self._send(batch)
+            except Exception as exc:  # never leave a caller waiting for ever
+                for p in batch:
+                    if not p.delivered.done():
+                        p.delivered.set_exception(exc)
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        if len(batch) == 1 or not self._batches:
+            deliveries = await asyncio.gather(
+                *(report_result(self._stub, p.request, p.policy) for p in batch)
+            )
+            for p, delivery in zip(batch, deliveries, strict=True):
+                p.delivered.set_result(delivery)
+            return
+        request = lease_pb2.ReportResultsRequest(results=[p.request for p in batch])
+        policy = max((p.policy for p in batch), key=lambda p: p.total)
+        bound = log.bind(results=len(batch))
+        delivery = await call_with_retries(
+            lambda timeout: self._stub.ReportResults(request, timeout=timeout),
+            policy,
+            bound,
+            "report",
+        )
+        if delivery.response is not None:
+            for p, answer in zip(batch, delivery.response.answers, strict=True):
+                p.delivered.set_result(_answered(p.request, answer, delivery.tries))
+            return
+        if delivery.code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INVALID_ARGUMENT):
+            # No batches there, or one result spoils the batch: each on its own, for its
+            # own answer.
+            self._batches = delivery.code is not grpc.StatusCode.UNIMPLEMENTED
+            await self._send_each(batch)
+            return
+        for p in batch:
+            p.delivered.set_result(Delivery(None, delivery.tries, delivery.code, delivery.details))
+
+    async def _send_each(self, batch: list[_Pending]) -> None:
+        deliveries = await asyncio.gather(
+            *(report_result(self._stub, p.request, p.policy) for p in batch)
+        )
+        for p, delivery in zip(batch, deliveries, strict=True):
+            p.delivered.set_result(delivery)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    request: lease_pb2.ReportResultRequest
+    policy: RetryPolicy
+    delivered: asyncio.Future[Delivery[task_pb2.Task]]
+
+
+def _answered(
+    request: lease_pb2.ReportResultRequest, answer: lease_pb2.ReportResultAnswer, tries: int
+) -> Delivery[task_pb2.Task]:
+    bound = log.bind(
+        task_id=request.task_id,
+        attempt=request.attempt,
+        lease_id=request.lease_id,
+        outcome=lease_pb2.Outcome.Name(request.outcome),
+    )
+    if answer.code == 0:
+        status = task_pb2.TaskStatus.Name(answer.task.status)
+        bound.info("result reported", status=status, tries=tries, batched=True)
+        return Delivery(answer.task, tries)
+    code = _CODES.get(answer.code, grpc.StatusCode.UNKNOWN)
+    bound.warning(
+        "report refused by the control plane", code=code.name, details=answer.message, tries=tries
+    )
+    return Delivery(None, tries, code, answer.message)

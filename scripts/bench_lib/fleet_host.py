@@ -2,12 +2,13 @@
 wire, without running anything on a phone.
 
     RegisterHost(host_id, {pool, rack}, 4 devices)
-    one RenewLeases stream, for good: every renew interval a request naming every held lease
-        (none: an empty request, as the agent sends), and at once one naming the leases not
-        acknowledged yet when an assignment arrives
-    one Acquire(idle serials, wait 10 s) parked at a time, again as soon as it returns
-    per assignment: acknowledge (its first renewal, answered RENEWED) -> report DONE
-        (ReportResult with one ok step) -> the device is idle again
+    one RenewLeases stream, for good: one request opens it; then every renew interval a
+        request naming every held lease (none held: nothing, as the agent), and at once one
+        naming the leases not acknowledged yet when an assignment arrives
+    one Acquire(idle serials, wait 60 s) parked at a time, again as soon as it returns
+    per assignment: acknowledge (its first renewal, answered RENEWED) -> report DONE through
+        the agent's own ResultBatcher (results ending together go in one ReportResults)
+        -> the device is idle again
 
 All of it is in this class, so that a change of the lease protocol (e.g. a batched report
 RPC) changes one place: `_report` is where results leave the host.
@@ -28,15 +29,17 @@ import grpc
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
+from host_agent.reporting import ResultBatcher, RetryPolicy
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus
 from host_agent.spec import report_request
 
 # host_agent's defaults: AgentSettings.acquire_wait, agent.CALL_TIMEOUT.
-ACQUIRE_WAIT = 10.0
+ACQUIRE_WAIT = 60.0
 CALL_TIMEOUT = 10.0
 # How long an assignment may wait for its acknowledgement's answer before the host gives up
 # on it (the agent fences by the lease deadline; here it is an error to count).
 ACK_TIMEOUT = 30.0
+REPORT_POLICY = RetryPolicy(total=CALL_TIMEOUT, call_timeout=CALL_TIMEOUT)
 # After a failed Acquire or a broken stream (not expected in a run): wait, then again.
 RETRY_AFTER = 0.5
 
@@ -108,6 +111,7 @@ class FleetHost:
         self.labels = labels
         self.serials = [f"d{i}" for i in range(devices)]
         self._stub = lease_pb2_grpc.LeaseStub(channel)
+        self._results = ResultBatcher(self._stub)
         self._counters = counters
         self._on_assigned = on_assigned
         self._on_done = on_done
@@ -202,15 +206,7 @@ class FleetHost:
             self._idle_again.set()
 
     async def _report(self, a: lease_pb2.Assignment) -> bool:
-        """THE place results leave the host: one ReportResult per attempt, as the agent does
-        today.
-
-        TO SWITCH TO BATCHED REPORTS: the working tree's lease.proto is gaining
-        `ReportResults(ReportResultsRequest{results: [ReportResultRequest]})` ->
-        `ReportResultsResponse{answers}` (answers[i].code == 0: recorded), uncommitted when
-        this was written. To measure it, gather here the requests of the attempts that end
-        in the same loop turn on this host, send them in one ReportResults, and return
-        answers[i].code == 0 for each; nothing else in the fleet changes."""
+        """Where results leave the host: as the agent does, through its ResultBatcher."""
         now = datetime.now(UTC)
         step = StepResult(0, "key", StepStatus.OK, now, timedelta(0))
         request = report_request(
@@ -219,10 +215,11 @@ class FleetHost:
             attempt=a.attempt,
             lease_id=a.lease_id,
         )
-        try:
-            await self._stub.ReportResult(request, timeout=CALL_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
-            self._counters.error("report_errors", exc)
+        delivery = await self._results.report(request, REPORT_POLICY)
+        if not delivery.accepted:
+            self._counters.error(
+                "report_errors", RuntimeError(f"{delivery.code}: {delivery.details}")
+            )
             return False
         return True
 
@@ -249,13 +246,15 @@ class FleetHost:
 
     async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
         # As LeaseKeeper: a wake-up sends the leases still waiting for their first answer;
-        # every interval, all of them (none held: an empty request all the same).
+        # every interval, all of them; none held: nothing, after the request that opens it.
         next_full = 0.0
+        opened = False
         while True:
             self._wake.clear()
             full = time.monotonic() >= next_full
             ids = [i for i, lease in self._held.items() if full or not lease.answered.done()]
-            if full or ids:
+            if ids or not opened:
+                opened = True
                 await call.write(
                     lease_pb2.RenewLeasesRequest(
                         host_id=self.host_id, lease_ids=ids, seq=next(self._seq)
