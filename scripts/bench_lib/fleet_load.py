@@ -42,6 +42,7 @@ import psutil
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
+from amc_common.logs import configure
 from bench_lib import promtext, stack
 from bench_lib.client import bounded, key_actions
 from bench_lib.fleet_host import Counters, FleetHost
@@ -395,5 +396,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
+    # The hosts report through the agent's own ResultBatcher: its per-result log lines
+    # would cost this process more than playing the hosts does.
+    configure(level="WARNING")
     result = asyncio.run(main(parse(sys.argv[1:])))
     print(json.dumps(result), flush=True)
