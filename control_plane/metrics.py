@@ -32,7 +32,9 @@ RENEWAL_BATCH = Histogram(
     "Leases per renewal request",
     buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
 )
-HOSTS_CONNECTED = Gauge("amc_hosts_connected", "Hosts seen within one lease TTL")
+HOSTS_CONNECTED = Gauge(
+    "amc_hosts_connected", "Hosts whose renewal stream is open on a live replica (any replica)"
+)
 STREAMS = Gauge("amc_renewal_streams", "Renewal streams open on this replica")
 CANCEL_DELIVERY = Histogram(
     "amc_cancel_delivery_seconds",

@@ -119,12 +119,7 @@ async def report_result(
     policy: RetryPolicy = RetryPolicy(),
 ) -> Delivery[task_pb2.Task]:
     """Send one report, resending the *same* message on transient errors."""
-    bound = log.bind(
-        task_id=request.task_id,
-        attempt=request.attempt,
-        lease_id=request.lease_id,
-        outcome=lease_pb2.Outcome.Name(request.outcome),
-    )
+    bound = _bound(request)
     delivery = await call_with_retries(
         lambda timeout: stub.ReportResult(request, timeout=timeout), policy, bound, "report"
     )
@@ -133,6 +128,15 @@ async def report_result(
         status = task_pb2.TaskStatus.Name(delivery.response.status)
         bound.info("result reported", status=status, tries=delivery.tries)
     return delivery
+
+
+def _bound(request: lease_pb2.ReportResultRequest) -> Logger:
+    return log.bind(
+        task_id=request.task_id,
+        attempt=request.attempt,
+        lease_id=request.lease_id,
+        outcome=lease_pb2.Outcome.Name(request.outcome),
+    )
 
 
 async def release_lease(
@@ -246,11 +250,7 @@ class ResultBatcher:
 
     async def _send(self, batch: list[_Pending]) -> None:
         if len(batch) == 1 or not self._batches:
-            deliveries = await asyncio.gather(
-                *(report_result(self._stub, p.request, p.policy) for p in batch)
-            )
-            for p, delivery in zip(batch, deliveries, strict=True):
-                p.delivered.set_result(delivery)
+            await self._send_each(batch)
             return
         request = lease_pb2.ReportResultsRequest(results=[p.request for p in batch])
         policy = max((p.policy for p in batch), key=lambda p: p.total)
@@ -292,12 +292,7 @@ class _Pending:
 def _answered(
     request: lease_pb2.ReportResultRequest, answer: lease_pb2.ReportResultAnswer, tries: int
 ) -> Delivery[task_pb2.Task]:
-    bound = log.bind(
-        task_id=request.task_id,
-        attempt=request.attempt,
-        lease_id=request.lease_id,
-        outcome=lease_pb2.Outcome.Name(request.outcome),
-    )
+    bound = _bound(request)
     if answer.code == 0:
         status = task_pb2.TaskStatus.Name(answer.task.status)
         bound.info("result reported", status=status, tries=tries, batched=True)
