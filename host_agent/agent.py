@@ -1,4 +1,5 @@
-"""The host agent: offers this host's phones to the control plane, runs what it is given.
+"""The host session: offers this host's phones to the control plane and starts a worker
+for each assignment it is given.
 
     run()
      ├─ register (retried until accepted), then READY=1 to systemd
@@ -7,7 +8,11 @@
          ├─ _refresh_loop()        inventory every `inventory_interval`; re-register on change
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
          ├─ _acquire_loop()        one Acquire long poll for all idle devices at a time
-         └─ _work() per assignment: acknowledge (first renewal) → run → report → forget
+         └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
+                                    → report or release → forget; then the books here
+
+Messages become domain values (and back) in convert.py; this module and the worker see
+the domain `Assignment`, not `lease_pb2.Assignment`.
 
 Drain (`stop()`, i.e. SIGTERM): no new Acquire (one in flight is cancelled); running tasks
 get `drain_timeout` to finish and report as usual; then their tokens trip SHUTDOWN, the
@@ -20,74 +25,44 @@ cuts the grace period short. Reports and releases run shielded and are awaited b
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 import grpc
 import structlog
-from google.protobuf import duration_pb2
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
-from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
+from amc.v1 import lease_pb2_grpc
 from host_agent import metrics
 from host_agent.config import AgentSettings
-from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
-from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult, Timing
-from host_agent.reporting import (
-    Delivery,
-    ResultBatcher,
-    RetryPolicy,
-    backoff,
-    is_retryable,
-    release_lease,
+from host_agent.convert import (
+    Assignment,
+    acquire_request,
+    assignment_from_proto,
+    register_request,
+    timing_from_proto,
 )
-from host_agent.results import Outcome, RunResult
-from host_agent.runner import outcome_for, run
-from host_agent.spec import InvalidSpec, report_request, spec_from_proto
+from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
+from host_agent.leases import LeaseKeeper, Timing
+from host_agent.reporting import FinalCalls, ResultBatcher, backoff, is_retryable, release_lease
+from host_agent.results import Outcome
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.systemd import Notifier
+from host_agent.worker import Finished, Tools, Worker
 
 log = structlog.get_logger(__name__)
-
-T = TypeVar("T")
 
 # Deadline of the short unary calls (RegisterHost); Acquire gets its wait on top.
 CALL_TIMEOUT = 10.0
 # How many finished attempts `Agent.finished` remembers (for tests and debugging).
 FINISHED_KEPT = 256
-# The control plane's limits on registered text (validate.py there); longer is cut here
-# rather than have one odd phone make every registration fail.
-_MAX_TEXT, _MAX_LABEL = 128, 1024
-
-_DEVICE_STATES = {
-    "device": scheduler_pb2.DEVICE_STATE_DEVICE,
-    "offline": scheduler_pb2.DEVICE_STATE_OFFLINE,
-    "unauthorized": scheduler_pb2.DEVICE_STATE_UNAUTHORIZED,
-}
-
-
-class Ending(enum.Enum):
-    """What the agent did with an attempt it was given."""
-
-    REPORTED = "reported"  # sent a result (see `delivery` for whether it was accepted)
-    RELEASED = "released"  # gave the lease back unreported (shutdown, never acknowledged)
-    DROPPED = "dropped"  # did nothing: the lease was already dead when acknowledged
-
-
-@dataclass(frozen=True)
-class Finished:
-    lease: HeldLease
-    device: str
-    ending: Ending
-    result: RunResult | None = None
-    delivery: Delivery[Any] | None = None
 
 
 class Agent:
+    """The host session: registration, inventory, the watchdog, the acquire loop, the drain.
+    Owns the LeaseKeeper and the ResultBatcher its workers share."""
+
     def __init__(
         self,
         settings: AgentSettings,
@@ -111,7 +86,8 @@ class Agent:
         self._hurry = asyncio.Event()
         self._changed = asyncio.Event()
         self._refreshing = asyncio.Lock()
-        self._final_calls: set[asyncio.Future[Any]] = set()
+        self._final = FinalCalls()
+        self._tools: Tools | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -134,6 +110,9 @@ class Agent:
             self._log.info("stopped before the first registration")
             return
         keeper = self.keeper = LeaseKeeper(self._stub, self.settings.host_id, timing)
+        self._tools = Tools(
+            self.settings, self._stub, keeper, self._results, self._source, self._final
+        )
         self._notifier.ready(self._status())
         try:
             async with asyncio.TaskGroup() as group:
@@ -147,8 +126,7 @@ class Agent:
                 for task in background:
                     task.cancel()
         finally:
-            if self._final_calls:
-                await asyncio.wait(self._final_calls)
+            await self._final.wait()
         self._log.info("host agent stopped")
 
     async def _drain(self) -> None:
@@ -209,15 +187,9 @@ class Agent:
         raise AssertionError("unreachable: AsyncRetrying retries until it returns or raises")
 
     async def _register(self, inventory: tuple[DeviceInfo, ...]) -> Timing:
-        request = lease_pb2.RegisterHostRequest(
-            host_id=self.settings.host_id,
-            labels=dict(self.settings.labels),
-            devices=[_device_to_proto(d) for d in inventory],
-        )
+        request = register_request(self.settings.host_id, self.settings.labels, inventory)
         response = await self._stub.RegisterHost(request, timeout=CALL_TIMEOUT)
-        timing = Timing(
-            ttl=_seconds(response.lease_ttl), interval=_seconds(response.renew_interval)
-        )
+        timing = timing_from_proto(response)
         self._inventory = inventory
         if self.keeper is not None:
             self.keeper.timing = timing
@@ -273,19 +245,15 @@ class Agent:
                 await self._changed.wait()
                 continue
             try:
-                assignments = await self._draining.race(self._acquire(idle))
+                received_at, assignments = await self._draining.race(self._acquire(idle))
             except Stopped:
                 return
-            received_at = time.monotonic()
             for assignment in assignments:
                 self._start(group, assignment, received_at)
 
-    async def _acquire(self, idle: list[str]) -> list[lease_pb2.Assignment]:
-        request = lease_pb2.AcquireRequest(
-            host_id=self.settings.host_id,
-            idle_serials=idle,
-            wait=_duration(self.settings.acquire_wait),
-        )
+    async def _acquire(self, idle: list[str]) -> tuple[float, list[Assignment]]:
+        """When the answer came (time.monotonic()), and the assignments in it."""
+        request = acquire_request(self.settings.host_id, idle, self.settings.acquire_wait)
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_retryable),
             wait=backoff(0.2, 10.0),
@@ -296,13 +264,13 @@ class Agent:
                 response = await self._stub.Acquire(
                     request, timeout=self.settings.acquire_wait + CALL_TIMEOUT
                 )
-        return list(response.assignments)
+        # Taken before the conversion, so the leases' deadlines err early, never late.
+        received_at = time.monotonic()
+        return received_at, [assignment_from_proto(a) for a in response.assignments]
 
-    def _start(self, group: asyncio.TaskGroup, a: lease_pb2.Assignment, received_at: float) -> None:
-        assert self.keeper is not None
-        lease = self.keeper.new_lease(
-            a.lease_id, a.task_id, a.attempt, _seconds(a.valid_for), received_at
-        )
+    def _start(self, group: asyncio.TaskGroup, a: Assignment, received_at: float) -> None:
+        assert self.keeper is not None and self._tools is not None
+        lease = self.keeper.new_lease(a.lease_id, a.task_id, a.attempt, a.valid_for, received_at)
         if a.device_serial in self._busy:
             # The control plane hands out one task per device; never run two on one phone.
             self._log.error(
@@ -311,25 +279,21 @@ class Agent:
                 task_id=a.task_id,
             )
             group.create_task(
-                self._final(
+                self._final.run(
                     release_lease(self._stub, a.lease_id, "device already busy on this host")
                 )
             )
             return
+        worker = Worker(self._tools, a, lease)
         self._busy[a.device_serial] = group.create_task(
-            self._work(a, lease), name=f"task {a.task_id} attempt {a.attempt}"
+            self._work(worker), name=f"task {a.task_id} attempt {a.attempt}"
         )
         self._notifier.status(self._status())
 
-    # -- one attempt -----------------------------------------------------------------------
-
-    async def _work(self, a: lease_pb2.Assignment, lease: HeldLease) -> None:
-        # Bound in this task's context only, so the runner's log lines carry them too.
-        structlog.contextvars.bind_contextvars(
-            device=a.device_serial, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id
-        )
+    async def _work(self, worker: Worker) -> None:
+        """One worker's run, and the books: what finished, the metric, the busy device."""
         try:
-            finished = await self._attempt_guarded(a, lease)
+            finished = await worker.run()
             self.finished.append(finished)
             outcome = finished.result.outcome.name.lower() if finished.result else "none"
             metrics.TASKS.labels(f"{finished.ending.name.lower()}:{outcome}").inc()
@@ -337,86 +301,9 @@ class Agent:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self.refresh_inventory()
         finally:
-            self._busy.pop(a.device_serial, None)
+            self._busy.pop(worker.assignment.device_serial, None)
             self._changed.set()
             self._notifier.status(self._status())
-
-    async def _attempt_guarded(self, a: lease_pb2.Assignment, lease: HeldLease) -> Finished:
-        assert self.keeper is not None
-        try:
-            return await self._attempt(a, lease)
-        except Exception:
-            # A bug here must not take the other devices' tasks down with it.
-            self._log.exception("task worker failed; giving the lease back")
-            delivery = await self._final(self._release(lease, "host agent error"))
-            return Finished(lease, a.device_serial, Ending.RELEASED, None, delivery)
-        finally:
-            self.keeper.forget(lease.lease_id)
-
-    async def _attempt(self, a: lease_pb2.Assignment, lease: HeldLease) -> Finished:
-        assert self.keeper is not None
-        answer = await self.keeper.acknowledge(lease)
-        if answer is not None and answer.result is RenewalResult.CONFLICT:
-            self._log.warning("lease already lost at acknowledgement; dropping the task")
-            return Finished(lease, a.device_serial, Ending.DROPPED)
-        reason = lease.token.reason
-        if reason is StopReason.LEASE_LOST or reason is StopReason.SHUTDOWN:
-            # No answer in time, or shutting down: nothing ran, so give the task back rather
-            # than fail it.
-            why = f"stopped before the first step: {reason.label}"
-            delivery = await self._final(self._release(lease, why))
-            return Finished(lease, a.device_serial, Ending.RELEASED, None, delivery)
-        # With the token tripped CANCELLED already (by the acknowledgement or a push), the
-        # runner skips every step and the device is never touched: the report says CANCELLED.
-        result = await self._execute(a, lease.token)
-        if result.stop_reason is StopReason.SHUTDOWN:
-            delivery = await self._final(self._release(lease, StopReason.SHUTDOWN.label))
-            return Finished(lease, a.device_serial, Ending.RELEASED, result, delivery)
-        if result.stop_reason is StopReason.LEASE_LOST and result.outcome is not Outcome.DONE:
-            # We fenced ourselves before the control plane's expiry. A FAILED report landing
-            # in that window would be accepted and fail a task that should be requeued (or
-            # cancelled, if a cancel came meanwhile). Give the lease back first so the
-            # control plane applies its expiry rules; the FAILED report that follows is then
-            # refused as stale, which is expected.
-            await self._final(self._release(lease, StopReason.LEASE_LOST.label))
-        request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
-        policy = RetryPolicy(total=self.settings.report_timeout)
-        delivery = await self._final(self._results.report(request, policy))
-        return Finished(lease, a.device_serial, Ending.REPORTED, result, delivery)
-
-    async def _execute(self, a: lease_pb2.Assignment, token: StopToken) -> RunResult:
-        try:
-            spec = spec_from_proto(a.spec)
-        except InvalidSpec as exc:
-            return RunResult(
-                outcome_for(False, True, token.reason), f"invalid task spec: {exc}", ()
-            )
-        self._log.info("running task", kind=a.spec.WhichOneof("kind"))
-        result = await run(
-            spec,
-            self._source.device(a.device_serial),
-            token,
-            shell_default_timeout=self.settings.shell_timeout,
-        )
-        self._log.info(
-            "task finished",
-            outcome=result.outcome.value,
-            stop_reason=result.stop_reason.value if result.stop_reason else None,
-            error=result.error,
-        )
-        return result
-
-    async def _release(self, lease: HeldLease, why: str) -> Delivery[Any]:
-        policy = RetryPolicy(total=self.settings.release_timeout)
-        return await release_lease(self._stub, lease.lease_id, f"host: {why}", policy)
-
-    async def _final(self, call: Coroutine[Any, Any, T]) -> T:
-        """Run a final call (report, release) so that cancelling the caller cannot cut it
-        off; `run()` waits for every one of them before it returns."""
-        task = asyncio.ensure_future(call)
-        self._final_calls.add(task)
-        task.add_done_callback(self._final_calls.discard)
-        return await asyncio.shield(task)
 
     def _log_retry(self, what: str) -> Callable[[RetryCallState], None]:
         def before_sleep(state: RetryCallState) -> None:
@@ -430,25 +317,3 @@ class Agent:
             )
 
         return before_sleep
-
-
-def _device_to_proto(d: DeviceInfo) -> lease_pb2.DeviceInfo:
-    return lease_pb2.DeviceInfo(
-        serial=d.serial,
-        state=_DEVICE_STATES.get(d.state, scheduler_pb2.DEVICE_STATE_OFFLINE),
-        model=d.model[:_MAX_TEXT],
-        manufacturer=d.manufacturer[:_MAX_TEXT],
-        sdk=d.sdk,
-        abi=d.abi[:_MAX_TEXT],
-        labels={k[:_MAX_TEXT]: v[:_MAX_LABEL] for k, v in d.labels.items()},
-    )
-
-
-def _seconds(d: duration_pb2.Duration) -> float:
-    return float(d.ToTimedelta().total_seconds())
-
-
-def _duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d

@@ -8,6 +8,9 @@ lease is stale or foreign, a different outcome is recorded, the request is malfo
 which retrying cannot change, and give up after a bounded total time: the lease then runs
 out on the control plane, which requeues the task or fails it.
 
+`FinalCalls` runs these final calls shielded, so cancelling the worker that made one cannot
+cut it off half-way; the agent awaits them all before it returns.
+
 `ResultBatcher` sends the results of tasks that end at nearly the same moment together:
 while one report call is in flight, the results that come meanwhile wait and then go in one
 ReportResults call (one transaction on the control plane). Nothing waits for company: a
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -210,6 +213,24 @@ def _log_failure(bound: Logger, what: str, exc: grpc.aio.AioRpcError, tries: int
             details=exc.details(),
             tries=tries,
         )
+
+
+class FinalCalls:
+    """Final calls (reports, releases) in flight, each shielded from its caller's
+    cancellation; `wait()` until all of them are through."""
+
+    def __init__(self) -> None:
+        self._calls: set[asyncio.Future[Any]] = set()
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.ensure_future(call)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        return await asyncio.shield(task)
+
+    async def wait(self) -> None:
+        if self._calls:
+            await asyncio.wait(self._calls)
 
 
 # A control plane answers at most this many results in one ReportResults call.

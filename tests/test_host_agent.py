@@ -10,11 +10,12 @@ import uuid
 import grpc
 
 from amc.v1 import task_pb2
-from host_agent.agent import Agent, Ending
+from host_agent.agent import Agent
 from host_agent.leases import HeldLease
 from host_agent.results import Outcome, StepStatus
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason
+from host_agent.worker import Ending
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.host_agent_support import (
     cancel,

@@ -11,6 +11,7 @@ from datetime import UTC
 import pytest
 
 from amc.v1 import lease_pb2
+from host_agent.convert import outcome_to_proto, report_request
 from host_agent.devices import DeviceLost
 from host_agent.runner import (
     Outcome,
@@ -38,8 +39,6 @@ from host_agent.spec import (
     WaitFor,
     Workflow,
     WorkflowStep,
-    outcome_to_proto,
-    report_request,
 )
 from host_agent.stop_token import StopReason, StopToken
 from tests.runner_fakes import EMPTY_SCREEN, Call, FakeDevice, eventually

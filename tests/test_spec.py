@@ -1,4 +1,4 @@
-"""The runner's protobuf edge: TaskSpec in, TaskResult and Outcome out."""
+"""The host agent's protobuf edge (host_agent.convert): TaskSpec in, TaskResult and Outcome out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,23 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from google.protobuf import duration_pb2
 
-from amc.v1 import lease_pb2, task_pb2
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from host_agent.convert import (
+    Assignment,
+    acquire_request,
+    assignment_from_proto,
+    device_to_proto,
+    duration,
+    outcome_to_proto,
+    register_request,
+    report_request,
+    result_to_proto,
+    seconds,
+    spec_from_proto,
+    timing_from_proto,
+)
+from host_agent.devices import DeviceInfo
+from host_agent.leases import Timing
 from host_agent.results import OUTPUT_LIMIT, Outcome, RunResult, StepResult, StepStatus
 from host_agent.spec import (
     DEFAULT_SWIPE_MS,
@@ -29,10 +45,6 @@ from host_agent.spec import (
     WaitFor,
     Workflow,
     WorkflowStep,
-    outcome_to_proto,
-    report_request,
-    result_to_proto,
-    spec_from_proto,
 )
 from host_agent.stop_token import StopReason
 
@@ -253,3 +265,51 @@ def test_report_request_is_the_same_message_every_time() -> None:
     assert (first.task_id, first.attempt, first.lease_id) == ("t", 2, "l")
     assert first.outcome == lease_pb2.OUTCOME_DONE
     assert first.result.steps[0].name == "tap"
+
+
+def test_an_assignment_becomes_a_domain_assignment() -> None:
+    pb = lease_pb2.Assignment(
+        task_id="t",
+        attempt=3,
+        lease_id="l",
+        device_serial="s1",
+        spec=actions_spec(task_pb2.Action(tap=task_pb2.Tap(x=1, y=2))),
+        valid_for=secs(15),
+    )
+    assert assignment_from_proto(pb) == Assignment(
+        task_id="t",
+        attempt=3,
+        lease_id="l",
+        device_serial="s1",
+        spec=ActionList((Tap(1, 2),)),
+        valid_for=15.0,
+    )
+
+
+def test_an_assignment_with_an_invalid_spec_carries_the_error() -> None:
+    """THEN the worker still acknowledges it, and reports it FAILED with this error."""
+    pb = lease_pb2.Assignment(task_id="t", attempt=1, lease_id="l", device_serial="s1")
+    a = assignment_from_proto(pb)
+    assert isinstance(a.spec, InvalidSpec)
+    assert str(a.spec) == "task spec has neither actions nor a workflow"
+
+
+def test_device_info_is_cut_to_the_control_planes_limits() -> None:
+    long = "m" * 500
+    pb = device_to_proto(
+        DeviceInfo("s1", "recovery", model=long, sdk=34, labels={"k" * 200: "v" * 2000})
+    )
+    assert pb.state == scheduler_pb2.DEVICE_STATE_OFFLINE
+    assert (len(pb.model), pb.sdk) == (128, 34)
+    assert [(len(k), len(v)) for k, v in pb.labels.items()] == [(128, 1024)]
+
+
+def test_register_and_acquire_requests_and_the_timing_answered() -> None:
+    request = register_request("h", {"pool": "a"}, [DeviceInfo("s1", "device")])
+    assert (request.host_id, dict(request.labels)) == ("h", {"pool": "a"})
+    assert [d.state for d in request.devices] == [scheduler_pb2.DEVICE_STATE_DEVICE]
+    acquire = acquire_request("h", ["s1", "s2"], 60.0)
+    assert (list(acquire.idle_serials), seconds(acquire.wait)) == (["s1", "s2"], 60.0)
+    answer = lease_pb2.RegisterHostResponse(lease_ttl=secs(15), renew_interval=secs(5))
+    assert timing_from_proto(answer) == Timing(ttl=15.0, interval=5.0)
+    assert duration(0.25) == secs(0.25)

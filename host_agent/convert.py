@@ -1,0 +1,300 @@
+"""The host agent's protobuf edge: every message ⇄ domain conversion of the session and
+the worker, in one place.
+
+Protobuf -> domain: `assignment_from_proto` (one Assignment of an Acquire answer, its spec
+parsed by `spec_from_proto`, which raises InvalidSpec for a spec no runner could run) and
+`timing_from_proto` (what RegisterHost answered).
+Domain -> protobuf: `register_request` (with `device_to_proto`), `acquire_request`, and
+`report_request` (with `result_to_proto`, `step_to_proto`, `outcome_to_proto`).
+
+Past this module the session, the worker, the runner and the spec model see domain values
+only. The renewal stream (`leases`) and the final calls (`reporting`) speak their own
+messages, which are all they are about.
+
+Defaults for unset (or zero) durations in a spec: `wait` 0 s, `wait_for` 10 s, `swipe`
+300 ms, `shell` the host agent's configured default (None here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import assert_never
+
+from google.protobuf import duration_pb2
+
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from host_agent.devices import DeviceInfo
+from host_agent.leases import Timing
+from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
+from host_agent.spec import (
+    DEFAULT_SWIPE_MS,
+    DEFAULT_WAIT_FOR_TIMEOUT,
+    Action,
+    ActionList,
+    AssertVisible,
+    InputText,
+    InvalidSpec,
+    Key,
+    LaunchApp,
+    Screenshot,
+    Shell,
+    StopApp,
+    Swipe,
+    Tap,
+    TapOn,
+    TaskSpec,
+    UiSelector,
+    Wait,
+    WaitFor,
+    Workflow,
+    WorkflowStep,
+)
+
+# The control plane's limits on registered text (validate.py there); longer is cut here
+# rather than have one odd phone make every registration fail.
+_MAX_TEXT, _MAX_LABEL = 128, 1024
+
+_DEVICE_STATES = {
+    "device": scheduler_pb2.DEVICE_STATE_DEVICE,
+    "offline": scheduler_pb2.DEVICE_STATE_OFFLINE,
+    "unauthorized": scheduler_pb2.DEVICE_STATE_UNAUTHORIZED,
+}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One attempt the control plane gave this host, as the worker runs it."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+    device_serial: str
+    # The spec to run, or why it cannot run (reported as the attempt's failure).
+    spec: TaskSpec | InvalidSpec
+    # Seconds the lease is valid for, counted from when the assignment arrived.
+    valid_for: float
+
+
+# --- durations ---------------------------------------------------------------------------
+
+
+def seconds(d: duration_pb2.Duration) -> float:
+    """The seconds of a Duration (an unset one is 0)."""
+    return float(d.ToTimedelta().total_seconds())
+
+
+def duration(value: float) -> duration_pb2.Duration:
+    """A Duration of `value` seconds."""
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(value * 1e9))
+    return d
+
+
+# --- the session's calls -----------------------------------------------------------------
+
+
+def device_to_proto(d: DeviceInfo) -> lease_pb2.DeviceInfo:
+    return lease_pb2.DeviceInfo(
+        serial=d.serial,
+        state=_DEVICE_STATES.get(d.state, scheduler_pb2.DEVICE_STATE_OFFLINE),
+        model=d.model[:_MAX_TEXT],
+        manufacturer=d.manufacturer[:_MAX_TEXT],
+        sdk=d.sdk,
+        abi=d.abi[:_MAX_TEXT],
+        labels={k[:_MAX_TEXT]: v[:_MAX_LABEL] for k, v in d.labels.items()},
+    )
+
+
+def register_request(
+    host_id: str, labels: Mapping[str, str], inventory: Iterable[DeviceInfo]
+) -> lease_pb2.RegisterHostRequest:
+    return lease_pb2.RegisterHostRequest(
+        host_id=host_id, labels=dict(labels), devices=[device_to_proto(d) for d in inventory]
+    )
+
+
+def timing_from_proto(response: lease_pb2.RegisterHostResponse) -> Timing:
+    return Timing(ttl=seconds(response.lease_ttl), interval=seconds(response.renew_interval))
+
+
+def acquire_request(host_id: str, idle: list[str], wait: float) -> lease_pb2.AcquireRequest:
+    return lease_pb2.AcquireRequest(host_id=host_id, idle_serials=idle, wait=duration(wait))
+
+
+def assignment_from_proto(pb: lease_pb2.Assignment) -> Assignment:
+    spec: TaskSpec | InvalidSpec
+    try:
+        spec = spec_from_proto(pb.spec)
+    except InvalidSpec as exc:
+        spec = exc
+    return Assignment(
+        task_id=pb.task_id,
+        attempt=pb.attempt,
+        lease_id=pb.lease_id,
+        device_serial=pb.device_serial,
+        spec=spec,
+        valid_for=seconds(pb.valid_for),
+    )
+
+
+# --- spec: protobuf -> domain ------------------------------------------------------------
+
+
+def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
+    """The domain spec of `pb`; InvalidSpec says what is wrong and where."""
+    kind = pb.WhichOneof("kind")
+    match kind:
+        case "actions":
+            return ActionList(_actions_from_proto(pb.actions.actions, where=""))
+        case "workflow":
+            return Workflow(tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps)))
+        case None:
+            raise InvalidSpec("task spec has neither actions nor a workflow")
+        case _:
+            raise InvalidSpec(f"unknown task spec kind {kind!r}")
+
+
+def _step_from_proto(index: int, pb: task_pb2.WorkflowStep) -> WorkflowStep:
+    name = pb.name or f"step {index}"
+    actions = _actions_from_proto(pb.actions, where=f"workflow step {index} {name!r}, ")
+    return WorkflowStep(name=name, actions=actions, continue_on_error=pb.continue_on_error)
+
+
+def _actions_from_proto(pbs: Iterable[task_pb2.Action], where: str) -> tuple[Action, ...]:
+    actions = []
+    for i, pb in enumerate(pbs):
+        try:
+            actions.append(action_from_proto(pb))
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"{where}action {i}: {exc}") from exc
+    return tuple(actions)
+
+
+def action_from_proto(pb: task_pb2.Action) -> Action:
+    kind = pb.WhichOneof("kind")
+    match kind:
+        case "tap":
+            return Tap(_non_negative(pb.tap.x), _non_negative(pb.tap.y))
+        case "tap_on":
+            return TapOn(_selector(pb.tap_on.selector))
+        case "swipe":
+            return _swipe(pb.swipe)
+        case "input_text":
+            return InputText(_required(pb.input_text.text, "text"))
+        case "key":
+            return Key(_non_negative(pb.key.keycode))
+        case "launch_app":
+            return LaunchApp(_required(pb.launch_app.package, "package"), pb.launch_app.activity)
+        case "stop_app":
+            return StopApp(_required(pb.stop_app.package, "package"))
+        case "shell":
+            timeout = _spec_seconds(pb.shell.timeout) or None
+            return Shell(_required(pb.shell.command, "command"), timeout)
+        case "screenshot":
+            return Screenshot()
+        case "wait":
+            return Wait(_spec_seconds(pb.wait.duration))
+        case "wait_for":
+            timeout = _spec_seconds(pb.wait_for.timeout) or DEFAULT_WAIT_FOR_TIMEOUT
+            return WaitFor(_selector(pb.wait_for.selector), timeout)
+        case "assert_visible":
+            return AssertVisible(_selector(pb.assert_visible.selector))
+        case None:
+            raise InvalidSpec("no action kind set")
+        case _:
+            raise InvalidSpec(f"unknown action kind {kind!r}")
+
+
+def _swipe(pb: task_pb2.Swipe) -> Swipe:
+    x1, y1, x2, y2 = (_non_negative(v) for v in (pb.x1, pb.y1, pb.x2, pb.y2))
+    duration_ms = round(_spec_seconds(pb.duration) * 1000) or DEFAULT_SWIPE_MS
+    return Swipe(x1, y1, x2, y2, duration_ms=duration_ms)
+
+
+def _selector(pb: task_pb2.UiSelector) -> UiSelector:
+    by = pb.WhichOneof("by")
+    if by is None:
+        raise InvalidSpec("selector has none of text, resource_id, content_desc")
+    return UiSelector(**{by: getattr(pb, by)})
+
+
+def _non_negative(value: int) -> int:
+    if value < 0:
+        raise InvalidSpec(f"negative value {value}")
+    return value
+
+
+def _required(value: str, name: str) -> str:
+    if not value:
+        raise InvalidSpec(f"{name} is empty")
+    return value
+
+
+def _spec_seconds(pb: duration_pb2.Duration) -> float:
+    """Seconds of a spec's Duration; an unset one is 0, a negative one InvalidSpec."""
+    value = float(pb.seconds + pb.nanos / 1e9)
+    if value < 0:
+        raise InvalidSpec(f"negative duration {value:g}s")
+    return value
+
+
+# --- results: domain -> protobuf ---------------------------------------------------------
+
+
+def outcome_to_proto(outcome: Outcome) -> lease_pb2.Outcome:
+    match outcome:
+        case Outcome.DONE:
+            return lease_pb2.OUTCOME_DONE
+        case Outcome.FAILED:
+            return lease_pb2.OUTCOME_FAILED
+        case Outcome.CANCELLED:
+            return lease_pb2.OUTCOME_CANCELLED
+        case _:
+            assert_never(outcome)
+
+
+def _status_to_proto(status: StepStatus) -> task_pb2.StepStatus:
+    match status:
+        case StepStatus.OK:
+            return task_pb2.STEP_STATUS_OK
+        case StepStatus.FAILED:
+            return task_pb2.STEP_STATUS_FAILED
+        case StepStatus.SKIPPED:
+            return task_pb2.STEP_STATUS_SKIPPED
+        case _:
+            assert_never(status)
+
+
+def step_to_proto(step: StepResult) -> task_pb2.StepResult:
+    pb = task_pb2.StepResult(
+        index=step.index,
+        name=step.name,
+        status=_status_to_proto(step.status),
+        duration=step.duration,
+        output=cut(step.output),
+        error=cut(step.error),
+        data=dict(step.data),
+    )
+    if step.started_at is not None:
+        pb.started_at.FromDatetime(step.started_at)
+    return pb
+
+
+def result_to_proto(result: RunResult) -> task_pb2.TaskResult:
+    return task_pb2.TaskResult(
+        error=cut(result.error), steps=[step_to_proto(s) for s in result.steps]
+    )
+
+
+def report_request(
+    result: RunResult, *, task_id: str, attempt: int, lease_id: str
+) -> lease_pb2.ReportResultRequest:
+    """The ReportResult request for `result`; build it once and resend that same message."""
+    return lease_pb2.ReportResultRequest(
+        task_id=task_id,
+        attempt=attempt,
+        lease_id=lease_id,
+        outcome=outcome_to_proto(result.outcome),
+        result=result_to_proto(result),
+    )

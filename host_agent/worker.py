@@ -1,0 +1,152 @@
+"""One assignment, start to end: acknowledge (first renewal) → run → report, or give the
+lease back → `Finished`.
+
+The session (`host_agent.agent`) starts one `Worker` per assignment it is given, in a task of
+its own, and keeps the books (which device is busy, what finished). The worker sees the
+domain `Assignment` (host_agent.convert), never a protobuf message, and whatever happens it
+ends with the lease forgotten by the keeper and a final word sent: a report, a release, or
+nothing when the lease was already dead.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from amc.v1 import lease_pb2_grpc
+from host_agent.config import AgentSettings
+from host_agent.convert import Assignment, report_request
+from host_agent.devices import DeviceSource
+from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult
+from host_agent.reporting import Delivery, FinalCalls, ResultBatcher, RetryPolicy, release_lease
+from host_agent.results import Outcome, RunResult
+from host_agent.runner import outcome_for, run
+from host_agent.spec import InvalidSpec
+from host_agent.stop_token import StopReason, StopToken
+
+log = structlog.get_logger(__name__)
+
+
+class Ending(enum.Enum):
+    """What the agent did with an attempt it was given."""
+
+    REPORTED = "reported"  # sent a result (see `delivery` for whether it was accepted)
+    RELEASED = "released"  # gave the lease back unreported (shutdown, never acknowledged)
+    DROPPED = "dropped"  # did nothing: the lease was already dead when acknowledged
+
+
+@dataclass(frozen=True)
+class Finished:
+    lease: HeldLease
+    device: str
+    ending: Ending
+    result: RunResult | None = None
+    delivery: Delivery[Any] | None = None
+
+
+@dataclass(frozen=True)
+class Tools:
+    """What every worker of one host shares: the session's connections and settings."""
+
+    settings: AgentSettings
+    stub: lease_pb2_grpc.LeaseStub
+    keeper: LeaseKeeper
+    results: ResultBatcher
+    source: DeviceSource
+    # Reports and releases go through here, so the session awaits them before it returns.
+    final: FinalCalls
+
+
+class Worker:
+    """Runs one assignment under its lease; `run()` once."""
+
+    def __init__(self, tools: Tools, assignment: Assignment, lease: HeldLease) -> None:
+        self._tools = tools
+        self.assignment = assignment
+        self.lease = lease
+        self._log = log.bind(host_id=tools.settings.host_id)
+
+    async def run(self) -> Finished:
+        """Acknowledge, run, report or release. Never raises for a failure of its own."""
+        a = self.assignment
+        # Bound in this task's context only, so the runner's log lines carry them too.
+        structlog.contextvars.bind_contextvars(
+            device=a.device_serial, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id
+        )
+        try:
+            return await self._attempt()
+        except Exception:
+            # A bug here must not take the other devices' tasks down with it.
+            self._log.exception("task worker failed; giving the lease back")
+            delivery = await self._tools.final.run(self._release("host agent error"))
+            return self._finished(Ending.RELEASED, None, delivery)
+        finally:
+            self._tools.keeper.forget(self.lease.lease_id)
+
+    async def _attempt(self) -> Finished:
+        lease, final = self.lease, self._tools.final
+        answer = await self._tools.keeper.acknowledge(lease)
+        if answer is not None and answer.result is RenewalResult.CONFLICT:
+            self._log.warning("lease already lost at acknowledgement; dropping the task")
+            return self._finished(Ending.DROPPED)
+        reason = lease.token.reason
+        if reason is StopReason.LEASE_LOST or reason is StopReason.SHUTDOWN:
+            # No answer in time, or shutting down: nothing ran, so give the task back rather
+            # than fail it.
+            why = f"stopped before the first step: {reason.label}"
+            delivery = await final.run(self._release(why))
+            return self._finished(Ending.RELEASED, None, delivery)
+        # With the token tripped CANCELLED already (by the acknowledgement or a push), the
+        # runner skips every step and the device is never touched: the report says CANCELLED.
+        result = await self._execute(lease.token)
+        if result.stop_reason is StopReason.SHUTDOWN:
+            delivery = await final.run(self._release(StopReason.SHUTDOWN.label))
+            return self._finished(Ending.RELEASED, result, delivery)
+        if result.stop_reason is StopReason.LEASE_LOST and result.outcome is not Outcome.DONE:
+            # We fenced ourselves before the control plane's expiry. A FAILED report landing
+            # in that window would be accepted and fail a task that should be requeued (or
+            # cancelled, if a cancel came meanwhile). Give the lease back first so the
+            # control plane applies its expiry rules; the FAILED report that follows is then
+            # refused as stale, which is expected.
+            await final.run(self._release(StopReason.LEASE_LOST.label))
+        a = self.assignment
+        request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
+        policy = RetryPolicy(total=self._tools.settings.report_timeout)
+        delivery = await final.run(self._tools.results.report(request, policy))
+        return self._finished(Ending.REPORTED, result, delivery)
+
+    async def _execute(self, token: StopToken) -> RunResult:
+        spec = self.assignment.spec
+        if isinstance(spec, InvalidSpec):
+            return RunResult(
+                outcome_for(False, True, token.reason), f"invalid task spec: {spec}", ()
+            )
+        self._log.info("running task", kind=spec.kind)
+        result = await run(
+            spec,
+            self._tools.source.device(self.assignment.device_serial),
+            token,
+            shell_default_timeout=self._tools.settings.shell_timeout,
+        )
+        self._log.info(
+            "task finished",
+            outcome=result.outcome.value,
+            stop_reason=result.stop_reason.value if result.stop_reason else None,
+            error=result.error,
+        )
+        return result
+
+    async def _release(self, why: str) -> Delivery[Any]:
+        policy = RetryPolicy(total=self._tools.settings.release_timeout)
+        return await release_lease(self._tools.stub, self.lease.lease_id, f"host: {why}", policy)
+
+    def _finished(
+        self,
+        ending: Ending,
+        result: RunResult | None = None,
+        delivery: Delivery[Any] | None = None,
+    ) -> Finished:
+        return Finished(self.lease, self.assignment.device_serial, ending, result, delivery)
