@@ -10,8 +10,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
-    from amc.v1 import lease_pb2
-    from host_agent.results import RunResult
+    pass
 
 DEFAULT_WAIT_FOR_TIMEOUT = 10.0
 DEFAULT_SWIPE_MS = 300
@@ -184,13 +183,3 @@ class Workflow:
 
 
 TaskSpec: TypeAlias = ActionList | Workflow
-
-
-def report_request(
-    result: RunResult, *, task_id: str, attempt: int, lease_id: str
-) -> lease_pb2.ReportResultRequest:
-    """Moved to `host_agent.convert.report_request`; kept here only for
-    scripts/bench_lib/fleet_host.py, which still imports it from this module."""
-    from host_agent.convert import report_request as build
-
-    return build(result, task_id=task_id, attempt=attempt, lease_id=lease_id)
