@@ -7,10 +7,7 @@ InvalidSpec for a spec no runner could run); the runner only ever sees these.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, ClassVar, TypeAlias
-
-if TYPE_CHECKING:
-    pass
+from typing import ClassVar, TypeAlias
 
 DEFAULT_WAIT_FOR_TIMEOUT = 10.0
 DEFAULT_SWIPE_MS = 300
