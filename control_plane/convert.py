@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
-from control_plane.domain import Assignment, DeviceInfo, HostInfo, Role, Task, TokenInfo
+from control_plane.domain import (
+    Assignment,
+    DeviceInfo,
+    HostInfo,
+    LeaseId,
+    Report,
+    Role,
+    Task,
+    TaskId,
+    TokenInfo,
+)
 from control_plane.lifecycle import Outcome, TaskStatus
 
 STATUS_TO_PB = {
@@ -110,6 +121,18 @@ def device_from_pb(d: lease_pb2.DeviceInfo, host_labels: dict[str, str]) -> Devi
         sdk=d.sdk,
         abi=d.abi,
         labels=labels,
+    )
+
+
+def report_from_pb(r: lease_pb2.ReportResultRequest) -> Report:
+    """A result the gRPC edge has validated (validate.report)."""
+    return Report(
+        TaskId(uuid.UUID(r.task_id)),
+        r.attempt,
+        LeaseId(uuid.UUID(r.lease_id)),
+        OUTCOME_FROM_PB[r.outcome],
+        r.result.SerializeToString(deterministic=True),
+        r.result.error,
     )
 
 

@@ -18,14 +18,14 @@ from control_plane import metrics, validate
 from control_plane.auth import Authenticator, check_host
 from control_plane.config import Settings
 from control_plane.convert import (
-    OUTCOME_FROM_PB,
     assignment_to_pb,
     device_from_pb,
     duration,
+    report_from_pb,
     task_to_pb,
 )
 from control_plane.dispatch import Waiter
-from control_plane.domain import Assignment, CancelNotice, LeaseId, Report, TaskId
+from control_plane.domain import Assignment, CancelNotice, LeaseId
 from control_plane.effects import Effects
 from control_plane.errors import AmcError, InvalidArgument, Unavailable
 from control_plane.rpc import Servicer, check_decoded, code_for, principal, rpc
@@ -231,7 +231,8 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     async def ReportResult(
         self, request: lease_pb2.ReportResultRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.Task:
-        report = _report_from_pb(request)
+        validate.report(request)
+        report = report_from_pb(request)
         host_id = principal().host_id
         answer = await self.store.report(host_id, report)
         self.effects.reported(host_id, report, answer)
@@ -243,7 +244,9 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     ) -> lease_pb2.ReportResultsResponse:
         if len(request.results) > MAX_REPORTS:
             raise InvalidArgument("results", f"more than {MAX_REPORTS} results")
-        reports = [_report_from_pb(r, f"results[{i}].") for i, r in enumerate(request.results)]
+        for i, r in enumerate(request.results):
+            validate.report(r, f"results[{i}].")
+        reports = [report_from_pb(r) for r in request.results]
         host_id = principal().host_id
         answers = await self.store.report_many(host_id, reports) if reports else []
         response = lease_pb2.ReportResultsResponse()
@@ -282,26 +285,6 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return _push(notice)
-
-
-def _report_from_pb(request: lease_pb2.ReportResultRequest, where: str = "") -> Report:
-    task_id = TaskId(validate.task_id(request.task_id, f"{where}task_id"))
-    lease_id = LeaseId(validate.lease_id(request.lease_id, f"{where}lease_id"))
-    if request.attempt < 1:
-        raise InvalidArgument(f"{where}attempt", "must be 1 or more")
-    if request.outcome not in OUTCOME_FROM_PB:
-        raise InvalidArgument(
-            f"{where}outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
-        )
-    validate.result(request.result, f"{where}result")
-    return Report(
-        task_id,
-        request.attempt,
-        lease_id,
-        OUTCOME_FROM_PB[request.outcome],
-        request.result.SerializeToString(deterministic=True),
-        request.result.error,
-    )
 
 
 def _push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:

@@ -278,3 +278,23 @@ def device(d: lease_pb2.DeviceInfo, field: str) -> None:
     if not 0 <= d.sdk <= 1000:
         raise InvalidArgument(f"{field}.sdk", "must be between 0 and 1000")
     string_map(dict(d.labels), f"{field}.labels")
+
+
+OUTCOMES = (lease_pb2.OUTCOME_DONE, lease_pb2.OUTCOME_FAILED, lease_pb2.OUTCOME_CANCELLED)
+
+
+def report(r: lease_pb2.ReportResultRequest, where: str = "") -> None:
+    """A result as ReportResult takes it; `where` prefixes the field names (in a batch)."""
+    task_id(r.task_id, f"{where}task_id")
+    lease_id(r.lease_id, f"{where}lease_id")
+    if r.attempt < 1:
+        raise InvalidArgument(f"{where}attempt", "must be 1 or more")
+    if r.outcome not in (
+        lease_pb2.OUTCOME_DONE,
+        lease_pb2.OUTCOME_FAILED,
+        lease_pb2.OUTCOME_CANCELLED,
+    ):
+        raise InvalidArgument(
+            f"{where}outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
+        )
+    result(r.result, f"{where}result")
