@@ -17,6 +17,7 @@ Defaults for unset (or zero) durations in a spec: `wait` 0 s, `wait_for` 10 s, `
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import assert_never
@@ -98,12 +99,22 @@ def device_to_proto(d: DeviceInfo) -> lease_pb2.DeviceInfo:
     return lease_pb2.DeviceInfo(
         serial=d.serial,
         state=_DEVICE_STATES.get(d.state, scheduler_pb2.DEVICE_STATE_OFFLINE),
-        model=d.model[:_MAX_TEXT],
-        manufacturer=d.manufacturer[:_MAX_TEXT],
+        model=_one_line(d.model, _MAX_TEXT),
+        manufacturer=_one_line(d.manufacturer, _MAX_TEXT),
         sdk=d.sdk,
-        abi=d.abi[:_MAX_TEXT],
-        labels={k[:_MAX_TEXT]: v[:_MAX_LABEL] for k, v in d.labels.items()},
+        abi=_one_line(d.abi, _MAX_TEXT),
+        labels={_one_line(k, _MAX_TEXT): _one_line(v, _MAX_LABEL) for k, v in d.labels.items()},
     )
+
+
+# Control characters and line separators: the control plane refuses them in labels.
+_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def _one_line(text: str, limit: int) -> str:
+    """What a phone reports (an adb error, a getprop value) as one line the control plane
+    accepts: an odd phone must not make the whole host's registration fail."""
+    return _BREAKS.sub(" ", text).strip()[:limit]
 
 
 def register_request(

@@ -313,3 +313,21 @@ def test_register_and_acquire_requests_and_the_timing_answered() -> None:
     answer = lease_pb2.RegisterHostResponse(lease_ttl=secs(15), renew_interval=secs(5))
     assert timing_from_proto(answer) == Timing(ttl=15.0, interval=5.0)
     assert duration(0.25) == secs(0.25)
+
+
+def test_device_facts_with_line_breaks_are_registered_as_one_line() -> None:
+    """The control plane refuses control characters in labels: the agent flattens what a
+    phone reports rather than have one phone's adb error refuse the host's registration."""
+    from host_agent.convert import device_to_proto
+    from host_agent.devices import DeviceInfo
+
+    d = device_to_proto(
+        DeviceInfo(
+            serial="s1",
+            state="device",
+            model="Pixel\n7",
+            labels={"error": "adb: failed\r\n\tdevice offline\u2028", "rack\n": "a"},
+        )
+    )
+    assert d.model == "Pixel 7"
+    assert dict(d.labels) == {"error": "adb: failed device offline", "rack": "a"}
