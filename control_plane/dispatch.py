@@ -115,6 +115,9 @@ class Dispatcher:
             return
         self.leave(waiter)
         waiter.devices = devices
+        if not devices:  # nothing idle (offline, busy): nothing to offer it
+            waiter.keys = set()
+            return
         waiter.keys = {kv for _, labels in devices for kv in labels.items()}
         for kv in waiter.keys:
             self._by_label.setdefault(kv, set()).add(waiter)

@@ -108,6 +108,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         dispatcher = self.hub.dispatcher
         waiter = Waiter(host_id)
         loop = asyncio.get_running_loop()
+        taken: set[str] = set()
         try:
             while True:
                 mark = dispatcher.offered
@@ -141,7 +142,9 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         finally:
             dispatcher.leave(waiter)
             # Offers that came after its last look: someone else may take them.
-            dispatcher.offer_again(list(waiter.offers.values()), skip=waiter)
+            dispatcher.offer_again(
+                [o for o in waiter.offers.values() if o.task_id not in taken], skip=waiter
+            )
 
     @rpc
     async def RenewLeases(

@@ -13,7 +13,9 @@ TRANSITIONS = Counter(
 ACQUIRE_WAIT = Histogram(
     "amc_acquire_wait_seconds", "How long Acquire calls were held", buckets=LATENCY
 )
-ACQUIRES_WAITING = Gauge("amc_acquires_waiting", "Acquire long polls parked right now")
+ACQUIRES_WAITING = Gauge(
+    "amc_acquires_waiting", "Acquire long polls parked right now with an idle device to offer"
+)
 ACQUIRE_QUERIES = Counter(
     "amc_acquire_queries_total", "Times an Acquire asked the database for work (first or woken)"
 )

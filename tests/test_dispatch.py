@@ -193,3 +193,10 @@ async def test_a_requeued_task_is_offered_to_a_parked_host(farm: Farm) -> None:
     await h1.release(a.lease_id)
     (again,) = await asyncio.wait_for(waiting, 10)
     assert (again.task_id, again.attempt) == (task.task_id, 2)
+
+
+def test_a_waiter_with_no_idle_device_is_not_indexed() -> None:
+    d = Dispatcher()
+    _parked(d, "busy")
+    assert len(d) == 0
+    assert d.offer(Offer("t", None, {})) is None
