@@ -1,5 +1,8 @@
 -- Every statement the control plane sends, by name (control_plane.sql loads this file).
--- Transitions that lock several rows are functions in migrations/002_transitions.sql.
+-- Transitions that lock several rows are functions in migrations/ (002 onwards).
+--
+-- Lock order, in every statement and function (migrations/004_lock_order.sql): the task
+-- row first, then its attempt row, then devices; several tasks: in task_id order.
 
 -- name: submit_tasks
 -- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
