@@ -17,7 +17,7 @@ help:
 	@echo "make test   - the test suite"
 	@echo "make lint   - ruff and mypy"
 	@echo "make protos - regenerate the amc.v1 Python package from protos/"
-	@echo "make chaos  - random faults for DURATION s (default 180), then the six invariants"
+	@echo "make chaos  - DURATION s (180) of random faults on 3 agents + HOSTS (60) fleet hosts; 7 invariants"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,8 +62,10 @@ fuzz: setup
 	AMC_FUZZ_EXAMPLES=100000 $(PY) -m pytest tests/test_fuzz.py -p no:cacheprovider -o timeout=0 $(PYTEST_ARGS)
 
 DURATION ?= 180
+# Fleet hosts besides the 3 agents (each the real agent, own host id and parked Acquire; 0: none)
+HOSTS ?= 60
 chaos: setup
-	$(PY) scripts/chaos.py --duration $(DURATION)
+	$(PY) scripts/chaos.py --duration $(DURATION) --hosts $(HOSTS) $(ARGS)
 
 clean:
 	rm -rf $(VENV) amc .tools .pytest_cache

@@ -3,13 +3,20 @@
 nothing ran twice, and no cancellation was mistaken for a failure.
 
 Starts a durable embedded PostgreSQL, 2 control-plane replicas, 3 host agents with
-simulated phones (each behind its own TCP proxy), and a client that keeps submitting
-workflows and cancels about a third of them at random moments. For DURATION seconds it
-injects faults (scripts/chaos_lib/faults.py): replica kill -9 + restart, agent kill -9 +
-restart, agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown +
-start, one agent's connections cut beyond the TTL. Then it quiesces (no new faults,
-everything up, nothing in flight), checks the six invariants (chaos_lib/invariants.py)
-from PostgreSQL and the agents' logs, writes chaos-results.json and prints a table.
+simulated phones (each behind its own TCP proxy), a fleet of HOSTS more hosts (default 60;
+each the real host agent with its own host id, token, proxy, labels `pool`/`row`/`rack`,
+3 phones with serials of its own and its own parked Acquire; 15 to a process, since 60
+processes would not fit two cores: chaos_lib/fleet.py), and a client that keeps submitting
+workflows, with selectors aimed at the fleet (none, the pool, a row, one rack, one serial),
+and cancels about a third of them at random moments. For DURATION seconds it injects
+faults (scripts/chaos_lib/faults.py): replica kill -9 + restart, agent kill -9 + restart,
+agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown + start, one
+host's connections cut beyond the TTL, a fleet process (a row of hosts) kill -9 + restart
+or SIGSTOP + SIGCONT. Then it quiesces (no new faults, everything up, nothing in flight),
+checks the seven invariants (chaos_lib/invariants.py; the seventh, dispatch liveness, in
+chaos_lib/dispatch.py) from PostgreSQL, the agents' logs and the fleet's record of its
+Acquire calls, writes chaos-results.json and prints a table. `--hosts 0`: no fleet (the
+run as it was before it, six invariants that apply).
 
 Exit status: 0 when every invariant held and every fault kind ran at least its minimum
 number of times; 1 otherwise; 2 when the harness itself failed.
@@ -37,14 +44,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chaos_lib import evidence, recovery, report
+from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.farm import Farm, FarmConfig
-from chaos_lib.faults import KINDS, Injector
+from chaos_lib.faults import Injector
 from chaos_lib.invariants import Checks, grouped
 from chaos_lib.monitor import Monitor
-from chaos_lib.workload import ActionTail, Workload
+from chaos_lib.workload import ActionTail, Selectors, Workload
+
+from host_agent.config import AgentSettings
 
 QUICK_DURATION = 20.0
 DEFAULT_DURATION = 180.0
+DEFAULT_HOSTS, QUICK_HOSTS = 60, 12
+# Queued plus in flight the submitter keeps, at most: enough to keep every phone of the
+# agents busy and the fleet's racks asked for, not so much that two cores only queue.
+MAX_BACKLOG = 40
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,9 +80,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--agents", type=int, default=3)
     p.add_argument("--devices", type=int, default=3, help="simulated phones per agent")
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        help=f"fleet hosts (default {DEFAULT_HOSTS}; {QUICK_HOSTS} with --quick; 0: no fleet)",
+    )
+    p.add_argument("--fleet-devices", type=int, default=3, help="simulated phones per fleet host")
+    p.add_argument(
+        "--hosts-per-proc",
+        type=int,
+        default=None,
+        help="fleet hosts per fleet process (default 15; 6 with --quick)",
+    )
+    p.add_argument(
+        "--fleet-acquire-wait",
+        type=float,
+        default=None,
+        help="a fleet host's Acquire long poll, seconds (default: the agent's own, 60; 5 with "
+        "--quick, as the chaos agents', so that a smoke run stays short)",
+    )
+    p.add_argument(
+        "--strand-bound",
+        type=float,
+        default=10.0,
+        help="invariant 7: seconds a task may stay queued while a fitting host sits parked",
+    )
+    p.add_argument(
+        "--target-backlog",
+        type=int,
+        default=None,
+        help=f"queued + in flight the submitter keeps (default 1.5 per phone, <= {MAX_BACKLOG})",
+    )
     p.add_argument("--lease-ttl", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of work before faults")
-    p.add_argument("--quiesce-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--quiesce-timeout",
+        type=float,
+        default=None,
+        help="seconds for everything to settle (default 120, 5 fleet Acquire waits if longer)",
+    )
     p.add_argument(
         "--insecure", action="store_true", help="authentication off (default: real tokens)"
     )
@@ -87,6 +138,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.min_per_kind = 1 if args.quick else 2
     if args.seed is None:
         args.seed = random.randrange(1 << 31)
+    if args.hosts is None:
+        args.hosts = QUICK_HOSTS if args.quick else DEFAULT_HOSTS
+    if args.hosts_per_proc is None:
+        args.hosts_per_proc = 6 if args.quick else 15
+    if args.fleet_acquire_wait is None:
+        args.fleet_acquire_wait = 5.0 if args.quick else AgentSettings.acquire_wait
+    if args.quiesce_timeout is None:
+        # A task a parked host fails to take waits out its Acquire (60 s), maybe more than once.
+        args.quiesce_timeout = max(120.0, 5 * args.fleet_acquire_wait if args.hosts else 0.0)
     return args
 
 
@@ -107,6 +167,10 @@ class ChaosRun:
             args.devices,
             args.lease_ttl,
             insecure=args.insecure,
+            hosts=args.hosts,
+            fleet_devices=args.fleet_devices,
+            hosts_per_proc=max(1, args.hosts_per_proc),
+            fleet_acquire_wait=args.fleet_acquire_wait,
         )
         self.farm = Farm(self.config, self.rng)
         self.problems: list[str] = []
@@ -116,11 +180,20 @@ class ChaosRun:
     async def start(self) -> None:
         await self.farm.start()
         self.monitor = Monitor(self.farm.dsn)
-        await self.monitor.wait_devices(self.config.agents * self.config.devices)
+        await self.monitor.wait_devices(self.config.devices_total, within=120)
+        fleet = (
+            f", a fleet of {len(self.farm.fleet_hosts)} hosts x {self.config.fleet_devices} "
+            f"phones in {len(self.farm.fleet)} processes"
+            if self.farm.fleet
+            else ""
+        )
         say(
             f"farm up: PostgreSQL, {len(self.farm.replicas)} replicas, {len(self.farm.agents)} "
             f"agents x {self.config.devices} phones "
-            f"(sim delays {[a.sim_delay for a in self.farm.agents]})"
+            f"(sim delays {[a.sim_delay for a in self.farm.agents]}){fleet}"
+        )
+        self.target_backlog = self.args.target_backlog or min(
+            int(self.config.devices_total * 1.5), MAX_BACKLOG
         )
         self.workload = Workload(
             [r.address for r in self.farm.replicas],
@@ -128,7 +201,8 @@ class ChaosRun:
             self.rng,
             ActionTail(self.farm.action_logs()),
             lambda: self.monitor.backlog,
-            target_backlog=int(self.config.agents * self.config.devices * 1.5),
+            target_backlog=self.target_backlog,
+            selectors=Selectors(self.farm.fleet_hosts, self.rng) if self.farm.fleet else None,
         )
         self.injector = Injector(
             self.farm,
@@ -177,21 +251,33 @@ class ChaosRun:
 
     async def check(self) -> dict[str, Any]:
         farm, injector = self.farm, self.injector
-        ev = await evidence.load(farm.dsn, farm.action_logs(), farm.agent_logs())
-        freezes = {
-            a.host_id: [
-                (f.started_at, f.healed_at or time.time())
-                for f in injector.faults
-                if f.kind == "agent_freeze" and f.target == a.host_id
-            ]
-            for a in farm.agents
-        }
-        delays = {a.host_id: a.sim_delay for a in farm.agents}
-        checks = Checks(ev, self.workload.tasks, freezes, delays, self.config.lease_ttl)
+        ev = await evidence.load(
+            farm.dsn,
+            farm.action_logs(),
+            farm.agent_logs(),
+            farm.acquire_logs(),
+            {r.name: r.log for r in farm.replicas},
+        )
+        freezes: dict[str, list[tuple[float, float]]] = {}
+        for f in injector.faults:
+            if f.kind in ("agent_freeze", "fleet_freeze"):
+                for host in farm.hosts_of(f.target):
+                    freezes.setdefault(host, []).append((f.started_at, f.healed_at or time.time()))
+        dispatch = DispatchCheck(
+            ev,
+            {h.host_id for h in farm.fleet_hosts},
+            fault_windows(injector.faults, farm.hosts_of),
+            self.args.strand_bound,
+            {s.task_id: s.selector for s in self.workload.tasks if s.task_id},
+        )
+        checks = Checks(
+            ev, self.workload.tasks, freezes, farm.sim_delays(), self.config.lease_ttl, dispatch
+        )
         violations = checks.run(self.monitor.findings)
         recovery.measure(injector.faults, ev)
         self._harness_problems()
         counts = injector.counts()
+        kinds = injector.kinds
         return {
             "summary": {
                 "passed": not violations and not self.problems,
@@ -207,9 +293,10 @@ class ChaosRun:
             "config": self._config_summary(),
             "tasks": report.task_summary(ev, checks.stats),
             "notable": report.notable(ev),
-            "faults": report.fault_summary(injector.faults, KINDS),
+            "faults": report.fault_summary(injector.faults, kinds),
             "violations": grouped(violations),
-            "recovery": recovery.summary(injector.faults, KINDS),
+            "dispatch": dispatch.summary(sum(1 for v in violations if v.invariant == 7)),
+            "recovery": recovery.summary(injector.faults, kinds),
             "clients": {
                 "submit_retries": self.workload.counters.submit_retries,
                 "cancel_retries": self.workload.counters.cancel_retries,
@@ -243,9 +330,15 @@ class ChaosRun:
             "replicas": c.replicas,
             "agents": c.agents,
             "devices_per_agent": c.devices,
+            "fleet_hosts": c.hosts,
+            "fleet_devices_per_host": c.fleet_devices,
+            "fleet_processes": len(self.farm.fleet),
+            "fleet_acquire_wait_s": c.fleet_acquire_wait,
+            "strand_bound_s": self.args.strand_bound,
+            "target_backlog": self.target_backlog,
             "lease_ttl_s": c.lease_ttl,
             "sweep_interval_s": c.sweep_interval,
-            "sim_delays_s": {a.host_id: a.sim_delay for a in self.farm.agents},
+            "sim_delays_s": self.farm.sim_delays(),
             "auth": not c.insecure,
             "min_per_kind": self.args.min_per_kind,
             "max_concurrent_faults": self.args.max_concurrent,

@@ -1,5 +1,6 @@
-"""The chaos run (scripts/chaos.py), short, end to end; and its checks on made-up evidence,
-so that a check which can no longer fail is noticed here rather than trusted in a long run."""
+"""The chaos run (scripts/chaos.py), short, end to end (with a small fleet); and its checks on
+made-up evidence, so that a check which can no longer fail is noticed here rather than
+trusted in a long run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib.evidence import Action, Evidence  # noqa: E402
+from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
+from chaos_lib.evidence import AcquireCall, Action, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS  # noqa: E402
 from chaos_lib.invariants import NAMES, Checks  # noqa: E402
 from chaos_lib.specs import random_plan  # noqa: E402
@@ -23,7 +25,8 @@ from chaos_lib.workload import Submitted  # noqa: E402
 
 @pytest.mark.timeout(170)
 def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: Path) -> None:
-    """THEN every fault kind ran, every invariant held, and chaos-results.json has its shape."""
+    """THEN every fault kind ran (the fleet's too), every invariant held, the fleet's hosts
+    took work through their own Acquire calls, and chaos-results.json has its shape."""
     out = tmp_path / "chaos-results.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--output", str(out)],
@@ -40,6 +43,9 @@ def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: P
     assert {k: results["faults"][k]["count"] >= 1 for k in KINDS} == dict.fromkeys(KINDS, True)
     assert set(results["recovery"]) == set(KINDS)
     assert results["tasks"]["submitted"] > 0
+    dispatch = results["dispatch"]
+    assert dispatch["fleet_hosts"] > 0 and dispatch["details"]["fleet acquire calls: OK"] > 0
+    assert set(dispatch["first_pickup_s"]) >= {"rack", "serial"}
     broken = {n: v["examples"] for n, v in results["violations"].items() if v["count"]}
     assert not broken, json.dumps(broken, indent=1)
     assert results["summary"]["problems"] == []
@@ -196,3 +202,61 @@ def test_report_after_the_lease_expired_breaks_invariant_6() -> None:
     ev = _evidence([_attempt("t1", 1, "h0", T0 + 1, T0 + 5, lease_expires_at=T0 + 4)], [])
     checks = [v.check for v in _checks(ev).run([]) if v.invariant == 6]
     assert checks == ["report accepted after the lease expired"]
+
+
+# -- invariant 7, dispatch liveness ---------------------------------------------------------
+
+
+def _parked(offered: bool, faults: list[FaultWindow], rack: str = "r00") -> list[Any]:
+    """A task for phone f0-0 (of `rack`) queued 30 s while host f0 sat parked, the phone idle
+    all along (named by the parked Acquire, or freed after it was sent, the Acquire naming
+    only f0-1); then the next Acquire takes it."""
+    task = {
+        "task_id": "t1",
+        "selector_serial": "f0-0",
+        "selector_labels": {"rack": rack},
+        "status": "done",
+    }
+    events = [
+        {"kind": "submit", "from_status": None, "to_status": "queued", "at": T0},
+        {"kind": "assign", "from_status": "queued", "to_status": "assigned", "at": T0 + 30},
+    ]
+    earlier = _attempt("t0", 1, "f0", T0 - 5, T0 - 2, device_serial="f0-0")
+    ev = Evidence(
+        tasks={"t1": task},
+        attempts={
+            ("t0", 1): earlier,
+            ("t1", 1): _attempt("t1", 1, "f0", T0 + 30, T0 + 31, device_serial="f0-0"),
+        },
+        events={"t1": events},
+        devices=[
+            {"host_id": "f0", "serial": s, "state": "device", "labels": {"rack": "r00"}}
+            for s in ("f0-0", "f0-1")
+        ],
+        actions=[],
+        agent_events=[],
+        acquires=[
+            AcquireCall("f0", ("f0-0",) if offered else ("f0-1",), 60, T0 - 3, T0 + 30, "OK", ()),
+            AcquireCall("f0", ("f0-0",), 60, T0 + 30, T0 + 30.01, "OK", ("t1",)),
+        ],
+    )
+    return DispatchCheck(ev, {"f0"}, faults, 10.0, {"t1": "rack"}).run()
+
+
+@pytest.mark.parametrize("offered", [True, False])
+def test_a_task_left_queued_beside_a_parked_fitting_host_breaks_invariant_7(offered: bool) -> None:
+    """THEN 30 s queued while a parked host had an idle phone it fits is a strand, told
+    apart by whether the parked Acquire named that phone."""
+    (strand,) = _parked(offered, [])
+    assert (strand.task_id, strand.host, strand.serial) == ("t1", "f0", "f0-0")
+    assert strand.offered is offered and strand.seconds == pytest.approx(30, abs=0.1)
+
+
+def test_what_faults_excuse_and_what_does_not_fit_break_no_invariant_7() -> None:
+    """THEN PostgreSQL down, or the host cut off, through the wait excuses it; a task for
+    another rack was never the parked host's to take."""
+    outage = FaultWindow("pg_restart", (), T0 - 1, T0 + 25, T0 + 26)
+    cut = FaultWindow("proxy_cut", ("f0",), T0 - 1, T0 + 27, None)
+    assert _parked(True, [outage]) == []
+    assert _parked(True, [cut]) == []
+    assert _parked(True, [], rack="r01") == []

@@ -205,6 +205,8 @@ class AgentProc:
             "30s",
             "--log-format",
             "json",
+            "--label",
+            "pool=agents",
         ]
         self.proc = _spawn(command, self.log)
         self.frozen = False
@@ -227,3 +229,46 @@ class AgentProc:
     def terminate(self) -> int | None:
         self.frozen = False
         return _terminate(self.proc, 20)
+
+
+@dataclass
+class FleetProc:
+    """One fleet process (chaos_lib/fleet.py): many hosts, each the real Agent, in one
+    process; killed or stopped, all of them go down together."""
+
+    name: str
+    config: Path  # the JSON the process reads: its hosts, their proxies and tokens
+    log: Path
+    acquire_log: Path
+    hosts: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    frozen: bool = False
+    starts: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self) -> None:
+        command = [sys.executable, "-m", "chaos_lib.fleet", str(self.config)]
+        self.proc = _spawn(command, self.log, {"PYTHONPATH": str(ROOT / "scripts")})
+        self.frozen = False
+        self.starts += 1
+
+    def kill(self) -> None:
+        _kill(self.proc)
+        self.frozen = False
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.frozen = False
+
+    def terminate(self) -> int | None:
+        self.frozen = False
+        return _terminate(self.proc, 30)

@@ -1,6 +1,8 @@
 """What the checks read after the run: PostgreSQL's tables, each agent's action log (what
 it sent to its phones, timestamped) and each agent's own JSON log (when its stop tokens
-tripped, which reports were accepted or refused).
+tripped, which reports were accepted or refused); with a fleet, each fleet host's Acquire
+calls (who was parked with which idle phones, when) and the replicas' logs (which replica
+queued and which assigned each task; their warnings).
 
 Times are epoch seconds: PostgreSQL's `now()` and the agents' `time.time()` read the same
 clock on this machine. `now()` is when the writing transaction *began*, so two transitions
@@ -52,6 +54,35 @@ class AgentEvent:
     fields: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class AcquireCall:
+    """One Acquire long poll of a fleet host, as the host saw it (wall clock)."""
+
+    host: str
+    serials: tuple[str, ...]
+    wait: float
+    sent: float
+    ended: float
+    code: str  # OK, or the gRPC code it failed with (CANCELLED: the host stopped it)
+    took: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReplicaLine:
+    replica: str
+    at: float
+    level: str
+    event: str
+    fields: dict[str, Any]
+
+
+# The replica log lines the dispatch check reads: who queued and who assigned a task, and
+# anything said at warning level or above.
+REPLICA_EVENTS = frozenset(
+    {"task submitted", "tasks submitted", "task assigned", "lease expired", "lease released"}
+)
+
+
 @dataclass
 class Evidence:
     tasks: dict[str, dict[str, Any]]
@@ -63,6 +94,8 @@ class Evidence:
     unparsed_log_lines: int = 0
     # (task_id, attempt) -> (first trip time, reason), from the agents' logs
     trips: dict[tuple[str, int], tuple[float, str]] = field(default_factory=dict)
+    acquires: list[AcquireCall] = field(default_factory=list)
+    replica_lines: list[ReplicaLine] = field(default_factory=list)
 
     def attempts_of(self, task_id: str) -> list[dict[str, Any]]:
         return sorted(
@@ -70,7 +103,13 @@ class Evidence:
         )
 
 
-async def load(dsn: str, action_logs: dict[str, Path], agent_logs: dict[str, Path]) -> Evidence:
+async def load(
+    dsn: str,
+    action_logs: dict[str, Path],
+    agent_logs: dict[str, Path],
+    acquire_logs: list[Path] | None = None,
+    replica_logs: dict[str, Path] | None = None,
+) -> Evidence:
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
         async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -92,6 +131,8 @@ async def load(dsn: str, action_logs: dict[str, Path], agent_logs: dict[str, Pat
         actions=_actions(action_logs),
         agent_events=agent_events,
         unparsed_log_lines=unparsed,
+        acquires=_acquires(acquire_logs or []),
+        replica_lines=_replica_lines(replica_logs or {}),
     )
     for e in agent_events:
         reason = TRIPS.get(e.event)
@@ -101,11 +142,16 @@ async def load(dsn: str, action_logs: dict[str, Path], agent_logs: dict[str, Pat
     return evidence
 
 
+JSON_COLUMNS = frozenset({"selector_labels", "labels", "metadata"})
+
+
 def _row(record: asyncpg.Record) -> dict[str, Any]:
     row = dict(record)
     for key, value in row.items():
         if isinstance(value, datetime):
             row[key] = value.timestamp()
+        elif key in JSON_COLUMNS and isinstance(value, str):
+            row[key] = json.loads(value)  # jsonb comes back as text
         elif key in ("task_id", "lease_id", "event_id") and value is not None:
             row[key] = str(value) if key != "event_id" else value
     return row
@@ -137,9 +183,56 @@ def _actions(logs: dict[str, Path]) -> list[Action]:
     return actions
 
 
+def _acquires(paths: list[Path]) -> list[AcquireCall]:
+    calls = []
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+                calls.append(
+                    AcquireCall(
+                        r["host"],
+                        tuple(r["serials"]),
+                        float(r["wait"]),
+                        float(r["sent"]),
+                        float(r["ended"]),
+                        r["code"],
+                        tuple(r["took"]),
+                    )
+                )
+            except (ValueError, KeyError, TypeError):
+                continue  # cut short by a SIGKILL
+    calls.sort(key=lambda c: c.sent)
+    return calls
+
+
+def _replica_lines(logs: dict[str, Path]) -> list[ReplicaLine]:
+    lines = []
+    for name, path in logs.items():
+        if not path.exists():
+            continue
+        for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(text)
+                level = str(record.get("level", ""))
+                event = str(record["event"])
+                if event not in REPLICA_EVENTS and level not in ("warning", "error", "critical"):
+                    continue
+                at = datetime.fromisoformat(record.pop("timestamp")).timestamp()
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            record.pop("event", None)
+            lines.append(ReplicaLine(name, at, level, event, record))
+    lines.sort(key=lambda r: r.at)
+    return lines
+
+
 def _agent_events(logs: dict[str, Path]) -> tuple[list[AgentEvent], int]:
+    """By log name; a line naming its host_id (a fleet process's) is that host's."""
     events, unparsed = [], 0
-    for host, path in logs.items():
+    for name, path in logs.items():
         if not path.exists():
             continue
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -150,7 +243,7 @@ def _agent_events(logs: dict[str, Path]) -> tuple[list[AgentEvent], int]:
             except (ValueError, KeyError, TypeError, AttributeError):
                 unparsed += 1
                 continue
-            events.append(AgentEvent(host, at, event, record))
+            events.append(AgentEvent(str(record.get("host_id") or name), at, event, record))
     events.sort(key=lambda e: e.at)
     return events, unparsed
 

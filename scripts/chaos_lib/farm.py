@@ -1,15 +1,18 @@
-"""The whole farm of one run: PostgreSQL, replicas, a proxy per agent, the agents."""
+"""The whole farm of one run: PostgreSQL, replicas, a proxy per host, the host agents
+(each its own process) and the fleet (many hosts, each the real agent, a few processes
+holding them: chaos_lib/fleet.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos_lib.cluster import BIN, ROOT, AgentProc, Postgres, Replica, health
+from chaos_lib.cluster import BIN, ROOT, AgentProc, FleetProc, Postgres, Replica, health
 from chaos_lib.proxy import ProxyHub
 
 
@@ -22,6 +25,35 @@ class FarmConfig:
     lease_ttl: float = 3.0
     sweep_interval: float = 0.5
     insecure: bool = False
+    # The fleet: `hosts` hosts of `fleet_devices` phones, `hosts_per_proc` to a process.
+    hosts: int = 0
+    fleet_devices: int = 3
+    hosts_per_proc: int = 15
+    # How long a fleet host's Acquire long poll waits (the agent's default: 60 s), so that
+    # a wake-up dispatch misses shows as a task left queued, not hidden by a quick re-poll.
+    fleet_acquire_wait: float = 60.0
+    row_size: int = 10  # hosts per `row` label
+
+    @property
+    def devices_total(self) -> int:
+        return self.agents * self.devices + self.hosts * self.fleet_devices
+
+
+@dataclass(frozen=True)
+class FleetHost:
+    """One host of the fleet, as the workload and the checks know it."""
+
+    host_id: str
+    proc: str  # the fleet process it runs in
+    rack: str
+    row: str
+    serials: tuple[str, ...]
+    sim_delay: float
+    action_log: Path
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"pool": "fleet", "rack": self.rack, "row": self.row}
 
 
 @dataclass
@@ -31,6 +63,8 @@ class Farm:
     pg: Postgres = field(init=False)
     replicas: list[Replica] = field(default_factory=list)
     agents: list[AgentProc] = field(default_factory=list)
+    fleet: list[FleetProc] = field(default_factory=list)
+    fleet_hosts: list[FleetHost] = field(default_factory=list)
     proxies: ProxyHub | None = None
     client_token: str | None = None
 
@@ -42,10 +76,28 @@ class Farm:
         return self.pg.url
 
     def action_logs(self) -> dict[str, Path]:
-        return {a.host_id: a.action_log for a in self.agents}
+        return {a.host_id: a.action_log for a in self.agents} | {
+            h.host_id: h.action_log for h in self.fleet_hosts
+        }
 
     def agent_logs(self) -> dict[str, Path]:
-        return {a.host_id: a.log for a in self.agents}
+        """By process name (a fleet process's lines name their host_id)."""
+        return {a.host_id: a.log for a in self.agents} | {f.name: f.log for f in self.fleet}
+
+    def acquire_logs(self) -> list[Path]:
+        return [f.acquire_log for f in self.fleet]
+
+    def sim_delays(self) -> dict[str, float]:
+        return {a.host_id: a.sim_delay for a in self.agents} | {
+            h.host_id: h.sim_delay for h in self.fleet_hosts
+        }
+
+    def hosts_of(self, target: str) -> list[str]:
+        """The hosts a fault on `target` (an agent, a fleet process or a host) cuts off."""
+        for f in self.fleet:
+            if f.name == target:
+                return list(f.hosts)
+        return [target]
 
     async def start(self) -> None:
         c = self.config
@@ -78,6 +130,92 @@ class Farm:
             )
             agent.spawn()
             self.agents.append(agent)
+        await self._start_fleet()
+
+    async def _start_fleet(self) -> None:
+        c = self.config
+        if not c.hosts:
+            return
+        tokens = await self._fleet_tokens()
+        assert self.proxies is not None
+        procs = (c.hosts + c.hosts_per_proc - 1) // c.hosts_per_proc
+        for p in range(procs):
+            name = f"fleet-{p}"
+            members = range(p * c.hosts_per_proc, min(c.hosts, (p + 1) * c.hosts_per_proc))
+            hosts, entries = [], []
+            for i in members:
+                host = FleetHost(
+                    host_id=f"chaos-f{i:02d}",
+                    proc=name,
+                    rack=f"r{i:02d}",
+                    row=f"row{i // c.row_size}",
+                    serials=tuple(f"f{i:02d}-{d}" for d in range(c.fleet_devices)),
+                    sim_delay=round(self.rng.uniform(0.05, 0.25), 3),
+                    action_log=c.workdir / f"actions-chaos-f{i:02d}.jsonl",
+                )
+                proxy = self.proxies.add(host.host_id, [r.port for r in self.replicas])
+                hosts.append(host)
+                entries.append(
+                    {
+                        "host_id": host.host_id,
+                        "address": f"127.0.0.1:{proxy.port}",
+                        "token": tokens[host.host_id],
+                        "labels": host.labels,
+                        "devices": c.fleet_devices,
+                        "prefix": f"f{i:02d}-",
+                        "sim_delay": host.sim_delay,
+                        "action_log": str(host.action_log),
+                    }
+                )
+            config = c.workdir / f"{name}.json"
+            config.touch(mode=0o600)  # it holds the hosts' tokens
+            config.write_text(
+                json.dumps(
+                    {
+                        "hosts": entries,
+                        "acquire_log": str(c.workdir / f"acquires-{name}.jsonl"),
+                        "acquire_wait": c.fleet_acquire_wait,
+                        "drain_timeout": 5.0,
+                        "report_timeout": 30.0,
+                    }
+                )
+            )
+            proc = FleetProc(
+                name,
+                config,
+                c.workdir / f"{name}.log",
+                c.workdir / f"acquires-{name}.jsonl",
+                [h.host_id for h in hosts],
+            )
+            proc.spawn()
+            self.fleet.append(proc)
+            self.fleet_hosts += hosts
+
+    async def _fleet_tokens(self) -> dict[str, str]:
+        """A host token per fleet host, straight into the database by the same function the
+        bootstrap command uses (60 `control-plane tokens create` processes take a minute)."""
+        names = [f"chaos-f{i:02d}" for i in range(self.config.hosts)]
+        if self.config.insecure:
+            return dict.fromkeys(names, "insecure")
+        import logging
+
+        import structlog
+
+        from control_plane.admin_service import create_token
+        from control_plane.domain import Role
+        from control_plane.store import Store
+
+        # Not a line per token on the run's output.
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+        store = await Store.open(self.dsn, min_size=1, max_size=1)
+        try:
+            return {
+                name: (await create_token(store, Role.HOST, name, f"chaos host {name}"))[1]
+                for name in names
+            }
+        finally:
+            await store.close()
 
     def _migrate_and_tokens(self) -> None:
         """Tokens straight into the database with the operator's bootstrap command (which
@@ -143,6 +281,13 @@ class Farm:
             if not agent.alive:
                 agent.spawn()
                 fixed.append(f"dead {agent.host_id}")
+        for proc in self.fleet:
+            if proc.frozen:
+                proc.thaw()
+                fixed.append(f"frozen {proc.name}")
+            if not proc.alive:
+                proc.spawn()
+                fixed.append(f"dead {proc.name}")
         for replica in self.replicas:
             if not replica.alive:
                 await replica.start()
@@ -158,6 +303,10 @@ class Farm:
                 if agent.host_id not in busy and not agent.alive:
                     problems.append(f"{agent.host_id} exited on its own ({_code(agent.proc)})")
                     agent.spawn()
+            for proc in self.fleet:
+                if proc.name not in busy and not proc.alive:
+                    problems.append(f"{proc.name} exited on its own ({_code(proc.proc)})")
+                    proc.spawn()
             for replica in self.replicas:
                 if replica.name not in busy and not replica.alive:
                     problems.append(f"{replica.name} exited on its own ({_code(replica.proc)})")
@@ -167,8 +316,10 @@ class Farm:
         """Agents first (they drain and give leases back), then replicas, then the proxies.
         PostgreSQL stays up for the checks; `stop_database` ends it."""
         codes: dict[str, int | None] = {}
-        results = await asyncio.gather(*(asyncio.to_thread(a.terminate) for a in self.agents))
-        codes.update({a.host_id: rc for a, rc in zip(self.agents, results, strict=True)})
+        hosts: list[AgentProc | FleetProc] = [*self.agents, *self.fleet]
+        names = [a.host_id for a in self.agents] + [f.name for f in self.fleet]
+        results = await asyncio.gather(*(asyncio.to_thread(h.terminate) for h in hosts))
+        codes.update(zip(names, results, strict=True))
         results = await asyncio.gather(*(asyncio.to_thread(r.terminate) for r in self.replicas))
         codes.update({r.name: rc for r, rc in zip(self.replicas, results, strict=True)})
         if self.proxies is not None:
@@ -182,6 +333,8 @@ class Farm:
         """Last resort on the way out (an error in the harness): leave nothing running."""
         for agent in self.agents:
             agent.kill()
+        for proc in self.fleet:
+            proc.kill()
         for replica in self.replicas:
             replica.kill()
         if self.proxies is not None:

@@ -6,7 +6,12 @@ and never both replicas down together (the farm is meant to survive one at a tim
     agent_kill     SIGKILL a host agent, restart it (same host id and devices)
     agent_freeze   SIGSTOP an agent for longer than the lease TTL, then SIGCONT
     pg_restart     PostgreSQL immediate shutdown (a crash), then start it again
-    proxy_cut      cut one agent's connections for longer than the TTL (blackhole or reset)
+    proxy_cut      cut one host's connections for longer than the TTL (blackhole or reset):
+                   an agent's or a fleet host's, even odds
+    fleet_kill     SIGKILL a fleet process (a row of hosts at once), restart it
+    fleet_freeze   SIGSTOP a fleet process for longer than the TTL, then SIGCONT
+
+The fleet kinds run only when there is a fleet (`--hosts`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,22 @@ from typing import Any
 from chaos_lib.farm import Farm
 from chaos_lib.proxy import CUT_MODES
 
-KINDS = ("replica_kill", "agent_kill", "agent_freeze", "pg_restart", "proxy_cut")
+KINDS = (
+    "replica_kill",
+    "agent_kill",
+    "agent_freeze",
+    "pg_restart",
+    "proxy_cut",
+    "fleet_kill",
+    "fleet_freeze",
+)
+FLEET_KINDS = ("fleet_kill", "fleet_freeze")
+# Faults that cut hosts off (the workload cancels a few tasks running there).
+HOST_KINDS = ("agent_kill", "agent_freeze", "proxy_cut", "fleet_kill", "fleet_freeze")
+
+
+def kinds_for(farm: Farm) -> tuple[str, ...]:
+    return KINDS if farm.fleet else tuple(k for k in KINDS if k not in FLEET_KINDS)
 
 
 @dataclass
@@ -46,13 +66,13 @@ class Injector:
         *,
         min_per_kind: int,
         max_concurrent: int = 2,
-        kinds: tuple[str, ...] = KINDS,
+        kinds: tuple[str, ...] | None = None,
     ) -> None:
         self.farm = farm
         self.rng = rng
         self.min_per_kind = min_per_kind
         self.max_concurrent = max_concurrent
-        self.kinds = kinds
+        self.kinds = kinds if kinds is not None else kinds_for(farm)
         self.faults: list[Fault] = []
         self.busy: set[str] = set()
         self._running: set[asyncio.Task[None]] = set()
@@ -107,8 +127,24 @@ class Injector:
             return self.rng.choice(alive) if len(alive) == len(farm.replicas) else None
         if kind == "pg_restart":
             return None if "postgres" in self.busy else "postgres"
-        free = [a.host_id for a in farm.agents if a.host_id not in self.busy]
-        return self.rng.choice(free) if free else None
+        if kind in FLEET_KINDS:
+            # Not while one of its hosts' proxies is cut: one fault per host at a time.
+            free = [
+                f.name
+                for f in farm.fleet
+                if f.name not in self.busy and not self.busy.intersection(f.hosts)
+            ]
+            return self.rng.choice(free) if free else None
+        agents = [a.host_id for a in farm.agents if a.host_id not in self.busy]
+        if kind != "proxy_cut" or not farm.fleet or (agents and self.rng.random() < 0.5):
+            return self.rng.choice(agents) if agents else None
+        busy_procs = {f.name for f in farm.fleet if f.name in self.busy}
+        hosts = [
+            h.host_id
+            for h in farm.fleet_hosts
+            if h.host_id not in self.busy and h.proc not in busy_procs
+        ]
+        return self.rng.choice(hosts) if hosts else None
 
     def _launch(self, kind: str, target: str) -> None:
         fault = Fault(kind, target, time.time())
@@ -177,9 +213,36 @@ class Injector:
         self.farm.proxies.heal(fault.target)
         fault.healed_at = time.time()
 
+    async def _fleet_kill(self, fault: Fault) -> None:
+        proc = self._fleet(fault.target)
+        fault.detail["hosts"] = list(proc.hosts)
+        proc.kill()
+        self._row_cut_off(proc.hosts)
+        await asyncio.sleep(self.rng.uniform(0.5, 2.5))
+        proc.spawn()
+        fault.healed_at = time.time()
+
+    async def _fleet_freeze(self, fault: Fault) -> None:
+        proc = self._fleet(fault.target)
+        fault.detail["hosts"] = list(proc.hosts)
+        proc.freeze()
+        self._row_cut_off(proc.hosts)
+        frozen = self.ttl + self.rng.uniform(1.0, 3.0)
+        fault.detail["frozen_s"] = round(frozen, 3)
+        await asyncio.sleep(frozen)
+        proc.thaw()
+        fault.healed_at = time.time()
+
+    def _row_cut_off(self, hosts: list[str], most: int = 4) -> None:
+        for host in self.rng.sample(hosts, min(most, len(hosts))):
+            self._host_cut_off(host)
+
     def _host_cut_off(self, host_id: str) -> None:
         if self.on_host_fault is not None:
             self.on_host_fault(host_id)
+
+    def _fleet(self, name: str) -> Any:
+        return next(f for f in self.farm.fleet if f.name == name)
 
     def _agent(self, host_id: str) -> Any:
         return next(a for a in self.farm.agents if a.host_id == host_id)

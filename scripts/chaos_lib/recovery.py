@@ -8,7 +8,8 @@ database's record of what happened around them.
                   recovery_s            back up until both replicas report SERVING
                   work_resumed_s        back up until the next transition committed
     agent_*       recovery_s            fault undone (restart, SIGCONT, heal) until the host
-    proxy_cut                           acknowledges a new assignment: working again
+    proxy_cut                           (a fleet fault: the first of its hosts)
+    fleet_*                             acknowledges a new assignment: working again
                   leases_reclaimed_s    fault until every lease the host held then ended
                                         (expired and swept, so its tasks moved on)
 
@@ -24,7 +25,7 @@ from typing import Any
 from chaos_lib.evidence import Evidence
 from chaos_lib.faults import Fault
 
-HOST_FAULTS = ("agent_kill", "agent_freeze", "proxy_cut")
+HOST_FAULTS = ("agent_kill", "agent_freeze", "proxy_cut", "fleet_kill", "fleet_freeze")
 
 
 def measure(faults: list[Fault], ev: Evidence) -> None:
@@ -57,7 +58,8 @@ def _overlapping(f: Fault, faults: list[Fault]) -> list[str]:
 
 def _host_fault(f: Fault, ev: Evidence) -> None:
     assert f.healed_at is not None
-    atts = [a for a in ev.attempts.values() if a["host_id"] == f.target]
+    hosts = set(f.detail.get("hosts") or [f.target])
+    atts = [a for a in ev.attempts.values() if a["host_id"] in hosts]
     acked = [
         a["acknowledged_at"]
         for a in atts
@@ -76,11 +78,11 @@ def _host_fault(f: Fault, ev: Evidence) -> None:
     if held and len(ended) == len(held):
         f.detail["leases_reclaimed_s"] = round(max(ended) - f.started_at, 3)
         f.detail["held_attempts_ended"] = sorted({a["state"] for a in held})
-    if f.kind == "agent_freeze":
+    if f.kind in ("agent_freeze", "fleet_freeze"):
         late = [
             e
             for e in ev.agent_events
-            if e.host == f.target
+            if e.host in hosts
             and e.event == "report refused by the control plane"
             and f.started_at <= e.at <= f.healed_at + 30
             and (e.fields.get("task_id"), e.fields.get("attempt"))

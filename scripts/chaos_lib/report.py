@@ -108,6 +108,7 @@ def table(results: dict[str, Any]) -> str:
         + f"  (retried {t['retried']}, cancel requested {t['cancel_requested']})",
         f"attempts   {t['attempts']}  "
         + "  ".join(f"{k} {v}" for k, v in t["attempts_by_end"].items()),
+        *_dispatch_lines(results.get("dispatch") or {}),
         "",
         f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
     ]
@@ -128,3 +129,29 @@ def table(results: dict[str, Any]) -> str:
         lines += ["", "harness problems:"] + [f"  - {p}" for p in s["problems"]]
     lines.append("")
     return "\n".join(lines)
+
+
+def _dispatch_lines(d: dict[str, Any]) -> list[str]:
+    if not d.get("fleet_hosts"):
+        return []
+    pickup = "  ".join(
+        f"{kind} {q.get('p50', 0):.2f}/{q.get('p99', 0):.2f}/{q.get('max', 0):.2f}"
+        for kind, q in d["first_pickup_s"].items()
+        if q
+    )
+    longest = {
+        cause: max(by_kind.values(), default=0.0)
+        for cause, by_kind in d["longest_clean_overlap_s"].items()
+    }
+    details = d["details"]
+    excused = details.get("queued spans excused: offer may have died with its replica", 0)
+    return [
+        f"dispatch   {d['fleet_hosts']} fleet hosts; {details.get('fleet acquire calls', 0)} "
+        f"Acquire calls; {d['assigned_by_another_replica_than_queued']} of "
+        f"{d['assignments_logged']} assignments by another replica than queued the task",
+        f"           queued while a fitting phone idled on a parked host: longest "
+        f"{longest.get('offered', 0):.2f}s offered by its Acquire, "
+        f"{longest.get('not offered', 0):.2f}s not (bound {d['bound_s']:.0f}s; {excused} "
+        f"spans excused by a replica kill); over the bound {d['violations']}",
+        f"           first pickup s (p50/p99/max) by selector: {pickup}",
+    ]

@@ -8,6 +8,10 @@ last step finished). Besides, when a fault cuts a host off, a task or two runnin
 are cancelled (`host_faulted`): the host cannot hear of it, so the lease runs out with
 the cancellation pending. The clients reach the replicas through gRPC's own round-robin
 balancing over both addresses, so a dead replica costs them retries only.
+
+With a fleet, tasks carry selectors (`Selectors`): none, the agents' pool, the fleet's
+pool, a row of hosts, one host's rack, one phone's serial (alone or with its rack), so that
+dispatch has to find the one parked host, or one of a few, among all of them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import with_token
+from chaos_lib.farm import FleetHost
 from chaos_lib.specs import Plan, random_plan
 
 T = TypeVar("T")
@@ -48,11 +53,16 @@ class Submitted:
     request_id: str
     plan: Plan
     moment: str | None  # when it is to be cancelled; None: never
+    selector: str = "none"  # what its selector targets (Selectors.KINDS)
+    request: scheduler_pb2.SubmitTaskRequest | None = None
     task_id: str = ""
     submitted_at: float = 0.0  # wall clock when the submit was acknowledged
     cancel_sent_at: float | None = None
     cancel_answer: str = ""  # the status the answer carried, or the refusal's code
     cancel_acked: bool = False
+    # CancelTask calls made for it: after a retry, an earlier try may have landed unanswered
+    # (e.g. its commit went through as PostgreSQL crashed).
+    cancel_tries: int = 0
     cancel_note: str = ""
 
 
@@ -63,6 +73,47 @@ class Counters:
     watch_reconnects: int = 0
     # Codes a client should never see from a healthy control plane (INTERNAL and such).
     unexpected: dict[str, int] = field(default_factory=dict)
+
+
+class Selectors:
+    """Where tasks may run, drawn at random over the fleet's hosts."""
+
+    # kind -> share of the tasks
+    KINDS = {
+        "none": 0.15,
+        "agents": 0.15,  # the three agent processes (label pool=agents)
+        "pool": 0.1,
+        "row": 0.15,
+        "rack": 0.25,
+        "serial": 0.1,
+        "rack+serial": 0.1,
+    }
+
+    def __init__(self, hosts: list[FleetHost], rng: random.Random) -> None:
+        self._hosts = hosts
+        self._rng = rng
+
+    def draw(self) -> tuple[str, task_pb2.DeviceSelector | None]:
+        if not self._hosts:
+            return "none", None
+        kind = self._rng.choices(list(self.KINDS), weights=list(self.KINDS.values()))[0]
+        host = self._rng.choice(self._hosts)
+        serial = self._rng.choice(host.serials)
+        selector = task_pb2.DeviceSelector
+        match kind:
+            case "agents":
+                return kind, selector(labels={"pool": "agents"})
+            case "pool":
+                return kind, selector(labels={"pool": "fleet"})
+            case "row":
+                return kind, selector(labels={"row": host.row})
+            case "rack":
+                return kind, selector(labels={"rack": host.rack})
+            case "serial":
+                return kind, selector(serial=serial)
+            case "rack+serial":
+                return kind, selector(serial=serial, labels={"rack": host.rack})
+        return "none", None
 
 
 class ActionTail:
@@ -109,6 +160,7 @@ class Workload:
         backlog: Callable[[], int | None],
         target_backlog: int,
         cancel_share: float = 1 / 3,
+        selectors: Selectors | None = None,
     ) -> None:
         target = "ipv4:" + ",".join(addresses)
         options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
@@ -119,6 +171,7 @@ class Workload:
         self._backlog = backlog
         self._target = target_backlog
         self._cancel_share = cancel_share
+        self._selectors = selectors
         self.tasks: list[Submitted] = []
         self.counters = Counters()
         self._cancellers: set[asyncio.Task[None]] = set()
@@ -166,15 +219,18 @@ class Workload:
     async def submit_one(self) -> Submitted:
         plan = random_plan(self._rng)
         moment = self._rng.choice(MOMENTS) if self._rng.random() < self._cancel_share else None
-        item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, moment)
+        kind, selector = self._selectors.draw() if self._selectors else ("none", None)
+        item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, moment, kind)
         self.tasks.append(item)
         request = scheduler_pb2.SubmitTaskRequest(
             request_id=item.request_id,
             spec=plan.spec,
+            selector=selector,
             max_attempts=self._rng.choice([2, 3, 3, 4, 5]),
             priority=self._rng.choice([0, 0, 0, 1, 5]),
-            metadata={"chaos": "1", "moment": moment or ""},
+            metadata={"chaos": "1", "moment": moment or "", "selector": kind},
         )
+        item.request = request
         try:
             task = await self._submit(request)
         except grpc.aio.AioRpcError as exc:
@@ -193,7 +249,7 @@ class Workload:
         for item in self.tasks:
             if item.task_id:
                 continue
-            request = scheduler_pb2.SubmitTaskRequest(
+            request = item.request or scheduler_pb2.SubmitTaskRequest(
                 request_id=item.request_id, spec=item.plan.spec
             )
             item.task_id = (await self._submit(request)).task_id
@@ -279,10 +335,13 @@ class Workload:
             task_id=item.task_id, reason=f"chaos: {item.moment}"
         )
         item.cancel_sent_at = time.time()
+
+        def cancel() -> Awaitable[task_pb2.Task]:
+            item.cancel_tries += 1
+            return self._stub.CancelTask(request, timeout=5)  # type: ignore[no-any-return]
+
         try:
-            task = await self._call(
-                lambda: self._stub.CancelTask(request, timeout=5), "cancel_retries"
-            )
+            task = await self._call(cancel, "cancel_retries")
         except grpc.aio.AioRpcError as exc:
             item.cancel_answer = exc.code().name
             if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
