@@ -7,7 +7,7 @@ for each assignment it is given.
          ├─ LeaseKeeper.run()      the renewal stream and self-fencing (leases.py)
          ├─ _refresh_loop()        inventory every `inventory_interval`; re-register on change
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
-         ├─ _acquire_loop()        one Acquire long poll for all idle devices at a time
+         ├─ _acquire_loop()        Acquire long polls covering every idle device
          └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
                                     → report or release → forget; then the books here
 
@@ -28,6 +28,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import structlog
@@ -238,18 +239,34 @@ class Agent:
         ]
 
     async def _acquire_loop(self, group: asyncio.TaskGroup) -> None:
-        while not self._draining.tripped:
-            self._changed.clear()
-            idle = self._idle_serials()
-            if not idle:
-                await self._changed.wait()
-                continue
-            try:
-                received_at, assignments = await self._draining.race(self._acquire(idle))
-            except Stopped:
-                return
-            for assignment in assignments:
-                self._start(group, assignment, received_at)
+        """Keep every idle device offered in a parked Acquire. A device that becomes idle
+        while others' Acquire is parked is offered at once, in an Acquire of its own, not
+        when that one returns (up to a whole wait later). Cancelling the parked Acquire to
+        ask again would risk losing an answer already on its way."""
+        polls: dict[asyncio.Future[tuple[float, list[Assignment]]], frozenset[str]] = {}
+        try:
+            while not self._draining.tripped:
+                self._changed.clear()
+                offered = frozenset().union(*polls.values())
+                idle = [s for s in self._idle_serials() if s not in offered]
+                if idle:
+                    polls[asyncio.ensure_future(self._acquire(idle))] = frozenset(idle)
+                changed: asyncio.Future[Any] = asyncio.ensure_future(self._changed.wait())
+                waiting: list[asyncio.Future[Any]] = [changed, *polls]
+                try:
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                for poll in [p for p in polls if p.done()]:
+                    del polls[poll]
+                    received_at, assignments = poll.result()
+                    for assignment in assignments:
+                        self._start(group, assignment, received_at)
+        finally:
+            # Draining (or failing): the parked Acquires are abandoned.
+            for poll in polls:
+                poll.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
 
     async def _acquire(self, idle: list[str]) -> tuple[float, list[Assignment]]:
         """When the answer came (time.monotonic()), and the assignments in it."""

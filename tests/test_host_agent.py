@@ -471,3 +471,20 @@ async def test_every_renewal_request_carries_every_held_lease(database_url: str)
             assert not any(lease.token.tripped for lease in leases)
             for task_id in ids:
                 await status_is(farm, task_id, "done")
+
+
+async def test_a_phone_freed_while_another_acquire_waits_is_offered_at_once(farm: Farm) -> None:
+    """THEN a task for the freed phone starts at once, not when the other phone's parked
+    Acquire returns (a whole wait later)."""
+    source = SimulatedSource(2, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source, acquire_wait=30.0):
+        first = await submit(
+            client, actions_spec(tap()), selector=task_pb2.DeviceSelector(serial="sim-0")
+        )
+        await status_is(farm, first, "done")
+        # sim-1 has been parked in an Acquire all along; sim-0 is idle again.
+        second = await submit(
+            client, actions_spec(tap()), selector=task_pb2.DeviceSelector(serial="sim-0")
+        )
+        await status_is(farm, second, "done", within=5.0)
