@@ -98,6 +98,9 @@ class Dispatcher:
         self._by_label: dict[Label, set[Waiter]] = {}
         self._by_serial: dict[str, set[Waiter]] = {}
         self._all: dict[Waiter, None] = {}
+        # Every Acquire on this replica by host, indexed or not (none of its phones idle
+        # yet): a phone freed behind the host's back (a lease expired) wakes them.
+        self._by_host: dict[str, set[Waiter]] = {}
         self._recent: deque[tuple[int, Offer]] = deque(maxlen=RECENT)
         self._seq = itertools.count(1)
         self.offered = 0  # the sequence number of the last offer
@@ -107,7 +110,15 @@ class Dispatcher:
     def __len__(self) -> int:
         return len(self._all)
 
+    def acquires_of(self, host_id: str) -> int:
+        """The Acquire calls of `host_id` on this replica, indexed or not."""
+        return len(self._by_host.get(host_id, ()))
+
     # -- the Acquire side -------------------------------------------------------------------
+
+    def enter(self, waiter: Waiter) -> None:
+        """An Acquire call began (indexed by its idle devices once it has looked)."""
+        self._by_host.setdefault(waiter.host_id, set()).add(waiter)
 
     def park(self, waiter: Waiter, devices: Sequence[tuple[str, Mapping[str, str]]]) -> None:
         """Index `waiter` under its idle devices (as the query that found nothing saw them)."""
@@ -125,7 +136,9 @@ class Dispatcher:
             self._by_serial.setdefault(serial, set()).add(waiter)
         self._all[waiter] = None
 
-    def leave(self, waiter: Waiter) -> None:
+    def leave(self, waiter: Waiter, *, ended: bool = False) -> None:
+        if ended:
+            _discard(self._by_host, waiter.host_id, waiter)
         if self._all.pop(waiter, 0) is None:
             for kv in waiter.keys:
                 _discard(self._by_label, kv, waiter)
@@ -167,6 +180,12 @@ class Dispatcher:
         """Offers `skip` was woken for and could not use."""
         for offer in offers:
             self.offer(offer, skip=skip)
+
+    def wake_host(self, host_id: str) -> None:
+        """A phone of `host_id` was freed (its lease ended): its Acquires look again."""
+        for waiter in self._by_host.get(host_id, ()):
+            waiter.everything = True
+            waiter.woken.set()
 
     def wake_all(self) -> None:
         for waiter in self._all:

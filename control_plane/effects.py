@@ -139,3 +139,4 @@ class Effects:
             )
         if offers:
             self.hub.queued(offers)
+        self.hub.devices_freed({e.host_id for e in ended})

@@ -21,7 +21,7 @@ from control_plane.presence import Presence
 
 log = structlog.get_logger(__name__)
 
-CHANNELS = ("amc_queued", "amc_cancel", "amc_task")
+CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed")
 # Called with a notice to push, or with None when the replica is closing the stream.
 PushCallback = Callable[[CancelNotice | None], None]
 
@@ -62,6 +62,13 @@ class Hub:
             self._dispatch(offer)
             self._send("amc_queued", offer.to_payload(self.replica))
 
+    def devices_freed(self, host_ids: set[str]) -> None:
+        """After committing the end of leases not by their host's report (expiry, release):
+        the host's parked Acquires, here and on the other replicas, look again (a phone
+        they listed may have been held by the lease when they looked)."""
+        for host_id in host_ids:
+            self.publish("amc_freed", host_id)
+
     async def send_outbox(self, send: Callable[[list[tuple[str, str]]], Awaitable[None]]) -> None:
         while True:
             await self._outbox_ready.wait()
@@ -79,6 +86,8 @@ class Hub:
             self._offer(payload)
         elif channel == "amc_cancel":
             self._push_cancel(payload)
+        elif channel == "amc_freed":
+            self.dispatcher.wake_host(payload)
         elif channel == "amc_task":
             self._wake_watchers(payload)
 

@@ -109,6 +109,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         waiter = Waiter(host_id)
         loop = asyncio.get_running_loop()
         taken: set[str] = set()
+        dispatcher.enter(waiter)
         try:
             while True:
                 mark = dispatcher.offered
@@ -140,7 +141,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                 if self.hub.closing:
                     return []
         finally:
-            dispatcher.leave(waiter)
+            dispatcher.leave(waiter, ended=True)
             # Offers that came after its last look: someone else may take them.
             dispatcher.offer_again(
                 [o for o in waiter.offers.values() if o.task_id not in taken], skip=waiter

@@ -200,3 +200,25 @@ def test_a_waiter_with_no_idle_device_is_not_indexed() -> None:
     _parked(d, "busy")
     assert len(d) == 0
     assert d.offer(Offer("t", None, {})) is None
+
+
+async def test_a_phone_freed_by_an_expiry_wakes_the_acquire_that_listed_it(farm: Farm) -> None:
+    """The host's Acquire listed s1 while a dead lease still held it: when the lease
+    expires, the Acquire looks again and takes the task waiting for s1 at once."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", rack="a")
+    old = await client.scheduler.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(spec=actions_spec(), max_attempts=1)
+    )
+    (a,) = await host.acquire("s1", wait=5)
+    assert a.task_id == old.task_id
+    # The host restarted and offers s1 again; the database still has it held.
+    waiting = asyncio.create_task(host.acquire("s1", wait=30))
+    assert farm.plane is not None
+    dispatcher = farm.plane.hub.dispatcher
+    await eventually(lambda: dispatcher.acquires_of("h1") == 1, what="the Acquire to wait")
+    task = await _submit(client, serial="s1")
+    await farm.expire_now(a.lease_id)
+    (got,) = await asyncio.wait_for(waiting, 10)
+    assert got.task_id == task.task_id
+    assert await farm.status(old.task_id) == "failed"
