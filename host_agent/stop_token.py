@@ -94,7 +94,7 @@ class StopToken:
         if self._reason is not None:
             _discard(aw)
             raise Stopped(self._reason)
-        inner = asyncio.ensure_future(aw)
+        inner = asyncio.ensure_future(self._unless_tripped(aw))
         waiter = self._new_waiter()
         try:
             await asyncio.wait((inner, waiter), return_when=asyncio.FIRST_COMPLETED)
@@ -110,6 +110,15 @@ class StopToken:
         # the token is why it ended.
         assert self._reason is not None
         raise Stopped(self._reason)
+
+    async def _unless_tripped(self, aw: Awaitable[T]) -> T:
+        """`aw`, unless the token tripped after race() scheduled it but before it started:
+        callbacks that ran in between (a cancel push read off the stream) come first, and
+        the action must then not begin at all."""
+        if self._reason is not None:
+            _discard(aw)
+            raise Stopped(self._reason)
+        return await aw
 
     def _new_waiter(self) -> asyncio.Future[None]:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -178,3 +178,18 @@ async def test_many_racers_all_stop_on_one_trip() -> None:
     token.trip(StopReason.CANCELLED)
     results = await asyncio.wait_for(asyncio.gather(*racers, return_exceptions=True), 5)
     assert all(isinstance(r, Stopped) for r in results)
+
+
+async def test_a_trip_between_scheduling_and_starting_keeps_the_action_from_starting() -> None:
+    """A trip that lands after race() scheduled the action but before it ran its first
+    step (the cancel push read in the same loop turn): the action never begins."""
+    token = StopToken()
+    started = []
+
+    async def action() -> None:
+        started.append(True)
+
+    asyncio.get_running_loop().call_soon(token.trip, StopReason.CANCELLED)
+    with pytest.raises(Stopped):
+        await token.race(action())
+    assert started == []
