@@ -188,9 +188,12 @@ class Dispatcher:
             waiter.woken.set()
 
     def wake_all(self) -> None:
-        for waiter in self._all:
-            waiter.everything = True
-            waiter.woken.set()
+        """Every Acquire looks again, those with no idle phone indexed too (a phone may have
+        been freed by a notification this replica missed)."""
+        for waiters in self._by_host.values():
+            for waiter in waiters:
+                waiter.everything = True
+                waiter.woken.set()
 
     def _candidates(self, offer: Offer) -> Iterator[Waiter]:
         """The smallest posting list that every match is in."""

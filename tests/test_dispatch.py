@@ -222,3 +222,14 @@ async def test_a_phone_freed_by_an_expiry_wakes_the_acquire_that_listed_it(farm:
     (got,) = await asyncio.wait_for(waiting, 10)
     assert got.task_id == task.task_id
     assert await farm.status(old.task_id) == "failed"
+
+
+def test_waking_all_wakes_acquires_with_no_idle_phone_too() -> None:
+    """After a missed notification (the listener reconnected) every Acquire looks again,
+    also one whose phones were all held when it looked: one may have been freed since."""
+    d = Dispatcher()
+    busy = Waiter("busy")
+    d.enter(busy)
+    d.park(busy, [])
+    d.wake_all()
+    assert busy.woken.is_set() and busy.everything
