@@ -21,6 +21,8 @@ from control_plane.presence import Presence
 
 log = structlog.get_logger(__name__)
 
+OUTBOX_LIMIT = 10_000
+OUTBOX_RETRY = 0.2
 CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed")
 # Called with a notice to push, or with None when the replica is closing the stream.
 PushCallback = Callable[[CancelNotice | None], None]
@@ -76,8 +78,15 @@ class Hub:
             batch, self._outbox = list(self._outbox), {}
             try:
                 await send(batch)
-            except Exception as error:  # the others re-poll: never die here
-                log.warning("notifications not sent", count=len(batch), error=str(error))
+            except Exception as error:  # never die here
+                # Sent again with what comes meanwhile (a duplicate wake is harmless); past
+                # OUTBOX_LIMIT the oldest go, and the other replicas' Acquires find that
+                # work when their wait ends.
+                kept = [*batch, *self._outbox][-OUTBOX_LIMIT:]
+                self._outbox = dict.fromkeys(kept)
+                log.warning("notifications not sent; retrying", count=len(batch), error=str(error))
+                await asyncio.sleep(OUTBOX_RETRY)
+                self._outbox_ready.set()
 
     # -- what the listener connection calls --------------------------------------------------
 

@@ -5,6 +5,7 @@ when no parked host can take it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -233,3 +234,30 @@ def test_waking_all_wakes_acquires_with_no_idle_phone_too() -> None:
     d.park(busy, [])
     d.wake_all()
     assert busy.woken.is_set() and busy.everything
+
+
+async def test_notifications_that_could_not_be_sent_are_sent_again() -> None:
+    """The statement that tells the other replicas failed (the database blinked): the
+    offers go again, with what came meanwhile, instead of being lost."""
+    from control_plane.hub import Hub
+
+    hub = Hub()
+    sent: list[list[tuple[str, str]]] = []
+    failures = [RuntimeError("connection reset")]
+
+    async def send(batch: list[tuple[str, str]]) -> None:
+        if failures:
+            raise failures.pop()
+        sent.append(batch)
+
+    sender = asyncio.create_task(hub.send_outbox(send))
+    try:
+        hub.queued([Offer("t1", None, {"rack": "a"})])
+        await eventually(lambda: sent, what="the offer to be sent again")
+        (batch,) = sent
+        assert [channel for channel, _ in batch] == ["amc_queued"]
+        assert Offer.from_payload(batch[0][1])[1].task_id == "t1"
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
