@@ -44,6 +44,8 @@ SERVICES = {
     "amc.v1.Admin": admin_pb2.DESCRIPTOR.services_by_name["Admin"],
 }
 MAX_MESSAGE = 1 << 20
+# How long a stop waits beyond its grace for calls and background loops to end.
+STOP_SLACK = 5.0
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.keepalive_time_ms", 10_000),
@@ -168,7 +170,7 @@ class ControlPlane:
         metrics.STREAMS.set_function(self.hub.streams)
         metrics.ACQUIRES_WAITING.set_function(lambda: len(self.hub.dispatcher))
         self._background = [
-            asyncio.create_task(coro)
+            asyncio.create_task(coro, name=getattr(coro, "__name__", None))
             for coro in (
                 self._listen(),
                 sweep_expired(self.store, self.effects, self.settings.sweep_interval),
@@ -201,12 +203,16 @@ class ControlPlane:
             stopping = asyncio.create_task(self._server.stop(grace))
             await asyncio.sleep(0)  # new calls are refused from here on
             self.hub.close()
-            await stopping
+            # A stop must not hang: calls that outlive their cancellation are left behind.
+            done, _ = await asyncio.wait([stopping], timeout=grace + STOP_SLACK)
+            if not done:
+                log.warning("in-flight calls did not end; stopping without them")
         for task in self._background:
             task.cancel()
-        for task in self._background:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._background:
+            _, stuck = await asyncio.wait(self._background, timeout=STOP_SLACK)
+            for task in stuck:
+                log.warning("background loop did not stop", loop=task.get_name())
         if self._store is not None:
             with contextlib.suppress(errors.AmcError, TimeoutError):
                 await asyncio.wait_for(self._store.replica_gone(self.hub.replica), 2.0)
