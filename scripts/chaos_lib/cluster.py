@@ -165,8 +165,38 @@ class Replica:
         return _terminate(self.proc, 15)
 
 
+class _Faultable:
+    """What faults do to an agent process or a fleet process: kill, freeze, thaw, stop."""
+
+    proc: subprocess.Popen[bytes] | None
+    frozen: bool
+    STOP_TIMEOUT = 20.0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        _kill(self.proc)
+        self.frozen = False
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.frozen = False
+
+    def terminate(self) -> int | None:
+        self.frozen = False
+        return _terminate(self.proc, self.STOP_TIMEOUT)
+
+
 @dataclass
-class AgentProc:
+class AgentProc(_Faultable):
     host_id: str
     control_plane: str  # the address of this agent's proxy
     devices: int
@@ -177,10 +207,6 @@ class AgentProc:
     proc: subprocess.Popen[bytes] | None = None
     frozen: bool = False
     starts: int = 0
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def spawn(self) -> None:
         command = [
@@ -212,27 +238,9 @@ class AgentProc:
         self.frozen = False
         self.starts += 1
 
-    def kill(self) -> None:
-        _kill(self.proc)
-        self.frozen = False
-
-    def freeze(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-        self.frozen = True
-
-    def thaw(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-        self.frozen = False
-
-    def terminate(self) -> int | None:
-        self.frozen = False
-        return _terminate(self.proc, 20)
-
 
 @dataclass
-class FleetProc:
+class FleetProc(_Faultable):
     """One fleet process (chaos_lib/fleet.py): many hosts, each the real Agent, in one
     process; killed or stopped, all of them go down together."""
 
@@ -244,31 +252,10 @@ class FleetProc:
     proc: subprocess.Popen[bytes] | None = None
     frozen: bool = False
     starts: int = 0
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    STOP_TIMEOUT = 30.0
 
     def spawn(self) -> None:
         command = [sys.executable, "-m", "chaos_lib.fleet", str(self.config)]
         self.proc = _spawn(command, self.log, {"PYTHONPATH": str(ROOT / "scripts")})
         self.frozen = False
         self.starts += 1
-
-    def kill(self) -> None:
-        _kill(self.proc)
-        self.frozen = False
-
-    def freeze(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-        self.frozen = True
-
-    def thaw(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-        self.frozen = False
-
-    def terminate(self) -> int | None:
-        self.frozen = False
-        return _terminate(self.proc, 30)
