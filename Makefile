@@ -15,7 +15,7 @@ BUF := .tools/node_modules/.bin/buf
 help:
 	@echo "make run    - embedded PostgreSQL + control plane + a host agent (local farm)"
 	@echo "make test   - the test suite"
-	@echo "make lint   - ruff and mypy"
+	@echo "make lint   - buf lint, ruff (with complexity), mypy (--strict on the control plane and agent), import contracts"
 	@echo "make protos - regenerate the amc.v1 Python package from protos/"
 	@echo "make chaos  - DURATION s (180) of random faults on 3 agents + HOSTS (60) fleet hosts; 7 invariants"
 
@@ -52,7 +52,9 @@ lint: setup tools
 	$(BUF) lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy control_plane host_agent amc_common amc_cli
+	$(VENV)/bin/mypy --strict control_plane host_agent
+	$(VENV)/bin/mypy amc_common amc_cli
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) scripts/bench.py $(ARGS)

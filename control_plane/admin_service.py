@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import structlog
 
@@ -40,7 +42,7 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
 
     @rpc
     async def CreateToken(
-        self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.CreateTokenResponse:
         if request.role not in ROLE_FROM_PB:
             raise InvalidArgument("role", "must be ROLE_CLIENT, ROLE_OPERATOR or ROLE_HOST")
@@ -53,7 +55,7 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
 
     @rpc
     async def RevokeToken(
-        self, request: admin_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.RevokeTokenResponse:
         token_id = validate.token_id(request.token_id)
         info = await self.store.revoke_token(token_id)
@@ -63,7 +65,7 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
 
     @rpc
     async def ListTokens(
-        self, request: admin_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+        self, request: admin_pb2.ListTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ListTokensResponse:
         tokens = await self.store.list_tokens()
         return admin_pb2.ListTokensResponse(tokens=[token_to_pb(t) for t in tokens])

@@ -13,7 +13,7 @@ import hmac
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from control_plane import errors
 from control_plane.domain import ANONYMOUS, Principal, Role, TokenInfo
@@ -71,7 +71,7 @@ def parse(token: str) -> tuple[uuid.UUID, str]:
     return token_id, secret
 
 
-def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
+def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     for key, value in metadata or ():
         if key == "authorization":
             text = value.decode(errors="replace") if isinstance(value, bytes) else value
@@ -92,7 +92,7 @@ class Authenticator:
         self.enabled = enabled
         self._cache: dict[uuid.UUID, tuple[TokenInfo, float]] = {}
 
-    async def principal(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Principal:
+    async def principal(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
         if not self.enabled:
             return ANONYMOUS
         token_id, secret = parse(bearer(metadata))

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import grpc
 import structlog
@@ -60,7 +61,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def RegisterHost(
-        self, request: lease_pb2.RegisterHostRequest, context: grpc.aio.ServicerContext
+        self, request: lease_pb2.RegisterHostRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> lease_pb2.RegisterHostResponse:
         host_id = self._host(request.host_id)
         labels = validate.string_map(dict(request.labels), "labels")
@@ -80,7 +81,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def Acquire(
-        self, request: lease_pb2.AcquireRequest, context: grpc.aio.ServicerContext
+        self, request: lease_pb2.AcquireRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> lease_pb2.AcquireResponse:
         host_id = self._host(request.host_id)
         serials = validate.serials(request.idle_serials, "idle_serials")
@@ -151,7 +152,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     async def RenewLeases(
         self,
         request_iterator: AsyncIterator[lease_pb2.RenewLeasesRequest],
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[lease_pb2.RenewLeasesResponse]:
         outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None] = asyncio.Queue()
         with contextlib.ExitStack() as stack:
@@ -233,7 +234,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def ReportResult(
-        self, request: lease_pb2.ReportResultRequest, context: grpc.aio.ServicerContext
+        self, request: lease_pb2.ReportResultRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> task_pb2.Task:
         validate.report(request)
         report = report_from_pb(request)
@@ -244,7 +245,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def ReportResults(
-        self, request: lease_pb2.ReportResultsRequest, context: grpc.aio.ServicerContext
+        self, request: lease_pb2.ReportResultsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> lease_pb2.ReportResultsResponse:
         if len(request.results) > MAX_REPORTS:
             raise InvalidArgument("results", f"more than {MAX_REPORTS} results")
@@ -265,7 +266,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def ReleaseLease(
-        self, request: lease_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext
+        self, request: lease_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> lease_pb2.ReleaseLeaseResponse:
         lease_id = LeaseId(validate.lease_id(request.lease_id))
         if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:

@@ -93,13 +93,13 @@ class Servicer:
         self.auth = auth
 
 
-async def _enter(self: Servicer, method: str, context: grpc.aio.ServicerContext) -> None:
+async def _enter(self: Servicer, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
     who = await self.auth.principal(context.invocation_metadata())
     authorize(who, method)
     principal_var.set(who)
 
 
-async def _fail(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+async def _fail(context: grpc.aio.ServicerContext[Any, Any], method: str, exc: Exception) -> None:
     if isinstance(exc, errors.AmcError):
         await context.abort(code_for(exc), exc.message)
     log.exception("unexpected error", method=method)
@@ -114,7 +114,7 @@ def rpc(func: F) -> F:
 
         @functools.wraps(func)
         async def stream(
-            self: Servicer, request: Any, context: grpc.aio.ServicerContext
+            self: Servicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             method = f"/{self.SERVICE}/{name}"
             try:
@@ -130,7 +130,9 @@ def rpc(func: F) -> F:
         return stream  # type: ignore[return-value]
 
     @functools.wraps(func)
-    async def unary(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def unary(
+        self: Servicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
         method = f"/{self.SERVICE}/{name}"
         try:
             await _enter(self, method, context)

@@ -7,6 +7,7 @@ import base64
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 import structlog
@@ -72,7 +73,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def SubmitTask(
-        self, request: scheduler_pb2.SubmitTaskRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.SubmitTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> task_pb2.Task:
         validate.submit(request)
         task, created = await self.store.submit(principal().caller, _new_task(request))
@@ -82,7 +83,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def SubmitTasks(
-        self, request: scheduler_pb2.SubmitTasksRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.SubmitTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate.submit_batch(request)
         news = [_new_task(t) for t in request.tasks]
@@ -92,14 +93,14 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def GetTask(
-        self, request: scheduler_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.GetTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         return task_to_pb(await self.store.get_task(task_id))
 
     @rpc
     async def ListTasks(
-        self, request: scheduler_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.ListTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ListTasksResponse:
         statuses = []
         for i, value in enumerate(request.statuses):
@@ -122,7 +123,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def CancelTask(
-        self, request: scheduler_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
@@ -133,7 +134,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def WatchTask(
-        self, request: scheduler_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[task_pb2.Task]:
         task_id = TaskId(validate.task_id(request.task_id))
         refresh = self.settings.watch_refresh.total_seconds()
@@ -156,7 +157,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def ListHosts(
-        self, request: scheduler_pb2.ListHostsRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.ListHostsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ListHostsResponse:
         hosts = await self.store.list_hosts(self.settings.lease_ttl)
         return scheduler_pb2.ListHostsResponse(hosts=[host_to_pb(h) for h in hosts])

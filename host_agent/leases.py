@@ -24,6 +24,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -210,7 +211,7 @@ class LeaseKeeper:
             return
         raise error
 
-    async def _send_every_interval(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _send_every_interval(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
         # A wake-up (a new lease) sends only the leases still waiting for their first
         # answer; every interval, all of them. The first request opens the stream (the
         # control plane counts the host connected while it stays open); after it, a host
@@ -230,7 +231,7 @@ class LeaseKeeper:
                 async with asyncio.timeout(max(0.0, next_full - time.monotonic())):
                     await self._wake.wait()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall, full: bool = True) -> None:
+    async def _send(self, call: grpc.aio.StreamStreamCall[Any, Any], full: bool = True) -> None:
         seq = next(self._seq)
         lease_ids = [
             lease_id
@@ -243,7 +244,7 @@ class LeaseKeeper:
             lease_pb2.RenewLeasesRequest(host_id=self._host_id, lease_ids=lease_ids, seq=seq)
         )
 
-    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _read(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
             assert isinstance(response, lease_pb2.RenewLeasesResponse)
             if not self._answered:
