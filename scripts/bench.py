@@ -220,9 +220,9 @@ class Run:
         async with self.phase("stack start"):
             await st.start_control_plane()
             for i in range(DRAIN_AGENTS):
-                st.start_agent(AgentSpec(f"drain-{i}", DRAIN_DEVICES, "0s", lifecycle.POOL))
+                st.start_agent(AgentSpec(f"drain-{i}", DRAIN_DEVICES, 0, lifecycle.POOL))
             st.start_agent(
-                AgentSpec(latency.HOST, LATENCY_DEVICES, "10ms", latency.POOL, action_log=True)
+                AgentSpec(latency.HOST, LATENCY_DEVICES, 0.01, latency.POOL, action_log=True)
             )
             await wait_agents_parked(st, DRAIN_AGENTS + 1)
         clock = Clock()

@@ -22,8 +22,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from host_agent.config import duration
+from scripts.launch import ControlPlaneCommand, HostAgentCommand
+
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 
 
 def say(message: str) -> None:
@@ -91,49 +93,40 @@ def main() -> int:
         default=None,
         help="force N simulated phones (default: 2 when adb has no phones)",
     )
-    p.add_argument("--drain-timeout", default="10s")
+    p.add_argument("--drain-timeout", type=duration, default="10s")
     args = p.parse_args()
 
     say(f"control plane on {args.listen} with authentication OFF (--insecure; loopback only)")
+    plane_command = ControlPlaneCommand(
+        listen=args.listen,
+        data_dir=Path(args.data_dir),
+        insecure=True,
+        metrics_listen="127.0.0.1:9464",
+    )
     plane = subprocess.Popen(
-        [
-            str(BIN / "control-plane"),
-            "--insecure",
-            "--listen",
-            args.listen,
-            "--data-dir",
-            args.data_dir,
-            "--metrics-listen",
-            "127.0.0.1:9464",
-        ],
-        cwd=ROOT,
-        start_new_session=True,
+        plane_command.argv(), cwd=ROOT, env=plane_command.env(), start_new_session=True
     )
     agent = None
     try:
         wait_serving(args.listen, plane)
-        agent_args = [
-            "--control-plane",
-            args.listen,
-            "--insecure",
-            "--drain-timeout",
-            args.drain_timeout,
-            "--metrics-listen",
-            "127.0.0.1:9465",
-        ]
         phones = [] if args.simulated_devices is not None else adb_phones(args.adb)
+        simulated = None
         if phones:
             say(f"host agent on the adb server at {args.adb}: {', '.join(phones)}")
-            agent_args += ["--adb", args.adb]
         else:
-            n = args.simulated_devices if args.simulated_devices is not None else 2
-            say(f"no phones on an adb server at {args.adb}: host agent with {n} simulated phones")
-            agent_args += ["--simulated-devices", str(n)]
+            simulated = args.simulated_devices if args.simulated_devices is not None else 2
+            say(f"no phones at adb server {args.adb}: host agent with {simulated} simulated phones")
+        agent_command = HostAgentCommand(
+            control_plane=args.listen,
+            host_id="local",
+            insecure=True,
+            adb=args.adb,
+            simulated_devices=simulated,
+            drain_timeout=args.drain_timeout,
+            metrics_listen="127.0.0.1:9465",
+        )
         agent = subprocess.Popen(
-            [str(BIN / "host-agent"), *agent_args],
-            cwd=ROOT,
-            start_new_session=True,
-            env={**os.environ, "AMC_HOST_ID": "local"},
+            agent_command.argv(), cwd=ROOT, env=agent_command.env(), start_new_session=True
         )
         say("ready: try `amc hosts`, or the README's tour; Ctrl-C stops everything")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

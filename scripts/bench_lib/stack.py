@@ -9,7 +9,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -20,8 +19,8 @@ import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from control_plane.embedded import EmbeddedPostgres, free_port
+from scripts.launch import ControlPlaneCommand, HostAgentCommand, LogFormat
 
-BIN = Path(sys.executable).parent
 # Any non-empty token: the control plane runs with --insecure (auth off, loopback only), but
 # the host agent refuses to start without one.
 AGENT_TOKEN = "insecure-benchmark"
@@ -68,14 +67,14 @@ def save(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
+def spawn(name: str, argv: list[str], log: Path, env: dict[str, str]) -> Child:
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
         popen = subprocess.Popen(
             argv,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env=env,
             start_new_session=True,  # a Ctrl-C in the terminal reaches the benchmark only
         )
     return Child(name, popen, log)
@@ -138,7 +137,7 @@ class Replica:
 class AgentSpec:
     host_id: str
     devices: int
-    sim_delay: str
+    sim_delay: float  # seconds
     pool: str
     action_log: bool = False
 
@@ -147,7 +146,7 @@ class AgentSpec:
 class Stack:
     root: Path
     lease_ttl: float = 60.0
-    log_format: str = "json"
+    log_format: LogFormat = "json"
     # Put first on the children's PYTHONPATH: measure a patched copy of the packages
     # (control_plane, host_agent, ...) without touching the working tree.
     pythonpath: Path | None = None
@@ -187,21 +186,15 @@ class Stack:
         the caller stops it), serving when this returns. Its log is `<name>.log`."""
         port, mport = free_port(), free_port()
         address = f"127.0.0.1:{port}"
-        argv = [
-            str(BIN / "control-plane"),
-            "--insecure",
-            "--listen",
-            address,
-            "--database-url",
-            self.dsn,
-            "--lease-ttl",
-            str(lease_ttl),
-            "--metrics-listen",
-            f"127.0.0.1:{mport}",
-            "--log-format",
-            self.log_format,
-        ]
-        child = spawn(name, argv, self.root / f"{name}.log", env=self._env())
+        command = ControlPlaneCommand(
+            listen=address,
+            database_url=self.dsn,
+            insecure=True,
+            lease_ttl=lease_ttl,
+            metrics_listen=f"127.0.0.1:{mport}",
+            log_format=self.log_format,
+        )
+        child = spawn(name, command.argv(), self.root / f"{name}.log", self._env(command))
         try:
             await wait_serving(address, child)
         except BaseException:
@@ -212,42 +205,37 @@ class Stack:
     # host agents --------------------------------------------------------------------------
 
     def start_agent(self, spec: AgentSpec) -> Child:
-        argv = [
-            str(BIN / "host-agent"),
-            "--control-plane",
-            self.address,
-            "--host-id",
-            spec.host_id,
-            "--simulated-devices",
-            str(spec.devices),
-            "--sim-delay",
-            spec.sim_delay,
-            "--label",
-            f"pool={spec.pool}",
-            "--log-format",
-            self.log_format,
-            "--drain-timeout",
-            "0s",
-        ]
+        action_log = None
         if spec.action_log:
-            path = self.root / f"actions-{spec.host_id}.jsonl"
-            path.unlink(missing_ok=True)
-            self.action_logs[spec.host_id] = path
-            argv += ["--action-log", str(path)]
+            action_log = self.root / f"actions-{spec.host_id}.jsonl"
+            action_log.unlink(missing_ok=True)
+            self.action_logs[spec.host_id] = action_log
+        command = HostAgentCommand(
+            control_plane=self.address,
+            host_id=spec.host_id,
+            token=AGENT_TOKEN,
+            labels={"pool": spec.pool},
+            simulated_devices=spec.devices,
+            sim_delay=spec.sim_delay,
+            action_log=action_log,
+            drain_timeout=0,
+            log_format=self.log_format,
+        )
         child = spawn(
             f"host agent {spec.host_id}",
-            argv,
+            command.argv(),
             self.root / f"agent-{spec.host_id}.log",
-            env={**self._env(), "AMC_TOKEN": AGENT_TOKEN},
+            self._env(command),
         )
         self.agents[spec.host_id] = child
         return child
 
-    def _env(self) -> dict[str, str]:
-        if self.pythonpath is None:
-            return {}
-        rest = os.environ.get("PYTHONPATH", "")
-        return {"PYTHONPATH": os.pathsep.join(p for p in (str(self.pythonpath), rest) if p)}
+    def _env(self, command: ControlPlaneCommand | HostAgentCommand) -> dict[str, str]:
+        env = command.env()
+        if self.pythonpath is not None:
+            rest = env.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.pythonpath), rest) if p)
+        return env
 
     def check_alive(self) -> None:
         for child in [self.control_plane, *self.agents.values()]:

@@ -20,20 +20,18 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from control_plane.embedded import EmbeddedPostgres, free_port
+from scripts.launch import ControlPlaneCommand, HostAgentCommand
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-def _spawn(
-    command: list[str], log: Path, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
+def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
             command,
             cwd=ROOT,
-            env={**os.environ, **(env or {})},
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -122,24 +120,16 @@ class Replica:
         return self.proc is not None and self.proc.poll() is None
 
     def spawn(self) -> None:
-        command = [
-            str(BIN / "control-plane"),
-            "--listen",
-            self.address,
-            "--database-url",
-            self.dsn,
-            "--lease-ttl",
-            str(self.lease_ttl),
-            "--sweep-interval",
-            str(self.sweep_interval),
-            "--log-format",
-            "json",
-            "--grace",
-            "1",
-        ]
-        if self.insecure:
-            command.append("--insecure")
-        self.proc = _spawn(command, self.log)
+        command = ControlPlaneCommand(
+            listen=self.address,
+            database_url=self.dsn,
+            insecure=self.insecure,
+            lease_ttl=self.lease_ttl,
+            sweep_interval=self.sweep_interval,
+            grace=1,
+            log_format="json",
+        )
+        self.proc = _spawn(command.argv(), self.log, command.env())
         self.starts += 1
 
     async def start(self, within: float = 90.0) -> float:
@@ -209,32 +199,20 @@ class AgentProc(_Faultable):
     starts: int = 0
 
     def spawn(self) -> None:
-        command = [
-            str(BIN / "host-agent"),
-            "--control-plane",
-            self.control_plane,
-            "--host-id",
-            self.host_id,
-            "--token-file",
-            str(self.token_file),
-            "--simulated-devices",
-            str(self.devices),
-            "--sim-delay",
-            f"{self.sim_delay:.3f}s",
-            "--action-log",
-            str(self.action_log),
-            "--drain-timeout",
-            "5s",
-            "--acquire-wait",
-            "5s",
-            "--report-timeout",
-            "30s",
-            "--log-format",
-            "json",
-            "--label",
-            "pool=agents",
-        ]
-        self.proc = _spawn(command, self.log)
+        command = HostAgentCommand(
+            control_plane=self.control_plane,
+            host_id=self.host_id,
+            token_file=self.token_file,
+            labels={"pool": "agents"},
+            simulated_devices=self.devices,
+            sim_delay=self.sim_delay,
+            action_log=self.action_log,
+            drain_timeout=5,
+            acquire_wait=5,
+            report_timeout=30,
+            log_format="json",
+        )
+        self.proc = _spawn(command.argv(), self.log, command.env())
         self.frozen = False
         self.starts += 1
 
@@ -256,6 +234,6 @@ class FleetProc(_Faultable):
 
     def spawn(self) -> None:
         command = [sys.executable, "-m", "chaos_lib.fleet", str(self.config)]
-        self.proc = _spawn(command, self.log, {"PYTHONPATH": str(ROOT / "scripts")})
+        self.proc = _spawn(command, self.log, {**os.environ, "PYTHONPATH": str(ROOT / "scripts")})
         self.frozen = False
         self.starts += 1

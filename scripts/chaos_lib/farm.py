@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos_lib.cluster import BIN, ROOT, AgentProc, FleetProc, Postgres, Replica, health
+from chaos_lib.cluster import ROOT, AgentProc, FleetProc, Postgres, Replica, health
 from chaos_lib.proxy import ProxyHub
+from scripts.launch import CreateTokenCommand, TokenRole
 
 
 @dataclass
@@ -232,22 +233,18 @@ class Farm:
             path.write_text(self._token("host", f"chaos-h{i}") + "\n")
             path.chmod(0o600)
 
-    def _token(self, role: str, host_id: str | None = None) -> str:
-        command = [
-            str(BIN / "control-plane"),
-            "tokens",
-            "create",
-            "--role",
-            role,
-            "--database-url",
-            self.dsn,
-            "--name",
-            f"chaos {role} {host_id or ''}",
-        ]
-        if host_id:
-            command += ["--host-id", host_id]
+    def _token(self, role: TokenRole, host_id: str | None = None) -> str:
+        command = CreateTokenCommand(
+            role, database_url=self.dsn, host_id=host_id, name=f"chaos {role} {host_id or ''}"
+        )
         done = subprocess.run(
-            command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+            command.argv(),
+            cwd=ROOT,
+            env=command.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         )
         return done.stdout.strip().splitlines()[0]
 
