@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from control_plane.embedded import free_port
+from scripts.launch import ControlPlaneCommand
 from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Replica:
     dsn: str
     port: int = field(default_factory=free_port)
-    args: list[str] = field(default_factory=list)
+    sweep_interval: float | None = None
     log: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
 
@@ -36,16 +35,21 @@ class Replica:
         return self
 
     def spawn(self) -> None:
-        env = {**os.environ, "DATABASE_URL": self.dsn, "AMC_LOG_FORMAT": "json"}
-        command = [sys.executable, "-m", "control_plane", "--listen", self.address, *self.args]
+        command = ControlPlaneCommand(
+            listen=self.address,
+            database_url=self.dsn,
+            sweep_interval=self.sweep_interval,
+            log_format="json",
+        )
+        argv, env = command.argv(), command.env()
         if self.log:
             with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
                 self.proc = subprocess.Popen(
-                    command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+                    argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
                 )
         else:
             self.proc = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
 
     async def serving(self) -> bool:

@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,22 +20,23 @@ from control_plane.domain import Role
 from host_agent.config import AgentSettings, duration, parse
 from host_agent.simulated import SimulatedSource
 from host_agent.systemd import Notifier, watchdog_interval
+from scripts.launch import HOST_AGENT, HostAgentCommand
 from tests.host_agent_support import running_agent, status_is, submit
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 
 ROOT = Path(__file__).resolve().parent.parent
-HOST_AGENT = Path(sys.executable).parent / "host-agent"
 UNIT = ROOT / "scripts" / "systemd" / "amc-host-agent.service"
 ENV_EXAMPLE = ROOT / "scripts" / "systemd" / "host-agent.env.example"
 
 
 @asynccontextmanager
-async def agent_process(*args: str, log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+async def agent_process(
+    command: HostAgentCommand, log: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
     """The real console script; killed if a test leaves it running."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMC_", "NOTIFY_"))}
     with log.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(
-            str(HOST_AGENT), *args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env
+            *command.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=command.env()
         )
     try:
         yield proc
@@ -66,23 +66,16 @@ async def test_sigterm_drain_releases_the_running_task_so_it_requeues_and_exits_
     token.write_text(await farm.token(Role.HOST, "host-sig") + "\n")
     log = tmp_path / "agent.log"
     client = await farm.client()
-    async with agent_process(
-        "--control-plane",
+    command = HostAgentCommand(
         farm.address,
-        "--token-file",
-        str(token),
-        "--host-id",
         "host-sig",
-        "--simulated-devices",
-        "1",
-        "--sim-delay",
-        "10ms",
-        "--drain-timeout",
-        "0.5",
-        "--log-format",
-        "json",
-        log=log,
-    ) as proc:
+        token_file=token,
+        simulated_devices=1,
+        sim_delay=0.01,
+        drain_timeout=0.5,
+        log_format="json",
+    )
+    async with agent_process(command, log) as proc:
         task_id = await submit(client, actions_spec(tap(), wait_action(60), tap()))
         await status_is(farm, task_id, "dispatched", within=30)
         proc.send_signal(signal.SIGTERM)
@@ -103,21 +96,15 @@ async def test_sigterm_with_nothing_running_exits_0_promptly(farm: Farm, tmp_pat
     token = await farm.token(Role.HOST, "host-idle")
     env_token = tmp_path / "t"
     env_token.write_text(token)
-    async with agent_process(
-        "--control-plane",
+    command = HostAgentCommand(
         farm.address,
-        "--token-file",
-        str(env_token),
-        "--host-id",
         "host-idle",
-        "--simulated-devices",
-        "2",
-        "--acquire-wait",
-        "30s",
-        "--log-format",
-        "json",
-        log=log,
-    ) as proc:
+        token_file=env_token,
+        simulated_devices=2,
+        acquire_wait=30,
+        log_format="json",
+    )
+    async with agent_process(command, log) as proc:
         await eventually(
             lambda: "registered" in [e.get("event") for e in log_events(log)],
             timeout=30,

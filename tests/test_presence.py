@@ -14,6 +14,7 @@ import pytest
 from amc.v1 import scheduler_pb2
 from control_plane.config import Settings
 from control_plane.domain import Role
+from scripts.launch import HostAgentCommand
 from tests.support import Clients, Farm, eventually
 from tests.test_host_agent_process import agent_process, log_events
 
@@ -50,21 +51,15 @@ async def test_an_idle_host_stays_connected_and_a_killed_one_shows_disconnected(
     log = tmp_path / "agent.log"
     operator = await farm.operator()
     assert farm.db is not None
-    async with agent_process(
-        "--control-plane",
+    command = HostAgentCommand(
         farm.address,
-        "--token-file",
-        str(token),
-        "--host-id",
         "idle-1",
-        "--simulated-devices",
-        "2",
-        "--acquire-wait",
-        "30s",
-        "--log-format",
-        "json",
-        log=log,
-    ) as proc:
+        token_file=token,
+        simulated_devices=2,
+        acquire_wait=30,
+        log_format="json",
+    )
+    async with agent_process(command, log) as proc:
         await eventually(
             lambda: "registered" in [e.get("event") for e in log_events(log)],
             timeout=30,

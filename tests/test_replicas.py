@@ -21,7 +21,7 @@ async def cluster(database_url: str, tmp_path) -> AsyncIterator[tuple[Farm, list
     farm = Farm(database_url, Settings(lease_ttl=timedelta(seconds=15)))
     await farm.start()
     replicas = [
-        Replica(database_url, args=["--sweep-interval", "0.05"], log=tmp_path / f"replica{i}.log")
+        Replica(database_url, sweep_interval=0.05, log=tmp_path / f"replica{i}.log")
         for i in range(2)
     ]
     try:

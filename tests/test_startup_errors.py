@@ -8,42 +8,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from amc_common.secrets import mask_url, redact
 from control_plane.domain import Role
 from control_plane.embedded import free_port
+from scripts.launch import ControlPlaneCommand, HostAgentCommand, LogFormat
 from tests.support import Farm
 
-BIN = Path(sys.executable).parent
 SECRET_PASSWORD = "SECRETpw123"
 UNREACHABLE_DSN = f"postgresql://amc:{SECRET_PASSWORD}@127.0.0.1:1/amc"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AMC_", "NOTIFY_")) and k != "DATABASE_URL"
-    }
-    return {**env, **extra}
-
-
-async def run(*command: str, env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
-    """Exit code and everything written to stdout and stderr (colour codes removed)."""
+async def run(
+    command: ControlPlaneCommand | HostAgentCommand, timeout: float = 60, **env: str
+) -> tuple[int, str]:
+    """Exit code and everything written to stdout and stderr (colour codes removed); `env`
+    on top of the launcher's environment."""
     proc = await asyncio.create_subprocess_exec(
-        *command,
+        *command.argv(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=env,
+        env={**command.env(), **env},
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
@@ -54,24 +47,20 @@ def lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.strip()]
 
 
+def replica(**fields: Any) -> ControlPlaneCommand:
+    return ControlPlaneCommand(listen=f"127.0.0.1:{free_port()}", **fields)
+
+
 # -- control plane: the database is not there ----------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ["console", "json"])
-async def test_control_plane_with_an_unreachable_database_says_so_in_one_line(fmt: str) -> None:
+async def test_control_plane_with_an_unreachable_database_says_so_in_one_line(
+    fmt: LogFormat,
+) -> None:
     """THEN it exits non-zero with one line naming the URL (password masked) and the
     cause, no traceback, and the password nowhere."""
-    rc, output = await run(
-        str(BIN / "control-plane"),
-        "serve",
-        "--database-url",
-        UNREACHABLE_DSN,
-        "--listen",
-        f"127.0.0.1:{free_port()}",
-        "--log-format",
-        fmt,
-        env=clean_env(),
-    )
+    rc, output = await run(replica(database_url=UNREACHABLE_DSN, log_format=fmt))
     assert rc != 0
     assert SECRET_PASSWORD not in output
     assert "Traceback" not in output
@@ -85,39 +74,22 @@ async def test_control_plane_with_an_unreachable_database_says_so_in_one_line(fm
 
 async def test_control_plane_database_url_from_the_environment_is_masked_too() -> None:
     """THEN DATABASE_URL is treated like --database-url: masked in the one line."""
-    rc, output = await run(
-        str(BIN / "control-plane"),
-        "--listen",
-        f"127.0.0.1:{free_port()}",
-        "--log-format",
-        "json",
-        env=clean_env(DATABASE_URL=UNREACHABLE_DSN),
-    )
+    rc, output = await run(replica(log_format="json"), DATABASE_URL=UNREACHABLE_DSN)
     assert rc != 0
     assert SECRET_PASSWORD not in output
     assert len(lines(output)) == 1, output
     assert "postgresql://amc:***@127.0.0.1:1/amc" in output
 
 
-@pytest.mark.parametrize("how", [["--debug"], []])
+@pytest.mark.parametrize("flag", [True, False], ids=["--debug", "AMC_DEBUG"])
 async def test_control_plane_debug_shows_a_traceback_without_locals_or_secret(
-    how: list[str],
+    flag: bool,
 ) -> None:
     """THEN --debug (or AMC_DEBUG=1) adds the traceback, still without the password (the
     DSN is a local variable of several frames: no locals are shown)."""
-    env = clean_env() if how else clean_env(AMC_DEBUG="1")
-    rc, output = await run(
-        str(BIN / "control-plane"),
-        "serve",
-        *how,
-        "--database-url",
-        UNREACHABLE_DSN,
-        "--listen",
-        f"127.0.0.1:{free_port()}",
-        "--log-format",
-        "console",
-        env=env,
-    )
+    command = replica(database_url=UNREACHABLE_DSN, log_format="console", debug=flag)
+    env = {} if flag else {"AMC_DEBUG": "1"}
+    rc, output = await run(command, **env)
     assert rc != 0
     assert "Traceback" in output
     assert "ConnectionRefusedError" in output
@@ -128,23 +100,21 @@ async def test_control_plane_debug_shows_a_traceback_without_locals_or_secret(
 # -- host agent: a token bound to another host ---------------------------------------------
 
 
-async def _agent_with_wrong_host(farm: Farm, tmp_path: Path, *args: str) -> tuple[int, str, str]:
+async def _agent_with_wrong_host(
+    farm: Farm, tmp_path: Path, log_format: LogFormat, debug: bool = False
+) -> tuple[int, str, str]:
     token = await farm.token(Role.HOST, "lab1")
     token_file = tmp_path / "host.token"
     token_file.write_text(token + "\n")
-    rc, output = await run(
-        str(BIN / "host-agent"),
-        "--control-plane",
+    command = HostAgentCommand(
         farm.address,
-        "--token-file",
-        str(token_file),
-        "--host-id",
         "lab2",
-        "--simulated-devices",
-        "1",
-        *args,
-        env=clean_env(),
+        token_file=token_file,
+        simulated_devices=1,
+        log_format=log_format,
+        debug=debug,
     )
+    rc, output = await run(command)
     return rc, output, token
 
 
@@ -159,7 +129,7 @@ def _assert_no_token(output: str, token: str) -> None:
 async def test_host_agent_with_another_hosts_token_console(farm: Farm, tmp_path: Path) -> None:
     """THEN one error line saying what the control plane refused and what to do; no
     traceback (it was 339 lines, locals and the token included)."""
-    rc, output, token = await _agent_with_wrong_host(farm, tmp_path, "--log-format", "console")
+    rc, output, token = await _agent_with_wrong_host(farm, tmp_path, "console")
     assert rc == 1
     _assert_no_token(output, token)
     assert "Traceback" not in output
@@ -174,7 +144,7 @@ async def test_host_agent_with_another_hosts_token_console(farm: Farm, tmp_path:
 
 async def test_host_agent_with_another_hosts_token_json(farm: Farm, tmp_path: Path) -> None:
     """THEN every line is JSON, exactly one is the error, and none has a traceback."""
-    rc, output, token = await _agent_with_wrong_host(farm, tmp_path, "--log-format", "json")
+    rc, output, token = await _agent_with_wrong_host(farm, tmp_path, "json")
     assert rc == 1
     _assert_no_token(output, token)
     events = [json.loads(line) for line in lines(output)]
@@ -190,9 +160,7 @@ async def test_host_agent_debug_traceback_has_no_locals_and_no_token(
 ) -> None:
     """THEN --debug shows where it failed, yet the token (a local of several frames) is
     absent: tracebacks never show local variables."""
-    rc, output, token = await _agent_with_wrong_host(
-        farm, tmp_path, "--log-format", "console", "--debug"
-    )
+    rc, output, token = await _agent_with_wrong_host(farm, tmp_path, "console", debug=True)
     assert rc == 1
     assert "Traceback" in output
     _assert_no_token(output, token)
@@ -201,22 +169,20 @@ async def test_host_agent_debug_traceback_has_no_locals_and_no_token(
 async def test_host_agent_at_work_never_logs_its_token(farm: Farm) -> None:
     """THEN a token from the environment shows in no line, even at DEBUG level."""
     token = await farm.token(Role.HOST, "lab1")
-    proc = await asyncio.create_subprocess_exec(
-        str(BIN / "host-agent"),
-        "--control-plane",
+    command = HostAgentCommand(
         farm.address,
-        "--host-id",
         "lab1",
-        "--simulated-devices",
-        "1",
-        "--log-format",
-        "json",
-        "--log-level",
-        "DEBUG",
+        token=token,
+        simulated_devices=1,
+        log_format="json",
+        log_level="DEBUG",
+    )
+    proc = await asyncio.create_subprocess_exec(
+        *command.argv(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=clean_env(AMC_TOKEN=token),
+        env=command.env(),
     )
     assert proc.stdout is not None
     seen: list[str] = []
