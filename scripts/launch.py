@@ -24,9 +24,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 BIN = Path(sys.executable).parent
 CONTROL_PLANE = BIN / "control-plane"
@@ -52,7 +52,7 @@ def inherited(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def seconds(value: float) -> str:
-    """A duration as the control plane's float flags take it (millisecond precision)."""
+    """A duration as the control plane's flags take it (millisecond precision)."""
     return format(value, ".3f").rstrip("0").rstrip(".")
 
 
@@ -61,24 +61,47 @@ def duration(value: float) -> str:
     return seconds(value) + "s"
 
 
-class _Flags:
-    """argv under construction: a flag is written only when it has a value."""
+def _seconds() -> Any:
+    return field(default=None, metadata={"render": seconds})
 
-    def __init__(self, *head: str) -> None:
-        self.argv = list(head)
 
-    def value(self, flag: str, value: object | None) -> None:
-        if value is not None:
-            self.argv += [flag, str(value)]
+def _duration() -> Any:
+    return field(default=None, metadata={"render": duration})
 
-    def switch(self, flag: str, on: bool) -> None:
-        if on:
-            self.argv.append(flag)
+
+class _Command:
+    """A dataclass of flags after `head`, the program (and subcommand). A field is the flag
+    of its name (`lease_ttl`: `--lease-ttl`), left out when None or False, alone when True,
+    once per item of a mapping (`--label k=v`); its metadata may name another `flag` (None:
+    not a flag) and `render` its value (durations: `_seconds()`, `_duration()`)."""
+
+    head: ClassVar[tuple[str, ...]]
+
+    def argv(self) -> list[str]:
+        argv = list(self.head)
+        for f in fields(self):  # type: ignore[arg-type]
+            flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+            value = getattr(self, f.name)
+            if flag is None or value is None or value is False:
+                continue
+            if value is True:
+                argv.append(flag)
+            elif isinstance(value, Mapping):
+                for key, item in value.items():
+                    argv += [flag, f"{key}={item}"]
+            else:
+                argv += [flag, f.metadata.get("render", str)(value)]
+        return argv
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        return inherited(base)
 
 
 @dataclass(frozen=True)
-class ControlPlaneCommand:
+class ControlPlaneCommand(_Command):
     """`control-plane serve`: one replica. Durations are seconds."""
+
+    head = (str(CONTROL_PLANE), "serve")
 
     listen: str
     database_url: str | None = None  # None: the embedded server in `data_dir`
@@ -86,41 +109,20 @@ class ControlPlaneCommand:
     insecure: bool = False
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    lease_ttl: float | None = None
-    renew_interval: float | None = None
-    sweep_interval: float | None = None
-    grace: float | None = None
+    lease_ttl: float | None = _seconds()
+    renew_interval: float | None = _seconds()
+    sweep_interval: float | None = _seconds()
+    grace: float | None = _seconds()
     metrics_listen: str | None = None
     log_format: LogFormat | None = None
     debug: bool = False
 
-    def argv(self) -> list[str]:
-        f = _Flags(str(CONTROL_PLANE), "serve")
-        f.value("--listen", self.listen)
-        f.value("--database-url", self.database_url)
-        f.value("--data-dir", self.data_dir)
-        f.switch("--insecure", self.insecure)
-        f.value("--tls-cert", self.tls_cert)
-        f.value("--tls-key", self.tls_key)
-        for flag, value in (
-            ("--lease-ttl", self.lease_ttl),
-            ("--renew-interval", self.renew_interval),
-            ("--sweep-interval", self.sweep_interval),
-            ("--grace", self.grace),
-        ):
-            f.value(flag, None if value is None else seconds(value))
-        f.value("--metrics-listen", self.metrics_listen)
-        f.value("--log-format", self.log_format)
-        f.switch("--debug", self.debug)
-        return f.argv
-
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        return inherited(base)
-
 
 @dataclass(frozen=True)
-class CreateTokenCommand:
+class CreateTokenCommand(_Command):
     """`control-plane tokens create`: a token straight into the database, printed once."""
+
+    head = (str(CONTROL_PLANE), "tokens", "create")
 
     role: TokenRole
     database_url: str | None = None  # None: the embedded server in `data_dir`
@@ -128,77 +130,38 @@ class CreateTokenCommand:
     host_id: str | None = None
     name: str | None = None
 
-    def argv(self) -> list[str]:
-        f = _Flags(str(CONTROL_PLANE), "tokens", "create")
-        f.value("--role", self.role)
-        f.value("--database-url", self.database_url)
-        f.value("--data-dir", self.data_dir)
-        f.value("--host-id", self.host_id)
-        f.value("--name", self.name)
-        return f.argv
-
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        return inherited(base)
-
 
 @dataclass(frozen=True)
-class HostAgentCommand:
+class HostAgentCommand(_Command):
     """`host-agent`. Durations are seconds. Without `simulated_devices` the agent drives the
     phones of the adb server at `adb` (its default: 127.0.0.1:5037)."""
 
+    head = (str(HOST_AGENT),)
+
     control_plane: str
     host_id: str
-    # A host token: as text (passed in the environment) or in a file; neither with
-    # `insecure` (a control plane without authentication).
-    token: str | None = field(default=None, repr=False)
+    # A host token: as text (passed in the environment, see env()) or in a file; neither
+    # with `insecure` (a control plane without authentication).
+    token: str | None = field(default=None, repr=False, metadata={"flag": None})
     token_file: Path | None = None
     insecure: bool = False
     ca: Path | None = None
     tls: bool = False
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict, metadata={"flag": "--label"})
     adb: str | None = None
-    adb_timeout: float | None = None
+    adb_timeout: float | None = _duration()
     simulated_devices: int | None = None
-    sim_delay: float | None = None
+    sim_delay: float | None = _duration()
     action_log: Path | None = None
-    drain_timeout: float | None = None
-    inventory_interval: float | None = None
-    acquire_wait: float | None = None
-    report_timeout: float | None = None
-    shell_timeout: float | None = None
+    drain_timeout: float | None = _duration()
+    inventory_interval: float | None = _duration()
+    acquire_wait: float | None = _duration()
+    report_timeout: float | None = _duration()
+    shell_timeout: float | None = _duration()
     metrics_listen: str | None = None
     log_format: LogFormat | None = None
     log_level: LogLevel | None = None
     debug: bool = False
-
-    def argv(self) -> list[str]:
-        f = _Flags(str(HOST_AGENT))
-        f.value("--control-plane", self.control_plane)
-        f.value("--host-id", self.host_id)
-        f.value("--token-file", self.token_file)
-        f.switch("--insecure", self.insecure)
-        f.value("--ca", self.ca)
-        f.switch("--tls", self.tls)
-        for key, value in self.labels.items():
-            f.value("--label", f"{key}={value}")
-        f.value("--adb", self.adb)
-        f.value("--simulated-devices", self.simulated_devices)
-        f.value("--action-log", self.action_log)
-        for flag, value in (
-            ("--adb-timeout", self.adb_timeout),
-            ("--sim-delay", self.sim_delay),
-            ("--drain-timeout", self.drain_timeout),
-            ("--inventory-interval", self.inventory_interval),
-            ("--acquire-wait", self.acquire_wait),
-            ("--report-timeout", self.report_timeout),
-            ("--shell-timeout", self.shell_timeout),
-        ):
-            f.value(flag, None if value is None else duration(value))
-        f.value("--metrics-listen", self.metrics_listen)
-        f.value("--log-format", self.log_format)
-        f.value("--log-level", self.log_level)
-        f.switch("--debug", self.debug)
-        return f.argv
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = inherited(base)
