@@ -27,12 +27,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import grpc
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from amc.v1 import lease_pb2_grpc
 from host_agent import metrics
@@ -46,8 +44,9 @@ from host_agent.convert import (
 )
 from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
 from host_agent.leases import LeaseKeeper, Timing
-from host_agent.reporting import FinalCalls, ResultBatcher, backoff, is_retryable, release_lease
+from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome
+from host_agent.retry import is_retryable, retrying
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.systemd import Notifier
 from host_agent.worker import Finished, Tools, Worker
@@ -177,12 +176,7 @@ class Agent:
     # -- registration and inventory --------------------------------------------------------
 
     async def _register_until_accepted(self) -> Timing:
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_retryable),
-            wait=backoff(0.2, 10.0),
-            before_sleep=self._log_retry("registration"),
-        )
-        async for attempt in retrying:
+        async for attempt in retrying("registration", self._log):
             with attempt:
                 return await self._register(await self._read_inventory())
         raise AssertionError("unreachable: AsyncRetrying retries until it returns or raises")
@@ -271,12 +265,7 @@ class Agent:
     async def _acquire(self, idle: list[str]) -> tuple[float, list[Assignment]]:
         """When the answer came (time.monotonic()), and the assignments in it."""
         request = acquire_request(self.settings.host_id, idle, self.settings.acquire_wait)
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_retryable),
-            wait=backoff(0.2, 10.0),
-            before_sleep=self._log_retry("acquire"),
-        )
-        async for attempt in retrying:
+        async for attempt in retrying("acquire", self._log):
             with attempt:
                 response = await self._stub.Acquire(
                     request, timeout=self.settings.acquire_wait + CALL_TIMEOUT
@@ -321,16 +310,3 @@ class Agent:
             self._busy.pop(worker.assignment.device_serial, None)
             self._changed.set()
             self._notifier.status(self._status())
-
-    def _log_retry(self, what: str) -> Callable[[RetryCallState], None]:
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-            self._log.warning(
-                f"{what} failed; retrying",
-                code=code,
-                tries=state.attempt_number,
-                retry_in=round(state.upcoming_sleep, 3),
-            )
-
-        return before_sleep

@@ -28,11 +28,10 @@ from typing import Any
 
 import grpc
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception_type
 
 from amc.v1 import lease_pb2, lease_pb2_grpc
 from host_agent import metrics
-from host_agent.reporting import FATAL_CODES, backoff
+from host_agent.retry import FATAL_CODES, retrying
 from host_agent.stop_token import Stopped, StopReason, StopToken
 
 log = structlog.get_logger(__name__)
@@ -174,16 +173,14 @@ class LeaseKeeper:
     async def run(self) -> None:
         """Keep a stream open until cancelled, reconnecting with exponential backoff."""
         while True:
-            retrying = AsyncRetrying(
-                retry=retry_if_exception_type(StreamBroken),
-                wait=backoff(0.1, self._backoff_cap()),
-                before_sleep=lambda state: log.info(
-                    "renewal stream reconnecting",
-                    tries=state.attempt_number,
-                    error=str(state.outcome.exception() if state.outcome else ""),
-                ),
+            reconnecting = retrying(
+                "renewal stream",
+                log,
+                retry=lambda exc: isinstance(exc, StreamBroken),
+                initial=0.1,
+                cap=self._backoff_cap(),
             )
-            async for attempt in retrying:
+            async for attempt in reconnecting:
                 with attempt:
                     await self._session()
 

@@ -6,7 +6,8 @@ have happened before *or after* the control plane acted: the connection dropped,
 deadline ran out, the server was busy or restarting. They stop at once on refusals (the
 lease is stale or foreign, a different outcome is recorded, the request is malformed),
 which retrying cannot change, and give up after a bounded total time: the lease then runs
-out on the control plane, which requeues the task or fails it.
+out on the control plane, which requeues the task or fails it. (How they retry:
+`host_agent.retry`.)
 
 `FinalCalls` runs these final calls shielded, so cancelling the worker that made one cannot
 cut it off half-way; the agent awaits them all before it returns.
@@ -20,106 +21,28 @@ result that ends alone goes at once, as a plain ReportResult.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import structlog
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_before_delay,
-    wait_exponential,
-    wait_random,
-)
-from tenacity.wait import wait_base as WaitStrategy
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
-
-log = structlog.get_logger(__name__)
+from host_agent.retry import Delivery, Logger, RetryPolicy, call_with_retries
 
 T = TypeVar("T")
-# structlog's bound loggers have no common static type worth spelling out.
-Logger: TypeAlias = Any
+log = structlog.get_logger(__name__)
 
-# Errors that say nothing about the request itself. UNKNOWN and INTERNAL are what gRPC
-# reports for a stream reset mid-call; CANCELLED reaching us (we never cancel final calls:
-# they run shielded) means the server went away; RESOURCE_EXHAUSTED is an overloaded one.
-TRANSIENT_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
-
-# Retrying these cannot help on any call: the token or the request itself is wrong. Where
-# they end a background loop (registration, Acquire, the renewal stream), the agent stops
-# loudly instead of retrying for ever.
-FATAL_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.UNIMPLEMENTED,
-    }
-)
-
-
-def backoff(initial: float, cap: float) -> WaitStrategy:
-    """Exponential backoff from `initial` up to `cap`, plus up to `initial` of jitter so many
-    hosts that lost the control plane together do not come back in lockstep."""
-    return wait_exponential(multiplier=initial, max=cap) + wait_random(0, initial)
-
-
-def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in TRANSIENT_CODES
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """For loops that must go on (registration, Acquire): any gRPC error but a fatal one."""
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() not in FATAL_CODES
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    # Give up when the next attempt would start later than this after the first.
-    total: float = 60.0
-    # Each call's own deadline (a half-open connection must not hang the report).
-    call_timeout: float = 10.0
-    initial_backoff: float = 0.2
-    max_backoff: float = 5.0
-
-
-@dataclass(frozen=True)
-class Delivery(Generic[T]):
-    """How a final call ended: `response` when accepted, else the last error's code."""
-
-    response: T | None
-    tries: int
-    code: grpc.StatusCode | None = None
-    details: str = ""
-
-    @property
-    def accepted(self) -> bool:
-        return self.response is not None
-
-    @property
-    def refused(self) -> bool:
-        """The control plane said no (retrying could not help), as opposed to unreachable."""
-        return self.code is not None and self.code not in TRANSIENT_CODES
+# How long a report and a release try, unless the caller says otherwise.
+REPORT_POLICY = RetryPolicy()
+RELEASE_POLICY = RetryPolicy(total=10.0)
 
 
 async def report_result(
     stub: lease_pb2_grpc.LeaseStub,
     request: lease_pb2.ReportResultRequest,
-    policy: RetryPolicy = RetryPolicy(),
+    policy: RetryPolicy = REPORT_POLICY,
 ) -> Delivery[task_pb2.Task]:
     """Send one report, resending the *same* message on transient errors."""
     bound = _bound(request)
@@ -146,7 +69,7 @@ async def release_lease(
     stub: lease_pb2_grpc.LeaseStub,
     lease_id: str,
     reason: str,
-    policy: RetryPolicy = RetryPolicy(total=10.0),
+    policy: RetryPolicy = RELEASE_POLICY,
 ) -> Delivery[lease_pb2.ReleaseLeaseResponse]:
     """Give a lease back so its task is requeued now rather than when the lease runs out."""
     bound = log.bind(lease_id=lease_id)
@@ -157,62 +80,6 @@ async def release_lease(
     if delivery.accepted:
         bound.info("lease released", reason=reason)
     return delivery
-
-
-async def call_with_retries(
-    call: Callable[[float], Awaitable[T]], policy: RetryPolicy, bound: Logger, what: str
-) -> Delivery[T]:
-    """`call(timeout)` until it succeeds, fails for good, or `policy.total` runs out."""
-    deadline = time.monotonic() + policy.total
-    retrying = AsyncRetrying(
-        retry=retry_if_exception(is_transient),
-        wait=backoff(policy.initial_backoff, policy.max_backoff),
-        stop=stop_before_delay(policy.total),
-        before_sleep=_log_retry(bound, what),
-        reraise=True,
-    )
-    try:
-        async for attempt in retrying:
-            with attempt:
-                # The last attempt gets what is left, at least a second, so it can answer.
-                timeout = min(policy.call_timeout, max(1.0, deadline - time.monotonic()))
-                response = await call(timeout)
-    except grpc.aio.AioRpcError as exc:
-        tries = retrying.statistics.get("attempt_number", 1)
-        _log_failure(bound, what, exc, tries)
-        return Delivery(None, tries, exc.code(), exc.details() or "")
-    return Delivery(response, retrying.statistics.get("attempt_number", 1))
-
-
-def _log_retry(bound: Logger, what: str) -> Callable[[RetryCallState], None]:
-    def before_sleep(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-        bound.warning(
-            f"{what} failed; retrying",
-            code=code,
-            tries=state.attempt_number,
-            retry_in=round(state.upcoming_sleep, 3),
-        )
-
-    return before_sleep
-
-
-def _log_failure(bound: Logger, what: str, exc: grpc.aio.AioRpcError, tries: int) -> None:
-    if exc.code() in TRANSIENT_CODES:
-        bound.error(
-            f"{what} undelivered; giving up (the lease will run out)",
-            code=exc.code().name,
-            details=exc.details(),
-            tries=tries,
-        )
-    else:
-        bound.warning(
-            f"{what} refused by the control plane",
-            code=exc.code().name,
-            details=exc.details(),
-            tries=tries,
-        )
 
 
 class FinalCalls:
@@ -250,7 +117,7 @@ class ResultBatcher:
         self._batches = True
 
     async def report(
-        self, request: lease_pb2.ReportResultRequest, policy: RetryPolicy = RetryPolicy()
+        self, request: lease_pb2.ReportResultRequest, policy: RetryPolicy = REPORT_POLICY
     ) -> Delivery[task_pb2.Task]:
         pending = _Pending(request, policy, asyncio.get_running_loop().create_future())
         self._waiting.append(pending)

@@ -21,8 +21,9 @@ from host_agent.config import AgentSettings
 from host_agent.convert import Assignment, report_request
 from host_agent.devices import DeviceSource
 from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult
-from host_agent.reporting import Delivery, FinalCalls, ResultBatcher, RetryPolicy, release_lease
+from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome, RunResult
+from host_agent.retry import Delivery, RetryPolicy
 from host_agent.runner import outcome_for, run
 from host_agent.spec import InvalidSpec
 from host_agent.stop_token import StopReason, StopToken

@@ -11,7 +11,8 @@ import grpc
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
 from control_plane.domain import Role
-from host_agent.reporting import RetryPolicy, release_lease, report_result
+from host_agent.reporting import release_lease, report_result
+from host_agent.retry import RetryPolicy
 from host_agent.simulated import SimulatedSource
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.host_agent_support import finished, running_agent, status_is, submit

@@ -8,7 +8,8 @@ from typing import Any
 import grpc
 
 from amc.v1 import lease_pb2, scheduler_pb2
-from host_agent.reporting import ResultBatcher, RetryPolicy
+from host_agent.reporting import ResultBatcher
+from host_agent.retry import RetryPolicy
 from tests.support import Farm, HostClient, actions_spec, eventually
 
 

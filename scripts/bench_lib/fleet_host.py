@@ -30,8 +30,9 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
 from host_agent.convert import report_request
-from host_agent.reporting import ResultBatcher, RetryPolicy
+from host_agent.reporting import ResultBatcher
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus
+from host_agent.retry import RetryPolicy
 
 # host_agent's defaults: AgentSettings.acquire_wait, agent.CALL_TIMEOUT.
 ACQUIRE_WAIT = 60.0
