@@ -275,13 +275,7 @@ class LeaseKeeper:
         if answer.result is RenewalResult.CONFLICT:
             lease.conflicted = True
             metrics.LEASE_CONFLICTS.inc()
-            if lease.token.trip(StopReason.LEASE_LOST):
-                log.warning(
-                    "lease conflict: stop acting",
-                    lease_id=lease.lease_id,
-                    task_id=lease.task_id,
-                    attempt=lease.attempt,
-                )
+            _stop(lease, StopReason.LEASE_LOST, "lease conflict: stop acting")
         elif answer.cancel_pending:
             self._cancel(lease, "renewal")
 
@@ -289,14 +283,8 @@ class LeaseKeeper:
         if lease.cancel_seen_via is None:
             lease.cancel_seen_via, lease.cancel_seen_at = via, time.monotonic()
             metrics.CANCELS_SEEN.labels(via).inc()
-        if lease.token.trip(StopReason.CANCELLED):
-            log.info(
-                "cancellation requested: stopping at the next step boundary",
-                via=via,
-                lease_id=lease.lease_id,
-                task_id=lease.task_id,
-                attempt=lease.attempt,
-            )
+        event = "cancellation requested: stopping at the next step boundary"
+        _stop(lease, StopReason.CANCELLED, event, via=via)
 
     # -- self-fencing ----------------------------------------------------------------------
 
@@ -318,13 +306,15 @@ class LeaseKeeper:
             return
         lease._timer = None
         metrics.DEADLINE_MISSES.inc()
-        if lease.token.trip(StopReason.LEASE_LOST):
-            log.warning(
-                "lease deadline passed without renewal: stop acting",
-                lease_id=lease.lease_id,
-                task_id=lease.task_id,
-                attempt=lease.attempt,
-            )
+        _stop(lease, StopReason.LEASE_LOST, "lease deadline passed without renewal: stop acting")
+
+
+def _stop(lease: HeldLease, reason: StopReason, event: str, **fields: object) -> None:
+    """Trip the lease's stop token and log `event` if this trip is the one that counts (the
+    first wins); a lost lease is a warning, a cancellation is routine."""
+    if lease.token.trip(reason):
+        emit = log.info if reason is StopReason.CANCELLED else log.warning
+        emit(event, lease_id=lease.lease_id, task_id=lease.task_id, attempt=lease.attempt, **fields)
 
 
 def _answer_from(state: lease_pb2.LeaseState, valid_for: float) -> LeaseAnswer:
