@@ -28,7 +28,7 @@ from host_agent.spec import (
     WaitFor,
 )
 from host_agent.stop_token import Stopped, StopReason, StopToken
-from tests.runner_fakes import EMPTY_SCREEN, HOME_SCREEN, Call, FakeDevice
+from tests.support.runner_fakes import EMPTY_SCREEN, HOME_SCREEN, Call, FakeDevice
 
 SHELL_DEFAULT = 7.0
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from host_agent.adb import AdbDevice, AdbSource, UnsupportedText, escape_input_text
 from host_agent.devices import CommandFailed, DeviceError, DeviceLost, DeviceTimeout
-from tests.fakes.adb_server import ConnectionRecord, FakeAdbServer
-from tests.fakes.phone import PNG_SIGNATURE, FakePhone, make_png
+from tests.support.fakes.adb_server import ConnectionRecord, FakeAdbServer
+from tests.support.fakes.phone import PNG_SIGNATURE, FakePhone, make_png
 
 SERIAL = "emu-5554"
 CALL_TIMEOUT = 2.0

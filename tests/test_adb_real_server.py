@@ -17,9 +17,9 @@ from ppadb.client_async import ClientAsync
 
 from host_agent.adb import AdbSource
 from host_agent.devices import DeviceLost
-from tests.fakes.adbd import FakeAdbd
-from tests.fakes.phone import PNG_SIGNATURE, FakePhone, make_png
-from tests.fakes.real_adb import RealAdbServer, find_adb, poll_until
+from tests.support.fakes.adbd import FakeAdbd
+from tests.support.fakes.phone import PNG_SIGNATURE, FakePhone, make_png
+from tests.support.fakes.real_adb import RealAdbServer, find_adb, poll_until
 
 # adb names a `connect`ed phone after its address; this is only the phone's own label.
 SERIAL = "FAKE0001"

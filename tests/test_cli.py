@@ -23,8 +23,8 @@ from control_plane.admin_service import create_token
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.server import ControlPlane, Tls
-from tests.fakes.tcp_proxy import TcpProxy
 from tests.support import Farm, HostClient, eventually, seconds
+from tests.support.fakes.tcp_proxy import TcpProxy
 from tests.test_tls import self_signed
 
 ROOT = Path(__file__).resolve().parent.parent

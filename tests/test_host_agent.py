@@ -16,8 +16,8 @@ from host_agent.results import Outcome, StepStatus
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason
 from host_agent.worker import Ending
-from tests.fakes.tcp_proxy import TcpProxy
-from tests.host_agent_support import (
+from tests.support import Farm, actions_spec, eventually, tap, wait_action, workflow_spec
+from tests.support.agent import (
     cancel,
     finished,
     running_agent,
@@ -25,7 +25,7 @@ from tests.host_agent_support import (
     status_is,
     submit,
 )
-from tests.support import Farm, actions_spec, eventually, tap, wait_action, workflow_spec
+from tests.support.fakes.tcp_proxy import TcpProxy
 
 
 def input_text(text: str) -> task_pb2.Action:

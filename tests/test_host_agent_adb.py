@@ -10,12 +10,12 @@ from pathlib import Path
 
 from amc.v1 import task_pb2
 from host_agent.adb import AdbSource
-from tests.fakes.adb_server import FakeAdbServer
-from tests.fakes.adbd import FakeAdbd
-from tests.fakes.phone import FakePhone, make_png
-from tests.fakes.real_adb import RealAdbServer
-from tests.host_agent_support import running_agent, status_is, submit
 from tests.support import Farm, actions_spec, tap, workflow_spec
+from tests.support.agent import running_agent, status_is, submit
+from tests.support.fakes.adb_server import FakeAdbServer
+from tests.support.fakes.adbd import FakeAdbd
+from tests.support.fakes.phone import FakePhone, make_png
+from tests.support.fakes.real_adb import RealAdbServer
 
 
 def screenshot() -> task_pb2.Action:

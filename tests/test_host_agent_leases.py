@@ -22,9 +22,9 @@ from host_agent.leases import (
     fencing_margin,
 )
 from host_agent.stop_token import StopReason
-from tests.fakes.tcp_proxy import TcpProxy
-from tests.host_agent_support import cancel, short_ttl_farm, status_is, submit
 from tests.support import Farm, HostClient, actions_spec, eventually
+from tests.support.agent import cancel, short_ttl_farm, status_is, submit
+from tests.support.fakes.tcp_proxy import TcpProxy
 
 HOST = "h1"
 

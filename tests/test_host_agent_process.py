@@ -21,8 +21,8 @@ from host_agent.config import AgentSettings, duration, parse
 from host_agent.simulated import SimulatedSource
 from host_agent.systemd import Notifier, watchdog_interval
 from scripts.launch import HOST_AGENT, HostAgentCommand
-from tests.host_agent_support import running_agent, status_is, submit
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
+from tests.support.agent import running_agent, status_is, submit
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "scripts" / "systemd" / "amc-host-agent.service"

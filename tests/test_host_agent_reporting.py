@@ -14,9 +14,9 @@ from control_plane.domain import Role
 from host_agent.reporting import release_lease, report_result
 from host_agent.retry import RetryPolicy
 from host_agent.simulated import SimulatedSource
-from tests.fakes.tcp_proxy import TcpProxy
-from tests.host_agent_support import finished, running_agent, status_is, submit
 from tests.support import Farm, HostClient, actions_spec, eventually
+from tests.support.agent import finished, running_agent, status_is, submit
+from tests.support.fakes.tcp_proxy import TcpProxy
 
 FAST_RETRY = RetryPolicy(total=3.0, call_timeout=2.0, initial_backoff=0.05, max_backoff=0.2)
 

@@ -11,8 +11,8 @@ import pytest
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.config import Settings
-from tests.procs import Replica
 from tests.support import Farm, HostClient, actions_spec, eventually
+from tests.support.replicas import Replica
 
 
 @pytest.fixture

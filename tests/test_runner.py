@@ -41,7 +41,7 @@ from host_agent.spec import (
     WorkflowStep,
 )
 from host_agent.stop_token import StopReason, StopToken
-from tests.runner_fakes import EMPTY_SCREEN, Call, FakeDevice, eventually
+from tests.support.runner_fakes import EMPTY_SCREEN, Call, FakeDevice, eventually
 
 FIVE_STEPS: tuple[Action, ...] = (
     Tap(1, 1),

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from host_agent.stop_token import Stopped, StopReason, StopToken
-from tests.runner_fakes import eventually
+from tests.support.runner_fakes import eventually
 
 
 def test_first_trip_wins_and_later_trips_are_ignored() -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self, cast
 
-from tests.fakes.phone import FakePhone
+from tests.support.fakes.phone import FakePhone
 
 log = logging.getLogger(__name__)
 

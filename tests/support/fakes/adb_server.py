@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from tests.fakes.phone import FakePhone
+from tests.support.fakes.phone import FakePhone
 
 ADB_SERVER_VERSION = "0029"
 

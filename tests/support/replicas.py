@@ -14,7 +14,7 @@ from control_plane.embedded import free_port
 from scripts.launch import ControlPlaneCommand
 from tests.support import eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
