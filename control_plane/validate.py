@@ -6,26 +6,28 @@ import re
 import uuid
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common import actions
+
+# The actions' limits are amc_common.actions'; these two are named here too, beside the
+# other limits of a request.
+from amc_common.actions import MAX_COORD as MAX_COORD
+from amc_common.actions import MAX_SECONDS as MAX_SECONDS
+from amc_common.actions import MAX_STRING, MAX_TEXT
 from control_plane.errors import InvalidArgument
 
 MAX_ACTIONS = 1000
 MAX_STEPS = 200
 MAX_SPEC_BYTES = 1 << 20
-MAX_STRING = 4096
-MAX_TEXT = 16 * 1024
 MAX_MAP_ENTRIES = 64
 MAX_KEY = 128
 MAX_VALUE = 1024
 MAX_ID = 128
-MAX_SECONDS = 24 * 3600
-MAX_COORD = 100_000
 MAX_PRIORITY = 1_000_000
 MAX_ATTEMPTS = 100
 MAX_SERIALS = 1000
 MAX_LEASES_PER_RENEWAL = 10_000
 MAX_BATCH = 500
 # Whole-string patterns: used with fullmatch only (`$` also matches before a final "\n").
-_PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
 # Control characters (C0, DEL, C1: NUL, tab, CR, LF, VT, FF, NEL...) and the Unicode line
 # and paragraph separators: never in a label or a name, where they would make two values
@@ -119,77 +121,13 @@ def _text(value: str, field: str, *, required: bool = False, limit: int = MAX_ST
     _no_nul(value, field)
 
 
-def _duration(d: object, field: str, *, has: bool, required: bool = False) -> None:
-    if not has:
-        if required:
-            raise InvalidArgument(field, "required")
-        return
-    seconds, nanos = d.seconds, d.nanos  # type: ignore[attr-defined]
-    if seconds < 0 or nanos < 0 or nanos >= 1_000_000_000:
-        raise InvalidArgument(field, "must be a non-negative duration")
-    if seconds > MAX_SECONDS:
-        raise InvalidArgument(field, f"longer than {MAX_SECONDS} s")
-
-
-def _coord(value: int, field: str) -> None:
-    if not 0 <= value <= MAX_COORD:
-        raise InvalidArgument(field, f"must be between 0 and {MAX_COORD}")
-
-
-def _selector(sel: task_pb2.UiSelector, field: str) -> None:
-    which = sel.WhichOneof("by")
-    if which is None:
-        raise InvalidArgument(field, "set one of text, resource_id, content_desc")
-    _text(getattr(sel, which), f"{field}.{which}", required=True)
-
-
-def action(a: task_pb2.Action, field: str) -> None:  # noqa: C901 (one branch per action)
-    kind = a.WhichOneof("kind")
-    f = f"{field}.{kind}"
-    if kind is None:
-        raise InvalidArgument(
-            field,
-            "empty action: set one of tap, tap_on, swipe, input_text, "
-            "key, launch_app, stop_app, shell, screenshot, wait, wait_for, "
-            "assert_visible",
-        )
-    elif kind == "tap":
-        _coord(a.tap.x, f"{f}.x")
-        _coord(a.tap.y, f"{f}.y")
-    elif kind == "tap_on":
-        _selector(a.tap_on.selector, f"{f}.selector")
-    elif kind == "swipe":
-        for name in ("x1", "y1", "x2", "y2"):
-            _coord(getattr(a.swipe, name), f"{f}.{name}")
-        _duration(a.swipe.duration, f"{f}.duration", has=a.swipe.HasField("duration"))
-    elif kind == "input_text":
-        _text(a.input_text.text, f"{f}.text", required=True, limit=MAX_TEXT)
-    elif kind == "key":
-        if not 0 <= a.key.keycode <= 10_000:
-            raise InvalidArgument(f"{f}.keycode", "must be an Android keycode (0 to 10000)")
-    elif kind in ("launch_app", "stop_app"):
-        msg = getattr(a, kind)
-        if not _PACKAGE.fullmatch(msg.package) or len(msg.package) > 255:
-            raise InvalidArgument(
-                f"{f}.package", "must be an Android package name, e.g. com.example.app"
-            )
-        if kind == "launch_app":
-            _text(a.launch_app.activity, f"{f}.activity", limit=255)
-    elif kind == "shell":
-        _text(a.shell.command, f"{f}.command", required=True, limit=MAX_TEXT)
-        _duration(a.shell.timeout, f"{f}.timeout", has=a.shell.HasField("timeout"))
-    elif kind == "wait":
-        _duration(a.wait.duration, f"{f}.duration", has=a.wait.HasField("duration"), required=True)
-    elif kind in ("wait_for", "assert_visible"):
-        msg = getattr(a, kind)
-        _selector(msg.selector, f"{f}.selector")
-        if kind == "wait_for":
-            _duration(
-                a.wait_for.timeout,
-                f"{f}.timeout",
-                has=a.wait_for.HasField("timeout"),
-                required=True,
-            )
+def action(a: task_pb2.Action, field: str) -> None:
+    """One action, against its definition in amc_common.actions (which the host agent and
+    the CLI read too)."""
+    try:
+        actions.from_message(a)
+    except actions.ActionError as exc:
+        raise InvalidArgument(f"{field}.{exc.field}" if exc.field else field, exc.problem) from None
 
 
 def _actions(actions: object, field: str, *, allow_empty: bool = False) -> int:

@@ -1,0 +1,434 @@
+"""Every action a task can ask of a phone, defined once: its fields, their types, defaults
+and limits.
+
+One frozen dataclass per member of the `amc.v1.Action` oneof, named after its message
+(`Tap` for `amc.v1.Tap`), with the message's fields in the message's order. A field's type
+carries its limit (`Coord` is a whole number from 0 to MAX_COORD); a field with a default
+may be left out of a spec, and the default written here is the one that runs. Everything
+that reads an action reads it through this module:
+
+- the control plane checks each submitted action with `from_message` (validate.action);
+- the host agent turns each assigned action into one of these classes with `from_message`
+  (convert.spec_from_proto) and runs it (actions.py), so what ran is what was checked;
+- the CLI fills its shorthands from `FIELDS` (`tap: [540, 1200]` gives x and y in that
+  order) and checks each action of a spec file with `from_message` before sending it.
+
+Making one of these classes checks it too: a value past its limit raises ActionError,
+whose `field` is the path inside `amc.v1.Action` ("wait_for.timeout").
+
+Plain Python, no generated code: `from_message` reads a protobuf message through its own
+methods (WhichOneof, HasField), and a test holds this table to protos/amc/v1/task.proto.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, TypeAlias
+
+MAX_COORD = 100_000
+MAX_KEYCODE = 10_000
+MAX_SECONDS = 24 * 3600
+# A selector's value, and other short text.
+MAX_STRING = 4096
+# Typed text and shell commands.
+MAX_TEXT = 16 * 1024
+MAX_PACKAGE = 255
+
+SELECTOR_FIELDS = ("text", "resource_id", "content_desc")
+# Whole-string pattern (fullmatch only: `$` also matches before a final "\n").
+_PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+")
+
+
+class ActionError(ValueError):
+    """An action its definition refuses: `field` is where, as a path inside `amc.v1.Action`
+    ("wait_for.timeout"; empty for the action as a whole), `problem` what is wrong."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.field = field
+        self.problem = problem
+
+    def inside(self, outer: str) -> ActionError:
+        """The same problem, seen from the message that holds `outer`."""
+        return ActionError(f"{outer}.{self.field}" if self.field else outer, self.problem)
+
+
+class _Unset:
+    """A message field that is not set (a Duration or a selector left out)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
+
+
+# -- limits: what a field's type allows, and how it is read from a message ----------------
+
+
+class Limit:
+    """A field's limit. `proto` names the field's type in task.proto; `read` takes the value
+    from a message (UNSET for a message field left out) and `check` refuses a value past the
+    limit; both raise ValueError with the problem."""
+
+    proto: ClassVar[str]
+    missing: ClassVar[str] = "required"
+
+    def read(self, message: Any, name: str) -> object:
+        return getattr(message, name)
+
+    def check(self, value: object) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Whole(Limit):
+    """An int32 from `low` to `high`; `what` names what the number is, if it is more than a
+    number ("an Android keycode"). An int32 has no presence on the wire: left out of a
+    message, it reads as 0."""
+
+    proto: ClassVar[str] = "int32"
+    low: int
+    high: int
+    what: str = ""
+
+    def check(self, value: object) -> None:
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and self.low <= value <= self.high
+        ):
+            return
+        if self.what:
+            raise ValueError(f"must be {self.what} ({self.low} to {self.high})")
+        raise ValueError(f"must be between {self.low} and {self.high}")
+
+
+@dataclass(frozen=True)
+class Text(Limit):
+    """A string of at most `limit` characters, no NUL; `required`: not empty; `pattern`: the
+    whole of it matches, and `pattern_means` says what that means to a person."""
+
+    proto: ClassVar[str] = "string"
+    limit: int
+    required: bool = False
+    pattern: re.Pattern[str] | None = None
+    pattern_means: str = ""
+
+    def check(self, value: object) -> None:
+        if not isinstance(value, str):
+            raise ValueError("must be text")
+        if not value:
+            if self.required:
+                raise ValueError("required")
+            return
+        if len(value) > self.limit:
+            raise ValueError(f"longer than {self.limit} characters")
+        if "\x00" in value:
+            raise ValueError("contains a NUL character")
+        if self.pattern is not None and not self.pattern.fullmatch(value):
+            raise ValueError(f"must be {self.pattern_means}")
+
+
+@dataclass(frozen=True)
+class Seconds(Limit):
+    """A google.protobuf.Duration, as seconds: from 0 (or just above it, if `positive`) to
+    `high`."""
+
+    proto: ClassVar[str] = "google.protobuf.Duration"
+    high: float = MAX_SECONDS
+    positive: bool = False
+
+    def read(self, message: Any, name: str) -> object:
+        if not message.HasField(name):
+            return UNSET
+        d = getattr(message, name)
+        seconds, nanos = int(d.seconds), int(d.nanos)
+        if seconds < 0 or nanos < 0 or nanos >= 1_000_000_000:
+            raise ValueError("must be a non-negative duration")
+        return seconds + nanos / 1e9
+
+    def check(self, value: object) -> None:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError("must be a duration")
+        if not value >= 0 or math.isinf(value):
+            raise ValueError("must be a non-negative duration")
+        if self.positive and value == 0:
+            raise ValueError("must be longer than 0 s (leave it out for the default)")
+        if value > self.high:
+            raise ValueError(f"longer than {self.high:g} s")
+
+
+@dataclass(frozen=True)
+class Selector(Limit):
+    """An amc.v1.UiSelector: exactly one of its fields, not empty."""
+
+    proto: ClassVar[str] = "amc.v1.UiSelector"
+    missing: ClassVar[str] = "required: set one of text, resource_id, content_desc"
+
+    def read(self, message: Any, name: str) -> object:
+        if not message.HasField(name):
+            return UNSET
+        selector = getattr(message, name)
+        by = selector.WhichOneof("by")
+        if by is None:
+            raise ValueError("set one of text, resource_id, content_desc")
+        return UiSelector(**{by: getattr(selector, by)})
+
+    def check(self, value: object) -> None:
+        if not isinstance(value, UiSelector):
+            raise ValueError("must be a UiSelector")
+
+
+_SELECTOR_VALUE = Text(MAX_STRING, required=True)
+
+
+@dataclass(frozen=True)
+class UiSelector:
+    """Finds one element of the UI hierarchy: exactly one of the fields, matched exactly."""
+
+    text: str | None = None
+    resource_id: str | None = None
+    content_desc: str | None = None
+
+    def __post_init__(self) -> None:
+        chosen = [name for name in SELECTOR_FIELDS if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            given = f", not {' and '.join(chosen)}" if chosen else ""
+            raise ActionError("", f"set one of text, resource_id, content_desc{given}")
+        try:
+            _SELECTOR_VALUE.check(getattr(self, chosen[0]))
+        except ValueError as exc:
+            raise ActionError(chosen[0], str(exc)) from None
+
+    @property
+    def by(self) -> str:
+        return next(name for name in SELECTOR_FIELDS if getattr(self, name) is not None)
+
+    @property
+    def value(self) -> str:
+        return str(getattr(self, self.by))
+
+    def __str__(self) -> str:
+        return f"{self.by}={self.value!r}"
+
+
+# -- the field types ----------------------------------------------------------------------
+
+Coord = Annotated[int, Whole(0, MAX_COORD)]
+Keycode = Annotated[int, Whole(0, MAX_KEYCODE, "an Android keycode")]
+Package = Annotated[
+    str,
+    Text(
+        MAX_PACKAGE,
+        required=True,
+        pattern=_PACKAGE,
+        pattern_means="an Android package name, e.g. com.example.app",
+    ),
+]
+Activity = Annotated[str, Text(MAX_PACKAGE)]
+LongText = Annotated[str, Text(MAX_TEXT, required=True)]
+Element = Annotated[UiSelector, Selector()]
+Duration = Annotated[float, Seconds()]
+# None: the host agent's own default (its --shell-timeout).
+ShellTimeout = Annotated[float | None, Seconds(positive=True)]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of an action, as the table defines it."""
+
+    name: str
+    limit: Limit
+    # dataclasses.MISSING: the field must be given.
+    default: object
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+    def check(self, value: object) -> None:
+        if value is None and self.default is None:
+            return
+        self.limit.check(value)
+
+
+# -- the actions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseAction:
+    """What every action shares: its `kind` (its name in the oneof) and checks on making."""
+
+    kind: ClassVar[str]
+
+    def __init_subclass__(cls, *, kind: str, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = kind
+
+    def __post_init__(self) -> None:
+        for f in FIELDS[self.kind]:
+            try:
+                f.check(getattr(self, f.name))
+            except ValueError as exc:
+                raise ActionError(f"{self.kind}.{f.name}", str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Tap(BaseAction, kind="tap"):
+    """Taps the screen at (x, y)."""
+
+    x: Coord
+    y: Coord
+
+
+@dataclass(frozen=True)
+class TapOn(BaseAction, kind="tap_on"):
+    """Taps the centre of the element the selector finds."""
+
+    selector: Element
+
+
+@dataclass(frozen=True)
+class Swipe(BaseAction, kind="swipe"):
+    """Drags from (x1, y1) to (x2, y2) in `duration` seconds."""
+
+    x1: Coord
+    y1: Coord
+    x2: Coord
+    y2: Coord
+    duration: Duration = 0.3
+
+
+@dataclass(frozen=True)
+class InputText(BaseAction, kind="input_text"):
+    """Types the text into the focused field."""
+
+    text: LongText
+
+
+@dataclass(frozen=True)
+class Key(BaseAction, kind="key"):
+    """Presses the key (an Android KeyEvent code; 0 does nothing)."""
+
+    keycode: Keycode
+
+
+@dataclass(frozen=True)
+class LaunchApp(BaseAction, kind="launch_app"):
+    """Starts the package at `activity`, or at its default activity when that is empty."""
+
+    package: Package
+    activity: Activity = ""
+
+
+@dataclass(frozen=True)
+class StopApp(BaseAction, kind="stop_app"):
+    """Force-stops the package."""
+
+    package: Package
+
+
+@dataclass(frozen=True)
+class Shell(BaseAction, kind="shell"):
+    """Runs the command in `adb shell`; it fails on a non-zero exit or after `timeout`."""
+
+    command: LongText
+    timeout: ShellTimeout = None
+
+
+@dataclass(frozen=True)
+class Screenshot(BaseAction, kind="screenshot"):
+    """Takes a screenshot (its size and sha256 are in the step's data)."""
+
+
+@dataclass(frozen=True)
+class Wait(BaseAction, kind="wait"):
+    """Waits `duration` seconds."""
+
+    duration: Duration
+
+
+@dataclass(frozen=True)
+class WaitFor(BaseAction, kind="wait_for"):
+    """Looks at the screen until the element is there, for at most `timeout` seconds (0: look
+    once)."""
+
+    selector: Element
+    timeout: Duration = 10.0
+
+
+@dataclass(frozen=True)
+class AssertVisible(BaseAction, kind="assert_visible"):
+    """Fails unless the element is on the screen now."""
+
+    selector: Element
+
+
+Action: TypeAlias = (
+    Tap
+    | TapOn
+    | Swipe
+    | InputText
+    | Key
+    | LaunchApp
+    | StopApp
+    | Shell
+    | Screenshot
+    | Wait
+    | WaitFor
+    | AssertVisible
+)
+
+# kind -> class, in the oneof's order.
+ACTIONS: dict[str, type[Action]] = {cls.kind: cls for cls in typing.get_args(Action)}
+
+
+def _fields(cls: type[BaseAction]) -> tuple[Field, ...]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(Field(f.name, _limit(hints[f.name]), f.default) for f in dataclasses.fields(cls))
+
+
+def _limit(hint: object) -> Limit:
+    limits = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Limit)]
+    if len(limits) != 1:
+        raise TypeError(f"an action field's type needs one limit (Annotated[..., Limit]): {hint}")
+    return limits[0]
+
+
+# The table itself: kind -> its fields, in order, each with its limit and default.
+FIELDS: dict[str, tuple[Field, ...]] = {kind: _fields(cls) for kind, cls in ACTIONS.items()}
+
+
+def from_message(message: Any) -> Action:
+    """The action an `amc.v1.Action` message asks for, checked against its definition, with
+    the defaults of the fields it leaves out. Raises ActionError."""
+    kind = message.WhichOneof("kind")
+    if kind is None:
+        raise ActionError("", f"empty action: set one of {', '.join(ACTIONS)}")
+    cls = ACTIONS.get(kind)
+    if cls is None:
+        raise ActionError(kind, "not an action this version knows")
+    return _read(cls, getattr(message, kind))
+
+
+def _read(cls: type[Action], body: Any) -> Action:
+    values: dict[str, object] = {}
+    for f in FIELDS[cls.kind]:
+        where = f"{cls.kind}.{f.name}"
+        try:
+            value = f.limit.read(body, f.name)
+        except ActionError as exc:
+            raise exc.inside(where) from None
+        except ValueError as exc:
+            raise ActionError(where, str(exc)) from None
+        if value is UNSET:
+            if f.required:
+                raise ActionError(where, f.limit.missing)
+            continue
+        values[f.name] = value
+    return cls(**values)  # type: ignore[arg-type]
