@@ -9,6 +9,10 @@ token tripped.
 
 `execute` turns every ordinary failure into a failed StepOutput; it raises only Stopped
 (the token tripped) and DeviceLost (nothing more can run on this device).
+
+What each action means, its fields and their defaults (a wait_for's 10 s, a swipe's
+0.3 s) are amc_common.actions'; an action arrives here with every field filled in, but
+a shell timeout left to this host (`shell_default_timeout`, the agent's --shell-timeout).
 """
 
 from __future__ import annotations
@@ -22,10 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from host_agent import metrics
-from host_agent.devices import CommandFailed, Device, DeviceError, DeviceLost, DeviceTimeout
-from host_agent.results import cut
-from host_agent.spec import (
+from amc_common.actions import (
     Action,
     AssertVisible,
     InputText,
@@ -41,12 +42,17 @@ from host_agent.spec import (
     Wait,
     WaitFor,
 )
+from host_agent import metrics
+from host_agent.devices import CommandFailed, Device, DeviceError, DeviceLost, DeviceTimeout
+from host_agent.results import cut
 from host_agent.stop_token import Stopped, StopToken
 
 # How often wait_for looks at the screen again (a `uiautomator dump` itself takes ~1 s).
 POLL_INTERVAL = 0.5
 
 _BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
+# UiSelector field -> the attribute of a `uiautomator dump` node it matches.
+_ATTRIBUTES = {"text": "text", "resource_id": "resource-id", "content_desc": "content-desc"}
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,8 @@ async def _dispatch(
         case Tap():
             await device.tap(action.x, action.y)
         case Swipe():
-            await device.swipe(action.x1, action.y1, action.x2, action.y2, action.duration_ms)
+            duration_ms = round(action.duration * 1000)
+            await device.swipe(action.x1, action.y1, action.x2, action.y2, duration_ms)
         case InputText():
             await device.input_text(action.text)
         case Key():
@@ -117,7 +124,7 @@ async def _dispatch(
         case StopApp():
             await device.stop_app(action.package)
         case Wait():
-            await token.race(asyncio.sleep(action.seconds))
+            await token.race(asyncio.sleep(action.duration))
         case TapOn():
             return await _tap_on(action.selector, device, token)
         case AssertVisible():
@@ -213,8 +220,9 @@ async def _screenshot(device: Device, token: StopToken) -> StepOutput:
 
 def find_element(xml: str, selector: UiSelector) -> ET.Element | None:
     """The first node of a `uiautomator dump` whose attribute matches `selector` exactly."""
+    attribute = _ATTRIBUTES[selector.by]
     for node in _parse_dump(xml).iter():
-        if node.get(selector.attribute) == selector.value:
+        if node.get(attribute) == selector.value:
             return node
     return None
 

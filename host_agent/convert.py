@@ -11,8 +11,9 @@ Past this module the session, the worker, the runner and the spec model see doma
 only. The renewal stream (`leases`) and the final calls (`reporting`) speak their own
 messages, which are all they are about.
 
-Defaults for unset (or zero) durations in a spec: `wait` 0 s, `wait_for` 10 s, `swipe`
-300 ms, `shell` the host agent's configured default (None here).
+An action's fields, their defaults and limits are amc_common.actions': an unset
+`wait_for.timeout` is 10 s there, an unset `shell.timeout` None (the host agent's
+--shell-timeout).
 """
 
 from __future__ import annotations
@@ -25,32 +26,11 @@ from typing import assert_never
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.actions import Action, ActionError, from_message
 from host_agent.devices import DeviceInfo
 from host_agent.leases import Timing
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
-from host_agent.spec import (
-    DEFAULT_SWIPE_MS,
-    DEFAULT_WAIT_FOR_TIMEOUT,
-    Action,
-    ActionList,
-    AssertVisible,
-    InputText,
-    InvalidSpec,
-    Key,
-    LaunchApp,
-    Screenshot,
-    Shell,
-    StopApp,
-    Swipe,
-    Tap,
-    TapOn,
-    TaskSpec,
-    UiSelector,
-    Wait,
-    WaitFor,
-    Workflow,
-    WorkflowStep,
-)
+from host_agent.spec import ActionList, InvalidSpec, TaskSpec, Workflow, WorkflowStep
 
 # The control plane's limits on registered text (validate.py there); longer is cut here
 # rather than have one odd phone make every registration fail.
@@ -183,71 +163,12 @@ def _actions_from_proto(pbs: Iterable[task_pb2.Action], where: str) -> tuple[Act
 
 
 def action_from_proto(pb: task_pb2.Action) -> Action:
-    kind = pb.WhichOneof("kind")
-    match kind:
-        case "tap":
-            return Tap(_non_negative(pb.tap.x), _non_negative(pb.tap.y))
-        case "tap_on":
-            return TapOn(_selector(pb.tap_on.selector))
-        case "swipe":
-            return _swipe(pb.swipe)
-        case "input_text":
-            return InputText(_required(pb.input_text.text, "text"))
-        case "key":
-            return Key(_non_negative(pb.key.keycode))
-        case "launch_app":
-            return LaunchApp(_required(pb.launch_app.package, "package"), pb.launch_app.activity)
-        case "stop_app":
-            return StopApp(_required(pb.stop_app.package, "package"))
-        case "shell":
-            timeout = _spec_seconds(pb.shell.timeout) or None
-            return Shell(_required(pb.shell.command, "command"), timeout)
-        case "screenshot":
-            return Screenshot()
-        case "wait":
-            return Wait(_spec_seconds(pb.wait.duration))
-        case "wait_for":
-            timeout = _spec_seconds(pb.wait_for.timeout) or DEFAULT_WAIT_FOR_TIMEOUT
-            return WaitFor(_selector(pb.wait_for.selector), timeout)
-        case "assert_visible":
-            return AssertVisible(_selector(pb.assert_visible.selector))
-        case None:
-            raise InvalidSpec("no action kind set")
-        case _:
-            raise InvalidSpec(f"unknown action kind {kind!r}")
-
-
-def _swipe(pb: task_pb2.Swipe) -> Swipe:
-    x1, y1, x2, y2 = (_non_negative(v) for v in (pb.x1, pb.y1, pb.x2, pb.y2))
-    duration_ms = round(_spec_seconds(pb.duration) * 1000) or DEFAULT_SWIPE_MS
-    return Swipe(x1, y1, x2, y2, duration_ms=duration_ms)
-
-
-def _selector(pb: task_pb2.UiSelector) -> UiSelector:
-    by = pb.WhichOneof("by")
-    if by is None:
-        raise InvalidSpec("selector has none of text, resource_id, content_desc")
-    return UiSelector(**{by: getattr(pb, by)})
-
-
-def _non_negative(value: int) -> int:
-    if value < 0:
-        raise InvalidSpec(f"negative value {value}")
-    return value
-
-
-def _required(value: str, name: str) -> str:
-    if not value:
-        raise InvalidSpec(f"{name} is empty")
-    return value
-
-
-def _spec_seconds(pb: duration_pb2.Duration) -> float:
-    """Seconds of a spec's Duration; an unset one is 0, a negative one InvalidSpec."""
-    value = float(pb.seconds + pb.nanos / 1e9)
-    if value < 0:
-        raise InvalidSpec(f"negative duration {value:g}s")
-    return value
+    """The action `pb` asks for, by its definition in amc_common.actions: checked as the
+    control plane checked it, and with the defaults of the fields it leaves out."""
+    try:
+        return from_message(pb)
+    except ActionError as exc:
+        raise InvalidSpec(str(exc)) from None
 
 
 # --- results: domain -> protobuf ---------------------------------------------------------

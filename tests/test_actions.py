@@ -8,10 +8,7 @@ import math
 
 import pytest
 
-from host_agent.actions import StepOutput, bounds_centre, execute, find_element
-from host_agent.devices import CommandFailed, DeviceLost, DeviceTimeout, ShellResult
-from host_agent.results import OUTPUT_LIMIT, cut
-from host_agent.spec import (
+from amc_common.actions import (
     Action,
     AssertVisible,
     InputText,
@@ -27,6 +24,9 @@ from host_agent.spec import (
     Wait,
     WaitFor,
 )
+from host_agent.actions import StepOutput, bounds_centre, execute, find_element
+from host_agent.devices import CommandFailed, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.results import OUTPUT_LIMIT, cut
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from tests.support.runner_fakes import EMPTY_SCREEN, HOME_SCREEN, Call, FakeDevice
 
@@ -47,7 +47,7 @@ async def run(action: Action, device: FakeDevice, token: StopToken | None = None
     ("action", "call"),
     [
         (Tap(10, 20), ("tap", (10, 20))),
-        (Swipe(1, 2, 3, 4, duration_ms=250), ("swipe", (1, 2, 3, 4, 250))),
+        (Swipe(1, 2, 3, 4, duration=0.25), ("swipe", (1, 2, 3, 4, 250))),
         (InputText("hello"), ("input_text", ("hello",))),
         (Key(66), ("key", (66,))),
         (LaunchApp("com.example", ".Main"), ("launch_app", ("com.example", ".Main"))),

@@ -11,6 +11,20 @@ from datetime import UTC
 import pytest
 
 from amc.v1 import lease_pb2
+from amc_common.actions import (
+    Action,
+    InputText,
+    Key,
+    LaunchApp,
+    Screenshot,
+    Shell,
+    Swipe,
+    Tap,
+    TapOn,
+    UiSelector,
+    Wait,
+    WaitFor,
+)
 from host_agent.convert import outcome_to_proto, report_request
 from host_agent.devices import DeviceLost
 from host_agent.runner import (
@@ -22,24 +36,7 @@ from host_agent.runner import (
     outcome_for,
     run,
 )
-from host_agent.spec import (
-    Action,
-    ActionList,
-    InputText,
-    Key,
-    LaunchApp,
-    Screenshot,
-    Shell,
-    Swipe,
-    Tap,
-    TapOn,
-    TaskSpec,
-    UiSelector,
-    Wait,
-    WaitFor,
-    Workflow,
-    WorkflowStep,
-)
+from host_agent.spec import ActionList, TaskSpec, Workflow, WorkflowStep
 from host_agent.stop_token import StopReason, StopToken
 from tests.support.runner_fakes import EMPTY_SCREEN, Call, FakeDevice, eventually
 

@@ -8,6 +8,22 @@ import pytest
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.actions import (
+    ActionError,
+    AssertVisible,
+    InputText,
+    Key,
+    LaunchApp,
+    Screenshot,
+    Shell,
+    StopApp,
+    Swipe,
+    Tap,
+    TapOn,
+    UiSelector,
+    Wait,
+    WaitFor,
+)
 from host_agent.convert import (
     Assignment,
     acquire_request,
@@ -25,27 +41,7 @@ from host_agent.convert import (
 from host_agent.devices import DeviceInfo
 from host_agent.leases import Timing
 from host_agent.results import OUTPUT_LIMIT, Outcome, RunResult, StepResult, StepStatus
-from host_agent.spec import (
-    DEFAULT_SWIPE_MS,
-    DEFAULT_WAIT_FOR_TIMEOUT,
-    ActionList,
-    AssertVisible,
-    InputText,
-    InvalidSpec,
-    Key,
-    LaunchApp,
-    Screenshot,
-    Shell,
-    StopApp,
-    Swipe,
-    Tap,
-    TapOn,
-    UiSelector,
-    Wait,
-    WaitFor,
-    Workflow,
-    WorkflowStep,
-)
+from host_agent.spec import ActionList, InvalidSpec, Workflow, WorkflowStep
 from host_agent.stop_token import StopReason
 
 
@@ -81,7 +77,7 @@ def test_every_action_kind_converts() -> None:
         (
             Tap(1, 2),
             TapOn(UiSelector(resource_id="a:id/b")),
-            Swipe(1, 2, 3, 4, duration_ms=500),
+            Swipe(1, 2, 3, 4, duration=0.5),
             InputText("hi"),
             Key(66),
             LaunchApp("com.x", ".Main"),
@@ -95,20 +91,26 @@ def test_every_action_kind_converts() -> None:
     )
 
 
-def test_unset_durations_take_their_defaults() -> None:
+def test_unset_fields_take_the_defaults_of_the_action_table() -> None:
+    """THEN a swipe takes 0.3 s, a wait_for looks for 10 s, a shell is left to the host's
+    own timeout (None), a launch_app opens the default activity; a set zero stays zero."""
     ok = task_pb2.UiSelector(text="OK")
     pb = actions_spec(
         task_pb2.Action(swipe=task_pb2.Swipe(x1=1, y1=2, x2=3, y2=4)),
         task_pb2.Action(shell=task_pb2.Shell(command="id")),
-        task_pb2.Action(wait=task_pb2.Wait()),
         task_pb2.Action(wait_for=task_pb2.WaitFor(selector=ok)),
+        task_pb2.Action(launch_app=task_pb2.LaunchApp(package="com.x")),
+        task_pb2.Action(wait_for=task_pb2.WaitFor(selector=ok, timeout=secs(0))),
+        task_pb2.Action(swipe=task_pb2.Swipe(x1=1, y1=2, x2=3, y2=4, duration=secs(0))),
     )
     assert spec_from_proto(pb) == ActionList(
         (
-            Swipe(1, 2, 3, 4, duration_ms=DEFAULT_SWIPE_MS),
+            Swipe(1, 2, 3, 4, duration=0.3),
             Shell("id", timeout=None),
-            Wait(0.0),
-            WaitFor(UiSelector(text="OK"), timeout=DEFAULT_WAIT_FOR_TIMEOUT),
+            WaitFor(UiSelector(text="OK"), timeout=10.0),
+            LaunchApp("com.x", activity=""),
+            WaitFor(UiSelector(text="OK"), timeout=0.0),
+            Swipe(1, 2, 3, 4, duration=0.0),
         )
     )
 
@@ -142,35 +144,48 @@ def test_workflow_converts_with_names_and_continue_on_error() -> None:
         (task_pb2.TaskSpec(), "task spec has neither actions nor a workflow"),
         (
             actions_spec(task_pb2.Action(tap=task_pb2.Tap()), task_pb2.Action()),
-            "action 1: no action kind set",
+            "action 1: empty action: set one of tap, tap_on, swipe, input_text, key, launch_app,"
+            " stop_app, shell, screenshot, wait, wait_for, assert_visible",
         ),
         (
             actions_spec(task_pb2.Action(tap_on=task_pb2.TapOn())),
-            "action 0: selector has none of text, resource_id, content_desc",
+            "action 0: tap_on.selector: required: set one of text, resource_id, content_desc",
         ),
         (
             actions_spec(
                 task_pb2.Action(tap_on=task_pb2.TapOn(selector=task_pb2.UiSelector(text="")))
             ),
-            "action 0: selector text is empty",
+            "action 0: tap_on.selector.text: required",
         ),
         (
             actions_spec(task_pb2.Action(launch_app=task_pb2.LaunchApp())),
-            "action 0: package is empty",
+            "action 0: launch_app.package: required",
         ),
-        (actions_spec(task_pb2.Action(shell=task_pb2.Shell())), "action 0: command is empty"),
+        (
+            actions_spec(task_pb2.Action(shell=task_pb2.Shell())),
+            "action 0: shell.command: required",
+        ),
+        (
+            actions_spec(task_pb2.Action(wait=task_pb2.Wait())),
+            "action 0: wait.duration: required",
+        ),
         (
             actions_spec(task_pb2.Action(wait=task_pb2.Wait(duration=secs(-1)))),
-            "action 0: negative duration -1s",
+            "action 0: wait.duration: must be a non-negative duration",
         ),
-        (actions_spec(task_pb2.Action(tap=task_pb2.Tap(x=-5))), "action 0: negative value -5"),
+        (
+            actions_spec(task_pb2.Action(tap=task_pb2.Tap(x=-5))),
+            "action 0: tap.x: must be between 0 and 100000",
+        ),
         (
             task_pb2.TaskSpec(
                 workflow=task_pb2.Workflow(
                     steps=[task_pb2.WorkflowStep(name="login", actions=[task_pb2.Action()])]
                 )
             ),
-            "workflow step 0 'login', action 0: no action kind set",
+            "workflow step 0 'login', action 0: empty action: set one of tap, tap_on, swipe,"
+            " input_text, key, launch_app, stop_app, shell, screenshot, wait, wait_for,"
+            " assert_visible",
         ),
     ],
 )
@@ -181,13 +196,13 @@ def test_invalid_specs_are_refused_with_where_and_why(pb: task_pb2.TaskSpec, mes
 
 
 def test_ui_selector_needs_exactly_one_field() -> None:
-    with pytest.raises(InvalidSpec):
+    with pytest.raises(ActionError):
         UiSelector()
-    with pytest.raises(InvalidSpec):
+    with pytest.raises(ActionError):
         UiSelector(text="a", content_desc="b")
     selector = UiSelector(resource_id="com.x:id/ok")
-    assert (selector.attribute, selector.value, str(selector)) == (
-        "resource-id",
+    assert (selector.by, selector.value, str(selector)) == (
+        "resource_id",
         "com.x:id/ok",
         "resource_id='com.x:id/ok'",
     )
