@@ -3,7 +3,9 @@
 A file is a mapping with `actions:` (a list of actions) or `workflow:` (named steps), plus
 optional `selector`, `priority`, `max_attempts`, `metadata` and `request_id`; a bare list
 is an actions list. An action is a one-key mapping, `kind: arguments`, where the kinds and
-their fields are those of `amc.v1.Action`, and shorthands spare the common cases:
+their fields are those of `amc.v1.Action` as amc_common.actions defines them, and
+shorthands spare the common cases: a list gives the fields in their order, a lone value
+the one field that must be given.
 
     - tap: [540, 1200]                      # or {x: 540, y: 1200}
     - tap_on: "Log in"                      # or {text: ...}, {resource_id: ...}, {selector: ...}
@@ -15,8 +17,10 @@ their fields are those of `amc.v1.Action`, and shorthands spare the common cases
 
 The document is normalised against the message descriptors (names checked, durations
 turned into proto JSON, scalars coerced) and then handed to `json_format.ParseDict`. Each
-problem is reported with the file, the line (YAML) and the path inside the document;
-the server checks values (ranges, required fields) and its answers name the field too.
+action is checked against its definition in amc_common.actions, the same check the
+control plane makes, so a value past a limit is refused here, before anything is sent.
+Each problem is reported with the file, the line (YAML) and the path inside the document;
+what only the server checks (priority, labels, sizes) comes back naming the field too.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_cli.errors import BadInput, SpecError
+from amc_common.actions import FIELDS, ActionError, from_message
 
 STDIN = "-"
 
@@ -75,24 +80,6 @@ KEYCODES = {
     "wakeup": 224,
 }
 
-# A lone scalar fills this field of the message.
-_SCALAR_FIELD = {
-    "amc.v1.Wait": "duration",
-    "amc.v1.InputText": "text",
-    "amc.v1.Key": "keycode",
-    "amc.v1.LaunchApp": "package",
-    "amc.v1.StopApp": "package",
-    "amc.v1.Shell": "command",
-    "amc.v1.TapOn": "selector",
-    "amc.v1.WaitFor": "selector",
-    "amc.v1.AssertVisible": "selector",
-    "amc.v1.UiSelector": "text",
-}
-# A list fills these fields in order; the first `required` of them must be there.
-_LIST_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "amc.v1.Tap": (2, ("x", "y")),
-    "amc.v1.Swipe": (4, ("x1", "y1", "x2", "y2", "duration")),
-}
 _TOP_LEVEL = [
     "actions",
     "workflow",
@@ -412,23 +399,45 @@ class _Builder:
         return out
 
     def shorthand(self, value: Any, desc: Descriptor, path: str, parent: Any, key: Hashable) -> Any:
-        """`null` is `{}`; a list or a lone scalar fills the fields in _LIST_FIELDS and
-        _SCALAR_FIELD."""
+        """`null` is `{}`; a lone value for a selector is its text."""
         if value is None:
             return {}
-        if isinstance(value, list) and desc.full_name in _LIST_FIELDS:
-            required, names = _LIST_FIELDS[desc.full_name]
-            if not required <= len(value) <= len(names):
-                shape = ", ".join(names[:required]) + (", ..." if len(names) > required else "")
-                raise self.fail(parent, key, value, path, f"expected a list [{shape}]")
-            out = dict(zip(names, value, strict=False))
-            self.doc.remember(out, self.doc.line(parent, key, value))
-            return out
-        if not isinstance(value, dict | list) and desc.full_name in _SCALAR_FIELD:
-            out = {_SCALAR_FIELD[desc.full_name]: value}
-            self.doc.remember(out, self.doc.line(parent, key, value))
-            return out
+        if desc.full_name == "amc.v1.UiSelector" and not isinstance(value, dict | list):
+            return self.made({"text": value}, parent, key, value)
         return value
+
+    def arguments(self, kind: str, value: Any, path: str, parent: Any, key: Hashable) -> Any:
+        """An action's shorthands, from its fields in amc_common.actions: a list gives the
+        fields in order (at least those that must be given), a lone value the one field
+        that must be given."""
+        names = [f.name for f in FIELDS[kind]]
+        required = sum(f.required for f in FIELDS[kind])
+        if isinstance(value, list):
+            if not names or not required <= len(value) <= len(names):
+                raise self.fail(parent, key, value, path, _expected(names, required))
+            return self.made(dict(zip(names, value, strict=False)), parent, key, value)
+        if value is None or isinstance(value, dict):
+            return value
+        if required != 1:
+            raise self.fail(parent, key, value, path, _expected(names, required))
+        return self.made({names[0]: value}, parent, key, value)
+
+    def made(self, out: dict[str, Any], parent: Any, key: Hashable, value: Any) -> dict[str, Any]:
+        """`out`, written in the document as `value`: at its line."""
+        self.doc.remember(out, self.doc.line(parent, key, value))
+        return out
+
+    def checked(
+        self, action: dict[str, Any], path: str, parent: Any, key: Hashable, value: Any
+    ) -> None:
+        """The action against its definition: what the control plane would refuse is
+        refused here, naming the same field."""
+        try:
+            from_message(json_format.ParseDict(action, task_pb2.Action()))
+        except json_format.ParseError as exc:
+            raise self.fail(parent, key, value, path, " ".join(str(exc).split())) from None
+        except ActionError as exc:
+            raise self.fail(parent, key, value, f"{path}.{exc.field}", exc.problem) from None
 
     def inline_selector(
         self, value: dict[Any, Any], desc: Descriptor, path: str, parent: Any, key: Hashable
@@ -467,7 +476,11 @@ class _Builder:
             kinds = ", ".join(_ACTION_KINDS)
             problem = f"unknown action {kind!r}; {_suggest(kind, _ACTION_KINDS)}expected {kinds}"
             raise self.fail(parent, key, value, path, problem)
-        return {f.name: self.message(args, f.message_type, f"{path}.{f.name}", value, kind)}
+        where = f"{path}.{f.name}"
+        args = self.arguments(f.name, args, where, value, kind)
+        action = {f.name: self.message(args, f.message_type, where, value, kind)}
+        self.checked(action, path, parent, key, value)
+        return action
 
     def field(self, value: Any, f: FieldDescriptor, path: str, parent: Any, key: Hashable) -> Any:
         if _is_map(f):
@@ -505,6 +518,13 @@ _REQUEST_FIELDS = {
     for name, f in names.items()
     if f.name != "spec"
 }
+
+
+def _expected(names: list[str], required: int) -> str:
+    if not names:
+        return "takes no arguments"
+    shape = ", ".join(names[:required]) + (", ..." if len(names) > required else "")
+    return f"expected a list [{shape}] or a mapping of {', '.join(names)}"
 
 
 def _unknown_top_level(key: Any) -> str:

@@ -585,6 +585,7 @@ BAD_SPECS = [
     ("empty.yaml", "", "empty"),
     ("none.yaml", "priority: 3\n", "no actions or workflow"),
     ("broken.json", '{"actions": [\n{"tap": [1, 2]}\n', "broken.json:3: invalid JSON"),
+    ("limit.yaml", "- wait_for: {text: OK, timeout: 25h}\n", ":1: actions[0].wait_for.timeout"),
 ]
 
 
@@ -710,8 +711,8 @@ def test_shorthands_mean_the_full_forms(tmp_path: Path) -> None:
 
 
 async def test_a_spec_is_checked_by_the_server_too(amc: Cli) -> None:
-    """A value only the server can judge comes back as INVALID_ARGUMENT naming the field."""
-    run = await amc("submit", "-", stdin="actions:\n  - launch_app: not a package\n")
+    """A value only the server judges comes back as INVALID_ARGUMENT naming the field."""
+    run = await amc("submit", "-", stdin="priority: 2000000\nactions:\n  - tap: [1, 2]\n")
     assert run.code == 2
     line = run.assert_one_error_line()
-    assert "launch_app.package" in line and "INVALID_ARGUMENT" in line
+    assert "priority" in line and "INVALID_ARGUMENT" in line
