@@ -10,9 +10,8 @@ import structlog
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from control_plane import validate
 from control_plane.auth import Authenticator, new_token
-from control_plane.convert import ROLE_FROM_PB, token_to_pb
+from control_plane.convert import token_to_pb
 from control_plane.domain import Role, TokenInfo
-from control_plane.errors import InvalidArgument
 from control_plane.rpc import Servicer, rpc
 from control_plane.store import Store
 
@@ -23,10 +22,7 @@ async def create_token(
     store: Store, role: Role, host_id: str | None, name: str
 ) -> tuple[TokenInfo, str]:
     """Shared by the RPC and the `control-plane tokens create` bootstrap command."""
-    if role is Role.HOST and not host_id:
-        raise InvalidArgument("host_id", "required for a host token")
-    if role is not Role.HOST and host_id:
-        raise InvalidArgument("host_id", "only host tokens are bound to a host")
+    validate.token_binding(role, host_id)
     token_id, token, secret_hash = new_token()
     info = await store.create_token(token_id, name, role, host_id, secret_hash)
     log.info("token created", token_id=str(token_id), role=str(role), host_id=host_id)
@@ -44,13 +40,8 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
     async def CreateToken(
         self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.CreateTokenResponse:
-        if request.role not in ROLE_FROM_PB:
-            raise InvalidArgument("role", "must be ROLE_CLIENT, ROLE_OPERATOR or ROLE_HOST")
-        host_id = validate.identifier(request.host_id, "host_id", required=False) or None
-        validate.token_name(request.name)
-        info, token = await create_token(
-            self.store, ROLE_FROM_PB[request.role], host_id, request.name
-        )
+        role, host_id = validate.create_token(request)
+        info, token = await create_token(self.store, role, host_id, request.name)
         return admin_pb2.CreateTokenResponse(info=token_to_pb(info), token=token)
 
     @rpc

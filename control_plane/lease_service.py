@@ -36,8 +36,6 @@ log = structlog.get_logger(__name__)
 _canonical_uuid = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 ).fullmatch
-MAX_DEVICES = 1000
-MAX_REPORTS = 1000
 CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
 
 
@@ -65,12 +63,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     ) -> lease_pb2.RegisterHostResponse:
         host_id = self._host(request.host_id)
         labels = validate.string_map(dict(request.labels), "labels")
-        if len(request.devices) > MAX_DEVICES:
-            raise InvalidArgument("devices", f"more than {MAX_DEVICES} devices")
-        for i, d in enumerate(request.devices):
-            validate.device(d, f"devices[{i}]")
-        if len({d.serial for d in request.devices}) != len(request.devices):
-            raise InvalidArgument("devices", "a serial is listed twice")
+        validate.devices(request.devices)
         devices = [device_from_pb(d, labels) for d in request.devices]
         await self.store.register_host(host_id, labels, devices)
         log.info("host registered", host_id=host_id, devices=[d.serial for d in devices])
@@ -85,8 +78,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     ) -> lease_pb2.AcquireResponse:
         host_id = self._host(request.host_id)
         serials = validate.serials(request.idle_serials, "idle_serials")
-        if request.wait.seconds < 0 or request.wait.nanos < 0:
-            raise InvalidArgument("wait", "must not be negative")
+        validate.wait(request.wait)
         # Clamped before any conversion: a huge Duration does not fit a timedelta.
         asked = request.wait.seconds + request.wait.nanos / 1e9
         wait = min(asked, self.settings.max_acquire_wait.total_seconds())
@@ -197,8 +189,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     async def _renew(
         self, host_id: str, request: lease_pb2.RenewLeasesRequest
     ) -> lease_pb2.RenewLeasesResponse:
-        if len(request.lease_ids) > validate.MAX_LEASES_PER_RENEWAL:
-            raise InvalidArgument("lease_ids", f"more than {validate.MAX_LEASES_PER_RENEWAL}")
+        validate.lease_ids(request.lease_ids)
         # Lease ids as the database spells them (what hosts send); any other spelling
         # uuid.UUID accepts is mapped to it, and what is not a UUID is a conflict.
         canonical: list[str] = []
@@ -247,10 +238,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
     async def ReportResults(
         self, request: lease_pb2.ReportResultsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> lease_pb2.ReportResultsResponse:
-        if len(request.results) > MAX_REPORTS:
-            raise InvalidArgument("results", f"more than {MAX_REPORTS} results")
-        for i, r in enumerate(request.results):
-            validate.report(r, f"results[{i}].")
+        validate.reports(request.results)
         reports = [report_from_pb(r) for r in request.results]
         host_id = principal().host_id
         answers = await self.store.report_many(host_id, reports) if reports else []
@@ -269,8 +257,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         self, request: lease_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> lease_pb2.ReleaseLeaseResponse:
         lease_id = LeaseId(validate.lease_id(request.lease_id))
-        if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
-            raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
+        validate.reason(request.reason)
         ended = await self.store.release(
             principal().host_id, lease_id, request.reason or "released by host"
         )

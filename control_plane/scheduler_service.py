@@ -16,7 +16,7 @@ from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import validate
 from control_plane.auth import Authenticator
 from control_plane.config import Settings
-from control_plane.convert import STATUS_FROM_PB, host_to_pb, task_to_pb
+from control_plane.convert import host_to_pb, task_to_pb
 from control_plane.domain import NewTask, TaskId
 from control_plane.effects import Effects
 from control_plane.errors import InvalidArgument, Unavailable
@@ -102,14 +102,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
     async def ListTasks(
         self, request: scheduler_pb2.ListTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ListTasksResponse:
-        statuses = []
-        for i, value in enumerate(request.statuses):
-            if value not in STATUS_FROM_PB:
-                raise InvalidArgument(f"statuses[{i}]", f"unknown task status {value}")
-            statuses.append(STATUS_FROM_PB[value])
-        host_id = validate.identifier(request.host_id, "host_id", required=False) or None
-        if request.page_size < 0:
-            raise InvalidArgument("page_size", "must not be negative")
+        statuses, host_id = validate.list_tasks(request)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         after = decode_page_token(request.page_token)
         tasks = await self.store.list_tasks(statuses, host_id, after, size + 1)
@@ -126,8 +119,7 @@ class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
-        if len(request.reason) > validate.MAX_VALUE or "\x00" in request.reason:
-            raise InvalidArgument("reason", f"at most {validate.MAX_VALUE} characters, no NUL")
+        validate.reason(request.reason)
         code, task = await self.store.cancel(task_id, request.reason)
         self.effects.cancelled(code, task)
         return task_to_pb(task)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 
-from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from google.protobuf import duration_pb2
+
+from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from amc_common import actions
 
 # The actions' limits are amc_common.actions'; these two are named here too, beside the
@@ -13,7 +16,10 @@ from amc_common import actions
 from amc_common.actions import MAX_COORD as MAX_COORD
 from amc_common.actions import MAX_SECONDS as MAX_SECONDS
 from amc_common.actions import MAX_STRING, MAX_TEXT
+from control_plane.convert import ROLE_FROM_PB, STATUS_FROM_PB
+from control_plane.domain import Role
 from control_plane.errors import InvalidArgument
+from control_plane.lifecycle import TaskStatus
 
 MAX_ACTIONS = 1000
 MAX_STEPS = 200
@@ -27,6 +33,8 @@ MAX_ATTEMPTS = 100
 MAX_SERIALS = 1000
 MAX_LEASES_PER_RENEWAL = 10_000
 MAX_BATCH = 500
+MAX_DEVICES = 1000
+MAX_REPORTS = 1000
 # Whole-string patterns: used with fullmatch only (`$` also matches before a final "\n").
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
 # Control characters (C0, DEL, C1: NUL, tab, CR, LF, VT, FF, NEL...) and the Unicode line
@@ -227,12 +235,72 @@ def report(r: lease_pb2.ReportResultRequest, where: str = "") -> None:
     lease_id(r.lease_id, f"{where}lease_id")
     if r.attempt < 1:
         raise InvalidArgument(f"{where}attempt", "must be 1 or more")
-    if r.outcome not in (
-        lease_pb2.OUTCOME_DONE,
-        lease_pb2.OUTCOME_FAILED,
-        lease_pb2.OUTCOME_CANCELLED,
-    ):
+    if r.outcome not in OUTCOMES:
         raise InvalidArgument(
             f"{where}outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
         )
     result(r.result, f"{where}result")
+
+
+def reports(items: Sequence[lease_pb2.ReportResultRequest], field: str = "results") -> None:
+    if len(items) > MAX_REPORTS:
+        raise InvalidArgument(field, f"more than {MAX_REPORTS} results")
+    for i, r in enumerate(items):
+        report(r, f"{field}[{i}].")
+
+
+def devices(items: Sequence[lease_pb2.DeviceInfo], field: str = "devices") -> None:
+    """A host's inventory as RegisterHost takes it."""
+    if len(items) > MAX_DEVICES:
+        raise InvalidArgument(field, f"more than {MAX_DEVICES} devices")
+    for i, d in enumerate(items):
+        device(d, f"{field}[{i}]")
+    if len({d.serial for d in items}) != len(items):
+        raise InvalidArgument(field, "a serial is listed twice")
+
+
+def wait(d: duration_pb2.Duration, field: str = "wait") -> None:
+    if d.seconds < 0 or d.nanos < 0:
+        raise InvalidArgument(field, "must not be negative")
+
+
+def lease_ids(values: Sequence[str], field: str = "lease_ids") -> None:
+    if len(values) > MAX_LEASES_PER_RENEWAL:
+        raise InvalidArgument(field, f"more than {MAX_LEASES_PER_RENEWAL}")
+
+
+def reason(value: str, field: str = "reason") -> str:
+    """Why a task is cancelled or a lease given back: free text, bounded, no NUL."""
+    if len(value) > MAX_VALUE or "\x00" in value:
+        raise InvalidArgument(field, f"at most {MAX_VALUE} characters, no NUL")
+    return value
+
+
+def list_tasks(req: scheduler_pb2.ListTasksRequest) -> tuple[list[TaskStatus], str | None]:
+    """ListTasks' filters: the statuses asked for (none: all) and the host (None: any)."""
+    statuses = []
+    for i, value in enumerate(req.statuses):
+        if value not in STATUS_FROM_PB:
+            raise InvalidArgument(f"statuses[{i}]", f"unknown task status {value}")
+        statuses.append(STATUS_FROM_PB[value])
+    host_id = identifier(req.host_id, "host_id", required=False) or None
+    if req.page_size < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    return statuses, host_id
+
+
+def create_token(req: admin_pb2.CreateTokenRequest) -> tuple[Role, str | None]:
+    """The role and the host (None: no host) of the token asked for."""
+    if req.role not in ROLE_FROM_PB:
+        raise InvalidArgument("role", "must be ROLE_CLIENT, ROLE_OPERATOR or ROLE_HOST")
+    host_id = identifier(req.host_id, "host_id", required=False) or None
+    token_name(req.name)
+    return ROLE_FROM_PB[req.role], host_id
+
+
+def token_binding(role: Role, host_id: str | None, field: str = "host_id") -> None:
+    """Host tokens, and only they, are bound to a host."""
+    if role is Role.HOST and not host_id:
+        raise InvalidArgument(field, "required for a host token")
+    if role is not Role.HOST and host_id:
+        raise InvalidArgument(field, "only host tokens are bound to a host")
