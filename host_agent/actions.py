@@ -140,13 +140,21 @@ async def _dispatch(
     return _OK
 
 
-async def _tap_on(selector: UiSelector, device: Device, token: StopToken) -> StepOutput:
+async def _on_screen(
+    selector: UiSelector, device: Device, token: StopToken
+) -> ET.Element | StepOutput:
+    """The element `selector` finds in one UI dump, or the failed step if it finds none."""
     try:
         node = find_element(await token.race(device.ui_dump()), selector)
     except UnreadableDump as exc:
         return StepOutput.failed(str(exc))
-    if node is None:
-        return StepOutput.failed(f"element not found: {selector}")
+    return StepOutput.failed(f"element not found: {selector}") if node is None else node
+
+
+async def _tap_on(selector: UiSelector, device: Device, token: StopToken) -> StepOutput:
+    node = await _on_screen(selector, device, token)
+    if isinstance(node, StepOutput):
+        return node
     centre = bounds_centre(node.get("bounds", ""))
     if centre is None:
         return StepOutput.failed(f"element {selector} has no usable bounds: {node.get('bounds')!r}")
@@ -159,12 +167,9 @@ async def _tap_on(selector: UiSelector, device: Device, token: StopToken) -> Ste
 
 
 async def _assert_visible(selector: UiSelector, device: Device, token: StopToken) -> StepOutput:
-    try:
-        node = find_element(await token.race(device.ui_dump()), selector)
-    except UnreadableDump as exc:
-        return StepOutput.failed(str(exc))
-    if node is None:
-        return StepOutput.failed(f"element not found: {selector}")
+    node = await _on_screen(selector, device, token)
+    if isinstance(node, StepOutput):
+        return node
     return StepOutput(ok=True, output=f"visible: {selector}")
 
 

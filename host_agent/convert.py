@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import assert_never
 
 from google.protobuf import duration_pb2
 
@@ -174,35 +173,27 @@ def action_from_proto(pb: task_pb2.Action) -> Action:
 # --- results: domain -> protobuf ---------------------------------------------------------
 
 
+_OUTCOMES = {
+    Outcome.DONE: lease_pb2.OUTCOME_DONE,
+    Outcome.FAILED: lease_pb2.OUTCOME_FAILED,
+    Outcome.CANCELLED: lease_pb2.OUTCOME_CANCELLED,
+}
+_STEP_STATUSES = {
+    StepStatus.OK: task_pb2.STEP_STATUS_OK,
+    StepStatus.FAILED: task_pb2.STEP_STATUS_FAILED,
+    StepStatus.SKIPPED: task_pb2.STEP_STATUS_SKIPPED,
+}
+
+
 def outcome_to_proto(outcome: Outcome) -> lease_pb2.Outcome:
-    match outcome:
-        case Outcome.DONE:
-            return lease_pb2.OUTCOME_DONE
-        case Outcome.FAILED:
-            return lease_pb2.OUTCOME_FAILED
-        case Outcome.CANCELLED:
-            return lease_pb2.OUTCOME_CANCELLED
-        case _:
-            assert_never(outcome)
-
-
-def _status_to_proto(status: StepStatus) -> task_pb2.StepStatus:
-    match status:
-        case StepStatus.OK:
-            return task_pb2.STEP_STATUS_OK
-        case StepStatus.FAILED:
-            return task_pb2.STEP_STATUS_FAILED
-        case StepStatus.SKIPPED:
-            return task_pb2.STEP_STATUS_SKIPPED
-        case _:
-            assert_never(status)
+    return _OUTCOMES[outcome]
 
 
 def step_to_proto(step: StepResult) -> task_pb2.StepResult:
     pb = task_pb2.StepResult(
         index=step.index,
         name=step.name,
-        status=_status_to_proto(step.status),
+        status=_STEP_STATUSES[step.status],
         duration=step.duration,
         output=cut(step.output),
         error=cut(step.error),
