@@ -138,8 +138,7 @@ def action(a: task_pb2.Action, field: str) -> None:
         raise InvalidArgument(f"{field}.{exc.field}" if exc.field else field, exc.problem) from None
 
 
-def _actions(actions: object, field: str, *, allow_empty: bool = False) -> int:
-    items = list(actions)  # type: ignore[call-overload]
+def _actions(items: Sequence[task_pb2.Action], field: str, *, allow_empty: bool = False) -> int:
     if not items and not allow_empty:
         raise InvalidArgument(field, "needs at least one action")
     for i, a in enumerate(items):
