@@ -1,9 +1,13 @@
-"""The task state machine: one enum, one transition table (DESIGN.md's), nothing else.
-
-The SQL in `queries.sql` and `migrations/002_transitions.sql` implements these transitions
-as guarded statements; this table is what they implement and what the tests check against.
+"""The task state machine: the statuses, the events that change them, which event may take
+a task from which status to which (DESIGN.md's table), and what the transitions answer.
 
     queued -> assigned -> dispatched -> done | failed | cancelled
+
+The SQL makes the transitions (the functions in schema.sql, the statements in
+queries.sql); each writes one `task_events` row whose kind is an `Event`. This table is
+what they may do: the database accepts no other kind (task_events.kind's CHECK,
+tests/test_schema.py), and every row of the model-based test's runs is an allowed
+transition here (tests/test_model.py).
 """
 
 from __future__ import annotations
@@ -30,38 +34,51 @@ IN_FLIGHT = frozenset({TaskStatus.ASSIGNED, TaskStatus.DISPATCHED})
 
 
 class Event(enum.StrEnum):
+    """What changed a task: `task_events.kind` (and the transitions metric's label)."""
+
     SUBMIT = "submit"
     ASSIGN = "assign"
-    ACKNOWLEDGE = "acknowledge"
-    CANCEL_QUEUED = "cancel"
-    CANCEL_IN_FLIGHT = "cancel_requested"
+    ACKNOWLEDGE = "acknowledge"  # the host's first renewal of the lease
+    CANCEL = "cancel"  # of a queued task: at once
+    CANCEL_REQUESTED = "cancel_requested"  # of a task in flight: recorded, pushed to the host
     REPORT = "report"
-    EXPIRE_CANCEL_PENDING = "expire_cancel_pending"
-    EXPIRE_REQUEUE = "expire_requeue"
-    EXPIRE_EXHAUSTED = "expire_exhausted"
+    EXPIRED = "expired"  # the lease ran out
+    RELEASED = "released"  # the host gave the lease back
 
 
 @dataclass(frozen=True)
 class Transition:
+    # Empty: the task did not exist before (submit).
     sources: frozenset[TaskStatus]
-    # None: the status does not change (a durable request is recorded instead); for REPORT
-    # the target is the reported outcome.
-    target: TaskStatus | None
+    # Empty: the status stays (a durable request is recorded instead).
+    targets: frozenset[TaskStatus]
 
 
 _ = TaskStatus
+# A lease that ends without a report: cancelled if a cancel was pending (never requeued),
+# else queued while attempts are left, else failed.
+_LEASE_ENDED = frozenset({_.CANCELLED, _.QUEUED, _.FAILED})
 TRANSITIONS: dict[Event, Transition] = {
-    Event.SUBMIT: Transition(frozenset(), _.QUEUED),
-    Event.ASSIGN: Transition(frozenset({_.QUEUED}), _.ASSIGNED),
-    Event.ACKNOWLEDGE: Transition(frozenset({_.ASSIGNED}), _.DISPATCHED),
-    Event.CANCEL_QUEUED: Transition(frozenset({_.QUEUED}), _.CANCELLED),
-    Event.CANCEL_IN_FLIGHT: Transition(IN_FLIGHT, None),
-    Event.REPORT: Transition(IN_FLIGHT, None),
-    Event.EXPIRE_CANCEL_PENDING: Transition(IN_FLIGHT, _.CANCELLED),
-    Event.EXPIRE_REQUEUE: Transition(IN_FLIGHT, _.QUEUED),
-    Event.EXPIRE_EXHAUSTED: Transition(IN_FLIGHT, _.FAILED),
+    Event.SUBMIT: Transition(frozenset(), frozenset({_.QUEUED})),
+    Event.ASSIGN: Transition(frozenset({_.QUEUED}), frozenset({_.ASSIGNED})),
+    Event.ACKNOWLEDGE: Transition(frozenset({_.ASSIGNED}), frozenset({_.DISPATCHED})),
+    Event.CANCEL: Transition(frozenset({_.QUEUED}), frozenset({_.CANCELLED})),
+    Event.CANCEL_REQUESTED: Transition(IN_FLIGHT, frozenset()),
+    Event.REPORT: Transition(IN_FLIGHT, TERMINAL),
+    Event.EXPIRED: Transition(IN_FLIGHT, _LEASE_ENDED),
+    Event.RELEASED: Transition(IN_FLIGHT, _LEASE_ENDED),
 }
 del _
+
+
+def allowed(event: Event, before: TaskStatus | None, after: TaskStatus | None) -> bool:
+    """May `event` take a task from `before` (None: it did not exist) to `after`?"""
+    t = TRANSITIONS[event]
+    if not t.sources:
+        return before is None and after in t.targets
+    if before not in t.sources:
+        return False
+    return after in t.targets if t.targets else after == before
 
 
 class AttemptState(enum.StrEnum):
@@ -85,5 +102,28 @@ class Outcome(enum.StrEnum):
         return TaskStatus(self.value)
 
 
-def can(event: Event, status: TaskStatus) -> bool:
-    return status in TRANSITIONS[event].sources
+# -- what the transition functions answer: the `code` column of amc_cancel, amc_report and
+# amc_release (schema.sql) -------------------------------------------------------------------
+
+
+class CancelCode(enum.StrEnum):
+    CANCELLED = "cancelled"  # it was queued: cancelled now
+    REQUESTED = "requested"  # in flight: the request is recorded and the host told
+    UNCHANGED = "unchanged"  # cancelled already, or a request pending: nothing new
+    TERMINAL = "terminal"  # done or failed: refused
+    NOT_FOUND = "not_found"
+
+
+class ReportCode(enum.StrEnum):
+    RECORDED = "recorded"
+    REPEATED = "repeated"  # the same outcome was recorded before: the same answer
+    DIFFERENT = "different"  # another outcome was recorded: it stands
+    STALE = "stale"  # not the current attempt's live lease
+    FOREIGN = "foreign"  # the lease is not this host's, this task's or this attempt's
+    NO_CANCEL = "no_cancel"  # `cancelled` without a cancellation request
+
+
+class ReleaseCode(enum.StrEnum):
+    RELEASED = "released"
+    ENDED = "ended"  # its attempt had ended already: nothing to do
+    FOREIGN = "foreign"  # no such lease for this host
