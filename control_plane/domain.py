@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple, NewType
 
-from control_plane.lifecycle import Outcome, TaskStatus
+from control_plane.lifecycle import Outcome, ReportCode, TaskStatus
 
 TaskId = NewType("TaskId", uuid.UUID)
 LeaseId = NewType("LeaseId", uuid.UUID)
@@ -83,12 +83,12 @@ class Assignment:
 
 
 class Renewal(NamedTuple):
-    """A lease renewed (a lease asked about and not renewed is a conflict)."""
+    """A lease renewed (a lease asked about and not renewed is a conflict). A tuple: they
+    come in bulk, in the order of amc_renew's columns."""
 
-    # As text: renewals come and go in bulk, and both ids only pass through.
-    lease_id: str
+    lease_id: LeaseId
     cancel_pending: bool
-    task_id: str
+    task_id: TaskId
     attempt: int
     # Set when this answer is the first to carry the pending cancel: requested -> now.
     delivery_seconds: float | None = None
@@ -174,7 +174,7 @@ class CancelNotice:
 class Recorded:
     """A report's answer: the task, and the attempt's cancel timing for the metrics."""
 
-    code: str
+    code: ReportCode  # RECORDED or REPEATED (the others are refusals)
     task: Task
     cancel_requested_at: datetime | None
     cancel_delivered_at: datetime | None

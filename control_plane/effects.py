@@ -4,7 +4,9 @@ of the expiry sweep goes through here, after its transaction committed."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from typing import Any, assert_never
 
 import structlog
 
@@ -13,7 +15,7 @@ from control_plane.dispatch import Offer
 from control_plane.domain import Assignment, Expiry, Recorded, Renewal, Report, Task
 from control_plane.errors import AmcError
 from control_plane.hub import Hub
-from control_plane.lifecycle import Outcome, TaskStatus
+from control_plane.lifecycle import CancelCode, Event, Outcome, ReportCode, TaskStatus
 
 log = structlog.get_logger(__name__)
 
@@ -31,7 +33,7 @@ class Effects:
         self.hub.queued(
             [Offer(str(t.task_id), t.selector_serial, t.selector_labels) for t in tasks]
         )
-        metrics.TRANSITIONS.labels("submit", "queued").inc(len(tasks))
+        metrics.TRANSITIONS.labels(Event.SUBMIT, TaskStatus.QUEUED).inc(len(tasks))
         if len(tasks) == 1:
             (task,) = tasks
             log.info(
@@ -47,13 +49,10 @@ class Effects:
         for a in assignments:
             self.hub.task_changed(a.task_id, TaskStatus.ASSIGNED)
             metrics.ASSIGNMENT_LATENCY.observe(a.queued_seconds)
-            metrics.TRANSITIONS.labels("assign", "assigned").inc()
+            metrics.TRANSITIONS.labels(Event.ASSIGN, TaskStatus.ASSIGNED).inc()
             log.info(
                 "task assigned",
-                task_id=str(a.task_id),
-                attempt=a.attempt,
-                lease_id=str(a.lease_id),
-                host_id=host_id,
+                **_attempt(a.task_id, a.attempt, a.lease_id, host_id),
                 device=a.device_serial,
             )
 
@@ -62,14 +61,8 @@ class Effects:
         for r in renewals:
             if r.acknowledged:
                 self.hub.task_changed(r.task_id, TaskStatus.DISPATCHED)
-                metrics.TRANSITIONS.labels("acknowledge", "dispatched").inc()
-                log.debug(
-                    "task dispatched",
-                    task_id=r.task_id,
-                    attempt=r.attempt,
-                    lease_id=r.lease_id,
-                    host_id=host_id,
-                )
+                metrics.TRANSITIONS.labels(Event.ACKNOWLEDGE, TaskStatus.DISPATCHED).inc()
+                log.debug("task dispatched", **_attempt(r.task_id, r.attempt, r.lease_id, host_id))
             if r.delivery_seconds is not None:
                 metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
         metrics.RENEWAL_BATCH.observe(asked)
@@ -79,18 +72,15 @@ class Effects:
     def reported(self, host_id: str | None, report: Report, answer: Recorded) -> None:
         """A result answered: recorded now, or the same one recorded before (repeated)."""
         task = answer.task
-        if answer.code == "recorded":
+        if answer.code is ReportCode.RECORDED:
             self.hub.task_changed(report.task_id, task.status)
-            metrics.TRANSITIONS.labels("report", str(report.outcome)).inc()
+            metrics.TRANSITIONS.labels(Event.REPORT, report.outcome).inc()
             delivered, finished = answer.cancel_delivered_at, task.finished_at
             if report.outcome is Outcome.CANCELLED and delivered and finished:
                 metrics.CANCEL_STOP.observe(max(0.0, (finished - delivered).total_seconds()))
         log.info(
-            "result " + answer.code,
-            task_id=str(report.task_id),
-            attempt=report.attempt,
-            lease_id=str(report.lease_id),
-            host_id=task.host_id or host_id,
+            f"result {answer.code}",
+            **_attempt(report.task_id, report.attempt, report.lease_id, task.host_id or host_id),
             outcome=str(report.outcome),
         )
 
@@ -98,45 +88,60 @@ class Effects:
         """A result of a batch refused (a lone ReportResult's refusal is its error reply)."""
         log.info(
             "result refused",
-            task_id=str(report.task_id),
-            attempt=report.attempt,
-            lease_id=str(report.lease_id),
-            host_id=host_id,
+            **_attempt(report.task_id, report.attempt, report.lease_id, host_id),
             outcome=str(report.outcome),
             error=refusal.message,
         )
 
-    def cancelled(self, code: str, task: Task) -> None:
-        """code: cancelled (was queued) | requested (the host is told) | unchanged."""
-        if code == "unchanged":
-            return
+    def cancelled(self, code: CancelCode, task: Task) -> None:
+        """A cancel answered: CANCELLED (it was queued), REQUESTED (the host is told) or
+        UNCHANGED (nothing new)."""
+        match code:
+            case CancelCode.CANCELLED:
+                event, said = Event.CANCEL, "cancellation done"
+            case CancelCode.REQUESTED:
+                event, said = Event.CANCEL_REQUESTED, "cancellation requested"
+            case CancelCode.UNCHANGED:
+                return
+            case CancelCode.TERMINAL | CancelCode.NOT_FOUND:
+                raise ValueError(f"{code} is a refusal")
+            case _:
+                assert_never(code)
         self.hub.task_changed(task.task_id, task.status)
-        event = "cancel" if code == "cancelled" else "cancel_requested"
-        metrics.TRANSITIONS.labels(event, str(task.status)).inc()
+        metrics.TRANSITIONS.labels(event, task.status).inc()
         log.info(
-            "cancellation " + ("done" if code == "cancelled" else "requested"),
+            said,
             task_id=str(task.task_id),
             attempt=task.attempt,
             host_id=task.host_id,
             status=str(task.status),
         )
 
-    def ended(self, how: str, ended: Sequence[Expiry]) -> None:
-        """Leases ended by the host (how = released) or by running out (expired)."""
+    def ended(self, how: Event, ended: Sequence[Expiry]) -> None:
+        """Leases ended by the host (how: RELEASED) or by running out (EXPIRED)."""
         offers = []
         for e in ended:
             self.hub.task_changed(e.task_id, e.to_status)
             if e.to_status is TaskStatus.QUEUED:
                 offers.append(Offer(str(e.task_id), e.selector_serial, e.selector_labels))
-            metrics.EXPIRED.labels(str(e.to_status)).inc()
+            metrics.EXPIRED.labels(e.to_status).inc()
             log.info(
-                "lease " + how,
-                task_id=str(e.task_id),
-                attempt=e.attempt,
-                lease_id=str(e.lease_id),
-                host_id=e.host_id,
+                f"lease {how}",
+                **_attempt(e.task_id, e.attempt, e.lease_id, e.host_id),
                 to=str(e.to_status),
             )
         if offers:
             self.hub.queued(offers)
         self.hub.devices_freed({e.host_id for e in ended})
+
+
+def _attempt(
+    task_id: uuid.UUID, attempt: int, lease_id: uuid.UUID, host_id: str | None
+) -> dict[str, Any]:
+    """The log fields that name an attempt and its lease."""
+    return {
+        "task_id": str(task_id),
+        "attempt": attempt,
+        "lease_id": str(lease_id),
+        "host_id": host_id,
+    }

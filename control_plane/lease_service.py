@@ -29,6 +29,7 @@ from control_plane.dispatch import Waiter
 from control_plane.domain import Assignment, CancelNotice, LeaseId
 from control_plane.effects import Effects
 from control_plane.errors import AmcError, InvalidArgument, Unavailable
+from control_plane.lifecycle import Event
 from control_plane.rpc import Servicer, check_decoded, code_for, principal, rpc
 from control_plane.store import Store
 
@@ -174,7 +175,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                     stack.enter_context(
                         self.hub.host_stream(
                             host_id,
-                            lambda notice: outbox.put_nowait(self._push(notice)),
+                            lambda notice: outbox.put_nowait(self._on_notice(notice)),
                         )
                     )
                     log.info("renewal stream opened", host_id=host_id)
@@ -206,7 +207,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         ttl = self.settings.lease_ttl
         renewals = await self.store.renew(host_id, canonical, ttl) if canonical else []
         self.effects.renewed(host_id, len(request.lease_ids), renewals)
-        by_id = {r.lease_id: r for r in renewals}
+        by_id = {str(r.lease_id): r for r in renewals}
         response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
         add = response.leases.add
         for raw in request.lease_ids:
@@ -218,7 +219,7 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
                     lease_id=raw,
                     result=lease_pb2.RENEWAL_RESULT_RENEWED,
                     cancel_pending=renewal.cancel_pending,
-                    task_id=renewal.task_id,
+                    task_id=str(renewal.task_id),
                     attempt=renewal.attempt,
                 )
         return response
@@ -262,11 +263,11 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
             principal().host_id, lease_id, request.reason or "released by host"
         )
         if ended:
-            self.effects.ended("released", [ended])
+            self.effects.ended(Event.RELEASED, [ended])
         return lease_pb2.ReleaseLeaseResponse()
 
-    def _push(self, notice: CancelNotice | None) -> lease_pb2.RenewLeasesResponse:
-        """What hub.close() or a cancel notification puts on a stream's outbox."""
+    def _on_notice(self, notice: CancelNotice | None) -> lease_pb2.RenewLeasesResponse:
+        """What hub.close() (None) or a cancel notification puts on a stream's outbox."""
         if notice is None:
             return CLOSING
         metrics.CANCEL_DELIVERY.labels("push").observe(
@@ -276,10 +277,11 @@ class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
         task = asyncio.create_task(self.store.mark_cancel_delivered(notice.lease_id))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-        return _push(notice)
+        return _cancel_push(notice)
 
 
-def _push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
+def _cancel_push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
+    """The pushed message (no renewal asked for it) that tells the host to cancel."""
     state = lease_pb2.LeaseState(
         lease_id=str(notice.lease_id),
         cancel_pending=True,

@@ -1,7 +1,15 @@
-"""Numbered SQL migrations, applied at start-up under an advisory lock.
+"""The schema, applied at start-up: `schema.sql` is the schema; `migrations/` brings the
+tables of an older database to it.
 
-Several replicas may start at once: the lock makes one apply while the others wait, then
-find nothing left to do.
+- An empty database gets schema.sql, and every migration is recorded as applied (schema.sql
+  has them all).
+- A database of an earlier release gets the numbered migrations it has not recorded
+  (`migrations/NNN_name.sql`: they change its tables and drop the functions schema.sql
+  cannot replace in place), then schema.sql again: its statements are idempotent, so it
+  creates what is missing and replaces every function.
+
+All of it is one transaction, under a transaction-scoped advisory lock: several replicas
+may start at once; one applies while the others wait, then find nothing left to do.
 """
 
 from __future__ import annotations
@@ -13,6 +21,17 @@ import structlog
 
 log = structlog.get_logger(__name__)
 LOCK_KEY = 0x414D43  # "AMC"
+# The oldest schema this release upgrades: the last migration of the releases before
+# schema.sql squashed them (006_dispatch.sql; migrations/007_one_schema.sql follows it).
+OLDEST = 6
+
+
+class SchemaTooOld(Exception):
+    """The database's schema is older than this release can upgrade."""
+
+
+def schema() -> str:
+    return resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -26,26 +45,33 @@ def migrations() -> list[tuple[int, str, str]]:
 
 
 async def apply(conn: asyncpg.Connection) -> list[str]:
-    """Apply what is missing; returns the names applied."""
-    applied: list[str] = []
-    await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
-    try:
+    """Bring the database to schema.sql; returns what was applied, in order."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_KEY)
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-        for number, name, text in migrations():
-            if number in done:
-                continue
-            async with conn.transaction():
-                await conn.execute(text)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", number, name
+        pending = [m for m in migrations() if m[0] not in done]
+        if not pending:
+            return []
+        applied = []
+        if done:
+            if max(done) < OLDEST:
+                raise SchemaTooOld(
+                    f"the database schema is at version {max(done)}; this release upgrades"
+                    f" from version {OLDEST} on: run the release before it once first"
                 )
-            log.info("migration applied", migration=name)
-            applied.append(name)
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+            for _, name, text in pending:
+                await conn.execute(text)
+                applied.append(name)
+        await conn.execute(schema())
+        applied.append("schema.sql")
+        await conn.executemany(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            [(number, name) for number, name, _ in pending],
+        )
+    log.info("schema applied", applied=applied)
     return applied

@@ -3,7 +3,7 @@
 A host is connected while its stream is open, leases or not. Writing `last_seen` on every
 renewal would cost a write per host per renewal interval; instead the replica writes a
 host's row only when its stream opens or closes (changes batched into one statement), and
-heartbeats one row of its own. See migrations/005_presence.sql.
+heartbeats one row of its own (`hosts.replica_id`, `replicas` in schema.sql).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 -- Every statement the control plane sends, by name (control_plane.sql loads this file).
--- Transitions that lock several rows are functions in migrations/ (002 onwards).
+-- Transitions that lock several rows are functions in schema.sql, called from here.
 --
--- Lock order, in every statement and function (migrations/004_lock_order.sql): the task
--- row first, then its attempt row, then devices; several tasks: in task_id order.
+-- Lock order, in every statement and function (as schema.sql says): the task row first,
+-- then its attempt row, then devices; several tasks: in task_id order.
 
 -- name: submit_tasks
 -- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
@@ -47,7 +47,7 @@ SELECT code, (task).* FROM amc_cancel($1, $2);
 
 -- name: acquire
 -- Assignments (task_id set), then the devices left idle (labels set).
-SELECT * FROM amc_acquire_idle($1, $2, $3);
+SELECT * FROM amc_acquire($1, $2, $3);
 
 -- name: renew_leases
 -- Renews the host's live leases among $2 (first renewal = acknowledgement); conflicts come
@@ -70,34 +70,32 @@ LEFT JOIN LATERAL amc_report($1, r.task_id, r.attempt, r.lease_id, r.outcome, r.
 UPDATE attempts SET cancel_delivered_at = COALESCE(cancel_delivered_at, now())
 WHERE lease_id = $1;
 
--- name: lease_owner
-SELECT host_id, state FROM attempts WHERE lease_id = $1;
-
 -- name: release_lease
--- With the task's selector: a requeued task is offered to the hosts that can take it.
-SELECT * FROM amc_expire_offers(1, $1, $2);
+-- The host ($1; NULL: any) gives the lease back. With the task's selector: a requeued task
+-- is offered to the hosts that can take it.
+SELECT * FROM amc_release($1, $2, $3);
 
 -- name: expire_leases
-SELECT * FROM amc_expire_offers($1);
+SELECT * FROM amc_expire($1);
 
--- name: upsert_host
-INSERT INTO hosts (host_id, labels) VALUES ($1, $2)
-ON CONFLICT (host_id) DO UPDATE SET labels = EXCLUDED.labels, last_seen_at = now(),
-                                    registered_at = now();
-
--- name: upsert_devices
--- $2..$8 are parallel arrays, one element per device; labels as JSON text.
-INSERT INTO devices (host_id, serial, state, model, manufacturer, sdk, abi, labels)
-SELECT $1, d.serial, d.state, d.model, d.manufacturer, d.sdk, d.abi, d.labels::jsonb
-FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[])
-     AS d (serial, state, model, manufacturer, sdk, abi, labels)
-ON CONFLICT (host_id, serial) DO UPDATE SET
-    state = EXCLUDED.state, model = EXCLUDED.model, manufacturer = EXCLUDED.manufacturer,
-    sdk = EXCLUDED.sdk, abi = EXCLUDED.abi, labels = EXCLUDED.labels, updated_at = now();
-
--- name: mark_devices_gone
+-- name: register_host
+-- The host, its devices ($3..$9 are parallel arrays, one element per device; labels as
+-- JSON text), and the devices it no longer lists marked gone: one statement.
+WITH host AS (
+    INSERT INTO hosts (host_id, labels) VALUES ($1, $2)
+    ON CONFLICT (host_id) DO UPDATE SET labels = EXCLUDED.labels, last_seen_at = now(),
+                                        registered_at = now()
+), listed AS (
+    INSERT INTO devices (host_id, serial, state, model, manufacturer, sdk, abi, labels)
+    SELECT $1, d.serial, d.state, d.model, d.manufacturer, d.sdk, d.abi, d.labels::jsonb
+    FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[],
+                $9::text[]) AS d (serial, state, model, manufacturer, sdk, abi, labels)
+    ON CONFLICT (host_id, serial) DO UPDATE SET
+        state = EXCLUDED.state, model = EXCLUDED.model, manufacturer = EXCLUDED.manufacturer,
+        sdk = EXCLUDED.sdk, abi = EXCLUDED.abi, labels = EXCLUDED.labels, updated_at = now()
+)
 UPDATE devices SET state = 'gone', updated_at = now()
-WHERE host_id = $1 AND serial <> ALL ($2::text[]) AND state <> 'gone';
+WHERE host_id = $1 AND serial <> ALL ($3::text[]) AND state <> 'gone';
 
 -- name: list_hosts
 -- Connected: its renewal stream is open on a live replica, or it registered or closed its

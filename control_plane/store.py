@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, assert_never
 
 import asyncpg
 from tenacity import (
@@ -39,7 +39,7 @@ from control_plane.domain import (
     TaskId,
     TokenInfo,
 )
-from control_plane.lifecycle import TaskStatus
+from control_plane.lifecycle import CancelCode, ReleaseCode, ReportCode, TaskStatus
 from control_plane.migrate import apply
 from control_plane.sql import QUERIES as Q
 
@@ -50,7 +50,7 @@ T = TypeVar("T")
 # operator intervention (shutdown, starting up), insufficient resources.
 _UNAVAILABLE_CLASSES = ("08", "57", "53")
 # Serialization failure and deadlock: the transaction was rolled back and may simply be run
-# again. Every transition takes its rows in one order (migrations/004_lock_order.sql), so
+# again. Every transition takes its rows in one order (schema.sql's lock order), so
 # these should not happen; if they do, they are retried here, never reported as an outage.
 _RETRIED_STATES = ("40001", "40P01")
 RETRIES = 5
@@ -204,13 +204,16 @@ class Store:
             "submit_tasks",
             caller,
             ids,
-            [n.request_id for n in news],
-            [n.spec for n in news],
-            [n.selector_serial for n in news],
-            [n.selector_labels for n in news],
-            [n.priority for n in news],
-            [n.max_attempts for n in news],
-            [n.metadata for n in news],
+            *_columns(
+                news,
+                "request_id",
+                "spec",
+                "selector_serial",
+                "selector_labels",
+                "priority",
+                "max_attempts",
+                "metadata",
+            ),
         )
         created = {row["task_id"]: _task(row) for row in rows}
         existing: dict[str, Task] = {}
@@ -249,15 +252,15 @@ class Store:
         )
         return [_task(r) for r in rows]
 
-    async def cancel(self, task_id: TaskId, reason: str) -> tuple[str, Task]:
-        """Returns (code, task); code is cancelled | requested | unchanged."""
+    async def cancel(self, task_id: TaskId, reason: str) -> tuple[CancelCode, Task]:
+        """Returns (code, task); code is CANCELLED, REQUESTED or UNCHANGED (else it raises)."""
         row = await self._fetchrow("cancel_task", task_id, reason)
         assert row is not None
-        code = row["code"]
-        if code == "not_found":
+        code = CancelCode(row["code"])
+        if code is CancelCode.NOT_FOUND:
             raise errors.TaskNotFound(f"no task {task_id}")
         task = _task(row)
-        if code == "terminal":
+        if code is CancelCode.TERMINAL:
             raise errors.TaskAlreadyTerminal(
                 f"task {task_id} is already {task.status}; a finished task cannot be cancelled"
             )
@@ -284,12 +287,13 @@ class Store:
         )
 
     async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
-        """The leases renewed; any other lease asked about is a conflict."""
+        """The leases renewed (`lease_ids` as text: as the hosts send them); any other lease
+        asked about is a conflict."""
         rows = await self._fetch("renew_leases", host_id, lease_ids, ttl)
         return [Renewal._make(r) for r in rows if r["task_id"] is not None]
 
     async def report(self, host_id: str | None, report: Report) -> Recorded:
-        """The answer's code is recorded | repeated; refusals raise."""
+        """The answer's code is RECORDED or REPEATED; refusals raise."""
         (answer,) = await self.report_many(host_id, [report])
         if isinstance(answer, errors.AmcError):
             raise answer
@@ -299,26 +303,26 @@ class Store:
         self, host_id: str | None, reports: list[Report]
     ) -> list[Recorded | errors.AmcError]:
         """Results applied in one transaction, each as if alone; per result, in order, the
-        answer (code recorded | repeated) or the refusal."""
+        answer (code RECORDED or REPEATED) or the refusal."""
         rows = await self._fetch(
             "report_results",
             host_id,
-            [r.task_id for r in reports],
-            [r.attempt for r in reports],
-            [r.lease_id for r in reports],
-            [str(r.outcome) for r in reports],
-            [r.result for r in reports],
-            [r.error for r in reports],
+            *_columns(reports, "task_id", "attempt", "lease_id", "outcome", "result", "error"),
         )
-        answers: list[Recorded | errors.AmcError] = [_report_refusal("foreign", r) for r in reports]
+        # A task that does not exist answers no row: not one of its attempts, so foreign.
+        answers: list[Recorded | errors.AmcError] = [
+            _report_refusal(ReportCode.FOREIGN, r) for r in reports
+        ]
         for row in rows:
-            i, code, report = row["ord"] - 1, row["code"], reports[row["ord"] - 1]
-            if code in ("recorded", "repeated"):
+            if row["code"] is None:
+                continue
+            i, code = row["ord"] - 1, ReportCode(row["code"])
+            if code in (ReportCode.RECORDED, ReportCode.REPEATED):
                 answers[i] = Recorded(
                     code, _task(row), row["att_cancel_requested_at"], row["att_cancel_delivered_at"]
                 )
-            elif code is not None:  # None: no such task, so not one of its attempts
-                answers[i] = _report_refusal(code, report)
+            else:
+                answers[i] = _report_refusal(code, reports[i])
         return answers
 
     async def notify(self, batch: list[tuple[str, str]]) -> None:
@@ -328,11 +332,13 @@ class Store:
         await self._fetch("mark_cancel_delivered", lease_id)
 
     async def release(self, host_id: str | None, lease_id: LeaseId, reason: str) -> Expiry | None:
-        owner = await self._fetchrow("lease_owner", lease_id)
-        if owner is None or (host_id is not None and owner["host_id"] != host_id):
+        """End the lease now, as its host (None: any); None if its attempt had ended."""
+        row = await self._fetchrow("release_lease", host_id, lease_id, reason)
+        assert row is not None
+        code = ReleaseCode(row["code"])
+        if code is ReleaseCode.FOREIGN:
             raise errors.LeaseConflict("no such lease for this host")
-        rows = await self._fetch("release_lease", lease_id, reason)
-        return _expiry(rows[0]) if rows else None
+        return _expiry(row) if code is ReleaseCode.RELEASED else None
 
     async def expire(self, limit: int = 100) -> list[Expiry]:
         return [_expiry(r) for r in await self._fetch("expire_leases", limit)]
@@ -342,24 +348,13 @@ class Store:
     async def register_host(
         self, host_id: str, labels: dict[str, str], devices: list[DeviceInfo]
     ) -> None:
-
-        async def register() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
-                await conn.execute(Q["upsert_host"], host_id, labels)
-                await conn.execute(
-                    Q["upsert_devices"],
-                    host_id,
-                    [d.serial for d in devices],
-                    [d.state for d in devices],
-                    [d.model for d in devices],
-                    [d.manufacturer for d in devices],
-                    [d.sdk for d in devices],
-                    [d.abi for d in devices],
-                    [json.dumps(d.labels) for d in devices],
-                )
-                await conn.execute(Q["mark_devices_gone"], host_id, [d.serial for d in devices])
-
-        await retried(register)
+        await self._fetch(
+            "register_host",
+            host_id,
+            labels,
+            *_columns(devices, "serial", "state", "model", "manufacturer", "sdk", "abi"),
+            [json.dumps(d.labels) for d in devices],
+        )
 
     async def replica_alive(self, replica: str) -> None:
         await self._fetch("replica_alive", replica)
@@ -457,20 +452,31 @@ def _device(d: dict[str, Any]) -> DeviceInfo:
     )
 
 
-def _report_refusal(code: str, report: Report) -> errors.AmcError:
+def _columns(rows: Sequence[Any], *fields: str) -> list[list[Any]]:
+    """One list per field, in the order of `rows`: how a batch goes into `unnest(...)`."""
+    return [[getattr(row, f) for row in rows] for f in fields]
+
+
+def _report_refusal(code: ReportCode, report: Report) -> errors.AmcError:
     where = f"task {report.task_id} attempt {report.attempt}"
-    refusals: dict[str, errors.AmcError] = {
-        "foreign": errors.LeaseConflict(
-            f"lease does not belong to this host and {where}; nothing was recorded"
-        ),
-        "stale": errors.StaleAttempt(
-            f"{where} is no longer current (lease expired or replaced); nothing was recorded"
-        ),
-        "different": errors.DifferentReportRecorded(
-            f"{where} already has a different outcome recorded; it stands"
-        ),
-        "no_cancel": errors.NoCancellationRequested(
-            f"{where} has no cancellation request, so it cannot end cancelled"
-        ),
-    }
-    return refusals[code]
+    match code:
+        case ReportCode.FOREIGN:
+            return errors.LeaseConflict(
+                f"lease does not belong to this host and {where}; nothing was recorded"
+            )
+        case ReportCode.STALE:
+            return errors.StaleAttempt(
+                f"{where} is no longer current (lease expired or replaced); nothing was recorded"
+            )
+        case ReportCode.DIFFERENT:
+            return errors.DifferentReportRecorded(
+                f"{where} already has a different outcome recorded; it stands"
+            )
+        case ReportCode.NO_CANCEL:
+            return errors.NoCancellationRequested(
+                f"{where} has no cancellation request, so it cannot end cancelled"
+            )
+        case ReportCode.RECORDED | ReportCode.REPEATED:
+            raise ValueError(f"{code} is not a refusal")
+        case _:
+            assert_never(code)

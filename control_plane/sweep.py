@@ -11,6 +11,7 @@ import structlog
 
 from control_plane import errors, metrics
 from control_plane.effects import Effects
+from control_plane.lifecycle import Event
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -24,7 +25,7 @@ async def sweep_expired(store: Store, effects: Effects, interval: timedelta) -> 
         try:
             metrics.SWEEPS.inc()
             while ended := await store.expire(BATCH):
-                effects.ended("expired", ended)
+                effects.ended(Event.EXPIRED, ended)
                 if len(ended) < BATCH:
                     break
         except (errors.DatabaseUnavailable, errors.Contended) as error:

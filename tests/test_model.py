@@ -1,7 +1,8 @@
 """Model-based test: hypothesis drives the real control plane (real PostgreSQL, real gRPC)
 through random sequences of submit, acquire, renew, cancel, report, release, lease expiry
 and server restart, and after every step compares it with a small reference model of
-DESIGN.md's transition table, then checks the invariants straight from the database.
+DESIGN.md's transition table, then checks the invariants straight from the database, and
+that every `task_events` row is a transition control_plane.lifecycle's table allows.
 
 The farm lives on the test's event loop; hypothesis runs the (synchronous) state machine in
 a worker thread and hands each call to that loop. Examples share the farm and start from
@@ -39,6 +40,7 @@ import control_plane.sweep
 from amc.v1 import lease_pb2, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane.config import Settings
 from control_plane.domain import Role
+from control_plane.lifecycle import Event, TaskStatus, allowed
 from tests.support import Clients, Farm, HostClient, actions_spec, eventually, tap
 
 T = TypeVar("T")
@@ -68,6 +70,9 @@ SETTINGS = Settings(
 # What the steps ran into over the whole test, printed at the end (pytest -s): how much of
 # the table a run reached.
 COVERAGE: Counter[str] = Counter()
+# The event kinds the runs wrote: the check of them against the lifecycle table is worth
+# as much as the kinds it saw.
+KINDS_SEEN: set[str] = set()
 
 OK = grpc.StatusCode.OK
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
@@ -362,6 +367,10 @@ def status_of(task: task_pb2.Task) -> str:
     return STATUS_NAMES[task.status]
 
 
+def _status(name: str | None) -> TaskStatus | None:
+    return None if name is None else TaskStatus(name)
+
+
 class ControlPlaneMachine(RuleBasedStateMachine):
     world: World  # set by the test
 
@@ -615,6 +624,21 @@ class ControlPlaneMachine(RuleBasedStateMachine):
                 t = tasks[r["task_id"]]
                 assert (t["host_id"], t["device_serial"]) == (r["host_id"], r["serial"]), (r, t)
         self._terminal_entered_once(db["events"])
+        self._events_are_allowed_transitions(db["events"])
+
+    @staticmethod
+    def _events_are_allowed_transitions(events: list[Any]) -> None:
+        """Each row is allowed by the lifecycle table and starts where the task's previous
+        one ended."""
+        status: dict[str, str | None] = {}
+        for e in events:
+            KINDS_SEEN.add(e["kind"])
+            before, after = e["from_status"], e["to_status"]
+            assert allowed(Event(e["kind"]), _status(before), _status(after)), (
+                f"not a transition of the lifecycle table: {dict(e)}"
+            )
+            assert status.get(e["task_id"]) == before, f"{dict(e)} after {status}"
+            status[e["task_id"]] = after
 
     @staticmethod
     def _terminal_entered_once(events: list[Any]) -> None:
@@ -642,7 +666,8 @@ async def farm(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
 
 async def test_control_plane_matches_the_reference_state_machine(farm: Farm) -> None:
     """Every step's gRPC codes, task statuses, attempts, cancellation requests and device
-    reservations match the reference model of DESIGN.md's table, and the invariants hold."""
+    reservations match the reference model of DESIGN.md's table, the invariants hold, and
+    every task_events row (of every kind) is a transition the lifecycle table allows."""
     world = World(farm, asyncio.get_running_loop())
     await world.setup()
     machine = type("Machine", (ControlPlaneMachine,), {"world": world})
@@ -654,6 +679,7 @@ async def test_control_plane_matches_the_reference_state_machine(farm: Farm) -> 
     )
     await asyncio.to_thread(run_state_machine_as_test, machine, settings=config)
     print(sorted(COVERAGE.items()))
+    assert KINDS_SEEN == {str(e) for e in Event}, f"events never written: {KINDS_SEEN}"
 
 
 def test_the_model_refuses_a_report_from_a_stale_attempt() -> None:

@@ -1,0 +1,498 @@
+-- The control plane's schema: every table, index and function, as they are now.
+--
+-- control_plane.migrate applies this file to an empty database, and again after the
+-- numbered migrations (migrations/) have changed the tables of an older one: so each
+-- statement is idempotent (IF NOT EXISTS, OR REPLACE). Tables change only through a
+-- migration; functions and indexes are written here only (a migration drops the ones whose
+-- signature changed or that went away). tests/test_schema.py checks that both paths end in
+-- this schema.
+--
+-- Statuses are control_plane.lifecycle.TaskStatus; task_events.kind is lifecycle.Event;
+-- the codes the functions return are lifecycle's CancelCode, ReportCode and ReleaseCode.
+--
+-- Lock order, in every function and statement: the task row first, then its attempt row,
+-- then devices; several tasks in one statement: in task_id order. So transitions cannot
+-- deadlock with each other.
+
+-- -- tables ------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS tokens (
+    token_id    uuid PRIMARY KEY,
+    name        text NOT NULL DEFAULT '',
+    role        text NOT NULL CHECK (role IN ('client', 'operator', 'host')),
+    host_id     text,
+    secret_hash bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    revoked_at  timestamptz,
+    CHECK ((role = 'host') = (host_id IS NOT NULL))
+);
+
+-- A host is connected while its renewal stream is open on a live replica: that replica
+-- sets replica_id when the stream opens and clears it when it closes (batched), and
+-- heartbeats its own row in `replicas`; a host's last seen is the later of last_seen_at
+-- and that heartbeat. So an idle host costs no write per interval.
+CREATE TABLE IF NOT EXISTS hosts (
+    host_id       text PRIMARY KEY,
+    labels        jsonb NOT NULL DEFAULT '{}',
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    last_seen_at  timestamptz NOT NULL DEFAULT now(),
+    replica_id    text
+);
+
+CREATE TABLE IF NOT EXISTS replicas (
+    replica_id text PRIMARY KEY,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    seen_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS devices (
+    host_id      text NOT NULL REFERENCES hosts,
+    serial       text NOT NULL,
+    state        text NOT NULL,
+    model        text NOT NULL DEFAULT '',
+    manufacturer text NOT NULL DEFAULT '',
+    sdk          integer NOT NULL DEFAULT 0,
+    abi          text NOT NULL DEFAULT '',
+    -- Host labels, then the device's own facts and labels over them: what selectors match.
+    labels       jsonb NOT NULL DEFAULT '{}',
+    -- The task holding this device; set with the attempt, cleared when it ends.
+    task_id      uuid,
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (host_id, serial)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS devices_one_task ON devices (task_id)
+    WHERE task_id IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id             uuid PRIMARY KEY,
+    caller              text NOT NULL,
+    request_id          text,
+    status              text NOT NULL CHECK (status IN
+                          ('queued', 'assigned', 'dispatched', 'done', 'failed', 'cancelled')),
+    spec                bytea NOT NULL,
+    selector_serial     text,
+    selector_labels     jsonb NOT NULL DEFAULT '{}',
+    priority            integer NOT NULL DEFAULT 0,
+    max_attempts        integer NOT NULL CHECK (max_attempts >= 1),
+    metadata            jsonb NOT NULL DEFAULT '{}',
+    attempt             integer NOT NULL DEFAULT 0,
+    host_id             text,
+    device_serial       text,
+    cancel_requested_at timestamptz,
+    cancel_reason       text,
+    result              bytea,
+    error               text NOT NULL DEFAULT '',
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    finished_at         timestamptz,
+    UNIQUE (caller, request_id)
+);
+-- The queue: what Acquire scans, in the order it hands work out.
+CREATE INDEX IF NOT EXISTS tasks_queue ON tasks (priority DESC, created_at, task_id)
+    WHERE status = 'queued';
+CREATE INDEX IF NOT EXISTS tasks_listing ON tasks (created_at DESC, task_id DESC);
+CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
+    WHERE host_id IS NOT NULL;
+
+-- One row per assignment of a task to a device; the lease lives on it. Every renewal
+-- rewrites lease_expires_at, so no index covers it (renewals stay HOT updates), and
+-- half-empty pages leave room for the new row versions.
+CREATE TABLE IF NOT EXISTS attempts (
+    task_id             uuid NOT NULL REFERENCES tasks,
+    attempt             integer NOT NULL,
+    lease_id            uuid NOT NULL UNIQUE,
+    host_id             text NOT NULL,
+    device_serial       text NOT NULL,
+    -- active while the lease runs; then done / failed / cancelled (reported),
+    -- expired (lease ran out) or released (given back by the host).
+    state               text NOT NULL CHECK (state IN
+                          ('active', 'done', 'failed', 'cancelled', 'expired', 'released')),
+    lease_expires_at    timestamptz NOT NULL,
+    acknowledged_at     timestamptz,
+    cancel_requested_at timestamptz,
+    -- When the host was first told (push or renewal answer): for the cancel-latency split.
+    cancel_delivered_at timestamptz,
+    outcome             text,
+    reported_at         timestamptz,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    ended_at            timestamptz,
+    PRIMARY KEY (task_id, attempt)
+) WITH (fillfactor = 50);
+-- The live attempts: the expiry sweep scans them (same predicate), renewals check them.
+CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 'active';
+-- The leases a host has not acknowledged yet: what a renewal looks at before locking
+-- tasks. Usually empty, so the common renewal (nothing to acknowledge) pays one probe.
+CREATE INDEX IF NOT EXISTS attempts_unacknowledged ON attempts (host_id)
+    WHERE state = 'active' AND acknowledged_at IS NULL;
+
+-- Every change of a task, in order: the audit trail and what the checks of the invariants
+-- read. `kind` is a lifecycle.Event; which kind may take a task from which status to which
+-- is lifecycle.TRANSITIONS (tests/test_model.py checks every row of its runs against it).
+CREATE TABLE IF NOT EXISTS task_events (
+    event_id    bigserial PRIMARY KEY,
+    task_id     uuid NOT NULL REFERENCES tasks,
+    attempt     integer NOT NULL,
+    kind        text NOT NULL CHECK (kind IN
+                  ('submit', 'assign', 'acknowledge', 'cancel', 'cancel_requested', 'report',
+                   'expired', 'released')),
+    from_status text,
+    to_status   text,
+    detail      text NOT NULL DEFAULT '',
+    at          timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS task_events_by_task ON task_events (task_id, event_id);
+
+-- -- transitions that lock several rows: one function each, so one round trip ------------
+--
+-- The single-row ones (submit, the presence writes) are statements in queries.sql.
+-- NOTIFY happens after the commit (Hub.publish), except in amc_cancel: a transaction that
+-- notifies holds a database-wide lock through its WAL flush, and cancellations are rare.
+
+-- assign: queued -> assigned, for up to one task per idle device of the host; then the
+-- host's devices still idle (labels set, task_id NULL), for the replica's index of parked
+-- Acquires (control_plane/dispatch.py).
+--
+-- The idle devices are read without locks and grouped by labels; per group, one scan
+-- takes up to one task per device (SKIP LOCKED), in queue order; each task then reserves a
+-- device of the group (its own serial if it names one) with an UPDATE whose conditions
+-- PostgreSQL rechecks on the latest row version (another Acquire or a re-registration may
+-- have changed it). A task whose device is taken stays queued, and the devices left get a
+-- scan of their own. An Acquire that finds nothing writes nothing.
+CREATE OR REPLACE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
+RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
+               queued_seconds double precision, labels jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    g record;
+    t record;
+    v_free text[];
+    v_serial text;
+    v_again boolean;
+BEGIN
+    FOR g IN
+        SELECT dv.labels, array_agg(dv.serial ORDER BY dv.serial) AS serials
+        FROM devices dv
+        WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
+          AND dv.state = 'device' AND dv.task_id IS NULL
+        GROUP BY dv.labels
+    LOOP
+        v_free := g.serials;
+        LOOP
+            v_again := false;
+            FOR t IN
+                SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at,
+                       tk.selector_labels, tk.selector_serial
+                FROM tasks tk
+                WHERE tk.status = 'queued'
+                  AND (tk.selector_serial IS NULL OR tk.selector_serial = ANY (v_free))
+                  AND g.labels @> tk.selector_labels
+                ORDER BY tk.priority DESC, tk.created_at, tk.task_id
+                LIMIT cardinality(v_free)
+                FOR UPDATE SKIP LOCKED
+            LOOP
+                EXIT WHEN cardinality(v_free) = 0;
+                v_serial := CASE WHEN t.selector_serial IS NULL THEN v_free[1]
+                                 WHEN t.selector_serial = ANY (v_free) THEN t.selector_serial
+                            END;
+                IF v_serial IS NULL THEN
+                    -- Its device got an earlier task of this scan: it stays queued, and
+                    -- the devices left are offered the next tasks in a scan of their own.
+                    v_again := true;
+                    CONTINUE;
+                END IF;
+                v_free := array_remove(v_free, v_serial);
+                UPDATE devices dv SET task_id = t.task_id, updated_at = now()
+                WHERE dv.host_id = p_host AND dv.serial = v_serial
+                  AND dv.state = 'device' AND dv.task_id IS NULL
+                  AND dv.labels @> t.selector_labels;
+                IF NOT FOUND THEN
+                    -- Taken or changed meanwhile: the task stays queued.
+                    v_again := true;
+                    CONTINUE;
+                END IF;
+                task_id := t.task_id;
+                attempt := t.next_attempt;
+                lease_id := gen_random_uuid();
+                device_serial := v_serial;
+                spec := t.spec;
+                queued_seconds := extract(epoch FROM clock_timestamp() - t.updated_at);
+                UPDATE tasks tk SET status = 'assigned', attempt = t.next_attempt,
+                                    host_id = p_host, device_serial = v_serial,
+                                    updated_at = now()
+                WHERE tk.task_id = t.task_id;
+                INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_serial, state,
+                                      lease_expires_at)
+                VALUES (t.task_id, t.next_attempt, lease_id, p_host, v_serial, 'active',
+                        now() + p_ttl);
+                INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+                VALUES (t.task_id, t.next_attempt, 'assign', 'queued', 'assigned',
+                        p_host || '/' || v_serial);
+                RETURN NEXT;
+            END LOOP;
+            -- Every rescan has fewer free devices (its first task always finds one).
+            EXIT WHEN NOT v_again OR cardinality(v_free) = 0;
+        END LOOP;
+    END LOOP;
+    RETURN QUERY SELECT NULL::uuid, NULL::integer, NULL::uuid, dv.serial, NULL::bytea,
+                        NULL::double precision, dv.labels
+                 FROM devices dv
+                 WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
+                   AND dv.state = 'device' AND dv.task_id IS NULL;
+END $$;
+
+-- Renews the host's live leases among p_leases; the first renewal acknowledges the
+-- assignment (assigned -> dispatched). Leases not renewed come back with task_id NULL: a
+-- conflict. Columns in the order of domain.Renewal's fields. The tasks to acknowledge are
+-- locked first (the lock order), and only when the host has unacknowledged leases (one
+-- look at attempts_unacknowledged): most renewals acknowledge nothing and pay nothing for
+-- it.
+CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval)
+RETURNS TABLE (lease_id uuid, cancel_pending boolean, task_id uuid, attempt integer,
+               delivery_seconds double precision, acknowledged boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_acked uuid[] := '{}';
+BEGIN
+    -- 1. Tasks first: lock and acknowledge those whose lease this renewal is the first for.
+    IF EXISTS (SELECT 1 FROM attempts att
+               WHERE att.host_id = p_host AND att.state = 'active'
+                 AND att.acknowledged_at IS NULL) THEN
+        WITH pending AS (
+            SELECT tk.task_id FROM attempts att
+            JOIN tasks tk ON tk.task_id = att.task_id AND tk.attempt = att.attempt
+            WHERE att.host_id = p_host AND att.state = 'active'
+              AND att.acknowledged_at IS NULL
+              AND att.lease_id = ANY (p_leases) AND att.lease_expires_at > now()
+              AND tk.status = 'assigned'
+            ORDER BY tk.task_id
+            FOR UPDATE OF tk
+        ), acked AS (
+            UPDATE tasks tk SET status = 'dispatched', updated_at = now()
+            FROM pending p
+            WHERE tk.task_id = p.task_id AND tk.status = 'assigned'
+            RETURNING tk.task_id, tk.attempt
+        ), ev AS (
+            INSERT INTO task_events (task_id, attempt, kind, from_status, to_status)
+            SELECT a.task_id, a.attempt, 'acknowledge', 'assigned', 'dispatched' FROM acked a
+        )
+        SELECT COALESCE(array_agg(a.task_id), '{}') INTO v_acked FROM acked a;
+    END IF;
+
+    -- 2. Then the attempts: extend the leases.
+    RETURN QUERY
+    WITH req AS (
+        SELECT DISTINCT unnest(p_leases) AS lease_id
+    ), renewed AS (
+        UPDATE attempts a SET
+            lease_expires_at = now() + p_ttl,
+            acknowledged_at = COALESCE(a.acknowledged_at, now()),
+            cancel_delivered_at = COALESCE(a.cancel_delivered_at,
+                                           CASE WHEN a.cancel_requested_at IS NOT NULL
+                                                THEN now() END)
+        FROM req
+        WHERE a.lease_id = req.lease_id AND a.host_id = p_host AND a.state = 'active'
+          AND a.lease_expires_at > now()
+        RETURNING a.lease_id, a.task_id, a.attempt,
+                  a.cancel_requested_at IS NOT NULL AS cancel_pending,
+                  CASE WHEN a.cancel_delivered_at = now()
+                       THEN extract(epoch FROM now() - a.cancel_requested_at)::float8 END
+                       AS delivery_seconds
+    )
+    SELECT req.lease_id, COALESCE(r.cancel_pending, false),
+           r.task_id, r.attempt, r.delivery_seconds,
+           r.task_id = ANY (v_acked) AND r.task_id IS NOT NULL
+    FROM req LEFT JOIN renewed r USING (lease_id);
+END $$;
+
+-- cancel: queued -> cancelled at once; assigned/dispatched -> a durable request on the
+-- current attempt (pushed to the host's stream); repeated -> no-op; done/failed -> refused.
+-- code: cancelled | requested | unchanged | terminal | not_found
+CREATE OR REPLACE FUNCTION amc_cancel(p_task uuid, p_reason text)
+RETURNS TABLE (code text, task tasks)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t tasks;
+    a record;
+    v_code text;
+BEGIN
+    SELECT * INTO t FROM tasks tk WHERE tk.task_id = p_task FOR UPDATE;
+    IF NOT FOUND THEN
+        code := 'not_found';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF t.status = 'queued' THEN
+        UPDATE tasks tk SET status = 'cancelled', cancel_requested_at = now(),
+                            cancel_reason = p_reason, finished_at = now(), updated_at = now()
+        WHERE tk.task_id = p_task;
+        INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+        VALUES (p_task, t.attempt, 'cancel', 'queued', 'cancelled', p_reason);
+        v_code := 'cancelled';
+    ELSIF t.status IN ('assigned', 'dispatched') AND t.cancel_requested_at IS NULL THEN
+        UPDATE tasks tk SET cancel_requested_at = now(), cancel_reason = p_reason,
+                            updated_at = now()
+        WHERE tk.task_id = p_task;
+        UPDATE attempts att SET cancel_requested_at = now()
+        WHERE att.task_id = p_task AND att.attempt = t.attempt
+        RETURNING att.host_id, att.lease_id INTO a;
+        INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+        VALUES (p_task, t.attempt, 'cancel_requested', t.status, t.status, p_reason);
+        PERFORM pg_notify('amc_cancel', a.host_id || ' ' || a.lease_id || ' ' || p_task
+                                        || ' ' || t.attempt || ' ' || extract(epoch FROM now()));
+        v_code := 'requested';
+    ELSIF t.status IN ('done', 'failed') THEN
+        v_code := 'terminal';
+    ELSE
+        v_code := 'unchanged';
+    END IF;
+    RETURN QUERY SELECT v_code, tk FROM tasks tk WHERE tk.task_id = p_task;
+END $$;
+
+-- report: assigned/dispatched -> done | failed | cancelled, by the current attempt's live
+-- lease only, from its own host (p_host NULL: auth is off, any caller).
+-- code: recorded | repeated | different | stale | foreign | no_cancel
+CREATE OR REPLACE FUNCTION amc_report(p_host text, p_task uuid, p_attempt integer,
+                                      p_lease uuid, p_outcome text, p_result bytea,
+                                      p_error text)
+RETURNS TABLE (code text, task tasks, att_cancel_requested_at timestamptz,
+               att_cancel_delivered_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t tasks;
+    a attempts;
+    v_code text;
+BEGIN
+    SELECT * INTO t FROM tasks tk WHERE tk.task_id = p_task FOR UPDATE;
+    SELECT * INTO a FROM attempts att WHERE att.lease_id = p_lease FOR UPDATE;
+    IF t.task_id IS NULL OR a.task_id IS NULL OR a.task_id <> p_task
+       OR a.attempt <> p_attempt OR (p_host IS NOT NULL AND a.host_id <> p_host) THEN
+        v_code := 'foreign';
+    ELSIF a.state IN ('done', 'failed', 'cancelled') THEN
+        v_code := CASE WHEN a.outcome = p_outcome THEN 'repeated' ELSE 'different' END;
+    ELSIF a.state <> 'active' OR a.lease_expires_at <= now() OR t.attempt <> a.attempt
+          OR t.status NOT IN ('assigned', 'dispatched') THEN
+        v_code := 'stale';
+    ELSIF p_outcome = 'cancelled' AND a.cancel_requested_at IS NULL THEN
+        v_code := 'no_cancel';
+    ELSE
+        UPDATE tasks tk SET status = p_outcome, result = p_result, error = p_error,
+                            finished_at = now(), updated_at = now()
+        WHERE tk.task_id = p_task;
+        UPDATE attempts att SET state = p_outcome, outcome = p_outcome, reported_at = now(),
+                               ended_at = now()
+        WHERE att.lease_id = p_lease;
+        UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = p_task;
+        INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+        VALUES (p_task, p_attempt, 'report', t.status, p_outcome, p_error);
+        v_code := 'recorded';
+    END IF;
+    RETURN QUERY SELECT v_code, tk, a.cancel_requested_at, a.cancel_delivered_at
+                 FROM tasks tk WHERE tk.task_id = p_task;
+END $$;
+
+-- expired / released, the task's side: it leaves the attempt whose lease ended without a
+-- report, to cancelled (a cancel was pending: never requeued), queued (attempts left) or
+-- failed, and its device is freed. The caller holds the task row (t, as locked) and has
+-- ended the attempt; p_how is the event (and the attempt's new state). Returns the status.
+CREATE OR REPLACE FUNCTION amc_leave_attempt(t tasks, p_cancel_pending boolean, p_how text,
+                                             p_reason text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_to text := CASE WHEN p_cancel_pending THEN 'cancelled'
+                      WHEN t.attempt < t.max_attempts THEN 'queued'
+                      ELSE 'failed' END;
+BEGIN
+    UPDATE tasks tk SET
+        status = v_to,
+        host_id = CASE WHEN v_to = 'queued' THEN NULL ELSE tk.host_id END,
+        device_serial = CASE WHEN v_to = 'queued' THEN NULL ELSE tk.device_serial END,
+        finished_at = CASE WHEN v_to = 'queued' THEN NULL ELSE now() END,
+        error = CASE WHEN v_to = 'failed'
+                     THEN 'lease ' || p_how || ' on attempt ' || t.attempt
+                          || ' of ' || t.max_attempts
+                     ELSE tk.error END,
+        updated_at = now()
+    WHERE tk.task_id = t.task_id;
+    UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = t.task_id;
+    INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+    VALUES (t.task_id, t.attempt, p_how, t.status, v_to, p_reason);
+    RETURN v_to;
+END $$;
+
+-- expire: up to p_limit leases that ran out end (amc_leave_attempt), oldest first, with
+-- each task's selector so that a requeued task is offered to the hosts that can take it.
+-- Safe to run in every replica at once: tasks another sweeper (or a transition) holds are
+-- skipped, and a lease renewed meanwhile is left alone.
+CREATE OR REPLACE FUNCTION amc_expire(p_limit integer)
+RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, host_id text, to_status text,
+               selector_serial text, selector_labels jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a record;
+    t tasks;
+    v_cancel timestamptz;
+BEGIN
+    FOR a IN
+        SELECT att.task_id, att.attempt, att.lease_id, att.host_id FROM attempts att
+        WHERE att.state = 'active' AND att.lease_expires_at <= now()
+        ORDER BY att.lease_expires_at
+        LIMIT p_limit
+    LOOP
+        SELECT * INTO t FROM tasks tk WHERE tk.task_id = a.task_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE attempts att SET state = 'expired', ended_at = now()
+        WHERE att.lease_id = a.lease_id AND att.state = 'active'
+          AND att.lease_expires_at <= now()
+        RETURNING att.cancel_requested_at INTO v_cancel;
+        CONTINUE WHEN NOT FOUND;
+        task_id := a.task_id;
+        attempt := a.attempt;
+        lease_id := a.lease_id;
+        host_id := a.host_id;
+        to_status := amc_leave_attempt(t, v_cancel IS NOT NULL, 'expired', '');
+        selector_serial := t.selector_serial;
+        selector_labels := t.selector_labels;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- release: the host gives a lease back (it drains, or cannot run the task): it ends at
+-- once, as an expiry would (amc_leave_attempt). Only by the lease's own host (p_host NULL:
+-- auth is off, any caller).
+-- code: released | ended (its attempt had ended already: nothing to do) | foreign (no
+-- such lease for this host)
+CREATE OR REPLACE FUNCTION amc_release(p_host text, p_lease uuid, p_reason text)
+RETURNS TABLE (code text, task_id uuid, attempt integer, lease_id uuid, host_id text,
+               to_status text, selector_serial text, selector_labels jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a attempts;
+    t tasks;
+    v_cancel timestamptz;
+BEGIN
+    SELECT * INTO a FROM attempts att WHERE att.lease_id = p_lease;
+    IF NOT FOUND OR (p_host IS NOT NULL AND a.host_id <> p_host) THEN
+        code := 'foreign';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT * INTO t FROM tasks tk WHERE tk.task_id = a.task_id FOR UPDATE;
+    UPDATE attempts att SET state = 'released', ended_at = now()
+    WHERE att.lease_id = p_lease AND att.state = 'active'
+    RETURNING att.cancel_requested_at INTO v_cancel;
+    IF NOT FOUND THEN
+        code := 'ended';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    code := 'released';
+    task_id := a.task_id;
+    attempt := a.attempt;
+    lease_id := a.lease_id;
+    host_id := a.host_id;
+    to_status := amc_leave_attempt(t, v_cancel IS NOT NULL, 'released', p_reason);
+    selector_serial := t.selector_serial;
+    selector_labels := t.selector_labels;
+    RETURN NEXT;
+END $$;
