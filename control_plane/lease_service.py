@@ -30,7 +30,7 @@ from control_plane.domain import Assignment, CancelNotice, LeaseId
 from control_plane.effects import Effects
 from control_plane.errors import AmcError, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
-from control_plane.rpc import Servicer, check_decoded, code_for, principal, rpc
+from control_plane.rpc import TaskServicer, check_decoded, code_for, principal, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -40,17 +40,13 @@ _canonical_uuid = re.compile(
 CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
 
 
-class LeaseService(Servicer, lease_pb2_grpc.LeaseServicer):
+class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     SERVICE = "amc.v1.Lease"
 
     def __init__(
         self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
     ) -> None:
-        super().__init__(auth)
-        self.store = store
-        self.effects = effects
-        self.hub = effects.hub
-        self.settings = settings
+        super().__init__(auth, store, effects, settings)
         self._pending: set[asyncio.Task[None]] = set()
 
     def _host(self, host_id: str) -> str:

@@ -7,7 +7,7 @@ import contextvars
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import structlog
@@ -16,6 +16,11 @@ from google.protobuf.message import DecodeError
 from control_plane import errors
 from control_plane.auth import Authenticator, authorize
 from control_plane.domain import ANONYMOUS, Principal
+
+if TYPE_CHECKING:
+    from control_plane.config import Settings
+    from control_plane.effects import Effects
+    from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +96,20 @@ class Servicer:
 
     def __init__(self, auth: Authenticator) -> None:
         self.auth = auth
+
+
+class TaskServicer(Servicer):
+    """A servicer that changes tasks: the store, what follows each committed transition
+    (`effects`, and its hub) and the settings."""
+
+    def __init__(
+        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
+    ) -> None:
+        super().__init__(auth)
+        self.store = store
+        self.effects = effects
+        self.hub = effects.hub
+        self.settings = settings
 
 
 async def _enter(self: Servicer, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:

@@ -14,14 +14,10 @@ import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import validate
-from control_plane.auth import Authenticator
-from control_plane.config import Settings
 from control_plane.convert import host_to_pb, task_to_pb
 from control_plane.domain import NewTask, TaskId
-from control_plane.effects import Effects
 from control_plane.errors import InvalidArgument, Unavailable
-from control_plane.rpc import Servicer, principal, rpc
-from control_plane.store import Store
+from control_plane.rpc import TaskServicer, principal, rpc
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -59,17 +55,8 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
     )
 
 
-class SchedulerService(Servicer, scheduler_pb2_grpc.SchedulerServicer):
+class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     SERVICE = "amc.v1.Scheduler"
-
-    def __init__(
-        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
-    ) -> None:
-        super().__init__(auth)
-        self.store = store
-        self.effects = effects
-        self.hub = effects.hub
-        self.settings = settings
 
     @rpc
     async def SubmitTask(
