@@ -12,7 +12,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, assert_never
+from typing import Any, TypeVar
 
 import asyncpg
 from tenacity import (
@@ -457,26 +457,27 @@ def _columns(rows: Sequence[Any], *fields: str) -> list[list[Any]]:
     return [[getattr(row, f) for row in rows] for f in fields]
 
 
+# A report's refusal by its code: the error and its message.
+_REFUSALS: dict[ReportCode, tuple[type[errors.AmcError], str]] = {
+    ReportCode.FOREIGN: (
+        errors.LeaseConflict,
+        "lease does not belong to this host and {where}; nothing was recorded",
+    ),
+    ReportCode.STALE: (
+        errors.StaleAttempt,
+        "{where} is no longer current (lease expired or replaced); nothing was recorded",
+    ),
+    ReportCode.DIFFERENT: (
+        errors.DifferentReportRecorded,
+        "{where} already has a different outcome recorded; it stands",
+    ),
+    ReportCode.NO_CANCEL: (
+        errors.NoCancellationRequested,
+        "{where} has no cancellation request, so it cannot end cancelled",
+    ),
+}
+
+
 def _report_refusal(code: ReportCode, report: Report) -> errors.AmcError:
-    where = f"task {report.task_id} attempt {report.attempt}"
-    match code:
-        case ReportCode.FOREIGN:
-            return errors.LeaseConflict(
-                f"lease does not belong to this host and {where}; nothing was recorded"
-            )
-        case ReportCode.STALE:
-            return errors.StaleAttempt(
-                f"{where} is no longer current (lease expired or replaced); nothing was recorded"
-            )
-        case ReportCode.DIFFERENT:
-            return errors.DifferentReportRecorded(
-                f"{where} already has a different outcome recorded; it stands"
-            )
-        case ReportCode.NO_CANCEL:
-            return errors.NoCancellationRequested(
-                f"{where} has no cancellation request, so it cannot end cancelled"
-            )
-        case ReportCode.RECORDED | ReportCode.REPEATED:
-            raise ValueError(f"{code} is not a refusal")
-        case _:
-            assert_never(code)
+    error, message = _REFUSALS[code]
+    return error(message.format(where=f"task {report.task_id} attempt {report.attempt}"))
