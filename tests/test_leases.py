@@ -232,6 +232,47 @@ async def test_release_requeues_at_once_like_an_expiry(farm: Farm) -> None:
     assert (again.task_id, again.attempt) == (task.task_id, 2)
 
 
+async def test_registering_again_updates_the_listed_devices_and_marks_the_others_gone(
+    farm: Farm,
+) -> None:
+    """THEN the host's labels and its listed devices are the new ones, the rest gone."""
+    host = await farm.host("h1", "s1", "s2", rack="r1")
+    await host.register("s2", "s3", rack="r2")
+    assert farm.db is not None
+    rows = await farm.db.fetch(
+        "SELECT serial, state, labels->>'rack' AS rack FROM devices WHERE host_id = 'h1'"
+        " ORDER BY serial"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("s1", "gone", "r1"),
+        ("s2", "device", "r2"),
+        ("s3", "device", "r2"),
+    ]
+    labels = await farm.db.fetchval("SELECT labels FROM hosts WHERE host_id = 'h1'")
+    assert labels == {"rack": "r2"}
+
+
+async def test_releasing_a_lease_whose_attempt_ended_changes_nothing(farm: Farm) -> None:
+    """THEN the release succeeds and the reported outcome, attempt and events stand."""
+    _, host, task, a = await assigned(farm)
+    await host.report(a, lease_pb2.OUTCOME_DONE)
+    before = await farm.snapshot()
+    await host.release(a.lease_id, "late")
+    assert await farm.snapshot() == before
+    assert await farm.status(task.task_id) == "done"
+
+
+async def test_releasing_a_lease_that_does_not_exist_is_aborted(farm: Farm) -> None:
+    """THEN ABORTED: no such lease for this host, and nothing changes."""
+    _, host, _task, _a = await assigned(farm)
+    before = await farm.snapshot()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await host.release("00000000-0000-4000-8000-000000000000")
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    assert "no such lease for this host" in (err.value.details() or "")
+    assert await farm.snapshot() == before
+
+
 async def test_acquire_long_poll_is_woken_by_a_new_task(farm: Farm) -> None:
     client = await farm.client()
     host = await farm.host("h1", "s1")
