@@ -13,10 +13,8 @@ echo "== a workflow, followed to the end"
 "$amc" submit "$here/examples/login-workflow.yaml" --wait
 
 echo "== a long task, cancelled while it runs"
-task=$("$amc" submit - -o json <<'JSON' | python3 -c 'import json,sys; print(json.load(sys.stdin)["task_id"])'
-{"actions": [{"tap": [100, 200]}, {"wait": "30s"}, {"tap": [300, 400]}]}
-JSON
-)
+task=$("$amc" submit "$here/examples/long-task.yaml" -o json |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["task_id"])')
 echo "submitted $task"
 "$amc" watch "$task" &
 watcher=$!

@@ -1,35 +1,51 @@
 """The README's operator session, run by gRPC clients this project did not write: grpcurl
 and `buf curl`, both through server reflection, against a control plane as `make run`
-starts it (authentication off, on loopback)."""
+starts it (authentication off, on loopback) with a host agent on one simulated phone.
+
+The session submits the README's own long task, watches it reach the phone and cancels it
+there: the cancellation must end it long before its minute-long wait would have."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from amc_common.channel import aio_channel
 from control_plane.server import ControlPlane
+from host_agent.agent import Agent
+from host_agent.simulated import SimulatedSource
 from tests.support import eventually
+from tests.support.agent import TEST_SETTINGS
+from tests.test_readme import tour_submit_body
 
 ROOT = Path(__file__).resolve().parent.parent
 GRPCURL = shutil.which("grpcurl", path=str(ROOT / ".venv" / "bin")) or "grpcurl"
 BUF = ROOT / ".tools" / "node_modules" / ".bin" / "buf"
-SUBMIT = {
-    "spec": {"actions": {"actions": [{"tap": {"x": 100, "y": 200}}, {"wait": {"duration": "20s"}}]}}
-}
+# Well under the tour task's minute: the cancellation, not the wait, ends it.
+CANCELLED_WITHIN = 20.0
 
 
 @pytest.fixture
 async def address(database_url: str) -> AsyncIterator[str]:
     plane = ControlPlane(database_url, listen="127.0.0.1:0", insecure=True)
     await plane.start()
+    address = f"127.0.0.1:{plane.port}"
+    channel = aio_channel(address)
+    agent = Agent(TEST_SETTINGS, SimulatedSource(1), channel)
+    running = asyncio.create_task(agent.run())
     try:
-        yield f"127.0.0.1:{plane.port}"
+        await eventually(lambda: agent.registered.is_set() or running.done(), what="the agent")
+        yield address
     finally:
+        agent.stop()
+        await asyncio.wait_for(running, 30)
+        await channel.close()
         await plane.stop(0)
 
 
@@ -57,21 +73,26 @@ def buf_curl(address: str, method: str, body: object = None) -> list[str]:
 
 
 async def session(address: str, call) -> list[str]:  # type: ignore[no-untyped-def]
-    """Submit, watch in the background, cancel: returns the statuses the watch printed."""
-    task = json.loads(await run(*call(address, "amc.v1.Scheduler/SubmitTask", SUBMIT)))
+    """Submit the README's task, let the phone take it, watch in the background, cancel:
+    returns the statuses the watch printed."""
+    submit = call(address, "amc.v1.Scheduler/SubmitTask", tour_submit_body())
+    task = json.loads(await run(*submit))
     assert task["status"] == "TASK_STATUS_QUEUED"
     task_id = task.get("task_id") or task["taskId"]  # grpcurl keeps proto names, buf camelCases
+
+    async def running() -> bool:
+        get = call(address, "amc.v1.Scheduler/GetTask", {"task_id": task_id})
+        return bool(json.loads(await run(*get))["status"] == "TASK_STATUS_DISPATCHED")
+
+    await eventually(running, interval=0.2, what="the phone to run the task")
     watch = asyncio.create_task(
         run(*call(address, "amc.v1.Scheduler/WatchTask", {"task_id": task_id}))
     )
-    cancelled = json.loads(
-        await run(
-            *call(address, "amc.v1.Scheduler/CancelTask", {"task_id": task_id, "reason": "tour"})
-        )
-    )
-    assert cancelled["status"] == "TASK_STATUS_CANCELLED"
-    printed = await watch
-    return [line.split('"')[3] for line in printed.splitlines() if '"status"' in line]
+    cancel = {"task_id": task_id, "reason": "tour"}
+    requested = json.loads(await run(*call(address, "amc.v1.Scheduler/CancelTask", cancel)))
+    assert requested["status"] == "TASK_STATUS_DISPATCHED"
+    printed = await asyncio.wait_for(watch, CANCELLED_WITHIN)
+    return re.findall(r'"status": "(TASK_STATUS_\w+)"', printed)
 
 
 async def test_grpcurl_runs_the_readme_session_through_reflection(address: str) -> None:
