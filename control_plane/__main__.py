@@ -1,12 +1,13 @@
 """`control-plane`: run a replica, or create a token directly in the database.
 
 control-plane [serve] [--listen 127.0.0.1:50051] [--database-url URL | --data-dir DIR]
-control-plane tokens create --role operator [--host-id H] [--name N]
+control-plane tokens create --role operator [--host-id H] [--name N] [--init]
 
-A start that fails (database unreachable, port taken, unreadable certificate) logs one
-line saying what is wrong, the cause and what to do, then exits 1; --debug (or
-AMC_DEBUG=1) adds the traceback. The database URL is only ever shown with its password
-masked.
+Every flag of `serve` can come from an environment variable instead (its help names it);
+a flag given on the command line wins. A start that fails (database unreachable, port
+taken, unreadable certificate) logs one line saying what is wrong, the cause and what to
+do, then exits 1; --debug (or AMC_DEBUG=1) adds the traceback. The database URL is only
+ever shown with its password masked.
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ from __future__ import annotations
 import os
 
 # The embedded server is started and stopped with fork+exec while gRPC runs; gRPC's fork
-# handlers only log noise for children that exec at once. Set before grpc is imported.
+# handlers only log noise for children that exec at once. No gRPC C-core lines (a client's
+# failed TLS handshake, say) on stderr either: what matters is logged by us, once. Set
+# before grpc is imported; the user's own settings win.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+os.environ.setdefault("GRPC_TRACE", "")
 
 import argparse
 import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import prometheus_client
@@ -39,97 +46,95 @@ from control_plane.server import ControlPlane, Tls
 
 log = structlog.get_logger("control_plane")
 
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
+DEFAULT_DATA_DIR = ".amc/pgdata"
 
 
-def common_flags() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument(
-        "--database-url",
-        default=_env("DATABASE_URL"),
-        help="PostgreSQL URL (env DATABASE_URL); none: an embedded server",
-    )
-    p.add_argument(
-        "--data-dir",
-        default=_env("AMC_DATA_DIR", ".amc/pgdata"),
-        help="the embedded server's data directory (default .amc/pgdata)",
-    )
-    p.add_argument(
-        "--log-format", choices=["auto", "console", "json"], default=_env("AMC_LOG_FORMAT", "auto")
-    )
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        default=logs.debug_enabled(),
-        help="a failed start shows its traceback (env AMC_DEBUG=1)",
-    )
-    return p
+def log_format(text: str) -> str:
+    if text not in ("auto", "console", "json"):
+        raise ValueError(text)
+    return text
 
 
-def parser() -> argparse.ArgumentParser:
-    common = common_flags()
+log_format.__name__ = "log format (auto, console, json)"  # argparse names it in errors
+
+
+# flag, environment variable, default, value parser, help. A flag's value comes from the
+# command line, else its variable, else the default (argparse parses string defaults too,
+# so a malformed variable is reported like a malformed flag).
+Flag = tuple[str, str, str | None, Callable[[str], Any], str]
+# fmt: off
+DATABASE_FLAGS: list[Flag] = [
+    ("--database-url", "DATABASE_URL", None, str, "PostgreSQL URL; none: an embedded server"),
+    ("--data-dir", "AMC_DATA_DIR", DEFAULT_DATA_DIR, str, "the embedded server's data directory"),
+    ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console (a terminal) or json"),
+]
+SERVE_FLAGS: list[Flag] = [
+    ("--listen", "AMC_LISTEN", "127.0.0.1:50051", str, "address:port for gRPC"),
+    ("--tls-cert", "AMC_TLS_CERT", None, str, "PEM certificate chain: serve TLS"),
+    ("--tls-key", "AMC_TLS_KEY", None, str, "PEM private key of --tls-cert"),
+    ("--lease-ttl", "AMC_LEASE_TTL", "15", float, "seconds a lease lives without renewal"),
+    ("--renew-interval", "AMC_RENEW_INTERVAL", None, float,
+     "seconds between renewals the hosts are told to use (none: a third of the TTL)"),
+    ("--sweep-interval", "AMC_SWEEP_INTERVAL", "1", float, "seconds between lease-expiry sweeps"),
+    ("--metrics-listen", "AMC_METRICS_LISTEN", "", str,
+     "host:port for Prometheus metrics at /metrics (off if empty)"),
+    ("--grace", "AMC_GRACE", "5", float, "seconds in-flight calls get on SIGTERM"),
+]
+# flag, environment variable (set to 1 to switch on), help
+DATABASE_SWITCHES = [("--debug", "AMC_DEBUG", "a failed start also logs its traceback")]
+SERVE_SWITCHES = [
+    ("--insecure", "AMC_INSECURE", "no authentication (development only; loopback listeners only)"),
+]
+# fmt: on
+
+
+def _on(value: str | None) -> bool:
+    return (value or "").lower() not in ("", "0", "false", "no", "off")
+
+
+def add_flags(
+    p: argparse.ArgumentParser,
+    flags: list[Flag],
+    switches: list[tuple[str, str, str]],
+    env: Mapping[str, str],
+) -> None:
+    """Each flag with its variable's value as default, and the variable named in --help."""
+    for flag, var, default, parse_value, text in flags:
+        shown = f"; default {default}" if default else ""
+        p.add_argument(
+            flag, default=env.get(var, default), type=parse_value, help=f"{text} [${var}{shown}]"
+        )
+    for flag, var, text in switches:
+        p.add_argument(
+            flag, action="store_true", default=_on(env.get(var)), help=f"{text} [${var}=1]"
+        )
+
+
+def parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
+    database = argparse.ArgumentParser(add_help=False)
+    add_flags(database, DATABASE_FLAGS, DATABASE_SWITCHES, env)
     p = argparse.ArgumentParser(
         prog="control-plane",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command")
-    serve = sub.add_parser("serve", parents=[common], help="run a replica (the default)")
-    add_serve_flags(serve)
+    serve = sub.add_parser("serve", parents=[database], help="run a replica (the default)")
+    add_flags(serve, SERVE_FLAGS, SERVE_SWITCHES, env)
     tokens = sub.add_parser("tokens", help="token bootstrap, straight into the database")
     tsub = tokens.add_subparsers(dest="tokens_command", required=True)
-    create = tsub.add_parser("create", parents=[common], help="create a token, print it once")
+    create = tsub.add_parser("create", parents=[database], help="create a token, print it once")
     create.add_argument("--role", required=True, choices=[r.value for r in Role])
     create.add_argument("--host-id", default=None)
     create.add_argument("--name", default="")
-    return p
-
-
-def add_serve_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--listen",
-        default=_env("AMC_LISTEN", "127.0.0.1:50051"),
-        help="address:port for gRPC (env AMC_LISTEN)",
-    )
-    p.add_argument(
-        "--insecure",
+    create.add_argument(
+        "--init",
         action="store_true",
-        default=_env("AMC_INSECURE", "") in ("1", "true"),
-        help="no authentication (development only; loopback listeners only)",
+        help="create the embedded database at --data-dir if there is none there (without "
+        "it, a missing database is refused: the token would be made where no control plane "
+        "looks)",
     )
-    p.add_argument("--tls-cert", default=_env("AMC_TLS_CERT"), help="PEM certificate chain")
-    p.add_argument("--tls-key", default=_env("AMC_TLS_KEY"), help="PEM private key")
-    p.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=float(_env("AMC_LEASE_TTL", "15") or 15),
-        help="lease time-to-live in seconds (default 15)",
-    )
-    p.add_argument(
-        "--renew-interval",
-        type=float,
-        default=None,
-        help="seconds between renewals the hosts are told to use (default TTL/3)",
-    )
-    p.add_argument(
-        "--sweep-interval",
-        type=float,
-        default=1.0,
-        help="seconds between lease-expiry sweeps (default 1)",
-    )
-    p.add_argument(
-        "--metrics-listen",
-        default=_env("AMC_METRICS_LISTEN", ""),
-        help="host:port for Prometheus metrics at /metrics (env AMC_METRICS_LISTEN; off if empty)",
-    )
-    p.add_argument(
-        "--grace",
-        type=float,
-        default=5.0,
-        help="seconds in-flight calls get on SIGTERM (default 5)",
-    )
+    return p
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -181,7 +186,7 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
         raise SystemExit(1)
 
 
-async def create_token(args: argparse.Namespace, dsn: str) -> None:
+async def create_token(args: argparse.Namespace, dsn: str, database: str) -> None:
     from control_plane.admin_service import create_token as create
     from control_plane.store import Store, migrate
 
@@ -195,8 +200,23 @@ async def create_token(args: argparse.Namespace, dsn: str) -> None:
     print(
         f"token id {info.token_id}, role {info.role}"
         + (f", host {info.host_id}" if info.host_id else "")
-        + " (shown once)",
+        + f", in {database} (shown once)",
         file=sys.stderr,
+    )
+
+
+def _no_database_here(args: argparse.Namespace) -> str | None:
+    """Why `tokens create` must not go on: it would make a new embedded database, and a
+    token in it that no running control plane knows. None when it may go on."""
+    if args.command != "tokens" or args.database_url or args.init:
+        return None
+    datadir = Path(args.data_dir).resolve()
+    if (datadir / "PG_VERSION").exists():  # PostgreSQL's mark of a data directory
+        return None
+    return (
+        f"tokens create: no database at {datadir} (--data-dir): give the --data-dir or "
+        "--database-url (DATABASE_URL) of the control plane the token is for, or --init "
+        "to create a new database there"
     )
 
 
@@ -206,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["serve", *argv]
     args = parser().parse_args(argv)
     logs.configure(args.log_format)
+    refusal = _no_database_here(args)
+    if refusal:
+        print(f"control-plane: {refusal}", file=sys.stderr)
+        return 2
     embedded = None
     dsn = args.database_url
     try:
@@ -216,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
                 "embedded PostgreSQL started", data_dir=str(embedded.datadir), url=mask_url(dsn)
             )
         if args.command == "tokens":
-            asyncio.run(create_token(args, dsn))
+            database = (
+                f"the database at {mask_url(args.database_url)}"
+                if args.database_url
+                else f"the embedded database at {Path(args.data_dir).resolve()}"
+            )
+            asyncio.run(create_token(args, dsn, database))
         else:
             asyncio.run(serve(args, dsn))
     except ValueError as exc:

@@ -10,6 +10,13 @@ token never appears in any line.
 
 from __future__ import annotations
 
+import os
+
+# No gRPC C-core lines (a failed TLS handshake, say) on stderr: the agent logs what went
+# wrong itself, once. Set before grpc is imported; the user's own settings win.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+os.environ.setdefault("GRPC_TRACE", "")
+
 import asyncio
 import signal
 from collections.abc import Sequence
