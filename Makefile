@@ -14,10 +14,16 @@ BUF := .tools/node_modules/.bin/buf
 
 help:
 	@echo "make run    - embedded PostgreSQL + control plane + a host agent (local farm)"
-	@echo "make test   - the test suite"
+	@echo "make test   - the test suite (PYTEST_ARGS= to pass pytest flags)"
 	@echo "make lint   - buf lint, ruff (with complexity), mypy (--strict on the control plane and agent), import contracts"
+	@echo "make setup  - the virtualenv in .venv, the project and the generated protos (every target does this first)"
+	@echo "make tools  - buf, for make lint and the tests"
 	@echo "make protos - regenerate the amc.v1 Python package from protos/"
+	@echo "make bench  - throughput and latency figures beside PostgreSQL's and pgqueuer's"
 	@echo "make chaos  - DURATION s (180) of random faults on 3 agents + HOSTS (60) fleet hosts; 7 invariants"
+	@echo "make fuzz   - 100,000 fuzzed requests across every RPC"
+	@echo "make clean  - remove the virtualenv, the generated code and the tools"
+	@echo "make help   - this list"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

@@ -8,6 +8,13 @@ AMC_DEBUG=1 shows the traceback of an unexpected error.
 from __future__ import annotations
 
 import os
+
+# No gRPC C-core lines (a failed TLS handshake, say) on stderr: every failure gets one line
+# of ours instead. Set before grpc is imported; the user's own settings win.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+os.environ.setdefault("GRPC_TRACE", "")
+
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -20,6 +27,8 @@ from amc_cli.errors import CliError, ExitCode
 from amc_common.secrets import redact
 
 PROG = "amc"
+# The parser's messages come from pydantic, which prefixes a ValueError's words.
+_VALIDATOR_PREFIX = re.compile(r"\b(Value error|Assertion failed), ")
 
 
 def _error(message: str) -> None:
@@ -61,7 +70,7 @@ def _usage_error(exc: typer.TyperException) -> int:
         sys.stdout.write(exc.format_message() + "\n")
         return ExitCode.OK
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-    _error(exc.format_message() + hint)
+    _error(_VALIDATOR_PREFIX.sub("", exc.format_message()) + hint)
     return code
 
 

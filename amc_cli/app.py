@@ -6,9 +6,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperOption
 
 from amc.v1 import admin_pb2, task_pb2
 from amc_cli import render
@@ -16,8 +17,9 @@ from amc_cli.client import Client, Target, read_token
 from amc_cli.errors import EXIT_CODES_HELP, BadInput, ExitCode
 from amc_cli.follow import follow, outcome_exit
 from amc_cli.specfile import load_request, with_flags
+from amc_common.channel import DEFAULT_PORT, with_default_port
 
-DEFAULT_ADDR = "127.0.0.1:50051"
+DEFAULT_ADDR = f"127.0.0.1:{DEFAULT_PORT}"
 
 app = typer.Typer(
     name="amc",
@@ -68,8 +70,28 @@ class RoleName(enum.StrEnum):
 
 OutputOpt = Annotated[
     Output,
-    typer.Option("--output", "-o", envvar="AMC_OUTPUT", help="table for people, json for scripts."),
+    typer.Option(
+        "--output",
+        "-o",
+        envvar="AMC_OUTPUT",
+        case_sensitive=False,
+        help="table for people, json for scripts.",
+    ),
 ]
+
+
+def _flags_take_no_value() -> None:
+    """typer's help shows `<bool>` beside a flag (--wait, --tls, --help) as if it took a
+    value; a flag takes none, so it is shown without one."""
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
 
 
 @dataclass
@@ -87,7 +109,7 @@ class Session:
     def client(self) -> Client:
         if self._client is None:
             token = read_token(self.token, self.token_file)
-            target = Target(self.addr, token, self.ca, self.tls, self.timeout)
+            target = Target(with_default_port(self.addr), token, self.ca, self.tls, self.timeout)
             self._client = Client(target, on_retry=render.note)
         return self._client
 
@@ -105,6 +127,23 @@ def _exit(code: ExitCode) -> NoReturn:
     raise typer.Exit(int(code))
 
 
+def _from_command_line(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def token_source(
+    token: str | None, token_file: Path | None, token_flag: bool, file_flag: bool
+) -> tuple[str | None, Path | None]:
+    """Which of --token/AMC_TOKEN and --token-file/AMC_TOKEN_FILE is used: a flag beats the
+    environment; both flags are a mistake; both variables: AMC_TOKEN."""
+    if token_flag and file_flag:
+        raise BadInput("give --token or --token-file, not both")
+    if file_flag or (token_file is not None and not token):
+        return None, token_file
+    return token, None
+
+
 def _key_values(values: list[str] | None, flag: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values or []:
@@ -119,7 +158,11 @@ def _key_values(values: list[str] | None, flag: str) -> dict[str, str]:
 def connect(
     ctx: typer.Context,
     addr: Annotated[
-        str, typer.Option(envvar="AMC_ADDR", help="Control plane address, host:port.")
+        str,
+        typer.Option(
+            envvar="AMC_ADDR",
+            help=f"Control plane address, host:port (the port defaults to {DEFAULT_PORT}).",
+        ),
     ] = DEFAULT_ADDR,
     token: Annotated[
         str | None,
@@ -127,20 +170,30 @@ def connect(
     ] = None,
     token_file: Annotated[
         Path | None,
-        typer.Option(envvar="AMC_TOKEN_FILE", help="File holding the bearer token."),
+        typer.Option(
+            envvar="AMC_TOKEN_FILE",
+            help="File holding the bearer token; given as a flag, it beats AMC_TOKEN.",
+        ),
     ] = None,
     ca: Annotated[
         Path | None,
         typer.Option(envvar="AMC_CA", help="PEM CA bundle: use TLS and trust this CA."),
     ] = None,
     tls: Annotated[
-        bool, typer.Option(envvar="AMC_TLS", help="Use TLS with the system's CAs.")
+        bool,
+        typer.Option("--tls", envvar="AMC_TLS", help="Use TLS with the system's CAs."),
     ] = False,
     timeout: Annotated[
         float, typer.Option(envvar="AMC_TIMEOUT", help="Seconds to wait for each answer.")
     ] = 30.0,
 ) -> None:
     """Operate an Agentic Mobile Control phone farm."""
+    token, token_file = token_source(
+        token,
+        token_file,
+        _from_command_line(ctx, "token"),
+        _from_command_line(ctx, "token_file"),
+    )
     session = Session(addr, token, token_file, ca, tls, timeout)
     ctx.obj = session
     ctx.call_on_close(session.close)
@@ -226,7 +279,12 @@ def list_tasks(
     ctx: typer.Context,
     status: Annotated[
         list[Status] | None,
-        typer.Option("--status", "-s", help="Only tasks in this status (repeatable)."),
+        typer.Option(
+            "--status",
+            "-s",
+            case_sensitive=False,
+            help="Only tasks in this status (repeatable).",
+        ),
     ] = None,
     host: Annotated[
         str | None, typer.Option(help="Only tasks on this host.", show_default=False)
@@ -244,7 +302,9 @@ def list_tasks(
             {"tasks": [render.to_dict(t) for t in tasks], "next_page_token": next_page}
         )
     else:
-        render.task_table(tasks, more=bool(next_page))
+        render.task_table(tasks)
+    if next_page and output is Output.table:
+        render.note(f"showing the first {len(tasks)}; raise --limit for more")
 
 
 @app.command()
@@ -259,9 +319,11 @@ def cancel(
 ) -> None:
     """Cancel a task.
 
-    A queued task is cancelled at once; a running one stops at its host's next renewal
-    (or sooner, by push). Cancelling a cancelled task changes nothing; cancelling a done
-    or failed task is a conflict (exit 4). With --wait, exits by outcome like watch.
+    A queued task is cancelled at once; for a running one the control plane pushes the
+    request to its host, which stops the task at the next step boundary (a host that is
+    offline sees it when it reconnects). Cancelling a cancelled task changes nothing;
+    cancelling a done or failed task is a conflict (exit 4). With --wait, exits by
+    outcome like watch.
 
     A cancel is idempotent: while the control plane is unavailable it is tried again, with
     backoff, for up to --timeout seconds.
@@ -276,12 +338,7 @@ def cancel(
     elif task.status in render.TERMINAL:
         render.console().print(f"task {task.task_id} {render.status_name(task.status)}")
     else:
-        render.console().print(
-            f"cancellation requested: task {task.task_id} is "
-            f"{render.status_name(task.status)} on {render.where(task)} and stops at its "
-            "host's next renewal",
-            highlight=False,
-        )
+        render.console().print(render.cancel_requested(task), highlight=False)
 
 
 @app.command()
@@ -313,7 +370,7 @@ def _follow(client: Client, task_id: str, output: Output) -> NoReturn:
     )
     if people:
         if final.result.steps:
-            render.steps_table(final.result, out)
+            render.steps_table(final, out)
     else:
         render.print_json(final)
     _exit(outcome_exit(final))
@@ -335,7 +392,7 @@ def hosts(ctx: typer.Context, output: OutputOpt = Output.table) -> None:
 @tokens_app.command("create")
 def tokens_create(
     ctx: typer.Context,
-    role: Annotated[RoleName, typer.Option(help="What the token may do.")],
+    role: Annotated[RoleName, typer.Option(case_sensitive=False, help="What the token may do.")],
     host_id: Annotated[
         str | None, typer.Option(help="The host a host token acts as.", show_default=False)
     ] = None,

@@ -27,6 +27,7 @@ from tenacity import (
 )
 
 from amc.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_cli import diagnose
 from amc_cli.errors import BadInput, rpc_failed
 from amc_common.channel import CHANNEL_OPTIONS
 
@@ -58,6 +59,8 @@ class Target:
 
 
 def read_token(token: str | None, token_file: Path | None) -> str | None:
+    """The token given, else the one in `token_file` (see `app.token_source` for which of
+    the two wins when both are set)."""
     if token:
         return token.strip()
     if token_file is None:
@@ -140,7 +143,12 @@ class Client:
         raise AssertionError("unreachable: Retrying retries until it returns or raises")
 
     def failed(self, exc: grpc.RpcError, doing: str) -> Exception:
-        return rpc_failed(exc, doing, self.target.address, bool(self.target.token))
+        why = None
+        if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            conn = diagnose.Connection(self.target.address, self.target.ca_file, self.target.tls)
+            details = " ".join((exc.details() or "").split())
+            why = diagnose.unavailable(self._channel, conn, doing, details)
+        return rpc_failed(exc, doing, self.target.address, bool(self.target.token), why)
 
     # -- Scheduler --------------------------------------------------------------------------
 

@@ -88,13 +88,20 @@ class RpcFailed(CliError):
         self.status = status
 
 
-def rpc_failed(exc: grpc.RpcError, doing: str, address: str, has_token: bool) -> RpcFailed:
-    """One line for a failed call: what we were doing, the server's words, the code."""
+def rpc_failed(
+    exc: grpc.RpcError,
+    doing: str,
+    address: str,
+    has_token: bool,
+    unavailable: str | None = None,
+) -> RpcFailed:
+    """One line for a failed call: what we were doing, the server's words, the code.
+    `unavailable`: what an UNAVAILABLE means here, when it was found out (amc_cli.diagnose)."""
     status = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = " ".join((exc.details() if isinstance(exc, grpc.Call) else "").split())
     name = status.name if status else "UNKNOWN"
     if status is grpc.StatusCode.UNAVAILABLE:
-        text = f"cannot reach the control plane at {address}: {details}"
+        text = unavailable or f"cannot reach the control plane at {address}: {details}"
     elif status is grpc.StatusCode.DEADLINE_EXCEEDED:
         text = f"{doing}: no answer from {address} in time (try --timeout)"
     elif status is grpc.StatusCode.UNAUTHENTICATED and not has_token:

@@ -31,6 +31,8 @@ STATUS_STYLE = {
     "cancelled": "magenta",
 }
 TERMINAL = {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
+# The error a host gives the step that a cancellation stopped mid-way.
+INTERRUPTED_BY_CANCEL = "interrupted: cancelled"
 
 
 def console() -> Console:
@@ -143,7 +145,7 @@ def task_detail(task: task_pb2.Task) -> None:
     out.print(grid)
     if task.result.steps:
         out.print()
-        steps_table(task.result, out)
+        steps_table(task, out)
 
 
 def _selector(sel: task_pb2.DeviceSelector) -> str:
@@ -152,13 +154,25 @@ def _selector(sel: task_pb2.DeviceSelector) -> str:
     return " ".join(parts) or "any device"
 
 
-def steps_table(result: task_pb2.TaskResult, out: Console | None = None) -> None:
+def step_status(step: task_pb2.StepResult, task_status: int) -> str:
+    """ok, failed or skipped; `cancelled` for the step a cancellation interrupted (the host
+    reports it failed, with the error `interrupted: cancelled`)."""
+    name = enum_name("STEP_STATUS_", task_pb2.StepStatus.Name(step.status))
+    interrupted = step.error.rstrip().endswith(INTERRUPTED_BY_CANCEL)
+    if name == "failed" and task_status == task_pb2.TASK_STATUS_CANCELLED and interrupted:
+        return "cancelled"
+    return name
+
+
+def steps_table(task: task_pb2.Task, out: Console | None = None) -> None:
     table = Table(title="steps", title_justify="left", show_edge=False)
     for name in ("#", "step", "status", "took", "output / error"):
         table.add_column(name, overflow="fold")
-    for step in result.steps:
-        name = enum_name("STEP_STATUS_", task_pb2.StepStatus.Name(step.status))
-        style = {"ok": "green", "failed": "red", "skipped": "dim"}.get(name, "")
+    for step in task.result.steps:
+        name = step_status(step, task.status)
+        style = {"ok": "green", "failed": "red", "skipped": "dim", "cancelled": "magenta"}.get(
+            name, ""
+        )
         detail = Text(step.output.strip())
         if step.error:
             if detail:
@@ -176,7 +190,7 @@ def steps_table(result: task_pb2.TaskResult, out: Console | None = None) -> None
     (out or console()).print(table)
 
 
-def task_table(tasks: list[task_pb2.Task], more: bool) -> None:
+def task_table(tasks: list[task_pb2.Task]) -> None:
     out = console()
     if not tasks:
         out.print("no tasks")
@@ -195,8 +209,16 @@ def task_table(tasks: list[task_pb2.Task], more: bool) -> None:
             Text(spec_summary(t.spec, limit=3)),
         )
     out.print(table)
-    if more:
-        out.print(Text(f"showing the first {len(tasks)}; raise --limit for more", style="dim"))
+
+
+def cancel_requested(task: task_pb2.Task) -> str:
+    """What `amc cancel` says of a running task: the control plane has recorded the request
+    and pushed it to the renewal stream of the host running it."""
+    return (
+        f"cancellation requested: task {task.task_id} is {status_name(task.status)} on "
+        f"{where(task)}; pushed to its host {task.host_id}, which stops it at the next step "
+        "boundary (a host that is offline gets it when it reconnects)"
+    )
 
 
 def progress_line(task: task_pb2.Task, before: task_pb2.Task | None) -> Text | None:

@@ -8,6 +8,9 @@ from typing import Any
 
 import grpc
 
+# The control plane's port when an address names only the host.
+DEFAULT_PORT = 50051
+
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.keepalive_time_ms", 10_000),
@@ -15,6 +18,21 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+
+
+def with_default_port(address: str, port: int = DEFAULT_PORT) -> str:
+    """`host` or `[v6]` with the control plane's port added: gRPC itself would take 443,
+    the HTTPS port. `host:port`, `[v6]:port` and target URIs (`dns:///…`) stay as given."""
+    if "/" in address or "]:" in address:
+        return address
+    if address.startswith("[") and address.endswith("]"):
+        return f"{address}:{port}"
+    colons = address.count(":")
+    if colons == 0:
+        return f"{address}:{port}"
+    if colons > 1:  # a bare IPv6 address
+        return f"[{address}]:{port}"
+    return f"{address}{port}" if address.endswith(":") else address
 
 
 class _BearerAuth(grpc.AuthMetadataPlugin):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import sys
 import uuid
@@ -14,16 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_cli.client import Client, Target
 from amc_cli.specfile import load_request, parse_duration
+from amc_common.channel import with_default_port
 from control_plane.admin_service import create_token
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.server import ControlPlane, Tls
+from host_agent.simulated import SimulatedSource
 from tests.support import Farm, HostClient, eventually, seconds
+from tests.support.agent import running_agent
 from tests.support.fakes.tcp_proxy import TcpProxy
 from tests.test_tls import self_signed
 
@@ -82,12 +88,14 @@ class Cli:
     address: str
     token: str | None
 
-    def env(self, token: str | None, address: str | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AMC_")}
+    def env(
+        self, token: str | None, address: str | None, extra: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AMC_", "GRPC_"))}
         env["AMC_ADDR"] = address or self.address
         if token:
             env["AMC_TOKEN"] = token
-        return env
+        return env | (extra or {})
 
     async def start(
         self,
@@ -95,6 +103,7 @@ class Cli:
         token: str | None = "",
         address: str | None = None,
         stdin: bool = False,
+        env: dict[str, str] | None = None,
     ) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             sys.executable,
@@ -104,7 +113,7 @@ class Cli:
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self.env(self.token if token == "" else token, address),
+            env=self.env(self.token if token == "" else token, address, env),
             cwd=ROOT,
         )
 
@@ -114,8 +123,11 @@ class Cli:
         token: str | None = "",
         address: str | None = None,
         stdin: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Run:
-        proc = await self.start(*args, token=token, address=address, stdin=stdin is not None)
+        proc = await self.start(
+            *args, token=token, address=address, stdin=stdin is not None, env=env
+        )
         async with asyncio.timeout(TIMEOUT):
             out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
         assert proc.returncode is not None
@@ -239,7 +251,22 @@ async def test_list_filters_by_status_and_limits(amc: Cli) -> None:
     assert [t["task_id"] for t in first["tasks"]] == [queued[2]]
     assert first["next_page_token"]
     table = await amc("list", "-s", "queued", "-n", "1")
-    assert queued[2] in table.out and queued[1] not in table.out and "--limit" in table.out
+    assert queued[2] in table.out and queued[1] not in table.out
+    # The note is for the person, not for a script reading the table.
+    assert "--limit" not in table.out
+    assert table.err == "showing the first 1; raise --limit for more\n"
+
+
+async def test_list_statuses_are_case_insensitive(amc: Cli) -> None:
+    """--status Done means done; a status that does not exist is named without noise."""
+    task = await amc.submit("-", stdin=TAP)
+    await amc("cancel", task["task_id"])
+    listed = (await amc("list", "--status", "Cancelled", "-s", "QUEUED", "-o", "JSON")).json()
+    assert [t["task_id"] for t in listed["tasks"]] == [task["task_id"]]
+    wrong = await amc("list", "--status", "Sleeping")
+    assert wrong.code == 2
+    line = wrong.assert_one_error_line()
+    assert "'Sleeping' is not one of" in line and "Value error" not in line, line
 
 
 async def test_list_filters_by_host(amc: Cli, farm: Farm) -> None:
@@ -290,13 +317,18 @@ async def test_cancel_a_queued_task(amc: Cli, farm: Farm) -> None:
 
 
 async def test_cancel_a_running_task_requests_it(amc: Cli, farm: Farm) -> None:
-    """A dispatched task stays dispatched, with a cancellation the host will see."""
+    """A dispatched task stays dispatched, and the cancellation is pushed to its host."""
     host = await farm.host("h1", "s1")
     task = await amc.submit("-", stdin=TAP)
-    await dispatched(host, "s1")
+    a = await dispatched(host, "s1")
+    stream = host.stream()
+    await stream.renew(a.lease_id)  # the host's renewal stream is open: pushes go there
     run = await amc("cancel", task["task_id"])
     assert run.code == 0
     assert "cancellation requested" in run.out and "h1/s1" in run.out
+    assert "pushed to its host h1" in run.out
+    await eventually(lambda: stream.pushes, what="the push to the host")
+    await stream.close()
     assert await farm.status(task["task_id"]) == "dispatched"
 
 
@@ -558,6 +590,23 @@ async def test_a_token_file_is_read(amc: Cli, tmp_path: Path) -> None:
     assert run.code == 2 and "nope" in run.assert_one_error_line()
 
 
+async def test_a_token_flag_beats_the_environment(amc: Cli, tmp_path: Path) -> None:
+    """--token-file wins over AMC_TOKEN (and --token over AMC_TOKEN_FILE): a flag someone
+    typed is never silently ignored."""
+    assert amc.token is not None
+    missing = str(tmp_path / "no-such-token")
+    run = await amc("--token-file", missing, "list")  # AMC_TOKEN holds a good token
+    assert run.code == 2
+    assert missing in run.assert_one_error_line()
+    good = tmp_path / "token"
+    good.write_text(amc.token)
+    assert (await amc("--token-file", str(good), "list", token="amc_bad")).code == 0
+    flag = await amc("--token", amc.token, "list", token=None, env={"AMC_TOKEN_FILE": missing})
+    assert flag.code == 0, flag.err
+    both = await amc("--token", amc.token, "--token-file", str(good), "list")
+    assert both.code == 2 and "not both" in both.assert_one_error_line()
+
+
 BAD_INPUT = [
     ["get"],  # missing argument
     ["list", "--status", "sleeping"],  # not a status
@@ -574,7 +623,7 @@ async def test_bad_input_exits_2_with_one_line(amc: Cli) -> None:
     runs = await asyncio.gather(*(amc(*args, stdin=TAP) for args in BAD_INPUT))
     for args, run in zip(BAD_INPUT, runs, strict=True):
         assert run.code == 2, (args, run.err)
-        run.assert_one_error_line()
+        assert "Value error" not in run.assert_one_error_line()
 
 
 BAD_SPECS = [
@@ -716,3 +765,218 @@ async def test_a_spec_is_checked_by_the_server_too(amc: Cli) -> None:
     assert run.code == 2
     line = run.assert_one_error_line()
     assert "priority" in line and "INVALID_ARGUMENT" in line
+
+
+# -- the tour, end to end --------------------------------------------------------------------
+
+
+async def test_the_tours_long_task_is_cancelled_mid_run_and_its_step_shows_cancelled(
+    amc: Cli, farm: Farm
+) -> None:
+    """README's CLI tour on a simulated phone: the minute-long task is cancelled while it
+    waits, the watch ends 9 within seconds, and the interrupted step reads `cancelled`."""
+    async with running_agent(farm, SimulatedSource(1), host_id="lab1"):
+        task = await amc.submit(str(EXAMPLES / "long-task.yaml"))
+        watch = await amc.running("watch", task["task_id"])
+        await watch.line_with("dispatched")
+        started = asyncio.get_running_loop().time()
+        cancel = await amc("cancel", task["task_id"], "--reason", "wrong build")
+        assert cancel.code == 0, cancel.err
+        assert "pushed to its host lab1" in cancel.out, cancel.out
+        run = await watch.finish()
+        took = asyncio.get_running_loop().time() - started
+    assert run.code == 9, run.err
+    assert took < 20, f"the cancellation took {took:.1f}s: the wait was not interrupted"
+    assert _step_statuses(run.out) == ["ok", "cancelled", "skipped"], run.out
+    assert _step_statuses((await amc("get", task["task_id"])).out) == ["ok", "cancelled", "skipped"]
+
+
+def _step_statuses(table: str) -> list[str]:
+    """The status column of a steps table (` 0 │ tap │ ok │ 0.1s │ …`)."""
+    rows = [line.split("│") for line in table.splitlines() if line.count("│") >= 3]
+    return [row[2].strip() for row in rows if row[0].strip().isdigit()]
+
+
+# -- where the control plane is and what state it is in -------------------------------------
+
+
+def test_an_address_without_a_port_gets_the_control_planes_port() -> None:
+    """A bare host (or IPv6 address) gets :50051, not gRPC's own default of 443."""
+    assert with_default_port("127.0.0.1") == "127.0.0.1:50051"
+    assert with_default_port("farm.example") == "farm.example:50051"
+    assert with_default_port("::1") == "[::1]:50051"
+    assert with_default_port("[::1]") == "[::1]:50051"
+    assert with_default_port("farm:") == "farm:50051"
+    for given in ("farm:7000", "[::1]:7000", "dns:///farm:7000", "unix:///run/amc.sock"):
+        assert with_default_port(given) == given
+
+
+async def test_addr_without_a_port_reaches_port_50051(database_url: str) -> None:
+    """`--addr 127.0.0.2` talks to 127.0.0.2:50051 (a loopback address of its own, so it
+    does not meet a farm someone runs on 127.0.0.1:50051)."""
+    plane = ControlPlane(database_url, Settings(), listen="127.0.0.2:50051")
+    try:
+        await plane.start()
+    except Exception as exc:  # pragma: no cover - the port is taken on this machine
+        pytest.skip(f"cannot listen on 127.0.0.2:50051: {exc}")
+    try:
+        _, token = await create_token(plane.store, Role.CLIENT, None, "port")
+        run = await Cli("127.0.0.2", token)("list", "-o", "json")
+    finally:
+        await plane.stop(0)
+    assert run.code == 0, run.err
+    assert run.json()["tasks"] == []
+
+
+async def test_a_control_plane_whose_database_is_down_is_not_called_unreachable(
+    database_url: str,
+) -> None:
+    """The control plane answers, its database does not: the one line says the database is
+    unavailable (exit 5), not that the control plane cannot be reached."""
+    host, _, port = database_url.split("@", 1)[1].split("/", 1)[0].rpartition(":")
+    async with TcpProxy(host, int(port)) as proxy:
+        plane = ControlPlane(
+            database_url.replace(f"{host}:{port}", proxy.address, 1),
+            Settings(),
+            listen="127.0.0.1:0",
+        )
+        await plane.start()
+        try:
+            _, token = await create_token(plane.store, Role.CLIENT, None, "db-down")
+            amc = Cli(f"127.0.0.1:{plane.port}", token)
+            assert (await amc("list")).code == 0
+            proxy.cut()
+            await eventually(lambda: _not_serving(amc), timeout=20, what="NOT_SERVING")
+            run = await amc("--timeout", "5", "list")
+            proxy.heal()
+        finally:
+            await plane.stop(0)
+    assert run.code == 5, run.err
+    line = run.assert_one_error_line()
+    assert "database is unavailable" in line and "UNAVAILABLE" in line, line
+    assert "cannot reach" not in line, line
+
+
+async def _not_serving(amc: Cli) -> bool:
+    async with grpc.aio.insecure_channel(amc.address) as ch:
+        reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+    return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# -- help ------------------------------------------------------------------------------------
+
+
+async def test_flags_are_shown_without_a_value_in_help(amc: Cli) -> None:
+    """--tls, --wait and --help take no value, and --help does not pretend they do."""
+    wide = {"COLUMNS": "200"}
+    runs = await asyncio.gather(
+        amc("--help", env=wide),
+        amc("submit", "--help", env=wide),
+        amc("cancel", "--help", env=wide),
+    )
+    for run in runs:
+        assert run.code == 0, run.err
+        flags = [line for line in run.out.splitlines() if re.search(r"--(tls|wait|help)\b", line)]
+        assert flags, run.out
+        for line in flags:
+            assert "<bool>" not in line and "no-tls" not in line, line
+    assert "<float>" in runs[0].out  # options that take a value still say what value
+
+
+# -- the control plane's and the Makefile's command lines ------------------------------------
+
+
+async def control_plane(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> Run:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AMC_", "DATABASE_URL"))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "control_plane",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**base, "PYTHONPATH": str(ROOT), **(env or {})},
+        cwd=cwd,
+    )
+    async with asyncio.timeout(TIMEOUT):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return Run(proc.returncode, out.decode(), err.decode())
+
+
+async def test_tokens_create_refuses_a_directory_without_a_database(tmp_path: Path) -> None:
+    """Run where there is no database, `tokens create` makes none (and no token nobody
+    could use): exit 2, one line naming the directory it looked in and --init."""
+    run = await control_plane("tokens", "create", "--role", "operator", cwd=tmp_path)
+    assert run.code == 2 and run.out == ""
+    assert run.err.count("\n") == 1, run.err
+    assert str(tmp_path / ".amc" / "pgdata") in run.err and "--init" in run.err, run.err
+    assert not (tmp_path / ".amc").exists()
+
+
+async def test_tokens_create_names_the_database_it_used(farm: Farm) -> None:
+    """The token goes to stdout, and stderr says which database now holds it."""
+    run = await control_plane(
+        "tokens", "create", "--role", "operator", env={"DATABASE_URL": farm.dsn}
+    )
+    assert run.code == 0, run.err
+    token = run.out.strip()
+    assert token.startswith("amc_")
+    database = farm.dsn.rsplit("/", 1)[1]
+    assert database in run.err.splitlines()[-1], run.err
+    assert (await Cli(farm.address, token)("hosts", "-o", "json")).code == 0
+
+
+async def test_tokens_create_with_init_creates_the_embedded_database(tmp_path: Path) -> None:
+    """--init makes the embedded database where there is none, and says where."""
+    data = tmp_path / "pgdata"
+    run = await control_plane(
+        "tokens", "create", "--role", "operator", "--init", "--data-dir", str(data)
+    )
+    assert run.code == 0, run.err
+    assert run.out.strip().startswith("amc_")
+    assert (data / "PG_VERSION").exists()
+    assert f"embedded database at {data}" in run.err.splitlines()[-1], run.err
+
+
+async def test_serve_help_names_the_environment_variable_of_every_flag() -> None:
+    """Every flag of `control-plane serve` can be set from the environment, and its help
+    says by which variable."""
+    from control_plane.__main__ import parser
+
+    serve = parser({})._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) >= 13
+    run = await control_plane("serve", "--help", env={"COLUMNS": "300"})
+    assert run.code == 0, run.err
+    # Each option's entry: its line and the help lines under it.
+    blocks = re.split(r"\n(?=  -)", run.out.split("options:", 1)[1] + "\n")
+    for action in flags:
+        match = re.search(r"\[\$(\w+)", action.help or "")
+        assert match, f"{action.option_strings[0]} names no environment variable"
+        flag = action.option_strings[0]
+        block = next(b for b in blocks if b.lstrip().startswith(flag + " "))
+        assert f"${match[1]}" in block, block
+
+
+async def test_serve_flags_come_from_their_environment_variables() -> None:
+    """AMC_GRACE, AMC_RENEW_INTERVAL and AMC_SWEEP_INTERVAL set what their flags set; a
+    flag on the command line wins."""
+    from control_plane.__main__ import parser
+
+    env = {"AMC_GRACE": "9", "AMC_RENEW_INTERVAL": "2.5", "AMC_SWEEP_INTERVAL": "0.5"}
+    args = parser(env).parse_args(["serve", "--grace", "3"])
+    assert (args.grace, args.renew_interval, args.sweep_interval) == (3.0, 2.5, 0.5)
+
+
+async def test_make_help_lists_every_target() -> None:
+    """Each target of the Makefile has its line in `make help`."""
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):(?!=)", makefile, re.MULTILINE))
+    assert {"run", "test", "lint", "help"} <= targets
+    proc = await asyncio.create_subprocess_exec(
+        "make", "-s", "help", cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    listed = set(re.findall(r"^make (\S+)", out.decode(), re.MULTILINE))
+    assert targets <= listed, f"not in make help: {sorted(targets - listed)}"
