@@ -1,8 +1,19 @@
-"""Prometheus metrics of a control-plane replica (prometheus-client, default registry)."""
+"""Prometheus metrics of a control-plane replica (prometheus-client, default registry).
+
+Every labelled series with a known label set exists, at 0, from start-up (`create_series`),
+so an alert such as `increase(amc_leases_expired_total{to="failed"}[5m]) > 0` can be
+written, and tested, before the first expiry. No `_created` series: they double the scrape
+and no dashboard reads them.
+"""
 
 from __future__ import annotations
 
+import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
+
+from control_plane.lifecycle import IN_FLIGHT, Event, Outcome, TaskStatus
+
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -52,3 +63,39 @@ CANCEL_STOP = Histogram(
 EXPIRED = Counter("amc_leases_expired_total", "Leases ended by expiry or release", ["to"])
 SWEEPS = Counter("amc_expiry_sweeps_total", "Expiry sweeps run by this replica")
 DATABASE_UP = Gauge("amc_database_up", "1 while the database answers")
+
+
+# The label values each series is created with at start-up: all that this replica counts.
+TRANSITION_LABELS: list[tuple[Event, str]] = [
+    (Event.SUBMIT, TaskStatus.QUEUED),
+    (Event.ASSIGN, TaskStatus.ASSIGNED),
+    (Event.ACKNOWLEDGE, TaskStatus.DISPATCHED),
+    (Event.CANCEL, TaskStatus.CANCELLED),
+    *((Event.CANCEL_REQUESTED, status) for status in sorted(IN_FLIGHT)),
+    *((Event.REPORT, outcome) for outcome in Outcome),
+]
+OFFER_RESULTS = ("woken", "unmatched")
+RENEWAL_RESULTS = ("renewed", "conflict")
+CANCEL_PATHS = ("push", "renewal")
+# An ended lease requeues its task, or cancels it (a cancel was pending), or fails it
+# (no attempts left).
+EXPIRED_TO = (TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED)
+
+
+def create_series() -> None:
+    """Every labelled series at 0 (a series that exists keeps its value)."""
+    for status in TaskStatus:
+        TASKS.labels(status)
+    for event, to in TRANSITION_LABELS:
+        TRANSITIONS.labels(event, to)
+    for result in OFFER_RESULTS:
+        OFFERS.labels(result)
+    for result in RENEWAL_RESULTS:
+        RENEWALS.labels(result)
+    for path in CANCEL_PATHS:
+        CANCEL_DELIVERY.labels(path)
+    for to in EXPIRED_TO:
+        EXPIRED.labels(to)
+
+
+create_series()

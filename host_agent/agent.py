@@ -302,7 +302,7 @@ class Agent:
             finished = await worker.run()
             self.finished.append(finished)
             outcome = finished.result.outcome.name.lower() if finished.result else "none"
-            metrics.TASKS.labels(f"{finished.ending.name.lower()}:{outcome}").inc()
+            metrics.TASKS.labels(how=finished.ending.value, outcome=outcome).inc()
             if finished.result is not None and finished.result.outcome is not Outcome.DONE:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self.refresh_inventory()

@@ -1,8 +1,18 @@
-"""Prometheus metrics of the host agent (prometheus-client, default registry)."""
+"""Prometheus metrics of the host agent (prometheus-client, default registry).
+
+Every labelled series with a known label set exists, at 0, from start-up (`create_series`),
+so an alert such as `increase(amc_agent_device_errors_total{kind="DeviceLost"}[5m]) > 0`
+can be written, and tested, before the first error. No `_created` series.
+"""
 
 from __future__ import annotations
 
+import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
+
+from amc_common.actions import ACTIONS
+
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 STEP_SECONDS = Histogram(
     "amc_agent_action_seconds",
@@ -19,5 +29,50 @@ DEADLINE_MISSES = Counter(
 )
 LEASE_CONFLICTS = Counter("amc_agent_lease_conflicts_total", "Renewals answered CONFLICT")
 CANCELS_SEEN = Counter("amc_agent_cancels_seen_total", "Cancellations observed", ["via"])
-TASKS = Counter("amc_agent_tasks_total", "Attempts this agent finished, by ending", ["ending"])
+TASKS = Counter(
+    "amc_agent_tasks_total",
+    "Attempts this agent finished: how (reported, released: given back unreported, dropped:"
+    " the lease was already lost) and the run's outcome (none: nothing ran)",
+    ["how", "outcome"],
+)
 LEASES_HELD = Gauge("amc_agent_leases_held", "Leases held right now")
+
+
+# The label values each series is created with at start-up: all that the agent counts.
+ACTION_KINDS = tuple(ACTIONS)
+ACTION_STATUSES = ("ok", "failed", "stopped")
+# The DeviceError classes (host_agent.devices, host_agent.adb) by name.
+DEVICE_ERROR_KINDS = (
+    "DeviceError",
+    "DeviceLost",
+    "DeviceTimeout",
+    "CommandFailed",
+    "UnsupportedText",
+)
+CANCEL_VIAS = ("push", "renewal")
+# how, outcome: a report carries the run's outcome; a release follows a run that never
+# started (none) or one stopped by a shutdown (failed); a dropped lease ran nothing.
+TASK_ENDINGS = (
+    ("reported", "done"),
+    ("reported", "failed"),
+    ("reported", "cancelled"),
+    ("released", "none"),
+    ("released", "failed"),
+    ("dropped", "none"),
+)
+
+
+def create_series() -> None:
+    """Every labelled series at 0 (a series that exists keeps its value)."""
+    for action in ACTION_KINDS:
+        for status in ACTION_STATUSES:
+            STEP_SECONDS.labels(action, status)
+    for kind in DEVICE_ERROR_KINDS:
+        DEVICE_ERRORS.labels(kind)
+    for via in CANCEL_VIAS:
+        CANCELS_SEEN.labels(via)
+    for how, outcome in TASK_ENDINGS:
+        TASKS.labels(how, outcome)
+
+
+create_series()
