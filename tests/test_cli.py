@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_cli.client import Client, Target
@@ -775,10 +776,13 @@ async def test_the_tours_long_task_is_cancelled_mid_run_and_its_step_shows_cance
 ) -> None:
     """README's CLI tour on a simulated phone: the minute-long task is cancelled while it
     waits, the watch ends 9 within seconds, and the interrupted step reads `cancelled`."""
+    tapped = REGISTRY.get_sample_value(*TAPS) or 0.0
     async with running_agent(farm, SimulatedSource(1), host_id="lab1"):
         task = await amc.submit(str(EXAMPLES / "long-task.yaml"))
         watch = await amc.running("watch", task["task_id"])
         await watch.line_with("dispatched")
+        # Once the first tap is counted, the minute-long wait runs: cancel it mid-way.
+        await eventually(lambda: (REGISTRY.get_sample_value(*TAPS) or 0.0) > tapped)
         started = asyncio.get_running_loop().time()
         cancel = await amc("cancel", task["task_id"], "--reason", "wrong build")
         assert cancel.code == 0, cancel.err
@@ -789,6 +793,9 @@ async def test_the_tours_long_task_is_cancelled_mid_run_and_its_step_shows_cance
     assert took < 20, f"the cancellation took {took:.1f}s: the wait was not interrupted"
     assert _step_statuses(run.out) == ["ok", "cancelled", "skipped"], run.out
     assert _step_statuses((await amc("get", task["task_id"])).out) == ["ok", "cancelled", "skipped"]
+
+
+TAPS = ("amc_agent_action_seconds_count", {"action": "tap", "status": "ok"})
 
 
 def _step_statuses(table: str) -> list[str]:

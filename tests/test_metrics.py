@@ -159,6 +159,8 @@ async def test_a_cancelled_run_counts_under_series_that_were_there_from_the_star
             return bool(got.status == status)
 
         await eventually(lambda: status_is(task_pb2.TASK_STATUS_DISPATCHED), timeout=20)
+        # Once the tap is counted the minute-long wait runs: the cancel stops it mid-way.
+        await eventually(lambda: _tapped(processes.agent_metrics), timeout=20, what="the tap")
         await scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=task.task_id))
         await eventually(lambda: status_is(task_pb2.TASK_STATUS_CANCELLED), timeout=20)
 
@@ -179,6 +181,11 @@ async def test_a_cancelled_run_counts_under_series_that_were_there_from_the_star
     assert sorted(paths) == [0, 1]
     assert labelled(agent, "amc_agent_") == labelled(agent_before, "amc_agent_")
     assert labelled(plane, "amc_") == labelled(plane_before, "amc_")
+
+
+async def _tapped(port: int) -> bool:
+    samples = await scrape(port)
+    return value(samples, "amc_agent_action_seconds_count", action="tap", status="ok") == 1
 
 
 def test_every_device_error_kind_has_its_series() -> None:
