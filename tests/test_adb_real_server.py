@@ -2,13 +2,16 @@
 
     pure-python-adb / adb CLI → real `adb server` (private port) → FakeAdbd → FakePhone
 
-No adb binary is a failure, not a skip: CI installs the Debian `adb` package.
+No adb binary is a failure, not a skip: without a system adb on PATH, the one in the
+`adbutils` wheel (a dev dependency, so `make setup` installs it) is used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -45,8 +48,23 @@ async def adb_server(tmp_path: Path, adbd: FakeAdbd) -> AsyncIterator[RealAdbSer
 
 
 def test_adb_binary_is_installed() -> None:
-    """THEN an adb binary is found (CI installs the Debian `adb` package)."""
-    assert find_adb().is_file()
+    """THEN an adb binary is found and runs."""
+    adb = find_adb()
+    done = subprocess.run([adb, "version"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "Android Debug Bridge" in done.stdout, done.stderr
+
+
+def test_without_a_system_adb_the_adbutils_binary_is_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """THEN with no adb on PATH and no $AMC_ADB, the adbutils wheel's executable adb is found."""
+    monkeypatch.delenv("AMC_ADB", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    adbutils = importlib.util.find_spec("adbutils")
+    assert adbutils is not None and adbutils.origin is not None, "make setup installs adbutils"
+    adb = find_adb()
+    assert adb == Path(adbutils.origin).parent / "binaries" / "adb"
+    assert os.access(adb, os.X_OK)
 
 
 async def test_real_adb_shell_echo_reaches_fake_adbd(

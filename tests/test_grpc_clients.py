@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import shutil
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from tests.test_readme import tour_submit_body
 
 ROOT = Path(__file__).resolve().parent.parent
 GRPCURL = shutil.which("grpcurl", path=str(ROOT / ".venv" / "bin")) or "grpcurl"
-BUF = ROOT / ".tools" / "node_modules" / ".bin" / "buf"
+BUF = Path(sys.executable).parent / "buf"  # the buf-bin wheel, with the project
 # Well under the tour task's minute: the cancellation, not the wait, ends it.
 CANCELLED_WITHIN = 20.0
 
@@ -111,7 +112,7 @@ def grpcurl_call(address: str, method: str, body: object) -> list[str]:
 
 
 async def test_buf_curl_runs_the_same_session_through_reflection(address: str) -> None:
-    assert BUF.exists(), "buf is missing: `make tools` installs it (npm @bufbuild/buf)"
+    assert BUF.exists(), "buf is missing: `make setup` installs it (the buf-bin wheel)"
     methods = (
         await run(
             str(BUF),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,33 +15,7 @@ from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.server import ControlPlane, Tls
 from tests.support import actions_spec
-
-
-def self_signed(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=amc-test",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
+from tests.support.certs import self_signed
 
 
 async def test_a_tls_listener_serves_clients_that_trust_its_certificate(

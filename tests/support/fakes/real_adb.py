@@ -27,6 +27,7 @@ import importlib.util
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ _SCRUBBED_ENV = ("ANDROID_SERIAL", "ANDROID_ADB_SERVER_PORT", "ADB_SERVER_SOCKET
 
 
 class AdbNotFound(RuntimeError):
-    """No adb binary: install the Debian package `adb` (CI does) or the `adbutils` wheel."""
+    """No adb binary: `make setup` installs the `adbutils` wheel, which carries one."""
 
 
 class AdbServerError(RuntimeError):
@@ -50,24 +51,35 @@ class AdbServerError(RuntimeError):
 
 
 def find_adb() -> Path:
-    """The adb binary to test against: $AMC_ADB, /usr/bin/adb, adb on PATH, then adbutils'."""
+    """The adb binary to test against: $AMC_ADB, adb on PATH, else the `adbutils` wheel's."""
     candidates: list[Path] = []
     if env := os.environ.get("AMC_ADB"):
         candidates.append(Path(env))
-    candidates.append(Path("/usr/bin/adb"))
     if on_path := shutil.which("adb"):
         candidates.append(Path(on_path))
-    spec = importlib.util.find_spec("adbutils")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidates.append(Path(location) / "binaries" / "adb")
+    candidates.extend(_adbutils_adb())
     for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
+        if _executable(candidate):
             return candidate
-    tried = ", ".join(str(c) for c in candidates)
-    raise AdbNotFound(
-        f"no adb binary found (tried {tried}); `apt-get install adb` or `pip install adbutils`"
-    )
+    tried = ", ".join(str(c) for c in candidates) or "$AMC_ADB, PATH, adbutils"
+    raise AdbNotFound(f"no adb binary found (tried {tried}); `make setup` installs adbutils")
+
+
+def _adbutils_adb() -> list[Path]:
+    spec = importlib.util.find_spec("adbutils")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(location) / "binaries" / "adb" for location in spec.submodule_search_locations]
+
+
+def _executable(path: Path) -> bool:
+    """True if `path` is a runnable file; a wheel's binary unpacked without its x bit gets it."""
+    if not path.is_file():
+        return False
+    if not os.access(path, os.X_OK):
+        with contextlib.suppress(OSError):
+            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return os.access(path, os.X_OK)
 
 
 @dataclass(frozen=True)
