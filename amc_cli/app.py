@@ -18,6 +18,7 @@ from amc_cli.errors import EXIT_CODES_HELP, BadInput, ExitCode
 from amc_cli.follow import follow, outcome_exit
 from amc_cli.specfile import load_request, with_flags
 from amc_common.channel import DEFAULT_PORT, with_default_port
+from amc_common.version import version_line
 
 DEFAULT_ADDR = f"127.0.0.1:{DEFAULT_PORT}"
 
@@ -154,6 +155,12 @@ def _key_values(values: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line("amc"))
+        raise typer.Exit()
+
+
 @app.callback()
 def connect(
     ctx: typer.Context,
@@ -186,6 +193,12 @@ def connect(
     timeout: Annotated[
         float, typer.Option(envvar="AMC_TIMEOUT", help="Seconds to wait for each answer.")
     ] = 30.0,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
 ) -> None:
     """Operate an Agentic Mobile Control phone farm."""
     token, token_file = token_source(

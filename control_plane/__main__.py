@@ -38,6 +38,7 @@ import structlog
 
 from amc_common import logs
 from amc_common.secrets import mask_url, redact
+from amc_common.version import version_line
 from control_plane import errors
 from control_plane.config import Settings
 from control_plane.domain import Role
@@ -118,6 +119,7 @@ def parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=version_line("control-plane"))
     sub = p.add_subparsers(dest="command")
     serve = sub.add_parser("serve", parents=[database], help="run a replica (the default)")
     add_flags(serve, SERVE_FLAGS, SERVE_SWITCHES, env)
@@ -222,7 +224,7 @@ def _no_database_here(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("serve", "tokens", "-h", "--help"):
+    if not argv or argv[0] not in ("serve", "tokens", "-h", "--help", "--version"):
         argv = ["serve", *argv]
     args = parser().parse_args(argv)
     logs.configure(args.log_format)

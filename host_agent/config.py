@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from amc_common.channel import read_token
+from amc_common.version import version_line
 
 DEFAULT_CONTROL_PLANE = "127.0.0.1:50051"
 DEFAULT_ADB = "127.0.0.1:5037"
@@ -180,6 +181,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         p.add_argument(
             flag, default=env.get(var, default), type=parse_value, help=f"{help_text} [${var}]"
         )
+    p.add_argument("--version", action="version", version=version_line("host-agent"))
     p.add_argument(
         "--tls",
         action="store_true",
