@@ -3,6 +3,8 @@
 # here; later ones from `amc tokens create`). Prints the token once.
 # Usage: scripts/token.sh operator|client|host [HOST_ID]
 #   DATABASE_URL selects the server; without it, the embedded one of `make run` (.amc/pgdata).
+# Into a file, only its owner may read it from the start:
+#   scripts/token.sh host lab1 | install -m 0600 /dev/stdin host-agent.token
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 role=${1:?usage: token.sh operator|client|host [HOST_ID]}
