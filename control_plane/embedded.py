@@ -138,6 +138,8 @@ class EmbeddedPostgres:
             )
             entry = pwd.getpwnam(SYSTEM_USER)
         _open_path_to(self.datadir)
+        # The wheel may sit in a private directory too (a virtualenv in a `mktemp -d` clone).
+        _open_path_to(POSTGRES_BIN_PATH.parent)
         _open_tree(POSTGRES_BIN_PATH.parent)
         for path in [self.datadir, *self.datadir.rglob("*")]:
             os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
