@@ -180,24 +180,27 @@ async def _process(*argv: str, log: Path, cwd: Path) -> AsyncIterator[asyncio.su
 
 
 def _serving_port(log: Path) -> int | None:
-    for line in log.read_text(errors="replace").splitlines():
+    """The port of the control plane's "serving" line, once that line is written whole."""
+    *lines, _partial = log.read_text(errors="replace").split("\n")
+    for line in lines:
         if line.startswith("{") and json.loads(line).get("event") == "control plane serving":
             return int(json.loads(line)["port"])
     return None
 
 
 async def test_the_installed_host_agent_connects_with_simulated_devices(
-    prefix: Path, database_url: str, tmp_path: Path
+    prefix: Path, tmp_path: Path
 ) -> None:
-    """THEN the installed control plane lists the installed agent's host as connected,
-    with its two simulated phones online, as the installed `amc hosts` shows them."""
+    """THEN the installed control plane (on its embedded PostgreSQL) lists the installed
+    agent's host as connected, with its two simulated phones online, as the installed
+    `amc hosts` shows them."""
     bin_dir = prefix / "bin"
     plane_log, agent_log = tmp_path / "control-plane.log", tmp_path / "host-agent.log"
     plane = _process(
         str(bin_dir / "control-plane"),
         "serve",
-        "--database-url",
-        database_url,
+        "--data-dir",
+        str(tmp_path / "pgdata"),
         "--listen",
         "127.0.0.1:0",
         "--insecure",
@@ -212,7 +215,7 @@ async def test_the_installed_host_agent_connects_with_simulated_devices(
             assert plane_proc.returncode is None, plane_log.read_text()
             return _serving_port(plane_log)
 
-        address = f"127.0.0.1:{await eventually(port, timeout=60, what='the control plane')}"
+        address = f"127.0.0.1:{await eventually(port, timeout=120, what='the control plane')}"
         agent = _process(
             str(bin_dir / "host-agent"),
             "--control-plane",
