@@ -12,7 +12,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -28,8 +27,9 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
-from tests.fakes.real_adb import find_adb
+from scripts.launch import ControlPlaneCommand, HostAgentCommand, inherited
 from tests.support import eventually
+from tests.support.fakes.real_adb import find_adb
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
@@ -93,9 +93,8 @@ def _run(
 
 
 def _clean_env() -> dict[str, str]:
-    """This environment less what would point a command at the checkout or the test farm."""
-    dropped = ("PYTHONPATH", "VIRTUAL_ENV", "DATABASE_URL", "NOTIFY_SOCKET")
-    return {k: v for k, v in os.environ.items() if not k.startswith("AMC_") and k not in dropped}
+    """No setting of this environment, and nothing pointing back into the checkout."""
+    return {k: v for k, v in inherited().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
 
 # -- what the wheel and the sdist hold ------------------------------------------------------
@@ -161,11 +160,21 @@ def test_the_installed_commands_print_their_version(prefix: Path, tmp_path: Path
 
 
 @contextlib.asynccontextmanager
-async def _process(*argv: str, log: Path, cwd: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """A process of the installed commands; stopped with SIGTERM (then killed) on exit."""
+async def _installed(
+    command: ControlPlaneCommand | HostAgentCommand, prefix: Path, log: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`command` run by the installed console script (not this virtualenv's), in the log's
+    directory; stopped with SIGTERM (then killed) if a test leaves it running."""
+    program, *args = command.argv()
+    argv = [str(prefix / "bin" / Path(program).name), *args]
     with log.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=cwd, env=_clean_env()
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            cwd=log.parent,
+            env=_clean_env(),
         )
     try:
         yield proc
@@ -196,41 +205,20 @@ async def test_the_installed_host_agent_connects_with_simulated_devices(
     `amc hosts` shows them."""
     bin_dir = prefix / "bin"
     plane_log, agent_log = tmp_path / "control-plane.log", tmp_path / "host-agent.log"
-    plane = _process(
-        str(bin_dir / "control-plane"),
-        "serve",
-        "--data-dir",
-        str(tmp_path / "pgdata"),
-        "--listen",
-        "127.0.0.1:0",
-        "--insecure",
-        "--log-format",
-        "json",
-        log=plane_log,
-        cwd=tmp_path,
+    plane = ControlPlaneCommand(
+        "127.0.0.1:0", data_dir=tmp_path / "pgdata", insecure=True, log_format="json"
     )
-    async with plane as plane_proc:
+    async with _installed(plane, prefix, plane_log) as plane_proc:
 
         def port() -> int | None:
             assert plane_proc.returncode is None, plane_log.read_text()
             return _serving_port(plane_log)
 
         address = f"127.0.0.1:{await eventually(port, timeout=120, what='the control plane')}"
-        agent = _process(
-            str(bin_dir / "host-agent"),
-            "--control-plane",
-            address,
-            "--insecure",
-            "--host-id",
-            "wheel-host",
-            "--simulated-devices",
-            "2",
-            "--log-format",
-            "json",
-            log=agent_log,
-            cwd=tmp_path,
+        agent = HostAgentCommand(
+            address, "wheel-host", insecure=True, simulated_devices=2, log_format="json"
         )
-        async with agent as agent_proc:
+        async with _installed(agent, prefix, agent_log) as agent_proc:
 
             async def connected() -> dict[str, object] | None:
                 assert agent_proc.returncode is None, agent_log.read_text()
