@@ -108,7 +108,8 @@ def test_the_wheel_carries_the_generated_package_for_every_proto(dist: Dist) -> 
     for proto in PROTOS.glob("amc/v1/*.proto"):
         module = f"amc/v1/{proto.stem}"
         assert {f"{module}_pb2.py", f"{module}_pb2.pyi", f"{module}_pb2_grpc.py"} <= names
-    assert "control_plane/migrations/001_schema.sql" in names
+    sql = {str(path.relative_to(ROOT)) for path in (ROOT / "control_plane").rglob("*.sql")}
+    assert sql and sql <= names, "the control plane's SQL (schema, queries, migrations)"
     with tarfile.open(dist.sdist) as sdist:
         members = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert {"setup.py", "scripts/gen_protos.py", "protos/amc/v1/task.proto"} <= members
