@@ -279,12 +279,21 @@ def get(
     task_id: Annotated[str, typer.Argument(metavar="ID", help="Task id.")],
     output: OutputOpt = Output.table,
 ) -> None:
-    """Show one task: status, where it runs, its spec and step results."""
-    task = _client(ctx).get_task(task_id)
+    """Show one task: status, where it runs, its spec, step results, attempts and events."""
+    client = _client(ctx)
+    task = client.get_task(task_id)
+    attempts, events = client.task_history(task_id)
     if output is Output.json:
-        render.print_json(task)
+        render.print_json(
+            {
+                **render.to_dict(task),
+                "attempts": [render.to_dict(a) for a in attempts],
+                "events": [render.to_dict(e) for e in events],
+            }
+        )
     else:
         render.task_detail(task)
+        render.history_tables(attempts, events)
 
 
 @app.command("list")

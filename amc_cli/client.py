@@ -159,6 +159,22 @@ class Client:
         request = scheduler_pb2.GetTaskRequest(task_id=task_id)
         return self._call("get task", self._scheduler.GetTask, request)
 
+    def task_history(
+        self, task_id: str, page_size: int = 1000
+    ) -> tuple[list[scheduler_pb2.TaskAttempt], list[scheduler_pb2.TaskEvent]]:
+        """The task's attempts and all its events, oldest first (paged through)."""
+        events: list[scheduler_pb2.TaskEvent] = []
+        token = ""
+        while True:
+            request = scheduler_pb2.ListTaskEventsRequest(
+                task_id=task_id, page_size=page_size, page_token=token
+            )
+            page = self._call("list task events", self._scheduler.ListTaskEvents, request)
+            events.extend(page.events)
+            token = page.next_page_token
+            if not token:
+                return list(page.attempts), events
+
     def cancel(self, task_id: str, reason: str) -> task_pb2.Task:
         """Idempotent, so retried while the control plane is unavailable."""
         request = scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason)

@@ -190,6 +190,45 @@ def steps_table(task: task_pb2.Task, out: Console | None = None) -> None:
     (out or console()).print(table)
 
 
+def history_tables(
+    attempts: list[scheduler_pb2.TaskAttempt], events: list[scheduler_pb2.TaskEvent]
+) -> None:
+    out = console()
+    if attempts:
+        table = Table(title="attempts", title_justify="left", show_edge=False)
+        for name in ("#", "host", "device", "lease", "assigned", "acknowledged", "ended", "how"):
+            table.add_column(name, no_wrap=name == "lease")
+        for a in attempts:
+            how = enum_name("ATTEMPT_STATE_", scheduler_pb2.AttemptState.Name(a.state))
+            table.add_row(
+                str(a.attempt),
+                Text(a.host_id),
+                Text(a.device_serial),
+                a.lease_id,
+                when(a.created_at),
+                when(a.acknowledged_at),
+                when(a.ended_at),
+                Text(how, style=STATUS_STYLE.get(how, "")),
+            )
+        out.print()
+        out.print(table)
+    if events:
+        table = Table(title="events", title_justify="left", show_edge=False)
+        for name in ("time", "attempt", "event", "from", "to", "detail"):
+            table.add_column(name, overflow="fold")
+        for e in events:
+            table.add_row(
+                when(e.at),
+                str(e.attempt or "-"),
+                Text(e.kind),
+                status_name(e.from_status) if e.from_status else "-",
+                status_text(e.to_status) if e.to_status else "-",
+                Text(e.detail or ""),
+            )
+        out.print()
+        out.print(table)
+
+
 def task_table(tasks: list[task_pb2.Task]) -> None:
     out = console()
     if not tasks:

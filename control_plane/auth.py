@@ -32,6 +32,7 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Scheduler/CancelTask": CLIENTS,
     "/amc.v1.Scheduler/WatchTask": CLIENTS,
     "/amc.v1.Scheduler/ListHosts": OPERATORS,
+    "/amc.v1.Scheduler/ListTaskEvents": CLIENTS,
     "/amc.v1.Lease/RegisterHost": HOSTS,
     "/amc.v1.Lease/Acquire": HOSTS,
     "/amc.v1.Lease/RenewLeases": HOSTS,

@@ -10,12 +10,14 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import (
     Assignment,
+    AttemptInfo,
     DeviceInfo,
     HostInfo,
     LeaseId,
     Report,
     Role,
     Task,
+    TaskEvent,
     TaskId,
     TokenInfo,
 )
@@ -48,6 +50,14 @@ DEVICE_STATE_TO_PB = {
     "gone": scheduler_pb2.DEVICE_STATE_GONE,
 }
 DEVICE_STATE_FROM_PB = {v: k for k, v in DEVICE_STATE_TO_PB.items()}
+ATTEMPT_STATE_TO_PB = {
+    "active": scheduler_pb2.ATTEMPT_STATE_ACTIVE,
+    "done": scheduler_pb2.ATTEMPT_STATE_DONE,
+    "failed": scheduler_pb2.ATTEMPT_STATE_FAILED,
+    "cancelled": scheduler_pb2.ATTEMPT_STATE_CANCELLED,
+    "expired": scheduler_pb2.ATTEMPT_STATE_EXPIRED,
+    "released": scheduler_pb2.ATTEMPT_STATE_RELEASED,
+}
 
 
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -155,6 +165,33 @@ def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
             )
             for d in h.devices
         ],
+    )
+
+
+def attempt_to_pb(a: AttemptInfo) -> scheduler_pb2.TaskAttempt:
+    return scheduler_pb2.TaskAttempt(
+        attempt=a.attempt,
+        host_id=a.host_id,
+        device_serial=a.device_serial,
+        lease_id=str(a.lease_id),
+        state=ATTEMPT_STATE_TO_PB.get(a.state, scheduler_pb2.ATTEMPT_STATE_UNSPECIFIED),
+        created_at=timestamp(a.created_at),
+        acknowledged_at=timestamp(a.acknowledged_at),
+        ended_at=timestamp(a.ended_at),
+        cancel_requested_at=timestamp(a.cancel_requested_at),
+    )
+
+
+def event_to_pb(e: TaskEvent) -> scheduler_pb2.TaskEvent:
+    unset = task_pb2.TASK_STATUS_UNSPECIFIED
+    return scheduler_pb2.TaskEvent(
+        event_id=e.event_id,
+        kind=e.kind,
+        at=timestamp(e.at),
+        attempt=e.attempt,
+        from_status=STATUS_TO_PB[e.from_status] if e.from_status else unset,
+        to_status=STATUS_TO_PB[e.to_status] if e.to_status else unset,
+        detail=e.detail,
     )
 
 

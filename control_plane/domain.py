@@ -73,6 +73,38 @@ class Task:
 
 
 @dataclass(frozen=True)
+class AttemptInfo:
+    """One attempt of a task, for its history. `state` is how it ended (active: running)."""
+
+    attempt: int
+    host_id: str
+    device_serial: str
+    lease_id: LeaseId
+    state: str
+    created_at: datetime
+    acknowledged_at: datetime | None
+    ended_at: datetime | None
+    cancel_requested_at: datetime | None
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    event_id: int
+    attempt: int
+    kind: str
+    from_status: TaskStatus | None
+    to_status: TaskStatus | None
+    detail: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class TaskHistory:
+    attempts: list[AttemptInfo]
+    events: list[TaskEvent]
+
+
+@dataclass(frozen=True)
 class Assignment:
     task_id: TaskId
     attempt: int

@@ -33,6 +33,23 @@ SELECT * FROM tasks WHERE caller = $1 AND request_id = ANY ($2::text[]);
 -- name: get_task
 SELECT * FROM tasks WHERE task_id = $1;
 
+-- name: task_history
+-- A task's attempts (all: at most max_attempts) and one page of its events after event $2,
+-- in one round trip; `found` is false when there is no such task.
+SELECT EXISTS (SELECT 1 FROM tasks WHERE task_id = $1) AS found,
+       (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'attempt', a.attempt, 'host_id', a.host_id,
+                   'device_serial', a.device_serial, 'lease_id', a.lease_id,
+                   'state', a.state, 'created_at', a.created_at,
+                   'acknowledged_at', a.acknowledged_at,
+                   'ended_at', COALESCE(a.ended_at, a.reported_at),
+                   'cancel_requested_at', a.cancel_requested_at) ORDER BY a.attempt), '[]')
+        FROM attempts a WHERE a.task_id = $1) AS attempts,
+       (SELECT COALESCE(jsonb_agg(to_jsonb(e) ORDER BY e.event_id), '[]')
+        FROM (SELECT event_id, attempt, kind, from_status, to_status, detail, at
+              FROM task_events WHERE task_id = $1 AND event_id > $2
+              ORDER BY event_id LIMIT $3) e) AS events;
+
 -- name: list_tasks
 -- Newest first, keyset-paged on (created_at, task_id).
 SELECT * FROM tasks

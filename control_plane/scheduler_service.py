@@ -14,7 +14,7 @@ import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import validate
-from control_plane.convert import host_to_pb, task_to_pb
+from control_plane.convert import attempt_to_pb, event_to_pb, host_to_pb, task_to_pb
 from control_plane.domain import NewTask, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.rpc import TaskServicer, principal, rpc
@@ -23,6 +23,8 @@ log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_EVENTS_PAGE = 100
+MAX_EVENTS_PAGE = 1000
 
 
 def encode_page_token(created_at: datetime, task_id: uuid.UUID) -> str:
@@ -41,6 +43,22 @@ def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
         return when, uuid.UUID(task_id)
     except (ValueError, UnicodeDecodeError, OverflowError):
         raise InvalidArgument("page_token", "not a token from a previous ListTasks") from None
+
+
+def encode_events_token(event_id: int) -> str:
+    return base64.urlsafe_b64encode(f"e{event_id}".encode()).decode().rstrip("=")
+
+
+def decode_events_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        if not raw.startswith("e") or not raw[1:].isdigit():
+            raise ValueError(raw)
+        return int(raw[1:])
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "not a token from a previous ListTaskEvents") from None
 
 
 def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
@@ -84,6 +102,26 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         return task_to_pb(await self.store.get_task(task_id))
+
+    @rpc
+    async def ListTaskEvents(
+        self,
+        request: scheduler_pb2.ListTaskEventsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> scheduler_pb2.ListTaskEventsResponse:
+        task_id = TaskId(validate.list_task_events(request))
+        size = min(request.page_size or DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)
+        after = decode_events_token(request.page_token)
+        history = await self.store.task_history(task_id, after, size + 1)
+        events, token = history.events, ""
+        if len(events) > size:
+            events = events[:size]
+            token = encode_events_token(events[-1].event_id)
+        return scheduler_pb2.ListTaskEventsResponse(
+            attempts=[attempt_to_pb(a) for a in history.attempts],
+            events=[event_to_pb(e) for e in events],
+            next_page_token=token,
+        )
 
     @rpc
     async def ListTasks(

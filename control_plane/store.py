@@ -26,6 +26,7 @@ from control_plane import errors
 from control_plane.domain import (
     Acquired,
     Assignment,
+    AttemptInfo,
     DeviceInfo,
     Expiry,
     HostInfo,
@@ -36,6 +37,8 @@ from control_plane.domain import (
     Report,
     Role,
     Task,
+    TaskEvent,
+    TaskHistory,
     TaskId,
     TokenInfo,
 )
@@ -239,6 +242,15 @@ class Store:
             raise errors.TaskNotFound(f"no task {task_id}")
         return _task(row)
 
+    async def task_history(self, task_id: TaskId, after_event: int, limit: int) -> TaskHistory:
+        """The task's attempts, and up to `limit` of its events after event `after_event`."""
+        row = await self._fetchrow("task_history", task_id, after_event, limit)
+        if row is None or not row["found"]:
+            raise errors.TaskNotFound(f"no task {task_id}")
+        return TaskHistory(
+            [_attempt(a) for a in row["attempts"]], [_event(e) for e in row["events"]]
+        )
+
     async def list_tasks(
         self,
         statuses: list[TaskStatus],
@@ -435,6 +447,36 @@ def _expiry(row: asyncpg.Record) -> Expiry:
         TaskStatus(row["to_status"]),
         row["selector_serial"],
         row["selector_labels"] or {},
+    )
+
+
+def _when(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _attempt(a: dict[str, Any]) -> AttemptInfo:
+    return AttemptInfo(
+        attempt=a["attempt"],
+        host_id=a["host_id"],
+        device_serial=a["device_serial"],
+        lease_id=LeaseId(uuid.UUID(a["lease_id"])),
+        state=a["state"],
+        created_at=datetime.fromisoformat(a["created_at"]),
+        acknowledged_at=_when(a["acknowledged_at"]),
+        ended_at=_when(a["ended_at"]),
+        cancel_requested_at=_when(a["cancel_requested_at"]),
+    )
+
+
+def _event(e: dict[str, Any]) -> TaskEvent:
+    return TaskEvent(
+        event_id=e["event_id"],
+        attempt=e["attempt"],
+        kind=e["kind"],
+        from_status=TaskStatus(e["from_status"]) if e["from_status"] else None,
+        to_status=TaskStatus(e["to_status"]) if e["to_status"] else None,
+        detail=e["detail"],
+        at=datetime.fromisoformat(e["at"]),
     )
 
 

@@ -288,6 +288,14 @@ def list_tasks(req: scheduler_pb2.ListTasksRequest) -> tuple[list[TaskStatus], s
     return statuses, host_id
 
 
+def list_task_events(req: scheduler_pb2.ListTaskEventsRequest) -> uuid.UUID:
+    """ListTaskEvents' task (its page size and token are checked as ListTasks' are)."""
+    task = task_id(req.task_id)
+    if req.page_size < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    return task
+
+
 def create_token(req: admin_pb2.CreateTokenRequest) -> tuple[Role, str | None]:
     """The role and the host (None: no host) of the token asked for."""
     if req.role not in ROLE_FROM_PB:

@@ -120,6 +120,9 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/ListHosts": lambda c, w, own: c.scheduler.ListHosts(
         scheduler_pb2.ListHostsRequest()
     ),
+    "/amc.v1.Scheduler/ListTaskEvents": lambda c, w, own: c.scheduler.ListTaskEvents(
+        scheduler_pb2.ListTaskEventsRequest(task_id=w.task_id)
+    ),
     "/amc.v1.Lease/RegisterHost": lambda c, w, own: c.lease.RegisterHost(
         lease_pb2.RegisterHostRequest(host_id=host_id(own), devices=[device("x1")])
     ),

@@ -236,7 +236,9 @@ async def test_get_shows_a_task_as_a_table_and_as_json(amc: Cli) -> None:
     for text in (task["task_id"], "queued", "1 action: tap", "team=qa"):
         assert text in table.out
     doc = (await amc("get", task["task_id"], "-o", "json")).json()
+    history = {k: doc.pop(k) for k in ("attempts", "events")}
     assert doc == task | {"updated_at": doc["updated_at"]}
+    assert history["attempts"] == [] and history["events"][0]["kind"] == "submit"
 
 
 async def test_list_filters_by_status_and_limits(amc: Cli) -> None:
@@ -799,8 +801,11 @@ TAPS = ("amc_agent_action_seconds_count", {"action": "tap", "status": "ok"})
 
 
 def _step_statuses(table: str) -> list[str]:
-    """The status column of a steps table (` 0 │ tap │ ok │ 0.1s │ …`)."""
-    rows = [line.split("│") for line in table.splitlines() if line.count("│") >= 3]
+    """The status column of a steps table (` 0 │ tap │ ok │ 0.1s │ …`), not of the attempts
+    table `amc get` prints after it."""
+    lines = table.splitlines()
+    steps = lines[: next((i for i, line in enumerate(lines) if line.strip() == "attempts"), None)]
+    rows = [line.split("│") for line in steps if line.count("│") >= 3]
     return [row[2].strip() for row in rows if row[0].strip().isdigit()]
 
 

@@ -94,6 +94,7 @@ READ_ONLY = {
     "/amc.v1.Scheduler/ListTasks",
     "/amc.v1.Scheduler/WatchTask",
     "/amc.v1.Scheduler/ListHosts",
+    "/amc.v1.Scheduler/ListTaskEvents",
     "/amc.v1.Admin/ListTokens",
 }
 TABLES = ("tokens", "hosts", "devices", "tasks", "attempts", "task_events")
@@ -791,6 +792,9 @@ def templates(w: World) -> dict[str, list[message.Message]]:
         ],
         "/amc.v1.Scheduler/WatchTask": [scheduler_pb2.WatchTaskRequest(task_id=w.tasks[0])],
         "/amc.v1.Scheduler/ListHosts": [scheduler_pb2.ListHostsRequest()],
+        "/amc.v1.Scheduler/ListTaskEvents": [
+            scheduler_pb2.ListTaskEventsRequest(task_id=w.tasks[0], page_size=2)
+        ],
         "/amc.v1.Lease/RegisterHost": [
             lease_pb2.RegisterHostRequest(
                 host_id="A",
