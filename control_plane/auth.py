@@ -61,14 +61,14 @@ def new_token() -> tuple[uuid.UUID, str, bytes]:
 
 def parse(token: str) -> tuple[uuid.UUID, str]:
     if not token.startswith(PREFIX):
-        raise errors.Unauthenticated("malformed token")
+        raise errors.Unauthenticated("malformed token", "malformed")
     token_hex, _, secret = token[len(PREFIX) :].partition("_")
     try:
         token_id = uuid.UUID(hex=token_hex)
     except ValueError:
-        raise errors.Unauthenticated("malformed token") from None
+        raise errors.Unauthenticated("malformed token", "malformed") from None
     if not secret:
-        raise errors.Unauthenticated("malformed token")
+        raise errors.Unauthenticated("malformed token", "malformed")
     return token_id, secret
 
 
@@ -78,9 +78,9 @@ def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
             text = value.decode(errors="replace") if isinstance(value, bytes) else value
             scheme, _, token = text.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                raise errors.Unauthenticated("authorization must be 'Bearer <token>'")
+                raise errors.Unauthenticated("authorization must be 'Bearer <token>'", "malformed")
             return token.strip()
-    raise errors.Unauthenticated("missing authorization metadata: 'Bearer <token>'")
+    raise errors.Unauthenticated("missing authorization metadata: 'Bearer <token>'", "missing")
 
 
 class Authenticator:
@@ -101,7 +101,7 @@ class Authenticator:
         if info is None or not hmac.compare_digest(info.secret_hash, hash_secret(secret)):
             raise errors.Unauthenticated("unknown token")
         if info.revoked_at is not None:
-            raise errors.Unauthenticated("token revoked")
+            raise errors.Unauthenticated("token revoked", "revoked")
         return Principal(role=info.role, host_id=info.host_id, token_id=info.token_id)
 
     async def _lookup(self, token_id: uuid.UUID) -> TokenInfo | None:

@@ -126,6 +126,8 @@ class Renewal(NamedTuple):
     delivery_seconds: float | None = None
     # This renewal was the host's acknowledgement (assigned -> dispatched).
     acknowledged: bool = False
+    # With an acknowledgement: how long the task was queued before it (pickup latency).
+    pickup_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,25 @@ class TokenInfo:
 
 
 @dataclass(frozen=True)
+class QueueGroup:
+    """Queued tasks of one selector; serial and labels None: the groups summed as `other`."""
+
+    serial: str | None
+    labels: dict[str, str] | None
+    count: int
+    oldest_seconds: float
+
+
+@dataclass(frozen=True)
+class FarmGauges:
+    tasks: dict[str, int]
+    hosts_connected: int
+    # (state, busy) -> devices
+    devices: dict[tuple[str, bool], int]
+    queue: list[QueueGroup]
+
+
+@dataclass(frozen=True)
 class CancelNotice:
     """A cancellation recorded for a lease, as NOTIFY carries it to the stream's replica."""
 
@@ -210,3 +231,5 @@ class Recorded:
     task: Task
     cancel_requested_at: datetime | None
     cancel_delivered_at: datetime | None
+    # When the attempt started running (acknowledged, else assigned): for the run time.
+    started_at: datetime | None = None

@@ -62,6 +62,8 @@ class Effects:
             if r.acknowledged:
                 self.hub.task_changed(r.task_id, TaskStatus.DISPATCHED)
                 metrics.TRANSITIONS.labels(Event.ACKNOWLEDGE, TaskStatus.DISPATCHED).inc()
+                if r.pickup_seconds is not None:
+                    metrics.PICKUP.observe(r.pickup_seconds)
                 log.debug("task dispatched", **_attempt(r.task_id, r.attempt, r.lease_id, host_id))
             if r.delivery_seconds is not None:
                 metrics.CANCEL_DELIVERY.labels("renewal").observe(r.delivery_seconds)
@@ -78,6 +80,9 @@ class Effects:
             delivered, finished = answer.cancel_delivered_at, task.finished_at
             if report.outcome is Outcome.CANCELLED and delivered and finished:
                 metrics.CANCEL_STOP.observe(max(0.0, (finished - delivered).total_seconds()))
+            if answer.started_at and finished:
+                run = max(0.0, (finished - answer.started_at).total_seconds())
+                metrics.RUN_SECONDS.labels(str(report.outcome)).observe(run)
         log.info(
             f"result {answer.code}",
             **_attempt(report.task_id, report.attempt, report.lease_id, task.host_id or host_id),
@@ -124,6 +129,7 @@ class Effects:
             self.hub.task_changed(e.task_id, e.to_status)
             if e.to_status is TaskStatus.QUEUED:
                 offers.append(Offer(str(e.task_id), e.selector_serial, e.selector_labels))
+                metrics.REQUEUES.labels(f"lease_{how}").inc()
             metrics.EXPIRED.labels(e.to_status).inc()
             log.info(
                 f"lease {how}",

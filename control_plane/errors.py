@@ -88,6 +88,11 @@ class Contended(Aborted):
 class Unauthenticated(AmcError):
     """Missing or invalid bearer token."""
 
+    def __init__(self, message: str | None = None, reason: str = "unknown") -> None:
+        super().__init__(message)
+        # missing | malformed | unknown | revoked: what the metrics count it as.
+        self.reason = reason
+
 
 class PermissionDenied(AmcError):
     """This token's role may not call this method."""

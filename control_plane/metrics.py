@@ -65,6 +65,64 @@ SWEEPS = Counter("amc_expiry_sweeps_total", "Expiry sweeps run by this replica")
 DATABASE_UP = Gauge("amc_database_up", "1 while the database answers")
 
 
+# -- what an operator alerts on ---------------------------------------------------------------
+# Farm-wide gauges come from one aggregate query every few seconds (server._refresh_gauges);
+# the queue's per-selector series follow the queue (at most QUEUE_SELECTORS of them, plus
+# `any` and `other`, which always exist).
+
+DEVICE_STATES = ("device", "offline", "unauthorized", "gone")
+DEVICE_USES = ("busy", "idle")
+QUEUE_SELECTORS = 20
+RUN_TIME = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
+
+DEVICES = Gauge(
+    "amc_devices",
+    "Devices by state (as their host last reported: device = online) and use (busy: holds a task)",
+    ["state", "use"],
+)
+QUEUE_DEPTH = Gauge(
+    "amc_queue_depth",
+    f"Queued tasks by selector (the {QUEUE_SELECTORS} deepest; the rest under `other`;"
+    " `any`: no selector)",
+    ["selector"],
+)
+QUEUE_OLDEST = Gauge(
+    "amc_queue_oldest_seconds", "Age of the oldest queued task, by selector", ["selector"]
+)
+PICKUP = Histogram(
+    "amc_pickup_latency_seconds",
+    "Queued -> dispatched (the host acknowledged the assignment)",
+    buckets=LATENCY,
+)
+RUN_SECONDS = Histogram(
+    "amc_task_run_seconds",
+    "Dispatched -> result reported, by outcome",
+    ["outcome"],
+    buckets=RUN_TIME,
+)
+REQUEUES = Counter(
+    "amc_task_requeues_total",
+    "Tasks put back in the queue for another attempt, by cause",
+    ["cause"],
+)
+REQUEUE_CAUSES = ("lease_expired", "lease_released")
+AUTH_FAILURES = Counter(
+    "amc_auth_failures_total",
+    "Calls refused by authentication or authorization, by reason",
+    ["reason"],
+)
+AUTH_REASONS = ("missing", "malformed", "unknown", "revoked", "forbidden")
+RPC_REQUESTS = Counter(
+    "amc_rpc_requests_total", "gRPC calls answered, by method and status code", ["method", "code"]
+)
+RPC_SECONDS = Histogram(
+    "amc_rpc_duration_seconds",
+    "gRPC call duration by method and status code (streams: the whole stream)",
+    ["method", "code"],
+    buckets=LATENCY,
+)
+
+
 # The label values each series is created with at start-up: all that this replica counts.
 TRANSITION_LABELS: list[tuple[Event, str]] = [
     (Event.SUBMIT, TaskStatus.QUEUED),
@@ -96,6 +154,25 @@ def create_series() -> None:
         CANCEL_DELIVERY.labels(path)
     for to in EXPIRED_TO:
         EXPIRED.labels(to)
+    for state in DEVICE_STATES:
+        for use in DEVICE_USES:
+            DEVICES.labels(state, use)
+    for selector in ("any", "other"):
+        QUEUE_DEPTH.labels(selector)
+        QUEUE_OLDEST.labels(selector)
+    for outcome in Outcome:
+        RUN_SECONDS.labels(outcome)
+    for cause in REQUEUE_CAUSES:
+        REQUEUES.labels(cause)
+    for reason in AUTH_REASONS:
+        AUTH_FAILURES.labels(reason)
+
+
+def create_rpc_series(methods: list[str]) -> None:
+    """The per-RPC series of the server's methods, at 0 (their answers: OK)."""
+    for method in methods:
+        RPC_REQUESTS.labels(method, "OK")
+        RPC_SECONDS.labels(method, "OK")
 
 
 create_series()

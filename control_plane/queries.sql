@@ -69,13 +69,25 @@ SELECT * FROM amc_acquire($1, $2, $3);
 -- name: renew_leases
 -- Renews the host's live leases among $2 (first renewal = acknowledgement); conflicts come
 -- back with task_id NULL. Columns in the order of domain.Renewal's fields.
-SELECT * FROM amc_renew($1, $2::uuid[], $3);
+-- An acknowledgement also answers how long the task waited: from entering the queue (its
+-- last event to `queued`) to now (pickup_seconds; one index probe, acknowledgements only).
+SELECT r.*,
+       CASE WHEN r.acknowledged THEN
+           (SELECT extract(epoch FROM now() - e.at)::float8 FROM task_events e
+            WHERE e.task_id = r.task_id::uuid AND e.to_status = 'queued'
+            ORDER BY e.event_id DESC LIMIT 1)
+       END AS pickup_seconds
+FROM amc_renew($1, $2::uuid[], $3) r;
 
 -- name: report_results
 -- One result or several, in one transaction: each as amc_report() alone would take it, in
 -- task_id order (the lock order); `ord` says which result a row answers. A task that does
 -- not exist comes back with code NULL.
-SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at
+-- att_started_at: when the attempt was acknowledged (or assigned), for the run-time metric;
+-- read from the statement's snapshot, so as it was before the report.
+SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at,
+       (SELECT COALESCE(a.acknowledged_at, a.created_at) FROM attempts a
+        WHERE a.task_id = r.task_id AND a.attempt = r.attempt) AS att_started_at
 FROM (SELECT * FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[], $6::bytea[],
                            $7::text[])
           WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error, ord)
@@ -143,12 +155,29 @@ UPDATE tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE token_id = $1 R
 -- name: list_tokens
 SELECT * FROM tokens ORDER BY created_at, token_id;
 
--- name: task_counts
-SELECT status, count(*) AS n FROM tasks GROUP BY status;
-
--- name: hosts_connected
-SELECT count(*) AS n FROM hosts h LEFT JOIN replicas r USING (replica_id)
-WHERE GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval;
+-- name: farm_gauges
+-- The metrics' farm-wide gauges, in one round trip: tasks by status, hosts connected (as
+-- list_hosts decides it, within $1), devices by state and busy, and the queue by selector:
+-- the $2 deepest selectors, the rest summed into one group (`other`: serial and labels NULL).
+SELECT
+    (SELECT COALESCE(jsonb_object_agg(status, n), '{}')
+     FROM (SELECT status, count(*) AS n FROM tasks GROUP BY status) s) AS tasks,
+    (SELECT count(*) FROM hosts h LEFT JOIN replicas r USING (replica_id)
+     WHERE GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval) AS hosts_connected,
+    (SELECT COALESCE(jsonb_agg(jsonb_build_object('state', state, 'busy', busy, 'n', n)), '[]')
+     FROM (SELECT state, task_id IS NOT NULL AS busy, count(*) AS n
+           FROM devices GROUP BY 1, 2) d) AS devices,
+    (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                'serial', serial, 'labels', labels, 'n', n, 'oldest', oldest)), '[]')
+     FROM (SELECT CASE WHEN rank <= $2 THEN min(selector_serial) END AS serial,
+                  CASE WHEN rank <= $2 THEN min(selector_labels::text)::jsonb END AS labels,
+                  sum(n) AS n, max(oldest) AS oldest
+           FROM (SELECT selector_serial, selector_labels, count(*) AS n,
+                        extract(epoch FROM now() - min(updated_at))::float8 AS oldest,
+                        row_number() OVER (ORDER BY count(*) DESC, min(updated_at)) AS rank
+                 FROM tasks WHERE status = 'queued'
+                 GROUP BY selector_serial, selector_labels) g
+           GROUP BY CASE WHEN rank <= $2 THEN rank ELSE 0 END, rank <= $2) q) AS queue;
 
 -- name: replica_alive
 -- This replica's heartbeat: what keeps the hosts whose streams it holds connected.

@@ -13,7 +13,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from control_plane import errors
+from control_plane import errors, metrics
 from control_plane.auth import Authenticator, authorize
 from control_plane.domain import ANONYMOUS, Principal
 
@@ -113,8 +113,15 @@ class TaskServicer(Servicer):
 
 
 async def _enter(self: Servicer, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    who = await self.auth.principal(context.invocation_metadata())
-    authorize(who, method)
+    try:
+        who = await self.auth.principal(context.invocation_metadata())
+        authorize(who, method)
+    except errors.Unauthenticated as exc:
+        metrics.AUTH_FAILURES.labels(exc.reason).inc()
+        raise
+    except errors.PermissionDenied:
+        metrics.AUTH_FAILURES.labels("forbidden").inc()
+        raise
     principal_var.set(who)
 
 

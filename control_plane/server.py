@@ -24,6 +24,7 @@ from amc.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+from amc_common.build import record_build
 from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
@@ -32,6 +33,7 @@ from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
 from control_plane.lifecycle import TaskStatus
 from control_plane.rpc import DecodeGuard
+from control_plane.rpc_metrics import RpcMetrics, label
 from control_plane.scheduler_service import SchedulerService
 from control_plane.store import Store, migrate
 from control_plane.sweep import sweep_expired
@@ -46,6 +48,8 @@ SERVICES = {
 MAX_MESSAGE = 1 << 20
 # How long a stop waits beyond its grace for calls and background loops to end.
 STOP_SLACK = 5.0
+# The farm-wide gauges are refreshed on the first database check, then every this many.
+GAUGE_TICKS = 5
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.keepalive_time_ms", 10_000),
@@ -88,6 +92,25 @@ def rpc_methods() -> list[str]:
     return [f"/{name}/{m.name}" for name, svc in SERVICES.items() for m in svc.methods]
 
 
+# Besides our own: what the per-RPC metrics name rather than count as `other`.
+STANDARD_METHODS = [
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+]
+
+
+def selector_label(serial: str | None, labels: dict[str, str] | None) -> str:
+    """A queue group's `selector` label: `serial=…,k=v,…`, `any`, or `other` (None, None
+    is the sum of the groups past the deepest few)."""
+    if serial is None and labels is None:
+        return "other"
+    parts = [f"serial={serial}"] if serial else []
+    parts += [f"{k}={v}" for k, v in sorted((labels or {}).items())]
+    return ",".join(parts)[:120] or "any"
+
+
 def is_loopback(listen: str) -> bool:
     host = listen.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
@@ -128,6 +151,7 @@ class ControlPlane:
         self._store: Store | None = None
         self._server: grpc.aio.Server | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._queue_labels: set[str] = set()
         self._stopped = asyncio.Event()
         # Set when a background loop died of a bug: the replica must not limp on without it.
         self.crashed = asyncio.Event()
@@ -141,7 +165,12 @@ class ControlPlane:
         applied = await migrate(self.dsn)
         self._store = await Store.open(self.dsn)
         authenticator = auth.Authenticator(self.store, enabled=not self.insecure)
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard()])
+        methods = [*rpc_methods(), *STANDARD_METHODS]
+        metrics.create_rpc_series([label(m) for m in methods])
+        record_build("control-plane")
+        server = grpc.aio.server(
+            options=SERVER_OPTIONS, interceptors=[RpcMetrics(methods), DecodeGuard()]
+        )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
             SchedulerService(authenticator, self.store, self.effects, self.settings), server
         )
@@ -255,7 +284,7 @@ class ControlPlane:
             ticks += 1
             try:
                 await asyncio.wait_for(self.store.ping(), 2.0)
-                if ticks % 5 == 0:
+                if ticks % GAUGE_TICKS == 1:
                     await self._refresh_gauges()
                 ok = True
             except (errors.DatabaseUnavailable, TimeoutError):
@@ -267,10 +296,22 @@ class ControlPlane:
                 log.warning("database " + ("reachable again" if ok else "unreachable"))
 
     async def _refresh_gauges(self) -> None:
-        tasks, hosts = await self.store.gauges(self.settings.lease_ttl)
+        farm = await self.store.farm_gauges(self.settings.lease_ttl, metrics.QUEUE_SELECTORS)
         for status in TaskStatus:
-            metrics.TASKS.labels(str(status)).set(tasks.get(str(status), 0))
-        metrics.HOSTS_CONNECTED.set(hosts)
+            metrics.TASKS.labels(str(status)).set(farm.tasks.get(str(status), 0))
+        metrics.HOSTS_CONNECTED.set(farm.hosts_connected)
+        for state in metrics.DEVICE_STATES:
+            for busy, use in ((True, "busy"), (False, "idle")):
+                metrics.DEVICES.labels(state, use).set(farm.devices.get((state, busy), 0))
+        queue = {selector_label(q.serial, q.labels): q for q in farm.queue}
+        for selector in self._queue_labels - queue.keys() - {"any", "other"}:
+            metrics.QUEUE_DEPTH.remove(selector)
+            metrics.QUEUE_OLDEST.remove(selector)
+        for selector in queue.keys() | {"any", "other"}:
+            group = queue.get(selector)
+            metrics.QUEUE_DEPTH.labels(selector).set(group.count if group else 0)
+            metrics.QUEUE_OLDEST.labels(selector).set(group.oldest_seconds if group else 0)
+        self._queue_labels = set(queue)
 
     async def _listen(self) -> None:
         async for attempt in AsyncRetrying(

@@ -29,9 +29,11 @@ from control_plane.domain import (
     AttemptInfo,
     DeviceInfo,
     Expiry,
+    FarmGauges,
     HostInfo,
     LeaseId,
     NewTask,
+    QueueGroup,
     Recorded,
     Renewal,
     Report,
@@ -186,11 +188,20 @@ class Store:
     async def ping(self) -> None:
         await self._fetchrow("ping")
 
-    async def gauges(self, connected_within: timedelta) -> tuple[dict[str, int], int]:
-        """(tasks by status, hosts seen within `connected_within`) for the metrics."""
-        rows = await self._fetch("task_counts")
-        hosts = await self._fetchrow("hosts_connected", connected_within)
-        return {r["status"]: r["n"] for r in rows}, int(hosts["n"]) if hosts else 0
+    async def farm_gauges(self, connected_within: timedelta, selectors: int) -> FarmGauges:
+        """The farm-wide figures of the metrics, in one round trip: the queue in at most
+        `selectors` groups plus one for the rest."""
+        row = await self._fetchrow("farm_gauges", connected_within, selectors)
+        assert row is not None
+        return FarmGauges(
+            tasks={k: int(v) for k, v in row["tasks"].items()},
+            hosts_connected=int(row["hosts_connected"]),
+            devices={(d["state"], bool(d["busy"])): int(d["n"]) for d in row["devices"]},
+            queue=[
+                QueueGroup(q["serial"], q["labels"], int(q["n"]), float(q["oldest"]))
+                for q in row["queue"]
+            ],
+        )
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -331,7 +342,11 @@ class Store:
             i, code = row["ord"] - 1, ReportCode(row["code"])
             if code in (ReportCode.RECORDED, ReportCode.REPEATED):
                 answers[i] = Recorded(
-                    code, _task(row), row["att_cancel_requested_at"], row["att_cancel_delivered_at"]
+                    code,
+                    _task(row),
+                    row["att_cancel_requested_at"],
+                    row["att_cancel_delivered_at"],
+                    row["att_started_at"],
                 )
             else:
                 answers[i] = _report_refusal(code, reports[i])

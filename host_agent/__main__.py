@@ -26,6 +26,7 @@ import prometheus_client
 import structlog
 
 from amc_common import logs
+from amc_common.build import record_build
 from amc_common.channel import aio_channel
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
@@ -66,6 +67,7 @@ async def serve(config: Config) -> int:
     if config.metrics_listen:
         host, _, port = config.metrics_listen.rpartition(":")
         prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
+    record_build("host-agent")
     notifier = Notifier()
     agent = Agent(config.agent, source, channel, notifier)
     loop = asyncio.get_running_loop()

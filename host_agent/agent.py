@@ -201,11 +201,14 @@ class Agent:
 
     async def _read_inventory(self) -> tuple[DeviceInfo, ...]:
         try:
-            return tuple(await self._source.inventory())
+            inventory = tuple(await self._source.inventory())
         except DeviceError as exc:
             # Phones we cannot see must not take work: offer none until they are back.
             self._log.warning("device inventory failed; offering no devices", error=str(exc))
+            metrics.inventory_read(None)
             return ()
+        metrics.inventory_read([d.state for d in inventory])
+        return inventory
 
     async def refresh_inventory(self) -> None:
         """Read the devices again and re-register if anything changed."""

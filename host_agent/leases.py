@@ -200,6 +200,7 @@ class LeaseKeeper:
             done, _ = await asyncio.wait((reader, sender), return_when=asyncio.FIRST_COMPLETED)
             error = _stream_error(next(iter(done)))
         finally:
+            metrics.CONNECTED.set(0)
             await _cancel_all(reader, sender)
             call.cancel()
             self._sent.clear()  # answers to those requests can no longer arrive
@@ -246,6 +247,7 @@ class LeaseKeeper:
             assert isinstance(response, lease_pb2.RenewLeasesResponse)
             if not self._answered:
                 log.info("renewal stream open", leases=len(self._held))
+                metrics.CONNECTED.set(1)
             self._answered = True
             self.on_response(response)
 

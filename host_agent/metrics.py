@@ -38,6 +38,14 @@ TASKS = Counter(
 LEASES_HELD = Gauge("amc_agent_leases_held", "Leases held right now")
 
 
+CONNECTED = Gauge(
+    "amc_agent_connected", "1 while the renewal stream to the control plane is open and answered"
+)
+ADB_UP = Gauge(
+    "amc_agent_adb_up", "1 while the device source (the adb server) answered the last inventory"
+)
+DEVICES = Gauge("amc_agent_devices", "Devices in the last inventory, by adb state", ["state"])
+
 # The label values each series is created with at start-up: all that the agent counts.
 ACTION_KINDS = tuple(ACTIONS)
 ACTION_STATUSES = ("ok", "failed", "stopped")
@@ -50,6 +58,7 @@ DEVICE_ERROR_KINDS = (
     "UnsupportedText",
 )
 CANCEL_VIAS = ("push", "renewal")
+DEVICE_STATES = ("device", "offline", "unauthorized", "other")
 # how, outcome: a report carries the run's outcome; a release follows a run that never
 # started (none) or one stopped by a shutdown (failed); a dropped lease ran nothing.
 TASK_ENDINGS = (
@@ -73,6 +82,18 @@ def create_series() -> None:
         CANCELS_SEEN.labels(via)
     for how, outcome in TASK_ENDINGS:
         TASKS.labels(how, outcome)
+    for state in DEVICE_STATES:
+        DEVICES.labels(state)
 
 
 create_series()
+
+
+def inventory_read(states: list[str] | None) -> None:
+    """After reading the inventory: the adb states seen, or None when the read failed."""
+    ADB_UP.set(0 if states is None else 1)
+    counts = dict.fromkeys(DEVICE_STATES, 0)
+    for state in states or ():
+        counts[state if state in counts else "other"] += 1
+    for state, n in counts.items():
+        DEVICES.labels(state).set(n)

@@ -22,6 +22,7 @@ class Replica:
     dsn: str
     port: int = field(default_factory=free_port)
     sweep_interval: float | None = None
+    metrics_listen: str | None = None
     log: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
 
@@ -39,6 +40,7 @@ class Replica:
             listen=self.address,
             database_url=self.dsn,
             sweep_interval=self.sweep_interval,
+            metrics_listen=self.metrics_listen,
             log_format="json",
         )
         argv, env = command.argv(), command.env()
