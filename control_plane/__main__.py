@@ -79,6 +79,8 @@ SERVE_FLAGS: list[Flag] = [
     ("--sweep-interval", "AMC_SWEEP_INTERVAL", "1", float, "seconds between lease-expiry sweeps"),
     ("--metrics-listen", "AMC_METRICS_LISTEN", "", str,
      "host:port for Prometheus metrics at /metrics (off if empty)"),
+    ("--http-listen", "AMC_HTTP_LISTEN", "", str,
+     "host:port for the operator console in the browser (off if empty)"),
     ("--grace", "AMC_GRACE", "5", float, "seconds in-flight calls get on SIGTERM"),
 ]
 # flag, environment variable (set to 1 to switch on), help
@@ -162,7 +164,12 @@ class StartFailed(Exception):
 
 async def serve(args: argparse.Namespace, dsn: str) -> None:
     plane = ControlPlane(
-        dsn, settings_from(args), listen=args.listen, insecure=args.insecure, tls=tls_from(args)
+        dsn,
+        settings_from(args),
+        listen=args.listen,
+        insecure=args.insecure,
+        tls=tls_from(args),
+        http_listen=args.http_listen or None,
     )
     try:
         await plane.start()

@@ -1,7 +1,7 @@
 """Bearer tokens and who may call what.
 
 A token reads `amc_<token id>_<secret>`; only sha256(secret) is stored. Roles:
-`client` (Scheduler, except ListHosts), `operator` (Scheduler, ListHosts, Admin),
+`client` (Scheduler, except ListHosts and GetQueue), `operator` (all of Scheduler, Admin),
 `host` (Lease only, as the one host id the token is bound to). Health and reflection are
 open to everyone: they say nothing about tasks.
 """
@@ -33,6 +33,7 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Scheduler/WatchTask": CLIENTS,
     "/amc.v1.Scheduler/ListHosts": OPERATORS,
     "/amc.v1.Scheduler/ListTaskEvents": CLIENTS,
+    "/amc.v1.Scheduler/GetQueue": OPERATORS,
     "/amc.v1.Lease/RegisterHost": HOSTS,
     "/amc.v1.Lease/Acquire": HOSTS,
     "/amc.v1.Lease/RenewLeases": HOSTS,

@@ -14,6 +14,7 @@ from control_plane.domain import (
     DeviceInfo,
     HostInfo,
     LeaseId,
+    QueueWait,
     Report,
     Role,
     Task,
@@ -192,6 +193,18 @@ def event_to_pb(e: TaskEvent) -> scheduler_pb2.TaskEvent:
         from_status=STATUS_TO_PB[e.from_status] if e.from_status else unset,
         to_status=STATUS_TO_PB[e.to_status] if e.to_status else unset,
         detail=e.detail,
+    )
+
+
+def queue_group_to_pb(g: QueueWait) -> scheduler_pb2.QueueGroup:
+    return scheduler_pb2.QueueGroup(
+        selector=task_pb2.DeviceSelector(serial=g.serial or "", labels=g.labels),
+        count=g.count,
+        oldest_queued_at=timestamp(g.oldest_at),
+        devices_idle=g.devices_idle,
+        devices_busy=g.devices_busy,
+        devices_unavailable=g.devices_unavailable,
+        waiting_because=g.because,
     )
 
 

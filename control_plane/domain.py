@@ -204,6 +204,35 @@ class QueueGroup:
 
 
 @dataclass(frozen=True)
+class QueueWait:
+    """Queued tasks of one selector, and the devices that selector matches."""
+
+    serial: str | None
+    labels: dict[str, str]
+    count: int
+    oldest_at: datetime
+    devices_idle: int
+    devices_busy: int
+    devices_unavailable: int
+
+    @property
+    def because(self) -> str:
+        if self.devices_idle:
+            return (
+                f"{self.devices_idle} matching device(s) idle: being dispatched, or their"
+                " host is not asking for work"
+            )
+        if self.devices_busy:
+            return f"all {self.devices_busy} matching device(s) are busy"
+        if self.devices_unavailable:
+            return (
+                f"the {self.devices_unavailable} matching device(s) are offline, unauthorized,"
+                " gone or on a disconnected host"
+            )
+        return "no device matches the selector"
+
+
+@dataclass(frozen=True)
 class FarmGauges:
     tasks: dict[str, int]
     hosts_connected: int

@@ -43,6 +43,8 @@ class Hub:
         self.presence = Presence(self.replica)
         self._outbox: dict[tuple[str, str], None] = {}
         self._outbox_ready = asyncio.Event()
+        # Told of every notification after the hub acted on it (the console's live pages).
+        self._listeners: set[Callable[[str, str], None]] = set()
 
     def publish(self, channel: str, payload: str = "") -> None:
         """A change this replica committed: act on it here at once, tell the others soon."""
@@ -99,6 +101,8 @@ class Hub:
             self.dispatcher.wake_host(payload)
         elif channel == "amc_task":
             self._wake_watchers(payload)
+        for listener in list(self._listeners):
+            listener(channel, payload)
 
     def wake_all(self) -> None:
         """After the listener reconnects: anything may have been missed, so look again."""
@@ -139,6 +143,15 @@ class Hub:
             self._watchers[task_id].discard(event)
             if not self._watchers[task_id]:
                 del self._watchers[task_id]
+
+    @contextlib.contextmanager
+    def listening(self, listener: Callable[[str, str], None]) -> Iterator[None]:
+        """`listener(channel, payload)` hears every notification while inside."""
+        self._listeners.add(listener)
+        try:
+            yield
+        finally:
+            self._listeners.discard(listener)
 
     def streams(self) -> int:
         return sum(len(s) for s in self._streams.values())

@@ -52,12 +52,44 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE task_id = $1) AS found,
 
 -- name: list_tasks
 -- Newest first, keyset-paged on (created_at, task_id).
+-- $6: selector labels the task's must contain; $7: a LIKE pattern (escaped) for the id's
+-- start, or anywhere in the request id or metadata.
 SELECT * FROM tasks
 WHERE (cardinality($1::text[]) = 0 OR status = ANY ($1))
   AND ($2::text IS NULL OR host_id = $2)
   AND ($3::timestamptz IS NULL OR (created_at, task_id) < ($3, $4::uuid))
+  AND selector_labels @> $6::jsonb
+  AND ($7::text = '' OR task_id::text LIKE $7 || '%' OR request_id ILIKE '%' || $7 || '%'
+       OR metadata::text ILIKE '%' || $7 || '%')
 ORDER BY created_at DESC, task_id DESC
 LIMIT $5;
+
+-- name: queue_groups
+-- The queue by selector, the $2 largest groups, each with the devices its selector matches:
+-- online and idle on a connected host (within $1), online and busy, and the rest.
+WITH g AS (
+    SELECT selector_serial, selector_labels, count(*) AS n, min(updated_at) AS oldest
+    FROM tasks WHERE status = 'queued'
+    GROUP BY selector_serial, selector_labels
+    ORDER BY n DESC, oldest LIMIT $2
+)
+SELECT g.selector_serial, g.selector_labels, g.n, g.oldest,
+       (SELECT count(*) FROM tasks WHERE status = 'queued') AS total,
+       m.idle, m.busy, m.unavailable
+FROM g LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE d.state = 'device' AND d.task_id IS NULL AND c.connected)
+               AS idle,
+           count(*) FILTER (WHERE d.state = 'device' AND d.task_id IS NOT NULL) AS busy,
+           count(*) FILTER (WHERE NOT (d.state = 'device' AND (c.connected
+                                                               OR d.task_id IS NOT NULL)))
+               AS unavailable
+    FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
+    CROSS JOIN LATERAL (SELECT GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval
+                               AS connected) c
+    WHERE d.labels @> g.selector_labels
+      AND (g.selector_serial IS NULL OR d.serial = g.selector_serial)
+) m ON true
+ORDER BY g.n DESC, g.oldest;
 
 -- name: cancel_task
 SELECT code, (task).* FROM amc_cancel($1, $2);

@@ -14,7 +14,13 @@ import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import validate
-from control_plane.convert import attempt_to_pb, event_to_pb, host_to_pb, task_to_pb
+from control_plane.convert import (
+    attempt_to_pb,
+    event_to_pb,
+    host_to_pb,
+    queue_group_to_pb,
+    task_to_pb,
+)
 from control_plane.domain import NewTask, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.rpc import TaskServicer, principal, rpc
@@ -23,6 +29,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 DEFAULT_MAX_ATTEMPTS = 3
+QUEUE_GROUPS = 100
 DEFAULT_EVENTS_PAGE = 100
 MAX_EVENTS_PAGE = 1000
 
@@ -130,7 +137,8 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         statuses, host_id = validate.list_tasks(request)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         after = decode_page_token(request.page_token)
-        tasks = await self.store.list_tasks(statuses, host_id, after, size + 1)
+        labels, pattern = validate.task_search(request)
+        tasks = await self.store.list_tasks(statuses, host_id, after, size + 1, labels, pattern)
         token = ""
         if len(tasks) > size:
             tasks = tasks[:size]
@@ -171,6 +179,15 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
                     await asyncio.wait_for(changed.wait(), refresh)
                 except TimeoutError:
                     pass
+
+    @rpc
+    async def GetQueue(
+        self, request: scheduler_pb2.GetQueueRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.GetQueueResponse:
+        groups, total = await self.store.queue(self.settings.lease_ttl, QUEUE_GROUPS)
+        return scheduler_pb2.GetQueueResponse(
+            groups=[queue_group_to_pb(g) for g in groups], total=total
+        )
 
     @rpc
     async def ListHosts(

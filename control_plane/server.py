@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import ssl
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,6 +31,7 @@ from amc_common.build import record_build
 from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
+from control_plane.console.http import Console
 from control_plane.effects import Effects
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
@@ -130,20 +134,25 @@ class ControlPlane:
         listen: str = "127.0.0.1:50051",
         insecure: bool = False,
         tls: Tls | None = None,
+        http_listen: str | None = None,
     ) -> None:
         missing = set(rpc_methods()) - set(auth.POLICY)
         if missing:
             raise RuntimeError(f"no auth policy for {sorted(missing)}")
-        if insecure and not is_loopback(listen):
-            raise ValueError(
-                "--insecure turns authentication off and is allowed only when "
-                f"listening on loopback, not on {listen}"
-            )
+        for address in (listen, http_listen):
+            if insecure and address and not is_loopback(address):
+                raise ValueError(
+                    "--insecure turns authentication off and is allowed only when "
+                    f"listening on loopback, not on {address}"
+                )
         self.dsn = dsn
         self.settings = settings or Settings()
         self.listen = listen
         self.insecure = insecure
         self.tls = tls
+        self.http_listen = http_listen
+        self.console: Console | None = None
+        self.http_port = 0
         self.hub = Hub()
         self.effects = Effects(self.hub)
         self.health = health.aio.HealthServicer()
@@ -171,9 +180,8 @@ class ControlPlane:
         server = grpc.aio.server(
             options=SERVER_OPTIONS, interceptors=[RpcMetrics(methods), DecodeGuard()]
         )
-        scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-            SchedulerService(authenticator, self.store, self.effects, self.settings), server
-        )
+        scheduler = SchedulerService(authenticator, self.store, self.effects, self.settings)
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
         lease_pb2_grpc.add_LeaseServicer_to_server(
             LeaseService(authenticator, self.store, self.effects, self.settings), server
         )
@@ -195,6 +203,9 @@ class ControlPlane:
             self.port = server.add_insecure_port(self.listen)
         await server.start()
         self._server = server
+        if self.http_listen:
+            self.console = Console(scheduler, authenticator, self.hub)
+            self.http_port = await self.console.start(self.http_listen, self._console_tls())
         await self._set_health(True)
         metrics.STREAMS.set_function(self.hub.streams)
         metrics.ACQUIRES_WAITING.set_function(lambda: len(self.hub.dispatcher))
@@ -219,6 +230,7 @@ class ControlPlane:
             listen=self.listen,
             port=self.port,
             auth="off (--insecure)" if self.insecure else "bearer tokens",
+            console=f"http{'s' * bool(self.tls)}://{self.http_listen}/" if self.console else None,
             tls=bool(self.tls),
             migrations_applied=applied,
             lease_ttl=self.settings.lease_ttl.total_seconds(),
@@ -236,6 +248,8 @@ class ControlPlane:
             done, _ = await asyncio.wait([stopping], timeout=grace + STOP_SLACK)
             if not done:
                 log.warning("in-flight calls did not end; stopping without them")
+        if self.console is not None:
+            await self.console.stop()
         for task in self._background:
             task.cancel()
         if self._background:
@@ -248,6 +262,19 @@ class ControlPlane:
             await self._store.close()
         self._stopped.set()
         log.info("control plane stopped")
+
+    def _console_tls(self) -> ssl.SSLContext | None:
+        """The gRPC port's certificate serves the console too (ssl wants files)."""
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        with tempfile.TemporaryDirectory() as tmp:
+            cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+            cert.write_bytes(self.tls.cert_chain)
+            key.touch(0o600)
+            key.write_bytes(self.tls.private_key)
+            context.load_cert_chain(cert, key)
+        return context
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

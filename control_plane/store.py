@@ -34,6 +34,7 @@ from control_plane.domain import (
     LeaseId,
     NewTask,
     QueueGroup,
+    QueueWait,
     Recorded,
     Renewal,
     Report,
@@ -268,12 +269,40 @@ class Store:
         host_id: str | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        selector_labels: dict[str, str] | None = None,
+        pattern: str = "",
     ) -> list[Task]:
+        """Newest first; `pattern` (LIKE, escaped) matches the id's start, or anywhere in
+        the request id or metadata."""
         created, task_id = after if after else (None, None)
         rows = await self._fetch(
-            "list_tasks", [str(s) for s in statuses], host_id, created, task_id, limit
+            "list_tasks",
+            [str(s) for s in statuses],
+            host_id,
+            created,
+            task_id,
+            limit,
+            selector_labels or {},
+            pattern,
         )
         return [_task(r) for r in rows]
+
+    async def queue(self, connected_within: timedelta, limit: int) -> tuple[list[QueueWait], int]:
+        """The `limit` largest groups of queued tasks by selector, and the queued total."""
+        rows = await self._fetch("queue_groups", connected_within, limit)
+        groups = [
+            QueueWait(
+                r["selector_serial"],
+                r["selector_labels"] or {},
+                r["n"],
+                r["oldest"],
+                r["idle"],
+                r["busy"],
+                r["unavailable"],
+            )
+            for r in rows
+        ]
+        return groups, int(rows[0]["total"]) if rows else 0
 
     async def cancel(self, task_id: TaskId, reason: str) -> tuple[CancelCode, Task]:
         """Returns (code, task); code is CANCELLED, REQUESTED or UNCHANGED (else it raises)."""

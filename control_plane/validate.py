@@ -169,6 +169,15 @@ def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
         raise InvalidArgument(field, f"more than {MAX_ACTIONS} actions in all")
 
 
+def search_text(value: str, field: str = "text") -> str:
+    """A search text, as a LIKE pattern matching it literally."""
+    if len(value) > MAX_KEY:
+        raise InvalidArgument(field, f"longer than {MAX_KEY} characters")
+    _no_nul(value, field)
+    _printable(value, field)
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def submit(req: scheduler_pb2.SubmitTaskRequest) -> None:
     identifier(req.request_id, "request_id", required=False)
     spec(req.spec)
@@ -286,6 +295,12 @@ def list_tasks(req: scheduler_pb2.ListTasksRequest) -> tuple[list[TaskStatus], s
     if req.page_size < 0:
         raise InvalidArgument("page_size", "must not be negative")
     return statuses, host_id
+
+
+def task_search(req: scheduler_pb2.ListTasksRequest) -> tuple[dict[str, str], str]:
+    """ListTasks' search: the selector labels a task must carry, and its text as a LIKE
+    pattern."""
+    return string_map(dict(req.selector_labels), "selector_labels"), search_text(req.text)
 
 
 def list_task_events(req: scheduler_pb2.ListTaskEventsRequest) -> uuid.UUID:

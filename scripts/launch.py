@@ -114,6 +114,7 @@ class ControlPlaneCommand(_Command):
     sweep_interval: float | None = _seconds()
     grace: float | None = _seconds()
     metrics_listen: str | None = None
+    http_listen: str | None = None
     log_format: LogFormat | None = None
     debug: bool = False
 

@@ -85,6 +85,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--listen", default="127.0.0.1:50051")
+    p.add_argument("--http-listen", default="127.0.0.1:8080", help="the console in the browser")
     p.add_argument("--data-dir", default=str(ROOT / ".amc" / "pgdata"))
     p.add_argument("--adb", default=os.environ.get("AMC_ADB_ADDR", "127.0.0.1:5037"))
     p.add_argument(
@@ -102,6 +103,7 @@ def main() -> int:
         data_dir=Path(args.data_dir),
         insecure=True,
         metrics_listen="127.0.0.1:9464",
+        http_listen=args.http_listen,
     )
     plane = subprocess.Popen(
         plane_command.argv(), cwd=ROOT, env=plane_command.env(), start_new_session=True
@@ -128,7 +130,8 @@ def main() -> int:
         agent = subprocess.Popen(
             agent_command.argv(), cwd=ROOT, env=agent_command.env(), start_new_session=True
         )
-        say("ready: try `amc hosts`, or the README's tour; Ctrl-C stops everything")
+        say(f"console: http://{args.http_listen}/")
+        say("ready: open the console, try `amc hosts`, or the README's tour; Ctrl-C stops all")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while plane.poll() is None and agent.poll() is None:
             time.sleep(0.5)

@@ -123,6 +123,9 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/ListTaskEvents": lambda c, w, own: c.scheduler.ListTaskEvents(
         scheduler_pb2.ListTaskEventsRequest(task_id=w.task_id)
     ),
+    "/amc.v1.Scheduler/GetQueue": lambda c, w, own: c.scheduler.GetQueue(
+        scheduler_pb2.GetQueueRequest()
+    ),
     "/amc.v1.Lease/RegisterHost": lambda c, w, own: c.lease.RegisterHost(
         lease_pb2.RegisterHostRequest(host_id=host_id(own), devices=[device("x1")])
     ),
@@ -159,7 +162,7 @@ def expected(method: str, caller: str) -> object:
     if caller in ("none", "malformed", "revoked"):
         return UNAUTH
     allowed = {
-        "client": service == "amc.v1.Scheduler" and not method.endswith("ListHosts"),
+        "client": service == "amc.v1.Scheduler" and not method.endswith(("ListHosts", "GetQueue")),
         "operator": service in ("amc.v1.Scheduler", "amc.v1.Admin"),
         "host_own": service == "amc.v1.Lease",
         "host_foreign": service == "amc.v1.Lease",

@@ -95,6 +95,7 @@ READ_ONLY = {
     "/amc.v1.Scheduler/WatchTask",
     "/amc.v1.Scheduler/ListHosts",
     "/amc.v1.Scheduler/ListTaskEvents",
+    "/amc.v1.Scheduler/GetQueue",
     "/amc.v1.Admin/ListTokens",
 }
 TABLES = ("tokens", "hosts", "devices", "tasks", "attempts", "task_events")
@@ -795,6 +796,7 @@ def templates(w: World) -> dict[str, list[message.Message]]:
         "/amc.v1.Scheduler/ListTaskEvents": [
             scheduler_pb2.ListTaskEventsRequest(task_id=w.tasks[0], page_size=2)
         ],
+        "/amc.v1.Scheduler/GetQueue": [scheduler_pb2.GetQueueRequest()],
         "/amc.v1.Lease/RegisterHost": [
             lease_pb2.RegisterHostRequest(
                 host_id="A",
@@ -945,6 +947,14 @@ def _broken_submit(r: Any) -> str | None:
     return None
 
 
+def _broken_list_tasks(r: Any) -> str | None:
+    if _broken(r.host_id):
+        return "host_id"
+    if _broken_map(r.selector_labels):
+        return "selector_labels"
+    return "text" if _broken(r.text) else None
+
+
 def must_refuse(method: str, caller: str, r: Any) -> str | None:
     """The identifier or label field of a request (the first message of a stream) holding
     a line break or control character, if the request must be INVALID_ARGUMENT for it:
@@ -959,7 +969,7 @@ def must_refuse(method: str, caller: str, r: Any) -> str | None:
                 return f"tasks[{i}].{found}"
         return None
     if name == "ListTasks":
-        return "host_id" if _broken(r.host_id) else None
+        return _broken_list_tasks(r)
     if name == "CreateToken":
         return next((f for f in ("host_id", "name") if _broken(getattr(r, f))), None)
     if name not in ("RegisterHost", "Acquire", "RenewLeases"):

@@ -42,6 +42,7 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
         sweep_interval=0.05,
         grace=0,
         metrics_listen="127.0.0.1:9464",
+        http_listen="127.0.0.1:8080",
         log_format="json",
         debug=True,
     )
@@ -63,6 +64,7 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
         0.0,
     )
     assert (args.metrics_listen, args.log_format) == ("127.0.0.1:9464", "json")
+    assert args.http_listen == "127.0.0.1:8080"
 
 
 def test_unset_control_plane_fields_leave_the_replicas_defaults() -> None:

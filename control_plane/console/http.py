@@ -1,0 +1,284 @@
+"""The operator console's HTTP server, on the control plane's own event loop (aiohttp).
+
+- `/`, `/queue`, `/tasks`, `/tasks/<id>`, `/hosts/<id>`: one page (static/index.html)
+  whose script draws the view the path names.
+- `POST /api/amc.v1.Scheduler/<Method>`: the JSON mapping of the Scheduler service. The
+  body is the request message in proto JSON; the call goes to the very servicer method the
+  gRPC server calls (`@rpc`: the same authentication, roles, validation and error
+  messages); the answer is the response message in proto JSON, or `{"code", "message"}`
+  with the HTTP status of the gRPC code.
+- `GET /api/events`: server-sent events from the replica's notification hub (task
+  changed, host freed, work queued), coalesced per browser; pages re-read what changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any, NoReturn
+
+import grpc
+import structlog
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
+
+from amc.v1 import scheduler_pb2
+from control_plane import errors
+from control_plane.auth import Authenticator, authorize
+from control_plane.hub import Hub
+from control_plane.rpc import code_for
+from control_plane.scheduler_service import SchedulerService
+
+log = structlog.get_logger(__name__)
+
+SERVICE = "amc.v1.Scheduler"
+SCHEDULER = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
+# The unary Scheduler methods a page may call (WatchTask's part is /api/events).
+METHODS = frozenset(
+    {
+        "SubmitTask",
+        "SubmitTasks",
+        "GetTask",
+        "ListTasks",
+        "CancelTask",
+        "ListHosts",
+        "ListTaskEvents",
+        "GetQueue",
+    }
+)
+PAGES = ("/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}")
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.UNAVAILABLE: 503,
+}
+# A browser is sent what changed at most this often; more changes meanwhile are merged.
+EVENT_INTERVAL = 0.25
+# Past this many distinct changes waiting for one browser, it is told to re-read everything.
+PENDING_LIMIT = 500
+KEEPALIVE = 15.0
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class Refused(Exception):
+    """What `context.abort()` raises for a console call: the gRPC code and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class CallContext:
+    """The part of a grpc.aio ServicerContext the servicers use: the caller's metadata,
+    and abort()."""
+
+    def __init__(self, authorization: str | None) -> None:
+        self._metadata = (("authorization", authorization),) if authorization else ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise Refused(code, details)
+
+
+def _refusal(code: grpc.StatusCode, message: str) -> web.Response:
+    return web.json_response(
+        {"code": code.name, "message": message}, status=HTTP_STATUS.get(code, 500)
+    )
+
+
+class Console:
+    def __init__(self, scheduler: SchedulerService, auth: Authenticator, hub: Hub) -> None:
+        self.scheduler = scheduler
+        self.auth = auth
+        self.hub = hub
+        self.static = resources.files(__package__).joinpath("static")
+        self._runner: web.AppRunner | None = None
+        self._streams: set[Stream] = set()
+        self.port = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard])
+        for path in PAGES:
+            app.router.add_get(path, self.page)
+        app.router.add_get("/static/{name}", self.asset)
+        app.router.add_post(f"/api/{SERVICE}/{{method}}", self.call)
+        app.router.add_get("/api/events", self.events)
+        return app
+
+    async def start(self, listen: str, ssl_context: ssl.SSLContext | None = None) -> int:
+        host, _, port = listen.rpartition(":")
+        runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0
+        )
+        await runner.setup()
+        address = host.strip("[]") or "127.0.0.1"
+        site = web.TCPSite(runner, address, int(port), ssl_context=ssl_context)
+        await site.start()
+        self._runner = runner
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else int(port)
+        return self.port
+
+    async def stop(self) -> None:
+        """After the hub closed: event streams end, then the server."""
+        for stream in self._streams:
+            stream.ready.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- the border ------------------------------------------------------------------------
+
+    @web.middleware
+    async def _guard(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        # Without authentication the console is open on loopback only; a page of another
+        # site must not reach it through a name that resolves to 127.0.0.1 either.
+        if not self.auth.enabled and request.url.host not in LOOPBACK_HOSTS:
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED, "open on loopback names only")
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return _refusal(grpc.StatusCode.NOT_FOUND, f"nothing at {request.path}")
+            raise
+        except Exception:
+            log.exception("console request failed", path=request.path)
+            return _refusal(grpc.StatusCode.INTERNAL, "internal error")
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    # -- pages -----------------------------------------------------------------------------
+
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        return await self._file("index.html")
+
+    async def asset(self, request: web.Request) -> web.StreamResponse:
+        return await self._file(request.match_info["name"])
+
+    async def _file(self, name: str) -> web.StreamResponse:
+        types = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+        kind = next((t for ext, t in types.items() if name.endswith(ext)), None)
+        item = self.static.joinpath(name)
+        if kind is None or "/" in name or not item.is_file():
+            raise web.HTTPNotFound()
+        return web.Response(
+            body=item.read_bytes(),
+            content_type=kind,
+            charset="utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    # -- the API ---------------------------------------------------------------------------
+
+    async def call(self, request: web.Request) -> web.Response:
+        name = request.match_info["method"]
+        if name not in METHODS:
+            return _refusal(grpc.StatusCode.NOT_FOUND, f"no method {name} here")
+        # A JSON content type cannot be sent across sites without the browser asking first
+        # (and this server never says yes): no other page can act with this one's access.
+        if request.content_type != "application/json":
+            return _refusal(grpc.StatusCode.INVALID_ARGUMENT, "send application/json")
+        request_class = GetMessageClass(SCHEDULER.methods_by_name[name].input_type)
+        try:
+            message = json_format.Parse(await request.text() or "{}", request_class())
+        except (json_format.ParseError, UnicodeDecodeError) as exc:
+            return _refusal(grpc.StatusCode.INVALID_ARGUMENT, f"request: {exc}")
+        context = CallContext(request.headers.get("Authorization"))
+        try:
+            answer = await getattr(self.scheduler, name)(message, context)
+        except Refused as exc:
+            return _refusal(exc.code, exc.message)
+        return web.json_response(_to_json(answer))
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        caller = CallContext(request.headers.get("Authorization"))
+        try:
+            who = await self.auth.principal(caller.invocation_metadata())
+            authorize(who, f"/{SERVICE}/WatchTask")
+        except errors.AmcError as exc:
+            return _refusal(code_for(exc), exc.message)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                **SECURITY_HEADERS,
+            }
+        )
+        await response.prepare(request)
+        await response.write(b"event: hello\ndata: \n\n")
+        stream = Stream(self.hub)
+        self._streams.add(stream)
+        try:
+            await stream.run(response)
+        finally:
+            self._streams.discard(stream)
+        return response
+
+
+class Stream:
+    """One browser's events: changes gathered as they come, sent together."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.pending: dict[tuple[str, str], None] = {}
+        self.ready = asyncio.Event()
+
+    def hear(self, channel: str, payload: str) -> None:
+        event = _event(channel, payload)
+        if event is None:
+            return
+        if len(self.pending) >= PENDING_LIMIT:
+            self.pending = {("resync", ""): None}
+        else:
+            self.pending[event] = None
+        self.ready.set()
+
+    async def run(self, response: web.StreamResponse) -> None:
+        with self.hub.listening(self.hear), contextlib.suppress(ConnectionError):
+            while not self.hub.closing:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(KEEPALIVE):
+                        await self.ready.wait()
+                self.ready.clear()
+                batch, self.pending = list(self.pending), {}
+                text = "".join(f"event: {kind}\ndata: {data}\n\n" for kind, data in batch)
+                await response.write(text.encode() or b": keepalive\n\n")
+                await asyncio.sleep(EVENT_INTERVAL)
+
+
+def _event(channel: str, payload: str) -> tuple[str, str] | None:
+    if channel == "amc_task":
+        return ("task", payload)
+    if channel == "amc_freed":
+        return ("host", payload)
+    if channel == "amc_cancel":
+        return ("host", payload.split(" ", 1)[0])
+    if channel == "amc_queued":
+        return ("queue", "")
+    return None
+
+
+def _to_json(message: Message) -> dict[str, Any]:
+    document: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return document

@@ -1,0 +1,559 @@
+// The AMC operator console: one script, no build step. Every figure comes from the
+// control plane's JSON mapping of amc.v1.Scheduler (/api/amc.v1.Scheduler/<Method>), with
+// the same roles, validation and messages as the gRPC API; /api/events says what changed.
+"use strict";
+
+const API = "/api/amc.v1.Scheduler/";
+const TOKEN_KEY = "amc.token";
+const TERMINAL = new Set(["done", "failed", "cancelled"]);
+const STATUSES = ["queued", "assigned", "dispatched", "done", "failed", "cancelled"];
+
+// -- small helpers ---------------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+const enumName = (prefix, value) => (value || "").replace(prefix, "").toLowerCase();
+const statusOf = (task) => enumName("TASK_STATUS_", task.status);
+const badge = (name) => h("span", { class: `badge s-${name}` }, name || "-");
+const taskLink = (id) => h("a", { class: "mono", href: `/tasks/${id}` }, id);
+const hostLink = (id) => h("a", { href: `/hosts/${encodeURIComponent(id)}` }, id);
+
+function when(ts) {
+  if (!ts) return "-";
+  const d = new Date(ts);
+  return isNaN(d) || d.getTime() <= 0 ? "-" : d.toLocaleString();
+}
+
+function age(ts) {
+  if (!ts) return "-";
+  const s = Math.max(0, (Date.now() - new Date(ts).getTime()) / 1000);
+  if (s < 60) return `${Math.round(s)}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${Math.round(s % 60)}s`;
+  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+}
+
+function labels(map) {
+  const entries = Object.entries(map || {}).sort();
+  if (!entries.length) return h("span", { class: "muted" }, "-");
+  return h("span", { class: "labels" }, entries.map(([k, v]) => h("span", {}, `${k}=${v}`)));
+}
+
+function selectorText(sel) {
+  const parts = sel && sel.serial ? [`serial=${sel.serial}`] : [];
+  for (const [k, v] of Object.entries((sel && sel.labels) || {}).sort()) parts.push(`${k}=${v}`);
+  return parts.join(" ") || "any device";
+}
+
+function specSummary(spec) {
+  if (spec && spec.workflow) {
+    const steps = spec.workflow.steps || [];
+    return `workflow: ${steps.map((s) => s.name).join(", ")}`;
+  }
+  const actions = (spec && spec.actions && spec.actions.actions) || [];
+  return actions.map((a) => Object.keys(a)[0]).join(", ") || "-";
+}
+
+function table(headers, rows, attrs) {
+  return h("table", attrs || {},
+    h("thead", {}, h("tr", {}, headers.map((name) => h("th", {}, name)))),
+    h("tbody", {}, rows));
+}
+
+// -- the API ---------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+async function call(method, body) {
+  let response;
+  try {
+    response = await fetch(API + method, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", ...authHeaders() },
+      body: JSON.stringify(body || {}),
+    });
+  } catch (err) {
+    throw new ApiError(0, "UNAVAILABLE", `the control plane did not answer (${err.message})`);
+  }
+  let data;
+  try {
+    data = await response.json();
+  } catch {
+    data = { code: "INTERNAL", message: `unexpected answer (HTTP ${response.status})` };
+  }
+  if (!response.ok) throw new ApiError(response.status, data.code, data.message);
+  return data;
+}
+
+// -- live updates: server-sent events, read with fetch so the token goes in a header -----------
+
+let liveRun = 0;
+let liveAbort = null;
+
+function stopLive() {
+  liveRun++;
+  if (liveAbort) liveAbort.abort();
+  liveAbort = null;
+}
+
+function setLive(on) {
+  const el = document.getElementById("live");
+  el.className = `live ${on ? "on" : "off"}`;
+  el.textContent = on ? "live" : "offline";
+}
+
+async function listen(onEvent, onConnect) {
+  stopLive();
+  const run = liveRun;
+  let backoff = 500;
+  while (run === liveRun) {
+    try {
+      liveAbort = new AbortController();
+      const response = await fetch("/api/events", { headers: authHeaders(), signal: liveAbort.signal });
+      if (response.status === 401 || response.status === 403) return;
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done || run !== liveRun) break;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          let kind = "", data = "";
+          for (const line of block.split("\n")) {
+            if (line.startsWith("event: ")) kind = line.slice(7);
+            else if (line.startsWith("data: ")) data = line.slice(6);
+          }
+          if (kind === "hello") {
+            setLive(true);
+            backoff = 500;
+            onConnect();
+          } else if (kind) {
+            onEvent(kind, data);
+          }
+        }
+      }
+    } catch {
+      // reconnect below
+    }
+    if (run !== liveRun) return;
+    setLive(false);
+    await new Promise((resolve) => setTimeout(resolve, backoff));
+    backoff = Math.min(backoff * 2, 10000);
+  }
+}
+
+// -- pages -----------------------------------------------------------------------------------
+
+const main = () => document.getElementById("page");
+
+function showError(err) {
+  const page = main();
+  if (err.status === 401) return showLogin(err.message);
+  if (err.status === 403) {
+    page.replaceChildren(h("div", { class: "refusal", role: "alert" },
+      h("b", {}, "Refused"), err.message,
+      h("p", { class: "muted" }, "Your token's role cannot see this page.")));
+    return;
+  }
+  page.replaceChildren(h("div", { class: "error", role: "alert" },
+    h("b", {}, err.code ? `${err.code}: ` : ""), err.message));
+}
+
+function showLogin(reason) {
+  stopLive();
+  setLive(false);
+  const input = h("input", { type: "password", id: "token", autocomplete: "off",
+                             placeholder: "amc_…", "aria-label": "token" });
+  const form = h("form", { class: "login", onsubmit: (event) => {
+    event.preventDefault();
+    if (!input.value.trim()) return;
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    route();
+  } },
+  h("h1", {}, "Sign in"),
+  sessionStorage.getItem(TOKEN_KEY) ? h("p", { class: "error" }, reason) : null,
+  h("p", {}, "This control plane needs a token: an operator token, or a client token ",
+    "(tasks only; no Farm or Queue page). It is kept for this browser tab's session."),
+  input, h("button", { type: "submit" }, "Use token"));
+  main().replaceChildren(form);
+  input.focus();
+}
+
+function renderWho() {
+  const who = document.getElementById("who");
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  who.replaceChildren();
+  if (!token) return;
+  who.append(`token ${token.slice(0, 12)}…`, h("button", { class: "plain", onclick: () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    route();
+  } }, "forget"));
+}
+
+function counts(items) {
+  return h("div", { class: "counts" },
+    items.map(([label, value, id]) => h("div", { class: "count", id }, h("b", {}, value), label)));
+}
+
+const Farm = {
+  nav: "farm",
+  title: () => "Farm",
+  async load() {
+    return call("ListHosts", {});
+  },
+  render(data) {
+    const hosts = data.hosts || [];
+    const devices = hosts.flatMap((host) => host.devices || []);
+    const online = devices.filter((d) => enumName("DEVICE_STATE_", d.state) === "device");
+    const busy = devices.filter((d) => d.task_id);
+    const rows = [];
+    for (const host of hosts) {
+      rows.push(h("tr", { class: "host-row", "data-host": host.host_id },
+        h("td", {}, hostLink(host.host_id)),
+        h("td", {}, badge(host.connected ? "yes" : "no"), " connected"),
+        h("td", { colspan: 3 }, labels(host.labels)),
+        h("td", { colspan: 2, class: "muted" }, `last seen ${when(host.last_seen_at)}`)));
+      for (const d of host.devices || []) rows.push(deviceRow(d));
+    }
+    return [
+      h("h1", {}, "Farm"),
+      counts([
+        ["hosts connected", `${hosts.filter((x) => x.connected).length} / ${hosts.length}`, "hosts-connected"],
+        ["devices online", online.length, "devices-online"],
+        ["busy", busy.length, "devices-busy"],
+        ["offline / other", devices.length - online.length, "devices-offline"],
+      ]),
+      hosts.length
+        ? table(["host / device", "state", "model", "sdk", "labels", "task", ""], rows, { class: "devices" })
+        : h("p", { class: "muted" }, "No host has registered yet."),
+    ];
+  },
+  wants: (kind) => kind === "task" || kind === "host" || kind === "resync",
+};
+
+function deviceRow(d) {
+  const state = enumName("DEVICE_STATE_", d.state);
+  return h("tr", { "data-serial": d.serial },
+    h("td", { class: "serial" }, d.serial),
+    h("td", {}, badge(state)),
+    h("td", {}, d.model || "-", d.manufacturer ? h("span", { class: "muted" }, ` (${d.manufacturer})`) : ""),
+    h("td", {}, d.sdk || "-"),
+    h("td", {}, labels(d.labels)),
+    h("td", {}, d.task_id ? taskLink(d.task_id) : h("span", { class: "muted" }, "idle")),
+    h("td", {}, ""));
+}
+
+const Queue = {
+  nav: "queue",
+  title: () => "Queue",
+  async load() {
+    return call("GetQueue", {});
+  },
+  render(data) {
+    const groups = data.groups || [];
+    const rows = groups.map((g) => h("tr", {},
+      h("td", {}, selectorText(g.selector)),
+      h("td", {}, g.count),
+      h("td", {}, age(g.oldest_queued_at)),
+      h("td", {}, `${g.devices_idle} idle · ${g.devices_busy} busy · ${g.devices_unavailable} unavailable`),
+      h("td", {}, g.waiting_because),
+      h("td", {}, h("a", { href: `/tasks?status=queued${labelQuery(g.selector)}` }, "tasks"))));
+    return [
+      h("h1", {}, "Queue"),
+      counts([["queued tasks", data.total || 0, "queued-total"], ["selectors", groups.length, "queue-groups"]]),
+      groups.length
+        ? table(["selector", "tasks", "oldest", "matching devices", "why they wait", ""], rows)
+        : h("p", { class: "muted" }, "Nothing is queued."),
+    ];
+  },
+  wants: (kind) => true,
+};
+
+function labelQuery(sel) {
+  const first = Object.entries((sel && sel.labels) || {})[0];
+  return first ? `&label=${encodeURIComponent(`${first[0]}=${first[1]}`)}` : "";
+}
+
+const Tasks = {
+  nav: "tasks",
+  title: () => "Tasks",
+  tokens: [""],
+  filters() {
+    const q = new URLSearchParams(location.search);
+    return { status: q.get("status") || "", host: q.get("host") || "",
+             label: q.get("label") || "", text: q.get("q") || "" };
+  },
+  async load() {
+    const f = this.filters();
+    const request = { page_size: 50, page_token: this.tokens[this.tokens.length - 1] };
+    if (f.status) request.statuses = [`TASK_STATUS_${f.status.toUpperCase()}`];
+    if (f.host) request.host_id = f.host;
+    if (f.text) request.text = f.text;
+    if (f.label) {
+      const at = f.label.indexOf("=");
+      if (at < 1) throw new ApiError(400, "INVALID_ARGUMENT", "label: write it as key=value");
+      request.selector_labels = { [f.label.slice(0, at)]: f.label.slice(at + 1) };
+    }
+    return call("ListTasks", request);
+  },
+  render(data) {
+    const f = this.filters();
+    const field = (name, value, placeholder) =>
+      h("input", { name, value, placeholder, "aria-label": placeholder });
+    const form = h("form", { class: "inline", onsubmit: (event) => {
+      event.preventDefault();
+      const q = new URLSearchParams();
+      for (const [k, v] of new FormData(event.target)) if (v) q.set(k, v);
+      history.pushState(null, "", `/tasks${q.size ? `?${q}` : ""}`);
+      this.tokens = [""];
+      route();
+    } },
+    h("select", { name: "status", "aria-label": "status" },
+      h("option", { value: "" }, "any status"),
+      STATUSES.map((s) => h("option", { value: s, selected: s === f.status }, s))),
+    field("host", f.host, "host"), field("label", f.label, "label key=value"),
+    field("q", f.text, "id, request id or metadata"),
+    h("button", { type: "submit" }, "Filter"));
+    const tasks = data.tasks || [];
+    const rows = tasks.map((t) => h("tr", { "data-task": t.task_id },
+      h("td", { class: "id" }, taskLink(t.task_id)),
+      h("td", { class: "status" }, badge(statusOf(t))),
+      h("td", {}, `${t.attempt}/${t.max_attempts}`),
+      h("td", {}, t.priority),
+      h("td", {}, t.host_id ? [hostLink(t.host_id), ` / ${t.device_serial}`] : "-"),
+      h("td", {}, when(t.created_at)),
+      h("td", {}, specSummary(t.spec))));
+    const pager = h("div", { class: "pager" },
+      this.tokens.length > 1 ? h("button", { class: "plain", onclick: () => { this.tokens.pop(); refresh(); } }, "← newer") : null,
+      data.next_page_token ? h("button", { class: "plain", onclick: () => { this.tokens.push(data.next_page_token); refresh(); } }, "older →") : null);
+    return [
+      h("h1", {}, "Tasks"), form,
+      tasks.length ? table(["task", "status", "attempt", "priority", "where", "created", "spec"], rows, { class: "tasks" })
+                   : h("p", { class: "muted" }, "No task matches."),
+      pager,
+    ];
+  },
+  wants: (kind) => kind === "task" || kind === "resync",
+};
+
+const Task = {
+  nav: "tasks",
+  title: (params) => `Task ${params.id}`,
+  async load(params) {
+    const [task, history] = await Promise.all([
+      call("GetTask", { task_id: params.id }),
+      call("ListTaskEvents", { task_id: params.id, page_size: 1000 }),
+    ]);
+    return { task, history };
+  },
+  render({ task, history }, params) {
+    const status = statusOf(task);
+    const grid = h("dl", { class: "grid" },
+      ...[
+        ["status", [badge(status), task.attempt ? ` attempt ${task.attempt} of ${task.max_attempts}` : ""]],
+        ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : "-"],
+        ["selector", selectorText(task.selector)],
+        ["priority", task.priority],
+        ["request id", task.request_id || "-"],
+        ["metadata", labels(task.metadata)],
+        ["created", when(task.created_at)],
+        ["updated", when(task.updated_at)],
+        ["finished", when(task.finished_at)],
+        ["cancel", task.cancel_requested_at ? `requested ${when(task.cancel_requested_at)}${task.cancel_reason ? `: ${task.cancel_reason}` : ""}` : "-"],
+        ["error", task.result && task.result.error ? h("span", { class: "error-text" }, task.result.error) : "-"],
+      ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k }, v)]));
+    const cancel = TERMINAL.has(status) ? null : cancelForm(task);
+    const attempts = (history.attempts || []).map((a) => h("tr", {},
+      h("td", {}, a.attempt), h("td", {}, hostLink(a.host_id)), h("td", { class: "serial" }, a.device_serial),
+      h("td", { class: "mono" }, a.lease_id), h("td", {}, when(a.created_at)),
+      h("td", {}, when(a.acknowledged_at)), h("td", {}, when(a.ended_at)),
+      h("td", {}, badge(enumName("ATTEMPT_STATE_", a.state)))));
+    const events = (history.events || []).map((e) => h("tr", {},
+      h("td", {}, when(e.at)), h("td", {}, e.attempt || "-"), h("td", {}, e.kind),
+      h("td", {}, e.from_status !== "TASK_STATUS_UNSPECIFIED" ? enumName("TASK_STATUS_", e.from_status) : "-"),
+      h("td", {}, e.to_status !== "TASK_STATUS_UNSPECIFIED" ? badge(enumName("TASK_STATUS_", e.to_status)) : "-"),
+      h("td", {}, e.detail || "")));
+    const steps = ((task.result && task.result.steps) || []).map((s) => h("tr", {},
+      h("td", {}, s.index), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
+      h("td", {}, s.duration || "-"),
+      h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
+        Object.keys(s.data || {}).length ? labels(s.data) : "")));
+    return [
+      h("h1", {}, "Task ", h("span", { class: "mono" }, params.id), " ", h("span", { id: "task-status" }, badge(status))),
+      cancel, grid,
+      h("h2", {}, "Steps"),
+      steps.length ? table(["#", "step", "status", "took", "output / error"], steps) : h("p", { class: "muted" }, "No step results yet."),
+      h("h2", {}, "Attempts"),
+      attempts.length ? table(["#", "host", "device", "lease", "assigned", "acknowledged", "ended", "how"], attempts, { class: "attempts" })
+                      : h("p", { class: "muted" }, "Never assigned."),
+      h("h2", {}, "Events"),
+      table(["time", "attempt", "event", "from", "to", "detail"], events, { class: "events" }),
+      history.next_page_token ? h("p", { class: "muted" }, "Older events beyond the first 1000 are not shown.") : null,
+      h("h2", {}, "Spec"),
+      h("pre", {}, JSON.stringify(task.spec, null, 2)),
+    ];
+  },
+  wants: (kind, data, params) => (kind === "task" && data === params.id) || kind === "resync",
+};
+
+function cancelForm(task) {
+  const reason = h("input", { name: "reason", placeholder: "reason", "aria-label": "cancel reason", size: 32 });
+  const message = h("span", { class: "muted", id: "cancel-message" },
+    task.cancel_requested_at ? "cancellation requested; the host stops at the next step" : "");
+  const button = h("button", { class: "danger", type: "submit" }, "Cancel task");
+  return h("form", { class: "inline", id: "cancel", onsubmit: async (event) => {
+    event.preventDefault();
+    button.disabled = true;
+    try {
+      await call("CancelTask", { task_id: task.task_id, reason: reason.value });
+      message.textContent = "cancellation requested";
+      refresh();
+    } catch (err) {
+      message.className = "error-text";
+      message.textContent = `${err.code}: ${err.message}`;
+      button.disabled = false;
+    }
+  } }, reason, button, message);
+}
+
+const Host = {
+  nav: "farm",
+  title: (params) => `Host ${params.id}`,
+  async load(params) {
+    const [hosts, tasks] = await Promise.all([
+      call("ListHosts", {}),
+      call("ListTasks", { host_id: params.id, page_size: 20 }),
+    ]);
+    return { host: (hosts.hosts || []).find((x) => x.host_id === params.id), tasks: tasks.tasks || [] };
+  },
+  render({ host, tasks }, params) {
+    if (!host) return [h("div", { class: "error", role: "alert" }, `NOT_FOUND: no host ${params.id} has registered`)];
+    return [
+      h("h1", {}, "Host ", host.host_id, " ", badge(host.connected ? "yes" : "no"), " connected"),
+      h("dl", { class: "grid" }, h("dt", {}, "labels"), h("dd", {}, labels(host.labels)),
+        h("dt", {}, "last seen"), h("dd", {}, when(host.last_seen_at))),
+      h("h2", {}, "Devices"),
+      table(["device", "state", "model", "sdk", "labels", "task", ""], (host.devices || []).map(deviceRow), { class: "devices" }),
+      h("h2", {}, "Latest tasks here"),
+      tasks.length ? table(["task", "status", "device", "created"], tasks.map((t) => h("tr", {},
+        h("td", { class: "id" }, taskLink(t.task_id)), h("td", {}, badge(statusOf(t))),
+        h("td", { class: "serial" }, t.device_serial), h("td", {}, when(t.created_at)))))
+        : h("p", { class: "muted" }, "No task has run here."),
+    ];
+  },
+  wants: (kind, data, params) => kind === "task" || (kind === "host" && data === params.id) || kind === "resync",
+};
+
+// -- routing and refreshing ------------------------------------------------------------------
+
+let current = null;
+let loading = false;
+let again = false;
+let timer = null;
+
+function match(path) {
+  let m;
+  if (path === "/" || path === "/farm") return [Farm, {}];
+  if (path === "/queue") return [Queue, {}];
+  if (path === "/tasks") return [Tasks, {}];
+  if ((m = path.match(/^\/tasks\/([^/]+)$/))) return [Task, { id: decodeURIComponent(m[1]) }];
+  if ((m = path.match(/^\/hosts\/([^/]+)$/))) return [Host, { id: decodeURIComponent(m[1]) }];
+  return [null, {}];
+}
+
+async function refresh() {
+  if (!current) return;
+  if (loading) { again = true; return; }
+  loading = true;
+  const [view, params] = current;
+  try {
+    const data = await view.load(params);
+    if (current && current[0] === view) redraw(view.render(data, params).filter(Boolean));
+    if (!liveStarted) startLive();
+  } catch (err) {
+    if (err instanceof ApiError) showError(err);
+    else showError(new ApiError(0, "INTERNAL", err.message));
+  } finally {
+    loading = false;
+    if (again) { again = false; refresh(); }
+  }
+}
+
+function redraw(nodes) {
+  // What someone is typing survives a live update.
+  const typed = {};
+  for (const el of main().querySelectorAll("input[name]")) {
+    if (el.value !== (el.getAttribute("value") || "")) typed[el.name] = el.value;
+  }
+  const focused = document.activeElement && document.activeElement.name;
+  main().replaceChildren(...nodes);
+  for (const [name, value] of Object.entries(typed)) {
+    const el = main().querySelector(`input[name="${name}"]`);
+    if (el) el.value = value;
+  }
+  const again = focused && main().querySelector(`input[name="${focused}"]`);
+  if (again) again.focus();
+}
+
+function soon() {
+  // Changes come in bursts: one re-read for all of them.
+  clearTimeout(timer);
+  timer = setTimeout(refresh, 200);
+}
+
+let liveStarted = false;
+
+function startLive() {
+  liveStarted = true;
+  listen((kind, data) => {
+    if (current && current[0].wants(kind, data, current[1])) soon();
+  }, soon);
+}
+
+function route() {
+  const [view, params] = match(location.pathname);
+  renderWho();
+  for (const a of document.querySelectorAll("nav a")) {
+    a.classList.toggle("active", view !== null && a.dataset.nav === view.nav);
+  }
+  if (!view) {
+    main().replaceChildren(h("div", { class: "error" }, `Nothing at ${location.pathname}.`));
+    return;
+  }
+  document.title = `${view.title(params)} · AMC`;
+  current = [view, params];
+  liveStarted = false;
+  stopLive();
+  main().replaceChildren(h("p", { class: "muted" }, "loading…"));
+  refresh();
+}
+
+window.addEventListener("popstate", route);
+window.addEventListener("DOMContentLoaded", route);

@@ -1,0 +1,189 @@
+"""The console in a real browser: Playwright driving the system's Chromium against a
+control plane on real sockets, with a real host agent and its simulated phones. The tests
+save the README's screenshots under docs/."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amc.v1 import scheduler_pb2
+from control_plane.domain import Role
+from host_agent.simulated import SimulatedSource
+from tests.support import Farm, actions_spec, eventually, tap, wait_action
+from tests.support.agent import running_agent
+from tests.support.console import console_farm, console_url
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on this machine (apt-get install chromium)"
+)
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+# Long enough for an event to arrive, short enough for a failing test to fail soon.
+SEEN = 15_000
+
+
+@pytest.fixture
+async def farm(database_url: str) -> AsyncIterator[Farm]:
+    async with console_farm(database_url) as f:
+        yield f
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        chromium = await playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+async def open_page(browser: Any, farm: Farm, path: str, token: str | None) -> Any:
+    """A fresh tab on `path`, signed in through the token form when `token` is given."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    page = await context.new_page()
+    page.set_default_timeout(SEEN)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.errors = errors
+    await page.goto(console_url(farm, path))
+    if token is not None:
+        await page.get_by_label("token").fill(token)
+        await page.get_by_role("button", name="Use token").click()
+    return page
+
+
+async def loads(page: Any) -> int:
+    """How many times the document was loaded: a live update must not reload it."""
+    return int(await page.evaluate("performance.getEntriesByType('navigation').length"))
+
+
+async def test_console_farm_page_lists_the_simulated_hosts_devices(
+    farm: Farm, browser: Any
+) -> None:
+    """Behind the token form, the Farm page shows the host connected, each simulated
+    phone online and idle, and the counts."""
+    source = SimulatedSource(2, prefix="pixel-")
+    async with running_agent(farm, source, host_id="rack1-host"):
+        page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
+        for serial in source.serials:
+            row = page.locator(f"tr[data-serial='{serial}']")
+            await row.wait_for()
+            assert "device" in await row.inner_text()
+        host = page.locator("tr[data-host='rack1-host']")
+        assert "yes connected" in await host.inner_text()
+        assert await page.locator("#devices-online b").inner_text() == "2"
+        assert await page.locator("#hosts-connected b").inner_text() == "1 / 1"
+        await page.locator("#live.on").wait_for()
+        await page.screenshot(path=str(DOCS / "console-farm.png"), full_page=True)
+        assert page.errors == []
+
+
+async def test_console_task_submitted_through_grpc_appears_and_reaches_done_without_reload(
+    farm: Farm, browser: Any
+) -> None:
+    """The Tasks page, opened before the task exists, shows it and then `done` as the
+    agent runs it, with no reload; its Task page has the attempt and the events."""
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source, host_id="rack1-host"):
+        page = await open_page(browser, farm, "/tasks", await farm.token(Role.CLIENT))
+        await page.locator("#live.on").wait_for()
+        before = await loads(page)
+        client = await farm.client()
+        task = await client.scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(
+                spec=actions_spec(tap(), wait_action(1), tap()), metadata={"ticket": "OPS-7"}
+            )
+        )
+        row = page.locator(f"tr[data-task='{task.task_id}']")
+        await row.wait_for()
+        await row.locator("td.status", has_text="done").wait_for()
+        assert await loads(page) == before
+        assert await farm.status(task.task_id) == "done"
+
+        await row.get_by_role("link", name=task.task_id).click()
+        await page.locator("#task-status", has_text="done").wait_for()
+        attempts = page.locator("table.attempts tbody tr")
+        assert await attempts.count() == 1
+        assert "rack1-host" in await attempts.inner_text()
+        events = await page.locator("table.events tbody tr td:nth-child(3)").all_inner_texts()
+        assert events == [e["kind"] for e in await farm.events(task.task_id)]
+        assert page.errors == []
+
+
+async def test_console_cancel_on_the_task_page_ends_a_running_task_cancelled(
+    farm: Farm, browser: Any
+) -> None:
+    """Cancel with a reason on the Task page of a running task: the page shows it
+    `cancelled` without a reload, and the database has the task cancelled with that reason."""
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source, host_id="rack1-host"):
+        client = await farm.client()
+        task = await client.scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(spec=actions_spec(tap(), wait_action(120), tap()))
+        )
+        await eventually(
+            lambda: _status_is(farm, task.task_id, "dispatched"), what="running", timeout=15
+        )
+        page = await open_page(
+            browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.OPERATOR)
+        )
+        await page.locator("#task-status", has_text="dispatched").wait_for()
+        await page.locator("#live.on").wait_for()
+        before = await loads(page)
+        await page.get_by_label("cancel reason").fill("wrong build")
+        await page.get_by_role("button", name="Cancel task").click()
+        await page.locator("#task-status", has_text="cancelled").wait_for()
+        assert await loads(page) == before
+        row = await farm.task_row(task.task_id)
+        assert (row["status"], row["cancel_reason"]) == ("cancelled", "wrong build")
+        assert await page.get_by_role("button", name="Cancel task").count() == 0
+        await page.locator("table.attempts", has_text="cancelled").wait_for()
+        await page.screenshot(path=str(DOCS / "console-task.png"), full_page=True)
+        assert page.errors == []
+
+
+async def test_console_refuses_a_role_without_access_clearly(farm: Farm, browser: Any) -> None:
+    """A client token on the Farm page sees the API's refusal, not a broken page; a wrong
+    token is asked for again with the reason."""
+    page = await open_page(browser, farm, "/", await farm.token(Role.CLIENT))
+    refusal = page.get_by_role("alert")
+    await refusal.wait_for()
+    text = await refusal.inner_text()
+    assert "Refused" in text and "role 'client' may not call ListHosts" in text
+    assert "Traceback" not in await page.content()
+
+    other = await open_page(browser, farm, "/tasks", "amc_not-a-token")
+    await other.get_by_text("malformed token").wait_for()
+    assert await other.get_by_label("token").count() == 1
+    assert page.errors == [] and other.errors == []
+
+
+async def test_console_bad_input_gets_the_apis_message_on_the_page(
+    farm: Farm, browser: Any
+) -> None:
+    """A malformed task id in the address, or a label filter without `=`, is answered
+    with a clear message on the page."""
+    token = await farm.token(Role.OPERATOR)
+    page = await open_page(browser, farm, "/tasks/not-a-task", token)
+    alert = page.get_by_role("alert")
+    await alert.wait_for()
+    assert "INVALID_ARGUMENT" in await alert.inner_text()
+    assert "task_id" in await alert.inner_text()
+    await page.goto(console_url(farm, "/tasks?label=rack"))
+    await page.get_by_role("alert").wait_for()
+    assert "key=value" in await page.get_by_role("alert").inner_text()
+    assert page.errors == []
+
+
+async def _status_is(farm: Farm, task_id: str, status: str) -> bool:
+    return await farm.status(task_id) == status

@@ -1,0 +1,250 @@
+"""The console's HTTP side, over a real socket: the JSON mapping of amc.v1.Scheduler (the
+same servicer, roles, validation and messages as gRPC), the pages, the event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from amc.v1 import lease_pb2, scheduler_pb2
+from control_plane.domain import Role
+from control_plane.server import ControlPlane
+from tests.support import Farm, actions_spec, tap
+from tests.support.console import SETTINGS, console_farm, console_url
+
+A = scheduler_pb2
+
+
+@pytest.fixture
+async def farm(database_url: str) -> AsyncIterator[Farm]:
+    async with console_farm(database_url) as f:
+        yield f
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+        yield session
+
+
+async def api(
+    http: aiohttp.ClientSession,
+    farm: Farm,
+    method: str,
+    body: Any = None,
+    *,
+    token: str | None = None,
+    raw: str | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = raw if raw is not None else json.dumps(body or {})
+    url = console_url(farm, f"/api/amc.v1.Scheduler/{method}")
+    async with http.post(url, data=data, headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_console_api_calls_the_scheduler_with_its_messages_in_json(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """SubmitTask through the console queues the task in the database; GetTask answers the
+    proto JSON of the Task, as gRPC would."""
+    token = await farm.token(Role.CLIENT)
+    spec = {"actions": {"actions": [{"tap": {"x": 1, "y": 2}}]}}
+    status, task = await api(
+        http, farm, "SubmitTask", {"spec": spec, "selector": {"labels": {"rack": "a"}}}, token=token
+    )
+    assert status == 200, task
+    assert task["status"] == "TASK_STATUS_QUEUED"
+    row = await farm.task_row(task["task_id"])
+    assert row["status"] == "queued" and row["selector_labels"] == {"rack": "a"}
+    status, again = await api(http, farm, "GetTask", {"task_id": task["task_id"]}, token=token)
+    assert status == 200 and again["spec"] == spec and again["task_id"] == task["task_id"]
+
+
+@pytest.mark.parametrize(
+    ("role", "method", "body", "status", "code", "words"),
+    [
+        (None, "ListTasks", {}, 401, "UNAUTHENTICATED", "missing authorization"),
+        ("client", "ListHosts", {}, 403, "PERMISSION_DENIED", "may not call ListHosts"),
+        ("client", "GetQueue", {}, 403, "PERMISSION_DENIED", "may not call GetQueue"),
+        ("client", "GetTask", {"task_id": "nope"}, 400, "INVALID_ARGUMENT", "task_id"),
+        ("client", "GetTask", {"task_id": "00000000-0000-4000-8000-000000000000"}, 404,
+         "NOT_FOUND", "no task"),
+        ("client", "ListTasks", {"page_size": -1}, 400, "INVALID_ARGUMENT", "page_size"),
+        ("client", "ListTasks", {"nonsense": 1}, 400, "INVALID_ARGUMENT", "nonsense"),
+        ("client", "ListTasks", {"text": "a\nb"}, 400, "INVALID_ARGUMENT", "text"),
+        ("client", "RegisterHost", {}, 404, "NOT_FOUND", "no method RegisterHost"),
+        ("client", "CreateToken", {}, 404, "NOT_FOUND", "no method CreateToken"),
+    ],
+)  # fmt: skip
+async def test_console_api_refuses_with_the_grpc_code_and_message(
+    farm: Farm,
+    http: aiohttp.ClientSession,
+    role: str | None,
+    method: str,
+    body: dict[str, Any],
+    status: int,
+    code: str,
+    words: str,
+) -> None:
+    """Each refusal is the gRPC API's code and message, with the matching HTTP status."""
+    token = await farm.token(Role(role)) if role else None
+    before = await farm.snapshot()
+    got, answer = await api(http, farm, method, body, token=token)
+    assert (got, answer["code"]) == (status, code), answer
+    assert words in answer["message"]
+    assert "Traceback" not in answer["message"]
+    assert await farm.snapshot() == before
+
+
+async def test_console_api_refuses_what_is_not_json_clearly(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """Broken JSON, or another content type (what a page of another site could send), is
+    refused before anything runs."""
+    token = await farm.token(Role.OPERATOR)
+    status, answer = await api(http, farm, "ListTasks", raw="{nope", token=token)
+    assert status == 400 and answer["code"] == "INVALID_ARGUMENT"
+    assert answer["message"].startswith("request: ")
+    status, answer = await api(
+        http, farm, "CancelTask", raw="{}", token=token, content_type="text/plain"
+    )
+    assert status == 400 and "application/json" in answer["message"]
+    async with http.get(console_url(farm, "/nothing/here")) as response:
+        assert response.status == 404
+        assert (await response.json())["code"] == "NOT_FOUND"
+
+
+async def test_console_api_cancel_of_a_finished_task_is_a_conflict(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """FAILED_PRECONDITION becomes 409 with the gRPC message; the outcome stands."""
+    client = await farm.client()
+    task = await client.scheduler.SubmitTask(A.SubmitTaskRequest(spec=actions_spec(tap())))
+    host = await farm.host("h1", "s1")
+    a = await host.acquire_one("s1")
+    await host.renew(a.lease_id)
+    await host.report(a, lease_pb2.OUTCOME_DONE)
+    token = await farm.token(Role.CLIENT)
+    status, answer = await api(http, farm, "CancelTask", {"task_id": task.task_id}, token=token)
+    assert (status, answer["code"]) == (409, "FAILED_PRECONDITION")
+    assert "already done" in answer["message"]
+    assert await farm.status(task.task_id) == "done"
+
+
+async def test_list_tasks_filters_by_selector_label_and_text(farm: Farm) -> None:
+    """Labels the selector must carry; text: the id's start, or within the request id or
+    metadata, literally (a `%` matches only a `%`)."""
+    client = await farm.client()
+
+    async def submit(**fields: Any) -> str:
+        task = await client.scheduler.SubmitTask(
+            A.SubmitTaskRequest(spec=actions_spec(tap()), **fields)
+        )
+        return str(task.task_id)
+
+    rack_a = await submit(selector={"labels": {"rack": "a", "model": "P7"}})
+    rack_b = await submit(selector={"labels": {"rack": "b"}}, request_id="order-77")
+    noted = await submit(metadata={"ticket": "OPS-100%"})
+
+    async def listed(**fields: Any) -> set[str]:
+        answer = await client.scheduler.ListTasks(A.ListTasksRequest(**fields))
+        return {t.task_id for t in answer.tasks}
+
+    assert await listed(selector_labels={"rack": "a"}) == {rack_a}
+    assert await listed(selector_labels={"rack": "a", "model": "P7"}) == {rack_a}
+    assert await listed(selector_labels={"rack": "c"}) == set()
+    assert await listed(text="ORDER-7") == {rack_b}
+    assert await listed(text="ops-100%") == {noted}
+    assert await listed(text="%") == {noted}
+    assert await listed(text="_") == set()
+    assert await listed(text=rack_a[:8]) == {rack_a}
+    assert await listed() == {rack_a, rack_b, noted}
+
+
+async def test_get_queue_groups_queued_tasks_by_selector_and_says_why_they_wait(
+    farm: Farm,
+) -> None:
+    """Per selector: count, oldest, the matching devices by state, and the reason."""
+    client = await farm.client()
+    operator = await farm.operator()
+
+    async def submit(**labels: str) -> None:
+        await client.scheduler.SubmitTask(
+            A.SubmitTaskRequest(spec=actions_spec(tap()), selector={"labels": labels})
+        )
+
+    host = await farm.host("h1", "s1", rack="a")
+    await submit(rack="a")
+    await host.acquire_one("s1")  # s1 busy from here on
+    await submit(rack="a")
+    await submit(rack="a")
+    await submit(rack="z")
+    answer = await operator.scheduler.GetQueue(A.GetQueueRequest())
+    assert answer.total == 3
+    busy, nowhere = answer.groups
+    assert (dict(busy.selector.labels), busy.count) == ({"rack": "a"}, 2)
+    assert (busy.devices_idle, busy.devices_busy, busy.devices_unavailable) == (0, 1, 0)
+    assert busy.waiting_because == "all 1 matching device(s) are busy"
+    assert busy.HasField("oldest_queued_at")
+    assert (dict(nowhere.selector.labels), nowhere.count) == ({"rack": "z"}, 1)
+    assert nowhere.waiting_because == "no device matches the selector"
+
+
+async def test_console_events_tell_a_browser_which_task_changed(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """After `hello`, a task submitted through gRPC arrives as a `task` event with its id;
+    without a token the stream is refused like the API."""
+    async with http.get(console_url(farm, "/api/events")) as refused:
+        assert refused.status == 401
+    token = await farm.token(Role.CLIENT)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with http.get(console_url(farm, "/api/events"), headers=headers) as stream:
+        assert stream.status == 200
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+        assert await stream.content.readline() == b"event: hello\n"
+        client = await farm.client()
+        task = await client.scheduler.SubmitTask(A.SubmitTaskRequest(spec=actions_spec(tap())))
+        async with asyncio.timeout(10):
+            while True:
+                line = await stream.content.readline()
+                if line == f"data: {task.task_id}\n".encode():
+                    break
+
+
+async def test_console_pages_are_one_document_with_a_strict_policy(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """Every page path serves the console's page; scripts only from the console itself."""
+    for path in ("/", "/queue", "/tasks", "/tasks/abc", "/hosts/h1"):
+        async with http.get(console_url(farm, path)) as response:
+            assert response.status == 200
+            assert "/static/console.js" in await response.text()
+            assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+    async with http.get(console_url(farm, "/static/console.js")) as response:
+        assert response.status == 200
+        assert response.content_type == "text/javascript"
+
+
+async def test_insecure_console_is_open_on_loopback_only(
+    database_url: str, http: aiohttp.ClientSession
+) -> None:
+    """With --insecure no token is asked for on 127.0.0.1; another Host name is refused,
+    and a non-loopback address is refused at start."""
+    async with console_farm(database_url, insecure=True) as open_farm:
+        status, answer = await api(http, open_farm, "ListHosts")
+        assert (status, answer) == (200, {"hosts": []})
+        url = console_url(open_farm, "/api/amc.v1.Scheduler/ListHosts")
+        async with http.post(url, json={}, headers={"Host": "attacker.example"}) as response:
+            assert response.status == 403
+    with pytest.raises(ValueError, match="loopback"):
+        ControlPlane(database_url, SETTINGS, insecure=True, http_listen="0.0.0.0:8080")
