@@ -30,6 +30,7 @@ from google.protobuf.message_factory import GetMessageClass
 from amc.v1 import scheduler_pb2
 from control_plane import errors
 from control_plane.auth import Authenticator, authorize
+from control_plane.domain import Role
 from control_plane.hub import Hub
 from control_plane.rpc import code_for
 from control_plane.scheduler_service import SchedulerService
@@ -216,6 +217,8 @@ class Console:
             authorize(who, f"/{SERVICE}/WatchTask")
         except errors.AmcError as exc:
             return _refusal(code_for(exc), exc.message)
+        # Host ids are for those who may see the farm.
+        hosts = who.role in (None, Role.OPERATOR)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -225,7 +228,7 @@ class Console:
         )
         await response.prepare(request)
         await response.write(b"event: hello\ndata: \n\n")
-        stream = Stream(self.hub)
+        stream = Stream(self.hub, hosts=hosts)
         self._streams.add(stream)
         try:
             await stream.run(response)
@@ -237,14 +240,15 @@ class Console:
 class Stream:
     """One browser's events: changes gathered as they come, sent together."""
 
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, *, hosts: bool) -> None:
         self.hub = hub
+        self.hosts = hosts
         self.pending: dict[tuple[str, str], None] = {}
         self.ready = asyncio.Event()
 
     def hear(self, channel: str, payload: str) -> None:
         event = _event(channel, payload)
-        if event is None:
+        if event is None or (event[0] == "host" and not self.hosts):
             return
         if len(self.pending) >= PENDING_LIMIT:
             self.pending = {("resync", ""): None}
