@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
 import structlog
 
 from amc.v1 import admin_pb2, admin_pb2_grpc
@@ -12,7 +9,7 @@ from control_plane import validate
 from control_plane.auth import Authenticator, new_token
 from control_plane.convert import token_to_pb
 from control_plane.domain import Role, TokenInfo
-from control_plane.rpc import Servicer, rpc
+from control_plane.rpc import Context, Servicer, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -38,7 +35,7 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
 
     @rpc
     async def CreateToken(
-        self, request: admin_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: admin_pb2.CreateTokenRequest, context: Context
     ) -> admin_pb2.CreateTokenResponse:
         role, host_id = validate.create_token(request)
         info, token = await create_token(self.store, role, host_id, request.name)
@@ -46,7 +43,7 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
 
     @rpc
     async def RevokeToken(
-        self, request: admin_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: admin_pb2.RevokeTokenRequest, context: Context
     ) -> admin_pb2.RevokeTokenResponse:
         token_id = validate.token_id(request.token_id)
         info = await self.store.revoke_token(token_id)
@@ -56,7 +53,7 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
 
     @rpc
     async def ListTokens(
-        self, request: admin_pb2.ListTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: admin_pb2.ListTokensRequest, context: Context
     ) -> admin_pb2.ListTokensResponse:
         tokens = await self.store.list_tokens()
         return admin_pb2.ListTokensResponse(tokens=[token_to_pb(t) for t in tokens])

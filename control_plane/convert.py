@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any, TypeVar, cast
 
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import (
@@ -24,41 +27,42 @@ from control_plane.domain import (
 )
 from control_plane.lifecycle import Outcome, TaskStatus
 
-STATUS_TO_PB = {
-    TaskStatus.QUEUED: task_pb2.TASK_STATUS_QUEUED,
-    TaskStatus.ASSIGNED: task_pb2.TASK_STATUS_ASSIGNED,
-    TaskStatus.DISPATCHED: task_pb2.TASK_STATUS_DISPATCHED,
-    TaskStatus.DONE: task_pb2.TASK_STATUS_DONE,
-    TaskStatus.FAILED: task_pb2.TASK_STATUS_FAILED,
-    TaskStatus.CANCELLED: task_pb2.TASK_STATUS_CANCELLED,
-}
+Name = TypeVar("Name", bound=str)
+Value = TypeVar("Value", bound=int)
+
+
+def _by_name(enum: type[Value], prefix: str, names: Iterable[Name]) -> dict[Name, Value]:
+    """Each name to the proto enum value `PREFIX_NAME`: the protos spell our values so."""
+    values = cast(EnumTypeWrapper, enum)
+    return {name: cast(Value, values.Value(f"{prefix}_{name.upper()}")) for name in names}
+
+
+STATUS_TO_PB = _by_name(task_pb2.TaskStatus, "TASK_STATUS", TaskStatus)
 STATUS_FROM_PB = {v: k for k, v in STATUS_TO_PB.items()}
-OUTCOME_FROM_PB = {
-    lease_pb2.OUTCOME_DONE: Outcome.DONE,
-    lease_pb2.OUTCOME_FAILED: Outcome.FAILED,
-    lease_pb2.OUTCOME_CANCELLED: Outcome.CANCELLED,
-}
-ROLE_TO_PB = {
-    Role.CLIENT: admin_pb2.ROLE_CLIENT,
-    Role.OPERATOR: admin_pb2.ROLE_OPERATOR,
-    Role.HOST: admin_pb2.ROLE_HOST,
-}
+OUTCOME_FROM_PB = {v: k for k, v in _by_name(lease_pb2.Outcome, "OUTCOME", Outcome).items()}
+ROLE_TO_PB = _by_name(admin_pb2.Role, "ROLE", Role)
 ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
-DEVICE_STATE_TO_PB = {
-    "device": scheduler_pb2.DEVICE_STATE_DEVICE,
-    "offline": scheduler_pb2.DEVICE_STATE_OFFLINE,
-    "unauthorized": scheduler_pb2.DEVICE_STATE_UNAUTHORIZED,
-    "gone": scheduler_pb2.DEVICE_STATE_GONE,
-}
+DEVICE_STATE_TO_PB = _by_name(
+    scheduler_pb2.DeviceState, "DEVICE_STATE", ("device", "offline", "unauthorized", "gone")
+)
 DEVICE_STATE_FROM_PB = {v: k for k, v in DEVICE_STATE_TO_PB.items()}
-ATTEMPT_STATE_TO_PB = {
-    "active": scheduler_pb2.ATTEMPT_STATE_ACTIVE,
-    "done": scheduler_pb2.ATTEMPT_STATE_DONE,
-    "failed": scheduler_pb2.ATTEMPT_STATE_FAILED,
-    "cancelled": scheduler_pb2.ATTEMPT_STATE_CANCELLED,
-    "expired": scheduler_pb2.ATTEMPT_STATE_EXPIRED,
-    "released": scheduler_pb2.ATTEMPT_STATE_RELEASED,
-}
+# What DeviceInfo (domain) and Device / DeviceInfo (messages) call alike.
+DEVICE_FACTS = ("serial", "model", "manufacturer", "sdk", "abi")
+ATTEMPT_STATE_TO_PB = _by_name(
+    scheduler_pb2.AttemptState,
+    "ATTEMPT_STATE",
+    ("active", "done", "failed", "cancelled", "expired", "released"),
+)
+
+
+def _same(value: object, *names: str) -> dict[str, Any]:
+    """The fields a message and a domain value share, by name, copied as they are."""
+    return {name: getattr(value, name) for name in names}
+
+
+def _times(value: object, *names: str) -> dict[str, timestamp_pb2.Timestamp | None]:
+    """The datetime fields of a domain value as message timestamps, by name."""
+    return {name: timestamp(getattr(value, name)) for name in names}
 
 
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -90,10 +94,7 @@ def task_to_pb(task: Task) -> task_pb2.Task:
         selector=task_pb2.DeviceSelector(
             serial=task.selector_serial or "", labels=task.selector_labels
         ),
-        created_at=timestamp(task.created_at),
-        updated_at=timestamp(task.updated_at),
-        cancel_requested_at=timestamp(task.cancel_requested_at),
-        finished_at=timestamp(task.finished_at),
+        **_times(task, "created_at", "updated_at", "cancel_requested_at", "finished_at"),
     )
     pb.spec.ParseFromString(task.spec)
     if task.result is not None:
@@ -125,13 +126,9 @@ def device_from_pb(d: lease_pb2.DeviceInfo, host_labels: dict[str, str]) -> Devi
     }
     labels = {**host_labels, **{k: v for k, v in facts.items() if v}, **dict(d.labels)}
     return DeviceInfo(
-        serial=d.serial,
         state=DEVICE_STATE_FROM_PB.get(d.state, "offline"),
-        model=d.model,
-        manufacturer=d.manufacturer,
-        sdk=d.sdk,
-        abi=d.abi,
         labels=labels,
+        **_same(d, *DEVICE_FACTS),
     )
 
 
@@ -155,14 +152,10 @@ def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
         last_seen_at=timestamp(h.last_seen_at),
         devices=[
             scheduler_pb2.Device(
-                serial=d.serial,
                 state=DEVICE_STATE_TO_PB.get(d.state, scheduler_pb2.DEVICE_STATE_UNSPECIFIED),
-                model=d.model,
-                manufacturer=d.manufacturer,
-                sdk=d.sdk,
-                abi=d.abi,
                 labels=d.labels,
                 task_id=str(d.task_id) if d.task_id else "",
+                **_same(d, *DEVICE_FACTS),
             )
             for d in h.devices
         ],
@@ -171,15 +164,10 @@ def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
 
 def attempt_to_pb(a: AttemptInfo) -> scheduler_pb2.TaskAttempt:
     return scheduler_pb2.TaskAttempt(
-        attempt=a.attempt,
-        host_id=a.host_id,
-        device_serial=a.device_serial,
         lease_id=str(a.lease_id),
         state=ATTEMPT_STATE_TO_PB.get(a.state, scheduler_pb2.ATTEMPT_STATE_UNSPECIFIED),
-        created_at=timestamp(a.created_at),
-        acknowledged_at=timestamp(a.acknowledged_at),
-        ended_at=timestamp(a.ended_at),
-        cancel_requested_at=timestamp(a.cancel_requested_at),
+        **_same(a, "attempt", "host_id", "device_serial"),
+        **_times(a, "created_at", "acknowledged_at", "ended_at", "cancel_requested_at"),
     )
 
 

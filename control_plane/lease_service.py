@@ -9,9 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
 
-import grpc
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
@@ -30,7 +28,7 @@ from control_plane.domain import Assignment, CancelNotice, LeaseId
 from control_plane.effects import Effects
 from control_plane.errors import AmcError, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
-from control_plane.rpc import TaskServicer, check_decoded, code_for, principal, rpc
+from control_plane.rpc import Context, TaskServicer, check_decoded, code_for, principal, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -56,7 +54,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def RegisterHost(
-        self, request: lease_pb2.RegisterHostRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: lease_pb2.RegisterHostRequest, context: Context
     ) -> lease_pb2.RegisterHostResponse:
         host_id = self._host(request.host_id)
         labels = validate.string_map(dict(request.labels), "labels")
@@ -71,7 +69,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def Acquire(
-        self, request: lease_pb2.AcquireRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: lease_pb2.AcquireRequest, context: Context
     ) -> lease_pb2.AcquireResponse:
         host_id = self._host(request.host_id)
         serials = validate.serials(request.idle_serials, "idle_serials")
@@ -141,7 +139,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     async def RenewLeases(
         self,
         request_iterator: AsyncIterator[lease_pb2.RenewLeasesRequest],
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: Context,
     ) -> AsyncIterator[lease_pb2.RenewLeasesResponse]:
         outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None] = asyncio.Queue()
         with contextlib.ExitStack() as stack:
@@ -222,7 +220,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def ReportResult(
-        self, request: lease_pb2.ReportResultRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: lease_pb2.ReportResultRequest, context: Context
     ) -> task_pb2.Task:
         validate.report(request)
         report = report_from_pb(request)
@@ -233,7 +231,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def ReportResults(
-        self, request: lease_pb2.ReportResultsRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: lease_pb2.ReportResultsRequest, context: Context
     ) -> lease_pb2.ReportResultsResponse:
         validate.reports(request.results)
         reports = [report_from_pb(r) for r in request.results]
@@ -251,7 +249,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
 
     @rpc
     async def ReleaseLease(
-        self, request: lease_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: lease_pb2.ReleaseLeaseRequest, context: Context
     ) -> lease_pb2.ReleaseLeaseResponse:
         lease_id = LeaseId(validate.lease_id(request.lease_id))
         validate.reason(request.reason)

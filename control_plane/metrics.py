@@ -8,6 +8,9 @@ and no dashboard reads them.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
+
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -140,32 +143,27 @@ CANCEL_PATHS = ("push", "renewal")
 EXPIRED_TO = (TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED)
 
 
+def _at_zero(metric: Counter | Gauge | Histogram, *labels: Iterable[str]) -> None:
+    """The series of every combination of the given label values."""
+    for values in itertools.product(*labels):
+        metric.labels(*values)
+
+
 def create_series() -> None:
     """Every labelled series at 0 (a series that exists keeps its value)."""
-    for status in TaskStatus:
-        TASKS.labels(status)
     for event, to in TRANSITION_LABELS:
         TRANSITIONS.labels(event, to)
-    for result in OFFER_RESULTS:
-        OFFERS.labels(result)
-    for result in RENEWAL_RESULTS:
-        RENEWALS.labels(result)
-    for path in CANCEL_PATHS:
-        CANCEL_DELIVERY.labels(path)
-    for to in EXPIRED_TO:
-        EXPIRED.labels(to)
-    for state in DEVICE_STATES:
-        for use in DEVICE_USES:
-            DEVICES.labels(state, use)
-    for selector in ("any", "other"):
-        QUEUE_DEPTH.labels(selector)
-        QUEUE_OLDEST.labels(selector)
-    for outcome in Outcome:
-        RUN_SECONDS.labels(outcome)
-    for cause in REQUEUE_CAUSES:
-        REQUEUES.labels(cause)
-    for reason in AUTH_REASONS:
-        AUTH_FAILURES.labels(reason)
+    _at_zero(TASKS, TaskStatus)
+    _at_zero(OFFERS, OFFER_RESULTS)
+    _at_zero(RENEWALS, RENEWAL_RESULTS)
+    _at_zero(CANCEL_DELIVERY, CANCEL_PATHS)
+    _at_zero(EXPIRED, EXPIRED_TO)
+    _at_zero(DEVICES, DEVICE_STATES, DEVICE_USES)
+    _at_zero(QUEUE_DEPTH, ("any", "other"))
+    _at_zero(QUEUE_OLDEST, ("any", "other"))
+    _at_zero(RUN_SECONDS, Outcome)
+    _at_zero(REQUEUES, REQUEUE_CAUSES)
+    _at_zero(AUTH_FAILURES, AUTH_REASONS)
 
 
 def create_rpc_series(methods: list[str]) -> None:

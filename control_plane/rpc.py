@@ -7,7 +7,7 @@ import contextvars
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
@@ -76,6 +76,8 @@ principal_var: contextvars.ContextVar[Principal] = contextvars.ContextVar(
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+# What every servicer method takes after its request.
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 def code_for(exc: errors.AmcError) -> grpc.StatusCode:
@@ -112,7 +114,7 @@ class TaskServicer(Servicer):
         self.settings = settings
 
 
-async def _enter(self: Servicer, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+async def _enter(self: Servicer, method: str, context: Context) -> None:
     try:
         who = await self.auth.principal(context.invocation_metadata())
         authorize(who, method)
@@ -125,7 +127,7 @@ async def _enter(self: Servicer, method: str, context: grpc.aio.ServicerContext[
     principal_var.set(who)
 
 
-async def _fail(context: grpc.aio.ServicerContext[Any, Any], method: str, exc: Exception) -> None:
+async def _fail(context: Context, method: str, exc: Exception) -> None:
     if isinstance(exc, errors.AmcError):
         await context.abort(code_for(exc), exc.message)
     log.exception("unexpected error", method=method)
@@ -139,9 +141,7 @@ def rpc(func: F) -> F:
     if inspect.isasyncgenfunction(func):
 
         @functools.wraps(func)
-        async def stream(
-            self: Servicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
+        async def stream(self: Servicer, request: Any, context: Context) -> AsyncIterator[Any]:
             method = f"/{self.SERVICE}/{name}"
             try:
                 await _enter(self, method, context)
@@ -156,9 +156,7 @@ def rpc(func: F) -> F:
         return stream  # type: ignore[return-value]
 
     @functools.wraps(func)
-    async def unary(
-        self: Servicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
+    async def unary(self: Servicer, request: Any, context: Context) -> Any:
         method = f"/{self.SERVICE}/{name}"
         try:
             await _enter(self, method, context)

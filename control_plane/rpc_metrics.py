@@ -8,9 +8,10 @@ anything else is `other`; `code` is a gRPC status code name."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -40,31 +41,32 @@ def _failure(exc: BaseException, context: Any) -> str:
     return "UNKNOWN"
 
 
+@contextlib.contextmanager
+def _observed(method: str, context: Any) -> Iterator[None]:
+    """Counts and times what runs inside, by the code the call ends with."""
+    started, code = time.perf_counter(), None
+    try:
+        yield
+    except BaseException as exc:
+        code = _failure(exc, context)
+        raise
+    finally:
+        _observe(method, code or _code(context, "OK"), started)
+
+
 def _wrap(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behavior):
 
         async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            started, code = time.perf_counter(), None
-            try:
+            with _observed(method, context):
                 async for item in behavior(request, context):
                     yield item
-            except BaseException as exc:
-                code = _failure(exc, context)
-                raise
-            finally:
-                _observe(method, code or _code(context, "OK"), started)
 
         return stream
 
     async def call(request: Any, context: Any) -> Any:
-        started, code = time.perf_counter(), None
-        try:
+        with _observed(method, context):
             return await behavior(request, context)
-        except BaseException as exc:
-            code = _failure(exc, context)
-            raise
-        finally:
-            _observe(method, code or _code(context, "OK"), started)
 
     return call
 

@@ -7,9 +7,7 @@ import base64
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
 
-import grpc
 import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
@@ -23,7 +21,7 @@ from control_plane.convert import (
 )
 from control_plane.domain import NewTask, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
-from control_plane.rpc import TaskServicer, principal, rpc
+from control_plane.rpc import Context, TaskServicer, principal, rpc
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -85,7 +83,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def SubmitTask(
-        self, request: scheduler_pb2.SubmitTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.SubmitTaskRequest, context: Context
     ) -> task_pb2.Task:
         validate.submit(request)
         task, created = await self.store.submit(principal().caller, _new_task(request))
@@ -95,7 +93,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def SubmitTasks(
-        self, request: scheduler_pb2.SubmitTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.SubmitTasksRequest, context: Context
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate.submit_batch(request)
         news = [_new_task(t) for t in request.tasks]
@@ -105,7 +103,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def GetTask(
-        self, request: scheduler_pb2.GetTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.GetTaskRequest, context: Context
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         return task_to_pb(await self.store.get_task(task_id))
@@ -114,7 +112,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def ListTaskEvents(
         self,
         request: scheduler_pb2.ListTaskEventsRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: Context,
     ) -> scheduler_pb2.ListTaskEventsResponse:
         task_id = TaskId(validate.list_task_events(request))
         size = min(request.page_size or DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)
@@ -132,7 +130,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def ListTasks(
-        self, request: scheduler_pb2.ListTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.ListTasksRequest, context: Context
     ) -> scheduler_pb2.ListTasksResponse:
         statuses, host_id = validate.list_tasks(request)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
@@ -149,7 +147,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def CancelTask(
-        self, request: scheduler_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.CancelTaskRequest, context: Context
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         validate.reason(request.reason)
@@ -159,7 +157,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def WatchTask(
-        self, request: scheduler_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.WatchTaskRequest, context: Context
     ) -> AsyncIterator[task_pb2.Task]:
         task_id = TaskId(validate.task_id(request.task_id))
         refresh = self.settings.watch_refresh.total_seconds()
@@ -182,7 +180,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def GetQueue(
-        self, request: scheduler_pb2.GetQueueRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.GetQueueRequest, context: Context
     ) -> scheduler_pb2.GetQueueResponse:
         groups, total = await self.store.queue(self.settings.lease_ttl, QUEUE_GROUPS)
         return scheduler_pb2.GetQueueResponse(
@@ -191,7 +189,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc
     async def ListHosts(
-        self, request: scheduler_pb2.ListHostsRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: scheduler_pb2.ListHostsRequest, context: Context
     ) -> scheduler_pb2.ListHostsResponse:
         hosts = await self.store.list_hosts(self.settings.lease_ttl)
         return scheduler_pb2.ListHostsResponse(hosts=[host_to_pb(h) for h in hosts])

@@ -225,11 +225,8 @@ function counts(items) {
 const Farm = {
   nav: "farm",
   title: () => "Farm",
-  async load() {
-    return call("ListHosts", {});
-  },
-  render(data) {
-    const hosts = data.hosts || [];
+  load: () => call("ListHosts", {}),
+  render({ hosts = [] }) {
     const devices = hosts.flatMap((host) => host.devices || []);
     const online = devices.filter((d) => enumName("DEVICE_STATE_", d.state) === "device");
     const busy = devices.filter((d) => d.task_id);
@@ -273,11 +270,8 @@ function deviceRow(d) {
 const Queue = {
   nav: "queue",
   title: () => "Queue",
-  async load() {
-    return call("GetQueue", {});
-  },
-  render(data) {
-    const groups = data.groups || [];
+  load: () => call("GetQueue", {}),
+  render({ groups = [], total = 0 }) {
     const rows = groups.map((g) => h("tr", {},
       h("td", {}, selectorText(g.selector)),
       h("td", {}, g.count),
@@ -287,7 +281,7 @@ const Queue = {
       h("td", {}, h("a", { href: `/tasks?status=queued${labelQuery(g.selector)}` }, "tasks"))));
     return [
       h("h1", {}, "Queue"),
-      counts([["queued tasks", data.total || 0, "queued-total"], ["selectors", groups.length, "queue-groups"]]),
+      counts([["queued tasks", total, "queued-total"], ["selectors", groups.length, "queue-groups"]]),
       groups.length
         ? table(["selector", "tasks", "oldest", "matching devices", "why they wait", ""], rows)
         : h("p", { class: "muted" }, "Nothing is queued."),
