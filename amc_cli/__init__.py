@@ -7,4 +7,5 @@ specfile   task-spec files (YAML/JSON) -> SubmitTaskRequest
 follow     following a task until it ends (watch, submit --wait)
 render     human tables (rich) and JSON documents
 errors     the CLI's error types and the exit-code table
+diagnose   one line for a TLS or connection mistake, naming the flag that fixes it
 """
