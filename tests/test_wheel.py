@@ -116,6 +116,22 @@ def test_the_wheel_carries_the_generated_package_for_every_proto(dist: Dist) -> 
     assert not any(name.startswith("amc/") for name in members)
 
 
+def test_the_protobuf_floor_runs_the_generated_code_of_the_wheel(dist: Dist) -> None:
+    """THEN the protobuf runtime the package requires is not older than the protoc that
+    generated the wheel's code, and of its major version (the code refuses any other)."""
+    generated = zipfile.ZipFile(dist.wheel).read("amc/v1/task_pb2.py").decode()
+    gencode = re.search(r"Protobuf Python Version: (\d+)\.(\d+)\.(\d+)", generated)
+    assert gencode, "the generated code names its protobuf version"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    spec = next(d for d in project["dependencies"] if d.startswith("protobuf"))
+    floor = re.search(r">=(\d+)\.(\d+)(?:\.(\d+))?,<(\d+)", spec)
+    assert floor, f"protobuf is pinned as >=X.Y.Z,<X+1: {spec}"
+    low = tuple(int(part or 0) for part in floor.groups()[:3])
+    made = tuple(int(part) for part in gencode.groups())
+    assert low >= made, f"{spec} admits runtimes older than the generated code ({made})"
+    assert int(floor.group(4)) == made[0] + 1, f"{spec} admits another major version"
+
+
 def test_the_installed_generated_code_matches_protos(prefix: Path, tmp_path: Path) -> None:
     """THEN every installed _pb2 module describes exactly what its .proto says now."""
     protos = sorted(str(p.relative_to(PROTOS)) for p in PROTOS.rglob("*.proto"))
