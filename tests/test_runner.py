@@ -38,7 +38,8 @@ from host_agent.runner import (
 )
 from host_agent.spec import ActionList, TaskSpec, Workflow, WorkflowStep
 from host_agent.stop_token import StopReason, StopToken
-from tests.support.runner_fakes import EMPTY_SCREEN, Call, FakeDevice, eventually
+from tests.support import eventually
+from tests.support.runner_fakes import EMPTY_SCREEN, Call, FakeDevice
 
 FIVE_STEPS: tuple[Action, ...] = (
     Tap(1, 1),
@@ -81,10 +82,12 @@ async def interrupt_while(
     """Start `spec`, wait until `started()` holds, trip; the result and seconds until it came."""
     token = StopToken()
     task = asyncio.create_task(run_fast(spec, device, token))
-    await eventually(started, what="the action under test is running")
+    await eventually(started, interval=0.005, what="the action under test is running")
     tripped_at = time.monotonic()
     token.trip(reason)
-    await eventually(task.done, within=PROMPT, what="the run returned after the trip")
+    await eventually(
+        task.done, timeout=PROMPT, interval=0.005, what="the run returned after the trip"
+    )
     return task.result(), time.monotonic() - tripped_at
 
 

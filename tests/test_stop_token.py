@@ -8,7 +8,7 @@ import time
 import pytest
 
 from host_agent.stop_token import Stopped, StopReason, StopToken
-from tests.support.runner_fakes import eventually
+from tests.support import eventually
 
 
 def test_first_trip_wins_and_later_trips_are_ignored() -> None:
@@ -174,7 +174,7 @@ async def test_race_under_asyncio_timeout_cancels_the_inner_call() -> None:
 async def test_many_racers_all_stop_on_one_trip() -> None:
     token = StopToken()
     racers = [asyncio.create_task(token.race(asyncio.sleep(3600))) for _ in range(5)]
-    await eventually(lambda: len(token._waiters) == 5, what="all racers waiting")
+    await eventually(lambda: len(token._waiters) == 5, interval=0.005, what="all racers waiting")
     token.trip(StopReason.CANCELLED)
     results = await asyncio.wait_for(asyncio.gather(*racers, return_exceptions=True), 5)
     assert all(isinstance(r, Stopped) for r in results)

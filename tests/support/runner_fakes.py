@@ -118,12 +118,3 @@ class FakeDevice:
         await self._call("ui_dump")
         index = min(self.count("ui_dump"), len(self.screens)) - 1
         return self.screens[index]
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0, what: str = "") -> None:
-    """Poll `check` until it holds; fail the test after `within` seconds."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within}s: {what or check}")
-        await asyncio.sleep(0.005)
