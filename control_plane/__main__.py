@@ -25,6 +25,7 @@ os.environ.setdefault("GRPC_TRACE", "")
 import argparse
 import asyncio
 import contextlib
+import re
 import signal
 import sys
 from collections.abc import Callable, Mapping
@@ -58,6 +59,25 @@ def log_format(text: str) -> str:
 
 log_format.__name__ = "log format (auto, console, json)"  # argparse names it in errors
 
+_SPAN = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_SPAN_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def retention(text: str) -> timedelta | None:
+    """`30d`, `12h`, `30m`, `90s`, or a sum such as `1d12h`; `off` or `0`: never (None).
+    A bare number is refused: read as seconds, a `30` meant as days would delete a month
+    of history at once."""
+    text = text.strip().lower()
+    if text in ("off", "0"):
+        return None
+    if not text or _SPAN.sub("", text):
+        raise ValueError(text)
+    total = sum(float(n) * _SPAN_SECONDS[unit] for n, unit in _SPAN.findall(text))
+    return timedelta(seconds=total) if total else None
+
+
+retention.__name__ = "duration (such as 30d, 12h, 30m, 90s, or off)"
+
 
 # flag, environment variable, default, value parser, help. A flag's value comes from the
 # command line, else its variable, else the default (argparse parses string defaults too,
@@ -82,6 +102,14 @@ SERVE_FLAGS: list[Flag] = [
     ("--http-listen", "AMC_HTTP_LISTEN", "", str,
      "host:port for the operator console in the browser (off if empty)"),
     ("--grace", "AMC_GRACE", "5", float, "seconds in-flight calls get on SIGTERM"),
+    ("--task-retention", "AMC_TASK_RETENTION", "30d", retention,
+     "how long a finished task (done, failed, cancelled) is kept after it ended, with its"
+     " attempts, events and artifacts: 30d, 12h, 30m, 90s, or off (kept for ever)"),
+    ("--forget-hosts-after", "AMC_FORGET_HOSTS_AFTER", "7d", retention,
+     "a host disconnected this long and holding no lease is forgotten, with its devices:"
+     " 7d, 12h, 30m, 90s, or off (never)"),
+    ("--retention-interval", "AMC_RETENTION_INTERVAL", "60", float,
+     "seconds between this replica's looks for old tasks and hosts to remove"),
 ]
 # flag, environment variable (set to 1 to switch on), help
 DATABASE_SWITCHES = [("--debug", "AMC_DEBUG", "a failed start also logs its traceback")]
@@ -147,6 +175,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         lease_ttl=timedelta(seconds=args.lease_ttl),
         renew_interval=renew,
         sweep_interval=timedelta(seconds=args.sweep_interval),
+        task_retention=args.task_retention,
+        forget_hosts_after=args.forget_hosts_after,
+        retention_interval=timedelta(seconds=args.retention_interval),
     )
 
 

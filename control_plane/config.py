@@ -16,6 +16,17 @@ class Settings:
     max_acquire_wait: timedelta = timedelta(seconds=60)
     # WatchTask re-reads the task at least this often, in case a notification was missed.
     watch_refresh: timedelta = timedelta(seconds=5)
+    # Retention (control_plane/retention.py): terminal tasks are deleted this long after
+    # they finished, hosts this long after they were last seen (None: kept for ever).
+    task_retention: timedelta | None = timedelta(days=30)
+    forget_hosts_after: timedelta | None = timedelta(days=7)
+    # How often this replica looks for what retention removes (one replica at a time does).
+    retention_interval: timedelta = timedelta(seconds=60)
+    # Rows per batch (one statement, one short transaction), and the least pause between
+    # batches: a batch is followed by a pause at least as long as it took, so retention
+    # uses at most half of one connection's time.
+    retention_batch: int = 500
+    retention_pause: timedelta = timedelta(seconds=0.05)
 
     @property
     def renew_every(self) -> timedelta:

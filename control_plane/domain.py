@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from datetime import datetime
 from typing import NamedTuple, NewType
 
@@ -262,3 +262,20 @@ class Recorded:
     cancel_delivered_at: datetime | None
     # When the attempt started running (acknowledged, else assigned): for the run time.
     started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Removed:
+    """Rows one retention batch deleted, by kind (the `kind` of amc_retention_removed_total)."""
+
+    tasks: int = 0
+    attempts: int = 0
+    task_events: int = 0
+    hosts: int = 0
+    devices: int = 0
+
+    def __add__(self, other: Removed) -> Removed:
+        return Removed(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def counts(self) -> dict[str, int]:
+        return asdict(self)

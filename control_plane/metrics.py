@@ -124,7 +124,21 @@ RPC_SECONDS = Histogram(
     ["method", "code"],
     buckets=LATENCY,
 )
-
+RETENTION_REMOVED = Counter(
+    "amc_retention_removed_total",
+    "Rows deleted by retention on this replica (--task-retention, --forget-hosts-after), by kind",
+    ["kind"],
+)
+RETENTION_BATCH = Histogram(
+    "amc_retention_batch_seconds",
+    "How long one retention batch (one statement, one transaction) took, by what it removed",
+    ["what"],
+    buckets=LATENCY,
+)
+# What retention deletes: finished tasks with their attempts and events; hosts with their
+# devices.
+RETENTION_KINDS = ("tasks", "attempts", "task_events", "hosts", "devices")
+RETENTION_BATCHES = ("tasks", "hosts")
 
 # The label values each series is created with at start-up: all that this replica counts.
 TRANSITION_LABELS: list[tuple[Event, str]] = [
@@ -164,6 +178,8 @@ def create_series() -> None:
     _at_zero(RUN_SECONDS, Outcome)
     _at_zero(REQUEUES, REQUEUE_CAUSES)
     _at_zero(AUTH_FAILURES, AUTH_REASONS)
+    _at_zero(RETENTION_REMOVED, RETENTION_KINDS)
+    _at_zero(RETENTION_BATCH, RETENTION_BATCHES)
 
 
 def create_rpc_series(methods: list[str]) -> None:

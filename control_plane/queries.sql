@@ -226,11 +226,17 @@ WHERE h.host_id = s.host_id AND (s.opened OR h.replica_id = $1);
 
 -- name: replica_gone
 -- A replica stopping cleanly: its streams are closed, its row goes, and so do the rows of
--- replicas not seen for a day.
+-- replicas not seen for a day; the hosts those held keep their last heartbeat as their
+-- last seen (what --forget-hosts-after counts from), not the older time their stream opened.
 WITH closed AS (
     UPDATE hosts SET replica_id = NULL, last_seen_at = now() WHERE replica_id = $1
+), dead AS (
+    DELETE FROM replicas WHERE replica_id = $1 OR seen_at < now() - interval '1 day'
+    RETURNING replica_id, seen_at
 )
-DELETE FROM replicas WHERE replica_id = $1 OR seen_at < now() - interval '1 day';
+UPDATE hosts h SET replica_id = NULL, last_seen_at = GREATEST(h.last_seen_at, d.seen_at)
+FROM dead d
+WHERE h.replica_id = d.replica_id AND d.replica_id <> $1;
 
 -- name: ping
 SELECT 1;
@@ -239,3 +245,54 @@ SELECT 1;
 -- Notifications are not durable anyway: no need to wait for this commit's WAL flush.
 SELECT set_config('synchronous_commit', 'off', true), count(pg_notify(n.c, n.p))
 FROM unnest($1::text[], $2::text[]) AS n (c, p);
+
+-- -- retention (control_plane/retention.py) ----------------------------------------------
+-- One batch per statement, so one short transaction. Only one replica at a time runs a
+-- batch: each takes the retention advisory lock ("AMC", 1) for its transaction, and a
+-- replica that does not get it removes nothing (it looks again at its next round). Rows
+-- another transaction holds are skipped (SKIP LOCKED), so a batch never waits on them.
+
+-- name: delete_old_tasks
+-- Up to $2 terminal tasks that finished before now() - $1, oldest first, with their
+-- attempts and events (and what hangs off a task by ON DELETE CASCADE). Locks the tasks
+-- first, then their attempts (the lock order); no task in flight is looked at.
+WITH doomed AS (
+    SELECT task_id FROM tasks
+    WHERE status IN ('done', 'failed', 'cancelled') AND finished_at < now() - $1::interval
+      AND (SELECT pg_try_advisory_xact_lock(4279619, 1))
+    ORDER BY finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), events AS (
+    DELETE FROM task_events e USING doomed d WHERE e.task_id = d.task_id RETURNING 1
+), attempts_gone AS (
+    DELETE FROM attempts a USING doomed d WHERE a.task_id = d.task_id RETURNING 1
+), tasks_gone AS (
+    DELETE FROM tasks t USING doomed d WHERE t.task_id = d.task_id RETURNING 1
+)
+SELECT (SELECT count(*) FROM tasks_gone) AS tasks,
+       (SELECT count(*) FROM attempts_gone) AS attempts,
+       (SELECT count(*) FROM events) AS task_events;
+
+-- name: forget_hosts
+-- Up to $2 hosts last seen (as list_hosts decides it) before now() - $1 that hold no lease
+-- and no device, with their devices. A host that registers or opens its stream meanwhile
+-- is skipped (its row is locked) or no longer matches (PostgreSQL rechecks the locked row).
+WITH gone AS (
+    SELECT h.host_id FROM hosts h LEFT JOIN replicas r USING (replica_id)
+    WHERE GREATEST(h.last_seen_at, r.seen_at) < now() - $1::interval
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      WHERE a.host_id = h.host_id AND a.state = 'active')
+      AND NOT EXISTS (SELECT 1 FROM devices d
+                      WHERE d.host_id = h.host_id AND d.task_id IS NOT NULL)
+      AND (SELECT pg_try_advisory_xact_lock(4279619, 1))
+    ORDER BY h.host_id
+    LIMIT $2
+    FOR UPDATE OF h SKIP LOCKED
+), devices_gone AS (
+    DELETE FROM devices d USING gone g WHERE d.host_id = g.host_id RETURNING 1
+), hosts_gone AS (
+    DELETE FROM hosts h USING gone g WHERE h.host_id = g.host_id RETURNING 1
+)
+SELECT (SELECT count(*) FROM hosts_gone) AS hosts,
+       (SELECT count(*) FROM devices_gone) AS devices;

@@ -93,6 +93,10 @@ CREATE INDEX IF NOT EXISTS tasks_queue ON tasks (priority DESC, created_at, task
 CREATE INDEX IF NOT EXISTS tasks_listing ON tasks (created_at DESC, task_id DESC);
 CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
     WHERE host_id IS NOT NULL;
+-- Retention: terminal tasks by when they finished, oldest first (control_plane/retention.py
+-- deletes them in batches from this end). Tasks in flight are not in it.
+CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at)
+    WHERE status IN ('done', 'failed', 'cancelled');
 
 -- One row per assignment of a task to a device; the lease lives on it. Every renewal
 -- rewrites lease_expires_at, so no index covers it (renewals stay HOT updates), and

@@ -36,6 +36,7 @@ from control_plane.domain import (
     QueueGroup,
     QueueWait,
     Recorded,
+    Removed,
     Renewal,
     Report,
     Role,
@@ -433,6 +434,23 @@ class Store:
             )
             for r in rows
         ]
+
+    # -- retention -------------------------------------------------------------------------
+
+    async def delete_old_tasks(self, finished_before: timedelta, limit: int) -> Removed:
+        """One batch: up to `limit` terminal tasks that finished more than `finished_before`
+        ago, oldest first, with their attempts and events. Nothing when another replica is
+        running a retention batch."""
+        row = await self._fetchrow("delete_old_tasks", finished_before, limit)
+        assert row is not None
+        return Removed(tasks=row["tasks"], attempts=row["attempts"], task_events=row["task_events"])
+
+    async def forget_hosts(self, unseen_for: timedelta, limit: int) -> Removed:
+        """One batch: up to `limit` hosts not seen for `unseen_for` that hold no lease, with
+        their devices. Nothing when another replica is running a retention batch."""
+        row = await self._fetchrow("forget_hosts", unseen_for, limit)
+        assert row is not None
+        return Removed(hosts=row["hosts"], devices=row["devices"])
 
     # -- tokens ----------------------------------------------------------------------------
 

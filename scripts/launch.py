@@ -57,7 +57,8 @@ def seconds(value: float) -> str:
 
 
 def duration(value: float) -> str:
-    """A duration as the host agent's flags take it: `0.5s`, `30s`."""
+    """A duration with its unit, as the host agent's flags and the control plane's retention
+    flags take it: `0.5s`, `30s`."""
     return seconds(value) + "s"
 
 
@@ -117,6 +118,10 @@ class ControlPlaneCommand(_Command):
     http_listen: str | None = None
     log_format: LogFormat | None = None
     debug: bool = False
+    # Retention: 0 turns it off.
+    task_retention: float | None = _duration()
+    forget_hosts_after: float | None = _duration()
+    retention_interval: float | None = _seconds()
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ binary's own parser (no process started), and a launched process inherits no set
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,9 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
         http_listen="127.0.0.1:8080",
         log_format="json",
         debug=True,
+        task_retention=86400 * 30,
+        forget_hosts_after=0,
+        retention_interval=0.25,
     )
     argv = command.argv()
     assert argv[:2] == [str(CONTROL_PLANE), "serve"]
@@ -65,6 +69,8 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
     )
     assert (args.metrics_listen, args.log_format) == ("127.0.0.1:9464", "json")
     assert args.http_listen == "127.0.0.1:8080"
+    assert (args.task_retention, args.forget_hosts_after) == (timedelta(days=30), None)
+    assert args.retention_interval == 0.25
 
 
 def test_unset_control_plane_fields_leave_the_replicas_defaults() -> None:

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -118,6 +119,12 @@ ZERO_AT_START = [
         ("amc_auth_failures_total", {"reason": r})
         for r in ("missing", "malformed", "unknown", "revoked", "forbidden")
     ],
+    *[
+        ("amc_retention_removed_total", {"kind": k})
+        for k in ("tasks", "attempts", "task_events", "hosts", "devices")
+    ],
+    ("amc_retention_batch_seconds_count", {"what": "tasks"}),
+    ("amc_retention_batch_seconds_count", {"what": "hosts"}),
     ("amc_rpc_requests_total", {"method": "Scheduler/SubmitTask", "code": "OK"}),
     ("amc_rpc_requests_total", {"method": "Lease/RenewLeases", "code": "OK"}),
     ("amc_rpc_duration_seconds_count", {"method": "Scheduler/ListTaskEvents", "code": "OK"}),
@@ -229,6 +236,52 @@ async def _dispatched(lease: lease_pb2_grpc.LeaseStub) -> lease_pb2.Assignment:
     request = lease_pb2.RenewLeasesRequest(host_id="h9", lease_ids=[assignment.lease_id], seq=1)
     [r async for r in lease.RenewLeases(iter([request]))]
     return assignment
+
+
+async def test_retention_counts_the_rows_it_removes(database_url: str, tmp_path: Path) -> None:
+    """A replica with --task-retention 1d and --forget-hosts-after 1d deletes a task that
+    finished two days ago and a host unseen for two days; /metrics counts each kind."""
+    port = free_port()
+    replica = Replica(
+        database_url,
+        metrics_listen=f"127.0.0.1:{port}",
+        log=tmp_path / "cp.log",
+        task_retention=86400,
+        forget_hosts_after=86400,
+        retention_interval=0.1,
+    )
+    cp = Scraper(port)
+    client_token = await token(database_url, Role.CLIENT)
+    host_token = await token(database_url, Role.HOST, "old")
+    await replica.start()
+    try:
+        async with (
+            aio_channel(replica.address, client_token) as client,
+            aio_channel(replica.address, host_token) as host,
+        ):
+            scheduler = scheduler_pb2_grpc.SchedulerStub(client)
+            task = await scheduler.SubmitTask(
+                scheduler_pb2.SubmitTaskRequest(spec=actions_spec(tap()))
+            )
+            await scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=task.task_id))
+            await lease_pb2_grpc.LeaseStub(host).RegisterHost(
+                lease_pb2.RegisterHostRequest(host_id="old", devices=[device("o1"), device("o2")])
+            )
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(
+                "UPDATE tasks SET finished_at = now() - interval '2 days';"
+                " UPDATE hosts SET last_seen_at = now() - interval '2 days'"
+            )
+        finally:
+            await conn.close()
+        await cp.reaches("amc_retention_removed_total", 1, kind="tasks")
+        await cp.reaches("amc_retention_removed_total", 2, kind="task_events")
+        await cp.reaches("amc_retention_removed_total", 1, kind="hosts")
+        await cp.reaches("amc_retention_removed_total", 2, kind="devices")
+        assert await cp.value("amc_retention_removed_total", kind="attempts") == 0
+    finally:
+        replica.stop()
 
 
 def test_grafana_dashboard_uses_only_metrics_that_exist() -> None:

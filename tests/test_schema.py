@@ -160,7 +160,7 @@ async def test_a_database_of_the_previous_release_is_upgraded_to_schema_sql(
     assert applied == [name for _, name, _ in migrate.migrations()] + ["schema.sql"]
     await _execute(reference, SCHEMA)
     assert dump(old) == dump(reference)
-    assert await _versions(old) == [1, 2, 3, 4, 5, 6, 7]
+    assert await _versions(old) == [1, 2, 3, 4, 5, 6, *(n for n, _, _ in migrate.migrations())]
     assert await _migrate(old) == []
 
     store = await Store.open(old, min_size=1, max_size=1)

@@ -24,6 +24,10 @@ class Replica:
     sweep_interval: float | None = None
     metrics_listen: str | None = None
     log: Path | None = None
+    # Retention (seconds; 0: off); None: the binary's defaults.
+    task_retention: float | None = None
+    forget_hosts_after: float | None = None
+    retention_interval: float | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,6 +46,9 @@ class Replica:
             sweep_interval=self.sweep_interval,
             metrics_listen=self.metrics_listen,
             log_format="json",
+            task_retention=self.task_retention,
+            forget_hosts_after=self.forget_hosts_after,
+            retention_interval=self.retention_interval,
         )
         argv, env = command.argv(), command.env()
         if self.log:

@@ -1,0 +1,82 @@
+"""Retention: what a farm no longer needs, deleted in the background of every replica.
+
+- Finished tasks (done, failed, cancelled) whose `finished_at` is older than
+  `--task-retention` go, with their attempts and events (and what hangs off a task by
+  ON DELETE CASCADE).
+- Hosts not seen for `--forget-hosts-after` that hold no lease go, with their devices.
+
+Each batch is one statement (`delete_old_tasks`, `forget_hosts` in queries.sql), so one
+short transaction over at most `retention_batch` rows, which it locks with SKIP LOCKED: it
+never waits on a row the hot path holds, and tasks in flight are never looked at. After a
+batch the loop pauses at least as long as the batch took, so retention takes at most half of
+one connection and the hot path finds the tables free between batches. Only one replica at
+a time runs a batch (each tries a transaction-scoped advisory lock and removes nothing
+without it), so several replicas do not add up their load; the one that got the lock goes
+on while batches come back full, the others look again at their next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from control_plane import errors, metrics
+from control_plane.config import Settings
+from control_plane.domain import Removed
+from control_plane.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+async def keep_retention(store: Store, settings: Settings) -> None:
+    """Every `retention_interval` (with jitter, so that replicas do not look in step), one
+    round of retention."""
+    if settings.task_retention is None and settings.forget_hosts_after is None:
+        log.info("retention off: finished tasks and disconnected hosts are kept")
+        return
+    period = settings.retention_interval.total_seconds()
+    while True:
+        await asyncio.sleep(period * random.uniform(0.5, 1.0))
+        try:
+            removed = await retain(store, settings)
+        except (errors.DatabaseUnavailable, errors.Contended) as error:
+            log.warning("retention skipped", error=error.message)
+            continue
+        if removed != Removed():
+            log.info("retention removed", **removed.counts())
+
+
+async def retain(store: Store, settings: Settings) -> Removed:
+    """One round: batch after batch until what is due is gone (or another replica holds
+    the retention lock); the rows removed."""
+    limit = settings.retention_batch
+    removed = Removed()
+    if settings.task_retention is not None:
+        keep = settings.task_retention
+        removed += await _batches("tasks", lambda: store.delete_old_tasks(keep, limit), settings)
+    if settings.forget_hosts_after is not None:
+        unseen = settings.forget_hosts_after
+        removed += await _batches("hosts", lambda: store.forget_hosts(unseen, limit), settings)
+    return removed
+
+
+async def _batches(
+    what: str, batch: Callable[[], Awaitable[Removed]], settings: Settings
+) -> Removed:
+    total = Removed()
+    while True:
+        started = time.monotonic()
+        removed = await batch()
+        took = time.monotonic() - started
+        metrics.RETENTION_BATCH.labels(what).observe(took)
+        for kind, count in removed.counts().items():
+            if count:
+                metrics.RETENTION_REMOVED.labels(kind).inc(count)
+        total += removed
+        if removed.counts()[what] < settings.retention_batch:
+            return total
+        await asyncio.sleep(max(settings.retention_pause.total_seconds(), took))
