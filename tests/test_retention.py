@@ -146,7 +146,8 @@ async def ran(farm: Farm, host_id: str, serial: str, outcome: int) -> str:
     host = await farm.host(host_id, serial)
     assignment = await host.acquire_one(serial)
     await host.renew(assignment.lease_id)
-    await host.report(assignment, outcome, error="broke" if outcome != 1 else "")
+    error = "" if outcome == lease_pb2.OUTCOME_DONE else "broke"
+    await host.report(assignment, outcome, error=error)
     return str(task.task_id)
 
 
@@ -427,6 +428,7 @@ def test_retention_flags_take_durations_with_units_or_off(
 
 
 def test_retention_defaults_are_thirty_days_and_seven_days() -> None:
+    """THEN without flags or variables, tasks are kept 30 days and hosts 7."""
     args = parser({}).parse_args(["serve"])
     assert (args.task_retention, args.forget_hosts_after) == (timedelta(days=30), timedelta(7))
     assert args.retention_interval == 60
