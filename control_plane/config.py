@@ -22,10 +22,12 @@ class Settings:
     forget_hosts_after: timedelta | None = timedelta(days=7)
     # How often this replica looks for what retention removes (one replica at a time does).
     retention_interval: timedelta = timedelta(seconds=60)
-    # Rows per batch (one statement, one short transaction), and the least pause between
+    # Rows per batch (one statement, one short transaction) at most; the time a batch
+    # should take (longer ones halve the next batch's rows); the least pause between
     # batches: a batch is followed by a pause at least as long as it took, so retention
     # uses at most half of one connection's time.
     retention_batch: int = 500
+    retention_batch_time: timedelta = timedelta(seconds=0.25)
     retention_pause: timedelta = timedelta(seconds=0.05)
 
     @property

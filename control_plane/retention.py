@@ -6,7 +6,8 @@
 - Hosts not seen for `--forget-hosts-after` that hold no lease go, with their devices.
 
 Each batch is one statement (`delete_old_tasks`, `forget_hosts` in queries.sql), so one
-short transaction over at most `retention_batch` rows, which it locks with SKIP LOCKED: it
+short transaction over at most `retention_batch` rows (fewer while batches take longer than
+`retention_batch_time`), which it locks with SKIP LOCKED: it
 never waits on a row the hot path holds, and tasks in flight are never looked at. After a
 batch the loop pauses at least as long as the batch took, so retention takes at most half of
 one connection and the hot path finds the tables free between batches. Only one replica at
@@ -53,30 +54,44 @@ async def keep_retention(store: Store, settings: Settings) -> None:
 async def retain(store: Store, settings: Settings) -> Removed:
     """One round: batch after batch until what is due is gone (or another replica holds
     the retention lock); the rows removed."""
-    limit = settings.retention_batch
     removed = Removed()
     if settings.task_retention is not None:
         keep = settings.task_retention
-        removed += await _batches("tasks", lambda: store.delete_old_tasks(keep, limit), settings)
+        removed += await _batches(
+            "tasks", lambda limit: store.delete_old_tasks(keep, limit), settings
+        )
     if settings.forget_hosts_after is not None:
         unseen = settings.forget_hosts_after
-        removed += await _batches("hosts", lambda: store.forget_hosts(unseen, limit), settings)
+        removed += await _batches(
+            "hosts", lambda limit: store.forget_hosts(unseen, limit), settings
+        )
     return removed
 
 
 async def _batches(
-    what: str, batch: Callable[[], Awaitable[Removed]], settings: Settings
+    what: str, batch: Callable[[int], Awaitable[Removed]], settings: Settings
 ) -> Removed:
+    """Batches of `what` until one comes back short. A batch that took longer than
+    `retention_batch_time` halves the next one's limit (a task may carry megabytes of
+    artifacts), a quick one doubles it, up to `retention_batch`: transactions stay short
+    whatever hangs off the rows."""
     total = Removed()
+    most = settings.retention_batch
+    target = settings.retention_batch_time.total_seconds()
+    limit = most
     while True:
         started = time.monotonic()
-        removed = await batch()
+        removed = await batch(limit)
         took = time.monotonic() - started
         metrics.RETENTION_BATCH.labels(what).observe(took)
         for kind, count in removed.counts().items():
             if count:
                 metrics.RETENTION_REMOVED.labels(kind).inc(count)
         total += removed
-        if removed.counts()[what] < settings.retention_batch:
+        if removed.counts()[what] < limit:
             return total
         await asyncio.sleep(max(settings.retention_pause.total_seconds(), took))
+        if took > target:
+            limit = max(1, limit // 2)
+        elif took < target / 4:
+            limit = min(most, limit * 2)

@@ -19,6 +19,7 @@ from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.__main__ import parser
 from control_plane.config import Settings
 from control_plane.domain import Removed
+from control_plane.retention import _batches
 from control_plane.store import Store
 from tests.support import Clients, Farm, actions_spec, eventually, tap
 from tests.test_cli import control_plane
@@ -292,6 +293,36 @@ async def test_only_one_replica_runs_a_retention_batch_at_a_time(quiet: Farm) ->
         assert await store.forget_hosts(DAY, 500) == Removed(hosts=1, devices=1)
     finally:
         await other.close()
+
+
+async def _limits(settings: Settings, rows: int) -> list[int]:
+    """The limits `_batches` gives successive batches over `rows` rows due."""
+    asked: list[int] = []
+    left = rows
+
+    async def batch(limit: int) -> Removed:
+        nonlocal left
+        asked.append(limit)
+        taken = min(limit, left)
+        left -= taken
+        return Removed(tasks=taken)
+
+    assert (await _batches("tasks", batch, settings)).tasks == rows
+    return asked
+
+
+async def test_slow_batches_shrink_and_quick_ones_stay_at_the_limit() -> None:
+    """A batch slower than retention_batch_time halves the next one (a task's artifacts can
+    weigh megabytes); quick ones keep the full limit; the round ends on a short batch."""
+    quick = replace(RETAINING, retention_batch=500, retention_pause=timedelta(0))
+    assert await _limits(replace(quick, retention_batch_time=timedelta(hours=1)), 1200) == [
+        500,
+        500,
+        500,
+    ]
+    slow = replace(quick, retention_batch_time=timedelta(0))
+    # 993 in the halving batches, then one at a time: 7 more, and one that finds none.
+    assert await _limits(slow, 1000) == [500, 250, 125, 62, 31, 15, 7, 3] + [1] * 8
 
 
 # -- hosts ------------------------------------------------------------------------------------
