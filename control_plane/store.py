@@ -485,8 +485,10 @@ class Store:
             conn = await asyncpg.connect(dsn, timeout=10)
         try:
             conn.add_termination_listener(lambda _c: on_lost())
-            for channel, callback in channels.items():
-                await conn.add_listener(channel, _adapt(callback))
+            # The database can go away between the connect and the LISTENs, too.
+            with translated():
+                for channel, callback in channels.items():
+                    await conn.add_listener(channel, _adapt(callback))
             yield conn
         finally:
             with contextlib.suppress(Exception):
