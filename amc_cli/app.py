@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from google.protobuf import duration_pb2
 from typer.core import TyperOption
 
 from amc.v1 import admin_pb2, task_pb2
@@ -16,7 +17,7 @@ from amc_cli import render
 from amc_cli.client import Client, Target, read_token
 from amc_cli.errors import EXIT_CODES_HELP, BadInput, ExitCode
 from amc_cli.follow import follow, outcome_exit
-from amc_cli.specfile import load_request, with_flags
+from amc_cli.specfile import load_request, parse_duration, with_flags
 from amc_common.channel import DEFAULT_PORT, with_default_port
 from amc_common.version import version_line
 
@@ -155,6 +156,15 @@ def _key_values(values: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
+def _duration(value: str | None, flag: str) -> duration_pb2.Duration | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise BadInput(f"{flag}: {exc}") from None
+
+
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(version_line("amc"))
@@ -237,6 +247,22 @@ def submit(
         list[str] | None,
         typer.Option("--metadata", "-m", metavar="KEY=VALUE", help="Metadata to attach."),
     ] = None,
+    queue_timeout: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DURATION",
+            help="Fail the task if it waits in the queue longer than this (e.g. 5m).",
+            show_default=False,
+        ),
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DURATION",
+            help="Fail an attempt that runs longer than this (e.g. 30s); not retried.",
+            show_default=False,
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", "-w", help="Follow the task until it ends, like watch.")
     ] = False,
@@ -244,9 +270,9 @@ def submit(
 ) -> None:
     """Submit a task from a YAML or JSON spec file (see docs/cli.md for the format).
 
-    Flags override the file's selector, priority, max_attempts and request_id; labels and
-    metadata are merged into the file's. With --wait the exit code tells the outcome:
-    0 done, 8 failed, 9 cancelled.
+    Flags override the file's selector, priority, max_attempts, request_id, queue_timeout
+    and deadline; labels and metadata are merged into the file's. With --wait the exit
+    code tells the outcome: 0 done, 8 failed, 9 cancelled.
     """
     request = with_flags(
         load_request(file),
@@ -256,6 +282,8 @@ def submit(
         max_attempts=max_attempts,
         request_id=request_id,
         metadata=_key_values(metadata, "--metadata"),
+        queue_timeout=_duration(queue_timeout, "--queue-timeout"),
+        deadline=_duration(deadline, "--deadline"),
     )
     client = _client(ctx)
     task = client.submit(request)

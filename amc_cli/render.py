@@ -85,6 +85,18 @@ def seconds(d: duration_pb2.Duration) -> str:
     return f"{total:.1f}s" if total < 60 else f"{int(total // 60)}m{total % 60:04.1f}s"
 
 
+def span(d: duration_pb2.Duration) -> str:
+    """A limit as it is written in a spec file: 30s, 5m, 1h30m, 1.5s."""
+    total = d.seconds + d.nanos / 1e9
+    hours, rest = divmod(int(total), 3600)
+    minutes, secs = divmod(rest, 60)
+    fraction = total - int(total)
+    out = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    if secs or fraction or not out:
+        out += f"{secs + fraction:g}s"
+    return out
+
+
 def pairs(values: Iterable[tuple[str, str]]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(values)) or "-"
 
@@ -128,6 +140,10 @@ def task_detail(task: task_pb2.Task) -> None:
         ("selector", _selector(task.selector)),
         ("priority", str(task.priority)),
     ]
+    if task.HasField("queue_timeout"):
+        rows.append(("queue timeout", span(task.queue_timeout)))
+    if task.HasField("deadline"):
+        rows.append(("deadline", f"{span(task.deadline)} per attempt"))
     if task.request_id:
         rows.append(("request id", task.request_id))
     if task.metadata:

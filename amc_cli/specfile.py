@@ -1,7 +1,8 @@
 """Task-spec files (YAML or JSON) -> `SubmitTaskRequest`.
 
 A file is a mapping with `actions:` (a list of actions) or `workflow:` (named steps), plus
-optional `selector`, `priority`, `max_attempts`, `metadata` and `request_id`; a bare list
+optional `selector`, `priority`, `max_attempts`, `metadata`, `request_id`, `queue_timeout`
+and `deadline` (durations, like `wait`'s); a bare list
 is an actions list. An action is a one-key mapping, `kind: arguments`, where the kinds and
 their fields are those of `amc.v1.Action` as amc_common.actions defines them, and
 shorthands spare the common cases: a list gives the fields in their order, a lone value
@@ -89,6 +90,8 @@ _TOP_LEVEL = [
     "metadata",
     "request_id",
     "spec",
+    "queue_timeout",
+    "deadline",
 ]
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
 _NANOS = {
@@ -118,6 +121,8 @@ def with_flags(
     max_attempts: int | None = None,
     request_id: str | None = None,
     metadata: Mapping[str, str] | None = None,
+    queue_timeout: duration_pb2.Duration | None = None,
+    deadline: duration_pb2.Duration | None = None,
 ) -> scheduler_pb2.SubmitTaskRequest:
     """Command-line flags win over the file; labels and metadata merge key by key."""
     out = scheduler_pb2.SubmitTaskRequest()
@@ -132,6 +137,10 @@ def with_flags(
     if request_id is not None:
         out.request_id = request_id
     out.metadata.update(metadata or {})
+    if queue_timeout is not None:
+        out.queue_timeout.CopyFrom(queue_timeout)
+    if deadline is not None:
+        out.deadline.CopyFrom(deadline)
     return out
 
 

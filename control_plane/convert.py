@@ -96,6 +96,10 @@ def task_to_pb(task: Task) -> task_pb2.Task:
         ),
         **_times(task, "created_at", "updated_at", "cancel_requested_at", "finished_at"),
     )
+    if task.queue_timeout is not None:
+        pb.queue_timeout.FromTimedelta(task.queue_timeout)
+    if task.deadline is not None:
+        pb.deadline.FromTimedelta(task.deadline)
     pb.spec.ParseFromString(task.spec)
     if task.result is not None:
         pb.result.ParseFromString(task.result)
@@ -111,6 +115,7 @@ def assignment_to_pb(a: Assignment, valid_for: timedelta) -> lease_pb2.Assignmen
         lease_id=str(a.lease_id),
         device_serial=a.device_serial,
         valid_for=duration(valid_for),
+        deadline=duration(a.deadline) if a.deadline is not None else None,
     )
     pb.spec.ParseFromString(a.spec)
     return pb

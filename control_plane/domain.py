@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import asdict, astuple, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple, NewType
 
 from control_plane.lifecycle import Outcome, ReportCode, TaskStatus
@@ -47,6 +47,9 @@ class NewTask:
     priority: int = 0
     max_attempts: int = 3
     metadata: dict[str, str] = field(default_factory=dict)
+    # None: no limit.
+    queue_timeout: timedelta | None = None
+    deadline: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class Task:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    queue_timeout: timedelta | None = None
+    deadline: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class Assignment:
     device_serial: str
     spec: bytes
     queued_seconds: float = 0.0
+    deadline: timedelta | None = None
 
 
 class Renewal(NamedTuple):

@@ -122,15 +122,30 @@ class Effects:
             status=str(task.status),
         )
 
+    def timed_out(self, tasks: Sequence[Task]) -> None:
+        """Queued tasks failed by the sweep: their queue timeout ran out."""
+        for task in tasks:
+            self.hub.task_changed(task.task_id, task.status)
+            metrics.TRANSITIONS.labels(Event.QUEUE_TIMEOUT, task.status).inc()
+            log.info(
+                "task failed: queue timeout",
+                task_id=str(task.task_id),
+                queue_timeout=str(task.queue_timeout),
+            )
+
     def ended(self, how: Event, ended: Sequence[Expiry]) -> None:
-        """Leases ended by the host (how: RELEASED) or by running out (EXPIRED)."""
+        """Leases ended by the host (how: RELEASED), by running out (EXPIRED), or by the
+        sweep because the run overran its deadline (DEADLINE_EXCEEDED)."""
         offers = []
         for e in ended:
             self.hub.task_changed(e.task_id, e.to_status)
             if e.to_status is TaskStatus.QUEUED:
                 offers.append(Offer(str(e.task_id), e.selector_serial, e.selector_labels))
                 metrics.REQUEUES.labels(f"lease_{how}").inc()
-            metrics.EXPIRED.labels(e.to_status).inc()
+            if how is Event.DEADLINE_EXCEEDED:
+                metrics.TRANSITIONS.labels(how, e.to_status).inc()
+            else:
+                metrics.EXPIRED.labels(e.to_status).inc()
             log.info(
                 f"lease {how}",
                 **_attempt(e.task_id, e.attempt, e.lease_id, e.host_id),

@@ -44,6 +44,10 @@ class Event(enum.StrEnum):
     REPORT = "report"
     EXPIRED = "expired"  # the lease ran out
     RELEASED = "released"  # the host gave the lease back
+    QUEUE_TIMEOUT = "queue_timeout"  # queued past its queue timeout: failed by the sweep
+    # The attempt ran past its deadline by more than a lease TTL without a report: the
+    # sweep ended its lease and failed the task (cancelled if a cancel was pending).
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,9 @@ TRANSITIONS: dict[Event, Transition] = {
     Event.REPORT: Transition(IN_FLIGHT, TERMINAL),
     Event.EXPIRED: Transition(IN_FLIGHT, _LEASE_ENDED),
     Event.RELEASED: Transition(IN_FLIGHT, _LEASE_ENDED),
+    Event.QUEUE_TIMEOUT: Transition(frozenset({_.QUEUED}), frozenset({_.FAILED})),
+    # Never requeued: the deadline is the task's, so another attempt would overrun it too.
+    Event.DEADLINE_EXCEEDED: Transition(IN_FLIGHT, frozenset({_.FAILED, _.CANCELLED})),
 }
 del _
 

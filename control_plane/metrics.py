@@ -148,6 +148,9 @@ TRANSITION_LABELS: list[tuple[Event, str]] = [
     (Event.CANCEL, TaskStatus.CANCELLED),
     *((Event.CANCEL_REQUESTED, status) for status in sorted(IN_FLIGHT)),
     *((Event.REPORT, outcome) for outcome in Outcome),
+    (Event.QUEUE_TIMEOUT, TaskStatus.FAILED),
+    (Event.DEADLINE_EXCEEDED, TaskStatus.FAILED),
+    (Event.DEADLINE_EXCEEDED, TaskStatus.CANCELLED),
 ]
 OFFER_RESULTS = ("woken", "unmatched")
 RENEWAL_RESULTS = ("renewed", "conflict")

@@ -10,14 +10,17 @@
 -- apart, so equal priorities run in batch order.
 WITH req AS (
     SELECT * FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
-                         $7::integer[], $8::integer[], $9::jsonb[])
+                         $7::integer[], $8::integer[], $9::jsonb[], $10::interval[],
+                         $11::interval[])
         WITH ORDINALITY AS r (task_id, request_id, spec, selector_serial, selector_labels,
-                              priority, max_attempts, metadata, ord)
+                              priority, max_attempts, metadata, queue_timeout, deadline, ord)
 ), ins AS (
     INSERT INTO tasks (task_id, caller, request_id, status, spec, selector_serial,
-                       selector_labels, priority, max_attempts, metadata, created_at, updated_at)
+                       selector_labels, priority, max_attempts, metadata, created_at, updated_at,
+                       queue_timeout, deadline, queue_deadline)
     SELECT task_id, $1, request_id, 'queued', spec, selector_serial, selector_labels,
-           priority, max_attempts, metadata, now() + (ord - 1) * interval '1 microsecond', now()
+           priority, max_attempts, metadata, now() + (ord - 1) * interval '1 microsecond', now(),
+           queue_timeout, deadline, now() + queue_timeout
     FROM req ORDER BY ord
     ON CONFLICT (caller, request_id) DO NOTHING
     RETURNING *
@@ -95,8 +98,10 @@ ORDER BY g.n DESC, g.oldest;
 SELECT code, (task).* FROM amc_cancel($1, $2);
 
 -- name: acquire
--- Assignments (task_id set), then the devices left idle (labels set).
-SELECT * FROM amc_acquire($1, $2, $3);
+-- Assignments (task_id set), then the devices left idle (labels set); each assignment with
+-- its task's deadline (fixed at submit, so the statement's snapshot has it).
+SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline
+FROM amc_acquire($1, $2, $3) a;
 
 -- name: renew_leases
 -- Renews the host's live leases among $2 (first renewal = acknowledgement); conflicts come
@@ -138,6 +143,78 @@ SELECT * FROM amc_release($1, $2, $3);
 
 -- name: expire_leases
 SELECT * FROM amc_expire($1);
+
+-- name: time_out_queued
+-- queue timeout: queued -> failed, for up to $1 tasks whose stay in the queue ran out, in one
+-- statement (the tasks_queue_deadline index finds them). Safe in every replica at once: a
+-- task another sweeper, an Acquire or a cancel holds is skipped, and the UPDATE rechecks
+-- that it is still queued and due. A cancel that came first left it `cancelled`: untouched.
+WITH due AS (
+    SELECT tk.task_id FROM tasks tk
+    WHERE tk.status = 'queued' AND tk.queue_deadline <= now()
+    ORDER BY tk.queue_deadline
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), ended AS (
+    UPDATE tasks tk SET status = 'failed', error = 'queue timeout', finished_at = now(),
+                        updated_at = now()
+    FROM due
+    WHERE tk.task_id = due.task_id AND tk.status = 'queued' AND tk.queue_deadline <= now()
+    RETURNING tk.*
+), ev AS (
+    INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+    SELECT e.task_id, e.attempt, 'queue_timeout', 'queued', 'failed',
+           'queued longer than ' || e.queue_timeout
+    FROM ended e
+)
+SELECT * FROM ended;
+
+-- name: end_overrun
+-- deadline exceeded, from the control plane's side: up to $1 live attempts whose run
+-- overran the task's deadline by more than $2 (the lease TTL: the host had that long to
+-- stop and report) end in one statement, found by the attempts_deadline index. The attempt
+-- is ended as `expired` (its lease ends now: the host's renewals are conflicts and its late
+-- report is refused as stale), the task fails "deadline exceeded" (cancelled if a cancel
+-- was pending: a cancel that came first wins), never requeued, and its device is freed.
+-- Tasks another transition or sweeper holds are skipped (lock order: task, then attempt).
+WITH due AS (
+    SELECT att.task_id, att.attempt FROM attempts att
+    WHERE att.state = 'active' AND att.deadline_at <= now() - $2::interval
+    ORDER BY att.deadline_at
+    LIMIT $1
+), locked AS (
+    SELECT tk.task_id, tk.attempt, tk.status FROM tasks tk JOIN due USING (task_id)
+    WHERE tk.attempt = due.attempt AND tk.status IN ('assigned', 'dispatched')
+    ORDER BY tk.task_id
+    FOR UPDATE OF tk SKIP LOCKED
+), att AS (
+    UPDATE attempts a SET state = 'expired', ended_at = now(),
+                          lease_expires_at = LEAST(a.lease_expires_at, now())
+    FROM locked l
+    WHERE a.task_id = l.task_id AND a.attempt = l.attempt AND a.state = 'active'
+      AND a.deadline_at <= now() - $2::interval
+    RETURNING a.task_id, a.attempt, a.lease_id, a.host_id, a.cancel_requested_at, l.status
+), ended AS (
+    UPDATE tasks tk SET
+        status = CASE WHEN att.cancel_requested_at IS NULL THEN 'failed' ELSE 'cancelled' END,
+        error = CASE WHEN att.cancel_requested_at IS NULL THEN 'deadline exceeded'
+                     ELSE tk.error END,
+        finished_at = now(), updated_at = now()
+    FROM att
+    WHERE tk.task_id = att.task_id AND tk.attempt = att.attempt
+    RETURNING tk.task_id, tk.attempt, att.lease_id, att.host_id, tk.status AS to_status,
+              att.status AS from_status, tk.deadline, tk.selector_serial, tk.selector_labels
+), freed AS (
+    UPDATE devices dv SET task_id = NULL, updated_at = now()
+    FROM ended e WHERE dv.task_id = e.task_id
+), ev AS (
+    INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+    SELECT e.task_id, e.attempt, 'deadline_exceeded', e.from_status, e.to_status,
+           'ran past its deadline of ' || e.deadline || ' and did not report; lease ended'
+    FROM ended e
+)
+SELECT task_id, attempt, lease_id, host_id, to_status, selector_serial, selector_labels
+FROM ended;
 
 -- name: register_host
 -- The host, its devices ($3..$9 are parallel arrays, one element per device; labels as

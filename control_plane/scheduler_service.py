@@ -75,6 +75,10 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
         priority=request.priority,
         max_attempts=request.max_attempts or DEFAULT_MAX_ATTEMPTS,
         metadata=dict(request.metadata),
+        queue_timeout=(
+            request.queue_timeout.ToTimedelta() if request.HasField("queue_timeout") else None
+        ),
+        deadline=request.deadline.ToTimedelta() if request.HasField("deadline") else None,
     )
 
 

@@ -85,6 +85,12 @@ CREATE TABLE IF NOT EXISTS tasks (
     created_at          timestamptz NOT NULL DEFAULT now(),
     updated_at          timestamptz NOT NULL DEFAULT now(),
     finished_at         timestamptz,
+    -- The submitter's limits (NULL: none): how long each stay in the queue may last, and
+    -- how long each attempt may run. queue_deadline is when the current stay ends (set on
+    -- entering the queue: submitted or requeued); the sweep fails the task then.
+    queue_timeout       interval,
+    deadline            interval,
+    queue_deadline      timestamptz,
     UNIQUE (caller, request_id)
 );
 -- The queue: what Acquire scans, in the order it hands work out.
@@ -97,6 +103,10 @@ CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
 -- deletes them in batches from this end). Tasks in flight are not in it.
 CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at)
     WHERE status IN ('done', 'failed', 'cancelled');
+-- Queued tasks with a queue timeout, by when it runs out: what the sweep reads (usually
+-- few rows: most tasks have none, and the index holds queued tasks only).
+CREATE INDEX IF NOT EXISTS tasks_queue_deadline ON tasks (queue_deadline)
+    WHERE status = 'queued' AND queue_deadline IS NOT NULL;
 
 -- One row per assignment of a task to a device; the lease lives on it. Every renewal
 -- rewrites lease_expires_at, so no index covers it (renewals stay HOT updates), and
@@ -120,6 +130,9 @@ CREATE TABLE IF NOT EXISTS attempts (
     reported_at         timestamptz,
     created_at          timestamptz NOT NULL DEFAULT now(),
     ended_at            timestamptz,
+    -- When the run must have ended (the task's deadline after the acknowledgement; NULL:
+    -- no deadline). Set once, at the acknowledgement, so later renewals stay HOT updates.
+    deadline_at         timestamptz,
     PRIMARY KEY (task_id, attempt)
 ) WITH (fillfactor = 50);
 -- The live attempts: the expiry sweep scans them (same predicate), renewals check them.
@@ -128,6 +141,9 @@ CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 
 -- tasks. Usually empty, so the common renewal (nothing to acknowledge) pays one probe.
 CREATE INDEX IF NOT EXISTS attempts_unacknowledged ON attempts (host_id)
     WHERE state = 'active' AND acknowledged_at IS NULL;
+-- Live attempts with a deadline, by when it passes: what the overrun sweep reads.
+CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at)
+    WHERE state = 'active' AND deadline_at IS NOT NULL;
 
 -- Every change of a task, in order: the audit trail and what the checks of the invariants
 -- read. `kind` is a lifecycle.Event; which kind may take a task from which status to which
@@ -138,7 +154,7 @@ CREATE TABLE IF NOT EXISTS task_events (
     attempt     integer NOT NULL,
     kind        text NOT NULL CHECK (kind IN
                   ('submit', 'assign', 'acknowledge', 'cancel', 'cancel_requested', 'report',
-                   'expired', 'released')),
+                   'expired', 'released', 'queue_timeout', 'deadline_exceeded')),
     from_status text,
     to_status   text,
     detail      text NOT NULL DEFAULT '',
@@ -290,6 +306,12 @@ BEGIN
         UPDATE attempts a SET
             lease_expires_at = now() + p_ttl,
             acknowledged_at = COALESCE(a.acknowledged_at, now()),
+            -- The run starts now: its deadline counts from here (one probe, and only for
+            -- an acknowledgement).
+            deadline_at = CASE WHEN a.acknowledged_at IS NULL
+                               THEN (SELECT now() + tk.deadline FROM tasks tk
+                                     WHERE tk.task_id = a.task_id)
+                               ELSE a.deadline_at END,
             cancel_delivered_at = COALESCE(a.cancel_delivered_at,
                                            CASE WHEN a.cancel_requested_at IS NOT NULL
                                                 THEN now() END)
@@ -412,6 +434,9 @@ BEGIN
         host_id = CASE WHEN v_to = 'queued' THEN NULL ELSE tk.host_id END,
         device_serial = CASE WHEN v_to = 'queued' THEN NULL ELSE tk.device_serial END,
         finished_at = CASE WHEN v_to = 'queued' THEN NULL ELSE now() END,
+        -- Back in the queue: a new stay, with the whole queue timeout again.
+        queue_deadline = CASE WHEN v_to = 'queued' THEN now() + tk.queue_timeout
+                              ELSE tk.queue_deadline END,
         error = CASE WHEN v_to = 'failed'
                      THEN 'lease ' || p_how || ' on attempt ' || t.attempt
                           || ' of ' || t.max_attempts

@@ -226,7 +226,12 @@ class ControlPlane:
             asyncio.create_task(coro, name=getattr(coro, "__name__", None))
             for coro in (
                 self._listen(),
-                sweep_expired(self.store, self.effects, self.settings.sweep_interval),
+                sweep_expired(
+                    self.store,
+                    self.effects,
+                    self.settings.sweep_interval,
+                    self.settings.lease_ttl,
+                ),
                 keep_retention(self.store, self.settings),
                 self._watch_database(),
                 self.hub.send_outbox(self.store.notify),

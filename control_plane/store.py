@@ -150,6 +150,8 @@ def _task(row: asyncpg.Record | dict[str, Any]) -> Task:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
+        queue_timeout=row["queue_timeout"],
+        deadline=row["deadline"],
     )
 
 
@@ -229,6 +231,8 @@ class Store:
                 "priority",
                 "max_attempts",
                 "metadata",
+                "queue_timeout",
+                "deadline",
             ),
         )
         created = {row["task_id"]: _task(row) for row in rows}
@@ -332,6 +336,7 @@ class Store:
                     r["device_serial"],
                     bytes(r["spec"]),
                     r["queued_seconds"] or 0.0,
+                    r["deadline"],
                 )
                 for r in rows
                 if r["task_id"] is not None
@@ -399,6 +404,16 @@ class Store:
 
     async def expire(self, limit: int = 100) -> list[Expiry]:
         return [_expiry(r) for r in await self._fetch("expire_leases", limit)]
+
+    async def time_out_queued(self, limit: int = 100) -> list[Task]:
+        """Fail up to `limit` queued tasks whose queue timeout ran out (one statement)."""
+        return [_task(r) for r in await self._fetch("time_out_queued", limit)]
+
+    async def end_overrun(self, grace: timedelta, limit: int = 100) -> list[Expiry]:
+        """End up to `limit` live attempts that ran past their deadline by more than
+        `grace` (one statement): the task fails "deadline exceeded" (or is cancelled, if a
+        cancel was pending) and the lease ends."""
+        return [_expiry(r) for r in await self._fetch("end_overrun", limit, grace)]
 
     # -- hosts -----------------------------------------------------------------------------
 

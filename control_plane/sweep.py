@@ -1,11 +1,17 @@
-"""The lease-expiry transition's loop: every replica runs it (rows another replica's sweep
-holds are skipped), with jitter so that replicas do not sweep in lock-step."""
+"""The control plane's sweep loop: every replica runs it (rows another replica's sweep
+holds are skipped), with jitter so that replicas do not sweep in lock-step. Each round ends
+what ran out, a batch per statement: leases that expired (requeue, cancel or fail their
+tasks), queued tasks past their queue timeout (failed, "queue timeout"), and attempts that
+ran past their deadline by more than a lease TTL without a report (failed, "deadline
+exceeded")."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from typing import TypeVar
 
 import structlog
 
@@ -16,17 +22,36 @@ from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
 BATCH = 100
+T = TypeVar("T")
 
 
-async def sweep_expired(store: Store, effects: Effects, interval: timedelta) -> None:
+async def sweep_expired(
+    store: Store, effects: Effects, interval: timedelta, lease_ttl: timedelta
+) -> None:
     period = interval.total_seconds()
     while True:
         await asyncio.sleep(period * random.uniform(0.5, 1.0))
         try:
-            metrics.SWEEPS.inc()
-            while ended := await store.expire(BATCH):
-                effects.ended(Event.EXPIRED, ended)
-                if len(ended) < BATCH:
-                    break
+            await sweep_once(store, effects, lease_ttl)
         except (errors.DatabaseUnavailable, errors.Contended) as error:
             log.warning("expiry sweep skipped", error=error.message)
+
+
+async def sweep_once(store: Store, effects: Effects, lease_ttl: timedelta) -> None:
+    """One round: each kind of ending, in batches until a batch comes back short."""
+    metrics.SWEEPS.inc()
+    await _batches(lambda: store.expire(BATCH), lambda ended: effects.ended(Event.EXPIRED, ended))
+    await _batches(lambda: store.time_out_queued(BATCH), effects.timed_out)
+    await _batches(
+        lambda: store.end_overrun(lease_ttl, BATCH),
+        lambda ended: effects.ended(Event.DEADLINE_EXCEEDED, ended),
+    )
+
+
+async def _batches(
+    run: Callable[[], Awaitable[Sequence[T]]], then: Callable[[Sequence[T]], None]
+) -> None:
+    while ended := await run():
+        then(ended)
+        if len(ended) < BATCH:
+            break

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 
 from google.protobuf import duration_pb2
 
@@ -35,6 +36,11 @@ MAX_LEASES_PER_RENEWAL = 10_000
 MAX_BATCH = 500
 MAX_DEVICES = 1000
 MAX_REPORTS = 1000
+# A task's limits (SubmitTaskRequest.queue_timeout and .deadline), when set: a second at
+# least (the sweep runs every second), and a bound that catches a unit mistake.
+MIN_LIMIT = timedelta(seconds=1)
+MAX_QUEUE_TIMEOUT = timedelta(days=30)
+MAX_DEADLINE = timedelta(days=7)
 # Whole-string patterns: used with fullmatch only (`$` also matches before a final "\n").
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
 # Control characters (C0, DEL, C1: NUL, tab, CR, LF, VT, FF, NEL...) and the Unicode line
@@ -190,6 +196,29 @@ def submit(req: scheduler_pb2.SubmitTaskRequest) -> None:
             "max_attempts", f"must be between 1 and {MAX_ATTEMPTS} (0 for the default)"
         )
     string_map(dict(req.metadata), "metadata", free_text_values=True)
+    if req.HasField("queue_timeout"):
+        limit(req.queue_timeout, "queue_timeout", MAX_QUEUE_TIMEOUT)
+    if req.HasField("deadline"):
+        limit(req.deadline, "deadline", MAX_DEADLINE)
+
+
+def limit(d: duration_pb2.Duration, field: str, most: timedelta) -> timedelta:
+    """A task's queue timeout or deadline, when set: MIN_LIMIT to `most`."""
+    if d.seconds < 0 or d.nanos < 0 or d.nanos >= 1_000_000_000:
+        raise InvalidArgument(field, "must be a positive duration")
+    # Seconds first: a malformed Duration may be past what a timedelta holds.
+    if d.seconds > most.total_seconds():
+        value = most + MIN_LIMIT  # past the bound, whatever it was
+    else:
+        value = timedelta(seconds=d.seconds, microseconds=d.nanos // 1000)
+    if not MIN_LIMIT <= value <= most:
+        raise InvalidArgument(field, f"must be between {_span(MIN_LIMIT)} and {_span(most)}")
+    return value
+
+
+def _span(value: timedelta) -> str:
+    """1s, 30 days: how the limits read in a message."""
+    return f"{value.days} days" if value.days else f"{value.total_seconds():g}s"
 
 
 def submit_batch(req: scheduler_pb2.SubmitTasksRequest) -> None:

@@ -54,6 +54,8 @@ class Assignment:
     spec: TaskSpec | InvalidSpec
     # Seconds the lease is valid for, counted from when the assignment arrived.
     valid_for: float
+    # Seconds the run may take (None: no limit), counted from its start.
+    deadline: float | None = None
 
 
 # --- durations ---------------------------------------------------------------------------
@@ -125,6 +127,7 @@ def assignment_from_proto(pb: lease_pb2.Assignment) -> Assignment:
         device_serial=pb.device_serial,
         spec=spec,
         valid_for=seconds(pb.valid_for),
+        deadline=seconds(pb.deadline) if pb.HasField("deadline") else None,
     )
 
 

@@ -55,7 +55,7 @@ def outcome_for(all_steps_ran: bool, failed: bool, stop_reason: StopReason | Non
     match stop_reason:
         case StopReason.CANCELLED:
             return Outcome.CANCELLED
-        case StopReason.LEASE_LOST | StopReason.SHUTDOWN:
+        case StopReason.LEASE_LOST | StopReason.SHUTDOWN | StopReason.DEADLINE:
             return Outcome.FAILED
         case None:
             # Unfinished without a failure or a stop: nothing to call it but failed.

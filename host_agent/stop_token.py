@@ -1,7 +1,9 @@
 """The stop token a running task shares with whoever may stop it.
 
 The lease loop trips it with the reason it saw (a renewal said `cancel_pending`, the lease
-was lost, the host is shutting down); the runner checks it at every step boundary and
+was lost, the host is shutting down), the worker's timer when the task's deadline passes
+(`DEADLINE`: reported FAILED "deadline exceeded", never CANCELLED); the runner checks it
+at every step boundary and
 races long waits against it. The first trip wins: a lease lost after a cancellation was
 observed still reports as a cancellation, and vice versa.
 """
@@ -21,10 +23,12 @@ class StopReason(enum.Enum):
     CANCELLED = "cancelled"
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
+    DEADLINE = "deadline"  # the task's run time limit passed
 
     @property
     def label(self) -> str:
-        """Words for error messages: "cancelled", "lease lost", "host shutting down"."""
+        """Words for error messages: "cancelled", "lease lost", "host shutting down",
+        "deadline exceeded"."""
         match self:
             case StopReason.CANCELLED:
                 return "cancelled"
@@ -32,6 +36,8 @@ class StopReason(enum.Enum):
                 return "lease lost"
             case StopReason.SHUTDOWN:
                 return "host shutting down"
+            case StopReason.DEADLINE:
+                return "deadline exceeded"
             case _:
                 assert_never(self)
 

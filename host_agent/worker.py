@@ -10,6 +10,7 @@ nothing when the lease was already dead.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass
 from typing import Any
@@ -125,13 +126,25 @@ class Worker:
             return RunResult(
                 outcome_for(False, True, token.reason), f"invalid task spec: {spec}", ()
             )
-        self._log.info("running task", kind=spec.kind)
-        result = await run(
-            spec,
-            self._tools.source.device(self.assignment.device_serial),
-            token,
-            shell_default_timeout=self._tools.settings.shell_timeout,
+        deadline = self.assignment.deadline
+        self._log.info("running task", kind=spec.kind, deadline=deadline)
+        # The deadline stops the run as a cancel would (at the next step boundary, waits
+        # interrupted), with a reason of its own: reported FAILED, "deadline exceeded".
+        timer = (
+            asyncio.get_running_loop().call_later(deadline, token.trip, StopReason.DEADLINE)
+            if deadline is not None
+            else None
         )
+        try:
+            result = await run(
+                spec,
+                self._tools.source.device(self.assignment.device_serial),
+                token,
+                shell_default_timeout=self._tools.settings.shell_timeout,
+            )
+        finally:
+            if timer is not None:
+                timer.cancel()
         self._log.info(
             "task finished",
             outcome=result.outcome.value,

@@ -24,6 +24,8 @@ DESIGN = {
         for s in (A, D)
         for to in (CANCELLED, Q, FAILED)
     ),
+    (Event.QUEUE_TIMEOUT, Q, FAILED),
+    *((Event.DEADLINE_EXCEEDED, s, to) for s in (A, D) for to in (FAILED, CANCELLED)),
 }
 
 

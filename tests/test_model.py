@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import asyncpg
 import grpc
 import pytest
 from hypothesis import HealthCheck, settings
@@ -258,6 +259,18 @@ class Model:
         else:
             t.status = "failed"
 
+    def time_out(self, t: MTask) -> None:
+        """A queued task's queue timeout ran out: failed."""
+        t.status = "failed"
+
+    def overrun(self, a: MAttempt) -> None:
+        """An attempt ran past its deadline (and the grace): its lease ends, and the task
+        fails, or is cancelled if a cancel was pending; never requeued."""
+        t = self.tasks[a.task_id]
+        a.state = "expired"
+        self._free(t)
+        t.status = "cancelled" if a.cancel else "failed"
+
     def _current(self, t: MTask) -> MAttempt:
         (a,) = [
             a for a in self.attempts.values() if a.task_id == t.task_id and a.attempt == t.attempt
@@ -318,7 +331,15 @@ class World:
     async def reset(self) -> None:
         """Empty every table but the tokens, and register the hosts again."""
         assert self.farm.db is not None
-        await self.farm.db.execute("TRUNCATE task_events, attempts, devices, tasks, hosts")
+        # The sweep's statements lock these tables too, in their own order: a deadlock
+        # with TRUNCATE rolls one of them back, and the TRUNCATE is simply run again.
+        for tries_left in reversed(range(10)):
+            try:
+                await self.farm.db.execute("TRUNCATE task_events, attempts, devices, tasks, hosts")
+                break
+            except asyncpg.DeadlockDetectedError:
+                if not tries_left:
+                    raise
         for host, serials in DEVICES.items():
             await self.hosts[host].register(*serials)
 
@@ -339,6 +360,45 @@ class World:
             return state != "active"
 
         await eventually(swept, timeout=10, what=f"the sweep to end lease {lease_id}")
+
+    async def time_out(self, task_id: str) -> None:
+        """Make the task's stay in the queue run out and wait until the sweep failed it."""
+        db = self.farm.db
+        assert db is not None
+        await db.execute(
+            "UPDATE tasks SET queue_timeout = interval '1 second',"
+            " queue_deadline = now() - interval '1 second' WHERE task_id = $1::uuid",
+            task_id,
+        )
+
+        async def swept() -> bool:
+            status = await db.fetchval("SELECT status FROM tasks WHERE task_id = $1::uuid", task_id)
+            return bool(status != "queued")
+
+        await eventually(swept, timeout=10, what=f"the sweep to time out task {task_id}")
+
+    async def overrun(self, lease_id: str) -> None:
+        """Make the attempt's run overrun its deadline by more than the lease TTL and wait
+        until the sweep ended it."""
+        db = self.farm.db
+        assert db is not None
+        await db.execute(
+            "UPDATE tasks t SET deadline = interval '1 second' FROM attempts a"
+            " WHERE a.lease_id = $1::uuid AND t.task_id = a.task_id",
+            lease_id,
+        )
+        await db.execute(
+            "UPDATE attempts SET deadline_at = now() - interval '1 day' WHERE lease_id = $1::uuid",
+            lease_id,
+        )
+
+        async def swept() -> bool:
+            state = await db.fetchval(
+                "SELECT state FROM attempts WHERE lease_id = $1::uuid", lease_id
+            )
+            return bool(state != "active")
+
+        await eventually(swept, timeout=10, what=f"the sweep to end overrun lease {lease_id}")
 
     async def read_db(self) -> dict[str, list[Any]]:
         db = self.farm.db
@@ -496,8 +556,19 @@ class ControlPlaneMachine(RuleBasedStateMachine):
                 f" cancel_pending={cancel_pending}"
             )
 
-    @rule(task_id=tasks, unknown=st.sampled_from([False, False, False, True]))
-    def cancel(self, task_id: str, unknown: bool) -> None:
+    @rule(
+        task_id=tasks,
+        unknown=st.sampled_from([False, False, False, True]),
+        timeout=st.sampled_from([False, False, False, False, True]),
+    )
+    def cancel(self, task_id: str, unknown: bool, timeout: bool) -> None:
+        """Mostly a cancel; sometimes its queue timeout ends a queued task first."""
+        t = self.model.tasks.get(task_id)
+        if timeout and t is not None and t.status == "queued":
+            self.world.run(self.world.time_out(task_id))
+            self.model.time_out(t)
+            COVERAGE["queue timeout"] += 1
+            return
         if unknown:
             task_id = str(uuid.uuid4())
         request = scheduler_pb2.CancelTaskRequest(task_id=task_id, reason="model")
@@ -566,11 +637,18 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         reply = self.world.call(lambda: self.world.hosts[host].release(lease.lease_id, "model"))
         self.expect(reply, self.model.release(host, lease.lease_id), f"release {lease} as {host}")
 
-    @rule(lease=leases)
-    def expire(self, lease: Lease) -> None:
+    @rule(lease=leases, overrun=st.sampled_from([False, False, False, False, True]))
+    def expire(self, lease: Lease, overrun: bool) -> None:
+        """The lease runs out; or (overrun) its run passes the task's deadline by more than
+        the lease TTL and the sweep ends it."""
         a = self.model.attempts[lease.lease_id]
         if a.state != "active":
             return  # its attempt already ended: moving its expiry means nothing
+        if overrun:
+            self.world.run(self.world.overrun(lease.lease_id))
+            self.model.overrun(a)
+            COVERAGE[f"deadline overrun to {self.model.tasks[a.task_id].status}"] += 1
+            return
         self.world.run(self.world.expire(lease.lease_id))
         self.model.end(a, "expired")
         COVERAGE[f"expiry to {self.model.tasks[a.task_id].status}"] += 1
