@@ -131,7 +131,7 @@ class Worker:
         # The deadline stops the run as a cancel would (at the next step boundary, waits
         # interrupted), with a reason of its own: reported FAILED, "deadline exceeded".
         timer = (
-            asyncio.get_running_loop().call_later(deadline, token.trip, StopReason.DEADLINE)
+            asyncio.get_running_loop().call_later(deadline, self._deadline_passed, token)
             if deadline is not None
             else None
         )
@@ -152,6 +152,17 @@ class Worker:
             error=result.error,
         )
         return result
+
+    def _deadline_passed(self, token: StopToken) -> None:
+        if token.trip(StopReason.DEADLINE):  # the first trip wins: a cancel seen stays one
+            a = self.assignment
+            self._log.warning(
+                "task deadline passed: stopping at the next step boundary",
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                deadline=a.deadline,
+            )
 
     async def _release(self, why: str) -> Delivery[Any]:
         policy = RetryPolicy(total=self._tools.settings.release_timeout)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from amc.v1 import scheduler_pb2
+from amc.v1 import scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
-from tests.support import Farm, actions_spec, eventually, tap, wait_action
+from tests.support import Farm, actions_spec, eventually, seconds, tap, wait_action
 from tests.support.agent import running_agent
 from tests.support.console import console_farm, console_url
 
@@ -118,6 +118,30 @@ async def test_console_task_submitted_through_grpc_appears_and_reaches_done_with
         events = await page.locator("table.events tbody tr td:nth-child(3)").all_inner_texts()
         assert events == [e["kind"] for e in await farm.events(task.task_id)]
         assert page.errors == []
+
+
+async def test_console_task_page_shows_the_queue_timeout_and_the_deadline(
+    farm: Farm, browser: Any
+) -> None:
+    """The Task page shows both limits as a spec file writes them, and the `queue timeout`
+    error once the sweep failed the task (live, no reload)."""
+    client = await farm.client()
+    task = await client.scheduler.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(
+            spec=actions_spec(tap()),
+            selector=task_pb2.DeviceSelector(serial="nowhere"),
+            queue_timeout=seconds(2),
+            deadline=seconds(90),
+        )
+    )
+    page = await open_page(browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.CLIENT))
+    await page.locator("dd[data-field='deadline']", has_text="1m30s per attempt").wait_for()
+    assert await page.locator("dd[data-field='queue timeout']").inner_text() == "2s"
+    await page.locator("#task-status", has_text="failed").wait_for()
+    await page.locator("dd[data-field='error']", has_text="queue timeout").wait_for()
+    events = await page.locator("table.events tbody tr td:nth-child(3)").all_inner_texts()
+    assert events == ["submit", "queue_timeout"]
+    assert page.errors == []
 
 
 async def test_console_cancel_on_the_task_page_ends_a_running_task_cancelled(

@@ -357,6 +357,15 @@ const Tasks = {
   wants: (kind) => kind === "task" || kind === "resync",
 };
 
+// A proto JSON duration ("300s", "1.500s") as a spec file writes it: 5m, 1.5s, 1h30m.
+function span(duration) {
+  const total = parseFloat(duration);
+  const hours = Math.floor(total / 3600), minutes = Math.floor((total % 3600) / 60);
+  const secs = Math.round((total % 60) * 1000) / 1000;
+  const out = (hours ? `${hours}h` : "") + (minutes ? `${minutes}m` : "");
+  return secs || !out ? `${out}${secs}s` : out;
+}
+
 const Task = {
   nav: "tasks",
   title: (params) => `Task ${params.id}`,
@@ -375,6 +384,8 @@ const Task = {
         ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : "-"],
         ["selector", selectorText(task.selector)],
         ["priority", task.priority],
+        ["queue timeout", task.queue_timeout ? span(task.queue_timeout) : "-"],
+        ["deadline", task.deadline ? `${span(task.deadline)} per attempt` : "-"],
         ["request id", task.request_id || "-"],
         ["metadata", labels(task.metadata)],
         ["created", when(task.created_at)],
