@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ TRIPS = {
     "cancellation requested: stopping at the next step boundary": "cancelled",
     "lease conflict: stop acting": "lease_lost",
     "lease deadline passed without renewal: stop acting": "lease_lost",
+    "task deadline passed: stopping at the next step boundary": "deadline",
 }
 
 
@@ -150,6 +151,8 @@ def _row(record: asyncpg.Record) -> dict[str, Any]:
     for key, value in row.items():
         if isinstance(value, datetime):
             row[key] = value.timestamp()
+        elif isinstance(value, timedelta):  # a task's deadline and queue timeout
+            row[key] = value.total_seconds()
         elif key in JSON_COLUMNS and isinstance(value, str):
             row[key] = json.loads(value)  # jsonb comes back as text
         elif key in ("task_id", "lease_id", "event_id") and value is not None:

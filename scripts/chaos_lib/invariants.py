@@ -3,7 +3,8 @@
     1  no task lost: every submitted task is in exactly one state; all end terminal
     2  no duplicate transitions: every terminal state was entered once
     3  `cancelled` only where a cancellation was requested; a task whose cancellation was
-       requested in flight ends cancelled, or done (or failed by a step) only where the host
+       requested in flight ends cancelled, or failed "deadline exceeded" where its deadline
+       tripped the host's stop token first, or done (or failed by a step) only where the host
        could not have stopped first: its last step had finished before the request, or the
        request landed during the last step, or the host had not been told yet (which it
        must be by the next renewal, also checked); never after the host saw the request
@@ -140,6 +141,10 @@ class Checks:
                 self.fail(
                     1, "task not terminal after the quiesce", task_id=task_id, status=t["status"]
                 )
+            if t["status"] == "failed" and t["error"] == "queue timeout":
+                self.stats["failed: queue timeout"] += 1
+            elif t["status"] == "failed" and t["error"].startswith("deadline exceeded"):
+                self.stats["failed: deadline exceeded"] += 1
             atts = ev.attempts_of(task_id)
             if len(atts) > t["max_attempts"]:
                 self.fail(1, "more attempts than max_attempts", task_id=task_id, attempts=len(atts))
@@ -211,7 +216,9 @@ class Checks:
     def _attempt_events(self, task_id: str, events: list[dict[str, Any]]) -> None:
         assigns = Counter(e["attempt"] for e in events if e["kind"] == "assign")
         endings = Counter(
-            e["attempt"] for e in events if e["kind"] in ("report", "expired", "released")
+            e["attempt"]
+            for e in events
+            if e["kind"] in ("report", "expired", "released", "deadline_exceeded")
         )
         numbers = {a["attempt"] for a in self.evidence.attempts_of(task_id)}
         if set(assigns) != numbers or any(n != 1 for n in assigns.values()):
@@ -281,6 +288,21 @@ class Checks:
             return
         result = task_result(t)
         error = result.error if result is not None else t["error"]
+        trip = self.evidence.trips.get((task_id, request["attempt"]))
+        if status == "failed" and error.startswith("deadline exceeded"):
+            # The task's deadline stopped the run before the host heard of the cancel (the
+            # stop token's first trip wins): a FAILED "deadline exceeded" is its outcome.
+            if trip is None or trip[1] != "deadline":
+                self.fail(
+                    3,
+                    "cancel pending, yet a deadline-exceeded report was accepted though the"
+                    " host's token did not trip on the deadline first",
+                    trip=trip,
+                    **where,
+                )
+            else:
+                self.stats[f"cancel in flight -> {status}: the deadline stopped it first"] += 1
+            return
         if status == "failed" and not error.startswith("step "):
             self.fail(
                 3,
@@ -294,7 +316,6 @@ class Checks:
         if window is not None and window[1] <= at:
             self.stats[f"cancel in flight -> {status}: last step had finished"] += 1
             return
-        trip = self.evidence.trips.get((task_id, request["attempt"]))
         if (
             trip is not None
             and trip[1] == "cancelled"

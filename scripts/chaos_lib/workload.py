@@ -9,6 +9,11 @@ are cancelled (`host_faulted`): the host cannot hear of it, so the lease runs ou
 the cancellation pending. The clients reach the replicas through gRPC's own round-robin
 balancing over both addresses, so a dead replica costs them retries only.
 
+Some tasks carry limits: a deadline (a fifth of them; for a long plan often shorter than
+its run, so the host stops it at a step boundary and it fails "deadline exceeded") and a
+queue timeout (a tenth; a few seconds, so some fail "queue timeout" while the backlog is
+deep).
+
 With a fleet, tasks carry selectors (`Selectors`): none, the agents' pool, the fleet's
 pool, a row of hosts, one host's rack, one phone's serial (alone or with its rack), so that
 dispatch has to find the one parked host, or one of a few, among all of them.
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import with_token
@@ -44,6 +50,14 @@ IN_FLIGHT = (task_pb2.TASK_STATUS_ASSIGNED, task_pb2.TASK_STATUS_DISPATCHED)
 TERMINAL = (task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED)
 
 
+def _duration(value: float | None) -> duration_pb2.Duration | None:
+    if value is None:
+        return None
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(value * 1e9))
+    return d
+
+
 def status_name(value: int) -> str:
     return task_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_").lower()
 
@@ -54,6 +68,8 @@ class Submitted:
     plan: Plan
     moment: str | None  # when it is to be cancelled; None: never
     selector: str = "none"  # what its selector targets (Selectors.KINDS)
+    deadline: float | None = None  # seconds, when the task has one
+    queue_timeout: float | None = None
     request: scheduler_pb2.SubmitTaskRequest | None = None
     task_id: str = ""
     submitted_at: float = 0.0  # wall clock when the submit was acknowledged
@@ -221,6 +237,12 @@ class Workload:
         moment = self._rng.choice(MOMENTS) if self._rng.random() < self._cancel_share else None
         kind, selector = self._selectors.draw() if self._selectors else ("none", None)
         item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, moment, kind)
+        if self._rng.random() < 0.2:
+            item.deadline = (
+                self._rng.uniform(1.0, 4.0) if plan.long else self._rng.choice([1.0, 2.0, 30.0])
+            )
+        if self._rng.random() < 0.1:
+            item.queue_timeout = self._rng.uniform(1.0, 10.0)
         self.tasks.append(item)
         request = scheduler_pb2.SubmitTaskRequest(
             request_id=item.request_id,
@@ -229,6 +251,8 @@ class Workload:
             max_attempts=self._rng.choice([2, 3, 3, 4, 5]),
             priority=self._rng.choice([0, 0, 0, 1, 5]),
             metadata={"chaos": "1", "moment": moment or "", "selector": kind},
+            deadline=_duration(item.deadline),
+            queue_timeout=_duration(item.queue_timeout),
         )
         item.request = request
         try:
