@@ -610,9 +610,12 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             self.expect_task(reply.value, "report")
 
     @precondition(lambda self: any(a.state == "active" for a in self.model.attempts.values()))
-    @rule(data=st.data(), step=st.sampled_from(["renew", "report", "release", "expire"]))
+    @rule(
+        data=st.data(),
+        step=st.sampled_from(["renew", "report", "release", "expire", "overrun"]),
+    )
     def live(self, data: st.DataObject, step: str) -> None:
-        """A live lease renewed, reported as told, released or expired: the steps that
+        """A live lease renewed, reported as told, released, expired or overrun: the steps that
         land, drawn often enough that every run writes every kind of event (the rules
         above draw from all leases, most of them dead after a few steps)."""
         # In the order of the steps that made them (lease ids differ from run to run).
@@ -629,7 +632,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         elif step == "release":
             self.release(lease, False)
         else:
-            self.expire(lease)
+            self.expire(lease, overrun=step == "overrun")
 
     @rule(lease=leases, foreign=st.booleans())
     def release(self, lease: Lease, foreign: bool) -> None:
@@ -638,7 +641,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
         self.expect(reply, self.model.release(host, lease.lease_id), f"release {lease} as {host}")
 
     @rule(lease=leases, overrun=st.sampled_from([False, False, False, False, True]))
-    def expire(self, lease: Lease, overrun: bool) -> None:
+    def expire(self, lease: Lease, overrun: bool = False) -> None:
         """The lease runs out; or (overrun) its run passes the task's deadline by more than
         the lease TTL and the sweep ends it."""
         a = self.model.attempts[lease.lease_id]
