@@ -14,7 +14,8 @@ the one field that must be given.
     - key: enter                            # a name from KEYCODES, or a number
     - wait: 2s                              # durations: 2s, 500ms, 1m30s, 1.5 (seconds)
     - shell: "pm list packages"             # or {command: ..., timeout: 5s}
-    - screenshot                            # no arguments
+    - screenshot                            # no arguments (keeps the PNG)
+    - ui_dump                               # no arguments (keeps the uiautomator XML)
 
 The document is normalised against the message descriptors (names checked, durations
 turned into proto JSON, scalars coerced) and then handed to `json_format.ParseDict`. Each

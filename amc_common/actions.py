@@ -343,7 +343,8 @@ class Shell(BaseAction, kind="shell"):
 
 @dataclass(frozen=True)
 class Screenshot(BaseAction, kind="screenshot"):
-    """Takes a screenshot (its size and sha256 are in the step's data)."""
+    """Takes a screenshot and keeps the PNG: an artifact of the task (its size and sha256
+    are in the step's data too)."""
 
 
 @dataclass(frozen=True)
@@ -369,6 +370,11 @@ class AssertVisible(BaseAction, kind="assert_visible"):
     selector: Element
 
 
+@dataclass(frozen=True)
+class UiDump(BaseAction, kind="ui_dump"):
+    """Takes a `uiautomator dump` of the screen and keeps the XML: an artifact of the task."""
+
+
 Action: TypeAlias = (
     Tap
     | TapOn
@@ -382,7 +388,11 @@ Action: TypeAlias = (
     | Wait
     | WaitFor
     | AssertVisible
+    | UiDump
 )
+
+# Actions that keep a file (an artifact) of what they saw: kind -> its content type.
+KEEPS: dict[str, str] = {"screenshot": "image/png", "ui_dump": "application/xml"}
 
 # kind -> class, in the oneof's order.
 ACTIONS: dict[str, type[Action]] = {cls.kind: cls for cls in typing.get_args(Action)}

@@ -51,6 +51,18 @@ log = structlog.get_logger("control_plane")
 DEFAULT_DATA_DIR = ".amc/pgdata"
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 * 1024}
+
+
+def byte_size(text: str) -> int:
+    """A size such as `10485760`, `512KiB` or `10MiB`; at least 1 byte."""
+    number = text.strip().rstrip("BbIiKkMm")
+    unit = text.strip()[len(number) :].lower()
+    if unit not in _SIZE_UNITS or not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"not a size (e.g. 10MiB, 512KiB, 4096): {text!r}")
+    return int(number) * _SIZE_UNITS[unit]
+
+
 def log_format(text: str) -> str:
     if text not in ("auto", "console", "json"):
         raise ValueError(text)
@@ -110,6 +122,8 @@ SERVE_FLAGS: list[Flag] = [
      " 7d, 12h, 30m, 90s, or off (never)"),
     ("--retention-interval", "AMC_RETENTION_INTERVAL", "60", float,
      "seconds between this replica's looks for old tasks and hosts to remove"),
+    ("--max-artifact-size", "AMC_MAX_ARTIFACT_SIZE", "10MiB", byte_size,
+     "the largest screenshot or UI dump an upload may keep (bytes, or with KiB / MiB)"),
 ]
 # flag, environment variable (set to 1 to switch on), help
 DATABASE_SWITCHES = [("--debug", "AMC_DEBUG", "a failed start also logs its traceback")]
@@ -178,6 +192,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         task_retention=args.task_retention,
         forget_hosts_after=args.forget_hosts_after,
         retention_interval=timedelta(seconds=args.retention_interval),
+        max_artifact_bytes=args.max_artifact_size,
     )
 
 

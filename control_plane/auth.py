@@ -43,6 +43,9 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Admin/CreateToken": OPERATORS,
     "/amc.v1.Admin/RevokeToken": OPERATORS,
     "/amc.v1.Admin/ListTokens": OPERATORS,
+    "/amc.v1.Lease/UploadArtifact": HOSTS,
+    "/amc.v1.Scheduler/ListArtifacts": CLIENTS,
+    "/amc.v1.Scheduler/GetArtifact": CLIENTS,
 }
 
 PREFIX = "amc_"

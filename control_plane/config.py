@@ -29,6 +29,8 @@ class Settings:
     retention_batch: int = 500
     retention_batch_time: timedelta = timedelta(seconds=0.25)
     retention_pause: timedelta = timedelta(seconds=0.05)
+    # The largest artifact (screenshot, UI dump) an upload may keep.
+    max_artifact_bytes: int = 10 * 1024 * 1024
 
     @property
     def renew_every(self) -> timedelta:

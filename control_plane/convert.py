@@ -11,12 +11,15 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from amc_common.actions import KEEPS
 from control_plane.domain import (
+    ArtifactInfo,
     Assignment,
     AttemptInfo,
     DeviceInfo,
     HostInfo,
     LeaseId,
+    NewArtifact,
     QueueWait,
     Report,
     Role,
@@ -209,4 +212,35 @@ def token_to_pb(t: TokenInfo) -> admin_pb2.TokenInfo:
         host_id=t.host_id or "",
         created_at=timestamp(t.created_at),
         revoked_at=timestamp(t.revoked_at),
+    )
+
+
+def artifact_from_pb(h: lease_pb2.ArtifactHeader) -> NewArtifact:
+    """An upload's header the gRPC edge has validated (validate.artifact_header)."""
+    return NewArtifact(
+        task_id=TaskId(uuid.UUID(h.task_id)),
+        attempt=h.attempt,
+        lease_id=LeaseId(uuid.UUID(h.lease_id)),
+        step_index=h.step_index,
+        action_index=h.action_index,
+        step_name=h.step_name,
+        kind=h.kind,
+        size_bytes=h.size_bytes,
+        sha256=bytes.fromhex(h.sha256),
+    )
+
+
+def artifact_to_pb(a: ArtifactInfo) -> task_pb2.Artifact:
+    return task_pb2.Artifact(
+        artifact_id=str(a.artifact_id),
+        task_id=str(a.task_id),
+        attempt=a.attempt,
+        step_index=a.step_index,
+        step_name=a.step_name,
+        action_index=a.action_index,
+        kind=a.kind,
+        content_type=KEEPS.get(a.kind, "application/octet-stream"),
+        size_bytes=a.size_bytes,
+        sha256=a.sha256.hex(),
+        created_at=timestamp(a.created_at),
     )

@@ -285,3 +285,38 @@ class Removed:
 
     def counts(self) -> dict[str, int]:
         return asdict(self)
+
+
+ArtifactId = NewType("ArtifactId", uuid.UUID)
+
+
+@dataclass(frozen=True)
+class NewArtifact:
+    """An artifact as its host announces it (the upload's header), before its bytes."""
+
+    task_id: TaskId
+    attempt: int
+    lease_id: LeaseId
+    step_index: int
+    action_index: int
+    step_name: str
+    # amc_common.actions.KEEPS: "screenshot" or "ui_dump".
+    kind: str
+    size_bytes: int
+    sha256: bytes
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """A stored artifact (without its bytes)."""
+
+    artifact_id: ArtifactId
+    task_id: TaskId
+    attempt: int
+    step_index: int
+    action_index: int
+    step_name: str
+    kind: str
+    size_bytes: int
+    sha256: bytes
+    created_at: datetime

@@ -3,19 +3,27 @@
     AmcError
     ├── InvalidArgument          malformed input; names the field
     ├── NotFound
-    │   └── TaskNotFound
+    │   ├── TaskNotFound
+    │   └── ArtifactNotFound
     ├── FailedPrecondition       the task's state does not allow it
     │   ├── TaskAlreadyTerminal
     │   ├── NoCancellationRequested
-    │   └── DifferentReportRecorded
+    │   ├── DifferentReportRecorded
+    │   ├── LeaseNotCurrent      an upload under a lease that ended or was replaced
+    │   └── DifferentArtifactStored
     ├── Aborted                  lease / attempt fencing, or lost to concurrent changes
     │   ├── LeaseConflict
     │   ├── StaleAttempt
     │   └── Contended
     ├── Unauthenticated
     ├── PermissionDenied
-    └── Unavailable
-        └── DatabaseUnavailable
+    │   └── NotLeaseHolder       an upload under another host's lease
+    ├── Unavailable
+    │   └── DatabaseUnavailable
+    ├── ResourceExhausted
+    │   └── ArtifactTooLarge
+    └── DataLoss
+        └── ChecksumMismatch     the bytes received are not the ones announced
 
 The gRPC layer maps each branch to one status code (control_plane.rpc); nothing else
 chooses codes.
@@ -104,3 +112,35 @@ class Unavailable(AmcError):
 
 class DatabaseUnavailable(Unavailable):
     """The database is unreachable; retry."""
+
+
+class ArtifactNotFound(NotFound):
+    """No such artifact."""
+
+
+class LeaseNotCurrent(FailedPrecondition):
+    """The lease ended or a newer attempt replaced it; nothing was stored."""
+
+
+class DifferentArtifactStored(FailedPrecondition):
+    """This step already has a different artifact stored; it stands."""
+
+
+class NotLeaseHolder(PermissionDenied):
+    """The lease belongs to another host; nothing was stored."""
+
+
+class ResourceExhausted(AmcError):
+    """Over a limit."""
+
+
+class ArtifactTooLarge(ResourceExhausted):
+    """The artifact is larger than this control plane keeps; nothing was stored."""
+
+
+class DataLoss(AmcError):
+    """The data arrived damaged."""
+
+
+class ChecksumMismatch(DataLoss):
+    """The bytes received do not match the size or sha256 announced; nothing was stored."""

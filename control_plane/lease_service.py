@@ -13,10 +13,13 @@ from datetime import timedelta
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
-from control_plane import metrics, validate
+from control_plane import errors, metrics, validate
+from control_plane.artifacts import Artifacts, PostgresArtifacts, receive
 from control_plane.auth import Authenticator, check_host
 from control_plane.config import Settings
 from control_plane.convert import (
+    artifact_from_pb,
+    artifact_to_pb,
     assignment_to_pb,
     device_from_pb,
     duration,
@@ -46,6 +49,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     ) -> None:
         super().__init__(auth, store, effects, settings)
         self._pending: set[asyncio.Task[None]] = set()
+        self.artifacts: Artifacts = PostgresArtifacts(store)
 
     def _host(self, host_id: str) -> str:
         validate.identifier(host_id, "host_id")
@@ -260,6 +264,42 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             self.effects.ended(Event.RELEASED, [ended])
         return lease_pb2.ReleaseLeaseResponse()
 
+    @rpc
+    async def UploadArtifact(
+        self,
+        request_iterator: AsyncIterator[lease_pb2.UploadArtifactRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> task_pb2.Artifact:
+        received = 0
+        try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None:
+                raise InvalidArgument("header", "required: the first message is the header")
+            check_decoded(first)
+            if first.WhichOneof("part") != "header":
+                raise InvalidArgument("header", "required: the first message is the header")
+            limit = self.settings.max_artifact_bytes
+            validate.artifact_header(first.header, limit)
+            new = artifact_from_pb(first.header)
+            data = await receive(new, _chunks(request_iterator), limit)
+            received = len(data)
+            artifact, stored = await self.artifacts.put(principal().host_id, new, data)
+        except AmcError as exc:
+            refusal = next((r for c, r in _UPLOAD_REFUSALS.items() if isinstance(exc, c)), None)
+            if refusal is not None:
+                _count_upload(refusal, received)
+            raise
+        _count_upload("stored" if stored else "repeated", received if stored else 0)
+        log.info(
+            "artifact stored" if stored else "artifact already stored",
+            task_id=str(new.task_id),
+            attempt=new.attempt,
+            step=new.step_index,
+            kind=new.kind,
+            size=new.size_bytes,
+        )
+        return artifact_to_pb(artifact)
+
     def _on_notice(self, notice: CancelNotice | None) -> lease_pb2.RenewLeasesResponse:
         """What hub.close() (None) or a cancel notification puts on a stream's outbox."""
         if notice is None:
@@ -272,6 +312,39 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return _cancel_push(notice)
+
+
+async def _chunks(
+    requests: AsyncIterator[lease_pb2.UploadArtifactRequest],
+) -> AsyncIterator[bytes]:
+    """The bytes of an upload after its header."""
+    index = 0
+    async for request in requests:
+        index += 1
+        check_decoded(request)
+        if request.WhichOneof("part") != "chunk":
+            raise InvalidArgument(f"message {index}", "only the first message is a header")
+        if len(request.chunk) > validate.MAX_ARTIFACT_CHUNK:
+            raise InvalidArgument(
+                f"message {index}.chunk", f"larger than {validate.MAX_ARTIFACT_CHUNK} bytes"
+            )
+        yield request.chunk
+
+
+# A refused upload's error (by its branch of the error tree) -> how the metrics count it.
+_UPLOAD_REFUSALS: dict[type[AmcError], str] = {
+    errors.ResourceExhausted: "too_large",
+    errors.DataLoss: "damaged",
+    errors.FailedPrecondition: "refused",
+    errors.PermissionDenied: "refused",
+    errors.InvalidArgument: "invalid",
+}
+
+
+def _count_upload(result: str, size: int) -> None:
+    metrics.ARTIFACT_UPLOADS.labels(result).inc()
+    if size:
+        metrics.ARTIFACT_BYTES.labels("stored" if result == "stored" else "refused").inc(size)
 
 
 def _cancel_push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:

@@ -140,6 +140,20 @@ RETENTION_BATCH = Histogram(
 RETENTION_KINDS = ("tasks", "attempts", "task_events", "hosts", "devices")
 RETENTION_BATCHES = ("tasks", "hosts")
 
+ARTIFACT_UPLOADS = Counter(
+    "amc_artifact_uploads_total",
+    "Artifact uploads answered, by result: stored, repeated (stored before), too_large,"
+    " damaged (size or sha256 not as announced), refused (lease not current or another"
+    " host's), invalid",
+    ["result"],
+)
+ARTIFACT_BYTES = Counter(
+    "amc_artifact_bytes_total", "Bytes of artifacts, by result (stored or refused)", ["result"]
+)
+ARTIFACT_RESULTS = ("stored", "repeated", "too_large", "damaged", "refused", "invalid")
+ARTIFACT_BYTE_RESULTS = ("stored", "refused")
+
+
 # The label values each series is created with at start-up: all that this replica counts.
 TRANSITION_LABELS: list[tuple[Event, str]] = [
     (Event.SUBMIT, TaskStatus.QUEUED),
@@ -183,6 +197,8 @@ def create_series() -> None:
     _at_zero(AUTH_FAILURES, AUTH_REASONS)
     _at_zero(RETENTION_REMOVED, RETENTION_KINDS)
     _at_zero(RETENTION_BATCH, RETENTION_BATCHES)
+    _at_zero(ARTIFACT_UPLOADS, ARTIFACT_RESULTS)
+    _at_zero(ARTIFACT_BYTES, ARTIFACT_BYTE_RESULTS)
 
 
 def create_rpc_series(methods: list[str]) -> None:

@@ -32,6 +32,8 @@ CODES: list[tuple[type[errors.AmcError], grpc.StatusCode]] = [
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.DataLoss, grpc.StatusCode.DATA_LOSS),
 ]
 
 

@@ -12,16 +12,22 @@ import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import validate
+from control_plane.artifacts import Artifacts, PostgresArtifacts
+from control_plane.auth import Authenticator
+from control_plane.config import Settings
 from control_plane.convert import (
+    artifact_to_pb,
     attempt_to_pb,
     event_to_pb,
     host_to_pb,
     queue_group_to_pb,
     task_to_pb,
 )
-from control_plane.domain import NewTask, TaskId
+from control_plane.domain import ArtifactId, NewTask, TaskId
+from control_plane.effects import Effects
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.rpc import Context, TaskServicer, principal, rpc
+from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -84,6 +90,12 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
 
 class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     SERVICE = "amc.v1.Scheduler"
+
+    def __init__(
+        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
+    ) -> None:
+        super().__init__(auth, store, effects, settings)
+        self.artifacts: Artifacts = PostgresArtifacts(store)
 
     @rpc
     async def SubmitTask(
@@ -197,3 +209,25 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.ListHostsResponse:
         hosts = await self.store.list_hosts(self.settings.lease_ttl)
         return scheduler_pb2.ListHostsResponse(hosts=[host_to_pb(h) for h in hosts])
+
+    @rpc
+    async def ListArtifacts(
+        self,
+        request: scheduler_pb2.ListArtifactsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> scheduler_pb2.ListArtifactsResponse:
+        task_id = TaskId(validate.list_artifacts(request))
+        found = await self.artifacts.list(task_id)
+        return scheduler_pb2.ListArtifactsResponse(artifacts=[artifact_to_pb(a) for a in found])
+
+    @rpc
+    async def GetArtifact(
+        self,
+        request: scheduler_pb2.GetArtifactRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[scheduler_pb2.GetArtifactResponse]:
+        task_id, artifact_id = validate.get_artifact(request)
+        artifact = await self.artifacts.get(TaskId(task_id), ArtifactId(artifact_id))
+        yield scheduler_pb2.GetArtifactResponse(artifact=artifact_to_pb(artifact))
+        async for chunk in self.artifacts.read(artifact):
+            yield scheduler_pb2.GetArtifactResponse(chunk=chunk)

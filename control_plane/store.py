@@ -25,6 +25,8 @@ from tenacity import (
 from control_plane import errors
 from control_plane.domain import (
     Acquired,
+    ArtifactId,
+    ArtifactInfo,
     Assignment,
     AttemptInfo,
     DeviceInfo,
@@ -32,6 +34,7 @@ from control_plane.domain import (
     FarmGauges,
     HostInfo,
     LeaseId,
+    NewArtifact,
     NewTask,
     QueueGroup,
     QueueWait,
@@ -489,6 +492,70 @@ class Store:
     async def list_tokens(self) -> list[TokenInfo]:
         return [_token(r) for r in await self._fetch("list_tokens")]
 
+    # -- artifacts -------------------------------------------------------------------------
+
+    async def put_artifact(
+        self, host_id: str | None, new: NewArtifact, artifact_id: ArtifactId, chunks: list[bytes]
+    ) -> tuple[ArtifactInfo, bool]:
+        """Keep the artifact under its lease (host_id None: any host's): (the artifact
+        stored, whether this call stored it). Refusals raise; nothing is stored then."""
+        row = await self._fetchrow(
+            "put_artifact",
+            host_id,
+            new.task_id,
+            new.attempt,
+            new.lease_id,
+            artifact_id,
+            new.step_index,
+            new.action_index,
+            new.step_name,
+            new.kind,
+            new.size_bytes,
+            new.sha256,
+            chunks,
+        )
+        assert row is not None
+        code = row["code"]
+        if code in ("stored", "repeated"):
+            return _artifact(row), code == "stored"
+        where = f"task {new.task_id} attempt {new.attempt}"
+        if code == "other_host":
+            raise errors.NotLeaseHolder(
+                f"lease {new.lease_id} belongs to another host; nothing was stored"
+            )
+        if code == "stale":
+            raise errors.LeaseNotCurrent(
+                f"{where} is no longer current (lease ended, expired or replaced);"
+                " nothing was stored"
+            )
+        if code == "different":
+            raise errors.DifferentArtifactStored(
+                f"{where} step {new.step_index} action {new.action_index} already has a"
+                " different artifact stored; it stands"
+            )
+        raise errors.LeaseNotCurrent(
+            f"lease {new.lease_id} is not the lease of {where}; nothing was stored"
+        )
+
+    async def list_artifacts(self, task_id: TaskId, limit: int) -> list[ArtifactInfo]:
+        rows = await self._fetch("list_artifacts", task_id, limit)
+        if not rows:
+            raise errors.TaskNotFound(f"no task {task_id}")
+        return [_artifact(r) for r in rows if r["artifact_id"] is not None]
+
+    async def get_artifact(self, task_id: TaskId, artifact_id: ArtifactId) -> ArtifactInfo:
+        row = await self._fetchrow("get_artifact", task_id, artifact_id)
+        if row is None:
+            raise errors.ArtifactNotFound(f"task {task_id} has no artifact {artifact_id}")
+        return _artifact(row)
+
+    async def artifact_chunks(
+        self, artifact_id: ArtifactId, first: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        """Up to `limit` chunks of the artifact from chunk `first` on, in order."""
+        rows = await self._fetch("artifact_chunks", artifact_id, first, limit)
+        return [(r["seq"], bytes(r["data"])) for r in rows]
+
     # -- notifications ---------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -526,6 +593,21 @@ def _expiry(row: asyncpg.Record) -> Expiry:
         TaskStatus(row["to_status"]),
         row["selector_serial"],
         row["selector_labels"] or {},
+    )
+
+
+def _artifact(row: asyncpg.Record) -> ArtifactInfo:
+    return ArtifactInfo(
+        artifact_id=ArtifactId(row["artifact_id"]),
+        task_id=TaskId(row["task_id"]),
+        attempt=row["attempt"],
+        step_index=row["step_index"],
+        action_index=row["action_index"],
+        step_name=row["step_name"],
+        kind=row["kind"],
+        size_bytes=row["size_bytes"],
+        sha256=bytes(row["sha256"]),
+        created_at=row["created_at"],
     )
 
 

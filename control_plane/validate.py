@@ -19,7 +19,7 @@ from amc_common.actions import MAX_SECONDS as MAX_SECONDS
 from amc_common.actions import MAX_STRING, MAX_TEXT
 from control_plane.convert import ROLE_FROM_PB, STATUS_FROM_PB
 from control_plane.domain import Role
-from control_plane.errors import InvalidArgument
+from control_plane.errors import ArtifactTooLarge, InvalidArgument
 from control_plane.lifecycle import TaskStatus
 
 MAX_ACTIONS = 1000
@@ -355,3 +355,40 @@ def token_binding(role: Role, host_id: str | None, field: str = "host_id") -> No
         raise InvalidArgument(field, "required for a host token")
     if role is not Role.HOST and host_id:
         raise InvalidArgument(field, "only host tokens are bound to a host")
+
+
+# An upload's chunks: at most this much each (gRPC's own message limit is 4 MiB).
+MAX_ARTIFACT_CHUNK = 1 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def artifact_header(h: lease_pb2.ArtifactHeader, max_size: int, field: str = "header") -> None:
+    """An upload's header. Past `max_size`: ArtifactTooLarge, before any byte is read."""
+    task_id(h.task_id, f"{field}.task_id")
+    lease_id(h.lease_id, f"{field}.lease_id")
+    if h.attempt < 1:
+        raise InvalidArgument(f"{field}.attempt", "must be 1 or more")
+    if not 0 <= h.step_index < MAX_ACTIONS:
+        raise InvalidArgument(f"{field}.step_index", f"must be between 0 and {MAX_ACTIONS - 1}")
+    if not 0 <= h.action_index < MAX_ACTIONS:
+        raise InvalidArgument(f"{field}.action_index", f"must be between 0 and {MAX_ACTIONS - 1}")
+    _text(h.step_name, f"{field}.step_name")
+    if h.kind not in actions.KEEPS:
+        raise InvalidArgument(f"{field}.kind", f"must be one of {', '.join(actions.KEEPS)}")
+    if h.size_bytes < 0:
+        raise InvalidArgument(f"{field}.size_bytes", "must not be negative")
+    if h.size_bytes > max_size:
+        raise ArtifactTooLarge(
+            f"{field}.size_bytes: {h.size_bytes} bytes is over this control plane's limit of"
+            f" {max_size} bytes per artifact; nothing was stored"
+        )
+    if not _SHA256.fullmatch(h.sha256):
+        raise InvalidArgument(f"{field}.sha256", "must be 64 lowercase hex digits (SHA-256)")
+
+
+def list_artifacts(req: scheduler_pb2.ListArtifactsRequest) -> uuid.UUID:
+    return task_id(req.task_id)
+
+
+def get_artifact(req: scheduler_pb2.GetArtifactRequest) -> tuple[uuid.UUID, uuid.UUID]:
+    return task_id(req.task_id), _uuid(req.artifact_id, "artifact_id", "artifact id")

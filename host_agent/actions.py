@@ -1,7 +1,7 @@
 """Runs one action of a task spec on a device.
 
 What the stop token interrupts: actions that wait or only look (wait, wait_for, shell,
-screenshot, and the UI dumps of tap_on and assert_visible) are raced against the token
+screenshot, ui_dump, and the UI dumps of tap_on and assert_visible) are raced against the token
 and end as soon as it trips. Single input actions (tap, swipe, input_text, key,
 launch_app, stop_app) are short and bounded by the driver's own deadline; once started
 they finish, so the step record says what the phone really did. None starts after the
@@ -38,13 +38,14 @@ from amc_common.actions import (
     Swipe,
     Tap,
     TapOn,
+    UiDump,
     UiSelector,
     Wait,
     WaitFor,
 )
 from host_agent import metrics
 from host_agent.devices import CommandFailed, Device, DeviceError, DeviceLost, DeviceTimeout
-from host_agent.results import cut
+from host_agent.results import Kept, cut
 from host_agent.stop_token import Stopped, StopToken
 
 # How often wait_for looks at the screen again (a `uiautomator dump` itself takes ~1 s).
@@ -64,6 +65,8 @@ class StepOutput:
     error: str = ""
     # Small structured facts, e.g. a screenshot's `png_bytes` and `sha256`.
     data: Mapping[str, str] = field(default_factory=dict)
+    # Files to keep as artifacts of the task (a screenshot's PNG, a ui_dump's XML).
+    kept: tuple[Kept, ...] = ()
 
     @classmethod
     def failed(
@@ -135,6 +138,8 @@ async def _dispatch(
             return await _shell(action, device, token, shell_timeout)
         case Screenshot():
             return await _screenshot(device, token)
+        case UiDump():
+            return await _ui_dump(device, token)
         case _:
             assert_never(action)
     return _OK
@@ -220,7 +225,15 @@ async def _shell(
 async def _screenshot(device: Device, token: StopToken) -> StepOutput:
     png = await token.race(device.screenshot())
     data = {"png_bytes": str(len(png)), "sha256": hashlib.sha256(png).hexdigest()}
-    return StepOutput(ok=True, output=f"screenshot: {len(png)} bytes", data=data)
+    kept = (Kept("screenshot", png),)
+    return StepOutput(ok=True, output=f"screenshot: {len(png)} bytes", data=data, kept=kept)
+
+
+async def _ui_dump(device: Device, token: StopToken) -> StepOutput:
+    xml = (await token.race(device.ui_dump())).encode()
+    data = {"xml_bytes": str(len(xml)), "sha256": hashlib.sha256(xml).hexdigest()}
+    kept = (Kept("ui_dump", xml),)
+    return StepOutput(ok=True, output=f"ui dump: {len(xml)} bytes", data=data, kept=kept)
 
 
 def find_element(xml: str, selector: UiSelector) -> ET.Element | None:

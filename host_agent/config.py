@@ -42,6 +42,9 @@ class AgentSettings:
     release_timeout: float = 10.0
     # The default for `shell` actions that set no timeout of their own.
     shell_timeout: float = 60.0
+    # How long the uploads of one run's kept files (screenshots, UI dumps) may take in all,
+    # before its result is reported without the rest.
+    upload_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,8 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
     ("--log-level", "AMC_LOG_LEVEL", "INFO", log_level, "DEBUG, INFO, WARNING or ERROR"),
     ("--metrics-listen", "AMC_METRICS_LISTEN", None, address_text, "host:port for /metrics"),
+    ("--upload-timeout", "AMC_UPLOAD_TIMEOUT", "30s", duration,
+     "how long one task's screenshot and UI dump uploads may take in all"),
 ]
 # fmt: on
 
@@ -235,6 +240,7 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         acquire_wait=args.acquire_wait,
         report_timeout=args.report_timeout,
         shell_timeout=args.shell_timeout,
+        upload_timeout=args.upload_timeout,
     )
     adb_host, adb_port = args.adb
     return Config(
@@ -258,7 +264,13 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
 
 def _check_positive(args: argparse.Namespace) -> None:
     # A zero drain timeout is allowed: stop running tasks at once on SIGTERM.
-    names = ("acquire_wait", "report_timeout", "shell_timeout", "inventory_interval")
+    names = (
+        "acquire_wait",
+        "report_timeout",
+        "shell_timeout",
+        "inventory_interval",
+        "upload_timeout",
+    )
     for name in names:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from amc_common.actions import Action, ActionError, from_message
+from amc_common.actions import KEEPS, Action, ActionError, from_message
 from host_agent.devices import DeviceInfo
 from host_agent.leases import Timing
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
@@ -201,6 +201,19 @@ def step_to_proto(step: StepResult) -> task_pb2.StepResult:
         output=cut(step.output),
         error=cut(step.error),
         data=dict(step.data),
+        artifacts=[
+            task_pb2.Artifact(
+                artifact_id=a.artifact_id,
+                step_index=step.index,
+                step_name=step.name,
+                action_index=a.action_index,
+                kind=a.kind,
+                content_type=KEEPS.get(a.kind, ""),
+                size_bytes=a.size_bytes,
+                sha256=a.sha256,
+            )
+            for a in step.artifacts
+        ],
     )
     if step.started_at is not None:
         pb.started_at.FromDatetime(step.started_at)
@@ -217,10 +230,14 @@ def report_request(
     result: RunResult, *, task_id: str, attempt: int, lease_id: str
 ) -> lease_pb2.ReportResultRequest:
     """The ReportResult request for `result`; build it once and resend that same message."""
+    pb = result_to_proto(result)
+    for step in pb.steps:
+        for artifact in step.artifacts:
+            artifact.task_id, artifact.attempt = task_id, attempt
     return lease_pb2.ReportResultRequest(
         task_id=task_id,
         attempt=attempt,
         lease_id=lease_id,
         outcome=outcome_to_proto(result.outcome),
-        result=result_to_proto(result),
+        result=pb,
     )

@@ -45,6 +45,13 @@ ADB_UP = Gauge(
     "amc_agent_adb_up", "1 while the device source (the adb server) answered the last inventory"
 )
 DEVICES = Gauge("amc_agent_devices", "Devices in the last inventory, by adb state", ["state"])
+ARTIFACT_UPLOADS = Counter(
+    "amc_agent_artifact_uploads_total",
+    "Kept files (screenshots, UI dumps) by upload result: stored, failed (refused or"
+    " unreachable), timeout (the run's upload time was spent)",
+    ["result"],
+)
+ARTIFACT_BYTES = Counter("amc_agent_artifact_bytes_total", "Bytes of kept files uploaded")
 
 # The label values each series is created with at start-up: all that the agent counts.
 ACTION_KINDS = tuple(ACTIONS)
@@ -58,6 +65,7 @@ DEVICE_ERROR_KINDS = (
     "UnsupportedText",
 )
 CANCEL_VIAS = ("push", "renewal")
+ARTIFACT_RESULTS = ("stored", "failed", "timeout")
 DEVICE_STATES = ("device", "offline", "unauthorized", "other")
 # how, outcome: a report carries the run's outcome; a release follows a run that never
 # started (none) or one stopped by a shutdown (failed); a dropped lease ran nothing.
@@ -84,6 +92,8 @@ def create_series() -> None:
         TASKS.labels(how, outcome)
     for state in DEVICE_STATES:
         DEVICES.labels(state)
+    for result in ARTIFACT_RESULTS:
+        ARTIFACT_UPLOADS.labels(result)
 
 
 create_series()

@@ -33,6 +33,29 @@ class StepStatus(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Kept:
+    """A file an action kept (a screenshot's PNG, a ui_dump's XML), to be uploaded as an
+    artifact of the task before the result is reported."""
+
+    # amc_common.actions.KEEPS: "screenshot" or "ui_dump".
+    kind: str
+    data: bytes = field(repr=False)
+    # The action's position inside its step.
+    action_index: int = 0
+
+
+@dataclass(frozen=True)
+class StoredArtifact:
+    """A kept file the control plane stored (its answer to the upload)."""
+
+    artifact_id: str
+    kind: str
+    action_index: int
+    size_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class StepResult:
     """One action (TaskRunner) or one named step (WorkflowRunner). `index` counts from 0."""
 
@@ -45,6 +68,10 @@ class StepResult:
     output: str = ""
     error: str = ""
     data: Mapping[str, str] = field(default_factory=dict)
+    # Files kept by the step's actions, until uploaded (then dropped).
+    kept: tuple[Kept, ...] = ()
+    # Those the control plane stored.
+    artifacts: tuple[StoredArtifact, ...] = ()
 
 
 @dataclass(frozen=True)

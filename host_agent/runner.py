@@ -9,6 +9,7 @@ are SKIPPED and `outcome_for` turns what happened into the reported Outcome.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import structlog
 from amc_common.actions import Action
 from host_agent.actions import POLL_INTERVAL, StepOutput, describe_device_error, execute
 from host_agent.devices import Device, DeviceLost
-from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
+from host_agent.results import Kept, Outcome, RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, TaskSpec, Workflow
 from host_agent.stop_token import Stopped, StopReason, StopToken
 
@@ -218,10 +219,12 @@ def _step_result(
     error: str,
 ) -> StepResult:
     data: dict[str, str] = {}
+    kept: list[Kept] = []
     for position, output in enumerate(outputs):
         for key, value in output.data.items():
             # A later action's fact must not overwrite an earlier one's.
             data[key if key not in data else f"{key}#{position}"] = value
+        kept += [dataclasses.replace(k, action_index=position) for k in output.kept]
     return StepResult(
         index=index,
         name=name,
@@ -231,6 +234,7 @@ def _step_result(
         output=_joined([o.output for o in outputs]),
         error=cut(error),
         data=data,
+        kept=tuple(kept),
     )
 
 

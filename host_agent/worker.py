@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from amc.v1 import lease_pb2_grpc
+from host_agent import artifacts
 from host_agent.config import AgentSettings
 from host_agent.convert import Assignment, report_request
 from host_agent.devices import DeviceSource
@@ -115,6 +116,11 @@ class Worker:
             # refused as stale, which is expected.
             await final.run(self._release(StopReason.LEASE_LOST.label))
         a = self.assignment
+        if result.stop_reason is not StopReason.LEASE_LOST:
+            # Before the report, while the lease is live: after it, the lease is over.
+            lease_ref = artifacts.Lease(a.task_id, a.attempt, a.lease_id)
+            budget = self._tools.settings.upload_timeout
+            result = await artifacts.upload_kept(self._tools.stub, result, lease_ref, budget)
         request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
         delivery = await final.run(self._tools.results.report(request, policy))

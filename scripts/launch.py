@@ -122,6 +122,7 @@ class ControlPlaneCommand(_Command):
     task_retention: float | None = _duration()
     forget_hosts_after: float | None = _duration()
     retention_interval: float | None = _seconds()
+    max_artifact_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class HostAgentCommand(_Command):
     log_format: LogFormat | None = None
     log_level: LogLevel | None = None
     debug: bool = False
+    upload_timeout: float | None = _duration()
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = inherited(base)

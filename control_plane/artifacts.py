@@ -1,0 +1,110 @@
+"""Artifacts: the files steps kept (a screenshot's PNG, a ui_dump's XML) — how an upload is
+received and checked, and the one small interface behind which their bytes are kept.
+
+An upload is read whole before anything is written (at most the configured limit, 10 MiB
+by default: refused as soon as more arrives), its size and SHA-256 checked against the
+header, and then kept in one call that is fenced like a report (only under the live lease
+of the task's current attempt, as its host). So a refused upload stores nothing, and a
+kept one is whole.
+
+`Artifacts` is what the servicers use; `PostgresArtifacts` keeps the bytes in PostgreSQL
+(chunked bytea rows deleted with their task). An S3-compatible store would be a second
+implementation of the same four methods: docs/architecture.md says what it would take.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from control_plane import errors
+from control_plane.domain import ArtifactId, ArtifactInfo, NewArtifact, TaskId
+from control_plane.store import Store
+
+DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+# What one bytea row holds, and so what one message of GetArtifact carries.
+CHUNK = 256 * 1024
+# Chunks read from the database per round trip while streaming one back (2 MiB).
+READ_AHEAD = 8
+# ListArtifacts answers at most this many.
+MAX_LISTED = 1000
+
+
+class Artifacts(Protocol):
+    """Where artifacts are kept."""
+
+    async def put(
+        self, host_id: str | None, new: NewArtifact, data: bytes
+    ) -> tuple[ArtifactInfo, bool]:
+        """Keep `data` (checked against `new` already) under the lease `new` names, as
+        `host_id` (None: any host): (the artifact, whether this call stored it; False when
+        the same one was stored before). Raises the fencing refusals; stores nothing then."""
+        ...
+
+    async def list(self, task_id: TaskId) -> list[ArtifactInfo]:
+        """The task's artifacts by attempt, step and action (TaskNotFound if no task)."""
+        ...
+
+    async def get(self, task_id: TaskId, artifact_id: ArtifactId) -> ArtifactInfo: ...
+
+    def read(self, artifact: ArtifactInfo) -> AsyncIterator[bytes]:
+        """The artifact's bytes, in order, a chunk at a time."""
+        ...
+
+
+class PostgresArtifacts:
+    """Artifacts in PostgreSQL: a row each, the bytes in CHUNK-sized bytea rows."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def put(
+        self, host_id: str | None, new: NewArtifact, data: bytes
+    ) -> tuple[ArtifactInfo, bool]:
+        chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
+        artifact_id = ArtifactId(uuid.uuid4())
+        return await self._store.put_artifact(host_id, new, artifact_id, chunks)
+
+    async def list(self, task_id: TaskId) -> list[ArtifactInfo]:
+        return await self._store.list_artifacts(task_id, MAX_LISTED)
+
+    async def get(self, task_id: TaskId, artifact_id: ArtifactId) -> ArtifactInfo:
+        return await self._store.get_artifact(task_id, artifact_id)
+
+    async def read(self, artifact: ArtifactInfo) -> AsyncIterator[bytes]:
+        seq = 0
+        while True:
+            rows = await self._store.artifact_chunks(artifact.artifact_id, seq, READ_AHEAD)
+            for _, data in rows:
+                yield data
+            if len(rows) < READ_AHEAD:
+                return
+            seq = rows[-1][0] + 1
+
+
+async def receive(new: NewArtifact, chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """All the bytes of an upload, checked against its header: refused (ArtifactTooLarge)
+    as soon as more than `limit` arrive, and (ChecksumMismatch) when the size or SHA-256 of
+    what arrived is not the header's."""
+    received = bytearray()
+    digest = hashlib.sha256()
+    async for chunk in chunks:
+        if len(received) + len(chunk) > limit:
+            raise errors.ArtifactTooLarge(
+                f"more than {limit} bytes sent: over this control plane's limit per artifact;"
+                " nothing was stored"
+            )
+        received += chunk
+        digest.update(chunk)
+    if len(received) != new.size_bytes:
+        raise errors.ChecksumMismatch(
+            f"received {len(received)} bytes, the header said {new.size_bytes}; nothing was stored"
+        )
+    if digest.digest() != new.sha256:
+        raise errors.ChecksumMismatch(
+            f"the bytes received have sha256 {digest.hexdigest()}, the header said"
+            f" {new.sha256.hex()}; nothing was stored"
+        )
+    return bytes(received)

@@ -1,0 +1,119 @@
+"""Uploads the files a run kept (screenshots, UI dumps) to the control plane, before its
+result is reported, under the attempt's lease.
+
+Each kept file goes in one UploadArtifact stream (a header with its size and SHA-256, then
+the bytes in chunks), tried again on transient errors like a report (the control plane
+answers a repeated upload with the artifact it stored). All of a run's uploads share one
+time budget (the agent's --upload-timeout): past it, or when the control plane refuses
+one, the step's `data` says why (`artifact_error`) and the report goes on without it. The
+bytes are dropped from the result either way; what the report carries is the stored
+artifacts' references (StepResult.artifacts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Iterator
+
+import structlog
+
+from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
+from host_agent import metrics
+from host_agent.results import Kept, RunResult, StepResult, StoredArtifact
+from host_agent.retry import Delivery, RetryPolicy, call_with_retries
+
+log = structlog.get_logger(__name__)
+
+# Bytes per message of an upload.
+CHUNK = 256 * 1024
+# What an upload is given at least, even when the budget is nearly spent: one try.
+MIN_TRY = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """The attempt the uploads belong to."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+
+
+async def upload_kept(
+    stub: lease_pb2_grpc.LeaseStub, result: RunResult, lease: Lease, budget: float
+) -> RunResult:
+    """`result` with every kept file uploaded (or the reason it was not, in its step's
+    data) and no bytes left in it."""
+    if not any(step.kept for step in result.steps):
+        return result
+    deadline = time.monotonic() + budget
+    steps = [await _upload_step(stub, step, lease, deadline, budget) for step in result.steps]
+    return dataclasses.replace(result, steps=tuple(steps))
+
+
+async def _upload_step(
+    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: Lease, deadline: float, budget: float
+) -> StepResult:
+    if not step.kept:
+        return step
+    stored: list[StoredArtifact] = []
+    problems: list[str] = []
+    for kept in step.kept:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            problems.append(f"{kept.kind} not kept: uploads took longer than {budget:g}s")
+            metrics.ARTIFACT_UPLOADS.labels("timeout").inc()
+            continue
+        answer = await _upload(stub, step, kept, lease, left)
+        if isinstance(answer, StoredArtifact):
+            stored.append(answer)
+        else:
+            problems.append(f"{kept.kind} not kept: {answer}")
+    data = dict(step.data)
+    for i, problem in enumerate(problems):
+        data["artifact_error" if i == 0 else f"artifact_error#{i}"] = problem
+    return dataclasses.replace(step, kept=(), artifacts=tuple(stored), data=data)
+
+
+async def _upload(
+    stub: lease_pb2_grpc.LeaseStub, step: StepResult, kept: Kept, lease: Lease, left: float
+) -> StoredArtifact | str:
+    """The stored artifact, or why it is not."""
+    header = lease_pb2.ArtifactHeader(
+        task_id=lease.task_id,
+        attempt=lease.attempt,
+        lease_id=lease.lease_id,
+        step_index=step.index,
+        step_name=step.name,
+        action_index=kept.action_index,
+        kind=kept.kind,
+        size_bytes=len(kept.data),
+        sha256=hashlib.sha256(kept.data).hexdigest(),
+    )
+    bound = log.bind(task_id=lease.task_id, attempt=lease.attempt, step=step.index, kind=kept.kind)
+    policy = RetryPolicy(total=max(left, MIN_TRY), call_timeout=max(left, MIN_TRY))
+    delivery: Delivery[task_pb2.Artifact] = await call_with_retries(
+        lambda timeout: stub.UploadArtifact(_messages(header, kept.data), timeout=timeout),
+        policy,
+        bound,
+        "artifact upload",
+    )
+    if delivery.response is None:
+        metrics.ARTIFACT_UPLOADS.labels("failed").inc()
+        code = delivery.code.name if delivery.code else "unknown"
+        return f"upload failed: {code}: {delivery.details}".rstrip(": ")
+    metrics.ARTIFACT_UPLOADS.labels("stored").inc()
+    metrics.ARTIFACT_BYTES.inc(len(kept.data))
+    a = delivery.response
+    bound.info("artifact uploaded", artifact_id=a.artifact_id, size=a.size_bytes)
+    return StoredArtifact(a.artifact_id, a.kind, kept.action_index, a.size_bytes, a.sha256)
+
+
+def _messages(
+    header: lease_pb2.ArtifactHeader, data: bytes
+) -> Iterator[lease_pb2.UploadArtifactRequest]:
+    yield lease_pb2.UploadArtifactRequest(header=header)
+    for i in range(0, len(data), CHUNK):
+        yield lease_pb2.UploadArtifactRequest(chunk=data[i : i + CHUNK])
