@@ -13,7 +13,7 @@ from google.protobuf import duration_pb2
 from typer.core import TyperOption
 
 from amc.v1 import admin_pb2, task_pb2
-from amc_cli import render
+from amc_cli import artifacts, render
 from amc_cli.client import Client, Target, read_token
 from amc_cli.errors import EXIT_CODES_HELP, BadInput, ExitCode
 from amc_cli.follow import follow, outcome_exit
@@ -424,6 +424,51 @@ def _follow(client: Client, task_id: str, output: Output) -> NoReturn:
     else:
         render.print_json(final)
     _exit(outcome_exit(final))
+
+
+# -- artifacts -------------------------------------------------------------------------------
+
+
+@app.command("artifacts")
+def list_artifacts(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(metavar="TASK", help="Task id.")],
+    output: OutputOpt = Output.table,
+) -> None:
+    """The files a task's steps kept (screenshots, UI dumps): attempt, step, kind, size,
+    sha256."""
+    found = _client(ctx).list_artifacts(task_id)
+    if output is Output.json:
+        render.print_json({"artifacts": [render.to_dict(a) for a in found]})
+    else:
+        render.artifacts_table(found)
+
+
+@app.command("artifact")
+def get_artifact(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(metavar="TASK", help="Task id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="Step index or name.")],
+    output: Annotated[
+        str,
+        typer.Option("--output", "-o", metavar="FILE", help="Where to write it; - for stdout."),
+    ],
+    attempt: Annotated[
+        int | None,
+        typer.Option(help="Of this attempt (default: the latest that kept one).", min=1),
+    ] = None,
+    action: Annotated[
+        int | None,
+        typer.Option(help="The action inside the step, when it kept several.", min=0),
+    ] = None,
+) -> None:
+    """Write one file a step kept (a screenshot's PNG, a ui_dump's XML), its sha256
+    checked."""
+    client = _client(ctx)
+    chosen = artifacts.choose(client.list_artifacts(task_id), task_id, step, attempt, action)
+    size = artifacts.write(chosen, client.get_artifact(task_id, chosen.artifact_id), output)
+    if output != "-":
+        render.note(f"wrote {chosen.kind} of step {chosen.step_index} ({size} bytes) to {output}")
 
 
 # -- hosts and tokens ------------------------------------------------------------------------

@@ -205,6 +205,23 @@ class Client:
         request = scheduler_pb2.WatchTaskRequest(task_id=task_id)
         yield from self._scheduler.WatchTask(request, metadata=self._metadata)
 
+    def list_artifacts(self, task_id: str) -> list[task_pb2.Artifact]:
+        request = scheduler_pb2.ListArtifactsRequest(task_id=task_id)
+        return list(self._call("list artifacts", self._scheduler.ListArtifacts, request).artifacts)
+
+    def get_artifact(self, task_id: str, artifact_id: str) -> Iterator[bytes]:
+        """The artifact's bytes, chunk by chunk (the first message, its description, is
+        skipped: the caller has it from ListArtifacts)."""
+        request = scheduler_pb2.GetArtifactRequest(task_id=task_id, artifact_id=artifact_id)
+        try:
+            for message in self._scheduler.GetArtifact(
+                request, metadata=self._metadata, timeout=self.target.timeout
+            ):
+                if message.chunk:
+                    yield message.chunk
+        except grpc.RpcError as exc:
+            raise self.failed(exc, "get artifact") from None
+
     def list_hosts(self) -> scheduler_pb2.ListHostsResponse:
         return self._call("list hosts", self._scheduler.ListHosts, scheduler_pb2.ListHostsRequest())
 

@@ -372,6 +372,25 @@ def token_info(info: admin_pb2.TokenInfo, verb: str) -> None:
     console().print(Text(f"{verb} {_role(info.role)} token {info.token_id}{name}{host}"))
 
 
+def artifacts_table(artifacts: list[task_pb2.Artifact]) -> None:
+    out = console()
+    table = Table(show_edge=False)
+    for name in ("attempt", "#", "step", "action", "kind", "size", "sha256", "artifact id"):
+        table.add_column(name, no_wrap=name in ("sha256", "artifact id"))
+    for a in artifacts:
+        table.add_row(
+            str(a.attempt),
+            str(a.step_index),
+            Text(a.step_name),
+            str(a.action_index),
+            a.kind,
+            str(a.size_bytes),
+            a.sha256,
+            a.artifact_id,
+        )
+    out.print(table if artifacts else "no artifacts")
+
+
 def note(message: str) -> None:
     """A remark for the person at the terminal, on stderr so stdout stays the result."""
     Console(stderr=True, highlight=False, soft_wrap=True).print(Text(message, style="dim"))

@@ -17,6 +17,7 @@ import hashlib
 import time
 from collections.abc import Iterator
 
+import grpc
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
@@ -99,6 +100,8 @@ async def _upload(
         policy,
         bound,
         "artifact upload",
+        # Over the control plane's size limit: sending it again cannot help.
+        final=frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED}),
     )
     if delivery.response is None:
         metrics.ARTIFACT_UPLOADS.labels("failed").inc()

@@ -143,12 +143,23 @@ class Delivery(Generic[T]):
 
 
 async def call_with_retries(
-    call: Callable[[float], Awaitable[T]], policy: RetryPolicy, bound: Logger, what: str
+    call: Callable[[float], Awaitable[T]],
+    policy: RetryPolicy,
+    bound: Logger,
+    what: str,
+    final: frozenset[grpc.StatusCode] = frozenset(),
 ) -> Delivery[T]:
-    """`call(timeout)` until it succeeds, fails for good, or `policy.total` runs out."""
+    """`call(timeout)` until it succeeds, fails for good, or `policy.total` runs out.
+    `final`: transient codes that this call takes as an answer (not tried again)."""
     deadline = time.monotonic() + policy.total
+
+    def again(exc: BaseException) -> bool:
+        return is_transient(exc) and not (
+            isinstance(exc, grpc.aio.AioRpcError) and exc.code() in final
+        )
+
     retrying = AsyncRetrying(
-        retry=retry_if_exception(is_transient),
+        retry=retry_if_exception(again),
         wait=backoff(policy.initial_backoff, policy.max_backoff),
         stop=stop_before_delay(policy.total),
         before_sleep=log_retry(bound, what),

@@ -23,7 +23,7 @@ from typing import Any
 
 from host_agent.devices import DeviceInfo, DeviceLost, DeviceTimeout, ShellResult
 
-__all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource", "make_png"]
+__all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource", "make_png", "screenshot_png"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -208,7 +208,7 @@ class SimulatedDevice:
 
     async def screenshot(self) -> bytes:
         await self._act("screenshot")
-        return make_png(36, 64, _colour_for(self.serial))
+        return screenshot_png(self.serial)
 
     async def ui_dump(self) -> str:
         await self._act("ui_dump")
@@ -252,6 +252,11 @@ def _shell_result(command: str) -> ShellResult:
     if words[0] == "false":
         return ShellResult(1, "")
     return ShellResult(0, "")
+
+
+def screenshot_png(serial: str) -> bytes:
+    """What a screenshot of the simulated phone `serial` is: a PNG of its own colour."""
+    return make_png(36, 64, _colour_for(serial))
 
 
 def _colour_for(serial: str) -> tuple[int, int, int]:

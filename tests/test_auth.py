@@ -4,6 +4,7 @@ A new RPC without a row here fails `test_every_rpc_has_a_row`."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -94,6 +95,35 @@ async def watch(c: Clients, w: World, own: bool) -> object:
     return OK
 
 
+async def upload(c: Clients, w: World, own: bool) -> object:
+    lease = lease_of(w, own)
+    header = lease_pb2.ArtifactHeader(
+        task_id=lease.task_id,
+        attempt=1,
+        lease_id=lease.lease_id,
+        kind="ui_dump",
+        size_bytes=3,
+        sha256=hashlib.sha256(b"<a>").hexdigest(),
+    )
+    messages = [
+        lease_pb2.UploadArtifactRequest(header=header),
+        lease_pb2.UploadArtifactRequest(chunk=b"<a>"),
+    ]
+    return await c.lease.UploadArtifact(iter(messages))
+
+
+async def get_artifact(c: Clients, w: World, own: bool) -> object:
+    """Past authorization the call looks for the artifact: NOT_FOUND means it was let in."""
+    request = scheduler_pb2.GetArtifactRequest(task_id=w.task_id, artifact_id=str(uuid.uuid4()))
+    try:
+        async for _ in c.scheduler.GetArtifact(request):
+            pass
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+    return OK
+
+
 def host_id(own: bool) -> str:
     return "A" if own else "B"
 
@@ -152,6 +182,11 @@ CALLS: dict[str, Call] = {
         admin_pb2.RevokeTokenRequest(token_id=w.token_id)
     ),
     "/amc.v1.Admin/ListTokens": lambda c, w, own: c.admin.ListTokens(admin_pb2.ListTokensRequest()),
+    "/amc.v1.Lease/UploadArtifact": upload,
+    "/amc.v1.Scheduler/ListArtifacts": lambda c, w, own: c.scheduler.ListArtifacts(
+        scheduler_pb2.ListArtifactsRequest(task_id=w.task_id)
+    ),
+    "/amc.v1.Scheduler/GetArtifact": get_artifact,
 }
 
 CALLERS = ["none", "malformed", "revoked", "client", "operator", "host_own", "host_foreign"]
@@ -178,6 +213,7 @@ def expected(method: str, caller: str) -> object:
             "ReportResult": ABORTED,
             "ReportResults": ABORTED,
             "ReleaseLease": ABORTED,
+            "UploadArtifact": DENIED,
         }[name]
     return OK
 

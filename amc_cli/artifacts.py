@@ -1,0 +1,87 @@
+"""`amc artifacts` and `amc artifact`: a task's kept files (screenshots, UI dumps), which
+one a STEP names, and writing one to a file or stdout with its sha256 checked."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from amc.v1 import task_pb2
+from amc_cli.errors import BadInput, CliError, ExitCode
+
+
+def choose(
+    artifacts: list[task_pb2.Artifact],
+    task_id: str,
+    step: str,
+    attempt: int | None,
+    action: int | None,
+) -> task_pb2.Artifact:
+    """The one artifact `step` (an index or a name) names: of `attempt` (default: the
+    latest attempt that kept one there) and `action` (needed when the step kept several)."""
+    matching = [a for a in artifacts if _step_is(a, step)]
+    if attempt is not None:
+        matching = [a for a in matching if a.attempt == attempt]
+    elif matching:
+        latest = max(a.attempt for a in matching)
+        matching = [a for a in matching if a.attempt == latest]
+    if action is not None:
+        matching = [a for a in matching if a.action_index == action]
+    if not matching:
+        kept = ", ".join(sorted({f"{a.step_index} {a.step_name!r}" for a in artifacts}))
+        where = f"; steps with artifacts: {kept}" if kept else "; it has none"
+        raise CliError(
+            f"task {task_id} has no artifact for step {step!r}{where}", ExitCode.NOT_FOUND
+        )
+    if len(matching) > 1:
+        which = ", ".join(f"--action {a.action_index} ({a.kind})" for a in matching)
+        raise BadInput(f"step {step!r} kept {len(matching)} artifacts; choose one: {which}")
+    return matching[0]
+
+
+def _step_is(artifact: task_pb2.Artifact, step: str) -> bool:
+    return step == artifact.step_name or (step.isdigit() and int(step) == artifact.step_index)
+
+
+def write(artifact: task_pb2.Artifact, chunks: Iterator[bytes], target: str) -> int:
+    """Write the bytes to `target` ("-": stdout), checking their size and sha256; a file
+    is written beside its place and renamed, so a failed download leaves nothing. Returns
+    the size."""
+    if target == "-":
+        return _copy(artifact, chunks, sys.stdout.buffer)
+    path = Path(target)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    except OSError as exc:
+        raise BadInput(f"cannot write {target}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            size = _copy(artifact, chunks, out)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return size
+
+
+def _copy(artifact: task_pb2.Artifact, chunks: Iterator[bytes], out: BinaryIO) -> int:
+    digest, size = hashlib.sha256(), 0
+    for chunk in chunks:
+        digest.update(chunk)
+        size += len(chunk)
+        out.write(chunk)
+    out.flush()
+    if size != artifact.size_bytes or digest.hexdigest() != artifact.sha256:
+        raise CliError(
+            f"artifact {artifact.artifact_id} arrived damaged: {size} bytes, sha256"
+            f" {digest.hexdigest()}; expected {artifact.size_bytes} bytes, sha256 {artifact.sha256}"
+        )
+    return size
