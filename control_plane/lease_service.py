@@ -288,6 +288,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             refusal = next((r for c, r in _UPLOAD_REFUSALS.items() if isinstance(exc, c)), None)
             if refusal is not None:
                 _count_upload(refusal, received)
+            await _drain(request_iterator)
             raise
         _count_upload("stored" if stored else "repeated", received if stored else 0)
         log.info(
@@ -329,6 +330,20 @@ async def _chunks(
                 f"message {index}.chunk", f"larger than {validate.MAX_ARTIFACT_CHUNK} bytes"
             )
         yield request.chunk
+
+
+# How long a refused upload's remaining messages are read and dropped before the answer.
+DRAIN_SECONDS = 2.0
+
+
+async def _drain(requests: AsyncIterator[lease_pb2.UploadArtifactRequest]) -> None:
+    """Read what the host is still sending (for a short while), so that it reads our
+    refusal as its call's status; a client whose writes the server cut off sees only
+    gRPC's "Internal error from Core"."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in requests:
+                pass
 
 
 # A refused upload's error (by its branch of the error tree) -> how the metrics count it.

@@ -308,6 +308,11 @@ async def test_an_oversized_upload_is_resource_exhausted_and_stores_nothing(
         exc = await refused(farm, host, upload_messages(a, b"x" * 1001))
         assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "limit of 1000 bytes" in (exc.details() or "")
+        # Refused at the header while megabytes are still being sent: the sender reads
+        # the refusal, not a broken stream.
+        big = upload_messages(a, b"y" * (8 << 20), chunk=256 * 1024)
+        exc = await refused(farm, host, big)
+        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         exc = await refused(farm, host, upload_messages(a, b"x" * 5000, size=10))
         assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "more than 1000 bytes" in (exc.details() or "")

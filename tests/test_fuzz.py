@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import os
 import random
 import re
@@ -82,8 +83,11 @@ ACCEPTABLE = {
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.PERMISSION_DENIED,
-    # over the 1 MiB receive limit: refused by gRPC before the control plane sees it
+    # over the 1 MiB receive limit: refused by gRPC before the control plane sees it; or
+    # an artifact over the control plane's size limit
     grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # an artifact's bytes not matching the size or sha256 its header announced
+    grpc.StatusCode.DATA_LOSS,
 }
 LEAKS = re.compile(
     r"Traceback|File \"|\bSELECT\b|\bINSERT\b|\bUPDATE\b|asyncpg|psql|postgres|sqlstate"
@@ -97,13 +101,28 @@ READ_ONLY = {
     "/amc.v1.Scheduler/ListTaskEvents",
     "/amc.v1.Scheduler/GetQueue",
     "/amc.v1.Admin/ListTokens",
+    "/amc.v1.Scheduler/ListArtifacts",
+    "/amc.v1.Scheduler/GetArtifact",
 }
-TABLES = ("tokens", "hosts", "devices", "tasks", "attempts", "task_events")
+TABLES = (
+    "tokens",
+    "hosts",
+    "devices",
+    "tasks",
+    "attempts",
+    "task_events",
+    "artifacts",
+    "artifact_chunks",
+)
 # What a request may not change. Not hosts.last_seen_at / replica_id: those follow the
 # host's renewal stream (presence), written by the replica when a stream opens or closes.
 DIGESTED = {"hosts": "(SELECT host_id, labels, registered_at FROM hosts)"}
 # Referencing tables first.
-RESTORE_ORDER = (("task_events", "attempts", "tasks"), ("devices", "hosts"), ("tokens",))
+RESTORE_ORDER = (
+    ("artifact_chunks", "artifacts", "task_events", "attempts", "tasks"),
+    ("devices", "hosts"),
+    ("tokens",),
+)
 METHODS = {f"/{service}/{m.name}": m for service, svc in SERVICES.items() for m in svc.methods}
 METHOD_CLASSES = {name: GetMessageClass(m.input_type) for name, m in METHODS.items()}
 CODES: Counter[str] = Counter()
@@ -333,6 +352,7 @@ class World:
     leases: list[lease_pb2.Assignment] = field(default_factory=list)
     victims: list[str] = field(default_factory=list)  # token ids RevokeToken may hit
     page_token: str = ""
+    artifact_id: str = ""
     pristine: list[str] = field(default_factory=list)
     dirty: bool = False
     _calls: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -399,6 +419,8 @@ class World:
             self.victims.append(made.info.token_id)
         listed = await op.scheduler.ListTasks(scheduler_pb2.ListTasksRequest(page_size=2))
         self.page_token = listed.next_page_token
+        kept = await a.c.lease.UploadArtifact(iter(upload_requests(self.leases[4])))
+        self.artifact_id = kept.artifact_id
         await self.save()
 
     # -- state -----------------------------------------------------------------------------
@@ -446,6 +468,7 @@ class World:
             m = METHODS[method]
             make = {
                 (False, False): channel.unary_unary,
+                (True, False): channel.stream_unary,
                 (False, True): channel.unary_stream,
                 (True, True): channel.stream_stream,
             }[(m.client_streaming, m.server_streaming)]
@@ -455,6 +478,8 @@ class World:
     async def send(self, method: str, caller: str, payloads: list[bytes]) -> Reply:
         make_call = self._callable(caller, method)
         m = METHODS[method]
+        if m.client_streaming and not m.server_streaming:
+            return await _upload(make_call(timeout=CALL_TIMEOUT), payloads)
         if not m.server_streaming:
             try:
                 await make_call(payloads[0], timeout=CALL_TIMEOUT)
@@ -490,6 +515,38 @@ async def _exchange(call: Any, payloads: list[bytes], *, until_first: bool) -> R
     except grpc.aio.AioRpcError as exc:
         return Reply(exc.code(), exc.details() or "", answers)
     return Reply(await call.code(), await call.details() or "", answers)
+
+
+async def _upload(call: Any, payloads: list[bytes]) -> Reply:
+    """A client stream with one answer (UploadArtifact): written while the server reads."""
+    try:
+        for payload in payloads:
+            await call.write(payload)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        # The server answered before the last write: its status is the call's, not the
+        # failed write's ("Internal error from Core").
+        pass
+    code = await call.code()
+    return Reply(code, await call.details() or "", int(code == grpc.StatusCode.OK))
+
+
+def upload_requests(lease: lease_pb2.Assignment) -> list[lease_pb2.UploadArtifactRequest]:
+    data = b"<hierarchy/>"
+    header = lease_pb2.ArtifactHeader(
+        task_id=lease.task_id,
+        attempt=lease.attempt,
+        lease_id=lease.lease_id,
+        step_index=1,
+        step_name="look",
+        kind="ui_dump",
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+    return [
+        lease_pb2.UploadArtifactRequest(header=header),
+        lease_pb2.UploadArtifactRequest(chunk=data),
+    ]
 
 
 @dataclass
@@ -849,6 +906,17 @@ def templates(w: World) -> dict[str, list[message.Message]]:
         ],
         "/amc.v1.Admin/RevokeToken": [admin_pb2.RevokeTokenRequest(token_id=t) for t in w.victims],
         "/amc.v1.Admin/ListTokens": [admin_pb2.ListTokensRequest()],
+        "/amc.v1.Lease/UploadArtifact": [
+            *upload_requests(w.leases[5]),
+            *upload_requests(w.leases[0]),
+            lease_pb2.UploadArtifactRequest(chunk=b"more"),
+        ],
+        "/amc.v1.Scheduler/ListArtifacts": [
+            scheduler_pb2.ListArtifactsRequest(task_id=t) for t in w.tasks
+        ],
+        "/amc.v1.Scheduler/GetArtifact": [
+            scheduler_pb2.GetArtifactRequest(task_id=w.leases[4].task_id, artifact_id=w.artifact_id)
+        ],
     }
 
 

@@ -84,6 +84,16 @@ REPLICA_EVENTS = frozenset(
 )
 
 
+ARTIFACTS = """
+SELECT a.task_id, a.attempt, a.created_at, a.size_bytes,
+       coalesce(sum(length(c.data)), 0) = a.size_bytes
+       AND sha256(coalesce(string_agg(c.data, ''::bytea ORDER BY c.seq), ''::bytea)) = a.sha256
+       AS whole
+FROM artifacts a LEFT JOIN artifact_chunks c USING (artifact_id)
+GROUP BY a.artifact_id
+"""
+
+
 @dataclass
 class Evidence:
     tasks: dict[str, dict[str, Any]]
@@ -97,6 +107,9 @@ class Evidence:
     trips: dict[tuple[str, int], tuple[float, str]] = field(default_factory=dict)
     acquires: list[AcquireCall] = field(default_factory=list)
     replica_lines: list[ReplicaLine] = field(default_factory=list)
+    # Every artifact stored: task_id, attempt, created_at, size_bytes, and whether its
+    # chunks add up to exactly its bytes (`whole`: same length and sha256).
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
 
     def attempts_of(self, task_id: str) -> list[dict[str, Any]]:
         return sorted(
@@ -118,6 +131,7 @@ async def load(
             attempts = await conn.fetch("SELECT * FROM attempts")
             events = await conn.fetch("SELECT * FROM task_events ORDER BY event_id")
             devices = await conn.fetch("SELECT * FROM devices")
+            artifacts = await conn.fetch(ARTIFACTS)
     finally:
         await conn.close()
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -134,6 +148,7 @@ async def load(
         unparsed_log_lines=unparsed,
         acquires=_acquires(acquire_logs or []),
         replica_lines=_replica_lines(replica_logs or {}),
+        artifacts=[_row(a) for a in artifacts],
     )
     for e in agent_events:
         reason = TRIPS.get(e.event)

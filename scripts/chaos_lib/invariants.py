@@ -13,7 +13,8 @@
        (and no attempt acted outside its lease, or after its host's stop token tripped)
     5  no orphan reservation: no device reserved without an active attempt; all free at end
     6  no stale report accepted: every accepted report came from the current attempt with
-       a live lease
+       a live lease; likewise every artifact stored (screenshots, UI dumps), and each one
+       is whole (its chunks are exactly its bytes)
     7  no task stranded: no task stays queued longer than a bound while a fleet host sits
        parked (an Acquire in flight) and a phone of it that the task's selector fits is idle
        (dispatch liveness; the bound, what faults excuse, and the two ways to break it,
@@ -481,6 +482,27 @@ class Checks:
                 self._host_told_accepted(said)
             elif said.event == "report refused by the control plane":
                 self.stats[f"reports refused ({said.fields.get('code')})"] += 1
+        for artifact in ev.artifacts:
+            self._stored_artifact(artifact)
+
+    def _stored_artifact(self, a: dict[str, Any]) -> None:
+        att = self.evidence.attempts.get((a["task_id"], a["attempt"]))
+        where = {"task_id": a["task_id"], "attempt": a["attempt"], "at": a["created_at"]}
+        self.stats["artifacts stored"] += 1
+        self.stats["artifact bytes stored"] += a["size_bytes"]
+        if att is None:
+            self.fail(6, "artifact stored for an attempt that does not exist", **where)
+        elif a["created_at"] >= att["lease_expires_at"]:
+            self.fail(
+                6,
+                "artifact stored after its lease expired",
+                expires=att["lease_expires_at"],
+                **where,
+            )
+        elif att["ended_at"] is not None and a["created_at"] > att["ended_at"] + RENEWAL_SLACK:
+            self.fail(6, "artifact stored after its attempt ended", ended=att["ended_at"], **where)
+        if not a["whole"]:
+            self.fail(6, "artifact stored damaged: its chunks are not its bytes", **where)
 
     def _accepted_report(self, task_id: str, t: dict[str, Any], e: dict[str, Any]) -> None:
         att = self.evidence.attempts.get((task_id, e["attempt"]))

@@ -1,8 +1,10 @@
 """Random task specs for the workload: mostly workflows of named steps, some action lists.
 
 Every spec ends with a step that touches the device, so "cancel just before the last step"
-has a boundary to aim at; a few fail on purpose (a shell command exiting 1), some take
-several lease renewals (a long wait), and step timings vary with random waits.
+has a boundary to aim at (screenshots and UI dumps among the actions: their files are
+uploaded as artifacts before each report); a few fail on purpose (a shell command exiting
+1), some take several lease renewals (a long wait), and step timings vary with random
+waits.
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ from amc.v1 import task_pb2
 
 # The action kinds that reach the (simulated) phone and so are in the action logs.
 DEVICE_KINDS = frozenset(
-    {"tap", "swipe", "input_text", "key", "launch_app", "stop_app", "shell", "screenshot"}
+    {
+        "tap",
+        "swipe",
+        "input_text",
+        "key",
+        "launch_app",
+        "stop_app",
+        "shell",
+        "screenshot",
+        "ui_dump",
+    }
 )
 
 
@@ -56,6 +68,8 @@ def _device_action(rng: random.Random) -> task_pb2.Action:
             return a(stop_app=task_pb2.StopApp(package="com.amc.simulated"))
         case "shell":
             return a(shell=task_pb2.Shell(command=f"echo {rng.randrange(10**6)}"))
+        case "ui_dump":
+            return a(ui_dump=task_pb2.UiDump())
         case _:
             return a(screenshot=task_pb2.Screenshot())
 
