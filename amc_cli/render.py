@@ -196,6 +196,9 @@ def steps_table(task: task_pb2.Task, out: Console | None = None) -> None:
             detail.append(step.error, style="red")
         for key, value in sorted(step.data.items()):
             detail.append(f"{chr(10) if detail else ''}{key}={value}", style="dim")
+        for kept in step.artifacts:
+            line = f"kept {kept.kind}, {kept.size_bytes} bytes (amc artifact)"
+            detail.append(f"{chr(10) if detail else ''}{line}", style="cyan")
         table.add_row(
             str(step.index),
             Text(step.name),

@@ -280,7 +280,7 @@ def test_watchdog_interval_is_half_the_timeout_for_this_process_only() -> None:
 
 
 def test_systemd_unit_stop_timeout_exceeds_the_drain_timeout() -> None:
-    """THEN systemd waits out the drain (and the reports) before it sends SIGKILL."""
+    """THEN systemd waits out the drain (and the uploads and reports) before SIGKILL."""
     settings = dict(
         line.split("=", 1)
         for line in UNIT.read_text().splitlines()
@@ -292,7 +292,8 @@ def test_systemd_unit_stop_timeout_exceeds_the_drain_timeout() -> None:
         if "=" in line and not line.startswith("#")
     )
     drain = duration(env["AMC_DRAIN_TIMEOUT"])
-    report = AgentSettings(host_id="x").report_timeout
-    assert duration(settings["TimeoutStopSec"]) > drain + report
+    defaults = AgentSettings(host_id="x")
+    report, upload = defaults.report_timeout, defaults.upload_timeout
+    assert duration(settings["TimeoutStopSec"]) > drain + upload + report
     assert settings["Type"] == "notify" and settings["KillSignal"] == "SIGTERM"
     assert settings["Restart"] == "on-failure"
