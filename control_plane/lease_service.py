@@ -268,7 +268,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     async def UploadArtifact(
         self,
         request_iterator: AsyncIterator[lease_pb2.UploadArtifactRequest],
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: Context,
     ) -> task_pb2.Artifact:
         received = 0
         try:

@@ -214,7 +214,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def ListArtifacts(
         self,
         request: scheduler_pb2.ListArtifactsRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: Context,
     ) -> scheduler_pb2.ListArtifactsResponse:
         task_id = TaskId(validate.list_artifacts(request))
         found = await self.artifacts.list(task_id)
@@ -224,7 +224,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def GetArtifact(
         self,
         request: scheduler_pb2.GetArtifactRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: Context,
     ) -> AsyncIterator[scheduler_pb2.GetArtifactResponse]:
         task_id, artifact_id = validate.get_artifact(request)
         artifact = await self.artifacts.get(TaskId(task_id), ArtifactId(artifact_id))
