@@ -335,7 +335,10 @@ class World:
         # with TRUNCATE rolls one of them back, and the TRUNCATE is simply run again.
         for tries_left in reversed(range(10)):
             try:
-                await self.farm.db.execute("TRUNCATE task_events, attempts, devices, tasks, hosts")
+                await self.farm.db.execute(
+                    "TRUNCATE artifact_chunks, artifacts, task_events, attempts, devices,"
+                    " tasks, hosts"
+                )
                 break
             except asyncpg.DeadlockDetectedError:
                 if not tries_left:
