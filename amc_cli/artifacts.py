@@ -65,6 +65,10 @@ def write(artifact: task_pb2.Artifact, chunks: Iterator[bytes], target: str) -> 
         with os.fdopen(fd, "wb") as out:
             size = _copy(artifact, chunks, out)
         os.replace(temp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise BadInput(f"cannot write {target}: {exc.strerror or exc}") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)

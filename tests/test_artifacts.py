@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import os
 import uuid
 from pathlib import Path
 
@@ -209,6 +210,10 @@ async def test_amc_artifact_for_a_step_without_one_is_one_line_and_exit_3(
     assert "no artifact for step 'touch'" in run.assert_one_error_line()
     assert "1 'capture'" in run.err
     assert not out.exists()
+    into_a_folder = await amc("artifact", task_id, "capture", "-o", str(tmp_path))
+    assert into_a_folder.code == 2
+    assert "cannot write" in into_a_folder.assert_one_error_line()
+    assert not any(os.scandir(tmp_path))  # no partial file left behind
     missing = await amc("artifacts", str(uuid.uuid4()))
     assert missing.code == 3 and "NOT_FOUND" in missing.assert_one_error_line()
 

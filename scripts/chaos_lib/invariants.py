@@ -12,9 +12,9 @@
     4  at most one executor: no two attempts of a task acted in overlapping time windows
        (and no attempt acted outside its lease, or after its host's stop token tripped)
     5  no orphan reservation: no device reserved without an active attempt; all free at end
-    6  no stale report accepted: every accepted report came from the current attempt with
-       a live lease; likewise every artifact stored (screenshots, UI dumps), and each one
-       is whole (its chunks are exactly its bytes)
+    6  no stale report or artifact accepted: every accepted report came from the current
+       attempt with a live lease; likewise every artifact stored (screenshots, UI dumps),
+       and each one is whole (its chunks are exactly its bytes)
     7  no task stranded: no task stays queued longer than a bound while a fleet host sits
        parked (an Acquire in flight) and a phone of it that the task's selector fits is idle
        (dispatch liveness; the bound, what faults excuse, and the two ways to break it,
@@ -47,7 +47,7 @@ NAMES = {
     3: "cancelled only on request; cancel in flight ends cancelled",
     4: "at most one executor",
     5: "no orphan reservation",
-    6: "no stale report accepted",
+    6: "no stale report or artifact accepted",
     7: "no task stranded while a fitting host sat parked",
 }
 TERMINAL = frozenset({"done", "failed", "cancelled"})
