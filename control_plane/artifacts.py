@@ -2,10 +2,11 @@
 received and checked, and the one small interface behind which their bytes are kept.
 
 An upload is read whole before anything is written (at most the configured limit, 10 MiB
-by default: refused as soon as more arrives), its size and SHA-256 checked against the
-header, and then kept in one call that is fenced like a report (only under the live lease
-of the task's current attempt, as its host). So a refused upload stores nothing, and a
-kept one is whole.
+by default, and at most what its header announced: refused as soon as more arrives; the
+uploads a replica holds at once are bounded by `UploadMemory`), its size and SHA-256
+checked against the header, and then kept in one call that is fenced like a report (only
+under the live lease of the task's current attempt, as its host). So a refused upload
+stores nothing, and a kept one is whole.
 
 `Artifacts` is what the servicers use; `PostgresArtifacts` keeps the bytes in PostgreSQL
 (chunked bytea rows deleted with their task). An S3-compatible store would be a second
@@ -14,12 +15,13 @@ implementation of the same four methods: docs/architecture.md says what it would
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Protocol
 
-from control_plane import errors
+from control_plane import errors, metrics
 from control_plane.domain import ArtifactId, ArtifactInfo, NewArtifact, TaskId
 from control_plane.store import Store
 
@@ -84,17 +86,42 @@ class PostgresArtifacts:
             seq = rows[-1][0] + 1
 
 
-async def receive(new: NewArtifact, chunks: AsyncIterator[bytes], limit: int) -> bytes:
-    """All the bytes of an upload, checked against its header: refused (ArtifactTooLarge)
-    as soon as more than `limit` arrive, and (ChecksumMismatch) when the size or SHA-256 of
-    what arrived is not the header's."""
+class UploadMemory:
+    """What the uploads being received on this replica may hold in memory at once: each
+    reserves its header's size before its first byte is read, and a reservation past the
+    budget is refused UNAVAILABLE (the host tries again shortly), so a burst of uploads
+    cannot take a replica's memory."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+
+    @contextlib.contextmanager
+    def reserve(self, size: int) -> Iterator[None]:
+        if self.held + size > self.budget:
+            raise errors.UploadsBusy(
+                f"this replica is receiving {self.held} bytes of artifacts already (its budget"
+                f" is {self.budget}); nothing was stored: try again shortly"
+            )
+        self.held += size
+        metrics.ARTIFACT_UPLOAD_MEMORY.set(self.held)
+        try:
+            yield
+        finally:
+            self.held -= size
+            metrics.ARTIFACT_UPLOAD_MEMORY.set(self.held)
+
+
+async def receive(new: NewArtifact, chunks: AsyncIterator[bytes]) -> bytes:
+    """All the bytes of an upload, checked against its header (ChecksumMismatch): refused
+    as soon as more than the header's size arrives (so what the upload reserved bounds what
+    it holds), and when the size or SHA-256 of what arrived is not the header's."""
     received = bytearray()
     digest = hashlib.sha256()
     async for chunk in chunks:
-        if len(received) + len(chunk) > limit:
-            raise errors.ArtifactTooLarge(
-                f"more than {limit} bytes sent: over this control plane's limit per artifact;"
-                " nothing was stored"
+        if len(received) + len(chunk) > new.size_bytes:
+            raise errors.ChecksumMismatch(
+                f"more than the header's {new.size_bytes} bytes sent; nothing was stored"
             )
         received += chunk
         digest.update(chunk)

@@ -31,6 +31,9 @@ class Settings:
     retention_pause: timedelta = timedelta(seconds=0.05)
     # The largest artifact (screenshot, UI dump) an upload may keep.
     max_artifact_bytes: int = 10 * 1024 * 1024
+    # What the uploads being received on one replica may hold in memory at once; past it
+    # an upload is refused UNAVAILABLE and its host tries again.
+    max_upload_memory: int = 256 * 1024 * 1024
 
     @property
     def renew_every(self) -> timedelta:

@@ -19,7 +19,8 @@
     ├── PermissionDenied
     │   └── NotLeaseHolder       an upload under another host's lease
     ├── Unavailable
-    │   └── DatabaseUnavailable
+    │   ├── DatabaseUnavailable
+    │   └── UploadsBusy          this replica holds its upload memory budget already
     ├── ResourceExhausted
     │   └── ArtifactTooLarge
     └── DataLoss
@@ -144,3 +145,7 @@ class DataLoss(AmcError):
 
 class ChecksumMismatch(DataLoss):
     """The bytes received do not match the size or sha256 announced; nothing was stored."""
+
+
+class UploadsBusy(Unavailable):
+    """This replica is receiving as many artifact bytes as it may hold; retry shortly."""

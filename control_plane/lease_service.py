@@ -14,7 +14,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from control_plane import errors, metrics, validate
-from control_plane.artifacts import Artifacts, PostgresArtifacts, receive
+from control_plane.artifacts import Artifacts, PostgresArtifacts, UploadMemory, receive
 from control_plane.auth import Authenticator, check_host
 from control_plane.config import Settings
 from control_plane.convert import (
@@ -50,6 +50,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         super().__init__(auth, store, effects, settings)
         self._pending: set[asyncio.Task[None]] = set()
         self.artifacts: Artifacts = PostgresArtifacts(store)
+        self._upload_memory = UploadMemory(settings.max_upload_memory)
 
     def _host(self, host_id: str) -> str:
         validate.identifier(host_id, "host_id")
@@ -278,12 +279,12 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             check_decoded(first)
             if first.WhichOneof("part") != "header":
                 raise InvalidArgument("header", "required: the first message is the header")
-            limit = self.settings.max_artifact_bytes
-            validate.artifact_header(first.header, limit)
+            validate.artifact_header(first.header, self.settings.max_artifact_bytes)
             new = artifact_from_pb(first.header)
-            data = await receive(new, _chunks(request_iterator), limit)
-            received = len(data)
-            artifact, stored = await self.artifacts.put(principal().host_id, new, data)
+            with self._upload_memory.reserve(new.size_bytes):
+                data = await receive(new, _chunks(request_iterator))
+                received = len(data)
+                artifact, stored = await self.artifacts.put(principal().host_id, new, data)
         except AmcError as exc:
             refusal = next((r for c, r in _UPLOAD_REFUSALS.items() if isinstance(exc, c)), None)
             if refusal is not None:
@@ -353,6 +354,7 @@ _UPLOAD_REFUSALS: dict[type[AmcError], str] = {
     errors.FailedPrecondition: "refused",
     errors.PermissionDenied: "refused",
     errors.InvalidArgument: "invalid",
+    errors.UploadsBusy: "busy",
 }
 
 

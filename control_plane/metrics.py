@@ -144,13 +144,19 @@ ARTIFACT_UPLOADS = Counter(
     "amc_artifact_uploads_total",
     "Artifact uploads answered, by result: stored, repeated (stored before), too_large,"
     " damaged (size or sha256 not as announced), refused (lease not current or another"
-    " host's), invalid",
+    " host's), invalid, busy (the replica held its upload memory budget already; the host"
+    " retries)",
     ["result"],
 )
 ARTIFACT_BYTES = Counter(
     "amc_artifact_bytes_total", "Bytes of artifacts, by result (stored or refused)", ["result"]
 )
-ARTIFACT_RESULTS = ("stored", "repeated", "too_large", "damaged", "refused", "invalid")
+ARTIFACT_UPLOAD_MEMORY = Gauge(
+    "amc_artifact_upload_bytes_held",
+    "Bytes the artifact uploads being received on this replica have reserved (at most its"
+    " upload memory budget)",
+)
+ARTIFACT_RESULTS = ("stored", "repeated", "too_large", "damaged", "refused", "invalid", "busy")
 ARTIFACT_BYTE_RESULTS = ("stored", "refused")
 
 

@@ -318,9 +318,6 @@ async def test_an_oversized_upload_is_resource_exhausted_and_stores_nothing(
         big = upload_messages(a, b"y" * (8 << 20), chunk=256 * 1024)
         exc = await refused(farm, host, big)
         assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        exc = await refused(farm, host, upload_messages(a, b"x" * 5000, size=10))
-        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "more than 1000 bytes" in (exc.details() or "")
     finally:
         await farm.stop()
 
@@ -334,6 +331,44 @@ async def test_a_wrong_checksum_or_size_is_data_loss_and_stores_nothing(farm: Fa
     exc = await refused(farm, host, upload_messages(a, b"short", size=6))
     assert exc.code() == grpc.StatusCode.DATA_LOSS
     assert "received 5 bytes, the header said 6" in (exc.details() or "")
+    exc = await refused(farm, host, upload_messages(a, b"x" * 5000, size=10))
+    assert exc.code() == grpc.StatusCode.DATA_LOSS
+    assert "more than the header's 10 bytes" in (exc.details() or "")
+
+
+async def test_uploads_past_the_replica_s_memory_budget_are_unavailable_until_it_frees(
+    database_url: str,
+) -> None:
+    """THEN while one upload holds most of the budget another is refused UNAVAILABLE
+    (nothing stored: the host tries again), and once the first is through it is taken."""
+    farm = Farm(database_url, dataclasses.replace(FAST, max_upload_memory=1000))
+    await farm.start()
+    try:
+        host, a = await dispatched(farm)
+        first = upload_messages(a, b"a" * 800, chunk=400)
+        call = host.c.lease.UploadArtifact()
+        await call.write(first[0])
+        await call.write(first[1])
+
+        def held() -> float:
+            return REGISTRY.get_sample_value("amc_artifact_upload_bytes_held") or 0.0
+
+        await eventually(lambda: held() == 800, what="the first upload to reserve its bytes")
+        second = upload_messages(a, b"b" * 300)
+        second[0].header.action_index = 1
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await upload(host, second)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "try again" in (info.value.details() or "")
+        assert await stored(farm) == (0, 0)
+        await call.write(first[2])
+        await call.done_writing()
+        await call
+        assert held() == 0
+        await upload(host, second)
+        assert await stored(farm) == (2, 2)
+    finally:
+        await farm.stop()
 
 
 async def test_an_upload_under_another_host_s_lease_is_permission_denied(farm: Farm) -> None:
