@@ -4,6 +4,7 @@ hands the answer to `render`; failures are raised as `CliError` and printed by _
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -40,6 +41,21 @@ tokens_app = typer.Typer(
     epilog=EXIT_CODES_HELP,
 )
 app.add_typer(tokens_app, name="tokens")
+hosts_app = typer.Typer(
+    help="Hosts (operator role): list them; cordon, drain, uncordon, remove one.",
+    rich_markup_mode="markdown",
+    epilog=EXIT_CODES_HELP,
+)
+app.add_typer(hosts_app, name="hosts")
+devices_app = typer.Typer(
+    help="Devices (operator role): cordon or uncordon one.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    epilog=EXIT_CODES_HELP,
+)
+app.add_typer(devices_app, name="devices")
+# How often `amc hosts drain --wait` asks whether the host still runs tasks.
+DRAIN_POLL = 1.0
 
 
 class Output(enum.StrEnum):
@@ -474,14 +490,141 @@ def get_artifact(
 # -- hosts and tokens ------------------------------------------------------------------------
 
 
-@app.command()
+@hosts_app.callback(invoke_without_command=True)
 def hosts(ctx: typer.Context, output: OutputOpt = Output.table) -> None:
-    """Hosts, their devices and which task holds each device (operator role)."""
+    """Hosts, their devices and which task holds each device; with a command, take a host
+    out of service and back (operator role)."""
+    if ctx.invoked_subcommand is not None:
+        return
     response = _client(ctx).list_hosts()
     if output is Output.json:
         render.print_json(response)
     else:
         render.hosts_table(response)
+
+
+HostArg = Annotated[str, typer.Argument(metavar="HOST", help="Host id.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why: recorded with who did it.")]
+SerialArg = Annotated[str, typer.Argument(metavar="SERIAL", help="Device serial.")]
+DeviceHostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host",
+        help="The device's host; needed only when several hosts have a device with this serial.",
+        show_default=False,
+    ),
+]
+
+
+def _host_operation(
+    ctx: typer.Context, operation: str, host_id: str, reason: str, output: Output
+) -> admin_pb2.HostOperationResponse:
+    response = _client(ctx).host_operation(operation, host_id, reason)
+    if output is Output.json:
+        render.print_json(response)
+    else:
+        render.console().print(render.host_line(response.host, response.leases), highlight=False)
+    return response
+
+
+@hosts_app.command("cordon")
+def hosts_cordon(
+    ctx: typer.Context, host_id: HostArg, reason: ReasonOpt = "", output: OutputOpt = Output.table
+) -> None:
+    """Give the host no new work; its running tasks go on."""
+    _host_operation(ctx, "cordon", host_id, reason, output)
+
+
+@hosts_app.command("uncordon")
+def hosts_uncordon(
+    ctx: typer.Context, host_id: HostArg, reason: ReasonOpt = "", output: OutputOpt = Output.table
+) -> None:
+    """Give the host work again (ends a drain too): queued work that fits goes to it at once."""
+    _host_operation(ctx, "uncordon", host_id, reason, output)
+
+
+@hosts_app.command("drain")
+def hosts_drain(
+    ctx: typer.Context,
+    host_id: HostArg,
+    reason: ReasonOpt = "",
+    wait: Annotated[
+        bool, typer.Option("--wait", "-w", help="Return when the host holds no lease.")
+    ] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Cordon the host and tell its agent to finish its running tasks and take no more.
+
+    The agent stays connected and idle (as after SIGTERM, but without exiting) until
+    `amc hosts uncordon`. With --wait, returns once its last task has ended (checked every
+    second, for as long as it takes; Ctrl-C stops waiting, not the drain).
+    """
+    response = _host_operation(ctx, "drain", host_id, reason, output)
+    if not wait or response.leases == 0:
+        return
+    client = _client(ctx)
+    leases = response.leases
+    while leases:
+        time.sleep(DRAIN_POLL)
+        now = client.get_host(host_id).leases
+        if now != leases and output is Output.table:
+            render.note(f"host {host_id}: {now} task(s) running")
+        leases = now
+    if output is Output.table:
+        render.console().print(f"host {host_id} drained: no task running", highlight=False)
+
+
+@hosts_app.command("remove")
+def hosts_remove(ctx: typer.Context, host_id: HostArg, reason: ReasonOpt = "") -> None:
+    """Forget a disconnected host that holds no lease, and its devices.
+
+    Refused (exit 4) while the host is connected or holds leases: stop its agent first
+    (drain it to let its tasks finish). A host that registers again comes back.
+    """
+    _client(ctx).remove_host(host_id, reason)
+    render.console().print(f"host {host_id} removed", highlight=False)
+
+
+def _device_operation(
+    ctx: typer.Context,
+    operation: str,
+    serial: str,
+    host_id: str | None,
+    reason: str,
+    output: Output,
+) -> None:
+    response = _client(ctx).device_operation(operation, host_id or "", serial, reason)
+    if output is Output.json:
+        render.print_json(response)
+        return
+    verb = "cordoned" if operation == "cordon" else "uncordoned"
+    render.console().print(
+        f"device {serial} on host {response.host.host_id} {verb}", highlight=False
+    )
+
+
+@devices_app.command("cordon")
+def devices_cordon(
+    ctx: typer.Context,
+    serial: SerialArg,
+    host: DeviceHostOpt = None,
+    reason: ReasonOpt = "",
+    output: OutputOpt = Output.table,
+) -> None:
+    """Give one device no new work; its running task goes on."""
+    _device_operation(ctx, "cordon", serial, host, reason, output)
+
+
+@devices_app.command("uncordon")
+def devices_uncordon(
+    ctx: typer.Context,
+    serial: SerialArg,
+    host: DeviceHostOpt = None,
+    reason: ReasonOpt = "",
+    output: OutputOpt = Output.table,
+) -> None:
+    """Give the device work again."""
+    _device_operation(ctx, "uncordon", serial, host, reason, output)
 
 
 @tokens_app.command("create")

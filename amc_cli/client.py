@@ -239,3 +239,34 @@ class Client:
     def revoke_token(self, token_id: str) -> admin_pb2.RevokeTokenResponse:
         request = admin_pb2.RevokeTokenRequest(token_id=token_id)
         return self._call("revoke token", self._admin.RevokeToken, request)
+
+    # -- Admin: hosts and devices -------------------------------------------------------------
+
+    def host_operation(
+        self, operation: str, host_id: str, reason: str
+    ) -> admin_pb2.HostOperationResponse:
+        """CordonHost, UncordonHost or DrainHost (`operation`: cordon, uncordon, drain)."""
+        name = f"{operation.capitalize()}Host"
+        request = getattr(admin_pb2, f"{name}Request")(host_id=host_id, reason=reason)
+        method = getattr(self._admin, name)
+        # Each records an event, so not tried again blindly.
+        return self._call(f"{operation} host", method, request)  # type: ignore[no-any-return]
+
+    def device_operation(
+        self, operation: str, host_id: str, serial: str, reason: str
+    ) -> admin_pb2.DeviceOperationResponse:
+        """CordonDevice or UncordonDevice (`operation`: cordon, uncordon)."""
+        name = f"{operation.capitalize()}Device"
+        request = getattr(admin_pb2, f"{name}Request")(
+            host_id=host_id, serial=serial, reason=reason
+        )
+        method = getattr(self._admin, name)
+        return self._call(f"{operation} device", method, request)  # type: ignore[no-any-return]
+
+    def remove_host(self, host_id: str, reason: str) -> None:
+        request = admin_pb2.RemoveHostRequest(host_id=host_id, reason=reason)
+        self._call("remove host", self._admin.RemoveHost, request)
+
+    def get_host(self, host_id: str, events: int = 0) -> admin_pb2.GetHostResponse:
+        request = admin_pb2.GetHostRequest(host_id=host_id, events=events)
+        return self._call_idempotent("get host", self._admin.GetHost, request)

@@ -156,6 +156,8 @@ def task_detail(task: task_pb2.Task) -> None:
         rows.append(("cancel", f"requested {when(task.cancel_requested_at)}{reason}"))
     if task.result.error:
         rows.append(("error", Text(task.result.error, style="red")))
+    if task.pending_reason:
+        rows.append(("waiting", Text(task.pending_reason, style="yellow")))
     for key, value in rows:
         grid.add_row(key, value if isinstance(value, Text) else Text(value))
     out.print(grid)
@@ -286,7 +288,8 @@ def progress_line(task: task_pb2.Task, before: task_pb2.Task | None) -> Text | N
             "cancel_requested_at"
         )
         moved = (task.status, task.attempt) != (before.status, before.attempt)
-        if not (moved or cancel_new):
+        why_new = task.pending_reason != before.pending_reason and bool(task.pending_reason)
+        if not (moved or cancel_new or why_new):
             return None
     line = Text(when(task.updated_at, time_only=True) + "  ", style="dim")
     line.append_text(status_text(task.status, width=10))
@@ -294,6 +297,8 @@ def progress_line(task: task_pb2.Task, before: task_pb2.Task | None) -> Text | N
         line.append(f"  attempt {task.attempt}/{task.max_attempts} on {where(task)}")
     elif task.status == task_pb2.TASK_STATUS_QUEUED and task.attempt:
         line.append(f"  again, after attempt {task.attempt}/{task.max_attempts}")
+    if task.status == task_pb2.TASK_STATUS_QUEUED and task.pending_reason:
+        line.append(f"  waiting: {task.pending_reason}", style="yellow")
     if task.HasField("cancel_requested_at") and task.status not in TERMINAL:
         reason = f": {task.cancel_reason}" if task.cancel_reason else ""
         line.append(f"  cancel requested{reason}", style="magenta")
@@ -311,12 +316,18 @@ def hosts_table(response: scheduler_pb2.ListHostsResponse) -> None:
         out.print("no hosts have registered")
         return
     table = Table(show_edge=False)
-    for name in ("host", "connected", "last seen", "device", "state", "model", "sdk", "task"):
+    columns = ("host", "connected", "work", "last seen", "device", "state", "model", "sdk")
+    for name in (*columns, "task"):
         table.add_column(name, no_wrap=name in ("device", "task"))
     devices = busy = 0
     for host in response.hosts:
         connected = Text("yes", style="green") if host.connected else Text("no", style="red")
-        first: list[Text | str] = [Text(host.host_id), connected, when(host.last_seen_at)]
+        first: list[Text | str] = [
+            Text(host.host_id),
+            connected,
+            host_work(host),
+            when(host.last_seen_at),
+        ]
         for device in host.devices or [None]:
             if device is None:
                 table.add_row(*first, "-", "-", "-", "-", "-")
@@ -324,25 +335,47 @@ def hosts_table(response: scheduler_pb2.ListHostsResponse) -> None:
             devices += 1
             busy += bool(device.task_id)
             state = enum_name("DEVICE_STATE_", scheduler_pb2.DeviceState.Name(device.state))
+            shown = Text(state, style="green" if state == "device" else "yellow")
+            if device.cordoned:
+                shown.append(" cordoned", style="magenta")
             table.add_row(
                 *first,
                 Text(device.serial),
-                Text(state, style="green" if state == "device" else "yellow"),
+                shown,
                 Text(device.model or "-"),
                 str(device.sdk or "-"),
                 device.task_id or Text("idle", style="dim"),
             )
-            first = ["", "", ""]
+            first = ["", "", "", ""]
         table.add_section()
     out.print(table)
     connected_count = sum(h.connected for h in response.hosts)
+    cordoned = sum(h.cordoned for h in response.hosts)
     out.print(
         Text(
-            f"{len(response.hosts)} hosts ({connected_count} connected), "
+            f"{len(response.hosts)} hosts ({connected_count} connected, {cordoned} cordoned), "
             f"{devices} devices ({busy} busy)",
             style="dim",
         )
     )
+
+
+def host_work(host: scheduler_pb2.Host) -> Text:
+    """Whether the host takes work: `draining`, `cordoned` or `yes`."""
+    if host.draining:
+        return Text("draining", style="magenta")
+    if host.cordoned:
+        return Text("cordoned", style="magenta")
+    return Text("yes", style="green")
+
+
+def host_line(host: scheduler_pb2.Host, leases: int) -> str:
+    """One line on a host after an operation: whether it takes work, what it runs."""
+    work = host_work(host).plain
+    state = "takes work" if work == "yes" else work
+    cordoned = [d.serial for d in host.devices if d.cordoned]
+    devices = f"; cordoned devices: {', '.join(cordoned)}" if cordoned else ""
+    return f"host {host.host_id}: {state}, {leases} task(s) running{devices}"
 
 
 def _role(role: int) -> str:

@@ -1,4 +1,6 @@
-"""amc.v1.Admin: bearer tokens, for operators."""
+"""amc.v1.Admin: bearer tokens, and hosts and devices from the centre (cordon, drain,
+remove), for operators. Each host operation is recorded in host_events with the caller's
+token and the reason given."""
 
 from __future__ import annotations
 
@@ -7,9 +9,12 @@ import structlog
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from control_plane import validate
 from control_plane.auth import Authenticator, new_token
-from control_plane.convert import token_to_pb
+from control_plane.config import Settings
+from control_plane.convert import host_event_to_pb, host_to_pb, token_to_pb
 from control_plane.domain import Role, TokenInfo
-from control_plane.rpc import Context, Servicer, rpc
+from control_plane.effects import Effects
+from control_plane.lifecycle import HostEventKind
+from control_plane.rpc import Context, TaskServicer, principal, rpc
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -26,12 +31,13 @@ async def create_token(
     return info, token
 
 
-class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
+class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     SERVICE = "amc.v1.Admin"
 
-    def __init__(self, auth: Authenticator, store: Store) -> None:
-        super().__init__(auth)
-        self.store = store
+    def __init__(
+        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
+    ) -> None:
+        super().__init__(auth, store, effects, settings)
 
     @rpc
     async def CreateToken(
@@ -57,3 +63,83 @@ class AdminService(Servicer, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.ListTokensResponse:
         tokens = await self.store.list_tokens()
         return admin_pb2.ListTokensResponse(tokens=[token_to_pb(t) for t in tokens])
+
+    # -- hosts and devices -----------------------------------------------------------------
+
+    async def _host_cordon(
+        self, request: validate.HostRequest, kind: HostEventKind
+    ) -> admin_pb2.HostOperationResponse:
+        host_id, reason = validate.host_operation(request)
+        cordon = kind is not HostEventKind.UNCORDON
+        drain = kind is HostEventKind.DRAIN
+        who = principal()
+        leases = await self.store.set_host_cordon(host_id, cordon, drain, kind, who, reason)
+        self.effects.host_changed(host_id, kind, who, reason, leases=leases)
+        host = await self.store.get_host(self.settings.lease_ttl, host_id)
+        return admin_pb2.HostOperationResponse(host=host_to_pb(host), leases=leases)
+
+    async def _device_cordon(
+        self, request: validate.DeviceRequest, kind: HostEventKind
+    ) -> admin_pb2.DeviceOperationResponse:
+        host_id, serial, reason = validate.device_operation(request)
+        who = principal()
+        cordon = kind is HostEventKind.CORDON
+        host_id = await self.store.set_device_cordon(host_id, serial, cordon, kind, who, reason)
+        self.effects.host_changed(host_id, kind, who, reason, serial=serial)
+        host = await self.store.get_host(self.settings.lease_ttl, host_id)
+        return admin_pb2.DeviceOperationResponse(host=host_to_pb(host))
+
+    @rpc
+    async def CordonHost(
+        self, request: admin_pb2.CordonHostRequest, context: Context
+    ) -> admin_pb2.HostOperationResponse:
+        return await self._host_cordon(request, HostEventKind.CORDON)
+
+    @rpc
+    async def UncordonHost(
+        self, request: admin_pb2.UncordonHostRequest, context: Context
+    ) -> admin_pb2.HostOperationResponse:
+        return await self._host_cordon(request, HostEventKind.UNCORDON)
+
+    @rpc
+    async def DrainHost(
+        self, request: admin_pb2.DrainHostRequest, context: Context
+    ) -> admin_pb2.HostOperationResponse:
+        return await self._host_cordon(request, HostEventKind.DRAIN)
+
+    @rpc
+    async def CordonDevice(
+        self, request: admin_pb2.CordonDeviceRequest, context: Context
+    ) -> admin_pb2.DeviceOperationResponse:
+        return await self._device_cordon(request, HostEventKind.CORDON)
+
+    @rpc
+    async def UncordonDevice(
+        self,
+        request: admin_pb2.UncordonDeviceRequest,
+        context: Context,
+    ) -> admin_pb2.DeviceOperationResponse:
+        return await self._device_cordon(request, HostEventKind.UNCORDON)
+
+    @rpc
+    async def RemoveHost(
+        self, request: admin_pb2.RemoveHostRequest, context: Context
+    ) -> admin_pb2.RemoveHostResponse:
+        host_id, reason = validate.host_operation(request)
+        who = principal()
+        await self.store.remove_host(host_id, self.settings.lease_ttl, who, reason)
+        self.effects.host_logged(host_id, HostEventKind.REMOVE, who, reason)
+        return admin_pb2.RemoveHostResponse()
+
+    @rpc
+    async def GetHost(
+        self, request: admin_pb2.GetHostRequest, context: Context
+    ) -> admin_pb2.GetHostResponse:
+        host_id, limit = validate.get_host(request)
+        host = await self.store.get_host(self.settings.lease_ttl, host_id)
+        events = await self.store.host_events(host_id, limit)
+        return admin_pb2.GetHostResponse(
+            host=host_to_pb(host),
+            leases=sum(1 for d in host.devices if d.task_id is not None),
+            events=[host_event_to_pb(e) for e in events],
+        )

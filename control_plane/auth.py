@@ -46,6 +46,13 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Lease/UploadArtifact": HOSTS,
     "/amc.v1.Scheduler/ListArtifacts": CLIENTS,
     "/amc.v1.Scheduler/GetArtifact": CLIENTS,
+    "/amc.v1.Admin/CordonHost": OPERATORS,
+    "/amc.v1.Admin/UncordonHost": OPERATORS,
+    "/amc.v1.Admin/CordonDevice": OPERATORS,
+    "/amc.v1.Admin/UncordonDevice": OPERATORS,
+    "/amc.v1.Admin/DrainHost": OPERATORS,
+    "/amc.v1.Admin/RemoveHost": OPERATORS,
+    "/amc.v1.Admin/GetHost": OPERATORS,
 }
 
 PREFIX = "amc_"
@@ -106,7 +113,9 @@ class Authenticator:
             raise errors.Unauthenticated("unknown token")
         if info.revoked_at is not None:
             raise errors.Unauthenticated("token revoked", "revoked")
-        return Principal(role=info.role, host_id=info.host_id, token_id=info.token_id)
+        return Principal(
+            role=info.role, host_id=info.host_id, token_id=info.token_id, name=info.name
+        )
 
     async def _lookup(self, token_id: uuid.UUID) -> TokenInfo | None:
         cached = self._cache.get(token_id)

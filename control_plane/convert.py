@@ -17,6 +17,7 @@ from control_plane.domain import (
     Assignment,
     AttemptInfo,
     DeviceInfo,
+    HostEvent,
     HostInfo,
     LeaseId,
     NewArtifact,
@@ -98,6 +99,7 @@ def task_to_pb(task: Task) -> task_pb2.Task:
             serial=task.selector_serial or "", labels=task.selector_labels
         ),
         **_times(task, "created_at", "updated_at", "cancel_requested_at", "finished_at"),
+        pending_reason=task.pending_reason,
     )
     if task.queue_timeout is not None:
         pb.queue_timeout.FromTimedelta(task.queue_timeout)
@@ -164,9 +166,23 @@ def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
                 labels=d.labels,
                 task_id=str(d.task_id) if d.task_id else "",
                 **_same(d, *DEVICE_FACTS),
+                cordoned=d.cordoned,
             )
             for d in h.devices
         ],
+        cordoned=h.cordoned,
+        draining=h.draining,
+    )
+
+
+def host_event_to_pb(e: HostEvent) -> admin_pb2.HostEvent:
+    return admin_pb2.HostEvent(
+        kind=e.kind,
+        serial=e.serial or "",
+        actor=e.actor,
+        actor_name=e.actor_name,
+        reason=e.reason,
+        at=timestamp(e.at),
     )
 
 

@@ -29,6 +29,8 @@ class Principal:
     role: Role | None
     host_id: str | None = None
     token_id: uuid.UUID | None = None
+    # The token's name, as its creator gave it (recorded with what an operator does).
+    name: str = ""
 
     @property
     def caller(self) -> str:
@@ -75,6 +77,8 @@ class Task:
     finished_at: datetime | None
     queue_timeout: timedelta | None = None
     deadline: timedelta | None = None
+    # Why a queued task waits, computed on read (control_plane.pending); "" otherwise.
+    pending_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ class DeviceInfo:
     abi: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     task_id: TaskId | None = None
+    cordoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,32 @@ class HostInfo:
     connected: bool
     last_seen_at: datetime
     devices: list[DeviceInfo]
+    cordoned: bool = False
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    """What an operator did to a host or one of its devices (`serial` set)."""
+
+    kind: str
+    serial: str | None
+    actor: str
+    actor_name: str
+    reason: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class DeviceMatch:
+    """The devices a selector matches, by what keeps each from a queued task (the first
+    that applies): its host is cordoned, it is cordoned, offline, busy; the rest are idle."""
+
+    total: int
+    host_cordoned: int
+    cordoned: int
+    offline: int
+    busy: int
 
 
 @dataclass(frozen=True)
@@ -233,7 +264,7 @@ class QueueWait:
         if self.devices_unavailable:
             return (
                 f"the {self.devices_unavailable} matching device(s) are offline, unauthorized,"
-                " gone or on a disconnected host"
+                " gone, cordoned or on a disconnected or cordoned host"
             )
         return "no device matches the selector"
 
@@ -256,6 +287,14 @@ class CancelNotice:
     task_id: TaskId
     attempt: int
     requested_epoch: float = 0.0
+
+
+@dataclass(frozen=True)
+class DrainNotice:
+    """A host drained from the centre (`drain`), or uncordoned after it, for its stream."""
+
+    host_id: str
+    drain: bool
 
 
 @dataclass(frozen=True)

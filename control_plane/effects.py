@@ -12,10 +12,25 @@ import structlog
 
 from control_plane import metrics
 from control_plane.dispatch import Offer
-from control_plane.domain import Assignment, Expiry, Recorded, Renewal, Report, Task
+from control_plane.domain import (
+    Assignment,
+    Expiry,
+    Principal,
+    Recorded,
+    Renewal,
+    Report,
+    Task,
+)
 from control_plane.errors import AmcError
 from control_plane.hub import Hub
-from control_plane.lifecycle import CancelCode, Event, Outcome, ReportCode, TaskStatus
+from control_plane.lifecycle import (
+    CancelCode,
+    Event,
+    HostEventKind,
+    Outcome,
+    ReportCode,
+    TaskStatus,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +59,32 @@ class Effects:
             )
         else:
             log.info("tasks submitted", count=len(tasks), task_ids=[str(t.task_id) for t in tasks])
+
+    def host_changed(
+        self, host_id: str, kind: HostEventKind, actor: Principal, reason: str, **fields: Any
+    ) -> None:
+        """An operator cordoned, uncordoned or drained the host or one of its devices
+        (`serial` in fields): its Acquires look again, here and on the other replicas (a
+        cordoned one is then offered nothing; an uncordoned one takes queued work at once),
+        and a drain, or the uncordon that ends it, is pushed to its stream."""
+        self.hub.devices_freed({host_id})
+        if kind is HostEventKind.DRAIN:
+            self.hub.drain_changed(host_id, True)
+        elif kind is HostEventKind.UNCORDON and "serial" not in fields:
+            self.hub.drain_changed(host_id, False)
+        self.host_logged(host_id, kind, actor, reason, **fields)
+
+    def host_logged(
+        self, host_id: str, kind: HostEventKind, actor: Principal, reason: str, **fields: Any
+    ) -> None:
+        log.info(
+            f"host {kind}",
+            host_id=host_id,
+            by=actor.caller,
+            by_name=actor.name,
+            reason=reason,
+            **fields,
+        )
 
     def assigned(self, host_id: str, assignments: Sequence[Assignment]) -> None:
         for a in assignments:

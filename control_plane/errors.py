@@ -4,8 +4,11 @@
     ├── InvalidArgument          malformed input; names the field
     ├── NotFound
     │   ├── TaskNotFound
-    │   └── ArtifactNotFound
+    │   ├── ArtifactNotFound
+    │   ├── HostNotFound
+    │   └── DeviceNotFound
     ├── FailedPrecondition       the task's state does not allow it
+    │   ├── HostInUse
     │   ├── TaskAlreadyTerminal
     │   ├── NoCancellationRequested
     │   ├── DifferentReportRecorded
@@ -61,8 +64,20 @@ class TaskNotFound(NotFound):
     """No such task."""
 
 
+class HostNotFound(NotFound):
+    """No such host."""
+
+
+class DeviceNotFound(NotFound):
+    """No such device."""
+
+
 class FailedPrecondition(AmcError):
     """The task's current state does not allow this."""
+
+
+class HostInUse(FailedPrecondition):
+    """The host is connected or holds leases, so it cannot be removed."""
 
 
 class TaskAlreadyTerminal(FailedPrecondition):

@@ -1,6 +1,6 @@
 """One replica's side of LISTEN/NOTIFY: offers queued work to the parked Acquires that can
-take it (control_plane.dispatch), pushes recorded cancellations to the renewal streams this
-replica holds, and tells watchers that a task changed. NOTIFY reaches every replica, so
+take it (control_plane.dispatch), pushes recorded cancellations and drains to the renewal
+streams this replica holds, and tells watchers that a task changed. NOTIFY reaches every replica, so
 whichever holds a host's stream or parked Acquire acts on it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import structlog
 
 from control_plane import metrics
 from control_plane.dispatch import Dispatcher, Offer
-from control_plane.domain import CancelNotice, LeaseId, TaskId
+from control_plane.domain import CancelNotice, DrainNotice, LeaseId, TaskId
 from control_plane.lifecycle import TaskStatus
 from control_plane.presence import Presence
 
@@ -23,9 +23,9 @@ log = structlog.get_logger(__name__)
 
 OUTBOX_LIMIT = 10_000
 OUTBOX_RETRY = 0.2
-CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed")
+CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed", "amc_drain")
 # Called with a notice to push, or with None when the replica is closing the stream.
-PushCallback = Callable[[CancelNotice | None], None]
+PushCallback = Callable[[CancelNotice | DrainNotice | None], None]
 
 
 class Hub:
@@ -73,6 +73,11 @@ class Hub:
         for host_id in host_ids:
             self.publish("amc_freed", host_id)
 
+    def drain_changed(self, host_id: str, drain: bool) -> None:
+        """After committing a drain of the host (or the uncordon that ends one): its
+        renewal stream, wherever it is open, is told."""
+        self.publish("amc_drain", f"{host_id} {int(drain)}")
+
     async def send_outbox(self, send: Callable[[list[tuple[str, str]]], Awaitable[None]]) -> None:
         while True:
             await self._outbox_ready.wait()
@@ -101,6 +106,8 @@ class Hub:
             self.dispatcher.wake_host(payload)
         elif channel == "amc_task":
             self._wake_watchers(payload)
+        elif channel == "amc_drain":
+            self._push_drain(payload)
         for listener in list(self._listeners):
             listener(channel, payload)
 
@@ -186,6 +193,12 @@ class Hub:
             log.warning("malformed cancel notification", payload=payload)
             return
         for callback in list(self._streams.get(notice.host_id, ())):
+            callback(notice)
+
+    def _push_drain(self, payload: str) -> None:
+        host_id, _, drain = payload.rpartition(" ")
+        notice = DrainNotice(host_id, drain == "1")
+        for callback in list(self._streams.get(host_id, ())):
             callback(notice)
 
     def _wake_watchers(self, payload: str) -> None:

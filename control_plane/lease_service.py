@@ -27,7 +27,7 @@ from control_plane.convert import (
     task_to_pb,
 )
 from control_plane.dispatch import Waiter
-from control_plane.domain import Assignment, CancelNotice, LeaseId
+from control_plane.domain import Assignment, CancelNotice, DrainNotice, LeaseId
 from control_plane.effects import Effects
 from control_plane.errors import AmcError, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
@@ -178,6 +178,8 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                         )
                     )
                     log.info("renewal stream opened", host_id=host_id)
+                    if await self.store.host_draining(host_id):
+                        outbox.put_nowait(_drain_push(True))
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
                 outbox.put_nowait(await self._renew(host_id, request))
@@ -302,10 +304,15 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         )
         return artifact_to_pb(artifact)
 
-    def _on_notice(self, notice: CancelNotice | None) -> lease_pb2.RenewLeasesResponse:
-        """What hub.close() (None) or a cancel notification puts on a stream's outbox."""
+    def _on_notice(
+        self, notice: CancelNotice | DrainNotice | None
+    ) -> lease_pb2.RenewLeasesResponse:
+        """What hub.close() (None), a cancel or a drain notification puts on a stream's
+        outbox."""
         if notice is None:
             return CLOSING
+        if isinstance(notice, DrainNotice):
+            return _drain_push(notice.drain)
         metrics.CANCEL_DELIVERY.labels("push").observe(
             max(0.0, time.time() - notice.requested_epoch)
         )
@@ -373,3 +380,8 @@ def _cancel_push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
         attempt=notice.attempt,
     )
     return lease_pb2.RenewLeasesResponse(leases=[state], push=True)
+
+
+def _drain_push(drain: bool) -> lease_pb2.RenewLeasesResponse:
+    """The pushed message (no leases) that tells the host to drain, or to take work again."""
+    return lease_pb2.RenewLeasesResponse(push=True, drain=drain)

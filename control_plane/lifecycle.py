@@ -134,3 +134,21 @@ class ReleaseCode(enum.StrEnum):
     RELEASED = "released"
     ENDED = "ended"  # its attempt had ended already: nothing to do
     FOREIGN = "foreign"  # no such lease for this host
+
+
+class RemoveCode(enum.StrEnum):
+    """What amc_remove_host() answers."""
+
+    REMOVED = "removed"
+    NOT_FOUND = "not_found"
+    CONNECTED = "connected"  # its stream is open, or it was seen within the window
+    LEASES = "leases"  # it holds leases
+
+
+class HostEventKind(enum.StrEnum):
+    """The kinds of host_events (its CHECK): what an operator did to a host or device."""
+
+    CORDON = "cordon"
+    UNCORDON = "uncordon"
+    DRAIN = "drain"
+    REMOVE = "remove"

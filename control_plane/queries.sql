@@ -69,7 +69,8 @@ LIMIT $5;
 
 -- name: queue_groups
 -- The queue by selector, the $2 largest groups, each with the devices its selector matches:
--- online and idle on a connected host (within $1), online and busy, and the rest.
+-- online, idle and not cordoned on a connected, uncordoned host (within $1), online and
+-- busy, and the rest.
 WITH g AS (
     SELECT selector_serial, selector_labels, count(*) AS n, min(updated_at) AS oldest
     FROM tasks WHERE status = 'queued'
@@ -80,11 +81,12 @@ SELECT g.selector_serial, g.selector_labels, g.n, g.oldest,
        (SELECT count(*) FROM tasks WHERE status = 'queued') AS total,
        m.idle, m.busy, m.unavailable
 FROM g LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE d.state = 'device' AND d.task_id IS NULL AND c.connected)
-               AS idle,
+    SELECT count(*) FILTER (WHERE d.state = 'device' AND d.task_id IS NULL AND c.connected
+                              AND NOT d.cordoned AND NOT h.cordoned) AS idle,
            count(*) FILTER (WHERE d.state = 'device' AND d.task_id IS NOT NULL) AS busy,
-           count(*) FILTER (WHERE NOT (d.state = 'device' AND (c.connected
-                                                               OR d.task_id IS NOT NULL)))
+           count(*) FILTER (WHERE NOT (d.state = 'device' AND d.task_id IS NOT NULL)
+                              AND NOT (d.state = 'device' AND c.connected
+                                       AND NOT d.cordoned AND NOT h.cordoned))
                AS unavailable
     FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
     CROSS JOIN LATERAL (SELECT GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval
@@ -238,17 +240,92 @@ WHERE host_id = $1 AND serial <> ALL ($3::text[]) AND state <> 'gone';
 -- name: list_hosts
 -- Connected: its renewal stream is open on a live replica, or it registered or closed its
 -- stream within the window. last_seen: the later of that and its replica's heartbeat.
+-- $2: one host only (NULL: all).
 SELECT h.host_id, h.labels,
        GREATEST(h.last_seen_at, r.seen_at) AS last_seen_at,
        GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval AS connected,
        COALESCE(jsonb_agg(jsonb_build_object(
            'serial', d.serial, 'state', d.state, 'model', d.model,
            'manufacturer', d.manufacturer, 'sdk', d.sdk, 'abi', d.abi, 'labels', d.labels,
-           'task_id', d.task_id) ORDER BY d.serial) FILTER (WHERE d.serial IS NOT NULL),
-           '[]') AS devices
+           'task_id', d.task_id, 'cordoned', d.cordoned) ORDER BY d.serial)
+           FILTER (WHERE d.serial IS NOT NULL), '[]') AS devices,
+       h.cordoned, h.draining
 FROM hosts h LEFT JOIN replicas r USING (replica_id) LEFT JOIN devices d USING (host_id)
+WHERE $2::text IS NULL OR h.host_id = $2
 GROUP BY h.host_id, r.seen_at
 ORDER BY h.host_id;
+
+-- name: set_host_cordon
+-- Cordon ($2 true) or uncordon a host; $3: it drains too (uncordoning ends a drain).
+-- Recorded in host_events as $4 by $5 ($6: the token's name) because $7. No row: no such
+-- host. `leases`: how many it holds now.
+WITH h AS (
+    UPDATE hosts SET cordoned = $2, draining = ($2 AND ($3 OR draining))
+    WHERE host_id = $1
+    RETURNING host_id
+), ev AS (
+    INSERT INTO host_events (host_id, kind, actor, actor_name, reason)
+    SELECT host_id, $4, $5, $6, $7 FROM h
+)
+SELECT h.host_id,
+       (SELECT count(*) FROM attempts a WHERE a.host_id = $1 AND a.state = 'active')::int
+           AS leases
+FROM h;
+
+-- name: set_device_cordon
+-- Cordon ($3 true) or uncordon the device with serial $2 (on host $1; NULL: whichever host
+-- has it, if only one does). Changed only when exactly one device matches; `hosts` lists
+-- the hosts that have that serial. Recorded in host_events like set_host_cordon.
+WITH m AS (
+    SELECT host_id, serial FROM devices
+    WHERE serial = $2 AND ($1::text IS NULL OR host_id = $1)
+), u AS (
+    UPDATE devices d SET cordoned = $3
+    FROM m
+    WHERE (SELECT count(*) FROM m) = 1 AND d.host_id = m.host_id AND d.serial = m.serial
+    RETURNING d.host_id, d.serial
+), ev AS (
+    INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
+    SELECT host_id, serial, $4, $5, $6, $7 FROM u
+)
+SELECT COALESCE(array_agg(m.host_id ORDER BY m.host_id), '{}') AS hosts,
+       (SELECT count(*) FROM u) > 0 AS changed
+FROM m;
+
+-- name: remove_host
+SELECT * FROM amc_remove_host($1, $2, $3, $4, $5);
+
+-- name: host_draining
+-- Read when a host opens its renewal stream: the drain it is told of at once.
+SELECT draining FROM hosts WHERE host_id = $1;
+
+-- name: host_events
+-- A host's latest $2 events (its devices' too), newest first.
+SELECT event_id, host_id, serial, kind, actor, actor_name, reason, at
+FROM host_events WHERE host_id = $1
+ORDER BY event_id DESC LIMIT $2;
+
+-- name: pending_reasons
+-- Why queued tasks wait, per selector ($1 serials, $2 labels: parallel arrays, one element
+-- per distinct selector): the devices each selector matches, counted by what keeps them
+-- from the task: on a cordoned host, cordoned, offline (not 'device', or the host is not
+-- connected within $3), busy, or none of these (idle). One scan of the devices per
+-- selector, matching as amc_acquire does.
+SELECT s.ord, m.*
+FROM unnest($1::text[], $2::jsonb[]) WITH ORDINALITY AS s (serial, labels, ord)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS total,
+           count(*) FILTER (WHERE h.cordoned) AS host_cordoned,
+           count(*) FILTER (WHERE NOT h.cordoned AND d.cordoned) AS cordoned,
+           count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned
+                              AND NOT (d.state = 'device' AND c.connected)) AS offline,
+           count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
+                              AND c.connected AND d.task_id IS NOT NULL) AS busy
+    FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
+    CROSS JOIN LATERAL (SELECT GREATEST(h.last_seen_at, r.seen_at) > now() - $3::interval
+                               AS connected) c
+    WHERE d.labels @> s.labels AND (s.serial IS NULL OR d.serial = s.serial)
+) m;
 
 -- name: create_token
 INSERT INTO tokens (token_id, name, role, host_id, secret_hash)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from control_plane import validate
+from control_plane import pending, validate
 from control_plane.artifacts import Artifacts, PostgresArtifacts
 from control_plane.auth import Authenticator
 from control_plane.config import Settings
@@ -23,9 +23,10 @@ from control_plane.convert import (
     queue_group_to_pb,
     task_to_pb,
 )
-from control_plane.domain import ArtifactId, NewTask, TaskId
+from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.effects import Effects
 from control_plane.errors import InvalidArgument, Unavailable
+from control_plane.lifecycle import TaskStatus
 from control_plane.rpc import Context, TaskServicer, principal, rpc
 from control_plane.store import Store
 
@@ -122,7 +123,15 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.GetTaskRequest, context: Context
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
-        return task_to_pb(await self.store.get_task(task_id))
+        return task_to_pb(await self._read(task_id))
+
+    async def _read(self, task_id: TaskId) -> Task:
+        """The task, with its pending reason if it is queued."""
+        task = await self.store.get_task(task_id)
+        if task.status is not TaskStatus.QUEUED:
+            return task
+        (task,) = await pending.with_reasons(self.store, [task], self.settings.lease_ttl)
+        return task
 
     @rpc
     async def ListTaskEvents(
@@ -157,6 +166,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         if len(tasks) > size:
             tasks = tasks[:size]
             token = encode_page_token(tasks[-1].created_at, tasks[-1].task_id)
+        tasks = await pending.with_reasons(self.store, tasks, self.settings.lease_ttl)
         return scheduler_pb2.ListTasksResponse(
             tasks=[task_to_pb(t) for t in tasks], next_page_token=token
         )
@@ -181,7 +191,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
             last = None
             while True:
                 changed.clear()
-                task = await self.store.get_task(task_id)
+                task = await self._read(task_id)
                 if task != last:
                     yield task_to_pb(task)
                     last = task

@@ -36,7 +36,12 @@ CREATE TABLE IF NOT EXISTS hosts (
     labels        jsonb NOT NULL DEFAULT '{}',
     registered_at timestamptz NOT NULL DEFAULT now(),
     last_seen_at  timestamptz NOT NULL DEFAULT now(),
-    replica_id    text
+    replica_id    text,
+    -- Cordoned: given no new work (running tasks go on). Draining: cordoned, and its agent
+    -- told over its renewal stream to finish its tasks and take no more. Who did it and
+    -- why are in host_events.
+    cordoned      boolean NOT NULL DEFAULT false,
+    draining      boolean NOT NULL DEFAULT false
 );
 
 CREATE TABLE IF NOT EXISTS replicas (
@@ -58,6 +63,8 @@ CREATE TABLE IF NOT EXISTS devices (
     -- The task holding this device; set with the attempt, cleared when it ends.
     task_id      uuid,
     updated_at   timestamptz NOT NULL DEFAULT now(),
+    -- Given no new work (its running task goes on); who and why: host_events.
+    cordoned     boolean NOT NULL DEFAULT false,
     PRIMARY KEY (host_id, serial)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS devices_one_task ON devices (task_id)
@@ -162,6 +169,21 @@ CREATE TABLE IF NOT EXISTS task_events (
 );
 CREATE INDEX IF NOT EXISTS task_events_by_task ON task_events (task_id, event_id);
 
+-- What operators did to hosts and devices from the centre (cordon, uncordon, drain,
+-- remove): who (the token's id and name), why, when. Kept when the host is removed (no
+-- foreign key): the removal is one of its events. `serial` is set for a device's events.
+CREATE TABLE IF NOT EXISTS host_events (
+    event_id   bigserial PRIMARY KEY,
+    host_id    text NOT NULL,
+    serial     text,
+    kind       text NOT NULL CHECK (kind IN ('cordon', 'uncordon', 'drain', 'remove')),
+    actor      text NOT NULL,
+    actor_name text NOT NULL DEFAULT '',
+    reason     text NOT NULL DEFAULT '',
+    at         timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS host_events_by_host ON host_events (host_id, event_id);
+
 -- -- transitions that lock several rows: one function each, so one round trip ------------
 --
 -- The single-row ones (submit, the presence writes) are statements in queries.sql.
@@ -178,6 +200,10 @@ CREATE INDEX IF NOT EXISTS task_events_by_task ON task_events (task_id, event_id
 -- PostgreSQL rechecks on the latest row version (another Acquire or a re-registration may
 -- have changed it). A task whose device is taken stays queued, and the devices left get a
 -- scan of their own. An Acquire that finds nothing writes nothing.
+--
+-- A cordoned host gets nothing and has no idle devices (so its Acquire is indexed under
+-- nothing, and no queued task wakes it); a cordoned device is never idle. Uncordoning
+-- publishes amc_freed for the host, and its parked Acquires look again.
 CREATE OR REPLACE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
 RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
                queued_seconds double precision, labels jsonb)
@@ -189,11 +215,14 @@ DECLARE
     v_serial text;
     v_again boolean;
 BEGIN
+    IF EXISTS (SELECT 1 FROM hosts h WHERE h.host_id = p_host AND h.cordoned) THEN
+        RETURN;
+    END IF;
     FOR g IN
         SELECT dv.labels, array_agg(dv.serial ORDER BY dv.serial) AS serials
         FROM devices dv
         WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
-          AND dv.state = 'device' AND dv.task_id IS NULL
+          AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
         GROUP BY dv.labels
     LOOP
         v_free := g.serials;
@@ -223,7 +252,7 @@ BEGIN
                 v_free := array_remove(v_free, v_serial);
                 UPDATE devices dv SET task_id = t.task_id, updated_at = now()
                 WHERE dv.host_id = p_host AND dv.serial = v_serial
-                  AND dv.state = 'device' AND dv.task_id IS NULL
+                  AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
                   AND dv.labels @> t.selector_labels;
                 IF NOT FOUND THEN
                     -- Taken or changed meanwhile: the task stays queued.
@@ -257,7 +286,7 @@ BEGIN
                         NULL::double precision, dv.labels
                  FROM devices dv
                  WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
-                   AND dv.state = 'device' AND dv.task_id IS NULL;
+                   AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned;
 END $$;
 
 -- Renews the host's live leases among p_leases; the first renewal acknowledges the
@@ -603,6 +632,44 @@ BEGIN
                          ELSE 'different' END;
         END IF;
         artifact := v;
+    END IF;
+    RETURN NEXT;
+END $$;
+
+-- remove: forget a host and its devices, if it is disconnected (no stream open on a live
+-- replica and not seen within p_window) and holds no lease; recorded in host_events.
+-- code: removed | not_found | connected | leases (then `leases` says how many).
+-- The host row is locked first (a registration of the same host waits, then recreates it).
+-- Used by RemoveHost, and meant for anything else that forgets hosts.
+CREATE OR REPLACE FUNCTION amc_remove_host(p_host text, p_window interval, p_actor text,
+                                           p_actor_name text, p_reason text)
+RETURNS TABLE (code text, leases integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    h record;
+BEGIN
+    leases := 0;
+    SELECT hs.host_id, GREATEST(hs.last_seen_at, r.seen_at) > now() - p_window AS connected
+    INTO h
+    FROM hosts hs LEFT JOIN replicas r USING (replica_id)
+    WHERE hs.host_id = p_host
+    FOR UPDATE OF hs;
+    IF NOT FOUND THEN
+        code := 'not_found';
+    ELSIF h.connected THEN
+        code := 'connected';
+    ELSE
+        SELECT count(*) INTO leases FROM attempts att
+        WHERE att.host_id = p_host AND att.state = 'active';
+        IF leases > 0 THEN
+            code := 'leases';
+        ELSE
+            DELETE FROM devices dv WHERE dv.host_id = p_host;
+            DELETE FROM hosts hs WHERE hs.host_id = p_host;
+            INSERT INTO host_events (host_id, kind, actor, actor_name, reason)
+            VALUES (p_host, 'remove', p_actor, p_actor_name, p_reason);
+            code := 'removed';
+        END IF;
     END IF;
     RETURN NEXT;
 END $$;

@@ -198,7 +198,9 @@ class ControlPlane:
         lease_pb2_grpc.add_LeaseServicer_to_server(
             LeaseService(authenticator, self.store, self.effects, self.settings), server
         )
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(authenticator, self.store), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminService(authenticator, self.store, self.effects, self.settings), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [

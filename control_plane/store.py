@@ -30,12 +30,15 @@ from control_plane.domain import (
     Assignment,
     AttemptInfo,
     DeviceInfo,
+    DeviceMatch,
     Expiry,
     FarmGauges,
+    HostEvent,
     HostInfo,
     LeaseId,
     NewArtifact,
     NewTask,
+    Principal,
     QueueGroup,
     QueueWait,
     Recorded,
@@ -49,7 +52,7 @@ from control_plane.domain import (
     TaskId,
     TokenInfo,
 )
-from control_plane.lifecycle import CancelCode, ReleaseCode, ReportCode, TaskStatus
+from control_plane.lifecycle import CancelCode, ReleaseCode, RemoveCode, ReportCode, TaskStatus
 from control_plane.migrate import apply
 from control_plane.sql import QUERIES as Q
 
@@ -440,8 +443,11 @@ class Store:
     async def replica_gone(self, replica: str) -> None:
         await self._fetch("replica_gone", replica)
 
-    async def list_hosts(self, connected_within: timedelta) -> list[HostInfo]:
-        rows = await self._fetch("list_hosts", connected_within)
+    async def list_hosts(
+        self, connected_within: timedelta, host_id: str | None = None
+    ) -> list[HostInfo]:
+        """Every host (or only `host_id`), with its devices."""
+        rows = await self._fetch("list_hosts", connected_within, host_id)
         return [
             HostInfo(
                 r["host_id"],
@@ -449,7 +455,103 @@ class Store:
                 r["connected"],
                 r["last_seen_at"],
                 [_device(d) for d in r["devices"]],
+                r["cordoned"],
+                r["draining"],
             )
+            for r in rows
+        ]
+
+    async def get_host(self, connected_within: timedelta, host_id: str) -> HostInfo:
+        hosts = await self.list_hosts(connected_within, host_id)
+        if not hosts:
+            raise errors.HostNotFound(f"no host '{host_id}'")
+        return hosts[0]
+
+    async def set_host_cordon(
+        self, host_id: str, cordoned: bool, drain: bool, kind: str, actor: Principal, reason: str
+    ) -> int:
+        """Cordon (with `drain`: and drain) or uncordon the host, recorded as `kind`;
+        the leases it holds now."""
+        row = await self._fetchrow(
+            "set_host_cordon", host_id, cordoned, drain, kind, actor.caller, actor.name, reason
+        )
+        if row is None:
+            raise errors.HostNotFound(f"no host '{host_id}'")
+        return int(row["leases"])
+
+    async def set_device_cordon(
+        self,
+        host_id: str | None,
+        serial: str,
+        cordoned: bool,
+        kind: str,
+        actor: Principal,
+        reason: str,
+    ) -> str:
+        """Cordon or uncordon one device; the host it is on. Without `host_id`, the serial
+        must be on one host only."""
+        row = await self._fetchrow(
+            "set_device_cordon", host_id, serial, cordoned, kind, actor.caller, actor.name, reason
+        )
+        hosts: list[str] = list(row["hosts"]) if row else []
+        if not hosts:
+            where = f" on host '{host_id}'" if host_id else ""
+            raise errors.DeviceNotFound(f"no device '{serial}'{where}")
+        if len(hosts) > 1:
+            raise errors.InvalidArgument(
+                "host_id", f"device '{serial}' is on hosts {', '.join(hosts)}: name the host"
+            )
+        return hosts[0]
+
+    async def remove_host(
+        self, host_id: str, connected_within: timedelta, actor: Principal, reason: str
+    ) -> None:
+        """Forget a disconnected host that holds no lease, and its devices."""
+        row = await self._fetchrow(
+            "remove_host", host_id, connected_within, actor.caller, actor.name, reason
+        )
+        assert row is not None
+        code, leases = RemoveCode(row["code"]), row["leases"]
+        if code is RemoveCode.NOT_FOUND:
+            raise errors.HostNotFound(f"no host '{host_id}'")
+        if code is RemoveCode.CONNECTED:
+            raise errors.HostInUse(
+                f"host '{host_id}' is connected; stop its agent first (drain it to let its "
+                "tasks finish)"
+            )
+        if code is RemoveCode.LEASES:
+            raise errors.HostInUse(
+                f"host '{host_id}' holds {leases} lease(s); they end when reported or expired"
+            )
+
+    async def host_draining(self, host_id: str) -> bool:
+        row = await self._fetchrow("host_draining", host_id)
+        return bool(row and row["draining"])
+
+    async def host_events(self, host_id: str, limit: int) -> list[HostEvent]:
+        """The host's latest `limit` events, newest first."""
+        rows = await self._fetch("host_events", host_id, limit)
+        return [
+            HostEvent(r["kind"], r["serial"], r["actor"], r["actor_name"], r["reason"], r["at"])
+            for r in rows
+        ]
+
+    async def device_matches(
+        self, selectors: list[tuple[str | None, dict[str, str]]], connected_within: timedelta
+    ) -> list[DeviceMatch]:
+        """For each selector, in order, the devices it matches by what keeps them from a
+        queued task; one statement for all."""
+        if not selectors:
+            return []
+        rows = await self._fetch(
+            "pending_reasons",
+            [serial for serial, _ in selectors],
+            [labels for _, labels in selectors],
+            connected_within,
+        )
+        rows = sorted(rows, key=lambda r: r["ord"])
+        return [
+            DeviceMatch(r["total"], r["host_cordoned"], r["cordoned"], r["offline"], r["busy"])
             for r in rows
         ]
 
@@ -652,6 +754,7 @@ def _device(d: dict[str, Any]) -> DeviceInfo:
         d["abi"],
         d["labels"] or {},
         TaskId(uuid.UUID(task_id)) if task_id else None,
+        bool(d.get("cordoned")),
     )
 
 

@@ -41,12 +41,22 @@ MAX_REPORTS = 1000
 MIN_LIMIT = timedelta(seconds=1)
 MAX_QUEUE_TIMEOUT = timedelta(days=30)
 MAX_DEADLINE = timedelta(days=7)
+MAX_HOST_EVENTS = 1000
+DEFAULT_HOST_EVENTS = 20
 # Whole-string patterns: used with fullmatch only (`$` also matches before a final "\n").
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
 # Control characters (C0, DEL, C1: NUL, tab, CR, LF, VT, FF, NEL...) and the Unicode line
 # and paragraph separators: never in a label or a name, where they would make two values
 # that look the same differ.
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+HostRequest = (
+    admin_pb2.CordonHostRequest
+    | admin_pb2.UncordonHostRequest
+    | admin_pb2.DrainHostRequest
+    | admin_pb2.RemoveHostRequest
+)
+DeviceRequest = admin_pb2.CordonDeviceRequest | admin_pb2.UncordonDeviceRequest
 
 
 def task_id(value: str, field: str = "task_id") -> uuid.UUID:
@@ -392,3 +402,21 @@ def list_artifacts(req: scheduler_pb2.ListArtifactsRequest) -> uuid.UUID:
 
 def get_artifact(req: scheduler_pb2.GetArtifactRequest) -> tuple[uuid.UUID, uuid.UUID]:
     return task_id(req.task_id), _uuid(req.artifact_id, "artifact_id", "artifact id")
+
+
+def host_operation(req: HostRequest) -> tuple[str, str]:
+    """(host id, reason) of Cordon-, Uncordon-, Drain- and RemoveHost."""
+    return identifier(req.host_id, "host_id"), reason(req.reason)
+
+
+def device_operation(req: DeviceRequest) -> tuple[str | None, str, str]:
+    """(host id or None, serial, reason) of Cordon- and UncordonDevice."""
+    host_id = identifier(req.host_id, "host_id", required=False) or None
+    return host_id, identifier(req.serial, "serial"), reason(req.reason)
+
+
+def get_host(req: admin_pb2.GetHostRequest) -> tuple[str, int]:
+    """(host id, how many events: 20 by default, at most 1000)."""
+    if not 0 <= req.events <= MAX_HOST_EVENTS:
+        raise InvalidArgument("events", f"from 0 to {MAX_HOST_EVENTS}")
+    return identifier(req.host_id, "host_id"), req.events or DEFAULT_HOST_EVENTS

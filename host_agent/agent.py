@@ -18,7 +18,14 @@ Drain (`stop()`, i.e. SIGTERM): no new Acquire (one in flight is cancelled); run
 get `drain_timeout` to finish and report as usual; then their tokens trip SHUTDOWN, the
 runners stop at the next step boundary and those leases are given back with ReleaseLease,
 *not* reported FAILED, so the control plane requeues the tasks at once. A second `stop()`
-cuts the grace period short. Reports and releases run shielded and are awaited before
+cuts the grace period short.
+
+Drain from the centre (`amc hosts drain`: a push on the renewal stream, see
+`LeaseKeeper`): no new Acquire while it holds, running tasks finish and report as usual,
+and the agent stays connected, idle, instead of exiting (a unit with Restart= would only
+start it again); the control plane's uncordon ends it and the agent takes work again. The
+control plane gives a drained (cordoned) host no work in any case: this only spares it
+the Acquires. Reports and releases run shielded and are awaited before
 `run()` returns, so a cancellation cannot lose them half-way.
 """
 
@@ -88,6 +95,8 @@ class Agent:
         self._refreshing = asyncio.Lock()
         self._final = FinalCalls()
         self._tools: Tools | None = None
+        # Drained from the centre: take no new work, keep running and connected.
+        self.drained_by_centre = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -109,7 +118,9 @@ class Agent:
         except Stopped:
             self._log.info("stopped before the first registration")
             return
-        keeper = self.keeper = LeaseKeeper(self._stub, self.settings.host_id, timing)
+        keeper = self.keeper = LeaseKeeper(
+            self._stub, self.settings.host_id, timing, on_drain=self._drain_from_centre
+        )
         self._tools = Tools(
             self.settings, self._stub, keeper, self._results, self._source, self._final
         )
@@ -128,6 +139,20 @@ class Agent:
         finally:
             await self._final.wait()
         self._log.info("host agent stopped")
+
+    def _drain_from_centre(self, drain: bool) -> None:
+        if drain == self.drained_by_centre:
+            return
+        self.drained_by_centre = drain
+        if drain:
+            self._log.info(
+                "drain requested by the control plane: finishing running tasks, taking no new work",
+                running=len(self._busy),
+            )
+        else:
+            self._log.info("drain ended by the control plane: taking work again")
+        self._changed.set()
+        self._notifier.status(self._status())
 
     async def _drain(self) -> None:
         workers = set(self._busy.values())
@@ -171,7 +196,8 @@ class Agent:
 
     def _status(self) -> str:
         online = sum(1 for d in self._inventory if d.state == "device")
-        return f"{online} device(s) online, {len(self._busy)} task(s) running"
+        drained = ", drained by the control plane" if self.drained_by_centre else ""
+        return f"{online} device(s) online, {len(self._busy)} task(s) running{drained}"
 
     # -- registration and inventory --------------------------------------------------------
 
@@ -246,6 +272,8 @@ class Agent:
                 self._changed.clear()
                 offered = frozenset().union(*polls.values())
                 idle = [s for s in self._idle_serials() if s not in offered]
+                if self.drained_by_centre:
+                    idle = []
                 if idle:
                     polls[asyncio.ensure_future(self._acquire(idle))] = frozenset(idle)
                 changed: asyncio.Future[Any] = asyncio.ensure_future(self._changed.wait())

@@ -13,7 +13,8 @@ A timer per lease trips its StopToken with LEASE_LOST when the deadline passes (
 tick early, FENCE_LEAD), whether or not the stream is up: the host stops acting before
 the control plane can hand the task to another host. CONFLICT trips LEASE_LOST at once;
 `cancel_pending` (in an answer or a push) trips CANCELLED. The first trip wins (see
-`stop_token`).
+`stop_token`). A push with no leases carries the host's drain from the centre, handed to
+`on_drain`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import enum
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,8 +117,12 @@ class LeaseKeeper:
         timing: Timing,
         *,
         max_backoff: float | None = None,
+        on_drain: Callable[[bool], None] | None = None,
     ) -> None:
         self._stub = stub
+        # Told of the control plane's drain (True) or its end (False); False also when a
+        # stream opens: the control plane pushes True at once if the drain still holds.
+        self._on_drain = on_drain or (lambda _drain: None)
         self._host_id = host_id
         self.timing = timing
         self._max_backoff = max_backoff
@@ -248,6 +254,7 @@ class LeaseKeeper:
             if not self._answered:
                 log.info("renewal stream open", leases=len(self._held))
                 metrics.CONNECTED.set(1)
+                self._on_drain(False)
             self._answered = True
             self.on_response(response)
 
@@ -255,6 +262,8 @@ class LeaseKeeper:
 
     def on_response(self, response: lease_pb2.RenewLeasesResponse) -> None:
         if response.push:
+            if not response.leases:  # the host's drain state (see RenewLeasesResponse.drain)
+                self._on_drain(response.drain)
             for state in response.leases:
                 if (lease := self._held.get(state.lease_id)) and state.cancel_pending:
                     self._cancel(lease, "push")

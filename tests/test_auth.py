@@ -49,6 +49,7 @@ async def build_world(farm: Farm) -> World:
             spec=actions_spec(), selector=task_pb2.DeviceSelector(serial="nowhere")
         )
     )
+    await farm.host("C", "C-1")  # what the host operations act on
     operator = await farm.operator()
     made = await operator.admin.CreateToken(
         admin_pb2.CreateTokenRequest(role=admin_pb2.ROLE_CLIENT, name="victim")
@@ -128,6 +129,17 @@ def host_id(own: bool) -> str:
     return "A" if own else "B"
 
 
+async def remove_host(c: Clients, w: World, own: bool) -> object:
+    """Host C is connected, so a caller allowed to ask is let through and then refused
+    for that (FAILED_PRECONDITION: past authorization, so OK here)."""
+    try:
+        await c.admin.RemoveHost(admin_pb2.RemoveHostRequest(host_id="C"))
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+    return OK
+
+
 CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/SubmitTask": lambda c, w, own: c.scheduler.SubmitTask(
         scheduler_pb2.SubmitTaskRequest(spec=actions_spec())
@@ -187,6 +199,25 @@ CALLS: dict[str, Call] = {
         scheduler_pb2.ListArtifactsRequest(task_id=w.task_id)
     ),
     "/amc.v1.Scheduler/GetArtifact": get_artifact,
+    "/amc.v1.Admin/CordonHost": lambda c, w, own: c.admin.CordonHost(
+        admin_pb2.CordonHostRequest(host_id="C")
+    ),
+    "/amc.v1.Admin/UncordonHost": lambda c, w, own: c.admin.UncordonHost(
+        admin_pb2.UncordonHostRequest(host_id="C")
+    ),
+    "/amc.v1.Admin/CordonDevice": lambda c, w, own: c.admin.CordonDevice(
+        admin_pb2.CordonDeviceRequest(host_id="C", serial="C-1")
+    ),
+    "/amc.v1.Admin/UncordonDevice": lambda c, w, own: c.admin.UncordonDevice(
+        admin_pb2.UncordonDeviceRequest(host_id="C", serial="C-1")
+    ),
+    "/amc.v1.Admin/DrainHost": lambda c, w, own: c.admin.DrainHost(
+        admin_pb2.DrainHostRequest(host_id="C")
+    ),
+    "/amc.v1.Admin/RemoveHost": remove_host,
+    "/amc.v1.Admin/GetHost": lambda c, w, own: c.admin.GetHost(
+        admin_pb2.GetHostRequest(host_id="C")
+    ),
 }
 
 CALLERS = ["none", "malformed", "revoked", "client", "operator", "host_own", "host_foreign"]

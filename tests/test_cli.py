@@ -237,7 +237,10 @@ async def test_get_shows_a_task_as_a_table_and_as_json(amc: Cli) -> None:
         assert text in table.out
     doc = (await amc("get", task["task_id"], "-o", "json")).json()
     history = {k: doc.pop(k) for k in ("attempts", "events")}
-    assert doc == task | {"updated_at": doc["updated_at"]}
+    assert doc == task | {
+        "updated_at": doc["updated_at"],
+        "pending_reason": "no device is registered",
+    }
     assert history["attempts"] == [] and history["events"][0]["kind"] == "submit"
 
 

@@ -36,6 +36,9 @@ async def test_submit_stores_the_task_as_queued_with_its_fields(farm: Farm) -> N
     )
     assert (task.status, task.priority, task.max_attempts) == (task_pb2.TASK_STATUS_QUEUED, 7, 5)
     got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task.task_id))
+    # A read of a queued task says why it waits; SubmitTask's answer does not.
+    assert got.pending_reason == "no registered device matches rack=a"
+    got.ClearField("pending_reason")
     assert got == task and got.spec == spec and dict(got.metadata) == {"team": "qa"}
     row = await farm.task_row(task.task_id)
     assert (row["status"], row["max_attempts"], row["selector_labels"]) == (

@@ -274,6 +274,8 @@ def _event(channel: str, payload: str) -> tuple[str, str] | None:
         return ("task", payload)
     if channel == "amc_freed":
         return ("host", payload)
+    if channel == "amc_drain":
+        return ("host", payload.rsplit(" ", 1)[0])
     if channel == "amc_cancel":
         return ("host", payload.split(" ", 1)[0])
     if channel == "amc_queued":

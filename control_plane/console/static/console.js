@@ -234,7 +234,7 @@ const Farm = {
     for (const host of hosts) {
       rows.push(h("tr", { class: "host-row", "data-host": host.host_id },
         h("td", {}, hostLink(host.host_id)),
-        h("td", {}, badge(host.connected ? "yes" : "no"), " connected"),
+        h("td", {}, badge(host.connected ? "yes" : "no"), " connected ", hostWork(host)),
         h("td", { colspan: 3 }, labels(host.labels)),
         h("td", { colspan: 2, class: "muted" }, `last seen ${when(host.last_seen_at)}`)));
       for (const d of host.devices || []) rows.push(deviceRow(d));
@@ -245,6 +245,7 @@ const Farm = {
         ["hosts connected", `${hosts.filter((x) => x.connected).length} / ${hosts.length}`, "hosts-connected"],
         ["devices online", online.length, "devices-online"],
         ["busy", busy.length, "devices-busy"],
+        ["hosts cordoned", hosts.filter((x) => x.cordoned).length, "hosts-cordoned"],
         ["offline / other", devices.length - online.length, "devices-offline"],
       ]),
       hosts.length
@@ -255,11 +256,18 @@ const Farm = {
   wants: (kind) => kind === "task" || kind === "host" || kind === "resync",
 };
 
+// Whether a host takes work: a `draining` or `cordoned` badge (amc hosts drain / cordon).
+function hostWork(host) {
+  if (host.draining) return badge("draining");
+  if (host.cordoned) return badge("cordoned");
+  return "";
+}
+
 function deviceRow(d) {
   const state = enumName("DEVICE_STATE_", d.state);
   return h("tr", { "data-serial": d.serial },
     h("td", { class: "serial" }, d.serial),
-    h("td", {}, badge(state)),
+    h("td", {}, badge(state), d.cordoned ? [" ", badge("cordoned")] : ""),
     h("td", {}, d.model || "-", d.manufacturer ? h("span", { class: "muted" }, ` (${d.manufacturer})`) : ""),
     h("td", {}, d.sdk || "-"),
     h("td", {}, labels(d.labels)),
@@ -381,6 +389,7 @@ const Task = {
     const grid = h("dl", { class: "grid" },
       ...[
         ["status", [badge(status), task.attempt ? ` attempt ${task.attempt} of ${task.max_attempts}` : ""]],
+        ["waiting", task.pending_reason || "-"],
         ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : "-"],
         ["selector", selectorText(task.selector)],
         ["priority", task.priority],
@@ -461,7 +470,7 @@ const Host = {
   render({ host, tasks }, params) {
     if (!host) return [h("div", { class: "error", role: "alert" }, `NOT_FOUND: no host ${params.id} has registered`)];
     return [
-      h("h1", {}, "Host ", host.host_id, " ", badge(host.connected ? "yes" : "no"), " connected"),
+      h("h1", {}, "Host ", host.host_id, " ", badge(host.connected ? "yes" : "no"), " connected ", hostWork(host)),
       h("dl", { class: "grid" }, h("dt", {}, "labels"), h("dd", {}, labels(host.labels)),
         h("dt", {}, "last seen"), h("dd", {}, when(host.last_seen_at))),
       h("h2", {}, "Devices"),

@@ -1,0 +1,100 @@
+"""Why a queued task waits (`Task.pending_reason`), computed when the task is read.
+
+Never stored and never refreshed in the background: GetTask and WatchTask ask for the one
+task they answer, ListTasks for the queued tasks of its page, grouped by selector, so a
+page of any size costs one statement (`pending_reasons`: one scan of the devices per
+distinct selector, at most MAX_SELECTORS of them; queued tasks with further selectors on
+the same page get no reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import timedelta
+
+from control_plane.domain import DeviceMatch, Task
+from control_plane.lifecycle import TaskStatus
+from control_plane.store import Store
+
+# Distinct selectors one read explains; a ListTasks page of 500 queued tasks rarely has
+# more than a few.
+MAX_SELECTORS = 50
+
+Selector = tuple[str | None, tuple[tuple[str, str], ...]]
+
+
+def describe(serial: str | None, labels: dict[str, str]) -> str:
+    """A selector as an operator writes it: `model=Pixel9,rack=r1`, `serial=X`, or `any
+    device`."""
+    parts = [f"serial={serial}"] if serial else []
+    parts += [f"{k}={v}" for k, v in sorted(labels.items())]
+    return ",".join(parts) or "any device"
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def explain(serial: str | None, labels: dict[str, str], m: DeviceMatch) -> str:
+    """The reason, from the devices the selector matches (see DeviceMatch for the order in
+    which each device is counted)."""
+    if m.total == 0:
+        if serial is None and not labels:
+            return "no device is registered"
+        return f"no registered device matches {describe(serial, labels)}"
+    idle = m.total - m.host_cordoned - m.cordoned - m.offline - m.busy
+    if idle > 0:
+        return _plural(idle, "matching device is idle", "matching devices are idle") + (
+            "; its host has not taken the task yet"
+        )
+    if m.busy > 0:
+        text = _plural(m.busy, "matching device, busy", "matching devices, all busy")
+        others = [
+            _plural(n, word, word)
+            for n, word in (
+                (m.offline, "offline"),
+                (m.cordoned + m.host_cordoned, "cordoned"),
+            )
+            if n
+        ]
+        return text + (f" ({', '.join(others)})" if others else "")
+    if m.offline == 0 and m.cordoned == 0:
+        return "every matching host is cordoned"
+    if m.offline == 0:
+        return "every matching device is cordoned" + (
+            f" ({m.host_cordoned} on cordoned hosts)" if m.host_cordoned else ""
+        )
+    if m.cordoned + m.host_cordoned == 0:
+        return "every matching device is offline"
+    return (
+        f"every matching device is offline or cordoned ({m.offline} offline, "
+        f"{m.cordoned + m.host_cordoned} cordoned)"
+    )
+
+
+async def with_reasons(
+    store: Store, tasks: Sequence[Task], connected_within: timedelta
+) -> list[Task]:
+    """`tasks`, the queued ones with their pending_reason set (one statement, or none when
+    no task is queued)."""
+    selectors: dict[Selector, int] = {}
+    for task in tasks:
+        if task.status is TaskStatus.QUEUED and len(selectors) < MAX_SELECTORS:
+            selectors.setdefault(_key(task), len(selectors))
+    if not selectors:
+        return list(tasks)
+    keys = list(selectors)
+    asked = [(serial, dict(labels)) for serial, labels in keys]
+    matches = await store.device_matches(asked, connected_within)
+    reasons = {key: explain(key[0], dict(key[1]), m) for key, m in zip(keys, matches, strict=True)}
+    return [
+        dataclasses.replace(t, pending_reason=reasons[_key(t)])
+        if t.status is TaskStatus.QUEUED and _key(t) in reasons
+        else t
+        for t in tasks
+    ]
+
+
+def _key(task: Task) -> Selector:
+    return task.selector_serial, tuple(sorted(task.selector_labels.items()))
