@@ -574,6 +574,24 @@ def hosts_drain(
         render.console().print(f"host {host_id} drained: no task running", highlight=False)
 
 
+@hosts_app.command("show")
+def hosts_show(
+    ctx: typer.Context,
+    host_id: HostArg,
+    events: Annotated[
+        int, typer.Option("--events", "-n", min=0, max=1000, help="How many latest events.")
+    ] = 20,
+    output: OutputOpt = Output.table,
+) -> None:
+    """One host with its devices, then who cordoned, drained or uncordoned it (or its
+    devices), when and why, newest first."""
+    response = _client(ctx).get_host(host_id, events)
+    if output is Output.json:
+        render.print_json(response)
+    else:
+        render.host_detail(response)
+
+
 @hosts_app.command("remove")
 def hosts_remove(ctx: typer.Context, host_id: HostArg, reason: ReasonOpt = "") -> None:
     """Forget a disconnected host that holds no lease, and its devices.

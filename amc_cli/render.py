@@ -402,6 +402,22 @@ def tokens_table(tokens: Iterable[admin_pb2.TokenInfo]) -> None:
     out.print(table if rows else "no tokens")
 
 
+def host_detail(response: admin_pb2.GetHostResponse) -> None:
+    """`amc hosts show`: the host as `amc hosts` lists it, then what operators did to it."""
+    out = console()
+    hosts_table(scheduler_pb2.ListHostsResponse(hosts=[response.host]))
+    if not response.events:
+        out.print("no operator events")
+        return
+    table = Table(show_edge=False)
+    for name in ("when", "what", "device", "by", "reason"):
+        table.add_column(name, no_wrap=name == "when")
+    for e in response.events:
+        who = f"{e.actor_name} ({e.actor})" if e.actor_name else e.actor
+        table.add_row(when(e.at), e.kind, Text(e.serial or "-"), Text(who), Text(e.reason or "-"))
+    out.print(table)
+
+
 def token_info(info: admin_pb2.TokenInfo, verb: str) -> None:
     name = f" {info.name!r}" if info.name else ""
     host = f" for host {info.host_id}" if info.host_id else ""

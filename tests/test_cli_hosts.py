@@ -51,6 +51,13 @@ async def test_hosts_cordon_and_uncordon(farm: Farm) -> None:
     assert run.out == "host h1: takes work, 0 task(s) running\n"
     assert await host_flags(farm, "h1") == (False, False)
 
+    shown = await amc("hosts", "show", "h1")
+    assert shown.code == 0, shown.err
+    assert "flaky hub" in shown.out and f"alice ({token_id})" in shown.out
+    doc = (await amc("hosts", "show", "h1", "-o", "json")).json()
+    assert [e["kind"] for e in doc["events"]] == ["uncordon", "cordon"]
+    assert (await amc("hosts", "show", "nope")).code == 3
+
 
 async def test_devices_cordon_by_serial_and_by_host(farm: Farm) -> None:
     """A unique serial is enough; a serial on two hosts needs --host (exit 2 naming both);
