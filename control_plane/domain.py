@@ -316,6 +316,7 @@ class Removed:
     tasks: int = 0
     attempts: int = 0
     task_events: int = 0
+    artifacts: int = 0
     hosts: int = 0
     devices: int = 0
 

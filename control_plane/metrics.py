@@ -135,9 +135,9 @@ RETENTION_BATCH = Histogram(
     ["what"],
     buckets=LATENCY,
 )
-# What retention deletes: finished tasks with their attempts and events; hosts with their
-# devices.
-RETENTION_KINDS = ("tasks", "attempts", "task_events", "hosts", "devices")
+# What retention deletes: finished tasks with their attempts, events and artifacts; hosts
+# with their devices.
+RETENTION_KINDS = ("tasks", "attempts", "task_events", "artifacts", "hosts", "devices")
 RETENTION_BATCHES = ("tasks", "hosts")
 
 ARTIFACT_UPLOADS = Counter(

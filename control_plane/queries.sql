@@ -408,8 +408,8 @@ FROM unnest($1::text[], $2::text[]) AS n (c, p);
 
 -- name: delete_old_tasks
 -- Up to $2 terminal tasks that finished before now() - $1, oldest first, with their
--- attempts and events (and what hangs off a task by ON DELETE CASCADE). Locks the tasks
--- first, then their attempts (the lock order); no task in flight is looked at.
+-- attempts, events and artifacts (their chunks follow by ON DELETE CASCADE). Locks the
+-- tasks first, then what hangs off them (the lock order); no task in flight is looked at.
 WITH doomed AS (
     SELECT task_id FROM tasks
     WHERE status IN ('done', 'failed', 'cancelled') AND finished_at < now() - $1::interval
@@ -421,19 +421,26 @@ WITH doomed AS (
     DELETE FROM task_events e USING doomed d WHERE e.task_id = d.task_id RETURNING 1
 ), attempts_gone AS (
     DELETE FROM attempts a USING doomed d WHERE a.task_id = d.task_id RETURNING 1
+), artifacts_gone AS (
+    DELETE FROM artifacts x USING doomed d WHERE x.task_id = d.task_id RETURNING 1
 ), tasks_gone AS (
     DELETE FROM tasks t USING doomed d WHERE t.task_id = d.task_id RETURNING 1
 )
 SELECT (SELECT count(*) FROM tasks_gone) AS tasks,
        (SELECT count(*) FROM attempts_gone) AS attempts,
-       (SELECT count(*) FROM events) AS task_events;
+       (SELECT count(*) FROM events) AS task_events,
+       (SELECT count(*) FROM artifacts_gone) AS artifacts;
 
 -- name: forget_hosts
 -- Up to $2 hosts last seen (as list_hosts decides it) before now() - $1 that hold no lease
--- and no device, with their devices. A host that registers or opens its stream meanwhile
--- is skipped (its row is locked) or no longer matches (PostgreSQL rechecks the locked row).
-WITH gone AS (
-    SELECT h.host_id FROM hosts h LEFT JOIN replicas r USING (replica_id)
+-- and no device, each removed as RemoveHost would (amc_remove_host: with its devices,
+-- recorded in host_events as done by "retention" because $3). A host that registers or
+-- opens its stream meanwhile is skipped (its row is locked) or no longer matches
+-- (PostgreSQL rechecks the locked row).
+WITH due AS (
+    SELECT h.host_id,
+           (SELECT count(*) FROM devices d WHERE d.host_id = h.host_id) AS devices
+    FROM hosts h LEFT JOIN replicas r USING (replica_id)
     WHERE GREATEST(h.last_seen_at, r.seen_at) < now() - $1::interval
       AND NOT EXISTS (SELECT 1 FROM attempts a
                       WHERE a.host_id = h.host_id AND a.state = 'active')
@@ -443,13 +450,14 @@ WITH gone AS (
     ORDER BY h.host_id
     LIMIT $2
     FOR UPDATE OF h SKIP LOCKED
-), devices_gone AS (
-    DELETE FROM devices d USING gone g WHERE d.host_id = g.host_id RETURNING 1
-), hosts_gone AS (
-    DELETE FROM hosts h USING gone g WHERE h.host_id = g.host_id RETURNING 1
+), removed AS (
+    SELECT due.devices, x.code
+    FROM due CROSS JOIN LATERAL amc_remove_host(due.host_id, $1, 'retention',
+                                                'control plane', $3) x
 )
-SELECT (SELECT count(*) FROM hosts_gone) AS hosts,
-       (SELECT count(*) FROM devices_gone) AS devices;
+SELECT count(*) FILTER (WHERE code = 'removed') AS hosts,
+       COALESCE(sum(devices) FILTER (WHERE code = 'removed'), 0)::bigint AS devices
+FROM removed;
 
 -- name: put_artifact
 -- An artifact and its bytes ($12: the chunks, in order), fenced by the lease: see

@@ -1,9 +1,10 @@
 """Retention: what a farm no longer needs, deleted in the background of every replica.
 
 - Finished tasks (done, failed, cancelled) whose `finished_at` is older than
-  `--task-retention` go, with their attempts and events (and what hangs off a task by
-  ON DELETE CASCADE).
-- Hosts not seen for `--forget-hosts-after` that hold no lease go, with their devices.
+  `--task-retention` go, with their attempts, events and artifacts.
+- Hosts not seen for `--forget-hosts-after` that hold no lease go, with their devices, as
+  `amc hosts remove` would remove them (an event in the host's history says retention did
+  it, and why).
 
 Each batch is one statement (`delete_old_tasks`, `forget_hosts` in queries.sql), so one
 short transaction over at most `retention_batch` rows (fewer while batches take longer than
@@ -22,6 +23,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import structlog
 
@@ -51,6 +53,17 @@ async def keep_retention(store: Store, settings: Settings) -> None:
             log.info("retention removed", **removed.counts())
 
 
+def span_text(span: timedelta | None) -> str:
+    """A retention setting as the flags write it: `30d`, `1.5h`, `90s`, `off`."""
+    if span is None:
+        return "off"
+    value = span.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if value >= size:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}s"
+
+
 async def retain(store: Store, settings: Settings) -> Removed:
     """One round: batch after batch until what is due is gone (or another replica holds
     the retention lock); the rows removed."""
@@ -62,8 +75,9 @@ async def retain(store: Store, settings: Settings) -> Removed:
         )
     if settings.forget_hosts_after is not None:
         unseen = settings.forget_hosts_after
+        reason = f"not seen for {span_text(unseen)} (--forget-hosts-after)"
         removed += await _batches(
-            "hosts", lambda limit: store.forget_hosts(unseen, limit), settings
+            "hosts", lambda limit: store.forget_hosts(unseen, limit, reason), settings
         )
     return removed
 

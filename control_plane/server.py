@@ -9,7 +9,6 @@ import ipaddress
 import ssl
 import tempfile
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from control_plane.effects import Effects
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
 from control_plane.lifecycle import TaskStatus
-from control_plane.retention import keep_retention
+from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
 from control_plane.rpc_metrics import RpcMetrics, label
 from control_plane.scheduler_service import SchedulerService
@@ -115,17 +114,6 @@ def selector_label(serial: str | None, labels: dict[str, str] | None) -> str:
     parts = [f"serial={serial}"] if serial else []
     parts += [f"{k}={v}" for k, v in sorted((labels or {}).items())]
     return ",".join(parts)[:120] or "any"
-
-
-def _days(span: timedelta | None) -> str:
-    """A retention setting as the start-up line shows it: `30d`, `1.5h`, `off`."""
-    if span is None:
-        return "off"
-    value = span.total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if value >= size:
-            return f"{value / size:g}{unit}"
-    return f"{value:g}s"
 
 
 def is_loopback(listen: str) -> bool:
@@ -255,8 +243,8 @@ class ControlPlane:
             tls=bool(self.tls),
             migrations_applied=applied,
             lease_ttl=self.settings.lease_ttl.total_seconds(),
-            task_retention=_days(self.settings.task_retention),
-            forget_hosts_after=_days(self.settings.forget_hosts_after),
+            task_retention=span_text(self.settings.task_retention),
+            forget_hosts_after=span_text(self.settings.forget_hosts_after),
         )
         return self.port
 

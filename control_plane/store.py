@@ -563,12 +563,18 @@ class Store:
         running a retention batch."""
         row = await self._fetchrow("delete_old_tasks", finished_before, limit)
         assert row is not None
-        return Removed(tasks=row["tasks"], attempts=row["attempts"], task_events=row["task_events"])
+        return Removed(
+            tasks=row["tasks"],
+            attempts=row["attempts"],
+            task_events=row["task_events"],
+            artifacts=row["artifacts"],
+        )
 
-    async def forget_hosts(self, unseen_for: timedelta, limit: int) -> Removed:
+    async def forget_hosts(self, unseen_for: timedelta, limit: int, reason: str) -> Removed:
         """One batch: up to `limit` hosts not seen for `unseen_for` that hold no lease, with
-        their devices. Nothing when another replica is running a retention batch."""
-        row = await self._fetchrow("forget_hosts", unseen_for, limit)
+        their devices, each recorded as removed by retention because `reason`. Nothing when
+        another replica is running a retention batch."""
+        row = await self._fetchrow("forget_hosts", unseen_for, limit, reason)
         assert row is not None
         return Removed(hosts=row["hosts"], devices=row["devices"])
 

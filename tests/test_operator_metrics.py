@@ -121,7 +121,7 @@ ZERO_AT_START = [
     ],
     *[
         ("amc_retention_removed_total", {"kind": k})
-        for k in ("tasks", "attempts", "task_events", "hosts", "devices")
+        for k in ("tasks", "attempts", "task_events", "artifacts", "hosts", "devices")
     ],
     ("amc_retention_batch_seconds_count", {"what": "tasks"}),
     ("amc_retention_batch_seconds_count", {"what": "hosts"}),

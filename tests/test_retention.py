@@ -22,6 +22,7 @@ from control_plane.domain import Removed
 from control_plane.retention import _batches
 from control_plane.store import Store
 from tests.support import Clients, Farm, actions_spec, eventually, tap
+from tests.test_artifacts import dispatched, stored, upload, upload_messages
 from tests.test_cli import control_plane
 
 DAY = timedelta(days=1)
@@ -212,6 +213,30 @@ async def test_finished_tasks_past_retention_go_with_their_attempts_and_events(
     }
 
 
+async def test_an_old_tasks_artifacts_go_with_it(retaining: Farm) -> None:
+    """A finished task's screenshot goes with it, every chunk of its bytes too; reading it
+    back is NOT_FOUND; the counter counts the artifact."""
+    farm = retaining
+    before = removed_total("artifacts")
+    host, a = await dispatched(farm)
+    await upload(host, upload_messages(a, bytes(range(256)) * 4096))  # 1 MiB: 4 chunks
+    await host.report(a, lease_pb2.OUTCOME_DONE)
+    assert await stored(farm) == (1, 4)
+    await finished_ago(farm, [a.task_id], 2 * DAY)
+
+    async def gone() -> bool:
+        return await stored(farm) == (0, 0)
+
+    await eventually(gone, what="the old task's artifact deleted")
+    assert not await exists(await farm.client(), a.task_id)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await (await farm.client()).scheduler.ListArtifacts(
+            scheduler_pb2.ListArtifactsRequest(task_id=a.task_id)
+        )
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert removed_total("artifacts") - before == 1
+
+
 async def test_retention_deletes_a_large_backlog_in_batches_until_none_is_left(
     retaining: Farm,
 ) -> None:
@@ -288,9 +313,9 @@ async def test_only_one_replica_runs_a_retention_batch_at_a_time(quiet: Farm) ->
         async with other.transaction():
             await other.execute("SELECT pg_advisory_xact_lock($1, $2)", *RETENTION_LOCK)
             assert await asyncio.wait_for(store.delete_old_tasks(DAY, 500), 5) == Removed()
-            assert await asyncio.wait_for(store.forget_hosts(DAY, 500), 5) == Removed()
+            assert await asyncio.wait_for(store.forget_hosts(DAY, 500, "test"), 5) == Removed()
         assert (await store.delete_old_tasks(DAY, 500)).tasks == 2
-        assert await store.forget_hosts(DAY, 500) == Removed(hosts=1, devices=1)
+        assert await store.forget_hosts(DAY, 500, "test") == Removed(hosts=1, devices=1)
     finally:
         await other.close()
 
@@ -332,8 +357,9 @@ async def test_hosts_disconnected_past_forget_hosts_after_are_forgotten_with_the
     retaining: Farm,
 ) -> None:
     """A host unseen for longer than --forget-hosts-after and holding no lease leaves
-    ListHosts with its devices; one that holds a lease, one seen recently and one whose
-    stream is open (idle, so never written since) stay; the counters count what went."""
+    ListHosts with its devices, recorded in its history as removed by retention and why;
+    one that holds a lease, one seen recently and one whose stream is open (idle, so never
+    written since) stay; the counters count what went."""
     farm = retaining
     operator = await farm.operator()
     hosts, devices = removed_total("hosts"), removed_total("devices")
@@ -379,6 +405,15 @@ async def test_hosts_disconnected_past_forget_hosts_after_are_forgotten_with_the
         )
         assert removed_total("hosts") - hosts == 1
         assert removed_total("devices") - devices == 2
+        event = await (await db(farm)).fetchrow(
+            "SELECT kind, actor, actor_name, reason FROM host_events WHERE host_id = 'gone'"
+        )
+        assert dict(event) == {
+            "kind": "remove",
+            "actor": "retention",
+            "actor_name": "control plane",
+            "reason": "not seen for 1d (--forget-hosts-after)",
+        }
     finally:
         await stream.close()
 
