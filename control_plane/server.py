@@ -186,9 +186,8 @@ class ControlPlane:
         lease_pb2_grpc.add_LeaseServicer_to_server(
             LeaseService(authenticator, self.store, self.effects, self.settings), server
         )
-        admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminService(authenticator, self.store, self.effects, self.settings), server
-        )
+        admin = AdminService(authenticator, self.store, self.effects, self.settings)
+        admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [
@@ -207,7 +206,7 @@ class ControlPlane:
         await server.start()
         self._server = server
         if self.http_listen:
-            self.console = Console(scheduler, authenticator, self.hub)
+            self.console = Console(scheduler, authenticator, self.hub, admin)
             self.http_port = await self.console.start(self.http_listen, self._console_tls())
         await self._set_health(True)
         metrics.STREAMS.set_function(self.hub.streams)

@@ -4,14 +4,20 @@ the system's Chromium, a real host agent with simulated phones."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import aiohttp
+
 from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
+from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, tap
 from tests.support.agent import running_agent
+from tests.support.console import console_url
 from tests.test_console import browser, farm, open_page, pytestmark
+from tests.test_host_operations import host_flags
 
 __all__ = ["browser", "farm", "pytestmark"]
 
@@ -53,3 +59,51 @@ async def test_console_task_page_says_why_a_queued_task_waits(
     await waiting.wait_for()
     assert await waiting.inner_text() == "no registered device matches model=Pixel9"
     assert page.errors == []
+
+
+async def test_console_host_page_lists_operator_events(
+    farm: Farm,
+    browser: Any,
+) -> None:
+    """The Host page shows who cordoned the host and why, and the uncordon live."""
+    assert farm.plane is not None
+    _, op_token = await create_token(farm.plane.store, Role.OPERATOR, None, "carol")
+    op = farm.clients(op_token)
+    await farm.host("rack1-host", "pixel-0")
+    await op.admin.CordonHost(
+        admin_pb2.CordonHostRequest(host_id="rack1-host", reason="swap the USB hub")
+    )
+    page = await open_page(browser, farm, "/hosts/rack1-host", op_token)
+    rows = page.locator("tr.host-event")
+    await rows.first.wait_for()
+    text = await rows.first.inner_text()
+    assert "cordon" in text and "carol" in text and "swap the USB hub" in text
+    await page.locator("#live.on").wait_for()
+    await op.admin.UncordonHost(admin_pb2.UncordonHostRequest(host_id="rack1-host"))
+    await page.locator("tr.host-event .s-uncordon").wait_for()
+    assert await rows.count() == 2
+    assert page.errors == []
+
+
+async def test_console_api_serves_get_host_to_operators_only(farm: Farm) -> None:
+    """POST /api/amc.v1.Admin/GetHost answers an operator; a client is refused as gRPC
+    would refuse it; no other Admin method is served."""
+    await farm.host("h1", "s1")
+    url = console_url(farm, "/api/amc.v1.Admin/")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+
+        async def post(method: str, token: str, body: dict[str, Any]) -> tuple[int, Any]:
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+            async with http.post(url + method, data=json.dumps(body), headers=headers) as r:
+                return r.status, await r.json()
+
+        operator = await farm.token(Role.OPERATOR)
+        status, answer = await post("GetHost", operator, {"host_id": "h1"})
+        assert status == 200 and answer["host"]["host_id"] == "h1", answer
+        status, answer = await post("GetHost", await farm.token(Role.CLIENT), {"host_id": "h1"})
+        assert (status, answer["code"]) == (403, "PERMISSION_DENIED")
+        status, answer = await post("GetHost", operator, {"host_id": "nope"})
+        assert (status, answer["code"]) == (404, "NOT_FOUND")
+        status, answer = await post("CordonHost", operator, {"host_id": "h1"})
+        assert (status, answer["code"]) == (404, "NOT_FOUND")
+    assert await host_flags(farm, "h1") == (False, False)

@@ -103,6 +103,7 @@ READ_ONLY = {
     "/amc.v1.Admin/ListTokens",
     "/amc.v1.Scheduler/ListArtifacts",
     "/amc.v1.Scheduler/GetArtifact",
+    "/amc.v1.Admin/GetHost",
 }
 TABLES = (
     "tokens",
@@ -113,16 +114,28 @@ TABLES = (
     "task_events",
     "artifacts",
     "artifact_chunks",
+    "host_events",
 )
 # What a request may not change. Not hosts.last_seen_at / replica_id: those follow the
 # host's renewal stream (presence), written by the replica when a stream opens or closes.
-DIGESTED = {"hosts": "(SELECT host_id, labels, registered_at FROM hosts)"}
+DIGESTED = {"hosts": "(SELECT host_id, labels, registered_at, cordoned, draining FROM hosts)"}
 # Referencing tables first.
 RESTORE_ORDER = (
     ("artifact_chunks", "artifacts", "task_events", "attempts", "tasks"),
     ("devices", "hosts"),
     ("tokens",),
+    ("host_events",),
 )
+# The Admin calls on hosts and devices: each names a host (and a device) first.
+HOST_OPERATIONS = {
+    "CordonHost",
+    "UncordonHost",
+    "DrainHost",
+    "RemoveHost",
+    "GetHost",
+    "CordonDevice",
+    "UncordonDevice",
+}
 METHODS = {f"/{service}/{m.name}": m for service, svc in SERVICES.items() for m in svc.methods}
 METHOD_CLASSES = {name: GetMessageClass(m.input_type) for name, m in METHODS.items()}
 CODES: Counter[str] = Counter()
@@ -906,6 +919,16 @@ def templates(w: World) -> dict[str, list[message.Message]]:
         ],
         "/amc.v1.Admin/RevokeToken": [admin_pb2.RevokeTokenRequest(token_id=t) for t in w.victims],
         "/amc.v1.Admin/ListTokens": [admin_pb2.ListTokensRequest()],
+        "/amc.v1.Admin/CordonHost": [admin_pb2.CordonHostRequest(host_id="B", reason="fuzz")],
+        "/amc.v1.Admin/UncordonHost": [admin_pb2.UncordonHostRequest(host_id="A")],
+        "/amc.v1.Admin/DrainHost": [admin_pb2.DrainHostRequest(host_id="A", reason="fuzz")],
+        "/amc.v1.Admin/RemoveHost": [admin_pb2.RemoveHostRequest(host_id="B")],
+        "/amc.v1.Admin/GetHost": [admin_pb2.GetHostRequest(host_id="A", events=5)],
+        "/amc.v1.Admin/CordonDevice": [
+            admin_pb2.CordonDeviceRequest(serial="A4", reason="fuzz"),
+            admin_pb2.CordonDeviceRequest(host_id="B", serial="B1"),
+        ],
+        "/amc.v1.Admin/UncordonDevice": [admin_pb2.UncordonDeviceRequest(serial="A1")],
         "/amc.v1.Lease/UploadArtifact": [
             *upload_requests(w.leases[5]),
             *upload_requests(w.leases[0]),
@@ -1023,6 +1046,15 @@ def _broken_list_tasks(r: Any) -> str | None:
     return "text" if _broken(r.text) else None
 
 
+def _broken_admin(name: str, caller: str, r: Any) -> str | None:
+    if name == "CreateToken":
+        return next((f for f in ("host_id", "name") if _broken(getattr(r, f))), None)
+    if caller != "operator":  # PERMISSION_DENIED first
+        return None
+    fields = ("host_id", "serial") if "Device" in name else ("host_id",)
+    return next((f for f in fields if _broken(getattr(r, f))), None)
+
+
 def must_refuse(method: str, caller: str, r: Any) -> str | None:
     """The identifier or label field of a request (the first message of a stream) holding
     a line break or control character, if the request must be INVALID_ARGUMENT for it:
@@ -1038,8 +1070,8 @@ def must_refuse(method: str, caller: str, r: Any) -> str | None:
         return None
     if name == "ListTasks":
         return _broken_list_tasks(r)
-    if name == "CreateToken":
-        return next((f for f in ("host_id", "name") if _broken(getattr(r, f))), None)
+    if name == "CreateToken" or name in HOST_OPERATIONS:
+        return _broken_admin(name, caller, r)
     if name not in ("RegisterHost", "Acquire", "RenewLeases"):
         return None
     if _broken(r.host_id):

@@ -2,7 +2,8 @@
 
 - `/`, `/queue`, `/tasks`, `/tasks/<id>`, `/hosts/<id>`: one page (static/index.html)
   whose script draws the view the path names.
-- `POST /api/amc.v1.Scheduler/<Method>`: the JSON mapping of the Scheduler service. The
+- `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/GetHost`, for the Host
+  page's operator events): the JSON mapping of the Scheduler service. The
   body is the request message in proto JSON; the call goes to the very servicer method the
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
   messages); the answer is the response message in proto JSON, or `{"code", "message"}`
@@ -27,8 +28,9 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from amc.v1 import scheduler_pb2
+from amc.v1 import admin_pb2, scheduler_pb2
 from control_plane import errors
+from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
 from control_plane.domain import Role
 from control_plane.hub import Hub
@@ -52,6 +54,9 @@ METHODS = frozenset(
         "GetQueue",
     }
 )
+ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
+# The Admin methods a page may call: reads only.
+ADMIN_METHODS = frozenset({"GetHost"})
 PAGES = ("/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}")
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -105,8 +110,15 @@ def _refusal(code: grpc.StatusCode, message: str) -> web.Response:
 
 
 class Console:
-    def __init__(self, scheduler: SchedulerService, auth: Authenticator, hub: Hub) -> None:
+    def __init__(
+        self,
+        scheduler: SchedulerService,
+        auth: Authenticator,
+        hub: Hub,
+        admin: AdminService | None = None,
+    ) -> None:
         self.scheduler = scheduler
+        self.admin = admin
         self.auth = auth
         self.hub = hub
         self.static = resources.files(__package__).joinpath("static")
@@ -120,6 +132,7 @@ class Console:
             app.router.add_get(path, self.page)
         app.router.add_get("/static/{name}", self.asset)
         app.router.add_post(f"/api/{SERVICE}/{{method}}", self.call)
+        app.router.add_post(f"/api/{ADMIN.full_name}/{{method}}", self.call_admin)
         app.router.add_get("/api/events", self.events)
         return app
 
@@ -194,18 +207,28 @@ class Console:
         name = request.match_info["method"]
         if name not in METHODS:
             return _refusal(grpc.StatusCode.NOT_FOUND, f"no method {name} here")
+        return await self._call(request, self.scheduler, SCHEDULER.methods_by_name[name])
+
+    async def call_admin(self, request: web.Request) -> web.Response:
+        name = request.match_info["method"]
+        if name not in ADMIN_METHODS or self.admin is None:
+            return _refusal(grpc.StatusCode.NOT_FOUND, f"no method {name} here")
+        return await self._call(request, self.admin, ADMIN.methods_by_name[name])
+
+    async def _call(self, request: web.Request, servicer: Any, method: Any) -> web.Response:
+        name = method.name
         # A JSON content type cannot be sent across sites without the browser asking first
         # (and this server never says yes): no other page can act with this one's access.
         if request.content_type != "application/json":
             return _refusal(grpc.StatusCode.INVALID_ARGUMENT, "send application/json")
-        request_class = GetMessageClass(SCHEDULER.methods_by_name[name].input_type)
+        request_class = GetMessageClass(method.input_type)
         try:
             message = json_format.Parse(await request.text() or "{}", request_class())
         except (json_format.ParseError, UnicodeDecodeError) as exc:
             return _refusal(grpc.StatusCode.INVALID_ARGUMENT, f"request: {exc}")
         context = CallContext(request.headers.get("Authorization"))
         try:
-            answer = await getattr(self.scheduler, name)(message, context)
+            answer = await getattr(servicer, name)(message, context)
         except Refused as exc:
             return _refusal(exc.code, exc.message)
         return web.json_response(_to_json(answer))

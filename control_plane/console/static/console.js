@@ -4,6 +4,7 @@
 "use strict";
 
 const API = "/api/amc.v1.Scheduler/";
+const ADMIN_API = "/api/amc.v1.Admin/";
 const TOKEN_KEY = "amc.token";
 const TERMINAL = new Set(["done", "failed", "cancelled"]);
 const STATUSES = ["queued", "assigned", "dispatched", "done", "failed", "cancelled"];
@@ -87,10 +88,10 @@ function authHeaders() {
   return token ? { Authorization: `Bearer ${token}` } : {};
 }
 
-async function call(method, body) {
+async function call(method, body, api = API) {
   let response;
   try {
-    response = await fetch(API + method, {
+    response = await fetch(api + method, {
       method: "POST",
       headers: { "Content-Type": "application/json", ...authHeaders() },
       body: JSON.stringify(body || {}),
@@ -461,13 +462,16 @@ const Host = {
   nav: "farm",
   title: (params) => `Host ${params.id}`,
   async load(params) {
-    const [hosts, tasks] = await Promise.all([
-      call("ListHosts", {}),
+    const [got, tasks] = await Promise.all([
+      call("GetHost", { host_id: params.id, events: 20 }, ADMIN_API).catch((err) => {
+        if (err.code === "NOT_FOUND") return {};
+        throw err;
+      }),
       call("ListTasks", { host_id: params.id, page_size: 20 }),
     ]);
-    return { host: (hosts.hosts || []).find((x) => x.host_id === params.id), tasks: tasks.tasks || [] };
+    return { host: got.host, events: got.events || [], tasks: tasks.tasks || [] };
   },
-  render({ host, tasks }, params) {
+  render({ host, events, tasks }, params) {
     if (!host) return [h("div", { class: "error", role: "alert" }, `NOT_FOUND: no host ${params.id} has registered`)];
     return [
       h("h1", {}, "Host ", host.host_id, " ", badge(host.connected ? "yes" : "no"), " connected ", hostWork(host)),
@@ -480,6 +484,11 @@ const Host = {
         h("td", { class: "id" }, taskLink(t.task_id)), h("td", {}, badge(statusOf(t))),
         h("td", { class: "serial" }, t.device_serial), h("td", {}, when(t.created_at)))))
         : h("p", { class: "muted" }, "No task has run here."),
+      h("h2", {}, "Operator events"),
+      events.length ? table(["when", "what", "device", "by", "reason"], events.map((e) => h("tr", { class: "host-event" },
+        h("td", {}, when(e.at)), h("td", {}, badge(e.kind)), h("td", { class: "serial" }, e.serial || "-"),
+        h("td", {}, e.actor_name ? `${e.actor_name} (${e.actor})` : e.actor), h("td", {}, e.reason || "-"))))
+        : h("p", { class: "muted" }, "No operator has cordoned, drained or uncordoned it."),
     ];
   },
   wants: (kind, data, params) => kind === "task" || (kind === "host" && data === params.id) || kind === "resync",
