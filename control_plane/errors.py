@@ -9,6 +9,7 @@
     │   └── DeviceNotFound
     ├── FailedPrecondition       the task's state does not allow it
     │   ├── HostInUse
+    │   ├── HostNotRegistered    an Acquire from a host the control plane forgot
     │   ├── TaskAlreadyTerminal
     │   ├── NoCancellationRequested
     │   ├── DifferentReportRecorded
@@ -78,6 +79,10 @@ class FailedPrecondition(AmcError):
 
 class HostInUse(FailedPrecondition):
     """The host is connected or holds leases, so it cannot be removed."""
+
+
+class HostNotRegistered(FailedPrecondition):
+    """This host is not registered (it was forgotten or removed); register it again."""
 
 
 class TaskAlreadyTerminal(FailedPrecondition):

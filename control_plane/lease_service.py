@@ -29,7 +29,7 @@ from control_plane.convert import (
 from control_plane.dispatch import Waiter
 from control_plane.domain import Assignment, CancelNotice, DrainNotice, LeaseId
 from control_plane.effects import Effects
-from control_plane.errors import AmcError, InvalidArgument, Unavailable
+from control_plane.errors import AmcError, HostNotRegistered, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
 from control_plane.rpc import Context, TaskServicer, check_decoded, code_for, principal, rpc
 from control_plane.store import Store
@@ -125,6 +125,13 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                 )
                 if acquired.assignments:
                     return acquired.assignments
+                if not acquired.idle and not await self.store.host_registered(host_id):
+                    # Forgotten (retention, `amc hosts remove`) while it was away: it takes
+                    # no work until it registers its devices again, which the agent does.
+                    raise HostNotRegistered(
+                        f"host '{host_id}' is not registered (forgotten after a long "
+                        "disconnection, or removed): register it again"
+                    )
                 remaining = deadline - loop.time()
                 if remaining <= 0 or self.hub.closing:
                     return []

@@ -431,6 +431,10 @@ SELECT (SELECT count(*) FROM tasks_gone) AS tasks,
        (SELECT count(*) FROM events) AS task_events,
        (SELECT count(*) FROM artifacts_gone) AS artifacts;
 
+-- name: host_registered
+-- Asked when an Acquire found none of the devices it offered: is the host there at all?
+SELECT EXISTS (SELECT 1 FROM hosts WHERE host_id = $1) AS registered;
+
 -- name: forget_hosts
 -- Up to $2 hosts last seen (as list_hosts decides it) before now() - $1 that hold no lease
 -- and no device, each removed as RemoveHost would (amc_remove_host: with its devices,

@@ -570,6 +570,10 @@ class Store:
             artifacts=row["artifacts"],
         )
 
+    async def host_registered(self, host_id: str) -> bool:
+        row = await self._fetchrow("host_registered", host_id)
+        return bool(row and row["registered"])
+
     async def forget_hosts(self, unseen_for: timedelta, limit: int, reason: str) -> Removed:
         """One batch: up to `limit` hosts not seen for `unseen_for` that hold no lease, with
         their devices, each recorded as removed by retention because `reason`. Nothing when

@@ -7,7 +7,8 @@ for each assignment it is given.
          ├─ LeaseKeeper.run()      the renewal stream and self-fencing (leases.py)
          ├─ _refresh_loop()        inventory every `inventory_interval`; re-register on change
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
-         ├─ _acquire_loop()        Acquire long polls covering every idle device
+         ├─ _acquire_loop()        Acquire long polls covering every idle device (one
+         │                         refused as unregistered: register again, ask again)
          └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
                                     → report or release → forget; then the books here
 
@@ -225,6 +226,17 @@ class Agent:
         self._notifier.status(self._status())
         return timing
 
+    async def _register_again(self, refusal: grpc.aio.AioRpcError) -> None:
+        """The control plane forgot this host while it was away (retention after a long
+        disconnection, or `amc hosts remove`): register its devices again; the Acquire that
+        was refused is then asked again."""
+        self._log.warning(
+            "the control plane does not know this host; registering again",
+            reason=refusal.details(),
+        )
+        async with self._refreshing:
+            await self._register(self._inventory)
+
     async def _read_inventory(self) -> tuple[DeviceInfo, ...]:
         try:
             inventory = tuple(await self._source.inventory())
@@ -298,9 +310,14 @@ class Agent:
         request = acquire_request(self.settings.host_id, idle, self.settings.acquire_wait)
         async for attempt in retrying("acquire", self._log):
             with attempt:
-                response = await self._stub.Acquire(
-                    request, timeout=self.settings.acquire_wait + CALL_TIMEOUT
-                )
+                try:
+                    response = await self._stub.Acquire(
+                        request, timeout=self.settings.acquire_wait + CALL_TIMEOUT
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                        await self._register_again(exc)
+                    raise
         # Taken before the conversion, so the leases' deadlines err early, never late.
         received_at = time.monotonic()
         return received_at, [assignment_from_proto(a) for a in response.assignments]

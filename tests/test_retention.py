@@ -21,7 +21,10 @@ from control_plane.config import Settings
 from control_plane.domain import Removed
 from control_plane.retention import _batches
 from control_plane.store import Store
+from host_agent.results import Outcome
+from host_agent.simulated import SimulatedSource
 from tests.support import Clients, Farm, actions_spec, eventually, tap
+from tests.support.agent import finished, running_agent, status_is, submit
 from tests.test_artifacts import dispatched, stored, upload, upload_messages
 from tests.test_cli import control_plane
 
@@ -436,6 +439,53 @@ async def test_a_forgotten_host_that_registers_again_is_back_with_its_devices(
     client = await farm.client()
     await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec(tap())))
     assert (await host.acquire_one("k1")).task_id
+
+
+async def test_an_acquire_from_a_host_that_is_not_registered_is_failed_precondition(
+    quiet: Farm,
+) -> None:
+    """A host the control plane forgot (or never knew) is told to register again
+    (FAILED_PRECONDITION naming it), and nothing changes; a registered host whose phones
+    are all unavailable is not: it simply gets nothing."""
+    farm = quiet
+    ghost = await farm.host("ghost")
+    before = await farm.snapshot()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await ghost.acquire("s1", wait=0.2)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "host 'ghost' is not registered" in (info.value.details() or "")
+    assert await farm.snapshot() == before
+    known = await farm.host("known")
+    await known.c.lease.RegisterHost(
+        lease_pb2.RegisterHostRequest(
+            host_id="known",
+            devices=[lease_pb2.DeviceInfo(serial="k1", state=scheduler_pb2.DEVICE_STATE_OFFLINE)],
+        )
+    )
+    assert await known.acquire("k1", wait=0.2) == []
+
+
+async def test_an_agent_whose_host_was_forgotten_registers_again_and_takes_work(
+    retaining: Farm,
+) -> None:
+    """THEN an agent that comes back after its host was forgotten (its Acquire refused as
+    unregistered) registers its phones again by itself and runs the work queued for them."""
+    farm = retaining
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source, host_id="comeback") as agent:
+        # Set-up: the host removed as retention removes one after a long disconnection.
+        await (await db(farm)).execute(
+            "SELECT amc_remove_host('comeback', interval '0', 'retention', 'control plane', 'test')"
+        )
+        client = await farm.client()
+        task_id = await submit(client, actions_spec(tap()))
+        record = await finished(agent, task_id)
+        assert record.result is not None and record.result.outcome is Outcome.DONE
+        assert await status_is(farm, task_id, "done") == "done"
+    registered = await (await db(farm)).fetchval(
+        "SELECT count(*) FROM devices WHERE host_id = 'comeback'"
+    )
+    assert registered == 1
 
 
 # -- the replica's heartbeat, which "last seen" rests on ------------------------------------
