@@ -15,7 +15,13 @@ from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, tap, wait_action
 from tests.support.agent import running_agent, status_is, submit
 from tests.test_cli import TAP, Cli
-from tests.test_host_operations import disconnect, host_events, host_flags, named_operator
+from tests.test_host_operations import (
+    disconnect,
+    host_events,
+    host_flags,
+    named_operator,
+    stay_connected,
+)
 
 
 async def operator_cli(farm: Farm) -> tuple[Cli, str]:
@@ -155,6 +161,7 @@ async def test_get_and_submit_wait_show_why_a_task_waits(farm: Farm, tmp_path: P
     assert doc["pending_reason"] == "no registered device matches model=Pixel9"
 
     host = await farm.host("h1", "s1", rack="r9")
+    stream = await stay_connected(farm, host)
     assert (await amc("hosts", "cordon", "h1")).code == 0
     spec = tmp_path / "tap.yaml"
     spec.write_text(TAP)
@@ -167,5 +174,6 @@ async def test_get_and_submit_wait_show_why_a_task_waits(farm: Farm, tmp_path: P
     await host.renew(a.lease_id)
     await host.report(a, lease_pb2.OUTCOME_DONE)
     run = await follow.finish()
+    await stream.close()
     assert run.code == 0, run.err
     assert sum("every matching host is cordoned" in line for line in follow.lines) == 1

@@ -16,7 +16,16 @@ from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
-from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
+from tests.support import (
+    Clients,
+    Farm,
+    HostClient,
+    RenewStream,
+    actions_spec,
+    eventually,
+    tap,
+    wait_action,
+)
 from tests.support.agent import finished, running_agent, status_is, submit
 
 
@@ -55,6 +64,22 @@ async def submit_tap(c: Clients, **labels: str) -> str:
 async def reason_of(c: Clients, task_id: str) -> str:
     task = await c.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
     return str(task.pending_reason)
+
+
+async def stay_connected(farm: Farm, host: HostClient) -> RenewStream:
+    """A renewal stream held open, recorded: the host counts as connected however slowly
+    the test runs (until `disconnect`)."""
+    stream = host.stream()
+    await stream.renew()
+    assert farm.db is not None
+    db = farm.db
+
+    async def recorded() -> bool:
+        sql = "SELECT replica_id IS NOT NULL FROM hosts WHERE host_id = $1"
+        return bool(await db.fetchval(sql, host.host_id))
+
+    await eventually(recorded, what="the stream recorded")
+    return stream
 
 
 def disconnect(farm: Farm, host_id: str) -> Any:
@@ -347,6 +372,7 @@ async def test_pending_reason_says_why_a_queued_task_waits(farm: Farm) -> None:
     assert await reason_of(c, nothing) == "no registered device matches model=Pixel9"
 
     h1 = await farm.host("h1", "s1", rack="r1")
+    stream = await stay_connected(farm, h1)
     running = await submit_tap(c, rack="r1")
     a = await h1.acquire_one("s1")
     busy = await submit_tap(c, rack="r1")
@@ -377,6 +403,7 @@ async def test_pending_reason_says_why_a_queued_task_waits(farm: Farm) -> None:
     watch = c.scheduler.WatchTask(scheduler_pb2.WatchTaskRequest(task_id=nothing))
     first = await anext(aiter(watch))
     watch.cancel()
+    await stream.close()
     assert first.pending_reason == "no registered device matches model=Pixel9"
 
 
@@ -384,6 +411,7 @@ async def test_pending_reason_counts_busy_devices_beside_unavailable_ones(farm: 
     """Busy devices are named with the offline and cordoned ones beside them."""
     op = await farm.operator()
     h1 = await farm.host("h1", "s1", "s2", rack="r1")
+    stream = await stay_connected(farm, h1)
     await farm.host("h2", "s3", rack="r1")
     await submit_tap(op, rack="r1")
     await h1.acquire_one("s1")
@@ -391,6 +419,7 @@ async def test_pending_reason_counts_busy_devices_beside_unavailable_ones(farm: 
     await disconnect(farm, "h2")
     waiting = await submit_tap(op, rack="r1")
     assert await reason_of(op, waiting) == "1 matching device, busy (1 offline, 1 cordoned)"
+    await stream.close()
 
 
 async def test_pending_reason_names_a_serial_selector(farm: Farm) -> None:
