@@ -4,15 +4,17 @@ token and the reason given."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import structlog
+from google.protobuf.message import Message
 
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from control_plane import validate
-from control_plane.auth import Authenticator, new_token
-from control_plane.config import Settings
+from control_plane.auth import new_token
 from control_plane.convert import host_event_to_pb, host_to_pb, token_to_pb
 from control_plane.domain import Role, TokenInfo
-from control_plane.effects import Effects
 from control_plane.lifecycle import HostEventKind
 from control_plane.rpc import Context, TaskServicer, principal, rpc
 from control_plane.store import Store
@@ -31,13 +33,20 @@ async def create_token(
     return info, token
 
 
+def _operation(name: str, kind: HostEventKind, device: bool = False) -> Callable[..., Any]:
+    """The RPC `name` of AdminService: operation `kind` on a host, or on one device."""
+
+    async def operation(self: AdminService, request: Any, context: Context) -> Message:
+        if device:
+            return await self._device_cordon(request, kind)
+        return await self._host_cordon(request, kind)
+
+    operation.__name__ = operation.__qualname__ = name
+    return rpc(operation)
+
+
 class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     SERVICE = "amc.v1.Admin"
-
-    def __init__(
-        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
-    ) -> None:
-        super().__init__(auth, store, effects, settings)
 
     @rpc
     async def CreateToken(
@@ -89,37 +98,11 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         host = await self.store.get_host(self.settings.lease_ttl, host_id)
         return admin_pb2.DeviceOperationResponse(host=host_to_pb(host))
 
-    @rpc
-    async def CordonHost(
-        self, request: admin_pb2.CordonHostRequest, context: Context
-    ) -> admin_pb2.HostOperationResponse:
-        return await self._host_cordon(request, HostEventKind.CORDON)
-
-    @rpc
-    async def UncordonHost(
-        self, request: admin_pb2.UncordonHostRequest, context: Context
-    ) -> admin_pb2.HostOperationResponse:
-        return await self._host_cordon(request, HostEventKind.UNCORDON)
-
-    @rpc
-    async def DrainHost(
-        self, request: admin_pb2.DrainHostRequest, context: Context
-    ) -> admin_pb2.HostOperationResponse:
-        return await self._host_cordon(request, HostEventKind.DRAIN)
-
-    @rpc
-    async def CordonDevice(
-        self, request: admin_pb2.CordonDeviceRequest, context: Context
-    ) -> admin_pb2.DeviceOperationResponse:
-        return await self._device_cordon(request, HostEventKind.CORDON)
-
-    @rpc
-    async def UncordonDevice(
-        self,
-        request: admin_pb2.UncordonDeviceRequest,
-        context: Context,
-    ) -> admin_pb2.DeviceOperationResponse:
-        return await self._device_cordon(request, HostEventKind.UNCORDON)
+    CordonHost = _operation("CordonHost", HostEventKind.CORDON)
+    UncordonHost = _operation("UncordonHost", HostEventKind.UNCORDON)
+    DrainHost = _operation("DrainHost", HostEventKind.DRAIN)
+    CordonDevice = _operation("CordonDevice", HostEventKind.CORDON, device=True)
+    UncordonDevice = _operation("UncordonDevice", HostEventKind.UNCORDON, device=True)
 
     @rpc
     async def RemoveHost(

@@ -50,6 +50,8 @@ DEVICE_STATE_TO_PB = _by_name(
     scheduler_pb2.DeviceState, "DEVICE_STATE", ("device", "offline", "unauthorized", "gone")
 )
 DEVICE_STATE_FROM_PB = {v: k for k, v in DEVICE_STATE_TO_PB.items()}
+# What ArtifactFile (domain) and ArtifactHeader / Artifact (messages) call alike.
+ARTIFACT_FACTS = ("attempt", "step_index", "action_index", "step_name", "kind", "size_bytes")
 # What DeviceInfo (domain) and Device / DeviceInfo (messages) call alike.
 DEVICE_FACTS = ("serial", "model", "manufacturer", "sdk", "abi")
 ATTEMPT_STATE_TO_PB = _by_name(
@@ -235,14 +237,9 @@ def artifact_from_pb(h: lease_pb2.ArtifactHeader) -> NewArtifact:
     """An upload's header the gRPC edge has validated (validate.artifact_header)."""
     return NewArtifact(
         task_id=TaskId(uuid.UUID(h.task_id)),
-        attempt=h.attempt,
         lease_id=LeaseId(uuid.UUID(h.lease_id)),
-        step_index=h.step_index,
-        action_index=h.action_index,
-        step_name=h.step_name,
-        kind=h.kind,
-        size_bytes=h.size_bytes,
         sha256=bytes.fromhex(h.sha256),
+        **_same(h, *ARTIFACT_FACTS),
     )
 
 
@@ -250,13 +247,8 @@ def artifact_to_pb(a: ArtifactInfo) -> task_pb2.Artifact:
     return task_pb2.Artifact(
         artifact_id=str(a.artifact_id),
         task_id=str(a.task_id),
-        attempt=a.attempt,
-        step_index=a.step_index,
-        step_name=a.step_name,
-        action_index=a.action_index,
-        kind=a.kind,
         content_type=KEEPS.get(a.kind, "application/octet-stream"),
-        size_bytes=a.size_bytes,
         sha256=a.sha256.hex(),
         created_at=timestamp(a.created_at),
+        **_same(a, *ARTIFACT_FACTS),
     )

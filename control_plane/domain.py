@@ -331,12 +331,11 @@ ArtifactId = NewType("ArtifactId", uuid.UUID)
 
 
 @dataclass(frozen=True)
-class NewArtifact:
-    """An artifact as its host announces it (the upload's header), before its bytes."""
+class ArtifactFile:
+    """What a kept file is: the attempt and the action that kept it, its size and digest."""
 
     task_id: TaskId
     attempt: int
-    lease_id: LeaseId
     step_index: int
     action_index: int
     step_name: str
@@ -347,16 +346,16 @@ class NewArtifact:
 
 
 @dataclass(frozen=True)
-class ArtifactInfo:
+class NewArtifact(ArtifactFile):
+    """An artifact as its host announces it (the upload's header), before its bytes; it
+    is stored only under `lease_id`, the attempt's live lease."""
+
+    lease_id: LeaseId
+
+
+@dataclass(frozen=True)
+class ArtifactInfo(ArtifactFile):
     """A stored artifact (without its bytes)."""
 
     artifact_id: ArtifactId
-    task_id: TaskId
-    attempt: int
-    step_index: int
-    action_index: int
-    step_name: str
-    kind: str
-    size_bytes: int
-    sha256: bytes
     created_at: datetime

@@ -14,7 +14,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from control_plane import errors, metrics, validate
-from control_plane.artifacts import Artifacts, PostgresArtifacts, UploadMemory, receive
+from control_plane.artifacts import UploadMemory, receive
 from control_plane.auth import Authenticator, check_host
 from control_plane.config import Settings
 from control_plane.convert import (
@@ -49,7 +49,6 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     ) -> None:
         super().__init__(auth, store, effects, settings)
         self._pending: set[asyncio.Task[None]] = set()
-        self.artifacts: Artifacts = PostgresArtifacts(store)
         self._upload_memory = UploadMemory(settings.max_upload_memory)
 
     def _host(self, host_id: str) -> str:

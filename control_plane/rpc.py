@@ -14,6 +14,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from control_plane import errors, metrics
+from control_plane.artifacts import Artifacts, PostgresArtifacts
 from control_plane.auth import Authenticator, authorize
 from control_plane.domain import ANONYMOUS, Principal
 
@@ -104,7 +105,7 @@ class Servicer:
 
 class TaskServicer(Servicer):
     """A servicer that changes tasks: the store, what follows each committed transition
-    (`effects`, and its hub) and the settings."""
+    (`effects`, and its hub), the settings and where the tasks' kept files are."""
 
     def __init__(
         self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
@@ -114,6 +115,7 @@ class TaskServicer(Servicer):
         self.effects = effects
         self.hub = effects.hub
         self.settings = settings
+        self.artifacts: Artifacts = PostgresArtifacts(store)
 
 
 async def _enter(self: Servicer, method: str, context: Context) -> None:

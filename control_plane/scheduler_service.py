@@ -12,9 +12,6 @@ import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import pending, validate
-from control_plane.artifacts import Artifacts, PostgresArtifacts
-from control_plane.auth import Authenticator
-from control_plane.config import Settings
 from control_plane.convert import (
     artifact_to_pb,
     attempt_to_pb,
@@ -24,11 +21,9 @@ from control_plane.convert import (
     task_to_pb,
 )
 from control_plane.domain import ArtifactId, NewTask, Task, TaskId
-from control_plane.effects import Effects
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.lifecycle import TaskStatus
 from control_plane.rpc import Context, TaskServicer, principal, rpc
-from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -91,12 +86,6 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
 
 class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     SERVICE = "amc.v1.Scheduler"
-
-    def __init__(
-        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
-    ) -> None:
-        super().__init__(auth, store, effects, settings)
-        self.artifacts: Artifacts = PostgresArtifacts(store)
 
     @rpc
     async def SubmitTask(

@@ -135,29 +135,28 @@ async def migrate(dsn: str) -> list[str]:
             await conn.close()
 
 
+def _as_is(row: asyncpg.Record | Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The columns a domain value takes as they are, by name."""
+    return {name: row[name] for name in names}
+
+
+# The columns of `tasks` that Task takes as they are.
+_TASK_COLUMNS = (
+    "request_id", "selector_serial", "priority", "max_attempts", "attempt", "host_id",
+    "device_serial", "cancel_requested_at", "cancel_reason", "error", "created_at",
+    "updated_at", "finished_at", "queue_timeout", "deadline",
+)  # fmt: skip
+
+
 def _task(row: asyncpg.Record | dict[str, Any]) -> Task:
     return Task(
         task_id=TaskId(row["task_id"]),
-        request_id=row["request_id"],
         status=TaskStatus(row["status"]),
         spec=bytes(row["spec"]),
-        selector_serial=row["selector_serial"],
         selector_labels=row["selector_labels"] or {},
-        priority=row["priority"],
-        max_attempts=row["max_attempts"],
         metadata=row["metadata"] or {},
-        attempt=row["attempt"],
-        host_id=row["host_id"],
-        device_serial=row["device_serial"],
-        cancel_requested_at=row["cancel_requested_at"],
-        cancel_reason=row["cancel_reason"],
         result=bytes(row["result"]) if row["result"] is not None else None,
-        error=row["error"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
-        queue_timeout=row["queue_timeout"],
-        deadline=row["deadline"],
+        **_as_is(row, *_TASK_COLUMNS),
     )
 
 
@@ -708,18 +707,17 @@ def _expiry(row: asyncpg.Record) -> Expiry:
     )
 
 
+_ARTIFACT_COLUMNS = (
+    "attempt", "step_index", "action_index", "step_name", "kind", "size_bytes", "created_at",
+)  # fmt: skip
+
+
 def _artifact(row: asyncpg.Record) -> ArtifactInfo:
     return ArtifactInfo(
         artifact_id=ArtifactId(row["artifact_id"]),
         task_id=TaskId(row["task_id"]),
-        attempt=row["attempt"],
-        step_index=row["step_index"],
-        action_index=row["action_index"],
-        step_name=row["step_name"],
-        kind=row["kind"],
-        size_bytes=row["size_bytes"],
         sha256=bytes(row["sha256"]),
-        created_at=row["created_at"],
+        **_as_is(row, *_ARTIFACT_COLUMNS),
     )
 
 

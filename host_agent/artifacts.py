@@ -83,9 +83,7 @@ async def _upload(
 ) -> StoredArtifact | str:
     """The stored artifact, or why it is not."""
     header = lease_pb2.ArtifactHeader(
-        task_id=lease.task_id,
-        attempt=lease.attempt,
-        lease_id=lease.lease_id,
+        **dataclasses.asdict(lease),  # task_id, attempt, lease_id
         step_index=step.index,
         step_name=step.name,
         action_index=kept.action_index,
