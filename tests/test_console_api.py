@@ -4,17 +4,21 @@ same servicer, roles, validation and messages as gRPC), the pages, the event str
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from amc.v1 import lease_pb2, scheduler_pb2
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from control_plane.server import ControlPlane
+from host_agent.simulated import UI_XML, SimulatedSource, screenshot_png
 from tests.support import Farm, actions_spec, tap
+from tests.support.agent import running_agent, status_is, submit
 from tests.support.console import SETTINGS, console_farm, console_url
 
 A = scheduler_pb2
@@ -248,3 +252,82 @@ async def test_insecure_console_is_open_on_loopback_only(
             assert response.status == 403
     with pytest.raises(ValueError, match="loopback"):
         ControlPlane(database_url, SETTINGS, insecure=True, http_listen="0.0.0.0:8080")
+
+
+async def test_console_serves_an_artifact_as_getartifact_does_with_its_type_size_and_sha256(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """GET /api/artifacts/<task>/<artifact>: the bytes GetArtifact streams, typed by kind,
+    with their length and SHA-256; refused without a token (401), to a host token (403),
+    for a malformed id (400) and an artifact that is not the task's (404), each with the
+    API's one-line message."""
+    client = await farm.client()
+    screenshot = task_pb2.Action(screenshot=task_pb2.Screenshot())
+    ui_dump = task_pb2.Action(ui_dump=task_pb2.UiDump())
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        task_id = await submit(client, actions_spec(screenshot, ui_dump))
+        await status_is(farm, task_id, "done")
+    kept = await client.scheduler.ListArtifacts(A.ListArtifactsRequest(task_id=task_id))
+    png, xml = kept.artifacts
+    for token in (await farm.token(Role.CLIENT), await farm.token(Role.OPERATOR)):
+        headers = {"Authorization": f"Bearer {token}"}
+        for artifact, body, kind in (
+            (png, screenshot_png("sim-0"), "image/png"),
+            (xml, UI_XML.encode(), "application/xml"),
+        ):
+            request = A.GetArtifactRequest(task_id=task_id, artifact_id=artifact.artifact_id)
+            streamed = [m async for m in client.scheduler.GetArtifact(request)]
+            assert b"".join(m.chunk for m in streamed[1:]) == body
+            url = console_url(farm, f"/api/artifacts/{task_id}/{artifact.artifact_id}")
+            async with http.get(url, headers=headers) as response:
+                assert response.status == 200
+                assert response.content_type == kind
+                assert response.content_length == len(body) == artifact.size_bytes
+                assert response.headers["X-Amc-Sha256"] == artifact.sha256
+                assert await response.read() == body
+                assert hashlib.sha256(body).hexdigest() == artifact.sha256
+
+    other = await submit(client, actions_spec(tap()))
+    refusals = [
+        (None, task_id, png.artifact_id, 401, "UNAUTHENTICATED", "missing authorization"),
+        (await farm.token(Role.HOST, "h1"), task_id, png.artifact_id, 403,
+         "PERMISSION_DENIED", "may not call GetArtifact"),
+        (await farm.token(Role.CLIENT), task_id, "nope", 400, "INVALID_ARGUMENT",
+         "artifact_id"),
+        (await farm.token(Role.CLIENT), other, png.artifact_id, 404, "NOT_FOUND", "artifact"),
+        (await farm.token(Role.CLIENT), task_id, str(uuid.uuid4()), 404, "NOT_FOUND",
+         "artifact"),
+    ]  # fmt: skip
+    for token, task, artifact_id, status, code, words in refusals:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = console_url(farm, f"/api/artifacts/{task}/{artifact_id}")
+        async with http.get(url, headers=headers) as response:
+            answer = await response.json()
+            assert (response.status, answer["code"]) == (status, code), answer
+            assert words in answer["message"] and "\n" not in answer["message"]
+
+
+async def test_console_does_not_pass_off_damaged_artifact_bytes_as_whole(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """Bytes that no longer match the stored SHA-256 (damaged in the database) are cut
+    short of their Content-Length: the browser's fetch fails rather than show them."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        task_id = await submit(
+            client, actions_spec(task_pb2.Action(screenshot=task_pb2.Screenshot()))
+        )
+        await status_is(farm, task_id, "done")
+    (png,) = (await client.scheduler.ListArtifacts(A.ListArtifactsRequest(task_id=task_id))).artifacts
+    assert farm.db is not None
+    await farm.db.execute(
+        "UPDATE artifact_chunks SET data = overlay(data placing '\\x00'::bytea from 20)"
+        " WHERE artifact_id = $1",
+        uuid.UUID(png.artifact_id),
+    )
+    headers = {"Authorization": f"Bearer {await farm.token(Role.CLIENT)}"}
+    url = console_url(farm, f"/api/artifacts/{task_id}/{png.artifact_id}")
+    async with http.get(url, headers=headers) as response:
+        assert response.status == 200 and response.content_length == png.size_bytes
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()

@@ -8,6 +8,9 @@
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
   messages); the answer is the response message in proto JSON, or `{"code", "message"}`
   with the HTTP status of the gRPC code.
+- `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes (a screenshot's PNG, a
+  ui_dump's XML), read through the servicer's own GetArtifact (the same roles and errors),
+  with its content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent.
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import ssl
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -74,7 +78,8 @@ PENDING_LIMIT = 500
 KEEPALIVE = 15.0
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    # Screenshots are fetched with the token and shown from blob: URLs.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob:; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -133,6 +138,7 @@ class Console:
         app.router.add_get("/static/{name}", self.asset)
         app.router.add_post(f"/api/{SERVICE}/{{method}}", self.call)
         app.router.add_post(f"/api/{ADMIN.full_name}/{{method}}", self.call_admin)
+        app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
         return app
 
@@ -233,6 +239,53 @@ class Console:
             return _refusal(exc.code, exc.message)
         return web.json_response(_to_json(answer))
 
+    async def artifact(self, request: web.Request) -> web.StreamResponse:
+        """The artifact's bytes as the servicer's GetArtifact streams them: refusals (no
+        token, a role that may not, a malformed id, NOT_FOUND) come before the first byte
+        and are answered like the API's; the SHA-256 is checked before the last chunk goes
+        out, and a mismatch cuts the connection, so a browser never takes a wrong file
+        as whole."""
+        get = scheduler_pb2.GetArtifactRequest(
+            task_id=request.match_info["task_id"], artifact_id=request.match_info["artifact_id"]
+        )
+        messages = self.scheduler.GetArtifact(
+            get, CallContext(request.headers.get("Authorization"))
+        )
+        try:
+            artifact = (await anext(messages)).artifact
+        except Refused as exc:
+            return _refusal(exc.code, exc.message)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": artifact.content_type or "application/octet-stream",
+                "Content-Disposition": f'inline; filename="{_file_name(artifact)}"',
+                "X-Amc-Sha256": artifact.sha256,
+                "Cache-Control": "no-store",
+                **SECURITY_HEADERS,
+            }
+        )
+        response.content_length = artifact.size_bytes
+        digest = hashlib.sha256()
+        held = b""
+        try:
+            await response.prepare(request)
+            async for message in messages:
+                if held:
+                    await response.write(held)
+                held = message.chunk
+                digest.update(held)
+        except (Refused, ConnectionError) as exc:
+            log.warning("artifact not sent whole", artifact_id=artifact.artifact_id, error=str(exc))
+            return _cut(request, response)
+        finally:
+            await messages.aclose()
+        if digest.hexdigest() != artifact.sha256:
+            log.error("artifact bytes do not match their sha256", artifact_id=artifact.artifact_id)
+            return _cut(request, response)
+        await response.write(held)
+        await response.write_eof()
+        return response
+
     async def events(self, request: web.Request) -> web.StreamResponse:
         caller = CallContext(request.headers.get("Authorization"))
         try:
@@ -304,6 +357,19 @@ def _event(channel: str, payload: str) -> tuple[str, str] | None:
     if channel == "amc_queued":
         return ("queue", "")
     return None
+
+
+def _file_name(artifact: Any) -> str:
+    extension = {"image/png": "png", "application/xml": "xml"}.get(artifact.content_type, "bin")
+    return f"{artifact.kind}-{artifact.artifact_id}.{extension}"
+
+
+def _cut(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """End a response whose head is sent but whose body cannot be completed: close the
+    connection short of its Content-Length, which the browser sees as a failed fetch."""
+    if request.transport is not None:
+        request.transport.abort()
+    return response
 
 
 def _to_json(message: Message) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 // The AMC operator console: one script, no build step. Every figure comes from the
 // control plane's JSON mapping of amc.v1.Scheduler (/api/amc.v1.Scheduler/<Method>), with
-// the same roles, validation and messages as the gRPC API; /api/events says what changed.
+// the same roles, validation and messages as the gRPC API; /api/events says what changed;
+// /api/artifacts/<task>/<artifact> serves the files steps kept (through GetArtifact).
 "use strict";
 
 const API = "/api/amc.v1.Scheduler/";
 const ADMIN_API = "/api/amc.v1.Admin/";
+const ARTIFACT_API = "/api/artifacts/";
 const TOKEN_KEY = "amc.token";
 const TERMINAL = new Set(["done", "failed", "cancelled"]);
 const STATUSES = ["queued", "assigned", "dispatched", "done", "failed", "cancelled"];
@@ -107,6 +109,85 @@ async function call(method, body, api = API) {
   }
   if (!response.ok) throw new ApiError(response.status, data.code, data.message);
   return data;
+}
+
+// -- artifacts: fetched with the token (an <img src> could not send it), shown from blob: URLs --
+
+// artifact id -> its blob: URL once fetched (artifacts never change); the fetches under way.
+const artifactUrls = new Map();
+const artifactFetches = new Map();
+
+function forgetArtifacts() {
+  for (const url of artifactUrls.values()) URL.revokeObjectURL(url);
+  artifactUrls.clear();
+  artifactFetches.clear();
+}
+
+async function fetchArtifact(a) {
+  const path = `${ARTIFACT_API}${encodeURIComponent(a.task_id)}/${encodeURIComponent(a.artifact_id)}`;
+  const response = await fetch(path, { headers: authHeaders() });
+  if (!response.ok) {
+    let message = `HTTP ${response.status}`;
+    try { message = (await response.json()).message; } catch { /* keep the status */ }
+    throw new Error(message);
+  }
+  const data = await response.arrayBuffer();
+  // Checked again here where the browser can (crypto.subtle: https and loopback).
+  if (window.crypto && crypto.subtle) {
+    const digest = await crypto.subtle.digest("SHA-256", data);
+    const hex = Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+    if (hex !== a.sha256) throw new Error(`the bytes received have sha256 ${hex}, not ${a.sha256}`);
+  }
+  const url = URL.createObjectURL(new Blob([data], { type: a.content_type }));
+  artifactUrls.set(a.artifact_id, url);
+  return url;
+}
+
+// Give every element of the page showing `a` its bytes, fetching them once.
+function loadArtifact(a) {
+  if (artifactUrls.has(a.artifact_id) || artifactFetches.has(a.artifact_id)) return;
+  const fetching = fetchArtifact(a)
+    .then(() => fillArtifact(a.artifact_id))
+    .catch((err) => {
+      for (const el of main().querySelectorAll(`[data-artifact="${a.artifact_id}"] .artifact-error`)) {
+        el.textContent = `not loaded: ${err.message}`;
+      }
+    })
+    .finally(() => artifactFetches.delete(a.artifact_id));
+  artifactFetches.set(a.artifact_id, fetching);
+}
+
+function fillArtifact(id) {
+  for (const box of main().querySelectorAll(`[data-artifact="${id}"]`)) fillBox(box, artifactUrls.get(id));
+}
+
+function fillBox(box, url) {
+  for (const link of box.querySelectorAll("a")) link.href = url;
+  for (const img of box.querySelectorAll("img")) img.src = url;
+}
+
+function size(n) {
+  const bytes = Number(n || 0);
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+  return `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
+}
+
+function artifactView(a) {
+  const name = `${a.kind}-${a.artifact_id}.${a.content_type === "image/png" ? "png" : "xml"}`;
+  const shown = a.content_type === "image/png"
+    ? h("a", { class: "thumb", target: "_blank", title: "open full size" },
+      h("img", { alt: `${a.kind} of step ${a.step_name || a.step_index}` }))
+    : h("span", {}, h("a", { class: "open", target: "_blank" }, `${a.kind} XML`), " · ",
+      h("a", { class: "save", download: name }, "save"));
+  const box = h("div", { class: "artifact", "data-artifact": a.artifact_id, "data-kind": a.kind },
+    shown,
+    h("div", { class: "artifact-facts" }, `${a.kind} · ${size(a.size_bytes)} · sha256 `,
+      h("span", { class: "mono", title: a.sha256 }, a.sha256)),
+    h("div", { class: "artifact-error error-text" }));
+  if (artifactUrls.has(a.artifact_id)) fillBox(box, artifactUrls.get(a.artifact_id));
+  else loadArtifact(a);
+  return box;
 }
 
 // -- live updates: server-sent events, read with fetch so the token goes in a header -----------
@@ -419,12 +500,13 @@ const Task = {
       h("td", {}, s.index), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
       h("td", {}, s.duration || "-"),
       h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
-        Object.keys(s.data || {}).length ? labels(s.data) : "")));
+        Object.keys(s.data || {}).length ? labels(s.data) : "",
+        (s.artifacts || []).length ? h("div", { class: "artifacts" }, s.artifacts.map(artifactView)) : "")));
     return [
       h("h1", {}, "Task ", h("span", { class: "mono" }, params.id), " ", h("span", { id: "task-status" }, badge(status))),
       cancel, grid,
       h("h2", {}, "Steps"),
-      steps.length ? table(["#", "step", "status", "took", "output / error"], steps) : h("p", { class: "muted" }, "No step results yet."),
+      steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" }) : h("p", { class: "muted" }, "No step results yet."),
       h("h2", {}, "Attempts"),
       attempts.length ? table(["#", "host", "device", "lease", "assigned", "acknowledged", "ended", "how"], attempts, { class: "attempts" })
                       : h("p", { class: "muted" }, "Never assigned."),
@@ -571,6 +653,7 @@ function route() {
     return;
   }
   document.title = `${view.title(params)} · AMC`;
+  if (!current || current[0] !== view || current[1].id !== params.id) forgetArtifacts();
   current = [view, params];
   liveStarted = false;
   stopLive();
