@@ -4,6 +4,8 @@ save the README's screenshots under docs/."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,11 +14,13 @@ from typing import Any
 import pytest
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_cli.specfile import load_request
 from control_plane.domain import Role
-from host_agent.simulated import SimulatedSource
+from host_agent.simulated import UI_XML, SimulatedSource, screenshot_png
 from tests.support import Farm, actions_spec, eventually, seconds, tap, wait_action
-from tests.support.agent import running_agent
+from tests.support.agent import running_agent, status_is
 from tests.support.console import console_farm, console_url
+from tests.test_cli import EXAMPLES
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -172,8 +176,75 @@ async def test_console_cancel_on_the_task_page_ends_a_running_task_cancelled(
         assert (row["status"], row["cancel_reason"]) == ("cancelled", "wrong build")
         assert await page.get_by_role("button", name="Cancel task").count() == 0
         await page.locator("table.attempts", has_text="cancelled").wait_for()
-        await page.screenshot(path=str(DOCS / "console-task.png"), full_page=True)
         assert page.errors == []
+
+
+async def test_console_task_page_shows_the_screenshot_and_links_the_ui_dump_a_step_kept(
+    farm: Farm, browser: Any
+) -> None:
+    """The README's login workflow on a simulated phone: its Task page shows the evidence
+    step's screenshot as an image (loaded, the very bytes GetArtifact streams) with its
+    kind, size and sha256; a ui_dump's XML is a link to its bytes."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source, host_id="rack1-host"):
+        login = await client.scheduler.SubmitTask(
+            load_request(str(EXAMPLES / "login-workflow.yaml"))
+        )
+        dump = await client.scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(
+                spec=actions_spec(task_pb2.Action(ui_dump=task_pb2.UiDump()))
+            )
+        )
+        for task in (login, dump):
+            await status_is(farm, task.task_id, "done")
+    (shot,) = await _artifacts(client, login.task_id)
+    (xml,) = await _artifacts(client, dump.task_id)
+    streamed = await _artifact_bytes(client, login.task_id, shot.artifact_id)
+    assert streamed == screenshot_png(source.serials[0])
+
+    page = await open_page(browser, farm, f"/tasks/{login.task_id}", await farm.token(Role.CLIENT))
+    box = page.locator(f"[data-artifact='{shot.artifact_id}']")
+    await box.locator("img").wait_for()
+    await page.wait_for_function(
+        "id => { const img = document.querySelector(`[data-artifact='${id}'] img`);"
+        " return img && img.complete && img.naturalWidth > 0; }",
+        arg=shot.artifact_id,
+    )
+    img = box.locator("img")
+    assert await img.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [36, 64]
+    # What the page fetched and checked before showing it: the bytes GetArtifact streams.
+    assert await box.get_attribute("data-checked") == hashlib.sha256(streamed).hexdigest()
+    served = await page.evaluate(
+        "async path => Array.from(new Uint8Array(await (await fetch(path, {headers:"
+        " {Authorization: `Bearer ${sessionStorage.getItem('amc.token')}`}})).arrayBuffer()))",
+        f"/api/artifacts/{login.task_id}/{shot.artifact_id}",
+    )
+    assert bytes(served) == streamed
+    full = box.locator("a.thumb")
+    assert await full.get_attribute("href") == await img.get_attribute("src")
+    assert await full.get_attribute("target") == "_blank"
+    facts = await box.locator(".artifact-facts").inner_text()
+    assert facts == f"screenshot · {len(streamed)} B · sha256 {shot.sha256} ✓ checked"
+    await page.screenshot(path=str(DOCS / "console-task.png"), full_page=True)
+
+    await page.goto(console_url(farm, f"/tasks/{dump.task_id}"))
+    link = page.locator(f"[data-artifact='{xml.artifact_id}'] a.open")
+    await page.wait_for_function(
+        "id => { const a = document.querySelector(`[data-artifact='${id}'] a.open`);"
+        " return a && a.href.startsWith('blob:'); }",
+        arg=xml.artifact_id,
+    )
+    assert await link.inner_text() == "ui_dump XML"
+    assert await link.get_attribute("target") == "_blank"
+    save = page.locator(f"[data-artifact='{xml.artifact_id}'] a.save")
+    assert await save.get_attribute("href") == await link.get_attribute("href")
+    assert await save.get_attribute("download") == f"ui_dump-{xml.artifact_id}.xml"
+    async with page.expect_download() as saving:
+        await save.click()
+    saved = await (await saving.value).path()
+    assert await asyncio.to_thread(Path(saved).read_text) == UI_XML
+    assert page.errors == []
 
 
 async def test_console_refuses_a_role_without_access_clearly(farm: Farm, browser: Any) -> None:
@@ -207,6 +278,16 @@ async def test_console_bad_input_gets_the_apis_message_on_the_page(
     await page.get_by_role("alert").wait_for()
     assert "key=value" in await page.get_by_role("alert").inner_text()
     assert page.errors == []
+
+
+async def _artifacts(client: Any, task_id: str) -> list[task_pb2.Artifact]:
+    request = scheduler_pb2.ListArtifactsRequest(task_id=task_id)
+    return list((await client.scheduler.ListArtifacts(request)).artifacts)
+
+
+async def _artifact_bytes(client: Any, task_id: str, artifact_id: str) -> bytes:
+    request = scheduler_pb2.GetArtifactRequest(task_id=task_id, artifact_id=artifact_id)
+    return b"".join([m.chunk async for m in client.scheduler.GetArtifact(request)][1:])
 
 
 async def _status_is(farm: Farm, task_id: str, status: str) -> bool:

@@ -233,7 +233,8 @@ async def test_console_pages_are_one_document_with_a_strict_policy(
         async with http.get(console_url(farm, path)) as response:
             assert response.status == 200
             assert "/static/console.js" in await response.text()
-            assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+            policy = response.headers["Content-Security-Policy"]
+            assert "default-src 'self'" in policy and "img-src 'self' blob:;" in policy
     async with http.get(console_url(farm, "/static/console.js")) as response:
         assert response.status == 200
         assert response.content_type == "text/javascript"
@@ -318,7 +319,8 @@ async def test_console_does_not_pass_off_damaged_artifact_bytes_as_whole(
             client, actions_spec(task_pb2.Action(screenshot=task_pb2.Screenshot()))
         )
         await status_is(farm, task_id, "done")
-    (png,) = (await client.scheduler.ListArtifacts(A.ListArtifactsRequest(task_id=task_id))).artifacts
+    listing = await client.scheduler.ListArtifacts(A.ListArtifactsRequest(task_id=task_id))
+    (png,) = listing.artifacts
     assert farm.db is not None
     await farm.db.execute(
         "UPDATE artifact_chunks SET data = overlay(data placing '\\x00'::bytea from 20)"

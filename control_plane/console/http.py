@@ -21,9 +21,9 @@ import asyncio
 import contextlib
 import hashlib
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from importlib import resources
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import grpc
 import structlog
@@ -248,8 +248,12 @@ class Console:
         get = scheduler_pb2.GetArtifactRequest(
             task_id=request.match_info["task_id"], artifact_id=request.match_info["artifact_id"]
         )
-        messages = self.scheduler.GetArtifact(
-            get, CallContext(request.headers.get("Authorization"))
+        # The servicer's own stream (@rpc: the same auth and errors), with the console's
+        # context in place of grpc.aio's; an async generator, closed below.
+        context: Any = CallContext(request.headers.get("Authorization"))
+        messages = cast(
+            AsyncGenerator[scheduler_pb2.GetArtifactResponse, None],
+            self.scheduler.GetArtifact(get, context),
         )
         try:
             artifact = (await anext(messages)).artifact

@@ -113,12 +113,13 @@ async function call(method, body, api = API) {
 
 // -- artifacts: fetched with the token (an <img src> could not send it), shown from blob: URLs --
 
-// artifact id -> its blob: URL once fetched (artifacts never change); the fetches under way.
+// artifact id -> {url: its blob: URL, sha256: as computed here, or ""} once fetched
+// (artifacts never change); the fetches under way.
 const artifactUrls = new Map();
 const artifactFetches = new Map();
 
 function forgetArtifacts() {
-  for (const url of artifactUrls.values()) URL.revokeObjectURL(url);
+  for (const { url } of artifactUrls.values()) URL.revokeObjectURL(url);
   artifactUrls.clear();
   artifactFetches.clear();
 }
@@ -133,14 +134,14 @@ async function fetchArtifact(a) {
   }
   const data = await response.arrayBuffer();
   // Checked again here where the browser can (crypto.subtle: https and loopback).
+  let sha256 = "";
   if (window.crypto && crypto.subtle) {
     const digest = await crypto.subtle.digest("SHA-256", data);
-    const hex = Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
-    if (hex !== a.sha256) throw new Error(`the bytes received have sha256 ${hex}, not ${a.sha256}`);
+    sha256 = Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+    if (sha256 !== a.sha256) throw new Error(`the bytes received have sha256 ${sha256}, not ${a.sha256}`);
   }
   const url = URL.createObjectURL(new Blob([data], { type: a.content_type }));
-  artifactUrls.set(a.artifact_id, url);
-  return url;
+  artifactUrls.set(a.artifact_id, { url, sha256 });
 }
 
 // Give every element of the page showing `a` its bytes, fetching them once.
@@ -161,9 +162,13 @@ function fillArtifact(id) {
   for (const box of main().querySelectorAll(`[data-artifact="${id}"]`)) fillBox(box, artifactUrls.get(id));
 }
 
-function fillBox(box, url) {
+function fillBox(box, { url, sha256 }) {
   for (const link of box.querySelectorAll("a")) link.href = url;
   for (const img of box.querySelectorAll("img")) img.src = url;
+  if (sha256) {
+    box.dataset.checked = sha256;
+    box.querySelector(".checked").textContent = " ✓ checked";
+  }
 }
 
 function size(n) {
@@ -183,7 +188,7 @@ function artifactView(a) {
   const box = h("div", { class: "artifact", "data-artifact": a.artifact_id, "data-kind": a.kind },
     shown,
     h("div", { class: "artifact-facts" }, `${a.kind} · ${size(a.size_bytes)} · sha256 `,
-      h("span", { class: "mono", title: a.sha256 }, a.sha256)),
+      h("span", { class: "mono", title: a.sha256 }, a.sha256), h("span", { class: "checked" })),
     h("div", { class: "artifact-error error-text" }));
   if (artifactUrls.has(a.artifact_id)) fillBox(box, artifactUrls.get(a.artifact_id));
   else loadArtifact(a);
