@@ -44,6 +44,7 @@ from control_plane import errors
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
+from control_plane.heap import Heap
 from control_plane.server import ControlPlane, Tls
 
 log = structlog.get_logger("control_plane")
@@ -228,6 +229,9 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
             with contextlib.suppress(Exception):
                 await plane.stop(0)
         raise StartFailed() from exc
+    heap = Heap()
+    heap.install()
+    unfreezing = asyncio.create_task(heap.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -236,6 +240,7 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
     crashed = asyncio.create_task(plane.crashed.wait())
     await asyncio.wait([stopping, crashed], return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping: finishing in-flight calls", grace=args.grace)
+    unfreezing.cancel()
     await plane.stop(args.grace)
     if plane.crashed.is_set():
         raise SystemExit(1)

@@ -124,6 +124,12 @@ RPC_SECONDS = Histogram(
     ["method", "code"],
     buckets=LATENCY,
 )
+GC_PAUSE = Histogram(
+    "amc_gc_pause_seconds",
+    "How long each cyclic garbage collection stopped the replica, by generation (see heap.py)",
+    ["generation"],
+    buckets=LATENCY,
+)
 RETENTION_REMOVED = Counter(
     "amc_retention_removed_total",
     "Rows deleted by retention on this replica (--task-retention, --forget-hosts-after), by kind",
@@ -201,6 +207,7 @@ def create_series() -> None:
     _at_zero(RUN_SECONDS, Outcome)
     _at_zero(REQUEUES, REQUEUE_CAUSES)
     _at_zero(AUTH_FAILURES, AUTH_REASONS)
+    _at_zero(GC_PAUSE, ("0", "1", "2"))
     _at_zero(RETENTION_REMOVED, RETENTION_KINDS)
     _at_zero(RETENTION_BATCH, RETENTION_BATCHES)
     _at_zero(ARTIFACT_UPLOADS, ARTIFACT_RESULTS)
