@@ -621,28 +621,24 @@ def _device_operation(
     )
 
 
-@devices_app.command("cordon")
-def devices_cordon(
-    ctx: typer.Context,
-    serial: SerialArg,
-    host: DeviceHostOpt = None,
-    reason: ReasonOpt = "",
-    output: OutputOpt = Output.table,
-) -> None:
-    """Give one device no new work; its running task goes on."""
-    _device_operation(ctx, "cordon", serial, host, reason, output)
+def _device_command(operation: str, doc: str) -> None:
+    """`amc devices OPERATION SERIAL [--host HOST]`: the same flags for each operation."""
+
+    def command(
+        ctx: typer.Context,
+        serial: SerialArg,
+        host: DeviceHostOpt = None,
+        reason: ReasonOpt = "",
+        output: OutputOpt = Output.table,
+    ) -> None:
+        _device_operation(ctx, operation, serial, host, reason, output)
+
+    command.__doc__ = doc
+    devices_app.command(operation)(command)
 
 
-@devices_app.command("uncordon")
-def devices_uncordon(
-    ctx: typer.Context,
-    serial: SerialArg,
-    host: DeviceHostOpt = None,
-    reason: ReasonOpt = "",
-    output: OutputOpt = Output.table,
-) -> None:
-    """Give the device work again."""
-    _device_operation(ctx, "uncordon", serial, host, reason, output)
+_device_command("cordon", "Give one device no new work; its running task goes on.")
+_device_command("uncordon", "Give the device work again.")
 
 
 @tokens_app.command("create")
