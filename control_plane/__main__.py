@@ -41,10 +41,11 @@ from amc_common import logs
 from amc_common.secrets import mask_url, redact
 from amc_common.version import version_line
 from control_plane import errors
-from control_plane.config import Settings
+from control_plane.config import AGENT_REPORT_TIMEOUT, TASK_RETENTION_FLOOR, Settings
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
 from control_plane.heap import Heap
+from control_plane.retention import span_text
 from control_plane.server import ControlPlane, Tls
 
 log = structlog.get_logger("control_plane")
@@ -117,10 +118,12 @@ SERVE_FLAGS: list[Flag] = [
     ("--grace", "AMC_GRACE", "5", float, "seconds in-flight calls get on SIGTERM"),
     ("--task-retention", "AMC_TASK_RETENTION", "30d", retention,
      "how long a finished task (done, failed, cancelled) is kept after it ended, with its"
-     " attempts, events and artifacts: 30d, 12h, 30m, 90s, or off (kept for ever)"),
+     " attempts, events and artifacts: 30d, 12h, 30m, 90s, or off (kept for ever); at least"
+     " 2m, so a host's repeated report still finds its task"),
     ("--forget-hosts-after", "AMC_FORGET_HOSTS_AFTER", "7d", retention,
      "a host disconnected this long and holding no lease is forgotten, with its devices:"
-     " 7d, 12h, 30m, 90s, or off (never)"),
+     " 7d, 12h, 30m, 90s, or off (never); at least twice --lease-ttl, so a connected host"
+     " is never forgotten"),
     ("--retention-interval", "AMC_RETENTION_INTERVAL", "60", float,
      "seconds between this replica's looks for old tasks and hosts to remove"),
     ("--max-artifact-size", "AMC_MAX_ARTIFACT_SIZE", "10MiB", byte_size,
@@ -280,6 +283,30 @@ def _no_database_here(args: argparse.Namespace) -> str | None:
     )
 
 
+def below_floor(settings: Settings) -> str | None:
+    """Why a retention setting would break the spec (config.py has the floors); None if
+    neither does. Checked before anything starts."""
+    kept = settings.task_retention
+    if kept is not None and kept < TASK_RETENTION_FLOOR:
+        return (
+            f"--task-retention {span_text(kept)} is below its floor of "
+            f"{span_text(TASK_RETENTION_FLOOR)} (or off): a host agent repeats a report whose "
+            f"answer it lost for up to {AGENT_REPORT_TIMEOUT.total_seconds():g}s (its default "
+            "--report-timeout), and the repeat must still find the finished task to get the "
+            "recorded outcome, not a lease conflict"
+        )
+    unseen, floor = settings.forget_hosts_after, settings.forget_hosts_floor
+    if unseen is not None and unseen < floor:
+        return (
+            f"--forget-hosts-after {span_text(unseen)} is below its floor of "
+            f"{span_text(floor)} (or off): a connected host is last seen at its replica's "
+            f"latest heartbeat (every {span_text(settings.renew_every)}) and counts as "
+            f"connected for --lease-ttl {span_text(settings.lease_ttl)} after it; under "
+            "twice that, hosts still connected could be forgotten"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("serve", "tokens", "-h", "--help", "--version"):
@@ -287,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure(args.log_format)
     refusal = _no_database_here(args)
+    if args.command == "serve":
+        refusal = below_floor(settings_from(args))
     if refusal:
         print(f"control-plane: {refusal}", file=sys.stderr)
         return 2

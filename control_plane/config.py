@@ -5,6 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+# The host agent's default --report-timeout (host_agent/config.py): how long it repeats a
+# report whose answer it lost, the last try running at least a second past the start of
+# that try (host_agent/retry.py). The control plane imports nothing of the agent, and
+# cannot know each agent's setting: tests/test_setting_floors.py keeps this in step.
+AGENT_REPORT_TIMEOUT = timedelta(seconds=60)
+# The least --task-retention (besides off): a repeated report must still find its finished
+# task to be answered with the recorded outcome ("repeating the same report SHALL return
+# the already recorded outcome"), not a lease conflict. Twice the agent's default window:
+# its last try's own deadline, and room to spare.
+TASK_RETENTION_FLOOR = 2 * AGENT_REPORT_TIMEOUT
+# --forget-hosts-after is at least this many connected windows (see forget_hosts_floor).
+FORGET_HOSTS_WINDOWS = 2
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -38,3 +51,12 @@ class Settings:
     @property
     def renew_every(self) -> timedelta:
         return self.renew_interval or self.lease_ttl / 3
+
+    @property
+    def forget_hosts_floor(self) -> timedelta:
+        """The least --forget-hosts-after (besides off). A connected host is last seen at
+        its replica's latest heartbeat (one every `renew_every`) and counts as connected
+        for `lease_ttl` after it (queries.sql: list_hosts, forget_hosts); twice the longer
+        of the two leaves a late heartbeat room before a connected host could be forgotten.
+        """
+        return FORGET_HOSTS_WINDOWS * max(self.lease_ttl, self.renew_every)
