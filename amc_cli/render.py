@@ -272,12 +272,15 @@ def task_table(tasks: list[task_pb2.Task]) -> None:
 
 
 def cancel_requested(task: task_pb2.Task) -> str:
-    """What `amc cancel` says of a running task: the control plane has recorded the request
-    and pushed it to the renewal stream of the host running it."""
+    """What `amc cancel` says of a running task: what is known. The control plane has
+    recorded the request; it is pushed by whichever replica holds the host's renewal stream
+    (if one does), which the replica that answered cannot know, and every renewal answer
+    carries it; a lease that runs out with it pending ends the task cancelled."""
     return (
         f"cancellation requested: task {task.task_id} is {status_name(task.status)} on "
-        f"{where(task)}; pushed to its host {task.host_id}, which stops it at the next step "
-        "boundary (a host that is offline gets it when it reconnects)"
+        f"{where(task)}; host {task.host_id} gets it at once if connected, or at its next "
+        "renewal, and stops the task at the next step boundary (if it never renews, the task "
+        "is cancelled when its lease runs out)"
     )
 
 

@@ -322,8 +322,19 @@ async def test_cancel_a_queued_task(amc: Cli, farm: Farm) -> None:
     assert await farm.status(task["task_id"]) == "cancelled"
 
 
+# What `amc cancel` says of a running task: what happened (the request is recorded) and
+# how the host learns of it, never that it was pushed: the push goes by NOTIFY to whichever
+# replica holds the host's stream, so the replica answering CancelTask cannot know.
+CANCEL_DELIVERY = (
+    "host {host} gets it at once if connected, or at its next renewal, and stops the task "
+    "at the next step boundary (if it never renews, the task is cancelled when its lease "
+    "runs out)"
+)
+
+
 async def test_cancel_a_running_task_requests_it(amc: Cli, farm: Farm) -> None:
-    """A dispatched task stays dispatched, and the cancellation is pushed to its host."""
+    """A dispatched task stays dispatched; the line says the request is recorded and how
+    the host gets it, and a connected host (stream open) gets it pushed."""
     host = await farm.host("h1", "s1")
     task = await amc.submit("-", stdin=TAP)
     a = await dispatched(host, "s1")
@@ -332,9 +343,27 @@ async def test_cancel_a_running_task_requests_it(amc: Cli, farm: Farm) -> None:
     run = await amc("cancel", task["task_id"])
     assert run.code == 0
     assert "cancellation requested" in run.out and "h1/s1" in run.out
-    assert "pushed to its host h1" in run.out
+    assert CANCEL_DELIVERY.format(host="h1") in " ".join(run.out.split())
     await eventually(lambda: stream.pushes, what="the push to the host")
     await stream.close()
+    assert await farm.status(task["task_id"]) == "dispatched"
+
+
+async def test_cancel_of_a_task_on_a_disconnected_host_claims_no_push(amc: Cli, farm: Farm) -> None:
+    """Issue 21 item 7: with no renewal stream open, nothing can be pushed, and the line
+    does not say it was ("pushed to its host" before); the host's next renewal carries the
+    request."""
+    host = await farm.host("h1", "s1")
+    task = await amc.submit("-", stdin=TAP)
+    a = await dispatched(host, "s1")  # its one renewal was on a stream now closed
+    run = await amc("cancel", task["task_id"])
+    assert run.code == 0, run.err
+    out = " ".join(run.out.split())
+    assert "pushed" not in out, out
+    assert out.startswith(f"cancellation requested: task {task['task_id']} is dispatched on h1/s1")
+    assert CANCEL_DELIVERY.format(host="h1") in out, out
+    (state,) = await host.renew(a.lease_id)
+    assert state.cancel_pending
     assert await farm.status(task["task_id"]) == "dispatched"
 
 
@@ -791,7 +820,7 @@ async def test_the_tours_long_task_is_cancelled_mid_run_and_its_step_shows_cance
         started = asyncio.get_running_loop().time()
         cancel = await amc("cancel", task["task_id"], "--reason", "wrong build")
         assert cancel.code == 0, cancel.err
-        assert "pushed to its host lab1" in cancel.out, cancel.out
+        assert CANCEL_DELIVERY.format(host="lab1") in " ".join(cancel.out.split()), cancel.out
         run = await watch.finish()
         took = asyncio.get_running_loop().time() - started
     assert run.code == 9, run.err
