@@ -75,7 +75,8 @@ class Hub:
 
     def drain_changed(self, host_id: str, drain: bool) -> None:
         """After committing a drain of the host (or the uncordon that ends one): its
-        renewal stream, wherever it is open, is told."""
+        renewal stream, wherever it is open, reads the host's drain again and tells its
+        agent (lease_service.StreamDrain: the later state wins, in any order of notices)."""
         self.publish("amc_drain", f"{host_id} {int(drain)}")
 
     async def send_outbox(self, send: Callable[[list[tuple[str, str]]], Awaitable[None]]) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
 import structlog
@@ -177,15 +178,18 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                 host_id = self._host(request.host_id)
                 if bound is None:
                     bound = host_id
+                    drain = StreamDrain(
+                        self.store, host_id, lambda d: outbox.put_nowait(_drain_push(d))
+                    )
+                    stack.callback(drain.close)
+                    # Subscribed before the first read: no change falls between them.
                     stack.enter_context(
                         self.hub.host_stream(
-                            host_id,
-                            lambda notice: outbox.put_nowait(self._on_notice(notice)),
+                            host_id, functools.partial(self._on_notice, outbox=outbox, drain=drain)
                         )
                     )
                     log.info("renewal stream opened", host_id=host_id)
-                    if await self.store.host_draining(host_id):
-                        outbox.put_nowait(_drain_push(True))
+                    await drain.opened()
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
                 outbox.put_nowait(await self._renew(host_id, request))
@@ -311,14 +315,20 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         return artifact_to_pb(artifact)
 
     def _on_notice(
-        self, notice: CancelNotice | DrainNotice | None
-    ) -> lease_pb2.RenewLeasesResponse:
-        """What hub.close() (None), a cancel or a drain notification puts on a stream's
-        outbox."""
+        self,
+        notice: CancelNotice | DrainNotice | None,
+        outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None],
+        drain: StreamDrain,
+    ) -> None:
+        """What hub.close() (None), a cancel or a drain notification does to a stream: a
+        drain notice has the stream read the host's drain again (StreamDrain), the others
+        go on its outbox."""
         if notice is None:
-            return CLOSING
+            outbox.put_nowait(CLOSING)
+            return
         if isinstance(notice, DrainNotice):
-            return _drain_push(notice.drain)
+            drain.changed()
+            return
         metrics.CANCEL_DELIVERY.labels("push").observe(
             max(0.0, time.time() - notice.requested_epoch)
         )
@@ -326,7 +336,72 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         task = asyncio.create_task(self.store.mark_cancel_delivered(notice.lease_id))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-        return _cancel_push(notice)
+        outbox.put_nowait(_cancel_push(notice))
+
+
+# A stream's drain read that failed (the database away) is tried again after this long,
+# doubling up to the second figure, while the stream lasts.
+DRAIN_READ_RETRY = (0.2, 5.0)
+
+
+class StreamDrain:
+    """What one renewal stream's agent is told of its host's drain: the database's state,
+    whatever order the notices come in (issue 21).
+
+    A notice (a drain, or the uncordon that ends one) only says "look again": the state
+    pushed is read from the database after the notice came, one read at a time, and a read
+    that a newer notice overtook is read again before anything is pushed. So the later
+    state wins, whether the notices are this replica's own, the database's echo of them or
+    another replica's, and however a read and a commit interleave. The stream subscribes
+    before its first read. An agent takes a stream that opens as not drained, so only a
+    change from what it was last told is pushed. Drains are operator actions: a read per
+    notice per stream of the host, never on the renewal path."""
+
+    def __init__(self, store: Store, host_id: str, push: Callable[[bool], None]) -> None:
+        self._store = store
+        self._host_id = host_id
+        self._push = push
+        self._told = False
+        self._stale = False
+        self._looking: asyncio.Task[None] | None = None
+
+    async def opened(self) -> None:
+        """The first look, as the stream opens; its failure is the stream's."""
+        self._stale = True
+        self._looking = asyncio.create_task(self._look(retry=False))
+        await self._looking
+
+    def changed(self) -> None:
+        """A drain notice for the host: look again (a read under way may predate it)."""
+        self._stale = True
+        if self._looking is None or self._looking.done():
+            self._looking = asyncio.create_task(self._look(retry=True))
+
+    def close(self) -> None:
+        if self._looking is not None:
+            self._looking.cancel()
+
+    async def _look(self, *, retry: bool) -> None:
+        pause = DRAIN_READ_RETRY[0]
+        while self._stale:
+            self._stale = False
+            try:
+                draining = await self._store.host_draining(self._host_id)
+            except Exception as error:
+                if not retry:
+                    raise
+                log.warning(
+                    "host drain not read; retrying", host_id=self._host_id, error=str(error)
+                )
+                self._stale = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, DRAIN_READ_RETRY[1])
+                continue
+            if self._stale:
+                continue  # a change committed during the read: this answer may predate it
+            if draining != self._told:
+                self._told = draining
+                self._push(draining)
 
 
 async def _chunks(

@@ -6,6 +6,7 @@ host agent with simulated devices; outcomes checked in PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -357,6 +358,61 @@ async def test_an_agent_that_reconnects_while_drained_is_told_again(farm: Farm) 
         assert resumed
     finally:
         await stream.close()
+
+
+async def test_an_uncordon_between_a_streams_drain_read_and_its_push_leaves_it_undrained(
+    farm: Farm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21, item 3. A drained host's stream opens; the replica reads the drain
+    (True), and before it acts on what it read, an uncordon commits and its "drain off"
+    reaches the stream. The later state wins: the agent ends up undrained, as the
+    database has it, without reconnecting.
+
+    A plain SELECT waits on no row lock, so the interleaving is forced by running the
+    uncordon (through the Admin API) between the read's return and its use."""
+    assert farm.plane is not None
+    op = await farm.operator()
+    host = await farm.host("h1", "s1")
+    await op.admin.DrainHost(admin_pb2.DrainHostRequest(host_id="h1"))
+    store, hub = farm.plane.store, farm.plane.hub
+    read = store.host_draining
+    stale: list[bool] = []
+    heard: list[str] = []
+
+    async def read_then_uncordon(host_id: str) -> bool:
+        draining = await read(host_id)
+        if not stale:  # the stream's first read only
+            stale.append(draining)
+            await op.admin.UncordonHost(admin_pb2.UncordonHostRequest(host_id="h1"))
+            # Every notice of it delivered: this replica's own, and the database's echo
+            # (what another replica's stream would get).
+            with contextlib.suppress(AssertionError):
+                await eventually(lambda: len(heard) >= 2, timeout=2, what="the echo")
+        return draining
+
+    def hear(channel: str, payload: str) -> None:
+        if channel == "amc_drain":
+            heard.append(payload)
+
+    def agent_drained() -> bool:
+        """The agent's view: not drained when its stream opens, then each drain push."""
+        told = [p.drain for p in stream.pushes if not p.leases]
+        return told[-1] if told else False
+
+    monkeypatch.setattr(store, "host_draining", read_then_uncordon)
+    with hub.listening(hear):
+        stream = host.stream()
+        try:
+            await stream.renew()
+            assert stale == [True]  # the interleaving happened
+            assert await host_flags(farm, "h1") == (False, False)
+            await eventually(lambda: not agent_drained(), timeout=5, what="the agent undrained")
+            await asyncio.sleep(0.5)  # and it stays so (no stale push after)
+            assert not agent_drained()
+            await stream.renew()
+            assert not agent_drained()
+        finally:
+            await stream.close()
 
 
 # -- why a task waits -------------------------------------------------------------------------
