@@ -9,12 +9,14 @@ request was *sent*:
 
     deadline = send time of the request whose answer said RENEWED + valid_for - margin
 
-A timer per lease trips its StopToken with LEASE_LOST when the deadline passes (a loop
-tick early, FENCE_LEAD), whether or not the stream is up: the host stops acting before
-the control plane can hand the task to another host. CONFLICT trips LEASE_LOST at once;
-`cancel_pending` (in an answer or a push) trips CANCELLED. The first trip wins (see
-`stop_token`). A push with no leases carries the host's drain from the centre, handed to
-`on_drain`.
+Each lease's StopToken is armed to trip LEASE_LOST when the deadline passes (a loop tick
+early, FENCE_LEAD), whether or not the stream is up: the host stops acting before the
+control plane can hand the task to another host. The token reads the monotonic clock at
+every check as well as by its timer, so a runner that resumes after the process was frozen
+past the deadline finds it tripped before it starts another action (see `stop_token`).
+CONFLICT trips LEASE_LOST at once; `cancel_pending` (in an answer or a push) trips
+CANCELLED. The first trip wins. A push with no leases carries the host's drain from the
+centre, handed to `on_drain`.
 """
 
 from __future__ import annotations
@@ -94,8 +96,10 @@ class HeldLease:
     cancel_seen_at: float | None = None
     # Set by a CONFLICT: the lease is dead; renewing it again is pointless.
     conflicted: bool = False
+    # time.monotonic() when the acknowledging renewal was sent: the control plane counts
+    # the task's deadline from its acknowledgement, which cannot come before this.
+    acknowledged_at: float | None = None
     _first_answer: asyncio.Future[LeaseAnswer] | None = None
-    _timer: asyncio.TimerHandle | None = None
 
     @property
     def unanswered(self) -> bool:
@@ -168,8 +172,8 @@ class LeaseKeeper:
     def forget(self, lease_id: str) -> None:
         """Stop renewing and fencing a lease (its task was reported or given back)."""
         lease = self._held.pop(lease_id, None)
-        if lease is not None and lease._timer is not None:
-            lease._timer.cancel()
+        if lease is not None:
+            lease.token.disarm(StopReason.LEASE_LOST)
 
     def held(self) -> list[HeldLease]:
         return list(self._held.values())
@@ -279,6 +283,8 @@ class LeaseKeeper:
 
     def _on_answer(self, lease: HeldLease, answer: LeaseAnswer, sent_at: float) -> None:
         if answer.result is RenewalResult.RENEWED:
+            if lease.acknowledged_at is None:
+                lease.acknowledged_at = sent_at
             self._extend(lease, sent_at + answer.valid_for - self.timing.margin)
         # The first answer before any trip, so an acknowledging CONFLICT reads as one.
         if lease._first_answer is not None and not lease._first_answer.done():
@@ -306,18 +312,19 @@ class LeaseKeeper:
             self._arm(lease)
 
     def _arm(self, lease: HeldLease) -> None:
-        if lease._timer is not None:
-            lease._timer.cancel()
-        delay = max(0.0, lease.deadline - FENCE_LEAD - time.monotonic())
-        lease._timer = asyncio.get_running_loop().call_later(delay, self._fence, lease)
+        lease.token.trip_at(
+            lease.deadline - FENCE_LEAD, StopReason.LEASE_LOST, lambda: _fenced(lease)
+        )
 
-    def _fence(self, lease: HeldLease) -> None:
-        if time.monotonic() < lease.deadline - FENCE_LEAD:  # the loop may fire a hair early
-            self._arm(lease)
-            return
-        lease._timer = None
-        metrics.DEADLINE_MISSES.inc()
-        _stop(lease, StopReason.LEASE_LOST, "lease deadline passed without renewal: stop acting")
+
+def _fenced(lease: HeldLease) -> None:
+    metrics.DEADLINE_MISSES.inc()
+    log.warning(
+        "lease deadline passed without renewal: stop acting",
+        lease_id=lease.lease_id,
+        task_id=lease.task_id,
+        attempt=lease.attempt,
+    )
 
 
 def _stop(lease: HeldLease, reason: StopReason, event: str, **fields: object) -> None:

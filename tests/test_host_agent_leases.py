@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from amc.v1 import lease_pb2, lease_pb2_grpc
+from amc_common.actions import Key, Tap
 from amc_common.channel import aio_channel
 from control_plane.domain import Role
 from host_agent.leases import (
@@ -21,10 +22,14 @@ from host_agent.leases import (
     Timing,
     fencing_margin,
 )
+from host_agent.results import StepStatus
+from host_agent.runner import run
+from host_agent.spec import ActionList
 from host_agent.stop_token import StopReason
 from tests.support import Farm, HostClient, actions_spec, eventually
 from tests.support.agent import cancel, short_ttl_farm, status_is, submit
 from tests.support.fakes.tcp_proxy import TcpProxy
+from tests.support.runner_fakes import Call, FakeDevice
 
 HOST = "h1"
 
@@ -214,3 +219,35 @@ async def test_writing_to_a_renewal_stream_that_already_ended_is_a_break_not_a_c
     failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     failed.set_exception(asyncio.InvalidStateError("RPC already finished."))
     assert isinstance(_stream_error(failed), StreamBroken)
+
+
+async def test_a_run_frozen_across_its_lease_deadline_starts_no_action_after_it(
+    database_url: str,
+) -> None:
+    """Found by `make chaos`: a host frozen (SIGSTOP) across its lease's deadline started its
+    next action on SIGCONT, before the overdue fencing timer ran. THEN after the event loop
+    was frozen past the deadline, no action starts after it: the next boundary finds the
+    token tripped LEASE_LOST and the steps left are not run."""
+    async with short_ttl_farm(database_url) as farm:
+        _, a, received_at = await assignment(farm)
+        async with keeper_for(farm) as keeper:
+            lease = lease_from(keeper, a, received_at)
+            assert await keeper.acknowledge(lease) is not None
+
+            def freeze(call: Call) -> None:
+                if call.method == "tap" and len(device.calls) == 1:
+                    # Blocks the whole event loop, as SIGSTOP does: no timer, no renewal.
+                    time.sleep(max(0.0, lease.deadline - time.monotonic()) + 0.2)
+
+            device = FakeDevice(on_call=freeze)
+            result = await run(ActionList((Tap(1, 1), Tap(2, 2), Key(4))), device, lease.token)
+    after = [c.method for c in device.calls if c.started >= lease.deadline - FENCE_LEAD]
+    assert after == [], device.calls
+    assert device.methods() == ["tap"]
+    assert lease.token.reason is StopReason.LEASE_LOST
+    assert result.stop_reason is StopReason.LEASE_LOST
+    assert [s.status for s in result.steps] == [
+        StepStatus.OK,
+        StepStatus.SKIPPED,
+        StepStatus.SKIPPED,
+    ]

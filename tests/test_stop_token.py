@@ -193,3 +193,57 @@ async def test_a_trip_between_scheduling_and_starting_keeps_the_action_from_star
     with pytest.raises(Stopped):
         await token.race(action())
     assert started == []
+
+
+def freeze_loop(seconds: float) -> None:
+    """Block the event loop, as SIGSTOP or a long pause would: no timer runs meanwhile."""
+    time.sleep(seconds)
+
+
+async def test_a_timed_trip_is_seen_by_a_check_after_its_time_even_before_its_timer_ran() -> None:
+    """THEN a check after the due time finds the token tripped although the event loop,
+    blocked past it, never ran the timer; the announcement runs once, for the trip that
+    counts."""
+    token, announced = StopToken(), []
+    token.trip_at(time.monotonic() + 0.05, StopReason.LEASE_LOST, lambda: announced.append(1))
+    assert token.reason is None
+    freeze_loop(0.1)  # the timer cannot run
+    assert token.tripped
+    assert token.reason is StopReason.LEASE_LOST
+    with pytest.raises(Stopped):
+        token.raise_if_tripped()
+    await asyncio.sleep(0.01)  # the overdue timer now runs, and changes nothing
+    assert announced == [1]
+
+
+async def test_the_earliest_overdue_trip_wins_and_a_disarmed_one_never_trips() -> None:
+    token = StopToken()
+    now = time.monotonic()
+    token.trip_at(now + 0.02, StopReason.DEADLINE)
+    token.trip_at(now + 0.01, StopReason.LEASE_LOST)
+    freeze_loop(0.05)
+    assert token.reason is StopReason.LEASE_LOST
+
+    other = StopToken()
+    other.trip_at(time.monotonic() + 0.01, StopReason.DEADLINE)
+    other.disarm(StopReason.DEADLINE)
+    freeze_loop(0.02)
+    await asyncio.sleep(0.02)
+    assert other.reason is None
+
+
+async def test_a_timed_trip_interrupts_a_wait_when_it_falls_due() -> None:
+    token = StopToken()
+    token.trip_at(time.monotonic() + 0.05, StopReason.DEADLINE)
+    with pytest.raises(Stopped) as stopped:
+        await asyncio.wait_for(token.race(asyncio.sleep(3600)), 5)
+    assert stopped.value.reason is StopReason.DEADLINE
+
+
+async def test_a_timed_trip_does_not_override_an_earlier_trip() -> None:
+    token = StopToken()
+    token.trip_at(time.monotonic() + 0.01, StopReason.LEASE_LOST)
+    assert token.trip(StopReason.CANCELLED)
+    freeze_loop(0.02)
+    await asyncio.sleep(0.02)
+    assert token.reason is StopReason.CANCELLED
