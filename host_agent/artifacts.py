@@ -43,19 +43,25 @@ class Lease:
 
 
 async def upload_kept(
-    stub: lease_pb2_grpc.LeaseStub, result: RunResult, lease: Lease, budget: float
+    stub: lease_pb2_grpc.LeaseStub,
+    result: RunResult,
+    lease: Lease,
+    budget: float,
+    late: str | None = None,
 ) -> RunResult:
     """`result` with every kept file uploaded (or the reason it was not, in its step's
-    data) and no bytes left in it."""
+    data) and no bytes left in it. `late` says why a file the budget left no time for was
+    not kept (by default: the uploads took longer than the budget)."""
     if not any(step.kept for step in result.steps):
         return result
     deadline = time.monotonic() + budget
-    steps = [await _upload_step(stub, step, lease, deadline, budget) for step in result.steps]
+    late = late or f"uploads took longer than {budget:g}s"
+    steps = [await _upload_step(stub, step, lease, deadline, late) for step in result.steps]
     return dataclasses.replace(result, steps=tuple(steps))
 
 
 async def _upload_step(
-    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: Lease, deadline: float, budget: float
+    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: Lease, deadline: float, late: str
 ) -> StepResult:
     if not step.kept:
         return step
@@ -64,7 +70,7 @@ async def _upload_step(
     for kept in step.kept:
         left = deadline - time.monotonic()
         if left <= 0:
-            problems.append(f"{kept.kind} not kept: uploads took longer than {budget:g}s")
+            problems.append(f"{kept.kind} not kept: {late}")
             metrics.ARTIFACT_UPLOADS.labels("timeout").inc()
             continue
         answer = await _upload(stub, step, kept, lease, left)

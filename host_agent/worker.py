@@ -10,8 +10,8 @@ nothing when the lease was already dead.
 
 from __future__ import annotations
 
-import asyncio
 import enum
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,8 @@ class Worker:
         self.assignment = assignment
         self.lease = lease
         self._log = log.bind(host_id=tools.settings.host_id)
+        # time.monotonic() when the run must have ended (the task's deadline), if it has one.
+        self._run_ends: float | None = None
 
     async def run(self) -> Finished:
         """Acknowledge, run, report or release. Never raises for a failure of its own."""
@@ -119,8 +121,8 @@ class Worker:
         if result.stop_reason is not StopReason.LEASE_LOST:
             # Before the report, while the lease is live: after it, the lease is over.
             lease_ref = artifacts.Lease(a.task_id, a.attempt, a.lease_id)
-            budget = self._tools.settings.upload_timeout
-            result = await artifacts.upload_kept(self._tools.stub, result, lease_ref, budget)
+            budget, late = self._upload_budget()
+            result = await artifacts.upload_kept(self._tools.stub, result, lease_ref, budget, late)
         request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
         delivery = await final.run(self._tools.results.report(request, policy))
@@ -134,13 +136,13 @@ class Worker:
             )
         deadline = self.assignment.deadline
         self._log.info("running task", kind=spec.kind, deadline=deadline)
-        # The deadline stops the run as a cancel would (at the next step boundary, waits
-        # interrupted), with a reason of its own: reported FAILED, "deadline exceeded".
-        timer = (
-            asyncio.get_running_loop().call_later(deadline, self._deadline_passed, token)
-            if deadline is not None
-            else None
-        )
+        if deadline is not None:
+            # The deadline stops the run as a cancel would (at the next step boundary, waits
+            # interrupted), with a reason of its own: reported FAILED, "deadline exceeded".
+            # Counted from when the acknowledgement was sent, so never later than the
+            # control plane's count from when it recorded it.
+            self._run_ends = (self.lease.acknowledged_at or time.monotonic()) + deadline
+            token.trip_at(self._run_ends, StopReason.DEADLINE, self._deadline_passed)
         try:
             result = await run(
                 spec,
@@ -149,8 +151,7 @@ class Worker:
                 shell_default_timeout=self._tools.settings.shell_timeout,
             )
         finally:
-            if timer is not None:
-                timer.cancel()
+            token.disarm(StopReason.DEADLINE)
         self._log.info(
             "task finished",
             outcome=result.outcome.value,
@@ -159,16 +160,33 @@ class Worker:
         )
         return result
 
-    def _deadline_passed(self, token: StopToken) -> None:
-        if token.trip(StopReason.DEADLINE):  # the first trip wins: a cancel seen stays one
-            a = self.assignment
-            self._log.warning(
-                "task deadline passed: stopping at the next step boundary",
-                task_id=a.task_id,
-                attempt=a.attempt,
-                lease_id=a.lease_id,
-                deadline=a.deadline,
-            )
+    def _deadline_passed(self) -> None:
+        a = self.assignment
+        self._log.warning(
+            "task deadline passed: stopping at the next step boundary",
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            deadline=a.deadline,
+        )
+
+    def _upload_budget(self) -> tuple[float, str]:
+        """How long the kept files may take to upload, and what to say of one that missed.
+
+        The deadline covers the run. The control plane ends an attempt one lease TTL after
+        its deadline, so a run that ended in time has that TTL for its uploads and its
+        report: the uploads get what is left of it less two fencing margins (the report's
+        share), and never more than --upload-timeout.
+        """
+        budget = self._tools.settings.upload_timeout
+        late = f"uploads took longer than {budget:g}s"
+        if self._run_ends is None:
+            return budget, late
+        timing = self._tools.keeper.timing
+        grace_left = self._run_ends + timing.ttl - 2 * timing.margin - time.monotonic()
+        if grace_left >= budget:
+            return budget, late
+        return max(0.0, grace_left), "no time left before the deadline's grace (one lease TTL) ends"
 
     async def _release(self, why: str) -> Delivery[Any]:
         policy = RetryPolicy(total=self._tools.settings.release_timeout)

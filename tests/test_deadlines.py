@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import grpc
@@ -24,7 +25,14 @@ from host_agent.results import Outcome
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason
 from tests.support import Farm, HostClient, actions_spec, eventually, seconds, tap, wait_action
-from tests.support.agent import finished, running_agent, short_ttl_farm, status_is, submit
+from tests.support.agent import (
+    SHORT_TTL,
+    finished,
+    running_agent,
+    short_ttl_farm,
+    status_is,
+    submit,
+)
 from tests.test_cli import TAP, Cli
 
 A = scheduler_pb2
@@ -346,6 +354,33 @@ async def test_a_run_within_its_deadline_is_done(farm: Farm) -> None:
         await status_is(farm, task_id, "done")
         record = await finished(agent, task_id)
     assert record.result is not None and record.result.stop_reason is None
+
+
+async def test_a_run_done_in_time_whose_uploads_are_slow_still_ends_done(
+    database_url: str,
+) -> None:
+    """The deadline covers the run; its kept files and its report get one lease TTL after
+    it, the grace the control plane's sweep gives. THEN a run that ends just before its
+    deadline, whose screenshot's upload is refused "busy" again and again, is reported and
+    recorded DONE (the file not kept, and why), not ended "deadline exceeded" by the sweep
+    while its host retries the upload."""
+    settings = replace(SHORT_TTL, max_upload_memory=1)  # every upload: UNAVAILABLE, busy
+    async with short_ttl_farm(database_url, settings) as farm:
+        source = SimulatedSource(1, delay=0.01)
+        client = await farm.client()
+        async with running_agent(farm, source, upload_timeout=30.0) as agent:
+            spec = actions_spec(wait_action(1.5), task_pb2.Action(screenshot=task_pb2.Screenshot()))
+            task_id = await submit(client, spec, deadline=seconds(2))
+            await status_is(farm, task_id, "done", "failed", within=20)
+            row = await farm.task_row(task_id)
+            assert (row["status"], row["error"]) == ("done", ""), dict(row)
+            record = await finished(agent, task_id)
+        assert record.result is not None and record.result.outcome is Outcome.DONE
+        assert record.result.stop_reason is None
+        shot = record.result.steps[1]
+        assert shot.artifacts == ()
+        assert shot.data["artifact_error"].startswith("screenshot not kept: "), shot.data
+        assert [k for k, _, _ in await _kinds(farm, task_id)][-1] == "report"
 
 
 # -- deadline: the control plane ends an overrun ---------------------------------------------
