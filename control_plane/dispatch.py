@@ -6,7 +6,10 @@ index finds a waiter with a matching idle device without walking every host (the
 list of the selector's rarest label, or of its serial), and wakes that one. No waiter can
 take it: nothing is woken and the database is not asked. An offer a woken Acquire could
 not use (all its devices took other work, or it ended first) moves on to another waiter;
-one it lost to another host is dropped (that host has it).
+one it lost to another host is dropped (that host has it). One its idle device fits that
+was still queued when it looked was locked by another transaction (a scan that may leave
+it): the Acquire keeps it and looks again soon (lease_service). A host that registers
+again is woken too: its devices' labels may now match a queued task.
 
 The database stays the judge: a woken Acquire runs the same `amc_acquire` as before, which
 takes tasks in priority order. Waking is only ever a hint.

@@ -165,10 +165,12 @@ class Expiry:
 @dataclass(frozen=True)
 class Acquired:
     """What one Acquire round found: its assignments, and the devices left idle after it
-    (serial, labels) that the replica indexes while the call waits."""
+    (serial, labels) that the replica indexes while the call waits; of the tasks it was
+    offered, those queued when it looked (`queued`)."""
 
     assignments: list[Assignment]
     idle: list[tuple[str, dict[str, str]]]
+    queued: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,13 @@ class Hub:
         for host_id in host_ids:
             self.publish("amc_freed", host_id)
 
+    def host_registered(self, host_id: str) -> None:
+        """After committing a host's registration: its devices' labels or states may have
+        changed, so its parked Acquires, here and on the other replicas, look again (they
+        are indexed under what they had, and a queued task the host now matches woke
+        nobody). One notification per registration; agents register on a change."""
+        self.publish("amc_freed", host_id)
+
     def drain_changed(self, host_id: str, drain: bool) -> None:
         """After committing a drain of the host (or the uncordon that ends one): its
         renewal stream, wherever it is open, reads the host's drain again and tells its

@@ -40,6 +40,9 @@ _canonical_uuid = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 ).fullmatch
 CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
+# An Acquire whose offered task was locked when it looked (it could take it) looks again
+# after this long, doubling up to the second figure, while the task stays queued.
+LOCKED_RETRY = (0.05, 1.0)
 
 
 class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
@@ -66,6 +69,8 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         validate.devices(request.devices)
         devices = [device_from_pb(d, labels) for d in request.devices]
         await self.store.register_host(host_id, labels, devices)
+        # Its devices' labels or states may have changed: its parked Acquires look again.
+        self.hub.host_registered(host_id)
         log.info("host registered", host_id=host_id, devices=[d.serial for d in devices])
         return lease_pb2.RegisterHostResponse(
             lease_ttl=duration(self.settings.lease_ttl),
@@ -102,6 +107,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         waiter = Waiter(host_id)
         loop = asyncio.get_running_loop()
         taken: set[str] = set()
+        pause = LOCKED_RETRY[0]
         dispatcher.enter(waiter)
         try:
             while True:
@@ -110,19 +116,24 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                 waiter.woken.clear()
                 waiter.everything = False
                 metrics.ACQUIRE_QUERIES.inc()
-                acquired = await self.store.acquire(host_id, serials, ttl)
+                acquired = await self.store.acquire(host_id, serials, ttl, list(looked_for))
                 taken = {str(a.task_id) for a in acquired.assignments}
                 dispatcher.park(waiter, acquired.idle)
-                # Offers it had no room for go on to another host; one that an idle device
-                # here fits was not there to take (another host has it).
-                dispatcher.offer_again(
-                    [
-                        o
-                        for o in looked_for.values()
-                        if o.task_id not in taken and not waiter.can_take(o)
-                    ],
-                    skip=waiter,
-                )
+                missed = [o for o in looked_for.values() if o.task_id not in taken]
+                # Offers it had no room for go on to another host.
+                dispatcher.offer_again([o for o in missed if not waiter.can_take(o)], skip=waiter)
+                # One an idle device here fits was not there to take: gone (another host
+                # has it, or it was cancelled) unless still queued, i.e. locked by another
+                # transaction when the query passed it (a scan that may leave it). That one
+                # it keeps, and looks again soon, until it takes it or it is gone. (An offer
+                # without its labels, too big to send, may only seem to fit: not kept.)
+                locked = [
+                    o
+                    for o in missed
+                    if o.labels is not None and waiter.can_take(o) and o.task_id in acquired.queued
+                ]
+                for o in locked:
+                    waiter.offers.setdefault(o.task_id, o)
                 if acquired.assignments:
                     return acquired.assignments
                 if not acquired.idle and not await self.store.host_registered(host_id):
@@ -136,6 +147,11 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                 if remaining <= 0 or self.hub.closing:
                     return []
                 dispatcher.missed_since(mark, waiter)
+                if locked:
+                    remaining = min(remaining, pause)
+                    pause = min(pause * 2, LOCKED_RETRY[1])
+                else:
+                    pause = LOCKED_RETRY[0]
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.woken.wait(), remaining)
                 if self.hub.closing:

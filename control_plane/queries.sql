@@ -1,8 +1,9 @@
 -- Every statement the control plane sends, by name (control_plane.sql loads this file).
 -- Transitions that lock several rows are functions in schema.sql, called from here.
 --
--- Lock order, in every statement and function (as schema.sql says): the task row first,
--- then its attempt row, then devices; several tasks: in task_id order.
+-- Lock order, in every statement and function (as the top of schema.sql says): task rows
+-- first, several in task_id order; an attempt row only while holding its task's; then
+-- devices.
 
 -- name: submit_tasks
 -- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
@@ -147,21 +148,26 @@ SELECT * FROM amc_release($1, $2, $3);
 SELECT * FROM amc_expire($1);
 
 -- name: time_out_queued
--- queue timeout: queued -> failed, for up to $1 tasks whose stay in the queue ran out, in one
--- statement (the tasks_queue_deadline index finds them). Safe in every replica at once: a
--- task another sweeper, an Acquire or a cancel holds is skipped, and the UPDATE rechecks
--- that it is still queued and due. A cancel that came first left it `cancelled`: untouched.
+-- queue timeout: queued -> failed, for up to $1 tasks whose stay in the queue ran out (the
+-- longest overdue; the tasks_queue_deadline index finds them), in one statement, locked in
+-- task_id order (the lock order). Safe in every replica at once: a task another sweeper,
+-- an Acquire or a cancel holds is skipped, and the UPDATE rechecks that it is still queued
+-- and due. A cancel that came first left it `cancelled`: untouched.
 WITH due AS (
     SELECT tk.task_id FROM tasks tk
     WHERE tk.status = 'queued' AND tk.queue_deadline <= now()
     ORDER BY tk.queue_deadline
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+), held AS (
+    SELECT tk.task_id FROM tasks tk JOIN due USING (task_id)
+    WHERE tk.status = 'queued' AND tk.queue_deadline <= now()
+    ORDER BY tk.task_id
+    FOR UPDATE OF tk SKIP LOCKED
 ), ended AS (
     UPDATE tasks tk SET status = 'failed', error = 'queue timeout', finished_at = now(),
                         updated_at = now()
-    FROM due
-    WHERE tk.task_id = due.task_id AND tk.status = 'queued' AND tk.queue_deadline <= now()
+    FROM held
+    WHERE tk.task_id = held.task_id AND tk.status = 'queued' AND tk.queue_deadline <= now()
     RETURNING tk.*
 ), ev AS (
     INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
@@ -485,3 +491,18 @@ SELECT * FROM artifacts WHERE task_id = $1 AND artifact_id = $2;
 -- Up to $3 chunks of an artifact from chunk $2 on, in order.
 SELECT seq, data FROM artifact_chunks WHERE artifact_id = $1 AND seq >= $2
 ORDER BY seq LIMIT $3;
+
+-- name: acquire_offered
+-- `acquire` for an Acquire woken by offers ($4: the offered tasks' ids): its rows (with
+-- `queued` NULL), then one row per offered task that was queued when the statement began
+-- (only `queued` set). An offered task that is not taken, fits a device left idle and was
+-- queued was locked by another transaction when the scan passed it (SKIP LOCKED), not taken
+-- by another host: the Acquire looks again soon instead of dropping the offer
+-- (lease_service). Still one statement; the extra rows are primary-key lookups.
+SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline,
+       NULL::uuid AS queued
+FROM amc_acquire($1, $2, $3) a
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, tk.task_id
+FROM tasks tk
+WHERE tk.task_id = ANY ($4::uuid[]) AND tk.status = 'queued';

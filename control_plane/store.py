@@ -330,8 +330,20 @@ class Store:
 
     # -- leases ----------------------------------------------------------------------------
 
-    async def acquire(self, host_id: str, serials: list[str], ttl: timedelta) -> Acquired:
-        rows = await self._fetch("acquire", host_id, serials, ttl)
+    async def acquire(
+        self, host_id: str, serials: list[str], ttl: timedelta, offered: Sequence[str] = ()
+    ) -> Acquired:
+        """One Acquire round. With `offered` (the task ids it was woken for), the answer
+        also says which of them were queued when the statement began (still one
+        statement); ids that are not UUIDs are left out."""
+        wanted = [t for t in map(_uuid_or_none, offered) if t is not None]
+        if wanted:
+            rows = await self._fetch("acquire_offered", host_id, serials, ttl, wanted)
+            queued = frozenset(str(r["queued"]) for r in rows if r["queued"] is not None)
+            rows = [r for r in rows if r["queued"] is None]
+        else:
+            rows = await self._fetch("acquire", host_id, serials, ttl)
+            queued = frozenset()
         return Acquired(
             [
                 Assignment(
@@ -347,6 +359,7 @@ class Store:
                 if r["task_id"] is not None
             ],
             [(r["device_serial"], r["labels"]) for r in rows if r["task_id"] is None],
+            queued,
         )
 
     async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
@@ -764,6 +777,13 @@ def _device(d: dict[str, Any]) -> DeviceInfo:
         TaskId(uuid.UUID(task_id)) if task_id else None,
         bool(d.get("cordoned")),
     )
+
+
+def _uuid_or_none(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
 
 
 def _columns(rows: Sequence[Any], *fields: str) -> list[list[Any]]:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
+from datetime import datetime
 
+import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
@@ -261,3 +264,77 @@ async def test_notifications_that_could_not_be_sent_are_sent_again() -> None:
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sender
+
+
+# -- offers that must not be lost (issue 21, item 5) ----------------------------------------
+
+
+async def _looked_since(db: asyncpg.Connection, since: datetime) -> bool:
+    """An Acquire's statement began and ended after `since` (the database's clock)."""
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%amc_acquire(%'"
+        " AND state = 'idle' AND query_start > $1 AND pid <> pg_backend_pid()"
+    )
+    return bool(await db.fetchval(sql, since))
+
+
+async def test_an_offer_that_finds_its_task_briefly_locked_is_taken_when_the_lock_goes(
+    farm: Farm,
+) -> None:
+    """The task is row-locked by a transaction that does not take it (as another Acquire's
+    scan whose device was taken meanwhile) when its offer reaches the parked host: the
+    host's look skips it (SKIP LOCKED). The host still takes it within moments of the lock
+    going, not when its 60 s wait ends."""
+    assert farm.plane is not None and farm.db is not None
+    client = await farm.client()
+    host = await farm.host("h1", "s1", rack="a")
+    task = await _submit(client, rack="a")  # nobody parked: it stays queued
+    locker = await asyncpg.connect(farm.dsn)
+    try:
+        lock = locker.transaction()
+        await lock.start()
+        await locker.execute(
+            "SELECT 1 FROM tasks WHERE task_id = $1::uuid FOR UPDATE", task.task_id
+        )
+        parked = asyncio.create_task(host.acquire("s1", wait=60))
+        await _parked_hosts(farm, 1)  # its first look skipped the locked task
+        # The offer arrives, as from a replica that queued (or requeued) the task.
+        sent = await farm.db.fetchval("SELECT clock_timestamp()")
+        payload = Offer(task.task_id, None, {"rack": "a"}).to_payload("another-replica")
+        await farm.db.execute("SELECT pg_notify('amc_queued', $1)", payload)
+        db = farm.db
+        await eventually(lambda: _looked_since(db, sent), what="the woken host to look")
+        assert not parked.done()
+        await lock.rollback()  # released without taking it
+        released = time.monotonic()
+        try:
+            got = await asyncio.wait_for(parked, 5)
+        except TimeoutError:
+            raise AssertionError("the task was not taken within 5 s of its lock going") from None
+        assert [a.task_id for a in got] == [task.task_id]
+        assert time.monotonic() - released < 5
+        assert await farm.status(task.task_id) == "assigned"
+    finally:
+        await locker.close()
+
+
+async def test_a_parked_host_registering_labels_a_queued_task_wants_takes_it_at_once(
+    farm: Farm,
+) -> None:
+    """A parked host re-registers its phone with labels that now match a queued task: its
+    Acquire takes the task within moments, not when its 60 s wait ends."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", rack="old")
+    parked = asyncio.create_task(host.acquire("s1", wait=60))
+    await _parked_hosts(farm, 1)
+    task = await _submit(client, rack="new")  # no parked host matches: nobody is woken
+    assert await farm.status(task.task_id) == "queued"
+    assert not parked.done()
+    await host.register("s1", rack="new")
+    registered = time.monotonic()
+    try:
+        got = await asyncio.wait_for(parked, 5)
+    except TimeoutError:
+        raise AssertionError("the task was not taken within 5 s of the registration") from None
+    assert [a.task_id for a in got] == [task.task_id]
+    assert time.monotonic() - registered < 5
