@@ -1,8 +1,9 @@
 -- Every statement the control plane sends, by name (control_plane.sql loads this file).
 -- Transitions that lock several rows are functions in schema.sql, called from here.
 --
--- Lock order, in every statement and function (as schema.sql says): the task row first,
--- then its attempt row, then devices; several tasks: in task_id order.
+-- Lock order, in every statement and function (as the top of schema.sql says): task rows
+-- first, several in task_id order; an attempt row only while holding its task's; then
+-- devices.
 
 -- name: submit_tasks
 -- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
@@ -147,21 +148,26 @@ SELECT * FROM amc_release($1, $2, $3);
 SELECT * FROM amc_expire($1);
 
 -- name: time_out_queued
--- queue timeout: queued -> failed, for up to $1 tasks whose stay in the queue ran out, in one
--- statement (the tasks_queue_deadline index finds them). Safe in every replica at once: a
--- task another sweeper, an Acquire or a cancel holds is skipped, and the UPDATE rechecks
--- that it is still queued and due. A cancel that came first left it `cancelled`: untouched.
+-- queue timeout: queued -> failed, for up to $1 tasks whose stay in the queue ran out (the
+-- longest overdue; the tasks_queue_deadline index finds them), in one statement, locked in
+-- task_id order (the lock order). Safe in every replica at once: a task another sweeper,
+-- an Acquire or a cancel holds is skipped, and the UPDATE rechecks that it is still queued
+-- and due. A cancel that came first left it `cancelled`: untouched.
 WITH due AS (
     SELECT tk.task_id FROM tasks tk
     WHERE tk.status = 'queued' AND tk.queue_deadline <= now()
     ORDER BY tk.queue_deadline
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+), held AS (
+    SELECT tk.task_id FROM tasks tk JOIN due USING (task_id)
+    WHERE tk.status = 'queued' AND tk.queue_deadline <= now()
+    ORDER BY tk.task_id
+    FOR UPDATE OF tk SKIP LOCKED
 ), ended AS (
     UPDATE tasks tk SET status = 'failed', error = 'queue timeout', finished_at = now(),
                         updated_at = now()
-    FROM due
-    WHERE tk.task_id = due.task_id AND tk.status = 'queued' AND tk.queue_deadline <= now()
+    FROM held
+    WHERE tk.task_id = held.task_id AND tk.status = 'queued' AND tk.queue_deadline <= now()
     RETURNING tk.*
 ), ev AS (
     INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)

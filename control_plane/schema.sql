@@ -10,9 +10,18 @@
 -- Statuses are control_plane.lifecycle.TaskStatus; task_events.kind is lifecycle.Event;
 -- the codes the functions return are lifecycle's CancelCode, ReportCode and ReleaseCode.
 --
--- Lock order, in every function and statement: the task row first, then its attempt row,
--- then devices; several tasks in one statement: in task_id order. So transitions cannot
--- deadlock with each other.
+-- Lock order, in every function and statement, so that transitions cannot deadlock with
+-- each other (tests/test_lock_order.py forces the interleavings):
+--   1. task rows; several in one transaction: in task_id order;
+--   2. an attempt row only while holding its task's row (FOR UPDATE, FOR NO KEY UPDATE or
+--      an UPDATE of it), so no transition waits for an attempt row another one holds
+--      (a statement may go task a, its attempt, task b, its attempt: the tasks still come
+--      in task_id order);
+--   3. devices.
+-- A lock taken with SKIP LOCKED never waits, so it cannot close a cycle (Acquire takes
+-- queued tasks in queue order that way); all the same the sweeps take theirs in task_id
+-- order too. The one statement that writes an attempt row without its task
+-- (mark_cancel_delivered) holds nothing else, so it cannot close a cycle either.
 
 -- -- tables ------------------------------------------------------------------------------
 
@@ -144,8 +153,8 @@ CREATE TABLE IF NOT EXISTS attempts (
 ) WITH (fillfactor = 50);
 -- The live attempts: the expiry sweep scans them (same predicate), renewals check them.
 CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 'active';
--- The leases a host has not acknowledged yet: what a renewal looks at before locking
--- tasks. Usually empty, so the common renewal (nothing to acknowledge) pays one probe.
+-- The leases a host has not acknowledged yet. No longer read: amc_renew locks the tasks of
+-- every lease it renews (issue 21.2); kept until a migration drops it.
 CREATE INDEX IF NOT EXISTS attempts_unacknowledged ON attempts (host_id)
     WHERE state = 'active' AND acknowledged_at IS NULL;
 -- Live attempts with a deadline, by when it passes: what the overrun sweep reads.
@@ -291,47 +300,39 @@ END $$;
 
 -- Renews the host's live leases among p_leases; the first renewal acknowledges the
 -- assignment (assigned -> dispatched). Leases not renewed come back with task_id NULL: a
--- conflict. Columns in the order of domain.Renewal's fields. The tasks to acknowledge are
--- locked first (the lock order), and only when the host has unacknowledged leases (one
--- look at attempts_unacknowledged): most renewals acknowledge nothing and pay nothing for
--- it.
+-- conflict. Columns in the order of domain.Renewal's fields.
+--
+-- The lock order: the tasks of the leases first, in task_id order, FOR NO KEY UPDATE (what
+-- the acknowledgement's UPDATE takes anyway: it excludes every other transition of the
+-- task and lets foreign-key checks by), and only then their attempts. (A renewal that
+-- changed the attempt rows alone, in whatever order the plan met them, deadlocked with a
+-- batched report or the deadline sweep: issue 21.2.) One statement: a task that moved on
+-- while the renewal waited for it is rechecked by PostgreSQL and not held, so its attempt
+-- is not renewed; an attempt changed meanwhile (a cancel request) is renewed as it is now.
 CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval)
 RETURNS TABLE (lease_id uuid, cancel_pending boolean, task_id uuid, attempt integer,
                delivery_seconds double precision, acknowledged boolean)
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_acked uuid[] := '{}';
 BEGIN
-    -- 1. Tasks first: lock and acknowledge those whose lease this renewal is the first for.
-    IF EXISTS (SELECT 1 FROM attempts att
-               WHERE att.host_id = p_host AND att.state = 'active'
-                 AND att.acknowledged_at IS NULL) THEN
-        WITH pending AS (
-            SELECT tk.task_id FROM attempts att
-            JOIN tasks tk ON tk.task_id = att.task_id AND tk.attempt = att.attempt
-            WHERE att.host_id = p_host AND att.state = 'active'
-              AND att.acknowledged_at IS NULL
-              AND att.lease_id = ANY (p_leases) AND att.lease_expires_at > now()
-              AND tk.status = 'assigned'
-            ORDER BY tk.task_id
-            FOR UPDATE OF tk
-        ), acked AS (
-            UPDATE tasks tk SET status = 'dispatched', updated_at = now()
-            FROM pending p
-            WHERE tk.task_id = p.task_id AND tk.status = 'assigned'
-            RETURNING tk.task_id, tk.attempt
-        ), ev AS (
-            INSERT INTO task_events (task_id, attempt, kind, from_status, to_status)
-            SELECT a.task_id, a.attempt, 'acknowledge', 'assigned', 'dispatched' FROM acked a
-        )
-        SELECT COALESCE(array_agg(a.task_id), '{}') INTO v_acked FROM acked a;
-    END IF;
-
-    -- 2. Then the attempts: extend the leases.
     RETURN QUERY
-    WITH req AS (
-        SELECT DISTINCT unnest(p_leases) AS lease_id
+    WITH held AS (
+        SELECT tk.task_id, tk.attempt, tk.status FROM attempts att
+        JOIN tasks tk ON tk.task_id = att.task_id AND tk.attempt = att.attempt
+        WHERE att.lease_id = ANY (p_leases) AND att.host_id = p_host
+          AND att.state = 'active' AND att.lease_expires_at > now()
+          AND tk.status IN ('assigned', 'dispatched')
+        ORDER BY tk.task_id
+        FOR NO KEY UPDATE OF tk
+    ), acked AS (
+        UPDATE tasks tk SET status = 'dispatched', updated_at = now()
+        FROM held h
+        WHERE tk.task_id = h.task_id AND h.status = 'assigned'
+        RETURNING tk.task_id, tk.attempt
+    ), ev AS (
+        INSERT INTO task_events (task_id, attempt, kind, from_status, to_status)
+        SELECT a.task_id, a.attempt, 'acknowledge', 'assigned', 'dispatched' FROM acked a
     ), renewed AS (
+        -- Only the attempts of tasks held (joined to `held`: locked before).
         UPDATE attempts a SET
             lease_expires_at = now() + p_ttl,
             acknowledged_at = COALESCE(a.acknowledged_at, now()),
@@ -344,19 +345,20 @@ BEGIN
             cancel_delivered_at = COALESCE(a.cancel_delivered_at,
                                            CASE WHEN a.cancel_requested_at IS NOT NULL
                                                 THEN now() END)
-        FROM req
-        WHERE a.lease_id = req.lease_id AND a.host_id = p_host AND a.state = 'active'
+        FROM held h
+        WHERE a.task_id = h.task_id AND a.attempt = h.attempt AND a.host_id = p_host
+          AND a.lease_id = ANY (p_leases) AND a.state = 'active'
           AND a.lease_expires_at > now()
-        RETURNING a.lease_id, a.task_id, a.attempt,
+        RETURNING a.lease_id, a.task_id, a.attempt, h.status = 'assigned' AS acknowledged,
                   a.cancel_requested_at IS NOT NULL AS cancel_pending,
                   CASE WHEN a.cancel_delivered_at = now()
                        THEN extract(epoch FROM now() - a.cancel_requested_at)::float8 END
                        AS delivery_seconds
     )
-    SELECT req.lease_id, COALESCE(r.cancel_pending, false),
-           r.task_id, r.attempt, r.delivery_seconds,
-           r.task_id = ANY (v_acked) AND r.task_id IS NOT NULL
-    FROM req LEFT JOIN renewed r USING (lease_id);
+    SELECT req.lease_id, COALESCE(r.cancel_pending, false), r.task_id, r.attempt,
+           r.delivery_seconds, COALESCE(r.acknowledged, false)
+    FROM (SELECT DISTINCT unnest(p_leases) AS lease_id) req
+    LEFT JOIN renewed r USING (lease_id);
 END $$;
 
 -- cancel: queued -> cancelled at once; assigned/dispatched -> a durable request on the
@@ -478,10 +480,11 @@ BEGIN
     RETURN v_to;
 END $$;
 
--- expire: up to p_limit leases that ran out end (amc_leave_attempt), oldest first, with
+-- expire: up to p_limit leases that ran out (the oldest) end (amc_leave_attempt), with
 -- each task's selector so that a requeued task is offered to the hosts that can take it.
--- Safe to run in every replica at once: tasks another sweeper (or a transition) holds are
--- skipped, and a lease renewed meanwhile is left alone.
+-- Their tasks are locked first, in task_id order, then each one's attempt (the lock
+-- order). Safe to run in every replica at once: tasks another sweeper (or a transition)
+-- holds are skipped, and a lease renewed meanwhile is left alone.
 CREATE OR REPLACE FUNCTION amc_expire(p_limit integer)
 RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, host_id text, to_status text,
                selector_serial text, selector_labels jsonb)
@@ -492,13 +495,16 @@ DECLARE
     v_cancel timestamptz;
 BEGIN
     FOR a IN
-        SELECT att.task_id, att.attempt, att.lease_id, att.host_id FROM attempts att
-        WHERE att.state = 'active' AND att.lease_expires_at <= now()
-        ORDER BY att.lease_expires_at
-        LIMIT p_limit
+        SELECT due.task_id, due.attempt, due.lease_id, due.host_id
+        FROM (SELECT att.task_id, att.attempt, att.lease_id, att.host_id FROM attempts att
+              WHERE att.state = 'active' AND att.lease_expires_at <= now()
+              ORDER BY att.lease_expires_at
+              LIMIT p_limit) due
+        JOIN tasks tk ON tk.task_id = due.task_id AND tk.attempt = due.attempt
+        ORDER BY tk.task_id
+        FOR UPDATE OF tk SKIP LOCKED
     LOOP
-        SELECT * INTO t FROM tasks tk WHERE tk.task_id = a.task_id FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO t FROM tasks tk WHERE tk.task_id = a.task_id;  -- held
         UPDATE attempts att SET state = 'expired', ended_at = now()
         WHERE att.lease_id = a.lease_id AND att.state = 'active'
           AND att.lease_expires_at <= now()

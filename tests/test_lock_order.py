@@ -5,13 +5,28 @@ fail a call, lose a cancellation or leave the tables inconsistent (issue 11.1)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import dataclasses
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 
 import asyncpg
+import grpc
 import pytest
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from tests.support import Clients, Farm, HostClient, RenewStream, actions_spec, eventually
+from tests.conftest import FAST
+from tests.support import (
+    Clients,
+    Farm,
+    HostClient,
+    RenewStream,
+    actions_spec,
+    eventually,
+    seconds,
+)
 
 LEASES_PER_ROUND = 8
 ROUNDS = 25  # 200 races per transition
@@ -170,3 +185,328 @@ async def eventually_waiting(farm: Farm, query: str) -> None:
         ),
         what=f"{query} to wait for a lock",
     )
+
+
+# -- issue 21.2: statements over several tasks take them first, in task_id order ----------
+#
+# The interleavings the issue describes, forced: a renewal is stopped just before it changes
+# one attempt row (a trigger installed in this test's database waits there for an advisory
+# lock the test holds), the other side is let run until it waits for a lock, then the
+# renewal goes on.
+
+PAUSE = 4279621  # the advisory lock a stopped renewal waits for, held by the test
+
+
+@pytest.fixture
+async def quiet_farm(database_url: str) -> AsyncIterator[Farm]:
+    """A farm whose own sweep does not run: the tests run each sweep when they mean to."""
+    f = Farm(database_url, dataclasses.replace(FAST, sweep_interval=timedelta(hours=1)))
+    await f.start()
+    try:
+        yield f
+    finally:
+        await f.stop()
+
+
+class RenewalPause:
+    """A renewal (amc_renew) that comes to the attempt row of `lease_id` stops there, every
+    row it has locked so far still held, until `resume()`."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    @classmethod
+    async def at(cls, farm: Farm, lease_id: str) -> RenewalPause:
+        conn = await asyncpg_connect(farm)
+        await conn.execute(
+            """
+            CREATE TABLE IF NOT EXISTS test_pause_at (lease_id uuid PRIMARY KEY);
+            CREATE OR REPLACE FUNCTION test_pause() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF current_query() LIKE '%amc_renew(%'
+                   AND OLD.lease_id IN (SELECT p.lease_id FROM test_pause_at p) THEN
+                    PERFORM pg_advisory_xact_lock_shared(4279621);
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE OR REPLACE TRIGGER test_pause BEFORE UPDATE ON attempts
+                FOR EACH ROW EXECUTE FUNCTION test_pause();
+            """
+        )
+        await conn.execute("INSERT INTO test_pause_at VALUES ($1::uuid)", lease_id)
+        await conn.execute("SELECT pg_advisory_lock($1)", PAUSE)
+        return cls(conn)
+
+    async def resume(self) -> None:
+        if not self.conn.is_closed():
+            await self.conn.execute("SELECT pg_advisory_unlock($1)", PAUSE)
+            await self.conn.execute("TRUNCATE test_pause_at")
+            await self.conn.close()
+
+
+async def waiting(farm: Farm, query: str, event: str | None = None) -> int:
+    """How many sessions running `query` wait for a lock (of kind `event`, if given)."""
+    assert farm.db is not None
+    return int(
+        await farm.db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND ($2::text IS NULL OR wait_event = $2) AND query LIKE $1",
+            f"%{query}%",
+            event,
+        )
+    )
+
+
+async def attempt_locked(farm: Farm, lease_id: str) -> bool:
+    """Whether some transaction holds the lease's attempt row locked."""
+    conn = await asyncpg_connect(farm)
+    try:
+        async with conn.transaction():
+            free = await conn.fetchval(
+                "SELECT 1 FROM attempts WHERE lease_id = $1::uuid FOR UPDATE SKIP LOCKED",
+                lease_id,
+            )
+        return free is None
+    finally:
+        await conn.close()
+
+
+async def deadlock_count(farm: Farm) -> int:
+    assert farm.db is not None
+    return int(
+        await farm.db.fetchval(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        )
+    )
+
+
+async def two_leases(
+    client: Clients, host: HostClient, stream: RenewStream
+) -> tuple[lease_pb2.Assignment, lease_pb2.Assignment]:
+    """Two acknowledged leases of host h1 (devices s1, s2), of tasks with an hour's
+    deadline: a and b, a's task_id the lower, b's attempt stored first (so a renewal's
+    UPDATE meets b's row before a's, as it scans the host's attempts in the order they were
+    stored)."""
+    submitted = await client.scheduler.SubmitTasks(
+        scheduler_pb2.SubmitTasksRequest(
+            tasks=[
+                scheduler_pb2.SubmitTaskRequest(
+                    spec=actions_spec(),
+                    selector=task_pb2.DeviceSelector(serial=serial),
+                    deadline=seconds(3600),
+                )
+                for serial in ("s1", "s2")
+            ]
+        )
+    )
+    low, high = sorted(submitted.tasks, key=lambda t: uuid.UUID(t.task_id))
+    b = await host.acquire_one(high.selector.serial)
+    a = await host.acquire_one(low.selector.serial)
+    assert uuid.UUID(a.task_id) < uuid.UUID(b.task_id)
+    assert {s.result for s in await stream.renew(a.lease_id, b.lease_id)} == {RENEWED}
+    return a, b
+
+
+def done(*assignments: lease_pb2.Assignment) -> lease_pb2.ReportResultsRequest:
+    return lease_pb2.ReportResultsRequest(
+        results=[
+            lease_pb2.ReportResultRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                outcome=lease_pb2.OUTCOME_DONE,
+                result=task_pb2.TaskResult(),
+            )
+            for a in assignments
+        ]
+    )
+
+
+async def test_a_renewal_of_b_then_a_and_a_batched_report_of_a_and_b_do_not_deadlock(
+    farm: Farm,
+) -> None:
+    """GIVEN a renewal that has changed b's attempt and not yet a's, and a batched report
+    of a and b let run until it waits WHEN the renewal goes on THEN neither is a deadlock
+    victim: both results are recorded, both leases renewed, at once, the tables consistent."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    stream = RenewStream(host)
+    try:
+        a, b = await two_leases(client, host, stream)
+        deadlocks = await deadlock_count(farm)
+        pause = await RenewalPause.at(farm, b.lease_id)
+        try:
+            renewal = asyncio.ensure_future(stream.renew(b.lease_id, a.lease_id))
+            await eventually(
+                lambda: waiting(farm, "amc_renew(", "advisory"), what="the renewal to stop at b"
+            )
+            # The interleaving of the issue: the renewal holds what it took before b's row
+            # (a's attempt row is not among it).
+            assert not await attempt_locked(farm, a.lease_id)
+            report = asyncio.ensure_future(host.c.lease.ReportResults(done(a, b)))
+            await eventually(lambda: waiting(farm, "amc_report("), what="the report to wait")
+        finally:
+            resumed = time.monotonic()
+            await pause.resume()
+        answer = await asyncio.wait_for(report, 30)
+        took = time.monotonic() - resumed
+        renewed = await asyncio.wait_for(renewal, 30)
+    finally:
+        await stream.close()
+    assert [x.code for x in answer.answers] == [0, 0], answer
+    assert [s.result for s in renewed] == [RENEWED, RENEWED]
+    assert [await farm.status(t.task_id) for t in (a, b)] == ["done", "done"]
+    await _consistent(farm)
+    assert await deadlock_count(farm) == deadlocks, f"deadlock; the report took {took:.2f} s"
+
+
+async def test_a_renewal_and_the_deadline_sweep_do_not_deadlock(quiet_farm: Farm) -> None:
+    """GIVEN leases a and b past their deadlines, a renewal stopped at b's attempt row, and
+    the deadline sweep let run until it waits or ends WHEN the renewal goes on THEN neither
+    is a deadlock victim, and the sweep (that round or the next) fails both tasks."""
+    farm = quiet_farm
+    assert farm.plane is not None and farm.db is not None
+    store = farm.plane.store
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    stream = RenewStream(host)
+    try:
+        a, b = await two_leases(client, host, stream)
+        # a's deadline passed first (the sweep meets a's attempt row before b's); b's row
+        # is written first, so it stays the first a renewal meets.
+        for lease_id, ago in ((b.lease_id, 1), (a.lease_id, 2)):
+            await farm.db.execute(
+                "UPDATE attempts SET deadline_at = now() - $2 * interval '1 hour'"
+                " WHERE lease_id = $1::uuid",
+                lease_id,
+                ago,
+            )
+        deadlocks = await deadlock_count(farm)
+        pause = await RenewalPause.at(farm, b.lease_id)
+        try:
+            renewal = asyncio.ensure_future(stream.renew(b.lease_id, a.lease_id))
+            await eventually(
+                lambda: waiting(farm, "amc_renew(", "advisory"), what="the renewal to stop at b"
+            )
+            assert not await attempt_locked(farm, a.lease_id)
+            sweep = asyncio.ensure_future(store.end_overrun(farm.settings.lease_ttl))
+
+            async def waits_or_ended() -> bool:
+                return sweep.done() or await waiting(farm, "deadline_exceeded") > 0
+
+            await eventually(waits_or_ended, what="the sweep to wait or end")
+        finally:
+            resumed = time.monotonic()
+            await pause.resume()
+        first = await asyncio.wait_for(sweep, 30)
+        took = time.monotonic() - resumed
+        renewed = await asyncio.wait_for(renewal, 30)
+        then = await store.end_overrun(farm.settings.lease_ttl)
+    finally:
+        await stream.close()
+    ended = sorted(str(e.task_id) for e in [*first, *then])
+    assert ended == sorted([a.task_id, b.task_id])
+    assert {s.result for s in renewed} <= {RENEWED, CONFLICT}
+    for t in (a, b):
+        row = await farm.task_row(t.task_id)
+        assert (row["status"], row["error"]) == ("failed", "deadline exceeded")
+    await _consistent(farm)
+    assert await deadlock_count(farm) == deadlocks, f"deadlock; the sweep took {took:.2f} s"
+
+
+STRESS_ROUNDS = 10
+
+
+async def test_renewals_a_batched_report_and_the_sweeps_at_once_never_deadlock(
+    quiet_farm: Farm,
+) -> None:
+    """Rounds of: 8 acknowledged leases of one host (3 of them past their deadline, 2 run
+    out) and 4 queued tasks past their queue timeout; at once, two renewals of all 8 leases
+    (two streams of the host) and a batched report of all 8, each in a random order, the
+    deadline sweep, the queue-timeout sweep and the expiry sweep. THEN no call fails and no
+    deadlock happens; each task ends once (reported done, or failed by the sweep that came
+    first, its report then refused as stale); the tables stay consistent."""
+    farm = quiet_farm
+    assert farm.plane is not None and farm.db is not None
+    db, store, ttl = farm.db, farm.plane.store, farm.settings.lease_ttl
+    client = await farm.client()
+    serials = [f"s{i}" for i in range(LEASES_PER_ROUND)]
+    host = await farm.host("h1", *serials)
+    streams = [RenewStream(host), RenewStream(host)]
+    rng = random.Random(21)
+    deadlocks = await deadlock_count(farm)
+    try:
+        for _ in range(STRESS_ROUNDS):
+            await client.scheduler.SubmitTasks(
+                scheduler_pb2.SubmitTasksRequest(
+                    tasks=[
+                        scheduler_pb2.SubmitTaskRequest(
+                            spec=actions_spec(), max_attempts=1, deadline=seconds(3600)
+                        )
+                        for _ in serials
+                    ]
+                )
+            )
+            handed = await host.acquire(*serials, wait=5)
+            assert len(handed) == LEASES_PER_ROUND
+            await streams[0].renew(*[a.lease_id for a in handed])
+            waiting_tasks = await client.scheduler.SubmitTasks(
+                scheduler_pb2.SubmitTasksRequest(
+                    tasks=[
+                        scheduler_pb2.SubmitTaskRequest(
+                            spec=actions_spec(),
+                            selector=task_pb2.DeviceSelector(serial="nowhere"),
+                            queue_timeout=seconds(3600),
+                        )
+                        for _ in range(4)
+                    ]
+                )
+            )
+            await db.execute(
+                "UPDATE tasks SET queue_deadline = now() - interval '1 second'"
+                " WHERE task_id = ANY ($1::uuid[])",
+                [t.task_id for t in waiting_tasks.tasks],
+            )
+            overrun, ran_out = handed[:3], handed[3:5]
+            for a in rng.sample(overrun, len(overrun)):
+                await db.execute(
+                    "UPDATE attempts SET deadline_at = now() - interval '1 hour'"
+                    " WHERE lease_id = $1::uuid",
+                    a.lease_id,
+                )
+            for a in ran_out:
+                await farm.expire_now(a.lease_id)
+
+            first, second, third = (rng.sample(handed, len(handed)) for _ in range(3))
+            request = done(*third)
+            renewed_1, renewed_2, report, *_ = await asyncio.gather(
+                streams[0].renew(*[a.lease_id for a in first]),
+                streams[1].renew(*[a.lease_id for a in second]),
+                host.c.lease.ReportResults(request),
+                store.end_overrun(ttl),
+                store.time_out_queued(),
+                store.expire(),
+            )
+            # The next sweep: what this one skipped (held by a transition meanwhile).
+            await store.expire()
+            await store.end_overrun(ttl)
+            assert {s.result for s in [*renewed_1, *renewed_2]} <= {RENEWED, CONFLICT}
+            answers = {r.task_id: x for r, x in zip(request.results, report.answers, strict=True)}
+            for a in handed:
+                row = await farm.task_row(a.task_id)
+                answer = answers[a.task_id]
+                if answer.code == 0:
+                    assert row["status"] == "done"
+                else:
+                    assert answer.code == grpc.StatusCode.ABORTED.value[0], answer
+                    assert row["status"] == "failed"
+                    assert row["error"] in ("deadline exceeded", "lease expired on attempt 1 of 1")
+            for t in waiting_tasks.tasks:
+                row = await farm.task_row(t.task_id)
+                assert (row["status"], row["error"]) == ("failed", "queue timeout")
+            await _consistent(farm)
+            assert await db.fetchval("SELECT count(*) FROM attempts WHERE state = 'active'") == 0
+    finally:
+        for stream in streams:
+            await stream.close()
+    assert await deadlock_count(farm) == deadlocks
