@@ -31,7 +31,7 @@ $(PY):
 
 $(INSTALLED): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
 $(GENERATED): $(PROTOS) scripts/gen_protos.py $(INSTALLED)
