@@ -47,7 +47,7 @@ protos: $(INSTALLED)
 	touch $(GENERATED)
 
 run: setup
-	$(PY) scripts/localfarm.py $(ARGS)
+	@$(PY) scripts/localfarm.py $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
