@@ -65,8 +65,7 @@ async def serve(config: Config) -> int:
             "no token (--insecure): only a control plane without authentication accepts this"
         )
     if config.metrics_listen:
-        host, _, port = config.metrics_listen.rpartition(":")
-        prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
+        _serve_metrics(config.metrics_listen)
     record_build("host-agent")
     notifier = Notifier()
     agent = Agent(config.agent, source, channel, notifier)
@@ -97,6 +96,16 @@ async def serve(config: Config) -> int:
         await source.close()
         notifier.close()
     return 0
+
+
+def _serve_metrics(listen: str) -> None:
+    """/metrics on `listen`; a port taken is named as the metrics port, not blamed on the
+    control plane the failure line also names."""
+    host, _, port = listen.rpartition(":")
+    try:
+        prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
+    except OSError as exc:
+        raise OSError(exc.errno, f"--metrics-listen {listen}: {exc.strerror or exc}") from None
 
 
 # What to do when the control plane refuses the agent for good.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -230,3 +231,25 @@ def test_redact_masks_tokens_and_passwords_in_any_text() -> None:
     assert "s3cr3t-Value_xyz" not in out and "hunter2" not in out
     assert "amc_0123456789abcdef0123456789abcdef_***" in out
     assert "postgresql://u:***@h/d" in out
+
+
+async def test_host_agent_with_its_metrics_port_taken_names_that_port() -> None:
+    """THEN one error line naming --metrics-listen and the address in use (the control
+    plane it would have served is not what failed)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        metrics = f"127.0.0.1:{taken.getsockname()[1]}"
+        command = HostAgentCommand(
+            control_plane="127.0.0.1:1",
+            host_id="lab1",
+            insecure=True,
+            simulated_devices=1,
+            metrics_listen=metrics,
+            log_format="json",
+        )
+        rc, output = await run(command)
+    assert rc == 1
+    errors = [e for e in map(json.loads, lines(output)) if e["level"] == "error"]
+    assert len(errors) == 1, output
+    assert f"--metrics-listen {metrics}: Address already in use" in errors[0]["error"], output
