@@ -2,8 +2,8 @@
 -- Transitions that lock several rows are functions in schema.sql, called from here.
 --
 -- Lock order, in every statement and function (as the top of schema.sql says): task rows
--- first, several in task_id order; an attempt row only while holding its task's; then
--- devices.
+-- first, several in task_id order; an attempt row only while holding its task's; the host
+-- row; then devices.
 
 -- name: submit_tasks
 -- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
@@ -264,19 +264,9 @@ ORDER BY h.host_id;
 -- name: set_host_cordon
 -- Cordon ($2 true) or uncordon a host; $3: it drains too (uncordoning ends a drain).
 -- Recorded in host_events as $4 by $5 ($6: the token's name) because $7. No row: no such
--- host. `leases`: how many it holds now.
-WITH h AS (
-    UPDATE hosts SET cordoned = $2, draining = ($2 AND ($3 OR draining))
-    WHERE host_id = $1
-    RETURNING host_id
-), ev AS (
-    INSERT INTO host_events (host_id, kind, actor, actor_name, reason)
-    SELECT host_id, $4, $5, $6, $7 FROM h
-)
-SELECT h.host_id,
-       (SELECT count(*) FROM attempts a WHERE a.host_id = $1 AND a.state = 'active')::int
-           AS leases
-FROM h;
+-- host. `leases`: how many it holds now. Ordered with Acquire by the host row: see
+-- amc_set_host_cordon() in schema.sql.
+SELECT * FROM amc_set_host_cordon($1, $2, $3, $4, $5, $6, $7);
 
 -- name: set_device_cordon
 -- Cordon ($3 true) or uncordon the device with serial $2 (on host $1; NULL: whichever host

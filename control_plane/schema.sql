@@ -17,7 +17,13 @@
 --      an UPDATE of it), so no transition waits for an attempt row another one holds
 --      (a statement may go task a, its attempt, task b, its attempt: the tasks still come
 --      in task_id order);
---   3. devices.
+--   3. the host row: cordon, uncordon, drain and remove take it FOR UPDATE, first thing
+--      (and no task after it); Acquire takes it FOR KEY SHARE, after the queued tasks it
+--      picked and before the first device it reserves. So a host operation comes wholly
+--      before or after an Acquire that assigns (no assignment commits after a cordon
+--      returned), while Acquires wait neither for each other nor for the host's
+--      registration and presence writes (FOR NO KEY UPDATE);
+--   4. devices.
 -- A lock taken with SKIP LOCKED never waits, so it cannot close a cycle (Acquire takes
 -- queued tasks in queue order that way); all the same the sweeps take theirs in task_id
 -- order too. The one statement that writes an attempt row without its task
@@ -212,7 +218,11 @@ CREATE INDEX IF NOT EXISTS host_events_by_host ON host_events (host_id, event_id
 --
 -- A cordoned host gets nothing and has no idle devices (so its Acquire is indexed under
 -- nothing, and no queued task wakes it); a cordoned device is never idle. Uncordoning
--- publishes amc_freed for the host, and its parked Acquires look again.
+-- publishes amc_freed for the host, and its parked Acquires look again. The host row is
+-- locked (FOR KEY SHARE) once there is a device to reserve, and cordoned is read again
+-- then: a cordon, drain or removal that commits first leaves this Acquire nothing, and one
+-- that comes later waits for it and counts its leases (issue 21.4). An Acquire that finds
+-- nothing to assign locks nothing.
 CREATE OR REPLACE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
 RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
                queued_seconds double precision, labels jsonb)
@@ -223,6 +233,8 @@ DECLARE
     v_free text[];
     v_serial text;
     v_again boolean;
+    v_host_held boolean := false;
+    v_cordoned boolean;
 BEGIN
     IF EXISTS (SELECT 1 FROM hosts h WHERE h.host_id = p_host AND h.cordoned) THEN
         RETURN;
@@ -257,6 +269,20 @@ BEGIN
                     -- the devices left are offered the next tasks in a scan of their own.
                     v_again := true;
                     CONTINUE;
+                END IF;
+                IF NOT v_host_held THEN
+                    -- The host row, before the first device this Acquire reserves (see
+                    -- the lock order): FOR KEY SHARE, so Acquires of the host (and its
+                    -- registration and presence writes) share it, while cordon, drain and
+                    -- remove (FOR UPDATE) come wholly before this Acquire or after it
+                    -- commits. Cordoned or removed meanwhile: nothing for it.
+                    SELECT h.cordoned INTO v_cordoned FROM hosts h
+                    WHERE h.host_id = p_host
+                    FOR KEY SHARE;
+                    IF NOT FOUND OR v_cordoned THEN
+                        RETURN;
+                    END IF;
+                    v_host_held := true;
                 END IF;
                 v_free := array_remove(v_free, v_serial);
                 UPDATE devices dv SET task_id = t.task_id, updated_at = now()
@@ -642,10 +668,39 @@ BEGIN
     RETURN NEXT;
 END $$;
 
+-- cordon (p_cordon) or uncordon a host; p_drain: it drains too (uncordoning ends a drain).
+-- Recorded in host_events as p_kind by p_actor (p_actor_name: the token's name) because
+-- p_reason. No row: no such host; else `leases`: how many the host holds now. The host row
+-- is locked FOR UPDATE first: an Acquire reserving devices of the host holds it FOR KEY
+-- SHARE, so this waits for it to commit and counts its leases (a statement of its own, so
+-- a snapshot taken after the lock), and a later Acquire sees the cordon: no assignment
+-- commits after a cordon returned (issue 21.4).
+CREATE OR REPLACE FUNCTION amc_set_host_cordon(p_host text, p_cordon boolean,
+                                               p_drain boolean, p_kind text, p_actor text,
+                                               p_actor_name text, p_reason text)
+RETURNS TABLE (host_id text, leases integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM hosts h WHERE h.host_id = p_host FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE hosts h SET cordoned = p_cordon, draining = (p_cordon AND (p_drain OR h.draining))
+    WHERE h.host_id = p_host;
+    INSERT INTO host_events (host_id, kind, actor, actor_name, reason)
+    VALUES (p_host, p_kind, p_actor, p_actor_name, p_reason);
+    RETURN QUERY
+    SELECT p_host, (SELECT count(*) FROM attempts a
+                    WHERE a.host_id = p_host AND a.state = 'active')::integer;
+END $$;
+
 -- remove: forget a host and its devices, if it is disconnected (no stream open on a live
 -- replica and not seen within p_window) and holds no lease; recorded in host_events.
 -- code: removed | not_found | connected | leases (then `leases` says how many).
--- The host row is locked first (a registration of the same host waits, then recreates it).
+-- The host row is locked first, FOR UPDATE (a registration of the same host waits, then
+-- recreates it); an Acquire reserving its devices holds it FOR KEY SHARE, so the leases are
+-- counted (a statement of its own: a snapshot taken after the lock) once it committed, and
+-- an Acquire that comes later finds the host gone (issue 21.4).
 -- Used by RemoveHost, and meant for anything else that forgets hosts.
 CREATE OR REPLACE FUNCTION amc_remove_host(p_host text, p_window interval, p_actor text,
                                            p_actor_name text, p_reason text)

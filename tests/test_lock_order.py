@@ -11,12 +11,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
+from typing import Any, TypeVar
 
 import asyncpg
 import grpc
 import pytest
 
-from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from control_plane.sql import QUERIES
 from tests.conftest import FAST
 from tests.support import (
     Clients,
@@ -27,6 +29,8 @@ from tests.support import (
     eventually,
     seconds,
 )
+
+T = TypeVar("T")
 
 LEASES_PER_ROUND = 8
 ROUNDS = 25  # 200 races per transition
@@ -245,14 +249,19 @@ class RenewalPause:
 
 
 async def waiting(farm: Farm, query: str, event: str | None = None) -> int:
-    """How many sessions running `query` wait for a lock (of kind `event`, if given)."""
+    """How many sessions running `query` (a part of its text, or the name of a statement in
+    queries.sql) wait for a lock (of kind `event`, if given)."""
     assert farm.db is not None
+    text = QUERIES.get(query)
     return int(
         await farm.db.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND ($2::text IS NULL OR wait_event = $2) AND query LIKE $1",
-            f"%{query}%",
+            " AND ($2::text IS NULL OR wait_event = $2)"
+            " AND CASE WHEN $3::text IS NULL THEN query LIKE '%' || $1 || '%'"
+            " ELSE left(query, 200) = left($3, 200) END",
+            query,
             event,
+            text,
         )
     )
 
@@ -510,3 +519,182 @@ async def test_renewals_a_batched_report_and_the_sweeps_at_once_never_deadlock(
         for stream in streams:
             await stream.close()
     assert await deadlock_count(farm) == deadlocks
+
+
+# -- issue 21.4: the host row orders cordon, drain and remove with Acquire ----------------
+#
+# An Acquire is held half-way, its task picked and its device not yet reserved, by a
+# transaction of the test's that holds the device row; the host operation is let run until
+# it waits or answers, then the device is let go.
+
+ORPHANS = """
+    SELECT count(*) FROM attempts a WHERE a.state = 'active'
+      AND (NOT EXISTS (SELECT 1 FROM hosts h WHERE h.host_id = a.host_id)
+           OR NOT EXISTS (SELECT 1 FROM devices d
+                          WHERE d.host_id = a.host_id AND d.serial = a.device_serial))
+"""
+
+
+class RowHold:
+    """A transaction of the test's holding rows locked until `release()`."""
+
+    def __init__(self, conn: asyncpg.Connection, tx: Any) -> None:
+        self.conn, self.tx = conn, tx
+
+    @classmethod
+    async def of(cls, farm: Farm, sql: str, *args: object) -> RowHold:
+        conn = await asyncpg_connect(farm)
+        tx = conn.transaction()
+        await tx.start()
+        assert await conn.fetch(sql, *args), "nothing to hold"
+        return cls(conn, tx)
+
+    async def release(self) -> None:
+        if not self.conn.is_closed():
+            await self.tx.rollback()
+            await self.conn.close()
+
+
+def hold_device(farm: Farm, host_id: str, serial: str) -> Awaitable[RowHold]:
+    return RowHold.of(
+        farm,
+        "SELECT 1 FROM devices WHERE host_id = $1 AND serial = $2 FOR UPDATE",
+        host_id,
+        serial,
+    )
+
+
+async def waits_or_answered(farm: Farm, call: asyncio.Future[Any], query: str) -> None:
+    async def check() -> bool:
+        return call.done() or await waiting(farm, query) > 0
+
+    await eventually(check, what=f"{query} to wait for a lock or answer")
+
+
+async def outcome(call: Awaitable[T]) -> T | grpc.aio.AioRpcError:
+    try:
+        return await asyncio.wait_for(call, 30)
+    except grpc.aio.AioRpcError as error:
+        return error
+
+
+def said(answer: object) -> str:
+    """An outcome, short: the error's code and details, or the assigned tasks."""
+    if isinstance(answer, grpc.aio.AioRpcError):
+        return f"{answer.code().name}: {answer.details()}"
+    if isinstance(answer, list):
+        return f"assigned {[a.task_id for a in answer]}"
+    return type(answer).__name__
+
+
+async def test_remove_host_and_an_acquire_reserving_its_device_leave_no_orphaned_lease(
+    farm: Farm,
+) -> None:
+    """GIVEN a disconnected host's Acquire that has picked a task and waits to reserve the
+    device WHEN RemoveHost runs meanwhile, then the Acquire goes on THEN no active attempt
+    is left whose host or device is gone: the Acquire's lease stands and the removal is
+    refused for it (FAILED_PRECONDITION, 1 lease), host and device kept."""
+    op = await farm.operator()
+    host = await farm.host("h1", "s1")
+    task = await op.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec()))
+    assert farm.db is not None
+    await farm.db.execute(
+        "UPDATE hosts SET last_seen_at = now() - interval '1 hour', replica_id = NULL"
+    )
+    device = await hold_device(farm, "h1", "s1")
+    try:
+        acquire = asyncio.ensure_future(host.acquire("s1"))
+        await eventually(lambda: waiting(farm, "amc_acquire("), what="the Acquire to wait")
+        remove = asyncio.ensure_future(
+            op.admin.RemoveHost(admin_pb2.RemoveHostRequest(host_id="h1", reason="gone"))
+        )
+        await waits_or_answered(farm, remove, "amc_remove_host(")
+    finally:
+        await device.release()
+    handed = await outcome(acquire)
+    removed = await outcome(remove)
+    orphans = await farm.db.fetchval(ORPHANS)
+    assert orphans == 0, f"Acquire: {said(handed)}; RemoveHost: {said(removed)}"
+    assert isinstance(handed, list) and [a.task_id for a in handed] == [task.task_id]
+    assert isinstance(removed, grpc.aio.AioRpcError), removed
+    assert removed.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "holds 1 lease" in (removed.details() or "")
+    assert await farm.device_holder("h1", "s1") == task.task_id
+    await _consistent(farm)
+
+
+async def test_an_acquire_after_remove_host_took_the_host_gets_nothing(farm: Farm) -> None:
+    """GIVEN RemoveHost holding the host, its devices' removal held up WHEN an Acquire of
+    that host comes THEN it gets nothing (the host is not registered, after the removal),
+    the task stays queued, no lease is left."""
+    op = await farm.operator()
+    host = await farm.host("h1", "s1")
+    task = await op.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec()))
+    assert farm.db is not None
+    await farm.db.execute(
+        "UPDATE hosts SET last_seen_at = now() - interval '1 hour', replica_id = NULL"
+    )
+    device = await hold_device(farm, "h1", "s1")
+    try:
+        remove = asyncio.ensure_future(
+            op.admin.RemoveHost(admin_pb2.RemoveHostRequest(host_id="h1", reason="gone"))
+        )
+        await eventually(lambda: waiting(farm, "amc_remove_host("), what="the removal to wait")
+        acquire = asyncio.ensure_future(host.acquire("s1"))
+        await waits_or_answered(farm, acquire, "amc_acquire(")
+    finally:
+        await device.release()
+    removed = await outcome(remove)
+    handed = await outcome(acquire)
+    orphans = await farm.db.fetchval(ORPHANS)
+    assert orphans == 0, f"Acquire: {said(handed)}; RemoveHost: {said(removed)}"
+    assert isinstance(removed, admin_pb2.RemoveHostResponse), removed
+    assert isinstance(handed, grpc.aio.AioRpcError), handed
+    assert handed.code() == grpc.StatusCode.FAILED_PRECONDITION  # HostNotRegistered
+    assert await farm.status(task.task_id) == "queued"
+    assert await farm.db.fetchval("SELECT count(*) FROM attempts") == 0
+
+
+@pytest.mark.parametrize("operation", ["CordonHost", "DrainHost"])
+async def test_no_assignment_commits_after_a_cordon_returned(farm: Farm, operation: str) -> None:
+    """GIVEN an Acquire that has picked a task and waits to reserve the device WHEN the
+    host is cordoned (or drained) meanwhile, then the Acquire goes on THEN they are ordered:
+    the assignment came first and the cordon's answer counts its lease; and an Acquire
+    after the cordon returned gets nothing."""
+    op = await farm.operator()
+    host = await farm.host("h1", "s1", "s2")
+    first = await op.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec()))
+    device = await hold_device(farm, "h1", "s1")
+    try:
+        acquire = asyncio.ensure_future(host.acquire("s1"))
+        await eventually(lambda: waiting(farm, "amc_acquire("), what="the Acquire to wait")
+        request = admin_pb2.CordonHostRequest(host_id="h1", reason="maintenance")
+        call = getattr(op.admin, operation)
+        cordon = asyncio.ensure_future(call(request))
+        await waits_or_answered(farm, cordon, "set_host_cordon")
+    finally:
+        await device.release()
+    handed = await outcome(acquire)
+    cordoned = await outcome(cordon)
+    assert isinstance(handed, list) and isinstance(cordoned, admin_pb2.HostOperationResponse)
+    assert farm.db is not None
+    leases = await farm.db.fetchval(
+        "SELECT count(*) FROM attempts WHERE host_id = 'h1' AND state = 'active'"
+    )
+    # Either the assignment came first (and the cordon counted it) or nothing was assigned.
+    assert cordoned.leases == leases == len(handed), (
+        f"the cordon counted {cordoned.leases} lease(s); {leases} active after the"
+        f" Acquire, which {said(handed)}"
+    )
+    assert [a.task_id for a in handed] in ([first.task_id], [])
+
+    second = await op.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec()))
+    assert await host.acquire("s1", "s2") == []
+    assert await farm.status(second.task_id) == "queued"
+    assert (
+        await farm.db.fetchval(
+            "SELECT count(*) FROM attempts WHERE host_id = 'h1' AND state = 'active'"
+        )
+        == leases
+    )
+    await _consistent(farm)
