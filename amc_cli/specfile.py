@@ -150,15 +150,19 @@ def parse_duration(value: object) -> duration_pb2.Duration:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 2s, 500ms or 1m30s")
     if isinstance(value, int | float):
-        nanos = Decimal(str(value)) * 10**9
+        text = str(value)
+        nanos = Decimal(text) * 10**9
     elif isinstance(value, str):
-        nanos = _duration_nanos(value.strip())
+        text = value.strip()
+        negative = text.startswith("-") and text[1:2].isdigit()
+        nanos = -_duration_nanos(text[1:]) if negative else _duration_nanos(text)
     else:
         raise ValueError("expected a duration such as 2s, 500ms or 1m30s")
     if not nanos.is_finite():
         raise ValueError("expected a finite duration")
     if nanos < 0:
-        raise ValueError("a duration cannot be negative")
+        # One message whether the unit was written (-5s) or not (-5).
+        raise ValueError(f"{text!r} is negative; a duration must be 0 or more")
     d = duration_pb2.Duration()
     try:
         d.FromNanoseconds(int(nanos))

@@ -757,6 +757,31 @@ def test_durations_refuse_nonsense(text: object) -> None:
         parse_duration(text)
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"), [("-5s", "'-5s'"), ("-5", "'-5'"), (-5, "'-5'"), ("-1m30s", "'-1m30s'")]
+)
+def test_a_negative_duration_gets_one_message_with_or_without_its_unit(
+    value: object, shown: str
+) -> None:
+    """`-5s` and `-5` are refused in the same words: negative, not "not a duration"."""
+    with pytest.raises(ValueError) as refused:
+        parse_duration(value)
+    assert str(refused.value) == f"{shown} is negative; a duration must be 0 or more"
+
+
+async def test_a_negative_wait_in_a_file_says_negative_whether_or_not_it_has_a_unit(
+    amc: Cli,
+) -> None:
+    """`wait: -5s` and `wait: -5` in a spec file: the same one line, exit 2."""
+    runs = [await amc("submit", "-", stdin=f"- wait: {value}\n") for value in ("-5s", "-5")]
+    for value, run in zip(("-5s", "-5"), runs, strict=True):
+        assert run.code == 2, run.err
+        assert run.assert_one_error_line() == (
+            f"amc: error: <stdin>:1: actions[0].wait.duration: '{value}' is negative; "
+            "a duration must be 0 or more"
+        )
+
+
 def test_shorthands_mean_the_full_forms(tmp_path: Path) -> None:
     """Every shorthand builds the same request as the proto's own JSON form."""
     short = tmp_path / "short.yaml"
