@@ -226,22 +226,29 @@ FROM ended;
 
 -- name: register_host
 -- The host, its devices ($3..$9 are parallel arrays, one element per device; labels as
--- JSON text), and the devices it no longer lists marked gone: one statement.
+-- JSON text), and the devices it no longer lists marked gone: one statement. The host row
+-- first (the lock order: both device writes read `host`, so it is written before them):
+-- a removal of the host, which locks it and then deletes its devices, comes wholly before
+-- or after (the registration then recreates it).
 WITH host AS (
     INSERT INTO hosts (host_id, labels) VALUES ($1, $2)
     ON CONFLICT (host_id) DO UPDATE SET labels = EXCLUDED.labels, last_seen_at = now(),
                                         registered_at = now()
+    RETURNING host_id
 ), listed AS (
     INSERT INTO devices (host_id, serial, state, model, manufacturer, sdk, abi, labels)
-    SELECT $1, d.serial, d.state, d.model, d.manufacturer, d.sdk, d.abi, d.labels::jsonb
-    FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[],
+    SELECT h.host_id, d.serial, d.state, d.model, d.manufacturer, d.sdk, d.abi,
+           d.labels::jsonb
+    FROM host h,
+         unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[],
                 $9::text[]) AS d (serial, state, model, manufacturer, sdk, abi, labels)
     ON CONFLICT (host_id, serial) DO UPDATE SET
         state = EXCLUDED.state, model = EXCLUDED.model, manufacturer = EXCLUDED.manufacturer,
         sdk = EXCLUDED.sdk, abi = EXCLUDED.abi, labels = EXCLUDED.labels, updated_at = now()
 )
-UPDATE devices SET state = 'gone', updated_at = now()
-WHERE host_id = $1 AND serial <> ALL ($3::text[]) AND state <> 'gone';
+UPDATE devices dv SET state = 'gone', updated_at = now()
+FROM host h
+WHERE dv.host_id = h.host_id AND dv.serial <> ALL ($3::text[]) AND dv.state <> 'gone';
 
 -- name: list_hosts
 -- Connected: its renewal stream is open on a live replica, or it registered or closed its

@@ -212,39 +212,47 @@ async def quiet_farm(database_url: str) -> AsyncIterator[Farm]:
         await f.stop()
 
 
-class RenewalPause:
-    """A renewal (amc_renew) that comes to the attempt row of `lease_id` stops there, every
-    row it has locked so far still held, until `resume()`."""
+class Pause:
+    """A statement that comes to update a row of `table` for which `condition` (SQL over
+    OLD and NEW) holds stops there, every row it has locked so far still held, until
+    `resume()`: a trigger in this test's database, waiting for an advisory lock the test
+    holds. (Left in place after: it then waits for nothing.)"""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
 
     @classmethod
-    async def at(cls, farm: Farm, lease_id: str) -> RenewalPause:
+    async def before_update(cls, farm: Farm, table: str, condition: str) -> Pause:
         conn = await asyncpg_connect(farm)
         await conn.execute(
-            """
-            CREATE TABLE IF NOT EXISTS test_pause_at (lease_id uuid PRIMARY KEY);
-            CREATE OR REPLACE FUNCTION test_pause() RETURNS trigger LANGUAGE plpgsql AS $$
+            f"""
+            CREATE FUNCTION test_pause_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
-                IF current_query() LIKE '%amc_renew(%'
-                   AND OLD.lease_id IN (SELECT p.lease_id FROM test_pause_at p) THEN
-                    PERFORM pg_advisory_xact_lock_shared(4279621);
+                IF {condition} THEN
+                    PERFORM pg_advisory_xact_lock_shared({PAUSE});
                 END IF;
                 RETURN NEW;
             END $$;
-            CREATE OR REPLACE TRIGGER test_pause BEFORE UPDATE ON attempts
-                FOR EACH ROW EXECUTE FUNCTION test_pause();
+            CREATE TRIGGER test_pause BEFORE UPDATE ON {table}
+                FOR EACH ROW EXECUTE FUNCTION test_pause_{table}();
             """
         )
-        await conn.execute("INSERT INTO test_pause_at VALUES ($1::uuid)", lease_id)
         await conn.execute("SELECT pg_advisory_lock($1)", PAUSE)
         return cls(conn)
+
+    @classmethod
+    def renewal_at(cls, farm: Farm, lease_id: str) -> Awaitable[Pause]:
+        """A renewal (amc_renew) stops at the attempt row of `lease_id`."""
+        uuid.UUID(lease_id)  # a UUID, so safe to write into the SQL
+        return cls.before_update(
+            farm,
+            "attempts",
+            f"current_query() LIKE '%amc_renew(%' AND OLD.lease_id = '{lease_id}'::uuid",
+        )
 
     async def resume(self) -> None:
         if not self.conn.is_closed():
             await self.conn.execute("SELECT pg_advisory_unlock($1)", PAUSE)
-            await self.conn.execute("TRUNCATE test_pause_at")
             await self.conn.close()
 
 
@@ -343,7 +351,7 @@ async def test_a_renewal_of_b_then_a_and_a_batched_report_of_a_and_b_do_not_dead
     try:
         a, b = await two_leases(client, host, stream)
         deadlocks = await deadlock_count(farm)
-        pause = await RenewalPause.at(farm, b.lease_id)
+        pause = await Pause.renewal_at(farm, b.lease_id)
         try:
             renewal = asyncio.ensure_future(stream.renew(b.lease_id, a.lease_id))
             await eventually(
@@ -391,7 +399,7 @@ async def test_a_renewal_and_the_deadline_sweep_do_not_deadlock(quiet_farm: Farm
                 ago,
             )
         deadlocks = await deadlock_count(farm)
-        pause = await RenewalPause.at(farm, b.lease_id)
+        pause = await Pause.renewal_at(farm, b.lease_id)
         try:
             renewal = asyncio.ensure_future(stream.renew(b.lease_id, a.lease_id))
             await eventually(
@@ -698,3 +706,42 @@ async def test_no_assignment_commits_after_a_cordon_returned(farm: Farm, operati
         == leases
     )
     await _consistent(farm)
+
+
+async def test_a_registration_that_drops_a_device_and_remove_host_do_not_deadlock(
+    farm: Farm,
+) -> None:
+    """GIVEN a disconnected host registering again without one of its devices, stopped once
+    it has marked that device gone WHEN RemoveHost runs meanwhile THEN neither is a deadlock
+    victim: the registration comes first (the host row before its devices), so the removal
+    finds the host connected and is refused; the dropped device is gone, the other kept."""
+    op = await farm.operator()
+    host = await farm.host("h1", "s1", "s2")
+    assert farm.db is not None
+    await farm.db.execute(
+        "UPDATE hosts SET last_seen_at = now() - interval '1 hour', replica_id = NULL"
+    )
+    deadlocks = await deadlock_count(farm)
+    pause = await Pause.before_update(farm, "devices", "NEW.state = 'gone'")
+    try:
+        register = asyncio.ensure_future(host.register("s1"))
+        await eventually(
+            lambda: waiting(farm, "register_host", "advisory"), what="the registration to stop"
+        )
+        remove = asyncio.ensure_future(
+            op.admin.RemoveHost(admin_pb2.RemoveHostRequest(host_id="h1", reason="gone"))
+        )
+        await waits_or_answered(farm, remove, "amc_remove_host(")
+    finally:
+        resumed = time.monotonic()
+        await pause.resume()
+    registered = await outcome(register)
+    removed = await outcome(remove)
+    took = time.monotonic() - resumed
+    assert isinstance(registered, lease_pb2.RegisterHostResponse), said(registered)
+    assert isinstance(removed, grpc.aio.AioRpcError), said(removed)
+    assert removed.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "is connected" in (removed.details() or "")
+    states = await farm.db.fetch("SELECT serial, state FROM devices ORDER BY serial")
+    assert [tuple(r) for r in states] == [("s1", "device"), ("s2", "gone")]
+    assert await deadlock_count(farm) == deadlocks, f"deadlock; the removal took {took:.2f} s"
