@@ -31,8 +31,7 @@ STATUS_STYLE = {
     "cancelled": "magenta",
 }
 TERMINAL = {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
-# The error a host gives the step that a cancellation stopped mid-way.
-INTERRUPTED_BY_CANCEL = "interrupted: cancelled"
+STEP_STYLE = {"ok": "green", "failed": "red", "skipped": "dim", "cancelled": "magenta"}
 
 
 def console() -> Console:
@@ -172,14 +171,10 @@ def _selector(sel: task_pb2.DeviceSelector) -> str:
     return " ".join(parts) or "any device"
 
 
-def step_status(step: task_pb2.StepResult, task_status: int) -> str:
-    """ok, failed or skipped; `cancelled` for the step a cancellation interrupted (the host
-    reports it failed, with the error `interrupted: cancelled`)."""
-    name = enum_name("STEP_STATUS_", task_pb2.StepStatus.Name(step.status))
-    interrupted = step.error.rstrip().endswith(INTERRUPTED_BY_CANCEL)
-    if name == "failed" and task_status == task_pb2.TASK_STATUS_CANCELLED and interrupted:
-        return "cancelled"
-    return name
+def step_status(step: task_pb2.StepResult) -> str:
+    """ok, failed, skipped or cancelled: the status the host reported, as `-o json` has it
+    (a host older than STEP_STATUS_CANCELLED reports a cancelled step failed)."""
+    return enum_name("STEP_STATUS_", task_pb2.StepStatus.Name(step.status))
 
 
 def steps_table(task: task_pb2.Task, out: Console | None = None) -> None:
@@ -187,10 +182,8 @@ def steps_table(task: task_pb2.Task, out: Console | None = None) -> None:
     for name in ("#", "step", "status", "took", "output / error"):
         table.add_column(name, overflow="fold")
     for step in task.result.steps:
-        name = step_status(step, task.status)
-        style = {"ok": "green", "failed": "red", "skipped": "dim", "cancelled": "magenta"}.get(
-            name, ""
-        )
+        name = step_status(step)
+        style = STEP_STYLE.get(name, "")
         detail = Text(step.output.strip())
         if step.error:
             if detail:

@@ -185,6 +185,7 @@ _STEP_STATUSES = {
     StepStatus.OK: task_pb2.STEP_STATUS_OK,
     StepStatus.FAILED: task_pb2.STEP_STATUS_FAILED,
     StepStatus.SKIPPED: task_pb2.STEP_STATUS_SKIPPED,
+    StepStatus.CANCELLED: task_pb2.STEP_STATUS_CANCELLED,
 }
 
 

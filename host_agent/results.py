@@ -30,6 +30,8 @@ class StepStatus(enum.Enum):
     FAILED = "failed"
     # Not run: the task stopped before it (stop token, or an earlier step failed).
     SKIPPED = "skipped"
+    # Stopped part-way because the task was cancelled (not a failure of the step).
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)

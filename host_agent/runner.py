@@ -142,7 +142,7 @@ class _StepLoop:
     async def _run_step(self, index: int, step: _Step) -> tuple[StepResult, _Halt | None]:
         started_at, started = datetime.now(UTC), time.monotonic()
         outputs: list[StepOutput] = []
-        error, halt = "", None
+        error, halt, cancelled = "", None, False
         for position, action in enumerate(step.actions):
             end = await self._run_action(action)
             outputs.append(end.output)
@@ -150,9 +150,13 @@ class _StepLoop:
                 where = f"action {position} ({action.kind}): " if len(step.actions) > 1 else ""
                 error = where + end.output.error
                 halt = _halt_for(end, index, step, error)
+                cancelled = end.stop_reason is StopReason.CANCELLED
                 break
         duration = timedelta(seconds=time.monotonic() - started)
-        return _step_result(index, step.name, started_at, duration, outputs, error), halt
+        result = _step_result(index, step.name, started_at, duration, outputs, error)
+        if cancelled:
+            result = dataclasses.replace(result, status=StepStatus.CANCELLED)
+        return result, halt
 
     async def _run_action(self, action: Action) -> _ActionEnd:
         """One action; every way it can end becomes a value."""

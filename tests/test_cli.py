@@ -834,7 +834,8 @@ async def test_the_tours_long_task_is_cancelled_mid_run_and_its_step_shows_cance
     amc: Cli, farm: Farm
 ) -> None:
     """README's CLI tour on a simulated phone: the minute-long task is cancelled while it
-    waits, the watch ends 9 within seconds, and the interrupted step reads `cancelled`."""
+    waits, the watch ends 9 within seconds, and the interrupted step reads `cancelled` in
+    the tables and STEP_STATUS_CANCELLED in the JSON (one status in every output)."""
     tapped = REGISTRY.get_sample_value(*TAPS) or 0.0
     async with running_agent(farm, SimulatedSource(1), host_id="lab1"):
         task = await amc.submit(str(EXAMPLES / "long-task.yaml"))
@@ -852,6 +853,13 @@ async def test_the_tours_long_task_is_cancelled_mid_run_and_its_step_shows_cance
     assert took < 20, f"the cancellation took {took:.1f}s: the wait was not interrupted"
     assert _step_statuses(run.out) == ["ok", "cancelled", "skipped"], run.out
     assert _step_statuses((await amc("get", task["task_id"])).out) == ["ok", "cancelled", "skipped"]
+    steps = (await amc("get", task["task_id"], "-o", "json")).json()["result"]["steps"]
+    assert [s["status"] for s in steps] == [
+        "STEP_STATUS_OK",
+        "STEP_STATUS_CANCELLED",
+        "STEP_STATUS_SKIPPED",
+    ]
+    assert steps[1]["error"] == "interrupted: cancelled"
 
 
 TAPS = ("amc_agent_action_seconds_count", {"action": "tap", "status": "ok"})

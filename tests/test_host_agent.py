@@ -133,7 +133,7 @@ async def test_execution_stops_due_to_a_cancellation_request(farm: Farm) -> None
     assert record.result is not None and record.result.outcome is Outcome.CANCELLED
     assert [s.status for s in record.result.steps] == [
         StepStatus.OK,
-        StepStatus.FAILED,
+        StepStatus.CANCELLED,
         StepStatus.SKIPPED,
         StepStatus.SKIPPED,
     ]

@@ -261,7 +261,7 @@ async def test_wait_is_interrupted_promptly_when_the_token_trips() -> None:
 
     assert waited < PROMPT
     assert device.methods() == ["tap"]
-    assert statuses(result) == [StepStatus.OK, StepStatus.FAILED, StepStatus.SKIPPED]
+    assert statuses(result) == [StepStatus.OK, StepStatus.CANCELLED, StepStatus.SKIPPED]
     assert result.steps[1].error == "interrupted: cancelled"
     assert result.outcome is Outcome.CANCELLED
     assert result.error == "cancelled: interrupted during step 1 'wait'"
@@ -298,7 +298,7 @@ async def test_shell_is_interrupted_promptly_when_the_token_trips() -> None:
     assert device.methods() == ["shell"]
     assert device.calls[0].cancelled
     assert result.outcome is Outcome.CANCELLED
-    assert statuses(result) == [StepStatus.FAILED, StepStatus.SKIPPED]
+    assert statuses(result) == [StepStatus.CANCELLED, StepStatus.SKIPPED]
 
 
 # --- TaskRunner ------------------------------------------------------------------------------
@@ -433,7 +433,7 @@ async def test_workflow_checks_the_token_before_every_action_inside_a_step() -> 
     result = await WorkflowRunner(device, token).run(workflow)
 
     assert device.methods() == ["ui_dump", "tap"]
-    assert result.steps[0].status is StepStatus.FAILED
+    assert result.steps[0].status is StepStatus.CANCELLED
     assert result.steps[0].error == "action 1 (input_text): interrupted: cancelled"
     assert result.steps[1].status is StepStatus.SKIPPED
     assert result.outcome is Outcome.CANCELLED
