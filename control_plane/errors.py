@@ -15,15 +15,15 @@
     │   ├── DifferentReportRecorded
     │   ├── LeaseNotCurrent      an upload under a lease that ended or was replaced
     │   └── DifferentArtifactStored
-    ├── Aborted                  lease / attempt fencing, or lost to concurrent changes
+    ├── Aborted                  lease / attempt fencing
     │   ├── LeaseConflict
-    │   ├── StaleAttempt
-    │   └── Contended
+    │   └── StaleAttempt
     ├── Unauthenticated
     ├── PermissionDenied
     │   └── NotLeaseHolder       an upload under another host's lease
     ├── Unavailable
     │   ├── DatabaseUnavailable
+    │   ├── Contended            lost to concurrent changes of the same rows, retries spent
     │   └── UploadsBusy          this replica holds its upload memory budget already
     ├── ResourceExhausted
     │   └── ArtifactTooLarge
@@ -109,11 +109,6 @@ class StaleAttempt(Aborted):
     """The lease expired or a newer attempt replaced it; the report was not recorded."""
 
 
-class Contended(Aborted):
-    """The change kept losing to concurrent changes of the same rows; nothing was changed.
-    Retry."""
-
-
 class Unauthenticated(AmcError):
     """Missing or invalid bearer token."""
 
@@ -129,6 +124,15 @@ class PermissionDenied(AmcError):
 
 class Unavailable(AmcError):
     """Temporarily unavailable; retry."""
+
+
+class Contended(Unavailable):
+    """The change kept losing to concurrent changes of the same rows; nothing was changed.
+    Retry.
+
+    UNAVAILABLE, not ABORTED: a host agent takes ABORTED on a report as the final refusal
+    of a stale lease, and would drop a result that only lost a race; UNAVAILABLE it retries.
+    """
 
 
 class DatabaseUnavailable(Unavailable):

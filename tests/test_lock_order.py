@@ -19,6 +19,7 @@ import pytest
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.sql import QUERIES
+from host_agent.retry import TRANSIENT_CODES
 from tests.conftest import FAST
 from tests.support import (
     Clients,
@@ -172,6 +173,39 @@ async def test_a_deadlock_is_retried_not_reported_as_an_outage(farm: Farm) -> No
     assert await farm.db.fetchval(deadlocks) > before  # it happened, and was retried
     (attempt,) = await farm.attempts(task.task_id)
     assert attempt["cancel_requested_at"] is not None
+
+
+async def test_a_report_that_keeps_losing_races_is_unavailable_so_the_host_retries_it(
+    farm: Farm,
+) -> None:
+    """THEN a report whose every try is a deadlock victim is answered UNAVAILABLE (which a
+    host agent retries), not ABORTED (which it takes as the final refusal of a stale lease
+    and drops the result), nothing is recorded, and the same report afterwards is."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec()))
+    (a,) = await host.acquire("s1", wait=5)
+    await host.renew(a.lease_id)
+    assert farm.db is not None
+    await farm.db.execute(
+        """
+        CREATE FUNCTION test_always_deadlocked() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'deadlock (test)' USING ERRCODE = 'deadlock_detected'; END $$;
+        CREATE TRIGGER test_always_deadlocked BEFORE UPDATE OF outcome ON attempts
+            FOR EACH ROW EXECUTE FUNCTION test_always_deadlocked();
+        """
+    )
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as lost:
+            await host.report(a, lease_pb2.OUTCOME_DONE)
+    finally:
+        await farm.db.execute("DROP TRIGGER test_always_deadlocked ON attempts")
+    assert lost.value.code() == grpc.StatusCode.UNAVAILABLE, lost.value
+    assert grpc.StatusCode.UNAVAILABLE in TRANSIENT_CODES
+    assert await farm.status(task.task_id) == "dispatched"
+    recorded = await host.report(a, lease_pb2.OUTCOME_DONE)
+    assert recorded.status == task_pb2.TASK_STATUS_DONE
+    assert await farm.status(task.task_id) == "done"
 
 
 async def asyncpg_connect(farm: Farm) -> asyncpg.Connection:
