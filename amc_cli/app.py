@@ -122,12 +122,15 @@ class Session:
     ca: Path | None
     tls: bool
     timeout: float
+    retry_for: float | None = None
     _client: Client | None = field(default=None, repr=False)
 
     def client(self) -> Client:
         if self._client is None:
             token = read_token(self.token, self.token_file)
-            target = Target(with_default_port(self.addr), token, self.ca, self.tls, self.timeout)
+            target = Target(
+                with_default_port(self.addr), token, self.ca, self.tls, self.timeout, self.retry_for
+            )
             self._client = Client(target, on_retry=render.note)
         return self._client
 
@@ -219,6 +222,17 @@ def connect(
     timeout: Annotated[
         float, typer.Option(envvar="AMC_TIMEOUT", help="Seconds to wait for each answer.")
     ] = 30.0,
+    retry_for: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AMC_RETRY_FOR",
+            metavar="DURATION",
+            help="Keep trying cancel (and drain --wait's polls) this long (e.g. 2m) while the "
+            "control plane is unavailable, even one that has not answered yet. Without it they "
+            "are tried again only once it has answered, for up to --timeout.",
+            show_default=False,
+        ),
+    ] = None,
     _version: Annotated[
         bool,
         typer.Option(
@@ -233,7 +247,9 @@ def connect(
         _from_command_line(ctx, "token"),
         _from_command_line(ctx, "token_file"),
     )
-    session = Session(addr, token, token_file, ca, tls, timeout)
+    retry = _duration(retry_for, "--retry-for")
+    seconds = None if retry is None else retry.ToTimedelta().total_seconds()
+    session = Session(addr, token, token_file, ca, tls, timeout, seconds)
     ctx.obj = session
     ctx.call_on_close(session.close)
 
@@ -391,8 +407,9 @@ def cancel(
     cancelling a done or failed task is a conflict (exit 4). With --wait, exits by
     outcome like watch.
 
-    A cancel is idempotent: while the control plane is unavailable it is tried again, with
-    backoff, for up to --timeout seconds.
+    A cancel is idempotent: while a control plane that has answered is unavailable it is
+    tried again, with backoff, for up to --timeout seconds (--retry-for: that long, even
+    one that has not answered yet); an address that refuses fails at once.
     """
     client = _client(ctx)
     task = client.cancel(task_id, reason)

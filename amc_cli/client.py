@@ -4,9 +4,12 @@ A command-line call makes a handful of requests and exits, so the blocking gRPC 
 the simple fit. The bearer token rides on each call as metadata, which works the same over
 plaintext and TLS. Every failure leaves here as an `RpcFailed` naming what was being done.
 
-Calls that are idempotent (CancelTask: cancelling twice is cancelling once) are tried again
-while the control plane is UNAVAILABLE (down, restarting, unreachable), with exponential
-backoff and jitter, for at most the target's `timeout` in all.
+Calls that are idempotent (CancelTask: cancelling twice is cancelling once; GetHost) are
+tried again while a control plane that has answered this client before is UNAVAILABLE
+(restarting, its database away), with exponential backoff and jitter, for at most the
+target's `timeout` in all; or, with `retry_for`, for that long whether it answered before or
+not. An address that never answered (a typo'd port refuses at once) fails at once. The
+person is told once per change of state (unavailable and why, then back), not per try.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_before_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from amc.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
@@ -56,6 +60,9 @@ class Target:
     ca_file: Path | None = None
     tls: bool = False
     timeout: float = 30.0
+    # Seconds an idempotent call keeps trying an unavailable control plane, even one that
+    # never answered; None: `timeout`, and only once it has answered.
+    retry_for: float | None = None
 
 
 def read_token(token: str | None, token_file: Path | None) -> str | None:
@@ -89,6 +96,30 @@ def _unavailable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
 
 
+# Why a connection could not be made, by what gRPC's details say (lower case), in words
+# that stay the same from one try to the next.
+_CONNECT_FAILURES = (
+    ("connection refused", "connection refused"),
+    ("socket closed", "connections closed as they open"),
+    ("reset by peer", "connections closed as they open"),
+    ("http/2", "it does not speak gRPC"),
+    ("handshake", "the TLS handshake failed"),
+    ("ssl", "the TLS handshake failed"),
+    ("timed out", "connecting timed out"),
+    ("timeout", "connecting timed out"),
+    ("dns", "the name does not resolve"),
+)
+
+
+def _state(exc: BaseException | None) -> str:
+    """What is wrong: why no connection could be made, or what the control plane said."""
+    details = " ".join((exc.details() or "").split()) if isinstance(exc, grpc.Call) else ""
+    low = details.lower()
+    if low.startswith("failed to connect") or "failed to connect" in low:
+        return next((words for key, words in _CONNECT_FAILURES if key in low), "cannot connect")
+    return details or "unavailable"
+
+
 class Client:
     def __init__(self, target: Target, on_retry: Callable[[str], None] | None = None) -> None:
         self.target = target
@@ -98,37 +129,55 @@ class Client:
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
         self._metadata = (("authorization", f"Bearer {target.token}"),) if target.token else ()
+        # Whether the control plane has answered this client (anything but UNAVAILABLE).
+        self.answered = False
 
     def close(self) -> None:
         self._channel.close()
 
+    def _heard(self, exc: BaseException | None = None) -> None:
+        if exc is None or not _unavailable(exc):
+            self.answered = True
+
     def _call(self, doing: str, method: Callable[..., R], request: Any) -> R:
         try:
-            return method(request, metadata=self._metadata, timeout=self.target.timeout)
+            answer = method(request, metadata=self._metadata, timeout=self.target.timeout)
         except grpc.RpcError as exc:
+            self._heard(exc)
             raise self.failed(exc, doing) from None
+        self._heard()
+        return answer
+
+    def _retry_budget(self) -> float:
+        if self.target.retry_for is not None:
+            return self.target.retry_for
+        return self.target.timeout if self.answered else 0.0
 
     def _call_idempotent(self, doing: str, method: Callable[..., R], request: Any) -> R:
-        """`_call`, tried again while the control plane is UNAVAILABLE: backoff with jitter,
-        every attempt starting within `timeout` of the first and ending by then too."""
-        budget = self.target.timeout
-        deadline = time.monotonic() + budget
+        """`_call`, tried again while the control plane is UNAVAILABLE (see the module's
+        docstring for when and how long): backoff with jitter, every attempt starting
+        within the budget and ending by then too; a note when the state changes."""
+        budget = self._retry_budget()
+        deadline = time.monotonic() + max(budget, self.target.timeout)
+        told: list[str] = []
 
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            details = exc.details() if isinstance(exc, grpc.Call) else ""
-            wait = state.next_action.sleep if state.next_action else 0.0
-            if self.on_retry is not None:
-                self.on_retry(
-                    f"{doing}: control plane unavailable ({' '.join((details or '').split())}); "
-                    f"trying again in {wait:.2g}s"
-                )
+        def before_sleep(attempt: RetryCallState) -> None:
+            state = _state(attempt.outcome.exception() if attempt.outcome else None)
+            if told and told[-1] == state:
+                return
+            again = "still unavailable" if told else "unavailable"
+            told.append(state)
+            self._note(
+                f"{doing}: the control plane at {self.target.address} is {again} ({state}); "
+                f"trying again for up to {budget:g}s"
+            )
 
         retrying = Retrying(
             retry=retry_if_exception(_unavailable),
-            wait=wait_exponential_jitter(
-                initial=RETRY_FIRST_BACKOFF, max=RETRY_MAX_BACKOFF, jitter=RETRY_JITTER
-            ),
+            # wait_exponential_jitter's `initial` is deprecated in newer tenacity releases
+            # and its replacement missing from older ones: the same sum, by parts.
+            wait=wait_exponential(multiplier=RETRY_FIRST_BACKOFF, max=RETRY_MAX_BACKOFF)
+            + wait_random(0, RETRY_JITTER),
             stop=stop_before_delay(budget),
             before_sleep=before_sleep,
             reraise=True,
@@ -137,10 +186,23 @@ class Client:
             for attempt in retrying:
                 with attempt:
                     left = max(deadline - time.monotonic(), 0.05)
-                    return method(request, metadata=self._metadata, timeout=left)
+                    answer = method(request, metadata=self._metadata, timeout=left)
         except grpc.RpcError as exc:
+            self._back(exc, doing, told)
             raise self.failed(exc, doing) from None
-        raise AssertionError("unreachable: Retrying retries until it returns or raises")
+        self._back(None, doing, told)
+        return answer
+
+    def _back(self, exc: grpc.RpcError | None, doing: str, told: list[str]) -> None:
+        """The call's last try ended with `exc` (None: an answer): whether the control plane
+        answered, and if it was said to be unavailable, that it is back."""
+        self._heard(exc)
+        if told and (exc is None or not _unavailable(exc)):
+            self._note(f"{doing}: the control plane at {self.target.address} answers again")
+
+    def _note(self, message: str) -> None:
+        if self.on_retry is not None:
+            self.on_retry(message)
 
     def failed(self, exc: grpc.RpcError, doing: str) -> Exception:
         why = None
@@ -203,7 +265,9 @@ class Client:
         deadline: a task may take as long as it takes. Raises grpc.RpcError as is, so the
         caller can tell a dropped stream from a refusal."""
         request = scheduler_pb2.WatchTaskRequest(task_id=task_id)
-        yield from self._scheduler.WatchTask(request, metadata=self._metadata)
+        for task in self._scheduler.WatchTask(request, metadata=self._metadata):
+            self._heard()
+            yield task
 
     def list_artifacts(self, task_id: str) -> list[task_pb2.Artifact]:
         request = scheduler_pb2.ListArtifactsRequest(task_id=task_id)

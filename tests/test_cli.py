@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_cli.client import Client, Target
+from amc_cli.errors import RpcFailed
 from amc_cli.specfile import load_request, parse_duration
 from amc_common.channel import with_default_port
 from control_plane.admin_service import create_token
@@ -379,17 +380,22 @@ async def test_cancel_a_done_task_is_a_conflict(amc: Cli, farm: Farm) -> None:
     assert await farm.status(task["task_id"]) == "done"
 
 
-async def test_cancel_retries_while_the_control_plane_is_unavailable(amc: Cli, farm: Farm) -> None:
-    """A cancel is idempotent: while the control plane cannot be reached (UNAVAILABLE)
-    `amc cancel` tries again with backoff, and succeeds once it is back."""
+async def test_cancel_with_retry_for_retries_while_the_control_plane_is_unavailable(
+    amc: Cli, farm: Farm
+) -> None:
+    """A cancel is idempotent: with --retry-for, while the control plane cannot be reached
+    `amc cancel` tries again with backoff, saying so once (not once per try), and succeeds
+    once it is back, saying that too."""
     task = await amc.submit("-", stdin=TAP)
     async with TcpProxy("127.0.0.1", farm.plane.port if farm.plane else 0) as proxy:
         proxy.cut()  # every connection refused (closed on accept)
-        cancel = await amc.start("cancel", task["task_id"], "-o", "json", address=proxy.address)
+        cancel = await amc.start(
+            "--retry-for", "30s", "cancel", task["task_id"], "-o", "json", address=proxy.address
+        )
         await eventually(
-            lambda: proxy.refused >= 2 or cancel.returncode is not None,
+            lambda: proxy.refused >= 4 or cancel.returncode is not None,
             timeout=20,
-            what="two refused attempts",
+            what="four refused attempts",
         )
         assert cancel.returncode is None, "amc cancel gave up while the server was away"
         proxy.heal()
@@ -397,19 +403,70 @@ async def test_cancel_retries_while_the_control_plane_is_unavailable(amc: Cli, f
             out, err = await cancel.communicate()
     assert cancel.returncode == 0, err.decode()
     assert json.loads(out)["status"] == "TASK_STATUS_CANCELLED"
-    assert "trying again" in err.decode() and "Traceback" not in err.decode()
+    unavailable, back = err.decode().splitlines()
+    assert unavailable.startswith(
+        f"cancel task: the control plane at {proxy.address} is unavailable ("
+    ), unavailable
+    assert unavailable.endswith("); trying again for up to 30s"), unavailable
+    assert back == f"cancel task: the control plane at {proxy.address} answers again"
     assert await farm.status(task["task_id"]) == "cancelled"
 
 
-async def test_cancel_gives_up_after_the_timeout_when_the_server_stays_away(amc: Cli) -> None:
-    """The retries are bounded by --timeout: then exit 5 and one error line."""
+async def test_an_address_that_refuses_fails_in_one_line_at_once(amc: Cli) -> None:
+    """A typo'd port: nothing there ever answered, so `amc cancel` does not retry, and it
+    and `amc hosts` each end with exit 5 and one error line within 2 s."""
     address = f"127.0.0.1:{free_port()}"
-    run = await amc("--timeout", "2", "cancel", str(uuid.uuid4()), address=address)
+    for args in (["cancel", str(uuid.uuid4())], ["hosts"]):
+        began = asyncio.get_running_loop().time()
+        run = await amc(*args, address=address)
+        took = asyncio.get_running_loop().time() - began
+        assert run.code == 5, (args, run.err)
+        line = run.assert_one_error_line()
+        assert "connection refused" in line and address in line and "UNAVAILABLE" in line, line
+        assert took < 2.0, (args, took)
+
+
+async def test_cancel_with_retry_for_gives_up_after_it_with_one_note(amc: Cli) -> None:
+    """--retry-for bounds the retries: one note when the trouble starts, none per try,
+    then exit 5 and one error line."""
+    address = f"127.0.0.1:{free_port()}"
+    began = asyncio.get_running_loop().time()
+    run = await amc("--retry-for", "3s", "cancel", str(uuid.uuid4()), address=address)
+    took = asyncio.get_running_loop().time() - began
     assert run.code == 5, run.err
-    *notes, error = run.err.splitlines()
-    assert notes and all("trying again" in note for note in notes), run.err
+    note, error = run.err.splitlines()
+    assert note == (
+        f"cancel task: the control plane at {address} is unavailable (connection refused); "
+        "trying again for up to 3s"
+    )
     assert error.startswith("amc: error: ") and "UNAVAILABLE" in error and address in error
-    assert "Traceback" not in run.err
+    assert 1.5 < took < 3.5 + 2, took
+
+
+async def test_a_control_plane_that_answered_before_is_retried_one_note_per_change(
+    farm: Farm,
+) -> None:
+    """Without --retry-for, an idempotent call is tried again only against a control plane
+    that has answered this client: it goes away, comes back; one note for each change."""
+    notes: list[str] = []
+    async with TcpProxy("127.0.0.1", farm.plane.port if farm.plane else 0) as proxy:
+        token = await farm.token(Role.OPERATOR)
+        cli = Client(Target(proxy.address, token, timeout=20), on_retry=notes.append)
+        try:
+            await asyncio.to_thread(cli.list_hosts)
+            proxy.cut()
+            cancel = asyncio.create_task(asyncio.to_thread(cli.cancel, str(uuid.uuid4()), ""))
+            await eventually(lambda: proxy.refused >= 4, timeout=15, what="refused tries")
+            assert not cancel.done()
+            proxy.heal()
+            with pytest.raises(RpcFailed) as refused:
+                await cancel
+        finally:
+            cli.close()
+    assert refused.value.status == grpc.StatusCode.NOT_FOUND
+    assert len(notes) == 2, notes
+    assert notes[0].startswith(f"cancel task: the control plane at {proxy.address} is unavail")
+    assert notes[1] == f"cancel task: the control plane at {proxy.address} answers again"
 
 
 # -- watch -----------------------------------------------------------------------------------
