@@ -13,10 +13,10 @@ import typer
 from google.protobuf import duration_pb2
 from typer.core import TyperOption
 
-from amc.v1 import admin_pb2, task_pb2
-from amc_cli import artifacts, render
+from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
+from amc_cli import artifacts, render, selectors
 from amc_cli.client import Client, Target, read_token
-from amc_cli.errors import EXIT_CODES_HELP, BadInput, ExitCode
+from amc_cli.errors import EXIT_CODES_HELP, BadInput, CliError, ExitCode, RpcFailed
 from amc_cli.follow import follow, outcome_exit
 from amc_cli.specfile import load_request, parse_duration, with_flags
 from amc_common.channel import DEFAULT_PORT, with_default_port
@@ -298,6 +298,13 @@ def submit(
     wait: Annotated[
         bool, typer.Option("--wait", "-w", help="Follow the task until it ends, like watch.")
     ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Refuse (exit 2) a selector no registered device fits, instead of warning.",
+        ),
+    ] = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """Submit a task from a YAML or JSON spec file (see docs/cli.md for the format).
@@ -305,6 +312,11 @@ def submit(
     Flags override the file's selector, priority, max_attempts, request_id, queue_timeout
     and deadline; labels and metadata are merged into the file's. With --wait the exit
     code tells the outcome: 0 done, 8 failed, 9 cancelled.
+
+    A selector label key, value or serial no registered device has gets a warning naming
+    the nearest one there is (the task is queued anyway: such a phone may register later);
+    --strict refuses it. The check needs the operator role (ListHosts); with a client
+    token it is skipped (--strict then fails).
     """
     request = with_flags(
         load_request(file),
@@ -318,6 +330,7 @@ def submit(
         deadline=_duration(deadline, "--deadline"),
     )
     client = _client(ctx)
+    _check_selector(client, request, strict)
     task = client.submit(request)
     if not wait:
         if output is Output.json:
@@ -331,6 +344,24 @@ def submit(
     if output is Output.table:
         render.console().print(f"submitted task {task.task_id}", highlight=False)
     _follow(client, task.task_id, output)
+
+
+def _check_selector(client: Client, request: scheduler_pb2.SubmitTaskRequest, strict: bool) -> None:
+    """Warn of (or, strict, refuse) a selector no registered device fits."""
+    if not request.selector.serial and not request.selector.labels:
+        return
+    try:
+        hosts = client.list_hosts().hosts
+    except RpcFailed as exc:
+        if strict:
+            message = f"--strict: cannot check the selector: {exc.message}"
+            raise CliError(message, exc.exit_code) from None
+        return
+    found = selectors.problems(request.selector, hosts)
+    if found and strict:
+        raise BadInput("; ".join(found) + " (--strict: nothing submitted)")
+    for problem in found:
+        render.warning(problem)
 
 
 @app.command()

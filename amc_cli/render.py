@@ -439,6 +439,12 @@ def artifacts_table(artifacts: list[task_pb2.Artifact]) -> None:
     out.print(table if artifacts else "no artifacts")
 
 
+def warning(message: str) -> None:
+    """Something probably not meant, said on stderr (one line, like `amc: error:`)."""
+    sys.stderr.write(f"amc: warning: {message}\n")
+    sys.stderr.flush()
+
+
 def note(message: str) -> None:
     """A remark for the person at the terminal, on stderr so stdout stays the result."""
     Console(stderr=True, highlight=False, soft_wrap=True).print(Text(message, style="dim"))
