@@ -13,8 +13,8 @@ interrupted, `inventory()` omits it); `plug(serial)` brings it back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import struct
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -22,10 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from host_agent.devices import DeviceInfo, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.screen import PNG_SIGNATURE, RGB, Canvas, text_width
 
-__all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource", "make_png", "screenshot_png"]
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+__all__ = [
+    "PNG_SIGNATURE",
+    "ActionRecord",
+    "SimulatedDevice",
+    "SimulatedSource",
+    "make_png",
+    "screenshot_png",
+]
 
 SIMULATED_PROPS: dict[str, str] = {
     "ro.product.model": "Simulated",
@@ -49,21 +55,9 @@ UI_XML = (
 )
 
 
-def make_png(width: int = 4, height: int = 3, rgb: tuple[int, int, int] = (30, 144, 255)) -> bytes:
+def make_png(width: int = 4, height: int = 3, rgb: RGB = (30, 144, 255)) -> bytes:
     """A valid truecolour PNG filled with one colour, written without Pillow."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    row = b"\x00" + bytes(rgb) * width  # filter type 0 (None) before each scanline
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        PNG_SIGNATURE
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(row * height))
-        + chunk(b"IEND", b"")
-    )
+    return Canvas(width, height, rgb).png()
 
 
 @dataclass(frozen=True)
@@ -254,12 +248,58 @@ def _shell_result(command: str) -> ShellResult:
     return ShellResult(0, "")
 
 
+# The screen UI_XML describes is 1080 x 2400; a screenshot is drawn at a third of that.
+SCREEN_SCALE = 3
+SCREENSHOT_SIZE = (1080 // SCREEN_SCALE, 2400 // SCREEN_SCALE)
+# Where UI_XML puts the app's title and its OK button: [left, top, right, bottom].
+TITLE_BOUNDS = (40, 100, 1040, 180)
+BUTTON_BOUNDS = (100, 200, 300, 260)
+_INK: RGB = (55, 60, 70)
+_WHITE: RGB = (255, 255, 255)
+_BAR: RGB = (32, 33, 36)
+
+
+@functools.cache
 def screenshot_png(serial: str) -> bytes:
-    """What a screenshot of the simulated phone `serial` is: a PNG of its own colour."""
-    return make_png(36, 64, _colour_for(serial))
+    """What a screenshot of the simulated phone `serial` is: its screen as UI_XML describes
+    it (the app's title "Simulated" and its OK button, in the phone's own colour), a status
+    bar naming the phone, and a few lines saying it is simulated. The same for every call."""
+    width, height = SCREENSHOT_SIZE
+    accent = _colour_for(serial)
+    canvas = Canvas(width, height, (246, 247, 249))
+    canvas.fill(0, 0, width, 24, _BAR)
+    canvas.text(8, 5, serial, _WHITE)
+    canvas.text(width - 8 - text_width("12:00"), 5, "12:00", _WHITE)
+    left, top, _, bottom = (v // SCREEN_SCALE for v in TITLE_BOUNDS)
+    canvas.fill(0, 24, width, bottom + 4, accent)
+    canvas.text(left, top + (bottom - top - 14) // 2, "Simulated", _WHITE)
+    left, top, right, bottom = (v // SCREEN_SCALE for v in BUTTON_BOUNDS)
+    canvas.fill(left, top, right, bottom, accent)
+    canvas.text(left + (right - left - text_width("OK")) // 2, top + 3, "OK", _WHITE)
+    props = SIMULATED_PROPS
+    lines = [
+        "A simulated phone: AMC",
+        "draws its screen.",
+        "",
+        f"serial  {serial}",
+        f"model   {props['ro.product.model']}",
+        f"SDK     {props['ro.build.version.sdk']}, {props['ro.product.cpu.abi']}",
+        "app     com.amc.simulated",
+    ]
+    for number, line in enumerate(lines):
+        canvas.text(16, 130 + 26 * number, line, _INK)
+    canvas.fill(0, height - 30, width, height, _BAR)
+    for x in (width // 4, width // 2, 3 * width // 4):
+        canvas.fill(x - 6, height - 21, x + 6, height - 9, (200, 200, 200))
+    return canvas.png()
 
 
-def _colour_for(serial: str) -> tuple[int, int, int]:
-    # Stable per phone, so screenshots of different phones differ.
+def _colour_for(serial: str) -> RGB:
+    """Stable per phone, so screenshots of different phones differ; dark enough for white
+    text on it."""
     digest = zlib.crc32(serial.encode())
-    return (digest & 0xFF, (digest >> 8) & 0xFF, (digest >> 16) & 0xFF)
+    return (
+        30 + (digest & 0xFF) * 130 // 255,
+        30 + ((digest >> 8) & 0xFF) * 130 // 255,
+        30 + ((digest >> 16) & 0xFF) * 130 // 255,
+    )

@@ -14,7 +14,18 @@ from pathlib import Path
 import pytest
 
 from host_agent.devices import DeviceLost, DeviceTimeout, ShellResult
-from host_agent.simulated import PNG_SIGNATURE, SimulatedDevice, SimulatedSource
+from host_agent.screen import GLYPH_GAP, GLYPH_WIDTH, glyph_pixels
+from host_agent.simulated import (
+    BUTTON_BOUNDS,
+    PNG_SIGNATURE,
+    SCREEN_SCALE,
+    SCREENSHOT_SIZE,
+    TITLE_BOUNDS,
+    UI_XML,
+    SimulatedDevice,
+    SimulatedSource,
+    screenshot_png,
+)
 
 DEADLINE = 2.0
 
@@ -142,6 +153,69 @@ async def test_screenshot_is_a_valid_png_that_differs_per_phone() -> None:
     width, height, pixels = read_png(first)
     assert len(pixels) == height * (1 + 3 * width)
     assert first != second
+
+
+def on_screenshot(bounds: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    left, top, right, bottom = bounds
+    return (
+        left // SCREEN_SCALE,
+        top // SCREEN_SCALE,
+        right // SCREEN_SCALE,
+        bottom // SCREEN_SCALE,
+    )
+
+
+class Picture:
+    """A decoded truecolour PNG (every scanline unfiltered), pixel by pixel."""
+
+    def __init__(self, png: bytes) -> None:
+        self.width, self.height, raw = read_png(png)
+        stride = 1 + 3 * self.width
+        assert all(raw[y * stride] == 0 for y in range(self.height))
+        self.rows = [raw[y * stride + 1 : (y + 1) * stride] for y in range(self.height)]
+
+    def at(self, x: int, y: int) -> tuple[int, int, int]:
+        r, g, b = self.rows[y][3 * x : 3 * x + 3]
+        return (r, g, b)
+
+    def text_in(self, box: tuple[int, int, int, int], ink: tuple[int, int, int]) -> str:
+        """The text drawn in `ink` inside `box` (left, top, right, bottom), read back glyph
+        by glyph against the font (scale 2): what a person would read there."""
+        left, top, right, bottom = box
+        lit = {
+            (x, y) for y in range(top, bottom) for x in range(left, right) if self.at(x, y) == ink
+        }
+        assert lit, f"nothing drawn in {ink} inside {box}"
+        x0, y0 = min(x for x, _ in lit), min(y for _, y in lit)
+        glyphs = {c: frozenset(glyph_pixels(c)) for c in map(chr, range(32, 127))}
+        text, cell = "", (GLYPH_WIDTH + GLYPH_GAP) * 2
+        for n in range((max(x for x, _ in lit) - x0) // cell + 1):
+            seen = frozenset(
+                ((x - x0 - n * cell) // 2, (y - y0) // 2)
+                for x, y in lit
+                if x0 + n * cell <= x < x0 + (n + 1) * cell
+            )
+            text += next(c for c, pixels in glyphs.items() if pixels == seen)
+        return text
+
+
+async def test_a_screenshot_shows_the_screen_the_ui_dump_describes() -> None:
+    """THEN the PNG is the phone's screen at a third of its size: the app's title
+    "Simulated" and its "OK" button drawn where the UI dump puts them, the phone's serial
+    in the status bar, and it is the same picture every time."""
+    xml = ET.fromstring(UI_XML)
+    nodes = {n.get("text"): n.get("bounds") for n in xml.iter("node")}
+    assert (nodes["Simulated"], nodes["OK"]) == ("[40,100][1040,180]", "[100,200][300,260]")
+    shot = await SimulatedSource(1, prefix="rack1-").device("rack1-0").screenshot()
+    picture = Picture(shot)
+    assert (picture.width, picture.height) == SCREENSHOT_SIZE == (1080 // 3, 2400 // 3)
+    white = (255, 255, 255)
+    assert picture.text_in(on_screenshot(TITLE_BOUNDS), white) == "Simulated"
+    assert picture.text_in(on_screenshot(BUTTON_BOUNDS), white) == "OK"
+    assert picture.text_in((0, 0, picture.width // 2, 24), white) == "rack1-0"
+    colours = {picture.at(x, y) for y in range(0, picture.height, 7) for x in range(0, 360, 7)}
+    assert len(colours) >= 5, colours
+    assert screenshot_png("rack1-0") == shot
 
 
 async def test_ui_dump_is_uiautomator_xml_with_a_confirm_button() -> None:
