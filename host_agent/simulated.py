@@ -270,24 +270,27 @@ def screenshot_png(serial: str) -> bytes:
     canvas.fill(0, 0, width, 24, _BAR)
     canvas.text(8, 5, serial, _WHITE)
     canvas.text(width - 8 - text_width("12:00"), 5, "12:00", _WHITE)
+    # Capitals are 7 rows of the font: 21 pixels tall at scale 3, 14 at scale 2.
     left, top, _, bottom = (v // SCREEN_SCALE for v in TITLE_BOUNDS)
     canvas.fill(0, 24, width, bottom + 4, accent)
-    canvas.text(left, top + (bottom - top - 14) // 2, "Simulated", _WHITE)
+    canvas.text(left, top + (bottom - top - 21) // 2, "Simulated", _WHITE, scale=3)
     left, top, right, bottom = (v // SCREEN_SCALE for v in BUTTON_BOUNDS)
     canvas.fill(left, top, right, bottom, accent)
     canvas.text(left + (right - left - text_width("OK")) // 2, top + 3, "OK", _WHITE)
     props = SIMULATED_PROPS
     lines = [
-        "A simulated phone: AMC",
-        "draws its screen.",
+        "Simulated phone",
+        f"serial {serial}",
+        f"model {props['ro.product.model']}",
+        f"SDK {props['ro.build.version.sdk']}, {props['ro.product.cpu.abi']}",
+        "com.amc.simulated",
         "",
-        f"serial  {serial}",
-        f"model   {props['ro.product.model']}",
-        f"SDK     {props['ro.build.version.sdk']}, {props['ro.product.cpu.abi']}",
-        "app     com.amc.simulated",
+        "AMC draws this",
+        "screen: no phone",
+        "is plugged in.",
     ]
     for number, line in enumerate(lines):
-        canvas.text(16, 130 + 26 * number, line, _INK)
+        canvas.text(16, 124 + 36 * number, line, _INK, scale=3)
     canvas.fill(0, height - 30, width, height, _BAR)
     for x in (width // 4, width // 2, 3 * width // 4):
         canvas.fill(x - 6, height - 21, x + 6, height - 9, (200, 200, 200))

@@ -178,9 +178,11 @@ class Picture:
         r, g, b = self.rows[y][3 * x : 3 * x + 3]
         return (r, g, b)
 
-    def text_in(self, box: tuple[int, int, int, int], ink: tuple[int, int, int]) -> str:
+    def text_in(
+        self, box: tuple[int, int, int, int], ink: tuple[int, int, int], scale: int = 2
+    ) -> str:
         """The text drawn in `ink` inside `box` (left, top, right, bottom), read back glyph
-        by glyph against the font (scale 2): what a person would read there."""
+        by glyph against the font at `scale`: what a person would read there."""
         left, top, right, bottom = box
         lit = {
             (x, y) for y in range(top, bottom) for x in range(left, right) if self.at(x, y) == ink
@@ -188,10 +190,10 @@ class Picture:
         assert lit, f"nothing drawn in {ink} inside {box}"
         x0, y0 = min(x for x, _ in lit), min(y for _, y in lit)
         glyphs = {c: frozenset(glyph_pixels(c)) for c in map(chr, range(32, 127))}
-        text, cell = "", (GLYPH_WIDTH + GLYPH_GAP) * 2
+        text, cell = "", (GLYPH_WIDTH + GLYPH_GAP) * scale
         for n in range((max(x for x, _ in lit) - x0) // cell + 1):
             seen = frozenset(
-                ((x - x0 - n * cell) // 2, (y - y0) // 2)
+                ((x - x0 - n * cell) // scale, (y - y0) // scale)
                 for x, y in lit
                 if x0 + n * cell <= x < x0 + (n + 1) * cell
             )
@@ -210,7 +212,7 @@ async def test_a_screenshot_shows_the_screen_the_ui_dump_describes() -> None:
     picture = Picture(shot)
     assert (picture.width, picture.height) == SCREENSHOT_SIZE == (1080 // 3, 2400 // 3)
     white = (255, 255, 255)
-    assert picture.text_in(on_screenshot(TITLE_BOUNDS), white) == "Simulated"
+    assert picture.text_in(on_screenshot(TITLE_BOUNDS), white, scale=3) == "Simulated"
     assert picture.text_in(on_screenshot(BUTTON_BOUNDS), white) == "OK"
     assert picture.text_in((0, 0, picture.width // 2, 24), white) == "rack1-0"
     colours = {picture.at(x, y) for y in range(0, picture.height, 7) for x in range(0, 360, 7)}
