@@ -72,11 +72,12 @@ def status_text(status: int, width: int = 0) -> Text:
     return Text(name.ljust(width), style=STATUS_STYLE.get(name, ""))
 
 
-def when(ts: timestamp_pb2.Timestamp, *, time_only: bool = False) -> str:
+def when(ts: timestamp_pb2.Timestamp) -> str:
+    """A time as ISO 8601 in the local zone, to the second, with the zone's offset
+    (2026-03-01T09:15:02+01:00): the one format of every table, line and console page."""
     if not ts.seconds and not ts.nanos:
         return "-"
-    local = ts.ToDatetime(tzinfo=UTC).astimezone()
-    return local.strftime("%H:%M:%S" if time_only else "%Y-%m-%d %H:%M:%S")
+    return ts.ToDatetime(tzinfo=UTC).astimezone().isoformat(timespec="seconds")
 
 
 def seconds(d: duration_pb2.Duration) -> str:
@@ -287,7 +288,7 @@ def progress_line(task: task_pb2.Task, before: task_pb2.Task | None) -> Text | N
         why_new = task.pending_reason != before.pending_reason and bool(task.pending_reason)
         if not (moved or cancel_new or why_new):
             return None
-    line = Text(when(task.updated_at, time_only=True) + "  ", style="dim")
+    line = Text(when(task.updated_at) + "  ", style="dim")
     line.append_text(status_text(task.status, width=10))
     if task.status in (task_pb2.TASK_STATUS_ASSIGNED, task_pb2.TASK_STATUS_DISPATCHED):
         line.append(f"  attempt {task.attempt}/{task.max_attempts} on {where(task)}")

@@ -74,8 +74,9 @@ async def loads(page: Any) -> int:
 async def test_console_farm_page_lists_the_simulated_hosts_devices(
     farm: Farm, browser: Any
 ) -> None:
-    """Behind the token form, the Farm page shows the host connected, each simulated
-    phone online and idle, and the counts."""
+    """Behind the token form, the Farm page shows the host with a `connected` badge and
+    when it was last seen (in its state cell, not the task column), each simulated phone
+    online and idle, and the counts."""
     source = SimulatedSource(2, prefix="pixel-")
     async with running_agent(farm, source, host_id="rack1-host"):
         page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
@@ -84,8 +85,12 @@ async def test_console_farm_page_lists_the_simulated_hosts_devices(
             await row.wait_for()
             assert "device" in await row.inner_text()
         host = page.locator("tr[data-host='rack1-host']")
-        assert "yes connected" in await host.inner_text()
+        state = host.locator("td.host-state")
+        assert await state.locator(".badge").all_inner_texts() == ["connected"]
+        assert (await state.locator(".seen").inner_text()).startswith("last seen 20")
+        assert "last seen" not in await host.locator("td").last.inner_text()  # the task column
         assert await page.locator("#devices-online b").inner_text() == "2"
+        assert await page.locator("#devices-cordoned b").inner_text() == "0"
         assert await page.locator("#hosts-connected b").inner_text() == "1 / 1"
         await page.locator("#live.on").wait_for()
         await page.screenshot(path=str(DOCS / "console-farm.png"), full_page=True)
@@ -212,7 +217,8 @@ async def test_console_task_page_shows_the_screenshot_and_links_the_ui_dump_a_st
         arg=shot.artifact_id,
     )
     img = box.locator("img")
-    assert await img.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [36, 64]
+    # The simulated phone's drawn screen, a third of its 1080 x 2400.
+    assert await img.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [360, 800]
     # What the page fetched and checked before showing it: the bytes GetArtifact streams.
     assert await box.get_attribute("data-checked") == hashlib.sha256(streamed).hexdigest()
     served = await page.evaluate(
@@ -225,7 +231,8 @@ async def test_console_task_page_shows_the_screenshot_and_links_the_ui_dump_a_st
     assert await full.get_attribute("href") == await img.get_attribute("src")
     assert await full.get_attribute("target") == "_blank"
     facts = await box.locator(".artifact-facts").inner_text()
-    assert facts == f"screenshot · {len(streamed)} B · sha256 {shot.sha256} ✓ checked"
+    shown = f"{len(streamed)} B" if len(streamed) < 1024 else f"{len(streamed) / 1024:.1f} KiB"
+    assert facts == f"screenshot · {shown} · sha256 {shot.sha256} ✓ checked"
     await page.screenshot(path=str(DOCS / "console-task.png"), full_page=True)
 
     await page.goto(console_url(farm, f"/tasks/{dump.task_id}"))

@@ -26,8 +26,9 @@ async def test_console_farm_page_shows_cordoned_and_draining_live(
     farm: Farm,
     browser: Any,
 ) -> None:
-    """Cordoning a phone, then draining its host, shows the badges and the count without
-    a reload."""
+    """Cordoning a phone, then draining its host, shows the badges and the counts (hosts
+    cordoned; phones that take no new work, their own cordon or their host's) without a
+    reload."""
     source = SimulatedSource(2, prefix="pixel-")
     op = await farm.operator()
     async with running_agent(farm, source, host_id="rack1-host"):
@@ -37,9 +38,11 @@ async def test_console_farm_page_shows_cordoned_and_draining_live(
         await op.admin.CordonDevice(admin_pb2.CordonDeviceRequest(serial="pixel-0"))
         await page.locator("tr[data-serial='pixel-0'] .s-cordoned").wait_for()
         assert await page.locator("tr[data-serial='pixel-1'] .s-cordoned").count() == 0
+        assert await page.locator("#devices-cordoned b").inner_text() == "1"
         await op.admin.DrainHost(admin_pb2.DrainHostRequest(host_id="rack1-host"))
         await page.locator("tr[data-host='rack1-host'] .s-draining").wait_for()
         assert await page.locator("#hosts-cordoned b").inner_text() == "1"
+        assert await page.locator("#devices-cordoned b").inner_text() == "2"
         assert page.errors == []
 
 
@@ -85,9 +88,12 @@ async def test_console_host_page_lists_operator_events(
     assert page.errors == []
 
 
-async def test_console_api_serves_get_host_to_operators_only(farm: Farm) -> None:
-    """POST /api/amc.v1.Admin/GetHost answers an operator; a client is refused as gRPC
-    would refuse it; no other Admin method is served."""
+async def test_console_api_serves_the_host_pages_admin_calls_to_operators_only(
+    farm: Farm,
+) -> None:
+    """POST /api/amc.v1.Admin/GetHost, CordonHost, DrainHost and UncordonHost answer an
+    operator; a client is refused as gRPC would refuse it; no other Admin method (tokens,
+    RemoveHost) is served."""
     await farm.host("h1", "s1")
     url = console_url(farm, "/api/amc.v1.Admin/")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
@@ -104,6 +110,18 @@ async def test_console_api_serves_get_host_to_operators_only(farm: Farm) -> None
         assert (status, answer["code"]) == (403, "PERMISSION_DENIED")
         status, answer = await post("GetHost", operator, {"host_id": "nope"})
         assert (status, answer["code"]) == (404, "NOT_FOUND")
-        status, answer = await post("CordonHost", operator, {"host_id": "h1"})
-        assert (status, answer["code"]) == (404, "NOT_FOUND")
+        client = await farm.token(Role.CLIENT)
+        status, answer = await post("CordonHost", client, {"host_id": "h1"})
+        assert (status, answer["code"]) == (403, "PERMISSION_DENIED")
+        assert await host_flags(farm, "h1") == (False, False)
+        status, answer = await post("CordonHost", operator, {"host_id": "h1", "reason": "hub"})
+        assert status == 200 and answer["host"]["cordoned"] is True, answer
+        status, answer = await post("DrainHost", operator, {"host_id": "h1"})
+        assert status == 200 and answer["host"]["draining"] is True, answer
+        assert await host_flags(farm, "h1") == (True, True)
+        status, answer = await post("UncordonHost", operator, {"host_id": "h1"})
+        assert status == 200 and answer["host"]["cordoned"] is False, answer
+        for method in ("RemoveHost", "CreateToken", "ListTokens"):
+            status, answer = await post(method, operator, {"host_id": "h1"})
+            assert (status, answer["code"]) == (404, "NOT_FOUND"), method
     assert await host_flags(farm, "h1") == (False, False)

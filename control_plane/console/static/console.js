@@ -34,10 +34,25 @@ const badge = (name) => h("span", { class: `badge s-${name}` }, name || "-");
 const taskLink = (id) => h("a", { class: "mono", href: `/tasks/${id}` }, id);
 const hostLink = (id) => h("a", { href: `/hosts/${encodeURIComponent(id)}` }, id);
 
+// A time as ISO 8601 in the browser's zone, to the second, with the zone's offset
+// (2026-03-01T09:15:02+01:00): what `amc` prints for the same time in the same zone.
 function when(ts) {
   if (!ts) return "-";
   const d = new Date(ts);
-  return isNaN(d) || d.getTime() <= 0 ? "-" : d.toLocaleString();
+  if (isNaN(d) || d.getTime() <= 0) return "-";
+  const two = (n) => String(n).padStart(2, "0");
+  const offset = -d.getTimezoneOffset();
+  const zone = `${offset < 0 ? "-" : "+"}${two(Math.floor(Math.abs(offset) / 60))}:${two(Math.abs(offset) % 60)}`;
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())}` +
+    `T${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}${zone}`;
+}
+
+// How long a step took, rounded as `amc` rounds it: 0.6s, 12.3s, 1m02.3s.
+function took(duration) {
+  if (!duration) return "-";
+  const total = parseFloat(duration);
+  if (total < 60) return `${total.toFixed(1)}s`;
+  return `${Math.floor(total / 60)}m${(total % 60).toFixed(1).padStart(4, "0")}s`;
 }
 
 function age(ts) {
@@ -206,10 +221,14 @@ function stopLive() {
   liveAbort = null;
 }
 
-function setLive(on) {
+// The indicator says how the page's event stream is: "connecting…", "live" (changes
+// arrive), "offline" (the control plane cannot be reached) or "not live" (signed out).
+const LIVE_TEXT = { wait: "connecting…", on: "live", off: "offline", idle: "not live" };
+
+function setLive(state) {
   const el = document.getElementById("live");
-  el.className = `live ${on ? "on" : "off"}`;
-  el.textContent = on ? "live" : "offline";
+  el.className = `live ${state}`;
+  el.textContent = LIVE_TEXT[state];
 }
 
 async function listen(onEvent, onConnect) {
@@ -220,7 +239,10 @@ async function listen(onEvent, onConnect) {
     try {
       liveAbort = new AbortController();
       const response = await fetch("/api/events", { headers: authHeaders(), signal: liveAbort.signal });
-      if (response.status === 401 || response.status === 403) return;
+      if (response.status === 401 || response.status === 403) {
+        setLive("idle");
+        return;
+      }
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
@@ -238,7 +260,7 @@ async function listen(onEvent, onConnect) {
             else if (line.startsWith("data: ")) data = line.slice(6);
           }
           if (kind === "hello") {
-            setLive(true);
+            setLive("on");
             backoff = 500;
             onConnect();
           } else if (kind) {
@@ -250,7 +272,7 @@ async function listen(onEvent, onConnect) {
       // reconnect below
     }
     if (run !== liveRun) return;
-    setLive(false);
+    setLive("off");
     await new Promise((resolve) => setTimeout(resolve, backoff));
     backoff = Math.min(backoff * 2, 10000);
   }
@@ -275,7 +297,7 @@ function showError(err) {
 
 function showLogin(reason) {
   stopLive();
-  setLive(false);
+  setLive("idle");
   const input = h("input", { type: "password", id: "token", autocomplete: "off",
                              placeholder: "amc_…", "aria-label": "token" });
   const form = h("form", { class: "login", onsubmit: (event) => {
@@ -317,13 +339,17 @@ const Farm = {
     const devices = hosts.flatMap((host) => host.devices || []);
     const online = devices.filter((d) => enumName("DEVICE_STATE_", d.state) === "device");
     const busy = devices.filter((d) => d.task_id);
+    // A phone takes no new work when it is cordoned itself or its host is (or drains).
+    const cordoned = hosts.flatMap((host) =>
+      (host.devices || []).filter((d) => d.cordoned || host.cordoned || host.draining));
     const rows = [];
     for (const host of hosts) {
       rows.push(h("tr", { class: "host-row", "data-host": host.host_id },
         h("td", {}, hostLink(host.host_id)),
-        h("td", {}, badge(host.connected ? "yes" : "no"), " connected ", hostWork(host)),
+        h("td", { class: "host-state" }, connection(host), hostWork(host) ? [" ", hostWork(host)] : "",
+          h("div", { class: "seen muted" }, `last seen ${when(host.last_seen_at)}`)),
         h("td", { colspan: 3 }, labels(host.labels)),
-        h("td", { colspan: 2, class: "muted" }, `last seen ${when(host.last_seen_at)}`)));
+        h("td", { colspan: 2 }, "")));
       for (const d of host.devices || []) rows.push(deviceRow(d));
     }
     return [
@@ -333,6 +359,7 @@ const Farm = {
         ["devices online", online.length, "devices-online"],
         ["busy", busy.length, "devices-busy"],
         ["hosts cordoned", hosts.filter((x) => x.cordoned).length, "hosts-cordoned"],
+        ["devices cordoned", cordoned.length, "devices-cordoned"],
         ["offline / other", devices.length - online.length, "devices-offline"],
       ]),
       hosts.length
@@ -349,6 +376,9 @@ function hostWork(host) {
   if (host.cordoned) return badge("cordoned");
   return "";
 }
+
+// A badge that says what it means on its own: `connected` or `disconnected`.
+const connection = (host) => badge(host.connected ? "connected" : "disconnected");
 
 function deviceRow(d) {
   const state = enumName("DEVICE_STATE_", d.state);
@@ -473,23 +503,26 @@ const Task = {
   },
   render({ task, history }, params) {
     const status = statusOf(task);
+    // A field with nothing to say is left out (a finished task has no `waiting`, a task
+    // never cancelled no `cancel`), as `amc get` leaves it out.
     const grid = h("dl", { class: "grid" },
       ...[
         ["status", [badge(status), task.attempt ? ` attempt ${task.attempt} of ${task.max_attempts}` : ""]],
-        ["waiting", task.pending_reason || "-"],
-        ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : "-"],
+        ["waiting", task.pending_reason || null],
+        ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : null],
         ["selector", selectorText(task.selector)],
         ["priority", task.priority],
-        ["queue timeout", task.queue_timeout ? span(task.queue_timeout) : "-"],
-        ["deadline", task.deadline ? `${span(task.deadline)} per attempt` : "-"],
-        ["request id", task.request_id || "-"],
-        ["metadata", labels(task.metadata)],
+        ["queue timeout", task.queue_timeout ? span(task.queue_timeout) : null],
+        ["deadline", task.deadline ? `${span(task.deadline)} per attempt` : null],
+        ["request id", task.request_id || null],
+        ["metadata", Object.keys(task.metadata || {}).length ? labels(task.metadata) : null],
         ["created", when(task.created_at)],
         ["updated", when(task.updated_at)],
-        ["finished", when(task.finished_at)],
-        ["cancel", task.cancel_requested_at ? `requested ${when(task.cancel_requested_at)}${task.cancel_reason ? `: ${task.cancel_reason}` : ""}` : "-"],
-        ["error", task.result && task.result.error ? h("span", { class: "error-text" }, task.result.error) : "-"],
-      ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k }, v)]));
+        ["finished", task.finished_at ? when(task.finished_at) : null],
+        ["cancel", task.cancel_requested_at ? `requested ${when(task.cancel_requested_at)}${task.cancel_reason ? `: ${task.cancel_reason}` : ""}` : null],
+        ["error", task.result && task.result.error ? h("span", { class: "error-text" }, task.result.error) : null],
+      ].filter(([, v]) => v !== null)
+        .flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-field": k }, v)]));
     const cancel = TERMINAL.has(status) ? null : cancelForm(task);
     const attempts = (history.attempts || []).map((a) => h("tr", {},
       h("td", {}, a.attempt), h("td", {}, hostLink(a.host_id)), h("td", { class: "serial" }, a.device_serial),
@@ -503,7 +536,7 @@ const Task = {
       h("td", {}, e.detail || "")));
     const steps = ((task.result && task.result.steps) || []).map((s) => h("tr", {},
       h("td", {}, s.index), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
-      h("td", {}, s.duration || "-"),
+      h("td", {}, took(s.duration)),
       h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
         Object.keys(s.data || {}).length ? labels(s.data) : "",
         (s.artifacts || []).length ? h("div", { class: "artifacts" }, s.artifacts.map(artifactView)) : "")));
@@ -561,7 +594,8 @@ const Host = {
   render({ host, events, tasks }, params) {
     if (!host) return [h("div", { class: "error", role: "alert" }, `NOT_FOUND: no host ${params.id} has registered`)];
     return [
-      h("h1", {}, "Host ", host.host_id, " ", badge(host.connected ? "yes" : "no"), " connected ", hostWork(host)),
+      h("h1", {}, "Host ", host.host_id, " ", connection(host), " ", hostWork(host)),
+      hostOperations(host),
       h("dl", { class: "grid" }, h("dt", {}, "labels"), h("dd", {}, labels(host.labels)),
         h("dt", {}, "last seen"), h("dd", {}, when(host.last_seen_at))),
       h("h2", {}, "Devices"),
@@ -580,6 +614,36 @@ const Host = {
   },
   wants: (kind, data, params) => kind === "task" || (kind === "host" && data === params.id) || kind === "resync",
 };
+
+// Cordon, drain or uncordon the host: the Admin calls `amc hosts cordon|drain|uncordon`
+// make (operator role), with the reason recorded in the host's events.
+function hostOperations(host) {
+  const reason = h("input", { name: "reason", placeholder: "reason", "aria-label": "reason", size: 32 });
+  const message = h("span", { class: "muted", id: "host-operation-message" });
+  const operate = async (method, done) => {
+    for (const b of form.querySelectorAll("button")) b.disabled = true;
+    try {
+      const answer = await call(method, { host_id: host.host_id, reason: reason.value }, ADMIN_API);
+      message.className = "muted";
+      message.textContent = `${done}; ${answer.leases || 0} task(s) running`;
+      reason.value = "";
+      refresh();
+    } catch (err) {
+      message.className = "error-text";
+      message.textContent = `${err.code}: ${err.message}`;
+      for (const b of form.querySelectorAll("button")) b.disabled = false;
+    }
+  };
+  const button = (label, method, done, cls) =>
+    h("button", { type: "button", class: cls || "", onclick: () => operate(method, done) }, label);
+  const buttons = [];
+  if (!host.cordoned) buttons.push(button("Cordon", "CordonHost", "cordoned: no new work"));
+  if (!host.draining) buttons.push(button("Drain", "DrainHost", "draining: running tasks finish, no new work", "danger"));
+  if (host.cordoned || host.draining) buttons.push(button("Uncordon", "UncordonHost", "uncordoned: takes work again"));
+  const form = h("form", { class: "inline", id: "host-operations", onsubmit: (e) => e.preventDefault() },
+    reason, ...buttons, message);
+  return form;
+}
 
 // -- routing and refreshing ------------------------------------------------------------------
 
@@ -606,11 +670,13 @@ async function refresh() {
   try {
     const data = await view.load(params);
     if (current && current[0] === view) redraw(view.render(data, params).filter(Boolean));
-    if (!liveStarted) startLive();
   } catch (err) {
     if (err instanceof ApiError) showError(err);
     else showError(new ApiError(0, "INTERNAL", err.message));
   } finally {
+    // The indicator follows the event stream, whatever this page's read said (a task
+    // not found is an answer from a live control plane); signed out, there is none.
+    if (!liveStarted && !document.getElementById("token")) startLive();
     loading = false;
     if (again) { again = false; refresh(); }
   }
