@@ -52,6 +52,8 @@ class NewTask:
     # None: no limit.
     queue_timeout: timedelta | None = None
     deadline: timedelta | None = None
+    # Whose share of the phones it counts in; "": the default key ('default').
+    fairness_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Task:
     finished_at: datetime | None
     queue_timeout: timedelta | None = None
     deadline: timedelta | None = None
+    fairness_key: str = "default"
     # Why a queued task waits, computed on read (control_plane.pending); "" otherwise.
     pending_reason: str = ""
 

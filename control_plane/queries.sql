@@ -8,21 +8,43 @@
 -- name: submit_tasks
 -- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
 -- (caller, request_id) exists already). Tasks of one batch get created_at a microsecond
--- apart, so equal priorities run in batch order.
+-- apart, so equal priorities run in batch order. Each task goes into the queue group of
+-- its selector and fairness key ($12; '' for the default) with its fair tag: the key's
+-- base at its priority (amc_fair_base) plus 1/weight per task of the batch.
 WITH req AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
-                         $7::integer[], $8::integer[], $9::jsonb[], $10::interval[],
-                         $11::interval[])
+    SELECT r.*, COALESCE(NULLIF(r.key, ''), 'default') AS fairness_key
+    FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
+                $7::integer[], $8::integer[], $9::jsonb[], $10::interval[],
+                $11::interval[], $12::text[])
         WITH ORDINALITY AS r (task_id, request_id, spec, selector_serial, selector_labels,
-                              priority, max_attempts, metadata, queue_timeout, deadline, ord)
+                              priority, max_attempts, metadata, queue_timeout, deadline, key,
+                              ord)
+), grp AS (
+    SELECT d.*, amc_queue_group(d.serial, d.selector_labels, d.fairness_key) AS group_id
+    FROM (SELECT DISTINCT COALESCE(selector_serial, '') AS serial, selector_labels,
+                          fairness_key
+          FROM req) d
+), base AS (
+    SELECT k.fairness_key, k.priority, amc_fair_base(k.fairness_key, k.priority) AS base,
+           COALESCE((SELECT f.weight FROM fair_shares f
+                     WHERE f.fairness_key = k.fairness_key), 1) AS weight
+    FROM (SELECT DISTINCT fairness_key, priority FROM req) k
 ), ins AS (
     INSERT INTO tasks (task_id, caller, request_id, status, spec, selector_serial,
                        selector_labels, priority, max_attempts, metadata, created_at, updated_at,
-                       queue_timeout, deadline, queue_deadline)
-    SELECT task_id, $1, request_id, 'queued', spec, selector_serial, selector_labels,
-           priority, max_attempts, metadata, now() + (ord - 1) * interval '1 microsecond', now(),
-           queue_timeout, deadline, now() + queue_timeout
-    FROM req ORDER BY ord
+                       queue_timeout, deadline, queue_deadline, group_id, fairness_key,
+                       fair_tag)
+    SELECT r.task_id, $1, r.request_id, 'queued', r.spec, r.selector_serial, r.selector_labels,
+           r.priority, r.max_attempts, r.metadata,
+           now() + (r.ord - 1) * interval '1 microsecond', now(),
+           r.queue_timeout, r.deadline, now() + r.queue_timeout, g.group_id, r.fairness_key,
+           b.base + (row_number() OVER (PARTITION BY r.fairness_key, r.priority ORDER BY r.ord))
+                    / b.weight::double precision
+    FROM req r
+    JOIN grp g ON g.serial = COALESCE(r.selector_serial, '')
+               AND g.selector_labels = r.selector_labels AND g.fairness_key = r.fairness_key
+    JOIN base b ON b.fairness_key = r.fairness_key AND b.priority = r.priority
+    ORDER BY r.ord
     ON CONFLICT (caller, request_id) DO NOTHING
     RETURNING *
 ), ev AS (
@@ -96,6 +118,9 @@ FROM g LEFT JOIN LATERAL (
       AND (g.selector_serial IS NULL OR d.serial = g.selector_serial)
 ) m ON true
 ORDER BY g.n DESC, g.oldest;
+
+-- name: forget_queue_groups
+SELECT amc_forget_queue_groups($1, $2);
 
 -- name: cancel_task
 SELECT code, (task).* FROM amc_cancel($1, $2);

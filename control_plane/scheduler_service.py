@@ -81,6 +81,7 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
             request.queue_timeout.ToTimedelta() if request.HasField("queue_timeout") else None
         ),
         deadline=request.deadline.ToTimedelta() if request.HasField("deadline") else None,
+        fairness_key=request.fairness_key,
     )
 
 

@@ -81,7 +81,8 @@ CREATE TABLE IF NOT EXISTS devices (
     -- Given no new work (its running task goes on); who and why: host_events.
     cordoned     boolean NOT NULL DEFAULT false,
     PRIMARY KEY (host_id, serial)
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuum_threshold = 500,
+        autovacuum_analyze_scale_factor = 0.05);
 CREATE UNIQUE INDEX IF NOT EXISTS devices_one_task ON devices (task_id)
     WHERE task_id IS NOT NULL;
 
@@ -113,11 +114,34 @@ CREATE TABLE IF NOT EXISTS tasks (
     queue_timeout       interval,
     deadline            interval,
     queue_deadline      timestamptz,
+    -- The queue group (queue_groups: its selector and fairness key) the task waits in
+    -- while queued; kept while it runs, so a requeued task goes back to it.
+    group_id            bigint,
+    -- Whose share of the phones the task is counted in (fair_shares): the request's, the
+    -- submitting token's team, or 'default'.
+    fairness_key        text NOT NULL DEFAULT 'default',
+    -- Its place among the tasks of equal priority that compete for the same phones:
+    -- start-time fair queuing over fairness keys (amc_fair_base); lower goes first.
+    fair_tag            double precision NOT NULL DEFAULT 0,
     UNIQUE (caller, request_id)
-);
--- The queue: what Acquire scans, in the order it hands work out.
-CREATE INDEX IF NOT EXISTS tasks_queue ON tasks (priority DESC, created_at, task_id)
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+        autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
+        autovacuum_vacuum_cost_limit = 2000);
+-- The queue, one stretch per group in the order the group hands work out: Acquire reads
+-- the heads of the groups its devices match, never the tasks of groups they do not.
+CREATE INDEX IF NOT EXISTS tasks_dispatch
+    ON tasks (group_id, priority DESC, fair_tag, created_at, task_id)
     WHERE status = 'queued';
+-- A key's queued tasks by tag: where its next task's tag starts (amc_fair_base).
+CREATE INDEX IF NOT EXISTS tasks_fair_queue ON tasks (fairness_key, priority, fair_tag)
+    WHERE status = 'queued';
+-- The tasks running, by group: a group with none queued or running may be forgotten
+-- (amc_forget_queue_groups); a key's running count for its cap.
+CREATE INDEX IF NOT EXISTS tasks_running ON tasks (group_id)
+    WHERE status IN ('assigned', 'dispatched');
+-- The tasks running, by tag: the frontier of service (amc_fair_frontier).
+CREATE INDEX IF NOT EXISTS tasks_running_tags ON tasks (priority, fair_tag)
+    WHERE status IN ('assigned', 'dispatched');
 CREATE INDEX IF NOT EXISTS tasks_listing ON tasks (created_at DESC, task_id DESC);
 CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
     WHERE host_id IS NOT NULL;
@@ -156,7 +180,9 @@ CREATE TABLE IF NOT EXISTS attempts (
     -- no deadline). Set once, at the acknowledgement, so later renewals stay HOT updates.
     deadline_at         timestamptz,
     PRIMARY KEY (task_id, attempt)
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01,
+        autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0.02,
+        autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000);
 -- The live attempts: the expiry sweep scans them (same predicate), renewals check them.
 CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 'active';
 -- The leases a host has not acknowledged yet. No longer read: amc_renew locks the tasks of
@@ -199,6 +225,159 @@ CREATE TABLE IF NOT EXISTS host_events (
 );
 CREATE INDEX IF NOT EXISTS host_events_by_host ON host_events (host_id, event_id);
 
+-- -- the queue's groups and fair shares --------------------------------------------------
+--
+-- Queued tasks wait in groups: one per (selector, fairness key). A farm's queue has few
+-- distinct selectors (hundreds) however many tasks it holds, so Acquire matches its idle
+-- devices against the groups (by anchor: one label pair of the selector, or its serial,
+-- through an index; then in full) and reads only the heads of the groups that match
+-- (tasks_dispatch). Tasks no phone of the host can take are never read: an Acquire costs
+-- the same with 0 or 1,000,000 of them queued. Groups are never updated; a submit that
+-- finds none makes it (amc_queue_group), and one with no task queued or running for a
+-- while is forgotten (amc_forget_queue_groups).
+CREATE TABLE IF NOT EXISTS queue_groups (
+    group_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- '' for any serial.
+    selector_serial text NOT NULL,
+    selector_labels jsonb NOT NULL,
+    fairness_key    text NOT NULL,
+    -- What an Acquire finds the group by: '#' and the serial, one 'key=value' of the
+    -- labels (the longest), or '' for a selector that any device matches.
+    anchor          text NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (selector_serial, selector_labels, fairness_key)
+);
+CREATE INDEX IF NOT EXISTS queue_groups_anchor ON queue_groups (anchor);
+
+-- Operators' settings per fairness key (`amc queue set`): its weight (keys of equal
+-- priority take turns in proportion) and an optional cap of phones it may hold at once.
+-- A key without a row has weight 1 and no cap. Each change is a fair_share_events row.
+CREATE TABLE IF NOT EXISTS fair_shares (
+    fairness_key text PRIMARY KEY,
+    weight       integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
+    max_devices  integer CHECK (max_devices >= 0),
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS fair_share_events (
+    event_id     bigserial PRIMARY KEY,
+    fairness_key text NOT NULL,
+    weight       integer NOT NULL,
+    max_devices  integer,
+    actor        text NOT NULL,
+    actor_name   text NOT NULL DEFAULT '',
+    reason       text NOT NULL DEFAULT '',
+    at           timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS fair_share_events_by_key ON fair_share_events (fairness_key, event_id);
+
+-- The anchor a group is found by (see queue_groups.anchor).
+CREATE OR REPLACE FUNCTION amc_group_anchor(p_serial text, p_labels jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_serial <> '' THEN '#' || p_serial
+                ELSE COALESCE((SELECT e.k || '=' || e.v FROM jsonb_each_text(p_labels) e (k, v)
+                               ORDER BY length(e.k) + length(e.v) DESC, e.k LIMIT 1), '')
+           END
+$$;
+
+-- Every anchor under which a group that devices with these labels and serials can match
+-- is filed: each of their label pairs, each serial, and ''.
+CREATE OR REPLACE FUNCTION amc_device_anchors(p_labels jsonb, p_serials text[])
+RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY(SELECT e.k || '=' || e.v FROM jsonb_each_text(p_labels) e (k, v))
+           || ARRAY['']::text[]
+           || ARRAY(SELECT '#' || s FROM unnest(p_serials) s)
+$$;
+
+-- The group of a selector (p_serial '' for any) and fairness key, made if there is none.
+-- Locked FOR KEY SHARE until the caller commits, so amc_forget_queue_groups cannot forget
+-- it under a task being queued in it.
+CREATE OR REPLACE FUNCTION amc_queue_group(p_serial text, p_labels jsonb, p_key text)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group bigint;
+BEGIN
+    LOOP
+        SELECT q.group_id INTO v_group FROM queue_groups q
+        WHERE q.selector_serial = p_serial AND q.selector_labels = p_labels
+          AND q.fairness_key = p_key
+        FOR KEY SHARE;
+        IF FOUND THEN
+            RETURN v_group;
+        END IF;
+        INSERT INTO queue_groups (selector_serial, selector_labels, fairness_key, anchor)
+        VALUES (p_serial, p_labels, p_key, amc_group_anchor(p_serial, p_labels))
+        ON CONFLICT DO NOTHING
+        RETURNING group_id INTO v_group;
+        IF v_group IS NOT NULL THEN
+            RETURN v_group;
+        END IF;
+        -- Made (or forgotten) by another transaction meanwhile: look again.
+    END LOOP;
+END $$;
+
+-- Fair shares: start-time fair queuing. Among queued tasks of one priority, the lowest
+-- fair_tag goes first. A key's next task is tagged the key's last queued tag, or if that
+-- is lower (or it has none queued) the highest tag running (the service's frontier: a
+-- key that was idle starts beside the tasks being served, not behind another key's
+-- flood), plus 1/weight. So keys with tasks queued take turns in proportion to their
+-- weights; a key's flood delays another key's task by about one task on the phones they
+-- share; and a key's own tasks keep the order they were submitted in (with one key, the
+-- queue is first come, first served, as before fair shares).
+CREATE OR REPLACE FUNCTION amc_fair_frontier(p_priority integer)
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT tk.fair_tag FROM tasks tk
+                     WHERE tk.status IN ('assigned', 'dispatched') AND tk.priority = p_priority
+                     ORDER BY tk.priority, tk.fair_tag DESC LIMIT 1), 0)
+$$;
+
+CREATE OR REPLACE FUNCTION amc_fair_base(p_key text, p_priority integer)
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT GREATEST(
+        (SELECT tk.fair_tag FROM tasks tk
+         WHERE tk.fairness_key = p_key AND tk.status = 'queued' AND tk.priority = p_priority
+         ORDER BY tk.fairness_key, tk.priority, tk.fair_tag DESC LIMIT 1),
+        amc_fair_frontier(p_priority))
+$$;
+
+-- Forgets up to p_limit groups with no task queued or running that were made more than
+-- p_idle ago (a group is made again by the next submit that needs it). Each is locked
+-- first and checked for tasks after: a submit that took the group FOR KEY SHARE has
+-- committed its task by then, or waits and makes the group anew.
+CREATE OR REPLACE FUNCTION amc_forget_queue_groups(p_idle interval, p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group bigint;
+    v_forgotten integer := 0;
+BEGIN
+    FOR v_group IN
+        SELECT q.group_id FROM queue_groups q
+        WHERE q.created_at < now() - p_idle
+          AND NOT EXISTS (SELECT 1 FROM tasks tk
+                          WHERE tk.group_id = q.group_id AND tk.status = 'queued')
+          AND NOT EXISTS (SELECT 1 FROM tasks tk WHERE tk.group_id = q.group_id
+                            AND tk.status IN ('assigned', 'dispatched'))
+        ORDER BY q.group_id
+        LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM queue_groups q WHERE q.group_id = v_group FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        DELETE FROM queue_groups q
+        WHERE q.group_id = v_group
+          AND NOT EXISTS (SELECT 1 FROM tasks tk WHERE tk.group_id = v_group
+                            AND tk.status IN ('queued', 'assigned', 'dispatched'));
+        IF FOUND THEN
+            v_forgotten := v_forgotten + 1;
+        END IF;
+    END LOOP;
+    RETURN v_forgotten;
+END $$;
+
 -- -- transitions that lock several rows: one function each, so one round trip ------------
 --
 -- The single-row ones (submit, the presence writes) are statements in queries.sql.
@@ -209,20 +388,27 @@ CREATE INDEX IF NOT EXISTS host_events_by_host ON host_events (host_id, event_id
 -- host's devices still idle (labels set, task_id NULL), for the replica's index of parked
 -- Acquires (control_plane/dispatch.py).
 --
--- The idle devices are read without locks and grouped by labels; per group, one scan
--- takes up to one task per device (SKIP LOCKED), in queue order; each task then reserves a
--- device of the group (its own serial if it names one) with an UPDATE whose conditions
--- PostgreSQL rechecks on the latest row version (another Acquire or a re-registration may
--- have changed it). A task whose device is taken stays queued, and the devices left get a
--- scan of their own. An Acquire that finds nothing writes nothing.
+-- The idle devices are read without locks and grouped by labels. Per device group: the
+-- queue groups it matches are found by anchor (queue_groups), and the first tasks of each
+-- (tasks_dispatch) are merged in queue order (priority, fair tag, age), at most one per
+-- device and a few more; each is then locked (SKIP LOCKED: a task another Acquire holds is
+-- passed over, and only the tasks taken are locked), and reserves a device of the group
+-- (its own serial if it names one) with an UPDATE whose conditions PostgreSQL rechecks on
+-- the latest row version (another Acquire or a re-registration may have changed it). A
+-- task passed over stays queued; the devices left get another look (a few at most). An
+-- Acquire that finds nothing writes nothing and locks nothing.
+--
+-- Fair shares' caps: a key with a cap (fair_shares.max_devices) is counted once per
+-- Acquire, under a transaction-scoped advisory lock on the key (so two Acquires cannot
+-- both take its last phone); a key at its cap has its groups left out. Keys without a cap
+-- cost nothing.
 --
 -- A cordoned host gets nothing and has no idle devices (so its Acquire is indexed under
 -- nothing, and no queued task wakes it); a cordoned device is never idle. Uncordoning
 -- publishes amc_freed for the host, and its parked Acquires look again. The host row is
 -- locked (FOR KEY SHARE) once there is a device to reserve, and cordoned is read again
 -- then: a cordon, drain or removal that commits first leaves this Acquire nothing, and one
--- that comes later waits for it and counts its leases (issue 21.4). An Acquire that finds
--- nothing to assign locks nothing.
+-- that comes later waits for it and counts its leases (issue 21.4).
 CREATE OR REPLACE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
 RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
                queued_seconds double precision, labels jsonb)
@@ -233,6 +419,15 @@ DECLARE
     v_free text[];
     v_serial text;
     v_again boolean;
+    v_looks integer;
+    v_cands uuid[];
+    v_asked integer;
+    v_groups bigint[];
+    v_keys text[];
+    v_seen uuid[];
+    v_blocked text[] := '{}';
+    v_left jsonb := '{}';
+    v_count integer;
     v_host_held boolean := false;
     v_cordoned boolean;
 BEGIN
@@ -247,26 +442,76 @@ BEGIN
         GROUP BY dv.labels
     LOOP
         v_free := g.serials;
+        SELECT COALESCE(array_agg(q.group_id ORDER BY q.group_id), '{}'),
+               COALESCE(array_agg(q.fairness_key ORDER BY q.group_id), '{}')
+        INTO v_groups, v_keys
+        FROM queue_groups q
+        WHERE q.anchor = ANY (amc_device_anchors(g.labels, v_free))
+          AND g.labels @> q.selector_labels
+          AND (q.selector_serial = '' OR q.selector_serial = ANY (v_free));
+        CONTINUE WHEN cardinality(v_groups) = 0;
+        -- Capped keys among them, in key order (the advisory locks' order): how many more
+        -- phones each may take.
+        FOR t IN
+            SELECT f.fairness_key, f.max_devices FROM fair_shares f
+            WHERE f.fairness_key = ANY (v_keys) AND f.max_devices IS NOT NULL
+              AND NOT v_left ? f.fairness_key
+            ORDER BY f.fairness_key
         LOOP
-            v_again := false;
+            PERFORM pg_advisory_xact_lock(hashtextextended('amc_fair_share:' || t.fairness_key, 0));
+            SELECT count(*) INTO v_count
+            FROM queue_groups q JOIN tasks tk ON tk.group_id = q.group_id
+            WHERE q.fairness_key = t.fairness_key AND tk.status IN ('assigned', 'dispatched');
+            v_left := v_left || jsonb_build_object(t.fairness_key, t.max_devices - v_count);
+            IF t.max_devices - v_count <= 0 THEN
+                v_blocked := v_blocked || t.fairness_key;
+            END IF;
+        END LOOP;
+        v_seen := '{}';
+        v_looks := 0;
+        LOOP
+            v_looks := v_looks + 1;
+            -- The first tasks of the matching groups, merged in queue order, without locks.
+            v_cands := ARRAY(
+                SELECT h.task_id FROM unnest(v_groups, v_keys) AS q (group_id, fairness_key)
+                CROSS JOIN LATERAL (
+                    SELECT tk.task_id, tk.priority, tk.fair_tag, tk.created_at
+                    FROM tasks tk
+                    WHERE tk.group_id = q.group_id AND tk.status = 'queued'
+                      AND tk.task_id <> ALL (v_seen)
+                    ORDER BY tk.priority DESC, tk.fair_tag, tk.created_at, tk.task_id
+                    LIMIT cardinality(v_free) + 2) h
+                WHERE q.fairness_key <> ALL (v_blocked)
+                ORDER BY h.priority DESC, h.fair_tag, h.created_at, h.task_id
+                LIMIT cardinality(v_free) + 2);
+            EXIT WHEN cardinality(v_cands) = 0;
+            -- Then as many of them as there are devices, locked in one statement (SKIP
+            -- LOCKED: one another Acquire holds is passed over), in queue order.
+            v_again := cardinality(v_cands) = cardinality(v_free) + 2;
+            v_asked := LEAST(cardinality(v_cands), cardinality(v_free));
+            v_count := 0;
             FOR t IN
                 SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at,
-                       tk.selector_labels, tk.selector_serial
+                       tk.selector_labels, tk.selector_serial, tk.fairness_key
                 FROM tasks tk
-                WHERE tk.status = 'queued'
-                  AND (tk.selector_serial IS NULL OR tk.selector_serial = ANY (v_free))
-                  AND g.labels @> tk.selector_labels
-                ORDER BY tk.priority DESC, tk.created_at, tk.task_id
+                WHERE tk.task_id = ANY (v_cands) AND tk.status = 'queued'
+                  AND tk.fairness_key <> ALL (v_blocked)
+                ORDER BY tk.priority DESC, tk.fair_tag, tk.created_at, tk.task_id
                 LIMIT cardinality(v_free)
                 FOR UPDATE SKIP LOCKED
             LOOP
-                EXIT WHEN cardinality(v_free) = 0;
+                v_count := v_count + 1;
+                v_seen := v_seen || t.task_id;
+                IF cardinality(v_free) = 0 OR t.fairness_key = ANY (v_blocked) THEN
+                    -- No device left, or its key reached its cap in this Acquire.
+                    v_again := true;
+                    CONTINUE;
+                END IF;
                 v_serial := CASE WHEN t.selector_serial IS NULL THEN v_free[1]
                                  WHEN t.selector_serial = ANY (v_free) THEN t.selector_serial
                             END;
                 IF v_serial IS NULL THEN
-                    -- Its device got an earlier task of this scan: it stays queued, and
-                    -- the devices left are offered the next tasks in a scan of their own.
+                    -- Its device got an earlier task of this look: it stays queued.
                     v_again := true;
                     CONTINUE;
                 END IF;
@@ -290,9 +535,17 @@ BEGIN
                   AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
                   AND dv.labels @> t.selector_labels;
                 IF NOT FOUND THEN
-                    -- Taken or changed meanwhile: the task stays queued.
+                    -- Taken or changed meanwhile (so not this Acquire's any more): the
+                    -- task stays queued.
                     v_again := true;
                     CONTINUE;
+                END IF;
+                IF v_left ? t.fairness_key THEN
+                    v_left := v_left || jsonb_build_object(
+                        t.fairness_key, (v_left ->> t.fairness_key)::integer - 1);
+                    IF (v_left ->> t.fairness_key)::integer <= 0 THEN
+                        v_blocked := v_blocked || t.fairness_key;
+                    END IF;
                 END IF;
                 task_id := t.task_id;
                 attempt := t.next_attempt;
@@ -313,8 +566,15 @@ BEGIN
                         p_host || '/' || v_serial);
                 RETURN NEXT;
             END LOOP;
-            -- Every rescan has fewer free devices (its first task always finds one).
-            EXIT WHEN NOT v_again OR cardinality(v_free) = 0;
+            -- Fewer locked than asked: every candidate was looked at, and some were held by
+            -- others or taken since the look; the next look goes past them all.
+            IF v_count < v_asked THEN
+                v_seen := v_seen || v_cands;
+                v_again := true;
+            END IF;
+            -- Looks again (past the tasks seen) only while a task was passed over and
+            -- devices are left; a few looks at most.
+            EXIT WHEN NOT v_again OR cardinality(v_free) = 0 OR v_looks >= 4;
         END LOOP;
     END LOOP;
     RETURN QUERY SELECT NULL::uuid, NULL::integer, NULL::uuid, dv.serial, NULL::bytea,
@@ -491,9 +751,13 @@ BEGIN
         host_id = CASE WHEN v_to = 'queued' THEN NULL ELSE tk.host_id END,
         device_serial = CASE WHEN v_to = 'queued' THEN NULL ELSE tk.device_serial END,
         finished_at = CASE WHEN v_to = 'queued' THEN NULL ELSE now() END,
-        -- Back in the queue: a new stay, with the whole queue timeout again.
+        -- Back in the queue: a new stay, with the whole queue timeout again, and at the
+        -- head of its key's turn (it had started once already).
         queue_deadline = CASE WHEN v_to = 'queued' THEN now() + tk.queue_timeout
                               ELSE tk.queue_deadline END,
+        fair_tag = CASE WHEN v_to = 'queued'
+                        THEN LEAST(tk.fair_tag, amc_fair_frontier(tk.priority))
+                        ELSE tk.fair_tag END,
         error = CASE WHEN v_to = 'failed'
                      THEN 'lease ' || p_how || ' on attempt ' || t.attempt
                           || ' of ' || t.max_attempts

@@ -144,7 +144,7 @@ def _as_is(row: asyncpg.Record | Mapping[str, Any], *names: str) -> dict[str, An
 _TASK_COLUMNS = (
     "request_id", "selector_serial", "priority", "max_attempts", "attempt", "host_id",
     "device_serial", "cancel_requested_at", "cancel_reason", "error", "created_at",
-    "updated_at", "finished_at", "queue_timeout", "deadline",
+    "updated_at", "finished_at", "queue_timeout", "deadline", "fairness_key",
 )  # fmt: skip
 
 
@@ -238,6 +238,7 @@ class Store:
                 "metadata",
                 "queue_timeout",
                 "deadline",
+                "fairness_key",
             ),
         )
         created = {row["task_id"]: _task(row) for row in rows}
@@ -566,6 +567,13 @@ class Store:
             DeviceMatch(r["total"], r["host_cordoned"], r["cordoned"], r["offline"], r["busy"])
             for r in rows
         ]
+
+    async def forget_queue_groups(self, idle: timedelta, limit: int) -> int:
+        """Forget up to `limit` queue groups with no task queued or running, made more than
+        `idle` ago; how many went."""
+        row = await self._fetchrow("forget_queue_groups", idle, limit)
+        assert row is not None
+        return int(row[0])
 
     # -- retention -------------------------------------------------------------------------
 

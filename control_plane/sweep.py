@@ -3,7 +3,9 @@ holds are skipped), with jitter so that replicas do not sweep in lock-step. Each
 what ran out, a batch per statement: leases that expired (requeue, cancel or fail their
 tasks), queued tasks past their queue timeout (failed, "queue timeout"), and attempts that
 ran past their deadline by more than a lease TTL without a report (failed, "deadline
-exceeded")."""
+exceeded"). About once a minute it also forgets the queue groups that sat a minute with no
+task queued or running (amc_forget_queue_groups): Acquire reads the groups, so they must
+not pile up as selectors come and go."""
 
 from __future__ import annotations
 
@@ -23,16 +25,25 @@ from control_plane.store import Store
 log = structlog.get_logger(__name__)
 BATCH = 100
 T = TypeVar("T")
+# How often, and after how long empty, queue groups are forgotten.
+FORGET_GROUPS_EVERY = 60.0
+GROUP_IDLE = timedelta(minutes=1)
 
 
 async def sweep_expired(
     store: Store, effects: Effects, interval: timedelta, lease_ttl: timedelta
 ) -> None:
     period = interval.total_seconds()
+    loop = asyncio.get_running_loop()
+    # Replicas that start together forget groups at different times.
+    forget_at = loop.time() + FORGET_GROUPS_EVERY * random.uniform(0.5, 1.0)
     while True:
         await asyncio.sleep(period * random.uniform(0.5, 1.0))
         try:
             await sweep_once(store, effects, lease_ttl)
+            if loop.time() >= forget_at:
+                forget_at = loop.time() + FORGET_GROUPS_EVERY * random.uniform(0.5, 1.0)
+                await store.forget_queue_groups(GROUP_IDLE, BATCH)
         except (errors.DatabaseUnavailable, errors.Contended) as error:
             log.warning("expiry sweep skipped", error=error.message)
 

@@ -210,6 +210,7 @@ def submit(req: scheduler_pb2.SubmitTaskRequest) -> None:
         limit(req.queue_timeout, "queue_timeout", MAX_QUEUE_TIMEOUT)
     if req.HasField("deadline"):
         limit(req.deadline, "deadline", MAX_DEADLINE)
+    identifier(req.fairness_key, "fairness_key", required=False)
 
 
 def limit(d: duration_pb2.Duration, field: str, most: timedelta) -> timedelta:

@@ -9,6 +9,7 @@ blank lines."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -239,3 +240,80 @@ def test_the_codes_a_transition_function_answers_are_its_enum(
     assert body is not None, f"{function} is not in schema.sql"
     assigned = re.findall(r"\b(?:v_)?code := (.*);", body.group(0))
     assert {c for line in assigned for c in re.findall(r"'(\w+)'", line)} == {str(c) for c in codes}
+
+
+SCHEMA_BEFORE_QUEUE_GROUPS = Path(__file__).parent / "fixtures" / "schema_011.sql"
+
+
+async def test_a_queue_of_the_release_before_queue_groups_is_kept_in_its_order(
+    new_database: NewDatabase,
+) -> None:
+    """THEN a database of the release before queue groups (migration 012), holding queued
+    tasks of several selectors and priorities and one running, is upgraded to schema.sql;
+    every task in flight is in its selector's group, and Acquire hands the queued ones out
+    in the order that release would have (priority, then age); the running one, given back,
+    is queued again and taken first among its priority."""
+    old, reference = await new_database(), await new_database()
+    await _execute(old, SCHEMA_BEFORE_QUEUE_GROUPS.read_text("utf-8"))
+    await _execute(
+        old,
+        "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now());"
+        "INSERT INTO schema_migrations (version, name)"
+        " SELECT n, 'before' FROM generate_series(6, 11) n;"
+        "INSERT INTO hosts (host_id, labels) VALUES ('h1', '{\"rack\": \"r1\"}');"
+        "INSERT INTO devices (host_id, serial, state, labels)"
+        " VALUES ('h1', 's1', 'device', '{\"rack\": \"r1\"}');",
+    )
+    conn = await asyncpg.connect(old)
+    try:
+        selectors = [({}, 0), ({"rack": "r1"}, 0), ({}, 5), ({"rack": "r1"}, 5), ({}, 0)]
+        queued = []
+        for i, (labels, priority) in enumerate(selectors):
+            queued.append(
+                await conn.fetchval(
+                    "INSERT INTO tasks (task_id, caller, status, spec, max_attempts,"
+                    " selector_labels, priority, created_at)"
+                    " VALUES (gen_random_uuid(), 'c', 'queued', '', 2, $1::jsonb, $2,"
+                    " now() - $3 * interval '1 minute') RETURNING task_id",
+                    json.dumps(labels),
+                    priority,
+                    10 - i,
+                )
+            )
+        running = await conn.fetchval(
+            "SELECT lease_id FROM amc_acquire('h1', '{s1}', '1 minute') WHERE task_id IS NOT NULL"
+        )
+    finally:
+        await conn.close()
+    applied = await _migrate(old)
+    assert applied == ["012_queue_groups.sql", "schema.sql"]
+    await _execute(reference, SCHEMA)
+    assert dump(old) == dump(reference)
+
+    conn = await asyncpg.connect(old)
+    try:
+        ungrouped = await conn.fetchval(
+            "SELECT count(*) FROM tasks WHERE status <> 'done' AND group_id IS NULL"
+        )
+        assert ungrouped == 0
+        # The old release took the oldest of priority 5 first; given back, it goes first.
+        first = queued[2]
+        assert await conn.fetchval("SELECT task_id FROM attempts WHERE lease_id = $1", running) == (
+            first
+        )
+        await conn.fetchval("SELECT to_status FROM amc_release('h1', $1, 'upgrade')", running)
+        order = []
+        for _ in range(len(queued)):
+            task_id = await conn.fetchval(
+                "SELECT task_id FROM amc_acquire('h1', '{s1}', '1 minute')"
+                " WHERE task_id IS NOT NULL"
+            )
+            order.append(task_id)
+            await conn.execute(
+                "UPDATE devices SET task_id = NULL; UPDATE tasks SET status = 'done'"
+                " WHERE status = 'assigned'; UPDATE attempts SET state = 'done'"
+            )
+    finally:
+        await conn.close()
+    assert order == [queued[2], queued[3], queued[0], queued[1], queued[4]]
