@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import re
 import time
 import uuid
@@ -39,6 +40,8 @@ log = structlog.get_logger(__name__)
 _canonical_uuid = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 ).fullmatch
+# Up to this share of an Acquire's wait is cut, at random (see Acquire).
+REPOLL_SPREAD = 0.4
 CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
 # An Acquire whose offered task was locked when it looked (it could take it) looks again
 # after this long, doubling up to the second figure, while the task stays queued.
@@ -86,7 +89,12 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         validate.wait(request.wait)
         # Clamped before any conversion: a huge Duration does not fit a timedelta.
         asked = request.wait.seconds + request.wait.nanos / 1e9
+        # Shortened by a random share: hosts that connected together (as all do after a
+        # restart or a failover) and ask the same wait would otherwise come back together,
+        # every period, each with a query. Spread, their returns cost the database a
+        # steady trickle instead of bursts.
         wait = min(asked, self.settings.max_acquire_wait.total_seconds())
+        wait *= 1.0 - random.uniform(0.0, REPOLL_SPREAD)
         ttl = self.settings.lease_ttl
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -152,8 +160,14 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                     pause = min(pause * 2, LOCKED_RETRY[1])
                 else:
                     pause = LOCKED_RETRY[0]
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(waiter.woken.wait(), remaining)
+                except TimeoutError:
+                    if loop.time() >= deadline and not waiter.offers:
+                        # Its wait ran out with nothing offered that fits: nothing to ask
+                        # the database. The host asks again at once, and that Acquire's
+                        # first query looks (so a re-poll costs one query, not two).
+                        return []
                 if self.hub.closing:
                     return []
         finally:

@@ -16,7 +16,8 @@ from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.dispatch import MAX_PAYLOAD, RECENT, Dispatcher, Offer, Waiter
-from tests.support import Clients, Farm, actions_spec, eventually
+from control_plane.lease_service import REPOLL_SPREAD
+from tests.support import Clients, Farm, HostClient, actions_spec, eventually
 
 # -- the index on its own -------------------------------------------------------------------
 
@@ -338,3 +339,25 @@ async def test_a_parked_host_registering_labels_a_queued_task_wants_takes_it_at_
         raise AssertionError("the task was not taken within 5 s of the registration") from None
     assert [a.task_id for a in got] == [task.task_id]
     assert time.monotonic() - registered < 5
+
+
+async def test_parked_acquires_of_hosts_that_connected_together_come_back_spread(
+    farm: Farm,
+) -> None:
+    """THEN 20 hosts that park at once with the same 2 s wait return spread over hundreds of
+    milliseconds (the server cuts a random share of each wait), none after its wait, and a
+    wait that runs out with nothing offered asks the database nothing more: one query per
+    Acquire."""
+    hosts = [await farm.host(f"h{i}", f"s{i}") for i in range(20)]
+    queries = REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0
+
+    async def timed(host: HostClient) -> float:
+        started = time.monotonic()
+        assert await host.acquire(host.host_id.replace("h", "s"), wait=2) == []
+        return time.monotonic() - started
+
+    took = await asyncio.gather(*(timed(h) for h in hosts))
+    assert max(took) < 2.5, took
+    assert max(took) - min(took) > 0.2, took
+    assert min(took) > 2 * (1 - REPOLL_SPREAD) - 0.1, took
+    assert (REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0) - queries == 20
