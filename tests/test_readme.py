@@ -118,8 +118,9 @@ def test_the_cli_tour_cancels_a_task_that_runs_long_enough() -> None:
     assert files, block
     for name in files:
         assert (ROOT / name).is_file(), name
-    submitted = re.search(r"^amc submit (\S+)\s+# prints the task id", block, re.MULTILINE)
+    submitted = re.search(r"^TASK=\$\(amc submit (\S+) -o json", block, re.MULTILINE)
     assert submitted, block
+    assert re.search(r"^amc cancel \$TASK ", block, re.MULTILINE), block
     request = load_request(str(ROOT / submitted.group(1)))
     waits = [
         a.wait.duration.ToTimedelta() for a in request.spec.actions.actions if a.HasField("wait")
