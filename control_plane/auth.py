@@ -44,6 +44,7 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Admin/RevokeToken": OPERATORS,
     "/amc.v1.Admin/ListTokens": OPERATORS,
     "/amc.v1.Lease/UploadArtifact": HOSTS,
+    "/amc.v1.Lease/ReportDeviceHealth": HOSTS,
     "/amc.v1.Scheduler/ListArtifacts": CLIENTS,
     "/amc.v1.Scheduler/GetArtifact": CLIENTS,
     "/amc.v1.Admin/CordonHost": OPERATORS,

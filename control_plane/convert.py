@@ -13,9 +13,11 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from amc_common.actions import KEEPS
 from control_plane.domain import (
+    CONDITIONS,
     ArtifactInfo,
     Assignment,
     AttemptInfo,
+    DeviceHealth,
     DeviceInfo,
     HostEvent,
     HostInfo,
@@ -50,6 +52,8 @@ DEVICE_STATE_TO_PB = _by_name(
     scheduler_pb2.DeviceState, "DEVICE_STATE", ("device", "offline", "unauthorized", "gone")
 )
 DEVICE_STATE_FROM_PB = {v: k for k, v in DEVICE_STATE_TO_PB.items()}
+CONDITION_TO_PB = _by_name(scheduler_pb2.DeviceCondition, "DEVICE_CONDITION", CONDITIONS)
+CONDITION_FROM_PB = {v: k for k, v in CONDITION_TO_PB.items()}
 # What ArtifactFile (domain) and ArtifactHeader / Artifact (messages) call alike.
 ARTIFACT_FACTS = ("attempt", "step_index", "action_index", "step_name", "kind", "size_bytes")
 # What DeviceInfo (domain) and Device / DeviceInfo (messages) call alike.
@@ -157,6 +161,33 @@ def report_from_pb(r: lease_pb2.ReportResultRequest) -> Report:
     )
 
 
+def health_from_pb(h: lease_pb2.DeviceHealth) -> DeviceHealth:
+    """A device's reported condition the gRPC edge has validated (validate.device_health)."""
+    return DeviceHealth(
+        h.serial,
+        CONDITION_FROM_PB[h.condition],
+        h.reason,
+        h.battery_percent if h.HasField("battery_percent") else None,
+        h.temperature_celsius if h.HasField("temperature_celsius") else None,
+        h.charging if h.HasField("charging") else None,
+    )
+
+
+def _health_to_pb(h: DeviceHealth | None) -> dict[str, Any]:
+    """The Device fields of a device's condition (none set for a device never probed)."""
+    if h is None:
+        return {}
+    fields: dict[str, Any] = {
+        "condition": CONDITION_TO_PB[h.condition],
+        "condition_reason": h.reason,
+        "battery_percent": h.battery_percent,
+        "temperature_celsius": h.temperature_celsius,
+        "charging": h.charging,
+        "probed_at": timestamp(h.probed_at) if h.probed_at else None,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
     return scheduler_pb2.Host(
         host_id=h.host_id,
@@ -170,6 +201,7 @@ def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
                 task_id=str(d.task_id) if d.task_id else "",
                 **_same(d, *DEVICE_FACTS),
                 cordoned=d.cordoned,
+                **_health_to_pb(d.health),
             )
             for d in h.devices
         ],

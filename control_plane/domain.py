@@ -187,6 +187,34 @@ class DeviceInfo:
     labels: dict[str, str] = field(default_factory=dict)
     task_id: TaskId | None = None
     cordoned: bool = False
+    health: DeviceHealth | None = None
+
+
+# What a host's probes may say of a device (devices.condition); only 'ready' takes work.
+CONDITIONS = (
+    "ready",
+    "charging_hold",
+    "too_hot",
+    "unresponsive",
+    "booting",
+    "recovering",
+    "quarantined",
+    "offline",
+)
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """A device's condition as its host last reported it, and the facts behind it (None:
+    not read). `probed_at` is the control plane's time of the report (None: never)."""
+
+    serial: str
+    condition: str = "ready"
+    reason: str = ""
+    battery_percent: int | None = None
+    temperature_celsius: float | None = None
+    charging: bool | None = None
+    probed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -215,13 +243,20 @@ class HostEvent:
 @dataclass(frozen=True)
 class DeviceMatch:
     """The devices a selector matches, by what keeps each from a queued task (the first
-    that applies): its host is cordoned, it is cordoned, offline, busy; the rest are idle."""
+    that applies): its host is cordoned, it is cordoned, offline, held by its condition
+    (charging, too hot, ...), busy; the rest are idle."""
 
     total: int
     host_cordoned: int
     cordoned: int
     offline: int
     busy: int
+    # Connected, not cordoned, but held by their condition: one condition per device.
+    held_by: tuple[str, ...] = ()
+
+    @property
+    def held(self) -> int:
+        return len(self.held_by)
 
 
 @dataclass(frozen=True)

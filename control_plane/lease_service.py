@@ -25,6 +25,7 @@ from control_plane.convert import (
     assignment_to_pb,
     device_from_pb,
     duration,
+    health_from_pb,
     report_from_pb,
     task_to_pb,
 )
@@ -79,6 +80,24 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             lease_ttl=duration(self.settings.lease_ttl),
             renew_interval=duration(self.settings.renew_every),
         )
+
+    @rpc
+    async def ReportDeviceHealth(
+        self, request: lease_pb2.ReportDeviceHealthRequest, context: Context
+    ) -> lease_pb2.ReportDeviceHealthResponse:
+        host_id = self._host(request.host_id)
+        validate.device_health(request.devices)
+        health = [health_from_pb(h) for h in request.devices]
+        if health and await self.store.set_device_health(host_id, health):
+            # A device turned ready: the host's parked Acquires look again, as after a
+            # registration (a held device is simply not idle to the next query).
+            self.hub.host_registered(host_id)
+        log.info(
+            "device conditions",
+            host_id=host_id,
+            conditions={h.serial: h.condition for h in health},
+        )
+        return lease_pb2.ReportDeviceHealthResponse()
 
     @rpc
     async def Acquire(

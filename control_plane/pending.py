@@ -10,6 +10,7 @@ the same page get no reason).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -43,16 +44,19 @@ def explain(serial: str | None, labels: dict[str, str], m: DeviceMatch) -> str:
         if serial is None and not labels:
             return "no device is registered"
         return f"no registered device matches {describe(serial, labels)}"
-    idle = m.total - m.host_cordoned - m.cordoned - m.offline - m.busy
+    idle = m.total - m.host_cordoned - m.cordoned - m.offline - m.held - m.busy
     if idle > 0:
         return _plural(idle, "matching device is idle", "matching devices are idle") + (
             "; its host has not taken the task yet"
         )
+    if m.held > 0 and m.busy == 0:
+        return held(m)
     if m.busy > 0:
         text = _plural(m.busy, "matching device, busy", "matching devices, all busy")
         others = [
             _plural(n, word, word)
             for n, word in (
+                (m.held, "held"),
                 (m.offline, "offline"),
                 (m.cordoned + m.host_cordoned, "cordoned"),
             )
@@ -71,6 +75,34 @@ def explain(serial: str | None, labels: dict[str, str], m: DeviceMatch) -> str:
         f"every matching device is offline or cordoned ({m.offline} offline, "
         f"{m.cordoned + m.host_cordoned} cordoned)"
     )
+
+
+# How a held device's condition reads in a reason.
+HELD_AS = {
+    "charging_hold": "charging (battery low)",
+    "too_hot": "too hot",
+    "unresponsive": "unresponsive",
+    "booting": "booting",
+    "recovering": "recovering",
+    "quarantined": "quarantined",
+    "offline": "offline (its host's probe)",
+}
+
+
+def held(m: DeviceMatch) -> str:
+    """`3 matching phones held: 2 charging (battery low), 1 too hot` (and what else keeps
+    the rest, when some are offline or cordoned)."""
+    counts = Counter(m.held_by)
+    kinds = ", ".join(
+        f"{n} {HELD_AS.get(c, c)}" for c, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
+    )
+    text = _plural(m.held, "matching phone held", "matching phones held") + f": {kinds}"
+    others = [
+        _plural(n, word, word)
+        for n, word in ((m.offline, "offline"), (m.cordoned + m.host_cordoned, "cordoned"))
+        if n
+    ]
+    return text + (f" ({', '.join(others)})" if others else "")
 
 
 async def with_reasons(

@@ -285,13 +285,34 @@ SELECT h.host_id, h.labels,
        COALESCE(jsonb_agg(jsonb_build_object(
            'serial', d.serial, 'state', d.state, 'model', d.model,
            'manufacturer', d.manufacturer, 'sdk', d.sdk, 'abi', d.abi, 'labels', d.labels,
-           'task_id', d.task_id, 'cordoned', d.cordoned) ORDER BY d.serial)
+           'task_id', d.task_id, 'cordoned', d.cordoned, 'condition', d.condition,
+           'condition_reason', d.condition_reason, 'battery_percent', d.battery_percent,
+           'temperature_celsius', d.temperature_celsius, 'charging', d.charging,
+           'probed_at', d.probed_at) ORDER BY d.serial)
            FILTER (WHERE d.serial IS NOT NULL), '[]') AS devices,
        h.cordoned, h.draining
 FROM hosts h LEFT JOIN replicas r USING (replica_id) LEFT JOIN devices d USING (host_id)
 WHERE $2::text IS NULL OR h.host_id = $2
 GROUP BY h.host_id, r.seen_at
 ORDER BY h.host_id;
+
+-- name: set_device_health
+-- Host $1's probes saw these devices' conditions change ($2..$7: parallel arrays, one
+-- element per device; NULL facts: not read). Only its own devices; one statement for the
+-- batch. `freed`: how many turned ready (the host's parked Acquires should look again).
+WITH h AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int[], $6::real[],
+                         $7::bool[])
+        AS h (serial, condition, reason, battery, temperature, charging)
+), u AS (
+    UPDATE devices d SET condition = h.condition, condition_reason = h.reason,
+                         battery_percent = h.battery, temperature_celsius = h.temperature,
+                         charging = h.charging, probed_at = now()
+    FROM h
+    WHERE d.host_id = $1 AND d.serial = h.serial
+    RETURNING d.condition
+)
+SELECT count(*) FILTER (WHERE condition = 'ready') AS freed, count(*) AS updated FROM u;
 
 -- name: set_host_cordon
 -- Cordon ($2 true) or uncordon a host; $3: it drains too (uncordoning ends a drain).
@@ -337,7 +358,8 @@ ORDER BY event_id DESC LIMIT $2;
 -- Why queued tasks wait, per selector ($1 serials, $2 labels: parallel arrays, one element
 -- per distinct selector): the devices each selector matches, counted by what keeps them
 -- from the task: on a cordoned host, cordoned, offline (not 'device', or the host is not
--- connected within $3), busy, or none of these (idle). One scan of the devices per
+-- connected within $3), held by its condition (not 'ready'; `held_by` lists their
+-- conditions, one per device), busy, or none of these (idle). One scan of the devices per
 -- selector, matching as amc_acquire does.
 SELECT s.ord, m.*
 FROM unnest($1::text[], $2::jsonb[]) WITH ORDINALITY AS s (serial, labels, ord)
@@ -347,8 +369,12 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE NOT h.cordoned AND d.cordoned) AS cordoned,
            count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned
                               AND NOT (d.state = 'device' AND c.connected)) AS offline,
+           array_agg(d.condition) FILTER (
+               WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
+                 AND c.connected AND d.condition <> 'ready') AS held_by,
            count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
-                              AND c.connected AND d.task_id IS NOT NULL) AS busy
+                              AND c.connected AND d.condition = 'ready'
+                              AND d.task_id IS NOT NULL) AS busy
     FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
     CROSS JOIN LATERAL (SELECT GREATEST(h.last_seen_at, r.seen_at) > now() - $3::interval
                                AS connected) c

@@ -80,6 +80,16 @@ CREATE TABLE IF NOT EXISTS devices (
     updated_at   timestamptz NOT NULL DEFAULT now(),
     -- Given no new work (its running task goes on); who and why: host_events.
     cordoned     boolean NOT NULL DEFAULT false,
+    -- Its health as its host's probes last saw it (reported only when it changes): only a
+    -- 'ready' device takes work; the facts behind it are NULL until a probe reads them.
+    condition    text NOT NULL DEFAULT 'ready' CHECK (condition IN
+                   ('ready', 'charging_hold', 'too_hot', 'unresponsive', 'booting',
+                    'recovering', 'quarantined', 'offline')),
+    condition_reason    text NOT NULL DEFAULT '',
+    battery_percent     integer,
+    temperature_celsius real,
+    charging            boolean,
+    probed_at           timestamptz,
     PRIMARY KEY (host_id, serial)
 ) WITH (autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuum_threshold = 500,
         autovacuum_analyze_scale_factor = 0.05);
@@ -404,8 +414,10 @@ END $$;
 -- cost nothing.
 --
 -- A cordoned host gets nothing and has no idle devices (so its Acquire is indexed under
--- nothing, and no queued task wakes it); a cordoned device is never idle. Uncordoning
--- publishes amc_freed for the host, and its parked Acquires look again. The host row is
+-- nothing, and no queued task wakes it); a cordoned device is never idle, nor is one whose
+-- condition is not 'ready' (charging, too hot, ...: its host's probes say so). Uncordoning,
+-- and a device turning ready, publish amc_freed for the host, and its parked Acquires look
+-- again. The host row is
 -- locked (FOR KEY SHARE) once there is a device to reserve, and cordoned is read again
 -- then: a cordon, drain or removal that commits first leaves this Acquire nothing, and one
 -- that comes later waits for it and counts its leases (issue 21.4).
@@ -439,6 +451,7 @@ BEGIN
         FROM devices dv
         WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
           AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+          AND dv.condition = 'ready'
         GROUP BY dv.labels
     LOOP
         v_free := g.serials;
@@ -533,6 +546,7 @@ BEGIN
                 UPDATE devices dv SET task_id = t.task_id, updated_at = now()
                 WHERE dv.host_id = p_host AND dv.serial = v_serial
                   AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+                  AND dv.condition = 'ready'
                   AND dv.labels @> t.selector_labels;
                 IF NOT FOUND THEN
                     -- Taken or changed meanwhile (so not this Acquire's any more): the
@@ -581,7 +595,8 @@ BEGIN
                         NULL::double precision, dv.labels
                  FROM devices dv
                  WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
-                   AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned;
+                   AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+                   AND dv.condition = 'ready';
 END $$;
 
 -- Renews the host's live leases among p_leases; the first renewal acknowledges the

@@ -29,6 +29,7 @@ from control_plane.domain import (
     ArtifactInfo,
     Assignment,
     AttemptInfo,
+    DeviceHealth,
     DeviceInfo,
     DeviceMatch,
     Expiry,
@@ -447,6 +448,24 @@ class Store:
             [json.dumps(d.labels) for d in devices],
         )
 
+    async def set_device_health(self, host_id: str, health: list[DeviceHealth]) -> int:
+        """Record the conditions host `host_id` reported for its own devices (others are
+        ignored); how many of them turned ready."""
+        row = await self._fetchrow(
+            "set_device_health",
+            host_id,
+            *_columns(
+                health,
+                "serial",
+                "condition",
+                "reason",
+                "battery_percent",
+                "temperature_celsius",
+                "charging",
+            ),
+        )
+        return int(row["freed"]) if row is not None else 0
+
     async def replica_alive(self, replica: str) -> None:
         await self._fetch("replica_alive", replica)
 
@@ -564,7 +583,14 @@ class Store:
         )
         rows = sorted(rows, key=lambda r: r["ord"])
         return [
-            DeviceMatch(r["total"], r["host_cordoned"], r["cordoned"], r["offline"], r["busy"])
+            DeviceMatch(
+                r["total"],
+                r["host_cordoned"],
+                r["cordoned"],
+                r["offline"],
+                r["busy"],
+                tuple(sorted(r["held_by"] or ())),
+            )
             for r in rows
         ]
 
@@ -784,6 +810,15 @@ def _device(d: dict[str, Any]) -> DeviceInfo:
         d["labels"] or {},
         TaskId(uuid.UUID(task_id)) if task_id else None,
         bool(d.get("cordoned")),
+        DeviceHealth(
+            d["serial"],
+            d.get("condition") or "ready",
+            d.get("condition_reason") or "",
+            d.get("battery_percent"),
+            d.get("temperature_celsius"),
+            d.get("charging"),
+            _when(d.get("probed_at")),
+        ),
     )
 
 

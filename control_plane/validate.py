@@ -274,6 +274,24 @@ def device(d: lease_pb2.DeviceInfo, field: str) -> None:
     string_map(dict(d.labels), f"{field}.labels")
 
 
+def device_health(items: Sequence[lease_pb2.DeviceHealth], field: str = "devices") -> None:
+    """The conditions ReportDeviceHealth takes: known conditions, plausible facts."""
+    if len(items) > MAX_DEVICES:
+        raise InvalidArgument(field, f"more than {MAX_DEVICES} devices")
+    for i, h in enumerate(items):
+        where = f"{field}[{i}]"
+        identifier(h.serial, f"{where}.serial")
+        if h.condition == scheduler_pb2.DEVICE_CONDITION_UNSPECIFIED:
+            raise InvalidArgument(f"{where}.condition", "required")
+        if h.condition not in scheduler_pb2.DeviceCondition.values():
+            raise InvalidArgument(f"{where}.condition", f"unknown value {h.condition}")
+        _text(h.reason, f"{where}.reason", limit=MAX_VALUE)
+        if h.HasField("battery_percent") and not 0 <= h.battery_percent <= 100:
+            raise InvalidArgument(f"{where}.battery_percent", "must be between 0 and 100")
+        if h.HasField("temperature_celsius") and not -100 <= h.temperature_celsius <= 200:
+            raise InvalidArgument(f"{where}.temperature_celsius", "must be between -100 and 200")
+
+
 OUTCOMES = (lease_pb2.OUTCOME_DONE, lease_pb2.OUTCOME_FAILED, lease_pb2.OUTCOME_CANCELLED)
 
 

@@ -6,6 +6,8 @@ for each assignment it is given.
      └─ one TaskGroup
          ├─ LeaseKeeper.run()      the renewal stream and self-fencing (leases.py)
          ├─ _refresh_loop()        inventory every `inventory_interval`; re-register on change
+         ├─ HealthMonitor.run()    every phone probed every `probe_interval`; conditions
+         │                         that changed sent in one ReportDeviceHealth (health.py)
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
          ├─ _acquire_loop()        Acquire long polls covering every idle device (one
          │                         refused as unregistered: register again, ask again)
@@ -47,10 +49,12 @@ from host_agent.convert import (
     Assignment,
     acquire_request,
     assignment_from_proto,
+    health_request,
     register_request,
     timing_from_proto,
 )
 from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
+from host_agent.health import Health, HealthMonitor, Thresholds
 from host_agent.leases import LeaseKeeper, Timing
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome
@@ -98,6 +102,15 @@ class Agent:
         self._tools: Tools | None = None
         # Drained from the centre: take no new work, keep running and connected.
         self.drained_by_centre = False
+        self.health = HealthMonitor(
+            source.device,
+            self._send_health,
+            interval=settings.probe_interval,
+            timeout=settings.probe_timeout,
+            thresholds=Thresholds(
+                settings.battery_low, settings.battery_resume, settings.too_hot, settings.cool_again
+            ),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -131,6 +144,7 @@ class Agent:
                 background = [
                     group.create_task(keeper.run(), name="renewal stream"),
                     group.create_task(self._refresh_loop(), name="inventory"),
+                    group.create_task(self.health.run(self._online_serials), name="probes"),
                     group.create_task(self._watchdog_loop(), name="watchdog"),
                 ]
                 await self._acquire_loop(group)
@@ -221,6 +235,9 @@ class Agent:
             lease_ttl=timing.ttl,
             renew_interval=timing.interval,
         )
+        # A registration may have made the devices anew (a host forgotten and back): the
+        # next probe round tells the control plane every condition again.
+        self.health.forget_told()
         self.registered.set()
         self._changed.set()
         self._notifier.status(self._status())
@@ -265,6 +282,15 @@ class Agent:
         while True:
             await asyncio.sleep(self.settings.inventory_interval)
             await self.refresh_inventory()
+
+    # -- health ----------------------------------------------------------------------------
+
+    def _online_serials(self) -> list[str]:
+        return [d.serial for d in self._inventory if d.state == "device"]
+
+    async def _send_health(self, changed: list[tuple[str, Health]]) -> None:
+        request = health_request(self.settings.host_id, changed)
+        await self._stub.ReportDeviceHealth(request, timeout=CALL_TIMEOUT)
 
     # -- taking work -----------------------------------------------------------------------
 

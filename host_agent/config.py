@@ -45,6 +45,15 @@ class AgentSettings:
     # How long the uploads of one run's kept files (screenshots, UI dumps) may take in all,
     # before its result is reported without the rest.
     upload_timeout: float = 30.0
+    # Health probes (host_agent.health): how often every phone is probed, how long one
+    # probe may take, and when a phone is held (battery below `battery_low` % until
+    # `battery_resume` %, above `too_hot` °C until below `cool_again` °C).
+    probe_interval: float = 10.0
+    probe_timeout: float = 5.0
+    battery_low: int = 20
+    battery_resume: int = 40
+    too_hot: float = 45.0
+    cool_again: float = 40.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,16 @@ def count(text: str) -> int:
     return value
 
 
+def percent(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 100:
+        raise ValueError(text)
+    return value
+
+
+percent.__name__ = "percentage (0 to 100)"
+
+
 def log_format(text: str) -> str:
     if text not in ("auto", "console", "json"):
         raise ValueError(text)
@@ -176,6 +195,12 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--metrics-listen", "AMC_METRICS_LISTEN", None, address_text, "host:port for /metrics"),
     ("--upload-timeout", "AMC_UPLOAD_TIMEOUT", "30s", duration,
      "how long one task's screenshot and UI dump uploads may take in all"),
+    ("--probe-interval", "AMC_PROBE_INTERVAL", "10s", duration, "how often each phone is probed"),
+    ("--probe-timeout", "AMC_PROBE_TIMEOUT", "5s", duration, "how long one probe may take"),
+    ("--battery-low", "AMC_BATTERY_LOW", "20", percent, "hold a phone below this battery %"),
+    ("--battery-resume", "AMC_BATTERY_RESUME", "40", percent, "... until it charged to this %"),
+    ("--too-hot", "AMC_TOO_HOT", "45", float, "hold a phone above this battery temperature (°C)"),
+    ("--cool-again", "AMC_COOL_AGAIN", "40", float, "... until it is below this (°C)"),
 ]
 # fmt: on
 
@@ -241,7 +266,17 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         report_timeout=args.report_timeout,
         shell_timeout=args.shell_timeout,
         upload_timeout=args.upload_timeout,
+        probe_interval=args.probe_interval,
+        probe_timeout=args.probe_timeout,
+        battery_low=args.battery_low,
+        battery_resume=args.battery_resume,
+        too_hot=args.too_hot,
+        cool_again=args.cool_again,
     )
+    if args.battery_resume < args.battery_low:
+        raise ConfigError("--battery-resume must be at least --battery-low")
+    if args.cool_again > args.too_hot:
+        raise ConfigError("--cool-again must be at most --too-hot")
     adb_host, adb_port = args.adb
     return Config(
         control_plane=args.control_plane,
@@ -270,6 +305,8 @@ def _check_positive(args: argparse.Namespace) -> None:
         "shell_timeout",
         "inventory_interval",
         "upload_timeout",
+        "probe_interval",
+        "probe_timeout",
     )
     for name in names:
         if getattr(args, name) <= 0:

@@ -27,6 +27,7 @@ from google.protobuf import duration_pb2
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common.actions import KEEPS, Action, ActionError, from_message
 from host_agent.devices import DeviceInfo
+from host_agent.health import Health
 from host_agent.leases import Timing
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, InvalidSpec, TaskSpec, Workflow, WorkflowStep
@@ -103,6 +104,27 @@ def register_request(
 ) -> lease_pb2.RegisterHostRequest:
     return lease_pb2.RegisterHostRequest(
         host_id=host_id, labels=dict(labels), devices=[device_to_proto(d) for d in inventory]
+    )
+
+
+def health_request(
+    host_id: str, changed: Iterable[tuple[str, Health]]
+) -> lease_pb2.ReportDeviceHealthRequest:
+    return lease_pb2.ReportDeviceHealthRequest(
+        host_id=host_id,
+        devices=[
+            lease_pb2.DeviceHealth(
+                serial=serial,
+                condition=scheduler_pb2.DeviceCondition.Value(
+                    f"DEVICE_CONDITION_{h.condition.name}"
+                ),
+                reason=h.reason,
+                battery_percent=h.battery_percent,
+                temperature_celsius=h.temperature_celsius,
+                charging=h.charging,
+            )
+            for serial, h in changed
+        ],
     )
 
 

@@ -8,6 +8,14 @@ two attempts never drove the same phone at the same time.
 
 `unplug(serial)` takes a phone away (calls raise `DeviceLost`, an action in flight is
 interrupted, `inventory()` omits it); `plug(serial)` brings it back.
+
+Each phone has a body (`Body`): a battery that drains under load and charges while on
+power, a temperature that rises under load and falls back when idle (the rates are the
+source's, all 0 by default: a phone stays as it is set), and it may hang (`hang`: every
+call waits until the caller gives up) or reboot (`reboot`: `sys.boot_completed` is not 1
+for `boot_time` seconds, and actions fail as on a phone that is starting). The health
+probe's reads (`getprop sys.boot_completed`, `dumpsys battery`, `df /data`) are answered
+from the body at once and are not actions: they are not in the action log.
 """
 
 from __future__ import annotations
@@ -90,6 +98,35 @@ class _Recorder:
                 log.flush()
 
 
+@dataclass
+class Body:
+    """A simulated phone's physical state."""
+
+    battery: float = 100.0
+    temperature: float = 30.0
+    charging: bool = True
+    hung: bool = False
+    # time.monotonic() until which it boots (sys.boot_completed is not 1).
+    booting_until: float = 0.0
+    free_kb: int = 8_000_000
+    updated: float = field(default_factory=time.monotonic)
+
+
+# Where an idle phone's temperature settles.
+ROOM_TEMPERATURE = 30.0
+PROBE_COMMANDS = ("getprop sys.boot_completed", "dumpsys battery", "df /data")
+
+
+@dataclass(frozen=True)
+class Physics:
+    """How fast bodies change, per second (0: not at all)."""
+
+    drain_under_load: float = 0.0
+    charge: float = 0.0
+    heat_under_load: float = 0.0
+    cool: float = 0.0
+
+
 class SimulatedSource:
     def __init__(
         self,
@@ -97,9 +134,12 @@ class SimulatedSource:
         delay: float = 0.0,
         prefix: str = "sim-",
         action_log: str | Path | None = None,
+        physics: Physics | None = None,
     ):
         self.delay = delay
+        self.physics = physics or Physics()
         self.serials = [f"{prefix}{i}" for i in range(count)]
+        self.bodies: dict[str, Body] = {s: Body() for s in self.serials}
         self._recorder = _Recorder(Path(action_log) if action_log is not None else None)
         # Set when a phone is unplugged; replaced by a fresh one when it comes back.
         self._unplugged: dict[str, asyncio.Event] = {s: asyncio.Event() for s in self.serials}
@@ -137,6 +177,61 @@ class SimulatedSource:
         if serial in self._unplugged:
             self._unplugged[serial] = asyncio.Event()
 
+    def body(self, serial: str) -> Body:
+        """The phone's body, brought up to now (load since the last look counted)."""
+        body = self.bodies[serial]
+        now = time.monotonic()
+        elapsed, body.updated = now - body.updated, now
+        p = self.physics
+        loaded = self.in_flight(serial) > 0
+        if body.charging:
+            body.battery += p.charge * elapsed
+        if loaded:
+            body.battery -= p.drain_under_load * elapsed
+            body.temperature += p.heat_under_load * elapsed
+        else:
+            body.temperature = max(ROOM_TEMPERATURE, body.temperature - p.cool * elapsed)
+        body.battery = max(0.0, min(100.0, body.battery))
+        return body
+
+    def set_body(self, serial: str, **facts: Any) -> None:
+        """Set a phone's battery, temperature, charging (or any Body field) now."""
+        body = self.body(serial)
+        for name, value in facts.items():
+            setattr(body, name, value)
+
+    def hang(self, serial: str, hung: bool = True) -> None:
+        """From now on every call to the phone waits until its caller gives up."""
+        self.body(serial).hung = hung
+
+    def reboot(self, serial: str, boot_time: float) -> None:
+        """The phone restarts: it boots for `boot_time` seconds."""
+        body = self.body(serial)
+        body.hung = False
+        body.booting_until = time.monotonic() + boot_time
+
+    def booted(self, serial: str) -> bool:
+        return time.monotonic() >= self.body(serial).booting_until
+
+    async def probe_read(self, serial: str, command: str) -> ShellResult:
+        """A health probe's read, answered from the body (not an action: not logged)."""
+        unplugged = self._unplugged.get(serial)
+        if unplugged is None or unplugged.is_set():
+            raise DeviceLost(f"device lost: {serial} is not attached")
+        body = self.body(serial)
+        if body.hung:
+            await unplugged.wait()
+            raise DeviceLost(f"device lost: {serial} was unplugged during the probe")
+        if command == "getprop sys.boot_completed":
+            return ShellResult(0, "1\n" if self.booted(serial) else "\n")
+        if command == "dumpsys battery":
+            return ShellResult(0, battery_text(body))
+        return ShellResult(
+            0,
+            "Filesystem     1K-blocks    Used Available Use% Mounted on\n"
+            f"/dev/block/dm-5 16000000 {16_000_000 - body.free_kb} {body.free_kb} 50% /data\n",
+        )
+
     def is_plugged(self, serial: str) -> bool:
         event = self._unplugged.get(serial)
         return event is not None and not event.is_set()
@@ -156,13 +251,17 @@ class SimulatedSource:
         unplugged = self._unplugged.get(serial)
         if unplugged is None or unplugged.is_set():
             raise DeviceLost(f"device lost: {serial} is not attached")
+        body = self.body(serial)
+        if not self.booted(serial):
+            raise DeviceLost(f"device lost: {serial} is rebooting")
         self._in_flight[serial] += 1
         try:
-            async with asyncio.timeout(self.delay):
+            async with asyncio.timeout(None if body.hung else self.delay):
                 await unplugged.wait()
         except TimeoutError:
             return  # the work took `delay` and the phone stayed
         finally:
+            self.body(serial)  # the load so far counted before it ends
             self._in_flight[serial] -= 1
         raise DeviceLost(f"device lost: {serial} was unplugged during the action")
 
@@ -177,6 +276,8 @@ class SimulatedDevice:
     async def shell(self, command: str, timeout: float) -> ShellResult:
         try:
             async with asyncio.timeout(timeout):
+                if command in PROBE_COMMANDS:
+                    return await self._source.probe_read(self.serial, command)
                 await self._act("shell", command=command)
         except TimeoutError:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
@@ -230,6 +331,24 @@ class SimulatedDevice:
                     outcome=outcome,
                 )
             )
+
+
+def battery_text(body: Body) -> str:
+    """`dumpsys battery` as Android prints it."""
+    return (
+        "Current Battery Service state:\n"
+        f"  AC powered: {str(body.charging).lower()}\n"
+        "  USB powered: false\n"
+        "  Wireless powered: false\n"
+        f"  status: {2 if body.charging else 3}\n"
+        "  health: 2\n"
+        "  present: true\n"
+        f"  level: {int(body.battery)}\n"
+        "  scale: 100\n"
+        "  voltage: 4100\n"
+        f"  temperature: {round(body.temperature * 10)}\n"
+        "  technology: Li-ion\n"
+    )
 
 
 def _shell_result(command: str) -> ShellResult:

@@ -1,0 +1,249 @@
+"""Health probes: what each phone's condition is, read on a schedule and told to the control
+plane when it changes.
+
+    HealthMonitor.run()        every `interval` (jittered, each host's first round at a random
+     │                         offset, so hosts started together do not probe together)
+     ├─ probe() per phone      at once, each bounded by `timeout`: `getprop sys.boot_completed`
+     │                         (its round trip is the responsiveness check), `dumpsys battery`,
+     │                         `df /data`; reads only, so a phone running a task is probed
+     │                         too (cheap and safe: no action of the task is touched)
+     ├─ judge()                the condition, with hysteresis (held below `battery_low` %
+     │                         until `battery_resume` %, above `too_hot` °C until below
+     │                         `cool_again` °C)
+     └─ send()                 the conditions that changed (or whose facts moved enough),
+                               in one ReportDeviceHealth call for the host; nothing when
+                               nothing changed. A failed send is tried again next round.
+
+The control plane gives work only to phones whose last reported condition is READY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+
+import structlog
+
+from host_agent.devices import Device, DeviceError, DeviceLost, DeviceTimeout
+
+log = structlog.get_logger(__name__)
+
+# A report of unchanged condition is still sent when a fact moved this much since the last.
+BATTERY_STEP = 5
+TEMPERATURE_STEP = 2.0
+
+
+class Condition(enum.Enum):
+    READY = "ready"
+    CHARGING_HOLD = "charging_hold"
+    TOO_HOT = "too_hot"
+    UNRESPONSIVE = "unresponsive"
+    BOOTING = "booting"
+    RECOVERING = "recovering"
+    QUARANTINED = "quarantined"
+    OFFLINE = "offline"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a phone is held, and when it is let go again (hysteresis: a phone at the edge
+    does not flap)."""
+
+    battery_low: int = 20
+    battery_resume: int = 40
+    too_hot: float = 45.0
+    cool_again: float = 40.0
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one probe saw (None: not read)."""
+
+    boot_completed: bool
+    battery_percent: int | None = None
+    temperature_celsius: float | None = None
+    charging: bool | None = None
+    free_bytes: int | None = None
+    round_trip: float = 0.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """A phone's condition, why, and the facts behind it."""
+
+    condition: Condition
+    reason: str = ""
+    battery_percent: int | None = None
+    temperature_celsius: float | None = None
+    charging: bool | None = None
+
+    def worth_sending(self, last: Health | None) -> bool:
+        """Changed enough since `last` (what the control plane was told) to tell it again."""
+        if last is None or (self.condition, self.reason) != (last.condition, last.reason):
+            return True
+        return _moved(self.battery_percent, last.battery_percent, BATTERY_STEP) or _moved(
+            self.temperature_celsius, last.temperature_celsius, TEMPERATURE_STEP
+        )
+
+
+def _moved(now: float | None, then: float | None, step: float) -> bool:
+    if now is None or then is None:
+        return now is not then
+    return abs(now - then) >= step
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+_FIELD = re.compile(r"^\s*([A-Za-z ]+):\s*(\S+)\s*$", re.MULTILINE)
+
+
+def parse_battery(text: str) -> tuple[int | None, float | None, bool | None]:
+    """Level (%), temperature (°C) and charging from `dumpsys battery`."""
+    fields = {k.strip().lower(): v for k, v in _FIELD.findall(text)}
+    level = scale = None
+    if fields.get("level", "").lstrip("-").isdigit():
+        level = int(fields["level"])
+        scale = int(fields["scale"]) if fields.get("scale", "").isdigit() else 100
+        level = max(0, min(100, round(level * 100 / scale))) if scale > 0 else None
+    temperature = None
+    if fields.get("temperature", "").lstrip("-").isdigit():
+        temperature = int(fields["temperature"]) / 10  # tenths of a degree
+    powered = [v == "true" for k, v in fields.items() if k.endswith(" powered")]
+    charging = None
+    if powered or "status" in fields:
+        charging = any(powered) or fields.get("status") == "2"  # 2: BATTERY_STATUS_CHARGING
+    return level, temperature, charging
+
+
+def parse_df(text: str) -> int | None:
+    """Bytes available on the filesystem `df` listed last (1K blocks)."""
+    lines = [line.split() for line in text.strip().splitlines()[1:]]
+    for parts in reversed(lines):
+        if len(parts) >= 4 and parts[3].isdigit():
+            return int(parts[3]) * 1024
+    return None
+
+
+async def probe(device: Device, timeout: float) -> Reading:
+    """Read a phone's health, in at most `timeout` seconds (DeviceTimeout past it)."""
+    try:
+        async with asyncio.timeout(timeout):
+            started = time.monotonic()
+            boot = await device.shell("getprop sys.boot_completed", timeout)
+            round_trip = time.monotonic() - started
+            if boot.output.strip() != "1":
+                return Reading(boot_completed=False, round_trip=round_trip)
+            battery = await device.shell("dumpsys battery", timeout)
+            level, temperature, charging = parse_battery(battery.output)
+            df = await device.shell("df /data", timeout)
+    except TimeoutError:
+        raise DeviceTimeout(f"{device.serial}: no answer to a probe in {timeout:g}s") from None
+    return Reading(True, level, temperature, charging, parse_df(df.output), round_trip)
+
+
+def judge(last: Health | None, seen: Reading | DeviceError, t: Thresholds) -> Health:
+    """The condition a probe's outcome puts a phone in, given what it was before."""
+    if isinstance(seen, DeviceLost):
+        return Health(Condition.OFFLINE, str(seen))
+    if isinstance(seen, DeviceError):
+        return Health(Condition.UNRESPONSIVE, str(seen) or type(seen).__name__)
+    if not seen.boot_completed:
+        return Health(Condition.BOOTING, "sys.boot_completed is not 1")
+    facts = Health(
+        Condition.READY, "", seen.battery_percent, seen.temperature_celsius, seen.charging
+    )
+    was = last.condition if last is not None else None
+    hot = seen.temperature_celsius
+    if hot is not None and (hot > t.too_hot or (was is Condition.TOO_HOT and hot >= t.cool_again)):
+        return replace(
+            facts,
+            condition=Condition.TOO_HOT,
+            reason=f"battery above {t.too_hot:g} °C; held until below {t.cool_again:g} °C",
+        )
+    level = seen.battery_percent
+    if level is not None and (
+        level < t.battery_low or (was is Condition.CHARGING_HOLD and level < t.battery_resume)
+    ):
+        return replace(
+            facts,
+            condition=Condition.CHARGING_HOLD,
+            reason=f"battery below {t.battery_low} %; held until {t.battery_resume} %",
+        )
+    return facts
+
+
+# -- the schedule ----------------------------------------------------------------------------
+
+Send = Callable[[list[tuple[str, Health]]], Awaitable[None]]
+
+
+class HealthMonitor:
+    """Probes the phones `serials()` names every `interval`; `send` gets what changed."""
+
+    def __init__(
+        self,
+        devices: Callable[[str], Device],
+        send: Send,
+        *,
+        interval: float = 10.0,
+        timeout: float = 5.0,
+        thresholds: Thresholds | None = None,
+    ) -> None:
+        self._devices = devices
+        self._send = send
+        self.interval = interval
+        self.timeout = timeout
+        self.thresholds = thresholds or Thresholds()
+        # What the last probe found, and what the control plane was last told.
+        self.health: dict[str, Health] = {}
+        self._told: dict[str, Health] = {}
+
+    def forget_told(self) -> None:
+        """The control plane may know nothing of what it was told (the host registered
+        again): tell it everything at the next round."""
+        self._told.clear()
+
+    async def run(self, serials: Callable[[], Sequence[str]]) -> None:
+        await asyncio.sleep(random.uniform(0, self.interval))
+        while True:
+            await self.round(serials())
+            await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
+
+    async def round(self, serials: Sequence[str]) -> None:
+        """Probe every phone in `serials` at once; send what changed."""
+        for gone in set(self.health) - set(serials):
+            del self.health[gone]
+            self._told.pop(gone, None)
+        found = await asyncio.gather(*(self._probe(s) for s in serials))
+        for serial, health in zip(serials, found, strict=True):
+            last = self.health.get(serial)
+            if last is None or last.condition is not health.condition:
+                log.info(
+                    "device condition",
+                    device=serial,
+                    condition=health.condition.value,
+                    was=last.condition.value if last else None,
+                    reason=health.reason,
+                )
+            self.health[serial] = health
+        changed = [(s, h) for s, h in self.health.items() if h.worth_sending(self._told.get(s))]
+        if not changed:
+            return
+        try:
+            await self._send(changed)
+        except Exception as exc:  # a transport error: the next round sends them again
+            log.warning("device conditions not sent; will retry", error=str(exc))
+            return
+        self._told.update(changed)
+
+    async def _probe(self, serial: str) -> Health:
+        try:
+            seen: Reading | DeviceError = await probe(self._devices(serial), self.timeout)
+        except DeviceError as exc:
+            seen = exc
+        return judge(self.health.get(serial), seen, self.thresholds)

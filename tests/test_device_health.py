@@ -1,0 +1,193 @@
+"""Phones that heal themselves (issue 22): the host agent probes every phone on a schedule,
+judges its condition (ready, charging hold, too hot, unresponsive, booting, offline) and tells
+the control plane when it changes; only ready phones take work, and a queued task says
+which phones are held and why. Through the real agent with simulated phones and the real
+control plane; the parsing and the hysteresis as plain functions."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import pytest
+
+from amc.v1 import scheduler_pb2, task_pb2
+from host_agent.devices import DeviceLost, DeviceTimeout
+from host_agent.health import (
+    Condition,
+    Health,
+    Reading,
+    Thresholds,
+    judge,
+    parse_battery,
+    parse_df,
+    probe,
+)
+from host_agent.simulated import Physics, SimulatedSource, battery_text
+from tests.support import Farm, actions_spec, eventually, tap
+from tests.support.agent import running_agent, status_is, submit
+
+PROBE = 0.3  # the agent's probe interval in these tests
+
+
+def reading(level: int = 80, temperature: float = 30.0) -> Reading:
+    return Reading(True, level, temperature, True, 10**9, 0.01)
+
+
+def test_dumpsys_battery_and_df_are_read_as_android_prints_them() -> None:
+    """The level, temperature (tenths of a degree), charging and free bytes are read."""
+    text = (
+        "Current Battery Service state:\n  AC powered: false\n  USB powered: true\n"
+        "  status: 2\n  level: 87\n  scale: 100\n  temperature: 412\n"
+    )
+    assert parse_battery(text) == (87, 41.2, True)
+    assert parse_battery("  AC powered: false\n  status: 3\n  level: 5\n") == (5, None, False)
+    assert parse_battery("") == (None, None, None)
+    df = (
+        "Filesystem 1K-blocks Used Available Use% Mounted on\n/dev/block/dm-5 100 40 60 40% /data\n"
+    )
+    assert parse_df(df) == 60 * 1024
+
+
+def test_a_low_battery_is_held_until_it_charged_to_the_resume_mark() -> None:
+    """Held below 20 %, and still held at 30 %: let go only at 40 %."""
+    t = Thresholds(battery_low=20, battery_resume=40)
+    low = judge(None, reading(level=15), t)
+    assert low.condition is Condition.CHARGING_HOLD
+    assert low.reason == "battery below 20 %; held until 40 %"
+    assert judge(low, reading(level=30), t).condition is Condition.CHARGING_HOLD
+    assert judge(low, reading(level=40), t).condition is Condition.READY
+    assert judge(None, reading(level=30), t).condition is Condition.READY
+
+
+def test_a_hot_phone_is_held_until_it_cooled_below_the_resume_mark() -> None:
+    """Held above 45 °C, still at 42 °C, let go below 40 °C; heat wins over a low battery."""
+    t = Thresholds(too_hot=45, cool_again=40)
+    hot = judge(None, reading(temperature=46), t)
+    assert hot.condition is Condition.TOO_HOT
+    assert (hot.battery_percent, hot.temperature_celsius) == (80, 46)
+    assert judge(hot, reading(temperature=42), t).condition is Condition.TOO_HOT
+    assert judge(hot, reading(temperature=39.5), t).condition is Condition.READY
+    assert judge(None, reading(level=5, temperature=50), t).condition is Condition.TOO_HOT
+    assert judge(hot, reading(level=5, temperature=30), t).condition is Condition.CHARGING_HOLD
+
+
+def test_a_probe_that_fails_says_how() -> None:
+    """No answer in time: unresponsive; not attached: offline; not booted: booting."""
+    t = Thresholds()
+    assert judge(None, DeviceTimeout("x"), t).condition is Condition.UNRESPONSIVE
+    assert judge(None, DeviceLost("gone"), t).condition is Condition.OFFLINE
+    assert judge(None, Reading(False), t).condition is Condition.BOOTING
+
+
+def test_facts_that_moved_enough_are_worth_sending_again() -> None:
+    """Same condition: sent again only when the battery moved 5 points or the heat 2 °C."""
+    told = Health(Condition.READY, "", 80, 30.0, True)
+    assert not Health(Condition.READY, "", 77, 31.0, True).worth_sending(told)
+    assert Health(Condition.READY, "", 75, 31.0, True).worth_sending(told)
+    assert Health(Condition.READY, "", 80, 32.0, True).worth_sending(told)
+    assert Health(Condition.TOO_HOT, "x", 80, 30.0, True).worth_sending(told)
+
+
+async def test_simulated_phones_answer_probes_drain_heat_hang_and_boot() -> None:
+    """A simulated phone's body changes under load; it can hang and reboot."""
+    source = SimulatedSource(1, delay=0.2, physics=Physics(drain_under_load=50, heat_under_load=50))
+    phone = source.device("sim-0")
+    seen = await probe(phone, 1.0)
+    assert (seen.boot_completed, seen.battery_percent, seen.temperature_celsius) == (True, 100, 30)
+    assert seen.charging is True and seen.free_bytes
+    source.set_body("sim-0", charging=False)
+    await phone.tap(1, 1)  # 0.2 s under load
+    body = source.body("sim-0")
+    assert body.battery < 95 and body.temperature > 35
+    assert "level: " in battery_text(body)
+    assert not [a for a in source.actions if a.action == "shell"]  # probes are not actions
+    source.hang("sim-0")
+    with pytest.raises(DeviceTimeout):
+        await probe(phone, 0.2)
+    source.reboot("sim-0", boot_time=0.3)
+    assert not (await probe(phone, 1.0)).boot_completed
+    with pytest.raises(DeviceLost):
+        await phone.tap(1, 1)
+    await eventually(lambda: source.booted("sim-0"))
+    assert (await probe(phone, 1.0)).boot_completed
+
+
+async def condition_of(farm: Farm, serial: str) -> str:
+    assert farm.db is not None
+    return str(await farm.db.fetchval("SELECT condition FROM devices WHERE serial = $1", serial))
+
+
+async def is_in(farm: Farm, serial: str, condition: str) -> bool:
+    return await condition_of(farm, serial) == condition
+
+
+async def db_now(farm: Farm) -> datetime:
+    assert farm.db is not None
+    now: datetime = await farm.db.fetchval("SELECT clock_timestamp()")
+    return now
+
+
+def on(serial: str) -> task_pb2.DeviceSelector:
+    return task_pb2.DeviceSelector(serial=serial)
+
+
+async def test_a_phone_that_turns_hot_gets_no_new_work_after_one_probe_interval(
+    farm: Farm,
+) -> None:
+    """A phone that runs task after task turns hot: no assignment to it later than one probe
+    interval after it turned; it is held (the queued task says why) until it cools."""
+    source = SimulatedSource(2, delay=0.02)
+    client = await farm.client()
+    async with running_agent(farm, source, probe_interval=PROBE, probe_timeout=0.5):
+        # Keep sim-0 busy with short tasks, so there is always one to assign to it.
+        ids = [await submit(client, actions_spec(tap()), selector=on("sim-0")) for _ in range(5)]
+        await status_is(farm, ids[0], "done")
+        turned = await db_now(farm)
+        source.set_body("sim-0", temperature=47.0)
+        ids += [await submit(client, actions_spec(tap()), selector=on("sim-0")) for _ in range(30)]
+        await eventually(lambda: is_in(farm, "sim-0", "too_hot"), timeout=5, what="too hot")
+        assert farm.db is not None
+        last: datetime = await farm.db.fetchval(
+            "SELECT max(at) FROM task_events WHERE kind = 'assign' AND detail LIKE '%/sim-0'"
+        )
+        assert (last - turned).total_seconds() <= PROBE * 1.1 + 0.5
+        queued = ids[-1]
+        task = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=queued))
+        assert task.status == task_pb2.TASK_STATUS_QUEUED
+        assert task.pending_reason == "1 matching phone held: 1 too hot"
+        # Other phones go on taking work.
+        other = await submit(client, actions_spec(tap()), selector=on("sim-1"))
+        await status_is(farm, other, "done")
+        # Cooled below the resume mark: ready again, and the queue drains.
+        source.set_body("sim-0", temperature=38.0)
+        await status_is(farm, queued, "done", within=20)
+
+
+async def test_a_low_battery_holds_a_phone_until_it_charged_and_operators_see_why(
+    farm: Farm,
+) -> None:
+    """Below 20 % the phone is held, at 30 % still, at 40 % it takes work again; ListHosts
+    shows the condition, its reason and the battery facts."""
+    source = SimulatedSource(1, delay=0.02)
+    client = await farm.client()
+    op = await farm.operator()
+    source.set_body("sim-0", battery=15.0, charging=True)
+    async with running_agent(farm, source, probe_interval=PROBE, probe_timeout=0.5):
+        await eventually(lambda: is_in(farm, "sim-0", "charging_hold"), what="the phone held")
+        task_id = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+        hosts = await op.scheduler.ListHosts(scheduler_pb2.ListHostsRequest())
+        device = hosts.hosts[0].devices[0]
+        assert device.condition == scheduler_pb2.DEVICE_CONDITION_CHARGING_HOLD
+        assert device.condition_reason == "battery below 20 %; held until 40 %"
+        assert device.battery_percent == 15 and device.charging
+        assert device.temperature_celsius == pytest.approx(30.0)
+        assert device.HasField("probed_at")
+        task = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+        assert task.pending_reason == "1 matching phone held: 1 charging (battery low)"
+        source.set_body("sim-0", battery=30.0)
+        await asyncio.sleep(3 * PROBE)
+        assert await condition_of(farm, "sim-0") == "charging_hold"
+        source.set_body("sim-0", battery=41.0)
+        await status_is(farm, task_id, "done", within=10)
+        assert await condition_of(farm, "sim-0") == "ready"
