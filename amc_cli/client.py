@@ -115,7 +115,7 @@ def _state(exc: BaseException | None) -> str:
     """What is wrong: why no connection could be made, or what the control plane said."""
     details = " ".join((exc.details() or "").split()) if isinstance(exc, grpc.Call) else ""
     low = details.lower()
-    if low.startswith("failed to connect") or "failed to connect" in low:
+    if "failed to connect" in low:
         return next((words for key, words in _CONNECT_FAILURES if key in low), "cannot connect")
     return details or "unavailable"
 

@@ -3,7 +3,8 @@
 WatchTask sends the current state and then each change. A replica that shuts down ends
 its streams with UNAVAILABLE ("watch again"), so once the first state has arrived a
 dropped stream is opened again, with backoff, rather than failing the command; a server
-that is not there at all still fails at once.
+that is not there at all still fails at once. The person is told when the stream drops
+and when the reason changes, not at every try.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ def follow(
     """Calls `on_change(task, previous)` for each state seen; returns the terminal task."""
     last: task_pb2.Task | None = None
     retries = 0
+    told = ""
     while True:
         try:
             for task in client.watch(task_id):
                 on_change(task, last)
-                last, retries = task, 0
+                last, retries, told = task, 0, ""
                 if task.status in OUTCOME_EXIT:
                     return task
             problem = "the watch stream ended before the task did"
@@ -56,8 +58,9 @@ def follow(
             raise CliError(f"watch task: {problem}")
         delay = min(FIRST_BACKOFF * 2**retries, MAX_BACKOFF)
         retries += 1
-        if on_retry is not None:
-            on_retry(f"watch interrupted ({problem}); watching again in {delay:.2g}s")
+        if on_retry is not None and problem != told:
+            on_retry(f"watch interrupted ({problem}); watching again, up to {RETRIES} tries")
+        told = problem
         time.sleep(delay)
 
 
