@@ -14,16 +14,24 @@ as separate processes (simulated devices), then runs, in this order:
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
-               --fleet-replica-hosts across two replicas (issue 10)
+               --fleet-replica-hosts across two replicas (issue 10). All hosts park at once;
+               the window holds two re-poll periods (--fleet-acquire-wait, 60 s), and a
+               --fleet-short-wait-share of the hosts long-polls for 10 s (issue 20)
+  8 deep       the fleet load at --deep-hosts on an empty database, then on one holding
+               --deep-history finished tasks (bulk SQL) and --deep-queued tasks no host can
+               take, and at --deep-big-hosts on that (issue 20)
+  9 flood      team A queues --flood-tasks tasks of --flood-task-seconds for --flood-phones
+               phones, team B submits one a second: B's pickup, A's drain rate (issue 20)
 
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
 p99 over the trials); renewal is one window (with min / median / max over its 1-s slices).
-Prints a table and writes bench-results.json. The default run (--reps 1) takes 3-4 minutes
-on a 2-core machine; --reps 3 about eight. --quick is a smoke run of well under a
-minute without the peer (its fleet: 10 hosts, 3 s). Only the fleet, at the issue's sizes:
-`make bench ARGS='--only fleet'` (about 4 minutes). --profile adds py-spy and
-pg_stat_statements (slower: its figures are for finding costs, not for quoting).
+Prints a table and writes bench-results.json. The default run (--reps 1) takes about 40
+minutes on a 2-core machine (fleet ~13, deep ~18, flood ~4; the other workloads ~4).
+--quick is a smoke run of about a minute and a half without the peer (its fleet: 10
+hosts, 3 s; deep and flood at toy sizes). Only some: `make bench ARGS='--only fleet'`,
+`--only deep,flood`. --profile adds py-spy and pg_stat_statements (slower: its figures
+are for finding costs, not for quoting).
 """
 
 from __future__ import annotations
@@ -43,7 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lib import (
     ceiling,
+    deep,
     fleet,
+    flood,
     latency,
     lifecycle,
     peer,
@@ -58,7 +68,17 @@ from bench_lib.pgstats import Db
 from bench_lib.stack import AgentSpec, Stack, workdir
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKLOADS = ("ceiling", "lifecycle", "pickup", "cancel", "renewal", "peer", "fleet")
+WORKLOADS = (
+    "ceiling",
+    "lifecycle",
+    "pickup",
+    "cancel",
+    "renewal",
+    "peer",
+    "fleet",
+    "deep",
+    "flood",
+)
 DRAIN_AGENTS = 4
 DRAIN_DEVICES = 25
 LATENCY_DEVICES = 4
@@ -92,7 +112,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--fleet-hosts", default="10,1000,5000", help="fleet sizes, one run each (one replica)"
     )
     p.add_argument("--fleet-rate", type=float, default=20.0, help="fleet tasks submitted per s")
-    p.add_argument("--fleet-seconds", type=float, default=15.0, help="fleet submit window")
+    p.add_argument(
+        "--fleet-seconds",
+        type=float,
+        default=None,
+        help="fleet (and deep) submit window (default: two re-poll periods, 120 s)",
+    )
+    p.add_argument(
+        "--fleet-acquire-wait", type=float, default=60.0, help="fleet hosts' Acquire wait, s"
+    )
+    p.add_argument(
+        "--fleet-short-wait", type=float, default=10.0, help="the short-wait hosts' wait, s"
+    )
+    p.add_argument(
+        "--fleet-short-wait-share",
+        type=float,
+        default=0.25,
+        help="share of the fleet's hosts with the short wait (0: none)",
+    )
     p.add_argument("--fleet-idle-seconds", type=float, default=10.0, help="fleet idle-CPU window")
     p.add_argument(
         "--fleet-replica-hosts",
@@ -112,6 +149,26 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=1,
         help="fleet hosts sharing one gRPC channel (1: a connection per host, as a farm)",
     )
+    p.add_argument("--deep-hosts", type=int, default=1000, help="deep: hosts of the runs")
+    p.add_argument(
+        "--deep-big-hosts", type=int, default=5000, help="deep: hosts of the big run (0: none)"
+    )
+    p.add_argument(
+        "--deep-queued", type=int, default=100_000, help="deep: queued tasks no host can take"
+    )
+    p.add_argument(
+        "--deep-history", type=int, default=1_000_000, help="deep: finished tasks (bulk SQL)"
+    )
+    p.add_argument(
+        "--deep-selectors", type=int, default=200, help="deep: the backlog's distinct selectors"
+    )
+    p.add_argument("--flood-tasks", type=int, default=50_000, help="flood: team A's tasks")
+    p.add_argument("--flood-phones", type=int, default=40, help="flood: phones (4 per host)")
+    p.add_argument(
+        "--flood-task-seconds", type=float, default=1.0, help="flood: each task's length"
+    )
+    p.add_argument("--flood-seconds", type=float, default=120.0, help="flood: team B's window")
+    p.add_argument("--flood-b-rate", type=float, default=1.0, help="flood: team B's tasks per s")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -130,6 +187,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.pgbench_seconds, args.no_peer = 1.0, True
         args.fleet_hosts, args.fleet_seconds, args.fleet_idle_seconds = "10", 3.0, 2.0
         args.fleet_replica_hosts = 10
+        # Waits short enough that the 3-s window still holds two re-poll periods.
+        args.fleet_acquire_wait, args.fleet_short_wait = 1.0, 0.5
+        args.deep_hosts, args.deep_big_hosts, args.deep_selectors = 10, 0, 20
+        args.deep_queued, args.deep_history = 1000, 5000
+        args.flood_tasks, args.flood_phones, args.flood_task_seconds = 400, 8, 0.2
+        args.flood_seconds, args.flood_b_rate = 3.0, 5.0
+    if args.fleet_seconds is None:
+        args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
     args.only = {w.strip() for w in args.only.split(",") if w.strip()}
     unknown = args.only - set(WORKLOADS)
     if unknown:
@@ -187,6 +252,10 @@ class Run:
                 await self.amc_workloads()
             if "fleet" in self.args.only:
                 await self.fleet()
+            if "deep" in self.args.only:
+                await self.deep()
+            if "flood" in self.args.only:
+                await self.flood()
         finally:
             say("stopping the stack")
             self.stack.stop()
@@ -251,14 +320,18 @@ class Run:
                     st, options, self.profiled("renewal", None, window)
                 )
 
-    async def fleet(self) -> None:
-        a, st = self.args, self.stack
-        # The fleet's control planes alone on the machine: the other workloads' are stopped.
+    def stop_amc(self) -> None:
+        """The fleet's, deep's and flood's control planes alone on the machine: the other
+        workloads' control plane and agents are stopped."""
+        st = self.stack
         st.stop_agents()
         if st.control_plane is not None:
             st.control_plane.stop()
             st.control_plane = None
-        options = fleet.Options(
+
+    def fleet_options(self) -> fleet.Options:
+        a = self.args
+        return fleet.Options(
             hosts=tuple(a.fleet_hosts),
             rate=a.fleet_rate,
             seconds=a.fleet_seconds,
@@ -266,9 +339,43 @@ class Run:
             replica_hosts=a.fleet_replica_hosts,
             lease_ttl=a.fleet_lease_ttl,
             hosts_per_channel=a.fleet_hosts_per_channel,
+            acquire_wait=a.fleet_acquire_wait,
+            short_wait=a.fleet_short_wait,
+            short_wait_share=a.fleet_short_wait_share,
         )
+
+    async def fleet(self) -> None:
+        self.stop_amc()
         async with self.phase("fleet"):
-            self.results["fleet"] = await fleet.run(st, options, say)
+            self.results["fleet"] = await fleet.run(self.stack, self.fleet_options(), say)
+
+    async def deep(self) -> None:
+        a = self.args
+        self.stop_amc()
+        options = deep.Options(
+            fleet=self.fleet_options(),
+            hosts=a.deep_hosts,
+            big_hosts=a.deep_big_hosts,
+            queued=a.deep_queued,
+            history=a.deep_history,
+            selectors=a.deep_selectors,
+        )
+        async with self.phase("deep"):
+            self.results["deep"] = await deep.run(self.stack, options, say)
+
+    async def flood(self) -> None:
+        a = self.args
+        self.stop_amc()
+        options = flood.Options(
+            tasks=a.flood_tasks,
+            phones=a.flood_phones,
+            task_seconds=a.flood_task_seconds,
+            seconds=a.flood_seconds,
+            b_rate=a.flood_b_rate,
+            lease_ttl=a.fleet_lease_ttl,
+        )
+        async with self.phase("flood"):
+            self.results["flood"] = await flood.run(self.stack, options, say)
 
     async def lifecycle(self, client: Client, db: Db, clock: Clock) -> None:
         a = self.args
@@ -379,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
     ok = all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single", "fleet")
+        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood")
     )
     return 0 if ok else 1
 

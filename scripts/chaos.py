@@ -8,7 +8,11 @@ each the real host agent with its own host id, token, proxy, labels `pool`/`row`
 3 phones with serials of its own and its own parked Acquire; 15 to a process, since 60
 processes would not fit two cores: chaos_lib/fleet.py), and a client that keeps submitting
 workflows, with selectors aimed at the fleet (none, the pool, a row, one rack, one serial),
-and cancels about a third of them at random moments. For DURATION seconds it injects
+as two teams (fairness keys team-a and team-b, weights 1 and 2 in fair_shares), and
+cancels about a third of them at random moments. Before the faults it queues a backlog of
+BACKLOG tasks (default 3,000) for racks no host has, through SubmitTasks: they stay queued
+through every fault (the queue's groups of tasks nobody can take) and are cancelled at the
+quiesce. For DURATION seconds it injects
 faults (scripts/chaos_lib/faults.py): replica kill -9 + restart, agent kill -9 + restart,
 agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown + start, one
 host's connections cut beyond the TTL, a fleet process (a row of hosts) kill -9 + restart
@@ -38,8 +42,11 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -59,6 +66,11 @@ DEFAULT_HOSTS, QUICK_HOSTS = 60, 12
 # Queued plus in flight the submitter keeps, at most: enough to keep every phone of the
 # agents busy and the fleet's racks asked for, not so much that two cores only queue.
 MAX_BACKLOG = 40
+# Tasks nobody can take, queued before the faults (issue 20).
+DEFAULT_UNMATCHED, QUICK_UNMATCHED = 3000, 300
+# The teams' weights (fair_shares rows written with SQL before the run; no caps: a key at
+# its cap leaves tasks queued beside idle phones, which invariant 7 would count).
+FAIR_SHARES = {"team-a": 1, "team-b": 2}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,6 +124,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"queued + in flight the submitter keeps (default 1.5 per phone, <= {MAX_BACKLOG})",
     )
+    p.add_argument(
+        "--backlog",
+        type=int,
+        default=None,
+        help=f"tasks for racks no host has, queued before the faults (default "
+        f"{DEFAULT_UNMATCHED}; {QUICK_UNMATCHED} with --quick)",
+    )
     p.add_argument("--lease-ttl", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of work before faults")
     p.add_argument(
@@ -140,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seed = random.randrange(1 << 31)
     if args.hosts is None:
         args.hosts = QUICK_HOSTS if args.quick else DEFAULT_HOSTS
+    if args.backlog is None:
+        args.backlog = QUICK_UNMATCHED if args.quick else DEFAULT_UNMATCHED
     if args.hosts_per_proc is None:
         args.hosts_per_proc = 6 if args.quick else 15
     if args.fleet_acquire_wait is None:
@@ -200,10 +221,18 @@ class ChaosRun:
             self.farm.client_token,
             self.rng,
             ActionTail(self.farm.action_logs()),
-            lambda: self.monitor.backlog,
+            self._backlog,
             target_backlog=self.target_backlog,
             selectors=Selectors(self.farm.fleet_hosts, self.rng) if self.farm.fleet else None,
         )
+        await set_fair_shares(self.farm.dsn)
+        if self.args.backlog:
+            began = time.monotonic()
+            await self.workload.submit_backlog(self.args.backlog)
+            say(
+                f"backlog: {self.args.backlog} tasks for racks no host has, queued in"
+                f" {time.monotonic() - began:.1f}s"
+            )
         self.injector = Injector(
             self.farm,
             self.rng,
@@ -211,6 +240,12 @@ class ChaosRun:
             max_concurrent=self.args.max_concurrent,
         )
         self.injector.on_host_fault = self.workload.cancel_on_host
+
+    def _backlog(self) -> int | None:
+        """Queued and in flight, less the tasks nobody can take (they never leave the queue
+        until the quiesce cancels them): what paces the submitter."""
+        backlog = self.monitor.backlog
+        return None if backlog is None else backlog - self.workload.open_backlog
 
     async def break_things(self) -> None:
         """The workload and the faults for `duration` seconds, the monitor throughout."""
@@ -234,6 +269,7 @@ class ChaosRun:
             self.problems.append(f"still down at the quiesce: {fixed}")
         await self.workload.wait_cancellers(30)
         await self.workload.resubmit_unacknowledged()
+        await self.workload.cancel_backlog()
         self._sampling.cancel()
         if not await self.monitor.wait_settled(self.args.quiesce_timeout):
             self.problems.append(
@@ -336,6 +372,9 @@ class ChaosRun:
             "fleet_acquire_wait_s": c.fleet_acquire_wait,
             "strand_bound_s": self.args.strand_bound,
             "target_backlog": self.target_backlog,
+            "unmatched_backlog": self.args.backlog,
+            "fair_shares": FAIR_SHARES,
+            "tasks_by_team": dict(Counter(t.team for t in self.workload.tasks)),
             "lease_ttl_s": c.lease_ttl,
             "sweep_interval_s": c.sweep_interval,
             "sim_delays_s": self.farm.sim_delays(),
@@ -344,6 +383,19 @@ class ChaosRun:
             "max_concurrent_faults": self.args.max_concurrent,
             "workdir": str(c.workdir),
         }
+
+
+async def set_fair_shares(dsn: str) -> None:
+    """The teams' weights, written straight into fair_shares (no Admin call sets them yet)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.executemany(
+            "INSERT INTO fair_shares (fairness_key, weight) VALUES ($1, $2)"
+            " ON CONFLICT (fairness_key) DO UPDATE SET weight = EXCLUDED.weight",
+            list(FAIR_SHARES.items()),
+        )
+    finally:
+        await conn.close()
 
 
 async def run(args: argparse.Namespace) -> int:

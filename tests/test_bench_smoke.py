@@ -13,10 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_lib import fleet, peer, promtext, report, stats  # noqa: E402
+from bench_lib import deep, fleet, flood, peer, promtext, report, stats  # noqa: E402
 
 
-@pytest.mark.timeout(160)
+@pytest.mark.timeout(250)
 def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) -> None:
     """THEN the table is printed and bench-results.json holds every AMC workload."""
     out = tmp_path / "bench-results.json"
@@ -24,14 +24,16 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
         [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1 lifecycle" in done.stdout and "5 ceiling" in done.stdout
     assert "7 fleet 10x4, 2 replicas" in done.stdout
     doc = json.loads(out.read_text())
     results = doc["results"]
-    assert set(results) >= {"ceiling", "lifecycle", "latency", "renewal", "ratios", "fleet"}
+    assert set(results) >= {
+        "ceiling", "lifecycle", "latency", "renewal", "ratios", "fleet", "deep", "flood"
+    }  # fmt: skip
     assert results["lifecycle"]["verified"] is True
     assert results["lifecycle"]["submit_batch"] == 50
     assert results["lifecycle_single"]["verified"] is True
@@ -49,6 +51,29 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
         assert run["submit"]["pickup_ms"]["n"] == run["submit"]["tasks"] == 60
         assert sum(run["connect"]["tcp_connections"]) == 10  # a connection per host
         assert run["submit"]["control_plane_cpu_ms_per_task"] > 0
+        # A share of the hosts long-polls for the short wait; the window holds re-polls.
+        assert run["connect"]["short_wait_hosts"] == 2
+        assert run["submit"]["pickup_ms_short_wait"]["n"] > 0 and run["submit"]["repolls"] > 0
+    assert results["fleet"]["targets"]["windows_cover_two_repolls"] is True
+    # deep: the same load on an empty database, then on one with a history and a backlog.
+    dp = results["deep"]
+    assert [(r["database"], r["hosts"]) for r in dp["runs"]] == [("empty", 10), ("deep", 10)]
+    assert all(r["verified"] for r in dp["runs"]) and dp["verified"] is True
+    assert dp["history"]["counts"]["tasks"] == 5000
+    assert dp["history"]["counts"]["not_finished"] == 0
+    assert dp["backlog"]["submitted"] == 1000 == dp["backlog"]["still_queued"]
+    assert {"after history", "before deep runs"} <= set(dp["tables"])
+    assert dp["tables"]["after history"]["tasks"]["n_live_tup"] >= 5000
+    assert set(dp["targets"]) == {
+        "deep_pickup", "deep_control_plane_cpu_per_task", "deep_postgres_cpu_per_task",
+        "deep_big_pickup_p99",
+    }  # fmt: skip
+    # flood: team B's tasks all done once beside team A's queue; A's done ran once each.
+    fl = results["flood"]
+    assert fl["verified"] is True and fl["a_submitted"] == 400
+    assert fl["b_pickup_ms"]["n"] == fl["b_submitted"] == 15
+    assert fl["check"]["a"]["retried"] == 0 and fl["a_done_in_window"] > 0
+    assert "8 deep 10x4, deep db" in done.stdout and "9 flood" in done.stdout
 
 
 def _fleet_run(
@@ -84,6 +109,9 @@ def test_fleet_targets_are_judged_against_the_ten_host_run() -> None:
         _fleet_run(1000, 2, (6.0, 19.0), 3.1),
     ]
     assert fleet.judge(runs) == {
+        "pickup_p99_1000_over_repolls": True,
+        "pickup_p99_5000_over_repolls": False,
+        "windows_cover_two_repolls": None,
         "pickup_1000": True,
         "cpu_per_task_1000": True,
         "pickup_1000_two_replicas": False,
@@ -99,6 +127,47 @@ def test_fleet_targets_are_judged_against_the_ten_host_run() -> None:
         ("7 fleet 5,000x4", False), ("7 fleet 5,000x4", True),
         ("7 fleet 1,000x4, 2 replicas", False), ("7 fleet 1,000x4, 2 replicas", False),
     ]  # fmt: skip
+
+
+def test_issue_20_fleet_target_wants_two_repoll_periods_and_the_short_wait_hosts() -> None:
+    """THEN a 5,000-host p99 within 20 ms counts only over two re-poll periods, and only
+    if the hosts that long-poll for 10 s are within it too."""
+    run = _fleet_run(5000, 1, (5.0, 15.0), 3.0)
+    run["repoll_period_s"] = 60.0
+    run["submit"]["window_s"] = 121.0
+    run["submit"]["pickup_ms_short_wait"] = {"n": 50, "p50": 5.0, "p99": 12.0}
+    assert fleet.p99_met(run, 20.0) is True
+    run["submit"]["pickup_ms_short_wait"]["p99"] = 25.0
+    assert fleet.p99_met(run, 20.0) is False
+    run["submit"]["pickup_ms_short_wait"]["p99"] = 12.0
+    run["submit"]["window_s"] = 100.0
+    assert fleet.p99_met(run, 20.0) is False
+    assert fleet.judge([run])["windows_cover_two_repolls"] is False
+
+
+def test_deep_targets_compare_with_the_empty_database_run() -> None:
+    """THEN deep pickup is held to 8/20 ms, CPU per task to 1.5x the empty run's, and the
+    big run to p99 50 ms."""
+    opt = deep.Options(fleet=fleet.Options(), hosts=1000, big_hosts=5000)
+    empty = {**_fleet_run(1000, 1, (5.0, 12.0), 4.0), "database": "empty"}
+    fine = {**_fleet_run(1000, 1, (7.0, 19.0), 6.0), "database": "deep"}
+    big = {**_fleet_run(5000, 1, (9.0, 60.0), 6.0), "database": "deep"}
+    fine["submit"]["postgres_cpu_ms_per_task"] = 1.6  # 1.6x the empty run's 1.0
+    assert deep.judge([empty, fine, big], opt) == {
+        "deep_pickup": True,
+        "deep_control_plane_cpu_per_task": True,
+        "deep_postgres_cpu_per_task": False,
+        "deep_big_pickup_p99": False,
+    }
+    assert deep.judge([empty], opt)["deep_pickup"] is None
+
+
+def test_flood_busy_share_counts_phone_time_inside_the_window() -> None:
+    """THEN each task's hold (answer -> report, or the window's end) is clipped to the
+    window and divided by phones x window."""
+    tally = flood.Tally({"a": 0.0, "b": 5.0, "c": 9.0}, {"a": 2.0, "b": 6.0})
+    # a: 1..2 (1 s), b: 5..6 (1 s), c: 9..10 (still held at the end: 1 s); 2 phones x 9 s.
+    assert flood.busy_share(tally, {"a", "b", "c"}, 1.0, 10.0, 2) == pytest.approx(3 / 18)
 
 
 def test_histogram_quantile_interpolates_inside_the_bucket() -> None:

@@ -5,10 +5,12 @@ wire, without running anything on a phone.
     one RenewLeases stream, for good: one request opens it; then every renew interval a
         request naming every held lease (none held: nothing, as the agent), and at once one
         naming the leases not acknowledged yet when an assignment arrives
-    one Acquire(idle serials, wait 60 s) parked at a time, again as soon as it returns
-    per assignment: acknowledge (its first renewal, answered RENEWED) -> report DONE through
-        the agent's own ResultBatcher (results ending together go in one ReportResults)
-        -> the device is idle again
+    one Acquire(idle serials, wait 60 s: the agent's default; or the `acquire_wait` given)
+        parked at a time, again as soon as it returns
+    per assignment: acknowledge (its first renewal, answered RENEWED) -> hold the phone for
+        `work_seconds` (0: none; the flood's one-second tasks) -> report DONE through the
+        agent's own ResultBatcher (results ending together go in one ReportResults) -> the
+        device is idle again
 
 All of it is in this class, so that a change of the lease protocol (e.g. a batched report
 RPC) changes one place: `_report` is where results leave the host.
@@ -66,6 +68,15 @@ class Counters:
     phase: str = "connect"
     # How long the failed calls had run (Acquire).
     failed_after_s: list[float] = field(default_factory=list)
+    # Acquire calls answered, and those answered empty (a long poll that ran out: the
+    # host asks again at once, a re-poll), by phase.
+    acquires: dict[str, int] = field(default_factory=dict)
+    repolls: dict[str, int] = field(default_factory=dict)
+
+    def answered(self, assignments: int) -> None:
+        self.acquires[self.phase] = self.acquires.get(self.phase, 0) + 1
+        if not assignments:
+            self.repolls[self.phase] = self.repolls.get(self.phase, 0) + 1
 
     def error(self, what: str, exc: BaseException, after: float | None = None) -> None:
         setattr(self, what, getattr(self, what) + 1)
@@ -107,8 +118,12 @@ class FleetHost:
         counters: Counters,
         on_assigned: Observer,
         on_done: Observer,
+        acquire_wait: float = ACQUIRE_WAIT,
+        work_seconds: float = 0.0,
     ) -> None:
         self.host_id = host_id
+        self.acquire_wait = acquire_wait
+        self.work_seconds = work_seconds
         self.labels = labels
         self.serials = [f"d{i}" for i in range(devices)]
         self._stub = lease_pb2_grpc.LeaseStub(channel)
@@ -163,7 +178,7 @@ class FleetHost:
     # -- taking work -----------------------------------------------------------------------
 
     async def _acquire_loop(self) -> None:
-        wait = _duration(ACQUIRE_WAIT)
+        wait = _duration(self.acquire_wait)
         while not self._stopping:
             self._idle_again.clear()
             idle = [s for s in self.serials if s not in self._busy]
@@ -173,7 +188,7 @@ class FleetHost:
             request = lease_pb2.AcquireRequest(host_id=self.host_id, idle_serials=idle, wait=wait)
             called = time.monotonic()
             try:
-                answer = await self._stub.Acquire(request, timeout=ACQUIRE_WAIT + CALL_TIMEOUT)
+                answer = await self._stub.Acquire(request, timeout=self.acquire_wait + CALL_TIMEOUT)
             except grpc.aio.AioRpcError as exc:
                 if self._stopping:
                     return
@@ -181,6 +196,7 @@ class FleetHost:
                 await asyncio.sleep(RETRY_AFTER)
                 continue
             received = time.monotonic()
+            self._counters.answered(len(answer.assignments))
             for a in answer.assignments:
                 self._on_assigned(a.task_id, received)
                 self._busy.add(a.device_serial)
@@ -199,6 +215,8 @@ class FleetHost:
             if result != lease_pb2.RENEWAL_RESULT_RENEWED:
                 self._counters.conflicts += 1
                 return
+            if self.work_seconds > 0:
+                await asyncio.sleep(self.work_seconds)
             if await self._report(a):
                 self._on_done(a.task_id, time.monotonic())
         finally:

@@ -5,8 +5,12 @@ with a rack label of its own, on one or more control-plane replicas, and a submi
         --dsn URL --hosts 1000 [--rate 20] [--seconds 15] [--idle-seconds 10] [--prefix f1000]
 
 1. connect: one grpc.aio channel per host (its own TCP connection: a local subchannel pool),
-   host i on replica i mod R; RegisterHost, then its renewal stream and parked Acquire;
-   until every replica's metrics count all its hosts' streams and parked Acquires.
+   host i on replica i mod R; every host's RegisterHost (32 in flight), then all hosts at
+   once open their renewal streams and park their first Acquires (as after a control-plane
+   restart: their re-polls start in step); until every replica's metrics count all its
+   hosts' streams and parked Acquires. A host's Acquire waits --acquire-wait seconds (60,
+   the agent's default), or --short-wait (10) for a --short-wait-share of the hosts (every
+   k-th host).
 2. idle: nothing queued for --idle-seconds: CPU of the replicas, of PostgreSQL (the
    postmaster's tree) and of this process, and the replicas' RSS.
 3. submit: --rate SubmitTask calls per second for --seconds through the first replica,
@@ -14,7 +18,10 @@ with a rack label of its own, on one or more control-plane replicas, and a submi
    for the rack of a random host; then until every task is reported done, or
    --drain-timeout after the last submit. CPU deltas over first submit -> last done.
    Pickup = just before SubmitTask -> the Acquire answer naming the task arrives at its host
-   (time.monotonic() in this one process).
+   (time.monotonic() in this one process); also apart for the tasks of short-wait hosts,
+   and per 10-s slice of the window (re-polls come in waves). Acquire calls answered empty
+   (re-polls) and the replicas' amc_acquire_queries_total over the window say how many
+   re-polls it held.
 4. verify in PostgreSQL: every task done, exactly one attempt, done once.
 
 Progress lines go to stdout, then the result as one JSON line (the last line).
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import json
 import os
@@ -55,6 +61,7 @@ HOST_CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 CONNECT_CONCURRENCY = 32
 SETTLE = 2.0  # after every host is parked, before the idle window
 LAG_TICK = 0.01  # the event-loop lag probe's period
+AUTOVAC_TICK = 0.25  # the autovacuum meter's
 
 
 def progress(message: str) -> None:
@@ -80,6 +87,62 @@ class Usage:
             "load_client_cores": (self.me - before.me) / wall,
             "machine_busy_cores": (self.machine - before.machine) / wall,
         }
+
+
+class AutovacuumMeter:
+    """CPU of PostgreSQL's autovacuum workers over a window, sampled every AUTOVAC_TICK:
+    the part of PostgreSQL's CPU that is vacuuming and analysing, not serving the calls
+    (a worker that starts and ends between two samples is missed)."""
+
+    def __init__(self, pg_pid: int) -> None:
+        self._pg = pg_pid
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._started: set[int] = set()  # workers first seen after the window began
+        self._task: asyncio.Task[None] | None = None
+        self.workers_seen = 0
+
+    def __enter__(self) -> AutovacuumMeter:
+        self._sample(first=True)
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self._sample(first=False)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(
+            last - (0.0 if pid in self._started else self._first[pid])
+            for pid, last in self._last.items()
+        )
+
+    def _sample(self, first: bool) -> None:
+        try:
+            children = psutil.Process(self._pg).children()
+        except psutil.Error:
+            return
+        for child in children:
+            try:
+                if "autovacuum worker" not in " ".join(child.cmdline()):
+                    continue
+                t = child.cpu_times()
+            except psutil.Error:
+                continue
+            cpu = t.user + t.system
+            if child.pid not in self._first:
+                self._first[child.pid] = cpu
+                self.workers_seen += 1
+                if not first:
+                    self._started.add(child.pid)
+            self._last[child.pid] = cpu
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(AUTOVAC_TICK)
+            self._sample(first=False)
 
 
 class LagProbe:
@@ -124,6 +187,54 @@ async def parked(urls: list[str], expected: list[int]) -> tuple[list[int], list[
     return waiting, streams
 
 
+def short_every(share: float) -> int:
+    """Every k-th host has the short wait, for a share of about 1/k (0: none)."""
+    return 0 if share <= 0 else max(1, round(1 / min(share, 1.0)))
+
+
+SLICE = 10.0  # seconds: pickups per slice of the submit window
+
+
+def slices(points: list[tuple[float, float]], width: float) -> list[dict[str, float]]:
+    """(offset s, pickup ms) -> per `width`-second slice of the window: its start, n, p50,
+    p99 and max, so that a wave of re-polls shows where it fell."""
+    by: dict[int, list[float]] = {}
+    for offset, ms in points:
+        by.setdefault(int(offset // width), []).append(ms)
+    out = []
+    for k in sorted(by):
+        summary = summarize(by[k])
+        out.append({"from_s": k * width, **{q: summary[q] for q in ("n", "p50", "p99", "max")}})
+    return out
+
+
+# Replica counters read before and after the submit window (summed over the replicas).
+METRICS = ("amc_acquire_queries_total", "amc_gc_pause_seconds_count", "amc_gc_pause_seconds_sum")
+
+
+async def scrape_all(urls: list[str]) -> list[promtext.Samples]:
+    return [await promtext.scrape(url) for url in urls]
+
+
+def metric_deltas(
+    before: list[promtext.Samples], after: list[promtext.Samples]
+) -> dict[str, float]:
+    out = {}
+    for name in METRICS:
+        out[name] = sum(
+            promtext.value(a, name) - promtext.value(b, name)
+            for b, a in zip(before, after, strict=True)
+        )
+    gc_max = 0.0
+    for b, a in zip(before, after, strict=True):
+        for generation in ("0", "1", "2"):
+            h = promtext.histogram(b, a, "amc_gc_pause_seconds", generation=generation)
+            if h.count:
+                gc_max = max(gc_max, h.quantile(1.0))
+    out["gc_pause_max_s_upper_bound"] = gc_max
+    return out
+
+
 class Fleet:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -139,6 +250,8 @@ class Fleet:
         self.hosts: list[FleetHost] = []
         self.channels: list[grpc.aio.Channel] = []
         self._by_key: dict[tuple[int, int], grpc.aio.Channel] = {}
+        self.started_at = 0.0  # when every host opened its stream and parked, together
+        self.short: set[int] = set()  # the hosts whose Acquire waits --short-wait
 
     def on_assigned(self, task_id: str, at: float) -> None:
         self.assigned.setdefault(task_id, at)
@@ -159,6 +272,8 @@ class Fleet:
     async def connect(self) -> dict[str, Any]:
         a = self.args
         per_channel = max(1, a.hosts_per_channel)
+        every = short_every(a.short_wait_share)
+        self.short = {i for i in range(a.hosts) if every and i % every == every - 1}
         for i in range(a.hosts):
             replica = i % len(self.addresses)
             host_id = f"{a.prefix}-h{i:05d}"
@@ -173,16 +288,16 @@ class Fleet:
                     counters=self.counters,
                     on_assigned=self.on_assigned,
                     on_done=self.on_done,
+                    acquire_wait=a.short_wait if i in self.short else a.acquire_wait,
                 )
             )
         started = time.monotonic()
-
-        async def bring_up(host: FleetHost) -> None:
-            await host.register()
-            host.start()
-
-        await bounded([functools.partial(bring_up, h) for h in self.hosts], CONNECT_CONCURRENCY)
+        await bounded([h.register for h in self.hosts], CONNECT_CONCURRENCY)
         registered = time.monotonic() - started
+        # All at once: their first Acquires park together, so their re-polls start in step.
+        self.started_at = time.monotonic()
+        for host in self.hosts:
+            host.start()
         progress(f"{a.hosts} hosts registered in {registered:.1f}s; waiting for them to park")
         expected = [len(range(r, a.hosts, len(self.addresses))) for r in range(len(self.urls))]
         deadline = time.monotonic() + 60 + a.hosts / 50
@@ -198,6 +313,8 @@ class Fleet:
         return {
             "register_s": registered,
             "connect_s": time.monotonic() - started,
+            "park_s": time.monotonic() - self.started_at,
+            "short_wait_hosts": len(self.short),
             "channels": len(self.channels),
             "tcp_connections": [
                 connections(pid, address)
@@ -243,12 +360,14 @@ class Fleet:
         channel = aio_channel(self.addresses[a.submit_to])
         scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
         submitted: dict[str, float] = {}
+        host_of: dict[str, int] = {}
         call_ms: list[float] = []
         failed: list[str] = []
         rss: list[int] = []
         self.counters.phase = "submit"
 
-        async def one(rack: str) -> None:
+        async def one(host: int) -> None:
+            rack = self.hosts[host].labels["rack"]
             request = scheduler_pb2.SubmitTaskRequest(
                 spec=spec, selector=task_pb2.DeviceSelector(labels={"rack": rack}), max_attempts=1
             )
@@ -260,6 +379,7 @@ class Fleet:
                 return
             call_ms.append((time.monotonic() - sent) * 1e3)
             submitted[task.task_id] = sent
+            host_of[task.task_id] = host
 
         async def sample_rss() -> None:
             while True:
@@ -271,13 +391,13 @@ class Fleet:
             await asyncio.wait_for(channel.channel_ready(), 10)
             calls: list[asyncio.Task[None]] = []
             sampler = asyncio.ensure_future(sample_rss())
+            metrics_before = await scrape_all(self.urls)
             before = self.usage()
             start = before.at
-            with LagProbe() as lag:
+            with LagProbe() as lag, AutovacuumMeter(a.pg_pid) as autovacuum:
                 for i in range(count):
                     await asyncio.sleep(max(0.0, start + i / a.rate - time.monotonic()))
-                    rack = self.hosts[rng.randrange(len(self.hosts))].labels["rack"]
-                    calls.append(asyncio.ensure_future(one(rack)))
+                    calls.append(asyncio.ensure_future(one(rng.randrange(len(self.hosts)))))
                 await asyncio.gather(*calls)
                 last_submit = time.monotonic()
                 self.expected = len(submitted)
@@ -290,11 +410,14 @@ class Fleet:
                 except TimeoutError:
                     pass
                 after = self.usage()
+            metrics_after = await scrape_all(self.urls)
             sampler.cancel()
         finally:
             await channel.close()
         done_in = [t for t in submitted if t in self.done]
-        pickups = [(self.assigned[t] - s) * 1e3 for t, s in submitted.items() if t in self.assigned]
+        pickup = {
+            t: (self.assigned[t] - s) * 1e3 for t, s in submitted.items() if t in self.assigned
+        }
         usage = after.cores_since(before)
         wall = usage["wall_s"]
         n = max(1, len(done_in))
@@ -307,8 +430,18 @@ class Fleet:
             "done": len(done_in),
             "window_s": wall,
             "submit_phase_s": last_submit - start,
+            "window_from_start_s": start - self.started_at,
             "drained": self.all_done.is_set(),
-            "pickup_ms": summarize(pickups),
+            "pickup_ms": summarize(list(pickup.values())),
+            "pickup_ms_short_wait": summarize(
+                [ms for t, ms in pickup.items() if host_of[t] in self.short]
+            ),
+            "pickup_ms_long_wait": summarize(
+                [ms for t, ms in pickup.items() if host_of[t] not in self.short]
+            ),
+            "pickup_ms_by_slice": slices(
+                [(submitted[t] - start, ms) for t, ms in pickup.items()], SLICE
+            ),
             "submit_to_done_ms": summarize(
                 [(self.done[t] - s) * 1e3 for t, s in submitted.items() if t in self.done]
             ),
@@ -316,9 +449,17 @@ class Fleet:
             "usage": usage,
             "control_plane_cpu_ms_per_task": (after.cp - before.cp) * 1e3 / n,
             "postgres_cpu_ms_per_task": (after.pg - before.pg) * 1e3 / n,
+            "postgres_autovacuum_cpu_s": autovacuum.cpu_s,
+            "postgres_autovacuum_workers_seen": autovacuum.workers_seen,
+            "postgres_cpu_ms_per_task_excluding_autovacuum": (
+                (after.pg - before.pg - autovacuum.cpu_s) * 1e3 / n
+            ),
             "load_client_cpu_ms_per_task": (after.me - before.me) * 1e3 / n,
             "control_plane_rss_bytes_max": max(rss) if rss else self.rss(),
             "loop_lag_ms": summarize(lag.lags_ms),
+            "acquires_answered": self.counters.acquires.get("submit", 0),
+            "repolls": self.counters.repolls.get("submit", 0),
+            "replica_metrics": metric_deltas(metrics_before, metrics_after),
             "task_ids": list(submitted),
         }
 
@@ -389,6 +530,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--idle-seconds", type=float, default=10.0)
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--hosts-per-channel", type=int, default=1)
+    p.add_argument("--acquire-wait", type=float, default=60.0, help="hosts' Acquire wait, s")
+    p.add_argument("--short-wait", type=float, default=10.0, help="the short-wait hosts' one")
+    p.add_argument("--short-wait-share", type=float, default=0.0, help="share of those hosts")
     p.add_argument("--submit-to", type=int, default=0, help="index of the submitting replica")
     p.add_argument("--prefix", default=f"fleet-{uuid.uuid4().hex[:6]}")
     p.add_argument("--seed", type=int, default=1)

@@ -115,3 +115,30 @@ class Db:
             list(task_ids),
         )
         return {r["task_id"]: r for r in rows}
+
+
+# The tables the hot paths read and write, whose dead rows and statistics the deep workload
+# follows (did autovacuum keep up?).
+HOT_TABLES = ("tasks", "attempts", "task_events", "devices", "hosts", "queue_groups")
+
+
+async def table_stats(dsn: str, tables: Sequence[str] = HOT_TABLES) -> dict[str, dict[str, Any]]:
+    """pg_stat_user_tables for `tables`: live and dead rows, changes since the last analyze
+    and inserts since the last vacuum, when autovacuum and autoanalyze last ran and how
+    often; and the table's size with its indexes."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            """
+            SELECT relname, n_live_tup, n_dead_tup, n_mod_since_analyze, n_ins_since_vacuum,
+                   last_autovacuum, last_autoanalyze, last_vacuum, last_analyze,
+                   autovacuum_count, autoanalyze_count,
+                   pg_total_relation_size(relid) AS total_bytes
+            FROM pg_stat_user_tables WHERE relname = ANY ($1)
+            ORDER BY relname
+            """,
+            list(tables),
+        )
+    finally:
+        await conn.close()
+    return {r["relname"]: {k: v for k, v in dict(r).items() if k != "relname"} for r in rows}

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -166,6 +167,18 @@ class Stack:
         self.dsn = self.pg.start()
         return self.dsn
 
+    async def create_database(self, name: str) -> str:
+        """A new, empty database `name` on this server (dropped first if it exists); its
+        DSN. The workloads that need a database of their own (deep, flood) use one."""
+        assert self.pg is not None
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        return self.dsn.rsplit("/", 1)[0] + "/" + name
+
     def postmaster_pid(self) -> int | None:
         assert self.pg is not None
         pidfile = self.pg.datadir / "postmaster.pid"
@@ -181,14 +194,15 @@ class Stack:
         self.control_plane = replica.child
         self.address, self.metrics_url = replica.address, replica.metrics_url
 
-    async def start_replica(self, name: str, lease_ttl: float) -> Replica:
-        """One more control-plane process on this stack's database (not stopped by stop():
-        the caller stops it), serving when this returns. Its log is `<name>.log`."""
+    async def start_replica(self, name: str, lease_ttl: float, dsn: str = "") -> Replica:
+        """One more control-plane process on this stack's database, or on `dsn` (another
+        database of the same server; migrated on start), not stopped by stop(): the caller
+        stops it. Serving when this returns. Its log is `<name>.log`."""
         port, mport = free_port(), free_port()
         address = f"127.0.0.1:{port}"
         command = ControlPlaneCommand(
             listen=address,
-            database_url=self.dsn,
+            database_url=dsn or self.dsn,
             insecure=True,
             lease_ttl=lease_ttl,
             metrics_listen=f"127.0.0.1:{mport}",

@@ -108,6 +108,7 @@ def table(results: dict[str, Any]) -> str:
         + f"  (retried {t['retried']}, cancel requested {t['cancel_requested']})",
         f"attempts   {t['attempts']}  "
         + "  ".join(f"{k} {v}" for k, v in t["attempts_by_end"].items()),
+        *_workload_lines(results.get("config") or {}),
         *_dispatch_lines(results.get("dispatch") or {}),
         "",
         f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
@@ -129,6 +130,19 @@ def table(results: dict[str, Any]) -> str:
         lines += ["", "harness problems:"] + [f"  - {p}" for p in s["problems"]]
     lines.append("")
     return "\n".join(lines)
+
+
+def _workload_lines(c: dict[str, Any]) -> list[str]:
+    if not c.get("tasks_by_team"):
+        return []
+    teams = "  ".join(
+        f"{team} {n} (weight {c.get('fair_shares', {}).get(team, 1)})"
+        for team, n in sorted(c["tasks_by_team"].items())
+    )
+    return [
+        f"workload   by team: {teams}; {c.get('unmatched_backlog', 0)} of them the backlog"
+        " for racks no host has (queued through the faults, cancelled at the quiesce)"
+    ]
 
 
 def _dispatch_lines(d: dict[str, Any]) -> list[str]:

@@ -62,12 +62,23 @@ def status_name(value: int) -> str:
     return task_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_").lower()
 
 
+# The two teams whose tasks share the phones (fairness keys), and each one's share of the
+# submissions; their weights in fair_shares are chaos.py's (FAIR_SHARES).
+TEAMS = {"team-a": 0.6, "team-b": 0.4}
+# The backlog: tasks for racks no host has (selector kind "unmatched"), queued at the
+# start through SubmitTasks and left queued through every fault, cancelled at the quiesce.
+UNMATCHED_RACKS = 50
+BACKLOG_BATCH = 500
+BACKLOG_MOMENT = "backlog"
+
+
 @dataclass
 class Submitted:
     request_id: str
     plan: Plan
     moment: str | None  # when it is to be cancelled; None: never
-    selector: str = "none"  # what its selector targets (Selectors.KINDS)
+    selector: str = "none"  # what its selector targets (Selectors.KINDS, or "unmatched")
+    team: str = ""  # its fairness key
     deadline: float | None = None  # seconds, when the task has one
     queue_timeout: float | None = None
     request: scheduler_pb2.SubmitTaskRequest | None = None
@@ -189,6 +200,7 @@ class Workload:
         self._cancel_share = cancel_share
         self._selectors = selectors
         self.tasks: list[Submitted] = []
+        self.unmatched: list[Submitted] = []  # the backlog (also in `tasks`)
         self.counters = Counters()
         self._cancellers: set[asyncio.Task[None]] = set()
         self._prefix = uuid.uuid4().hex[:8]
@@ -232,11 +244,68 @@ class Workload:
             await self.submit_one()
             await asyncio.sleep(self._rng.uniform(0.0, 0.1))
 
+    @property
+    def open_backlog(self) -> int:
+        """Backlog tasks not cancelled yet: queued, since no host can take them."""
+        return sum(1 for s in self.unmatched if not s.cancel_acked)
+
+    async def submit_backlog(self, count: int) -> None:
+        """`count` tasks for racks no host has, over UNMATCHED_RACKS selectors and both
+        teams, in SubmitTasks batches: a backlog nobody takes, beside the work."""
+        for lo in range(0, count, BACKLOG_BATCH):
+            batch = []
+            for i in range(lo, min(count, lo + BACKLOG_BATCH)):
+                team = list(TEAMS)[i % len(TEAMS)]
+                item = Submitted(
+                    f"chaos-{self._prefix}-backlog-{i}",
+                    random_plan(self._rng),
+                    BACKLOG_MOMENT,
+                    "unmatched",
+                    team,
+                )
+                item.request = scheduler_pb2.SubmitTaskRequest(
+                    request_id=item.request_id,
+                    spec=item.plan.spec,
+                    selector=task_pb2.DeviceSelector(
+                        labels={"rack": f"absent-r{i % UNMATCHED_RACKS:02d}"}
+                    ),
+                    max_attempts=2,
+                    metadata={"chaos": "1", "moment": BACKLOG_MOMENT, "selector": "unmatched"},
+                    fairness_key=team,
+                )
+                batch.append(item)
+            self.tasks += batch
+            self.unmatched += batch
+            request = scheduler_pb2.SubmitTasksRequest(tasks=[b.request for b in batch])
+            try:
+                answer = await self._call(
+                    lambda r=request: self._stub.SubmitTasks(r, timeout=30), "submit_retries"
+                )
+            except grpc.aio.AioRpcError as exc:
+                self._unexpected(exc.code())
+                continue  # resubmit_unacknowledged learns their ids at the end
+            now = time.time()
+            for item, task in zip(batch, answer.tasks, strict=True):
+                item.task_id, item.submitted_at = task.task_id, now
+
+    async def cancel_backlog(self, concurrency: int = 16) -> None:
+        """At the quiesce: cancel every backlog task (queued all along, so each ends
+        cancelled; a cancellation requested is what invariant 3 asks of it)."""
+        todo = [s for s in self.unmatched if s.task_id and not s.cancel_acked]
+        queue = iter(todo)
+
+        async def worker() -> None:
+            for item in queue:
+                await self._cancel(item)
+
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(todo)) or 1)))
+
     async def submit_one(self) -> Submitted:
         plan = random_plan(self._rng)
         moment = self._rng.choice(MOMENTS) if self._rng.random() < self._cancel_share else None
         kind, selector = self._selectors.draw() if self._selectors else ("none", None)
-        item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, moment, kind)
+        team = self._rng.choices(list(TEAMS), weights=list(TEAMS.values()))[0]
+        item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, moment, kind, team)
         if self._rng.random() < 0.2:
             item.deadline = (
                 self._rng.uniform(1.0, 4.0) if plan.long else self._rng.choice([1.0, 2.0, 30.0])
@@ -253,6 +322,7 @@ class Workload:
             metadata={"chaos": "1", "moment": moment or "", "selector": kind},
             deadline=_duration(item.deadline),
             queue_timeout=_duration(item.queue_timeout),
+            fairness_key=team,
         )
         item.request = request
         try:
