@@ -1,6 +1,7 @@
-"""amc.v1.Admin: bearer tokens, and hosts and devices from the centre (cordon, drain,
-remove), for operators. Each host operation is recorded in host_events with the caller's
-token and the reason given."""
+"""amc.v1.Admin: bearer tokens, hosts and devices from the centre (cordon, drain, remove),
+and fairness keys' shares of the phones, for operators. Each host operation is recorded in
+host_events, each change of a share in fair_share_events, with the caller's token and the
+reason given."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ from google.protobuf.message import Message
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from control_plane import validate
 from control_plane.auth import new_token
-from control_plane.convert import host_event_to_pb, host_to_pb, token_to_pb
-from control_plane.domain import Role, TokenInfo
+from control_plane.convert import (
+    fair_share_event_to_pb,
+    fair_share_to_pb,
+    host_event_to_pb,
+    host_to_pb,
+    timestamp,
+    token_to_pb,
+)
+from control_plane.domain import FairShare, Role, TokenInfo
+from control_plane.errors import FairnessKeyNotFound
 from control_plane.lifecycle import HostEventKind
 from control_plane.rpc import Context, TaskServicer, principal, rpc
 from control_plane.store import Store
@@ -22,15 +31,34 @@ from control_plane.store import Store
 log = structlog.get_logger(__name__)
 
 
+# ListFairShares answers at most this many keys (the most queued first).
+MAX_KEYS = 500
+# A cap raised or removed offers at most this many of the key's queued tasks to the parked
+# Acquires (one per phone it may now take).
+MAX_OFFERS = 1000
+
+
 async def create_token(
-    store: Store, role: Role, host_id: str | None, name: str
+    store: Store, role: Role, host_id: str | None, name: str, team: str = ""
 ) -> tuple[TokenInfo, str]:
     """Shared by the RPC and the `control-plane tokens create` bootstrap command."""
-    validate.token_binding(role, host_id)
+    validate.token_binding(role, host_id, team=team)
     token_id, token, secret_hash = new_token()
-    info = await store.create_token(token_id, name, role, host_id, secret_hash)
-    log.info("token created", token_id=str(token_id), role=str(role), host_id=host_id)
+    info = await store.create_token(token_id, name, role, host_id, secret_hash, team)
+    log.info("token created", token_id=str(token_id), role=str(role), host_id=host_id, team=team)
     return info, token
+
+
+def _room(cap_before: int | None, share: FairShare) -> int:
+    """How many more of the key's tasks may start now that its share changed: none unless
+    its cap was raised or removed (a weight orders tasks; it holds none back)."""
+    if cap_before is None:
+        return 0
+    if share.max_devices is None:
+        return MAX_OFFERS
+    if share.max_devices <= cap_before:
+        return 0
+    return max(0, min(MAX_OFFERS, share.max_devices - share.running))
 
 
 def _operation(name: str, kind: HostEventKind, device: bool = False) -> Callable[..., Any]:
@@ -53,7 +81,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.CreateTokenRequest, context: Context
     ) -> admin_pb2.CreateTokenResponse:
         role, host_id = validate.create_token(request)
-        info, token = await create_token(self.store, role, host_id, request.name)
+        info, token = await create_token(self.store, role, host_id, request.name, request.team)
         return admin_pb2.CreateTokenResponse(info=token_to_pb(info), token=token)
 
     @rpc
@@ -125,4 +153,46 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
             host=host_to_pb(host),
             leases=sum(1 for d in host.devices if d.task_id is not None),
             events=[host_event_to_pb(e) for e in events],
+        )
+
+    # -- fair shares -------------------------------------------------------------------------
+
+    @rpc
+    async def SetFairShare(
+        self, request: admin_pb2.SetFairShareRequest, context: Context
+    ) -> admin_pb2.SetFairShareResponse:
+        key, change, reason = validate.set_fair_share(request)
+        who = principal()
+        cap_before = await self.store.set_fair_share(key, change, who, reason)
+        (share,), _ = await self.store.fair_shares(1, key)
+        room = _room(cap_before, share)
+        heads = await self.store.fair_share_heads(key, room) if room else []
+        self.effects.fair_share_set(share, who, reason, heads)
+        return admin_pb2.SetFairShareResponse(share=fair_share_to_pb(share))
+
+    @rpc
+    async def ListFairShares(
+        self, request: admin_pb2.ListFairSharesRequest, context: Context
+    ) -> admin_pb2.ListFairSharesResponse:
+        shares, counted_at = await self.store.fair_shares(MAX_KEYS)
+        return admin_pb2.ListFairSharesResponse(
+            shares=[fair_share_to_pb(s) for s in shares], counted_at=timestamp(counted_at)
+        )
+
+    @rpc
+    async def GetFairShare(
+        self, request: admin_pb2.GetFairShareRequest, context: Context
+    ) -> admin_pb2.GetFairShareResponse:
+        key, limit = validate.get_fair_share(request)
+        shares, counted_at = await self.store.fair_shares(1, key)
+        events = await self.store.fair_share_events(key, limit)
+        if not shares and not events:
+            raise FairnessKeyNotFound(
+                f"no fairness key '{key}': no share set, and no task of it queued or running"
+            )
+        share = shares[0] if shares else FairShare(key)
+        return admin_pb2.GetFairShareResponse(
+            share=fair_share_to_pb(share),
+            events=[fair_share_event_to_pb(e) for e in events],
+            counted_at=timestamp(counted_at),
         )

@@ -54,6 +54,9 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Admin/DrainHost": OPERATORS,
     "/amc.v1.Admin/RemoveHost": OPERATORS,
     "/amc.v1.Admin/GetHost": OPERATORS,
+    "/amc.v1.Admin/SetFairShare": OPERATORS,
+    "/amc.v1.Admin/ListFairShares": OPERATORS,
+    "/amc.v1.Admin/GetFairShare": OPERATORS,
 }
 
 PREFIX = "amc_"
@@ -115,7 +118,11 @@ class Authenticator:
         if info.revoked_at is not None:
             raise errors.Unauthenticated("token revoked", "revoked")
         return Principal(
-            role=info.role, host_id=info.host_id, token_id=info.token_id, name=info.name
+            role=info.role,
+            host_id=info.host_id,
+            token_id=info.token_id,
+            name=info.name,
+            team=info.team,
         )
 
     async def _lookup(self, token_id: uuid.UUID) -> TokenInfo | None:

@@ -42,6 +42,9 @@ class Settings:
     retention_batch: int = 500
     retention_batch_time: timedelta = timedelta(seconds=0.25)
     retention_pause: timedelta = timedelta(seconds=0.05)
+    # How often the queue is counted for GetQueue, ListFairShares and the queue's metrics
+    # (at most: a deep queue's count stretches it; control_plane/queue_stats.py).
+    queue_count_every: timedelta = timedelta(seconds=5)
     # The largest artifact (screenshot, UI dump) an upload may keep.
     max_artifact_bytes: int = 10 * 1024 * 1024
     # What the uploads being received on one replica may hold in memory at once; past it

@@ -19,6 +19,8 @@ from control_plane.domain import (
     AttemptInfo,
     DeviceHealth,
     DeviceInfo,
+    FairShare,
+    FairShareEvent,
     HostEvent,
     HostInfo,
     LeaseId,
@@ -263,6 +265,22 @@ def token_to_pb(t: TokenInfo) -> admin_pb2.TokenInfo:
         host_id=t.host_id or "",
         created_at=timestamp(t.created_at),
         revoked_at=timestamp(t.revoked_at),
+        team=t.team,
+    )
+
+
+def fair_share_to_pb(f: FairShare) -> admin_pb2.FairShare:
+    return admin_pb2.FairShare(
+        **_same(f, "fairness_key", "weight", "max_devices", "queued", "running"),
+        oldest_queued_at=timestamp(f.oldest_at),
+        updated_at=timestamp(f.updated_at),
+    )
+
+
+def fair_share_event_to_pb(e: FairShareEvent) -> admin_pb2.FairShareEvent:
+    return admin_pb2.FairShareEvent(
+        **_same(e, "weight", "max_devices", "actor", "actor_name", "reason"),
+        at=timestamp(e.at),
     )
 
 

@@ -31,6 +31,8 @@ class Principal:
     token_id: uuid.UUID | None = None
     # The token's name, as its creator gave it (recorded with what an operator does).
     name: str = ""
+    # The token's team: its tasks' fairness key unless they name one ("": 'default').
+    team: str = ""
 
     @property
     def caller(self) -> str:
@@ -268,6 +270,7 @@ class TokenInfo:
     secret_hash: bytes
     created_at: datetime
     revoked_at: datetime | None
+    team: str = ""
 
 
 @dataclass(frozen=True)
@@ -310,12 +313,71 @@ class QueueWait:
 
 
 @dataclass(frozen=True)
+class KeyLoad:
+    """A fairness key's tasks for the metrics: queued as last counted, running now, and
+    the oldest queued one's wait (seconds; None: none queued)."""
+
+    key: str
+    queued: int
+    running: int
+    oldest_seconds: float | None
+
+
+@dataclass(frozen=True)
 class FarmGauges:
     tasks: dict[str, int]
     hosts_connected: int
     # (state, busy) -> devices
     devices: dict[tuple[str, bool], int]
     queue: list[QueueGroup]
+    keys: list[KeyLoad] = field(default_factory=list)
+    # How long ago the queue was counted (None: never).
+    counted_ago: float | None = None
+
+
+@dataclass(frozen=True)
+class FairShare:
+    """A fairness key's share of the phones (weight; cap, None: none) and its tasks:
+    queued as last counted (since `oldest_at`), running now. `updated_at` None: no
+    operator set it (the defaults)."""
+
+    fairness_key: str
+    weight: int = 1
+    max_devices: int | None = None
+    queued: int = 0
+    running: int = 0
+    oldest_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ShareChange:
+    """What SetFairShare asks: a weight (None: as it is), a cap (None: as it is), or no
+    cap (`clear_cap`)."""
+
+    weight: int | None = None
+    max_devices: int | None = None
+    clear_cap: bool = False
+
+
+@dataclass(frozen=True)
+class FairShareEvent:
+    """A change of a key's share: the share it left, who made it and why."""
+
+    weight: int
+    max_devices: int | None
+    actor: str
+    actor_name: str
+    reason: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class KeyCap:
+    """A capped fairness key: its cap of phones and how many its tasks hold now."""
+
+    max_devices: int
+    running: int
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,13 @@ from control_plane.dispatch import Offer
 from control_plane.domain import (
     Assignment,
     Expiry,
+    FairShare,
     Principal,
     Recorded,
     Renewal,
     Report,
     Task,
+    TaskId,
 )
 from control_plane.errors import AmcError
 from control_plane.hub import Hub
@@ -84,6 +86,32 @@ class Effects:
             by_name=actor.name,
             reason=reason,
             **fields,
+        )
+
+    def fair_share_set(
+        self,
+        share: FairShare,
+        actor: Principal,
+        reason: str,
+        heads: Sequence[tuple[TaskId, str | None, dict[str, str]]],
+    ) -> None:
+        """An operator set a fairness key's share. A cap raised or removed lets some of the
+        key's queued tasks start: `heads`, the first of them, are offered to the parked
+        Acquires here and on the other replicas, as if just queued (an Acquire that finds
+        nothing queued skips them, as it skips any offer it cannot use)."""
+        if heads:
+            self.hub.queued(
+                [Offer(str(task_id), serial, labels) for task_id, serial, labels in heads]
+            )
+        log.info(
+            "fair share set",
+            fairness_key=share.fairness_key,
+            weight=share.weight,
+            max_devices=share.max_devices,
+            offered=len(heads),
+            by=actor.caller,
+            by_name=actor.name,
+            reason=reason,
         )
 
     def assigned(self, host_id: str, assignments: Sequence[Assignment]) -> None:

@@ -6,7 +6,8 @@
     │   ├── TaskNotFound
     │   ├── ArtifactNotFound
     │   ├── HostNotFound
-    │   └── DeviceNotFound
+    │   ├── DeviceNotFound
+    │   └── FairnessKeyNotFound
     ├── FailedPrecondition       the task's state does not allow it
     │   ├── HostInUse
     │   ├── HostNotRegistered    an Acquire from a host the control plane forgot
@@ -71,6 +72,10 @@ class HostNotFound(NotFound):
 
 class DeviceNotFound(NotFound):
     """No such device."""
+
+
+class FairnessKeyNotFound(NotFound):
+    """No such fairness key: no share set, and no task queued or running."""
 
 
 class FailedPrecondition(AmcError):

@@ -92,6 +92,35 @@ QUEUE_DEPTH = Gauge(
 QUEUE_OLDEST = Gauge(
     "amc_queue_oldest_seconds", "Age of the oldest queued task, by selector", ["selector"]
 )
+# Per fairness key: the QUEUE_KEYS keys with most queued (then running) by name, the rest
+# summed under `other` (so a client inventing keys cannot grow the series without bound).
+QUEUE_KEYS = 20
+KEY_QUEUED = Gauge(
+    "amc_fair_share_queued",
+    f"Queued tasks by fairness key, as last counted (the {QUEUE_KEYS} keys with most queued;"
+    " the rest under `other`)",
+    ["key"],
+)
+KEY_RUNNING = Gauge(
+    "amc_fair_share_running",
+    "Running (assigned or dispatched) tasks by fairness key (the same keys as"
+    " amc_fair_share_queued)",
+    ["key"],
+)
+KEY_OLDEST = Gauge(
+    "amc_fair_share_oldest_seconds",
+    "Age of the oldest queued task by fairness key, as last counted (0: none queued)",
+    ["key"],
+)
+QUEUE_COUNT_SECONDS = Histogram(
+    "amc_queue_count_seconds",
+    "How long a count of the queue took on this replica (one replica counts at a time)",
+    buckets=LATENCY,
+)
+QUEUE_COUNT_AGE = Gauge(
+    "amc_queue_count_age_seconds",
+    "How old the queue's counts are (what GetQueue, ListFairShares and the queue's gauges show)",
+)
 PICKUP = Histogram(
     "amc_pickup_latency_seconds",
     "Queued -> dispatched (the host acknowledged the assignment)",
@@ -204,6 +233,9 @@ def create_series() -> None:
     _at_zero(DEVICES, DEVICE_STATES, DEVICE_USES)
     _at_zero(QUEUE_DEPTH, ("any", "other"))
     _at_zero(QUEUE_OLDEST, ("any", "other"))
+    _at_zero(KEY_QUEUED, ("default", "other"))
+    _at_zero(KEY_RUNNING, ("default", "other"))
+    _at_zero(KEY_OLDEST, ("default", "other"))
     _at_zero(RUN_SECONDS, Outcome)
     _at_zero(REQUEUES, REQUEUE_CAUSES)
     _at_zero(AUTH_FAILURES, AUTH_REASONS)

@@ -2,9 +2,10 @@
 
 Never stored and never refreshed in the background: GetTask and WatchTask ask for the one
 task they answer, ListTasks for the queued tasks of its page, grouped by selector, so a
-page of any size costs one statement (`pending_reasons`: one scan of the devices per
-distinct selector, at most MAX_SELECTORS of them; queued tasks with further selectors on
-the same page get no reason).
+page of any size costs two statements (`pending_reasons`: one scan of the devices per
+distinct selector, at most MAX_SELECTORS of them, queued tasks with further selectors on
+the same page getting no reason; `fair_share_caps`: the caps of the page's fairness keys
+and their running tasks, at most one per phone). Neither reads the backlog.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
-from control_plane.domain import DeviceMatch, Task
+from control_plane.domain import DeviceMatch, KeyCap, Task
 from control_plane.lifecycle import TaskStatus
 from control_plane.store import Store
 
@@ -108,8 +109,8 @@ def held(m: DeviceMatch) -> str:
 async def with_reasons(
     store: Store, tasks: Sequence[Task], connected_within: timedelta
 ) -> list[Task]:
-    """`tasks`, the queued ones with their pending_reason set (one statement, or none when
-    no task is queued)."""
+    """`tasks`, the queued ones with their pending_reason set (two statements: the devices
+    per selector, the caps of their fairness keys; none when no task is queued)."""
     selectors: dict[Selector, int] = {}
     for task in tasks:
         if task.status is TaskStatus.QUEUED and len(selectors) < MAX_SELECTORS:
@@ -118,14 +119,31 @@ async def with_reasons(
         return list(tasks)
     keys = list(selectors)
     asked = [(serial, dict(labels)) for serial, labels in keys]
-    matches = await store.device_matches(asked, connected_within)
-    reasons = {key: explain(key[0], dict(key[1]), m) for key, m in zip(keys, matches, strict=True)}
-    return [
-        dataclasses.replace(t, pending_reason=reasons[_key(t)])
-        if t.status is TaskStatus.QUEUED and _key(t) in reasons
-        else t
-        for t in tasks
-    ]
+    matches = dict(zip(keys, await store.device_matches(asked, connected_within), strict=True))
+
+    def waits(t: Task) -> bool:
+        return t.status is TaskStatus.QUEUED and _key(t) in matches
+
+    caps = await store.key_caps(sorted({t.fairness_key for t in tasks if waits(t)}))
+
+    def reason(t: Task) -> str:
+        m = matches[_key(t)]
+        capped = at_cap(t.fairness_key, caps.get(t.fairness_key), m)
+        return capped or explain(t.selector_serial, t.selector_labels, m)
+
+    return [dataclasses.replace(t, pending_reason=reason(t)) if waits(t) else t for t in tasks]
+
+
+def at_cap(key: str, cap: KeyCap | None, m: DeviceMatch) -> str | None:
+    """`team qa at its cap of 40 phones`, when the task's fairness key holds as many phones
+    as its cap allows and phones that could run the task are there (idle, or busy with
+    other work); None otherwise (when every matching phone is offline, cordoned or held by
+    its condition, that is the reason, whatever the cap)."""
+    if cap is None or cap.running < cap.max_devices:
+        return None
+    if m.total - m.host_cordoned - m.cordoned - m.offline - m.held <= 0:
+        return None
+    return f"team {key} at its cap of {_plural(cap.max_devices, 'phone', 'phones')}"
 
 
 def _key(task: Task) -> Selector:

@@ -19,6 +19,7 @@ from control_plane.convert import (
     host_to_pb,
     queue_group_to_pb,
     task_to_pb,
+    timestamp,
 )
 from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
@@ -68,7 +69,9 @@ def decode_events_token(token: str) -> int:
         raise InvalidArgument("page_token", "not a token from a previous ListTaskEvents") from None
 
 
-def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
+def _new_task(request: scheduler_pb2.SubmitTaskRequest, team: str = "") -> NewTask:
+    """The task asked for; its fairness key the request's, else the caller's team (else
+    "": the SQL makes that 'default')."""
     return NewTask(
         spec=request.spec.SerializeToString(deterministic=True),
         request_id=request.request_id or None,
@@ -81,7 +84,7 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest) -> NewTask:
             request.queue_timeout.ToTimedelta() if request.HasField("queue_timeout") else None
         ),
         deadline=request.deadline.ToTimedelta() if request.HasField("deadline") else None,
-        fairness_key=request.fairness_key,
+        fairness_key=request.fairness_key or team,
     )
 
 
@@ -93,7 +96,8 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitTaskRequest, context: Context
     ) -> task_pb2.Task:
         validate.submit(request)
-        task, created = await self.store.submit(principal().caller, _new_task(request))
+        who = principal()
+        task, created = await self.store.submit(who.caller, _new_task(request, who.team))
         if created:
             self.effects.submitted([task])
         return task_to_pb(task)
@@ -103,8 +107,9 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate.submit_batch(request)
-        news = [_new_task(t) for t in request.tasks]
-        submitted = await self.store.submit_many(principal().caller, news)
+        who = principal()
+        news = [_new_task(t, who.team) for t in request.tasks]
+        submitted = await self.store.submit_many(who.caller, news)
         self.effects.submitted([task for task, is_new in submitted if is_new])
         return scheduler_pb2.SubmitTasksResponse(tasks=[task_to_pb(t) for t, _ in submitted])
 
@@ -198,9 +203,11 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def GetQueue(
         self, request: scheduler_pb2.GetQueueRequest, context: Context
     ) -> scheduler_pb2.GetQueueResponse:
-        groups, total = await self.store.queue(self.settings.lease_ttl, QUEUE_GROUPS)
+        groups, total, counted_at = await self.store.queue(QUEUE_GROUPS)
         return scheduler_pb2.GetQueueResponse(
-            groups=[queue_group_to_pb(g) for g in groups], total=total
+            groups=[queue_group_to_pb(g) for g in groups],
+            total=total,
+            counted_at=timestamp(counted_at),
         )
 
     @rpc

@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS tokens (
     secret_hash bytea NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     revoked_at  timestamptz,
+    -- The fairness key of the tasks submitted with the token (unless a task names its
+    -- own); '': 'default'. Client and operator tokens only.
+    team        text NOT NULL DEFAULT '',
     CHECK ((role = 'host') = (host_id IS NOT NULL))
 );
 
@@ -280,6 +283,29 @@ CREATE TABLE IF NOT EXISTS fair_share_events (
 );
 CREATE INDEX IF NOT EXISTS fair_share_events_by_key ON fair_share_events (fairness_key, event_id);
 
+-- The queue as last counted, per group: its queued tasks (how many, and since when the
+-- longest-waiting one waits) and the devices its selector matches by use, as GetQueue
+-- shows them. GetQueue, ListFairShares and the queue's metrics read this small table
+-- (a row per group) and never the backlog; amc_count_queue recounts it in the background,
+-- one replica at a time, every few seconds. No foreign key: a forgotten group's row goes
+-- at the next count, and readers join queue_groups. Every count rewrites every row
+-- (fillfactor 50: in place, as HOT updates).
+CREATE TABLE IF NOT EXISTS queue_group_stats (
+    group_id            bigint PRIMARY KEY,
+    queued              integer NOT NULL,
+    -- When the longest-waiting of them entered the queue; NULL: none queued.
+    oldest              timestamptz,
+    -- Online, ready, idle and not cordoned on a connected, uncordoned host; online and
+    -- busy; the rest (offline, unauthorized, gone, cordoned, held by its condition, on a
+    -- disconnected or cordoned host).
+    -- Counted for groups with tasks queued only (0 for the others).
+    devices_idle        integer NOT NULL,
+    devices_busy        integer NOT NULL,
+    devices_unavailable integer NOT NULL,
+    -- The count's time: the same for every row of one count.
+    counted_at          timestamptz NOT NULL
+) WITH (fillfactor = 50);
+
 -- The anchor a group is found by (see queue_groups.anchor).
 CREATE OR REPLACE FUNCTION amc_group_anchor(p_serial text, p_labels jsonb)
 RETURNS text
@@ -386,6 +412,107 @@ BEGIN
         END IF;
     END LOOP;
     RETURN v_forgotten;
+END $$;
+
+-- When the queue was last counted: NULL if it has groups and none was counted yet (a
+-- replica just started on a database with work queued); now() if it has no groups (then
+-- nothing is queued).
+CREATE OR REPLACE FUNCTION amc_queue_counted_at()
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT max(st.counted_at) FROM queue_group_stats st),
+                    CASE WHEN NOT EXISTS (SELECT 1 FROM queue_groups) THEN now() END)
+$$;
+
+-- Counts the queue into queue_group_stats, unless another transaction is counting it (a
+-- transaction-scoped advisory lock, tried, not waited for) or it was counted less than
+-- p_every ago: so replicas that all call it every few seconds count it once per p_every
+-- between them. Devices count as connected within p_window (as list_hosts says). One
+-- backend, no parallel workers: a count reads every queued task once (about a
+-- microsecond each), and the devices once: they are grouped by the labels the queued
+-- selectors ask about (a farm's phones have a few hundred distinct such sets, however many
+-- phones there are), and each selector is matched against those groups; selectors naming
+-- a serial are matched by a hash join on it.
+-- Returns one row (groups counted, tasks queued) when it counted, none otherwise.
+CREATE OR REPLACE FUNCTION amc_count_queue(p_every interval, p_window interval)
+RETURNS TABLE (groups integer, queued bigint)
+LANGUAGE plpgsql SET max_parallel_workers_per_gather = 0 AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(4279619, 2)
+       OR (SELECT max(st.counted_at) FROM queue_group_stats st) > now() - p_every THEN
+        RETURN;
+    END IF;
+    DELETE FROM queue_group_stats st
+    WHERE NOT EXISTS (SELECT 1 FROM queue_groups q WHERE q.group_id = st.group_id);
+    RETURN QUERY
+    WITH counted AS (
+        SELECT tk.group_id, count(*)::integer AS n, min(tk.updated_at) AS oldest
+        FROM tasks tk WHERE tk.status = 'queued'
+        GROUP BY tk.group_id
+    ), grp AS (
+        SELECT q.group_id, q.selector_serial, q.selector_labels, COALESCE(c.n, 0) AS n,
+               c.oldest
+        FROM queue_groups q LEFT JOIN counted c ON c.group_id = q.group_id
+    ), sel AS (
+        -- Each selector with its labels as 'key<US>value' texts (US, U+001F, is in no
+        -- label: validate.string_map refuses control characters).
+        SELECT s.selector_serial, s.selector_labels,
+               ARRAY(SELECT e.k || chr(31) || e.v
+                     FROM jsonb_each_text(s.selector_labels) e (k, v)) AS pairs
+        FROM (SELECT DISTINCT g.selector_serial, g.selector_labels FROM grp g WHERE g.n > 0) s
+    ), asked AS (
+        SELECT COALESCE(array_agg(DISTINCT k.k), '{}') AS keys
+        FROM sel CROSS JOIN LATERAL jsonb_object_keys(sel.selector_labels) k (k)
+    ), dev AS (
+        SELECT d.serial, d.labels,
+               CASE WHEN d.state = 'device' AND d.task_id IS NOT NULL THEN 'busy'
+                    WHEN d.state = 'device' AND d.task_id IS NULL AND NOT d.cordoned
+                         AND NOT h.cordoned AND d.condition = 'ready'
+                         AND GREATEST(h.last_seen_at, r.seen_at) > now() - p_window
+                    THEN 'idle'
+                    ELSE 'unavailable' END AS use
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        LEFT JOIN replicas r ON r.replica_id = h.replica_id
+    ), by_labels AS (
+        -- The devices by the labels the selectors ask about (the same texts, in key order).
+        SELECT ARRAY(SELECT k.k || chr(31) || (dev.labels ->> k.k)
+                     FROM unnest(asked.keys) WITH ORDINALITY k (k, i)
+                     WHERE dev.labels ? k.k ORDER BY k.i) AS pairs,
+               count(*) FILTER (WHERE dev.use = 'idle') AS idle,
+               count(*) FILTER (WHERE dev.use = 'busy') AS busy,
+               count(*) FILTER (WHERE dev.use = 'unavailable') AS unavailable
+        FROM dev CROSS JOIN asked
+        GROUP BY 1
+    ), matched AS (
+        SELECT sel.selector_serial, sel.selector_labels, sum(b.idle) AS idle,
+               sum(b.busy) AS busy, sum(b.unavailable) AS unavailable
+        FROM sel JOIN by_labels b ON b.pairs @> sel.pairs
+        WHERE sel.selector_serial = ''
+        GROUP BY 1, 2
+        UNION ALL
+        SELECT sel.selector_serial, sel.selector_labels,
+               count(*) FILTER (WHERE dev.use = 'idle'),
+               count(*) FILTER (WHERE dev.use = 'busy'),
+               count(*) FILTER (WHERE dev.use = 'unavailable')
+        FROM sel JOIN dev ON dev.serial = sel.selector_serial
+        WHERE sel.selector_serial <> '' AND dev.labels @> sel.selector_labels
+        GROUP BY 1, 2
+    ), written AS (
+        INSERT INTO queue_group_stats AS st (group_id, queued, oldest, devices_idle,
+                                             devices_busy, devices_unavailable, counted_at)
+        SELECT g.group_id, g.n, g.oldest, COALESCE(m.idle, 0), COALESCE(m.busy, 0),
+               COALESCE(m.unavailable, 0), now()
+        FROM grp g
+        LEFT JOIN matched m ON m.selector_serial = g.selector_serial
+                           AND m.selector_labels = g.selector_labels
+        ON CONFLICT (group_id) DO UPDATE SET
+            queued = EXCLUDED.queued, oldest = EXCLUDED.oldest,
+            devices_idle = EXCLUDED.devices_idle, devices_busy = EXCLUDED.devices_busy,
+            devices_unavailable = EXCLUDED.devices_unavailable,
+            counted_at = EXCLUDED.counted_at
+        RETURNING st.queued
+    )
+    SELECT count(*)::integer, COALESCE(sum(w.queued), 0)::bigint FROM written w;
 END $$;
 
 -- -- transitions that lock several rows: one function each, so one round trip ------------

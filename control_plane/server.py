@@ -32,10 +32,12 @@ from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
 from control_plane.console.http import Console
+from control_plane.domain import KeyLoad
 from control_plane.effects import Effects
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
 from control_plane.lifecycle import TaskStatus
+from control_plane.queue_stats import keep_queue_counted
 from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
 from control_plane.rpc_metrics import RpcMetrics, label
@@ -116,6 +118,29 @@ def selector_label(serial: str | None, labels: dict[str, str] | None) -> str:
     return ",".join(parts)[:120] or "any"
 
 
+def top_keys(loads: list[KeyLoad], most: int) -> list[KeyLoad]:
+    """The `most` keys with most queued, then running (ties by name), and the rest summed
+    as one `other` (its oldest: the oldest of theirs; a key named `other` is among the
+    rest); keys with nothing are left out."""
+    busy = sorted(
+        (k for k in loads if k.queued or k.running), key=lambda k: (-k.queued, -k.running, k.key)
+    )
+    shown = [k for k in busy if k.key != "other"][:most]
+    named = {k.key for k in shown}
+    rest = [k for k in busy if k.key not in named]
+    if rest:
+        ages = [k.oldest_seconds for k in rest if k.oldest_seconds is not None]
+        shown.append(
+            KeyLoad(
+                "other",
+                sum(k.queued for k in rest),
+                sum(k.running for k in rest),
+                max(ages) if ages else None,
+            )
+        )
+    return shown
+
+
 def is_loopback(listen: str) -> bool:
     host = listen.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
@@ -162,6 +187,7 @@ class ControlPlane:
         self._server: grpc.aio.Server | None = None
         self._background: list[asyncio.Task[None]] = []
         self._queue_labels: set[str] = set()
+        self._key_labels: set[str] = set()
         self._stopped = asyncio.Event()
         # Set when a background loop died of a bug: the replica must not limp on without it.
         self.crashed = asyncio.Event()
@@ -222,6 +248,7 @@ class ControlPlane:
                     self.settings.lease_ttl,
                 ),
                 keep_retention(self.store, self.settings),
+                keep_queue_counted(self.store, self.settings),
                 self._watch_database(),
                 self.hub.send_outbox(self.store.notify),
                 self.hub.presence.write(
@@ -349,6 +376,23 @@ class ControlPlane:
             metrics.QUEUE_DEPTH.labels(selector).set(group.count if group else 0)
             metrics.QUEUE_OLDEST.labels(selector).set(group.oldest_seconds if group else 0)
         self._queue_labels = set(queue)
+        self._key_gauges(farm.keys)
+        if farm.counted_ago is not None:
+            metrics.QUEUE_COUNT_AGE.set(farm.counted_ago)
+
+    def _key_gauges(self, loads: list[KeyLoad]) -> None:
+        """The per-key gauges: the keys with most queued (then running) by name, the rest
+        summed as `other`; series of keys that dropped out are removed."""
+        shown = {load.key: load for load in top_keys(loads, metrics.QUEUE_KEYS)}
+        for key in self._key_labels - shown.keys() - {"default", "other"}:
+            for gauge in (metrics.KEY_QUEUED, metrics.KEY_RUNNING, metrics.KEY_OLDEST):
+                gauge.remove(key)
+        for key in shown.keys() | {"default", "other"}:
+            load = shown.get(key)
+            metrics.KEY_QUEUED.labels(key).set(load.queued if load else 0)
+            metrics.KEY_RUNNING.labels(key).set(load.running if load else 0)
+            metrics.KEY_OLDEST.labels(key).set((load and load.oldest_seconds) or 0)
+        self._key_labels = set(shown)
 
     async def _listen(self) -> None:
         async for attempt in AsyncRetrying(

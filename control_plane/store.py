@@ -33,9 +33,13 @@ from control_plane.domain import (
     DeviceInfo,
     DeviceMatch,
     Expiry,
+    FairShare,
+    FairShareEvent,
     FarmGauges,
     HostEvent,
     HostInfo,
+    KeyCap,
+    KeyLoad,
     LeaseId,
     NewArtifact,
     NewTask,
@@ -47,6 +51,7 @@ from control_plane.domain import (
     Renewal,
     Report,
     Role,
+    ShareChange,
     Task,
     TaskEvent,
     TaskHistory,
@@ -170,6 +175,7 @@ def _token(row: asyncpg.Record) -> TokenInfo:
         secret_hash=bytes(row["secret_hash"]),
         created_at=row["created_at"],
         revoked_at=row["revoked_at"],
+        team=row["team"],
     )
 
 
@@ -211,6 +217,11 @@ class Store:
                 QueueGroup(q["serial"], q["labels"], int(q["n"]), float(q["oldest"]))
                 for q in row["queue"]
             ],
+            keys=[
+                KeyLoad(k["key"], int(k["queued"]), int(k["running"]), k["oldest"])
+                for k in row["keys"]
+            ],
+            counted_ago=row["counted_ago"],
         )
 
     # -- tasks -----------------------------------------------------------------------------
@@ -299,9 +310,10 @@ class Store:
         )
         return [_task(r) for r in rows]
 
-    async def queue(self, connected_within: timedelta, limit: int) -> tuple[list[QueueWait], int]:
-        """The `limit` largest groups of queued tasks by selector, and the queued total."""
-        rows = await self._fetch("queue_groups", connected_within, limit)
+    async def queue(self, limit: int) -> tuple[list[QueueWait], int, datetime | None]:
+        """The queue as last counted: the `limit` largest selectors, the queued total, and
+        when it was counted (None: not yet)."""
+        rows = await self._fetch("queue_groups", limit)
         groups = [
             QueueWait(
                 r["selector_serial"],
@@ -314,7 +326,10 @@ class Store:
             )
             for r in rows
         ]
-        return groups, int(rows[0]["total"]) if rows else 0
+        if not rows:
+            row = await self._fetchrow("queue_counted_at")
+            return [], 0, row["counted_at"] if row else None
+        return groups, int(rows[0]["total"]), rows[0]["counted_at"]
 
     async def cancel(self, task_id: TaskId, reason: str) -> tuple[CancelCode, Task]:
         """Returns (code, task); code is CANCELLED, REQUESTED or UNCHANGED (else it raises)."""
@@ -594,6 +609,80 @@ class Store:
             for r in rows
         ]
 
+    # -- the queue's counts and fair shares --------------------------------------------------
+
+    async def count_queue(self, every: timedelta, connected_within: timedelta) -> int | None:
+        """Count the queue into queue_group_stats unless it was counted less than `every`
+        ago or another replica is counting it; the tasks queued, or None if it did not."""
+        row = await self._fetchrow("count_queue", every, connected_within)
+        return None if row is None else int(row["queued"])
+
+    async def fair_shares(
+        self, limit: int, key: str | None = None
+    ) -> tuple[list[FairShare], datetime | None]:
+        """The fairness keys with tasks queued or running or a share set (or only `key`),
+        most queued first, at most `limit`; and when the queue was counted (None: not yet)."""
+        rows = await self._fetch("fair_shares", key, limit)
+        shares = [
+            FairShare(
+                r["fairness_key"],
+                r["weight"],
+                r["max_devices"],
+                int(r["queued"]),
+                int(r["running"]),
+                r["oldest"],
+                r["updated_at"],
+            )
+            for r in rows
+        ]
+        if not rows:
+            row = await self._fetchrow("queue_counted_at")
+            return [], row["counted_at"] if row else None
+        return shares, rows[0]["counted_at"]
+
+    async def set_fair_share(
+        self, key: str, change: ShareChange, actor: Principal, reason: str
+    ) -> int | None:
+        """Set the key's share as `change` says, recorded as done by `actor` because
+        `reason`; the cap it had before (None: none)."""
+        row = await self._fetchrow(
+            "set_fair_share",
+            key,
+            change.weight,
+            change.max_devices,
+            change.clear_cap,
+            actor.caller,
+            actor.name,
+            reason,
+        )
+        assert row is not None
+        cap: int | None = row["cap_before"]
+        return cap
+
+    async def fair_share_events(self, key: str, limit: int) -> list[FairShareEvent]:
+        """The key's latest `limit` changes of its share, newest first."""
+        rows = await self._fetch("fair_share_events", key, limit)
+        return [
+            FairShareEvent(
+                r["weight"], r["max_devices"], r["actor"], r["actor_name"], r["reason"], r["at"]
+            )
+            for r in rows
+        ]
+
+    async def fair_share_heads(
+        self, key: str, limit: int
+    ) -> list[tuple[TaskId, str | None, dict[str, str]]]:
+        """The key's first `limit` queued tasks in dispatch order: (id, serial, labels)."""
+        rows = await self._fetch("fair_share_heads", key, limit)
+        return [(TaskId(r["task_id"]), r["selector_serial"], r["selector_labels"]) for r in rows]
+
+    async def key_caps(self, keys: Sequence[str]) -> dict[str, KeyCap]:
+        """The capped keys among `keys`: each one's cap and its tasks running now."""
+        if not keys:
+            return {}
+        rows = await self._fetch("fair_share_caps", list(keys))
+        return {r["fairness_key"]: KeyCap(r["max_devices"], int(r["running"])) for r in rows}
+
     async def forget_queue_groups(self, idle: timedelta, limit: int) -> int:
         """Forget up to `limit` queue groups with no task queued or running, made more than
         `idle` ago; how many went."""
@@ -631,9 +720,17 @@ class Store:
     # -- tokens ----------------------------------------------------------------------------
 
     async def create_token(
-        self, token_id: uuid.UUID, name: str, role: Role, host_id: str | None, secret_hash: bytes
+        self,
+        token_id: uuid.UUID,
+        name: str,
+        role: Role,
+        host_id: str | None,
+        secret_hash: bytes,
+        team: str = "",
     ) -> TokenInfo:
-        row = await self._fetchrow("create_token", token_id, name, str(role), host_id, secret_hash)
+        row = await self._fetchrow(
+            "create_token", token_id, name, str(role), host_id, secret_hash, team
+        )
         assert row is not None
         return _token(row)
 

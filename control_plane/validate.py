@@ -18,7 +18,7 @@ from amc_common.actions import MAX_COORD as MAX_COORD
 from amc_common.actions import MAX_SECONDS as MAX_SECONDS
 from amc_common.actions import MAX_STRING, MAX_TEXT
 from control_plane.convert import ROLE_FROM_PB, STATUS_FROM_PB
-from control_plane.domain import Role
+from control_plane.domain import Role, ShareChange
 from control_plane.errors import ArtifactTooLarge, InvalidArgument
 from control_plane.lifecycle import TaskStatus
 
@@ -375,15 +375,51 @@ def create_token(req: admin_pb2.CreateTokenRequest) -> tuple[Role, str | None]:
         raise InvalidArgument("role", "must be ROLE_CLIENT, ROLE_OPERATOR or ROLE_HOST")
     host_id = identifier(req.host_id, "host_id", required=False) or None
     token_name(req.name)
+    identifier(req.team, "team", required=False)
     return ROLE_FROM_PB[req.role], host_id
 
 
-def token_binding(role: Role, host_id: str | None, field: str = "host_id") -> None:
-    """Host tokens, and only they, are bound to a host."""
+def token_binding(role: Role, host_id: str | None, field: str = "host_id", team: str = "") -> None:
+    """Host tokens, and only they, are bound to a host; they submit no tasks, so they have
+    no team."""
     if role is Role.HOST and not host_id:
         raise InvalidArgument(field, "required for a host token")
     if role is not Role.HOST and host_id:
         raise InvalidArgument(field, "only host tokens are bound to a host")
+    if role is Role.HOST and team:
+        raise InvalidArgument("team", "host tokens submit no tasks, so they have no team")
+
+
+# A fair share's bounds (fair_shares' checks): a weight, and the most phones a cap may say.
+MAX_WEIGHT = 1000
+MAX_CAP = 100_000
+
+
+def set_fair_share(req: admin_pb2.SetFairShareRequest) -> tuple[str, ShareChange, str]:
+    """(key, the change, reason) of SetFairShare; something must change."""
+    key = identifier(req.fairness_key, "fairness_key")
+    if not 0 <= req.weight <= MAX_WEIGHT:
+        raise InvalidArgument(
+            "weight", f"must be between 1 and {MAX_WEIGHT} (0 leaves it as it is)"
+        )
+    cap = req.max_devices if req.HasField("max_devices") else None
+    if cap is not None and not 0 <= cap <= MAX_CAP:
+        raise InvalidArgument("max_devices", f"must be between 0 and {MAX_CAP}")
+    if cap is not None and req.clear_max_devices:
+        raise InvalidArgument("clear_max_devices", "give max_devices or clear it, not both")
+    if not (req.weight or cap is not None or req.clear_max_devices):
+        raise InvalidArgument(
+            "weight", "nothing to set: give weight, max_devices or clear_max_devices"
+        )
+    change = ShareChange(req.weight or None, cap, req.clear_max_devices)
+    return key, change, reason(req.reason)
+
+
+def get_fair_share(req: admin_pb2.GetFairShareRequest) -> tuple[str, int]:
+    """(key, how many events: 20 by default, at most 1000)."""
+    if not 0 <= req.events <= MAX_HOST_EVENTS:
+        raise InvalidArgument("events", f"from 0 to {MAX_HOST_EVENTS}")
+    return identifier(req.fairness_key, "fairness_key"), req.events or DEFAULT_HOST_EVENTS
 
 
 # An upload's chunks: at most this much each (gRPC's own message limit is 4 MiB).

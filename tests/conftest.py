@@ -97,6 +97,7 @@ FAST = Settings(
     lease_ttl=timedelta(seconds=15),
     sweep_interval=timedelta(seconds=0.05),
     watch_refresh=timedelta(seconds=1),
+    queue_count_every=timedelta(seconds=0.2),
 )
 
 

@@ -218,6 +218,15 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Admin/GetHost": lambda c, w, own: c.admin.GetHost(
         admin_pb2.GetHostRequest(host_id="C")
     ),
+    "/amc.v1.Admin/SetFairShare": lambda c, w, own: c.admin.SetFairShare(
+        admin_pb2.SetFairShareRequest(fairness_key="default", weight=2)
+    ),
+    "/amc.v1.Admin/ListFairShares": lambda c, w, own: c.admin.ListFairShares(
+        admin_pb2.ListFairSharesRequest()
+    ),
+    "/amc.v1.Admin/GetFairShare": lambda c, w, own: c.admin.GetFairShare(
+        admin_pb2.GetFairShareRequest(fairness_key="default")
+    ),
 }
 
 CALLERS = ["none", "malformed", "revoked", "client", "operator", "host_own", "host_foreign"]

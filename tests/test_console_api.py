@@ -17,7 +17,7 @@ from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from control_plane.server import ControlPlane
 from host_agent.simulated import UI_XML, SimulatedSource, screenshot_png
-from tests.support import Farm, actions_spec, tap
+from tests.support import Farm, actions_spec, eventually, tap
 from tests.support.agent import running_agent, status_is, submit
 from tests.support.console import SETTINGS, console_farm, console_url
 
@@ -177,7 +177,8 @@ async def test_list_tasks_filters_by_selector_label_and_text(farm: Farm) -> None
 async def test_get_queue_groups_queued_tasks_by_selector_and_says_why_they_wait(
     farm: Farm,
 ) -> None:
-    """Per selector: count, oldest, the matching devices by state, and the reason."""
+    """Per selector: count, oldest, the matching devices by state, and the reason, as the
+    queue was counted (within a count's period of the submits)."""
     client = await farm.client()
     operator = await farm.operator()
 
@@ -192,8 +193,13 @@ async def test_get_queue_groups_queued_tasks_by_selector_and_says_why_they_wait(
     await submit(rack="a")
     await submit(rack="a")
     await submit(rack="z")
-    answer = await operator.scheduler.GetQueue(A.GetQueueRequest())
-    assert answer.total == 3
+
+    async def counted() -> A.GetQueueResponse | None:
+        answer = await operator.scheduler.GetQueue(A.GetQueueRequest())
+        return answer if answer.total == 3 else None
+
+    answer = await eventually(counted, what="the three queued tasks counted")
+    assert answer.HasField("counted_at")
     busy, nowhere = answer.groups
     assert (dict(busy.selector.labels), busy.count) == ({"rack": "a"}, 2)
     assert (busy.devices_idle, busy.devices_busy, busy.devices_unavailable) == (0, 1, 0)

@@ -5,13 +5,19 @@ with one key the queue stays first come, first served."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
+import grpc
 import pytest
 
-from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from tests.support import Clients, Farm, HostClient, actions_spec
+from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from control_plane.admin_service import create_token
+from control_plane.domain import Role
+from tests.support import Clients, Farm, HostClient, actions_spec, eventually
 
 S = scheduler_pb2
 
@@ -220,3 +226,268 @@ async def test_a_bad_fairness_key_is_refused_naming_the_field(farm: Farm, bad: s
     assert "fairness_key" in str(refused.value)
     assert farm.db is not None
     assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 0
+
+
+# -- fair shares set through Admin.SetFairShare ----------------------------------------------
+
+A = admin_pb2
+
+
+def _share(key: str, weight: int = 0, cap: int | None = None, **more: Any) -> A.SetFairShareRequest:
+    return A.SetFairShareRequest(fairness_key=key, weight=weight, max_devices=cap, **more)
+
+
+async def _shares(db: asyncpg.Connection) -> list[tuple[str, int, int | None]]:
+    rows = await db.fetch("SELECT * FROM fair_shares ORDER BY fairness_key")
+    return [(r["fairness_key"], r["weight"], r["max_devices"]) for r in rows]
+
+
+async def _share_events(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
+    rows = await db.fetch("SELECT * FROM fair_share_events ORDER BY event_id")
+    return [
+        (r["fairness_key"], r["weight"], r["max_devices"], r["actor"], r["actor_name"], r["reason"])
+        for r in rows
+    ]
+
+
+async def _operator(farm: Farm, name: str = "ops-alice") -> tuple[Clients, str]:
+    """An operator's clients, and its token id (what events record as the actor)."""
+    assert farm.plane is not None
+    info, token = await create_token(farm.plane.store, Role.OPERATOR, None, name)
+    return farm.clients(token), str(info.token_id)
+
+
+async def test_weights_set_through_set_fair_share_take_turns_and_each_change_is_recorded(
+    farm: Farm,
+) -> None:
+    """THEN weights 1 and 3 set with SetFairShare give 10 and 30 of 40 tasks run, and each
+    change is a fair_share_events row with the operator's token id, name and reason."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    op, actor = await _operator(farm)
+    answer = await op.admin.SetFairShare(_share("heavy", 3, reason="release week"))
+    assert (answer.share.fairness_key, answer.share.weight) == ("heavy", 3)
+    assert not answer.share.HasField("max_devices") and answer.share.HasField("updated_at")
+    await op.admin.SetFairShare(_share("light", 1))
+    assert farm.db is not None
+    assert await _shares(farm.db) == [("heavy", 3, None), ("light", 1, None)]
+    assert await _share_events(farm.db) == [
+        ("heavy", 3, None, actor, "ops-alice", "release week"),
+        ("light", 1, None, actor, "ops-alice", ""),
+    ]
+    light = await _submit(client, *[_task(key="light") for _ in range(60)])
+    heavy = await _submit(client, *[_task(key="heavy") for _ in range(60)])
+    order = await _run_one_at_a_time(host, "s1", 40)
+    assert (len([t for t in order if t in light]), len([t for t in order if t in heavy])) == (
+        10,
+        30,
+    )
+
+
+async def test_a_key_at_its_cap_set_through_set_fair_share_says_so_in_its_pending_reason(
+    farm: Farm,
+) -> None:
+    """THEN with qa capped at 2 phones and holding 2 of 4, its next task waits with
+    pending_reason "team qa at its cap of 2 phones" (GetTask and ListTasks), while the
+    other phones run another key's tasks; a task of a key under its cap says why else it
+    waits."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2", "s3", "s4")
+    op, _ = await _operator(farm)
+    await op.admin.SetFairShare(_share("qa", cap=2, reason="share the lab"))
+    qa = await _submit(client, *[_task(key="qa") for _ in range(3)])
+    ci = await _submit(client, *[_task(key="ci") for _ in range(3)])
+    taken = {a.task_id for a in await host.acquire("s1", "s2", "s3", "s4")}
+    assert taken == {*qa[:2], *ci[:2]}
+    waiting = await client.scheduler.GetTask(S.GetTaskRequest(task_id=qa[2]))
+    assert waiting.pending_reason == "team qa at its cap of 2 phones"
+    assert waiting.fairness_key == "qa"
+    listed = await client.scheduler.ListTasks(
+        S.ListTasksRequest(statuses=[task_pb2.TASK_STATUS_QUEUED])
+    )
+    reasons = {t.task_id: t.pending_reason for t in listed.tasks}
+    assert reasons == {
+        qa[2]: "team qa at its cap of 2 phones",
+        ci[2]: "4 matching devices, all busy",
+    }
+
+
+async def test_raising_a_cap_hands_the_keys_queued_task_to_a_parked_host_at_once(
+    farm: Farm,
+) -> None:
+    """THEN a task of a key capped at 0 phones waits, and once SetFairShare raises the cap
+    the host's parked Acquire (asking for 30 s) takes it within a few seconds."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    op, _ = await _operator(farm)
+    await op.admin.SetFairShare(_share("night", cap=0, reason="paused"))
+    (task,) = await _submit(client, _task(key="night"))
+    parked = asyncio.create_task(host.acquire("s1", wait=30))
+    await asyncio.sleep(0.5)
+    assert not parked.done()
+    started = time.monotonic()
+    raised = await op.admin.SetFairShare(_share("night", cap=1, reason="resume"))
+    assert raised.share.max_devices == 1
+    (assignment,) = await asyncio.wait_for(parked, 10)
+    assert assignment.task_id == task
+    assert time.monotonic() - started < 5
+
+
+async def test_a_cap_is_cleared_and_the_weight_kept_when_only_the_cap_changes(farm: Farm) -> None:
+    """THEN clear_max_devices removes the cap (an event with no cap), and a change of the
+    cap alone keeps the weight set before."""
+    op, actor = await _operator(farm)
+    await op.admin.SetFairShare(_share("qa", 5, cap=40))
+    await op.admin.SetFairShare(_share("qa", cap=20))
+    cleared = await op.admin.SetFairShare(_share("qa", clear_max_devices=True, reason="done"))
+    assert (cleared.share.weight, cleared.share.HasField("max_devices")) == (5, False)
+    assert farm.db is not None
+    assert await _shares(farm.db) == [("qa", 5, None)]
+    assert [e[:3] for e in await _share_events(farm.db)] == [
+        ("qa", 5, 40),
+        ("qa", 5, 20),
+        ("qa", 5, None),
+    ]
+    got = await op.admin.GetFairShare(A.GetFairShareRequest(fairness_key="qa", events=2))
+    assert [(e.weight, e.HasField("max_devices"), e.reason) for e in got.events] == [
+        (5, False, "done"),
+        (5, True, ""),
+    ]
+    assert got.events[1].max_devices == 20
+    assert (got.events[0].actor, got.events[0].actor_name) == (actor, "ops-alice")
+
+
+BAD_SHARES = [
+    (_share("qa", 1001), "weight"),
+    (_share("qa", -1), "weight"),
+    (_share("qa", cap=-1), "max_devices"),
+    (_share("qa", cap=100_001), "max_devices"),
+    (_share("qa", cap=3, clear_max_devices=True), "clear_max_devices"),
+    (_share("qa"), "weight"),
+    (_share("", 2), "fairness_key"),
+    (_share("has space", 2), "fairness_key"),
+    (_share("x" * 200, 2), "fairness_key"),
+    (_share("qa", 2, reason="a\x00b"), "reason"),
+    (_share("qa", 2, reason="r" * 2000), "reason"),
+]
+
+
+@pytest.mark.parametrize(("request_", "field"), BAD_SHARES)
+async def test_a_bad_fair_share_is_refused_naming_the_field_and_changes_nothing(
+    farm: Farm, request_: A.SetFairShareRequest, field: str
+) -> None:
+    """THEN INVALID_ARGUMENT names the field, and no share or event is written (the one
+    set before stands)."""
+    op, _ = await _operator(farm)
+    await op.admin.SetFairShare(_share("qa", 2, cap=4))
+    assert farm.db is not None
+    before = (await _shares(farm.db), await _share_events(farm.db))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await op.admin.SetFairShare(request_)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (refused.value.details() or "").startswith(f"{field}:"), refused.value.details()
+    assert (await _shares(farm.db), await _share_events(farm.db)) == before
+
+
+async def test_fair_shares_are_for_operators_only(farm: Farm) -> None:
+    """THEN a client token is refused PERMISSION_DENIED by SetFairShare, ListFairShares and
+    GetFairShare, and nothing is written."""
+    client = await farm.client()
+    calls = [
+        client.admin.SetFairShare(_share("qa", 2)),
+        client.admin.ListFairShares(A.ListFairSharesRequest()),
+        client.admin.GetFairShare(A.GetFairShareRequest(fairness_key="qa")),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert farm.db is not None
+    assert await _shares(farm.db) == []
+
+
+async def test_a_tokens_team_is_the_fairness_key_of_its_tasks_unless_a_task_names_one(
+    farm: Farm,
+) -> None:
+    """THEN tasks submitted with a token of team qa (one or a batch) count in key qa, one
+    naming its own key in that key, and a token without a team's in 'default'."""
+    op, _ = await _operator(farm)
+    made = await op.admin.CreateToken(
+        A.CreateTokenRequest(role=A.ROLE_CLIENT, name="qa-ci", team="qa")
+    )
+    assert made.info.team == "qa"
+    qa = farm.clients(made.token)
+    plain = await farm.client()
+    (one,) = await _submit(qa, _task())
+    alone = await qa.scheduler.SubmitTask(_task())
+    (own,) = await _submit(qa, _task(key="release"))
+    (default,) = await _submit(plain, _task())
+    keys = {t: (await farm.task_row(t))["fairness_key"] for t in (one, alone.task_id, own, default)}
+    assert keys == {one: "qa", alone.task_id: "qa", own: "release", default: "default"}
+    assert alone.fairness_key == "qa"
+    listed = await op.admin.ListTokens(A.ListTokensRequest())
+    assert {t.name: t.team for t in listed.tokens if t.name in ("qa-ci", "test")} == {
+        "qa-ci": "qa",
+        "test": "",
+    }
+
+
+@pytest.mark.parametrize(
+    ("role", "team", "host_id"),
+    [(A.ROLE_CLIENT, "has space", ""), (A.ROLE_OPERATOR, "é", ""), (A.ROLE_HOST, "qa", "h1")],
+)
+async def test_a_bad_team_is_refused_naming_the_field_and_no_token_is_made(
+    farm: Farm, role: int, team: str, host_id: str
+) -> None:
+    op, _ = await _operator(farm)
+    assert farm.db is not None
+    tokens = await farm.db.fetchval("SELECT count(*) FROM tokens")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await op.admin.CreateToken(A.CreateTokenRequest(role=role, team=team, host_id=host_id))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (refused.value.details() or "").startswith("team:")
+    assert await farm.db.fetchval("SELECT count(*) FROM tokens") == tokens
+
+
+async def test_list_fair_shares_shows_each_keys_queued_running_cap_weight_and_oldest_wait(
+    farm: Farm,
+) -> None:
+    """THEN per key: queued (as counted), running, cap, weight and its oldest task's wait;
+    a key with a share set and nothing queued is listed too; GetFairShare of a key nobody
+    set or used is NOT_FOUND."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    op, _ = await _operator(farm)
+    await op.admin.SetFairShare(_share("qa", 2, cap=5))
+    await op.admin.SetFairShare(_share("idle", 4))
+    await _submit(client, *[_task(key="qa") for _ in range(4)])
+    await _submit(client, *[_task(key="ci", rack="nowhere") for _ in range(2)])
+    await host.acquire("s1")
+
+    async def counted() -> A.ListFairSharesResponse | None:
+        got = await op.admin.ListFairShares(A.ListFairSharesRequest())
+        by_key = {s.fairness_key: s for s in got.shares}
+        return got if by_key.get("qa") and by_key["qa"].queued == 3 else None
+
+    listed = await eventually(counted, what="qa's queue counted")
+    shares = {
+        s.fairness_key: (
+            s.queued,
+            s.running,
+            s.weight,
+            s.max_devices if s.HasField("max_devices") else None,
+        )
+        for s in listed.shares
+    }
+    assert shares == {"qa": (3, 1, 2, 5), "ci": (2, 0, 1, None), "idle": (0, 0, 4, None)}
+    assert [s.fairness_key for s in listed.shares] == ["qa", "ci", "idle"]
+    assert listed.HasField("counted_at")
+    qa = next(s for s in listed.shares if s.fairness_key == "qa")
+    assert qa.HasField("oldest_queued_at") and qa.HasField("updated_at")
+    idle = next(s for s in listed.shares if s.fairness_key == "idle")
+    assert not idle.HasField("oldest_queued_at")
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await op.admin.GetFairShare(A.GetFairShareRequest(fairness_key="nobody"))
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    ci = await op.admin.GetFairShare(A.GetFairShareRequest(fairness_key="ci"))
+    assert (ci.share.queued, ci.share.weight, list(ci.events)) == (2, 1, [])

@@ -51,3 +51,17 @@ ALTER TABLE attempts SET (autovacuum_vacuum_scale_factor = 0.01,
                           autovacuum_vacuum_cost_limit = 2000);
 ALTER TABLE devices SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuum_threshold = 500,
                          autovacuum_analyze_scale_factor = 0.05);
+
+-- Tokens get a team: the fairness key of the tasks submitted with them.
+ALTER TABLE tokens ADD COLUMN team text NOT NULL DEFAULT '';
+
+-- The queue as last counted (amc_count_queue; schema.sql says why).
+CREATE TABLE IF NOT EXISTS queue_group_stats (
+    group_id            bigint PRIMARY KEY,
+    queued              integer NOT NULL,
+    oldest              timestamptz,
+    devices_idle        integer NOT NULL,
+    devices_busy        integer NOT NULL,
+    devices_unavailable integer NOT NULL,
+    counted_at          timestamptz NOT NULL
+) WITH (fillfactor = 50);

@@ -14,6 +14,7 @@ SETTINGS = Settings(
     lease_ttl=timedelta(seconds=5),
     sweep_interval=timedelta(seconds=0.1),
     watch_refresh=timedelta(seconds=1),
+    queue_count_every=timedelta(seconds=0.2),
 )
 
 
