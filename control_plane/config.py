@@ -22,6 +22,9 @@ FORGET_HOSTS_WINDOWS = 2
 @dataclass(frozen=True)
 class Settings:
     lease_ttl: timedelta = timedelta(seconds=15)
+    # How many times a task whose phone was lost mid-run is run again on another, apart
+    # from its max_attempts (an infrastructure failure is not the task's).
+    infra_retries: int = 2
     # None: a third of the TTL.
     renew_interval: timedelta | None = None
     # How often this replica looks for expired leases (every replica does; it is safe).

@@ -203,15 +203,16 @@ class Effects:
             )
 
     def ended(self, how: Event, ended: Sequence[Expiry]) -> None:
-        """Leases ended by the host (how: RELEASED), by running out (EXPIRED), or by the
-        sweep because the run overran its deadline (DEADLINE_EXCEEDED)."""
+        """Leases ended by the host (how: RELEASED, or DEVICE_LOST: its phone was lost), by
+        running out (EXPIRED), or by the sweep because the run overran its deadline
+        (DEADLINE_EXCEEDED)."""
         offers = []
         for e in ended:
             self.hub.task_changed(e.task_id, e.to_status)
             if e.to_status is TaskStatus.QUEUED:
                 offers.append(Offer(str(e.task_id), e.selector_serial, e.selector_labels))
                 metrics.REQUEUES.labels(f"lease_{how}").inc()
-            if how is Event.DEADLINE_EXCEEDED:
+            if how is Event.DEADLINE_EXCEEDED or how is Event.DEVICE_LOST:
                 metrics.TRANSITIONS.labels(how, e.to_status).inc()
             else:
                 metrics.EXPIRED.labels(e.to_status).inc()

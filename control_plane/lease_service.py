@@ -319,6 +319,13 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     ) -> lease_pb2.ReleaseLeaseResponse:
         lease_id = LeaseId(validate.lease_id(request.lease_id))
         validate.reason(request.reason)
+        if request.device_lost:
+            ended = await self.store.device_lost(
+                principal().host_id, lease_id, request.reason, self.settings.infra_retries
+            )
+            if ended:
+                self.effects.ended(Event.DEVICE_LOST, [ended])
+            return lease_pb2.ReleaseLeaseResponse()
         ended = await self.store.release(
             principal().host_id, lease_id, request.reason or "released by host"
         )

@@ -48,6 +48,9 @@ class Event(enum.StrEnum):
     # The attempt ran past its deadline by more than a lease TTL without a report: the
     # sweep ended its lease and failed the task (cancelled if a cancel was pending).
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    # The host gave the lease back because the phone was lost mid-run: not the task's
+    # failure, requeued within the infrastructure-retry budget (apart from max_attempts).
+    DEVICE_LOST = "device_lost"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ TRANSITIONS: dict[Event, Transition] = {
     Event.REPORT: Transition(IN_FLIGHT, TERMINAL),
     Event.EXPIRED: Transition(IN_FLIGHT, _LEASE_ENDED),
     Event.RELEASED: Transition(IN_FLIGHT, _LEASE_ENDED),
+    # Cancelled if a cancel was pending, queued within the budget, failed once it is spent.
+    Event.DEVICE_LOST: Transition(IN_FLIGHT, _LEASE_ENDED),
     Event.QUEUE_TIMEOUT: Transition(frozenset({_.QUEUED}), frozenset({_.FAILED})),
     # Never requeued: the deadline is the task's, so another attempt would overrun it too.
     Event.DEADLINE_EXCEEDED: Transition(IN_FLIGHT, frozenset({_.FAILED, _.CANCELLED})),

@@ -137,7 +137,8 @@ REQUEUES = Counter(
     "Tasks put back in the queue for another attempt, by cause",
     ["cause"],
 )
-REQUEUE_CAUSES = ("lease_expired", "lease_released")
+# lease_device_lost: an infrastructure retry (the phone was lost mid-run).
+REQUEUE_CAUSES = ("lease_expired", "lease_released", "lease_device_lost")
 AUTH_FAILURES = Counter(
     "amc_auth_failures_total",
     "Calls refused by authentication or authorization, by reason",

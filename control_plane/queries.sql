@@ -257,6 +257,12 @@ WHERE lease_id = $1;
 -- is offered to the hosts that can take it.
 SELECT * FROM amc_release($1, $2, $3);
 
+-- name: device_lost
+-- The host ($1; NULL: any) gives the lease back because its phone was lost mid-run ($3:
+-- what it saw): requeued within $4 infrastructure retries (amc_leave_attempt). As
+-- release_lease otherwise.
+SELECT * FROM amc_give_back($1, $2, 'device_lost', $3, $4);
+
 -- name: expire_leases
 SELECT * FROM amc_expire($1);
 

@@ -136,6 +136,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- Its place among the tasks of equal priority that compete for the same phones:
     -- start-time fair queuing over fairness keys (amc_fair_base); lower goes first.
     fair_tag            double precision NOT NULL DEFAULT 0,
+    -- Attempts that ended because their phone was lost (device_lost events): requeued
+    -- apart from max_attempts, up to the control plane's infrastructure-retry budget.
+    infra_retries       integer NOT NULL DEFAULT 0,
     UNIQUE (caller, request_id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
@@ -215,7 +218,8 @@ CREATE TABLE IF NOT EXISTS task_events (
     attempt     integer NOT NULL,
     kind        text NOT NULL CHECK (kind IN
                   ('submit', 'assign', 'acknowledge', 'cancel', 'cancel_requested', 'report',
-                   'expired', 'released', 'queue_timeout', 'deadline_exceeded')),
+                   'expired', 'released', 'queue_timeout', 'deadline_exceeded',
+                   'device_lost')),
     from_status text,
     to_status   text,
     detail      text NOT NULL DEFAULT '',
@@ -875,17 +879,22 @@ BEGIN
                  FROM tasks tk WHERE tk.task_id = p_task;
 END $$;
 
--- expired / released, the task's side: it leaves the attempt whose lease ended without a
--- report, to cancelled (a cancel was pending: never requeued), queued (attempts left) or
--- failed, and its device is freed. The caller holds the task row (t, as locked) and has
--- ended the attempt; p_how is the event (and the attempt's new state). Returns the status.
+-- expired / released / device_lost, the task's side: it leaves the attempt whose lease
+-- ended without a report, to cancelled (a cancel was pending: never requeued), queued
+-- (attempts left) or failed, and its device is freed. The caller holds the task row (t, as
+-- locked) and has ended the attempt; p_how is the event. Attempts that ended device_lost
+-- are not the task's: they count against p_infra_budget instead of max_attempts, and once
+-- that is spent the task fails. Returns the status.
 CREATE OR REPLACE FUNCTION amc_leave_attempt(t tasks, p_cancel_pending boolean, p_how text,
-                                             p_reason text)
+                                             p_reason text, p_infra_budget integer DEFAULT 0)
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_lost boolean := p_how = 'device_lost';
     v_to text := CASE WHEN p_cancel_pending THEN 'cancelled'
-                      WHEN t.attempt < t.max_attempts THEN 'queued'
+                      WHEN v_lost AND t.infra_retries < p_infra_budget THEN 'queued'
+                      WHEN v_lost THEN 'failed'
+                      WHEN t.attempt - t.infra_retries < t.max_attempts THEN 'queued'
                       ELSE 'failed' END;
 BEGIN
     UPDATE tasks tk SET
@@ -900,10 +909,16 @@ BEGIN
         fair_tag = CASE WHEN v_to = 'queued'
                         THEN LEAST(tk.fair_tag, amc_fair_frontier(tk.priority))
                         ELSE tk.fair_tag END,
-        error = CASE WHEN v_to = 'failed'
-                     THEN 'lease ' || p_how || ' on attempt ' || t.attempt
+        error = CASE WHEN v_to = 'failed' AND v_lost
+                     THEN 'device lost on attempt ' || t.attempt || ' (' || p_reason
+                          || '); infrastructure retries spent (' || t.infra_retries
+                          || ' of ' || p_infra_budget || ')'
+                     WHEN v_to = 'failed'
+                     THEN 'lease ' || p_how || ' on attempt ' || (t.attempt - t.infra_retries)
                           || ' of ' || t.max_attempts
                      ELSE tk.error END,
+        infra_retries = tk.infra_retries + CASE WHEN v_lost AND v_to = 'queued' THEN 1
+                                                ELSE 0 END,
         updated_at = now()
     WHERE tk.task_id = t.task_id;
     UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = t.task_id;
@@ -962,6 +977,19 @@ CREATE OR REPLACE FUNCTION amc_release(p_host text, p_lease uuid, p_reason text)
 RETURNS TABLE (code text, task_id uuid, attempt integer, lease_id uuid, host_id text,
                to_status text, selector_serial text, selector_labels jsonb)
 LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM amc_give_back(p_host, p_lease, 'released', p_reason, 0);
+END $$;
+
+-- A lease given back (amc_release, or p_how 'device_lost': its phone was lost mid-run,
+-- the attempt ends released and the task is requeued within p_budget infrastructure
+-- retries, see amc_leave_attempt). The attempt is read, then its task locked, then the
+-- attempt ended (the lock order). Codes as amc_release's.
+CREATE OR REPLACE FUNCTION amc_give_back(p_host text, p_lease uuid, p_how text,
+                                         p_reason text, p_budget integer)
+RETURNS TABLE (code text, task_id uuid, attempt integer, lease_id uuid, host_id text,
+               to_status text, selector_serial text, selector_labels jsonb)
+LANGUAGE plpgsql AS $$
 DECLARE
     a attempts;
     t tasks;
@@ -987,7 +1015,7 @@ BEGIN
     attempt := a.attempt;
     lease_id := a.lease_id;
     host_id := a.host_id;
-    to_status := amc_leave_attempt(t, v_cancel IS NOT NULL, 'released', p_reason);
+    to_status := amc_leave_attempt(t, v_cancel IS NOT NULL, p_how, p_reason, p_budget);
     selector_serial := t.selector_serial;
     selector_labels := t.selector_labels;
     RETURN NEXT;

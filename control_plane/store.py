@@ -437,6 +437,18 @@ class Store:
             raise errors.LeaseConflict("no such lease for this host")
         return _expiry(row) if code is ReleaseCode.RELEASED else None
 
+    async def device_lost(
+        self, host_id: str | None, lease_id: LeaseId, detail: str, budget: int
+    ) -> Expiry | None:
+        """End the lease now because its phone was lost: the task is requeued within
+        `budget` infrastructure retries; None if its attempt had ended."""
+        row = await self._fetchrow("device_lost", host_id, lease_id, detail, budget)
+        assert row is not None
+        code = ReleaseCode(row["code"])
+        if code is ReleaseCode.FOREIGN:
+            raise errors.LeaseConflict("no such lease for this host")
+        return _expiry(row) if code is ReleaseCode.RELEASED else None
+
     async def expire(self, limit: int = 100) -> list[Expiry]:
         return [_expiry(r) for r in await self._fetch("expire_leases", limit)]
 

@@ -70,10 +70,15 @@ async def release_lease(
     lease_id: str,
     reason: str,
     policy: RetryPolicy = RELEASE_POLICY,
+    *,
+    device_lost: bool = False,
 ) -> Delivery[lease_pb2.ReleaseLeaseResponse]:
-    """Give a lease back so its task is requeued now rather than when the lease runs out."""
+    """Give a lease back so its task is requeued now rather than when the lease runs out
+    (`device_lost`: because its phone was lost, which is not the task's failure)."""
     bound = log.bind(lease_id=lease_id)
-    request = lease_pb2.ReleaseLeaseRequest(lease_id=lease_id, reason=reason)
+    request = lease_pb2.ReleaseLeaseRequest(
+        lease_id=lease_id, reason=reason, device_lost=device_lost
+    )
     delivery = await call_with_retries(
         lambda timeout: stub.ReleaseLease(request, timeout=timeout), policy, bound, "release"
     )

@@ -84,6 +84,8 @@ class RunResult:
     steps: tuple[StepResult, ...]
     # Set when the stop token is what ended the run.
     stop_reason: StopReason | None = None
+    # The run ended because the phone was lost (DeviceLost): not the task's failure.
+    device_lost: bool = False
 
 
 def cut(text: str, limit: int = OUTPUT_LIMIT) -> str:

@@ -98,6 +98,7 @@ class _Halt:
     error: str
     failed: bool = False
     stop_reason: StopReason | None = None
+    device_lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,9 @@ def _halt_for(end: _ActionEnd, index: int, step: _Step, error: str) -> _Halt | N
     if step.continue_on_error and not end.device_lost:
         return None
     # A lost device ends the run even under continue_on_error: nothing else can run on it.
-    return _Halt(f"step {index} {step.name!r} failed: {error}", failed=True)
+    return _Halt(
+        f"step {index} {step.name!r} failed: {error}", failed=True, device_lost=end.device_lost
+    )
 
 
 def _step_result(
@@ -253,4 +256,4 @@ def _result(halt: _Halt | None, steps: tuple[StepResult, ...]) -> RunResult:
         return RunResult(outcome_for(True, False, None), "", steps)
     all_ran = halt.stop_reason is None and steps[-1].status is not StepStatus.SKIPPED
     outcome = outcome_for(all_ran, halt.failed, halt.stop_reason)
-    return RunResult(outcome, cut(halt.error), steps, halt.stop_reason)
+    return RunResult(outcome, cut(halt.error), steps, halt.stop_reason, halt.device_lost)

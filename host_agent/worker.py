@@ -110,6 +110,13 @@ class Worker:
         if result.stop_reason is StopReason.SHUTDOWN:
             delivery = await final.run(self._release(StopReason.SHUTDOWN.label))
             return self._finished(Ending.RELEASED, result, delivery)
+        if result.device_lost and result.stop_reason is None:
+            # The phone went away: not the task's failure. Given back as such, the control
+            # plane runs it again on another phone (its infrastructure-retry budget), or
+            # cancels it if a cancel came first, or fails it once the budget is spent.
+            self._log.warning("device lost mid-run; giving the task back", error=result.error)
+            delivery = await final.run(self._release(result.error, device_lost=True))
+            return self._finished(Ending.RELEASED, result, delivery)
         if result.stop_reason is StopReason.LEASE_LOST and result.outcome is not Outcome.DONE:
             # We fenced ourselves before the control plane's expiry. A FAILED report landing
             # in that window would be accepted and fail a task that should be requeued (or
@@ -188,9 +195,11 @@ class Worker:
             return budget, late
         return max(0.0, grace_left), "no time left before the deadline's grace (one lease TTL) ends"
 
-    async def _release(self, why: str) -> Delivery[Any]:
+    async def _release(self, why: str, *, device_lost: bool = False) -> Delivery[Any]:
         policy = RetryPolicy(total=self._tools.settings.release_timeout)
-        return await release_lease(self._tools.stub, self.lease.lease_id, f"host: {why}", policy)
+        return await release_lease(
+            self._tools.stub, self.lease.lease_id, f"host: {why}", policy, device_lost=device_lost
+        )
 
     def _finished(
         self,

@@ -354,23 +354,26 @@ async def test_assignment_never_acknowledged_in_time_is_released_not_failed(
 # -- devices --------------------------------------------------------------------------------
 
 
-async def test_device_unplugged_mid_task_fails_the_task_with_device_lost(farm: Farm) -> None:
-    """THEN the step fails with "device lost", the task is failed and the phone is gone."""
+async def test_device_unplugged_mid_task_gives_the_task_back_as_device_lost(farm: Farm) -> None:
+    """THEN the step fails with "device lost", the task is not failed but given back (a
+    device_lost event: requeued for another phone) and the phone is gone."""
     source = SimulatedSource(1, delay=0.2)
     client = await farm.client()
     async with running_agent(farm, source) as agent:
         task_id = await submit(client, actions_spec(*[tap(i, i) for i in range(20)]))
         await first_action_done(source)
         source.unplug("sim-0")
-        await status_is(farm, task_id, "failed")
         record = await finished(agent, task_id)
+        await status_is(farm, task_id, "queued")
         assert agent.registered.is_set()
-    row = await farm.task_row(task_id)
-    assert "device lost" in row["error"]
-    result = task_pb2.TaskResult.FromString(row["result"])
-    assert any("device lost" in s.error for s in result.steps)
-    assert record.result is not None and record.result.outcome is Outcome.FAILED
+    assert record.ending is Ending.RELEASED
+    assert record.result is not None and record.result.device_lost
+    assert any("device lost" in s.error for s in record.result.steps)
     assert farm.db is not None
+    detail = await farm.db.fetchval(
+        "SELECT detail FROM task_events WHERE task_id = $1 AND kind = 'device_lost'", task_id
+    )
+    assert "device lost: sim-0" in detail
     state = await farm.db.fetchval(
         "SELECT state FROM devices WHERE host_id = 'host-1' AND serial = 'sim-0'"
     )

@@ -116,6 +116,8 @@ class MTask:
     cancel: bool = False
     host: str | None = None
     device: str | None = None
+    # Attempts given back device_lost and requeued: not counted against max_attempts.
+    infra: int = 0
 
 
 @dataclass
@@ -240,22 +242,29 @@ class Model:
         self._free(t)
         return OK
 
-    def release(self, host: str, lease_id: str) -> grpc.StatusCode:
+    def release(self, host: str, lease_id: str, device_lost: bool = False) -> grpc.StatusCode:
         a = self.attempts[lease_id]
         if a.host != host:
             return ABORTED
         if a.state == "active":
-            self.end(a, "released")
+            self.end(a, "released", device_lost)
         return OK
 
-    def end(self, a: MAttempt, how: str) -> None:
-        """A lease expired or was given back: cancelled / requeued / failed."""
+    def end(self, a: MAttempt, how: str, device_lost: bool = False) -> None:
+        """A lease expired or was given back: cancelled / requeued / failed. Given back
+        because its phone was lost: requeued within the infrastructure-retry budget, apart
+        from max_attempts, failed once it is spent."""
         t = self.tasks[a.task_id]
         a.state = how
         self._free(t)
         if a.cancel:
             t.status = "cancelled"
-        elif t.attempt < t.max_attempts:
+        elif device_lost and t.infra < SETTINGS.infra_retries:
+            t.status, t.host, t.device = "queued", None, None
+            t.infra += 1
+        elif device_lost:
+            t.status = "failed"
+        elif t.attempt - t.infra < t.max_attempts:
             t.status, t.host, t.device = "queued", None, None
         else:
             t.status = "failed"
@@ -616,7 +625,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(a.state == "active" for a in self.model.attempts.values()))
     @rule(
         data=st.data(),
-        step=st.sampled_from(["renew", "report", "release", "expire", "overrun"]),
+        step=st.sampled_from(["renew", "report", "release", "lost", "expire", "overrun"]),
     )
     def live(self, data: st.DataObject, step: str) -> None:
         """A live lease renewed, reported as told, released, expired or overrun: the steps that
@@ -633,16 +642,20 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             self.renew([lease], False, False)
         elif step == "report":
             self.report(lease, "as_told", False, "exact")
-        elif step == "release":
-            self.release(lease, False)
+        elif step in ("release", "lost"):
+            self.release(lease, False, lost=step == "lost")
         else:
             self.expire(lease, overrun=step == "overrun")
 
-    @rule(lease=leases, foreign=st.booleans())
-    def release(self, lease: Lease, foreign: bool) -> None:
+    @rule(lease=leases, foreign=st.booleans(), lost=st.booleans())
+    def release(self, lease: Lease, foreign: bool, lost: bool = False) -> None:
+        """Given back: as the host drains, or (lost) because its phone was lost mid-run."""
         host = self._caller(lease, foreign)
-        reply = self.world.call(lambda: self.world.hosts[host].release(lease.lease_id, "model"))
-        self.expect(reply, self.model.release(host, lease.lease_id), f"release {lease} as {host}")
+        reply = self.world.call(
+            lambda: self.world.hosts[host].release(lease.lease_id, "model", device_lost=lost)
+        )
+        want = self.model.release(host, lease.lease_id, lost)
+        self.expect(reply, want, f"release {lease} as {host}{' (device lost)' if lost else ''}")
 
     @rule(lease=leases, overrun=st.sampled_from([False, False, False, False, True]))
     def expire(self, lease: Lease, overrun: bool = False) -> None:

@@ -230,7 +230,7 @@ async def test_the_database_accepts_exactly_the_lifecycle_events_as_kinds(
 
 @pytest.mark.parametrize(
     ("function", "codes"),
-    [("amc_cancel", CancelCode), ("amc_report", ReportCode), ("amc_release", ReleaseCode)],
+    [("amc_cancel", CancelCode), ("amc_report", ReportCode), ("amc_give_back", ReleaseCode)],
 )
 def test_the_codes_a_transition_function_answers_are_its_enum(
     function: str, codes: type[CancelCode | ReportCode | ReleaseCode]

@@ -11,3 +11,14 @@ ALTER TABLE devices
     ADD COLUMN temperature_celsius real,
     ADD COLUMN charging boolean,
     ADD COLUMN probed_at timestamptz;
+
+-- An infrastructure failure is not the task's (issue 22.3): a run whose phone was lost is
+-- requeued apart from max_attempts (tasks.infra_retries counts them), recorded as a
+-- device_lost event. amc_leave_attempt takes the budget (a new signature: schema.sql makes
+-- it again).
+ALTER TABLE tasks ADD COLUMN infra_retries integer NOT NULL DEFAULT 0;
+ALTER TABLE task_events DROP CONSTRAINT IF EXISTS task_events_kind_check;
+ALTER TABLE task_events ADD CONSTRAINT task_events_kind_check CHECK (kind IN
+    ('submit', 'assign', 'acknowledge', 'cancel', 'cancel_requested', 'report', 'expired',
+     'released', 'queue_timeout', 'deadline_exceeded', 'device_lost'));
+DROP FUNCTION IF EXISTS amc_leave_attempt(tasks, boolean, text, text);

@@ -280,9 +280,11 @@ class HostClient:
             )
         )
 
-    async def release(self, lease_id: str, reason: str = "shutting down") -> None:
+    async def release(
+        self, lease_id: str, reason: str = "shutting down", *, device_lost: bool = False
+    ) -> None:
         await self.c.lease.ReleaseLease(
-            lease_pb2.ReleaseLeaseRequest(lease_id=lease_id, reason=reason)
+            lease_pb2.ReleaseLeaseRequest(lease_id=lease_id, reason=reason, device_lost=device_lost)
         )
 
 
