@@ -54,6 +54,13 @@ devices_app = typer.Typer(
     epilog=EXIT_CODES_HELP,
 )
 app.add_typer(devices_app, name="devices")
+queue_app = typer.Typer(
+    help="The queue (operator role): what waits, by selector and by fairness key; set a "
+    "key's share of the phones.",
+    rich_markup_mode="markdown",
+    epilog=EXIT_CODES_HELP,
+)
+app.add_typer(queue_app, name="queue")
 # How often `amc hosts drain --wait` asks whether the host still runs tasks.
 DRAIN_POLL = 1.0
 
@@ -295,6 +302,15 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    fairness_key: Annotated[
+        str | None,
+        typer.Option(
+            metavar="KEY",
+            help="Count the task in this fairness key's share of the phones (default: the "
+            "token's team, else 'default').",
+            show_default=False,
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", "-w", help="Follow the task until it ends, like watch.")
     ] = False,
@@ -309,8 +325,8 @@ def submit(
 ) -> None:
     """Submit a task from a YAML or JSON spec file (see docs/cli.md for the format).
 
-    Flags override the file's selector, priority, max_attempts, request_id, queue_timeout
-    and deadline; labels and metadata are merged into the file's. With --wait the exit
+    Flags override the file's selector, priority, max_attempts, request_id, queue_timeout,
+    deadline and fairness_key; labels and metadata are merged into the file's. With --wait the exit
     code tells the outcome: 0 done, 8 failed, 9 cancelled.
 
     A selector label key, value or serial no registered device has gets a warning naming
@@ -328,6 +344,7 @@ def submit(
         metadata=_key_values(metadata, "--metadata"),
         queue_timeout=_duration(queue_timeout, "--queue-timeout"),
         deadline=_duration(deadline, "--deadline"),
+        fairness_key=fairness_key,
     )
     client = _client(ctx)
     _check_selector(client, request, strict)
@@ -689,6 +706,84 @@ _device_command("cordon", "Give one device no new work; its running task goes on
 _device_command("uncordon", "Give the device work again.")
 
 
+# -- the queue and fair shares ----------------------------------------------------------------
+
+
+@queue_app.callback(invoke_without_command=True)
+def queue(ctx: typer.Context, output: OutputOpt = Output.table) -> None:
+    """What waits, as the control plane last counted it (every few seconds): by selector
+    (queued, oldest wait, the devices it matches, why), then by fairness key (queued,
+    running, cap, weight, oldest wait)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    client = _client(ctx)
+    waiting, shares = client.get_queue(), client.list_fair_shares()
+    if output is Output.json:
+        render.print_json(
+            {**render.to_dict(waiting), "fair_shares": render.to_dict(shares)["shares"]}
+        )
+    else:
+        render.queue_tables(waiting, shares)
+
+
+KeyArg = Annotated[str, typer.Argument(metavar="KEY", help="Fairness key (a team).")]
+
+
+@queue_app.command("set")
+def queue_set(
+    ctx: typer.Context,
+    key: KeyArg,
+    weight: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=1000, help="1 to 1000: keys take turns in proportion.", show_default=False
+        ),
+    ] = None,
+    max_devices: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            metavar="N",
+            help="The most phones its tasks may hold at once (0: none until raised).",
+            show_default=False,
+        ),
+    ] = None,
+    no_cap: Annotated[bool, typer.Option("--no-cap", help="Remove the key's cap.")] = False,
+    reason: ReasonOpt = "",
+    output: OutputOpt = Output.table,
+) -> None:
+    """Set a fairness key's share of the phones: its weight among the keys whose tasks of
+    equal priority want the same phones, and a cap of phones it may hold at once. What is
+    not given stays as it is. Recorded with who did it and --reason (`amc queue show`)."""
+    if max_devices is not None and no_cap:
+        raise BadInput("give --max-devices or --no-cap, not both")
+    if weight is None and max_devices is None and not no_cap:
+        raise BadInput("nothing to set: give --weight, --max-devices or --no-cap")
+    response = _client(ctx).set_fair_share(key, weight or 0, max_devices, no_cap, reason)
+    if output is Output.json:
+        render.print_json(response)
+    else:
+        render.console().print(render.fair_share_line(response.share), highlight=False)
+
+
+@queue_app.command("show")
+def queue_show(
+    ctx: typer.Context,
+    key: KeyArg,
+    events: Annotated[
+        int, typer.Option("--events", "-n", min=0, max=1000, help="How many latest changes.")
+    ] = 20,
+    output: OutputOpt = Output.table,
+) -> None:
+    """One fairness key: its share and tasks, then who changed its share, when and why,
+    newest first."""
+    response = _client(ctx).get_fair_share(key, events)
+    if output is Output.json:
+        render.print_json(response)
+    else:
+        render.fair_share_detail(response)
+
+
 @tokens_app.command("create")
 def tokens_create(
     ctx: typer.Context,
@@ -697,15 +792,24 @@ def tokens_create(
         str | None, typer.Option(help="The host a host token acts as.", show_default=False)
     ] = None,
     name: Annotated[str, typer.Option(help="A label to recognise it by.")] = "",
+    team: Annotated[
+        str,
+        typer.Option(
+            help="Client and operator tokens: the fairness key of the tasks submitted with it "
+            "(unless a task names its own).",
+        ),
+    ] = "",
     output: OutputOpt = Output.table,
 ) -> None:
     """Create a token and print it. It is shown this once; only its hash is kept."""
-    response = _client(ctx).create_token(role.pb, host_id or "", name)
+    response = _client(ctx).create_token(role.pb, host_id or "", name, team)
     if output is Output.json:
         render.print_json(response)
         return
+    team_note = f" of team {team}" if team else ""
     render.note(
-        f"created {role} token {response.info.token_id}; it is shown only now, so keep it safe"
+        f"created {role} token {response.info.token_id}{team_note}; it is shown only now, so "
+        "keep it safe"
     )
     typer.echo(response.token)
 

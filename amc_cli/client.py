@@ -289,12 +289,15 @@ class Client:
     def list_hosts(self) -> scheduler_pb2.ListHostsResponse:
         return self._call("list hosts", self._scheduler.ListHosts, scheduler_pb2.ListHostsRequest())
 
+    def get_queue(self) -> scheduler_pb2.GetQueueResponse:
+        return self._call("get queue", self._scheduler.GetQueue, scheduler_pb2.GetQueueRequest())
+
     # -- Admin ------------------------------------------------------------------------------
 
     def create_token(
-        self, role: admin_pb2.Role, host_id: str, name: str
+        self, role: admin_pb2.Role, host_id: str, name: str, team: str = ""
     ) -> admin_pb2.CreateTokenResponse:
-        request = admin_pb2.CreateTokenRequest(role=role, host_id=host_id, name=name)
+        request = admin_pb2.CreateTokenRequest(role=role, host_id=host_id, name=name, team=team)
         return self._call("create token", self._admin.CreateToken, request)
 
     def list_tokens(self) -> admin_pb2.ListTokensResponse:
@@ -334,3 +337,26 @@ class Client:
     def get_host(self, host_id: str, events: int = 0) -> admin_pb2.GetHostResponse:
         request = admin_pb2.GetHostRequest(host_id=host_id, events=events)
         return self._call_idempotent("get host", self._admin.GetHost, request)
+
+    # -- Admin: fair shares -------------------------------------------------------------------
+
+    def list_fair_shares(self) -> admin_pb2.ListFairSharesResponse:
+        request = admin_pb2.ListFairSharesRequest()
+        return self._call("list fair shares", self._admin.ListFairShares, request)
+
+    def get_fair_share(self, key: str, events: int = 0) -> admin_pb2.GetFairShareResponse:
+        request = admin_pb2.GetFairShareRequest(fairness_key=key, events=events)
+        return self._call("get fair share", self._admin.GetFairShare, request)
+
+    def set_fair_share(
+        self, key: str, weight: int, max_devices: int | None, no_cap: bool, reason: str
+    ) -> admin_pb2.SetFairShareResponse:
+        """Each call records an event, so it is not tried again blindly."""
+        request = admin_pb2.SetFairShareRequest(
+            fairness_key=key,
+            weight=weight,
+            max_devices=max_devices,
+            clear_max_devices=no_cap,
+            reason=reason,
+        )
+        return self._call("set fair share", self._admin.SetFairShare, request)

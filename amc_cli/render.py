@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterable
 from datetime import UTC
 from typing import Any
@@ -139,6 +140,7 @@ def task_detail(task: task_pb2.Task) -> None:
         ("spec", spec_summary(task.spec)),
         ("selector", _selector(task.selector)),
         ("priority", str(task.priority)),
+        ("fairness key", task.fairness_key or "default"),
     ]
     if task.HasField("queue_timeout"):
         rows.append(("queue timeout", span(task.queue_timeout)))
@@ -382,7 +384,7 @@ def _role(role: int) -> str:
 def tokens_table(tokens: Iterable[admin_pb2.TokenInfo]) -> None:
     out = console()
     table = Table(show_edge=False)
-    for name in ("token id", "name", "role", "host", "created", "revoked"):
+    for name in ("token id", "name", "role", "host", "team", "created", "revoked"):
         table.add_column(name, no_wrap=name == "token id")
     rows = 0
     for t in tokens:
@@ -393,6 +395,7 @@ def tokens_table(tokens: Iterable[admin_pb2.TokenInfo]) -> None:
             Text(t.name or "-"),
             _role(t.role),
             Text(t.host_id or "-"),
+            Text(t.team or "-"),
             when(t.created_at),
             Text(revoked, style="red"),
         )
@@ -418,7 +421,100 @@ def host_detail(response: admin_pb2.GetHostResponse) -> None:
 def token_info(info: admin_pb2.TokenInfo, verb: str) -> None:
     name = f" {info.name!r}" if info.name else ""
     host = f" for host {info.host_id}" if info.host_id else ""
-    console().print(Text(f"{verb} {_role(info.role)} token {info.token_id}{name}{host}"))
+    team = f" of team {info.team}" if info.team else ""
+    console().print(Text(f"{verb} {_role(info.role)} token {info.token_id}{name}{host}{team}"))
+
+
+# -- the queue and fair shares ---------------------------------------------------------------
+
+
+def waited(ts: timestamp_pb2.Timestamp) -> str:
+    """How long ago `ts` was, as a wait reads: 42s, 5m12s, 3h05m, 2d4h; `-` if unset."""
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    total = max(0, int(time.time() - ts.seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02}m"
+    return f"{minutes}m{secs:02}s" if minutes else f"{secs}s"
+
+
+def cap_text(share: admin_pb2.FairShare) -> str:
+    return str(share.max_devices) if share.HasField("max_devices") else "-"
+
+
+def queue_tables(
+    queue: scheduler_pb2.GetQueueResponse, shares: admin_pb2.ListFairSharesResponse
+) -> None:
+    """`amc queue`: the queue by selector, then by fairness key, as last counted."""
+    out = console()
+    if queue.groups:
+        table = Table(show_edge=False)
+        for name in ("selector", "queued", "oldest wait", "devices idle/busy/other", "why"):
+            table.add_column(name)
+        for g in queue.groups:
+            devices = f"{g.devices_idle}/{g.devices_busy}/{g.devices_unavailable}"
+            table.add_row(
+                Text(_selector(g.selector)),
+                str(g.count),
+                waited(g.oldest_queued_at),
+                devices,
+                Text(g.waiting_because),
+            )
+        out.print(table)
+    else:
+        out.print("nothing queued")
+    out.print()
+    table = Table(show_edge=False)
+    for name in ("fairness key", "queued", "running", "cap", "weight", "oldest wait"):
+        table.add_column(name, no_wrap=name == "fairness key")
+    for share in shares.shares:
+        table.add_row(
+            Text(share.fairness_key),
+            str(share.queued),
+            str(share.running),
+            cap_text(share),
+            str(share.weight),
+            waited(share.oldest_queued_at),
+        )
+    out.print(table if shares.shares else "no fairness key has tasks or a share set")
+    counted = (
+        f"counted {when(queue.counted_at)}" if queue.HasField("counted_at") else "not counted yet"
+    )
+    out.print(Text(f"{queue.total} queued in all; {counted} (every few seconds)", style="dim"))
+
+
+def fair_share_line(share: admin_pb2.FairShare) -> str:
+    """`fairness key qa: weight 3, cap 40 phones; 12 queued, 40 running`."""
+    if share.HasField("max_devices"):
+        cap = f"cap {share.max_devices} phone{'s' * (share.max_devices != 1)}"
+    else:
+        cap = "no cap"
+    return (
+        f"fairness key {share.fairness_key}: weight {share.weight}, {cap}; "
+        f"{share.queued} queued, {share.running} running"
+    )
+
+
+def fair_share_detail(response: admin_pb2.GetFairShareResponse) -> None:
+    """`amc queue show KEY`: the key's share and tasks, then who changed its share and why."""
+    out = console()
+    out.print(Text(fair_share_line(response.share)))
+    if not response.events:
+        out.print("no operator has set its share")
+        return
+    table = Table(show_edge=False)
+    for name in ("when", "weight", "cap", "by", "reason"):
+        table.add_column(name, no_wrap=name == "when")
+    for e in response.events:
+        who = f"{e.actor_name} ({e.actor})" if e.actor_name else e.actor
+        cap = str(e.max_devices) if e.HasField("max_devices") else "-"
+        table.add_row(when(e.at), str(e.weight), cap, Text(who), Text(e.reason or "-"))
+    out.print(table)
 
 
 def artifacts_table(artifacts: list[task_pb2.Artifact]) -> None:

@@ -2,7 +2,7 @@
 
 A file is a mapping with `actions:` (a list of actions) or `workflow:` (named steps), plus
 optional `selector`, `priority`, `max_attempts`, `metadata`, `request_id`, `queue_timeout`
-and `deadline` (durations, like `wait`'s); a bare list
+and `deadline` (durations, like `wait`'s) and `fairness_key`; a bare list
 is an actions list. An action is a one-key mapping, `kind: arguments`, where the kinds and
 their fields are those of `amc.v1.Action` as amc_common.actions defines them, and
 shorthands spare the common cases: a list gives the fields in their order, a lone value
@@ -93,6 +93,7 @@ _TOP_LEVEL = [
     "spec",
     "queue_timeout",
     "deadline",
+    "fairness_key",
 ]
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
 _NANOS = {
@@ -124,6 +125,7 @@ def with_flags(
     metadata: Mapping[str, str] | None = None,
     queue_timeout: duration_pb2.Duration | None = None,
     deadline: duration_pb2.Duration | None = None,
+    fairness_key: str | None = None,
 ) -> scheduler_pb2.SubmitTaskRequest:
     """Command-line flags win over the file; labels and metadata merge key by key."""
     out = scheduler_pb2.SubmitTaskRequest()
@@ -142,6 +144,8 @@ def with_flags(
         out.queue_timeout.CopyFrom(queue_timeout)
     if deadline is not None:
         out.deadline.CopyFrom(deadline)
+    if fairness_key is not None:
+        out.fairness_key = fairness_key
     return out
 
 
