@@ -4,7 +4,8 @@
   whose script draws the view the path names.
 - `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Host
   page: GetHost, for its operator events, and CordonHost, UncordonHost and DrainHost, for
-  its buttons): the JSON mapping of the Scheduler service. The
+  its buttons; and ListFairShares, for the Queue page's fairness keys): the JSON mapping
+  of the Scheduler service. The
   body is the request message in proto JSON; the call goes to the very servicer method the
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
   messages); the answer is the response message in proto JSON, or `{"code", "message"}`
@@ -61,8 +62,9 @@ METHODS = frozenset(
 )
 ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
 # The Admin methods a page may call: the Host page's read and its three buttons (operator
-# role, as over gRPC; each recorded as a host event with the caller and the reason).
-ADMIN_METHODS = frozenset({"GetHost", "CordonHost", "UncordonHost", "DrainHost"})
+# role, as over gRPC; each recorded as a host event with the caller and the reason), and
+# the Queue page's fairness keys.
+ADMIN_METHODS = frozenset({"GetHost", "CordonHost", "UncordonHost", "DrainHost", "ListFairShares"})
 PAGES = ("/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}")
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,

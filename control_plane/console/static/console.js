@@ -392,11 +392,20 @@ function deviceRow(d) {
     h("td", {}, ""));
 }
 
+// The queue as the control plane last counted it (every few seconds: GetQueue's and
+// ListFairShares' `counted_at`), by selector and by fairness key; re-read on every change
+// and every few seconds, since the counts move between changes too.
 const Queue = {
   nav: "queue",
   title: () => "Queue",
-  load: () => call("GetQueue", {}),
-  render({ groups = [], total = 0 }) {
+  async load() {
+    const [queue, shares] = await Promise.all([
+      call("GetQueue", {}),
+      call("ListFairShares", {}, ADMIN_API),
+    ]);
+    return { ...queue, shares: shares.shares || [] };
+  },
+  render({ groups = [], total = 0, counted_at, shares = [] }) {
     const rows = groups.map((g) => h("tr", {},
       h("td", {}, selectorText(g.selector)),
       h("td", {}, g.count),
@@ -404,15 +413,31 @@ const Queue = {
       h("td", {}, `${g.devices_idle} idle · ${g.devices_busy} busy · ${g.devices_unavailable} unavailable`),
       h("td", {}, g.waiting_because),
       h("td", {}, h("a", { href: `/tasks?status=queued${labelQuery(g.selector)}` }, "tasks"))));
+    const keys = shares.map((s) => h("tr", { "data-key": s.fairness_key },
+      h("td", { class: "key" }, s.fairness_key),
+      h("td", { class: "queued" }, s.queued),
+      h("td", { class: "running" }, s.running),
+      h("td", { class: "cap" }, s.max_devices ?? "-"),
+      h("td", { class: "weight" }, s.weight),
+      h("td", { class: "oldest" }, age(s.oldest_queued_at))));
     return [
       h("h1", {}, "Queue"),
-      counts([["queued tasks", total, "queued-total"], ["selectors", groups.length, "queue-groups"]]),
+      counts([["queued tasks", total, "queued-total"], ["selectors", groups.length, "queue-groups"],
+        ["fairness keys", shares.length, "queue-keys"]]),
       groups.length
         ? table(["selector", "tasks", "oldest", "matching devices", "why they wait", ""], rows)
         : h("p", { class: "muted" }, "Nothing is queued."),
+      h("h2", {}, "Fairness keys"),
+      shares.length
+        ? table(["fairness key", "queued", "running", "cap", "weight", "oldest wait"], keys, { id: "fair-shares" })
+        : h("p", { class: "muted" }, "No fairness key has tasks queued or running, or a share set."),
+      h("p", { class: "muted", id: "counted" }, counted_at
+        ? `Counted ${when(counted_at)}; the control plane counts the queue every few seconds.`
+        : "Not counted yet; the control plane counts the queue every few seconds."),
     ];
   },
   wants: (kind) => true,
+  every: 5000,
 };
 
 function labelQuery(sel) {
@@ -651,6 +676,8 @@ let current = null;
 let loading = false;
 let again = false;
 let timer = null;
+// A view with `every` (ms) is also re-read that often while it is shown.
+let poll = null;
 
 function match(path) {
   let m;
@@ -728,6 +755,8 @@ function route() {
   current = [view, params];
   liveStarted = false;
   stopLive();
+  clearInterval(poll);
+  poll = view.every ? setInterval(() => { if (current && current[0] === view) refresh(); }, view.every) : null;
   main().replaceChildren(h("p", { class: "muted" }, "loading…"));
   refresh();
 }
