@@ -316,7 +316,7 @@ def hosts_table(response: scheduler_pb2.ListHostsResponse) -> None:
         return
     table = Table(show_edge=False)
     columns = ("host", "connected", "work", "last seen", "device", "state", "model", "sdk")
-    for name in (*columns, "task"):
+    for name in (*columns, "condition", "battery", "temp", "task"):
         table.add_column(name, no_wrap=name in ("device", "task"))
     devices = busy = 0
     for host in response.hosts:
@@ -329,7 +329,7 @@ def hosts_table(response: scheduler_pb2.ListHostsResponse) -> None:
         ]
         for device in host.devices or [None]:
             if device is None:
-                table.add_row(*first, "-", "-", "-", "-", "-")
+                table.add_row(*first, "-", "-", "-", "-", "-", "-", "-", "-")
                 break
             devices += 1
             busy += bool(device.task_id)
@@ -343,6 +343,7 @@ def hosts_table(response: scheduler_pb2.ListHostsResponse) -> None:
                 shown,
                 Text(device.model or "-"),
                 str(device.sdk or "-"),
+                *device_health(device),
                 device.task_id or Text("idle", style="dim"),
             )
             first = ["", "", "", ""]
@@ -357,6 +358,19 @@ def hosts_table(response: scheduler_pb2.ListHostsResponse) -> None:
             style="dim",
         )
     )
+
+
+def device_health(device: scheduler_pb2.Device) -> tuple[Text, str, str]:
+    """Its condition (`ready`, or why it takes no work), battery and temperature as its
+    host last probed them (`-`: not read); `+` after the battery: charging."""
+    name = scheduler_pb2.DeviceCondition.Name(device.condition)
+    condition = enum_name("DEVICE_CONDITION_", name) if device.condition else "ready"
+    shown = Text(condition, style="green" if condition == "ready" else "yellow")
+    battery = "-"
+    if device.HasField("battery_percent"):
+        battery = f"{device.battery_percent}%" + ("+" if device.charging else "")
+    temp = f"{device.temperature_celsius:.0f}°C" if device.HasField("temperature_celsius") else "-"
+    return shown, battery, temp
 
 
 def host_work(host: scheduler_pb2.Host) -> Text:

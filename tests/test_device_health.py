@@ -12,6 +12,8 @@ from datetime import datetime
 import pytest
 
 from amc.v1 import scheduler_pb2, task_pb2
+from control_plane.admin_service import create_token
+from control_plane.domain import Role
 from host_agent.devices import DeviceLost, DeviceTimeout
 from host_agent.health import (
     Condition,
@@ -26,6 +28,7 @@ from host_agent.health import (
 from host_agent.simulated import Physics, SimulatedSource, battery_text
 from tests.support import Farm, actions_spec, eventually, tap
 from tests.support.agent import running_agent, status_is, submit
+from tests.test_cli import Cli
 
 PROBE = 0.3  # the agent's probe interval in these tests
 
@@ -185,6 +188,11 @@ async def test_a_low_battery_holds_a_phone_until_it_charged_and_operators_see_wh
         assert device.HasField("probed_at")
         task = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
         assert task.pending_reason == "1 matching phone held: 1 charging (battery low)"
+        assert farm.plane is not None
+        _, token = await create_token(farm.plane.store, Role.OPERATOR, None, "alice")
+        table = await Cli(farm.address, token)("hosts")
+        row = next(line for line in table.out.splitlines() if "sim-0" in line)
+        assert "charging_hold" in row and "15%+" in row and "30°C" in row, table.out
         source.set_body("sim-0", battery=30.0)
         await asyncio.sleep(3 * PROBE)
         assert await condition_of(farm, "sim-0") == "charging_hold"
