@@ -333,6 +333,11 @@ class FarmGauges:
     keys: list[KeyLoad] = field(default_factory=list)
     # How long ago the queue was counted (None: never).
     counted_ago: float | None = None
+    # Online devices by condition; battery (%) and temperature (°C) as (min, mean, max)
+    # over those probed (None: none was).
+    conditions: dict[str, int] = field(default_factory=dict)
+    battery: tuple[float, float, float] | None = None
+    temperature: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True)

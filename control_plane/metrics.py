@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 
+from control_plane.domain import CONDITIONS
 from control_plane.lifecycle import IN_FLIGHT, Event, Outcome, TaskStatus
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -83,6 +84,22 @@ DEVICES = Gauge(
     "Devices by state (as their host last reported: device = online) and use (busy: holds a task)",
     ["state", "use"],
 )
+DEVICE_CONDITIONS = Gauge(
+    "amc_devices_by_condition",
+    "Online devices by condition, as their hosts' probes last saw them (only ready ones take work)",
+    ["condition"],
+)
+BATTERY = Gauge(
+    "amc_device_battery_percent",
+    "Battery level of the online devices probed: min, mean and max over the farm",
+    ["stat"],
+)
+TEMPERATURE = Gauge(
+    "amc_device_temperature_celsius",
+    "Battery temperature of the online devices probed: min, mean and max over the farm",
+    ["stat"],
+)
+SPREAD = ("min", "mean", "max")
 QUEUE_DEPTH = Gauge(
     "amc_queue_depth",
     f"Queued tasks by selector (the {QUEUE_SELECTORS} deepest; the rest under `other`;"
@@ -207,6 +224,10 @@ TRANSITION_LABELS: list[tuple[Event, str]] = [
     (Event.QUEUE_TIMEOUT, TaskStatus.FAILED),
     (Event.DEADLINE_EXCEEDED, TaskStatus.FAILED),
     (Event.DEADLINE_EXCEEDED, TaskStatus.CANCELLED),
+    *(
+        (Event.DEVICE_LOST, status)
+        for status in (TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED)
+    ),
 ]
 OFFER_RESULTS = ("woken", "unmatched")
 RENEWAL_RESULTS = ("renewed", "conflict")
@@ -232,6 +253,9 @@ def create_series() -> None:
     _at_zero(CANCEL_DELIVERY, CANCEL_PATHS)
     _at_zero(EXPIRED, EXPIRED_TO)
     _at_zero(DEVICES, DEVICE_STATES, DEVICE_USES)
+    _at_zero(DEVICE_CONDITIONS, CONDITIONS)
+    _at_zero(BATTERY, SPREAD)
+    _at_zero(TEMPERATURE, SPREAD)
     _at_zero(QUEUE_DEPTH, ("any", "other"))
     _at_zero(QUEUE_OLDEST, ("any", "other"))
     _at_zero(KEY_QUEUED, ("default", "other"))

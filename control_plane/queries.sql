@@ -531,7 +531,20 @@ SELECT
                  GROUP BY q.fairness_key) k
            GROUP BY k.fairness_key) g) AS keys,
     (SELECT extract(epoch FROM now() - max(counted_at))::float8 FROM queue_group_stats)
-        AS counted_ago;
+        AS counted_ago,
+    -- The online devices by condition, and their battery and temperature (min, mean,
+    -- max over those probed): aggregates, never a series per device.
+    (SELECT jsonb_build_object(
+                'conditions', COALESCE(jsonb_object_agg(c.condition, c.n), '{}'),
+                'battery', (SELECT jsonb_build_array(min(battery_percent), avg(battery_percent),
+                                                     max(battery_percent))
+                            FROM devices WHERE state = 'device'),
+                'temperature', (SELECT jsonb_build_array(min(temperature_celsius),
+                                                         avg(temperature_celsius),
+                                                         max(temperature_celsius))
+                                FROM devices WHERE state = 'device'))
+     FROM (SELECT condition, count(*) AS n FROM devices WHERE state = 'device'
+           GROUP BY condition) c) AS health;
 
 -- name: replica_alive
 -- This replica's heartbeat: what keeps the hosts whose streams it holds connected.

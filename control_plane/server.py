@@ -32,7 +32,7 @@ from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
 from control_plane.console.http import Console
-from control_plane.domain import KeyLoad
+from control_plane.domain import CONDITIONS, KeyLoad
 from control_plane.effects import Effects
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
@@ -379,6 +379,14 @@ class ControlPlane:
         self._key_gauges(farm.keys)
         if farm.counted_ago is not None:
             metrics.QUEUE_COUNT_AGE.set(farm.counted_ago)
+        for condition in CONDITIONS:
+            metrics.DEVICE_CONDITIONS.labels(condition).set(farm.conditions.get(condition, 0))
+        for gauge, spread in (
+            (metrics.BATTERY, farm.battery),
+            (metrics.TEMPERATURE, farm.temperature),
+        ):
+            for stat, value in zip(metrics.SPREAD, spread or (0.0, 0.0, 0.0), strict=True):
+                gauge.labels(stat).set(value)
 
     def _key_gauges(self, loads: list[KeyLoad]) -> None:
         """The per-key gauges: the keys with most queued (then running) by name, the rest

@@ -222,6 +222,9 @@ class Store:
                 for k in row["keys"]
             ],
             counted_ago=row["counted_ago"],
+            conditions={k: int(v) for k, v in row["health"]["conditions"].items()},
+            battery=_spread(row["health"]["battery"]),
+            temperature=_spread(row["health"]["temperature"]),
         )
 
     # -- tasks -----------------------------------------------------------------------------
@@ -929,6 +932,14 @@ def _device(d: dict[str, Any]) -> DeviceInfo:
             _when(d.get("probed_at")),
         ),
     )
+
+
+def _spread(values: list[float | None]) -> tuple[float, float, float] | None:
+    """(min, mean, max) from the aggregate's array; None when nothing was probed."""
+    low, mean, high = values
+    if low is None or mean is None or high is None:
+        return None
+    return float(low), float(mean), float(high)
 
 
 def _uuid_or_none(text: str) -> uuid.UUID | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from host_agent import metrics
 from host_agent.devices import Device, DeviceError, DeviceLost, DeviceTimeout
 
 log = structlog.get_logger(__name__)
@@ -136,6 +137,7 @@ async def probe(device: Device, timeout: float) -> Reading:
             started = time.monotonic()
             boot = await device.shell("getprop sys.boot_completed", timeout)
             round_trip = time.monotonic() - started
+            metrics.PROBE_SECONDS.observe(round_trip)
             if boot.output.strip() != "1":
                 return Reading(boot_completed=False, round_trip=round_trip)
             battery = await device.shell("dumpsys battery", timeout)
@@ -216,9 +218,10 @@ class HealthMonitor:
 
     async def round(self, serials: Sequence[str]) -> None:
         """Probe every phone in `serials` at once; send what changed."""
-        for gone in set(self.health) - set(serials):
-            del self.health[gone]
-            self._told.pop(gone, None)
+        gone = set(self.health) - set(serials)
+        for serial in gone:
+            del self.health[serial]
+            self._told.pop(serial, None)
         found = await asyncio.gather(*(self._probe(s) for s in serials))
         for serial, health in zip(serials, found, strict=True):
             last = self.health.get(serial)
@@ -231,6 +234,13 @@ class HealthMonitor:
                     reason=health.reason,
                 )
             self.health[serial] = health
+        metrics.probed(
+            {
+                s: (h.condition.value, h.battery_percent, h.temperature_celsius)
+                for s, h in self.health.items()
+            },
+            gone,
+        )
         changed = [(s, h) for s, h in self.health.items() if h.worth_sending(self._told.get(s))]
         if not changed:
             return

@@ -7,6 +7,8 @@ can be written, and tested, before the first error. No `_created` series.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -52,6 +54,26 @@ ARTIFACT_UPLOADS = Counter(
     ["result"],
 )
 ARTIFACT_BYTES = Counter("amc_agent_artifact_bytes_total", "Bytes of kept files uploaded")
+# Per phone: a host has a few, so a label per device is cheap here (the control plane
+# aggregates instead).
+BATTERY = Gauge(
+    "amc_agent_device_battery_percent", "Battery level of each phone, as last probed", ["device"]
+)
+TEMPERATURE = Gauge(
+    "amc_agent_device_temperature_celsius",
+    "Battery temperature of each phone, as last probed",
+    ["device"],
+)
+CONDITIONS = Gauge(
+    "amc_agent_devices_by_condition",
+    "Phones probed, by the condition their last probe put them in",
+    ["condition"],
+)
+PROBE_SECONDS = Histogram(
+    "amc_agent_probe_seconds",
+    "How long a health probe's responsiveness round trip took",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 
 # The label values each series is created with at start-up: all that the agent counts.
 ACTION_KINDS = tuple(ACTIONS)
@@ -65,6 +87,16 @@ DEVICE_ERROR_KINDS = (
     "UnsupportedText",
 )
 CANCEL_VIAS = ("push", "renewal")
+CONDITION_NAMES = (
+    "ready",
+    "charging_hold",
+    "too_hot",
+    "unresponsive",
+    "booting",
+    "recovering",
+    "quarantined",
+    "offline",
+)
 ARTIFACT_RESULTS = ("stored", "failed", "timeout")
 DEVICE_STATES = ("device", "offline", "unauthorized", "other")
 # how, outcome: a report carries the run's outcome; a release follows a run that never
@@ -94,6 +126,8 @@ def create_series() -> None:
         DEVICES.labels(state)
     for result in ARTIFACT_RESULTS:
         ARTIFACT_UPLOADS.labels(result)
+    for condition in CONDITION_NAMES:
+        CONDITIONS.labels(condition)
 
 
 create_series()
@@ -107,3 +141,23 @@ def inventory_read(states: list[str] | None) -> None:
         counts[state if state in counts else "other"] += 1
     for state, n in counts.items():
         DEVICES.labels(state).set(n)
+
+
+def probed(health: Mapping[str, tuple[str, int | None, float | None]], gone: Iterable[str]) -> None:
+    """After a probe round: each phone's (condition, battery, temperature); the series of
+    phones no longer probed (`gone`) removed."""
+    counts = dict.fromkeys(CONDITION_NAMES, 0)
+    for serial, (condition, battery, temperature) in health.items():
+        counts[condition] = counts.get(condition, 0) + 1
+        if battery is not None:
+            BATTERY.labels(serial).set(battery)
+        if temperature is not None:
+            TEMPERATURE.labels(serial).set(temperature)
+    for serial in gone:
+        for gauge in (BATTERY, TEMPERATURE):
+            try:
+                gauge.remove(serial)
+            except KeyError:
+                pass
+    for condition, n in counts.items():
+        CONDITIONS.labels(condition).set(n)

@@ -7,9 +7,10 @@ control plane; the parsing and the hysteresis as plain functions."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
 from amc.v1 import scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
@@ -193,6 +194,13 @@ async def test_a_low_battery_holds_a_phone_until_it_charged_and_operators_see_wh
         table = await Cli(farm.address, token)("hosts")
         row = next(line for line in table.out.splitlines() if "sim-0" in line)
         assert "charging_hold" in row and "15%+" in row and "30°C" in row, table.out
+        # Metrics: per phone on the host, aggregated (no label per phone) on the centre.
+        sample = REGISTRY.get_sample_value
+        assert sample("amc_agent_device_battery_percent", {"device": "sim-0"}) == 15
+        assert sample("amc_agent_devices_by_condition", {"condition": "charging_hold"}) == 1
+        gauges = await farm.plane.store.farm_gauges(timedelta(seconds=30), 20)
+        assert gauges.conditions == {"charging_hold": 1}
+        assert gauges.battery == (15, 15, 15) and gauges.temperature == (30, 30, 30)
         source.set_body("sim-0", battery=30.0)
         await asyncio.sleep(3 * PROBE)
         assert await condition_of(farm, "sim-0") == "charging_hold"
