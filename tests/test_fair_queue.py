@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
@@ -491,3 +492,28 @@ async def test_list_fair_shares_shows_each_keys_queued_running_cap_weight_and_ol
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     ci = await op.admin.GetFairShare(A.GetFairShareRequest(fairness_key="ci"))
     assert (ci.share.queued, ci.share.weight, list(ci.events)) == (2, 1, [])
+
+
+async def test_a_parked_host_offered_a_task_of_a_key_at_its_cap_asks_once_not_again_and_again(
+    farm: Farm,
+) -> None:
+    """THEN a host parked for 3 s that is offered a task it may not take (its key is at
+    its cap) asks the database once for the offer and parks again: the offer is not taken
+    for a lock to wait out, and the Acquire returns empty when its wait ends."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    op, _ = await _operator(farm)
+    await op.admin.SetFairShare(_share("qa", cap=1, reason="one phone"))
+    (running,) = await _submit(client, _task(key="qa"))
+    assert (await host.acquire_one("s1")).task_id == running
+    before = REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0
+    parked = asyncio.create_task(host.acquire("s2", wait=3))
+    await eventually(
+        lambda: (REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0) > before,
+        what="the Acquire's first query",
+    )
+    (held,) = await _submit(client, _task(key="qa"))
+    assert await asyncio.wait_for(parked, 10) == []
+    asked = (REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0) - before
+    assert asked == 2, asked  # its first look, and the one the offer woke
+    assert await farm.status(held) == "queued"
