@@ -157,3 +157,5 @@ class HostEventKind(enum.StrEnum):
     UNCORDON = "uncordon"
     DRAIN = "drain"
     REMOVE = "remove"
+    # Not an operator's: a host's recovery ladder quarantining or bringing back a device.
+    RECOVERY = "recovery"

@@ -394,10 +394,21 @@ ORDER BY h.host_id;
 -- Host $1's probes saw these devices' conditions change ($2..$7: parallel arrays, one
 -- element per device; NULL facts: not read). Only its own devices; one statement for the
 -- batch. `freed`: how many turned ready (the host's parked Acquires should look again).
+-- A device quarantined, recovering, or leaving those is a `recovery` host event, the host
+-- its actor (the rows as they were before this statement: `was`).
 WITH h AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int[], $6::real[],
                          $7::bool[])
         AS h (serial, condition, reason, battery, temperature, charging)
+), was AS (
+    SELECT d.serial, d.condition FROM devices d JOIN h USING (serial) WHERE d.host_id = $1
+), ev AS (
+    INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
+    SELECT $1, h.serial, 'recovery', $1, 'host agent',
+           h.condition || CASE WHEN h.reason <> '' THEN ': ' || h.reason ELSE '' END
+    FROM h JOIN was USING (serial)
+    WHERE h.condition IN ('quarantined', 'recovering')
+       OR was.condition IN ('quarantined', 'recovering')
 ), u AS (
     UPDATE devices d SET condition = h.condition, condition_reason = h.reason,
                          battery_percent = h.battery, temperature_celsius = h.temperature,

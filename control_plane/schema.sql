@@ -234,7 +234,10 @@ CREATE TABLE IF NOT EXISTS host_events (
     event_id   bigserial PRIMARY KEY,
     host_id    text NOT NULL,
     serial     text,
-    kind       text NOT NULL CHECK (kind IN ('cordon', 'uncordon', 'drain', 'remove')),
+    -- recovery: the host's own, as its phone is quarantined, recovered or not (the host
+    -- is the actor; set_device_health).
+    kind       text NOT NULL CHECK (kind IN ('cordon', 'uncordon', 'drain', 'remove',
+                                             'recovery')),
     actor      text NOT NULL,
     actor_name text NOT NULL DEFAULT '',
     reason     text NOT NULL DEFAULT '',

@@ -54,8 +54,9 @@ from host_agent.convert import (
     timing_from_proto,
 )
 from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
-from host_agent.health import Health, HealthMonitor, Thresholds
+from host_agent.health import Health, HealthMonitor, Reading, Thresholds, probe
 from host_agent.leases import LeaseKeeper, Timing
+from host_agent.recovery import Recovery, RecoverySettings
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome
 from host_agent.retry import is_retryable, retrying
@@ -111,6 +112,20 @@ class Agent:
                 settings.battery_low, settings.battery_resume, settings.too_hot, settings.cool_again
             ),
         )
+        self.recovery = Recovery(
+            self._probe_one,
+            self.health.tell_soon,
+            reconnect=getattr(source, "reconnect_device", None),
+            reboot=getattr(source, "reboot_device", None),
+            settings=RecoverySettings(
+                settings.quarantine_failures,
+                settings.quarantine_window,
+                settings.recovery_backoff,
+                settings.boot_timeout,
+            ),
+        )
+        self.health.overrides = self.recovery.held
+        self.health.on_failure = self.recovery.failure
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -152,6 +167,7 @@ class Agent:
                 for task in background:
                     task.cancel()
         finally:
+            await self.recovery.close()
             await self._final.wait()
         self._log.info("host agent stopped")
 
@@ -288,6 +304,9 @@ class Agent:
     def _online_serials(self) -> list[str]:
         return [d.serial for d in self._inventory if d.state == "device"]
 
+    async def _probe_one(self, serial: str) -> Reading:
+        return await probe(self._source.device(serial), self.settings.probe_timeout)
+
     async def _send_health(self, changed: list[tuple[str, Health]]) -> None:
         request = health_request(self.settings.host_id, changed)
         await self._stub.ReportDeviceHealth(request, timeout=CALL_TIMEOUT)
@@ -377,6 +396,8 @@ class Agent:
             self.finished.append(finished)
             outcome = finished.result.outcome.name.lower() if finished.result else "none"
             metrics.TASKS.labels(how=finished.ending.value, outcome=outcome).inc()
+            if finished.result is not None and finished.result.device_lost:
+                self.recovery.failure(finished.device, finished.result.error)
             if finished.result is not None and finished.result.outcome is not Outcome.DONE:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self.refresh_inventory()

@@ -54,6 +54,13 @@ class AgentSettings:
     battery_resume: int = 40
     too_hot: float = 45.0
     cool_again: float = 40.0
+    # Quarantine (host_agent.recovery): this many infrastructure failures of a phone within
+    # the window take it out of service and start its recovery ladder, whose steps pause
+    # `recovery_backoff` doubling; a reboot may take `boot_timeout`.
+    quarantine_failures: int = 3
+    quarantine_window: float = 600.0
+    recovery_backoff: float = 5.0
+    boot_timeout: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +208,12 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--battery-resume", "AMC_BATTERY_RESUME", "40", percent, "... until it charged to this %"),
     ("--too-hot", "AMC_TOO_HOT", "45", float, "hold a phone above this battery temperature (°C)"),
     ("--cool-again", "AMC_COOL_AGAIN", "40", float, "... until it is below this (°C)"),
+    ("--quarantine-failures", "AMC_QUARANTINE_FAILURES", "3", count,
+     "infrastructure failures of a phone that quarantine it (0: never)..."),
+    ("--quarantine-window", "AMC_QUARANTINE_WINDOW", "10m", duration, "... within this long"),
+    ("--recovery-backoff", "AMC_RECOVERY_BACKOFF", "5s", duration,
+     "first pause of the recovery ladder (doubling)"),
+    ("--boot-timeout", "AMC_BOOT_TIMEOUT", "2m", duration, "how long a reboot may take"),
 ]
 # fmt: on
 
@@ -272,6 +285,10 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         battery_resume=args.battery_resume,
         too_hot=args.too_hot,
         cool_again=args.cool_again,
+        quarantine_failures=args.quarantine_failures,
+        quarantine_window=args.quarantine_window,
+        recovery_backoff=args.recovery_backoff,
+        boot_timeout=args.boot_timeout,
     )
     if args.battery_resume < args.battery_low:
         raise ConfigError("--battery-resume must be at least --battery-low")

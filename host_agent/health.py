@@ -204,6 +204,13 @@ class HealthMonitor:
         # What the last probe found, and what the control plane was last told.
         self.health: dict[str, Health] = {}
         self._told: dict[str, Health] = {}
+        # Phones whose condition is set elsewhere (quarantined, recovering: recovery.py):
+        # not probed, reported as they are here.
+        self.overrides: dict[str, Health] = {}
+        # Called when a probe finds a phone newly unresponsive: an infrastructure failure.
+        self.on_failure: Callable[[str, str], None] = lambda serial, why: None
+        self._telling: set[asyncio.Task[None]] = set()
+        self._tell_lock = asyncio.Lock()
 
     def forget_told(self) -> None:
         """The control plane may know nothing of what it was told (the host registered
@@ -216,15 +223,32 @@ class HealthMonitor:
             await self.round(serials())
             await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
 
+    def tell_soon(self, serial: str) -> None:
+        """`serial`'s override changed: send it now, not at the next round (a phone whose
+        override ended is probed first, so what is sent is what it is now)."""
+        task = asyncio.ensure_future(self._recheck(serial))
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def _recheck(self, serial: str) -> None:
+        if serial not in self.overrides:
+            self.health[serial] = await self._probe(serial)
+        await self.tell()
+
     async def round(self, serials: Sequence[str]) -> None:
         """Probe every phone in `serials` at once; send what changed."""
-        gone = set(self.health) - set(serials)
+        gone = set(self.health) - set(serials) - set(self.overrides)
         for serial in gone:
             del self.health[serial]
             self._told.pop(serial, None)
-        found = await asyncio.gather(*(self._probe(s) for s in serials))
-        for serial, health in zip(serials, found, strict=True):
+        probed = [s for s in serials if s not in self.overrides]
+        found = await asyncio.gather(*(self._probe(s) for s in probed))
+        for serial, health in zip(probed, found, strict=True):
             last = self.health.get(serial)
+            if health.condition is Condition.UNRESPONSIVE and (
+                last is None or last.condition is not Condition.UNRESPONSIVE
+            ):
+                self.on_failure(serial, health.reason)
             if last is None or last.condition is not health.condition:
                 log.info(
                     "device condition",
@@ -241,15 +265,21 @@ class HealthMonitor:
             },
             gone,
         )
-        changed = [(s, h) for s, h in self.health.items() if h.worth_sending(self._told.get(s))]
-        if not changed:
-            return
-        try:
-            await self._send(changed)
-        except Exception as exc:  # a transport error: the next round sends them again
-            log.warning("device conditions not sent; will retry", error=str(exc))
-            return
-        self._told.update(changed)
+        await self.tell()
+
+    async def tell(self) -> None:
+        """Send the conditions that changed since the control plane was last told."""
+        async with self._tell_lock:
+            now = {**self.health, **self.overrides}
+            changed = [(s, h) for s, h in now.items() if h.worth_sending(self._told.get(s))]
+            if not changed:
+                return
+            try:
+                await self._send(changed)
+            except Exception as exc:  # a transport error: the next round sends them again
+                log.warning("device conditions not sent; will retry", error=str(exc))
+                return
+            self._told.update(changed)
 
     async def _probe(self, serial: str) -> Health:
         try:

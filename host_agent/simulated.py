@@ -138,6 +138,8 @@ class SimulatedSource:
     ):
         self.delay = delay
         self.physics = physics or Physics()
+        # How long a reboot by the recovery ladder takes.
+        self.boot_time = 1.0
         self.serials = [f"{prefix}{i}" for i in range(count)]
         self.bodies: dict[str, Body] = {s: Body() for s in self.serials}
         self._recorder = _Recorder(Path(action_log) if action_log is not None else None)
@@ -209,6 +211,12 @@ class SimulatedSource:
         body = self.body(serial)
         body.hung = False
         body.booting_until = time.monotonic() + boot_time
+
+    async def reboot_device(self, serial: str) -> None:
+        """The recovery ladder's reboot: `boot_time` seconds of booting."""
+        if not self.is_plugged(serial):
+            raise DeviceLost(f"device lost: {serial} is not attached")
+        self.reboot(serial, self.boot_time)
 
     def booted(self, serial: str) -> bool:
         return time.monotonic() >= self.body(serial).booting_until

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from prometheus_client import REGISTRY
 
-from amc.v1 import scheduler_pb2, task_pb2
+from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.devices import DeviceLost, DeviceTimeout
@@ -26,6 +26,7 @@ from host_agent.health import (
     parse_df,
     probe,
 )
+from host_agent.recovery import Recovery, RecoverySettings
 from host_agent.simulated import Physics, SimulatedSource, battery_text
 from tests.support import Farm, actions_spec, eventually, tap
 from tests.support.agent import running_agent, status_is, submit
@@ -207,3 +208,58 @@ async def test_a_low_battery_holds_a_phone_until_it_charged_and_operators_see_wh
         source.set_body("sim-0", battery=41.0)
         await status_is(farm, task_id, "done", within=10)
         assert await condition_of(farm, "sim-0") == "ready"
+
+
+async def test_a_hung_phone_is_quarantined_rebooted_and_back_in_service(farm: Farm) -> None:
+    """A phone that stops answering (K = 1) is quarantined; the ladder's reconnect finds it
+    still hung, its reboot brings it back; every step is a recovery event of the host, and
+    the phone takes work again."""
+    source = SimulatedSource(2, delay=0.02)
+    source.boot_time = 0.5
+    client = await farm.client()
+    op = await farm.operator()
+    settings = {
+        "probe_interval": PROBE,
+        "probe_timeout": 0.3,
+        "quarantine_failures": 1,
+        "recovery_backoff": 0.1,
+        "boot_timeout": 5.0,
+    }
+    async with running_agent(farm, source, **settings) as agent:
+        await eventually(lambda: agent.health.health.get("sim-0") is not None)
+        source.hang("sim-0")
+        await eventually(lambda: agent.recovery.outcomes, timeout=10, what="the ladder's end")
+        assert agent.recovery.outcomes == [("sim-0", True)]
+        await eventually(lambda: is_in(farm, "sim-0", "ready"), what="back in service")
+        task_id = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+        await status_is(farm, task_id, "done")
+    answer = await op.admin.GetHost(admin_pb2.GetHostRequest(host_id="host-1"))
+    steps = [e.reason for e in reversed(answer.events) if e.kind == "recovery"]
+    assert steps[0].startswith("quarantined: 1 infrastructure failures")
+    assert steps[1:] == ["recovering: step 1: reconnect", "recovering: step 3: reboot", "ready"]
+    assert {e.actor for e in answer.events if e.kind == "recovery"} == {"host-1"}
+
+
+async def test_a_phone_the_ladder_cannot_bring_back_stays_quarantined() -> None:
+    """Every step fails: quarantined, waiting for an operator; one ladder at a time."""
+    told: list[str] = []
+
+    async def dead(serial: str) -> Reading:
+        raise DeviceTimeout(f"{serial}: no answer")
+
+    recovery = Recovery(
+        dead,
+        told.append,
+        settings=RecoverySettings(failures=2, window=60, backoff=0.01, boot_timeout=0.1),
+    )
+    recovery.failure("p1", "no answer")
+    assert "p1" not in recovery.held
+    recovery.failure("p1", "no answer")
+    assert recovery.held["p1"].condition is Condition.QUARANTINED
+    recovery.failure("p1", "again")  # held already: no second ladder
+    await eventually(lambda: recovery.outcomes)
+    assert recovery.outcomes == [("p1", False)]
+    assert recovery.held["p1"] == Health(
+        Condition.QUARANTINED, "recovery failed: waits for an operator"
+    )
+    await recovery.close()

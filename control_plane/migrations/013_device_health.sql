@@ -22,3 +22,15 @@ ALTER TABLE task_events ADD CONSTRAINT task_events_kind_check CHECK (kind IN
     ('submit', 'assign', 'acknowledge', 'cancel', 'cancel_requested', 'report', 'expired',
      'released', 'queue_timeout', 'deadline_exceeded', 'device_lost'));
 DROP FUNCTION IF EXISTS amc_leave_attempt(tasks, boolean, text, text);
+
+-- Quarantine and recovery (issue 22.4): each step of a host's recovery ladder is a host
+-- event of its device, the host its actor. (A database older than host_events gets the
+-- table from schema.sql, with this check.)
+DO $$
+BEGIN
+    IF to_regclass('host_events') IS NOT NULL THEN
+        ALTER TABLE host_events DROP CONSTRAINT IF EXISTS host_events_kind_check;
+        ALTER TABLE host_events ADD CONSTRAINT host_events_kind_check CHECK (kind IN
+            ('cordon', 'uncordon', 'drain', 'remove', 'recovery'));
+    END IF;
+END $$;

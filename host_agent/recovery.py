@@ -1,0 +1,140 @@
+"""Quarantine and recovery: a phone that keeps failing for reasons that are not its tasks'
+is taken out of service and the host tries to bring it back.
+
+    Recovery.failure(serial, why)     an infrastructure failure (its run lost the phone, a
+     │                                probe found it unresponsive); K of them within the
+     │                                window (3 in 10 minutes by default) quarantine it
+     └─ the ladder, in a task of its own, each step reported as the phone's condition (and
+        so recorded by the control plane as a `recovery` event of this host):
+          1. reconnect: probe it again
+          2. `adb reconnect` (when the source can)
+          3. reboot, and wait for sys.boot_completed (at most `boot_timeout`)
+          4. probe: ready → back in service (the failures forgotten); otherwise it stays
+             quarantined, for an operator
+        with a pause between steps that doubles (`backoff`), one ladder at a time per phone.
+
+While quarantined or recovering, the phone's condition is this module's, not the probes':
+`HealthMonitor` leaves it alone (no probe) and reports what `Recovery.held` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from host_agent.devices import DeviceError
+from host_agent.health import Condition, Health, Reading
+
+log = structlog.get_logger(__name__)
+
+Step = Callable[[str], Awaitable[None]]
+Probe = Callable[[str], Awaitable[Reading]]
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    failures: int = 3
+    window: float = 600.0
+    backoff: float = 1.0
+    boot_timeout: float = 120.0
+
+
+class Recovery:
+    """Counts each phone's infrastructure failures and runs its recovery ladder."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        report: Callable[[str], None],
+        *,
+        reconnect: Step | None = None,
+        reboot: Step | None = None,
+        settings: RecoverySettings | None = None,
+    ) -> None:
+        self._probe = probe
+        self._report = report  # tells the control plane now (HealthMonitor.tell_soon)
+        self._reconnect = reconnect
+        self._reboot = reboot
+        self.settings = settings or RecoverySettings()
+        self._failures: dict[str, deque[float]] = {}
+        # The phones this module holds, and the condition to report for each.
+        self.held: dict[str, Health] = {}
+        self._ladders: dict[str, asyncio.Task[bool]] = {}
+        self.outcomes: list[tuple[str, bool]] = []  # (serial, recovered), for tests and logs
+
+    def failure(self, serial: str, why: str) -> None:
+        """One infrastructure failure of `serial`; the K-th in the window quarantines it."""
+        if serial in self.held or self.settings.failures <= 0:  # 0: quarantine is off
+            return
+        now = time.monotonic()
+        seen = self._failures.setdefault(serial, deque())
+        seen.append(now)
+        while seen and seen[0] < now - self.settings.window:
+            seen.popleft()
+        log.info("infrastructure failure", device=serial, why=why, count=len(seen))
+        if len(seen) >= self.settings.failures:
+            reason = f"{len(seen)} infrastructure failures in {self.settings.window:g}s: {why}"
+            self._hold(serial, Condition.QUARANTINED, reason)
+            self._ladders[serial] = asyncio.ensure_future(self._ladder(serial))
+
+    async def close(self) -> None:
+        for ladder in self._ladders.values():
+            ladder.cancel()
+        await asyncio.gather(*self._ladders.values(), return_exceptions=True)
+
+    def _hold(self, serial: str, condition: Condition, reason: str) -> None:
+        self.held[serial] = Health(condition, reason)
+        log.warning("device " + condition.value, device=serial, reason=reason)
+        self._report(serial)
+
+    async def _ladder(self, serial: str) -> bool:
+        steps: list[tuple[str, Step | None]] = [
+            ("reconnect", None),
+            ("adb reconnect", self._reconnect),
+            ("reboot", self._reboot),
+        ]
+        pause = self.settings.backoff
+        recovered = False
+        for number, (name, action) in enumerate(steps, start=1):
+            if number > 1 and action is None:
+                continue
+            await asyncio.sleep(pause)
+            pause *= 2
+            self._hold(serial, Condition.RECOVERING, f"step {number}: {name}")
+            if await self._try(serial, name, action):
+                recovered = True
+                break
+        self.outcomes.append((serial, recovered))
+        del self._ladders[serial]
+        if recovered:
+            self._failures.pop(serial, None)
+            del self.held[serial]
+            log.info("device recovered", device=serial)
+            self._report(serial)
+        else:
+            self._hold(serial, Condition.QUARANTINED, "recovery failed: waits for an operator")
+        return recovered
+
+    async def _try(self, serial: str, name: str, action: Step | None) -> bool:
+        """Run one step, then see whether the phone answers and has booted."""
+        try:
+            if action is not None:
+                await action(serial)
+            deadline = time.monotonic() + (self.settings.boot_timeout if name == "reboot" else 0)
+            while True:
+                try:
+                    if (await self._probe(serial)).boot_completed:
+                        return True
+                except DeviceError:
+                    pass
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(min(1.0, self.settings.backoff))
+        except DeviceError as exc:
+            log.info("recovery step failed", device=serial, step=name, error=str(exc))
+            return False
