@@ -380,6 +380,14 @@ class AdbSource:
     def device(self, serial: str) -> AdbDevice:
         return AdbDevice(self._client, serial, self._call_timeout)
 
+    async def reboot_device(self, serial: str) -> None:
+        """The recovery ladder's reboot: adb's `reboot:` service (what `adb reboot` asks);
+        the phone then drops off and boots (the ladder waits for sys.boot_completed)."""
+        async with _guard(serial, "reboot", self._call_timeout):
+            async with _session(self._client) as session:
+                await session.request(f"host:transport:{serial}")
+                await session.request("reboot:")
+
     async def close(self) -> None:
         """Nothing to release: every call opens and closes its own connection."""
 

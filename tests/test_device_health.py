@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
+from host_agent.adb import AdbSource
 from host_agent.devices import DeviceLost, DeviceTimeout
 from host_agent.health import (
     Condition,
@@ -30,6 +31,8 @@ from host_agent.recovery import Recovery, RecoverySettings
 from host_agent.simulated import Physics, SimulatedSource, battery_text
 from tests.support import Farm, actions_spec, eventually, tap
 from tests.support.agent import running_agent, status_is, submit
+from tests.support.fakes.adb_server import FakeAdbServer
+from tests.support.fakes.phone import FakePhone
 from tests.test_cli import Cli
 
 PROBE = 0.3  # the agent's probe interval in these tests
@@ -263,3 +266,23 @@ async def test_a_phone_the_ladder_cannot_bring_back_stays_quarantined() -> None:
         Condition.QUARANTINED, "recovery failed: waits for an operator"
     )
     await recovery.close()
+
+
+async def test_the_real_driver_probes_and_reboots_a_phone_over_the_adb_protocol() -> None:
+    """The probe's reads and the ladder's reboot through host_agent.adb against the fake adb
+    server: battery facts read, a reboot leaves the phone booting, then booted."""
+    phone = FakePhone("emu-1", battery_level=17, battery_temperature=41.5, charging=False)
+    phone.boot_time = 0.4
+    async with FakeAdbServer([phone]) as server:
+        source = AdbSource(port=server.port, call_timeout=2.0)
+        seen = await probe(source.device("emu-1"), 2.0)
+        assert (seen.boot_completed, seen.battery_percent) == (True, 17)
+        assert (seen.temperature_celsius, seen.charging) == (41.5, False)
+        assert seen.free_bytes == 8_000_000 * 1024
+        assert judge(None, seen, Thresholds()).condition is Condition.CHARGING_HOLD
+        await source.reboot_device("emu-1")
+        assert phone.reboots == 1
+        assert not (await probe(source.device("emu-1"), 2.0)).boot_completed
+        await asyncio.sleep(0.5)
+        assert (await probe(source.device("emu-1"), 2.0)).boot_completed
+        assert "reboot:" in server.payloads()

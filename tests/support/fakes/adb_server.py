@@ -13,6 +13,7 @@ followed by four hex digits and a message. Supported requests:
 * ``host:transport-any`` → the only attached phone
 * ``shell:<cmd>`` and ``exec-out:<cmd>`` (after a transport) → ``OKAY``, the raw output
   as the phone produces it, then close
+* ``reboot:`` (after a transport) → ``OKAY``, the phone boots for its `boot_time`, close
 
 Faults (mutable at runtime through `FakeAdbServer.faults`): replies split into tiny TCP
 segments, the connection reset half-way through a command's output, or a request that
@@ -210,6 +211,10 @@ class FakeAdbServer:
             return not await self._select(conn, self._any_serial())
         elif payload.startswith(("shell:", "exec-out:")):
             await self._run_service(conn, payload.split(":", 1)[1])
+        elif payload == "reboot:" and conn.record.serial in self._phones:
+            # adb answers OKAY and the phone restarts (it stays listed here, booting).
+            self._phones[conn.record.serial].reboot()
+            await self._send(conn, b"OKAY")
         else:
             await self._fail(conn, "unknown host service")
         return True

@@ -2,7 +2,10 @@
 
 `FakePhone` understands just enough of the Android shell for the driver:
 
-* ``getprop`` (whole ``[key]: [value]`` listing) and ``getprop <key>``
+* ``getprop`` (whole ``[key]: [value]`` listing) and ``getprop <key>``; ``getprop
+  sys.boot_completed`` says ``1`` unless the phone is booting (`reboot()`)
+* the health probe's reads: ``dumpsys battery`` (from `battery_level`,
+  `battery_temperature`, `charging`) and ``df /data``
 * ``input ...``, ``am ...``, ``monkey ...`` (no output, exit 0)
 * ``uiautomator dump <path>`` (writes `ui_xml` to a fake file) and ``cat <path>``
 * ``screencap -p`` (the PNG, after `screencap_prefix` so drivers must trim)
@@ -83,6 +86,17 @@ class FakePhone:
     # (time.monotonic(), argv) for every simple command actually executed.
     executed: list[tuple[float, list[str]]] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
+    battery_level: int = 80
+    battery_temperature: float = 30.0
+    charging: bool = True
+    # A reboot (the `reboot:` service, or `reboot()`) boots it for `boot_time` seconds.
+    boot_time: float = 1.0
+    booting_until: float = 0.0
+    reboots: int = 0
+
+    def reboot(self) -> None:
+        self.reboots += 1
+        self.booting_until = time.monotonic() + self.boot_time
 
     def __post_init__(self) -> None:
         self.props.setdefault("ro.serialno", self.serial)
@@ -139,7 +153,16 @@ class FakePhone:
         if name == "false":
             return 1, b""
         if name == "getprop":
+            if argv[1:] == ["sys.boot_completed"]:
+                return 0, b"\n" if time.monotonic() < self.booting_until else b"1\n"
             return 0, self._getprop(argv[1:])
+        if argv[:2] == ["dumpsys", "battery"]:
+            return 0, self._battery()
+        if name == "df":
+            return 0, (
+                b"Filesystem      1K-blocks    Used Available Use% Mounted on\n"
+                b"/dev/block/dm-5  16000000 8000000   8000000  50% /data\n"
+            )
         if name == "uiautomator":
             return self._uiautomator(argv[1:])
         if name == "cat":
@@ -147,6 +170,14 @@ class FakePhone:
         if name in ("screencap", "/system/bin/screencap"):
             return 0, self.screencap_prefix + self.png
         return 127, f"/system/bin/sh: {name}: inaccessible or not found\n".encode()
+
+    def _battery(self) -> bytes:
+        return (
+            "Current Battery Service state:\n"
+            f"  AC powered: false\n  USB powered: {str(self.charging).lower()}\n"
+            f"  status: {2 if self.charging else 3}\n  level: {self.battery_level}\n"
+            f"  scale: 100\n  temperature: {round(self.battery_temperature * 10)}\n"
+        ).encode()
 
     def _getprop(self, args: list[str]) -> bytes:
         if args:
