@@ -342,6 +342,8 @@ const Farm = {
     // A phone takes no new work when it is cordoned itself or its host is (or drains).
     const cordoned = hosts.flatMap((host) =>
       (host.devices || []).filter((d) => d.cordoned || host.cordoned || host.draining));
+    // Online but held by its condition (charging, too hot, ...): its host's probes say so.
+    const held = online.filter((d) => condition(d) !== "ready");
     const rows = [];
     for (const host of hosts) {
       rows.push(h("tr", { class: "host-row", "data-host": host.host_id },
@@ -360,6 +362,7 @@ const Farm = {
         ["busy", busy.length, "devices-busy"],
         ["hosts cordoned", hosts.filter((x) => x.cordoned).length, "hosts-cordoned"],
         ["devices cordoned", cordoned.length, "devices-cordoned"],
+        ["devices held", held.length, "devices-held"],
         ["offline / other", devices.length - online.length, "devices-offline"],
       ]),
       hosts.length
@@ -380,11 +383,27 @@ function hostWork(host) {
 // A badge that says what it means on its own: `connected` or `disconnected`.
 const connection = (host) => badge(host.connected ? "connected" : "disconnected");
 
+// A device's condition as its host's probes last saw it: `ready` (also when never probed),
+// or what holds it (`charging_hold`, `too_hot`, `unresponsive`, ...).
+const condition = (d) => (d.condition ? enumName("DEVICE_CONDITION_", d.condition) : "ready");
+
+// Its condition's badge (none when ready; the reason on hover) and the facts behind it.
+function health(d) {
+  const cond = condition(d);
+  const facts = [];
+  if (d.battery_percent !== undefined) facts.push(`${d.battery_percent}%${d.charging ? " charging" : ""}`);
+  if (d.temperature_celsius !== undefined) facts.push(`${Math.round(d.temperature_celsius)} °C`);
+  const shown = [];
+  if (cond !== "ready") shown.push(" ", h("span", { class: `badge s-${cond}`, title: d.condition_reason || "" }, cond));
+  if (facts.length) shown.push(h("div", { class: "health muted" }, facts.join(" · ")));
+  return shown;
+}
+
 function deviceRow(d) {
   const state = enumName("DEVICE_STATE_", d.state);
   return h("tr", { "data-serial": d.serial },
     h("td", { class: "serial" }, d.serial),
-    h("td", {}, badge(state), d.cordoned ? [" ", badge("cordoned")] : ""),
+    h("td", {}, badge(state), d.cordoned ? [" ", badge("cordoned")] : "", health(d)),
     h("td", {}, d.model || "-", d.manufacturer ? h("span", { class: "muted" }, ` (${d.manufacturer})`) : ""),
     h("td", {}, d.sdk || "-"),
     h("td", {}, labels(d.labels)),
