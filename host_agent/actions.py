@@ -44,7 +44,15 @@ from amc_common.actions import (
     WaitFor,
 )
 from host_agent import metrics
-from host_agent.devices import CommandFailed, Device, DeviceError, DeviceLost, DeviceTimeout
+from host_agent.devices import (
+    CommandFailed,
+    Device,
+    DeviceError,
+    DeviceLost,
+    DeviceTimeout,
+    DeviceUnresponsive,
+    SourceUnreachable,
+)
 from host_agent.results import Kept, cut
 from host_agent.stop_token import Stopped, StopToken
 
@@ -104,9 +112,23 @@ async def execute(
         metrics.DEVICE_ERRORS.labels(type(exc).__name__).inc()
         if isinstance(exc, DeviceLost):
             raise
+        if _unresponsive(action, exc):
+            raise DeviceUnresponsive(f"device unresponsive: {describe_device_error(exc)}") from exc
         return StepOutput.failed(describe_device_error(exc))
     finally:
         metrics.STEP_SECONDS.labels(action.kind, status).observe(time.monotonic() - started)
+
+
+# Actions a phone answers at once: one of them timing out means the phone (not the task)
+# is in trouble. A shell command, a UI dump or a screenshot may be slow by the task's doing.
+_QUICK = (Tap, Swipe, InputText, Key, LaunchApp, StopApp)
+
+
+def _unresponsive(action: Action, exc: DeviceError) -> bool:
+    """Whether this failure is the phone's or the adb server's, not the task's."""
+    if isinstance(exc, SourceUnreachable):
+        return True
+    return isinstance(exc, DeviceTimeout) and isinstance(action, _QUICK)
 
 
 async def _dispatch(
@@ -275,6 +297,7 @@ def describe_device_error(exc: DeviceError) -> str:
 
 
 _ERROR_PREFIXES: dict[type[DeviceError], str] = {
+    DeviceUnresponsive: "device unresponsive",
     DeviceLost: "device lost",
     DeviceTimeout: "device timed out",
     CommandFailed: "command failed",

@@ -39,6 +39,7 @@ from host_agent.devices import (
     DeviceLost,
     DeviceTimeout,
     ShellResult,
+    SourceUnreachable,
 )
 
 with warnings.catch_warnings():
@@ -150,7 +151,7 @@ async def _session(client: ClientAsync) -> AsyncIterator[_Session]:
     try:
         connection = await client.create_connection()
     except RuntimeError as exc:  # ppadb wraps OSError from connect in RuntimeError
-        raise DeviceError(f"adb server unreachable at {client.host}:{client.port}") from exc
+        raise SourceUnreachable(f"adb server unreachable at {client.host}:{client.port}") from exc
     session = _Session(connection)
     try:
         yield session

@@ -7,8 +7,14 @@ Errors::
 
     DeviceError             any failure talking to a device
     ├── DeviceLost          the device is gone (unplugged, offline, adb server lost it)
+    │   └── DeviceUnresponsive  it (or the adb server) stopped answering mid-run: as good
+    │                       as gone for the task (host_agent.actions raises it)
     ├── DeviceTimeout       a call took longer than its deadline
+    ├── SourceUnreachable   the device source (the adb server) cannot be reached
     └── CommandFailed       the device answered, but the command did not succeed
+
+DeviceLost ends a run as an infrastructure failure, not the task's: the task is given back
+to run on another phone (host_agent.worker).
 """
 
 from __future__ import annotations
@@ -23,6 +29,14 @@ class DeviceError(Exception):
 
 class DeviceLost(DeviceError):
     """device lost: it is no longer attached to this host."""
+
+
+class DeviceUnresponsive(DeviceLost):
+    """device unresponsive: it stopped answering, so nothing more can run on it."""
+
+
+class SourceUnreachable(DeviceError):
+    """The adb server (the device source) cannot be reached."""
 
 
 class DeviceTimeout(DeviceError):

@@ -82,7 +82,9 @@ ACTION_STATUSES = ("ok", "failed", "stopped")
 DEVICE_ERROR_KINDS = (
     "DeviceError",
     "DeviceLost",
+    "DeviceUnresponsive",
     "DeviceTimeout",
+    "SourceUnreachable",
     "CommandFailed",
     "UnsupportedText",
 )

@@ -138,8 +138,10 @@ class SimulatedSource:
     ):
         self.delay = delay
         self.physics = physics or Physics()
-        # How long a reboot by the recovery ladder takes.
+        # How long a reboot by the recovery ladder takes; how long an action on a hung phone
+        # waits before it times out (the adb driver's call timeout).
         self.boot_time = 1.0
+        self.call_timeout = 30.0
         self.serials = [f"{prefix}{i}" for i in range(count)]
         self.bodies: dict[str, Body] = {s: Body() for s in self.serials}
         self._recorder = _Recorder(Path(action_log) if action_log is not None else None)
@@ -264,9 +266,11 @@ class SimulatedSource:
             raise DeviceLost(f"device lost: {serial} is rebooting")
         self._in_flight[serial] += 1
         try:
-            async with asyncio.timeout(None if body.hung else self.delay):
+            async with asyncio.timeout(self.call_timeout if body.hung else self.delay):
                 await unplugged.wait()
         except TimeoutError:
+            if body.hung:
+                raise DeviceTimeout(f"{serial}: no answer in {self.call_timeout:g}s") from None
             return  # the work took `delay` and the phone stayed
         finally:
             self.body(serial)  # the load so far counted before it ends

@@ -25,7 +25,14 @@ from amc_common.actions import (
     WaitFor,
 )
 from host_agent.actions import StepOutput, bounds_centre, execute, find_element
-from host_agent.devices import CommandFailed, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.devices import (
+    CommandFailed,
+    DeviceLost,
+    DeviceTimeout,
+    DeviceUnresponsive,
+    ShellResult,
+    SourceUnreachable,
+)
 from host_agent.results import OUTPUT_LIMIT, cut
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from tests.support.runner_fakes import EMPTY_SCREEN, HOME_SCREEN, Call, FakeDevice
@@ -216,7 +223,6 @@ async def test_screenshot_reports_size_and_sha256() -> None:
     ("error", "message"),
     [
         (CommandFailed("input: unknown keycode"), "command failed: input: unknown keycode"),
-        (DeviceTimeout("no answer in 10s"), "device timed out: no answer in 10s"),
         (CommandFailed(), "command failed: The command ran but failed."),
     ],
 )
@@ -227,6 +233,21 @@ async def test_device_errors_fail_the_step_with_a_clear_message(
     out = await run(Key(4), device)
     assert not out.ok
     assert out.error == message
+
+
+async def test_a_slow_shell_fails_its_step_but_a_quick_action_that_times_out_is_the_phones() -> (
+    None
+):
+    """A shell timing out is the task's failure; a key press timing out, or the adb server
+    gone, means the phone cannot be driven: DeviceUnresponsive (as good as lost)."""
+    out = await run(Shell("sleep 99", 1), FakeDevice(failures={"shell": DeviceTimeout("slow")}))
+    assert not out.ok and out.error == "shell timed out after 1s: 'sleep 99'"
+    with pytest.raises(DeviceUnresponsive, match="device unresponsive: device timed out"):
+        await run(Key(4), FakeDevice(failures={"key": DeviceTimeout("no answer in 10s")}))
+    with pytest.raises(DeviceUnresponsive, match="adb server unreachable"):
+        await run(
+            Tap(1, 1), FakeDevice(failures={"tap": SourceUnreachable("adb server unreachable")})
+        )
 
 
 async def test_device_lost_propagates_out_of_execute() -> None:

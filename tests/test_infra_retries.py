@@ -131,3 +131,30 @@ async def test_a_losing_attempt_does_not_count_against_max_attempts(farm: Farm) 
     assert await farm.status(task.task_id) == "failed"
     got = await op.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task.task_id))
     assert got.result.error == "lease released on attempt 1 of 1"
+
+
+async def test_a_phone_that_stops_answering_mid_run_has_its_task_run_on_another(
+    database_url: str,
+) -> None:
+    """A tap that times out on a hung phone is the phone's failure, not the task's: the run
+    is given back (device_lost, 'device unresponsive') and runs again on the other phone."""
+    async with short_ttl_farm(database_url) as farm:
+        source = SimulatedSource(2, delay=0.2)
+        source.call_timeout = 0.5
+        client = await farm.client()
+        spec = actions_spec(*[tap() for _ in range(8)])
+        async with running_agent(farm, source, probe_interval=60):
+            task_id = await submit(client, spec, max_attempts=1)
+            first = await eventually(lambda: running_on(farm, task_id), what="the first run")
+            assert first is not None
+            _, phone = first
+            await eventually(lambda: source.in_flight(phone) > 0, what="an action in flight")
+            source.hang(phone)
+            await status_is(farm, task_id, "done", within=15)
+            assert farm.db is not None
+            device = await farm.db.fetchval(
+                "SELECT device_serial FROM tasks WHERE task_id = $1", task_id
+            )
+            assert device != phone
+        lost = [e for e in await events(farm, task_id) if e[0] == "device_lost"]
+        assert len(lost) == 1 and "device unresponsive" in lost[0][2], lost
