@@ -543,19 +543,18 @@ SELECT
            GROUP BY k.fairness_key) g) AS keys,
     (SELECT extract(epoch FROM now() - max(counted_at))::float8 FROM queue_group_stats)
         AS counted_ago,
-    -- The online devices by condition, and their battery and temperature (min, mean,
-    -- max over those probed): aggregates, never a series per device.
-    (SELECT jsonb_build_object(
-                'conditions', COALESCE(jsonb_object_agg(c.condition, c.n), '{}'),
-                'battery', (SELECT jsonb_build_array(min(battery_percent), avg(battery_percent),
-                                                     max(battery_percent))
-                            FROM devices WHERE state = 'device'),
-                'temperature', (SELECT jsonb_build_array(min(temperature_celsius),
-                                                         avg(temperature_celsius),
-                                                         max(temperature_celsius))
-                                FROM devices WHERE state = 'device'))
-     FROM (SELECT condition, count(*) AS n FROM devices WHERE state = 'device'
-           GROUP BY condition) c) AS health;
+    -- The online devices by condition, with their battery and temperature (min, sum and
+    -- count of those probed, max), in one scan; the store sums the conditions up:
+    -- aggregates, never a series per device.
+    (SELECT COALESCE(jsonb_agg(jsonb_build_array(
+                c.condition, c.n, c.b_min, c.b_sum, c.b_n, c.b_max,
+                c.t_min, c.t_sum, c.t_n, c.t_max)), '[]')
+     FROM (SELECT condition, count(*) AS n,
+                  min(battery_percent) AS b_min, sum(battery_percent) AS b_sum,
+                  count(battery_percent) AS b_n, max(battery_percent) AS b_max,
+                  min(temperature_celsius) AS t_min, sum(temperature_celsius) AS t_sum,
+                  count(temperature_celsius) AS t_n, max(temperature_celsius) AS t_max
+           FROM devices WHERE state = 'device' GROUP BY condition) c) AS health;
 
 -- name: replica_alive
 -- This replica's heartbeat: what keeps the hosts whose streams it holds connected.

@@ -222,9 +222,9 @@ class Store:
                 for k in row["keys"]
             ],
             counted_ago=row["counted_ago"],
-            conditions={k: int(v) for k, v in row["health"]["conditions"].items()},
-            battery=_spread(row["health"]["battery"]),
-            temperature=_spread(row["health"]["temperature"]),
+            conditions={c[0]: int(c[1]) for c in row["health"]},
+            battery=_spread([c[2:6] for c in row["health"]]),
+            temperature=_spread([c[6:10] for c in row["health"]]),
         )
 
     # -- tasks -----------------------------------------------------------------------------
@@ -934,12 +934,14 @@ def _device(d: dict[str, Any]) -> DeviceInfo:
     )
 
 
-def _spread(values: list[float | None]) -> tuple[float, float, float] | None:
-    """(min, mean, max) from the aggregate's array; None when nothing was probed."""
-    low, mean, high = values
-    if low is None or mean is None or high is None:
+def _spread(parts: list[list[Any]]) -> tuple[float, float, float] | None:
+    """(min, mean, max) over the conditions' (min, sum, count, max); None when nothing was
+    probed."""
+    probed = [p for p in parts if p[2]]
+    if not probed:
         return None
-    return float(low), float(mean), float(high)
+    total = sum(float(p[1]) for p in probed) / sum(int(p[2]) for p in probed)
+    return min(float(p[0]) for p in probed), total, max(float(p[3]) for p in probed)
 
 
 def _uuid_or_none(text: str) -> uuid.UUID | None:
