@@ -683,11 +683,21 @@ ORDER BY seq LIMIT $3;
 -- (only `queued` set). An offered task that is not taken, fits a device left idle and was
 -- queued was locked by another transaction when the scan passed it (SKIP LOCKED), not taken
 -- by another host: the Acquire looks again soon instead of dropping the offer
--- (lease_service). Still one statement; the extra rows are primary-key lookups.
+-- (lease_service). A task whose fairness key is at its cap was passed over for that, not
+-- for a lock: it is not listed (the offer is dropped; the key's queued tasks are offered
+-- again when its cap is raised). Still one statement; the extra rows are primary-key
+-- lookups, and a count of a capped key's running tasks (at most its cap).
 SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline,
        NULL::uuid AS queued
 FROM amc_acquire($1, $2, $3) a
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, tk.task_id
 FROM tasks tk
-WHERE tk.task_id = ANY ($4::uuid[]) AND tk.status = 'queued';
+WHERE tk.task_id = ANY ($4::uuid[]) AND tk.status = 'queued'
+  AND NOT EXISTS (
+      SELECT 1 FROM fair_shares f
+      WHERE f.fairness_key = tk.fairness_key AND f.max_devices IS NOT NULL
+        AND f.max_devices <= (SELECT count(*) FROM queue_groups q
+                              JOIN tasks r ON r.group_id = q.group_id
+                              WHERE q.fairness_key = f.fairness_key
+                                AND r.status IN ('assigned', 'dispatched')));
