@@ -47,6 +47,8 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Lease/ReportDeviceHealth": HOSTS,
     "/amc.v1.Scheduler/ListArtifacts": CLIENTS,
     "/amc.v1.Scheduler/GetArtifact": CLIENTS,
+    "/amc.v1.Scheduler/OpenSession": CLIENTS,
+    "/amc.v1.Lease/SessionActions": HOSTS,
     "/amc.v1.Admin/CordonHost": OPERATORS,
     "/amc.v1.Admin/UncordonHost": OPERATORS,
     "/amc.v1.Admin/CordonDevice": OPERATORS,

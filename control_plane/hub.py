@@ -18,6 +18,7 @@ from control_plane.dispatch import Dispatcher, Offer
 from control_plane.domain import CancelNotice, DrainNotice, LeaseId, TaskId
 from control_plane.lifecycle import TaskStatus
 from control_plane.presence import Presence
+from control_plane.rendezvous import Sessions
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +33,8 @@ class Hub:
     def __init__(self) -> None:
         # Acquires parked on this replica, indexed by what their idle devices can take.
         self.dispatcher = Dispatcher()
+        # Sessions whose client is connected here, for their hosts to join.
+        self.sessions = Sessions()
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False

@@ -35,6 +35,7 @@ from control_plane.effects import Effects
 from control_plane.errors import AmcError, HostNotRegistered, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
 from control_plane.rpc import Context, TaskServicer, check_decoded, code_for, principal, rpc
+from control_plane.sessions import HostSession
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -369,6 +370,15 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             size=new.size_bytes,
         )
         return artifact_to_pb(artifact)
+
+    @rpc
+    async def SessionActions(
+        self,
+        request_iterator: AsyncIterator[lease_pb2.SessionActionsRequest],
+        context: Context,
+    ) -> AsyncIterator[lease_pb2.SessionActionsResponse]:
+        async for response in HostSession(self).run(request_iterator):
+            yield response
 
     def _on_notice(
         self,

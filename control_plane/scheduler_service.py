@@ -25,6 +25,7 @@ from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.lifecycle import TaskStatus
 from control_plane.rpc import Context, TaskServicer, principal, rpc
+from control_plane.sessions import ClientSession
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -238,3 +239,12 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         yield scheduler_pb2.GetArtifactResponse(artifact=artifact_to_pb(artifact))
         async for chunk in self.artifacts.read(artifact):
             yield scheduler_pb2.GetArtifactResponse(chunk=chunk)
+
+    @rpc
+    async def OpenSession(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.OpenSessionRequest],
+        context: Context,
+    ) -> AsyncIterator[scheduler_pb2.OpenSessionResponse]:
+        async for response in ClientSession(self, self._read).run(request_iterator):
+            yield response

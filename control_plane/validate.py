@@ -166,6 +166,8 @@ def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
     kind = s.WhichOneof("kind")
     if kind is None:
         raise InvalidArgument(field, "required: set actions or workflow")
+    if kind == "session":
+        raise InvalidArgument(f"{field}.session", "a session is opened with Scheduler.OpenSession")
     if s.ByteSize() > MAX_SPEC_BYTES:
         raise InvalidArgument(field, f"larger than {MAX_SPEC_BYTES} bytes")
     if kind == "actions":
@@ -475,3 +477,47 @@ def get_host(req: admin_pb2.GetHostRequest) -> tuple[str, int]:
     if not 0 <= req.events <= MAX_HOST_EVENTS:
         raise InvalidArgument("events", f"from 0 to {MAX_HOST_EVENTS}")
     return identifier(req.host_id, "host_id"), req.events or DEFAULT_HOST_EVENTS
+
+
+MAX_IDLE_TIMEOUT = timedelta(hours=1)
+
+
+def session_open(req: scheduler_pb2.OpenSessionRequest) -> scheduler_pb2.SessionOpen:
+    """The first message of an OpenSession stream: `open`, every field checked."""
+    if req.WhichOneof("part") != "open":
+        raise InvalidArgument("open", "required: the first message asks for the phone")
+    o = req.open
+    identifier(o.selector.serial, "open.selector.serial", required=False)
+    string_map(dict(o.selector.labels), "open.selector.labels")
+    if not o.HasField("idle_timeout"):
+        raise InvalidArgument("open.idle_timeout", "required")
+    limit(o.idle_timeout, "open.idle_timeout", MAX_IDLE_TIMEOUT)
+    if o.HasField("max_duration"):
+        limit(o.max_duration, "open.max_duration", MAX_DEADLINE)
+    if o.HasField("queue_timeout"):
+        limit(o.queue_timeout, "open.queue_timeout", MAX_QUEUE_TIMEOUT)
+    if abs(o.priority) > MAX_PRIORITY:
+        raise InvalidArgument(
+            "open.priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"
+        )
+    string_map(dict(o.metadata), "open.metadata", free_text_values=True)
+    identifier(o.fairness_key, "open.fairness_key", required=False)
+    return o
+
+
+def session_action(req: scheduler_pb2.OpenSessionRequest) -> task_pb2.SessionAction:
+    """A later message of an OpenSession stream: one action."""
+    if req.WhichOneof("part") != "action":
+        raise InvalidArgument("open", "only the first message asks for the phone")
+    if not req.action.HasField("action"):
+        raise InvalidArgument("action.action", "required")
+    action(req.action.action, "action.action")
+    return req.action
+
+
+def session_join(req: lease_pb2.SessionActionsRequest) -> lease_pb2.SessionJoin:
+    if req.WhichOneof("part") != "join":
+        raise InvalidArgument("join", "required: the first message joins the session")
+    task_id(req.join.task_id, "join.task_id")
+    lease_id(req.join.lease_id, "join.lease_id")
+    return req.join

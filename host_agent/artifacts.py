@@ -60,6 +60,14 @@ async def upload_kept(
     return dataclasses.replace(result, steps=tuple(steps))
 
 
+async def upload_step(
+    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: Lease, budget: float
+) -> StepResult:
+    """`step` with its kept files uploaded (as upload_kept does for a whole run)."""
+    late = f"uploads took longer than {budget:g}s"
+    return await _upload_step(stub, step, lease, time.monotonic() + budget, late)
+
+
 async def _upload_step(
     stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: Lease, deadline: float, late: str
 ) -> StepResult:

@@ -30,7 +30,7 @@ from host_agent.devices import DeviceInfo
 from host_agent.health import Health
 from host_agent.leases import Timing
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
-from host_agent.spec import ActionList, InvalidSpec, TaskSpec, Workflow, WorkflowStep
+from host_agent.spec import ActionList, InvalidSpec, Session, TaskSpec, Workflow, WorkflowStep
 
 # The control plane's limits on registered text (validate.py there); longer is cut here
 # rather than have one odd phone make every registration fail.
@@ -164,6 +164,8 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
             return ActionList(_actions_from_proto(pb.actions.actions, where=""))
         case "workflow":
             return Workflow(tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps)))
+        case "session":
+            return Session()
         case None:
             raise InvalidSpec("task spec has neither actions nor a workflow")
         case _:

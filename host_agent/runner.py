@@ -22,7 +22,7 @@ from amc_common.actions import Action
 from host_agent.actions import POLL_INTERVAL, StepOutput, describe_device_error, execute
 from host_agent.devices import Device, DeviceLost
 from host_agent.results import Kept, Outcome, RunResult, StepResult, StepStatus, cut
-from host_agent.spec import ActionList, TaskSpec, Workflow
+from host_agent.spec import ActionList, Session, TaskSpec, Workflow
 from host_agent.stop_token import Stopped, StopReason, StopToken
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Outcome",
     "RunResult",
     "StepResult",
+    "StepRunner",
     "StepStatus",
     "TaskRunner",
     "WorkflowRunner",
@@ -80,6 +81,8 @@ async def run(
             return await TaskRunner(device, token, **options).run(spec)
         case Workflow():
             return await WorkflowRunner(device, token, **options).run(spec)
+        case Session():
+            raise ValueError("a session runs through host_agent.session, not run()")
         case _:
             assert_never(spec)
 
@@ -195,6 +198,20 @@ class WorkflowRunner(_StepLoop):
     async def run(self, spec: Workflow) -> RunResult:
         steps = [_Step(s.name, s.actions, s.continue_on_error) for s in spec.steps]
         return await self._run_steps(steps)
+
+
+class StepRunner(_StepLoop):
+    """Runs one step at a time, as they come (a session's actions)."""
+
+    async def run_step(
+        self, index: int, name: str, actions: tuple[Action, ...]
+    ) -> tuple[StepResult, StopReason | None, bool]:
+        """The step's result, the stop that interrupted it (if one did) and whether the
+        device was lost. A failed action ends only its step."""
+        result, halt = await self._run_step(index, _Step(name, actions, False))
+        if halt is None:
+            return result, None, False
+        return result, halt.stop_reason, halt.device_lost
 
 
 def _interrupted(reason: StopReason) -> _ActionEnd:

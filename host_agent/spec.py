@@ -42,4 +42,11 @@ class Workflow:
     steps: tuple[WorkflowStep, ...]
 
 
-TaskSpec: TypeAlias = ActionList | Workflow
+@dataclass(frozen=True)
+class Session:
+    """An interactive session (host_agent.session): its actions arrive one at a time."""
+
+    kind: ClassVar[str] = "session"
+
+
+TaskSpec: TypeAlias = ActionList | Workflow | Session

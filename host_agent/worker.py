@@ -27,7 +27,8 @@ from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome, RunResult
 from host_agent.retry import Delivery, RetryPolicy
 from host_agent.runner import outcome_for, run
-from host_agent.spec import InvalidSpec
+from host_agent.session import SessionSettings, run_session
+from host_agent.spec import InvalidSpec, Session
 from host_agent.stop_token import StopReason, StopToken
 
 log = structlog.get_logger(__name__)
@@ -150,13 +151,18 @@ class Worker:
             # control plane's count from when it recorded it.
             self._run_ends = (self.lease.acknowledged_at or time.monotonic()) + deadline
             token.trip_at(self._run_ends, StopReason.DEADLINE, self._deadline_passed)
+        device = self._tools.source.device(self.assignment.device_serial)
+        settings = self._tools.settings
         try:
-            result = await run(
-                spec,
-                self._tools.source.device(self.assignment.device_serial),
-                token,
-                shell_default_timeout=self._tools.settings.shell_timeout,
-            )
+            if isinstance(spec, Session):
+                a = self.assignment
+                lease_ref = artifacts.Lease(a.task_id, a.attempt, a.lease_id)
+                options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
+                result = await run_session(self._tools.stub, lease_ref, device, token, options)
+            else:
+                result = await run(
+                    spec, device, token, shell_default_timeout=settings.shell_timeout
+                )
         finally:
             token.disarm(StopReason.DEADLINE)
         self._log.info(

@@ -15,7 +15,7 @@ import pytest
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from control_plane.server import ControlPlane, rpc_methods
-from tests.support import Clients, Farm, actions_spec, device
+from tests.support import Clients, Farm, actions_spec, device, seconds
 
 OK = grpc.StatusCode.OK
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
@@ -125,6 +125,36 @@ async def get_artifact(c: Clients, w: World, own: bool) -> object:
     return OK
 
 
+async def open_session(c: Clients, w: World, own: bool) -> object:
+    """Let in: the first answer is the queued session task; leaving withdraws it."""
+    call = c.scheduler.OpenSession()
+    await call.write(
+        scheduler_pb2.OpenSessionRequest(
+            open=scheduler_pb2.SessionOpen(
+                selector=task_pb2.DeviceSelector(serial="nowhere"), idle_timeout=seconds(5)
+            )
+        )
+    )
+    await call.read()
+    call.cancel()
+    return OK
+
+
+async def session_actions(c: Clients, w: World, own: bool) -> object:
+    """Past authorization and the lease's owner, the own lease's task is no session:
+    FAILED_PRECONDITION means it was let in."""
+    lease = lease_of(w, own)
+    call = c.lease.SessionActions()
+    join = lease_pb2.SessionJoin(task_id=lease.task_id, attempt=1, lease_id=lease.lease_id)
+    await call.write(lease_pb2.SessionActionsRequest(join=join))
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+    return OK
+
+
 def host_id(own: bool) -> str:
     return "A" if own else "B"
 
@@ -199,6 +229,8 @@ CALLS: dict[str, Call] = {
         scheduler_pb2.ListArtifactsRequest(task_id=w.task_id)
     ),
     "/amc.v1.Scheduler/GetArtifact": get_artifact,
+    "/amc.v1.Scheduler/OpenSession": open_session,
+    "/amc.v1.Lease/SessionActions": session_actions,
     "/amc.v1.Admin/CordonHost": lambda c, w, own: c.admin.CordonHost(
         admin_pb2.CordonHostRequest(host_id="C")
     ),
@@ -254,6 +286,7 @@ def expected(method: str, caller: str) -> object:
             "ReportResults": ABORTED,
             "ReleaseLease": ABORTED,
             "UploadArtifact": DENIED,
+            "SessionActions": DENIED,
         }[name]
     return OK
 

@@ -940,6 +940,30 @@ def templates(w: World) -> dict[str, list[message.Message]]:
         "/amc.v1.Scheduler/GetArtifact": [
             scheduler_pb2.GetArtifactRequest(task_id=w.leases[4].task_id, artifact_id=w.artifact_id)
         ],
+        "/amc.v1.Scheduler/OpenSession": [
+            scheduler_pb2.OpenSessionRequest(
+                open=scheduler_pb2.SessionOpen(
+                    selector=task_pb2.DeviceSelector(labels={"rack": "r9"}),
+                    idle_timeout=seconds(5),
+                    max_duration=seconds(60),
+                    queue_timeout=seconds(60),
+                    metadata={"team": "qa"},
+                )
+            ),
+            scheduler_pb2.OpenSessionRequest(
+                action=task_pb2.SessionAction(
+                    action=tap(), observe=task_pb2.Observe(screenshot=True, keep=True)
+                )
+            ),
+        ],
+        "/amc.v1.Lease/SessionActions": [
+            lease_pb2.SessionActionsRequest(
+                join=lease_pb2.SessionJoin(
+                    task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id
+                )
+            )
+            for a in w.leases[:2]
+        ],
     }
 
 

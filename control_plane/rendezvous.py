@@ -1,0 +1,54 @@
+"""Where a session's two calls meet on one replica: its client's `OpenSession` and its
+host's `SessionActions` (control_plane.sessions), by task id. Wire-free, so the hub can
+own one per replica; what travels through a `Relay` is sessions.py's business."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+
+class Relay:
+    """One session's two directions between its client's call and its host's call."""
+
+    def __init__(self, task_id: uuid.UUID) -> None:
+        self.task_id = task_id
+        # What the host is sent: actions, then how the client left.
+        self.to_host: asyncio.Queue[Any] = asyncio.Queue()
+        # What the host answered: steps, then None once its call is over.
+        self.from_host: asyncio.Queue[Any] = asyncio.Queue()
+        self.joined = asyncio.Event()
+        self.host_gone = asyncio.Event()
+        # The host was told how the client left.
+        self.ended = False
+
+    def host_left(self) -> None:
+        if not self.host_gone.is_set():
+            self.host_gone.set()
+            self.from_host.put_nowait(None)
+
+
+class Sessions:
+    """The sessions whose client is connected to this replica, by task."""
+
+    def __init__(self) -> None:
+        self._relays: dict[uuid.UUID, Relay] = {}
+
+    def open(self, task_id: uuid.UUID) -> Relay:
+        relay = self._relays[task_id] = Relay(task_id)
+        return relay
+
+    def close(self, task_id: uuid.UUID) -> None:
+        self._relays.pop(task_id, None)
+
+    def join(self, task_id: uuid.UUID) -> Relay | None:
+        """The relay a host joins; None when no client of it is here or a host joined."""
+        relay = self._relays.get(task_id)
+        if relay is None or relay.joined.is_set():
+            return None
+        relay.joined.set()
+        return relay
+
+    def __len__(self) -> int:
+        return len(self._relays)
