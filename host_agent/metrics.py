@@ -69,6 +69,14 @@ CONDITIONS = Gauge(
     "Phones probed, by the condition their last probe put them in",
     ["condition"],
 )
+QUARANTINES = Counter(
+    "amc_agent_quarantines_total", "Phones quarantined after repeated infrastructure failures"
+)
+RECOVERIES = Counter(
+    "amc_agent_recoveries_total",
+    "Recovery ladders run, by result: recovered (back in service) or failed (left quarantined)",
+    ["result"],
+)
 PROBE_SECONDS = Histogram(
     "amc_agent_probe_seconds",
     "How long a health probe's responsiveness round trip took",
@@ -130,6 +138,8 @@ def create_series() -> None:
         ARTIFACT_UPLOADS.labels(result)
     for condition in CONDITION_NAMES:
         CONDITIONS.labels(condition)
+    for result in ("recovered", "failed"):
+        RECOVERIES.labels(result)
 
 
 create_series()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from host_agent import metrics
 from host_agent.devices import DeviceError
 from host_agent.health import Condition, Health, Reading
 
@@ -80,6 +81,7 @@ class Recovery:
         if len(seen) >= self.settings.failures:
             reason = f"{len(seen)} infrastructure failures in {self.settings.window:g}s: {why}"
             self._hold(serial, Condition.QUARANTINED, reason)
+            metrics.QUARANTINES.inc()
             self._ladders[serial] = asyncio.ensure_future(self._ladder(serial))
 
     async def close(self) -> None:
@@ -110,6 +112,7 @@ class Recovery:
                 recovered = True
                 break
         self.outcomes.append((serial, recovered))
+        metrics.RECOVERIES.labels("recovered" if recovered else "failed").inc()
         del self._ladders[serial]
         if recovered:
             self._failures.pop(serial, None)

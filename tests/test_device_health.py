@@ -260,7 +260,10 @@ async def test_a_phone_the_ladder_cannot_bring_back_stays_quarantined() -> None:
     recovery.failure("p1", "no answer")
     assert recovery.held["p1"].condition is Condition.QUARANTINED
     recovery.failure("p1", "again")  # held already: no second ladder
+    failed_before = REGISTRY.get_sample_value("amc_agent_recoveries_total", {"result": "failed"})
     await eventually(lambda: recovery.outcomes)
+    failed = REGISTRY.get_sample_value("amc_agent_recoveries_total", {"result": "failed"})
+    assert failed == (failed_before or 0) + 1
     assert recovery.outcomes == [("p1", False)]
     assert recovery.held["p1"] == Health(
         Condition.QUARANTINED, "recovery failed: waits for an operator"
