@@ -398,6 +398,9 @@ class Agent:
             metrics.TASKS.labels(how=finished.ending.value, outcome=outcome).inc()
             if finished.result is not None and finished.result.device_lost:
                 self.recovery.failure(finished.device, finished.result.error)
+                # Probed (and its condition told) before it is offered again: the task it
+                # gave back must not come straight back to it while it does not answer.
+                await self.health.recheck(finished.device)
             if finished.result is not None and finished.result.outcome is not Outcome.DONE:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self.refresh_inventory()

@@ -226,11 +226,12 @@ class HealthMonitor:
     def tell_soon(self, serial: str) -> None:
         """`serial`'s override changed: send it now, not at the next round (a phone whose
         override ended is probed first, so what is sent is what it is now)."""
-        task = asyncio.ensure_future(self._recheck(serial))
+        task = asyncio.ensure_future(self.recheck(serial))
         self._telling.add(task)
         task.add_done_callback(self._telling.discard)
 
-    async def _recheck(self, serial: str) -> None:
+    async def recheck(self, serial: str) -> None:
+        """Probe `serial` now (unless an override holds it) and send what changed."""
         if serial not in self.overrides:
             self.health[serial] = await self._probe(serial)
         await self.tell()
