@@ -874,6 +874,24 @@ def templates(w: World) -> dict[str, list[message.Message]]:
                 devices=[device("A1"), device("A2", color="red"), device("A5")],
             )
         ],
+        "/amc.v1.Lease/ReportDeviceHealth": [
+            lease_pb2.ReportDeviceHealthRequest(
+                host_id="A",
+                devices=[
+                    lease_pb2.DeviceHealth(
+                        serial="A1",
+                        condition=scheduler_pb2.DEVICE_CONDITION_TOO_HOT,
+                        reason="battery above 45 °C",
+                        battery_percent=80,
+                        temperature_celsius=46.5,
+                        charging=True,
+                    ),
+                    lease_pb2.DeviceHealth(
+                        serial="A2", condition=scheduler_pb2.DEVICE_CONDITION_READY
+                    ),
+                ],
+            )
+        ],
         "/amc.v1.Lease/Acquire": [
             lease_pb2.AcquireRequest(
                 host_id="A", idle_serials=["A4", "A1"], wait=duration_pb2.Duration(nanos=1000)
