@@ -105,6 +105,8 @@ def test_the_wheel_carries_the_generated_package_for_every_proto(dist: Dist) -> 
     the .proto files and the generator, never generated code."""
     names = set(zipfile.ZipFile(dist.wheel).namelist())
     assert {"amc/__init__.py", "amc/v1/__init__.py"} <= names
+    client = {f"amc_client/{p.name}" for p in (ROOT / "amc_client").glob("*.py")}
+    assert {"amc_client/__init__.py", "amc_client/farm.py"} <= client <= names, "amc_client"
     for proto in PROTOS.glob("amc/v1/*.proto"):
         module = f"amc/v1/{proto.stem}"
         assert {f"{module}_pb2.py", f"{module}_pb2.pyi", f"{module}_pb2_grpc.py"} <= names

@@ -1,0 +1,25 @@
+"""A Python client of an AMC farm: ordinary tasks and interactive sessions.
+
+    from amc_client import Farm
+
+    async with Farm("amc.example:50051", token=token) as farm:
+        async with farm.session(labels={"model": "Pixel 8"}) as phone:
+            await phone.tap(100, 200)
+            png = await phone.screenshot()
+            xml = await phone.ui_dump()
+        task = await farm.submit([tap(10, 20)], labels={"model": "Pixel 8"})
+        done = await farm.wait(task.task_id)
+
+Modules:
+    farm      Farm: the connection, submit / get / wait / watch / cancel, session()
+    phone     Phone: one interactive session's actions (Scheduler.OpenSession)
+    actions   builders of the amc.v1.Action messages
+    errors    the exceptions it raises
+    retry     which errors are tried again, and how
+"""
+
+from amc_client.errors import ActionFailed, AmcClientError, SessionEnded, SessionRefused
+from amc_client.farm import Farm
+from amc_client.phone import Phone
+
+__all__ = ["ActionFailed", "AmcClientError", "Farm", "Phone", "SessionEnded", "SessionRefused"]

@@ -1,0 +1,214 @@
+"""The connection to a farm: ordinary tasks (submit, get, wait, watch, cancel) and
+interactive sessions (`session`)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_client.actions import seconds
+from amc_client.errors import AmcClientError, SessionRefused
+from amc_client.phone import Phone
+from amc_client.retry import DEFAULT_RETRY, Retry, transient
+from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port
+
+TERMINAL = frozenset(
+    {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
+)
+
+
+class Farm:
+    """`async with Farm(address, token=...) as farm:` — one channel to the control plane.
+
+    Calls that are safe to repeat (get, cancel, submit with its request id, a watch that
+    resumes) are tried again on transient errors (UNAVAILABLE: a replica restarting, a
+    reset connection) within `retry`'s budget; others propagate as grpc.aio.AioRpcError.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        *,
+        ca_file: str | Path | None = None,
+        tls: bool = False,
+        retry: Retry = DEFAULT_RETRY,
+    ) -> None:
+        self._address = with_default_port(address, DEFAULT_PORT)
+        self._token, self._ca_file, self._tls = token, ca_file, tls
+        self.retry = retry
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
+
+    async def __aenter__(self) -> Farm:
+        self._channel = aio_channel(self._address, self._token, self._ca_file, tls=self._tls)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = self._stub = None
+
+    @property
+    def scheduler(self) -> scheduler_pb2_grpc.SchedulerStub:
+        """The raw amc.v1.Scheduler stub, for what this class does not wrap."""
+        if self._stub is None:
+            raise AmcClientError("use the Farm inside `async with`")
+        return self._stub
+
+    # -- ordinary tasks ---------------------------------------------------------------------
+
+    async def submit(
+        self,
+        spec: Sequence[task_pb2.Action] | task_pb2.TaskSpec,
+        *,
+        labels: Mapping[str, str] | None = None,
+        serial: str = "",
+        priority: int = 0,
+        max_attempts: int = 0,
+        metadata: Mapping[str, str] | None = None,
+        queue_timeout: float | None = None,
+        deadline: float | None = None,
+        fairness_key: str = "",
+        request_id: str | None = None,
+    ) -> task_pb2.Task:
+        """Queue a task: a list of actions (run in order) or a whole TaskSpec. The request
+        id (a fresh one by default) makes a retry after a lost answer the same task."""
+        if not isinstance(spec, task_pb2.TaskSpec):
+            spec = task_pb2.TaskSpec(actions=task_pb2.ActionList(actions=list(spec)))
+        request = scheduler_pb2.SubmitTaskRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            spec=spec,
+            selector=task_pb2.DeviceSelector(serial=serial, labels=dict(labels or {})),
+            priority=priority,
+            max_attempts=max_attempts,
+            metadata=dict(metadata or {}),
+            fairness_key=fairness_key,
+        )
+        if queue_timeout is not None:
+            request.queue_timeout.CopyFrom(seconds(queue_timeout))
+        if deadline is not None:
+            request.deadline.CopyFrom(seconds(deadline))
+        task: task_pb2.Task = await self.retry.call(lambda: self.scheduler.SubmitTask(request))
+        return task
+
+    async def get(self, task_id: str) -> task_pb2.Task:
+        request = scheduler_pb2.GetTaskRequest(task_id=task_id)
+        task: task_pb2.Task = await self.retry.call(lambda: self.scheduler.GetTask(request))
+        return task
+
+    async def cancel(self, task_id: str, reason: str = "") -> task_pb2.Task:
+        """Ask for the task's cancellation (repeating it is harmless)."""
+        request = scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
+        task: task_pb2.Task = await self.retry.call(lambda: self.scheduler.CancelTask(request))
+        return task
+
+    async def watch(self, task_id: str) -> AsyncIterator[task_pb2.Task]:
+        """The task now, then each change, ending after a terminal state; a watch cut by
+        a transient error resumes (a state seen already is not repeated)."""
+        last: task_pb2.Task | None = None
+        while True:
+            try:
+                async for task in self.scheduler.WatchTask(
+                    scheduler_pb2.WatchTaskRequest(task_id=task_id)
+                ):
+                    if task != last:
+                        yield task
+                        last = task
+                    if task.status in TERMINAL:
+                        return
+            except grpc.aio.AioRpcError as exc:
+                if not transient(exc):
+                    raise
+                await asyncio.sleep(self.retry.first)
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> task_pb2.Task:
+        """The task once it finished (done, failed or cancelled)."""
+        async with asyncio.timeout(timeout):
+            async for task in self.watch(task_id):
+                if task.status in TERMINAL:
+                    return task
+        raise AmcClientError(f"the watch of task {task_id} ended before it finished")
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def session(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        serial: str = "",
+        idle_timeout: float = 60.0,
+        max_duration: float | None = None,
+        queue_timeout: float | None = None,
+        fairness_key: str = "",
+        priority: int = 0,
+        metadata: Mapping[str, str] | None = None,
+        on_wait: Callable[[task_pb2.Task], None] | None = None,
+    ) -> AsyncIterator[Phone]:
+        """A phone of one's own until the block ends (the task ends done). Waits for a
+        matching phone first, telling `on_wait` each state of the queued task (its
+        `pending_reason` says why it waits). An exception out of the block abandons the
+        session (the task ends failed, "session abandoned")."""
+        opening = scheduler_pb2.SessionOpen(
+            selector=task_pb2.DeviceSelector(serial=serial, labels=dict(labels or {})),
+            idle_timeout=seconds(idle_timeout),
+            fairness_key=fairness_key,
+            priority=priority,
+            metadata=dict(metadata or {}),
+        )
+        if max_duration is not None:
+            opening.max_duration.CopyFrom(seconds(max_duration))
+        if queue_timeout is not None:
+            opening.queue_timeout.CopyFrom(seconds(queue_timeout))
+        call, task = await self.retry.call(lambda: self._first_answer(opening))
+        phone = await self._dispatched(call, task, on_wait)
+        try:
+            yield phone
+        except BaseException:
+            phone.abandon()
+            raise
+        await phone.close()
+
+    async def _first_answer(self, opening: scheduler_pb2.SessionOpen) -> tuple[Any, task_pb2.Task]:
+        """The call and its first answer: until then nothing was created, so a transient
+        failure may be retried."""
+        call: Any = self.scheduler.OpenSession()
+        await call.write(scheduler_pb2.OpenSessionRequest(open=opening))
+        response = await call.read()
+        if response is grpc.aio.EOF:
+            raise SessionRefused("the control plane ended the session before answering")
+        return call, response.task
+
+    async def _dispatched(
+        self, call: Any, task: task_pb2.Task, on_wait: Callable[[task_pb2.Task], None] | None
+    ) -> Phone:
+        try:
+            while task.status != task_pb2.TASK_STATUS_DISPATCHED:
+                if task.status in TERMINAL:
+                    status = task_pb2.TaskStatus.Name(task.status)
+                    raise SessionRefused(f"session {status} before it started", task)
+                if on_wait is not None:
+                    on_wait(task)
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise SessionRefused("the control plane ended the session", task)
+                task = response.task
+        except BaseException:
+            call.cancel()
+            raise
+        return Phone(call, task)
