@@ -201,6 +201,16 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Lease/RegisterHost": lambda c, w, own: c.lease.RegisterHost(
         lease_pb2.RegisterHostRequest(host_id=host_id(own), devices=[device("x1")])
     ),
+    "/amc.v1.Lease/ReportDeviceHealth": lambda c, w, own: c.lease.ReportDeviceHealth(
+        lease_pb2.ReportDeviceHealthRequest(
+            host_id=host_id(own),
+            devices=[
+                lease_pb2.DeviceHealth(
+                    serial="A-s1", condition=scheduler_pb2.DEVICE_CONDITION_TOO_HOT
+                )
+            ],
+        )
+    ),
     "/amc.v1.Lease/Acquire": lambda c, w, own: c.lease.Acquire(
         lease_pb2.AcquireRequest(host_id=host_id(own), idle_serials=["A-s1"])
     ),
@@ -280,6 +290,7 @@ def expected(method: str, caller: str) -> object:
         name = method.rsplit("/", 1)[1]
         return {
             "RegisterHost": DENIED,
+            "ReportDeviceHealth": DENIED,
             "Acquire": DENIED,
             "RenewLeases": CONFLICT,
             "ReportResult": ABORTED,
