@@ -16,6 +16,7 @@ Modules:
     actions   builders of the amc.v1.Action messages
     errors    the exceptions it raises
     retry     which errors are tried again, and how
+    mcp_server  an MCP server lending a phone to AI agents (needs the `mcp` extra)
 """
 
 from amc_client.errors import ActionFailed, AmcClientError, SessionEnded, SessionRefused
