@@ -112,6 +112,9 @@ def spec_summary(spec: task_pb2.TaskSpec, limit: int = 6) -> str:
     def kinds(actions: Iterable[task_pb2.Action]) -> list[str]:
         return [a.WhichOneof("kind") or "?" for a in actions]
 
+    if spec.WhichOneof("kind") == "session":
+        idle = spec.session.idle_timeout.ToTimedelta().total_seconds()
+        return f"interactive session (idle timeout {idle:g}s)"
     if spec.WhichOneof("kind") == "workflow":
         steps = spec.workflow.steps
         names = [s.name for s in steps]

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_cli.render import spec_summary
 from host_agent.simulated import SimulatedSource
 from tests.conftest import FAST
 from tests.support import Clients, Farm, seconds, tap, wait_action
@@ -223,3 +224,26 @@ async def test_a_session_whose_host_reached_another_replica_fails_with_a_clear_m
     assert final.status == task_pb2.TASK_STATUS_FAILED
     assert "UNAVAILABLE" in final.result.error
     assert "session relay across replicas not supported yet" in final.result.error
+
+
+async def test_a_session_past_its_longest_duration_ends_failed_deadline_exceeded(
+    farm: Farm,
+) -> None:
+    """THEN the host stops it at the next action boundary: failed, "deadline exceeded"."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        call = client.scheduler.OpenSession()
+        await call.write(opening(max_duration=seconds(1)))
+        await dispatched(call)
+        await call.write(act(tap(1, 2)))
+        assert (await asyncio.wait_for(call.read(), 20)).step.step.status == OK
+        final = await last_task(call)
+    assert final.status == task_pb2.TASK_STATUS_FAILED
+    assert "deadline" in final.result.error
+    assert final.deadline.seconds == 1
+
+
+def test_amc_shows_a_session_task_as_one() -> None:
+    """THEN `amc get`/`amc list` summarise a session's spec as a session, not 0 actions."""
+    spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=seconds(30)))
+    assert spec_summary(spec) == "interactive session (idle timeout 30s)"

@@ -76,6 +76,7 @@ function selectorText(sel) {
 }
 
 function specSummary(spec) {
+  if (spec && spec.session) return "interactive session";
   if (spec && spec.workflow) {
     const steps = spec.workflow.steps || [];
     return `workflow: ${steps.map((s) => s.name).join(", ")}`;
