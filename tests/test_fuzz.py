@@ -104,6 +104,8 @@ READ_ONLY = {
     "/amc.v1.Scheduler/ListArtifacts",
     "/amc.v1.Scheduler/GetArtifact",
     "/amc.v1.Admin/GetHost",
+    "/amc.v1.Admin/ListFairShares",
+    "/amc.v1.Admin/GetFairShare",
 }
 TABLES = (
     "tokens",
@@ -115,6 +117,8 @@ TABLES = (
     "artifacts",
     "artifact_chunks",
     "host_events",
+    "fair_shares",
+    "fair_share_events",
 )
 # What a request may not change. Not hosts.last_seen_at / replica_id: those follow the
 # host's renewal stream (presence), written by the replica when a stream opens or closes.
@@ -125,6 +129,7 @@ RESTORE_ORDER = (
     ("devices", "hosts"),
     ("tokens",),
     ("host_events",),
+    ("fair_share_events", "fair_shares"),
 )
 # The Admin calls on hosts and devices: each names a host (and a device) first.
 HOST_OPERATIONS = {
@@ -942,6 +947,15 @@ def templates(w: World) -> dict[str, list[message.Message]]:
         "/amc.v1.Admin/DrainHost": [admin_pb2.DrainHostRequest(host_id="A", reason="fuzz")],
         "/amc.v1.Admin/RemoveHost": [admin_pb2.RemoveHostRequest(host_id="B")],
         "/amc.v1.Admin/GetHost": [admin_pb2.GetHostRequest(host_id="A", events=5)],
+        "/amc.v1.Admin/SetFairShare": [
+            admin_pb2.SetFairShareRequest(fairness_key="qa", weight=3, reason="fuzz"),
+            admin_pb2.SetFairShareRequest(fairness_key="ci", max_devices=2, reason="fuzz"),
+            admin_pb2.SetFairShareRequest(fairness_key="qa", clear_max_devices=True),
+        ],
+        "/amc.v1.Admin/ListFairShares": [admin_pb2.ListFairSharesRequest()],
+        "/amc.v1.Admin/GetFairShare": [
+            admin_pb2.GetFairShareRequest(fairness_key="default", events=5)
+        ],
         "/amc.v1.Admin/CordonDevice": [
             admin_pb2.CordonDeviceRequest(serial="A4", reason="fuzz"),
             admin_pb2.CordonDeviceRequest(host_id="B", serial="B1"),
