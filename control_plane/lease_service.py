@@ -39,6 +39,9 @@ from control_plane.sessions import HostSession
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
+# Jitter from a generator of its own: drawing from the global one would change the state
+# that other code in the process (tests, libraries) relies on.
+_RANDOM = random.Random()
 _canonical_uuid = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 ).fullmatch
@@ -114,7 +117,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         # every period, each with a query. Spread, their returns cost the database a
         # steady trickle instead of bursts.
         wait = min(asked, self.settings.max_acquire_wait.total_seconds())
-        wait *= 1.0 - random.uniform(0.0, REPOLL_SPREAD)
+        wait *= 1.0 - _RANDOM.uniform(0.0, REPOLL_SPREAD)
         ttl = self.settings.lease_ttl
         loop = asyncio.get_running_loop()
         started = loop.time()

@@ -29,6 +29,9 @@ from control_plane.config import Settings
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
+# Jitter from a generator of its own: drawing from the global one would change the state
+# that other code in the process (tests, libraries) relies on.
+_RANDOM = random.Random()
 
 # The most of one database connection's time counting may take.
 COUNT_SHARE = 0.1
@@ -42,7 +45,7 @@ async def keep_queue_counted(store: Store, settings: Settings) -> None:
     jitter, one replica at a time."""
     every = settings.queue_count_every
     while True:
-        await asyncio.sleep(every.total_seconds() / ROUNDS * random.uniform(0.5, 1.0))
+        await asyncio.sleep(every.total_seconds() / ROUNDS * _RANDOM.uniform(0.5, 1.0))
         try:
             took = await count_once(store, every, settings.lease_ttl)
         except (errors.DatabaseUnavailable, errors.Contended) as error:

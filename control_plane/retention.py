@@ -33,6 +33,9 @@ from control_plane.domain import Removed
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
+# Jitter from a generator of its own: drawing from the global one would change the state
+# that other code in the process (tests, libraries) relies on.
+_RANDOM = random.Random()
 
 
 async def keep_retention(store: Store, settings: Settings) -> None:
@@ -43,7 +46,7 @@ async def keep_retention(store: Store, settings: Settings) -> None:
         return
     period = settings.retention_interval.total_seconds()
     while True:
-        await asyncio.sleep(period * random.uniform(0.5, 1.0))
+        await asyncio.sleep(period * _RANDOM.uniform(0.5, 1.0))
         try:
             removed = await retain(store, settings)
         except (errors.DatabaseUnavailable, errors.Contended) as error:

@@ -23,6 +23,9 @@ from control_plane.lifecycle import Event
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
+# Jitter from a generator of its own: drawing from the global one would change the state
+# that other code in the process (tests, libraries) relies on.
+_RANDOM = random.Random()
 BATCH = 100
 T = TypeVar("T")
 # How often, and after how long empty, queue groups are forgotten.
@@ -36,13 +39,13 @@ async def sweep_expired(
     period = interval.total_seconds()
     loop = asyncio.get_running_loop()
     # Replicas that start together forget groups at different times.
-    forget_at = loop.time() + FORGET_GROUPS_EVERY * random.uniform(0.5, 1.0)
+    forget_at = loop.time() + FORGET_GROUPS_EVERY * _RANDOM.uniform(0.5, 1.0)
     while True:
-        await asyncio.sleep(period * random.uniform(0.5, 1.0))
+        await asyncio.sleep(period * _RANDOM.uniform(0.5, 1.0))
         try:
             await sweep_once(store, effects, lease_ttl)
             if loop.time() >= forget_at:
-                forget_at = loop.time() + FORGET_GROUPS_EVERY * random.uniform(0.5, 1.0)
+                forget_at = loop.time() + FORGET_GROUPS_EVERY * _RANDOM.uniform(0.5, 1.0)
                 await store.forget_queue_groups(GROUP_IDLE, BATCH)
         except (errors.DatabaseUnavailable, errors.Contended) as error:
             log.warning("expiry sweep skipped", error=error.message)
