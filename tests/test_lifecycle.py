@@ -24,6 +24,10 @@ DESIGN = {
         for s in (A, D)
         for to in (CANCELLED, Q, FAILED)
     ),
+    # Issue 22, beyond DESIGN.md's table: a lease given back because the phone was lost
+    # ends as a release does (cancelled if a cancel was pending, requeued within the
+    # infrastructure-retry budget, failed once it is spent).
+    *((Event.DEVICE_LOST, s, to) for s in (A, D) for to in (CANCELLED, Q, FAILED)),
     (Event.QUEUE_TIMEOUT, Q, FAILED),
     *((Event.DEADLINE_EXCEEDED, s, to) for s in (A, D) for to in (FAILED, CANCELLED)),
 }
