@@ -46,7 +46,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import asyncpg
+import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -58,6 +58,8 @@ from chaos_lib.invariants import Checks, grouped
 from chaos_lib.monitor import Monitor
 from chaos_lib.workload import ActionTail, Selectors, Workload
 
+from amc.v1 import admin_pb2, admin_pb2_grpc
+from amc_common.channel import with_token
 from host_agent.config import AgentSettings
 
 QUICK_DURATION = 20.0
@@ -68,8 +70,8 @@ DEFAULT_HOSTS, QUICK_HOSTS = 60, 12
 MAX_BACKLOG = 40
 # Tasks nobody can take, queued before the faults (issue 20).
 DEFAULT_UNMATCHED, QUICK_UNMATCHED = 3000, 300
-# The teams' weights (fair_shares rows written with SQL before the run; no caps: a key at
-# its cap leaves tasks queued beside idle phones, which invariant 7 would count).
+# The teams' weights (set with Admin SetFairShare before the run; no caps: a key at its cap
+# leaves tasks queued beside idle phones, which invariant 7 would count).
 FAIR_SHARES = {"team-a": 1, "team-b": 2}
 
 
@@ -225,7 +227,7 @@ class ChaosRun:
             target_backlog=self.target_backlog,
             selectors=Selectors(self.farm.fleet_hosts, self.rng) if self.farm.fleet else None,
         )
-        await set_fair_shares(self.farm.dsn)
+        await set_fair_shares(self.farm.replicas[0].address, self.farm.operator_token)
         if self.args.backlog:
             began = time.monotonic()
             await self.workload.submit_backlog(self.args.backlog)
@@ -385,17 +387,18 @@ class ChaosRun:
         }
 
 
-async def set_fair_shares(dsn: str) -> None:
-    """The teams' weights, written straight into fair_shares (no Admin call sets them yet)."""
-    conn = await asyncpg.connect(dsn)
+async def set_fair_shares(address: str, token: str | None) -> None:
+    """The teams' weights, as an operator sets them (Admin SetFairShare)."""
+    channel = with_token(grpc.aio.insecure_channel(address), token)
+    admin = admin_pb2_grpc.AdminStub(channel)
     try:
-        await conn.executemany(
-            "INSERT INTO fair_shares (fairness_key, weight) VALUES ($1, $2)"
-            " ON CONFLICT (fairness_key) DO UPDATE SET weight = EXCLUDED.weight",
-            list(FAIR_SHARES.items()),
-        )
+        for key, weight in FAIR_SHARES.items():
+            request = admin_pb2.SetFairShareRequest(
+                fairness_key=key, weight=weight, reason="chaos: two teams"
+            )
+            await admin.SetFairShare(request, timeout=10)
     finally:
-        await conn.close()
+        await channel.close()
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -25,8 +25,9 @@ from chaos_lib.workload import Submitted  # noqa: E402
 
 @pytest.mark.timeout(170)
 def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: Path) -> None:
-    """THEN every fault kind ran (the fleet's too), every invariant held, the fleet's hosts
-    took work through their own Acquire calls, and chaos-results.json has its shape."""
+    """THEN every fault kind ran (the fleet's too), every invariant held with a backlog of
+    tasks no host can take and two teams' submissions, the fleet's hosts took work through
+    their own Acquire calls, and chaos-results.json has its shape."""
     out = tmp_path / "chaos-results.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--output", str(out)],
@@ -43,6 +44,10 @@ def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: P
     assert {k: results["faults"][k]["count"] >= 1 for k in KINDS} == dict.fromkeys(KINDS, True)
     assert set(results["recovery"]) == set(KINDS)
     assert results["tasks"]["submitted"] > 0
+    # Issue 20: a backlog nobody can take, queued through the faults, and two teams.
+    assert results["config"]["unmatched_backlog"] == 300
+    assert set(results["config"]["tasks_by_team"]) == {"team-a", "team-b"}
+    assert results["tasks"]["by_status"].get("cancelled", 0) >= 300
     dispatch = results["dispatch"]
     assert dispatch["fleet_hosts"] > 0 and dispatch["details"]["fleet acquire calls: OK"] > 0
     assert set(dispatch["first_pickup_s"]) >= {"rack", "serial"}

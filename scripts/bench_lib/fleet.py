@@ -241,7 +241,10 @@ def repolls_covered(run: dict[str, Any]) -> bool | None:
     period = run.get("repoll_period_s")
     if period is None:
         return None
-    return bool(run["submit"]["window_s"] >= REPOLL_PERIODS * period)
+    sub = run["submit"]
+    # The submit schedule (tasks / rate): the window runs from its first submit to the last
+    # task done, so it holds the schedule whole.
+    return bool(sub.get("submit_schedule_s", sub["window_s"]) >= REPOLL_PERIODS * period)
 
 
 def p99_met(run: dict[str, Any], limit: float) -> bool | None:

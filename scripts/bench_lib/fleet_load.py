@@ -77,6 +77,7 @@ class Usage:
         self.pg = stack.tree_cpu_seconds(pg_pid)
         self.me = stack.cpu_seconds(os.getpid())
         self.machine = stack.machine_busy_seconds()
+        self.pressure = stack.pressure_seconds()
 
     def cores_since(self, before: Usage) -> dict[str, float]:
         wall = self.at - before.at
@@ -86,6 +87,13 @@ class Usage:
             "postgres_cores": (self.pg - before.pg) / wall,
             "load_client_cores": (self.me - before.me) / wall,
             "machine_busy_cores": (self.machine - before.machine) / wall,
+            # Share of the window in which some task of the machine waited for a CPU /
+            # for I/O (Linux PSI): how much other work got in the way.
+            **{
+                f"{k}_pressure": (self.pressure[k] - before.pressure[k]) / wall
+                for k in self.pressure
+                if k in before.pressure
+            },
         }
 
 
@@ -193,6 +201,7 @@ def short_every(share: float) -> int:
 
 
 SLICE = 10.0  # seconds: pickups per slice of the submit window
+SLOWEST = 25  # the slowest pickups kept, with their times
 
 
 def slices(points: list[tuple[float, float]], width: float) -> list[dict[str, float]]:
@@ -216,21 +225,24 @@ async def scrape_all(urls: list[str]) -> list[promtext.Samples]:
     return [await promtext.scrape(url) for url in urls]
 
 
-def metric_deltas(
-    before: list[promtext.Samples], after: list[promtext.Samples]
-) -> dict[str, float]:
-    out = {}
+def metric_deltas(before: list[promtext.Samples], after: list[promtext.Samples]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for name in METRICS:
         out[name] = sum(
             promtext.value(a, name) - promtext.value(b, name)
             for b, a in zip(before, after, strict=True)
         )
     gc_max = 0.0
-    for b, a in zip(before, after, strict=True):
-        for generation in ("0", "1", "2"):
+    for generation in ("0", "1", "2"):
+        count = total = worst = 0.0
+        for b, a in zip(before, after, strict=True):
             h = promtext.histogram(b, a, "amc_gc_pause_seconds", generation=generation)
             if h.count:
-                gc_max = max(gc_max, h.quantile(1.0))
+                count, total = count + h.count, total + h.total
+                worst = max(worst, h.quantile(1.0))
+        # Collections, their seconds, and the upper bound of the longest's bucket.
+        out[f"gc_generation_{generation}"] = {"n": count, "s": total, "max_s_bound": worst}
+        gc_max = max(gc_max, worst)
     out["gc_pause_max_s_upper_bound"] = gc_max
     return out
 
@@ -361,6 +373,7 @@ class Fleet:
         scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
         submitted: dict[str, float] = {}
         host_of: dict[str, int] = {}
+        call_of: dict[str, float] = {}
         call_ms: list[float] = []
         failed: list[str] = []
         rss: list[int] = []
@@ -380,6 +393,7 @@ class Fleet:
             call_ms.append((time.monotonic() - sent) * 1e3)
             submitted[task.task_id] = sent
             host_of[task.task_id] = host
+            call_of[task.task_id] = call_ms[-1]
 
         async def sample_rss() -> None:
             while True:
@@ -442,6 +456,18 @@ class Fleet:
             "pickup_ms_by_slice": slices(
                 [(submitted[t] - start, ms) for t, ms in pickup.items()], SLICE
             ),
+            # The slowest pickups: when in the window, and how much of each was the
+            # SubmitTask call itself (the rest: dispatch to the parked Acquire and back).
+            "slowest": [
+                {
+                    "at_s": round(submitted[t] - start, 3),
+                    "pickup_ms": round(ms, 1),
+                    "submit_call_ms": round(call_of[t], 1),
+                    "short_wait": host_of[t] in self.short,
+                }
+                for t, ms in sorted(pickup.items(), key=lambda kv: -kv[1])[:SLOWEST]
+            ],
+            "submit_schedule_s": count / a.rate,
             "submit_to_done_ms": summarize(
                 [(self.done[t] - s) * 1e3 for t, s in submitted.items() if t in self.done]
             ),

@@ -3,8 +3,7 @@
 In a database of its own (`amc_flood`, same server), one fresh replica and --flood-phones
 phones (hosts of 4, label pool=flood; fleet_host.FleetHost in this process, each holding a
 phone --flood-task-seconds per task, as a one-second task would). Fair shares: team-a and
-team-b, weight 1 each (rows written into fair_shares with SQL: no Admin call sets them
-yet). Then:
+team-b, weight 1 each, no cap (Admin SetFairShare). Then:
 
 1. team A submits --flood-tasks tasks for pool=flood (fairness key team-a) through
    SubmitTasks in batches of 500, 4 calls in flight, as fast as it can; the phones start on
@@ -33,10 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 import grpc
 
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
 from amc_common.logs import configure
 from bench_lib import promtext, stack
@@ -107,17 +105,14 @@ def busy_share(tally: Tally, tasks: set[str], w0: float, w1: float, phones: int)
     return held / (phones * (w1 - w0)) if w1 > w0 else 0.0
 
 
-async def set_shares(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            "INSERT INTO fair_shares (fairness_key, weight) VALUES ($1, 1), ($2, 1)"
-            " ON CONFLICT (fairness_key) DO UPDATE SET weight = 1, max_devices = NULL",
-            TEAM_A,
-            TEAM_B,
+async def set_shares(channel: grpc.aio.Channel) -> None:
+    """Both teams weight 1, no cap, as an operator sets them (Admin SetFairShare)."""
+    admin = admin_pb2_grpc.AdminStub(channel)
+    for key in (TEAM_A, TEAM_B):
+        request = admin_pb2.SetFairShareRequest(
+            fairness_key=key, weight=1, clear_max_devices=True, reason="bench: flood"
         )
-    finally:
-        await conn.close()
+        await admin.SetFairShare(request, timeout=10)
 
 
 async def wait_parked(url: str, hosts: int, within: float = 60.0) -> None:
@@ -152,7 +147,7 @@ async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict
     b_sent: dict[str, float] = {}
     failed: list[str] = []
     try:
-        await set_shares(dsn)
+        await set_shares(submit_channel)
         prefix = f"flood-{uuid.uuid4().hex[:6]}"
         for i in range(n_hosts):
             channel = aio_channel(replica.address, options=HOST_CHANNEL_OPTIONS)

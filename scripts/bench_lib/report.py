@@ -329,10 +329,21 @@ def _fleet_rows(fl: dict[str, Any] | None) -> list[Row]:
                 f"{'yes' if run['verified'] else 'NO'}; {errors};"
                 f" {'+'.join(str(c) for c in run['connect']['tcp_connections'])};"
                 f" {_num(sub['usage']['load_client_cores'], 2)}, {_num(lag.get('p99'), 1)};"
-                f" {_num(sub['usage']['machine_busy_cores'], 2)} cores busy",
+                f" {_num(sub['usage']['machine_busy_cores'], 2)} cores busy"
+                + _pressure(sub["usage"]),
             )
         )
     return out
+
+
+def _pressure(usage: dict[str, Any]) -> str:
+    """Linux PSI over the window: how long some task waited for a CPU, or for I/O."""
+    if "cpu_some_pressure" not in usage:
+        return ""
+    return (
+        f" (waiting: CPU {usage['cpu_some_pressure']:.0%},"
+        f" I/O {usage.get('io_some_pressure', 0.0):.0%})"
+    )
 
 
 def _p(summary: dict[str, Any], q: str) -> str:
@@ -433,7 +444,7 @@ def _deep_rows(dp: dict[str, Any] | None) -> list[Row]:
                 "  verified; errors; load client loop lag p99 ms; machine",
                 f"{'yes' if run['verified'] else 'NO'}; {run['errors']['total']};"
                 f" {_num(lag.get('p99'), 1)}; {_num(sub['usage']['machine_busy_cores'], 2)}"
-                " cores busy",
+                " cores busy" + _pressure(sub["usage"]),
             )
         )
     for when, tables in dp.get("tables", {}).items():

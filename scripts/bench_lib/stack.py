@@ -122,6 +122,24 @@ def machine_busy_seconds() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
+def pressure_seconds() -> dict[str, float]:
+    """Linux pressure stall totals (PSI), seconds: `cpu_some` (some task waited for a CPU),
+    `io_some` and `io_full`; empty where /proc/pressure is missing."""
+    out: dict[str, float] = {}
+    for resource in ("cpu", "io"):
+        try:
+            text = Path(f"/proc/pressure/{resource}").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            kind, *fields = line.split()
+            values = dict(f.split("=", 1) for f in fields)
+            if resource == "cpu" and kind == "full":
+                continue  # not meaningful for the CPU at the system level
+            out[f"{resource}_{kind}"] = int(values["total"]) / 1e6
+    return out
+
+
 # -- the stack -----------------------------------------------------------------------------
 
 

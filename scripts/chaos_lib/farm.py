@@ -68,6 +68,7 @@ class Farm:
     fleet_hosts: list[FleetHost] = field(default_factory=list)
     proxies: ProxyHub | None = None
     client_token: str | None = None
+    operator_token: str | None = None  # for Admin calls (the teams' fair shares)
 
     def __post_init__(self) -> None:
         self.pg = Postgres(self.config.workdir / "pgdata")
@@ -228,6 +229,7 @@ class Farm:
                 (c.workdir / f"token-chaos-h{i}").write_text("insecure\n")
             return
         self.client_token = self._token("client")
+        self.operator_token = self._token("operator")
         for i in range(c.agents):
             path = c.workdir / f"token-chaos-h{i}"
             path.write_text(self._token("host", f"chaos-h{i}") + "\n")
