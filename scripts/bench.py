@@ -26,8 +26,8 @@ as separate processes (simulated devices), then runs, in this order:
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
 p99 over the trials); renewal is one window (with min / median / max over its 1-s slices).
-Prints a table and writes bench-results.json. The default run (--reps 1) takes about 40
-minutes on a 2-core machine (fleet ~13, deep ~18, flood ~4; the other workloads ~4).
+Prints a table and writes bench-results.json. The default run (--reps 1) takes about 25
+minutes on a 2-core machine (fleet ~10, deep ~10, flood ~2; the other workloads ~3).
 --quick is a smoke run of about a minute and a half without the peer (its fleet: 10
 hosts, 3 s; deep and flood at toy sizes). Only some: `make bench ARGS='--only fleet'`,
 `--only deep,flood`. --profile adds py-spy and pg_stat_statements (slower: its figures
