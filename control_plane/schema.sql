@@ -149,8 +149,10 @@ CREATE INDEX IF NOT EXISTS tasks_dispatch
     ON tasks (group_id, priority DESC, fair_tag, created_at, task_id)
     WHERE status = 'queued';
 -- A key's queued tasks by tag: where its next task's tag starts (amc_fair_base).
+-- (Its predicate names fairness_key so that the planner, with statistics that do not know
+-- of a burst of submits yet, cannot take it for the cheapest way to a group's head.)
 CREATE INDEX IF NOT EXISTS tasks_fair_queue ON tasks (fairness_key, priority, fair_tag)
-    WHERE status = 'queued';
+    WHERE status = 'queued' AND fairness_key IS NOT NULL;
 -- The tasks running, by group: a group with none queued or running may be forgotten
 -- (amc_forget_queue_groups); a key's running count for its cap.
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (group_id)
@@ -410,10 +412,14 @@ BEGIN
     LOOP
         PERFORM 1 FROM queue_groups q WHERE q.group_id = v_group FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
+        -- One NOT EXISTS per partial index (tasks_dispatch, tasks_running): one over the
+        -- three statuses has no index and scans the whole table.
         DELETE FROM queue_groups q
         WHERE q.group_id = v_group
+          AND NOT EXISTS (SELECT 1 FROM tasks tk
+                          WHERE tk.group_id = v_group AND tk.status = 'queued')
           AND NOT EXISTS (SELECT 1 FROM tasks tk WHERE tk.group_id = v_group
-                            AND tk.status IN ('queued', 'assigned', 'dispatched'));
+                            AND tk.status IN ('assigned', 'dispatched'));
         IF FOUND THEN
             v_forgotten := v_forgotten + 1;
         END IF;
