@@ -501,14 +501,18 @@ UPDATE tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE token_id = $1 R
 SELECT * FROM tokens ORDER BY created_at, token_id;
 
 -- name: farm_gauges
--- The metrics' farm-wide gauges, in one round trip: tasks by status, hosts connected (as
+-- The metrics' farm-wide gauges, in one round trip: tasks not finished by status (queued as
+-- last counted, the rest through tasks_running: never the history), hosts connected (as
 -- list_hosts decides it, within $1), devices by state and busy, the queue by selector as
 -- last counted (queue_group_stats, not the backlog): the $2 deepest selectors, the rest
 -- summed into one group (`other`: serial and labels NULL), and per fairness key its tasks
 -- queued (as last counted) and running (now), with the age of the count.
 SELECT
-    (SELECT COALESCE(jsonb_object_agg(status, n), '{}')
-     FROM (SELECT status, count(*) AS n FROM tasks GROUP BY status) s) AS tasks,
+    (SELECT jsonb_build_object('queued', (SELECT COALESCE(sum(st.queued), 0)
+                                          FROM queue_group_stats st))
+            || COALESCE(jsonb_object_agg(status, n), '{}')
+     FROM (SELECT status, count(*) AS n FROM tasks
+           WHERE status IN ('assigned', 'dispatched') GROUP BY status) s) AS tasks,
     (SELECT count(*) FROM hosts h LEFT JOIN replicas r USING (replica_id)
      WHERE GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval) AS hosts_connected,
     (SELECT COALESCE(jsonb_agg(jsonb_build_object('state', state, 'busy', busy, 'n', n)), '[]')

@@ -864,6 +864,49 @@ BEGIN
     RETURN QUERY SELECT v_code, tk FROM tasks tk WHERE tk.task_id = p_task;
 END $$;
 
+-- A phone freed from a task of key p_key: a key with a cap (fair_shares.max_devices) may be
+-- under it again, so its first queued task is offered to the parked Acquires of every
+-- replica, by a notification like a submit's (an Acquire that cannot use the offer skips
+-- it). Without this only the host that freed the phone would look, and a held task for
+-- another rack would wait for a parked host's periodic re-poll. Nothing for a key without
+-- a cap: its tasks are never held back by one. Called by amc_report and amc_leave_attempt.
+CREATE OR REPLACE FUNCTION amc_offer_capped(p_key text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    h record;
+    v_payload text;
+BEGIN
+    IF p_key IS NULL OR NOT EXISTS (SELECT 1 FROM fair_shares f
+                                    WHERE f.fairness_key = p_key
+                                      AND f.max_devices IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    SELECT x.task_id, NULLIF(q.selector_serial, '') AS serial, q.selector_labels AS labels
+    INTO h
+    FROM queue_groups q CROSS JOIN LATERAL (
+        SELECT tk.task_id, tk.priority, tk.fair_tag, tk.created_at FROM tasks tk
+        WHERE tk.group_id = q.group_id AND tk.status = 'queued'
+        ORDER BY tk.priority DESC, tk.fair_tag, tk.created_at, tk.task_id
+        LIMIT 1
+    ) x
+    WHERE q.fairness_key = p_key
+    ORDER BY x.priority DESC, x.fair_tag, x.created_at, x.task_id
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- dispatch.Offer's payload; from no replica (''), so every replica offers it; labels
+    -- left out (null: any device may match) where they would not fit a notification.
+    v_payload := json_build_object('r', '', 't', h.task_id, 's', h.serial,
+                                   'l', h.labels)::text;
+    IF octet_length(v_payload) > 7000 THEN
+        v_payload := json_build_object('r', '', 't', h.task_id, 's', h.serial,
+                                       'l', NULL)::text;
+    END IF;
+    PERFORM pg_notify('amc_queued', v_payload);
+END $$;
+
 -- report: assigned/dispatched -> done | failed | cancelled, by the current attempt's live
 -- lease only, from its own host (p_host NULL: auth is off, any caller).
 -- code: recorded | repeated | different | stale | foreign | no_cancel
@@ -900,6 +943,7 @@ BEGIN
         UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = p_task;
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (p_task, p_attempt, 'report', t.status, p_outcome, p_error);
+        PERFORM amc_offer_capped(t.fairness_key);
         v_code := 'recorded';
     END IF;
     RETURN QUERY SELECT v_code, tk, a.cancel_requested_at, a.cancel_delivered_at
@@ -951,6 +995,7 @@ BEGIN
     UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = t.task_id;
     INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
     VALUES (t.task_id, t.attempt, p_how, t.status, v_to, p_reason);
+    PERFORM amc_offer_capped(t.fairness_key);
     RETURN v_to;
 END $$;
 

@@ -36,7 +36,6 @@ from control_plane.domain import CONDITIONS, KeyLoad
 from control_plane.effects import Effects
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
-from control_plane.lifecycle import TaskStatus
 from control_plane.queue_stats import keep_queue_counted
 from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
@@ -361,7 +360,7 @@ class ControlPlane:
 
     async def _refresh_gauges(self) -> None:
         farm = await self.store.farm_gauges(self.settings.lease_ttl, metrics.QUEUE_SELECTORS)
-        for status in TaskStatus:
+        for status in metrics.LIVE_STATUSES:
             metrics.TASKS.labels(str(status)).set(farm.tasks.get(str(status), 0))
         metrics.HOSTS_CONNECTED.set(farm.hosts_connected)
         for state in metrics.DEVICE_STATES:

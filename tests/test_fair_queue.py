@@ -498,6 +498,35 @@ async def test_list_fair_shares_shows_each_keys_queued_running_cap_weight_and_ol
     assert (ci.share.queued, ci.share.weight, list(ci.events)) == (2, 1, [])
 
 
+async def test_a_phone_freed_under_a_cap_hands_the_held_task_to_another_parked_host(
+    farm: Farm,
+) -> None:
+    """THEN with key qa capped at 1 phone, its second task waits; when the first is
+    reported done on h1, h2's parked Acquire (asking for 30 s, another rack) is offered the
+    held task and takes it well before its wait ends: not only the freeing host looks."""
+    client = await farm.client()
+    h1 = await farm.host("h1", "s1", rack="r1")
+    h2 = await farm.host("h2", "s2", rack="r2")
+    op, _ = await _operator(farm)
+    await op.admin.SetFairShare(_share("qa", cap=1, reason="one phone"))
+    (first,) = await _submit(client, _task(key="qa", rack="r1"))
+    running = await h1.acquire_one("s1")
+    assert running.task_id == first
+    def queries() -> float:
+        return REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0
+
+    before = queries()
+    parked = asyncio.create_task(h2.acquire("s2", wait=30))
+    await eventually(lambda: queries() > before, what="h2's first look")
+    (held,) = await _submit(client, _task(key="qa", rack="r2"))
+    await eventually(lambda: queries() >= before + 2, what="h2's look at the held task's offer")
+    assert await farm.status(held) == "queued" and not parked.done()
+    await h1.report(running, lease_pb2.OUTCOME_DONE)
+    (taken,) = await asyncio.wait_for(parked, 10)
+    assert taken.task_id == held
+    assert await farm.status(held) == "assigned"
+
+
 async def test_a_parked_host_offered_a_task_of_a_key_at_its_cap_asks_once_not_again_and_again(
     farm: Farm,
 ) -> None:

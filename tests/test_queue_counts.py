@@ -216,3 +216,30 @@ async def test_get_queue_stays_for_operators(farm: Farm, role: Role) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await client.scheduler.GetQueue(S.GetQueueRequest())
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_the_task_gauges_read_no_finished_task(farm: Farm) -> None:
+    """THEN amc_tasks says the tasks queued (as counted) and running (now), and the
+    gauges' statement reads no finished task of 5,000: its cost every few seconds does not grow with
+    the history kept."""
+    assert farm.plane is not None and farm.db is not None
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    for _ in range(10):
+        await _submit(client, *[_task(rack="r1") for _ in range(500)])
+    await farm.db.execute(
+        "SELECT amc_cancel(task_id, 'history') FROM tasks WHERE status = 'queued'"
+    )
+    await _submit(client, *[_task() for _ in range(3)])
+    await host.acquire("s1")
+    await farm.db.execute("ANALYZE tasks")
+    await _count(farm)
+    await farm.plane._refresh_gauges()
+
+    def tasks(status: str) -> float | None:
+        return REGISTRY.get_sample_value("amc_tasks", {"status": status})
+
+    assert (tasks("queued"), tasks("assigned"), tasks("dispatched")) == (2, 1, 0)
+    assert tasks("cancelled") is None
+    read = await _task_rows_read(farm.db, QUERIES["farm_gauges"], TTL, 20)
+    assert read <= 2, f"the gauges read {read} rows of tasks (5,000 finished, 1 running)"
