@@ -105,6 +105,10 @@ DATABASE_FLAGS: list[Flag] = [
 ]
 SERVE_FLAGS: list[Flag] = [
     ("--listen", "AMC_LISTEN", "127.0.0.1:50051", str, "address:port for gRPC"),
+    ("--advertise", "AMC_ADVERTISE", None, str,
+     "host:port where the other replicas reach this one, to relay a session whose host"
+     " and client reached different replicas (none: --listen's, with this host's name for"
+     " 0.0.0.0 or [::])"),
     ("--tls-cert", "AMC_TLS_CERT", None, str, "PEM certificate chain: serve TLS"),
     ("--tls-key", "AMC_TLS_KEY", None, str, "PEM private key of --tls-cert"),
     ("--lease-ttl", "AMC_LEASE_TTL", "15", float, "seconds a lease lives without renewal"),
@@ -220,6 +224,7 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
         insecure=args.insecure,
         tls=tls_from(args),
         http_listen=args.http_listen or None,
+        advertise=args.advertise or None,
     )
     try:
         await plane.start()

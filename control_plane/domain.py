@@ -466,3 +466,14 @@ class ArtifactInfo(ArtifactFile):
 
     artifact_id: ArtifactId
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class SessionRelay:
+    """Where a session's client call is held (session_relays): the replica, the address
+    the other replicas reach it at (None: not said, or the replica's row is gone), and
+    whether it heartbeat lately."""
+
+    replica_id: str
+    address: str | None
+    alive: bool

@@ -35,7 +35,7 @@ from control_plane.effects import Effects
 from control_plane.errors import AmcError, HostNotRegistered, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
 from control_plane.rpc import Context, TaskServicer, check_decoded, code_for, principal, rpc
-from control_plane.sessions import HostSession
+from control_plane.sessions import HostSession, Peers
 from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -57,9 +57,16 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     SERVICE = "amc.v1.Lease"
 
     def __init__(
-        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
+        self,
+        auth: Authenticator,
+        store: Store,
+        effects: Effects,
+        settings: Settings,
+        peers: Peers | None = None,
     ) -> None:
         super().__init__(auth, store, effects, settings)
+        # Channels to the other replicas, for sessions whose client is on one of them.
+        self.peers = peers or Peers(None)
         self._pending: set[asyncio.Task[None]] = set()
         self._upload_memory = UploadMemory(settings.max_upload_memory)
 
@@ -380,7 +387,9 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         request_iterator: AsyncIterator[lease_pb2.SessionActionsRequest],
         context: Context,
     ) -> AsyncIterator[lease_pb2.SessionActionsResponse]:
-        async for response in HostSession(self).run(request_iterator):
+        metadata = [(key, value) for key, value in context.invocation_metadata() or ()]
+        session = HostSession(self, self.peers, metadata)
+        async for response in session.run(request_iterator):
             yield response
 
     def _on_notice(

@@ -50,6 +50,10 @@ WITH req AS (
 ), ev AS (
     INSERT INTO task_events (task_id, attempt, kind, to_status)
     SELECT task_id, 0, 'submit', 'queued' FROM ins
+), relay AS (
+    -- A session's ($13: the replica holding its client's call; NULL for other tasks).
+    INSERT INTO session_relays (task_id, replica_id)
+    SELECT task_id, $13::text FROM ins WHERE $13::text IS NOT NULL
 )
 SELECT * FROM ins;
 
@@ -561,9 +565,18 @@ SELECT
            FROM devices WHERE state = 'device' GROUP BY condition) c) AS health;
 
 -- name: replica_alive
--- This replica's heartbeat: what keeps the hosts whose streams it holds connected.
-INSERT INTO replicas (replica_id) VALUES ($1)
-ON CONFLICT (replica_id) DO UPDATE SET seen_at = now();
+-- This replica's heartbeat: what keeps the hosts whose streams it holds connected; with
+-- the address the other replicas reach it at ($2).
+INSERT INTO replicas (replica_id, address) VALUES ($1, $2)
+ON CONFLICT (replica_id) DO UPDATE SET seen_at = now(), address = EXCLUDED.address;
+
+-- name: session_relay
+-- Where a session's client call is held: its replica, that replica's address, and whether
+-- it heartbeat within $2 (NULL address: no such replica row any more). No row: not a
+-- session, or one opened before relays were recorded.
+SELECT s.replica_id, r.address, COALESCE(r.seen_at > now() - $2::interval, false) AS alive
+FROM session_relays s LEFT JOIN replicas r USING (replica_id)
+WHERE s.task_id = $1;
 
 -- name: set_presence
 -- Streams this replica opened ($3 true) or closed ($3 false) since the last call, one

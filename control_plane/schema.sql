@@ -65,7 +65,9 @@ CREATE TABLE IF NOT EXISTS hosts (
 CREATE TABLE IF NOT EXISTS replicas (
     replica_id text PRIMARY KEY,
     started_at timestamptz NOT NULL DEFAULT now(),
-    seen_at    timestamptz NOT NULL DEFAULT now()
+    seen_at    timestamptz NOT NULL DEFAULT now(),
+    -- host:port where the other replicas reach it (a session's relay); NULL: not said.
+    address    text
 );
 
 CREATE TABLE IF NOT EXISTS devices (
@@ -171,6 +173,13 @@ CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at)
 -- few rows: most tasks have none, and the index holds queued tasks only).
 CREATE INDEX IF NOT EXISTS tasks_queue_deadline ON tasks (queue_deadline)
     WHERE status = 'queued' AND queue_deadline IS NOT NULL;
+
+-- The replica holding a session's client call (OpenSession), written with its task: a
+-- host whose SessionActions call reached another replica is relayed to this one.
+CREATE TABLE IF NOT EXISTS session_relays (
+    task_id    uuid PRIMARY KEY REFERENCES tasks ON DELETE CASCADE,
+    replica_id text NOT NULL
+);
 
 -- One row per assignment of a task to a device; the lease lives on it. Every renewal
 -- rewrites lease_expires_at, so no index covers it (renewals stay HOT updates), and

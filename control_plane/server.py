@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import socket
 import ssl
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
 from control_plane.rpc_metrics import RpcMetrics, label
 from control_plane.scheduler_service import SchedulerService
+from control_plane.sessions import Peers
 from control_plane.store import Store, migrate
 from control_plane.sweep import sweep_expired
 
@@ -140,6 +142,15 @@ def top_keys(loads: list[KeyLoad], most: int) -> list[KeyLoad]:
     return shown
 
 
+def advertised(listen: str, port: int) -> str:
+    """Where the other replicas reach a replica listening on `listen` (bound to `port`):
+    its address, or this host's name for a wildcard one."""
+    host = listen.rsplit(":", 1)[0]
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
 def is_loopback(listen: str) -> bool:
     host = listen.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
@@ -160,6 +171,7 @@ class ControlPlane:
         insecure: bool = False,
         tls: Tls | None = None,
         http_listen: str | None = None,
+        advertise: str | None = None,
     ) -> None:
         missing = set(rpc_methods()) - set(auth.POLICY)
         if missing:
@@ -176,6 +188,11 @@ class ControlPlane:
         self.insecure = insecure
         self.tls = tls
         self.http_listen = http_listen
+        self.advertise = advertise
+        # Where the other replicas reach this one (a session's relay); set once listening.
+        self.address = ""
+        # Channels to the other replicas, for the sessions relayed to them.
+        self.peers = Peers(tls.cert_chain if tls else None)
         self.console: Console | None = None
         self.http_port = 0
         self.hub = Hub()
@@ -209,7 +226,8 @@ class ControlPlane:
         scheduler = SchedulerService(authenticator, self.store, self.effects, self.settings)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
         lease_pb2_grpc.add_LeaseServicer_to_server(
-            LeaseService(authenticator, self.store, self.effects, self.settings), server
+            LeaseService(authenticator, self.store, self.effects, self.settings, self.peers),
+            server,
         )
         admin = AdminService(authenticator, self.store, self.effects, self.settings)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
@@ -228,6 +246,9 @@ class ControlPlane:
             self.port = server.add_secure_port(self.listen, creds)
         else:
             self.port = server.add_insecure_port(self.listen)
+        self.address = self.advertise or advertised(self.listen, self.port)
+        # Said before the first call is taken: a session opened here may be joined elsewhere.
+        await self.store.replica_alive(self.hub.replica, self.address)
         await server.start()
         self._server = server
         if self.http_listen:
@@ -252,7 +273,7 @@ class ControlPlane:
                 self.hub.send_outbox(self.store.notify),
                 self.hub.presence.write(
                     self.store.set_presence,
-                    lambda: self.store.replica_alive(self.hub.replica),
+                    lambda: self.store.replica_alive(self.hub.replica, self.address),
                     self.settings.renew_every,
                 ),
             )
@@ -286,6 +307,7 @@ class ControlPlane:
                 log.warning("in-flight calls did not end; stopping without them")
         if self.console is not None:
             await self.console.stop()
+        await self.peers.close()
         for task in self._background:
             task.cancel()
         if self._background:

@@ -1,30 +1,36 @@
 """Interactive sessions: a client's `Scheduler.OpenSession` stream paired with its host's
-`Lease.SessionActions` call on this replica.
+`Lease.SessionActions` call.
 
 A session is a task of the `session` kind (one attempt: a session cannot be rerun on
 another phone behind its client's back). Its client's stream queues it and follows it
 until its host joins; then each client message is relayed to the host as one action and
 the host's step is relayed back. The two calls meet in the hub's `Sessions`
-(control_plane.rendezvous), by task id: the client's side registers before the task can
-be assigned, so a host that joins here always finds it. A host whose client is connected to another
-replica is refused UNAVAILABLE (relay across replicas is not built yet) and fails the
-task. The task's end is always the host's report (or the sweep's expiry), never this
-module's: the relay only tells the host how its client left.
+(control_plane.rendezvous) of the client's replica, by task id: the client's side
+registers before the task can be assigned, and the task is submitted with the replica's
+id (session_relays). A host whose call reached another replica has that call relayed: the
+replica it reached reads where the client is (the replica's advertised address) and
+forwards the host's call, with the host's own credentials, to that replica's
+SessionActions over a channel it keeps to it (`Peers`), message for message. No database
+work per action; a replica that dies ends the relay, and the host fails the task ("session
+relay lost"). The task's end is always the host's report (or the sweep's expiry), never
+this module's: the relay only tells the host how its client left.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import grpc
 import structlog
 
-from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2, task_pb2
 from control_plane import validate
 from control_plane.convert import task_to_pb
-from control_plane.domain import NewTask, Task, TaskId
+from control_plane.domain import NewTask, Role, Task, TaskId
 from control_plane.errors import (
     AmcError,
     FailedPrecondition,
@@ -42,10 +48,44 @@ log = structlog.get_logger(__name__)
 Reader = Callable[[TaskId], Awaitable[Task]]
 # Cancels of sessions whose client left before its host joined, run past the call's end.
 _background: set[asyncio.Task[None]] = set()
-CROSS_REPLICA = (
-    "session relay across replicas not supported yet: this session's client is not "
-    "connected to the control-plane replica this host reached (or it has left)"
-)
+CLIENT_GONE = "the session's client is no longer connected"
+# Metadata of a host's call relayed by another replica (that replica's id): never relayed on.
+RELAYED_BY = "amc-session-relayed-by"
+# A relayed call carries what authenticated the host; nothing else of its metadata.
+FORWARDED = ("authorization",)
+PEER_OPTIONS = [
+    ("grpc.max_receive_message_length", 1 << 20),
+    ("grpc.max_send_message_length", 1 << 20),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class Peers:
+    """Channels to the other replicas, by address, opened on first use and kept for the
+    replica's life (a farm has a few replicas). TLS when this replica serves TLS, trusting
+    `roots` (its own certificate chain: the replicas of a farm share one)."""
+
+    def __init__(self, roots: bytes | None) -> None:
+        self._roots = roots
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def lease(self, address: str) -> lease_pb2_grpc.LeaseStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            if self._roots is None:
+                channel = grpc.aio.insecure_channel(address, options=PEER_OPTIONS)
+            else:
+                creds = grpc.ssl_channel_credentials(root_certificates=self._roots)
+                channel = grpc.aio.secure_channel(address, creds, options=PEER_OPTIONS)
+            self._channels[address] = channel
+        return lease_pb2_grpc.LeaseStub(channel)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
 
 
 def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
@@ -102,6 +142,14 @@ def _response(task: Task) -> scheduler_pb2.OpenSessionResponse:
     return scheduler_pb2.OpenSessionResponse(task=task_to_pb(task))
 
 
+async def _forward(requests: AsyncIterator[Any], call: Any) -> None:
+    """The host's messages on to the replica holding its client, then its end."""
+    with contextlib.suppress(Exception):  # the host left, or the relay did: both end here
+        async for request in requests:
+            await call.write(request)
+        await call.done_writing()
+
+
 class ClientSession:
     """The client's side of one session: one OpenSession call."""
 
@@ -118,7 +166,8 @@ class ClientSession:
         o = validate.session_open(first)
         who = principal()
         store, hub = self._svc.store, self._svc.hub
-        task, _ = await store.submit(who.caller, new_session_task(o, who.team))
+        new = new_session_task(o, who.team)
+        task, _ = await store.submit(who.caller, new, relay=hub.replica)
         # Before anything can assign it: no await between the commit and this line.
         relay = hub.sessions.open(task.task_id)
         self._svc.effects.submitted([task])
@@ -257,8 +306,12 @@ class ClientSession:
 class HostSession:
     """The host's side of one session: one SessionActions call."""
 
-    def __init__(self, service: TaskServicer) -> None:
+    def __init__(
+        self, service: TaskServicer, peers: Peers, metadata: Sequence[tuple[str, Any]]
+    ) -> None:
         self._svc = service
+        self._peers = peers
+        self._metadata = metadata
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         first = await anext(aiter(requests), None)
@@ -266,9 +319,14 @@ class HostSession:
             raise InvalidArgument("join", "required: the first message joins the session")
         check_decoded(first)
         join = validate.session_join(first)
-        relay = self._svc.hub.sessions.join(await self._check(join))
+        task_id = await self._check(join)
+        relay = self._svc.hub.sessions.join(task_id)
         if relay is None:
-            raise Unavailable(CROSS_REPLICA)
+            if any(key == RELAYED_BY for key, _ in self._metadata):
+                raise Unavailable(CLIENT_GONE)  # relayed here already: never on again
+            async for response in self._relayed(task_id, first, requests):
+                yield response
+            return
         log.info("session joined", task_id=join.task_id, lease_id=join.lease_id)
         pump = asyncio.create_task(self._steps(requests, relay))
         try:
@@ -283,13 +341,44 @@ class HostSession:
             pump.cancel()
             relay.host_left()
 
+    async def _relayed(
+        self, task_id: TaskId, first: Any, requests: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
+        """The host's call forwarded to the replica holding its client's call, as is."""
+        hub = self._svc.hub
+        where = await self._svc.store.session_relay(task_id, self._svc.settings.lease_ttl)
+        if where is None or where.replica_id == hub.replica or not where.address:
+            raise Unavailable(CLIENT_GONE)
+        if not where.alive:
+            raise Unavailable(f"{CLIENT_GONE}: its replica ({where.address}) is gone")
+        metadata = [(k, v) for k, v in self._metadata if k in FORWARDED]
+        metadata.append((RELAYED_BY, hub.replica))
+        call = self._peers.lease(where.address).SessionActions(metadata=metadata)
+        forward: asyncio.Task[None] | None = None
+        log.info("session relayed", task_id=str(task_id), to=where.address)
+        try:
+            await call.write(first)
+            forward = asyncio.create_task(_forward(requests, call))
+            while (message := await call.read()) is not grpc.aio.EOF:
+                yield message
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(
+                f"session relay lost: the replica holding its client ({where.address}) "
+                f"answered {exc.code().name}: {exc.details()}"
+            ) from None
+        finally:
+            if forward is not None:
+                forward.cancel()
+            call.cancel()
+
     async def _check(self, join: lease_pb2.SessionJoin) -> TaskId:
         """The session's task, if `join` names this host's live lease of it."""
         task_id, lease_id = TaskId(uuid.UUID(join.task_id)), uuid.UUID(join.lease_id)
         task = await self._svc.store.get_task(task_id)
         history = await self._svc.store.task_history(task_id, 0, 1)
         attempt = next((a for a in history.attempts if a.lease_id == lease_id), None)
-        if attempt is not None and attempt.host_id != principal().host_id:
+        who = principal()  # a host token acts as its own host only (auth off: any host)
+        if attempt is not None and who.role is Role.HOST and attempt.host_id != who.host_id:
             raise NotLeaseHolder(f"lease {lease_id} is another host's")
         if task_pb2.TaskSpec.FromString(task.spec).WhichOneof("kind") != "session":
             raise FailedPrecondition(f"task {task_id} is not a session")

@@ -51,6 +51,7 @@ from control_plane.domain import (
     Renewal,
     Report,
     Role,
+    SessionRelay,
     ShareChange,
     Task,
     TaskEvent,
@@ -229,12 +230,17 @@ class Store:
 
     # -- tasks -----------------------------------------------------------------------------
 
-    async def submit(self, caller: str, new: NewTask) -> tuple[Task, bool]:
-        """Queue a task; returns (task, created). An existing request_id returns its task."""
-        (answer,) = await self.submit_many(caller, [new])
+    async def submit(
+        self, caller: str, new: NewTask, *, relay: str | None = None
+    ) -> tuple[Task, bool]:
+        """Queue a task; returns (task, created). An existing request_id returns its task.
+        `relay`: a session's, the replica holding its client's call (session_relays)."""
+        (answer,) = await self.submit_many(caller, [new], relay=relay)
         return answer
 
-    async def submit_many(self, caller: str, news: list[NewTask]) -> list[tuple[Task, bool]]:
+    async def submit_many(
+        self, caller: str, news: list[NewTask], *, relay: str | None = None
+    ) -> list[tuple[Task, bool]]:
         """Queue tasks with one statement (so all or none), in order; (task, created) for
         each, in order. An existing request_id returns its task."""
         ids = [uuid.uuid4() for _ in news]
@@ -255,6 +261,7 @@ class Store:
                 "deadline",
                 "fairness_key",
             ),
+            relay,
         )
         created = {row["task_id"]: _task(row) for row in rows}
         existing: dict[str, Task] = {}
@@ -496,8 +503,15 @@ class Store:
         )
         return int(row["freed"]) if row is not None else 0
 
-    async def replica_alive(self, replica: str) -> None:
-        await self._fetch("replica_alive", replica)
+    async def replica_alive(self, replica: str, address: str | None = None) -> None:
+        await self._fetch("replica_alive", replica, address)
+
+    async def session_relay(self, task_id: TaskId, within: timedelta) -> SessionRelay | None:
+        """The replica holding the session's client call, if one was recorded."""
+        row = await self._fetchrow("session_relay", task_id, within)
+        if row is None:
+            return None
+        return SessionRelay(row["replica_id"], row["address"], row["alive"])
 
     async def set_presence(self, replica: str, hosts: list[str], opened: list[bool]) -> None:
         await self._fetch("set_presence", replica, hosts, opened)

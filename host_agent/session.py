@@ -62,9 +62,13 @@ async def run_session(
             except Stopped as stop:
                 return _stopped(stop.reason, steps, "waiting for the next action")
             except grpc.aio.AioRpcError as exc:
+                if token.reason is not None:  # stopped first (a cancel seen): that wins
+                    return _stopped(token.reason, steps, "waiting for the next action")
                 why = f"session relay lost: {exc.code().name}: {exc.details()}"
                 return RunResult(Outcome.FAILED, why, tuple(steps))
             if message is grpc.aio.EOF:
+                if token.reason is not None:
+                    return _stopped(token.reason, steps, "waiting for the next action")
                 return RunResult(Outcome.FAILED, "session relay ended", tuple(steps))
             if message.WhichOneof("part") == "end":
                 if message.end == lease_pb2.SESSION_END_CLOSED:

@@ -287,7 +287,7 @@ async def test_a_queue_of_the_release_before_queue_groups_is_kept_in_its_order(
     finally:
         await conn.close()
     applied = await _migrate(old)
-    assert applied == ["012_queue_groups.sql", "013_device_health.sql", "schema.sql"]
+    assert applied == [name for n, name, _ in migrate.migrations() if n >= 12] + ["schema.sql"]
     await _execute(reference, SCHEMA)
     assert dump(old) == dump(reference)
 

@@ -13,7 +13,6 @@ import pytest
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_cli.render import spec_summary
 from host_agent.simulated import SimulatedSource
-from tests.conftest import FAST
 from tests.support import Clients, Farm, seconds, tap, wait_action
 from tests.support.agent import cancel, get, running_agent, short_ttl_farm, status_is
 
@@ -201,29 +200,6 @@ async def test_a_session_task_cannot_be_submitted_as_an_ordinary_task(farm: Farm
         await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=spec))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (caught.value.details() or "").startswith("spec.session")
-
-
-async def test_a_session_whose_host_reached_another_replica_fails_with_a_clear_message(
-    database_url: str,
-) -> None:
-    """THEN the host's join is refused UNAVAILABLE ("session relay across replicas not
-    supported yet") and the client's stream ends with the task failed, saying so."""
-    async with short_ttl_farm(database_url, FAST) as client_side:
-        async with short_ttl_farm(database_url, FAST) as host_side:
-            client = await client_side.client()
-            async with running_agent(host_side, SimulatedSource(1, delay=0.01)):
-                call = client.scheduler.OpenSession()
-                await call.write(opening())
-                while (response := await asyncio.wait_for(call.read(), 20)).task.status not in (
-                    task_pb2.TASK_STATUS_FAILED,
-                    task_pb2.TASK_STATUS_DONE,
-                    task_pb2.TASK_STATUS_CANCELLED,
-                ):
-                    assert response.task.status != DISPATCHED
-                final = response.task
-    assert final.status == task_pb2.TASK_STATUS_FAILED
-    assert "UNAVAILABLE" in final.result.error
-    assert "session relay across replicas not supported yet" in final.result.error
 
 
 async def test_a_session_past_its_longest_duration_ends_failed_deadline_exceeded(
