@@ -552,6 +552,57 @@ def get_artifact(
         render.note(f"wrote {chosen.kind} of step {chosen.step_index} ({size} bytes) to {output}")
 
 
+# -- agents ----------------------------------------------------------------------------------
+
+
+@app.command("mcp")
+def mcp(
+    ctx: typer.Context,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            "-l",
+            metavar="KEY=VALUE",
+            help="The phones a session asks for unless the agent names others (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    serial: Annotated[
+        str, typer.Option(help="The phone a session asks for, by serial.", show_default=False)
+    ] = "",
+    idle_timeout: Annotated[
+        str,
+        typer.Option(
+            metavar="DURATION", help="A session the agent leaves idle this long ends failed."
+        ),
+    ] = "5m",
+) -> None:
+    """Serve MCP on stdin/stdout: an AI agent drives phones of the farm through interactive
+    sessions (tools list_phones, open_session, screenshot, ui_dump, tap, tap_element, swipe,
+    type_text, press_key, launch_app, stop_app, close_session). Needs the `mcp` extra."""
+    labels = _key_values(label, "--label")
+    idle = _duration(idle_timeout, "--idle-timeout")
+    assert idle is not None
+    try:
+        from amc_client import mcp_server
+    except ImportError as exc:
+        raise BadInput(
+            f"amc mcp needs the mcp extra ({exc.name} is not installed): "
+            "pip install 'agentic-mobile-control[mcp]'"
+        ) from None
+    session: Session = ctx.find_root().obj
+    mcp_server.run(
+        with_default_port(session.addr),
+        token=read_token(session.token, session.token_file),
+        ca_file=session.ca,
+        tls=session.tls,
+        labels=labels,
+        serial=serial,
+        idle_timeout=idle.ToTimedelta().total_seconds(),
+    )
+
+
 # -- hosts and tokens ------------------------------------------------------------------------
 
 

@@ -49,6 +49,10 @@ def launch_app(package: str, activity: str = "") -> task_pb2.Action:
     return task_pb2.Action(launch_app=task_pb2.LaunchApp(package=package, activity=activity))
 
 
+def stop_app(package: str) -> task_pb2.Action:
+    return task_pb2.Action(stop_app=task_pb2.StopApp(package=package))
+
+
 def shell(command: str, timeout: float | None = None) -> task_pb2.Action:
     pb = task_pb2.Shell(command=command)
     if timeout is not None:

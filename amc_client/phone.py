@@ -84,6 +84,9 @@ class Phone:
     async def launch_app(self, package: str, activity: str = "") -> None:
         await self._do(actions.launch_app(package, activity))
 
+    async def stop_app(self, package: str) -> None:
+        await self._do(actions.stop_app(package))
+
     async def shell(self, command: str, timeout: float | None = None) -> str:
         """The command's output."""
         return (await self._do(actions.shell(command, timeout))).step.output
