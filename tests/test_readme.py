@@ -25,6 +25,7 @@ HEADINGS = [
     (3, "grpcurl (reflection is on)"),
     (3, "The amc CLI"),
     (3, "From another Python service"),
+    (3, "An agent's loop: a phone of its own"),
     (2, "Concepts"),
     (2, "Configuration"),
     (3, "Control plane (control-plane [serve])"),
