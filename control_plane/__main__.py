@@ -99,7 +99,8 @@ retention.__name__ = "duration (such as 30d, 12h, 30m, 90s, or off)"
 Flag = tuple[str, str, str | None, Callable[[str], Any], str]
 # fmt: off
 DATABASE_FLAGS: list[Flag] = [
-    ("--database-url", "DATABASE_URL", None, str, "PostgreSQL URL; none: an embedded server"),
+    ("--database-url", "DATABASE_URL", None, str,
+     "PostgreSQL URL (several hosts h1:p1,h2:p2: the writable one); none: an embedded server"),
     ("--data-dir", "AMC_DATA_DIR", DEFAULT_DATA_DIR, str, "the embedded server's data directory"),
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console (a terminal) or json"),
 ]

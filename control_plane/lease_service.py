@@ -51,6 +51,8 @@ CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on ea
 # An Acquire whose offered task was locked when it looked (it could take it) looks again
 # after this long, doubling up to the second figure, while the task stays queued.
 LOCKED_RETRY = (0.05, 1.0)
+# How often a parked Acquire whose database went away looks again (if not woken sooner).
+OUTAGE_RETRY = 1.0
 
 
 class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
@@ -146,6 +148,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         loop = asyncio.get_running_loop()
         taken: set[str] = set()
         pause = LOCKED_RETRY[0]
+        parked = False
         dispatcher.enter(waiter)
         try:
             while True:
@@ -154,7 +157,20 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                 waiter.woken.clear()
                 waiter.everything = False
                 metrics.ACQUIRE_QUERIES.inc()
-                acquired = await self.store.acquire(host_id, serials, ttl, list(looked_for))
+                try:
+                    acquired = await self.store.acquire(host_id, serials, ttl, list(looked_for))
+                except errors.DatabaseUnavailable:
+                    # A parked call woken while the database fails over stays parked (its
+                    # host would only ask again): it looks again when the database is back
+                    # (every Acquire is woken then) or soon, until its wait ends.
+                    remaining = deadline - loop.time()
+                    if not parked or remaining <= 0 or self.hub.closing:
+                        raise
+                    waiter.offers.update(looked_for)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiter.woken.wait(), min(remaining, OUTAGE_RETRY))
+                    continue
+                parked = True
                 taken = {str(a.task_id) for a in acquired.assignments}
                 dispatcher.park(waiter, acquired.idle)
                 missed = [o for o in looked_for.values() if o.task_id not in taken]

@@ -601,7 +601,13 @@ FROM dead d
 WHERE h.replica_id = d.replica_id AND d.replica_id <> $1;
 
 -- name: ping
-SELECT 1;
+-- A standby (or a primary demoted by a failover) answers, but read-only.
+SELECT current_setting('transaction_read_only') = 'on' AS read_only;
+
+-- name: listener_check
+-- The LISTEN connection's heartbeat: still listening on every channel, on a writable server.
+SELECT array(SELECT pg_listening_channels()) AS channels,
+       current_setting('transaction_read_only') = 'on' AS read_only;
 
 -- name: notify
 -- Notifications are not durable anyway: no need to wait for this commit's WAL flush.

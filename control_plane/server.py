@@ -58,6 +58,9 @@ MAX_MESSAGE = 1 << 20
 STOP_SLACK = 5.0
 # The farm-wide gauges are refreshed on the first database check, then every this many.
 GAUGE_TICKS = 5
+# How often the LISTEN connection is checked (still listening, on a writable server): a
+# connection a failover left silent is replaced within about twice this.
+LISTEN_HEARTBEAT = 2.0
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.keepalive_time_ms", 10_000),
@@ -379,6 +382,8 @@ class ControlPlane:
                 serving = ok
                 await self._set_health(ok)
                 log.warning("database " + ("reachable again" if ok else "unreachable"))
+                if ok:  # the calls that failed meanwhile may have left work unseen
+                    self.hub.wake_all()
 
     async def _refresh_gauges(self) -> None:
         farm = await self.store.farm_gauges(self.settings.lease_ttl, metrics.QUEUE_SELECTORS)
@@ -436,13 +441,19 @@ class ControlPlane:
         lost = asyncio.Event()
         callbacks = dict.fromkeys(CHANNELS, self.hub.notify)
         async with self.store.listening(self.dsn, callbacks, lost.set) as conn:
+            # Notifications sent while no connection listened (a failover loses those the
+            # old primary had not delivered) are gone: every parked Acquire looks again.
             self.hub.wake_all()
             while not lost.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(lost.wait(), 5.0)
+                    await asyncio.wait_for(lost.wait(), LISTEN_HEARTBEAT)
                 try:
-                    await asyncio.wait_for(conn.execute("SELECT 1"), 5.0)
+                    alive = await asyncio.wait_for(
+                        self.store.still_listening(conn, CHANNELS), LISTEN_HEARTBEAT
+                    )
                 except Exception:
+                    alive = False
+                if not alive:  # gone, silent, no longer listening, or now a standby
                     break
         log.warning("notification connection lost; reconnecting")
         raise errors.DatabaseUnavailable()

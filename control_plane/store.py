@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
+import structlog
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -63,6 +64,8 @@ from control_plane.lifecycle import CancelCode, ReleaseCode, RemoveCode, ReportC
 from control_plane.migrate import apply
 from control_plane.sql import QUERIES as Q
 
+log = structlog.get_logger(__name__)
+
 Listener = Callable[[str, str], None]
 T = TypeVar("T")
 
@@ -73,7 +76,14 @@ _UNAVAILABLE_CLASSES = ("08", "57", "53")
 # again. Every transition takes its rows in one order (schema.sql's lock order), so
 # these should not happen; if they do, they are retried here, never reported as an outage.
 _RETRIED_STATES = ("40001", "40P01")
+# A write refused because the server is read-only: a standby, or a primary demoted by a
+# failover. The connections there are dropped (Store) and the next ones find the primary.
+READ_ONLY = "25006"
 RETRIES = 5
+# What a connection asks of the server it lands on when the URL names several hosts (or
+# one behind a moving address): writable, so never a standby. A URL that says otherwise
+# (its own target_session_attrs) is obeyed.
+SESSION_ATTRS = "read-write"
 
 
 @contextlib.contextmanager
@@ -84,13 +94,30 @@ def translated() -> Iterator[None]:
         state = getattr(exc, "sqlstate", "") or ""
         if state in _RETRIED_STATES:
             raise errors.Contended() from exc
-        if state[:2] in _UNAVAILABLE_CLASSES:
+        if state[:2] in _UNAVAILABLE_CLASSES or state == READ_ONLY:
             raise errors.DatabaseUnavailable() from exc
         if state[:2] == "22":  # data exception: a value PostgreSQL cannot hold
             raise errors.InvalidArgument("request", "a value cannot be stored") from exc
         raise
-    except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
+    except (
+        OSError,
+        asyncpg.InterfaceError,
+        asyncpg.TargetServerAttributeNotMatched,  # no host is writable (mid-failover)
+        TimeoutError,
+    ) as exc:
         raise errors.DatabaseUnavailable() from exc
+
+
+def read_only(error: BaseException) -> bool:
+    """Whether `error` (or what it was raised from) is a write refused by a read-only server."""
+    cause = error.__cause__ if isinstance(error, errors.DatabaseUnavailable) else error
+    return getattr(cause, "sqlstate", None) == READ_ONLY
+
+
+def session_attrs(dsn: str) -> dict[str, str]:
+    """The connect options that make a connection land on the writable server only: none
+    when the URL chooses for itself."""
+    return {} if "target_session_attrs" in dsn else {"target_session_attrs": SESSION_ATTRS}
 
 
 async def retried(operation: Callable[[], Awaitable[T]]) -> T:
@@ -124,6 +151,7 @@ async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> as
     with translated():
         return await asyncpg.create_pool(
             dsn,
+            **session_attrs(dsn),
             min_size=min_size,
             max_size=max_size,
             init=_init_connection,
@@ -135,7 +163,7 @@ async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> as
 
 async def migrate(dsn: str) -> list[str]:
     with translated():
-        conn = await asyncpg.connect(dsn, timeout=10)
+        conn = await asyncpg.connect(dsn, timeout=10, **session_attrs(dsn))
         try:
             return await apply(conn)
         finally:
@@ -183,6 +211,8 @@ def _token(row: asyncpg.Record) -> TokenInfo:
 class Store:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        # Connections were dropped for a read-only server and no ping found it writable yet.
+        self.reconnecting = False
 
     @classmethod
     async def open(cls, dsn: str, **pool_options: int) -> Store:
@@ -197,13 +227,35 @@ class Store:
             self.pool.terminate()
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
-        return await retried(lambda: self.pool.fetch(Q[name], *args))
+        return await self._checked(lambda: self.pool.fetch(Q[name], *args))
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
-        return await retried(lambda: self.pool.fetchrow(Q[name], *args))
+        return await self._checked(lambda: self.pool.fetchrow(Q[name], *args))
+
+    async def _checked(self, operation: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await retried(operation)
+        except errors.DatabaseUnavailable as exc:
+            if read_only(exc):
+                await self.drop_connections()
+            raise
+
+    async def drop_connections(self) -> None:
+        """The server these connections reach is read-only (a demoted primary): each is
+        closed when next released or idle, and the next ones find the writable server."""
+        if not self.reconnecting:
+            log.warning("database is read-only (failed over?); reconnecting")
+        self.reconnecting = True
+        await self.pool.expire_connections()
 
     async def ping(self) -> None:
-        await self._fetchrow("ping")
+        """The database answers, and writably: a read-only answer (the server became a
+        standby) drops the connections, and the database counts as unavailable."""
+        row = await self._fetchrow("ping")
+        if row is not None and row["read_only"]:
+            await self.drop_connections()
+            raise errors.DatabaseUnavailable()
+        self.reconnecting = False
 
     async def farm_gauges(self, connected_within: timedelta, selectors: int) -> FarmGauges:
         """The farm-wide figures of the metrics, in one round trip: the queue in at most
@@ -848,7 +900,7 @@ class Store:
     ) -> AsyncIterator[asyncpg.Connection]:
         """A dedicated connection LISTENing on `channels`; `on_lost` runs if it drops."""
         with translated():
-            conn = await asyncpg.connect(dsn, timeout=10)
+            conn = await asyncpg.connect(dsn, timeout=10, **session_attrs(dsn))
         try:
             conn.add_termination_listener(lambda _c: on_lost())
             # The database can go away between the connect and the LISTENs, too.
@@ -859,6 +911,13 @@ class Store:
         finally:
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
+
+    async def still_listening(self, conn: asyncpg.Connection, channels: Sequence[str]) -> bool:
+        """The LISTEN connection's heartbeat: it still hears every channel, and on a
+        writable server (notifications of commits come from the primary only)."""
+        with translated():
+            row = await conn.fetchrow(Q["listener_check"])
+        return row is not None and not row["read_only"] and set(channels) <= set(row["channels"])
 
 
 def _adapt(callback: Listener) -> Callable[[Any, int, str, str], None]:
