@@ -40,6 +40,7 @@ import grpc
 from amc.v1 import scheduler_pb2, task_pb2
 from bench_lib import fleet, pgstats, stack
 from bench_lib.client import Client, bounded, key_actions
+from bench_lib.stats import summarize
 from host_agent.convert import report_request
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus
 
@@ -52,6 +53,10 @@ BACKLOG_CALLS = 4
 
 # Issue 20's targets.
 PICKUP_P50_MS, PICKUP_P99_MS = 8.0, 20.0
+# GetQueue and GetTask (with its pending reason) with the backlog queued: calls of each,
+# one at a time, and their target.
+READ_CALLS = 200
+READ_P99_MS = 50.0
 CPU_GROWTH = 1.5
 BIG_P99_MS = 50.0
 
@@ -121,7 +126,7 @@ async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict
         watch.cancel()
     out["backlog"]["still_queued"] = await count_backlog(dsn)
     out["runs"] = runs
-    out["targets"] = judge(runs, opt)
+    out["targets"] = judge(runs, opt, out["backlog"].get("reads"))
     out["verified"] = all(r["verified"] for r in runs)
     return out
 
@@ -168,7 +173,9 @@ def cpu_ratio(run: dict[str, Any], base: dict[str, Any], proc: str) -> float:
     return float(run["submit"][key] / base["submit"][key]) if base["submit"][key] else 0.0
 
 
-def judge(runs: list[dict[str, Any]], opt: Options) -> dict[str, Any]:
+def judge(
+    runs: list[dict[str, Any]], opt: Options, reads: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Each target: met (True/False) or None when the run it needs was not made."""
     empty = find(runs, "empty", opt.hosts)
     deep = find(runs, "deep", opt.hosts)
@@ -196,7 +203,18 @@ def judge(runs: list[dict[str, Any]], opt: Options) -> dict[str, Any]:
         "deep_control_plane_cpu_per_task": cpu("control_plane"),
         "deep_postgres_cpu_per_task": cpu("postgres"),
         "deep_big_pickup_p99": pickup(big, None, BIG_P99_MS),
+        "deep_reads_p99": reads_met(reads),
     }
+
+
+def reads_met(reads: dict[str, Any] | None) -> bool | None:
+    if not reads or not reads["get_queue_ms"].get("n"):
+        return None
+    return bool(
+        reads["get_queue_ms"]["p99"] <= READ_P99_MS
+        and reads["get_task_ms"]["p99"] <= READ_P99_MS
+        and reads["pending_reasons"] == reads["calls"]
+    )
 
 
 # -- the history: bulk SQL -----------------------------------------------------------------
@@ -413,6 +431,7 @@ async def load_backlog(st: stack.Stack, dsn: str, opt: Options) -> dict[str, Any
     client = Client.connect(replica.address)
     submitted = 0
     failed: list[str] = []
+    sample: list[str] = []  # a task of each batch, for the GetTask reads
 
     def batch(lo: int, hi: int) -> Callable[[], Any]:
         async def call() -> None:
@@ -434,6 +453,7 @@ async def load_backlog(st: stack.Stack, dsn: str, opt: Options) -> dict[str, Any
                 failed.append(f"{exc.code().name}: {exc.details()}")
                 return
             submitted += len(answer.tasks)
+            sample.append(answer.tasks[len(answer.tasks) // 2].task_id)
 
         return call
 
@@ -444,17 +464,43 @@ async def load_backlog(st: stack.Stack, dsn: str, opt: Options) -> dict[str, Any
             for lo in range(0, opt.queued, BACKLOG_BATCH)
         ]
         await bounded(calls, BACKLOG_CALLS)
+        seconds = time.monotonic() - started
+        if failed:
+            raise RuntimeError(f"backlog: {len(failed)} SubmitTasks failed, e.g. {failed[0]}")
+        reads = await measure_reads(client, sample)
     finally:
         await client.close()
         replica.child.stop()
-    seconds = time.monotonic() - started
-    if failed:
-        raise RuntimeError(f"backlog: {len(failed)} SubmitTasks failed, e.g. {failed[0]}")
     return {
         "submitted": submitted,
         "selectors": len(selectors),
         "seconds": seconds,
         "per_s": submitted / seconds if seconds else 0.0,
+        "reads": reads,
+    }
+
+
+async def measure_reads(client: Client, tasks: list[str]) -> dict[str, Any]:
+    """GetQueue and GetTask (each backlog task's pending reason says why it waits), one call
+    at a time, READ_CALLS each, with the backlog queued: their round trips in ms."""
+    queue_ms: list[float] = []
+    task_ms: list[float] = []
+    reasons = 0
+    for i in range(READ_CALLS):
+        t0 = time.perf_counter()
+        await client.scheduler.GetQueue(scheduler_pb2.GetQueueRequest(), timeout=30)
+        queue_ms.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        task = await client.scheduler.GetTask(
+            scheduler_pb2.GetTaskRequest(task_id=tasks[i % len(tasks)]), timeout=30
+        )
+        task_ms.append((time.perf_counter() - t0) * 1e3)
+        reasons += bool(task.pending_reason)
+    return {
+        "get_queue_ms": summarize(queue_ms),
+        "get_task_ms": summarize(task_ms),
+        "pending_reasons": reasons,
+        "calls": READ_CALLS,
     }
 
 

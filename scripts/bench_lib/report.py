@@ -401,6 +401,23 @@ def _deep_rows(dp: dict[str, Any] | None) -> list[Row]:
             f" selectors in {backlog.get('seconds', 0):.0f} s",
         )
     )
+    reads = backlog.get("reads")
+    if reads:
+        for key, label in (("get_queue_ms", "GetQueue"), ("get_task_ms", "GetTask")):
+            out.append(
+                Row(
+                    "8 deep",
+                    f"{label}, ms, with the backlog queued ({reads['calls']} calls)",
+                    pcts(reads[key])
+                    + (
+                        f"; {reads['pending_reasons']} with a pending reason"
+                        if key == "get_task_ms"
+                        else ""
+                    ),
+                    f"p99 <= {deep.READ_P99_MS:g}",
+                    dp["targets"].get("deep_reads_p99"),
+                )
+            )
     for run in dp["runs"]:
         n = run["hosts"]
         sub = run["submit"]
