@@ -405,6 +405,16 @@ class DrainNotice:
 
 
 @dataclass(frozen=True)
+class TaskRead:
+    """A task as one statement read it; a queued one with what its pending reason is made
+    of: the devices its selector matches and its fairness key's cap (None: no cap)."""
+
+    task: Task
+    match: DeviceMatch | None = None
+    cap: KeyCap | None = None
+
+
+@dataclass(frozen=True)
 class Recorded:
     """A report's answer: the task, and the attempt's cancel timing for the metrics."""
 

@@ -1,11 +1,13 @@
 """Why a queued task waits (`Task.pending_reason`), computed when the task is read.
 
-Never stored and never refreshed in the background: GetTask and WatchTask ask for the one
-task they answer, ListTasks for the queued tasks of its page, grouped by selector, so a
-page of any size costs two statements (`pending_reasons`: one scan of the devices per
-distinct selector, at most MAX_SELECTORS of them, queued tasks with further selectors on
-the same page getting no reason; `fair_share_caps`: the caps of the page's fairness keys
-and their running tasks, at most one per phone). Neither reads the backlog.
+Never stored and never refreshed in the background. GetTask and WatchTask read the task
+and what its reason is made of in one statement (`read`); ListTasks reads its page, then
+its queued tasks again with their reasons in a second statement, grouped by selector
+(`with_reasons`: one scan of the devices per distinct selector, at most MAX_SELECTORS of
+them, queued tasks with further selectors on the same page getting no reason; the caps of
+the page's fairness keys with their running tasks). Either way a reason comes from the
+same snapshot as the status it explains: a phone that took the task after it was read is
+never counted busy with it (issue 27). Neither reads the backlog.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
-from control_plane.domain import DeviceMatch, KeyCap, Task
+from control_plane import errors
+from control_plane.domain import DeviceMatch, KeyCap, Task, TaskId, TaskRead
 from control_plane.lifecycle import TaskStatus
 from control_plane.store import Store
 
@@ -106,32 +109,49 @@ def held(m: DeviceMatch) -> str:
     return text + (f" ({', '.join(others)})" if others else "")
 
 
+async def read(store: Store, task_id: TaskId, connected_within: timedelta) -> Task:
+    """The task, with its pending reason if it is queued: one statement."""
+    found = await store.read_tasks([task_id], connected_within)
+    if not found:
+        raise errors.TaskNotFound(f"no task {task_id}")
+    return _explained(found[0])
+
+
 async def with_reasons(
     store: Store, tasks: Sequence[Task], connected_within: timedelta
 ) -> list[Task]:
-    """`tasks`, the queued ones with their pending_reason set (two statements: the devices
-    per selector, the caps of their fairness keys; none when no task is queued)."""
-    selectors: dict[Selector, int] = {}
+    """`tasks`, the queued ones with their pending_reason set: one statement (none when no
+    task is queued) reads them again with what their reasons are made of; a task no longer
+    queued by then gets none."""
+    selectors: set[Selector] = set()
+    asked: list[TaskId] = []
     for task in tasks:
-        if task.status is TaskStatus.QUEUED and len(selectors) < MAX_SELECTORS:
-            selectors.setdefault(_key(task), len(selectors))
-    if not selectors:
+        if task.status is not TaskStatus.QUEUED:
+            continue
+        if _key(task) in selectors or len(selectors) < MAX_SELECTORS:
+            selectors.add(_key(task))
+            asked.append(task.task_id)
+    if not asked:
         return list(tasks)
-    keys = list(selectors)
-    asked = [(serial, dict(labels)) for serial, labels in keys]
-    matches = dict(zip(keys, await store.device_matches(asked, connected_within), strict=True))
+    reasons = {
+        r.task.task_id: reason
+        for r in await store.read_tasks(asked, connected_within)
+        if (reason := _explained(r).pending_reason)
+    }
+    return [
+        dataclasses.replace(t, pending_reason=reasons[t.task_id]) if t.task_id in reasons else t
+        for t in tasks
+    ]
 
-    def waits(t: Task) -> bool:
-        return t.status is TaskStatus.QUEUED and _key(t) in matches
 
-    caps = await store.key_caps(sorted({t.fairness_key for t in tasks if waits(t)}))
-
-    def reason(t: Task) -> str:
-        m = matches[_key(t)]
-        capped = at_cap(t.fairness_key, caps.get(t.fairness_key), m)
-        return capped or explain(t.selector_serial, t.selector_labels, m)
-
-    return [dataclasses.replace(t, pending_reason=reason(t)) if waits(t) else t for t in tasks]
+def _explained(r: TaskRead) -> Task:
+    t = r.task
+    if t.status is not TaskStatus.QUEUED or r.match is None:
+        return t
+    reason = at_cap(t.fairness_key, r.cap, r.match) or explain(
+        t.selector_serial, t.selector_labels, r.match
+    )
+    return dataclasses.replace(t, pending_reason=reason)
 
 
 def at_cap(key: str, cap: KeyCap | None, m: DeviceMatch) -> str | None:

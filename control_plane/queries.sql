@@ -201,16 +201,6 @@ WHERE q.fairness_key = $1
 ORDER BY h.priority DESC, h.fair_tag, h.created_at, h.task_id
 LIMIT $2;
 
--- name: fair_share_caps
--- The capped keys among $1, each with its cap and its tasks running now, counted as
--- amc_acquire counts them (for a queued task's pending reason).
-SELECT f.fairness_key, f.max_devices,
-       (SELECT count(*) FROM queue_groups q JOIN tasks tk ON tk.group_id = q.group_id
-        WHERE q.fairness_key = f.fairness_key AND tk.status IN ('assigned', 'dispatched'))
-           AS running
-FROM fair_shares f
-WHERE f.fairness_key = ANY ($1::text[]) AND f.max_devices IS NOT NULL;
-
 -- name: forget_queue_groups
 SELECT amc_forget_queue_groups($1, $2);
 
@@ -463,32 +453,56 @@ SELECT event_id, host_id, serial, kind, actor, actor_name, reason, at
 FROM host_events WHERE host_id = $1
 ORDER BY event_id DESC LIMIT $2;
 
--- name: pending_reasons
--- Why queued tasks wait, per selector ($1 serials, $2 labels: parallel arrays, one element
--- per distinct selector): the devices each selector matches, counted by what keeps them
--- from the task: on a cordoned host, cordoned, offline (not 'device', or the host is not
--- connected within $3), held by its condition (not 'ready'; `held_by` lists their
--- conditions, one per device), busy, or none of these (idle). One scan of the devices per
--- selector, matching as amc_acquire does.
-SELECT s.ord, m.*
-FROM unnest($1::text[], $2::jsonb[]) WITH ORDINALITY AS s (serial, labels, ord)
-CROSS JOIN LATERAL (
-    SELECT count(*) AS total,
-           count(*) FILTER (WHERE h.cordoned) AS host_cordoned,
-           count(*) FILTER (WHERE NOT h.cordoned AND d.cordoned) AS cordoned,
-           count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned
-                              AND NOT (d.state = 'device' AND c.connected)) AS offline,
-           array_agg(d.condition) FILTER (
-               WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
-                 AND c.connected AND d.condition <> 'ready') AS held_by,
-           count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
-                              AND c.connected AND d.condition = 'ready'
-                              AND d.task_id IS NOT NULL) AS busy
-    FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
-    CROSS JOIN LATERAL (SELECT GREATEST(h.last_seen_at, r.seen_at) > now() - $3::interval
-                               AS connected) c
-    WHERE d.labels @> s.labels AND (s.serial IS NULL OR d.serial = s.serial)
-) m;
+-- name: read_tasks
+-- Tasks $1 as one snapshot sees them (issue 27: read apart, a phone that took a task after
+-- the task was read was counted busy with it), each queued one with what its pending
+-- reason is made of: the devices its selector matches, counted by
+-- what keeps them from the task (m_*: on a cordoned host, cordoned, offline (not 'device',
+-- or the host is not connected within $2), held by its condition (not 'ready'; m_held_by
+-- lists their conditions, one per device), busy, or none of these: idle), matching as
+-- amc_acquire does; and its fairness key's cap with the tasks running under it, counted
+-- as amc_acquire counts them (cap_*; NULL: no cap). One scan of the devices per distinct
+-- selector of the queued tasks.
+WITH tk AS MATERIALIZED (
+    SELECT * FROM tasks WHERE task_id = ANY ($1::uuid[])
+), sel AS (
+    SELECT DISTINCT selector_serial, selector_labels FROM tk WHERE status = 'queued'
+), m AS (
+    SELECT sel.selector_serial, sel.selector_labels, c.*
+    FROM sel CROSS JOIN LATERAL (
+        SELECT count(*) AS total,
+               count(*) FILTER (WHERE h.cordoned) AS host_cordoned,
+               count(*) FILTER (WHERE NOT h.cordoned AND d.cordoned) AS cordoned,
+               count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned
+                                  AND NOT (d.state = 'device' AND cn.connected)) AS offline,
+               array_agg(d.condition) FILTER (
+                   WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
+                     AND cn.connected AND d.condition <> 'ready') AS held_by,
+               count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
+                                  AND cn.connected AND d.condition = 'ready'
+                                  AND d.task_id IS NOT NULL) AS busy
+        FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
+        CROSS JOIN LATERAL (SELECT GREATEST(h.last_seen_at, r.seen_at) > now() - $2::interval
+                                   AS connected) cn
+        WHERE d.labels @> sel.selector_labels
+          AND (sel.selector_serial IS NULL OR d.serial = sel.selector_serial)
+    ) c
+), cap AS (
+    SELECT f.fairness_key, f.max_devices,
+           (SELECT count(*) FROM queue_groups q JOIN tasks t ON t.group_id = q.group_id
+            WHERE q.fairness_key = f.fairness_key AND t.status IN ('assigned', 'dispatched'))
+               AS running
+    FROM fair_shares f
+    WHERE f.max_devices IS NOT NULL
+      AND f.fairness_key IN (SELECT fairness_key FROM tk WHERE status = 'queued')
+)
+SELECT tk.*, m.total AS m_total, m.host_cordoned AS m_host_cordoned,
+       m.cordoned AS m_cordoned, m.offline AS m_offline, m.busy AS m_busy,
+       m.held_by AS m_held_by, cap.max_devices AS cap_max_devices, cap.running AS cap_running
+FROM tk
+LEFT JOIN m ON tk.status = 'queued' AND m.selector_labels = tk.selector_labels
+           AND m.selector_serial IS NOT DISTINCT FROM tk.selector_serial
+LEFT JOIN cap ON tk.status = 'queued' AND cap.fairness_key = tk.fairness_key;
 
 -- name: create_token
 INSERT INTO tokens (token_id, name, role, host_id, secret_hash, team)

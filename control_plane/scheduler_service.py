@@ -23,7 +23,6 @@ from control_plane.convert import (
 )
 from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
-from control_plane.lifecycle import TaskStatus
 from control_plane.rpc import Context, TaskServicer, principal, rpc
 from control_plane.sessions import ClientSession
 
@@ -122,12 +121,8 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         return task_to_pb(await self._read(task_id))
 
     async def _read(self, task_id: TaskId) -> Task:
-        """The task, with its pending reason if it is queued."""
-        task = await self.store.get_task(task_id)
-        if task.status is not TaskStatus.QUEUED:
-            return task
-        (task,) = await pending.with_reasons(self.store, [task], self.settings.lease_ttl)
-        return task
+        """The task, with its pending reason if it is queued (one statement)."""
+        return await pending.read(self.store, task_id, self.settings.lease_ttl)
 
     @rpc
     async def ListTaskEvents(

@@ -58,6 +58,7 @@ from control_plane.domain import (
     TaskEvent,
     TaskHistory,
     TaskId,
+    TaskRead,
     TokenInfo,
 )
 from control_plane.lifecycle import CancelCode, ReleaseCode, RemoveCode, ReportCode, TaskStatus
@@ -664,28 +665,29 @@ class Store:
             for r in rows
         ]
 
-    async def device_matches(
-        self, selectors: list[tuple[str | None, dict[str, str]]], connected_within: timedelta
-    ) -> list[DeviceMatch]:
-        """For each selector, in order, the devices it matches by what keeps them from a
-        queued task; one statement for all."""
-        if not selectors:
-            return []
-        rows = await self._fetch(
-            "pending_reasons",
-            [serial for serial, _ in selectors],
-            [labels for _, labels in selectors],
-            connected_within,
-        )
-        rows = sorted(rows, key=lambda r: r["ord"])
+    async def read_tasks(
+        self, task_ids: Sequence[TaskId], connected_within: timedelta
+    ) -> list[TaskRead]:
+        """The tasks (those that exist), each queued one with the devices its selector
+        matches, by what keeps them from it, and its key's cap. One statement, so one
+        snapshot (a phone that took the task is never counted busy with it)."""
+        rows = await self._fetch("read_tasks", list(task_ids), connected_within)
         return [
-            DeviceMatch(
-                r["total"],
-                r["host_cordoned"],
-                r["cordoned"],
-                r["offline"],
-                r["busy"],
-                tuple(sorted(r["held_by"] or ())),
+            TaskRead(
+                _task(r),
+                None
+                if r["m_total"] is None
+                else DeviceMatch(
+                    r["m_total"],
+                    r["m_host_cordoned"],
+                    r["m_cordoned"],
+                    r["m_offline"],
+                    r["m_busy"],
+                    tuple(sorted(r["m_held_by"] or ())),
+                ),
+                None
+                if r["cap_max_devices"] is None
+                else KeyCap(r["cap_max_devices"], int(r["cap_running"])),
             )
             for r in rows
         ]
@@ -756,13 +758,6 @@ class Store:
         """The key's first `limit` queued tasks in dispatch order: (id, serial, labels)."""
         rows = await self._fetch("fair_share_heads", key, limit)
         return [(TaskId(r["task_id"]), r["selector_serial"], r["selector_labels"]) for r in rows]
-
-    async def key_caps(self, keys: Sequence[str]) -> dict[str, KeyCap]:
-        """The capped keys among `keys`: each one's cap and its tasks running now."""
-        if not keys:
-            return {}
-        rows = await self._fetch("fair_share_caps", list(keys))
-        return {r["fairness_key"]: KeyCap(r["max_devices"], int(r["running"])) for r in rows}
 
     async def forget_queue_groups(self, idle: timedelta, limit: int) -> int:
         """Forget up to `limit` queue groups with no task queued or running, made more than
