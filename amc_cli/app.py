@@ -48,7 +48,7 @@ hosts_app = typer.Typer(
 )
 app.add_typer(hosts_app, name="hosts")
 devices_app = typer.Typer(
-    help="Devices (operator role): cordon or uncordon one.",
+    help="Devices (operator role): cordon or uncordon one; release one from quarantine.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
     epilog=EXIT_CODES_HELP,
@@ -731,10 +731,16 @@ def _device_operation(
     if output is Output.json:
         render.print_json(response)
         return
+    host = response.host.host_id
+    if operation == "release":
+        render.console().print(
+            f"device {serial} on host {host} released from quarantine: its host probes it "
+            "and reports its condition",
+            highlight=False,
+        )
+        return
     verb = "cordoned" if operation == "cordon" else "uncordoned"
-    render.console().print(
-        f"device {serial} on host {response.host.host_id} {verb}", highlight=False
-    )
+    render.console().print(f"device {serial} on host {host} {verb}", highlight=False)
 
 
 def _device_command(operation: str, doc: str) -> None:
@@ -755,6 +761,12 @@ def _device_command(operation: str, doc: str) -> None:
 
 _device_command("cordon", "Give one device no new work; its running task goes on.")
 _device_command("uncordon", "Give the device work again.")
+_device_command(
+    "release",
+    "Take a quarantined device out of quarantine: its host probes it and, if it answers and "
+    "has booted, gives it work again. Refused (exit 4) when it is not quarantined or its "
+    "host is not connected.",
+)
 
 
 # -- the queue and fair shares ----------------------------------------------------------------

@@ -322,7 +322,8 @@ class Client:
     def device_operation(
         self, operation: str, host_id: str, serial: str, reason: str
     ) -> admin_pb2.DeviceOperationResponse:
-        """CordonDevice or UncordonDevice (`operation`: cordon, uncordon)."""
+        """CordonDevice, UncordonDevice or ReleaseDevice (`operation`: cordon, uncordon,
+        release)."""
         name = f"{operation.capitalize()}Device"
         request = getattr(admin_pb2, f"{name}Request")(
             host_id=host_id, serial=serial, reason=reason

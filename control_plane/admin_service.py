@@ -1,4 +1,5 @@
-"""amc.v1.Admin: bearer tokens, hosts and devices from the centre (cordon, drain, remove),
+"""amc.v1.Admin: bearer tokens, hosts and devices from the centre (cordon, drain, remove,
+release from quarantine),
 and fairness keys' shares of the phones, for operators. Each host operation is recorded in
 host_events, each change of a share in fair_share_events, with the caller's token and the
 reason given."""
@@ -131,6 +132,19 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     DrainHost = _operation("DrainHost", HostEventKind.DRAIN)
     CordonDevice = _operation("CordonDevice", HostEventKind.CORDON, device=True)
     UncordonDevice = _operation("UncordonDevice", HostEventKind.UNCORDON, device=True)
+
+    @rpc
+    async def ReleaseDevice(
+        self, request: admin_pb2.ReleaseDeviceRequest, context: Context
+    ) -> admin_pb2.DeviceOperationResponse:
+        host_id, serial, reason = validate.device_operation(request)
+        who = principal()
+        host_id = await self.store.release_device(
+            host_id, serial, self.settings.lease_ttl, who, reason
+        )
+        self.effects.device_released(host_id, serial, who, reason)
+        host = await self.store.get_host(self.settings.lease_ttl, host_id)
+        return admin_pb2.DeviceOperationResponse(host=host_to_pb(host))
 
     @rpc
     async def RemoveHost(

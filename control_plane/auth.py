@@ -53,6 +53,7 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Admin/UncordonHost": OPERATORS,
     "/amc.v1.Admin/CordonDevice": OPERATORS,
     "/amc.v1.Admin/UncordonDevice": OPERATORS,
+    "/amc.v1.Admin/ReleaseDevice": OPERATORS,
     "/amc.v1.Admin/DrainHost": OPERATORS,
     "/amc.v1.Admin/RemoveHost": OPERATORS,
     "/amc.v1.Admin/GetHost": OPERATORS,

@@ -202,6 +202,7 @@ CONDITIONS = (
     "recovering",
     "quarantined",
     "offline",
+    "low_storage",
 )
 
 
@@ -412,6 +413,14 @@ class TaskRead:
     task: Task
     match: DeviceMatch | None = None
     cap: KeyCap | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseNotice:
+    """A device of the host released from quarantine from the centre, for its stream."""
+
+    host_id: str
+    serial: str
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,12 @@ class Effects:
             self.hub.drain_changed(host_id, False)
         self.host_logged(host_id, kind, actor, reason, **fields)
 
+    def device_released(self, host_id: str, serial: str, actor: Principal, reason: str) -> None:
+        """An operator released the device from quarantine: its host's stream, wherever it
+        is open, tells the agent (which probes it and reports its condition)."""
+        self.hub.device_released(host_id, serial)
+        self.host_logged(host_id, HostEventKind.RELEASE, actor, reason, serial=serial)
+
     def host_logged(
         self, host_id: str, kind: HostEventKind, actor: Principal, reason: str, **fields: Any
     ) -> None:

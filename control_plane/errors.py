@@ -86,6 +86,10 @@ class HostInUse(FailedPrecondition):
     """The host is connected or holds leases, so it cannot be removed."""
 
 
+class DeviceNotQuarantined(FailedPrecondition):
+    """The device is not quarantined, or its host is not connected to release it."""
+
+
 class HostNotRegistered(FailedPrecondition):
     """This host is not registered (it was forgotten or removed); register it again."""
 

@@ -15,7 +15,7 @@ import structlog
 
 from control_plane import metrics
 from control_plane.dispatch import Dispatcher, Offer
-from control_plane.domain import CancelNotice, DrainNotice, LeaseId, TaskId
+from control_plane.domain import CancelNotice, DrainNotice, LeaseId, ReleaseNotice, TaskId
 from control_plane.lifecycle import TaskStatus
 from control_plane.presence import Presence
 from control_plane.rendezvous import Sessions
@@ -24,9 +24,9 @@ log = structlog.get_logger(__name__)
 
 OUTBOX_LIMIT = 10_000
 OUTBOX_RETRY = 0.2
-CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed", "amc_drain")
+CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed", "amc_drain", "amc_release")
 # Called with a notice to push, or with None when the replica is closing the stream.
-PushCallback = Callable[[CancelNotice | DrainNotice | None], None]
+PushCallback = Callable[[CancelNotice | DrainNotice | ReleaseNotice | None], None]
 
 
 class Hub:
@@ -89,6 +89,11 @@ class Hub:
         agent (lease_service.StreamDrain: the later state wins, in any order of notices)."""
         self.publish("amc_drain", f"{host_id} {int(drain)}")
 
+    def device_released(self, host_id: str, serial: str) -> None:
+        """After committing an operator's release of the host's quarantined device: its
+        renewal stream, wherever it is open, tells its agent."""
+        self.publish("amc_release", f"{host_id} {serial}")
+
     async def send_outbox(self, send: Callable[[list[tuple[str, str]]], Awaitable[None]]) -> None:
         while True:
             await self._outbox_ready.wait()
@@ -119,6 +124,8 @@ class Hub:
             self._wake_watchers(payload)
         elif channel == "amc_drain":
             self._push_drain(payload)
+        elif channel == "amc_release":
+            self._push_release(payload)
         for listener in list(self._listeners):
             listener(channel, payload)
 
@@ -209,6 +216,12 @@ class Hub:
     def _push_drain(self, payload: str) -> None:
         host_id, _, drain = payload.rpartition(" ")
         notice = DrainNotice(host_id, drain == "1")
+        for callback in list(self._streams.get(host_id, ())):
+            callback(notice)
+
+    def _push_release(self, payload: str) -> None:
+        host_id, _, serial = payload.partition(" ")
+        notice = ReleaseNotice(host_id, serial)
         for callback in list(self._streams.get(host_id, ())):
             callback(notice)
 

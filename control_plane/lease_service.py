@@ -30,7 +30,7 @@ from control_plane.convert import (
     task_to_pb,
 )
 from control_plane.dispatch import Waiter
-from control_plane.domain import Assignment, CancelNotice, DrainNotice, LeaseId
+from control_plane.domain import Assignment, CancelNotice, DrainNotice, LeaseId, ReleaseNotice
 from control_plane.effects import Effects
 from control_plane.errors import AmcError, HostNotRegistered, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
@@ -410,18 +410,26 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
 
     def _on_notice(
         self,
-        notice: CancelNotice | DrainNotice | None,
+        notice: CancelNotice | DrainNotice | ReleaseNotice | None,
         outbox: asyncio.Queue[lease_pb2.RenewLeasesResponse | None],
         drain: StreamDrain,
     ) -> None:
-        """What hub.close() (None), a cancel or a drain notification does to a stream: a
-        drain notice has the stream read the host's drain again (StreamDrain), the others
-        go on its outbox."""
+        """What hub.close() (None), a cancel, a drain or a release notification does to a
+        stream: a drain notice has the stream read the host's drain again (StreamDrain),
+        the others go on its outbox (a release with the drain the agent was last told, so
+        that an agent reading any push without leases as its drain state reads it right)."""
         if notice is None:
             outbox.put_nowait(CLOSING)
             return
         if isinstance(notice, DrainNotice):
             drain.changed()
+            return
+        if isinstance(notice, ReleaseNotice):
+            outbox.put_nowait(
+                lease_pb2.RenewLeasesResponse(
+                    push=True, drain=drain.told, release_serials=[notice.serial]
+                )
+            )
             return
         metrics.CANCEL_DELIVERY.labels("push").observe(
             max(0.0, time.time() - notice.requested_epoch)
@@ -464,6 +472,11 @@ class StreamDrain:
         self._stale = True
         self._looking = asyncio.create_task(self._look(retry=False))
         await self._looking
+
+    @property
+    def told(self) -> bool:
+        """The drain state the agent was last told."""
+        return self._told
 
     def changed(self) -> None:
         """A drain notice for the host: look again (a read under way may predate it)."""

@@ -157,5 +157,7 @@ class HostEventKind(enum.StrEnum):
     UNCORDON = "uncordon"
     DRAIN = "drain"
     REMOVE = "remove"
+    # A device out of quarantine (Admin.ReleaseDevice): its host's agent probes it again.
+    RELEASE = "release"
     # Not an operator's: a host's recovery ladder quarantining or bringing back a device.
     RECOVERY = "recovery"

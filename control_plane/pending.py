@@ -90,6 +90,7 @@ HELD_AS = {
     "recovering": "recovering",
     "quarantined": "quarantined",
     "offline": "offline (its host's probe)",
+    "low_storage": "low on storage",
 }
 
 

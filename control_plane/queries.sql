@@ -440,6 +440,31 @@ SELECT COALESCE(array_agg(m.host_id ORDER BY m.host_id), '{}') AS hosts,
        (SELECT count(*) FROM u) > 0 AS changed
 FROM m;
 
+-- name: release_device
+-- An operator releases the device with serial $2 (on host $1; NULL: whichever host has it,
+-- if only one does) from quarantine: recorded in host_events as 'release' by $4 ($5: the
+-- token's name) because $6, when exactly one device matches, it is quarantined or
+-- recovering, and its host is connected within $3 (its agent holds the quarantine and is
+-- told over its stream). `hosts` lists the hosts that have that serial; `condition` and
+-- `connected` are the one match's. The condition itself is left to the host's report.
+WITH m AS (
+    SELECT d.host_id, d.serial, d.condition,
+           COALESCE(GREATEST(h.last_seen_at, r.seen_at) > now() - $3::interval, false)
+               AS connected
+    FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
+    WHERE d.serial = $2 AND ($1::text IS NULL OR d.host_id = $1)
+), ev AS (
+    INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
+    SELECT host_id, serial, 'release', $4, $5, $6 FROM m
+    WHERE (SELECT count(*) FROM m) = 1 AND connected
+      AND condition IN ('quarantined', 'recovering')
+    RETURNING host_id
+)
+SELECT COALESCE(array_agg(m.host_id ORDER BY m.host_id), '{}') AS hosts,
+       min(m.condition) AS condition, bool_and(m.connected) AS connected,
+       (SELECT count(*) FROM ev) > 0 AS released
+FROM m;
+
 -- name: remove_host
 SELECT * FROM amc_remove_host($1, $2, $3, $4, $5);
 

@@ -89,7 +89,7 @@ CREATE TABLE IF NOT EXISTS devices (
     -- 'ready' device takes work; the facts behind it are NULL until a probe reads them.
     condition    text NOT NULL DEFAULT 'ready' CHECK (condition IN
                    ('ready', 'charging_hold', 'too_hot', 'unresponsive', 'booting',
-                    'recovering', 'quarantined', 'offline')),
+                    'recovering', 'quarantined', 'offline', 'low_storage')),
     condition_reason    text NOT NULL DEFAULT '',
     battery_percent     integer,
     temperature_celsius real,
@@ -246,9 +246,10 @@ CREATE TABLE IF NOT EXISTS host_events (
     host_id    text NOT NULL,
     serial     text,
     -- recovery: the host's own, as its phone is quarantined, recovered or not (the host
-    -- is the actor; set_device_health).
+    -- is the actor; set_device_health). release: an operator took a device out of
+    -- quarantine (Admin.ReleaseDevice).
     kind       text NOT NULL CHECK (kind IN ('cordon', 'uncordon', 'drain', 'remove',
-                                             'recovery')),
+                                             'recovery', 'release')),
     actor      text NOT NULL,
     actor_name text NOT NULL DEFAULT '',
     reason     text NOT NULL DEFAULT '',

@@ -632,6 +632,46 @@ class Store:
             )
         return hosts[0]
 
+    async def release_device(
+        self,
+        host_id: str | None,
+        serial: str,
+        connected_within: timedelta,
+        actor: Principal,
+        reason: str,
+    ) -> str:
+        """Record an operator's release of a quarantined device; the host it is on (whose
+        agent is then told). Without `host_id`, the serial must be on one host only."""
+        row = await self._fetchrow(
+            "release_device",
+            host_id,
+            serial,
+            connected_within,
+            actor.caller,
+            actor.name,
+            reason,
+        )
+        assert row is not None
+        hosts: list[str] = list(row["hosts"])
+        if not hosts:
+            where = f" on host '{host_id}'" if host_id else ""
+            raise errors.DeviceNotFound(f"no device '{serial}'{where}")
+        if len(hosts) > 1:
+            raise errors.InvalidArgument(
+                "host_id", f"device '{serial}' is on hosts {', '.join(hosts)}: name the host"
+            )
+        if not row["released"]:
+            if row["condition"] not in ("quarantined", "recovering"):
+                raise errors.DeviceNotQuarantined(
+                    f"device '{serial}' on host '{hosts[0]}' is not quarantined "
+                    f"({row['condition']})"
+                )
+            raise errors.DeviceNotQuarantined(
+                f"host '{hosts[0]}' is not connected: its agent holds the quarantine (a "
+                "restarted agent probes its phones afresh)"
+            )
+        return hosts[0]
+
     async def remove_host(
         self, host_id: str, connected_within: timedelta, actor: Principal, reason: str
     ) -> None:

@@ -56,7 +56,9 @@ HostRequest = (
     | admin_pb2.DrainHostRequest
     | admin_pb2.RemoveHostRequest
 )
-DeviceRequest = admin_pb2.CordonDeviceRequest | admin_pb2.UncordonDeviceRequest
+DeviceRequest = (
+    admin_pb2.CordonDeviceRequest | admin_pb2.UncordonDeviceRequest | admin_pb2.ReleaseDeviceRequest
+)
 
 
 def task_id(value: str, field: str = "task_id") -> uuid.UUID:
@@ -467,7 +469,7 @@ def host_operation(req: HostRequest) -> tuple[str, str]:
 
 
 def device_operation(req: DeviceRequest) -> tuple[str | None, str, str]:
-    """(host id or None, serial, reason) of Cordon- and UncordonDevice."""
+    """(host id or None, serial, reason) of Cordon-, Uncordon- and ReleaseDevice."""
     host_id = identifier(req.host_id, "host_id", required=False) or None
     return host_id, identifier(req.serial, "serial"), reason(req.reason)
 

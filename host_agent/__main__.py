@@ -84,12 +84,19 @@ async def serve(config: Config) -> int:
         ),
         systemd=notifier.enabled,
     )
+    faults = (
+        asyncio.create_task(source.follow_faults(config.sim_faults))
+        if isinstance(source, SimulatedSource) and config.sim_faults
+        else None
+    )
     try:
         await agent.run()
     except Exception as exc:
         _failed(exc, config)
         return 1
     finally:
+        if faults is not None:
+            faults.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await channel.close()
@@ -142,9 +149,11 @@ def _failed(exc: BaseException, config: Config) -> None:
 
 def _device_source(config: Config) -> DeviceSource:
     if config.simulated_devices:
-        return SimulatedSource(
+        source = SimulatedSource(
             config.simulated_devices, delay=config.sim_delay, action_log=config.action_log
         )
+        source.call_timeout = config.adb_timeout  # a hung phone's calls time out as adb's
+        return source
     return AdbSource(config.adb_host, config.adb_port, call_timeout=config.adb_timeout)
 
 

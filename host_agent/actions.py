@@ -112,7 +112,9 @@ async def execute(
         metrics.DEVICE_ERRORS.labels(type(exc).__name__).inc()
         if isinstance(exc, DeviceLost):
             raise
-        if _unresponsive(action, exc):
+        if _unresponsive(action, exc) or (
+            isinstance(exc, DeviceTimeout) and not await _answers(device)
+        ):
             raise DeviceUnresponsive(f"device unresponsive: {describe_device_error(exc)}") from exc
         return StepOutput.failed(describe_device_error(exc))
     finally:
@@ -129,6 +131,21 @@ def _unresponsive(action: Action, exc: DeviceError) -> bool:
     if isinstance(exc, SourceUnreachable):
         return True
     return isinstance(exc, DeviceTimeout) and isinstance(action, _QUICK)
+
+
+# How long a phone has to answer the check after a slow action timed out.
+ANSWER_TIMEOUT = 2.0
+
+
+async def _answers(device: Device) -> bool:
+    """After a slow action (a shell command, a UI dump, a screenshot) timed out: whether
+    the phone still answers a quick read. If it does, the timeout is the task's; if not, the
+    phone stopped answering (an infrastructure failure)."""
+    try:
+        await device.shell("getprop sys.boot_completed", ANSWER_TIMEOUT)
+    except DeviceError:
+        return False
+    return True
 
 
 async def _dispatch(

@@ -69,6 +69,9 @@ _READ_SIZE = 65536
 # Substrings of adb server FAIL messages that mean the phone is gone or unusable.
 _LOST_HINTS = ("not found", "offline", "closed", "unauthorized", "connection refused", "no devices")
 _EXIT_CODE = re.compile(rb"^(\d+)")
+# A phone the adb server reached over the network (`adb connect HOST:PORT`).
+_NETWORK_SERIAL = re.compile(r"^[\w.\-\[\]:]+:\d+$")
+_RECONNECT_POLL = 0.05
 
 
 class UnsupportedText(DeviceError, ValueError):
@@ -380,6 +383,30 @@ class AdbSource:
 
     def device(self, serial: str) -> AdbDevice:
         return AdbDevice(self._client, serial, self._call_timeout)
+
+    async def reconnect_device(self, serial: str) -> None:
+        """The recovery ladder's `adb reconnect`: the adb server drops its connection to
+        the phone (`host-serial:<serial>:reconnect`), which clears a wedged transport. A USB
+        phone comes back by itself; one the server reached over the network (`adb connect`,
+        a host:port serial) is forgotten, so it is connected again (`host:connect:`) once
+        the server has let it go. The server answers OKAY either way, saying what it did."""
+        async with _guard(serial, "adb reconnect", self._call_timeout):
+            answer = await _host_query(self._client, f"host-serial:{serial}:reconnect")
+            if not answer.startswith("reconnecting"):
+                raise _failure_to_error(serial, answer.strip() or "no answer to reconnect")
+            if not _NETWORK_SERIAL.match(serial):
+                return
+            while True:  # the server forgets the phone a moment after it answered
+                if serial not in await self._listed():
+                    break
+                await asyncio.sleep(_RECONNECT_POLL)
+            answer = await _host_query(self._client, f"host:connect:{serial}")
+        if "connected to" not in answer:
+            raise DeviceLost(f"device lost: {serial}: adb connect: {answer.strip()}")
+
+    async def _listed(self) -> set[str]:
+        listing = await _host_query(self._client, "host:devices")
+        return {s for s, _, _ in parse_devices_l(listing)}
 
     async def reboot_device(self, serial: str) -> None:
         """The recovery ladder's reboot: adb's `reboot:` service (what `adb reboot` asks);

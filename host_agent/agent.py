@@ -109,7 +109,12 @@ class Agent:
             interval=settings.probe_interval,
             timeout=settings.probe_timeout,
             thresholds=Thresholds(
-                settings.battery_low, settings.battery_resume, settings.too_hot, settings.cool_again
+                settings.battery_low,
+                settings.battery_resume,
+                settings.too_hot,
+                settings.cool_again,
+                settings.storage_low,
+                settings.storage_resume,
             ),
         )
         self.recovery = Recovery(
@@ -148,7 +153,11 @@ class Agent:
             self._log.info("stopped before the first registration")
             return
         keeper = self.keeper = LeaseKeeper(
-            self._stub, self.settings.host_id, timing, on_drain=self._drain_from_centre
+            self._stub,
+            self.settings.host_id,
+            timing,
+            on_drain=self._drain_from_centre,
+            on_release=self.recovery.release,
         )
         self._tools = Tools(
             self.settings, self._stub, keeper, self._results, self._source, self._final

@@ -47,13 +47,16 @@ class AgentSettings:
     upload_timeout: float = 30.0
     # Health probes (host_agent.health): how often every phone is probed, how long one
     # probe may take, and when a phone is held (battery below `battery_low` % until
-    # `battery_resume` %, above `too_hot` °C until below `cool_again` °C).
+    # `battery_resume` %, above `too_hot` °C until below `cool_again` °C, with less free
+    # storage than `storage_low` bytes until more than `storage_resume`).
     probe_interval: float = 10.0
     probe_timeout: float = 5.0
     battery_low: int = 20
     battery_resume: int = 40
     too_hot: float = 45.0
     cool_again: float = 40.0
+    storage_low: int = 1 << 30
+    storage_resume: int = 2 << 30
     # Quarantine (host_agent.recovery): this many infrastructure failures of a phone within
     # the window take it out of service and start its recovery ladder, whose steps pause
     # `recovery_backoff` doubling; a reboot may take `boot_timeout`.
@@ -78,6 +81,8 @@ class Config:
     simulated_devices: int = 0
     sim_delay: float = 0.2
     action_log: Path | None = None
+    # Simulated phones' faults, set from outside (SimulatedSource.follow_faults).
+    sim_faults: Path | None = None
     log_format: str = "auto"
     log_level: str = "INFO"
     metrics_listen: str | None = None
@@ -150,6 +155,19 @@ def percent(text: str) -> int:
 
 percent.__name__ = "percentage (0 to 100)"
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB)\s*$", re.IGNORECASE)
+
+
+def size(text: str) -> int:
+    """Bytes, from a size in MB or GB (powers of 1024): 500MB, 1.5GB."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(text)
+    return int(float(match[1]) * (1 << (30 if match[2].upper() == "GB" else 20)))
+
+
+size.__name__ = "size (e.g. 500MB, 2GB)"
+
 
 def log_format(text: str) -> str:
     if text not in ("auto", "console", "json"):
@@ -192,6 +210,8 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--simulated-devices", "AMC_SIMULATED_DEVICES", "0", count, "N simulated phones, no adb"),
     ("--sim-delay", "AMC_SIM_DELAY", "0.2s", duration, "how long a simulated action takes"),
     ("--action-log", "AMC_ACTION_LOG", None, str, "JSON-lines log of simulated actions"),
+    ("--sim-faults", "AMC_SIM_FAULTS", None, str,
+     "JSON file of simulated phones' faults, re-read when it changes"),
     ("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", duration, "SIGTERM: grace for running tasks"),
     ("--inventory-interval", "AMC_INVENTORY_INTERVAL", "10s", duration, "device list refresh"),
     ("--acquire-wait", "AMC_ACQUIRE_WAIT", "60s", duration, "long-poll wait of one Acquire"),
@@ -208,6 +228,8 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--battery-resume", "AMC_BATTERY_RESUME", "40", percent, "... until it charged to this %"),
     ("--too-hot", "AMC_TOO_HOT", "45", float, "hold a phone above this battery temperature (°C)"),
     ("--cool-again", "AMC_COOL_AGAIN", "40", float, "... until it is below this (°C)"),
+    ("--storage-low", "AMC_STORAGE_LOW", "1GB", size, "hold a phone with less free storage"),
+    ("--storage-resume", "AMC_STORAGE_RESUME", "2GB", size, "... until it has more than this"),
     ("--quarantine-failures", "AMC_QUARANTINE_FAILURES", "3", count,
      "infrastructure failures of a phone that quarantine it (0: never)..."),
     ("--quarantine-window", "AMC_QUARANTINE_WINDOW", "10m", duration, "... within this long"),
@@ -285,6 +307,8 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         battery_resume=args.battery_resume,
         too_hot=args.too_hot,
         cool_again=args.cool_again,
+        storage_low=args.storage_low,
+        storage_resume=args.storage_resume,
         quarantine_failures=args.quarantine_failures,
         quarantine_window=args.quarantine_window,
         recovery_backoff=args.recovery_backoff,
@@ -294,6 +318,8 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         raise ConfigError("--battery-resume must be at least --battery-low")
     if args.cool_again > args.too_hot:
         raise ConfigError("--cool-again must be at most --too-hot")
+    if args.storage_resume < args.storage_low:
+        raise ConfigError("--storage-resume must be at least --storage-low")
     adb_host, adb_port = args.adb
     return Config(
         control_plane=args.control_plane,
@@ -307,6 +333,7 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         simulated_devices=args.simulated_devices,
         sim_delay=args.sim_delay,
         action_log=Path(args.action_log) if args.action_log else None,
+        sim_faults=Path(args.sim_faults) if args.sim_faults else None,
         log_format=args.log_format,
         log_level=args.log_level,
         metrics_listen=args.metrics_listen,

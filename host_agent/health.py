@@ -9,7 +9,8 @@ plane when it changes.
      │                         too (cheap and safe: no action of the task is touched)
      ├─ judge()                the condition, with hysteresis (held below `battery_low` %
      │                         until `battery_resume` %, above `too_hot` °C until below
-     │                         `cool_again` °C)
+     │                         `cool_again` °C, with less free storage than `storage_low`
+     │                         until more than `storage_resume`)
      └─ send()                 the conditions that changed (or whose facts moved enough),
                                in one ReportDeviceHealth call for the host; nothing when
                                nothing changed. A failed send is tried again next round.
@@ -48,6 +49,7 @@ class Condition(enum.Enum):
     RECOVERING = "recovering"
     QUARANTINED = "quarantined"
     OFFLINE = "offline"
+    LOW_STORAGE = "low_storage"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class Thresholds:
     battery_resume: int = 40
     too_hot: float = 45.0
     cool_again: float = 40.0
+    # Free bytes on /data.
+    storage_low: int = 1 << 30
+    storage_resume: int = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -176,7 +181,26 @@ def judge(last: Health | None, seen: Reading | DeviceError, t: Thresholds) -> He
             condition=Condition.CHARGING_HOLD,
             reason=f"battery below {t.battery_low} %; held until {t.battery_resume} %",
         )
+    free = seen.free_bytes
+    if free is not None and (
+        free < t.storage_low or (was is Condition.LOW_STORAGE and free <= t.storage_resume)
+    ):
+        return replace(
+            facts,
+            condition=Condition.LOW_STORAGE,
+            reason=(
+                f"free storage {size_text(free)} below {size_text(t.storage_low)}; "
+                f"held until above {size_text(t.storage_resume)}"
+            ),
+        )
     return facts
+
+
+def size_text(size: int) -> str:
+    """1.5 GB, 300 MB: a size as an operator reads it (powers of 1024)."""
+    if size >= 1 << 30:
+        return f"{size / (1 << 30):.3g} GB"
+    return f"{size / (1 << 20):.3g} MB"
 
 
 # -- the schedule ----------------------------------------------------------------------------
@@ -223,12 +247,14 @@ class HealthMonitor:
             await self.round(serials())
             await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
 
-    def tell_soon(self, serial: str) -> None:
+    def tell_soon(self, serial: str) -> asyncio.Task[None]:
         """`serial`'s override changed: send it now, not at the next round (a phone whose
-        override ended is probed first, so what is sent is what it is now)."""
+        override ended is probed first, so what is sent is what it is now). The sending, to
+        wait for."""
         task = asyncio.ensure_future(self.recheck(serial))
         self._telling.add(task)
         task.add_done_callback(self._telling.discard)
+        return task
 
     async def recheck(self, serial: str) -> None:
         """Probe `serial` now (unless an override holds it) and send what changed."""

@@ -16,7 +16,8 @@ every check as well as by its timer, so a runner that resumes after the process 
 past the deadline finds it tripped before it starts another action (see `stop_token`).
 CONFLICT trips LEASE_LOST at once; `cancel_pending` (in an answer or a push) trips
 CANCELLED. The first trip wins. A push with no leases carries the host's drain from the
-centre, handed to `on_drain`.
+centre, handed to `on_drain`, and the devices an operator released from quarantine, handed
+to `on_release`.
 """
 
 from __future__ import annotations
@@ -122,11 +123,14 @@ class LeaseKeeper:
         *,
         max_backoff: float | None = None,
         on_drain: Callable[[bool], None] | None = None,
+        on_release: Callable[[str], None] | None = None,
     ) -> None:
         self._stub = stub
         # Told of the control plane's drain (True) or its end (False); False also when a
         # stream opens: the control plane pushes True at once if the drain still holds.
         self._on_drain = on_drain or (lambda _drain: None)
+        # Told of each device an operator released from quarantine (Admin.ReleaseDevice).
+        self._on_release = on_release or (lambda _serial: None)
         self._host_id = host_id
         self.timing = timing
         self._max_backoff = max_backoff
@@ -268,6 +272,8 @@ class LeaseKeeper:
         if response.push:
             if not response.leases:  # the host's drain state (see RenewLeasesResponse.drain)
                 self._on_drain(response.drain)
+            for serial in response.release_serials:
+                self._on_release(serial)
             for state in response.leases:
                 if (lease := self._held.get(state.lease_id)) and state.cancel_pending:
                     self._cancel(lease, "push")

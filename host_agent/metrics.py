@@ -106,6 +106,7 @@ CONDITION_NAMES = (
     "recovering",
     "quarantined",
     "offline",
+    "low_storage",
 )
 ARTIFACT_RESULTS = ("stored", "failed", "timeout")
 DEVICE_STATES = ("device", "offline", "unauthorized", "other")

@@ -51,7 +51,7 @@ class Recovery:
     def __init__(
         self,
         probe: Probe,
-        report: Callable[[str], None],
+        report: Callable[[str], Awaitable[None] | None],
         *,
         reconnect: Step | None = None,
         reboot: Step | None = None,
@@ -84,15 +84,31 @@ class Recovery:
             metrics.QUARANTINES.inc()
             self._ladders[serial] = asyncio.ensure_future(self._ladder(serial))
 
+    def release(self, serial: str) -> None:
+        """An operator released `serial` from quarantine (from the centre): its ladder, if
+        one is running, is stopped, its failures are forgotten and its hold ends; it is
+        probed and its condition told at once (ready, unless the probe finds it sick)."""
+        ladder = self._ladders.pop(serial, None)
+        if ladder is not None:
+            ladder.cancel()
+        self._failures.pop(serial, None)
+        held = self.held.pop(serial, None)
+        log.info(
+            "device released by an operator",
+            device=serial,
+            was=held.condition.value if held else None,
+        )
+        self._report(serial)
+
     async def close(self) -> None:
         for ladder in self._ladders.values():
             ladder.cancel()
         await asyncio.gather(*self._ladders.values(), return_exceptions=True)
 
-    def _hold(self, serial: str, condition: Condition, reason: str) -> None:
+    def _hold(self, serial: str, condition: Condition, reason: str) -> Awaitable[None] | None:
         self.held[serial] = Health(condition, reason)
         log.warning("device " + condition.value, device=serial, reason=reason)
-        self._report(serial)
+        return self._report(serial)
 
     async def _ladder(self, serial: str) -> bool:
         steps: list[tuple[str, Step | None]] = [
@@ -107,7 +123,9 @@ class Recovery:
                 continue
             await asyncio.sleep(pause)
             pause *= 2
-            self._hold(serial, Condition.RECOVERING, f"step {number}: {name}")
+            told = self._hold(serial, Condition.RECOVERING, f"step {number}: {name}")
+            if told is not None:
+                await asyncio.shield(told)  # each step told (a recovery event) before taken
             if await self._try(serial, name, action):
                 recovered = True
                 break

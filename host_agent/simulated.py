@@ -12,10 +12,17 @@ interrupted, `inventory()` omits it); `plug(serial)` brings it back.
 Each phone has a body (`Body`): a battery that drains under load and charges while on
 power, a temperature that rises under load and falls back when idle (the rates are the
 source's, all 0 by default: a phone stays as it is set), and it may hang (`hang`: every
-call waits until the caller gives up) or reboot (`reboot`: `sys.boot_completed` is not 1
+call waits until the caller gives up, until a reboot, or an `adb reconnect` for a hang of
+its transport) or reboot (`reboot`: `sys.boot_completed` is not 1
 for `boot_time` seconds, and actions fail as on a phone that is starting). The health
 probe's reads (`getprop sys.boot_completed`, `dumpsys battery`, `df /data`) are answered
 from the body at once and are not actions: they are not in the action log.
+
+`follow_faults(path)` (the agent's `--sim-faults`) applies faults set from outside (a
+chaos run, a demo) from a JSON file, whenever it changes: per serial, `unplugged` (true),
+`hung` ("reboot" or "reconnect": what cures it), `booting` (seconds from now) and
+`temperature` (°C). A phone whose entry changed gets its new entry; what the entry no
+longer says is undone (plugged, answering, booted, room temperature).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import functools
 import json
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +114,9 @@ class Body:
     temperature: float = 30.0
     charging: bool = True
     hung: bool = False
+    # What ends a hang: "reboot" (the phone itself), or "reconnect" (its transport: the
+    # recovery ladder's `adb reconnect` clears it, as a reboot does).
+    hang_cured_by: str = "reboot"
     # time.monotonic() until which it boots (sys.boot_completed is not 1).
     booting_until: float = 0.0
     free_kb: int = 8_000_000
@@ -148,6 +159,8 @@ class SimulatedSource:
         # Set when a phone is unplugged; replaced by a fresh one when it comes back.
         self._unplugged: dict[str, asyncio.Event] = {s: asyncio.Event() for s in self.serials}
         self._in_flight: dict[str, int] = dict.fromkeys(self.serials, 0)
+        # The faults last applied from outside (follow_faults), by serial.
+        self._faults: dict[str, dict[str, Any]] = {}
 
     @property
     def actions(self) -> list[ActionRecord]:
@@ -204,21 +217,71 @@ class SimulatedSource:
         for name, value in facts.items():
             setattr(body, name, value)
 
-    def hang(self, serial: str, hung: bool = True) -> None:
-        """From now on every call to the phone waits until its caller gives up."""
-        self.body(serial).hung = hung
+    def hang(self, serial: str, hung: bool = True, cured_by: str = "reboot") -> None:
+        """From now on every call to the phone waits until its caller gives up, until
+        `cured_by` ("reboot", or "reconnect": a wedged transport) or `hang(serial, False)`."""
+        body = self.body(serial)
+        body.hung, body.hang_cured_by = hung, cured_by
+
+    async def reconnect_device(self, serial: str) -> None:
+        """The recovery ladder's `adb reconnect`: ends a hang of the phone's transport."""
+        if not self.is_plugged(serial):
+            raise DeviceLost(f"device lost: {serial} is not attached")
+        body = self.body(serial)
+        if body.hang_cured_by == "reconnect":
+            body.hung = False
 
     def reboot(self, serial: str, boot_time: float) -> None:
         """The phone restarts: it boots for `boot_time` seconds."""
         body = self.body(serial)
         body.hung = False
-        body.booting_until = time.monotonic() + boot_time
+        body.booting_until = max(body.booting_until, time.monotonic() + boot_time)
 
     async def reboot_device(self, serial: str) -> None:
         """The recovery ladder's reboot: `boot_time` seconds of booting."""
         if not self.is_plugged(serial):
             raise DeviceLost(f"device lost: {serial} is not attached")
         self.reboot(serial, self.boot_time)
+
+    def apply_faults(self, faults: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each phone whose entry changed gets it; what its entry no longer says is undone."""
+        for serial in self.serials:
+            new, old = dict(faults.get(serial, {})), self._faults.get(serial, {})
+            if new == old:
+                continue
+            if new.get("unplugged"):
+                self.unplug(serial)
+            elif not self.is_plugged(serial):
+                self.plug(serial)
+            if new.get("hung") or old.get("hung"):
+                self.hang(serial, bool(new.get("hung")), str(new.get("hung") or "reboot"))
+            body = self.body(serial)
+            if "booting" in new:
+                body.booting_until = time.monotonic() + float(new["booting"])
+            elif "booting" in old:
+                body.booting_until = 0.0
+            if "temperature" in new:
+                body.temperature = float(new["temperature"])
+            elif "temperature" in old:
+                body.temperature = ROOM_TEMPERATURE
+            self._faults[serial] = new
+
+    async def follow_faults(self, path: Path, every: float = 0.2) -> None:
+        """Apply the faults in `path` (JSON: serial -> fault) whenever the file changes."""
+        seen: tuple[int, int] | None = None
+        while True:
+            seen = self._faults_changed(path, seen)
+            await asyncio.sleep(every)
+
+    def _faults_changed(self, path: Path, seen: tuple[int, int] | None) -> tuple[int, int] | None:
+        """Apply `path` if it changed since `seen` (its mtime and size); what it is now."""
+        try:
+            stat = path.stat()
+            if (stat.st_mtime_ns, stat.st_size) != seen:
+                self.apply_faults(json.loads(path.read_text("utf-8") or "{}"))
+            return (stat.st_mtime_ns, stat.st_size)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None  # absent, or half written: read it again
 
     def booted(self, serial: str) -> bool:
         return time.monotonic() >= self.body(serial).booting_until

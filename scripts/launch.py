@@ -170,6 +170,14 @@ class HostAgentCommand(_Command):
     log_level: LogLevel | None = None
     debug: bool = False
     upload_timeout: float | None = _duration()
+    # Health probes, quarantine and simulated phones' faults.
+    probe_interval: float | None = _duration()
+    probe_timeout: float | None = _duration()
+    quarantine_failures: int | None = None
+    quarantine_window: float | None = _duration()
+    recovery_backoff: float | None = _duration()
+    boot_timeout: float | None = _duration()
+    sim_faults: Path | None = None
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = inherited(base)

@@ -19,7 +19,7 @@ import pytest
 from ppadb.client_async import ClientAsync
 
 from host_agent.adb import AdbSource
-from host_agent.devices import DeviceLost
+from host_agent.devices import DeviceLost, DeviceTimeout
 from tests.support.fakes.adbd import FakeAdbd
 from tests.support.fakes.phone import PNG_SIGNATURE, FakePhone, make_png
 from tests.support.fakes.real_adb import RealAdbServer, find_adb, poll_until
@@ -198,3 +198,26 @@ async def test_host_agent_reports_device_lost_when_phone_goes_away(
 
     with pytest.raises(DeviceLost):
         await device.shell("echo hi", timeout=10.0)
+
+
+async def test_adb_reconnect_clears_a_wedged_transport(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN a phone whose transport hangs times out, the recovery ladder's `adb reconnect`
+    (AdbSource.reconnect_device) has the real server connect to it again, and it answers."""
+    source = AdbSource(adb_server.host, adb_server.port, call_timeout=2.0)
+    device = source.device(adbd.address)
+    adbd.wedged = True
+    with pytest.raises(DeviceTimeout):
+        await device.shell("echo hi", timeout=1.0)
+    await source.reconnect_device(adbd.address)
+
+    async def reconnected() -> bool:
+        return len(adbd.connections) == 2
+
+    await poll_until(reconnected, 30.0, "adb to open a second transport")
+    await adb_server.wait_for_state(adbd.address, "device", within=30.0)
+    result = await device.shell("echo hi", timeout=10.0)
+    assert result.output.strip() == "hi"
+    with pytest.raises(DeviceLost):
+        await source.reconnect_device("127.0.0.1:1")

@@ -170,6 +170,17 @@ async def remove_host(c: Clients, w: World, own: bool) -> object:
     return OK
 
 
+async def release_device(c: Clients, w: World, own: bool) -> object:
+    """Device C-1 is not quarantined, so a caller allowed to ask is let through and then
+    refused for that (FAILED_PRECONDITION: past authorization, so OK here)."""
+    try:
+        await c.admin.ReleaseDevice(admin_pb2.ReleaseDeviceRequest(host_id="C", serial="C-1"))
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+    return OK
+
+
 CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/SubmitTask": lambda c, w, own: c.scheduler.SubmitTask(
         scheduler_pb2.SubmitTaskRequest(spec=actions_spec())
@@ -253,6 +264,7 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Admin/UncordonDevice": lambda c, w, own: c.admin.UncordonDevice(
         admin_pb2.UncordonDeviceRequest(host_id="C", serial="C-1")
     ),
+    "/amc.v1.Admin/ReleaseDevice": release_device,
     "/amc.v1.Admin/DrainHost": lambda c, w, own: c.admin.DrainHost(
         admin_pb2.DrainHostRequest(host_id="C")
     ),

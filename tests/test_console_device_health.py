@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, eventually
 from tests.support.agent import running_agent
-from tests.test_console import browser, farm, open_page, pytestmark
+from tests.test_console import DOCS, browser, farm, open_page, pytestmark
 from tests.test_device_health import is_in
+from tests.test_device_release import quarantined_phone
+from tests.test_host_operations import host_events
 
 __all__ = ["browser", "farm", "pytestmark"]
 
@@ -45,3 +48,38 @@ async def test_console_farm_page_shows_held_phones_with_their_battery_and_heat(
             "64% · 30 °C"
         )
         assert await page.locator("tr[data-serial='pixel-1'] .s-too_hot").count() == 0
+
+
+async def test_console_host_page_releases_a_quarantined_phone_with_a_reason(
+    farm: Farm,
+    browser: Any,
+) -> None:
+    """A quarantined phone's row on the Host page has a Release button (the others none):
+    Admin ReleaseDevice with the reason typed, recorded with who; the phone turns ready.
+    The page, with a hot phone and one charging beside it, is the README's screenshot."""
+    assert farm.plane is not None
+    _, token = await create_token(farm.plane.store, Role.OPERATOR, None, "erin")
+    source = SimulatedSource(3, delay=0.02)
+    source.set_body("sim-1", temperature=47.0, battery=71.0, charging=False)
+    source.set_body("sim-2", battery=15.0)
+    async with quarantined_phone(farm, source):
+        await eventually(lambda: is_in(farm, "sim-1", "too_hot"), what="sim-1 too hot")
+        await eventually(lambda: is_in(farm, "sim-2", "charging_hold"), what="sim-2 held")
+        page = await open_page(browser, farm, "/hosts/host-1", token)
+        row = page.locator("tr[data-serial='sim-0']")
+        await row.locator(".s-quarantined").wait_for()
+        await page.locator("tr[data-serial='sim-1'] .s-too_hot").wait_for()
+        assert await page.locator("tr[data-serial='sim-1'] form.release").count() == 0
+        await page.locator("#live.on").wait_for()
+        await page.screenshot(path=str(DOCS / "console-host-conditions.png"), full_page=True)
+        await row.get_by_label("release sim-0 reason").fill("reseated the cable")
+        await row.get_by_role("button", name="Release").click()
+        await eventually(lambda: is_in(farm, "sim-0", "ready"), what="ready again")
+        await page.locator("tr.host-event .s-release").wait_for()
+        await row.locator(".s-quarantined").wait_for(state="detached")
+        assert await row.locator("form.release").count() == 0
+    events = [e for e in await host_events(farm, "host-1") if e["kind"] == "release"]
+    assert [(e["serial"], e["actor_name"], e["reason"]) for e in events] == [
+        ("sim-0", "erin", "reseated the cable")
+    ]
+    assert page.errors == []

@@ -7,7 +7,9 @@ control plane; the parsing and the hysteresis as plain functions."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
@@ -39,7 +41,7 @@ PROBE = 0.3  # the agent's probe interval in these tests
 
 
 def reading(level: int = 80, temperature: float = 30.0) -> Reading:
-    return Reading(True, level, temperature, True, 10**9, 0.01)
+    return Reading(True, level, temperature, True, 10**10, 0.01)
 
 
 def test_dumpsys_battery_and_df_are_read_as_android_prints_them() -> None:
@@ -119,6 +121,41 @@ async def test_simulated_phones_answer_probes_drain_heat_hang_and_boot() -> None
         await phone.tap(1, 1)
     await eventually(lambda: source.booted("sim-0"))
     assert (await probe(phone, 1.0)).boot_completed
+
+
+async def test_simulated_phones_take_their_faults_from_a_file_when_it_changes(
+    tmp_path: Path,
+) -> None:
+    """--sim-faults: each phone whose entry changed gets it (unplugged, hung, booting, hot);
+    an entry removed undoes it; a file rewritten mid-way is read again."""
+    source = SimulatedSource(4, delay=0.01)
+    source.call_timeout = 0.2
+    path = tmp_path / "faults.json"
+    follower = asyncio.create_task(source.follow_faults(path, every=0.02))
+    try:
+        path.write_text(
+            json.dumps(
+                {
+                    "sim-0": {"unplugged": True},
+                    "sim-1": {"hung": "reconnect"},
+                    "sim-2": {"booting": 60},
+                    "sim-3": {"temperature": 50},
+                }
+            )
+        )
+        await eventually(lambda: not source.is_plugged("sim-0"), what="sim-0 unplugged")
+        assert source.body("sim-1").hung and source.body("sim-1").hang_cured_by == "reconnect"
+        assert not source.booted("sim-2")
+        assert source.body("sim-3").temperature == 50
+        await source.reconnect_device("sim-1")  # the ladder's step 2 cures its transport
+        assert not source.body("sim-1").hung
+        path.write_text(json.dumps({"sim-1": {"hung": "reconnect"}}))
+        await eventually(lambda: source.is_plugged("sim-0"), what="sim-0 plugged back")
+        assert source.booted("sim-2") and source.body("sim-3").temperature == 30
+        assert not source.body("sim-1").hung  # its entry did not change: not hung again
+        await source.device("sim-0").tap(1, 1)
+    finally:
+        follower.cancel()
 
 
 async def condition_of(farm: Farm, serial: str) -> str:
@@ -214,9 +251,9 @@ async def test_a_low_battery_holds_a_phone_until_it_charged_and_operators_see_wh
 
 
 async def test_a_hung_phone_is_quarantined_rebooted_and_back_in_service(farm: Farm) -> None:
-    """A phone that stops answering (K = 1) is quarantined; the ladder's reconnect finds it
-    still hung, its reboot brings it back; every step is a recovery event of the host, and
-    the phone takes work again."""
+    """A phone that stops answering (K = 1) is quarantined; the ladder's reconnect and `adb
+    reconnect` find it still hung, its reboot brings it back; every step is a recovery
+    event of the host, and the phone takes work again."""
     source = SimulatedSource(2, delay=0.02)
     source.boot_time = 0.5
     client = await farm.client()
@@ -239,8 +276,80 @@ async def test_a_hung_phone_is_quarantined_rebooted_and_back_in_service(farm: Fa
     answer = await op.admin.GetHost(admin_pb2.GetHostRequest(host_id="host-1"))
     steps = [e.reason for e in reversed(answer.events) if e.kind == "recovery"]
     assert steps[0].startswith("quarantined: 1 infrastructure failures")
-    assert steps[1:] == ["recovering: step 1: reconnect", "recovering: step 3: reboot", "ready"]
+    assert steps[1:] == [
+        "recovering: step 1: reconnect",
+        "recovering: step 2: adb reconnect",
+        "recovering: step 3: reboot",
+        "ready",
+    ]
     assert {e.actor for e in answer.events if e.kind == "recovery"} == {"host-1"}
+
+
+async def test_a_wedged_transport_is_brought_back_by_adb_reconnect_without_a_reboot(
+    farm: Farm,
+) -> None:
+    """A phone whose transport hangs (what `adb reconnect` cures) is quarantined; step 2
+    brings it back, no reboot is asked for, and it takes work again."""
+    source = SimulatedSource(1, delay=0.02)
+    source.boot_time = 600.0  # a reboot would leave it booting past the test
+    client = await farm.client()
+    op = await farm.operator()
+    settings = {
+        "probe_interval": PROBE,
+        "probe_timeout": 0.3,
+        "quarantine_failures": 1,
+        "recovery_backoff": 0.1,
+        "boot_timeout": 1.0,
+    }
+    async with running_agent(farm, source, **settings) as agent:
+        await eventually(lambda: is_in(farm, "sim-0", "ready"), what="the first probe")
+        source.hang("sim-0", cured_by="reconnect")
+        await eventually(lambda: agent.recovery.outcomes, timeout=10, what="the ladder's end")
+        assert agent.recovery.outcomes == [("sim-0", True)]
+        assert source.booted("sim-0")
+        await eventually(lambda: is_in(farm, "sim-0", "ready"), what="back in service")
+        task_id = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+        await status_is(farm, task_id, "done")
+    answer = await op.admin.GetHost(admin_pb2.GetHostRequest(host_id="host-1"))
+    steps = [e.reason for e in reversed(answer.events) if e.kind == "recovery"]
+    assert steps[1:] == [
+        "recovering: step 1: reconnect",
+        "recovering: step 2: adb reconnect",
+        "ready",
+    ]
+
+
+def test_low_free_storage_is_held_until_above_the_resume_mark() -> None:
+    """Held below 1 GB free, still at 1.5 GB, let go above 2 GB; heat and a low battery
+    are said first."""
+    t = Thresholds(storage_low=1 << 30, storage_resume=2 << 30)
+
+    def free(size: int, level: int = 80) -> Reading:
+        return Reading(True, level, 30.0, True, size, 0.01)
+
+    low = judge(None, free(500 << 20), t)
+    assert low.condition is Condition.LOW_STORAGE
+    assert low.reason == "free storage 500 MB below 1 GB; held until above 2 GB"
+    assert judge(low, free(3 << 29), t).condition is Condition.LOW_STORAGE
+    assert judge(low, free(2 << 30), t).condition is Condition.LOW_STORAGE
+    assert judge(low, free((2 << 30) + 1), t).condition is Condition.READY
+    assert judge(None, free(3 << 29), t).condition is Condition.READY
+    assert judge(None, free(1 << 20, level=5), t).condition is Condition.CHARGING_HOLD
+
+
+async def test_a_phone_low_on_storage_is_held_and_the_task_says_why(farm: Farm) -> None:
+    """Less free storage than --storage-low: held as low_storage (the queued task says so);
+    storage freed above --storage-resume: it takes the task."""
+    source = SimulatedSource(1, delay=0.02)
+    source.set_body("sim-0", free_kb=300_000)
+    client = await farm.client()
+    async with running_agent(farm, source, probe_interval=PROBE, probe_timeout=0.5):
+        await eventually(lambda: is_in(farm, "sim-0", "low_storage"), what="the phone held")
+        task_id = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+        task = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+        assert task.pending_reason == "1 matching phone held: 1 low on storage"
+        source.set_body("sim-0", free_kb=3_000_000)
+        await status_is(farm, task_id, "done", within=10)
 
 
 async def test_a_phone_the_ladder_cannot_bring_back_stays_quarantined() -> None:
@@ -289,3 +398,8 @@ async def test_the_real_driver_probes_and_reboots_a_phone_over_the_adb_protocol(
         await asyncio.sleep(0.5)
         assert (await probe(source.device("emu-1"), 2.0)).boot_completed
         assert "reboot:" in server.payloads()
+        await source.reconnect_device("emu-1")
+        assert server.reconnects == {"emu-1": 1}
+        assert "host-serial:emu-1:reconnect" in server.payloads()
+        with pytest.raises(DeviceLost, match="not found"):
+            await source.reconnect_device("emu-9")

@@ -140,6 +140,7 @@ HOST_OPERATIONS = {
     "GetHost",
     "CordonDevice",
     "UncordonDevice",
+    "ReleaseDevice",
 }
 METHODS = {f"/{service}/{m.name}": m for service, svc in SERVICES.items() for m in svc.methods}
 METHOD_CLASSES = {name: GetMessageClass(m.input_type) for name, m in METHODS.items()}
@@ -961,6 +962,10 @@ def templates(w: World) -> dict[str, list[message.Message]]:
             admin_pb2.CordonDeviceRequest(host_id="B", serial="B1"),
         ],
         "/amc.v1.Admin/UncordonDevice": [admin_pb2.UncordonDeviceRequest(serial="A1")],
+        "/amc.v1.Admin/ReleaseDevice": [
+            admin_pb2.ReleaseDeviceRequest(serial="A4", reason="fuzz"),
+            admin_pb2.ReleaseDeviceRequest(host_id="B", serial="B1"),
+        ],
         "/amc.v1.Lease/UploadArtifact": [
             *upload_requests(w.leases[5]),
             *upload_requests(w.leases[0]),

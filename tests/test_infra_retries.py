@@ -158,3 +158,27 @@ async def test_a_phone_that_stops_answering_mid_run_has_its_task_run_on_another(
             assert device != phone
         lost = [e for e in await events(farm, task_id) if e[0] == "device_lost"]
         assert len(lost) == 1 and "device unresponsive" in lost[0][2], lost
+
+
+async def test_a_screenshot_that_times_out_on_a_hung_phone_is_the_phones_failure(
+    database_url: str,
+) -> None:
+    """A slow read (a screenshot, a shell command) that times out is the task's failure
+    only while the phone still answers: on a hung phone the run is given back device_lost
+    and runs again on the other phone."""
+    async with short_ttl_farm(database_url) as farm:
+        source = SimulatedSource(2, delay=0.2)
+        source.call_timeout = 0.5
+        client = await farm.client()
+        shot = task_pb2.Action(screenshot=task_pb2.Screenshot())
+        spec = actions_spec(*[shot for _ in range(8)])
+        async with running_agent(farm, source, probe_interval=60):
+            task_id = await submit(client, spec, max_attempts=1)
+            first = await eventually(lambda: running_on(farm, task_id), what="the first run")
+            assert first is not None
+            _, phone = first
+            await eventually(lambda: source.in_flight(phone) > 0, what="an action in flight")
+            source.hang(phone)
+            await status_is(farm, task_id, "done", within=20)
+        lost = [e for e in await events(farm, task_id) if e[0] == "device_lost"]
+        assert len(lost) == 1 and "device unresponsive" in lost[0][2], lost

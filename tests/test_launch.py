@@ -124,6 +124,13 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
         log_format="json",
         log_level="DEBUG",
         debug=True,
+        probe_interval=2,
+        probe_timeout=0.5,
+        quarantine_failures=4,
+        quarantine_window=90,
+        recovery_backoff=0.25,
+        boot_timeout=30,
+        sim_faults=tmp_path / "faults.json",
     )
     argv = command.argv()
     assert argv[0] == str(HOST_AGENT)
@@ -139,7 +146,11 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
     assert (config.adb_host, config.adb_port, config.adb_timeout) == ("10.0.0.2", 5038, 3.0)
     assert (config.simulated_devices, config.sim_delay) == (4, 0.01)
     assert config.action_log == tmp_path / "actions.jsonl"
+    assert config.sim_faults == tmp_path / "faults.json"
     agent = config.agent
+    assert (agent.probe_interval, agent.probe_timeout) == (2.0, 0.5)
+    assert (agent.quarantine_failures, agent.quarantine_window) == (4, 90.0)
+    assert (agent.recovery_backoff, agent.boot_timeout) == (0.25, 30.0)
     assert (agent.drain_timeout, agent.inventory_interval, agent.acquire_wait) == (0.0, 2.5, 5.0)
     assert (agent.report_timeout, agent.shell_timeout) == (30.0, 7.0)
     assert (config.metrics_listen, config.log_format, config.log_level) == (

@@ -3,8 +3,9 @@
 - `/`, `/queue`, `/tasks`, `/tasks/<id>`, `/hosts/<id>`: one page (static/index.html)
   whose script draws the view the path names.
 - `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Host
-  page: GetHost, for its operator events, and CordonHost, UncordonHost and DrainHost, for
-  its buttons; and ListFairShares, for the Queue page's fairness keys): the JSON mapping
+  page: GetHost, for its operator events, and CordonHost, UncordonHost, DrainHost and
+  ReleaseDevice, for its buttons; and ListFairShares, for the Queue page's fairness keys):
+  the JSON mapping
   of the Scheduler service. The
   body is the request message in proto JSON; the call goes to the very servicer method the
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
@@ -61,10 +62,12 @@ METHODS = frozenset(
     }
 )
 ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
-# The Admin methods a page may call: the Host page's read and its three buttons (operator
+# The Admin methods a page may call: the Host page's read and its buttons (operator
 # role, as over gRPC; each recorded as a host event with the caller and the reason), and
 # the Queue page's fairness keys.
-ADMIN_METHODS = frozenset({"GetHost", "CordonHost", "UncordonHost", "DrainHost", "ListFairShares"})
+ADMIN_METHODS = frozenset(
+    {"GetHost", "CordonHost", "UncordonHost", "DrainHost", "ReleaseDevice", "ListFairShares"}
+)
 PAGES = ("/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}")
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -360,6 +363,8 @@ def _event(channel: str, payload: str) -> tuple[str, str] | None:
         return ("host", payload)
     if channel == "amc_drain":
         return ("host", payload.rsplit(" ", 1)[0])
+    if channel == "amc_release":
+        return ("host", payload.split(" ", 1)[0])
     if channel == "amc_cancel":
         return ("host", payload.split(" ", 1)[0])
     if channel == "amc_queued":

@@ -400,7 +400,8 @@ function health(d) {
   return shown;
 }
 
-function deviceRow(d) {
+// `action`: what the row's last cell offers (the Host page's Release for a quarantined phone).
+function deviceRow(d, action = "") {
   const state = enumName("DEVICE_STATE_", d.state);
   return h("tr", { "data-serial": d.serial },
     h("td", { class: "serial" }, d.serial),
@@ -409,7 +410,31 @@ function deviceRow(d) {
     h("td", {}, d.sdk || "-"),
     h("td", {}, labels(d.labels)),
     h("td", {}, d.task_id ? taskLink(d.task_id) : h("span", { class: "muted" }, "idle")),
-    h("td", {}, ""));
+    h("td", {}, action));
+}
+
+// Release a quarantined phone (or one its recovery ladder is on): Admin ReleaseDevice, as
+// `amc devices release` (operator role), the reason recorded in the host's events. Its host
+// then probes it and reports its condition.
+function releaseForm(host, d) {
+  if (!["quarantined", "recovering"].includes(condition(d))) return "";
+  const reason = h("input", { name: "reason", placeholder: "reason", "aria-label": `release ${d.serial} reason`, size: 16 });
+  const message = h("span", { class: "muted release-message" });
+  const button = h("button", { type: "submit" }, "Release");
+  return h("form", { class: "inline release", onsubmit: async (event) => {
+    event.preventDefault();
+    button.disabled = true;
+    try {
+      await call("ReleaseDevice", { host_id: host.host_id, serial: d.serial, reason: reason.value }, ADMIN_API);
+      message.className = "muted release-message";
+      message.textContent = "released: its host probes it";
+      refresh();
+    } catch (err) {
+      message.className = "error-text release-message";
+      message.textContent = `${err.code}: ${err.message}`;
+      button.disabled = false;
+    }
+  } }, reason, button, message);
 }
 
 // The queue as the control plane last counted it (every few seconds: GetQueue's and

@@ -14,6 +14,8 @@ followed by four hex digits and a message. Supported requests:
 * ``shell:<cmd>`` and ``exec-out:<cmd>`` (after a transport) → ``OKAY``, the raw output
   as the phone produces it, then close
 * ``reboot:`` (after a transport) → ``OKAY``, the phone boots for its `boot_time`, close
+* ``host-serial:<serial>:reconnect`` → ``OKAY`` + ``"reconnecting <serial> [device]\n"``
+  (counted in `reconnects`), or ``OKAY`` + why not (as adb answers), then close
 
 Faults (mutable at runtime through `FakeAdbServer.faults`): replies split into tiny TCP
 segments, the connection reset half-way through a command's output, or a request that
@@ -96,6 +98,8 @@ class FakeAdbServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
+        # `adb reconnect`s asked for, per serial.
+        self.reconnects: dict[str, int] = {}
         for phone in phones:
             self.add_phone(phone)
 
@@ -211,6 +215,14 @@ class FakeAdbServer:
             return not await self._select(conn, self._any_serial())
         elif payload.startswith(("shell:", "exec-out:")):
             await self._run_service(conn, payload.split(":", 1)[1])
+        elif payload.startswith("host-serial:") and payload.endswith(":reconnect"):
+            serial = payload.removeprefix("host-serial:").removesuffix(":reconnect")
+            state = self._states.get(serial)
+            if state is None:
+                await self._okay_with_data(conn, f"device '{serial}' not found")
+            else:
+                self.reconnects[serial] = self.reconnects.get(serial, 0) + 1
+                await self._okay_with_data(conn, f"reconnecting {serial} [{state}]\n")
         elif payload == "reboot:" and conn.record.serial in self._phones:
             # adb answers OKAY and the phone restarts (it stays listed here, booting).
             self._phones[conn.record.serial].reboot()

@@ -15,6 +15,8 @@ with ``magic == command ^ 0xffffffff``, followed by ``data_length`` bytes.
 
 Services ``shell:``, ``exec:`` and ``exec-out:`` run the command on a `FakePhone`;
 anything else (``sync:``, ``reboot:``, …) is refused with ``CLSE(0, their_id)``.
+`wedged`: the transport hangs (OPENs go unanswered, as over a stuck USB link) until the
+server connects again (`adb reconnect`), which clears it.
 We do not advertise ``shell_v2`` so the server uses plain ``shell:``, the service our
 driver (pure-python-adb) uses; output is therefore raw bytes with no exit code.
 """
@@ -146,6 +148,8 @@ class FakeAdbd:
         self.features = features
         self.connections: list[ConnectionRecord] = []
         self.services: list[str] = []
+        # While set, services asked for are never answered; a new connection clears it.
+        self.wedged = False
         self._server: asyncio.Server | None = None
         self._sessions: set[_Session] = set()
         self._ids = itertools.count(1)
@@ -298,6 +302,7 @@ class _Session:
         self.adbd.connections.append(
             ConnectionRecord(self.peer, identity, message.arg0, message.arg1)
         )
+        self.adbd.wedged = False
         # Answering CNXN straight away (no AUTH) is what a device with auth disabled does.
         await self.send(Message(A_CNXN, version, self.adbd.max_payload, self.adbd.banner()))
 
@@ -305,6 +310,9 @@ class _Session:
         remote_id = message.arg0
         service = message.data.rstrip(b"\0").decode(errors="replace")
         self.adbd.services.append(service)
+        if self.adbd.wedged:
+            log.info("adbd %s: wedged, not answering %r", self.peer, service)
+            return
         command = _command_of(service)
         if command is None:
             log.info("adbd %s: refusing service %r", self.peer, service)
