@@ -103,7 +103,10 @@ def translated() -> Iterator[None]:
     except (
         OSError,
         asyncpg.InterfaceError,
-        asyncpg.TargetServerAttributeNotMatched,  # no host is writable (mid-failover)
+        # No host is writable (mid-failover: TargetServerAttributeNotMatched), or a
+        # connection was left in a state asyncpg cannot go on from (its backend terminated
+        # in the middle of a call): the call may be made again.
+        asyncpg.InternalClientError,
         TimeoutError,
     ) as exc:
         raise errors.DatabaseUnavailable() from exc
@@ -239,6 +242,8 @@ class Store:
         except errors.DatabaseUnavailable as exc:
             if read_only(exc):
                 await self.drop_connections()
+            elif isinstance(exc.__cause__, asyncpg.InternalClientError):
+                await self.pool.expire_connections()  # that one may be in the pool still
             raise
 
     async def drop_connections(self) -> None:

@@ -3,8 +3,10 @@ and everything works again when the database is back."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -84,3 +86,37 @@ async def _submit(client):  # type: ignore[no-untyped-def]
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             return None
         raise
+
+
+async def test_backends_terminated_mid_call_answer_unavailable_and_the_replica_carries_on(
+    farm: Farm,
+) -> None:
+    """Its connections' backends terminated while calls run (an operator's
+    pg_terminate_backend): those calls are UNAVAILABLE, never INTERNAL, and the replica
+    serves on with new connections."""
+    client = await farm.client()
+    codes: Counter[str] = Counter()
+
+    async def submits() -> None:
+        for _ in range(40):
+            try:
+                await client.scheduler.SubmitTask(
+                    scheduler_pb2.SubmitTaskRequest(spec=actions_spec()), timeout=10
+                )
+                codes["OK"] += 1
+            except grpc.aio.AioRpcError as exc:
+                codes[exc.code().name] += 1
+
+    async def terminate() -> None:
+        assert farm.db is not None
+        for _ in range(15):
+            await farm.db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'"
+            )
+            await asyncio.sleep(0.02)
+
+    await asyncio.gather(submits(), submits(), terminate())
+    assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+    assert await eventually(lambda: _submit(client), what="a submit to work")
