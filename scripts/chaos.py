@@ -16,11 +16,13 @@ quiesce. For DURATION seconds it injects
 faults (scripts/chaos_lib/faults.py): replica kill -9 + restart, agent kill -9 + restart,
 agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown + start, one
 host's connections cut beyond the TTL, a fleet process (a row of hosts) kill -9 + restart
-or SIGSTOP + SIGCONT. Then it quiesces (no new faults, everything up, nothing in flight),
-checks the seven invariants (chaos_lib/invariants.py; the seventh, dispatch liveness, in
-chaos_lib/dispatch.py) from PostgreSQL, the agents' logs and the fleet's record of its
-Acquire calls, writes chaos-results.json and prints a table. `--hosts 0`: no fleet (the
-run as it was before it, six invariants that apply).
+or SIGSTOP + SIGCONT, an agent's phone unplugged mid-run, hung, boot-looping or too hot
+(chaos_lib/phones.py). Then it quiesces (no new faults, everything up, nothing in flight),
+checks the invariants (chaos_lib/invariants.py; the seventh, dispatch liveness, in
+chaos_lib/dispatch.py; the tenth, phone faults, in chaos_lib/phones.py) from PostgreSQL,
+the agents' logs and the fleet's record of its Acquire calls, writes chaos-results.json
+and prints a table. `--hosts 0`: no fleet (the run as it was before it, the invariants
+that apply).
 
 Exit status: 0 when every invariant held and every fault kind ran at least its minimum
 number of times; 1 otherwise; 2 when the harness itself failed.
@@ -50,11 +52,11 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_lib import evidence, recovery, report
+from chaos_lib import evidence, phones, recovery, report
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
-from chaos_lib.invariants import Checks, grouped
+from chaos_lib.invariants import Checks, Violation, grouped
 from chaos_lib.monitor import Monitor
 from chaos_lib.workload import ActionTail, Selectors, Workload
 
@@ -242,6 +244,10 @@ class ChaosRun:
             max_concurrent=self.args.max_concurrent,
         )
         self.injector.on_host_fault = self.workload.cancel_on_host
+        self.injector.operator = phones.Operator(
+            self.farm.dsn, [r.address for r in self.farm.replicas], self.farm.operator_token
+        )
+        self.pinned: dict[str, str] = {}
 
     def _backlog(self) -> int | None:
         """Queued and in flight, less the tasks nobody can take (they never leave the queue
@@ -263,6 +269,20 @@ class ChaosRun:
             submitting.cancel()
             watching.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
+        self.pinned = await self._phones_back()
+
+    async def _phones_back(self) -> dict[str, str]:
+        """Invariant 10: each phone that had a fault, ready again (released if its host
+        left it quarantined), is given a task pinned to it."""
+        operator = self.injector.operator
+        hit = sorted({f.target for f in self.injector.faults if f.kind in phones.KINDS})
+        pinned = {}
+        for target in hit:
+            host, serial = target.split("/", 1)
+            if operator is not None:
+                await operator.back_in_service(host, serial, phones.READY_WITHIN)
+            pinned[target] = (await self.workload.submit_pinned(host, serial)).task_id
+        return pinned
 
     async def quiesce(self) -> None:
         """No new faults or tasks, everything up; wait until nothing is in flight."""
@@ -312,6 +332,10 @@ class ChaosRun:
             ev, self.workload.tasks, freezes, farm.sim_delays(), self.config.lease_ttl, dispatch
         )
         violations = checks.run(self.monitor.findings)
+        verdict = await phones.check(
+            farm.dsn, ev.tasks, ev.events, ev.attempts, injector.faults, self.pinned
+        )
+        violations += [Violation(10, check, detail) for check, detail in verdict.violations]
         recovery.measure(injector.faults, ev)
         self._harness_problems()
         counts = injector.counts()
@@ -335,6 +359,7 @@ class ChaosRun:
             "violations": grouped(violations),
             "dispatch": dispatch.summary(sum(1 for v in violations if v.invariant == 7)),
             "recovery": recovery.summary(injector.faults, kinds),
+            "phones": phones.summary(injector.faults, verdict),
             "clients": {
                 "submit_retries": self.workload.counters.submit_retries,
                 "cancel_retries": self.workload.counters.cancel_retries,

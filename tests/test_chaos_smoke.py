@@ -15,12 +15,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from chaos_lib import phones  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, Evidence  # noqa: E402
-from chaos_lib.faults import KINDS  # noqa: E402
+from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
 from chaos_lib.invariants import NAMES, Checks  # noqa: E402
 from chaos_lib.specs import random_plan  # noqa: E402
 from chaos_lib.workload import Submitted  # noqa: E402
+
+KINDS = FARM_KINDS + phones.KINDS
 
 
 @pytest.mark.timeout(170)
@@ -55,6 +58,54 @@ def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: P
     assert not broken, json.dumps(broken, indent=1)
     assert results["summary"]["problems"] == []
     assert done.returncode == 0, done.stdout[-3000:]
+    # Issue 22: every phone fault ran, and each phone took work again after its fault.
+    assert set(results["phones"]["faults"]) == set(phones.KINDS)
+    assert results["phones"]["details"]["phones back at work after their faults"] >= 1
+
+
+def test_phone_fault_checks_catch_a_sick_phone_given_work_and_a_spent_budget() -> None:
+    """THEN invariant 10: an assignment to a phone well after its fault began (and before
+    it was ready again) is a violation, one before the bound is not; a task failed on a lost
+    phone with retries left, or a lost phone reported as the task's failure, is one too."""
+
+    class F:
+        def __init__(self, kind: str, target: str, start: float, healed: float) -> None:
+            self.kind, self.target, self.started_at = kind, target, start
+            self.healed_at, self.recovered_at, self.detail = healed, healed, {}
+
+    fault = F("phone_overheat", "h1/sim-0", T0, T0 + 10)
+    early = _attempt("t1", 1, "h1", T0 + 1, T0 + 2)
+    late = _attempt("t2", 1, "h1", T0 + 6, T0 + 7)
+    elsewhere = _attempt("t3", 1, "h2", T0 + 6, T0 + 7)
+    attempts = {("t1", 1): early, ("t2", 1): late, ("t3", 1): elsewhere}
+    verdict = phones.PhoneVerdict()
+    phones._sick_phones(attempts, [fault], {}, verdict)
+    assert [d["assigned_at"] for _, d in verdict.violations] == [T0 + 6]
+    ready_again = phones.PhoneVerdict()
+    phones._sick_phones(attempts, [fault], {"h1/sim-0": [T0 + 5]}, ready_again)
+    assert ready_again.violations == []
+
+    def task(error: str, retries: int) -> dict[str, Any]:
+        return {"status": "failed", "error": error, "infra_retries": retries, "metadata": {}}
+
+    def ended(kind: str) -> list[dict[str, Any]]:
+        return [{"kind": kind, "to_status": "failed"}]
+
+    tasks = {
+        "spent": task("device lost on attempt 3 (x); infrastructure retries spent", 2),
+        "early": task("device lost on attempt 1 (x)", 0),
+        "reported": task("step 1 (tap): device lost: sim-0 was unplugged", 0),
+        "own": task("step 2: `false` exited 1", 0),
+    }
+    events = {
+        "spent": ended("device_lost"),
+        "early": ended("device_lost"),
+        "reported": ended("report"),
+        "own": ended("report"),
+    }
+    budget = phones.PhoneVerdict()
+    phones._budget(tasks, events, budget)
+    assert sorted(d["task_id"] for _, d in budget.violations) == ["early", "reported"]
 
 
 # -- the checks, on evidence made up for them ------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from chaos_lib import phones
 from control_plane.embedded import EmbeddedPostgres, free_port
 from scripts.launch import ControlPlaneCommand, HostAgentCommand
 
@@ -197,13 +198,15 @@ class AgentProc(_Faultable):
     proc: subprocess.Popen[bytes] | None = None
     frozen: bool = False
     starts: int = 0
+    # Its phones' faults (chaos_lib/phones.py), read by the agent when the file changes.
+    sim_faults: Path | None = None
 
     def spawn(self) -> None:
         command = HostAgentCommand(
             control_plane=self.control_plane,
             host_id=self.host_id,
             token_file=self.token_file,
-            labels={"pool": "agents"},
+            labels={"pool": "agents", "host": self.host_id},
             simulated_devices=self.devices,
             sim_delay=self.sim_delay,
             action_log=self.action_log,
@@ -211,6 +214,15 @@ class AgentProc(_Faultable):
             acquire_wait=5,
             report_timeout=30,
             log_format="json",
+            sim_faults=self.sim_faults,
+            inventory_interval=phones.INVENTORY_INTERVAL,
+            adb_timeout=phones.CALL_TIMEOUT,
+            probe_interval=phones.PROBE_INTERVAL,
+            probe_timeout=phones.PROBE_TIMEOUT,
+            quarantine_failures=phones.QUARANTINE_FAILURES,
+            quarantine_window=phones.QUARANTINE_WINDOW,
+            recovery_backoff=phones.RECOVERY_BACKOFF,
+            boot_timeout=phones.BOOT_TIMEOUT,
         )
         self.proc = _spawn(command.argv(), self.log, command.env())
         self.frozen = False

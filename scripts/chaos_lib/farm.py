@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos_lib.cluster import ROOT, AgentProc, FleetProc, Postgres, Replica, health
+from chaos_lib.phones import PhoneFaults
 from chaos_lib.proxy import ProxyHub
 from scripts.launch import CreateTokenCommand, TokenRole
 
@@ -69,6 +70,7 @@ class Farm:
     proxies: ProxyHub | None = None
     client_token: str | None = None
     operator_token: str | None = None  # for Admin calls (the teams' fair shares)
+    phone_faults: PhoneFaults | None = None  # the agents' phones' faults (phones.py)
 
     def __post_init__(self) -> None:
         self.pg = Postgres(self.config.workdir / "pgdata")
@@ -129,9 +131,13 @@ class Farm:
                 action_log=c.workdir / f"actions-{host}.jsonl",
                 log=c.workdir / f"agent-{host}.log",
                 token_file=c.workdir / f"token-{host}",
+                sim_faults=c.workdir / f"phone-faults-{host}.json",
             )
             agent.spawn()
             self.agents.append(agent)
+        self.phone_faults = PhoneFaults(
+            {a.host_id: a.sim_faults for a in self.agents if a.sim_faults is not None}
+        )
         await self._start_fleet()
 
     async def _start_fleet(self) -> None:

@@ -10,6 +10,8 @@ and never both replicas down together (the farm is meant to survive one at a tim
                    an agent's or a fleet host's, even odds
     fleet_kill     SIGKILL a fleet process (a row of hosts at once), restart it
     fleet_freeze   SIGSTOP a fleet process for longer than the TTL, then SIGCONT
+    phone_*        a phone of an agent unplugged (mid-run), hung, boot-looping or too hot,
+                   then well again (chaos_lib/phones.py)
 
 The fleet kinds run only when there is a fleet (`--hosts`).
 """
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chaos_lib import phones
 from chaos_lib.farm import Farm
 from chaos_lib.proxy import CUT_MODES
 
@@ -41,7 +44,8 @@ HOST_KINDS = ("agent_kill", "agent_freeze", "proxy_cut", "fleet_kill", "fleet_fr
 
 
 def kinds_for(farm: Farm) -> tuple[str, ...]:
-    return KINDS if farm.fleet else tuple(k for k in KINDS if k not in FLEET_KINDS)
+    kinds = KINDS if farm.fleet else tuple(k for k in KINDS if k not in FLEET_KINDS)
+    return kinds + (phones.KINDS if farm.phone_faults is not None else ())
 
 
 @dataclass
@@ -79,6 +83,8 @@ class Injector:
         self.stopping = False
         # Called with the host id when a fault cuts a host off (the workload cancels there).
         self.on_host_fault: Callable[[str], None] | None = None
+        # Admin calls and reads for the phone faults (set by chaos.py).
+        self.operator: phones.Operator | None = None
 
     @property
     def ttl(self) -> float:
@@ -122,6 +128,9 @@ class Injector:
 
     def _target(self, kind: str) -> str | None:
         farm = self.farm
+        if kind in phones.KINDS:
+            free = self._free_phones()
+            return self.rng.choice(free) if free else None
         if kind == "replica_kill":
             alive = [r.name for r in farm.replicas if r.alive and r.name not in self.busy]
             return self.rng.choice(alive) if len(alive) == len(farm.replicas) else None
@@ -162,7 +171,28 @@ class Injector:
         finally:
             self.busy.discard(fault.target)
 
+    def _free_phones(self) -> list[str]:
+        return [
+            phones.target(a.host_id, f"sim-{d}")
+            for a in self.farm.agents
+            for d in range(a.devices)
+            if phones.target(a.host_id, f"sim-{d}") not in self.busy
+        ]
+
     # -- the faults --------------------------------------------------------------------------
+
+    async def _phone_fault(self, fault: Fault) -> None:
+        assert self.farm.phone_faults is not None and self.operator is not None
+        if fault.kind == "phone_unplug":  # mid-run, where a phone of those free runs a task
+            free = [fault.target, *self._free_phones()]
+            chosen = await phones.pick(fault.kind, free, self.operator, self.rng)
+            if chosen is not None and chosen != fault.target:
+                self.busy.discard(fault.target)
+                fault.target = chosen
+                self.busy.add(chosen)
+        await phones.inject(fault, self.farm.phone_faults, self.operator, self.rng)
+
+    _phone_unplug = _phone_hang = _phone_reboot_loop = _phone_overheat = _phone_fault
 
     async def _replica_kill(self, fault: Fault) -> None:
         replica = next(r for r in self.farm.replicas if r.name == fault.target)

@@ -19,6 +19,9 @@
        parked (an Acquire in flight) and a phone of it that the task's selector fits is idle
        (dispatch liveness; the bound, what faults excuse, and the two ways to break it,
        offered or not by the parked Acquire: chaos_lib/dispatch.py)
+   10  phone faults (chaos_lib/phones.py): no task failed for an infrastructure fault while
+       its infrastructure-retry budget remained; a sick phone took no new work later than
+       one probe interval after its fault; a phone back from one took work again
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
@@ -49,6 +52,7 @@ NAMES = {
     5: "no orphan reservation",
     6: "no stale report or artifact accepted",
     7: "no task stranded while a fitting host sat parked",
+    10: "phone faults: infrastructure retries, sick phones idle, recovered ones at work",
 }
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 REPORTED = frozenset({"done", "failed", "cancelled"})
@@ -147,7 +151,9 @@ class Checks:
             elif t["status"] == "failed" and t["error"].startswith("deadline exceeded"):
                 self.stats["failed: deadline exceeded"] += 1
             atts = ev.attempts_of(task_id)
-            if len(atts) > t["max_attempts"]:
+            # An attempt that lost its phone (device_lost) counts against the task's
+            # infrastructure-retry budget, not max_attempts.
+            if len(atts) > t["max_attempts"] + int(t.get("infra_retries") or 0):
                 self.fail(1, "more attempts than max_attempts", task_id=task_id, attempts=len(atts))
             if [a["attempt"] for a in atts] != list(range(1, len(atts) + 1)) or (
                 atts and atts[-1]["attempt"] != t["attempt"]
@@ -219,7 +225,7 @@ class Checks:
         endings = Counter(
             e["attempt"]
             for e in events
-            if e["kind"] in ("report", "expired", "released", "deadline_exceeded")
+            if e["kind"] in ("report", "expired", "released", "deadline_exceeded", "device_lost")
         )
         numbers = {a["attempt"] for a in self.evidence.attempts_of(task_id)}
         if set(assigns) != numbers or any(n != 1 for n in assigns.values()):

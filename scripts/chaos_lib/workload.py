@@ -337,6 +337,27 @@ class Workload:
             canceller.add_done_callback(self._cancellers.discard)
         return item
 
+    async def submit_pinned(self, host: str, serial: str) -> Submitted:
+        """A task for one phone of one agent (its `host` label), never cancelled: after the
+        phone faults, each phone that had one must take work again."""
+        plan = random_plan(self._rng)
+        while plan.fails_on_purpose:
+            plan = random_plan(self._rng)
+        item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, None, "phone_back")
+        item.team = next(iter(TEAMS))
+        self.tasks.append(item)
+        item.request = scheduler_pb2.SubmitTaskRequest(
+            request_id=item.request_id,
+            spec=plan.spec,
+            selector=task_pb2.DeviceSelector(serial=serial, labels={"host": host}),
+            max_attempts=5,
+            metadata={"chaos": "1", "moment": "", "selector": "phone_back"},
+            fairness_key=item.team,
+        )
+        task = await self._submit(item.request)
+        item.task_id, item.submitted_at = task.task_id, time.time()
+        return item
+
     async def resubmit_unacknowledged(self) -> None:
         """After the run: learn the ids of submits whose answers never came (same request
         id, so nothing new is created if the first one did reach the database)."""
