@@ -9,7 +9,9 @@ each the real host agent with its own host id, token, proxy, labels `pool`/`row`
 processes would not fit two cores: chaos_lib/fleet.py), and a client that keeps submitting
 workflows, with selectors aimed at the fleet (none, the pool, a row, one rack, one serial),
 as two teams (fairness keys team-a and team-b, weights 1 and 2 in fair_shares), and
-cancels about a third of them at random moments. Before the faults it queues a backlog of
+cancels about a third of them at random moments, beside a few interactive sessions on the
+agents' phones (chaos_lib/sessions.py: closed, cancelled or abandoned; invariant 9). Before
+the faults it queues a backlog of
 BACKLOG tasks (default 3,000) for racks no host has, through SubmitTasks: they stay queued
 through every fault (the queue's groups of tasks nobody can take) and are cancelled at the
 quiesce. For DURATION seconds it injects
@@ -58,6 +60,7 @@ from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
 from chaos_lib.invariants import Checks, Violation, grouped
 from chaos_lib.monitor import Monitor
+from chaos_lib.sessions import SessionLoad
 from chaos_lib.workload import ActionTail, Selectors, Workload
 
 from amc.v1 import admin_pb2, admin_pb2_grpc
@@ -134,6 +137,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"tasks for racks no host has, queued before the faults (default "
         f"{DEFAULT_UNMATCHED}; {QUICK_UNMATCHED} with --quick)",
+    )
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=3,
+        help="interactive sessions kept open at once on the agents' phones (0: none)",
     )
     p.add_argument("--lease-ttl", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of work before faults")
@@ -229,6 +238,12 @@ class ChaosRun:
             target_backlog=self.target_backlog,
             selectors=Selectors(self.farm.fleet_hosts, self.rng) if self.farm.fleet else None,
         )
+        self.sessions = SessionLoad(
+            [r.address for r in self.farm.replicas],
+            self.farm.client_token,
+            random.Random(self.args.seed + 23),  # the workload's draws stay the seed's
+            self.args.sessions,
+        )
         await set_fair_shares(self.farm.replicas[0].address, self.farm.operator_token)
         if self.args.backlog:
             began = time.monotonic()
@@ -259,6 +274,7 @@ class ChaosRun:
         """The workload and the faults for `duration` seconds, the monitor throughout."""
         self._sampling = asyncio.create_task(self.monitor.run())
         submitting = asyncio.create_task(self.workload.submit_forever())
+        sessions = asyncio.create_task(self.sessions.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
         try:
             await asyncio.sleep(self.args.warmup)  # faults find work in flight from the start
@@ -267,6 +283,7 @@ class ChaosRun:
             self.chaos_s = time.monotonic() - began
         finally:
             submitting.cancel()
+            sessions.cancel()  # the open ones are abandoned: they end failed
             watching.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
         self.pinned = await self._phones_back()
@@ -305,6 +322,7 @@ class ChaosRun:
             if rc not in (0, None)
         ]
         await self.workload.close()
+        await self.sessions.close()
         await self.monitor.close()
 
     async def check(self) -> dict[str, Any]:
@@ -329,7 +347,13 @@ class ChaosRun:
             {s.task_id: s.selector for s in self.workload.tasks if s.task_id},
         )
         checks = Checks(
-            ev, self.workload.tasks, freezes, farm.sim_delays(), self.config.lease_ttl, dispatch
+            ev,
+            self.workload.tasks,
+            freezes,
+            farm.sim_delays(),
+            self.config.lease_ttl,
+            dispatch,
+            self.sessions.records,
         )
         violations = checks.run(self.monitor.findings)
         verdict = await phones.check(
@@ -360,6 +384,8 @@ class ChaosRun:
             "dispatch": dispatch.summary(sum(1 for v in violations if v.invariant == 7)),
             "recovery": recovery.summary(injector.faults, kinds),
             "phones": phones.summary(injector.faults, verdict),
+            "sessions": self.sessions.counts(),
+            "session_errors": self.sessions.errors(),
             "clients": {
                 "submit_retries": self.workload.counters.submit_retries,
                 "cancel_retries": self.workload.counters.cancel_retries,

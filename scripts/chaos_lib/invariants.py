@@ -19,6 +19,11 @@
        parked (an Acquire in flight) and a phone of it that the task's selector fits is idle
        (dispatch liveness; the bound, what faults excuse, and the two ways to break it,
        offered or not by the parked Acquire: chaos_lib/dispatch.py)
+    9  sessions end as the spec says (chaos_lib/sessions.py): one attempt at most; done only
+       where its client closed it; cancelled only where it was cancelled (or withdrawn by a
+       client that left before it started); failed only for a stop that is not a
+       cancellation (abandoned, relay lost, lease lost, deadline, device lost); and what
+       its client was told is what was recorded
    10  phone faults (chaos_lib/phones.py): no task failed for an infrastructure fault while
        its infrastructure-retry budget remained; a sick phone took no new work later than
        one probe interval after its fault; a phone back from one took work again
@@ -42,6 +47,7 @@ from typing import Any
 from chaos_lib.dispatch import DispatchCheck
 from chaos_lib.evidence import Action, Evidence, last_step_window, task_result
 from chaos_lib.monitor import Finding
+from chaos_lib.sessions import OTHER_FAILURES, SessionRecord
 from chaos_lib.workload import Submitted
 
 NAMES = {
@@ -52,9 +58,12 @@ NAMES = {
     5: "no orphan reservation",
     6: "no stale report or artifact accepted",
     7: "no task stranded while a fitting host sat parked",
+    9: "sessions end as the spec says",
     10: "phone faults: infrastructure retries, sick phones idle, recovered ones at work",
 }
 TERMINAL = frozenset({"done", "failed", "cancelled"})
+# How a session's host reports the end of its relay (host_agent/session.py).
+SESSION_STOPS = ("session relay lost", "session relay ended", "session abandoned")
 REPORTED = frozenset({"done", "failed", "cancelled"})
 EXAMPLES = 5
 # A renewal whose transaction began this long after the cancel's must have seen it: it
@@ -78,6 +87,8 @@ class Checks:
     delays: dict[str, float]
     lease_ttl: float
     dispatch: DispatchCheck | None = None
+    # What each session's client did and saw (chaos_lib/sessions.py), for invariant 9.
+    sessions: list[SessionRecord] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
 
@@ -91,7 +102,45 @@ class Checks:
         for check in (self._one, self._two, self._three, self._four, self._five, self._six):
             check()
         self._seven()
+        self._nine()
         return self.violations
+
+    # -- 9 -----------------------------------------------------------------------------------
+
+    def _nine(self) -> None:
+        """Each session ended as the spec says, and as its client was told."""
+        ev = self.evidence
+        records = {r.task_id: r for r in self.sessions if r.task_id}
+        for task_id, t in ev.tasks.items():
+            if not _is_session(t):
+                continue
+            status, error = t["status"], t["error"]
+            r = records.get(task_id)
+            did = r.did if r is not None else ""
+            self.stats[f"session {t['metadata']['session']}: {did or '?'} -> {status}"] += 1
+            where = {"task_id": task_id, "status": status, "error": error, "client": did}
+            if t["attempt"] > 1:
+                self.fail(9, "session run more than once", attempts=t["attempt"], **where)
+            if status == "done" and did != "closed":
+                self.fail(9, "session done though its client did not close it", **where)
+            elif status == "cancelled" and did not in ("cancel_sent", "cancel_acked"):
+                # Withdrawn: its client left before its host joined (sessions.py's reasons).
+                withdrawn = (t["cancel_reason"] or "").startswith("session")
+                if not withdrawn or (r is not None and r.dispatched):
+                    self.fail(9, "session cancelled though nobody cancelled it", **where)
+            elif status == "failed" and not error.startswith(OTHER_FAILURES):
+                self.fail(9, "session failed for a reason that is not a stop", **where)
+            if did == "abandoned" and status != "failed":
+                self.fail(9, "session abandoned by its client, not failed", **where)
+            if did == "cancel_acked" and status == "done":
+                self.fail(9, "session cancelled by its client ended done", **where)
+            if r is not None and r.final and r.final != status:
+                self.fail(
+                    9, "session's client told one end, another recorded", told=r.final, **where
+                )
+        for r in self.sessions:
+            if r.task_id and r.task_id not in ev.tasks:
+                self.fail(9, "session acknowledged to its client, missing", task_id=r.task_id)
 
     # -- attribution -------------------------------------------------------------------------
 
@@ -140,7 +189,7 @@ class Checks:
             elif s.task_id not in ev.tasks:
                 self.fail(1, "acknowledged task missing from the database", task_id=s.task_id)
         for task_id, t in ev.tasks.items():
-            if t["request_id"] not in requests:
+            if t["request_id"] not in requests and not _is_session(t):
                 self.fail(1, "task in the database that nobody submitted", task_id=task_id)
             if t["status"] not in TERMINAL:
                 self.fail(
@@ -309,6 +358,20 @@ class Checks:
                 )
             else:
                 self.stats[f"cancel in flight -> {status}: the deadline stopped it first"] += 1
+            return
+        if status == "failed" and _is_session(t) and error.startswith(SESSION_STOPS):
+            # A session's relay broke (a replica died, its client vanished) before its host
+            # heard of the cancel: a stop that is not the cancellation's, so failed.
+            if trip is not None and trip[1] == "cancelled" and trip[0] < end["at"]:
+                self.fail(
+                    3,
+                    "session cancel seen by its host, yet it reported the relay's end",
+                    error=error,
+                    trip=trip,
+                    **where,
+                )
+            else:
+                self.stats[f"cancel in flight -> {status}: the session's relay ended first"] += 1
             return
         if status == "failed" and not error.startswith("step "):
             self.fail(
@@ -616,3 +679,8 @@ def grouped(violations: list[Violation]) -> dict[str, dict[str, Any]]:
             "examples": [{"check": v.check, **v.detail} for v in mine[:EXAMPLES]],
         }
     return out
+
+
+def _is_session(t: dict[str, Any]) -> bool:
+    """A session's task (chaos_lib/sessions.py marks each in its metadata)."""
+    return "session" in (t["metadata"] or {})
