@@ -19,12 +19,17 @@ faults (scripts/chaos_lib/faults.py): replica kill -9 + restart, agent kill -9 +
 agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown + start, one
 host's connections cut beyond the TTL, a fleet process (a row of hosts) kill -9 + restart
 or SIGSTOP + SIGCONT, an agent's phone unplugged mid-run, hung, boot-looping or too hot
-(chaos_lib/phones.py). Then it quiesces (no new faults, everything up, nothing in flight),
-checks the invariants (chaos_lib/invariants.py; the seventh, dispatch liveness, in
-chaos_lib/dispatch.py; the tenth, phone faults, in chaos_lib/phones.py) from PostgreSQL,
-the agents' logs and the fleet's record of its Acquire calls, writes chaos-results.json
-and prints a table. `--hosts 0`: no fleet (the run as it was before it, the invariants
-that apply).
+(chaos_lib/phones.py), and on the database: PostgreSQL runs as a primary and a synchronous
+streaming standby (the replicas' URL names both), and fails over (primary killed, standby
+promoted, old primary rewound to follow it), has random backends terminated, an idle
+transaction held open, its connection slots filled. Then it quiesces (no new faults,
+everything up, nothing in flight), checks the invariants (chaos_lib/invariants.py;
+the seventh, dispatch liveness, in chaos_lib/dispatch.py; the eighth, no acknowledged
+transition lost, across the failovers; the tenth, phone faults, in chaos_lib/phones.py)
+from PostgreSQL, the agents' logs and the fleet's
+record of its Acquire calls, writes chaos-results.json (with the time to serve after each
+failover) and prints a table. `--hosts 0`: no fleet (the run as it was before it, the
+invariants that apply).
 
 Exit status: 0 when every invariant held and every fault kind ran at least its minimum
 number of times; 1 otherwise; 2 when the harness itself failed.
@@ -54,7 +59,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_lib import evidence, phones, recovery, report
+from chaos_lib import evidence, phones, recovery, report, soak
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
@@ -154,6 +159,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--insecure", action="store_true", help="authentication off (default: real tokens)"
+    )
+    p.add_argument(
+        "--soak-window",
+        type=float,
+        default=0.0,
+        help="seconds per window of the soak summary (replica RSS, pickup p99 per window; "
+        "make soak: 300, or a third of a shorter run); 0: none",
     )
     p.add_argument("--output", type=Path, default=Path("chaos-results.json"))
     p.add_argument(
@@ -273,6 +285,9 @@ class ChaosRun:
     async def break_things(self) -> None:
         """The workload and the faults for `duration` seconds, the monitor throughout."""
         self._sampling = asyncio.create_task(self.monitor.run())
+        self.rss = soak.Sampler(self.farm)
+        self._rss_sampling = asyncio.create_task(self.rss.run())
+        self.soak_began = time.time()
         submitting = asyncio.create_task(self.workload.submit_forever())
         sessions = asyncio.create_task(self.sessions.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
@@ -310,6 +325,8 @@ class ChaosRun:
         await self.workload.resubmit_unacknowledged()
         await self.workload.cancel_backlog()
         self._sampling.cancel()
+        self._rss_sampling.cancel()
+        self.soak_ended = time.time()
         if not await self.monitor.wait_settled(self.args.quiesce_timeout):
             self.problems.append(
                 f"not settled within {self.args.quiesce_timeout:.0f}s: {self.monitor.counts}"
@@ -364,7 +381,23 @@ class ChaosRun:
         self._harness_problems()
         counts = injector.counts()
         kinds = injector.kinds
-        return {
+        window = self.args.soak_window
+        soaked = (
+            {
+                "soak": soak.summary(
+                    self.rss.samples,
+                    ev,
+                    injector.faults,
+                    farm.hosts_of,
+                    self.soak_began,
+                    self.soak_ended,
+                    min(window, (self.soak_ended - self.soak_began) / 3),
+                )
+            }
+            if window
+            else {}
+        )
+        return soaked | {
             "summary": {
                 "passed": not violations and not self.problems,
                 "violations": len(violations),
@@ -384,6 +417,12 @@ class ChaosRun:
             "dispatch": dispatch.summary(sum(1 for v in violations if v.invariant == 7)),
             "recovery": recovery.summary(injector.faults, kinds),
             "phones": phones.summary(injector.faults, verdict),
+            "failovers": [
+                {"at": f.started_at, "error": f.error}
+                | {k: v for k, v in f.detail.items() if k.endswith("_s")}
+                for f in injector.faults
+                if f.kind == "pg_failover"
+            ],
             "sessions": self.sessions.counts(),
             "session_errors": self.sessions.errors(),
             "clients": {
@@ -470,6 +509,13 @@ async def run(args: argparse.Namespace) -> int:
         raise
     report.write(args.output, results)
     print(report.table(results))
+    if "soak" in results:
+        print(soak.table(results["soak"]))
+    for n, f in enumerate(results["failovers"], 1):
+        say(
+            f"failover {n}: serving {f.get('serving_after_promotion_s')}s after the promotion"
+            f" (promoted {f.get('promote_s')}s after the crash, rejoined in {f.get('rejoin_s')}s)"
+        )
     say(f"results in {args.output}")
     passed = bool(results["summary"]["passed"])
     if passed and not args.keep and args.workdir is None:

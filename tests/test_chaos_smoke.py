@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from chaos_lib import phones  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
-from chaos_lib.evidence import AcquireCall, Action, Evidence  # noqa: E402
+from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
 from chaos_lib.invariants import NAMES, Checks  # noqa: E402
 from chaos_lib.specs import random_plan  # noqa: E402
@@ -175,6 +175,7 @@ def _evidence(attempts: list[dict[str, Any]], actions: list[Action]) -> Evidence
         "cancel_requested_at": None,
         "result": None,
         "error": "",
+        "metadata": {},
     }
     return Evidence(
         tasks={task_id: task},
@@ -258,6 +259,25 @@ def test_report_after_the_lease_expired_breaks_invariant_6() -> None:
     ev = _evidence([_attempt("t1", 1, "h0", T0 + 1, T0 + 5, lease_expires_at=T0 + 4)], [])
     checks = [v.check for v in _checks(ev).run([]) if v.invariant == 6]
     assert checks == ["report accepted after the lease expired"]
+
+
+def test_a_result_the_host_was_told_is_recorded_but_is_not_breaks_invariant_8() -> None:
+    """THEN a report acknowledged to its host whose attempt the database has expired (a
+    failover that lost the commit) is an invariant 8 violation; one recorded is not."""
+    ev = _evidence(
+        [
+            _attempt("t1", 1, "h0", T0 + 1, T0 + 3, state="expired", reported_at=None),
+            _attempt("t1", 2, "h1", T0 + 4, T0 + 6),
+        ],
+        [],
+    )
+    told = {"task_id": "t1", "status": "TASK_STATUS_DONE"}
+    ev.agent_events = [
+        AgentEvent("h0", T0 + 2.5, "result reported", {**told, "attempt": 1}),
+        AgentEvent("h1", T0 + 6.1, "result reported", {**told, "attempt": 2}),
+    ]
+    lost = [v.detail for v in _checks(ev).run([]) if v.invariant == 8]
+    assert [(d["host"], d["attempt"], d["attempt_state"]) for d in lost] == [("h0", 1, "expired")]
 
 
 # -- invariant 7, dispatch liveness ---------------------------------------------------------

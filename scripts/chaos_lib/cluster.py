@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chaos_lib import phones
-from control_plane.embedded import EmbeddedPostgres, free_port
+from control_plane.embedded import EmbeddedPostgres, ReplicatedPostgres, free_port
 from scripts.launch import ControlPlaneCommand, HostAgentCommand
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,30 +63,57 @@ def _terminate(proc: subprocess.Popen[bytes] | None, within: float) -> int | Non
 
 @dataclass
 class Postgres:
-    """A durable embedded server that can crash and come back on the same port."""
+    """Durable embedded servers, a primary and a synchronous streaming standby, that can
+    crash and come back on the same port, or fail over (the standby promoted, the old
+    primary rewound to follow it). `url` names both and asks for the writable one, as the
+    replicas' --database-url does."""
 
     datadir: Path
-    server: EmbeddedPostgres = field(init=False)
+    pair: ReplicatedPostgres = field(init=False)
     url: str = ""
     up: bool = False
+    failovers: int = 0
 
     def __post_init__(self) -> None:
-        self.server = EmbeddedPostgres(self.datadir, durable=True)
+        self.pair = ReplicatedPostgres(self.datadir)
+
+    @property
+    def server(self) -> EmbeddedPostgres:
+        """The primary."""
+        return self.pair.primary
 
     async def start(self) -> str:
-        # The port is kept from the first start (EmbeddedPostgres reuses a port set before).
-        self.url = await asyncio.to_thread(self.server.start)
+        # The ports are kept from the first start (EmbeddedPostgres reuses a port set before).
+        if self.pair.servers:
+            await asyncio.to_thread(self.pair.primary.start)
+        else:
+            await asyncio.to_thread(self.pair.start)
+        self.url = self.pair.url + "?target_session_attrs=read-write"
         self.up = True
         return self.url
 
     async def crash(self) -> None:
-        """An immediate shutdown: no checkpoint, as a power cut would leave it."""
+        """An immediate shutdown of the primary: no checkpoint, as a power cut would leave it."""
         self.up = False
-        await asyncio.to_thread(self.server.stop, "immediate")
+        await asyncio.to_thread(self.pair.kill_primary)
+
+    async def promote(self) -> None:
+        """The standby takes over from the crashed primary."""
+        await asyncio.to_thread(self.pair.promote)
+        self.failovers += 1
+        self.up = True
+
+    async def rejoin(self) -> None:
+        """The crashed former primary follows the new one (pg_rewind), synchronously."""
+        await asyncio.to_thread(self.pair.rejoin)
 
     async def stop(self) -> None:
         self.up = False
-        await asyncio.to_thread(self.server.stop, "fast")
+        await asyncio.to_thread(self.pair.stop)
+
+    def kill(self) -> None:
+        for server in self.pair.servers:
+            server.stop("immediate")
 
 
 async def health(address: str, within: float = 1.0) -> bool:

@@ -44,6 +44,9 @@ from typing import Any
 from chaos_lib.evidence import AcquireCall, Evidence, ReplicaLine
 
 PG_SLACK = 5.0
+# Faults during which no replica can reach a writable database for a while (each excused
+# everywhere until it is over, and PG_SLACK more).
+DATABASE_OUTAGES = ("pg_restart", "pg_failover", "pg_conn_fill")
 HOST_SLACK = 2.0
 HINT_WINDOW = 2.0
 HOST_FAULTS = frozenset({"agent_kill", "agent_freeze", "proxy_cut", "fleet_kill", "fleet_freeze"})
@@ -176,7 +179,7 @@ class DispatchCheck:
         everywhere = [
             (f.started_at, (f.recovered_at or f.healed_at or self._end) + PG_SLACK)
             for f in self.faults
-            if f.kind == "pg_restart"
+            if f.kind in DATABASE_OUTAGES
         ]
         on_host: dict[str, list[Span]] = defaultdict(list)
         for f in self.faults:

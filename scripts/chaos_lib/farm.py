@@ -268,6 +268,16 @@ class Farm:
             await asyncio.sleep(0.1)
         return False
 
+    async def wait_not_serving(self, within: float) -> bool:
+        """Until every replica says it is not serving (its database gone)."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            checks = await asyncio.gather(*(health(r.address) for r in self.replicas))
+            if not any(checks):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
     async def ensure_up(self) -> list[str]:
         """Everything running and unfrozen, every proxy healed; says what had to be fixed."""
         fixed = []
@@ -345,7 +355,7 @@ class Farm:
         if self.proxies is not None:
             self.proxies.close()
         try:
-            self.pg.server.stop("immediate")
+            self.pg.kill()
         except Exception:
             pass
 

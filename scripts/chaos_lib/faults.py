@@ -10,6 +10,14 @@ and never both replicas down together (the farm is meant to survive one at a tim
                    an agent's or a fleet host's, even odds
     fleet_kill     SIGKILL a fleet process (a row of hosts at once), restart it
     fleet_freeze   SIGSTOP a fleet process for longer than the TTL, then SIGCONT
+    pg_failover    kill the primary (immediate shutdown), promote the synchronous standby;
+                   once the replicas serve again, the old primary is rewound (pg_rewind)
+                   and rejoins as the new standby, so that the next failover can happen
+    pg_terminate   pg_terminate_backend on a few random client backends (a replica's
+                   pooled connections, its LISTEN connection)
+    pg_idle_txn    an idle transaction held open for a while (vacuum pinned behind it)
+    pg_conn_fill   every free connection slot taken for a few seconds (new connections
+                   are refused: pools that grow, the LISTEN connection's reconnect)
     phone_*        a phone of an agent unplugged (mid-run), hung, boot-looping or too hot,
                    then well again (chaos_lib/phones.py)
 
@@ -19,11 +27,14 @@ The fleet kinds run only when there is a fleet (`--hosts`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import asyncpg
 
 from chaos_lib import phones
 from chaos_lib.farm import Farm
@@ -37,8 +48,21 @@ KINDS = (
     "proxy_cut",
     "fleet_kill",
     "fleet_freeze",
+    "pg_failover",
+    "pg_terminate",
+    "pg_idle_txn",
+    "pg_conn_fill",
 )
+# Faults on the database apart from pg_restart and pg_failover, each on a target of its
+# own (they may overlap those two).
+PG_TARGETS = {
+    "pg_terminate": "postgres-backends",
+    "pg_idle_txn": "postgres-idle",
+    "pg_conn_fill": "postgres-connections",
+}
 FLEET_KINDS = ("fleet_kill", "fleet_freeze")
+# pg_conn_fill stops at this many connections if the server has not refused one yet.
+FILL_MOST = 400
 # Faults that cut hosts off (the workload cancels a few tasks running there).
 HOST_KINDS = ("agent_kill", "agent_freeze", "proxy_cut", "fleet_kill", "fleet_freeze")
 
@@ -134,8 +158,13 @@ class Injector:
         if kind == "replica_kill":
             alive = [r.name for r in farm.replicas if r.alive and r.name not in self.busy]
             return self.rng.choice(alive) if len(alive) == len(farm.replicas) else None
-        if kind == "pg_restart":
-            return None if "postgres" in self.busy else "postgres"
+        if kind in ("pg_restart", "pg_failover"):
+            blocked = {"postgres", PG_TARGETS["pg_terminate"], PG_TARGETS["pg_conn_fill"]}
+            return None if self.busy & blocked else "postgres"
+        if kind in PG_TARGETS:
+            # Each connects first: not while the server is down or its slots are full.
+            blocked = {"postgres", PG_TARGETS[kind], PG_TARGETS["pg_conn_fill"]}
+            return None if self.busy & blocked else PG_TARGETS[kind]
         if kind in FLEET_KINDS:
             # Not while one of its hosts' proxies is cut: one fault per host at a time.
             free = [
@@ -229,6 +258,92 @@ class Injector:
         fault.healed_at = time.time()
         fault.detail["outage_s"] = round(fault.healed_at - fault.started_at, 3)
         await self.farm.wait_serving(60)
+        fault.recovered_at = time.time()
+
+    async def _pg_failover(self, fault: Fault) -> None:
+        """The primary dies; once the replicas have seen it (NOT_SERVING), the standby is
+        promoted; time to serve: from the promotion until every replica serves again."""
+        pg = self.farm.pg
+        await pg.crash()
+        fault.detail["crashed_at"] = time.time()
+        noticed = await self.farm.wait_not_serving(10)
+        fault.detail["noticed_s"] = round(time.time() - fault.started_at, 3) if noticed else None
+        await pg.promote()
+        promoted = fault.healed_at = time.time()
+        fault.detail["promote_s"] = round(promoted - fault.detail["crashed_at"], 3)
+        served = await self.farm.wait_serving(60)
+        fault.recovered_at = time.time()
+        fault.detail["serving_after_promotion_s"] = round(fault.recovered_at - promoted, 3)
+        if not served:
+            fault.error = "replicas did not serve within 60 s of the promotion"
+        began = time.time()
+        await pg.rejoin()
+        fault.detail["rejoin_s"] = round(time.time() - began, 3)
+
+    async def _pg_terminate(self, fault: Fault) -> None:
+        """A few client backends terminated at once (an operator's pg_terminate_backend)."""
+        conn = await asyncpg.connect(self.farm.dsn, timeout=10)
+        try:
+            pids = await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                " AND pid <> pg_backend_pid() AND datname = current_database()"
+            )
+            chosen = self.rng.sample([p["pid"] for p in pids], min(len(pids), 3))
+            killed = await conn.fetchval(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(p))"
+                " FROM unnest($1::int[]) AS p",
+                chosen,
+            )
+        finally:
+            await conn.close()
+        fault.detail["terminated"] = int(killed)
+        fault.healed_at = time.time()
+        await self.farm.wait_serving(30)
+        fault.recovered_at = time.time()
+
+    async def _pg_idle_txn(self, fault: Fault) -> None:
+        """A session that began a transaction, took a snapshot and went idle: vacuum cannot
+        remove what any later transaction deleted until it ends."""
+        held = self.rng.uniform(10.0, 30.0)
+        fault.detail["held_s"] = round(held, 3)
+        conn = await asyncpg.connect(self.farm.dsn, timeout=10)
+        try:
+            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            fault.detail["xmin"] = str(await conn.fetchval("SELECT pg_current_xact_id()"))
+            await asyncio.sleep(held)
+            with contextlib.suppress(asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
+                await conn.execute("ROLLBACK")
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+            fault.detail["ended_by"] = type(exc).__name__  # a failover or restart ended it
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
+        fault.healed_at = time.time()
+
+    async def _pg_conn_fill(self, fault: Fault) -> None:
+        """Connections opened until the server refuses more, held a few seconds, closed."""
+        conns: list[asyncpg.Connection] = []
+        refused = ""
+        try:
+            while not refused and len(conns) < FILL_MOST:
+                batch = await asyncio.gather(
+                    *(asyncpg.connect(self.farm.dsn, timeout=10) for _ in range(10)),
+                    return_exceptions=True,
+                )
+                for c in batch:
+                    if isinstance(c, BaseException):
+                        refused = type(c).__name__
+                    else:
+                        conns.append(c)
+            fault.detail["connections"] = len(conns)
+            fault.detail["refused_with"] = refused
+            held = self.rng.uniform(2.0, 5.0)
+            fault.detail["held_s"] = round(held, 3)
+            await asyncio.sleep(held)
+        finally:
+            await asyncio.gather(*(c.close(timeout=2) for c in conns), return_exceptions=True)
+        fault.healed_at = time.time()
+        await self.farm.wait_serving(30)
         fault.recovered_at = time.time()
 
     async def _proxy_cut(self, fault: Fault) -> None:

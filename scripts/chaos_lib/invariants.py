@@ -19,6 +19,8 @@
        parked (an Acquire in flight) and a phone of it that the task's selector fits is idle
        (dispatch liveness; the bound, what faults excuse, and the two ways to break it,
        offered or not by the parked Acquire: chaos_lib/dispatch.py)
+    8  no acknowledged transition lost (failovers): every result a host was told was
+       recorded is there, its attempt ended as reported (not expired, not still active)
     9  sessions end as the spec says (chaos_lib/sessions.py): one attempt at most; done only
        where its client closed it; cancelled only where it was cancelled (or withdrawn by a
        client that left before it started); failed only for a stop that is not a
@@ -58,6 +60,7 @@ NAMES = {
     5: "no orphan reservation",
     6: "no stale report or artifact accepted",
     7: "no task stranded while a fitting host sat parked",
+    8: "no acknowledged transition lost",
     9: "sessions end as the spec says",
     10: "phone faults: infrastructure retries, sick phones idle, recovered ones at work",
 }
@@ -102,8 +105,30 @@ class Checks:
         for check in (self._one, self._two, self._three, self._four, self._five, self._six):
             check()
         self._seven()
+        self._eight()
         self._nine()
         return self.violations
+
+    def _eight(self) -> None:
+        """Reports a host was answered as recorded are recorded: a failover that lost one
+        would leave its attempt active, or expired (and the task run again)."""
+        ev = self.evidence
+        for e in ev.agent_events:
+            if e.event != "result reported":
+                continue
+            key = (str(e.fields.get("task_id")), int(e.fields.get("attempt") or 0))
+            attempt = ev.attempts.get(key)
+            state = attempt["state"] if attempt is not None else None
+            if state not in REPORTED:
+                self.fail(
+                    8,
+                    "reported result acknowledged to the host, not in the database",
+                    task_id=key[0],
+                    attempt=key[1],
+                    host=e.host,
+                    at=e.at,
+                    attempt_state=state,
+                )
 
     # -- 9 -----------------------------------------------------------------------------------
 

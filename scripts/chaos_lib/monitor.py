@@ -101,7 +101,13 @@ class Monitor:
                 self._conn = await asyncpg.connect(self.dsn, timeout=3)
             async with asyncio.timeout(5):
                 await self._sample(self._conn)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        except (
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.TargetServerAttributeNotMatched,  # mid-failover: no primary yet
+            TimeoutError,
+        ):
             self.failed_samples += 1
             await self.close()
             return False
@@ -138,7 +144,9 @@ class Monitor:
         """Until `want` devices are registered online (every agent is up)."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, asyncpg.PostgresError):
+            with contextlib.suppress(
+                OSError, asyncpg.PostgresError, asyncpg.TargetServerAttributeNotMatched
+            ):
                 conn = await asyncpg.connect(self.dsn, timeout=3)
                 try:
                     n = await conn.fetchval(ONLINE)

@@ -4,6 +4,11 @@ database's record of what happened around them.
     replica_kill  restart_to_serving_s  restart of the killed replica until it serves
                   work_gap_s            kill until the next transition anywhere (the other
                                         replica carrying the farm)
+    pg_failover   promote_s             primary crashed until the standby was promoted
+                                        (after every replica went NOT_SERVING)
+                  serving_after_promotion_s  promotion until every replica serves again
+                  work_resumed_s        promotion until the next transition committed
+                  rejoin_s              the old primary rewound and streaming, synchronous
     pg_restart    outage_s              crash until PostgreSQL accepts connections again
                   recovery_s            back up until both replicas report SERVING
                   work_resumed_s        back up until the next transition committed
@@ -38,6 +43,8 @@ def measure(faults: list[Fault], ev: Evidence) -> None:
             _host_fault(f, ev)
         elif f.kind == "replica_kill":
             f.detail["work_gap_s"] = _next_after(all_events, f.started_at)
+        elif f.kind == "pg_failover":
+            f.detail["work_resumed_s"] = _next_after(all_events, f.healed_at)
         elif f.kind == "pg_restart":
             if f.recovered_at is not None:
                 f.detail["recovery_s"] = round(f.recovered_at - f.healed_at, 3)

@@ -1,0 +1,177 @@
+"""The soak's summary over time (`make soak`: the chaos run at fleet size, for long): the
+control-plane replicas' memory (RSS, sampled from /proc) and the pickup latency (a task's
+last entry into the queue until its host acknowledged the attempt, from the database's
+record) per window of the run, and the replicas' memory growth after the first window.
+
+Pickups are also summarised without the ones a fault may have slowed: those whose wait
+overlapped a fault on the whole farm (a replica or the database) or on their own host,
+from its start until PASS seconds after it was over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chaos_lib.evidence import Evidence
+from chaos_lib.farm import Farm
+from chaos_lib.faults import Fault
+
+# Seconds after a fault is over during which pickups still count as "around" it.
+PASS = 10.0
+FARM_FAULTS = ("replica_kill", "pg_restart", "pg_failover", "pg_terminate", "pg_conn_fill")
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    replica: str
+    pid: int
+    rss_mib: float
+
+
+class Sampler:
+    """Every `every` seconds, the RSS of each live replica process."""
+
+    def __init__(self, farm: Farm, every: float = 10.0) -> None:
+        self.farm = farm
+        self.every = every
+        self.samples: list[Sample] = []
+
+    async def run(self) -> None:
+        while True:
+            now = time.time()
+            for r in self.farm.replicas:
+                if r.proc is not None and r.alive:
+                    rss = _rss_mib(r.proc.pid)
+                    if rss is not None:
+                        self.samples.append(Sample(now, r.name, r.proc.pid, rss))
+            await asyncio.sleep(self.every)
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def pickups(ev: Evidence) -> list[tuple[float, float, str, float]]:
+    """(queued at, acknowledged at, host, seconds) of every acknowledged attempt."""
+    out = []
+    for (task_id, _), a in ev.attempts.items():
+        acked = a["acknowledged_at"]
+        if acked is None:
+            continue
+        queued = [
+            e["at"]
+            for e in ev.events.get(task_id, [])
+            if e["to_status"] == "queued" and e["at"] <= a["created_at"]
+        ]
+        if queued:
+            out.append((max(queued), acked, a["host_id"], acked - max(queued)))
+    return out
+
+
+def summary(
+    samples: list[Sample],
+    ev: Evidence,
+    faults: list[Fault],
+    hosts_of: Any,
+    began: float,
+    ended: float,
+    window: float,
+) -> dict[str, Any]:
+    spans = [
+        (f.started_at, (f.recovered_at or f.healed_at or ended) + PASS, f.kind, f.target)
+        for f in faults
+    ]
+
+    def around_fault(queued: float, acked: float, host: str) -> bool:
+        return any(
+            start <= acked and queued <= end and (kind in FARM_FAULTS or host in hosts_of(target))
+            for start, end, kind, target in spans
+        )
+
+    picked = pickups(ev)
+    windows = []
+    n = max(1, int((ended - began) // window + (1 if (ended - began) % window > 1 else 0)))
+    for i in range(n):
+        lo, hi = began + i * window, min(began + (i + 1) * window, ended)
+        mine = [p for p in picked if lo <= p[1] < hi]
+        clean = [p[3] for p in mine if not around_fault(*p[:3])]
+        rss = [s.rss_mib for s in samples if lo <= s.at < hi]
+        windows.append(
+            {
+                "from_s": round(lo - began),
+                "to_s": round(hi - began),
+                "pickups": len(mine),
+                "pickup_p50_ms": _ms(_quantile([p[3] for p in mine], 0.5)),
+                "pickup_p99_ms": _ms(_quantile([p[3] for p in mine], 0.99)),
+                "pickups_clear_of_faults": len(clean),
+                "pickup_p99_clear_of_faults_ms": _ms(_quantile(clean, 0.99)),
+                "faults": sum(1 for f in faults if lo <= f.started_at < hi),
+                "rss_mib_max": round(max(rss), 1) if rss else None,
+                "rss_mib_median": round(statistics.median(rss), 1) if rss else None,
+            }
+        )
+    return {"window_s": window, "windows": windows, "rss_growth": _growth(samples, began, window)}
+
+
+def _growth(samples: list[Sample], began: float, window: float) -> dict[str, Any]:
+    """Per replica process that lived past the first window: its median RSS over its last
+    window against that over the window after the first (the warm-up left out)."""
+    out: dict[str, Any] = {}
+    by_pid: dict[tuple[str, int], list[Sample]] = {}
+    for s in samples:
+        by_pid.setdefault((s.replica, s.pid), []).append(s)
+    for (replica, pid), mine in sorted(by_pid.items()):
+        base = [s.rss_mib for s in mine if began + window <= s.at < began + 2 * window]
+        last_start = mine[-1].at - window
+        last = [s.rss_mib for s in mine if s.at >= last_start and s.at >= began + 2 * window]
+        if base and last:
+            b, e = statistics.median(base), statistics.median(last)
+            out[f"{replica} pid {pid}"] = {
+                "baseline_mib": round(b, 1),
+                "last_mib": round(e, 1),
+                "growth_pct": round(100 * (e - b) / b, 1),
+                "minutes": round((mine[-1].at - mine[0].at) / 60, 1),
+            }
+    return out
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"soak, per {result['window_s']:.0f} s window:"]
+    lines.append(
+        f"{'window':>12} {'pickups':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99 clear':>10}"
+        f" {'faults':>7} {'RSS MiB':>8}"
+    )
+    for w in result["windows"]:
+        lines.append(
+            f"{w['from_s']:>5}-{w['to_s']:<6} {w['pickups']:>8} {w['pickup_p50_ms']!s:>8}"
+            f" {w['pickup_p99_ms']!s:>8} {w['pickup_p99_clear_of_faults_ms']!s:>10}"
+            f" {w['faults']:>7} {w['rss_mib_max']!s:>8}"
+        )
+    for name, g in result["rss_growth"].items():
+        lines.append(
+            f"RSS {name}: {g['baseline_mib']} -> {g['last_mib']} MiB ({g['growth_pct']:+.1f} %)"
+        )
+    return "\n".join(lines)
