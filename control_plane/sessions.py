@@ -49,6 +49,10 @@ Reader = Callable[[TaskId], Awaitable[Task]]
 # Cancels of sessions whose client left before its host joined, run past the call's end.
 _background: set[asyncio.Task[None]] = set()
 CLIENT_GONE = "the session's client is no longer connected"
+# Seconds a session whose client's messages ended waits for that call's cancellation (a
+# vanished client) before it takes the end for a close: gRPC delivers the two apart, the
+# cancellation within 17 ms in 60 tries on loopback, most within 0.1 ms.
+CLOSE_GRACE = 0.1
 # Metadata of a host's call relayed by another replica (that replica's id): never relayed on.
 RELAYED_BY = "amc-session-relayed-by"
 # A relayed call carries what authenticated the host; nothing else of its metadata.
@@ -249,6 +253,10 @@ class ClientSession:
             if index == 1:
                 return  # the host stopped: cancelled, lease lost, deadline
             if item is None:
+                # A client that vanished (its call cancelled) may look like one that closed
+                # its side: the end of its messages comes first, the cancellation of this
+                # call a moment later. Only a close that outlives the moment is a close.
+                await asyncio.sleep(CLOSE_GRACE)
                 end_session(relay, lease_pb2.SESSION_END_CLOSED)
                 return
             if isinstance(item, BaseException):

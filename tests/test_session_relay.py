@@ -146,7 +146,8 @@ async def test_the_death_of_the_hosts_replica_ends_a_relayed_session_failed(
     replicas: tuple[Farm, Replica, Replica],
 ) -> None:
     """THEN the client's stream ends with the task failed once the host, reconnected to
-    the restarted replica, reports the relay lost."""
+    the restarted replica, reports the relay lost (or, should its report give up first,
+    once the sweep finds its lease expired): never cancelled, never done."""
     farm, client_side, host_side = replicas
     client = await client_at(farm, client_side)
     async with running_agent(farm, SimulatedSource(1, delay=0.01), address=host_side.address):
@@ -159,7 +160,9 @@ async def test_the_death_of_the_hosts_replica_ends_a_relayed_session_failed(
             pass
         final = response.task
     assert final.status == task_pb2.TASK_STATUS_FAILED
-    assert "session relay lost" in final.result.error
+    # The host's report once the replica is back; on a slow machine its report may give up
+    # first, and the sweep fails the task when the lease runs out.
+    assert final.result.error.startswith(("session relay lost", "lease expired")), final.result
     assert await farm.status(task.task_id) == "failed"
 
 

@@ -133,6 +133,27 @@ async def test_a_client_that_vanishes_ends_the_session_failed_abandoned(farm: Fa
         assert device == "sim-0"
 
 
+async def test_a_client_that_cancels_its_call_is_never_taken_for_one_that_closed(
+    farm: Farm,
+) -> None:
+    """THEN ten clients that vanish right after an answered action (gRPC may end their
+    messages before it cancels their calls) all end their sessions failed, "session
+    abandoned", none done."""
+    client = await farm.client()
+    task_ids = []
+    async with running_agent(farm, SimulatedSource(1, delay=0.0)):
+        for _ in range(10):
+            call = client.scheduler.OpenSession()
+            await call.write(opening())
+            task_ids.append((await dispatched(call)).task_id)
+            await call.write(act(tap(1, 2)))
+            assert (await asyncio.wait_for(call.read(), 20)).step.step.status == OK
+            call.cancel()
+            await status_is(farm, task_ids[-1], "failed", "done")
+    errors = [(await get(client, t)).result.error for t in task_ids]
+    assert errors == ["session abandoned"] * 10
+
+
 async def test_cancel_task_mid_session_ends_it_cancelled_at_the_next_action_boundary(
     farm: Farm,
 ) -> None:
