@@ -669,7 +669,7 @@ const Host = {
       h("dl", { class: "grid" }, h("dt", {}, "labels"), h("dd", {}, labels(host.labels)),
         h("dt", {}, "last seen"), h("dd", {}, when(host.last_seen_at))),
       h("h2", {}, "Devices"),
-      table(["device", "state", "model", "sdk", "labels", "task", ""], (host.devices || []).map(deviceRow), { class: "devices" }),
+      table(["device", "state", "model", "sdk", "labels", "task", ""], (host.devices || []).map((d) => deviceRow(d, releaseForm(host, d))), { class: "devices" }),
       h("h2", {}, "Latest tasks here"),
       tasks.length ? table(["task", "status", "device", "created"], tasks.map((t) => h("tr", {},
         h("td", { class: "id" }, taskLink(t.task_id)), h("td", {}, badge(statusOf(t))),
@@ -679,7 +679,7 @@ const Host = {
       events.length ? table(["when", "what", "device", "by", "reason"], events.map((e) => h("tr", { class: "host-event" },
         h("td", {}, when(e.at)), h("td", {}, badge(e.kind)), h("td", { class: "serial" }, e.serial || "-"),
         h("td", {}, e.actor_name ? `${e.actor_name} (${e.actor})` : e.actor), h("td", {}, e.reason || "-"))))
-        : h("p", { class: "muted" }, "No operator has cordoned, drained or uncordoned it."),
+        : h("p", { class: "muted" }, "No operator has cordoned, drained, uncordoned or released it."),
     ];
   },
   wants: (kind, data, params) => kind === "task" || (kind === "host" && data === params.id) || kind === "resync",
