@@ -8,16 +8,22 @@ import asyncio
 import uuid
 from typing import Any
 
+# Put on the client's and the host's queues once the host's call is over, so that a wait
+# for the next message ends with it (one queue read per message: no task per wait).
+HOST_GONE = object()
+
 
 class Relay:
     """One session's two directions between its client's call and its host's call."""
 
     def __init__(self, task_id: uuid.UUID) -> None:
         self.task_id = task_id
-        # What the host is sent: actions, then how the client left.
+        # What the host is sent: actions, then how the client left (or HOST_GONE).
         self.to_host: asyncio.Queue[Any] = asyncio.Queue()
         # What the host answered: steps, then None once its call is over.
         self.from_host: asyncio.Queue[Any] = asyncio.Queue()
+        # The client's messages, then None at their end (or the error); HOST_GONE too.
+        self.from_client: asyncio.Queue[Any] = asyncio.Queue()
         self.joined = asyncio.Event()
         self.host_gone = asyncio.Event()
         # The host was told how the client left.
@@ -27,6 +33,8 @@ class Relay:
         if not self.host_gone.is_set():
             self.host_gone.set()
             self.from_host.put_nowait(None)
+            self.from_client.put_nowait(HOST_GONE)
+            self.to_host.put_nowait(HOST_GONE)
 
 
 class Sessions:

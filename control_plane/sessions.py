@@ -40,7 +40,7 @@ from control_plane.errors import (
     Unavailable,
 )
 from control_plane.lifecycle import TaskStatus
-from control_plane.rendezvous import Relay
+from control_plane.rendezvous import HOST_GONE, Relay
 from control_plane.rpc import TaskServicer, check_decoded, principal
 
 log = structlog.get_logger(__name__)
@@ -176,7 +176,7 @@ class ClientSession:
         relay = hub.sessions.open(task.task_id)
         self._svc.effects.submitted([task])
         log.info("session opened", task_id=str(task.task_id))
-        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        inbox = relay.from_client
         pump = asyncio.create_task(_pump(requests, inbox))
         try:
             async for response in self._until_joined(task.task_id, relay, inbox):
@@ -228,7 +228,7 @@ class ClientSession:
                 if not relay.joined.is_set():
                     waits.append(relay.joined.wait())
                 got = await _first(*waits, timeout=refresh)
-                if got is None or not reading or got[0] != 0:
+                if got is None or not reading or got[0] != 0 or got[1] is HOST_GONE:
                     continue
                 if got[1] is not None:
                     raise FailedPrecondition(
@@ -243,14 +243,15 @@ class ClientSession:
     ) -> AsyncIterator[scheduler_pb2.OpenSessionResponse]:
         """Each client message to the host as an action, each step back, until either
         side ends."""
-        while True:
-            got = await _first(inbox.get(), relay.host_gone.wait(), timeout=idle)
-            if got is None:
+        while not relay.host_gone.is_set():
+            try:
+                async with asyncio.timeout(idle):
+                    item = await inbox.get()
+            except TimeoutError:
                 log.info("session idle: abandoned", task_id=str(relay.task_id), idle=idle)
                 end_session(relay, lease_pb2.SESSION_END_ABANDONED)
                 return
-            index, item = got
-            if index == 1:
+            if item is HOST_GONE:
                 return  # the host stopped: cancelled, lease lost, deadline
             if item is None:
                 # A client that vanished (its call cancelled) may look like one that closed
@@ -338,12 +339,12 @@ class HostSession:
         log.info("session joined", task_id=join.task_id, lease_id=join.lease_id)
         pump = asyncio.create_task(self._steps(requests, relay))
         try:
-            while True:
-                got = await _first(relay.to_host.get(), relay.host_gone.wait(), timeout=None)
-                if got is None or got[0] == 1:
+            while not relay.host_gone.is_set():
+                message = await relay.to_host.get()
+                if message is HOST_GONE:
                     return
-                yield got[1]
-                if got[1].WhichOneof("part") == "end":
+                yield message
+                if message.WhichOneof("part") == "end":
                     return
         finally:
             pump.cancel()

@@ -22,6 +22,10 @@ as separate processes (simulated devices), then runs, in this order:
                take, and at --deep-big-hosts on that (issue 20)
   9 flood      team A queues --flood-tasks tasks of --flood-task-seconds for --flood-phones
                phones, team B submits one a second: B's pickup, A's drain rate (issue 20)
+ 10 session    --session-sizes concurrent interactive sessions on simulated phones (0 ms),
+               taps back to back for --session-seconds: round trip through AMC beside the
+               same taps straight to a phone, actions/s, CPU per action; then
+               --session-starts opens on an idle phone one after another (issue 23)
 
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
@@ -62,6 +66,7 @@ from bench_lib import (
     promtext,
     renewal,
     report,
+    session,
 )
 from bench_lib.client import Client, Clock
 from bench_lib.pgstats import Db
@@ -78,6 +83,7 @@ WORKLOADS = (
     "fleet",
     "deep",
     "flood",
+    "session",
 )
 DRAIN_AGENTS = 4
 DRAIN_DEVICES = 25
@@ -169,6 +175,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--flood-seconds", type=float, default=120.0, help="flood: team B's window")
     p.add_argument("--flood-b-rate", type=float, default=1.0, help="flood: team B's tasks per s")
+    p.add_argument(
+        "--session-sizes", default="1,50,200", help="session: concurrent sessions, each size"
+    )
+    p.add_argument("--session-seconds", type=float, default=10.0, help="session: each window")
+    p.add_argument("--session-starts", type=int, default=50, help="session: starts measured")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -193,6 +204,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.deep_queued, args.deep_history = 1000, 5000
         args.flood_tasks, args.flood_phones, args.flood_task_seconds = 400, 8, 0.2
         args.flood_seconds, args.flood_b_rate = 3.0, 5.0
+        args.session_sizes, args.session_seconds, args.session_starts = "1,10", 2.0, 5
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
     args.only = {w.strip() for w in args.only.split(",") if w.strip()}
@@ -250,6 +262,8 @@ class Run:
                 await self.ceiling()
             if self.args.only & {"lifecycle", "pickup", "cancel", "renewal"}:
                 await self.amc_workloads()
+            if "session" in self.args.only:
+                await self.sessions()
             if "fleet" in self.args.only:
                 await self.fleet()
             if "deep" in self.args.only:
@@ -319,6 +333,15 @@ class Run:
                 self.results["renewal"] = await renewal.run(
                     st, options, self.profiled("renewal", None, window)
                 )
+
+    async def sessions(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        sizes = tuple(int(n) for n in a.session_sizes.split(",") if n.strip())
+        options = session.Options(sizes, a.session_seconds, a.session_starts)
+        async with self.phase("session"):
+            self.results["session"] = await session.run(st, options, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -486,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
     ok = all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood")
+        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session")
     )
     return 0 if ok else 1
 

@@ -32,8 +32,13 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     doc = json.loads(out.read_text())
     results = doc["results"]
     assert set(results) >= {
-        "ceiling", "lifecycle", "latency", "renewal", "ratios", "fleet", "deep", "flood"
+        "ceiling", "lifecycle", "latency", "renewal", "ratios", "fleet", "deep", "flood",
+        "session",
     }  # fmt: skip
+    assert results["session"]["verified"] is True
+    assert [w["sessions"] for w in results["session"]["windows"]] == [1, 10]
+    assert results["session"]["start_ms"]["n"] == 5
+    assert "10 session" in done.stdout
     assert results["lifecycle"]["verified"] is True
     assert results["lifecycle"]["submit_batch"] == 50
     assert results["lifecycle_single"]["verified"] is True

@@ -512,6 +512,7 @@ async def test_a_phone_freed_under_a_cap_hands_the_held_task_to_another_parked_h
     (first,) = await _submit(client, _task(key="qa", rack="r1"))
     running = await h1.acquire_one("s1")
     assert running.task_id == first
+
     def queries() -> float:
         return REGISTRY.get_sample_value("amc_acquire_queries_total") or 0.0
 

@@ -74,6 +74,70 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _fleet_rows(results.get("fleet"))
     out += _deep_rows(results.get("deep"))
     out += _flood_rows(results.get("flood"))
+    out += _session_rows(results.get("session"), results.get("latency"))
+    return out
+
+
+def _session_rows(se: dict[str, Any] | None, lat: dict[str, Any] | None) -> list[Row]:
+    """Issue 23's targets: the relay's own cost at 50 sessions, throughput at 200, and a
+    session's start beside a task's pickup."""
+    if not se:
+        return []
+    out = []
+    for w in se["windows"]:
+        n, relay = w["sessions"], w["relay_ms"]
+        out.append(
+            Row(
+                "10 session",
+                f"{n} sessions: action round trip through AMC, ms",
+                pcts(w["rtt_ms"], 2),
+            )
+        )
+        out.append(
+            Row(
+                "10 session",
+                f"{n} sessions:   the same straight to the phone, ms",
+                pcts(w["direct_ms"], 3),
+            )
+        )
+        met = relay["p50"] <= 3 and relay["p99"] <= 10 if n == 50 else None
+        out.append(
+            Row(
+                "10 session",
+                f"{n} sessions:   relay's own cost (p50 / p99), ms",
+                f"{_num(relay['p50'], 2)} / {_num(relay['p99'], 2)}",
+                "p50 <= 3, p99 <= 10" if n == 50 else "",
+                met,
+            )
+        )
+        out.append(
+            Row(
+                "10 session",
+                f"{n} sessions: actions/s",
+                _num(w["actions_per_s"]),
+                ">= 2,000" if n == 200 else "",
+                w["actions_per_s"] >= 2000 if n == 200 else None,
+            )
+        )
+        out.append(
+            Row(
+                "10 session",
+                f"{n} sessions: CPU per action, control plane / agent, us",
+                f"{_num(w['cp_cpu_us_per_action'])} / {_num(w['agent_cpu_us_per_action'])}",
+            )
+        )
+    start = se.get("start_ms", {})
+    pickup = (lat or {}).get("pickup", {}).get("submit_to_first_action_ms", {})
+    bound = pickup["p50"] + 2 if pickup.get("n") else None
+    out.append(
+        Row(
+            "10 session",
+            "open -> DISPATCHED (host joined) on an idle phone, ms",
+            pcts(start),
+            "" if bound is None else f"p50 <= {bound:.1f} (pickup + 2)",
+            None if bound is None or not start.get("n") else start["p50"] <= bound,
+        )
+    )
     return out
 
 

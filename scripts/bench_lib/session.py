@@ -1,0 +1,182 @@
+"""The `session` workload (issue 23): interactive sessions on simulated phones that answer at
+once (sim delay 0), each sending taps back to back over its OpenSession stream for a
+window: the action round trip through AMC (client -> control plane -> host agent -> phone
+and back), beside the same taps sent straight to a simulated phone in this process (what
+the phone itself costs, so that the difference is the relay's), and the control plane's
+and the agent's CPU per action. Run at each of --session-sizes concurrent sessions. Then
+--session-starts sessions opened one after another on an idle phone: open -> DISPATCHED
+(the host joined), beside the pickup figure of `make bench`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from bench_lib.stack import AgentSpec, Stack, cpu_seconds
+from bench_lib.stats import summarize
+from host_agent.simulated import SimulatedSource
+
+HOST = "session-host"
+POOL = "sessions"
+TAP = scheduler_pb2.OpenSessionRequest(
+    action=task_pb2.SessionAction(action=task_pb2.Action(tap=task_pb2.Tap(x=10, y=20)))
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    sizes: tuple[int, ...] = (1, 50, 200)
+    seconds: float = 10.0
+    starts: int = 50
+
+
+def _seconds(value: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(value * 1e9))
+    return d
+
+
+OPEN = scheduler_pb2.OpenSessionRequest(
+    open=scheduler_pb2.SessionOpen(
+        selector=task_pb2.DeviceSelector(labels={"pool": POOL}), idle_timeout=_seconds(60)
+    )
+)
+
+
+async def _open(stub: scheduler_pb2_grpc.SchedulerStub) -> tuple[Any, float]:
+    """A session whose host joined; the seconds from the open to DISPATCHED."""
+    call: Any = stub.OpenSession()
+    started = time.perf_counter()
+    await call.write(OPEN)
+    while True:
+        response = await call.read()
+        if response is grpc.aio.EOF:
+            raise RuntimeError("a session ended before its phone was ready")
+        status = response.task.status
+        if status == task_pb2.TASK_STATUS_DISPATCHED:
+            return call, time.perf_counter() - started
+        if status not in (task_pb2.TASK_STATUS_QUEUED, task_pb2.TASK_STATUS_ASSIGNED):
+            raise RuntimeError(f"a session ended {status} before its phone was ready")
+
+
+async def _close(call: Any) -> int:
+    """Close the session; its task's status once it ended."""
+    await call.done_writing()
+    status = 0
+    while (response := await call.read()) is not grpc.aio.EOF:
+        if response.HasField("task"):
+            status = response.task.status
+    return status
+
+
+async def _taps(call: Any, until: float, rtts: list[float]) -> None:
+    while time.perf_counter() < until:
+        t0 = time.perf_counter()
+        await call.write(TAP)
+        response = await call.read()
+        if response is grpc.aio.EOF or not response.HasField("step"):
+            raise RuntimeError("a session ended during the window")
+        rtts.append((time.perf_counter() - t0) * 1000)
+
+
+async def _direct(sessions: int, seconds: float) -> list[float]:
+    """The same taps straight to simulated phones (no AMC), as many at once."""
+    source = SimulatedSource(sessions, delay=0.0)
+    serials = [d.serial for d in await source.inventory()]
+    rtts: list[float] = []
+    until = time.perf_counter() + seconds
+
+    async def one(serial: str) -> None:
+        device = source.device(serial)
+        while time.perf_counter() < until:
+            t0 = time.perf_counter()
+            await device.tap(10, 20)
+            rtts.append((time.perf_counter() - t0) * 1000)
+            await asyncio.sleep(0)  # as a gRPC round trip would, let the others run
+
+    await asyncio.gather(*(one(s) for s in serials))
+    await source.close()
+    return rtts
+
+
+async def _window(
+    stack: Stack, stub: scheduler_pb2_grpc.SchedulerStub, n: int, seconds: float
+) -> dict[str, Any]:
+    calls = [c for c, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
+    assert stack.control_plane is not None
+    cp, agent = stack.control_plane.pid, stack.agents[HOST].pid
+    cpu0 = (cpu_seconds(cp), cpu_seconds(agent))
+    rtts: list[float] = []
+    started = time.perf_counter()
+    until = started + seconds
+    await asyncio.gather(*(_taps(c, until, rtts) for c in calls))
+    elapsed = time.perf_counter() - started
+    cpu1 = (cpu_seconds(cp), cpu_seconds(agent))
+    ended = await asyncio.gather(*(_close(c) for c in calls))
+    direct = await _direct(n, min(seconds, 3.0))
+    through = summarize(rtts)
+    alone = summarize(direct)
+    return {
+        "sessions": n,
+        "actions": len(rtts),
+        "actions_per_s": len(rtts) / elapsed,
+        "rtt_ms": through,
+        "direct_ms": alone,
+        "relay_ms": {k: through[k] - alone[k] for k in ("p50", "p99")},
+        "cp_cpu_us_per_action": (cpu1[0] - cpu0[0]) / max(1, len(rtts)) * 1e6,
+        "agent_cpu_us_per_action": (cpu1[1] - cpu0[1]) / max(1, len(rtts)) * 1e6,
+        "verified": all(s == task_pb2.TASK_STATUS_DONE for s in ended),
+    }
+
+
+async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dict[str, Any]:
+    stack.start_agent(AgentSpec(HOST, max(options.sizes), 0.0, POOL))
+    channel = grpc.aio.insecure_channel(stack.address)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    out: dict[str, Any] = {"windows": []}
+    try:
+        await _wait_phones(stub, max(options.sizes))
+        for n in options.sizes:
+            say(f"session: {n} sessions, taps back to back for {options.seconds:g}s")
+            window = await _window(stack, stub, n, options.seconds)
+            say(
+                f"  {window['actions_per_s']:.0f} actions/s, round trip p50 "
+                f"{window['rtt_ms']['p50']:.2f} ms, p99 {window['rtt_ms']['p99']:.2f} ms"
+            )
+            out["windows"].append(window)
+        say(f"session: {options.starts} starts on an idle phone, one after another")
+        starts = []
+        for _ in range(options.starts):
+            call, took = await _open(stub)
+            starts.append(took * 1000)
+            await _close(call)
+        out["start_ms"] = summarize(starts)
+    finally:
+        await channel.close()
+        child = stack.agents.pop(HOST, None)
+        if child is not None:
+            child.stop()
+    out["verified"] = all(w["verified"] for w in out["windows"])
+    return out
+
+
+async def _wait_phones(stub: scheduler_pb2_grpc.SchedulerStub, n: int) -> None:
+    """The agent's phones all open a session once (so each is registered and free)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            calls = [c for c, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
+        except (RuntimeError, grpc.aio.AioRpcError):
+            await asyncio.sleep(0.5)
+            continue
+        await asyncio.gather(*(_close(c) for c in calls))
+        return
+    raise RuntimeError(f"the {n} phones of {HOST} did not all take a session within 60 s")
