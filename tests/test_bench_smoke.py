@@ -71,8 +71,11 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert dp["tables"]["after history"]["tasks"]["n_live_tup"] >= 5000
     assert set(dp["targets"]) == {
         "deep_pickup", "deep_control_plane_cpu_per_task", "deep_postgres_cpu_per_task",
-        "deep_big_pickup_p99",
+        "deep_big_pickup_p99", "deep_reads_p99",
     }  # fmt: skip
+    reads = dp["backlog"]["reads"]
+    assert reads["get_queue_ms"]["n"] == reads["get_task_ms"]["n"] == reads["calls"]
+    assert reads["pending_reasons"] == reads["calls"]
     # flood: team B's tasks all done once beside team A's queue; A's done ran once each.
     fl = results["flood"]
     assert fl["verified"] is True and fl["a_submitted"] == 400
@@ -163,8 +166,14 @@ def test_deep_targets_compare_with_the_empty_database_run() -> None:
         "deep_control_plane_cpu_per_task": True,
         "deep_postgres_cpu_per_task": False,
         "deep_big_pickup_p99": False,
+        "deep_reads_p99": None,
     }
     assert deep.judge([empty], opt)["deep_pickup"] is None
+    reads = {"get_queue_ms": {"n": 200, "p99": 30.0}, "get_task_ms": {"n": 200, "p99": 51.0},
+             "pending_reasons": 200, "calls": 200}  # fmt: skip
+    assert deep.judge([empty], opt, reads)["deep_reads_p99"] is False
+    reads["get_task_ms"]["p99"] = 31.0
+    assert deep.judge([empty], opt, reads)["deep_reads_p99"] is True
 
 
 def test_flood_busy_share_counts_phone_time_inside_the_window() -> None:
