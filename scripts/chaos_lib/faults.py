@@ -15,7 +15,7 @@ and never both replicas down together (the farm is meant to survive one at a tim
                    and rejoins as the new standby, so that the next failover can happen
     pg_terminate   pg_terminate_backend on a few random client backends (a replica's
                    pooled connections, its LISTEN connection)
-    pg_idle_txn    an idle transaction held open for a while (vacuum pinned behind it)
+    pg_idle_txn    an idle transaction held open 2-6 lease TTLs (vacuum pinned behind it)
     pg_conn_fill   every free connection slot taken for a few seconds (new connections
                    are refused: pools that grow, the LISTEN connection's reconnect)
     phone_*        a phone of an agent unplugged (mid-run), hung, boot-looping or too hot,
@@ -304,7 +304,8 @@ class Injector:
     async def _pg_idle_txn(self, fault: Fault) -> None:
         """A session that began a transaction, took a snapshot and went idle: vacuum cannot
         remove what any later transaction deleted until it ends."""
-        held = self.rng.uniform(10.0, 30.0)
+        # Some lease TTLs: 6-18 s in the chaos run, 30-90 s in the soak's.
+        held = self.rng.uniform(2.0, 6.0) * self.ttl
         fault.detail["held_s"] = round(held, 3)
         conn = await asyncpg.connect(self.farm.dsn, timeout=10)
         try:
