@@ -480,6 +480,9 @@ def watch(
 ) -> None:
     """Follow a task live until it ends, one line per change, then its step results.
 
+    While it runs, a line per step as it ends (its host reports it with its next lease
+    renewal) and one for the step running, with its time so far.
+
     Exit code: 0 done, 8 failed, 9 cancelled. With --output json, prints the final task.
     """
     _follow(_client(ctx), task_id, output)
@@ -490,6 +493,8 @@ def _follow(client: Client, task_id: str, output: Output) -> NoReturn:
         line = render.progress_line(task, before)
         if line is not None:
             out.print(line)
+        for step in render.step_lines(task, before):
+            out.print(step)
 
     out = render.console()
     people = output is Output.table

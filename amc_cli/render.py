@@ -163,6 +163,8 @@ def task_detail(task: task_pb2.Task) -> None:
         rows.append(("error", Text(task.result.error, style="red")))
     if task.pending_reason:
         rows.append(("waiting", Text(task.pending_reason, style="yellow")))
+    if task.status not in TERMINAL and task.HasField("progress"):
+        rows.append(("progress", progress_summary(task.progress)))
     for key, value in rows:
         grid.add_row(key, value if isinstance(value, Text) else Text(value))
     out.print(grid)
@@ -281,6 +283,54 @@ def cancel_requested(task: task_pb2.Task) -> str:
         "renewal, and stops the task at the next step boundary (if it never renews, the task "
         "is cancelled when its lease runs out)"
     )
+
+
+def step_lines(task: task_pb2.Task, before: task_pb2.Task | None) -> list[Text]:
+    """Lines for a running task's steps that ended since `before` (all of them at first
+    sight), and for the step it runs now when that changed, with its time so far."""
+    p = task.progress
+    if task.status in TERMINAL or not (p.steps or p.HasField("running_since")):
+        return []
+    old = before.progress if before is not None else task_pb2.TaskProgress()
+    lines = []
+    for step in p.steps[len(old.steps) :]:
+        status = step_status(step)
+        line = Text(f"  step {step.index + 1}/{p.step_count} ")
+        line.append(step.name, style="bold")
+        line.append(f"  {status}", style=STEP_STYLE.get(status, ""))
+        line.append(f" in {seconds(step.duration)}")
+        if step.error:
+            line.append(f"  {step.error}", style="red")
+        lines.append(line)
+    running = (p.running_index, p.running_name, p.running_since)
+    if p.HasField("running_since") and running != (
+        old.running_index,
+        old.running_name,
+        old.running_since,
+    ):
+        line = Text(f"  step {p.running_index + 1}/{p.step_count} ")
+        line.append(p.running_name, style="bold")
+        line.append(f"  running for {running_for(p.running_since)}", style="blue")
+        lines.append(line)
+    return lines
+
+
+def progress_summary(p: task_pb2.TaskProgress) -> Text:
+    """`2 of 5 steps done; running step 3 checkout for 4.2s`."""
+    text = Text(f"{len(p.steps)} of {p.step_count} steps done")
+    if p.HasField("running_since"):
+        text.append(f"; running step {p.running_index + 1} ")
+        text.append(p.running_name, style="bold")
+        text.append(f" for {running_for(p.running_since)}")
+    return text
+
+
+def running_for(since: timestamp_pb2.Timestamp, now: float | None = None) -> str:
+    """How long a step has run, from when it started to now (or `now`, epoch seconds)."""
+    elapsed = max(0.0, (time.time() if now is None else now) - since.ToNanoseconds() / 1e9)
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(elapsed * 1e9))
+    return seconds(d)
 
 
 def progress_line(task: task_pb2.Task, before: task_pb2.Task | None) -> Text | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -25,9 +25,11 @@ from control_plane.domain import (
     HostInfo,
     LeaseId,
     NewArtifact,
+    Progress,
     QueueWait,
     Report,
     Role,
+    StepProgress,
     Task,
     TaskEvent,
     TaskId,
@@ -119,7 +121,46 @@ def task_to_pb(task: Task) -> task_pb2.Task:
         pb.result.ParseFromString(task.result)
     if task.error and not pb.result.error:
         pb.result.error = task.error
+    if task.progress is not None:
+        _progress_to_pb(pb, task.progress)
     return pb
+
+
+def _progress_to_pb(pb: task_pb2.Task, progress: Progress) -> None:
+    """The running task's steps so far and the step it runs now (from its spec: the step
+    after the last one that ended, unless that one ended the run)."""
+    out = pb.progress
+    for raw in progress.steps:
+        out.steps.add().ParseFromString(raw)
+    spec = pb.spec
+    steps: list[tuple[str, bool]] = []  # (name, continue_on_error)
+    if spec.HasField("workflow"):
+        steps = [
+            (s.name or f"step {i}", s.continue_on_error) for i, s in enumerate(spec.workflow.steps)
+        ]
+    elif spec.HasField("actions"):
+        steps = [(a.WhichOneof("kind") or "", False) for a in spec.actions.actions]
+    out.step_count = len(steps)
+    if progress.acknowledged_at is None:
+        return
+    since = progress.acknowledged_at
+    index = 0
+    if out.steps:
+        last = out.steps[-1]
+        goes_on = last.status == task_pb2.STEP_STATUS_OK or (
+            last.status == task_pb2.STEP_STATUS_FAILED
+            and last.index < len(steps)
+            and steps[last.index][1]
+        )
+        if not goes_on:
+            return
+        index = last.index + 1
+        if last.HasField("started_at"):
+            since = last.started_at.ToDatetime(UTC) + last.duration.ToTimedelta()
+    if index >= len(steps):
+        return
+    out.running_index, out.running_name = index, steps[index][0]
+    out.running_since.FromDatetime(since)
 
 
 def assignment_to_pb(a: Assignment, valid_for: timedelta) -> lease_pb2.Assignment:
@@ -161,6 +202,16 @@ def report_from_pb(r: lease_pb2.ReportResultRequest) -> Report:
         r.result.SerializeToString(deterministic=True),
         r.result.error,
     )
+
+
+def steps_from_pb(items: Iterable[lease_pb2.StepProgress]) -> list[StepProgress]:
+    """Steps sent with a renewal, which the gRPC edge has validated (validate.step_progress)."""
+    return [
+        StepProgress(
+            str(uuid.UUID(p.lease_id)), p.step.index, p.step.SerializeToString(deterministic=True)
+        )
+        for p in items
+    ]
 
 
 def health_from_pb(h: lease_pb2.DeviceHealth) -> DeviceHealth:

@@ -84,6 +84,27 @@ class Task:
     fairness_key: str = "default"
     # Why a queued task waits, computed on read (control_plane.pending); "" otherwise.
     pending_reason: str = ""
+    # A running task's current attempt so far, as GetTask and WatchTask read it; None
+    # otherwise (and once the task ends: its result is the record).
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a running attempt's host reported of it so far: its steps as they ended
+    (StepResult messages, by index), and when the attempt was acknowledged (None: not yet)."""
+
+    steps: tuple[bytes, ...] = ()
+    acknowledged_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """A step that ended, as a host sends it with a renewal of its lease."""
+
+    lease_id: str
+    index: int
+    step: bytes
 
 
 @dataclass(frozen=True)

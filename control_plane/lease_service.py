@@ -27,6 +27,7 @@ from control_plane.convert import (
     duration,
     health_from_pb,
     report_from_pb,
+    steps_from_pb,
     task_to_pb,
 )
 from control_plane.dispatch import Waiter
@@ -278,6 +279,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         self, host_id: str, request: lease_pb2.RenewLeasesRequest
     ) -> lease_pb2.RenewLeasesResponse:
         validate.lease_ids(request.lease_ids)
+        validate.step_progress(request.steps)
         # Lease ids as the database spells them (what hosts send); any other spelling
         # uuid.UUID accepts is mapped to it, and what is not a UUID is a conflict.
         canonical: list[str] = []
@@ -292,8 +294,9 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
                 continue
             canonical.append(spelled[raw])
         ttl = self.settings.lease_ttl
-        renewals = await self.store.renew(host_id, canonical, ttl) if canonical else []
-        self.effects.renewed(host_id, len(request.lease_ids), renewals)
+        steps = steps_from_pb(request.steps)
+        renewals = await self.store.renew(host_id, canonical, ttl, steps) if canonical else []
+        self.effects.renewed(host_id, len(request.lease_ids), renewals, steps)
         by_id = {str(r.lease_id): r for r in renewals}
         response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
         add = response.leases.add

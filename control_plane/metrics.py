@@ -56,6 +56,12 @@ RENEWAL_BATCH = Histogram(
     "Leases per renewal request",
     buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
 )
+STEP_PROGRESS = Counter(
+    "amc_step_progress_total",
+    "Steps of running tasks sent with renewals: kept (a lease the renewal renewed), or"
+    " refused (a stale attempt's, or a lease not renewed)",
+    ["result"],
+)
 HOSTS_CONNECTED = Gauge(
     "amc_hosts_connected", "Hosts whose renewal stream is open on a live replica (any replica)"
 )

@@ -216,6 +216,8 @@ FROM amc_acquire($1, $2, $3) a;
 -- name: renew_leases
 -- Renews the host's live leases among $2 (first renewal = acknowledgement); conflicts come
 -- back with task_id NULL. Columns in the order of domain.Renewal's fields.
+-- With it, the steps that ended ($4-$6: lease, index, StepResult; kept for the leases
+-- renewed only, see amc_renew).
 -- An acknowledgement also answers how long the task waited: from entering the queue (its
 -- last event to `queued`) to now (pickup_seconds; one index probe, acknowledgements only).
 SELECT r.*,
@@ -224,7 +226,7 @@ SELECT r.*,
             WHERE e.task_id = r.task_id::uuid AND e.to_status = 'queued'
             ORDER BY e.event_id DESC LIMIT 1)
        END AS pickup_seconds
-FROM amc_renew($1, $2::uuid[], $3) r;
+FROM amc_renew($1, $2::uuid[], $3, $4::uuid[], $5::integer[], $6::bytea[]) r;
 
 -- name: report_results
 -- One result or several, in one transaction: each as amc_report() alone would take it, in
@@ -480,8 +482,10 @@ ORDER BY event_id DESC LIMIT $2;
 
 -- name: read_tasks
 -- Tasks $1 as one snapshot sees them (issue 27: read apart, a phone that took a task after
--- the task was read was counted busy with it), each queued one with what its pending
--- reason is made of: the devices its selector matches, counted by
+-- the task was read was counted busy with it). Each running one (assigned, dispatched) with
+-- its current attempt's progress: when it was acknowledged and the steps its host reported
+-- as they ended (p_*; NULL once the task ends: its result is the record). Each queued one
+-- with what its pending reason is made of: the devices its selector matches, counted by
 -- what keeps them from the task (m_*: on a cordoned host, cordoned, offline (not 'device',
 -- or the host is not connected within $2), held by its condition (not 'ready'; m_held_by
 -- lists their conditions, one per device), busy, or none of these: idle), matching as
@@ -523,7 +527,14 @@ WITH tk AS MATERIALIZED (
 )
 SELECT tk.*, m.total AS m_total, m.host_cordoned AS m_host_cordoned,
        m.cordoned AS m_cordoned, m.offline AS m_offline, m.busy AS m_busy,
-       m.held_by AS m_held_by, cap.max_devices AS cap_max_devices, cap.running AS cap_running
+       m.held_by AS m_held_by, cap.max_devices AS cap_max_devices, cap.running AS cap_running,
+       CASE WHEN tk.status IN ('assigned', 'dispatched') THEN
+           (SELECT a.acknowledged_at FROM attempts a
+            WHERE a.task_id = tk.task_id AND a.attempt = tk.attempt) END AS p_acknowledged_at,
+       CASE WHEN tk.status IN ('assigned', 'dispatched') THEN
+           ARRAY(SELECT s.step FROM attempt_steps s
+                 WHERE s.task_id = tk.task_id AND s.attempt = tk.attempt
+                 ORDER BY s.step_index) END AS p_steps
 FROM tk
 LEFT JOIN m ON tk.status = 'queued' AND m.selector_labels = tk.selector_labels
            AND m.selector_serial IS NOT DISTINCT FROM tk.selector_serial
@@ -661,8 +672,9 @@ FROM unnest($1::text[], $2::text[]) AS n (c, p);
 
 -- name: delete_old_tasks
 -- Up to $2 terminal tasks that finished before now() - $1, oldest first, with their
--- attempts, events and artifacts (their chunks follow by ON DELETE CASCADE). Locks the
--- tasks first, then what hangs off them (the lock order); no task in flight is looked at.
+-- attempts (and their steps), events and artifacts (their chunks follow by ON DELETE
+-- CASCADE). Locks the tasks first, then what hangs off them (the lock order); no task in
+-- flight is looked at.
 WITH doomed AS (
     SELECT task_id FROM tasks
     WHERE status IN ('done', 'failed', 'cancelled') AND finished_at < now() - $1::interval
@@ -672,6 +684,8 @@ WITH doomed AS (
     FOR UPDATE SKIP LOCKED
 ), events AS (
     DELETE FROM task_events e USING doomed d WHERE e.task_id = d.task_id RETURNING 1
+), steps_gone AS (
+    DELETE FROM attempt_steps s USING doomed d WHERE s.task_id = d.task_id
 ), attempts_gone AS (
     DELETE FROM attempts a USING doomed d WHERE a.task_id = d.task_id RETURNING 1
 ), artifacts_gone AS (

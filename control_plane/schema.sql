@@ -220,6 +220,19 @@ CREATE INDEX IF NOT EXISTS attempts_unacknowledged ON attempts (host_id)
 CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at)
     WHERE state = 'active' AND deadline_at IS NOT NULL;
 
+-- A running attempt's steps as they ended (issue 27.8): each StepResult message its host
+-- sent with a renewal of the attempt's live lease (amc_renew), kept with the attempt. What
+-- GetTask and WatchTask show while the task runs; the terminal report's result stays the
+-- record (and the only thing shown once the task ends). Deleted with the task (retention).
+CREATE TABLE IF NOT EXISTS attempt_steps (
+    task_id    uuid NOT NULL,
+    attempt    integer NOT NULL,
+    step_index integer NOT NULL,
+    step       bytea NOT NULL,
+    at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (task_id, attempt, step_index)
+);
+
 -- Every change of a task, in order: the audit trail and what the checks of the invariants
 -- read. `kind` is a lifecycle.Event; which kind may take a task from which status to which
 -- is lifecycle.TRANSITIONS (tests/test_model.py checks every row of its runs against it).
@@ -766,7 +779,13 @@ END $$;
 -- statement joining the attempts to the held tasks in a CTE, estimated at one row, was
 -- planned as a rescan of the CTE per attempt when statistics were stale: quadratic in the
 -- batch, 1 s for a host's 1,000 leases, renewals 122,200/s -> 11,000/s.)
-CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval)
+-- With the renewal, the steps that ended ($4 leases, $5 indexes, $6 StepResult messages;
+-- issue 27.8): kept for the leases it renews only, under their tasks' locks, so a step of a
+-- stale attempt, or one that comes after the terminal report, is never kept; a step sent
+-- twice is kept once.
+CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval,
+                                     p_step_leases uuid[], p_step_indexes integer[],
+                                     p_steps bytea[])
 RETURNS TABLE (lease_id uuid, cancel_pending boolean, task_id uuid, attempt integer,
                delivery_seconds double precision, acknowledged boolean)
 LANGUAGE plpgsql AS $$
@@ -788,6 +807,15 @@ BEGIN
         ORDER BY tk.task_id
         FOR NO KEY UPDATE OF tk
     ) h;
+
+    IF cardinality(p_steps) > 0 THEN
+        INSERT INTO attempt_steps (task_id, attempt, step_index, step)
+        SELECT att.task_id, att.attempt, st.step_index, st.step
+        FROM unnest(p_step_leases, p_step_indexes, p_steps) st (lease_id, step_index, step)
+        JOIN attempts att ON att.lease_id = st.lease_id
+        WHERE st.lease_id = ANY (v_leases)
+        ON CONFLICT DO NOTHING;
+    END IF;
 
     IF cardinality(v_acked_tasks) > 0 THEN
         WITH acked AS (

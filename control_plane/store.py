@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -45,6 +46,7 @@ from control_plane.domain import (
     NewArtifact,
     NewTask,
     Principal,
+    Progress,
     QueueGroup,
     QueueWait,
     Recorded,
@@ -54,6 +56,7 @@ from control_plane.domain import (
     Role,
     SessionRelay,
     ShareChange,
+    StepProgress,
     Task,
     TaskEvent,
     TaskHistory,
@@ -197,6 +200,15 @@ def _task(row: asyncpg.Record | dict[str, Any]) -> Task:
         result=bytes(row["result"]) if row["result"] is not None else None,
         **_as_is(row, *_TASK_COLUMNS),
     )
+
+
+def _with_progress(row: asyncpg.Record) -> Task:
+    """A task read with its progress columns (read_tasks): a running one carries it."""
+    task = _task(row)
+    if row["p_steps"] is None:
+        return task
+    steps = tuple(bytes(s) for s in row["p_steps"])
+    return dataclasses.replace(task, progress=Progress(steps, row["p_acknowledged_at"]))
 
 
 def _token(row: asyncpg.Record) -> TokenInfo:
@@ -447,10 +459,25 @@ class Store:
             queued,
         )
 
-    async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
+    async def renew(
+        self,
+        host_id: str,
+        lease_ids: list[str],
+        ttl: timedelta,
+        steps: Sequence[StepProgress] = (),
+    ) -> list[Renewal]:
         """The leases renewed (`lease_ids` as text: as the hosts send them); any other lease
-        asked about is a conflict."""
-        rows = await self._fetch("renew_leases", host_id, lease_ids, ttl)
+        asked about is a conflict. `steps` are kept for the leases renewed only (one
+        statement either way)."""
+        rows = await self._fetch(
+            "renew_leases",
+            host_id,
+            lease_ids,
+            ttl,
+            [s.lease_id for s in steps],
+            [s.index for s in steps],
+            [s.step for s in steps],
+        )
         return [Renewal._make(r) for r in rows if r["task_id"] is not None]
 
     async def report(self, host_id: str | None, report: Report) -> Recorded:
@@ -713,13 +740,14 @@ class Store:
     async def read_tasks(
         self, task_ids: Sequence[TaskId], connected_within: timedelta
     ) -> list[TaskRead]:
-        """The tasks (those that exist), each queued one with the devices its selector
-        matches, by what keeps them from it, and its key's cap. One statement, so one
-        snapshot (a phone that took the task is never counted busy with it)."""
+        """The tasks (those that exist): each running one with its progress, each queued
+        one with the devices its selector matches, by what keeps them from it, and its
+        key's cap. One statement, so one snapshot (a phone that took the task is never
+        counted busy with it)."""
         rows = await self._fetch("read_tasks", list(task_ids), connected_within)
         return [
             TaskRead(
-                _task(r),
+                _with_progress(r),
                 None
                 if r["m_total"] is None
                 else DeviceMatch(

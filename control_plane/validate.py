@@ -36,6 +36,9 @@ MAX_LEASES_PER_RENEWAL = 10_000
 MAX_BATCH = 500
 MAX_DEVICES = 1000
 MAX_REPORTS = 1000
+# One step's result sent as progress: its output and error (4 KiB each, cut by the host),
+# its data and names, with room to spare.
+MAX_STEP_BYTES = 64 * 1024
 # A task's limits (SubmitTaskRequest.queue_timeout and .deadline), when set: a second at
 # least (the sweep runs every second), and a bound that catches a unit mistake.
 MIN_LIMIT = timedelta(seconds=1)
@@ -337,6 +340,20 @@ def wait(d: duration_pb2.Duration, field: str = "wait") -> None:
 def lease_ids(values: Sequence[str], field: str = "lease_ids") -> None:
     if len(values) > MAX_LEASES_PER_RENEWAL:
         raise InvalidArgument(field, f"more than {MAX_LEASES_PER_RENEWAL}")
+
+
+def step_progress(items: Sequence[lease_pb2.StepProgress], field: str = "steps") -> None:
+    """The steps a renewal carries: each for a lease (a UUID), with its index, bounded."""
+    if len(items) > MAX_REPORTS:
+        raise InvalidArgument(field, f"more than {MAX_REPORTS} steps")
+    for i, p in enumerate(items):
+        where = f"{field}[{i}]"
+        lease_id(p.lease_id, f"{where}.lease_id")
+        if p.step.index < 0:
+            raise InvalidArgument(f"{where}.step.index", "must not be negative")
+        if p.step.ByteSize() > MAX_STEP_BYTES:
+            raise InvalidArgument(f"{where}.step", f"larger than {MAX_STEP_BYTES} bytes")
+        _text(p.step.error, f"{where}.step.error", limit=MAX_TEXT)
 
 
 def reason(value: str, field: str = "reason") -> str:

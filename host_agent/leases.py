@@ -15,7 +15,14 @@ control plane can hand the task to another host. The token reads the monotonic c
 every check as well as by its timer, so a runner that resumes after the process was frozen
 past the deadline finds it tripped before it starts another action (see `stop_token`).
 CONFLICT trips LEASE_LOST at once; `cancel_pending` (in an answer or a push) trips
-CANCELLED. The first trip wins. A push with no leases carries the host's drain from the
+CANCELLED. The first trip wins.
+
+Step progress (issue 27.8): `progress()` queues a step that ended; it goes with the next
+request that renews its lease (every renew interval: no request of its own), and is sent
+again after a stream that broke before the answer. A step of a lease that is forgotten (its
+task reported) or conflicted is dropped: the terminal report is the record.
+
+A push with no leases carries the host's drain from the
 centre, handed to `on_drain`, and the devices an operator released from quarantine, handed
 to `on_release`.
 """
@@ -34,7 +41,7 @@ from typing import Any
 import grpc
 import structlog
 
-from amc.v1 import lease_pb2, lease_pb2_grpc
+from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from host_agent import metrics
 from host_agent.retry import FATAL_CODES, retrying
 from host_agent.stop_token import Stopped, StopReason, StopToken
@@ -141,6 +148,10 @@ class LeaseKeeper:
         self._seq = itertools.count(1)
         self._wake = asyncio.Event()
         self._answered = False
+        # Steps that ended, by lease, not sent yet; and those sent, by the seq of their
+        # request, until its answer (a broken stream sends them again).
+        self._steps: dict[str, list[task_pb2.StepResult]] = {}
+        self._steps_sent: dict[int, dict[str, list[task_pb2.StepResult]]] = {}
 
     # -- what the agent calls --------------------------------------------------------------
 
@@ -173,8 +184,14 @@ class LeaseKeeper:
         except Stopped:
             return None
 
+    def progress(self, lease_id: str, step: task_pb2.StepResult) -> None:
+        """A step of the lease's run that ended: sent with the next renewal of the lease."""
+        if lease_id in self._held:
+            self._steps.setdefault(lease_id, []).append(step)
+
     def forget(self, lease_id: str) -> None:
         """Stop renewing and fencing a lease (its task was reported or given back)."""
+        self._steps.pop(lease_id, None)
         lease = self._held.pop(lease_id, None)
         if lease is not None:
             lease.token.disarm(StopReason.LEASE_LOST)
@@ -218,6 +235,7 @@ class LeaseKeeper:
             await _cancel_all(reader, sender)
             call.cancel()
             self._sent.clear()  # answers to those requests can no longer arrive
+            self._resend_steps()
         if self._answered and time.monotonic() - opened_at >= self.timing.interval:
             log.warning("renewal stream broke; reopening", error=str(error))
             return
@@ -250,11 +268,32 @@ class LeaseKeeper:
             for lease_id, lease in self._held.items()
             if not lease.conflicted and (full or lease.unanswered)
         ]
+        steps = {i: self._steps.pop(i) for i in lease_ids if i in self._steps}
+        if steps:
+            self._steps_sent[seq] = steps
         # Taken before the write, so the deadline errs early, never late.
         self._sent[seq] = time.monotonic()
         await call.write(
-            lease_pb2.RenewLeasesRequest(host_id=self._host_id, lease_ids=lease_ids, seq=seq)
+            lease_pb2.RenewLeasesRequest(
+                host_id=self._host_id,
+                lease_ids=lease_ids,
+                seq=seq,
+                steps=[
+                    lease_pb2.StepProgress(lease_id=i, step=step)
+                    for i, done in steps.items()
+                    for step in done
+                ],
+            )
         )
+
+    def _resend_steps(self) -> None:
+        """Steps whose request got no answer go with the next stream's first renewal (the
+        control plane keeps a step sent twice once)."""
+        for sent in sorted(self._steps_sent):
+            for lease_id, steps in self._steps_sent[sent].items():
+                if lease_id in self._held:
+                    self._steps[lease_id] = steps + self._steps.get(lease_id, [])
+        self._steps_sent.clear()
 
     async def _read(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
@@ -279,6 +318,7 @@ class LeaseKeeper:
                     self._cancel(lease, "push")
             return
         sent_at = self._sent.pop(response.seq, None)
+        self._steps_sent.pop(response.seq, None)
         if sent_at is None:
             log.warning("renewal answer for an unknown request ignored", seq=response.seq)
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import assert_never
@@ -41,6 +41,9 @@ __all__ = [
 DEFAULT_SHELL_TIMEOUT = 60.0
 
 log = structlog.get_logger(__name__)
+
+# Told of each step that ran, as it ends (the agent sends it as progress).
+OnStep = Callable[[StepResult], None]
 
 
 def outcome_for(all_steps_ran: bool, failed: bool, stop_reason: StopReason | None) -> Outcome:
@@ -73,14 +76,16 @@ async def run(
     *,
     shell_default_timeout: float = DEFAULT_SHELL_TIMEOUT,
     poll_interval: float = POLL_INTERVAL,
+    on_step: OnStep | None = None,
 ) -> RunResult:
-    """Run `spec` with the runner its kind calls for."""
+    """Run `spec` with the runner its kind calls for; `on_step` is told of each step that
+    ran as it ends (progress; the result returned is the record)."""
     options = {"shell_default_timeout": shell_default_timeout, "poll_interval": poll_interval}
     match spec:
         case ActionList():
-            return await TaskRunner(device, token, **options).run(spec)
+            return await TaskRunner(device, token, **options, on_step=on_step).run(spec)
         case Workflow():
-            return await WorkflowRunner(device, token, **options).run(spec)
+            return await WorkflowRunner(device, token, **options, on_step=on_step).run(spec)
         case Session():
             raise ValueError("a session runs through host_agent.session, not run()")
         case _:
@@ -121,9 +126,11 @@ class _StepLoop:
         *,
         shell_default_timeout: float = DEFAULT_SHELL_TIMEOUT,
         poll_interval: float = POLL_INTERVAL,
+        on_step: OnStep | None = None,
     ) -> None:
         self._device = device
         self._token = token
+        self._on_step = on_step
         self._shell_default_timeout = shell_default_timeout
         self._poll_interval = poll_interval
 
@@ -136,6 +143,8 @@ class _StepLoop:
                 break
             result, halt = await self._run_step(index, step)
             results.append(result)
+            if self._on_step is not None:
+                self._on_step(result)
             log.debug("step finished", index=index, step=step.name, status=result.status.value)
             if halt is not None:
                 break

@@ -20,7 +20,7 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from host_agent import artifacts
 from host_agent.config import AgentSettings
-from host_agent.convert import Assignment, report_request
+from host_agent.convert import Assignment, report_request, step_to_proto
 from host_agent.devices import DeviceSource
 from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
@@ -160,8 +160,14 @@ class Worker:
                 options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
                 result = await run_session(self._tools.stub, lease_ref, device, token, options)
             else:
+                # Each step as it ends goes with the lease's next renewal (progress).
+                lease_id, keeper = self.lease.lease_id, self._tools.keeper
                 result = await run(
-                    spec, device, token, shell_default_timeout=settings.shell_timeout
+                    spec,
+                    device,
+                    token,
+                    shell_default_timeout=settings.shell_timeout,
+                    on_step=lambda step: keeper.progress(lease_id, step_to_proto(step)),
                 )
         finally:
             token.disarm(StopReason.DEADLINE)

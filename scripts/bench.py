@@ -16,7 +16,9 @@ as separate processes (simulated devices), then runs, in this order:
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
                --fleet-replica-hosts across two replicas (issue 10). All hosts park at once;
                the window holds two re-poll periods (--fleet-acquire-wait, 60 s), and a
-               --fleet-short-wait-share of the hosts long-polls for 10 s (issue 20)
+               --fleet-short-wait-share of the hosts long-polls for 10 s (issue 20); in the
+               window every host's phones but one run workflows whose hosts report a step
+               every --fleet-step-every s per phone with their renewals (issue 27.8)
   8 deep       the fleet load at --deep-hosts on an empty database, then on one holding
                --deep-history finished tasks (bulk SQL) and --deep-queued tasks no host can
                take, and at --deep-big-hosts on that (issue 20)
@@ -137,6 +139,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="share of the fleet's hosts with the short wait (0: none)",
     )
     p.add_argument("--fleet-idle-seconds", type=float, default=10.0, help="fleet idle-CPU window")
+    p.add_argument(
+        "--fleet-step-every",
+        type=float,
+        default=3.0,
+        help="fleet: in the submit window every host's phones but one run a workflow whose"
+        " host reports a step every this many seconds per phone (issue 27.8; 0: none)",
+    )
     p.add_argument(
         "--fleet-replica-hosts",
         type=int,
@@ -365,6 +374,7 @@ class Run:
             acquire_wait=a.fleet_acquire_wait,
             short_wait=a.fleet_short_wait,
             short_wait_share=a.fleet_short_wait_share,
+            step_every=a.fleet_step_every,
         )
 
     async def fleet(self) -> None:

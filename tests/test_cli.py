@@ -33,6 +33,7 @@ from host_agent.simulated import SimulatedSource
 from tests.support import Farm, HostClient, eventually, seconds
 from tests.support.agent import running_agent
 from tests.support.fakes.tcp_proxy import TcpProxy
+from tests.test_step_progress import progress, renew_with, step
 from tests.test_tls import self_signed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -511,9 +512,35 @@ async def test_watch_prints_each_change_as_it_happens_until_done(amc: Cli, farm:
     await report_with_steps(host, a, lease_pb2.OUTCOME_DONE)
     run = await watch.finish()
     assert run.code == 0, run.err
-    statuses = [line.split()[1] for line in run.out.splitlines()[:4]]
+    # The status lines (the step lines of the running task begin with spaces).
+    lines = [line for line in run.out.splitlines() if not line.startswith(" ")]
+    statuses = [line.split()[1] for line in lines[:4]]
     assert statuses == ["queued", "assigned", "dispatched", "done"]
     assert "tapped at (10, 20)" in run.out and "ok" in run.out
+
+
+LOGIN_PAY = (
+    "workflow:\n  - name: login\n    actions: [{tap: [1, 2]}]\n"
+    "  - name: pay\n    actions: [{tap: [3, 4]}]\n"
+)
+
+
+async def test_watch_shows_each_step_as_it_ends_and_the_step_running(amc: Cli, farm: Farm) -> None:
+    """While the task runs: a line per step its host reported as it ended, and one for the
+    step running with its time so far (issue 27.8)."""
+    host = await farm.host("h1", "s1")
+    task = await amc.submit("-", stdin=LOGIN_PAY)
+    watch = await amc.running("watch", task["task_id"])
+    await watch.line_with("queued")
+    a = await dispatched(host, "s1")
+    assert "running for" in await watch.line_with("step 1/2 login")
+    await renew_with(host, [a.lease_id], progress(a.lease_id, step(0, "login")))
+    assert "in 1.5s" in await watch.line_with("step 1/2 login  ok")
+    assert "running for" in await watch.line_with("step 2/2 pay")
+    await host.report(a, lease_pb2.OUTCOME_DONE)
+    run = await watch.finish()
+    assert run.code == 0, run.err
+    assert run.out.index("step 1/2 login  ok") < run.out.index("step 2/2 pay  running for")
 
 
 async def test_watch_exits_8_when_the_task_failed(amc: Cli, farm: Farm) -> None:

@@ -113,6 +113,7 @@ TABLES = (
     "devices",
     "tasks",
     "attempts",
+    "attempt_steps",
     "task_events",
     "artifacts",
     "artifact_chunks",
@@ -125,7 +126,7 @@ TABLES = (
 DIGESTED = {"hosts": "(SELECT host_id, labels, registered_at, cordoned, draining FROM hosts)"}
 # Referencing tables first.
 RESTORE_ORDER = (
-    ("artifact_chunks", "artifacts", "task_events", "attempts", "tasks"),
+    ("artifact_chunks", "artifacts", "task_events", "attempt_steps", "attempts", "tasks"),
     ("devices", "hosts"),
     ("tokens",),
     ("host_events",),
@@ -906,7 +907,20 @@ def templates(w: World) -> dict[str, list[message.Message]]:
         "/amc.v1.Lease/RenewLeases": [
             lease_pb2.RenewLeasesRequest(
                 host_id="A", lease_ids=[a.lease_id for a in w.leases[-4:]], seq=7
-            )
+            ),
+            lease_pb2.RenewLeasesRequest(
+                host_id="A",
+                lease_ids=[w.leases[-1].lease_id],
+                seq=8,
+                steps=[
+                    lease_pb2.StepProgress(
+                        lease_id=w.leases[-1].lease_id,
+                        step=task_pb2.StepResult(
+                            index=0, name="tap", status=task_pb2.STEP_STATUS_OK, output="ok"
+                        ),
+                    )
+                ],
+            ),
         ],
         "/amc.v1.Lease/ReportResult": [
             lease_pb2.ReportResultRequest(

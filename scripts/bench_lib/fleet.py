@@ -13,6 +13,10 @@ Issue 20: the submit window lasts at least two re-poll periods (the hosts' Acqui
 least once inside it, and a share of the hosts (--fleet-short-wait-share) long-polls for
 10 s as older agents did. The deep workload (deep.py) runs this same load on a database
 holding a backlog and a history.
+
+Issue 27.8: in the submit window every host's phones but the first run a long workflow whose
+host reports a step every `step_every` seconds per phone with its renewals, as the agent
+reports its progress (0: none); the window's tasks go to the first phones.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class Options:
     acquire_wait: float = 60.0  # the hosts' Acquire wait (the agent's default)
     short_wait: float = 10.0  # ... and the short-wait hosts'
     short_wait_share: float = 0.25
+    # Issue 27.8: every host's phones but one run a long workflow whose host reports a
+    # step every this many seconds per phone during the submit window (0: none).
+    step_every: float = 3.0
 
 
 def repoll_period(opt: Options) -> float:
@@ -92,6 +99,7 @@ def settings(opt: Options) -> dict[str, Any]:
         "acquire_wait_s": opt.acquire_wait,
         "short_wait_s": opt.short_wait,
         "short_wait_share": opt.short_wait_share,
+        "step_every_s": opt.step_every,
     }
 
 
@@ -104,7 +112,8 @@ def say_run(result: dict[str, Any], say: Callable[[str], None]) -> None:
         f" (short-wait hosts p99 {sub['pickup_ms_short_wait'].get('p99', nan):.1f});"
         f" CPU ms/task CP {sub['control_plane_cpu_ms_per_task']:.2f}"
         f" PG {sub['postgres_cpu_ms_per_task']:.2f};"
-        f" {sub['done']}/{sub['tasks']} done, verified={result['verified']}"
+        f" {sub['done']}/{sub['tasks']} done, verified={result['verified']};"
+        f" step progress {sub.get('steps_per_s', 0.0):.0f}/s"
     )
 
 
@@ -142,6 +151,7 @@ async def run_one(
             "--hosts-per-channel", str(opt.hosts_per_channel),
             "--acquire-wait", str(opt.acquire_wait), "--short-wait", str(opt.short_wait),
             "--short-wait-share", str(opt.short_wait_share),
+            "--step-every", str(opt.step_every),
             "--prefix", prefix or f"{name}-{int(time.time())}",
         ]  # fmt: skip
         # Connecting, idle, submitting, draining, closing, each bounded in the client.

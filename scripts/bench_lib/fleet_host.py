@@ -7,7 +7,11 @@ wire, without running anything on a phone.
         naming the leases not acknowledged yet when an assignment arrives
     one Acquire(idle serials, wait 60 s: the agent's default; or the `acquire_wait` given)
         parked at a time, again as soon as it returns
-    per assignment: acknowledge (its first renewal, answered RENEWED) -> hold the phone for
+    a workflow assignment (the load's busy phones, issue 27.8, when `step_every` > 0): a
+        step "ends" every `step_every` seconds, sent with the lease's next renewal as the
+        agent sends its progress, until the task's cancel reaches the host (then reported
+        CANCELLED)
+    any other assignment: acknowledge (its first renewal, answered RENEWED) -> hold the phone for
         `work_seconds` (0: none; the flood's one-second tasks) -> report DONE through the
         agent's own ResultBatcher (results ending together go in one ReportResults) -> the
         device is idle again
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -30,7 +35,7 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
+from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2, task_pb2
 from host_agent.convert import report_request
 from host_agent.reporting import ResultBatcher
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus
@@ -62,6 +67,9 @@ class Counters:
     report_errors: int = 0
     conflicts: int = 0
     ack_timeouts: int = 0
+    # Busy phones (workflow tasks sending step progress) running now; steps sent in all.
+    busy: int = 0
+    steps_sent: int = 0
     # "<phase> <what> <code>" -> count; the phase is the load client's (connect, idle, ...).
     by_kind: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
@@ -105,6 +113,7 @@ class _Lease:
     answered: asyncio.Future[int] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class FleetHost:
@@ -120,8 +129,14 @@ class FleetHost:
         on_done: Observer,
         acquire_wait: float = ACQUIRE_WAIT,
         work_seconds: float = 0.0,
+        step_every: float = 3.0,
     ) -> None:
         self.host_id = host_id
+        self.step_every = step_every
+        # Steps that ended, not sent yet (they go with their lease's next renewal); the
+        # running workflows' leases, each with its next step's index.
+        self._steps: list[lease_pb2.StepProgress] = []
+        self._workflows: dict[str, int] = {}
         self.acquire_wait = acquire_wait
         self.work_seconds = work_seconds
         self.labels = labels
@@ -162,6 +177,8 @@ class FleetHost:
         """The renewal stream and the Acquire loop, until stop()."""
         self._spawn(self._stream_loop())
         self._spawn(self._acquire_loop())
+        if self.step_every > 0:
+            self._spawn(self._step_loop())
 
     async def stop(self) -> None:
         self._stopping = True
@@ -215,6 +232,9 @@ class FleetHost:
             if result != lease_pb2.RENEWAL_RESULT_RENEWED:
                 self._counters.conflicts += 1
                 return
+            if a.spec.HasField("workflow"):
+                await self._run_workflow(a, lease)
+                return
             if self.work_seconds > 0:
                 await asyncio.sleep(self.work_seconds)
             if await self._report(a):
@@ -224,12 +244,43 @@ class FleetHost:
             self._busy.discard(a.device_serial)
             self._idle_again.set()
 
-    async def _report(self, a: lease_pb2.Assignment) -> bool:
+    async def _run_workflow(self, a: lease_pb2.Assignment, lease: _Lease) -> None:
+        """A phone running a long workflow (its steps come from the host's `_step_loop`),
+        until the task's cancel arrives; then reported CANCELLED."""
+        self._counters.busy += 1
+        self._workflows[a.lease_id] = 0
+        try:
+            await lease.cancelled.wait()
+            self._workflows.pop(a.lease_id, None)
+            await self._report(a, Outcome.CANCELLED)
+        finally:
+            self._workflows.pop(a.lease_id, None)
+            self._counters.busy -= 1
+
+    async def _step_loop(self) -> None:
+        """Every `step_every` seconds (from a random point of the first period, so the
+        hosts' steps spread) a step of each running workflow ends: queued to go with the
+        next renewal. One timer per host, and one message built per step, so that playing
+        thousands of phones costs the load client little."""
+        await asyncio.sleep(random.uniform(0, self.step_every))
+        while not self._stopping:
+            now = datetime.now(UTC)
+            for lease_id, index in list(self._workflows.items()):
+                step = task_pb2.StepResult(
+                    index=index, name=f"step {index}", status=task_pb2.STEP_STATUS_OK
+                )
+                step.started_at.FromDatetime(now - timedelta(seconds=self.step_every))
+                step.duration.FromTimedelta(timedelta(seconds=self.step_every))
+                self._steps.append(lease_pb2.StepProgress(lease_id=lease_id, step=step))
+                self._workflows[lease_id] = index + 1
+            await asyncio.sleep(self.step_every)
+
+    async def _report(self, a: lease_pb2.Assignment, outcome: Outcome = Outcome.DONE) -> bool:
         """Where results leave the host: as the agent does, through its ResultBatcher."""
         now = datetime.now(UTC)
         step = StepResult(0, "key", StepStatus.OK, now, timedelta(0))
         request = report_request(
-            RunResult(Outcome.DONE, "", (step,)),
+            RunResult(outcome, "", (step,)),
             task_id=a.task_id,
             attempt=a.attempt,
             lease_id=a.lease_id,
@@ -274,9 +325,15 @@ class FleetHost:
             ids = [i for i, lease in self._held.items() if full or not lease.answered.done()]
             if ids or not opened:
                 opened = True
+                # The steps of the leases it renews go with it (LeaseKeeper._send).
+                sent = set(ids)
+                steps = [p for p in self._steps if p.lease_id in sent]
+                if steps:
+                    self._steps = [p for p in self._steps if p.lease_id not in sent]
+                    self._counters.steps_sent += len(steps)
                 await call.write(
                     lease_pb2.RenewLeasesRequest(
-                        host_id=self.host_id, lease_ids=ids, seq=next(self._seq)
+                        host_id=self.host_id, lease_ids=ids, seq=next(self._seq), steps=steps
                     )
                 )
             if full:
@@ -288,9 +345,11 @@ class FleetHost:
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
             assert isinstance(response, lease_pb2.RenewLeasesResponse)
-            if response.push:
-                continue  # cancellations: none in this workload
             for state in response.leases:
                 lease = self._held.get(state.lease_id)
-                if lease is not None and not lease.answered.done():
+                if lease is None:
+                    continue
+                if state.cancel_pending:  # the end of a busy phone's task
+                    lease.cancelled.set()
+                if not response.push and not lease.answered.done():
                     lease.answered.set_result(state.result)

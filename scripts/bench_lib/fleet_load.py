@@ -22,6 +22,10 @@ with a rack label of its own, on one or more control-plane replicas, and a submi
    and per 10-s slice of the window (re-polls come in waves). Acquire calls answered empty
    (re-polls) and the replicas' amc_acquire_queries_total over the window say how many
    re-polls it held.
+   With --step-every S > 0 (issue 27.8), before the window every host's phones but its
+   first run a long workflow each (busy phones), a step ending every S seconds per phone,
+   sent with the renewals as the agent sends its progress; the window's tasks go to the
+   first phones. After the window the busy tasks are cancelled and reported so.
 4. verify in PostgreSQL: every task done, exactly one attempt, done once.
 
 Progress lines go to stdout, then the result as one JSON line (the last line).
@@ -264,6 +268,7 @@ class Fleet:
         self._by_key: dict[tuple[int, int], grpc.aio.Channel] = {}
         self.started_at = 0.0  # when every host opened its stream and parked, together
         self.short: set[int] = set()  # the hosts whose Acquire waits --short-wait
+        self.busy_ids: list[str] = []  # the busy phones' tasks (--step-every)
 
     def on_assigned(self, task_id: str, at: float) -> None:
         self.assigned.setdefault(task_id, at)
@@ -301,6 +306,7 @@ class Fleet:
                     on_assigned=self.on_assigned,
                     on_done=self.on_done,
                     acquire_wait=a.short_wait if i in self.short else a.acquire_wait,
+                    step_every=a.step_every,
                 )
             )
         started = time.monotonic()
@@ -361,6 +367,76 @@ class Fleet:
             "streams": streams,
             "loop_lag_ms": summarize(lag.lags_ms),
         }
+
+    # -- busy phones (issue 27.8) ------------------------------------------------------------
+
+    BUSY_STEPS = 100  # the busy workflow's steps (a step "ends" every --step-every s)
+
+    async def occupy(self) -> dict[str, Any]:
+        """Every host's phones but d0 busy with a long workflow sending step progress;
+        until all of them run."""
+        a = self.args
+        spec = task_pb2.TaskSpec(
+            workflow=task_pb2.Workflow(
+                steps=[
+                    task_pb2.WorkflowStep(
+                        name=f"step {i}",
+                        actions=[task_pb2.Action(key=task_pb2.Key(keycode=0))],
+                    )
+                    for i in range(self.BUSY_STEPS)
+                ]
+            )
+        )
+        requests = [
+            scheduler_pb2.SubmitTaskRequest(
+                spec=spec,
+                selector=task_pb2.DeviceSelector(serial=f"d{k}", labels={"rack": h.labels["rack"]}),
+                max_attempts=1,
+                metadata={"bench": "busy"},
+            )
+            for h in self.hosts
+            for k in range(1, a.devices)
+        ]
+        channel = aio_channel(self.addresses[a.submit_to])
+        scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
+        started = time.monotonic()
+        try:
+            for i in range(0, len(requests), 500):
+                batch = scheduler_pb2.SubmitTasksRequest(tasks=requests[i : i + 500])
+                answer = await scheduler.SubmitTasks(batch, timeout=120)
+                self.busy_ids += [t.task_id for t in answer.tasks]
+        finally:
+            await channel.close()
+        deadline = time.monotonic() + 120 + len(requests) / 100
+        while self.counters.busy < len(requests):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"busy phones: {self.counters.busy} of {len(requests)} run")
+            await asyncio.sleep(0.2)
+        return {"busy_phones": len(requests), "occupy_s": time.monotonic() - started}
+
+    async def free(self) -> dict[str, Any]:
+        """Cancel the busy tasks; until every busy phone reported its task cancelled."""
+        channel = aio_channel(self.addresses[self.args.submit_to])
+        scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
+        started = time.monotonic()
+        try:
+            await bounded(
+                [
+                    lambda t=t: scheduler.CancelTask(
+                        scheduler_pb2.CancelTaskRequest(task_id=t, reason="bench: end"), timeout=60
+                    )
+                    for t in self.busy_ids
+                ],
+                CONNECT_CONCURRENCY,
+            )
+        finally:
+            await channel.close()
+        deadline = time.monotonic() + 120
+        while self.counters.busy > 0:
+            if time.monotonic() > deadline:
+                break  # reported as busy_left
+            await asyncio.sleep(0.2)
+        return {"busy_left": self.counters.busy, "free_s": time.monotonic() - started}
 
     # -- 3. submit -------------------------------------------------------------------------
 
@@ -530,7 +606,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         progress(f"connected in {out['connect']['connect_s']:.1f}s; idle {args.idle_seconds:g}s")
         out["idle"] = await fleet.idle()
         progress(f"idle: control plane {out['idle']['control_plane_cores']:.3f} cores")
+        if args.step_every > 0:
+            out["busy"] = await fleet.occupy()
+            progress(f"{out['busy']['busy_phones']} busy phones, a step every {args.step_every:g}s")
+        steps_before = fleet.counters.steps_sent
         out["submit"] = await fleet.submit()
+        out["submit"]["steps_sent"] = fleet.counters.steps_sent - steps_before
+        out["submit"]["steps_per_s"] = out["submit"]["steps_sent"] / out["submit"]["window_s"]
+        if args.step_every > 0:
+            out["busy"].update(await fleet.free())
         task_ids = out["submit"].pop("task_ids")
         out.update(await fleet.verify(task_ids))
         errors = dict(vars(fleet.counters))
@@ -562,6 +646,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--submit-to", type=int, default=0, help="index of the submitting replica")
     p.add_argument("--prefix", default=f"fleet-{uuid.uuid4().hex[:6]}")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--step-every", type=float, default=0.0, help="busy phones' step period, s (0: none)"
+    )
     return p.parse_args(argv)
 
 

@@ -16,9 +16,10 @@ is there for the next), against a farm the test provides (`address` stands in fo
   appearance, so an id used again in a later command, of this block or a later one,
   stands for the same task), times, step durations, digests, and the widths of table
   rules and padding. A live follow's progress lines (a time and `queued`, `assigned` or
-  `dispatched`) come as fast as the farm moves, so one the document shows may be missing
-  from a run, and the `waiting:` reason of a queued line is of its moment; every other
-  line the run printed must be the document's, in its order.
+  `dispatched`; a step of the running task, done or running) come as fast as the farm
+  moves, so one the document shows may be missing from a run, and the `waiting:` reason of
+  a queued line is of its moment; every other line the run printed must be the document's,
+  in its order.
 """
 
 from __future__ import annotations
@@ -192,8 +193,12 @@ class Alike:
         return " ".join(text.split())
 
 
-# A line of a live follow that a fast run may skip (the task moved on before it was read).
-PROGRESS = re.compile(r"^<time> (queued|assigned|dispatched)\b")
+# A line of a live follow that a fast run may skip (the task moved on before it was read):
+# a status, or a step of a running task (shown when its host's renewal brings it, issue 27.8).
+PROGRESS = re.compile(
+    r"^(<time> (queued|assigned|dispatched)\b"
+    r"|step \d+/\d+ .* (running for|(ok|failed|cancelled) in) <took>)"
+)
 
 
 def run_console(blocks: list[str], *, cwd: Path, env: dict[str, str], address: str) -> list[str]:

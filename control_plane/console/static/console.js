@@ -579,6 +579,7 @@ const Task = {
       ...[
         ["status", [badge(status), task.attempt ? ` attempt ${task.attempt} of ${task.max_attempts}` : ""]],
         ["waiting", task.pending_reason || null],
+        ["progress", !TERMINAL.has(status) && task.progress ? progressText(task.progress) : null],
         ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : null],
         ["selector", selectorText(task.selector)],
         ["priority", task.priority],
@@ -604,17 +605,29 @@ const Task = {
       h("td", {}, e.from_status !== "TASK_STATUS_UNSPECIFIED" ? enumName("TASK_STATUS_", e.from_status) : "-"),
       h("td", {}, e.to_status !== "TASK_STATUS_UNSPECIFIED" ? badge(enumName("TASK_STATUS_", e.to_status)) : "-"),
       h("td", {}, e.detail || "")));
-    const steps = ((task.result && task.result.steps) || []).map((s) => h("tr", {},
-      h("td", {}, s.index), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
+    // A running task's steps so far (its host reports each as it ends) and the step it
+    // runs now, whose time ticks; once it ends, its result is the record.
+    const progress = !TERMINAL.has(status) && task.progress ? task.progress : null;
+    const done = progress ? progress.steps || [] : (task.result && task.result.steps) || [];
+    const steps = done.map((s) => h("tr", {},
+      h("td", {}, s.index || 0), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
       h("td", {}, took(s.duration)),
       h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
         Object.keys(s.data || {}).length ? labels(s.data) : "",
         (s.artifacts || []).length ? h("div", { class: "artifacts" }, s.artifacts.map(artifactView)) : "")));
+    if (progress && progress.running_since) {
+      steps.push(h("tr", { class: "running-step" },
+        h("td", {}, progress.running_index || 0), h("td", {}, progress.running_name),
+        h("td", {}, badge("running")),
+        h("td", {}, h("span", { class: "elapsed", "data-since": progress.running_since }, elapsed(progress.running_since))),
+        h("td", { class: "muted" }, "running now")));
+    }
     return [
       h("h1", {}, "Task ", h("span", { class: "mono" }, params.id), " ", h("span", { id: "task-status" }, badge(status))),
       cancel, grid,
       h("h2", {}, "Steps"),
-      steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" }) : h("p", { class: "muted" }, "No step results yet."),
+      steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" })
+                   : h("p", { class: "muted" }, progress ? "No step has ended yet." : "No step results yet."),
       h("h2", {}, "Attempts"),
       attempts.length ? table(["#", "host", "device", "lease", "assigned", "acknowledged", "ended", "how"], attempts, { class: "attempts" })
                       : h("p", { class: "muted" }, "Never assigned."),
@@ -627,6 +640,27 @@ const Task = {
   },
   wants: (kind, data, params) => (kind === "task" && data === params.id) || kind === "resync",
 };
+
+// How long since `since` (a proto JSON timestamp), as `took` writes a duration.
+function elapsed(since) {
+  const seconds = Math.max(0, (Date.now() - new Date(since).getTime()) / 1000);
+  return took(`${seconds}s`);
+}
+
+// `2 of 5 steps done; running step 3 checkout for 4.2s` (as `amc get` says it).
+function progressText(p) {
+  const text = [`${(p.steps || []).length} of ${p.step_count || 0} steps done`];
+  if (p.running_since) {
+    text.push(`; running step ${(p.running_index || 0) + 1} `, h("b", {}, p.running_name || ""), " for ",
+      h("span", { class: "elapsed", "data-since": p.running_since }, elapsed(p.running_since)));
+  }
+  return h("span", {}, ...text);
+}
+
+// The running step's time ticks between the page's reads.
+setInterval(() => {
+  for (const el of document.querySelectorAll(".elapsed[data-since]")) el.textContent = elapsed(el.dataset.since);
+}, 1000);
 
 function cancelForm(task) {
   const reason = h("input", { name: "reason", placeholder: "reason", "aria-label": "cancel reason", size: 32 });
