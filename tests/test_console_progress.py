@@ -8,8 +8,10 @@ from typing import Any
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import Role
+from host_agent.simulated import SimulatedSource
 from tests.support import Farm, tap, wait_action, workflow_spec
-from tests.test_console import browser, farm, open_page, pytestmark
+from tests.support.agent import running_agent, status_is
+from tests.test_console import DOCS, browser, farm, open_page, pytestmark
 from tests.test_step_progress import progress, renew_with, step
 
 __all__ = ["browser", "farm", "pytestmark"]
@@ -60,3 +62,40 @@ async def test_console_task_page_shows_a_running_tasks_steps_and_the_step_runnin
     names = await page.locator("table.steps tbody tr td:nth-child(2)").all_inner_texts()
     assert names == ["login", "search", "pay"]
     assert page.errors == []
+
+
+async def test_console_task_page_of_a_workflow_a_real_agent_runs(farm: Farm, browser: Any) -> None:
+    """A real agent on simulated phones: the page shows the steps as its renewals bring
+    them, while the workflow runs (the picture is README's, docs/console-task-running.png)."""
+    client = await farm.client()
+    source = SimulatedSource(1, delay=0.05)
+    async with running_agent(farm, source, host_id="rack1-host"):
+        spec = workflow_spec(
+            **{
+                "open the app": [launch("com.example.shop")],
+                "log in": [tap(200, 230), wait_action(0.5)],
+                "browse": [wait_action(60)],
+                "check out": [tap(540, 1900)],
+            }
+        )
+        task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=spec))
+        page = await open_page(
+            browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.CLIENT)
+        )
+        field = page.locator("dd[data-field='progress']")
+        await field.filter(has_text="2 of 4 steps done; running step 3 browse for").wait_for(
+            timeout=30_000
+        )
+        names = await page.locator("table.steps tbody tr td:nth-child(2)").all_inner_texts()
+        assert names == ["open the app", "log in", "browse"]
+        await page.locator("#live.on").wait_for()
+        await page.screenshot(path=str(DOCS / "console-task-running.png"), full_page=True)
+        await client.scheduler.CancelTask(
+            scheduler_pb2.CancelTaskRequest(task_id=task.task_id, reason="picture taken")
+        )
+        await status_is(farm, task.task_id, "cancelled")
+    assert page.errors == []
+
+
+def launch(package: str) -> task_pb2.Action:
+    return task_pb2.Action(launch_app=task_pb2.LaunchApp(package=package))
