@@ -543,6 +543,25 @@ async def test_watch_shows_each_step_as_it_ends_and_the_step_running(amc: Cli, f
     assert run.out.index("step 1/2 login  ok") < run.out.index("step 2/2 pay  running for")
 
 
+async def test_get_of_a_running_task_says_its_progress(amc: Cli, farm: Farm) -> None:
+    """`amc get` of a running task has a progress row: the steps done, the step running
+    and its time so far; `-o json` has the Task's progress (issue 27.8)."""
+    host = await farm.host("h1", "s1")
+    task = await amc.submit("-", stdin=LOGIN_PAY)
+    a = await dispatched(host, "s1")
+    login = step(0, "login")
+    login.started_at.GetCurrentTime()  # it ended 1.5 s from now: `pay` has run for 0.0s
+    await renew_with(host, [a.lease_id], progress(a.lease_id, login))
+    run = await amc("get", task["task_id"])
+    assert run.code == 0, run.err
+    assert re.search(
+        r"^progress\s+1 of 2 steps done; running step 2 pay for 0\.0s\s*$", run.out, re.M
+    ), run.out
+    got = (await amc("get", task["task_id"], "-o", "json")).json()
+    assert [s["name"] for s in got["progress"]["steps"]] == ["login"]
+    assert got["progress"]["running_name"] == "pay"
+
+
 async def test_watch_exits_8_when_the_task_failed(amc: Cli, farm: Farm) -> None:
     """A failed task ends the watch with exit 8 and shows the error."""
     host = await farm.host("h1", "s1")
