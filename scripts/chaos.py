@@ -298,6 +298,7 @@ class ChaosRun:
             self.chaos_s = time.monotonic() - began
         finally:
             submitting.cancel()
+            self.sessions.stop()
             sessions.cancel()  # the open ones are abandoned: they end failed
             watching.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
