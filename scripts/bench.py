@@ -18,7 +18,10 @@ as separate processes (simulated devices), then runs, in this order:
                the window holds two re-poll periods (--fleet-acquire-wait, 60 s), and a
                --fleet-short-wait-share of the hosts long-polls for 10 s (issue 20); in the
                window every host's phones but one run workflows whose hosts report a step
-               every --fleet-step-every s per phone with their renewals (issue 27.8)
+               every --fleet-step-every s per phone with their renewals (issue 27.8); after
+               the idle window --fleet-condition-churn (1 %) of the phones change condition
+               a minute, as probe rounds report them: a second idle window gives the CPU
+               they add, and they go on through the submit window (issue 22)
   8 deep       the fleet load at --deep-hosts on an empty database, then on one holding
                --deep-history finished tasks (bulk SQL) and --deep-queued tasks no host can
                take, and at --deep-big-hosts on that (issue 20)
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -147,6 +151,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         " host reports a step every this many seconds per phone (issue 27.8; 0: none)",
     )
     p.add_argument(
+        "--fleet-condition-churn",
+        type=float,
+        default=0.01,
+        help="fleet: share of the phones changing condition a minute after the idle window,"
+        " reported as the agent's probe rounds (issue 22; 0: none); a second idle window"
+        " says the CPU they add, and they run on through the submit window",
+    )
+    p.add_argument(
         "--fleet-replica-hosts",
         type=int,
         default=1000,
@@ -207,6 +219,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.pgbench_seconds, args.no_peer = 1.0, True
         args.fleet_hosts, args.fleet_seconds, args.fleet_idle_seconds = "10", 3.0, 2.0
         args.fleet_replica_hosts = 10
+        # Enough condition changes on 40 phones that some are reported in the short run.
+        args.fleet_condition_churn = 1.0
         # Waits short enough that the 3-s window still holds two re-poll periods.
         args.fleet_acquire_wait, args.fleet_short_wait = 1.0, 0.5
         args.deep_hosts, args.deep_big_hosts, args.deep_selectors = 10, 0, 20
@@ -375,6 +389,7 @@ class Run:
             short_wait=a.fleet_short_wait,
             short_wait_share=a.fleet_short_wait_share,
             step_every=a.fleet_step_every,
+            condition_churn=a.fleet_condition_churn,
         )
 
     async def fleet(self) -> None:
@@ -386,7 +401,9 @@ class Run:
         a = self.args
         self.stop_amc()
         options = deep.Options(
-            fleet=self.fleet_options(),
+            # The deep workload's figures stay comparable with its earlier runs: no
+            # condition changes there (the fleet measures them).
+            fleet=dataclasses.replace(self.fleet_options(), condition_churn=0.0),
             hosts=a.deep_hosts,
             big_hosts=a.deep_big_hosts,
             queued=a.deep_queued,

@@ -59,11 +59,22 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
         # A share of the hosts long-polls for the short wait; the window holds re-polls.
         assert run["connect"]["short_wait_hosts"] == 2
         assert run["submit"]["pickup_ms_short_wait"]["n"] > 0 and run["submit"]["repolls"] > 0
+        # Issue 22: a second idle window with the phones changing condition, and what it
+        # adds; every ReportDeviceHealth taken (errors total 0 above).
+        churn = run["idle"]["churn"]
+        assert churn["share_per_min"] == 1.0 and churn["wall_s"] > 0
+        assert churn["control_plane_cores_added"] == pytest.approx(
+            churn["control_plane_cores"] - run["idle"]["control_plane_cores"]
+        )
+        assert run["errors"]["health_errors"] == 0
     assert results["fleet"]["targets"]["windows_cover_two_repolls"] is True
+    assert results["fleet"]["settings"]["condition_churn_per_min"] == 1.0
+    assert "condition changes / min" in done.stdout
     # deep: the same load on an empty database, then on one with a history and a backlog.
     dp = results["deep"]
     assert [(r["database"], r["hosts"]) for r in dp["runs"]] == [("empty", 10), ("deep", 10)]
     assert all(r["verified"] for r in dp["runs"]) and dp["verified"] is True
+    assert not any("churn" in r["idle"] for r in dp["runs"])  # the fleet's alone
     assert dp["history"]["counts"]["tasks"] == 5000
     assert dp["history"]["counts"]["not_finished"] == 0
     assert dp["backlog"]["submitted"] == 1000 == dp["backlog"]["still_queued"]
@@ -126,6 +137,7 @@ def test_fleet_targets_are_judged_against_the_ten_host_run() -> None:
         "cpu_per_task_1000_two_replicas": False,
         "rss_per_host_5000": False,
         "idle_cpu_5000": True,
+        "condition_churn_cpu_5000": None,
     }
     assert fleet.judge(runs[:1])["pickup_1000"] is None
     rows = report.rows({"fleet": {"runs": runs, "settings": {"rate_per_s": 20.0}}})
@@ -135,6 +147,27 @@ def test_fleet_targets_are_judged_against_the_ten_host_run() -> None:
         ("7 fleet 5,000x4", False), ("7 fleet 5,000x4", True),
         ("7 fleet 1,000x4, 2 replicas", False), ("7 fleet 1,000x4, 2 replicas", False),
     ]  # fmt: skip
+
+
+def test_issue_22_condition_changes_judged_by_the_cpu_they_add_at_5000_hosts() -> None:
+    """THEN the 5,000-host run's idle window with condition changes is held to 0.05 cores
+    added over the quiet one, shown in its own row; other sizes are not judged."""
+    runs = [_fleet_run(10, 1, (3.0, 9.0), 2.0), _fleet_run(5000, 1, (4.0, 15.0), 2.5)]
+    for run, added in zip(runs, (0.2, 0.01), strict=True):
+        run["idle"]["churn"] = {
+            "share_per_min": 0.01, "changes_per_min": 200.0, "postgres_cores": 0.01,
+            "control_plane_cores": 0.01 + added, "control_plane_cores_added": added,
+            "postgres_cores_added": 0.01,
+        }  # fmt: skip
+    assert fleet.judge(runs)["condition_churn_cpu_5000"] is True
+    rows = report.rows({"fleet": {"runs": runs, "settings": {"rate_per_s": 20.0}}})
+    churn = [r for r in rows if "condition changes" in r.measure]
+    assert [(r.workload, r.met) for r in churn] == [
+        ("7 fleet 10x4", None), ("7 fleet 5,000x4", True),
+    ]  # fmt: skip
+    assert "(+0.0100)" in churn[1].value
+    runs[1]["idle"]["churn"]["control_plane_cores_added"] = 0.06
+    assert fleet.judge(runs)["condition_churn_cpu_5000"] is False
 
 
 def test_issue_20_fleet_target_wants_two_repoll_periods_and_the_short_wait_hosts() -> None:

@@ -17,6 +17,12 @@ holding a backlog and a history.
 Issue 27.8: in the submit window every host's phones but the first run a long workflow whose
 host reports a step every `step_every` seconds per phone with its renewals, as the agent
 reports its progress (0: none); the window's tasks go to the first phones.
+
+Issue 22: after the idle window, a share of the phones (--fleet-condition-churn, 1 %) change
+condition a minute, reported as the agent's probe rounds do (fleet_host.FleetHost.churn), a
+phone turned not ready being ready again a probe round later; a second idle window says
+what the changes add to the control plane's CPU, and they go on through the submit window,
+so that the pickup rows are measured with them.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ TARGET_HOSTS = 1000
 IDLE_HOSTS = 5000
 RSS_PER_HOST_KB = 100.0
 IDLE_CORES = 0.05
+# Issue 22's: control-plane CPU the condition changes add at IDLE_HOSTS.
+CHURN_CORES = 0.05
 # Issue 20's: pickup p99 at these sizes, for all hosts and for the short-wait ones, in a
 # window of at least REPOLL_PERIODS of the hosts' longest Acquire wait.
 P99_HOSTS = (1000, 5000)
@@ -65,6 +73,8 @@ class Options:
     # Issue 27.8: every host's phones but one run a long workflow whose host reports a
     # step every this many seconds per phone during the submit window (0: none).
     step_every: float = 3.0
+    # Issue 22: share of the phones changing condition a minute (0: none).
+    condition_churn: float = 0.01
 
 
 def repoll_period(opt: Options) -> float:
@@ -100,6 +110,7 @@ def settings(opt: Options) -> dict[str, Any]:
         "short_wait_s": opt.short_wait,
         "short_wait_share": opt.short_wait_share,
         "step_every_s": opt.step_every,
+        "condition_churn_per_min": opt.condition_churn,
     }
 
 
@@ -115,6 +126,14 @@ def say_run(result: dict[str, Any], say: Callable[[str], None]) -> None:
         f" {sub['done']}/{sub['tasks']} done, verified={result['verified']};"
         f" step progress {sub.get('steps_per_s', 0.0):.0f}/s"
     )
+    churn = result["idle"].get("churn")
+    if churn:
+        say(
+            f"  idle CPU with {churn['changes_per_min']:.0f} condition changes a minute:"
+            f" CP {churn['control_plane_cores']:.4f} cores"
+            f" ({churn['control_plane_cores_added']:+.4f} over none);"
+            f" {sub.get('condition_changes', 0)} changes in the submit window"
+        )
 
 
 async def run_one(
@@ -152,6 +171,7 @@ async def run_one(
             "--acquire-wait", str(opt.acquire_wait), "--short-wait", str(opt.short_wait),
             "--short-wait-share", str(opt.short_wait_share),
             "--step-every", str(opt.step_every),
+            "--condition-churn", str(opt.condition_churn),
             "--prefix", prefix or f"{name}-{int(time.time())}",
         ]  # fmt: skip
         # Connecting, idle, submitting, draining, closing, each bounded in the client.
@@ -296,4 +316,13 @@ def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
             idle["control_plane_rss_per_host_bytes"] / 1024 <= RSS_PER_HOST_KB if idle else None
         ),
         "idle_cpu_5000": idle["idle"]["control_plane_cores"] <= IDLE_CORES if idle else None,
+        "condition_churn_cpu_5000": churn_met(idle) if idle else None,
     }
+
+
+def churn_met(run: dict[str, Any]) -> bool | None:
+    """Issue 22: the condition changes add at most CHURN_CORES of control-plane CPU."""
+    churn = run["idle"].get("churn")
+    if not churn:
+        return None
+    return bool(churn["control_plane_cores_added"] <= CHURN_CORES)

@@ -11,6 +11,12 @@ wire, without running anything on a phone.
         step "ends" every `step_every` seconds, sent with the lease's next renewal as the
         agent sends its progress, until the task's cancel reaches the host (then reported
         CANCELLED)
+    condition changes (issue 22, once `churn()` is called with a share > 0): a share of the
+        host's phones a minute (a Poisson process per host, from a random point, so that
+        hosts never change in step) turn not ready (too hot or charging hold); the host's
+        probe round (every PROBE_ROUND s, each host at its own phase) sends what changed
+        in one Lease.ReportDeviceHealth, and a phone turned not ready is ready again at the
+        first round at least one round later, so the phones are held only a short while
     any other assignment: acknowledge (its first renewal, answered RENEWED) -> hold the phone for
         `work_seconds` (0: none; the flood's one-second tasks) -> report DONE through the
         agent's own ResultBatcher (results ending together go in one ReportResults) -> the
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable, Coroutine
@@ -48,6 +55,13 @@ CALL_TIMEOUT = 10.0
 # on it (the agent fences by the lease deadline; here it is an error to count).
 ACK_TIMEOUT = 30.0
 REPORT_POLICY = RetryPolicy(total=CALL_TIMEOUT, call_timeout=CALL_TIMEOUT)
+# The agent's probe interval (AgentSettings.probe_interval): a round sends what changed.
+PROBE_ROUND = 10.0
+# (condition, reason, battery %, °C) of a phone turned not ready.
+NOT_READY = (
+    (scheduler_pb2.DEVICE_CONDITION_TOO_HOT, "temperature 46.0 °C above 45 °C", 60, 46.0),
+    (scheduler_pb2.DEVICE_CONDITION_CHARGING_HOLD, "battery 19 % below 20 %", 19, 35.0),
+)
 # After a failed Acquire or a broken stream (not expected in a run): wait, then again.
 RETRY_AFTER = 0.5
 
@@ -67,6 +81,11 @@ class Counters:
     report_errors: int = 0
     conflicts: int = 0
     ack_timeouts: int = 0
+    health_errors: int = 0
+    # Issue 22: ReportDeviceHealth calls and the phones' condition changes they carried,
+    # by phase.
+    health_reports: dict[str, int] = field(default_factory=dict)
+    health_changes: dict[str, int] = field(default_factory=dict)
     # Busy phones (workflow tasks sending step progress) running now; steps sent in all.
     busy: int = 0
     steps_sent: int = 0
@@ -99,8 +118,12 @@ class Counters:
     def total(self) -> int:
         return sum(
             (self.acquire_errors, self.stream_errors, self.report_errors, self.conflicts,
-             self.ack_timeouts)
+             self.ack_timeouts, self.health_errors)
         )  # fmt: skip
+
+    def reported(self, changes: int) -> None:
+        self.health_reports[self.phase] = self.health_reports.get(self.phase, 0) + 1
+        self.health_changes[self.phase] = self.health_changes.get(self.phase, 0) + changes
 
 
 # on_assigned(task_id, monotonic time the Acquire answer arrived); on_done(task_id, time).
@@ -179,6 +202,11 @@ class FleetHost:
         self._spawn(self._acquire_loop())
         if self.step_every > 0:
             self._spawn(self._step_loop())
+
+    def churn(self, share: float) -> None:
+        """From now on, `share` of the phones a minute change condition (issue 22)."""
+        if share > 0:
+            self._spawn(self._condition_loop(len(self.serials) * share / 60.0))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -274,6 +302,58 @@ class FleetHost:
                 self._steps.append(lease_pb2.StepProgress(lease_id=lease_id, step=step))
                 self._workflows[lease_id] = index + 1
             await asyncio.sleep(self.step_every)
+
+    async def _condition_loop(self, rate: float) -> None:
+        """Condition changes at `rate` a second (exponential gaps), sent by probe rounds:
+        each round that saw a change sends all of the round's changes in one call."""
+        rng = random.Random()
+        round_at = time.monotonic() + rng.uniform(0, PROBE_ROUND)  # this host's phase
+        next_change = time.monotonic() + rng.expovariate(rate)
+        held: dict[str, float] = {}  # not ready -> from when it is ready again
+        while not self._stopping:
+            due = min([next_change, *held.values()])
+            if due > round_at:
+                round_at += math.ceil((due - round_at) / PROBE_ROUND) * PROBE_ROUND
+            await asyncio.sleep(max(0.0, round_at - time.monotonic()))
+            changed: list[lease_pb2.DeviceHealth] = []
+            for serial, ready_at in list(held.items()):
+                if ready_at <= round_at:
+                    del held[serial]
+                    changed.append(
+                        lease_pb2.DeviceHealth(
+                            serial=serial,
+                            condition=scheduler_pb2.DEVICE_CONDITION_READY,
+                            battery_percent=60,
+                            temperature_celsius=35.0,
+                        )
+                    )
+            while next_change <= round_at:
+                next_change += rng.expovariate(rate)
+                ready = [s for s in self.serials if s not in held]
+                if not ready:
+                    continue
+                serial = rng.choice(ready)
+                held[serial] = round_at + PROBE_ROUND
+                condition, reason, battery, celsius = rng.choice(NOT_READY)
+                changed.append(
+                    lease_pb2.DeviceHealth(
+                        serial=serial,
+                        condition=condition,
+                        reason=reason,
+                        battery_percent=battery,
+                        temperature_celsius=celsius,
+                    )
+                )
+            if changed:
+                request = lease_pb2.ReportDeviceHealthRequest(host_id=self.host_id, devices=changed)
+                try:
+                    await self._stub.ReportDeviceHealth(request, timeout=CALL_TIMEOUT)
+                    self._counters.reported(len(changed))
+                except grpc.aio.AioRpcError as exc:
+                    if self._stopping:
+                        return
+                    self._counters.error("health_errors", exc)
+            round_at += PROBE_ROUND
 
     async def _report(self, a: lease_pb2.Assignment, outcome: Outcome = Outcome.DONE) -> bool:
         """Where results leave the host: as the agent does, through its ResultBatcher."""

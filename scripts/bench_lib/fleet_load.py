@@ -12,7 +12,13 @@ with a rack label of its own, on one or more control-plane replicas, and a submi
    the agent's default), or --short-wait (10) for a --short-wait-share of the hosts (every
    k-th host).
 2. idle: nothing queued for --idle-seconds: CPU of the replicas, of PostgreSQL (the
-   postmaster's tree) and of this process, and the replicas' RSS.
+   postmaster's tree) and of this process, and the replicas' RSS. With --condition-churn
+   SHARE > 0 (issue 22), then every host's phones start changing condition, SHARE of them
+   a minute (fleet_host.FleetHost.churn: each turned not ready, ready again a probe round
+   later, a host's changes of a round in one ReportDeviceHealth), and after two probe
+   rounds (so that the returns to ready flow too) a second idle window as long as the first
+   says what the changes add; they go on through the submit window. A task whose phone is
+   not ready waits for it, so none fails: the verification stays as it is.
 3. submit: --rate SubmitTask calls per second for --seconds through the first replica,
    open loop (each at its scheduled time, whatever the earlier ones are doing), each task
    for the rack of a random host; then until every task is reported done, or
@@ -55,7 +61,7 @@ from amc_common.channel import aio_channel
 from amc_common.logs import configure
 from bench_lib import promtext, stack
 from bench_lib.client import bounded, key_actions
-from bench_lib.fleet_host import Counters, FleetHost
+from bench_lib.fleet_host import PROBE_ROUND, Counters, FleetHost
 from bench_lib.pgstats import Db
 from bench_lib.stats import summarize
 
@@ -355,16 +361,60 @@ class Fleet:
     async def idle(self) -> dict[str, Any]:
         self.counters.phase = "idle"
         await asyncio.sleep(SETTLE)
+        queries = await self.acquire_queries()
         before = self.usage()
         with LagProbe() as lag:
             await asyncio.sleep(self.args.idle_seconds)
         after = self.usage()
+        queries = await self.acquire_queries() - queries
         waiting, streams = await parked(self.urls, [])
-        return {
+        out = {
             **after.cores_since(before),
+            # The short-wait hosts re-poll in waves: how many re-poll queries the window
+            # held (an idle window's CPU goes with them).
+            "acquire_queries": queries,
             "control_plane_rss_bytes": self.rss(),
             "acquires_waiting": waiting,
             "streams": streams,
+            "loop_lag_ms": summarize(lag.lags_ms),
+        }
+        if self.args.condition_churn > 0:
+            out["churn"] = await self.idle_churn(out)
+        return out
+
+    async def acquire_queries(self) -> int:
+        return int(
+            sum(promtext.value(s, "amc_acquire_queries_total") for s in await scrape_all(self.urls))
+        )
+
+    async def idle_churn(self, quiet: dict[str, Any]) -> dict[str, Any]:
+        """Issue 22: the phones start changing condition; an idle window as long as the
+        quiet one once the changes and the returns to ready flow."""
+        a = self.args
+        for host in self.hosts:
+            host.churn(a.condition_churn)
+        await asyncio.sleep(min(2 * PROBE_ROUND, a.idle_seconds))
+        self.counters.phase = "idle_churn"
+        queries = await self.acquire_queries()
+        before = self.usage()
+        with LagProbe() as lag:
+            await asyncio.sleep(a.idle_seconds)
+        after = self.usage()
+        queries = await self.acquire_queries() - queries
+        self.counters.phase = "busy"
+        usage = after.cores_since(before)
+        reports = self.counters.health_reports.get("idle_churn", 0)
+        changes = self.counters.health_changes.get("idle_churn", 0)
+        return {
+            **usage,
+            "share_per_min": a.condition_churn,
+            "reports": reports,
+            "changes": changes,
+            "changes_per_min": changes * 60 / usage["wall_s"],
+            "acquire_queries": queries,
+            "control_plane_cores_added": usage["control_plane_cores"]
+            - quiet["control_plane_cores"],
+            "postgres_cores_added": usage["postgres_cores"] - quiet["postgres_cores"],
             "loop_lag_ms": summarize(lag.lags_ms),
         }
 
@@ -606,6 +656,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         progress(f"connected in {out['connect']['connect_s']:.1f}s; idle {args.idle_seconds:g}s")
         out["idle"] = await fleet.idle()
         progress(f"idle: control plane {out['idle']['control_plane_cores']:.3f} cores")
+        if "churn" in out["idle"]:
+            churn = out["idle"]["churn"]
+            progress(
+                f"idle with {churn['changes_per_min']:.0f} condition changes a minute:"
+                f" control plane {churn['control_plane_cores']:.3f} cores"
+                f" ({churn['control_plane_cores_added']:+.4f})"
+            )
         if args.step_every > 0:
             out["busy"] = await fleet.occupy()
             progress(f"{out['busy']['busy_phones']} busy phones, a step every {args.step_every:g}s")
@@ -613,6 +670,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         out["submit"] = await fleet.submit()
         out["submit"]["steps_sent"] = fleet.counters.steps_sent - steps_before
         out["submit"]["steps_per_s"] = out["submit"]["steps_sent"] / out["submit"]["window_s"]
+        out["submit"]["condition_changes"] = fleet.counters.health_changes.get("submit", 0)
         if args.step_every > 0:
             out["busy"].update(await fleet.free())
         task_ids = out["submit"].pop("task_ids")
@@ -648,6 +706,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--step-every", type=float, default=0.0, help="busy phones' step period, s (0: none)"
+    )
+    p.add_argument(
+        "--condition-churn",
+        type=float,
+        default=0.0,
+        help="share of the phones changing condition a minute, from after the quiet idle"
+        " window (issue 22; 0: none)",
     )
     return p.parse_args(argv)
 

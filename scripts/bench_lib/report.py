@@ -384,6 +384,29 @@ def _fleet_rows(fl: dict[str, Any] | None) -> list[Row]:
                 idle["control_plane_cores"] <= fleet.IDLE_CORES if at_idle else None,
             )
         )
+        churn = idle.get("churn")
+        if churn:
+            out.append(
+                Row(
+                    name,
+                    f"idle CPU cores with {churn['changes_per_min']:.0f} condition changes / min"
+                    f" ({churn['share_per_min']:.0%} of phones / min not ready and back):"
+                    " control plane (added)"
+                    " / PostgreSQL (added)",
+                    f"{_num(churn['control_plane_cores'], 3)}"
+                    f" ({churn['control_plane_cores_added']:+.4f})"
+                    f" / {_num(churn['postgres_cores'], 3)}"
+                    f" ({churn['postgres_cores_added']:+.4f})"
+                    + (
+                        f"; Acquire queries {idle['acquire_queries']} without, "
+                        f"{churn['acquire_queries']} with"
+                        if "acquire_queries" in churn
+                        else ""
+                    ),
+                    "CP added <= 0.05" if at_idle else "",
+                    fleet.churn_met(run) if at_idle else None,
+                )
+            )
         errors = run["errors"]["total"]
         lag = sub["loop_lag_ms"]
         out.append(
