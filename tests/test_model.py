@@ -346,8 +346,8 @@ class World:
         for tries_left in reversed(range(10)):
             try:
                 await self.farm.db.execute(
-                    "TRUNCATE artifact_chunks, artifacts, task_events, attempts, devices,"
-                    " tasks, hosts"
+                    "TRUNCATE artifact_chunks, artifacts, task_events, attempt_steps,"
+                    " session_relays, attempts, devices, tasks, hosts"
                 )
                 break
             except asyncpg.DeadlockDetectedError:
