@@ -73,6 +73,11 @@ async def test_console_host_page_releases_a_quarantined_phone_with_a_reason(
         await page.locator("#live.on").wait_for()
         await page.screenshot(path=str(DOCS / "console-host-conditions.png"), full_page=True)
         await row.get_by_label("release sim-0 reason").fill("reseated the cable")
+        # A live update redraws the page: the reason stays in the input it was typed in
+        # (not in the host's own reason input, the first of that name on the page).
+        await page.evaluate("refresh()")
+        assert await row.get_by_label("release sim-0 reason").input_value() == "reseated the cable"
+        assert await page.get_by_label("reason", exact=True).input_value() == ""
         await row.get_by_role("button", name="Release").click()
         await eventually(lambda: is_in(farm, "sim-0", "ready"), what="ready again")
         await page.locator("tr.host-event .s-release").wait_for()

@@ -788,20 +788,26 @@ async function refresh() {
   }
 }
 
+// An input's identity across redraws: its name and its label (a page may have several
+// inputs of one name, e.g. the Host page's reason for the host and one per released phone).
+function inputKey(el) {
+  return `${el.name}\u0000${el.getAttribute("aria-label") || ""}`;
+}
+
 function redraw(nodes) {
-  // What someone is typing survives a live update.
-  const typed = {};
+  // What someone is typing survives a live update, in the input it was typed in.
+  const typed = new Map();
   for (const el of main().querySelectorAll("input[name]")) {
-    if (el.value !== (el.getAttribute("value") || "")) typed[el.name] = el.value;
+    if (el.value !== (el.getAttribute("value") || "")) typed.set(inputKey(el), el.value);
   }
-  const focused = document.activeElement && document.activeElement.name;
+  const active = document.activeElement;
+  const focused = active && active.name && main().contains(active) ? inputKey(active) : null;
   main().replaceChildren(...nodes);
-  for (const [name, value] of Object.entries(typed)) {
-    const el = main().querySelector(`input[name="${name}"]`);
-    if (el) el.value = value;
+  for (const el of main().querySelectorAll("input[name]")) {
+    const key = inputKey(el);
+    if (typed.has(key)) el.value = typed.get(key);
+    if (key === focused) el.focus();
   }
-  const again = focused && main().querySelector(`input[name="${focused}"]`);
-  if (again) again.focus();
 }
 
 function soon() {
