@@ -14,6 +14,8 @@
 - `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes (a screenshot's PNG, a
   ui_dump's XML), read through the servicer's own GetArtifact (the same roles and errors),
   with its content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent.
+- `GET /api/control?host_id=H&serial=S`: a WebSocket driving one idle phone in an
+  interactive session, for operators (control_plane.console.control); `/control` its page.
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed.
 """
@@ -26,7 +28,7 @@ import hashlib
 import ssl
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from importlib import resources
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import grpc
 import structlog
@@ -39,6 +41,8 @@ from amc.v1 import admin_pb2, scheduler_pb2
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
+from control_plane.console.calls import CallContext, Refused, socket_authorization
+from control_plane.console.control import Controls
 from control_plane.domain import Role
 from control_plane.hub import Hub
 from control_plane.rpc import code_for
@@ -68,7 +72,7 @@ ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
 ADMIN_METHODS = frozenset(
     {"GetHost", "CordonHost", "UncordonHost", "DrainHost", "ReleaseDevice", "ListFairShares"}
 )
-PAGES = ("/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}")
+PAGES = ("/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}", "/control")
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -92,29 +96,6 @@ SECURITY_HEADERS = {
 }
 
 
-class Refused(Exception):
-    """What `context.abort()` raises for a console call: the gRPC code and message."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class CallContext:
-    """The part of a grpc.aio ServicerContext the servicers use: the caller's metadata,
-    and abort()."""
-
-    def __init__(self, authorization: str | None) -> None:
-        self._metadata = (("authorization", authorization),) if authorization else ()
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
-        raise Refused(code, details)
-
-
 def _refusal(code: grpc.StatusCode, message: str) -> web.Response:
     return web.json_response(
         {"code": code.name, "message": message}, status=HTTP_STATUS.get(code, 500)
@@ -136,6 +117,7 @@ class Console:
         self.static = resources.files(__package__).joinpath("static")
         self._runner: web.AppRunner | None = None
         self._streams: set[Stream] = set()
+        self.controls = Controls(scheduler, auth)
         self.port = 0
 
     def app(self) -> web.Application:
@@ -147,6 +129,7 @@ class Console:
         app.router.add_post(f"/api/{ADMIN.full_name}/{{method}}", self.call_admin)
         app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
+        app.router.add_get("/api/control", self.control)
         return app
 
     async def start(self, listen: str, ssl_context: ssl.SSLContext | None = None) -> int:
@@ -296,6 +279,14 @@ class Console:
         await response.write(held)
         await response.write_eof()
         return response
+
+    async def control(self, request: web.Request) -> web.StreamResponse:
+        """A refusal before the socket opens is answered like the API's."""
+        context = CallContext(socket_authorization(request))
+        try:
+            return await self.controls.serve(request, context)
+        except errors.AmcError as exc:
+            return _refusal(code_for(exc), exc.message)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         caller = CallContext(request.headers.get("Authorization"))

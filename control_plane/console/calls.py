@@ -1,0 +1,55 @@
+"""How the console's routes call the servicers in-process: a context standing in for grpc.aio's
+(the caller's authorization, and abort()), and where a WebSocket's authorization comes from.
+
+A browser cannot set headers on a WebSocket; its page offers the token as a subprotocol
+instead, `amc.bearer.<token>` beside `amc.v1` (the one the server picks and echoes). The
+token's characters (`amc_`, hex, URL-safe base64) are all allowed in a subprotocol name.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+from aiohttp import web
+
+# The subprotocol the console's WebSockets speak (and answer with).
+SUBPROTOCOL = "amc.v1"
+# A subprotocol offered as this prefix and a token carries the caller's bearer token.
+TOKEN_PROTOCOL = "amc.bearer."
+
+
+class Refused(Exception):
+    """What `context.abort()` raises for a console call: the gRPC code and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class CallContext:
+    """The part of a grpc.aio ServicerContext the servicers use: the caller's metadata,
+    and abort()."""
+
+    def __init__(self, authorization: str | None) -> None:
+        self._metadata = (("authorization", authorization),) if authorization else ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise Refused(code, details)
+
+
+def socket_authorization(request: web.Request) -> str | None:
+    """The Authorization header, else the bearer token a page offered as a subprotocol."""
+    header = request.headers.get("Authorization")
+    if header is not None:
+        return header
+    for offered in request.headers.getall("Sec-WebSocket-Protocol", ()):
+        for name in offered.split(","):
+            name = name.strip()
+            if name.startswith(TOKEN_PROTOCOL):
+                return f"Bearer {name[len(TOKEN_PROTOCOL) :]}"
+    return None
