@@ -294,6 +294,18 @@ class ReplicatedPostgres:
                 raise RuntimeError(f"the standby did not stream ({wanted}) within {within}s")
             time.sleep(0.1)
 
+    def wait_caught_up(self, within: float = 60.0) -> None:
+        """Until the standby has replayed everything the primary had written when this was
+        called: what an asynchronous standby then holds even if it stops, or the primary
+        dies, right after."""
+        lsn = self.primary.sql("SELECT pg_current_wal_lsn()").strip()
+        deadline = time.monotonic() + within
+        query = f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"
+        while self.standby.sql(query).strip() != "t":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the standby did not replay up to {lsn} within {within}s")
+            time.sleep(0.1)
+
     def kill_primary(self) -> None:
         """The primary dies (an immediate shutdown, as a crash would leave it)."""
         self.primary.stop("immediate")

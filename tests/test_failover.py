@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,16 @@ import pytest
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.config import Settings
+from control_plane.domain import Role
 from control_plane.embedded import ReplicatedPostgres
 from control_plane.store import Store
-from tests.support import Farm, actions_spec, eventually
+from host_agent.agent import Agent
+from host_agent.leases import HeldLease
+from host_agent.results import Outcome
+from host_agent.simulated import SimulatedSource
+from host_agent.stop_token import StopReason
+from tests.support import Farm, actions_spec, eventually, tap, wait_action
+from tests.support.agent import TEST_SETTINGS, agent_channel, finished, submit
 
 # Leases outlive the test: a task running before the failovers is still running after them.
 SETTINGS = Settings(sweep_interval=timedelta(seconds=0.1), lease_ttl=timedelta(minutes=10))
@@ -194,3 +203,180 @@ async def _refused(client: Any) -> bool:
         assert "internal" not in (exc.details() or "").lower()
         return True
     return False
+
+
+# -- asynchronous replication: a lease the new primary does not know -------------------------
+
+# Long leases, renewed every second: after the failover the host's next renewal reaches the
+# new primary long before its own fencing deadline (48 s after its last renewal) could pass.
+LOST_LEASE_SETTINGS = Settings(
+    sweep_interval=timedelta(seconds=0.1),
+    lease_ttl=timedelta(seconds=60),
+    renew_interval=timedelta(seconds=1),
+)
+
+
+@pytest.fixture
+async def async_pair() -> AsyncIterator[ReplicatedPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="amc-failover-async-"))
+    servers = ReplicatedPostgres(root, synchronous=False)
+    await asyncio.to_thread(servers.start)
+    try:
+        yield servers
+    finally:
+        await asyncio.to_thread(servers.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+async def test_renewals_of_a_lease_the_new_primary_does_not_know_stop_the_run_and_report_nothing(
+    async_pair: ReplicatedPostgres,
+) -> None:
+    """With asynchronous replication the standby is behind when the primary dies: the task
+    reached it (queued), its assignment did not. The real host agent runs the task under
+    that lease; after the failover its renewals of the lease are refused by the new primary,
+    so it stops the run (LEASE_LOST) and nothing it sends for the lease changes anything:
+    the task is not ended by it, no attempt row with the lost lease appears, and the phone
+    takes new work."""
+    pair = async_pair
+    farm = Farm(pair.url, LOST_LEASE_SETTINGS)
+    await farm.start()
+    source = SimulatedSource(1, delay=0.01)
+    serial = source.serials[0]
+    try:
+        client = await farm.client()
+        host_token = await farm.token(Role.HOST, TEST_SETTINGS.host_id)
+        # The host and its phone registered, on both servers; then the agent stops, so the
+        # task waits queued until the standby has fallen behind.
+        async with _agent(farm, host_token, source):
+            pass
+        task_id = await submit(
+            client,
+            actions_spec(tap(1, 1), wait_action(600), tap(2, 2)),
+            selector=task_pb2.DeviceSelector(serial=serial),
+        )
+        await asyncio.to_thread(pair.wait_caught_up)
+        await asyncio.to_thread(pair.standby.stop, "fast")
+
+        async with _agent(farm, host_token, source) as agent:
+            lease = await _held(agent, task_id)
+            await eventually(lambda: source.actions_for(serial), what="the run's first tap")
+            old = await _fetch(
+                pair.primary.url, "SELECT status FROM tasks WHERE task_id = $1", task_id
+            )
+            assert [r["status"] for r in old] == ["dispatched"]  # acknowledged, old primary only
+
+            await asyncio.to_thread(pair.kill_primary)
+            await asyncio.to_thread(pair.standby.start)
+            await asyncio.to_thread(pair.promote)
+            new = pair.primary.url
+            assert (
+                await _fetch(new, "SELECT 1 FROM attempts WHERE lease_id = $1", lease.lease_id)
+                == []
+            )
+
+            # The next renewal that reaches the new primary is refused: the run stops.
+            await eventually(lambda: lease.token.tripped, timeout=45, what="the run to stop")
+            assert lease.token.reason is StopReason.LEASE_LOST
+            assert lease.conflicted  # by the renewal's answer, not by the fencing deadline
+            record = await finished(agent, task_id, within=45)
+            assert record.lease is lease
+            assert record.result is not None and record.result.outcome is Outcome.FAILED
+            assert record.result.stop_reason is StopReason.LEASE_LOST
+            # Its release and its FAILED report were sent, and refused: no such lease.
+            assert record.delivery is not None and not record.delivery.accepted
+            assert record.delivery.code == grpc.StatusCode.ABORTED, record.delivery
+            # Stopped in the wait: the run's last tap never reached the phone.
+            assert {"x": 2, "y": 2} not in [r.args for r in source.actions_for(serial)]
+
+            # Nothing the host sent for the lost lease changed the new primary.
+            assert (
+                await _fetch(new, "SELECT 1 FROM attempts WHERE lease_id = $1", lease.lease_id)
+                == []
+            )
+            (row,) = await _fetch(new, "SELECT status FROM tasks WHERE task_id = $1", task_id)
+            assert row["status"] in ("queued", "assigned", "dispatched")
+            assert await _reports(new, task_id) == []
+
+            # The phone is free again: the task (queued there) and then new work run on it.
+            await client.scheduler.CancelTask(
+                scheduler_pb2.CancelTaskRequest(task_id=task_id, reason="test")
+            )
+            await eventually(
+                lambda: _status(new, task_id, "cancelled"),
+                timeout=30,
+                what="the lost task cancelled",
+            )
+            fresh = await submit(
+                client, actions_spec(tap(3, 3)), selector=task_pb2.DeviceSelector(serial=serial)
+            )
+            await eventually(
+                lambda: _status(new, fresh, "done"), timeout=30, what="new work done on the phone"
+            )
+            (done,) = await _fetch(
+                new, "SELECT host_id, device_serial, state FROM attempts WHERE task_id = $1", fresh
+            )
+            assert tuple(done) == (TEST_SETTINGS.host_id, serial, "done")
+
+        assert await _fetch(new, "SELECT 1 FROM attempts WHERE lease_id = $1", lease.lease_id) == []
+        assert all(
+            r["outcome"] in (None, "cancelled")
+            for r in await _fetch(new, "SELECT outcome FROM attempts WHERE task_id = $1", task_id)
+        )
+        assert [s for s in await _reports(new, task_id) if s in ("done", "failed")] == []
+        assert {"x": 2, "y": 2} not in [r.args for r in source.actions_for(serial)]
+        assert farm.plane is not None and not farm.plane.crashed.is_set()
+    finally:
+        await _stop(farm)
+
+
+@asynccontextmanager
+async def _agent(farm: Farm, token: str, source: SimulatedSource) -> AsyncIterator[Agent]:
+    """The real host agent on `source`'s phones with a token made beforehand (one made while
+    the standby is down would be lost with the failover), stopped on exit."""
+    channel = agent_channel(farm.address, token)
+    agent = Agent(TEST_SETTINGS, source, channel)
+    task = asyncio.create_task(agent.run(), name="agent")
+    try:
+        await eventually(
+            lambda: agent.registered.is_set() or task.done(), what="the agent to register"
+        )
+        if task.done():
+            task.result()
+        yield agent
+    finally:
+        agent.stop()
+        try:
+            await asyncio.wait_for(task, 30)
+        finally:
+            await channel.close()
+
+
+async def _held(agent: Agent, task_id: str) -> HeldLease:
+    def lease() -> HeldLease | None:
+        held = agent.keeper.held() if agent.keeper is not None else []
+        return next((h for h in held if h.task_id == task_id and not h.unanswered), None)
+
+    found = await eventually(lease, timeout=30, what=f"the agent to acknowledge {task_id}")
+    assert found is not None
+    return found
+
+
+async def _fetch(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetch(query, *(uuid.UUID(a) for a in args))
+    finally:
+        await conn.close()
+
+
+async def _reports(url: str, task_id: str) -> list[str]:
+    rows = await _fetch(
+        url, "SELECT to_status FROM task_events WHERE task_id = $1 AND kind = 'report'", task_id
+    )
+    return [str(r["to_status"]) for r in rows]
+
+
+async def _status(url: str, task_id: str, wanted: str) -> bool:
+    (row,) = await _fetch(url, "SELECT status FROM tasks WHERE task_id = $1", task_id)
+    return bool(row["status"] == wanted)
