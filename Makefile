@@ -85,7 +85,7 @@ chaos: setup
 SOAK_DURATION ?= 1800
 SOAK_HOSTS ?= 500
 soak: setup
-	$(PY) scripts/chaos.py --duration $(if $(filter command line,$(origin DURATION)),$(DURATION),$(SOAK_DURATION)) --hosts $(SOAK_HOSTS) --hosts-per-proc 50 --lease-ttl 15 --soak-window 300 --output soak-results.json $(ARGS)
+	$(PY) scripts/chaos.py --duration $(if $(filter command line,$(origin DURATION)),$(DURATION),$(SOAK_DURATION)) --hosts $(SOAK_HOSTS) --hosts-per-proc 50 --lease-ttl 15 --fault-gap 10,30 --soak-window 300 --output soak-results.json $(ARGS)
 
 clean:
 	rm -rf $(VENV) amc .pytest_cache build dist *.egg-info

@@ -85,6 +85,16 @@ DEFAULT_UNMATCHED, QUICK_UNMATCHED = 3000, 300
 FAIR_SHARES = {"team-a": 1, "team-b": 2}
 
 
+def _gap(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LO,HI in seconds, e.g. 1,5") from None
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 < LO <= HI")
+    return lo, hi
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,6 +110,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="inject every fault kind at least this often (default 2; 1 with --quick)",
     )
     p.add_argument("--max-concurrent", type=int, default=2, help="faults in progress at once")
+    p.add_argument(
+        "--fault-gap",
+        type=_gap,
+        default=(1.0, 5.0),
+        metavar="LO,HI",
+        help="seconds between two faults, drawn from LO to HI (default 1,5; make soak: 10,30, "
+        "so that each window has seconds clear of faults)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of the schedule and workload")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--agents", type=int, default=3)
@@ -269,6 +287,7 @@ class ChaosRun:
             self.rng,
             min_per_kind=self.args.min_per_kind,
             max_concurrent=self.args.max_concurrent,
+            gap=self.args.fault_gap,
         )
         self.injector.on_host_fault = self.workload.cancel_on_host
         self.injector.operator = phones.Operator(
@@ -474,6 +493,7 @@ class ChaosRun:
             "auth": not c.insecure,
             "min_per_kind": self.args.min_per_kind,
             "max_concurrent_faults": self.args.max_concurrent,
+            "fault_gap_s": list(self.args.fault_gap),
             "workdir": str(c.workdir),
         }
 

@@ -336,3 +336,43 @@ def test_what_faults_excuse_and_what_does_not_fit_break_no_invariant_7() -> None
     assert _parked(True, [outage]) == []
     assert _parked(True, [cut]) == []
     assert _parked(True, [], rack="r01") == []
+
+
+def test_the_soaks_pickup_waits_from_when_the_task_and_its_phone_were_both_free() -> None:
+    """THEN a task queued behind a busy phone counts from the phone's previous attempt's
+    end, a task queued at an idle phone from its queueing; an attempt never acknowledged,
+    or behind an attempt that never ended, is not a pickup."""
+    from chaos_lib.soak import pickups
+
+    def attempt(task: str, created: float, acked: float | None, ended: float | None) -> Any:
+        return {
+            "task_id": task,
+            "attempt": 1,
+            "host_id": "f0",
+            "device_serial": "f0-0",
+            "created_at": created,
+            "acknowledged_at": acked,
+            "ended_at": ended,
+            "reported_at": ended,
+        }
+
+    def queued(at: float) -> list[dict[str, Any]]:
+        return [{"to_status": "queued", "at": at}]
+
+    ev = Evidence(
+        tasks={},
+        attempts={
+            ("a", 1): attempt("a", T0 + 1.00, T0 + 1.01, T0 + 5.0),  # idle phone: 1.01 s
+            ("b", 1): attempt("b", T0 + 5.02, T0 + 5.03, None),  # queued at 2, phone free at 5
+            ("c", 1): attempt("c", T0 + 9.0, T0 + 9.1, T0 + 10),  # behind b, never ended
+            ("d", 1): {**attempt("d", T0 + 20, None, T0 + 21), "device_serial": "f0-1"},
+        },
+        events={"a": queued(T0), "b": queued(T0 + 2), "c": queued(T0 + 3), "d": queued(T0)},
+        devices=[],
+        actions=[],
+        agent_events=[],
+    )
+    got = sorted(
+        (round(p.start - T0, 2), round(p.seconds, 2), p.to_idle_phone) for p in pickups(ev)
+    )
+    assert got == [(0.0, 1.01, True), (5.0, 0.03, False)]

@@ -95,11 +95,15 @@ class Injector:
         min_per_kind: int,
         max_concurrent: int = 2,
         kinds: tuple[str, ...] | None = None,
+        gap: tuple[float, float] = (1.0, 5.0),
     ) -> None:
         self.farm = farm
         self.rng = rng
         self.min_per_kind = min_per_kind
         self.max_concurrent = max_concurrent
+        # Seconds between two faults once every kind had its minimum; the minimum's faults
+        # are spread over the run at most gap[1] apart (6 s at the default).
+        self.gap = gap
         self.kinds = kinds if kinds is not None else kinds_for(farm)
         self.faults: list[Fault] = []
         self.busy: set[str] = set()
@@ -139,10 +143,10 @@ class Injector:
                 required.remove(kind)
             self._launch(kind, target)
             if required:
-                pace = max(0.3, min(remaining / (len(required) + 1), 6.0))
-                await asyncio.sleep(self.rng.uniform(0.3, pace))
+                pace = max(0.3, min(remaining / (len(required) + 1), max(6.0, self.gap[1])))
+                await asyncio.sleep(self.rng.uniform(min(0.3 * self.gap[0], pace), pace))
             else:
-                await asyncio.sleep(self.rng.uniform(1.0, 5.0))
+                await asyncio.sleep(self.rng.uniform(*self.gap))
         await self.finish()
 
     async def finish(self) -> None:

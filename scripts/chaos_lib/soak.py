@@ -1,7 +1,8 @@
 """The soak's summary over time (`make soak`: the chaos run at fleet size, for long): the
-control-plane replicas' memory (RSS, sampled from /proc) and the pickup latency (a task's
-last entry into the queue until its host acknowledged the attempt, from the database's
-record) per window of the run, and the replicas' memory growth after the first window.
+control-plane replicas' memory (RSS, sampled from /proc) and the pickup latency (from the
+moment a task and the phone that took it were both free until its host acknowledged the
+attempt, from the database's record; see `pickups`) per window of the run, and the
+replicas' memory growth after the first window.
 
 Pickups are also summarised without the ones a fault may have slowed: those whose wait
 overlapped a fault on the whole farm (a replica or the database) or on their own host,
@@ -11,6 +12,7 @@ from its start until PASS seconds after it was over.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -63,20 +65,52 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
-def pickups(ev: Evidence) -> list[tuple[float, float, str, float]]:
-    """(queued at, acknowledged at, host, seconds) of every acknowledged attempt."""
+@dataclass(frozen=True)
+class Pickup:
+    start: float  # when the task and the phone that took it were both free
+    assigned: float  # the attempt's creation (the control plane chose the phone)
+    acked: float  # the host acknowledged the attempt
+    host: str
+    # The task was queued while its phone sat idle (the host's Acquire parked or on its
+    # way), as in `make bench`'s pickup; else the phone came free while the task waited.
+    to_idle_phone: bool
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.acked - self.start)
+
+
+def pickups(ev: Evidence) -> list[Pickup]:
+    """Every acknowledged attempt's pickup, timed from when both the task and the phone
+    that took it were free: the task's last entry into the queue, or the end of the
+    phone's previous attempt if that was later. The time a task spent queued behind busy
+    phones is the farm's capacity, not dispatch: the run keeps more work queued than it
+    has phones."""
+    by_phone: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for a in ev.attempts.values():
+        by_phone.setdefault((a["host_id"], a["device_serial"]), []).append(a)
+    freed: dict[tuple[str, int], float | None] = {}
+    for mine in by_phone.values():
+        mine.sort(key=lambda a: a["created_at"])
+        freed[(str(mine[0]["task_id"]), mine[0]["attempt"])] = 0.0  # free since the start
+        for before, a in itertools.pairwise(mine):
+            freed[(str(a["task_id"]), a["attempt"])] = before["ended_at"] or before["reported_at"]
     out = []
-    for (task_id, _), a in ev.attempts.items():
+    for key, a in ev.attempts.items():
         acked = a["acknowledged_at"]
-        if acked is None:
-            continue
+        phone_free = freed.get(key)
+        if acked is None or phone_free is None:
+            continue  # not acknowledged, or the phone's previous attempt never ended
         queued = [
             e["at"]
-            for e in ev.events.get(task_id, [])
+            for e in ev.events.get(key[0], [])
             if e["to_status"] == "queued" and e["at"] <= a["created_at"]
         ]
         if queued:
-            out.append((max(queued), acked, a["host_id"], acked - max(queued)))
+            start = max(max(queued), phone_free)
+            out.append(
+                Pickup(start, a["created_at"], acked, a["host_id"], max(queued) >= phone_free)
+            )
     return out
 
 
@@ -94,9 +128,11 @@ def summary(
         for f in faults
     ]
 
-    def around_fault(queued: float, acked: float, host: str) -> bool:
+    def around_fault(p: Pickup) -> bool:
         return any(
-            start <= acked and queued <= end and (kind in FARM_FAULTS or host in hosts_of(target))
+            start <= p.acked
+            and p.start <= end
+            and (kind in FARM_FAULTS or p.host in hosts_of(target))
             for start, end, kind, target in spans
         )
 
@@ -105,18 +141,39 @@ def summary(
     n = max(1, int((ended - began) // window + (1 if (ended - began) % window > 1 else 0)))
     for i in range(n):
         lo, hi = began + i * window, min(began + (i + 1) * window, ended)
-        mine = [p for p in picked if lo <= p[1] < hi]
-        clean = [p[3] for p in mine if not around_fault(*p[:3])]
+        mine = [p for p in picked if lo <= p.acked < hi]
+        clean = [p for p in mine if not around_fault(p)]
+        idle = [p for p in clean if p.to_idle_phone]
         rss = [s.rss_mib for s in samples if lo <= s.at < hi]
         windows.append(
             {
                 "from_s": round(lo - began),
                 "to_s": round(hi - began),
                 "pickups": len(mine),
-                "pickup_p50_ms": _ms(_quantile([p[3] for p in mine], 0.5)),
-                "pickup_p99_ms": _ms(_quantile([p[3] for p in mine], 0.99)),
+                "pickup_p50_ms": _ms(_quantile([p.seconds for p in mine], 0.5)),
+                "pickup_p99_ms": _ms(_quantile([p.seconds for p in mine], 0.99)),
                 "pickups_clear_of_faults": len(clean),
-                "pickup_p99_clear_of_faults_ms": _ms(_quantile(clean, 0.99)),
+                "pickup_p99_clear_of_faults_ms": _ms(_quantile([p.seconds for p in clean], 0.99)),
+                # The target's measure: clear of faults, to an idle phone (bench's pickup).
+                "pickups_to_idle_phones_clear": len(idle),
+                "pickup_to_idle_phone_p50_clear_ms": _ms(_quantile([p.seconds for p in idle], 0.5)),
+                "pickup_to_idle_phone_p99_clear_ms": _ms(
+                    _quantile([p.seconds for p in idle], 0.99)
+                ),
+                # Of those, the control plane's part: until the attempt was created.
+                "assign_p99_clear_ms": _ms(
+                    _quantile([max(0.0, p.assigned - p.start) for p in idle], 0.99)
+                ),
+                # The five slowest of them, for a look at where the time went.
+                "slowest_to_idle_phone_clear": [
+                    {
+                        "host": p.host,
+                        "at_s": round(p.start - began, 1),
+                        "assign_ms": _ms(max(0.0, p.assigned - p.start)),
+                        "ack_ms": _ms(max(0.0, p.acked - p.assigned)),
+                    }
+                    for p in sorted(idle, key=lambda p: -p.seconds)[:5]
+                ],
                 "faults": sum(1 for f in faults if lo <= f.started_at < hi),
                 "rss_mib_max": round(max(rss), 1) if rss else None,
                 "rss_mib_median": round(statistics.median(rss), 1) if rss else None,
@@ -162,12 +219,16 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"soak, per {result['window_s']:.0f} s window:"]
     lines.append(
         f"{'window':>12} {'pickups':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99 clear':>10}"
+        f" {'idle phone, clear: n':>21} {'p50':>6} {'p99':>6} {'assign p99':>10}"
         f" {'faults':>7} {'RSS MiB':>8}"
     )
     for w in result["windows"]:
         lines.append(
             f"{w['from_s']:>5}-{w['to_s']:<6} {w['pickups']:>8} {w['pickup_p50_ms']!s:>8}"
             f" {w['pickup_p99_ms']!s:>8} {w['pickup_p99_clear_of_faults_ms']!s:>10}"
+            f" {w['pickups_to_idle_phones_clear']:>21}"
+            f" {w['pickup_to_idle_phone_p50_clear_ms']!s:>6}"
+            f" {w['pickup_to_idle_phone_p99_clear_ms']!s:>6} {w['assign_p99_clear_ms']!s:>10}"
             f" {w['faults']:>7} {w['rss_mib_max']!s:>8}"
         )
     for name, g in result["rss_growth"].items():
