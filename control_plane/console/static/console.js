@@ -353,7 +353,7 @@ const Farm = {
           h("div", { class: "seen muted" }, `last seen ${when(host.last_seen_at)}`)),
         h("td", { colspan: 3 }, labels(host.labels)),
         h("td", { colspan: 2 }, "")));
-      for (const d of host.devices || []) rows.push(deviceRow(d));
+      for (const d of host.devices || []) rows.push(deviceRow(d, controlLink(host, d)));
     }
     return [
       h("h1", {}, "Farm"),
@@ -624,7 +624,7 @@ const Task = {
     }
     return [
       h("h1", {}, "Task ", h("span", { class: "mono" }, params.id), " ", h("span", { id: "task-status" }, badge(status))),
-      cancel, grid,
+      cancel, watchPanel(task), grid,
       h("h2", {}, "Steps"),
       steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" })
                    : h("p", { class: "muted" }, progress ? "No step has ended yet." : "No step results yet."),
@@ -703,7 +703,7 @@ const Host = {
       h("dl", { class: "grid" }, h("dt", {}, "labels"), h("dd", {}, labels(host.labels)),
         h("dt", {}, "last seen"), h("dd", {}, when(host.last_seen_at))),
       h("h2", {}, "Devices"),
-      table(["device", "state", "model", "sdk", "labels", "task", ""], (host.devices || []).map((d) => deviceRow(d, releaseForm(host, d))), { class: "devices" }),
+      table(["device", "state", "model", "sdk", "labels", "task", ""], (host.devices || []).map((d) => deviceRow(d, [releaseForm(host, d), controlLink(host, d)])), { class: "devices" }),
       h("h2", {}, "Latest tasks here"),
       tasks.length ? table(["task", "status", "device", "created"], tasks.map((t) => h("tr", {},
         h("td", { class: "id" }, taskLink(t.task_id)), h("td", {}, badge(statusOf(t))),
@@ -765,6 +765,7 @@ function match(path) {
   if (path === "/tasks") return [Tasks, {}];
   if ((m = path.match(/^\/tasks\/([^/]+)$/))) return [Task, { id: decodeURIComponent(m[1]) }];
   if ((m = path.match(/^\/hosts\/([^/]+)$/))) return [Host, { id: decodeURIComponent(m[1]) }];
+  if (path === "/control") return [Control, {}];
   return [null, {}];
 }
 
@@ -836,7 +837,10 @@ function route() {
     return;
   }
   document.title = `${view.title(params)} · AMC`;
-  if (!current || current[0] !== view || current[1].id !== params.id) forgetArtifacts();
+  if (!current || current[0] !== view || current[1].id !== params.id) {
+    forgetArtifacts();
+    stopScreens();  // screen.js
+  }
   current = [view, params];
   liveStarted = false;
   stopLive();
