@@ -49,6 +49,9 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Scheduler/GetArtifact": CLIENTS,
     "/amc.v1.Scheduler/OpenSession": CLIENTS,
     "/amc.v1.Lease/SessionActions": HOSTS,
+    # By task for clients; by device for operators only (checked in the call).
+    "/amc.v1.Scheduler/WatchScreen": CLIENTS,
+    "/amc.v1.Lease/ScreenFrames": HOSTS,
     "/amc.v1.Admin/CordonHost": OPERATORS,
     "/amc.v1.Admin/UncordonHost": OPERATORS,
     "/amc.v1.Admin/CordonDevice": OPERATORS,

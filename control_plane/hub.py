@@ -16,6 +16,7 @@ import structlog
 from control_plane import metrics
 from control_plane.dispatch import Dispatcher, Offer
 from control_plane.domain import CancelNotice, DrainNotice, LeaseId, ReleaseNotice, TaskId
+from control_plane.frames import Screens
 from control_plane.lifecycle import TaskStatus
 from control_plane.presence import Presence
 from control_plane.rendezvous import Sessions
@@ -35,6 +36,8 @@ class Hub:
         self.dispatcher = Dispatcher()
         # Sessions whose client is connected here, for their hosts to join.
         self.sessions = Sessions()
+        # Phones watched on this replica and the hosts' screen feeds (control_plane.screens).
+        self.screens = Screens()
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False
@@ -139,6 +142,7 @@ class Hub:
     def close(self) -> None:
         self.closing = True
         self.closed.set()
+        self.screens.close()
         self.wake_all()
         for callbacks in list(self._streams.values()):
             for callback in list(callbacks):

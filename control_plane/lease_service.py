@@ -36,6 +36,7 @@ from control_plane.effects import Effects
 from control_plane.errors import AmcError, HostNotRegistered, InvalidArgument, Unavailable
 from control_plane.lifecycle import Event
 from control_plane.rpc import Context, TaskServicer, check_decoded, code_for, principal, rpc
+from control_plane.screens import HostFeed
 from control_plane.sessions import HostSession, Peers
 from control_plane.store import Store
 
@@ -409,6 +410,15 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         metadata = [(key, value) for key, value in context.invocation_metadata() or ()]
         session = HostSession(self, self.peers, metadata)
         async for response in session.run(request_iterator):
+            yield response
+
+    @rpc
+    async def ScreenFrames(
+        self,
+        request_iterator: AsyncIterator[lease_pb2.ScreenFramesRequest],
+        context: Context,
+    ) -> AsyncIterator[lease_pb2.ScreenFramesResponse]:
+        async for response in HostFeed(self).run(request_iterator):
             yield response
 
     def _on_notice(

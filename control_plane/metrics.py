@@ -256,6 +256,19 @@ def _at_zero(metric: Counter | Gauge | Histogram, *labels: Iterable[str]) -> Non
         metric.labels(*values)
 
 
+SCREEN_FRAME_RESULTS = ("received", "unwatched", "relayed", "sent")
+SCREEN_FRAMES = Counter(
+    "amc_screen_frames_total",
+    "Screen frames: received from this replica's hosts for a phone watched here, or for"
+    " one no longer watched (unwatched: dropped), relayed from another replica, sent to"
+    " a viewer",
+    ["result"],
+)
+SCREEN_VIEWERS = Gauge(
+    "amc_screen_viewers", "WatchScreen calls open on this replica (relays from others too)"
+)
+
+
 def create_series() -> None:
     """Every labelled series at 0 (a series that exists keeps its value)."""
     for event, to in TRANSITION_LABELS:
@@ -282,6 +295,7 @@ def create_series() -> None:
     _at_zero(RETENTION_BATCH, RETENTION_BATCHES)
     _at_zero(ARTIFACT_UPLOADS, ARTIFACT_RESULTS)
     _at_zero(ARTIFACT_BYTES, ARTIFACT_BYTE_RESULTS)
+    _at_zero(SCREEN_FRAMES, SCREEN_FRAME_RESULTS)
 
 
 def create_rpc_series(methods: list[str]) -> None:

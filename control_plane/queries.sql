@@ -628,6 +628,28 @@ SELECT s.replica_id, r.address, COALESCE(r.seen_at > now() - $2::interval, false
 FROM session_relays s LEFT JOIN replicas r USING (replica_id)
 WHERE s.task_id = $1;
 
+-- name: screen_source
+-- Where a phone to watch is: a task's ($1, or NULL) phone as its live attempt holds it,
+-- else the device $2/$3; whether it is known; its host's replica, that replica's address
+-- and whether it heartbeat within $4.
+WITH t AS (
+    SELECT t.status, a.host_id, a.device_serial AS serial
+    FROM tasks t
+    LEFT JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt
+                        AND a.state = 'active'
+    WHERE t.task_id = $1
+), want AS (
+    SELECT CASE WHEN $1::uuid IS NULL THEN $2 ELSE (SELECT host_id FROM t) END AS host_id,
+           CASE WHEN $1::uuid IS NULL THEN $3 ELSE (SELECT serial FROM t) END AS serial
+)
+SELECT EXISTS (SELECT 1 FROM t) AS task_found, (SELECT status FROM t) AS task_status,
+       w.host_id, w.serial, d.serial IS NOT NULL AS device_found, h.replica_id, r.address,
+       COALESCE(r.seen_at > now() - $4::interval, false) AS alive
+FROM want w
+LEFT JOIN devices d ON d.host_id = w.host_id AND d.serial = w.serial
+LEFT JOIN hosts h ON h.host_id = w.host_id
+LEFT JOIN replicas r ON r.replica_id = h.replica_id;
+
 -- name: set_presence
 -- Streams this replica opened ($3 true) or closed ($3 false) since the last call, one
 -- element per host, sorted by host_id (the lock order). A close does not clear a stream

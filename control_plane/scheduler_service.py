@@ -7,6 +7,7 @@ import base64
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -24,7 +25,14 @@ from control_plane.convert import (
 from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.rpc import Context, TaskServicer, principal, rpc
-from control_plane.sessions import ClientSession
+
+if TYPE_CHECKING:
+    from control_plane.auth import Authenticator
+    from control_plane.config import Settings
+    from control_plane.effects import Effects
+    from control_plane.store import Store
+from control_plane.screens import ScreenWatch
+from control_plane.sessions import ClientSession, Peers
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -90,6 +98,18 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest, team: str = "") -> NewTa
 
 class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     SERVICE = "amc.v1.Scheduler"
+
+    def __init__(
+        self,
+        auth: Authenticator,
+        store: Store,
+        effects: Effects,
+        settings: Settings,
+        peers: Peers | None = None,
+    ) -> None:
+        super().__init__(auth, store, effects, settings)
+        # Channels to the other replicas, for screens whose host is connected to another.
+        self.peers = peers or Peers(None)
 
     @rpc
     async def SubmitTask(
@@ -243,3 +263,12 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> AsyncIterator[scheduler_pb2.OpenSessionResponse]:
         async for response in ClientSession(self, self._read).run(request_iterator):
             yield response
+
+    @rpc
+    async def WatchScreen(
+        self, request: scheduler_pb2.WatchScreenRequest, context: Context
+    ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
+        metadata = [(key, value) for key, value in context.invocation_metadata() or ()]
+        watch = ScreenWatch(self, self.peers, metadata)
+        async for frame in watch.run(request, context):
+            yield frame

@@ -226,7 +226,9 @@ class ControlPlane:
         server = grpc.aio.server(
             options=SERVER_OPTIONS, interceptors=[RpcMetrics(methods), DecodeGuard()]
         )
-        scheduler = SchedulerService(authenticator, self.store, self.effects, self.settings)
+        scheduler = SchedulerService(
+            authenticator, self.store, self.effects, self.settings, self.peers
+        )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
         lease_pb2_grpc.add_LeaseServicer_to_server(
             LeaseService(authenticator, self.store, self.effects, self.settings, self.peers),

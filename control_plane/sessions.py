@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import structlog
 
-from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2, task_pb2
+from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import validate
 from control_plane.convert import task_to_pb
 from control_plane.domain import NewTask, Role, Task, TaskId
@@ -55,11 +55,15 @@ CLIENT_GONE = "the session's client is no longer connected"
 CLOSE_GRACE = 0.1
 # Metadata of a host's call relayed by another replica (that replica's id): never relayed on.
 RELAYED_BY = "amc-session-relayed-by"
+# A screen relay's channel: the receive window stays at 64 KiB (a few frames in transit).
+SCREEN_OPTIONS = [("grpc.http2.bdp_probe", 0)]
 # A relayed call carries what authenticated the host; nothing else of its metadata.
 FORWARDED = ("authorization",)
 PEER_OPTIONS = [
-    ("grpc.max_receive_message_length", 1 << 20),
-    ("grpc.max_send_message_length", 1 << 20),
+    # A screen's frame relayed is at most what a host may send (the server's 1 MiB), and
+    # a little more for the host's id.
+    ("grpc.max_receive_message_length", 2 << 20),
+    ("grpc.max_send_message_length", 2 << 20),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -76,15 +80,26 @@ class Peers:
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def lease(self, address: str) -> lease_pb2_grpc.LeaseStub:
-        channel = self._channels.get(address)
+        return lease_pb2_grpc.LeaseStub(self._channel(address))
+
+    def scheduler(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
+        """For a screen's frames relayed from the replica holding its host's feed: a
+        channel of its own whose flow-control window stays small (no BDP probing), so a
+        relay that reads slowly holds a few frames in transit, not seconds of them."""
+        return scheduler_pb2_grpc.SchedulerStub(self._channel(address, screens=True))
+
+    def _channel(self, address: str, *, screens: bool = False) -> grpc.aio.Channel:
+        key = f"screens {address}" if screens else address
+        channel = self._channels.get(key)
         if channel is None:
+            options = [*PEER_OPTIONS, *SCREEN_OPTIONS] if screens else PEER_OPTIONS
             if self._roots is None:
-                channel = grpc.aio.insecure_channel(address, options=PEER_OPTIONS)
+                channel = grpc.aio.insecure_channel(address, options=options)
             else:
                 creds = grpc.ssl_channel_credentials(root_certificates=self._roots)
-                channel = grpc.aio.secure_channel(address, creds, options=PEER_OPTIONS)
-            self._channels[address] = channel
-        return lease_pb2_grpc.LeaseStub(channel)
+                channel = grpc.aio.secure_channel(address, creds, options=options)
+            self._channels[key] = channel
+        return channel
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

@@ -598,6 +598,13 @@ class Store:
             return None
         return SessionRelay(row["replica_id"], row["address"], row["alive"])
 
+    async def screen_source(
+        self, task_id: uuid.UUID | None, host_id: str, serial: str, within: timedelta
+    ) -> dict[str, Any] | None:
+        """Where a phone to watch is (queries.sql screen_source), in one statement."""
+        row = await self._fetchrow("screen_source", task_id, host_id, serial, within)
+        return dict(row) if row is not None else None
+
     async def set_presence(self, replica: str, hosts: list[str], opened: list[bool]) -> None:
         await self._fetch("set_presence", replica, hosts, opened)
 

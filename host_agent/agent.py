@@ -9,6 +9,7 @@ for each assignment it is given.
          ├─ HealthMonitor.run()    every phone probed every `probe_interval`; conditions
          │                         that changed sent in one ReportDeviceHealth (health.py)
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
+         ├─ Screencaster.run()     the ScreenFrames call: watched phones' frames (screencast.py)
          ├─ _acquire_loop()        Acquire long polls covering every idle device (one
          │                         refused as unregistered: register again, ask again)
          └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
@@ -60,6 +61,7 @@ from host_agent.recovery import Recovery, RecoverySettings
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome
 from host_agent.retry import is_retryable, retrying
+from host_agent.screencast import Screencaster
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.systemd import Notifier
 from host_agent.worker import Finished, Tools, Worker
@@ -90,6 +92,8 @@ class Agent:
         self._notifier = notifier or Notifier(address="")
         self._log = log.bind(host_id=settings.host_id)
         self.keeper: LeaseKeeper | None = None
+        # The live screens (set once registered).
+        self.screens: Screencaster | None = None
         self.finished: deque[Finished] = deque(maxlen=FINISHED_KEPT)
         self.registered = asyncio.Event()
         self._inventory: tuple[DeviceInfo, ...] = ()
@@ -159,6 +163,13 @@ class Agent:
             on_drain=self._drain_from_centre,
             on_release=self.recovery.release,
         )
+        self.screens = Screencaster(
+            self._stub,
+            self.settings.host_id,
+            self._source.device,
+            self.settings.screen_max_fps,
+            self.settings.screen_max_rate,
+        )
         self._tools = Tools(
             self.settings, self._stub, keeper, self._results, self._source, self._final
         )
@@ -170,6 +181,7 @@ class Agent:
                     group.create_task(self._refresh_loop(), name="inventory"),
                     group.create_task(self.health.run(self._online_serials), name="probes"),
                     group.create_task(self._watchdog_loop(), name="watchdog"),
+                    group.create_task(self.screens.run(), name="live screens"),
                 ]
                 await self._acquire_loop(group)
                 await self._drain()

@@ -64,6 +64,12 @@ class AgentSettings:
     quarantine_window: float = 600.0
     recovery_backoff: float = 5.0
     boot_timeout: float = 120.0
+    # Live screens (host_agent.screencast): at most this many frames a second and bytes a
+    # second per phone, whatever its viewers ask; a task's recording at most this many
+    # bytes (frames past it are left out).
+    screen_max_fps: int = 12
+    screen_max_rate: int = 4 << 20
+    screen_record_max_bytes: int = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -236,6 +242,12 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--recovery-backoff", "AMC_RECOVERY_BACKOFF", "5s", duration,
      "first pause of the recovery ladder (doubling)"),
     ("--boot-timeout", "AMC_BOOT_TIMEOUT", "2m", duration, "how long a reboot may take"),
+    ("--screen-max-fps", "AMC_SCREEN_MAX_FPS", "12", count,
+     "live screen: most frames a second captured per phone"),
+    ("--screen-max-rate", "AMC_SCREEN_MAX_RATE", "4MB", size,
+     "live screen: most bytes a second sent per phone"),
+    ("--screen-record-max-bytes", "AMC_SCREEN_RECORD_MAX_BYTES", "32MB", size,
+     "a task's screen recording: most bytes kept"),
 ]
 # fmt: on
 
@@ -313,6 +325,9 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         quarantine_window=args.quarantine_window,
         recovery_backoff=args.recovery_backoff,
         boot_timeout=args.boot_timeout,
+        screen_max_fps=args.screen_max_fps,
+        screen_max_rate=args.screen_max_rate,
+        screen_record_max_bytes=args.screen_record_max_bytes,
     )
     if args.battery_resume < args.battery_low:
         raise ConfigError("--battery-resume must be at least --battery-low")
@@ -355,6 +370,10 @@ def _check_positive(args: argparse.Namespace) -> None:
     for name in names:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    if not 1 <= args.screen_max_fps <= 30:
+        raise ConfigError("--screen-max-fps must be 1 to 30")
+    if args.screen_max_rate <= 0:
+        raise ConfigError("--screen-max-rate must be positive")
     if not args.host_id:
         raise ConfigError("--host-id is empty")
 

@@ -122,8 +122,32 @@ TASK_ENDINGS = (
 )
 
 
+SCREEN_CAPTURES = Counter(
+    "amc_agent_screen_captures_total",
+    "Live-screen frames captured (phones watched, or recorded): 0 while nobody watches",
+)
+SCREEN_CAPTURE_FAILURES = Counter(
+    "amc_agent_screen_capture_failures_total", "Live-screen captures that failed"
+)
+SCREEN_FRAMES_SENT = Counter(
+    "amc_agent_screen_frames_sent_total", "Live-screen frames sent to the control plane"
+)
+SCREEN_BYTES_SENT = Counter(
+    "amc_agent_screen_bytes_sent_total", "Bytes of live-screen frames sent to the control plane"
+)
+SCREEN_DROP_REASONS = ("superseded", "too_large")
+SCREEN_FRAMES_DROPPED = Counter(
+    "amc_agent_screen_frames_dropped_total",
+    "Live-screen frames not sent: superseded (a newer one came before it could go) or"
+    " too_large (over the control plane's message size)",
+    ["reason"],
+)
+
+
 def create_series() -> None:
     """Every labelled series at 0 (a series that exists keeps its value)."""
+    for reason in SCREEN_DROP_REASONS:
+        SCREEN_FRAMES_DROPPED.labels(reason)
     for action in ACTION_KINDS:
         for status in ACTION_STATUSES:
             STEP_SECONDS.labels(action, status)

@@ -147,8 +147,14 @@ class Canvas:
             x += (GLYPH_WIDTH + GLYPH_GAP) * scale
         return x
 
-    def png(self) -> bytes:
-        """The canvas as a truecolour PNG (every scanline unfiltered)."""
+    def copy(self) -> Canvas:
+        other = Canvas.__new__(Canvas)
+        other.width, other.height, other.pixels = self.width, self.height, bytearray(self.pixels)
+        return other
+
+    def png(self, level: int = 9) -> bytes:
+        """The canvas as a truecolour PNG (every scanline unfiltered), compressed at zlib
+        `level` (1: fast, for live frames)."""
         stride = self.width * 3
         raw = b"".join(
             b"\x00" + bytes(self.pixels[y * stride : (y + 1) * stride]) for y in range(self.height)
@@ -157,7 +163,7 @@ class Canvas:
         return (
             PNG_SIGNATURE
             + _chunk(b"IHDR", header)
-            + _chunk(b"IDAT", zlib.compress(raw, 9))
+            + _chunk(b"IDAT", zlib.compress(raw, level))
             + _chunk(b"IEND", b"")
         )
 

@@ -161,6 +161,9 @@ class SimulatedSource:
         self._in_flight: dict[str, int] = dict.fromkeys(self.serials, 0)
         # The faults last applied from outside (follow_faults), by serial.
         self._faults: dict[str, dict[str, Any]] = {}
+        # What each phone's live frames show; how many frames were captured in all.
+        self.screens: dict[str, LiveScreen] = {s: LiveScreen() for s in self.serials}
+        self.captures = 0
 
     @property
     def actions(self) -> list[ActionRecord]:
@@ -384,12 +387,24 @@ class SimulatedDevice:
         await self._act("ui_dump")
         return UI_XML
 
+    async def screen_frame(self) -> bytes:
+        """A live frame (`screencap` for a viewer): not an action, so neither logged nor
+        timed as one, and it never waits for the phone's actions."""
+        source = self._source
+        if not source.is_plugged(self.serial):
+            raise DeviceLost(f"device lost: {self.serial} is not attached")
+        if source.body(self.serial).hung:
+            raise DeviceTimeout(f"{self.serial}: screencap: no answer")
+        source.captures += 1
+        return live_frame(self.serial, source.screens[self.serial])
+
     async def _act(self, action: str, **args: Any) -> None:
         started_monotonic, started_wall = time.monotonic(), time.time()
         outcome = "cancelled"  # also what a timeout from the caller looks like here
         try:
             await self._source.pause(self.serial)
             outcome = "ok"
+            self._source.screens[self.serial].saw(action, args)
         except DeviceLost:
             outcome = "lost"
             raise
@@ -458,6 +473,61 @@ def screenshot_png(serial: str) -> bytes:
     """What a screenshot of the simulated phone `serial` is: its screen as UI_XML describes
     it (the app's title "Simulated" and its OK button, in the phone's own colour), a status
     bar naming the phone, and a few lines saying it is simulated. The same for every call."""
+    return _home(serial).png()
+
+
+# A tap's mark on a live frame: a square this many pixels wide, in this colour.
+TAP_MARK = 12
+TAP_RGB: RGB = (230, 20, 20)
+
+
+@dataclass
+class LiveScreen:
+    """What a simulated phone's live frames show beside its home screen: where the last
+    tap landed, the text typed, the app in front, and how many frames were taken."""
+
+    tap: tuple[int, int] | None = None
+    typed: str = ""
+    app: str = "com.amc.simulated"
+    frames: int = 0
+    actions: int = 0
+
+    def saw(self, action: str, args: Mapping[str, Any]) -> None:
+        self.actions += 1
+        if action == "tap":
+            self.tap = (int(args["x"]), int(args["y"]))
+        elif action == "swipe":
+            self.tap = (int(args["x2"]), int(args["y2"]))
+        elif action == "input_text":
+            self.typed = (self.typed + str(args["text"]))[-40:]
+        elif action == "launch_app":
+            self.app = str(args["package"])
+        elif action == "key" and int(args["keycode"]) == 3:  # HOME
+            self.app = "com.amc.simulated"
+
+
+def live_frame(serial: str, screen: LiveScreen) -> bytes:
+    """A live frame of the phone: its home screen, a red square where the last tap landed
+    (in the phone's 1080 x 2400 coordinates, drawn at a third), and a panel saying the app
+    in front, the text typed, the actions done and the frame's number."""
+    screen.frames += 1
+    canvas = _home(serial).copy()
+    width, height = SCREENSHOT_SIZE
+    top = height - 150
+    canvas.fill(0, top, width, height - 30, (225, 228, 235))
+    canvas.text(8, top + 6, f"app {screen.app}"[:28], _INK)
+    canvas.text(8, top + 30, f"typed {screen.typed[-22:]}", _INK)
+    canvas.text(8, top + 54, f"actions {screen.actions}", _INK)
+    canvas.text(8, top + 78, f"frame {screen.frames}", _INK)
+    if screen.tap is not None:
+        x, y = (v // SCREEN_SCALE for v in screen.tap)
+        half = TAP_MARK // 2
+        canvas.fill(x - half, y - half, x + half, y + half, TAP_RGB)
+    return canvas.png(level=1)
+
+
+@functools.cache
+def _home(serial: str) -> Canvas:
     width, height = SCREENSHOT_SIZE
     accent = _colour_for(serial)
     canvas = Canvas(width, height, (246, 247, 249))
@@ -488,7 +558,7 @@ def screenshot_png(serial: str) -> bytes:
     canvas.fill(0, height - 30, width, height, _BAR)
     for x in (width // 4, width // 2, 3 * width // 4):
         canvas.fill(x - 6, height - 21, x + 6, height - 9, (200, 200, 200))
-    return canvas.png()
+    return canvas
 
 
 def _colour_for(serial: str) -> RGB:

@@ -4,6 +4,7 @@ A new RPC without a row here fails `test_every_rpc_has_a_row`."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
@@ -155,6 +156,34 @@ async def session_actions(c: Clients, w: World, own: bool) -> object:
     return OK
 
 
+async def watch_screen(c: Clients, w: World, own: bool) -> object:
+    """Let in: past authorization a task's watch is checked (the world's task waits
+    or its host has no screen call: FAILED_PRECONDITION or UNAVAILABLE), or it waits for
+    frames."""
+    call = c.scheduler.WatchScreen(scheduler_pb2.WatchScreenRequest(task_id=w.task_id))
+    try:
+        await asyncio.wait_for(call.read(), 2)
+    except TimeoutError:
+        pass
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
+            raise
+    finally:
+        call.cancel()
+    return OK
+
+
+async def screen_frames(c: Clients, w: World, own: bool) -> object:
+    """Let in: the first answer is the (empty) set of the host's phones watched."""
+    call = c.lease.ScreenFrames()
+    await call.write(lease_pb2.ScreenFramesRequest(host_id=host_id(own)))
+    try:
+        await asyncio.wait_for(call.read(), 10)
+    finally:
+        call.cancel()
+    return OK
+
+
 def host_id(own: bool) -> str:
     return "A" if own else "B"
 
@@ -252,6 +281,8 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/GetArtifact": get_artifact,
     "/amc.v1.Scheduler/OpenSession": open_session,
     "/amc.v1.Lease/SessionActions": session_actions,
+    "/amc.v1.Scheduler/WatchScreen": watch_screen,
+    "/amc.v1.Lease/ScreenFrames": screen_frames,
     "/amc.v1.Admin/CordonHost": lambda c, w, own: c.admin.CordonHost(
         admin_pb2.CordonHostRequest(host_id="C")
     ),
@@ -310,6 +341,7 @@ def expected(method: str, caller: str) -> object:
             "ReleaseLease": ABORTED,
             "UploadArtifact": DENIED,
             "SessionActions": DENIED,
+            "ScreenFrames": DENIED,
         }[name]
     return OK
 

@@ -506,6 +506,11 @@ class World:
             except grpc.aio.AioRpcError as exc:
                 return Reply(exc.code(), exc.details() or "", 0)
             return Reply(grpc.StatusCode.OK, "", 1)
+        if method == "/amc.v1.Scheduler/WatchScreen":
+            # A watch taken sends its headers, then frames only when a host sends some.
+            return await _headers(make_call(payloads[0], timeout=CALL_TIMEOUT))
+        if method == "/amc.v1.Lease/ScreenFrames":
+            return await _feed(make_call(timeout=CALL_TIMEOUT), payloads)
         if not m.client_streaming:
             # WatchTask: the first state is enough; it would follow the task forever.
             call = make_call(payloads[0], timeout=CALL_TIMEOUT)
@@ -514,6 +519,37 @@ class World:
         # client still writing when the server ends the call can read gRPC's own "Internal
         # error from Core" instead of the server's status.
         return await _exchange(make_call(timeout=CALL_TIMEOUT), payloads, until_first=False)
+
+
+async def _headers(call: Any) -> Reply:
+    """A server stream taken (its headers came) or refused (its status)."""
+    try:
+        await call.initial_metadata()
+        if call.done():
+            return Reply(await call.code(), await call.details() or "", 0)
+    except grpc.aio.AioRpcError as exc:
+        return Reply(exc.code(), exc.details() or "", 0)
+    call.cancel()
+    return Reply(grpc.StatusCode.OK, "", 0)
+
+
+async def _feed(call: Any, payloads: list[bytes]) -> Reply:
+    """A host's screen call: its first message is answered (the phones watched), its
+    frames are not; the call ends when the host's messages do."""
+    answers = 0
+    try:
+        await call.write(payloads[0])
+        if await call.read() is grpc.aio.EOF:
+            return Reply(await call.code(), await call.details() or "", answers)
+        answers += 1
+        for payload in payloads[1:]:
+            await call.write(payload)
+        await call.done_writing()
+        while await call.read() is not grpc.aio.EOF:
+            answers += 1
+    except grpc.aio.AioRpcError as exc:
+        return Reply(exc.code(), exc.details() or "", answers)
+    return Reply(await call.code(), await call.details() or "", answers)
 
 
 async def _exchange(call: Any, payloads: list[bytes], *, until_first: bool) -> Reply:
@@ -1005,6 +1041,16 @@ def templates(w: World) -> dict[str, list[message.Message]]:
                 action=task_pb2.SessionAction(
                     action=tap(), observe=task_pb2.Observe(screenshot=True, keep=True)
                 )
+            ),
+        ],
+        "/amc.v1.Scheduler/WatchScreen": [
+            scheduler_pb2.WatchScreenRequest(task_id=w.tasks[0], max_fps=5),
+            scheduler_pb2.WatchScreenRequest(host_id="A", serial="A1", max_fps=30),
+        ],
+        "/amc.v1.Lease/ScreenFrames": [
+            lease_pb2.ScreenFramesRequest(host_id="A"),
+            lease_pb2.ScreenFramesRequest(
+                frame=scheduler_pb2.ScreenFrame(serial="A1", seq=1, mime="image/png", data=b"x")
             ),
         ],
         "/amc.v1.Lease/SessionActions": [

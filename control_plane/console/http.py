@@ -16,6 +16,8 @@
   with its content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent.
 - `GET /api/control?host_id=H&serial=S`: a WebSocket driving one idle phone in an
   interactive session, for operators (control_plane.console.control); `/control` its page.
+- `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live
+  screen, one binary message per frame (control_plane.console.screen: the layout).
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed.
 """
@@ -41,6 +43,7 @@ from amc.v1 import admin_pb2, scheduler_pb2
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
+from control_plane.console import screen
 from control_plane.console.calls import CallContext, Refused, socket_authorization
 from control_plane.console.control import Controls
 from control_plane.domain import Role
@@ -129,6 +132,7 @@ class Console:
         app.router.add_post(f"/api/{ADMIN.full_name}/{{method}}", self.call_admin)
         app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
+        app.router.add_get("/api/screen", self.screen)
         app.router.add_get("/api/control", self.control)
         return app
 
@@ -287,6 +291,10 @@ class Console:
             return await self.controls.serve(request, context)
         except errors.AmcError as exc:
             return _refusal(code_for(exc), exc.message)
+
+    async def screen(self, request: web.Request) -> web.StreamResponse:
+        """A phone's live screen (control_plane.console.screen has the message layout)."""
+        return await screen.serve(self.scheduler, request, _refusal)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         caller = CallContext(request.headers.get("Authorization"))

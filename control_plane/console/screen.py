@@ -1,0 +1,174 @@
+"""A phone's live screen for the console: `GET /api/screen`, a WebSocket.
+
+    GET /api/screen?host_id=H&serial=S     a device's screen (operators)
+    GET /api/screen?task_id=T              a running task's phone (whoever may see the task)
+    optional &max_fps=N                    1 to 30 (default 10)
+
+Authorization as for the other /api routes: the `Authorization` header, or (a browser
+cannot set headers on a WebSocket) the token offered as the subprotocol
+`amc.bearer.<token>` beside `amc.v1`, the one the server answers with. The call goes to the
+servicer's own WatchScreen (the same roles, validation and messages as over gRPC).
+
+A refusal before streaming (no token, a role that may not, bad input, NOT_FOUND, a task
+not running or a host not connected: FAILED_PRECONDITION) is an HTTP reply
+`{"code", "message"}` with the HTTP status of the gRPC code, as the other routes answer,
+and no WebSocket. Once upgraded,
+every frame is one BINARY message:
+
+    4 bytes   N, the header's length, big-endian unsigned
+    N bytes   the header, UTF-8 JSON: {"seq": int, "width": int, "height": int,
+              "mime": "image/png" | "image/jpeg", "captured_at_ms": int,
+              "host_id": str, "serial": str}
+    the rest  the image's bytes (a whole PNG or JPEG file)
+
+A viewer that reads slower than frames come gets the latest frame when it is ready for
+one (frames in between are dropped, never queued). Closing the socket stops watching
+(when the phone's last viewer leaves, its host stops capturing it). The server closes it
+with code 1000 when a watched task stops running, or 1011 and the reason (UNAVAILABLE: the
+host or a relay was lost, the replica is stopping) after an error. Messages from the page
+are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import struct
+from collections.abc import AsyncGenerator
+from typing import Any, cast
+
+import grpc
+import structlog
+from aiohttp import WSCloseCode, web
+
+from amc.v1 import scheduler_pb2
+from control_plane.console.calls import SUBPROTOCOL, CallContext, Refused, socket_authorization
+from control_plane.scheduler_service import SchedulerService
+
+log = structlog.get_logger(__name__)
+
+# The longest close reason a WebSocket close frame carries (125 bytes less the code's 2).
+REASON_BYTES = 123
+
+
+class WatchContext(CallContext):
+    """A console caller's context that also hears when the watch is accepted."""
+
+    def __init__(self, authorization: str | None) -> None:
+        super().__init__(authorization)
+        self.accepted = asyncio.Event()
+
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        self.accepted.set()
+
+
+def frame_message(frame: scheduler_pb2.ScreenFrame) -> bytes:
+    """One frame as its WebSocket message: length, JSON header, image."""
+    header = json.dumps(
+        {
+            "seq": frame.seq,
+            "width": frame.width,
+            "height": frame.height,
+            "mime": frame.mime,
+            "captured_at_ms": frame.captured_at_ms,
+            "host_id": frame.host_id,
+            "serial": frame.serial,
+        },
+        separators=(",", ":"),
+    ).encode()
+    return struct.pack(">I", len(header)) + header + frame.data
+
+
+def _request(query: Any) -> scheduler_pb2.WatchScreenRequest:
+    fps = query.get("max_fps", "") or "0"
+    if not fps.isdigit() or len(fps) > 3:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "max_fps: must be 1 to 30")
+    return scheduler_pb2.WatchScreenRequest(
+        task_id=query.get("task_id", ""),
+        host_id=query.get("host_id", ""),
+        serial=query.get("serial", ""),
+        max_fps=int(fps),
+    )
+
+
+async def serve(
+    scheduler: SchedulerService, request: web.Request, refusal: Any
+) -> web.StreamResponse:
+    """The route: `refusal(code, message)` makes the routes' JSON error reply."""
+    try:
+        watch = _request(request.query)
+    except Refused as exc:
+        return cast(web.StreamResponse, refusal(exc.code, exc.message))
+    context = WatchContext(socket_authorization(request))
+    frames = cast(
+        AsyncGenerator[scheduler_pb2.ScreenFrame, None],
+        scheduler.WatchScreen(watch, cast(Any, context)),
+    )
+    first: asyncio.Future[scheduler_pb2.ScreenFrame] = asyncio.ensure_future(anext(frames))
+    accepted: asyncio.Future[Any] = asyncio.ensure_future(context.accepted.wait())
+    try:
+        await asyncio.wait([first, accepted], return_when=asyncio.FIRST_COMPLETED)
+        failure = first.exception() if first.done() else None
+        if isinstance(failure, Refused):
+            return cast(web.StreamResponse, refusal(failure.code, failure.message))
+        if isinstance(failure, StopAsyncIteration):
+            reply = refusal(grpc.StatusCode.FAILED_PRECONDITION, "the task is no longer running")
+            return cast(web.StreamResponse, reply)
+        if failure is not None:
+            raise failure
+        socket = web.WebSocketResponse(protocols=(SUBPROTOCOL,), heartbeat=30.0)
+        await socket.prepare(request)
+        await _stream(socket, frames, first)
+        return socket
+    finally:
+        accepted.cancel()
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+        await frames.aclose()
+
+
+async def _stream(
+    socket: web.WebSocketResponse,
+    frames: AsyncGenerator[scheduler_pb2.ScreenFrame, None],
+    first: asyncio.Future[scheduler_pb2.ScreenFrame],
+) -> None:
+    """Frames out until the page closes the socket or the watch ends."""
+    reader: asyncio.Future[Any] = asyncio.ensure_future(_read_until_closed(socket))
+    code, reason = WSCloseCode.OK, ""
+    try:
+        while True:
+            waits: list[asyncio.Future[Any]] = [first, reader]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                return  # the page left: stop watching
+            try:
+                frame = first.result()
+            except StopAsyncIteration:
+                reason = "the task is no longer running"
+                return
+            except Refused as exc:
+                code, reason = WSCloseCode.INTERNAL_ERROR, f"{exc.code.name}: {exc.message}"
+                return
+            try:
+                await socket.send_bytes(frame_message(frame))
+            except ConnectionError:
+                return
+            first = asyncio.ensure_future(anext(frames))
+    finally:
+        reader.cancel()
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+        if not socket.closed:
+            message = reason.encode()[:REASON_BYTES]
+            with contextlib.suppress(Exception):
+                await socket.close(code=code, message=message)
+
+
+async def _read_until_closed(socket: web.WebSocketResponse) -> None:
+    async for _ in socket:
+        pass  # messages from the page are ignored

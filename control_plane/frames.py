@@ -1,0 +1,142 @@
+"""Phones watched on this replica and the hosts' screen feeds here, wire-free (the hub
+holds one `Screens`; control_plane.screens puts it on the wire). A frame is whatever the
+host sent (an amc.v1.ScreenFrame): here only its `serial` and `host_id` are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+# A frame as it came (amc.v1.ScreenFrame), passed on as it is.
+Frame = Any
+
+
+@dataclasses.dataclass(eq=False)
+class Viewer:
+    max_fps: int
+    ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class Screen:
+    """One phone watched on this replica: its viewers and its latest frame."""
+
+    def __init__(self, host_id: str, serial: str) -> None:
+        self.host_id = host_id
+        self.serial = serial
+        self.viewers: set[Viewer] = set()
+        self.frame: Frame | None = None
+        # The relay from the replica holding the host's feed, when that is another one.
+        self.source: asyncio.Task[None] | None = None
+        # Why no frame will come any more (the relay was lost).
+        self.lost: str | None = None
+
+    @property
+    def fps(self) -> int:
+        return max((v.max_fps for v in self.viewers), default=0)
+
+    def put(self, frame: Frame) -> None:
+        self.frame = frame
+        for viewer in self.viewers:
+            viewer.ready.set()
+
+    def fail(self, why: str) -> None:
+        self.lost = why
+        for viewer in self.viewers:
+            viewer.ready.set()
+
+
+class Feed:
+    """A host's ScreenFrames call on this replica."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+
+
+class Screens:
+    """This replica's watched phones and the hosts' feeds; wire-free."""
+
+    def __init__(self) -> None:
+        self._screens: dict[tuple[str, str], Screen] = {}
+        self._feeds: dict[str, Feed] = {}
+        self.closing = False
+
+    def viewers(self) -> int:
+        return sum(len(s.viewers) for s in self._screens.values())
+
+    def watched(self, host_id: str) -> list[tuple[str, int]]:
+        """The host's phones watched here, with the frame rate asked for, by serial."""
+        return sorted(
+            (s.serial, s.fps)
+            for (host, _), s in self._screens.items()
+            if host == host_id and s.viewers and s.source is None
+        )
+
+    @contextlib.contextmanager
+    def watch(self, host_id: str, serial: str, max_fps: int) -> Iterator[tuple[Screen, Viewer]]:
+        key = (host_id, serial)
+        screen = self._screens.get(key)
+        if screen is None:
+            screen = self._screens[key] = Screen(host_id, serial)
+        viewer = Viewer(max_fps)
+        screen.viewers.add(viewer)
+        self._tell(host_id)
+        try:
+            yield screen, viewer
+        finally:
+            screen.viewers.discard(viewer)
+            if not screen.viewers and self._screens.get(key) is screen:
+                del self._screens[key]
+                if screen.source is not None:
+                    screen.source.cancel()
+            self._tell(host_id)
+
+    def relaying(self, screen: Screen, source: asyncio.Task[None]) -> None:
+        """The screen's frames come from `source` (a relay), not from a feed here."""
+        screen.source = source
+        self._tell(screen.host_id)
+
+    @contextlib.contextmanager
+    def feed(self, host_id: str) -> Iterator[Feed]:
+        """The host's call: a newer one of the same host takes the older one's place."""
+        feed = Feed()
+        old = self._feeds.get(host_id)
+        self._feeds[host_id] = feed
+        if old is not None:
+            old.changed.set()
+        try:
+            yield feed
+        finally:
+            if self._feeds.get(host_id) is feed:
+                del self._feeds[host_id]
+
+    def has_feed(self, host_id: str) -> bool:
+        return host_id in self._feeds
+
+    def current(self, host_id: str, feed: Feed) -> bool:
+        return self._feeds.get(host_id) is feed and not self.closing
+
+    def deliver(self, host_id: str, frame: Frame) -> bool:
+        """A host's frame to its phone's viewers here; False when nobody here watches it."""
+        screen = self._screens.get((host_id, frame.serial))
+        if screen is None or screen.source is not None:
+            return False
+        frame.host_id = host_id
+        screen.put(frame)
+        return True
+
+    def close(self) -> None:
+        self.closing = True
+        for feed in self._feeds.values():
+            feed.changed.set()
+        for screen in self._screens.values():
+            for viewer in screen.viewers:
+                viewer.ready.set()
+
+    def _tell(self, host_id: str) -> None:
+        feed = self._feeds.get(host_id)
+        if feed is not None:
+            feed.changed.set()

@@ -1,0 +1,229 @@
+"""Live screens on the host: phones captured only while someone watches them.
+
+The agent keeps one `Lease.ScreenFrames` call open (reconnected with a backoff). The
+control plane sends the set of this host's phones watched (with the frame rate asked);
+each watched phone gets a capture loop: `screencap -p` over adb (a simulated phone draws
+its live frame), at most `screen_max_fps` frames a second and `screen_max_rate` bytes a
+second (a large frame waits longer before the next), whatever the viewers ask. A phone
+no longer watched stops being captured at once; with nobody watching, nothing is
+captured (amc_agent_screen_captures_total stays put).
+
+Frames go up latest-first: each phone has one slot, a newer frame replaces one not yet
+sent (amc_agent_screen_frames_dropped_total{reason="superseded"}), and the sender writes
+one frame at a time, so a slow link costs frames, never a queue, and never delays the
+renewal stream (another call). A frame over MAX_FRAME_BYTES (the control plane takes
+messages up to 1 MiB) is not sent.
+
+Local watchers (`watch()`: a task's screen recording) share the same capture loop: one
+capture per phone for the viewers and the recording together. Capturing is not an action:
+it is not in the task's steps or the simulated phones' action log, and it does not wait
+for the phone's running action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import structlog
+
+from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
+from host_agent import metrics
+from host_agent.devices import Device, DeviceError
+
+log = structlog.get_logger(__name__)
+
+# The control plane's largest message is 1 MiB: a frame and its few fields must fit.
+MAX_FRAME_BYTES = (1 << 20) - 4096
+# How long one capture may take before it counts as failed; the pause after a failure.
+CAPTURE_TIMEOUT = 10.0
+FAILURE_PAUSE = 1.0
+RECONNECT_FIRST, RECONNECT_MOST = 0.5, 10.0
+# A frame to a local watcher: what a recording takes.
+Sink = Callable[[scheduler_pb2.ScreenFrame], None]
+
+
+def image_size(data: bytes) -> tuple[int, int, str]:
+    """Width, height and MIME type of a PNG or JPEG (0, 0 and PNG when unreadable)."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return width, height, "image/png"
+    if data[:2] == b"\xff\xd8":
+        at = 2
+        while at + 9 < len(data):
+            if data[at] != 0xFF:
+                break
+            marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                height, width = struct.unpack(">HH", data[at + 5 : at + 9])
+                return width, height, "image/jpeg"
+            at += 2 + length
+        return 0, 0, "image/jpeg"
+    return 0, 0, "image/png"
+
+
+class Screencaster:
+    """The host's live screens: the ScreenFrames call, one capture loop per watched phone."""
+
+    def __init__(
+        self,
+        stub: lease_pb2_grpc.LeaseStub,
+        host_id: str,
+        device: Callable[[str], Device],
+        max_fps: int,
+        max_rate: int,
+    ) -> None:
+        self._stub = stub
+        self._host_id = host_id
+        self._device = device
+        self._max_fps = max_fps
+        self._max_rate = max_rate
+        # What the control plane asked for (serial -> fps), and the local watchers.
+        self._watched: dict[str, int] = {}
+        self._sinks: dict[str, dict[int, tuple[int, Sink]]] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._seq: dict[str, int] = {}
+        # The newest frame of each phone not sent yet, and a wake-up for the sender.
+        self._outbox: dict[str, scheduler_pb2.ScreenFrame] = {}
+        self._ready = asyncio.Event()
+        self._next_sink = 0
+
+    @property
+    def capturing(self) -> frozenset[str]:
+        return frozenset(self._loops)
+
+    async def run(self) -> None:
+        """The ScreenFrames call, for the agent's life: reconnected after a pause."""
+        pause = RECONNECT_FIRST
+        try:
+            while True:
+                opened = time.monotonic()
+                try:
+                    await self._call()
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        log.info("the control plane has no live screens; not capturing")
+                        return
+                    log.info("screen call ended", code=exc.code().name, details=exc.details())
+                self._set_watched({})
+                if time.monotonic() - opened > RECONNECT_MOST:
+                    pause = RECONNECT_FIRST
+                await asyncio.sleep(pause)
+                pause = min(RECONNECT_MOST, pause * 2)
+        finally:
+            for loop in self._loops.values():
+                loop.cancel()
+
+    async def _call(self) -> None:
+        call = self._stub.ScreenFrames()
+        sender: asyncio.Task[None] | None = None
+        try:
+            await call.write(lease_pb2.ScreenFramesRequest(host_id=self._host_id))
+            sender = asyncio.get_running_loop().create_task(self._send(call))
+            while (message := await call.read()) is not grpc.aio.EOF:
+                self._set_watched({w.serial: w.max_fps for w in message.watched})
+        finally:
+            if sender is not None:
+                sender.cancel()
+            call.cancel()
+
+    async def _send(self, call: grpc.aio.StreamStreamCall[object, object]) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._outbox:
+                serial = next(iter(self._outbox))
+                frame = self._outbox.pop(serial)
+                if serial in self._watched:
+                    await call.write(lease_pb2.ScreenFramesRequest(frame=frame))
+                    metrics.SCREEN_FRAMES_SENT.inc()
+                    metrics.SCREEN_BYTES_SENT.inc(len(frame.data))
+
+    def _set_watched(self, watched: dict[str, int]) -> None:
+        if watched != self._watched:
+            log.info("phones watched", serials=sorted(watched))
+        self._watched = watched
+        for serial in list(self._outbox):
+            if serial not in watched:
+                del self._outbox[serial]
+        self._sync()
+
+    @contextlib.contextmanager
+    def watch(self, serial: str, fps: int, sink: Sink) -> Iterator[None]:
+        """`sink` is given each frame of `serial` captured meanwhile (at most `fps` a
+        second of them are captured for it)."""
+        self._next_sink += 1
+        key = self._next_sink
+        self._sinks.setdefault(serial, {})[key] = (fps, sink)
+        self._sync()
+        try:
+            yield
+        finally:
+            sinks = self._sinks.get(serial, {})
+            sinks.pop(key, None)
+            if not sinks:
+                self._sinks.pop(serial, None)
+            self._sync()
+
+    def _fps(self, serial: str) -> int:
+        asked = max(
+            [self._watched.get(serial, 0), *(f for f, _ in self._sinks.get(serial, {}).values())]
+        )
+        return max(1, min(self._max_fps, asked))
+
+    def _sync(self) -> None:
+        wanted = set(self._watched) | set(self._sinks)
+        for serial in [s for s in self._loops if s not in wanted]:
+            self._loops.pop(serial).cancel()
+        for serial in wanted - set(self._loops):
+            self._loops[serial] = asyncio.get_running_loop().create_task(
+                self._capture(serial), name=f"screen {serial}"
+            )
+
+    async def _capture(self, serial: str) -> None:
+        """Frames of `serial` until it is no longer watched."""
+        device = self._device(serial)
+        capture = getattr(device, "screen_frame", None) or device.screenshot
+        clock = asyncio.get_running_loop()
+        while True:
+            started = clock.time()
+            try:
+                async with asyncio.timeout(CAPTURE_TIMEOUT):
+                    data: bytes = await capture()
+            except (DeviceError, TimeoutError) as exc:
+                metrics.SCREEN_CAPTURE_FAILURES.inc()
+                log.info("screen capture failed", device=serial, error=str(exc) or "timeout")
+                await asyncio.sleep(FAILURE_PAUSE)
+                continue
+            metrics.SCREEN_CAPTURES.inc()
+            self._seq[serial] = seq = self._seq.get(serial, 0) + 1
+            width, height, mime = image_size(data)
+            frame = scheduler_pb2.ScreenFrame(
+                serial=serial,
+                seq=seq,
+                width=width,
+                height=height,
+                mime=mime,
+                captured_at_ms=int(time.time() * 1000),
+                data=data,
+            )
+            self._offer(serial, frame)
+            for _, sink in list(self._sinks.get(serial, {}).values()):
+                sink(frame)
+            interval = max(1.0 / self._fps(serial), len(data) / self._max_rate)
+            await asyncio.sleep(max(0.0, started + interval - clock.time()))
+
+    def _offer(self, serial: str, frame: scheduler_pb2.ScreenFrame) -> None:
+        if serial not in self._watched:
+            return
+        if len(frame.data) > MAX_FRAME_BYTES:
+            metrics.SCREEN_FRAMES_DROPPED.labels("too_large").inc()
+            return
+        if serial in self._outbox:
+            metrics.SCREEN_FRAMES_DROPPED.labels("superseded").inc()
+        self._outbox[serial] = frame
+        self._ready.set()

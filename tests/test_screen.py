@@ -1,0 +1,299 @@
+"""Live screens (issue 24): Scheduler.WatchScreen and the console's /api/screen, through a
+real control plane and a real host agent on simulated phones whose frames show the actions
+done on them (a red square where the last tap landed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import zlib
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_common.channel import aio_channel
+from control_plane.console.screen import frame_message
+from control_plane.domain import Role
+from host_agent.simulated import TAP_RGB, SimulatedSource
+from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
+from tests.support.agent import finished, get, running_agent, status_is, submit
+from tests.support.console import console_farm, console_url
+from tests.test_sessions import act, dispatched, opening
+
+HOST, SERIAL = "host-1", "sim-0"
+
+
+def pixel(png: bytes, x: int, y: int) -> tuple[int, int, int]:
+    """The RGB of (x, y) in a truecolour PNG whose scanlines are unfiltered (as the
+    simulated phones write them)."""
+    width = struct.unpack(">I", png[16:20])[0]
+    at, idat = 8, b""
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at : at + 4])
+        if png[at + 4 : at + 8] == b"IDAT":
+            idat += png[at + 8 : at + 8 + length]
+        at += 12 + length
+    raw = zlib.decompress(idat)
+    row = raw[y * (1 + 3 * width) : (y + 1) * (1 + 3 * width)]
+    assert row[0] == 0, "a filtered scanline"
+    r, g, b = row[1 + 3 * x : 4 + 3 * x]
+    return r, g, b
+
+
+def watch(client: Clients, **fields: Any) -> Any:
+    return client.scheduler.WatchScreen(scheduler_pb2.WatchScreenRequest(**fields))
+
+
+async def next_frame(call: Any, within: float = 20.0) -> scheduler_pb2.ScreenFrame:
+    frame = await asyncio.wait_for(call.read(), within)
+    assert frame is not grpc.aio.EOF
+    return frame  # type: ignore[no-any-return]
+
+
+async def frame_where(
+    call: Any, check: Any, within: float = 20.0, what: str = "a frame"
+) -> scheduler_pb2.ScreenFrame:
+    """The first frame `check` accepts."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + within
+    while True:
+        left = until - loop.time()
+        assert left > 0, f"no {what} within {within}s"
+        frame = await next_frame(call, left)
+        if check(frame):
+            return frame
+
+
+async def session_tap(client: Clients, x: int, y: int) -> Any:
+    """A session on the phone, with one tap answered; the open call (close it after)."""
+    call = client.scheduler.OpenSession()
+    await call.write(opening())
+    await dispatched(call)
+    await call.write(act(tap(x, y)))
+    answer = (await asyncio.wait_for(call.read(), 20)).step
+    assert answer.step.status == task_pb2.STEP_STATUS_OK
+    return call
+
+
+async def test_a_watched_phone_streams_frames_and_a_tap_shows_in_the_next_ones(
+    farm: Farm,
+) -> None:
+    """THEN frames come (PNG, the phone's size, seq rising, host and serial said) and a
+    tap done through a session shows where it landed in a later frame."""
+    operator, client = await farm.operator(), await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source):
+        call = watch(operator, host_id=HOST, serial=SERIAL, max_fps=15)
+        first = await next_frame(call)
+        assert (first.host_id, first.serial, first.mime) == (HOST, SERIAL, "image/png")
+        assert (first.width, first.height) == (360, 800) and first.seq >= 1
+        assert pixel(first.data, 180, 400) != TAP_RGB
+        second = await next_frame(call)
+        assert second.seq > first.seq and second.data != first.data
+        session = await session_tap(client, 540, 1200)
+        shown = await frame_where(
+            call, lambda f: pixel(f.data, 180, 400) == TAP_RGB, what="the tap's mark"
+        )
+        assert shown.seq > second.seq
+        await session.done_writing()
+        call.cancel()
+
+
+async def test_nobody_watching_means_nothing_is_captured(farm: Farm) -> None:
+    """THEN with a task running and nobody watching no frame is captured; a viewer starts
+    the captures and its leaving stops them."""
+    operator, client = await farm.operator(), await farm.client()
+    source = SimulatedSource(2, delay=0.01)
+    async with running_agent(farm, source) as agent:
+        task_id = await submit(client, actions_spec(tap(), wait_action(0.5), tap()))
+        await status_is(farm, task_id, "done")
+        assert source.captures == 0 and agent.screens is not None
+        assert not agent.screens.capturing
+        call = watch(operator, host_id=HOST, serial="sim-1")
+        await next_frame(call)
+        assert agent.screens.capturing == {"sim-1"}
+        call.cancel()
+        await eventually(lambda: not agent.screens.capturing, what="the captures to stop")
+        stopped = source.captures
+        await asyncio.sleep(0.3)  # a capture loop still running would count frames here
+        assert source.captures == stopped
+
+
+async def test_two_viewers_of_a_phone_share_one_capture(farm: Farm) -> None:
+    """THEN both see the same frames (the same seqs from one capture loop) and the phone is
+    captured no more often than for one."""
+    operator = await farm.operator()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source) as agent:
+        one = watch(operator, host_id=HOST, serial=SERIAL, max_fps=10)
+        two = watch(operator, host_id=HOST, serial=SERIAL, max_fps=10)
+        seen_one = [(await next_frame(one)).seq for _ in range(8)]
+        seen_two = [(await next_frame(two)).seq for _ in range(8)]
+        assert agent.screens is not None and agent.screens.capturing == {SERIAL}
+        # One capture loop: every frame either saw was captured once; at most the frames
+        # in flight were captured beyond the highest seq seen.
+        highest = max(seen_one + seen_two)
+        assert source.captures <= highest + 3
+        assert set(seen_one) & set(seen_two)
+        one.cancel()
+        two.cancel()
+
+
+async def test_a_slow_viewer_misses_frames_and_slows_nobody(farm: Farm) -> None:
+    """THEN a viewer that stops reading leaves the other viewer's frames and the phone's
+    task as they were; when it reads again it gets recent frames, not a backlog."""
+    operator, client = await farm.operator(), await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source) as agent:
+        # A viewer whose transport window stays small (no BDP probing): a few frames.
+        channel = aio_channel(
+            farm.address, await farm.token(Role.OPERATOR), options=[("grpc.http2.bdp_probe", 0)]
+        )
+        farm._channels.append(channel)
+        slow = scheduler_pb2_grpc.SchedulerStub(channel).WatchScreen(
+            scheduler_pb2.WatchScreenRequest(host_id=HOST, serial=SERIAL, max_fps=15)
+        )
+        fast = watch(operator, host_id=HOST, serial=SERIAL, max_fps=15)
+        first_slow = await next_frame(slow)
+        task_id = await submit(client, actions_spec(tap(), wait_action(1.0), tap()))
+        seqs = [(await next_frame(fast)).seq for _ in range(30)]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 30
+        done = await finished(agent, task_id)
+        assert done.result is not None and done.result.outcome.name == "DONE"
+        # The slow viewer gets what its transport held (its flow-control window: a few
+        # frames), then the latest: a gap, never every frame it missed.
+        read = [first_slow.seq]
+        while read[-1] - read[-2 if len(read) > 1 else -1] <= 1:
+            read.append((await next_frame(slow)).seq)
+            assert len(read) < 200, "the slow viewer was sent every frame it missed"
+        assert read[-1] >= seqs[-1]
+        assert [s.name for s in (await get(client, task_id)).result.steps] == [
+            "tap",
+            "wait",
+            "tap",
+        ]
+        slow.cancel()
+        fast.cancel()
+
+
+async def test_watching_a_running_task_changes_nothing_of_it(farm: Farm) -> None:
+    """THEN the task's steps, attempts and the phone's actions are what they would be
+    unwatched, and the watch ends when the task does."""
+    client = await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source):
+        task_id = await submit(client, actions_spec(tap(1, 2), wait_action(1.5), tap(3, 4)))
+        await status_is(farm, task_id, "dispatched")
+        call = watch(client, task_id=task_id)
+        frames = 0
+        while (frame := await asyncio.wait_for(call.read(), 20)) is not grpc.aio.EOF:
+            frames += 1
+            assert frame.serial == SERIAL and frame.host_id == HOST
+        assert await call.code() == grpc.StatusCode.OK
+        assert frames >= 3
+        task = await get(client, task_id)
+        assert task.status == task_pb2.TASK_STATUS_DONE
+        assert [s.name for s in task.result.steps] == ["tap", "wait", "tap"]
+        assert len(await farm.attempts(task_id)) == 1
+        assert [(a.action, a.args) for a in source.actions_for(SERIAL)] == [
+            ("tap", {"x": 1, "y": 2}),
+            ("tap", {"x": 3, "y": 4}),
+        ]
+        assert source.captures >= frames
+
+
+async def refusal(call: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(call.read(), 20)
+    return caught.value.code(), caught.value.details() or ""
+
+
+async def test_watch_screen_refuses_bad_input_clearly(farm: Farm) -> None:
+    """THEN each bad request is refused with its code and a message naming the problem."""
+    operator, client = await farm.operator(), await farm.client()
+    INVALID = grpc.StatusCode.INVALID_ARGUMENT
+    cases: list[tuple[Clients, dict[str, Any], grpc.StatusCode, str]] = [
+        (operator, {}, INVALID, "task_id"),
+        (operator, {"task_id": "nope"}, INVALID, "task_id"),
+        (operator, {"host_id": HOST}, INVALID, "serial"),
+        (operator, {"task_id": "0" * 8 + "-0000-0000-0000-" + "0" * 12, "serial": "x"},
+         INVALID, "not both"),
+        (operator, {"host_id": HOST, "serial": SERIAL, "max_fps": 31}, INVALID, "max_fps"),
+        (operator, {"host_id": HOST, "serial": SERIAL, "max_fps": -1}, INVALID, "max_fps"),
+        (operator, {"host_id": "h\x00", "serial": SERIAL}, INVALID, "host_id"),
+        (operator, {"task_id": "00000000-0000-0000-0000-000000000001"},
+         grpc.StatusCode.NOT_FOUND, "not found"),
+        (operator, {"host_id": "nowhere", "serial": SERIAL}, grpc.StatusCode.NOT_FOUND,
+         "not found"),
+        (client, {"host_id": HOST, "serial": SERIAL}, grpc.StatusCode.PERMISSION_DENIED,
+         "operators"),
+    ]  # fmt: skip
+    for who, fields, code, words in cases:
+        got, details = await refusal(watch(who, **fields))
+        assert (got, words in details) == (code, True), (fields, got, details)
+    queued = await submit(client, actions_spec(tap()))
+    got, details = await refusal(watch(client, task_id=queued))
+    assert got == grpc.StatusCode.FAILED_PRECONDITION and "not running" in details
+    await farm.host("host-2", "a")  # registered, then gone: no stream open
+    got, details = await refusal(watch(operator, host_id="host-2", serial="a"))
+    assert got == grpc.StatusCode.FAILED_PRECONDITION and "not connected" in details
+    assert await farm.status(queued) == "queued"
+
+
+def parse_message(data: bytes) -> tuple[dict[str, Any], bytes]:
+    (length,) = struct.unpack(">I", data[:4])
+    return json.loads(data[4 : 4 + length]), data[4 + length :]
+
+
+def test_a_frame_message_is_length_header_and_image() -> None:
+    """THEN the console's layout: 4-byte big-endian length, the JSON header, the image."""
+    frame = scheduler_pb2.ScreenFrame(
+        host_id="h",
+        serial="s",
+        seq=7,
+        width=2,
+        height=3,
+        mime="image/png",
+        captured_at_ms=1234,
+        data=b"\x89PNG-bytes",
+    )
+    header, image = parse_message(frame_message(frame))
+    assert header == {
+        "seq": 7,
+        "width": 2,
+        "height": 3,
+        "mime": "image/png",
+        "captured_at_ms": 1234,
+        "host_id": "h",
+        "serial": "s",
+    }
+    assert image == b"\x89PNG-bytes"
+
+
+async def test_the_console_streams_a_phone_screen_over_a_websocket(database_url: str) -> None:
+    """THEN /api/screen upgrades and sends binary frames in the documented layout; bad
+    input and a missing token are JSON replies before any socket."""
+    async with console_farm(database_url) as farm:
+        source = SimulatedSource(1, delay=0.01)
+        token = await farm.token(Role.OPERATOR)
+        async with running_agent(farm, source), aiohttp.ClientSession() as http:
+            url = console_url(farm, f"/api/screen?host_id={HOST}&serial={SERIAL}")
+            async with http.ws_connect(url, protocols=("amc.v1", f"amc.bearer.{token}")) as ws:
+                for _ in range(3):
+                    message = await asyncio.wait_for(ws.receive(), 20)
+                    assert message.type == aiohttp.WSMsgType.BINARY
+                    header, image = parse_message(message.data)
+                    assert (header["host_id"], header["serial"]) == (HOST, SERIAL)
+                    assert header["mime"] == "image/png" and image.startswith(b"\x89PNG")
+            bad = console_url(farm, "/api/screen?host_id=host-1")
+            async with http.get(bad, headers={"Authorization": f"Bearer {token}"}) as reply:
+                assert reply.status == 400
+                body = await reply.json()
+                assert body["code"] == "INVALID_ARGUMENT" and "serial" in body["message"]
+            async with http.get(url) as reply:
+                assert reply.status == 401
+                assert (await reply.json())["code"] == "UNAUTHENTICATED"
