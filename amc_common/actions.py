@@ -391,8 +391,14 @@ Action: TypeAlias = (
     | UiDump
 )
 
-# Actions that keep a file (an artifact) of what they saw: kind -> its content type.
-KEEPS: dict[str, str] = {"screenshot": "image/png", "ui_dump": "application/xml"}
+# The kinds of files a task keeps (artifacts) -> their content type: what an action saw (a
+# screenshot, a UI dump), or the task's screen recording (TaskSpec.record_screen: an
+# animated PNG).
+KEEPS: dict[str, str] = {
+    "screenshot": "image/png",
+    "ui_dump": "application/xml",
+    "screen_recording": "image/apng",
+}
 
 # kind -> class, in the oneof's order.
 ACTIONS: dict[str, type[Action]] = {cls.kind: cls for cls in typing.get_args(Action)}

@@ -116,6 +116,8 @@ def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
 
 def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
     spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=o.idle_timeout))
+    if o.HasField("record_screen"):
+        spec.record_screen.CopyFrom(o.record_screen)
     return NewTask(
         spec=spec.SerializeToString(deterministic=True),
         selector_serial=o.selector.serial or None,

@@ -190,6 +190,21 @@ def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
             count += _actions(step.actions, f"{where}.actions")
     if count > MAX_ACTIONS:
         raise InvalidArgument(field, f"more than {MAX_ACTIONS} actions in all")
+    if s.HasField("record_screen"):
+        screen_recording(s.record_screen, f"{field}.record_screen")
+
+
+MAX_RECORDING_FPS = 10
+MAX_RECORDING_FRAMES = 3000
+
+
+def screen_recording(r: task_pb2.ScreenRecording, field: str) -> None:
+    if not 0 <= r.fps <= MAX_RECORDING_FPS:
+        raise InvalidArgument(f"{field}.fps", f"must be 1 to {MAX_RECORDING_FPS} (0: 2)")
+    if not 0 <= r.max_frames <= MAX_RECORDING_FRAMES:
+        raise InvalidArgument(
+            f"{field}.max_frames", f"must be 1 to {MAX_RECORDING_FRAMES} (0: 600)"
+        )
 
 
 def search_text(value: str, field: str = "text") -> str:
@@ -521,6 +536,8 @@ def session_open(req: scheduler_pb2.OpenSessionRequest) -> scheduler_pb2.Session
         )
     string_map(dict(o.metadata), "open.metadata", free_text_values=True)
     identifier(o.fairness_key, "open.fairness_key", required=False)
+    if o.HasField("record_screen"):
+        screen_recording(o.record_screen, "open.record_screen")
     return o
 
 

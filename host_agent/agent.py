@@ -171,7 +171,13 @@ class Agent:
             self.settings.screen_max_rate,
         )
         self._tools = Tools(
-            self.settings, self._stub, keeper, self._results, self._source, self._final
+            self.settings,
+            self._stub,
+            keeper,
+            self._results,
+            self._source,
+            self._final,
+            self.screens,
         )
         self._notifier.ready(self._status())
         try:

@@ -89,7 +89,7 @@ async def _upload_step(
     data = dict(step.data)
     for i, problem in enumerate(problems):
         data["artifact_error" if i == 0 else f"artifact_error#{i}"] = problem
-    return dataclasses.replace(step, kept=(), artifacts=tuple(stored), data=data)
+    return dataclasses.replace(step, kept=(), artifacts=step.artifacts + tuple(stored), data=data)
 
 
 async def _upload(

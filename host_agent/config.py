@@ -69,7 +69,7 @@ class AgentSettings:
     # bytes (frames past it are left out).
     screen_max_fps: int = 12
     screen_max_rate: int = 4 << 20
-    screen_record_max_bytes: int = 32 << 20
+    screen_record_max_bytes: int = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -246,8 +246,8 @@ _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
      "live screen: most frames a second captured per phone"),
     ("--screen-max-rate", "AMC_SCREEN_MAX_RATE", "4MB", size,
      "live screen: most bytes a second sent per phone"),
-    ("--screen-record-max-bytes", "AMC_SCREEN_RECORD_MAX_BYTES", "32MB", size,
-     "a task's screen recording: most bytes kept"),
+    ("--screen-record-max-bytes", "AMC_SCREEN_RECORD_MAX_BYTES", "8MB", size,
+     "a task's screen recording: most bytes kept (under the control plane's artifact limit)"),
 ]
 # fmt: on
 

@@ -57,6 +57,8 @@ class Assignment:
     valid_for: float
     # Seconds the run may take (None: no limit), counted from its start.
     deadline: float | None = None
+    # (frames a second, most frames) of the screen recording asked for; None: none.
+    record_screen: tuple[int, int] | None = None
 
 
 # --- durations ---------------------------------------------------------------------------
@@ -150,6 +152,11 @@ def assignment_from_proto(pb: lease_pb2.Assignment) -> Assignment:
         spec=spec,
         valid_for=seconds(pb.valid_for),
         deadline=seconds(pb.deadline) if pb.HasField("deadline") else None,
+        record_screen=(
+            (pb.spec.record_screen.fps, pb.spec.record_screen.max_frames)
+            if pb.spec.HasField("record_screen")
+            else None
+        ),
     )
 
 

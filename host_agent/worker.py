@@ -10,28 +10,34 @@ nothing when the lease was already dead.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import enum
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from amc.v1 import lease_pb2_grpc
-from host_agent import artifacts
+from host_agent import artifacts, recording
 from host_agent.config import AgentSettings
 from host_agent.convert import Assignment, report_request, step_to_proto
-from host_agent.devices import DeviceSource
+from host_agent.devices import Device, DeviceSource
 from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult
+from host_agent.recording import Recording
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
-from host_agent.results import Outcome, RunResult
+from host_agent.results import Kept, Outcome, RunResult
 from host_agent.retry import Delivery, RetryPolicy
 from host_agent.runner import outcome_for, run
+from host_agent.screencast import Screencaster
 from host_agent.session import SessionSettings, run_session
-from host_agent.spec import InvalidSpec, Session
+from host_agent.spec import InvalidSpec, Session, TaskSpec
 from host_agent.stop_token import StopReason, StopToken
 
 log = structlog.get_logger(__name__)
+SCREEN_RECORDING = "screen_recording"
 
 
 class Ending(enum.Enum):
@@ -62,6 +68,8 @@ class Tools:
     source: DeviceSource
     # Reports and releases go through here, so the session awaits them before it returns.
     final: FinalCalls
+    # The live screens, for a task's screen recording (None: no recording).
+    screens: Screencaster | None = None
 
 
 class Worker:
@@ -152,25 +160,14 @@ class Worker:
             self._run_ends = (self.lease.acknowledged_at or time.monotonic()) + deadline
             token.trip_at(self._run_ends, StopReason.DEADLINE, self._deadline_passed)
         device = self._tools.source.device(self.assignment.device_serial)
-        settings = self._tools.settings
+        kept = self._recording()
         try:
-            if isinstance(spec, Session):
-                a = self.assignment
-                lease_ref = artifacts.Lease(a.task_id, a.attempt, a.lease_id)
-                options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
-                result = await run_session(self._tools.stub, lease_ref, device, token, options)
-            else:
-                # Each step as it ends goes with the lease's next renewal (progress).
-                lease_id, keeper = self.lease.lease_id, self._tools.keeper
-                result = await run(
-                    spec,
-                    device,
-                    token,
-                    shell_default_timeout=settings.shell_timeout,
-                    on_step=lambda step: keeper.progress(lease_id, step_to_proto(step)),
-                )
+            with self._recorded(kept):
+                result = await self._run(spec, device, token)
         finally:
             token.disarm(StopReason.DEADLINE)
+        if kept is not None:
+            result = _with_recording(result, kept)
         self._log.info(
             "task finished",
             outcome=result.outcome.value,
@@ -178,6 +175,40 @@ class Worker:
             error=result.error,
         )
         return result
+
+    def _recording(self) -> Recording | None:
+        asked = self.assignment.record_screen
+        if asked is None or self._tools.screens is None:
+            return None
+        fps, frames = asked
+        limit = self._tools.settings.screen_record_max_bytes
+        return Recording(recording.settings_from(fps, frames, limit))
+
+    @contextlib.contextmanager
+    def _recorded(self, kept: Recording | None) -> Iterator[None]:
+        if kept is None or self._tools.screens is None:
+            yield
+            return
+        serial = self.assignment.device_serial
+        with self._tools.screens.watch(serial, kept.settings.fps, kept.add):
+            yield
+
+    async def _run(self, spec: TaskSpec, device: Device, token: StopToken) -> RunResult:
+        settings = self._tools.settings
+        if isinstance(spec, Session):
+            a = self.assignment
+            lease_ref = artifacts.Lease(a.task_id, a.attempt, a.lease_id)
+            options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
+            return await run_session(self._tools.stub, lease_ref, device, token, options)
+        # Each step as it ends goes with the lease's next renewal (progress).
+        lease_id, keeper = self.lease.lease_id, self._tools.keeper
+        return await run(
+            spec,
+            device,
+            token,
+            shell_default_timeout=settings.shell_timeout,
+            on_step=lambda step: keeper.progress(lease_id, step_to_proto(step)),
+        )
 
     def _deadline_passed(self) -> None:
         a = self.assignment
@@ -220,3 +251,18 @@ class Worker:
         delivery: Delivery[Any] | None = None,
     ) -> Finished:
         return Finished(self.lease, self.assignment.device_serial, ending, result, delivery)
+
+
+def _with_recording(result: RunResult, kept: Recording) -> RunResult:
+    """The run's screen recording kept with its last step (to be uploaded with its files)."""
+    data = kept.apng()
+    if data is None or not result.steps:
+        return result
+    last = result.steps[-1]
+    note = {"screen_recording": f"{kept.frames} frames, {kept.skipped} left out"}
+    last = dataclasses.replace(
+        last,
+        kept=(*last.kept, Kept(SCREEN_RECORDING, data, recording.ACTION_INDEX)),
+        data={**last.data, **note},
+    )
+    return dataclasses.replace(result, steps=(*result.steps[:-1], last))

@@ -8,6 +8,7 @@ import asyncio
 import json
 import struct
 import zlib
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -16,12 +17,14 @@ import pytest
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
+from control_plane.config import Settings
 from control_plane.console.screen import frame_message
 from control_plane.domain import Role
 from host_agent.simulated import TAP_RGB, SimulatedSource
 from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import finished, get, running_agent, status_is, submit
 from tests.support.console import console_farm, console_url
+from tests.support.replicas import Replica
 from tests.test_sessions import act, dispatched, opening
 
 HOST, SERIAL = "host-1", "sim-0"
@@ -297,3 +300,135 @@ async def test_the_console_streams_a_phone_screen_over_a_websocket(database_url:
             async with http.get(url) as reply:
                 assert reply.status == 401
                 assert (await reply.json())["code"] == "UNAUTHENTICATED"
+
+
+async def test_a_viewer_on_another_replica_than_the_phone_s_host_gets_its_frames(
+    database_url: str, tmp_path: Any
+) -> None:
+    """THEN viewers on the replica without the host's feed get the phone's frames through
+    one relay, the same frames as a viewer where the host is, from one capture loop."""
+    farm = Farm(database_url, Settings(lease_ttl=timedelta(seconds=15)))
+    await farm.start()
+    pair = [Replica(database_url, log=tmp_path / f"replica{i}.log") for i in range(2)]
+    try:
+        await asyncio.gather(*(r.start() for r in pair))
+        viewer_side, host_side = pair
+        token = await farm.token(Role.OPERATOR)
+        here = aio_channel(viewer_side.address, token)
+        there = aio_channel(host_side.address, token)
+        farm._channels += [here, there]
+        source = SimulatedSource(1, delay=0.01)
+        request = scheduler_pb2.WatchScreenRequest(host_id=HOST, serial=SERIAL, max_fps=10)
+        async with running_agent(farm, source, address=host_side.address) as agent:
+
+            async def first_frame() -> Any:
+                call = scheduler_pb2_grpc.SchedulerStub(here).WatchScreen(request)
+                try:
+                    await next_frame(call, 10)
+                except grpc.aio.AioRpcError as exc:
+                    # Until the host's replica has said the host is connected to it.
+                    assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc
+                    return None
+                return call
+
+            one = await eventually(first_frame, timeout=20, what="a relayed frame")
+            two = scheduler_pb2_grpc.SchedulerStub(here).WatchScreen(request)
+            local = scheduler_pb2_grpc.SchedulerStub(there).WatchScreen(request)
+            seen = {
+                name: [(await next_frame(call)).seq for _ in range(6)]
+                for name, call in (("one", one), ("two", two), ("local", local))
+            }
+            for frames in seen.values():
+                assert frames == sorted(frames) and len(set(frames)) == 6
+            assert set(seen["one"]) & set(seen["two"]) and set(seen["two"]) & set(seen["local"])
+            assert agent.screens is not None and agent.screens.capturing == {SERIAL}
+            highest = max(max(frames) for frames in seen.values())
+            assert source.captures <= highest + 3  # one capture loop for all three
+            for call in (one, two, local):
+                call.cancel()
+            await eventually(lambda: not agent.screens.capturing, what="the captures to stop")
+    finally:
+        for r in pair:
+            r.stop()
+        await farm.stop()
+
+
+def apng_frames(data: bytes) -> tuple[int, int]:
+    """(frames the acTL says, fcTL chunks) of an animated PNG."""
+    at, declared, controls = 8, -1, 0
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind = data[at + 4 : at + 8]
+        if kind == b"acTL":
+            declared = struct.unpack(">I", data[at + 8 : at + 12])[0]
+        elif kind == b"fcTL":
+            controls += 1
+        at += 12 + length
+    return declared, controls
+
+
+async def test_a_task_that_asks_for_a_recording_keeps_its_screen_as_an_animated_png(
+    farm: Farm,
+) -> None:
+    """THEN the task's artifacts hold one screen_recording (image/apng) of its phone, within
+    its frame bound, and with nobody watching nothing is sent up for it."""
+    client = await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source) as agent:
+        spec = actions_spec(tap(540, 1200), wait_action(1.5), tap(300, 600))
+        spec.record_screen.CopyFrom(task_pb2.ScreenRecording(fps=5, max_frames=4))
+        task_id = await submit(client, spec)
+        await status_is(farm, task_id, "done")
+        assert agent.screens is not None and not agent.screens.capturing
+    listed = await client.scheduler.ListArtifacts(
+        scheduler_pb2.ListArtifactsRequest(task_id=task_id)
+    )
+    (recording,) = [a for a in listed.artifacts if a.kind == "screen_recording"]
+    assert recording.content_type == "image/apng" and recording.step_index == 2
+    data = b"".join(
+        [
+            m.chunk
+            async for m in client.scheduler.GetArtifact(
+                scheduler_pb2.GetArtifactRequest(task_id=task_id, artifact_id=recording.artifact_id)
+            )
+        ]
+    )
+    assert data.startswith(b"\x89PNG") and len(data) == recording.size_bytes
+    assert apng_frames(data) == (4, 4)
+    assert 4 <= source.captures <= 20
+    steps = (await get(client, task_id)).result.steps
+    assert steps[-1].data["screen_recording"].startswith("4 frames")
+
+
+async def test_a_recording_asked_for_badly_is_refused(farm: Farm) -> None:
+    """THEN fps and max_frames out of range are INVALID_ARGUMENT naming the field."""
+    client = await farm.client()
+    for fields, where in (({"fps": 11}, "fps"), ({"max_frames": 3001}, "max_frames")):
+        spec = actions_spec(tap())
+        spec.record_screen.CopyFrom(task_pb2.ScreenRecording(**fields))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await submit(client, spec)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"record_screen.{where}" in (caught.value.details() or "")
+
+
+async def test_a_session_that_asks_for_a_recording_keeps_one(farm: Farm) -> None:
+    """THEN a session opened with record_screen ends with a screen_recording artifact."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        call = client.scheduler.OpenSession()
+        await call.write(opening(record_screen=task_pb2.ScreenRecording(fps=10, max_frames=50)))
+        task = await dispatched(call)
+        for x in (100, 500, 900):
+            await call.write(act(tap(x, 1200)))
+            assert (await asyncio.wait_for(call.read(), 20)).step.step.status == (
+                task_pb2.STEP_STATUS_OK
+            )
+        await call.done_writing()
+        while await asyncio.wait_for(call.read(), 20) is not grpc.aio.EOF:
+            pass
+    await status_is(farm, task.task_id, "done")
+    listed = await client.scheduler.ListArtifacts(
+        scheduler_pb2.ListArtifactsRequest(task_id=task.task_id)
+    )
+    assert [a.kind for a in listed.artifacts] == ["screen_recording"]

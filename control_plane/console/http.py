@@ -372,7 +372,9 @@ def _event(channel: str, payload: str) -> tuple[str, str] | None:
 
 
 def _file_name(artifact: Any) -> str:
-    extension = {"image/png": "png", "application/xml": "xml"}.get(artifact.content_type, "bin")
+    extension = {"image/png": "png", "image/apng": "png", "application/xml": "xml"}.get(
+        artifact.content_type, "bin"
+    )
     return f"{artifact.kind}-{artifact.artifact_id}.{extension}"
 
 
