@@ -102,14 +102,21 @@ class Checks:
         for f in findings:
             self.fail(f.invariant, f"(while running) {f.check}", at=f.at, **f.row)
         self._attribute()
-        for check in (self._one, self._two, self._three, self._four, self._five, self._six):
+        for check in (
+            self._no_task_lost,
+            self._no_duplicate_transitions,
+            self._cancelled_only_on_request,
+            self._at_most_one_executor,
+            self._no_orphan_reservation,
+            self._no_stale_report_accepted,
+        ):
             check()
-        self._seven()
-        self._eight()
-        self._nine()
+        self._no_task_stranded()
+        self._no_acknowledged_transition_lost()
+        self._sessions_end_as_specified()
         return self.violations
 
-    def _eight(self) -> None:
+    def _no_acknowledged_transition_lost(self) -> None:
         """Reports a host was answered as recorded are recorded: a failover that lost one
         would leave its attempt active, or expired (and the task run again)."""
         ev = self.evidence
@@ -132,7 +139,7 @@ class Checks:
 
     # -- 9 -----------------------------------------------------------------------------------
 
-    def _nine(self) -> None:
+    def _sessions_end_as_specified(self) -> None:
         """Each session ended as the spec says, and as its client was told."""
         ev = self.evidence
         records = {r.task_id: r for r in self.sessions if r.task_id}
@@ -205,7 +212,7 @@ class Checks:
 
     # -- 1 -----------------------------------------------------------------------------------
 
-    def _one(self) -> None:
+    def _no_task_lost(self) -> None:
         ev = self.evidence
         requests = {s.request_id for s in self.submitted}
         for s in self.submitted:
@@ -236,7 +243,7 @@ class Checks:
 
     # -- 2 -----------------------------------------------------------------------------------
 
-    def _two(self) -> None:
+    def _no_duplicate_transitions(self) -> None:
         ev = self.evidence
         for task_id, t in ev.tasks.items():
             events = ev.events.get(task_id, [])
@@ -316,7 +323,7 @@ class Checks:
 
     # -- 3 -----------------------------------------------------------------------------------
 
-    def _three(self) -> None:
+    def _cancelled_only_on_request(self) -> None:
         ev = self.evidence
         for task_id, t in ev.tasks.items():
             events = ev.events.get(task_id, [])
@@ -494,7 +501,7 @@ class Checks:
 
     # -- 4 -----------------------------------------------------------------------------------
 
-    def _four(self) -> None:
+    def _at_most_one_executor(self) -> None:
         ev = self.evidence
         by_attempt: dict[tuple[str, int], list[Action]] = defaultdict(list)
         for action in ev.actions:
@@ -548,7 +555,7 @@ class Checks:
 
     # -- 5 -----------------------------------------------------------------------------------
 
-    def _five(self) -> None:
+    def _no_orphan_reservation(self) -> None:
         ev = self.evidence
         for d in ev.devices:
             if d["task_id"] is not None:
@@ -565,7 +572,7 @@ class Checks:
 
     # -- 6 -----------------------------------------------------------------------------------
 
-    def _six(self) -> None:
+    def _no_stale_report_accepted(self) -> None:
         ev = self.evidence
         for task_id, events in ev.events.items():
             for e in events:
@@ -645,7 +652,7 @@ class Checks:
 
     # -- 7 -----------------------------------------------------------------------------------
 
-    def _seven(self) -> None:
+    def _no_task_stranded(self) -> None:
         if self.dispatch is None:
             return
         for s in self.dispatch.run():

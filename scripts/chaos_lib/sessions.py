@@ -5,7 +5,8 @@ cancelled), or vanish (expected failed, "session abandoned"). Each session's cli
 reaches the replicas through gRPC's round-robin over their addresses, and its host
 through its own proxy over them, so most sessions are relayed between two replicas, and
 a replica kill, an agent kill or a freeze may end one another way. What each client did
-and saw is kept for invariant 9 (`Checks._nine`): a session ends as the spec says.
+and saw is kept for invariant 9 (`Checks._sessions_end_as_specified`): a session ends as
+the spec says.
 """
 
 from __future__ import annotations
