@@ -205,6 +205,7 @@ async def test_console_control_refuses_an_unknown_or_busy_phone_and_bad_queries(
             (control_url(farm, "bad serial"), 400, "INVALID_ARGUMENT", "serial: may hold"),
             (control_url(farm, idle_timeout="0"), 400, "INVALID_ARGUMENT", "idle_timeout"),
             (control_url(farm, idle_timeout="x"), 400, "INVALID_ARGUMENT", "idle_timeout"),
+            (control_url(farm, record="yes"), 400, "INVALID_ARGUMENT", "record: 1 to keep"),
         ]
         for url, status, code, message in cases:
             async with http.get(url, headers=headers) as r:
@@ -234,3 +235,23 @@ async def test_an_idle_console_control_session_ends_and_frees_the_phone(
         assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert await farm.status(task["task_id"]) == "failed"
         assert await farm.device_holder(HOST, "sim-0") is None
+
+
+async def test_console_control_with_record_keeps_the_sessions_screen_recording(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """THEN a session opened with record=1 keeps a recording of the phone's screen (an
+    animated PNG) with its last step once it ends."""
+    token = await farm.token(Role.OPERATOR)
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+        ws = await http.ws_connect(control_url(farm, record="1"), protocols=offered(token))
+        task = await dispatched(ws)
+        assert task["spec"]["record_screen"] == {}
+        await ws.send_json({"tap": {"x": 540, "y": 1200}})
+        await answer(ws, "step")
+        await ws.close()
+        await status_is(farm, task["task_id"], "done")
+    client = await farm.client()
+    got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task["task_id"]))
+    kept = [(a.kind, a.content_type) for s in got.result.steps for a in s.artifacts]
+    assert kept == [("screen_recording", "image/apng")]

@@ -7,7 +7,9 @@ Before the socket opens, the caller and the phone are checked, and a refusal is 
 answer `{"code", "message"}`: operators only (PERMISSION_DENIED); the host and phone must
 exist (NOT_FOUND), and the phone be online, ready, not cordoned, on a connected host that
 takes work, and idle (FAILED_PRECONDITION). Nothing is created then. Query: `idle_timeout`
-(seconds, default 300): a session sent no action for that long ends ("session abandoned").
+(seconds, default 300): a session sent no action for that long ends ("session abandoned");
+`record=1`: the session keeps a recording of the screen (SessionOpen.record_screen, its
+defaults), shown on its Task page.
 
 The session asks for the phone by its serial, with a short queue timeout (an idle phone is
 assigned at once), and is recorded with who opened it: the task's submitter is the
@@ -71,6 +73,7 @@ class Target:
     host_id: str
     serial: str
     idle: float
+    record: bool
 
 
 class Controls:
@@ -132,7 +135,10 @@ def _target(query: Mapping[str, str]) -> Target:
             raise InvalidArgument("idle_timeout", "seconds, a number") from None
         if not 1 <= idle <= validate.MAX_IDLE_TIMEOUT.total_seconds():
             raise InvalidArgument("idle_timeout", "must be between 1 and 3600 seconds")
-    return Target(host_id, serial, idle)
+    record = query.get("record", "0")
+    if record not in ("0", "1"):
+        raise InvalidArgument("record", "1 to keep a recording of the screen, else 0")
+    return Target(host_id, serial, idle, record == "1")
 
 
 def _seconds(value: float) -> duration_pb2.Duration:
@@ -196,6 +202,7 @@ class Remote:
                 idle_timeout=_seconds(self._target.idle),
                 queue_timeout=_seconds(QUEUE_TIMEOUT),
                 metadata={"control": "console", "operator": operator},
+                record_screen=task_pb2.ScreenRecording() if self._target.record else None,
             )
         )
 

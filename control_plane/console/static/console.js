@@ -194,9 +194,13 @@ function size(n) {
   return `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
 }
 
+// A step's kept files but the screen recording (shown in a section of its own: screen.js).
+const keptFiles = (s) => (s.artifacts || []).filter((a) => !isRecording(a));
+
 function artifactView(a) {
-  const name = `${a.kind}-${a.artifact_id}.${a.content_type === "image/png" ? "png" : "xml"}`;
-  const shown = a.content_type === "image/png"
+  const image = (a.content_type || "").startsWith("image/");
+  const name = `${a.kind}-${a.artifact_id}.${image ? "png" : "xml"}`;
+  const shown = image
     ? h("a", { class: "thumb", target: "_blank", title: "open full size" },
       h("img", { alt: `${a.kind} of step ${a.step_name || a.step_index}` }))
     : h("span", {}, h("a", { class: "open", target: "_blank" }, `${a.kind} XML`), " · ",
@@ -614,7 +618,7 @@ const Task = {
       h("td", {}, took(s.duration)),
       h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
         Object.keys(s.data || {}).length ? labels(s.data) : "",
-        (s.artifacts || []).length ? h("div", { class: "artifacts" }, s.artifacts.map(artifactView)) : "")));
+        keptFiles(s).length ? h("div", { class: "artifacts" }, keptFiles(s).map(artifactView)) : "")));
     if (progress && progress.running_since) {
       steps.push(h("tr", { class: "running-step" },
         h("td", {}, progress.running_index || 0), h("td", {}, progress.running_name),
@@ -625,6 +629,7 @@ const Task = {
     return [
       h("h1", {}, "Task ", h("span", { class: "mono" }, params.id), " ", h("span", { id: "task-status" }, badge(status))),
       cancel, watchPanel(task), grid,
+      ...recordingSection(task, done),
       h("h2", {}, "Steps"),
       steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" })
                    : h("p", { class: "muted" }, progress ? "No step has ended yet." : "No step results yet."),

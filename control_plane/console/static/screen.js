@@ -136,9 +136,10 @@ function actionText(a) {
 
 // One operator's session on one phone, for as long as the page shows it.
 class ControlSession {
-  constructor(hostId, serial) {
+  constructor(hostId, serial, record) {
     this.hostId = hostId;
     this.serial = serial;
+    this.record = record;
     this.query = `host_id=${encodeURIComponent(hostId)}&serial=${encodeURIComponent(serial)}`;
     this.ready = false;
     this.ended = false;
@@ -179,7 +180,7 @@ class ControlSession {
   }
 
   start() {
-    const path = `/api/control?${this.query}`;
+    const path = `/api/control?${this.query}${this.record ? "&record=1" : ""}`;
     const socket = openSocket(path);
     let opened = false;
     socket.onopen = () => {
@@ -233,7 +234,8 @@ class ControlSession {
       } else if (status === "dispatched") {
         this.ready = true;
         this.enable(true);
-        this.say(`Controlling ${this.serial}: an interactive session.`, task.task_id);
+        const recorded = this.record ? ", its screen recorded" : "";
+        this.say(`Controlling ${this.serial}: an interactive session${recorded}.`, task.task_id);
       } else {
         this.say(`Waiting for the phone (${status})${task.pending_reason ? `: ${task.pending_reason}` : ""}.`, task.task_id);
       }
@@ -291,13 +293,14 @@ const Control = {
   render() {
     const q = new URLSearchParams(location.search);
     const hostId = q.get("host_id") || "", serial = q.get("serial") || "";
+    const record = q.get("record") === "1";
     if (!hostId || !serial) {
       return [h("div", { class: "error", role: "alert" }, "INVALID_ARGUMENT: name the phone: /control?host_id=H&serial=S")];
     }
     const s = this.session;
-    if (!s || s.hostId !== hostId || s.serial !== serial) {
+    if (!s || s.hostId !== hostId || s.serial !== serial || s.record !== record) {
       stopScreens();
-      this.session = new ControlSession(hostId, serial);
+      this.session = new ControlSession(hostId, serial, record);
       this.session.start();
     }
     return [this.session.root];
@@ -365,4 +368,24 @@ function stopScreens() {
     Control.session.close("the page was left");
     Control.session = null;
   }
+}
+
+// -- a task's screen recording ---------------------------------------------------------------
+
+// A task whose spec asks for it keeps a recording of its phone's screen, an animated PNG
+// the browser plays as an image, with its run's last step: the Task page shows it in a
+// section of its own (and not again among that step's kept files).
+const RECORDING_KIND = "screen_recording";
+
+const isRecording = (a) => a.kind === RECORDING_KIND;
+
+function recordingSection(task, steps) {
+  if (!task.spec || !task.spec.record_screen) return [];
+  const recordings = steps.flatMap((s) => (s.artifacts || []).filter(isRecording));
+  const body = recordings.length
+    ? h("div", { class: "artifacts recordings" }, recordings.map(artifactView))
+    : h("p", { class: "muted" }, TERMINAL.has(statusOf(task))
+      ? "No recording was kept."
+      : "The screen is recorded while the task runs; the recording is kept with its last step when it ends.");
+  return [h("h2", {}, "Screen recording"), body];
 }
