@@ -57,7 +57,7 @@ lint: setup
 	$(BUF) lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --strict control_plane host_agent amc_client
+	$(VENV)/bin/mypy --strict control_plane host_agent amc_client amc_testing
 	$(VENV)/bin/mypy amc_common amc_cli
 	$(VENV)/bin/lint-imports
 

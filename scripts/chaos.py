@@ -70,7 +70,7 @@ from chaos_lib.workload import ActionTail, Selectors, Workload
 
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from amc_common.channel import with_token
-from host_agent.config import AgentSettings
+from amc_testing.host import AgentSettings
 
 QUICK_DURATION = 20.0
 DEFAULT_DURATION = 180.0

@@ -34,7 +34,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc
-from host_agent.config import duration
+from amc_testing.host import duration
 from scripts.launch import ControlPlaneCommand, HostAgentCommand
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +54,7 @@ def say(message: str) -> None:
 
 def adb_phones(address: str) -> list[str]:
     """Serials in `device` state on the local adb server; none when it does not answer."""
-    from host_agent.adb import AdbSource
+    from amc_testing.host import AdbSource
 
     host, _, port = address.rpartition(":")
 

@@ -33,10 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from amc.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from amc_common.channel import aio_channel
-from control_plane.config import Settings
-from control_plane.embedded import EmbeddedPostgres
-from control_plane.server import ControlPlane
-from control_plane.store import migrate
+from amc_testing.database import EmbeddedPostgres
+from amc_testing.plane import ControlPlane, Settings, migrate
 
 FILL = """
 INSERT INTO queue_groups (selector_serial, selector_labels, fairness_key, anchor)

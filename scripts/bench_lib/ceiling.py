@@ -17,8 +17,8 @@ from typing import Any
 
 import asyncpg
 
+from amc_testing.database import postgres_binary as binary
 from bench_lib.stats import over_reps
-from control_plane.embedded import binary
 
 DATABASE = "pgbench"
 SCRIPT = """\\set aid random(1, 100000 * :scale)

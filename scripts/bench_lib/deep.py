@@ -38,11 +38,10 @@ import asyncpg
 import grpc
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_testing.host import Outcome, RunResult, StepResult, StepStatus, report_request
 from bench_lib import fleet, pgstats, stack
 from bench_lib.client import Client, bounded, key_actions
 from bench_lib.stats import summarize
-from host_agent.convert import report_request
-from host_agent.results import Outcome, RunResult, StepResult, StepStatus
 
 DATABASE = "amc_deep"
 PREFIX = "deep"  # host ids deep-h00042, racks deep-rack00042: the same farm in every run

@@ -43,10 +43,15 @@ import grpc
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2, task_pb2
-from host_agent.convert import report_request
-from host_agent.reporting import ResultBatcher
-from host_agent.results import Outcome, RunResult, StepResult, StepStatus
-from host_agent.retry import RetryPolicy
+from amc_testing.host import (
+    Outcome,
+    ResultBatcher,
+    RetryPolicy,
+    RunResult,
+    StepResult,
+    StepStatus,
+    report_request,
+)
 
 # host_agent's defaults: AgentSettings.acquire_wait, agent.CALL_TIMEOUT.
 ACQUIRE_WAIT = 60.0

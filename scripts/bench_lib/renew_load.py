@@ -1,17 +1,16 @@
 """The renewal load client, a process of its own: fake hosts that hold many leases and
 renew them over RenewLeases streams as fast as the control plane answers.
 
-    renew_load.py --address 127.0.0.1:P --dsn URL --leases 10000 --hosts 10 \
+    renew_load.py --address 127.0.0.1:P --leases 10000 --hosts 10 \
         --seconds 30 [--warmup 3] [--interval 0]
 
 Set-up: RegisterHost with up to 1000 devices per fake host (pool=renew); one task per lease,
-queued through the control plane's own Store.submit (the statement SubmitTask runs, without
-the gRPC hop: 10,000 SubmitTask calls would take most of a minute here, and they are not
-what this workload measures); then Acquire (wait 0) until each host holds a lease per
-device, through the API like a real host. Then every host keeps one stream with one request
-in flight (or one per --interval seconds), each request naming all of its leases. Prints one
-JSON line: renewals answered RENEWED per second, round-trip times of the requests, the measured
-window (CLOCK_MONOTONIC, so the parent can read the control plane's CPU over it).
+queued through SubmitTasks in batches of 500; then Acquire (wait 0) until each host holds a
+lease per device, through the API like a real host. Then every host keeps one stream with
+one request in flight (or one per --interval seconds), each request naming all of its
+leases. Prints one JSON line: renewals answered RENEWED per second, round-trip times of the
+requests, the measured window (CLOCK_MONOTONIC, so the parent can read the control plane's
+CPU over it).
 """
 
 from __future__ import annotations
@@ -21,19 +20,20 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from amc.v1 import lease_pb2, scheduler_pb2
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from bench_lib.client import Client, bounded, key_actions
 from bench_lib.stats import summarize
-from control_plane.domain import NewTask
-from control_plane.store import Store
 
 POOL = "renew"
 MAX_DEVICES = 1000  # the control plane's limit per RegisterHost
+BATCH = 500  # SubmitTasks' limit
 
 
 @dataclass
@@ -77,13 +77,18 @@ async def register(client: Client, host_id: str, devices: int) -> None:
     )
 
 
-async def queue_tasks(dsn: str, count: int) -> None:
-    new = NewTask(spec=key_actions(1).SerializeToString(), selector_labels={"pool": POOL})
-    store = await Store.open(dsn, min_size=16, max_size=16)
-    try:
-        await bounded([lambda: store.submit("benchmark", new)] * count, 16)
-    finally:
-        await store.close()
+async def queue_tasks(client: Client, count: int) -> None:
+    """`count` tasks for the pool, through SubmitTasks in batches of 500 (4 in flight)."""
+    task = scheduler_pb2.SubmitTaskRequest(
+        spec=key_actions(1), selector=task_pb2.DeviceSelector(labels={"pool": POOL})
+    )
+
+    def batch(size: int) -> Callable[[], Awaitable[Any]]:
+        request = scheduler_pb2.SubmitTasksRequest(tasks=[task] * size)
+        return lambda: client.scheduler.SubmitTasks(request, timeout=120)
+
+    sizes = [min(BATCH, count - lo) for lo in range(0, count, BATCH)]
+    await bounded([batch(n) for n in sizes], 4)
 
 
 async def acquire_all(client: Client, host_id: str, devices: int) -> list[str]:
@@ -134,7 +139,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         t0 = time.monotonic()
         for host_id, n in zip(hosts, sizes, strict=True):
             await register(client, host_id, n)
-        await queue_tasks(args.dsn, args.leases)
+        await queue_tasks(client, args.leases)
         held = [await acquire_all(client, h, n) for h, n in zip(hosts, sizes, strict=True)]
         setup_s = time.monotonic() - t0
         print("renewing", flush=True)
@@ -166,7 +171,6 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--address", required=True)
-    p.add_argument("--dsn", required=True)
     p.add_argument("--leases", type=int, default=10_000)
     p.add_argument("--hosts", type=int, default=10)
     p.add_argument("--seconds", type=float, default=30.0)

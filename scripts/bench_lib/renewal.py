@@ -58,7 +58,7 @@ async def run(
     """`around` is entered when the load client has its leases and starts renewing (the
     --profile hook), and left when it is done."""
     argv = [sys.executable, str(HERE / "renew_load.py"), "--address", st.address,
-            "--dsn", st.dsn, "--leases", str(opt.leases), "--hosts", str(opt.hosts),
+            "--leases", str(opt.leases), "--hosts", str(opt.hosts),
             "--seconds", str(opt.seconds), "--warmup", str(opt.warmup),
             "--interval", str(opt.interval)]  # fmt: skip
     before = await promtext.scrape(st.metrics_url)

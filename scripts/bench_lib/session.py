@@ -20,9 +20,9 @@ import grpc
 from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_testing.host import SimulatedSource
 from bench_lib.stack import AgentSpec, Stack, cpu_seconds
 from bench_lib.stats import summarize
-from host_agent.simulated import SimulatedSource
 
 HOST = "session-host"
 POOL = "sessions"

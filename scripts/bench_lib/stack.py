@@ -19,7 +19,7 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from control_plane.embedded import EmbeddedPostgres, free_port
+from amc_testing.database import EmbeddedPostgres, free_port
 from scripts.launch import ControlPlaneCommand, HostAgentCommand, LogFormat
 
 # Any non-empty token: the control plane runs with --insecure (auth off, loopback only), but

@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from amc_testing.database import EmbeddedPostgres, ReplicatedPostgres, free_port
 from chaos_lib import phones
-from control_plane.embedded import EmbeddedPostgres, ReplicatedPostgres, free_port
 from scripts.launch import ControlPlaneCommand, HostAgentCommand
 
 ROOT = Path(__file__).resolve().parents[2]

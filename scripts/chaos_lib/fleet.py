@@ -34,10 +34,7 @@ import structlog
 from amc.v1 import lease_pb2
 from amc_common import logs
 from amc_common.channel import aio_channel
-from host_agent.__main__ import RECONNECT
-from host_agent.agent import Agent
-from host_agent.config import AgentSettings
-from host_agent.simulated import SimulatedSource
+from amc_testing.host import RECONNECT, Agent, AgentSettings, SimulatedSource
 
 ACQUIRE = "/amc.v1.Lease/Acquire"
 log = structlog.get_logger("chaos.fleet")

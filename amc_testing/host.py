@@ -1,0 +1,28 @@
+"""A host agent in-process, or a fake host's reports built as the agent builds them, for
+the harnesses (see the package's docstring)."""
+
+from host_agent.__main__ import RECONNECT
+from host_agent.adb import AdbSource
+from host_agent.agent import Agent
+from host_agent.config import AgentSettings, duration
+from host_agent.convert import report_request
+from host_agent.reporting import ResultBatcher
+from host_agent.results import Outcome, RunResult, StepResult, StepStatus
+from host_agent.retry import RetryPolicy
+from host_agent.simulated import SimulatedSource
+
+__all__ = [
+    "RECONNECT",
+    "AdbSource",
+    "Agent",
+    "AgentSettings",
+    "Outcome",
+    "ResultBatcher",
+    "RetryPolicy",
+    "RunResult",
+    "SimulatedSource",
+    "StepResult",
+    "StepStatus",
+    "duration",
+    "report_request",
+]
