@@ -13,7 +13,6 @@ from control_plane.lifecycle import Outcome, ReportCode, TaskStatus
 
 TaskId = NewType("TaskId", uuid.UUID)
 LeaseId = NewType("LeaseId", uuid.UUID)
-HostId = NewType("HostId", str)
 
 
 class Role(enum.StrEnum):
