@@ -202,6 +202,11 @@ class Screencaster:
             metrics.SCREEN_CAPTURES.inc()
             self._seq[serial] = seq = self._seq.get(serial, 0) + 1
             width, height, mime = image_size(data)
+            # A frame's width and height are the phone's screen in its own pixels (what a
+            # tap's coordinates are in): a phone whose frames are drawn smaller says so.
+            screen_size = getattr(device, "screen_size", None)
+            if screen_size is not None:
+                width, height = screen_size()
             frame = scheduler_pb2.ScreenFrame(
                 serial=serial,
                 seq=seq,

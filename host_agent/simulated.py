@@ -387,6 +387,11 @@ class SimulatedDevice:
         await self._act("ui_dump")
         return UI_XML
 
+    def screen_size(self) -> tuple[int, int]:
+        """The phone's screen in its own pixels (the coordinates taps take, the UI dump's
+        bounds); its screenshots and live frames are drawn at a third of it."""
+        return PHONE_SIZE
+
     async def screen_frame(self) -> bytes:
         """A live frame (`screencap` for a viewer): not an action, so neither logged nor
         timed as one, and it never waits for the phone's actions."""
@@ -459,7 +464,8 @@ def _shell_result(command: str) -> ShellResult:
 
 # The screen UI_XML describes is 1080 x 2400; a screenshot is drawn at a third of that.
 SCREEN_SCALE = 3
-SCREENSHOT_SIZE = (1080 // SCREEN_SCALE, 2400 // SCREEN_SCALE)
+PHONE_SIZE = (1080, 2400)
+SCREENSHOT_SIZE = (PHONE_SIZE[0] // SCREEN_SCALE, PHONE_SIZE[1] // SCREEN_SCALE)
 # Where UI_XML puts the app's title and its OK button: [left, top, right, bottom].
 TITLE_BOUNDS = (40, 100, 1040, 180)
 BUTTON_BOUNDS = (100, 200, 300, 260)

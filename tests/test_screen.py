@@ -93,7 +93,8 @@ async def test_a_watched_phone_streams_frames_and_a_tap_shows_in_the_next_ones(
         call = watch(operator, host_id=HOST, serial=SERIAL, max_fps=15)
         first = await next_frame(call)
         assert (first.host_id, first.serial, first.mime) == (HOST, SERIAL, "image/png")
-        assert (first.width, first.height) == (360, 800) and first.seq >= 1
+        # The phone's size in its own pixels (taps'); its image is drawn at a third.
+        assert (first.width, first.height) == (1080, 2400) and first.seq >= 1
         assert pixel(first.data, 180, 400) != TAP_RGB
         second = await next_frame(call)
         assert second.seq > first.seq and second.data != first.data
