@@ -47,7 +47,7 @@ class Effects:
         if not tasks:
             return
         for task in tasks:
-            self.hub.task_changed(task.task_id, task.status)
+            self.hub.task_changed(task.task_id)
         self.hub.queued(
             [Offer(str(t.task_id), t.selector_serial, t.selector_labels) for t in tasks]
         )
@@ -123,7 +123,7 @@ class Effects:
 
     def assigned(self, host_id: str, assignments: Sequence[Assignment]) -> None:
         for a in assignments:
-            self.hub.task_changed(a.task_id, TaskStatus.ASSIGNED)
+            self.hub.task_changed(a.task_id)
             metrics.ASSIGNMENT_LATENCY.observe(a.queued_seconds)
             metrics.TRANSITIONS.labels(Event.ASSIGN, TaskStatus.ASSIGNED).inc()
             log.info(
@@ -145,13 +145,13 @@ class Effects:
             renewed = {str(r.lease_id): r.task_id for r in renewals}
             kept = {renewed[s.lease_id] for s in steps if s.lease_id in renewed}
             for task_id in kept:
-                self.hub.task_changed(task_id, TaskStatus.DISPATCHED)
+                self.hub.task_changed(task_id)
             n = sum(1 for s in steps if s.lease_id in renewed)
             metrics.STEP_PROGRESS.labels("kept").inc(n)
             metrics.STEP_PROGRESS.labels("refused").inc(len(steps) - n)
         for r in renewals:
             if r.acknowledged:
-                self.hub.task_changed(r.task_id, TaskStatus.DISPATCHED)
+                self.hub.task_changed(r.task_id)
                 metrics.TRANSITIONS.labels(Event.ACKNOWLEDGE, TaskStatus.DISPATCHED).inc()
                 if r.pickup_seconds is not None:
                     metrics.PICKUP.observe(r.pickup_seconds)
@@ -166,7 +166,7 @@ class Effects:
         """A result answered: recorded now, or the same one recorded before (repeated)."""
         task = answer.task
         if answer.code is ReportCode.RECORDED:
-            self.hub.task_changed(report.task_id, task.status)
+            self.hub.task_changed(report.task_id)
             metrics.TRANSITIONS.labels(Event.REPORT, report.outcome).inc()
             delivered, finished = answer.cancel_delivered_at, task.finished_at
             if report.outcome is Outcome.CANCELLED and delivered and finished:
@@ -203,7 +203,7 @@ class Effects:
                 raise ValueError(f"{code} is a refusal")
             case _:
                 assert_never(code)
-        self.hub.task_changed(task.task_id, task.status)
+        self.hub.task_changed(task.task_id)
         metrics.TRANSITIONS.labels(event, task.status).inc()
         log.info(
             said,
@@ -216,7 +216,7 @@ class Effects:
     def timed_out(self, tasks: Sequence[Task]) -> None:
         """Queued tasks failed by the sweep: their queue timeout ran out."""
         for task in tasks:
-            self.hub.task_changed(task.task_id, task.status)
+            self.hub.task_changed(task.task_id)
             metrics.TRANSITIONS.labels(Event.QUEUE_TIMEOUT, task.status).inc()
             log.info(
                 "task failed: queue timeout",
@@ -230,7 +230,7 @@ class Effects:
         (DEADLINE_EXCEEDED)."""
         offers = []
         for e in ended:
-            self.hub.task_changed(e.task_id, e.to_status)
+            self.hub.task_changed(e.task_id)
             if e.to_status is TaskStatus.QUEUED:
                 offers.append(Offer(str(e.task_id), e.selector_serial, e.selector_labels))
                 metrics.REQUEUES.labels(f"lease_{how}").inc()

@@ -17,7 +17,6 @@ from control_plane import metrics
 from control_plane.dispatch import Dispatcher, Offer
 from control_plane.domain import CancelNotice, DrainNotice, LeaseId, ReleaseNotice, TaskId
 from control_plane.frames import Screens
-from control_plane.lifecycle import TaskStatus
 from control_plane.presence import Presence
 from control_plane.rendezvous import Sessions
 
@@ -61,8 +60,8 @@ class Hub:
         self._outbox[(channel, payload)] = None
         self._outbox_ready.set()
 
-    def task_changed(self, task_id: uuid.UUID | str, status: TaskStatus) -> None:
-        """After committing a transition of the task to `status` (for watchers)."""
+    def task_changed(self, task_id: uuid.UUID | str) -> None:
+        """After committing a transition of the task (its watchers re-read it)."""
         self.publish("amc_task", str(task_id))
 
     def queued(self, offers: list[Offer]) -> None:
