@@ -1,0 +1,230 @@
+"""A phone's screen in the console (issue 24), in a real browser (Playwright on the system's
+Chromium) against a real control plane and a real host agent on simulated phones: the
+Control page drives an idle phone in an interactive session (a click taps where it lands,
+in the phone's pixels), and a running task's page watches its phone without touching the
+task. The tests save the README's pictures of both pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amc.v1 import scheduler_pb2
+from control_plane.domain import Role
+from host_agent.simulated import SimulatedSource
+from tests.support import Farm, eventually, tap, wait_action, workflow_spec
+from tests.support.agent import running_agent, status_is
+from tests.support.console import console_url
+from tests.test_console import DOCS, browser, farm, open_page, pytestmark
+
+__all__ = ["browser", "farm", "pytestmark"]
+
+HOST = "rack1-host"
+
+
+async def frame_after(page: Any, seq: int) -> int:
+    """The seq of the first frame drawn after frame `seq`."""
+    await page.wait_for_function(
+        "s => Number(document.querySelector('canvas.screen').dataset.seq || 0) > s", arg=seq
+    )
+    return int(await page.locator("canvas.screen").get_attribute("data-seq"))
+
+
+async def pixel(page: Any, x: int, y: int) -> list[int]:
+    """The drawn frame's colour at the phone's pixel (x, y)."""
+    return list(
+        await page.evaluate(
+            """([x, y]) => Array.from(document.querySelector('canvas.screen')
+                 .getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))""",
+            [x, y],
+        )
+    )
+
+
+async def test_console_control_click_taps_the_phone_where_it_lands_and_the_next_frame_shows_it(
+    farm: Farm, browser: Any
+) -> None:
+    """From the Farm page's Control on an idle phone: a click on the live screen taps the
+    phone at that point in its pixels (the phone's own record, the session's steps, the
+    action log), and the next frame shows the tap's mark there; Back is a key press."""
+    source = SimulatedSource(2, delay=0.01)
+    async with running_agent(farm, source, host_id=HOST):
+        page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
+        row = page.locator("tr[data-serial='sim-0']")
+        await row.get_by_role("link", name="Control").click()
+        status = page.locator("#control-status")
+        await status.filter(has_text="Controlling sim-0").wait_for()
+        task_id = (await status.get_by_role("link").inner_text()).strip()
+        seen = await frame_after(page, 0)
+        canvas = page.locator("canvas.screen")
+        box = await canvas.bounding_box()
+        width, height = (int(v) for v in await canvas.evaluate("c => [c.width, c.height]"))
+        # A point a third across and two thirds down the drawn screen.
+        at = {"x": box["width"] / 3, "y": box["height"] * 2 / 3}
+        x, y = round(at["x"] / box["width"] * width), round(at["y"] / box["height"] * height)
+        await canvas.click(position=at)
+        log = page.locator("#action-log li")
+        await log.filter(has_text=f"tap ({x}, {y}) → ok").wait_for()
+        taps = [r.args for r in source.actions_for("sim-0") if r.action == "tap"]
+        assert taps == [{"x": x, "y": y}]
+        await frame_after(page, seen)
+        await page.wait_for_function(
+            """([x, y]) => { const d = document.querySelector('canvas.screen').getContext('2d')
+                 .getImageData(x, y, 1, 1).data; return d[0] > 200 && d[1] < 60 && d[2] < 60; }""",
+            arg=[x, y],
+        )
+        assert await pixel(page, x, y) == [230, 20, 20]
+
+        await page.get_by_role("button", name="Back").click()
+        await log.filter(has_text="key BACK → ok").wait_for()
+        await page.get_by_label("text to type").fill("hello")
+        await page.get_by_role("button", name="Type").click()
+        await log.filter(has_text='type "hello" → ok').wait_for()
+        await frame_after(page, await frame_after(page, 0))
+        await page.screenshot(path=str(DOCS / "console-control.png"), full_page=True)
+
+        await page.get_by_role("button", name="End session").click()
+        await status_is(farm, task_id, "done")
+        client = await farm.client()
+        got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+        assert [s.name for s in got.result.steps] == ["tap", "key", "input_text"]
+        assert got.metadata["control"] == "console"
+        assert await farm.device_holder(HOST, "sim-0") is None
+        assert page.errors == []
+
+
+async def test_console_control_session_ends_and_frees_the_phone_when_the_page_closes(
+    farm: Farm, browser: Any
+) -> None:
+    """THEN closing the Control page's tab ends its session done and frees the phone."""
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+        page = await open_page(
+            browser, farm, f"/control?host_id={HOST}&serial=sim-0", await farm.token(Role.OPERATOR)
+        )
+        status = page.locator("#control-status")
+        await status.filter(has_text="Controlling sim-0").wait_for()
+        task_id = (await status.get_by_role("link").inner_text()).strip()
+        assert await farm.device_holder(HOST, "sim-0") == task_id
+        await page.context.close()
+        await status_is(farm, task_id, "done")
+        await eventually(
+            lambda: _free(farm), what="the phone freed once the page closed", timeout=15
+        )
+
+
+def _leases(attempts: list[Any]) -> list[tuple[Any, ...]]:
+    return [(a["attempt"], a["lease_id"], a["state"]) for a in attempts]
+
+
+async def _free(farm: Farm) -> bool:
+    return await farm.device_holder(HOST, "sim-0") is None
+
+
+async def test_console_control_of_a_busy_phone_or_by_a_client_is_refused_clearly(
+    farm: Farm, browser: Any
+) -> None:
+    """THEN a client token sees no Control anywhere and /control answers PERMISSION_DENIED;
+    an operator's Control of a busy phone says which task holds it; nothing is created."""
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+        client = await farm.client()
+        busy = await client.scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(spec=workflow_spec(wait=[wait_action(60)]))
+        )
+        await status_is(farm, busy.task_id, "dispatched")
+        path = f"/control?host_id={HOST}&serial=sim-0"
+        page = await open_page(browser, farm, "/", await farm.token(Role.CLIENT))
+        await page.locator(".refusal").wait_for()
+        assert await page.locator("a.control-link").count() == 0
+        await page.goto(console_url(farm, path))
+        await (
+            page.locator("#control-status [role=alert]")
+            .filter(has_text="PERMISSION_DENIED: role 'client' may not control a phone")
+            .wait_for()
+        )
+
+        operator = await open_page(browser, farm, path, await farm.token(Role.OPERATOR))
+        await (
+            operator.locator("#control-status [role=alert]")
+            .filter(has_text=f"FAILED_PRECONDITION: phone 'sim-0' is busy with task {busy.task_id}")
+            .wait_for()
+        )
+        tasks = await client.scheduler.ListTasks(scheduler_pb2.ListTasksRequest())
+        assert [t.task_id for t in tasks.tasks] == [busy.task_id]
+        assert page.errors == [] and operator.errors == []
+        await client.scheduler.CancelTask(
+            scheduler_pb2.CancelTaskRequest(task_id=busy.task_id, reason="test over")
+        )
+        await status_is(farm, busy.task_id, "cancelled")
+
+
+async def test_console_watching_a_running_task_changes_none_of_its_steps(
+    farm: Farm, browser: Any
+) -> None:
+    """THEN a running task's page streams its phone's frames on "Watch screen", and the
+    task runs exactly its own actions with its one lease, its steps as without a viewer;
+    the watch stops when the task ends (the README's picture, docs/console-watch-screen.png)."""
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source, host_id=HOST):
+        client = await farm.client()
+        spec = workflow_spec(
+            **{"log in": [tap(200, 230), wait_action(0.5)], "browse": [wait_action(30)]}
+        )
+        task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=spec))
+        page = await open_page(
+            browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.CLIENT)
+        )
+        await (
+            page.locator("dd[data-field='progress']")
+            .filter(has_text="running step 2 browse")
+            .wait_for(timeout=30_000)
+        )
+        before = [(r.action, r.args) for r in source.actions_for("sim-0") if r.action != "shell"]
+        attempts = await farm.attempts(task.task_id)
+        await page.get_by_role("button", name="Watch screen").click()
+        first = await frame_after(page, 0)
+        await frame_after(page, first + 2)  # several frames, across the page's redraws
+        await page.locator("#live.on").wait_for()
+        await page.screenshot(path=str(DOCS / "console-watch-screen.png"), full_page=True)
+        after = [(r.action, r.args) for r in source.actions_for("sim-0") if r.action != "shell"]
+        assert after == before == [("tap", {"x": 200, "y": 230})]
+        assert _leases(await farm.attempts(task.task_id)) == _leases(attempts)
+        await client.scheduler.CancelTask(
+            scheduler_pb2.CancelTaskRequest(task_id=task.task_id, reason="picture taken")
+        )
+        await status_is(farm, task.task_id, "cancelled")
+        await page.locator("#task-status", has_text="cancelled").wait_for()
+        assert await page.locator("#watch").count() == 0
+        got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task.task_id))
+        assert [s.name for s in got.result.steps] == ["log in", "browse"]
+        assert page.errors == []
+
+
+async def test_console_task_page_shows_the_screen_recording_a_session_kept(
+    farm: Farm, browser: Any
+) -> None:
+    """THEN a Control session opened with record=1 shows its recording on its Task page once
+    it ended: an animated PNG, loaded and its sha256 checked, in a section of its own."""
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+        page = await open_page(
+            browser,
+            farm,
+            f"/control?host_id={HOST}&serial=sim-0&record=1",
+            await farm.token(Role.OPERATOR),
+        )
+        status = page.locator("#control-status")
+        await status.filter(has_text="its screen recorded").wait_for()
+        task_id = (await status.get_by_role("link").inner_text()).strip()
+        await frame_after(page, 0)
+        await page.locator("canvas.screen").click(position={"x": 50, "y": 50})
+        await page.locator("#action-log li").filter(has_text="→ ok").wait_for()
+        await page.get_by_role("button", name="End session").click()
+        await status_is(farm, task_id, "done")
+        await page.goto(console_url(farm, f"/tasks/{task_id}"))
+        await page.locator("h2", has_text="Screen recording").wait_for()
+        box = page.locator(".recordings .artifact[data-kind='screen_recording']")
+        await box.locator(".checked", has_text="✓ checked").wait_for()
+        await page.wait_for_function(
+            """() => { const i = document.querySelector('.recordings .artifact img');
+                       return i && i.complete && i.naturalWidth > 0; }"""
+        )
+        assert await page.locator("table.steps [data-kind='screen_recording']").count() == 0
+        assert page.errors == []
