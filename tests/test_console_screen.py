@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amc.v1 import scheduler_pb2
+from amc.v1 import scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, eventually, tap, wait_action, workflow_spec
@@ -123,11 +123,15 @@ async def test_console_control_of_a_busy_phone_or_by_a_client_is_refused_clearly
     farm: Farm, browser: Any
 ) -> None:
     """THEN a client token sees no Control anywhere and /control answers PERMISSION_DENIED;
-    an operator's Control of a busy phone says which task holds it; nothing is created."""
-    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+    the Host page offers Control on the idle phone only, and an operator's Control of the
+    busy one says which task holds it; nothing is created."""
+    async with running_agent(farm, SimulatedSource(2, delay=0.01), host_id=HOST):
         client = await farm.client()
         busy = await client.scheduler.SubmitTask(
-            scheduler_pb2.SubmitTaskRequest(spec=workflow_spec(wait=[wait_action(60)]))
+            scheduler_pb2.SubmitTaskRequest(
+                spec=workflow_spec(wait=[wait_action(60)]),
+                selector=task_pb2.DeviceSelector(serial="sim-0"),
+            )
         )
         await status_is(farm, busy.task_id, "dispatched")
         path = f"/control?host_id={HOST}&serial=sim-0"
@@ -141,7 +145,14 @@ async def test_console_control_of_a_busy_phone_or_by_a_client_is_refused_clearly
             .wait_for()
         )
 
-        operator = await open_page(browser, farm, path, await farm.token(Role.OPERATOR))
+        operator = await open_page(browser, farm, f"/hosts/{HOST}", await farm.token(Role.OPERATOR))
+        idle = operator.locator("tr[data-serial='sim-1'] a.control-link")
+        await idle.wait_for()
+        assert await idle.get_attribute("href") == f"/control?host_id={HOST}&serial=sim-1"
+        busy_row = operator.locator("tr[data-serial='sim-0']")
+        await busy_row.get_by_role("link", name=busy.task_id).wait_for()
+        assert await busy_row.locator("a.control-link").count() == 0
+        await operator.goto(console_url(farm, path))
         await (
             operator.locator("#control-status [role=alert]")
             .filter(has_text=f"FAILED_PRECONDITION: phone 'sim-0' is busy with task {busy.task_id}")
