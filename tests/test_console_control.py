@@ -12,10 +12,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from amc.v1 import scheduler_pb2, task_pb2
+from control_plane import validate
 from control_plane.console.calls import SUBPROTOCOL, TOKEN_PROTOCOL
+from control_plane.console.control import parse_action
 from control_plane.domain import Role
+from control_plane.errors import InvalidArgument
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, wait_action
 from tests.support.agent import running_agent, status_is
@@ -255,3 +260,41 @@ async def test_console_control_with_record_keeps_the_sessions_screen_recording(
     got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task["task_id"]))
     kept = [(a.kind, a.content_type) for s in got.result.steps for a in s.artifacts]
     assert kept == [("screen_recording", "image/apng")]
+
+
+FIELDS = st.sampled_from(["x", "y", "x1", "y1", "x2", "y2", "duration_ms", "text"])
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text()
+    | st.sampled_from(["BACK", "HOME", "APP_SWITCH"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(FIELDS | st.text(max_size=5), inner, max_size=5)
+    ),
+    max_leaves=12,
+)
+KINDS = st.sampled_from(["tap", "swipe", "type", "key"])
+# Mostly one action's key, over any value or an object of the actions' fields.
+MESSAGES = st.one_of(
+    JSON,
+    st.builds(lambda kind, value: {kind: value}, KINDS, JSON),
+    st.builds(lambda kind, value: {kind: value}, KINDS, st.dictionaries(FIELDS, JSON, max_size=6)),
+)
+
+
+@settings(
+    max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(st.one_of(MESSAGES.map(json.dumps), st.text(max_size=40)))
+@example('{"type": {"text": "\\ud800"}}')  # JSON may carry a lone surrogate
+def test_console_control_messages_are_an_action_or_a_clear_refusal(text: str) -> None:
+    """THEN any message a page may send is either an action that passes the actions' own
+    check, or an INVALID_ARGUMENT naming what is wrong: nothing else escapes."""
+    try:
+        _, action = parse_action(text)
+        validate.action(action, "action")
+    except InvalidArgument as exc:
+        assert exc.field and exc.problem

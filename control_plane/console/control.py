@@ -280,7 +280,7 @@ def parse_action(text: str) -> tuple[dict[str, Any], task_pb2.Action]:
         raise InvalidArgument("message", "one of tap, swipe, type or key, as an object's one key")
     kind, value = next(iter(message.items()))
     if kind == "key":
-        if value not in KEYS:
+        if not isinstance(value, str) or value not in KEYS:
             raise InvalidArgument("key", f"one of {', '.join(KEYS)}")
         return {"key": value}, task_pb2.Action(key=task_pb2.Key(keycode=KEYS[value]))
     if not isinstance(value, dict):
@@ -289,6 +289,10 @@ def parse_action(text: str) -> tuple[dict[str, Any], task_pb2.Action]:
         text_value = value.get("text")
         if not isinstance(text_value, str) or not text_value:
             raise InvalidArgument("type.text", "required: the text to type")
+        try:
+            text_value.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument("type.text", "not Unicode text (a lone surrogate)") from None
         return {"type": {"text": text_value}}, task_pb2.Action(
             input_text=task_pb2.InputText(text=text_value)
         )
