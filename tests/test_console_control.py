@@ -298,3 +298,31 @@ def test_console_control_messages_are_an_action_or_a_clear_refusal(text: str) ->
         validate.action(action, "action")
     except InvalidArgument as exc:
         assert exc.field and exc.problem
+
+
+async def test_console_control_ends_a_session_another_hosts_phone_of_the_serial_took(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """THEN when a phone of the same serial on another host takes the session (a serial is
+    a host's own; the session asks by serial), the page is told which took it, no action
+    reaches that phone, and the session ends at once, freeing it."""
+    token = await farm.token(Role.OPERATOR)
+    quiet = await farm.host("host-a", "sim-0")  # registered, never asks for work
+    stream = quiet.stream()
+    await stream.renew()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source, host_id="host-b"):
+        url = control_url(farm, host_id="host-a")
+        ws = await http.ws_connect(url, protocols=offered(token))
+        error = (await answer(ws, "error"))["error"]
+        assert error == {
+            "code": "FAILED_PRECONDITION",
+            "message": "phone 'sim-0' of host 'host-b' took the session, not the one of host"
+            " 'host-a': it ends without an action",
+        }
+        task = (await answer(ws, "task"))["task"]
+        assert task["status"] == "TASK_STATUS_DONE" and "steps" not in task.get("result", {})
+        await ws.close()
+        assert [r for r in source.actions_for("sim-0") if r.action != "shell"] == []
+        assert await farm.device_holder("host-b", "sim-0") is None
+    await stream.close()
