@@ -31,6 +31,10 @@ as separate processes (simulated devices), then runs, in this order:
                taps back to back for --session-seconds: round trip through AMC beside the
                same taps straight to a phone, actions/s, CPU per action; then
                --session-starts opens on an idle phone one after another (issue 23)
+ 11 screen     live screens of --screen-phones simulated phones: frames captured with
+               nobody watching, frames/s to one viewer, click-to-frame latency through a
+               session (--screen-clicks taps), control-plane CPU of one viewer per phone
+               (issue 24)
 
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
@@ -72,6 +76,7 @@ from bench_lib import (
     promtext,
     renewal,
     report,
+    screen,
     session,
 )
 from bench_lib.client import Client, Clock
@@ -90,6 +95,7 @@ WORKLOADS = (
     "deep",
     "flood",
     "session",
+    "screen",
 )
 DRAIN_AGENTS = 4
 DRAIN_DEVICES = 25
@@ -201,6 +207,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--session-seconds", type=float, default=10.0, help="session: each window")
     p.add_argument("--session-starts", type=int, default=50, help="session: starts measured")
+    p.add_argument("--screen-phones", type=int, default=20, help="screen: phones (and viewers)")
+    p.add_argument("--screen-seconds", type=float, default=10.0, help="screen: each window")
+    p.add_argument(
+        "--screen-idle-seconds", type=float, default=10.0, help="screen: nobody watching for"
+    )
+    p.add_argument("--screen-clicks", type=int, default=50, help="screen: taps timed to a frame")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -228,6 +240,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.flood_tasks, args.flood_phones, args.flood_task_seconds = 400, 8, 0.2
         args.flood_seconds, args.flood_b_rate = 3.0, 5.0
         args.session_sizes, args.session_seconds, args.session_starts = "1,10", 2.0, 5
+        args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
+        args.screen_clicks = 5
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
     args.only = {w.strip() for w in args.only.split(",") if w.strip()}
@@ -287,6 +301,8 @@ class Run:
                 await self.amc_workloads()
             if "session" in self.args.only:
                 await self.sessions()
+            if "screen" in self.args.only:
+                await self.screens()
             if "fleet" in self.args.only:
                 await self.fleet()
             if "deep" in self.args.only:
@@ -365,6 +381,16 @@ class Run:
         options = session.Options(sizes, a.session_seconds, a.session_starts)
         async with self.phase("session"):
             self.results["session"] = await session.run(st, options, say)
+
+    async def screens(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        options = screen.Options(
+            a.screen_phones, a.screen_seconds, a.screen_idle_seconds, a.screen_clicks
+        )
+        async with self.phase("screen"):
+            self.results["screen"] = await screen.run(st, options, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -536,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
     ok = all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session")
+        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session", "screen")
     )
     return 0 if ok else 1
 

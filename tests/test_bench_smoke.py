@@ -33,8 +33,13 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     results = doc["results"]
     assert set(results) >= {
         "ceiling", "lifecycle", "latency", "renewal", "ratios", "fleet", "deep", "flood",
-        "session",
+        "session", "screen",
     }  # fmt: skip
+    screen = results["screen"]
+    assert screen["verified"] is True and screen["idle"]["frames_captured"] == 0
+    assert screen["clicks"]["click_to_frame_ms"]["n"] == 5  # after 3 warm-up taps
+    assert screen["many"]["viewers"] == 4 and screen["many"]["frames_per_s"] > 0
+    assert "11 screen" in done.stdout
     assert results["session"]["verified"] is True
     assert [w["sessions"] for w in results["session"]["windows"]] == [1, 10]
     assert results["session"]["start_ms"]["n"] == 5

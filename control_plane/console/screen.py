@@ -21,6 +21,10 @@ every frame is one BINARY message:
               "host_id": str, "serial": str}
     the rest  the image's bytes (a whole PNG or JPEG file)
 
+`width` and `height` are the phone's screen in its own pixels, the coordinates a tap takes:
+the image may be smaller (a simulated phone's is drawn at a third), so a click on it is
+scaled by width / the image's own width.
+
 A viewer that reads slower than frames come gets the latest frame when it is ready for
 one (frames in between are dropped, never queued). Closing the socket stops watching
 (when the phone's last viewer leaves, its host stops capturing it). The server closes it

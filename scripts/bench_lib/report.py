@@ -75,7 +75,50 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _deep_rows(results.get("deep"))
     out += _flood_rows(results.get("flood"))
     out += _session_rows(results.get("session"), results.get("latency"))
+    out += _screen_rows(results.get("screen"))
     return out
+
+
+def _screen_rows(sc: dict[str, Any] | None) -> list[Row]:
+    """Issue 24's targets: frames/s to a viewer, click to frame, 20 viewers' CPU, and
+    nothing captured with nobody watching."""
+    if not sc:
+        return []
+    idle, one, clicks, many = sc["idle"], sc["one_viewer"], sc["clicks"], sc["many"]
+    c = clicks["click_to_frame_ms"]
+    n = many["viewers"]
+    return [
+        Row(
+            "11 screen",
+            f"nobody watching, {idle['seconds']:g} s: frames captured",
+            _num(idle["frames_captured"]),
+            "0",
+            idle["frames_captured"] == 0,
+        ),
+        Row(
+            "11 screen",
+            "one viewer of one phone: frames/s (bytes/frame)",
+            f"{one['frames_per_s']:.1f} ({_num(one['bytes_per_frame'])})",
+            ">= 10",
+            one["frames_per_s"] >= 10,
+        ),
+        Row(
+            "11 screen",
+            "tap through a session -> first frame showing it, ms",
+            pcts(c),
+            "p50 <= 150",
+            c["p50"] <= 150 if c.get("n") else None,
+        ),
+        Row("11 screen", "  the tap's own round trip, ms", pcts(clicks["tap_rtt_ms"])),
+        Row(
+            "11 screen",
+            f"{n} viewers of {n} phones: control-plane cores (agent's)",
+            f"{many['cp_cores']:.3f} ({many['agent_cores']:.3f})",
+            "<= 0.3" if n == 20 else "",
+            many["cp_cores"] <= 0.3 if n == 20 else None,
+        ),
+        Row("11 screen", f"{n} viewers: frames/s in all", _num(many["frames_per_s"])),
+    ]
 
 
 def _session_rows(se: dict[str, Any] | None, lat: dict[str, Any] | None) -> list[Row]:

@@ -159,6 +159,8 @@ class AgentSpec:
     sim_delay: float  # seconds
     pool: str
     action_log: bool = False
+    # host:port of the agent's /metrics (None: not served).
+    metrics_listen: str | None = None
 
 
 @dataclass
@@ -252,6 +254,7 @@ class Stack:
             action_log=action_log,
             drain_timeout=0,
             log_format=self.log_format,
+            metrics_listen=spec.metrics_listen,
         )
         child = spawn(
             f"host agent {spec.host_id}",
