@@ -326,3 +326,24 @@ async def test_console_control_ends_a_session_another_hosts_phone_of_the_serial_
         assert [r for r in source.actions_for("sim-0") if r.action != "shell"] == []
         assert await farm.device_holder("host-b", "sim-0") is None
     await stream.close()
+
+
+async def test_console_control_session_cancelled_elsewhere_ends_and_closes_the_socket(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """THEN a Control session is cancelled like any task (CancelTask from anywhere): the
+    page gets the task cancelled, the server closes the socket, the phone is freed."""
+    token = await farm.token(Role.OPERATOR)
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+        ws = await http.ws_connect(control_url(farm), protocols=offered(token))
+        task = await dispatched(ws)
+        operator = await farm.operator()
+        await operator.scheduler.CancelTask(
+            scheduler_pb2.CancelTaskRequest(task_id=task["task_id"], reason="phone needed")
+        )
+        final = (await answer(ws, "task"))["task"]
+        assert final["status"] == "TASK_STATUS_CANCELLED"
+        assert final["cancel_reason"] == "phone needed"
+        closed = await asyncio.wait_for(ws.receive(), 10)
+        assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert await farm.device_holder(HOST, "sim-0") is None

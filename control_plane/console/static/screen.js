@@ -235,7 +235,9 @@ class ControlSession {
         this.ready = true;
         this.enable(true);
         const recorded = this.record ? ", its screen recorded" : "";
-        this.say(`Controlling ${this.serial}: an interactive session${recorded}.`, task.task_id);
+        const idle = task.spec.session && task.spec.session.idle_timeout;
+        const ends = idle ? ` It ends after ${span(idle)} without an action, or when this page closes.` : "";
+        this.say(`Controlling ${this.serial}: an interactive session${recorded}.${ends}`, task.task_id);
       } else {
         this.say(`Waiting for the phone (${status})${task.pending_reason ? `: ${task.pending_reason}` : ""}.`, task.task_id);
       }
