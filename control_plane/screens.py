@@ -55,6 +55,9 @@ RELAYED_BY = "amc-screen-relayed-by"
 DEFAULT_FPS = 10
 MAX_FPS = 30
 RUNNING = ("assigned", "dispatched")
+# Seconds a viewer waits for a frame without its phone's host connected here (no feed, no
+# relay) before it is told to watch again: the host may have reconnected elsewhere.
+STALE = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +175,15 @@ class ScreenWatch:
                     raise Unavailable(screen.lost)
                 frame = screen.frame
                 if frame is None or frame is sent:
-                    await _either(viewer.ready, changed)
+                    try:
+                        async with asyncio.timeout(STALE):
+                            await _either(viewer.ready, changed)
+                    except TimeoutError:
+                        if screen.source is None and not hub.screens.has_feed(screen.host_id):
+                            # The host left this replica (gone, or reconnected elsewhere).
+                            raise Unavailable(
+                                f"host {screen.host_id} is no longer connected here: watch again"
+                            ) from None
                     viewer.ready.clear()
                     continue
                 wait = sent_at + interval - loop.time()

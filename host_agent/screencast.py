@@ -132,16 +132,22 @@ class Screencaster:
             call.cancel()
 
     async def _send(self, call: grpc.aio.StreamStreamCall[object, object]) -> None:
+        """Each phone's newest frame, one write at a time, until a write fails: then the
+        call is over, and its read (in `_call`) says why."""
         while True:
             await self._ready.wait()
             self._ready.clear()
             while self._outbox:
                 serial = next(iter(self._outbox))
                 frame = self._outbox.pop(serial)
-                if serial in self._watched:
+                if serial not in self._watched:
+                    continue
+                try:
                     await call.write(lease_pb2.ScreenFramesRequest(frame=frame))
-                    metrics.SCREEN_FRAMES_SENT.inc()
-                    metrics.SCREEN_BYTES_SENT.inc(len(frame.data))
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+                    return
+                metrics.SCREEN_FRAMES_SENT.inc()
+                metrics.SCREEN_BYTES_SENT.inc(len(frame.data))
 
     def _set_watched(self, watched: dict[str, int]) -> None:
         if watched != self._watched:

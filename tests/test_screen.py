@@ -17,13 +17,17 @@ import pytest
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
+from control_plane import screens
 from control_plane.config import Settings
 from control_plane.console.screen import frame_message
 from control_plane.domain import Role
-from host_agent.simulated import TAP_RGB, SimulatedSource
+from host_agent.adb import AdbSource
+from host_agent.simulated import TAP_RGB, LiveScreen, SimulatedSource
 from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import finished, get, running_agent, status_is, submit
 from tests.support.console import console_farm, console_url
+from tests.support.fakes.adb_server import FakeAdbServer
+from tests.support.fakes.phone import FakePhone
 from tests.support.replicas import Replica
 from tests.test_sessions import act, dispatched, opening
 
@@ -433,3 +437,44 @@ async def test_a_session_that_asks_for_a_recording_keeps_one(farm: Farm) -> None
         scheduler_pb2.ListArtifactsRequest(task_id=task.task_id)
     )
     assert [a.kind for a in listed.artifacts] == ["screen_recording"]
+
+
+async def test_a_phone_over_adb_is_watched_through_screencap_and_shows_a_tap(
+    farm: Farm,
+) -> None:
+    """THEN a phone driven over the adb protocol (fake adb server and phone) is captured
+    with `screencap -p` while watched, and a session's `input tap` shows in its frames."""
+    phone = FakePhone("emu-1", screen=LiveScreen())
+    operator, client = await farm.operator(), await farm.client()
+    async with FakeAdbServer([phone]) as server:
+        source = AdbSource(server.host, server.port, call_timeout=5.0)
+        async with running_agent(farm, source):
+            call = watch(operator, host_id=HOST, serial="emu-1", max_fps=15)
+            first = await next_frame(call)
+            assert first.mime == "image/png" and pixel(first.data, 180, 400) != TAP_RGB
+            session = await session_tap(client, 540, 1200)
+            await frame_where(
+                call, lambda f: pixel(f.data, 180, 400) == TAP_RGB, what="the tap's mark"
+            )
+            await session.done_writing()
+            call.cancel()
+    commands = phone.shell_commands()
+    assert any(c.startswith("input tap 540 1200") for c in commands)
+    assert sum(c.startswith("screencap -p") for c in commands) >= 2
+
+
+async def test_a_viewer_whose_host_left_is_told_to_watch_again(
+    farm: Farm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """THEN with the phone's host gone from the replica, the watch ends UNAVAILABLE (the
+    host may be back elsewhere) instead of waiting for frames that cannot come."""
+    monkeypatch.setattr(screens, "STALE", 0.5)
+    operator = await farm.operator()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        call = watch(operator, host_id=HOST, serial=SERIAL)
+        await next_frame(call)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        while True:
+            await next_frame(call)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "no longer connected" in (caught.value.details() or "")

@@ -8,7 +8,8 @@
   `battery_temperature`, `charging`) and ``df /data``
 * ``input ...``, ``am ...``, ``monkey ...`` (no output, exit 0)
 * ``uiautomator dump <path>`` (writes `ui_xml` to a fake file) and ``cat <path>``
-* ``screencap -p`` (the PNG, after `screencap_prefix` so drivers must trim)
+* ``screencap -p`` (the PNG, after `screencap_prefix` so drivers must trim; with `screen`
+  set, a live frame showing where the last ``input tap`` landed)
 * ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``
 * compound commands joined by ``;``, ``&&`` and ``||`` (tokenised with `shlex`, so
   quoting and backslash escapes behave as in ``sh``)
@@ -34,7 +35,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 # One PNG writer for the simulator and the fakes; re-exported for tests.
-from host_agent.simulated import PNG_SIGNATURE, make_png
+from host_agent.simulated import PNG_SIGNATURE, LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
 
@@ -93,6 +94,9 @@ class FakePhone:
     boot_time: float = 1.0
     booting_until: float = 0.0
     reboots: int = 0
+    # Set: `screencap` draws a live frame, as a simulated phone does (a red square where the
+    # last `input tap` landed, the text typed), instead of `png`.
+    screen: LiveScreen | None = None
 
     def reboot(self) -> None:
         self.reboots += 1
@@ -148,6 +152,8 @@ class FakePhone:
         if name == "echo":
             words = [w.replace("$?", str(last_status)) for w in argv[1:]]
             return 0, (" ".join(words) + "\n").encode()
+        if name == "input" and self.screen is not None:
+            self._input(argv[1:])
         if name in ("true", "input", "am", "monkey"):
             return 0, b""
         if name == "false":
@@ -168,8 +174,22 @@ class FakePhone:
         if name == "cat":
             return self._cat(argv[1:])
         if name in ("screencap", "/system/bin/screencap"):
+            if self.screen is not None:
+                return 0, self.screencap_prefix + live_frame(self.serial, self.screen)
             return 0, self.screencap_prefix + self.png
         return 127, f"/system/bin/sh: {name}: inaccessible or not found\n".encode()
+
+    def _input(self, args: list[str]) -> None:
+        """What an `input` command does to the live screen."""
+        assert self.screen is not None
+        if args[:1] == ["tap"] and len(args) >= 3:
+            self.screen.saw("tap", {"x": args[1], "y": args[2]})
+        elif args[:1] == ["swipe"] and len(args) >= 5:
+            self.screen.saw("swipe", {"x2": args[3], "y2": args[4]})
+        elif args[:1] == ["text"] and len(args) >= 2:
+            self.screen.saw("input_text", {"text": " ".join(args[1:]).replace("%s", " ")})
+        elif args[:1] == ["keyevent"] and len(args) >= 2 and args[1].isdigit():
+            self.screen.saw("key", {"keycode": args[1]})
 
     def _battery(self) -> bytes:
         return (
