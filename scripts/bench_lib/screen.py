@@ -31,10 +31,10 @@ import grpc
 from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_testing.database import free_port
 from bench_lib import promtext
 from bench_lib.stack import AgentSpec, Stack, cpu_seconds
 from bench_lib.stats import summarize
-from control_plane.embedded import free_port
 
 HOST = "screen-host"
 POOL = "screens"
