@@ -347,3 +347,31 @@ async def test_console_control_session_cancelled_elsewhere_ends_and_closes_the_s
         closed = await asyncio.wait_for(ws.receive(), 10)
         assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert await farm.device_holder(HOST, "sim-0") is None
+
+
+async def test_console_sockets_refuse_a_page_of_another_site(
+    database_url: str, http: aiohttp.ClientSession
+) -> None:
+    """THEN with authentication off (loopback), a WebSocket opened by another site's page
+    (its Origin) is refused PERMISSION_DENIED, /api/control and /api/screen alike, and
+    nothing is created; the console's own page is served."""
+    async with console_farm(database_url, insecure=True) as farm:
+        async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+            before = await rows(farm)
+            evil = {"Origin": "http://evil.example"}
+            screen = console_url(farm, f"/api/screen?host_id={HOST}&serial=sim-0")
+            for url in (control_url(farm), screen):
+                async with http.get(url, headers=evil) as r:
+                    assert r.status == 403, url
+                    assert await r.json() == {
+                        "code": "PERMISSION_DENIED",
+                        "message": "not from this console: http://evil.example",
+                    }
+            assert await rows(farm) == before
+            own = console_url(farm, "").rstrip("/")
+            ws = await http.ws_connect(
+                control_url(farm), protocols=[SUBPROTOCOL], headers={"Origin": own}
+            )
+            task = await dispatched(ws)
+            await ws.close()
+            await status_is(farm, task["task_id"], "done")

@@ -4,11 +4,18 @@
 A browser cannot set headers on a WebSocket; its page offers the token as a subprotocol
 instead, `amc.bearer.<token>` beside `amc.v1` (the one the server picks and echoes). The
 token's characters (`amc_`, hex, URL-safe base64) are all allowed in a subprotocol name.
+
+A WebSocket is not held to the same-origin rules a fetch is (no preflight): another site's
+page could open one to the console, which matters most with authentication off (on
+loopback). A browser always says which page opened it (`Origin`), so a socket whose origin
+is not the console's own is refused (`foreign_origin`); a client that is not a browser
+sends no Origin.
 """
 
 from __future__ import annotations
 
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 import grpc
 from aiohttp import web
@@ -53,3 +60,15 @@ def socket_authorization(request: web.Request) -> str | None:
             if name.startswith(TOKEN_PROTOCOL):
                 return f"Bearer {name[len(TOKEN_PROTOCOL) :]}"
     return None
+
+
+def foreign_origin(request: web.Request) -> str | None:
+    """The `Origin` of a browser page of another site than the console, else None."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return None
+    parts = urlsplit(origin)
+    scheme = "https" if request.secure else "http"
+    if parts.scheme == scheme and parts.netloc.lower() == request.host.lower():
+        return None
+    return origin

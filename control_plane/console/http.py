@@ -44,7 +44,12 @@ from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
 from control_plane.console import screen
-from control_plane.console.calls import CallContext, Refused, socket_authorization
+from control_plane.console.calls import (
+    CallContext,
+    Refused,
+    foreign_origin,
+    socket_authorization,
+)
 from control_plane.console.control import Controls
 from control_plane.domain import Role
 from control_plane.hub import Hub
@@ -286,6 +291,8 @@ class Console:
 
     async def control(self, request: web.Request) -> web.StreamResponse:
         """A refusal before the socket opens is answered like the API's."""
+        if (origin := foreign_origin(request)) is not None:
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
         context = CallContext(socket_authorization(request))
         try:
             return await self.controls.serve(request, context)
@@ -294,6 +301,8 @@ class Console:
 
     async def screen(self, request: web.Request) -> web.StreamResponse:
         """A phone's live screen (control_plane.console.screen has the message layout)."""
+        if (origin := foreign_origin(request)) is not None:
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
         return await screen.serve(self.scheduler, request, _refusal)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
