@@ -352,6 +352,15 @@ async def test_a_viewer_on_another_replica_than_the_phone_s_host_gets_its_frames
             for call in (one, two, local):
                 call.cancel()
             await eventually(lambda: not agent.screens.capturing, what="the captures to stop")
+            # The replica holding the host's feed dies: the relayed viewer is told.
+            three = scheduler_pb2_grpc.SchedulerStub(here).WatchScreen(request)
+            await next_frame(three)
+            host_side.kill()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                while True:
+                    await next_frame(three)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "screen relay lost" in (caught.value.details() or "")
     finally:
         for r in pair:
             r.stop()
