@@ -24,6 +24,12 @@ from amc_common.version import version_line
 
 DEFAULT_ADDR = f"127.0.0.1:{DEFAULT_PORT}"
 
+
+def _duration_option(help: str) -> Any:
+    """A --option taking a duration ("30s", "5m"), with no default shown."""
+    return typer.Option(metavar="DURATION", help=help, show_default=False)
+
+
 app = typer.Typer(
     name="amc",
     help="Operate an Agentic Mobile Control phone farm: submit, follow and cancel tasks, "
@@ -288,19 +294,11 @@ def submit(
     ] = None,
     queue_timeout: Annotated[
         str | None,
-        typer.Option(
-            metavar="DURATION",
-            help="Fail the task if it waits in the queue longer than this (e.g. 5m).",
-            show_default=False,
-        ),
+        _duration_option("Fail the task if it waits in the queue longer than this (e.g. 5m)."),
     ] = None,
     deadline: Annotated[
         str | None,
-        typer.Option(
-            metavar="DURATION",
-            help="Fail an attempt that runs longer than this (e.g. 30s); not retried.",
-            show_default=False,
-        ),
+        _duration_option("Fail an attempt that runs longer than this (e.g. 30s); not retried."),
     ] = None,
     fairness_key: Annotated[
         str | None,

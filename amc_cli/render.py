@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -471,18 +471,13 @@ def tokens_table(tokens: Iterable[admin_pb2.TokenInfo]) -> None:
 
 def host_detail(response: admin_pb2.GetHostResponse) -> None:
     """`amc hosts show`: the host as `amc hosts` lists it, then what operators did to it."""
-    out = console()
     hosts_table(scheduler_pb2.ListHostsResponse(hosts=[response.host]))
-    if not response.events:
-        out.print("no operator events")
-        return
-    table = Table(show_edge=False)
-    for name in ("when", "what", "device", "by", "reason"):
-        table.add_column(name, no_wrap=name == "when")
-    for e in response.events:
-        who = f"{e.actor_name} ({e.actor})" if e.actor_name else e.actor
-        table.add_row(when(e.at), e.kind, Text(e.serial or "-"), Text(who), Text(e.reason or "-"))
-    out.print(table)
+    _operator_events(
+        response.events,
+        "no operator events",
+        ("what", "device"),
+        lambda e: [e.kind, Text(e.serial or "-")],
+    )
 
 
 def token_info(info: admin_pb2.TokenInfo, verb: str) -> None:
@@ -569,18 +564,32 @@ def fair_share_line(share: admin_pb2.FairShare) -> str:
 
 def fair_share_detail(response: admin_pb2.GetFairShareResponse) -> None:
     """`amc queue show KEY`: the key's share and tasks, then who changed its share and why."""
+    console().print(Text(fair_share_line(response.share)))
+    _operator_events(
+        response.events,
+        "no operator has set its share",
+        ("weight", "cap"),
+        lambda e: [str(e.weight), str(e.max_devices) if e.HasField("max_devices") else "-"],
+    )
+
+
+def _operator_events(
+    events: Sequence[Any],
+    none: str,
+    columns: tuple[str, ...],
+    cells: Callable[[Any], list[str | Text]],
+) -> None:
+    """What operators did, one row each: when, the event's own `columns`, who, why."""
     out = console()
-    out.print(Text(fair_share_line(response.share)))
-    if not response.events:
-        out.print("no operator has set its share")
+    if not events:
+        out.print(none)
         return
     table = Table(show_edge=False)
-    for name in ("when", "weight", "cap", "by", "reason"):
+    for name in ("when", *columns, "by", "reason"):
         table.add_column(name, no_wrap=name == "when")
-    for e in response.events:
+    for e in events:
         who = f"{e.actor_name} ({e.actor})" if e.actor_name else e.actor
-        cap = str(e.max_devices) if e.HasField("max_devices") else "-"
-        table.add_row(when(e.at), str(e.weight), cap, Text(who), Text(e.reason or "-"))
+        table.add_row(when(e.at), *cells(e), Text(who), Text(e.reason or "-"))
     out.print(table)
 
 

@@ -415,7 +415,9 @@ async def test_cancel_with_retry_for_retries_while_the_control_plane_is_unavaila
 
 async def test_an_address_that_refuses_fails_in_one_line_at_once(amc: Cli) -> None:
     """A typo'd port: nothing there ever answered, so `amc cancel` does not retry, and it
-    and `amc hosts` each end with exit 5 and one error line within 2 s."""
+    and `amc hosts` each end with exit 5 and one error line (no retry note), well before
+    the --timeout (30 s) that retrying would take: not a speed bound, a loaded machine
+    takes seconds to start the CLI."""
     address = f"127.0.0.1:{free_port()}"
     for args in (["cancel", str(uuid.uuid4())], ["hosts"]):
         began = asyncio.get_running_loop().time()
@@ -424,7 +426,7 @@ async def test_an_address_that_refuses_fails_in_one_line_at_once(amc: Cli) -> No
         assert run.code == 5, (args, run.err)
         line = run.assert_one_error_line()
         assert "connection refused" in line and address in line and "UNAVAILABLE" in line, line
-        assert took < 2.0, (args, took)
+        assert took < 15.0, (args, took)
 
 
 async def test_cancel_with_retry_for_gives_up_after_it_with_one_note(amc: Cli) -> None:
@@ -465,9 +467,12 @@ async def test_a_control_plane_that_answered_before_is_retried_one_note_per_chan
         finally:
             cli.close()
     assert refused.value.status == grpc.StatusCode.NOT_FOUND
-    assert len(notes) == 2, notes
+    # A try cut mid-call ("Stream removed") and the tries refused after it are two ways of
+    # being unavailable: a second note says the way changed, none repeats one.
+    assert 2 <= len(notes) <= 3, notes
     assert notes[0].startswith(f"cancel task: the control plane at {proxy.address} is unavail")
-    assert notes[1] == f"cancel task: the control plane at {proxy.address} answers again"
+    assert all(" is still unavailable (" in n for n in notes[1:-1]), notes
+    assert notes[-1] == f"cancel task: the control plane at {proxy.address} answers again"
 
 
 # -- watch -----------------------------------------------------------------------------------
