@@ -9,11 +9,11 @@ cannot set headers on a WebSocket) the token offered as the subprotocol
 `amc.bearer.<token>` beside `amc.v1`, the one the server answers with. The call goes to the
 servicer's own WatchScreen (the same roles, validation and messages as over gRPC).
 
-A refusal before streaming (no token, a role that may not, bad input, NOT_FOUND, a task
-not running or a host not connected: FAILED_PRECONDITION) is an HTTP reply
-`{"code", "message"}` with the HTTP status of the gRPC code, as the other routes answer,
-and no WebSocket. Once upgraded,
-every frame is one BINARY message:
+A socket opened by another site's page (its `Origin`) is refused PERMISSION_DENIED (see
+control_plane.console.calls). A refusal before streaming (no token, a role that may not,
+bad input, NOT_FOUND, a task not running or a host not connected: FAILED_PRECONDITION) is
+an HTTP reply `{"code", "message"}` with the HTTP status of the gRPC code, as the other
+routes answer, and no WebSocket. Once upgraded, every frame is one BINARY message:
 
     4 bytes   N, the header's length, big-endian unsigned
     N bytes   the header, UTF-8 JSON: {"seq": int, "width": int, "height": int,
@@ -29,8 +29,8 @@ A viewer that reads slower than frames come gets the latest frame when it is rea
 one (frames in between are dropped, never queued). Closing the socket stops watching
 (when the phone's last viewer leaves, its host stops capturing it). The server closes it
 with code 1000 when a watched task stops running, or 1011 and the reason (UNAVAILABLE: the
-host or a relay was lost, the replica is stopping) after an error. Messages from the page
-are ignored.
+host left the replica, a relay was lost, the replica is stopping: open it again) after an
+error. Messages from the page are ignored.
 """
 
 from __future__ import annotations
