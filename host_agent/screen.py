@@ -155,17 +155,21 @@ class Canvas:
     def png(self, level: int = 9) -> bytes:
         """The canvas as a truecolour PNG (every scanline unfiltered), compressed at zlib
         `level` (1: fast, for live frames)."""
+        return png_file(self.width, self.height, zlib.compress(self.scanlines(), level))
+
+    def scanlines(self, first: int = 0, end: int | None = None) -> bytes:
+        """Rows `first` to `end` (exclusive) as a PNG's raw scanlines (filter 0 each)."""
         stride = self.width * 3
-        raw = b"".join(
-            b"\x00" + bytes(self.pixels[y * stride : (y + 1) * stride]) for y in range(self.height)
+        last = self.height if end is None else end
+        return b"".join(
+            b"\x00" + bytes(self.pixels[y * stride : (y + 1) * stride]) for y in range(first, last)
         )
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
-        return (
-            PNG_SIGNATURE
-            + _chunk(b"IHDR", header)
-            + _chunk(b"IDAT", zlib.compress(raw, level))
-            + _chunk(b"IEND", b"")
-        )
+
+
+def png_file(width: int, height: int, idat: bytes) -> bytes:
+    """A truecolour 8-bit PNG of `width` x `height` whose zlib stream is `idat`."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return PNG_SIGNATURE + _chunk(b"IHDR", header) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
 
 
 def text_width(text: str, scale: int = 2) -> int:

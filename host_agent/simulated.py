@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from host_agent.devices import DeviceInfo, DeviceLost, DeviceTimeout, ShellResult
-from host_agent.screen import PNG_SIGNATURE, RGB, Canvas, text_width
+from host_agent.screen import PNG_SIGNATURE, RGB, Canvas, png_file, text_width
 
 __all__ = [
     "PNG_SIGNATURE",
@@ -497,6 +497,8 @@ class LiveScreen:
     app: str = "com.amc.simulated"
     frames: int = 0
     actions: int = 0
+    # The frame's rows above its panel, for the last tap's place (live_frame).
+    upper: _Upper | None = field(default=None, repr=False, compare=False)
 
     def saw(self, action: str, args: Mapping[str, Any]) -> None:
         self.actions += 1
@@ -515,21 +517,58 @@ class LiveScreen:
 def live_frame(serial: str, screen: LiveScreen) -> bytes:
     """A live frame of the phone: its home screen, a red square where the last tap landed
     (in the phone's 1080 x 2400 coordinates, drawn at a third), and a panel saying the app
-    in front, the text typed, the actions done and the frame's number."""
+    in front, the text typed, the actions done and the frame's number.
+
+    Only the panel changes from frame to frame: the rows above it are compressed once per
+    tap place (`_Upper`), and each frame compresses the panel's rows after them (a copy of
+    the compressor's state), so a frame costs ~1 ms instead of ~4."""
     screen.frames += 1
-    canvas = _home(serial).copy()
     width, height = SCREENSHOT_SIZE
-    top = height - 150
-    canvas.fill(0, top, width, height - 30, (225, 228, 235))
-    canvas.text(8, top + 6, f"app {screen.app}"[:28], _INK)
-    canvas.text(8, top + 30, f"typed {screen.typed[-22:]}", _INK)
-    canvas.text(8, top + 54, f"actions {screen.actions}", _INK)
-    canvas.text(8, top + 78, f"frame {screen.frames}", _INK)
-    if screen.tap is not None:
-        x, y = (v // SCREEN_SCALE for v in screen.tap)
+    upper = screen.upper
+    if upper is None or upper.tap != screen.tap:
+        upper = screen.upper = _Upper.drawn(serial, screen.tap)
+    panel = Canvas(width, height - PANEL_TOP, _WHITE)
+    panel.pixels[:] = upper.panel
+    panel.fill(0, 0, width, height - PANEL_TOP - 30, (225, 228, 235))
+    panel.text(8, 6, f"app {screen.app}"[:28], _INK)
+    panel.text(8, 30, f"typed {screen.typed[-22:]}", _INK)
+    panel.text(8, 54, f"actions {screen.actions}", _INK)
+    panel.text(8, 78, f"frame {screen.frames}", _INK)
+    _mark(panel, screen.tap, -PANEL_TOP)
+    compressor = upper.compressor.copy()
+    idat = upper.compressed + compressor.compress(panel.scanlines()) + compressor.flush()
+    return png_file(width, height, idat)
+
+
+# The live frame's panel: its rows from here to the bottom.
+PANEL_TOP = SCREENSHOT_SIZE[1] - 150
+
+
+def _mark(canvas: Canvas, tap: tuple[int, int] | None, dy: int = 0) -> None:
+    if tap is not None:
+        x, y = (v // SCREEN_SCALE for v in tap)
         half = TAP_MARK // 2
-        canvas.fill(x - half, y - half, x + half, y + half, TAP_RGB)
-    return canvas.png(level=1)
+        canvas.fill(x - half, y - half + dy, x + half, y + half + dy, TAP_RGB)
+
+
+@dataclass
+class _Upper:
+    """A live frame's rows above the panel for one tap place, compressed, with the
+    compressor's state after them; and the panel's rows as they are under the panel."""
+
+    tap: tuple[int, int] | None
+    compressed: bytes
+    compressor: Any  # zlib's compressor object, copied for each frame
+    panel: bytes
+
+    @staticmethod
+    def drawn(serial: str, tap: tuple[int, int] | None) -> _Upper:
+        canvas = _home(serial).copy()
+        _mark(canvas, tap)
+        compressor = zlib.compressobj(1)
+        compressed = compressor.compress(canvas.scanlines(0, PANEL_TOP))
+        stride = canvas.width * 3
+        return _Upper(tap, compressed, compressor, bytes(canvas.pixels[PANEL_TOP * stride :]))
 
 
 @functools.cache
