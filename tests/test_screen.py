@@ -283,8 +283,9 @@ def test_a_frame_message_is_length_header_and_image() -> None:
 
 
 async def test_the_console_streams_a_phone_screen_over_a_websocket(database_url: str) -> None:
-    """THEN /api/screen upgrades and sends binary frames in the documented layout; bad
-    input and a missing token are JSON replies before any socket."""
+    """THEN /api/screen upgrades and sends binary frames in the documented layout, by
+    device or by a running task (closed normally when it ends); bad input, a finished task
+    and a missing token are JSON replies before any socket."""
     async with console_farm(database_url) as farm:
         source = SimulatedSource(1, delay=0.01)
         token = await farm.token(Role.OPERATOR)
@@ -297,11 +298,30 @@ async def test_the_console_streams_a_phone_screen_over_a_websocket(database_url:
                     header, image = parse_message(message.data)
                     assert (header["host_id"], header["serial"]) == (HOST, SERIAL)
                     assert header["mime"] == "image/png" and image.startswith(b"\x89PNG")
+            # A running task's phone: frames until the task ends, then a normal close.
+            client = farm.clients(await farm.token(Role.CLIENT))
+            task_id = await submit(client, actions_spec(tap(), wait_action(1.0), tap()))
+            await status_is(farm, task_id, "dispatched")
+            by_task = console_url(farm, f"/api/screen?task_id={task_id}")
+            frames = 0
+            async with http.ws_connect(by_task, headers={"Authorization": f"Bearer {token}"}) as ws:
+                while (message := await asyncio.wait_for(ws.receive(), 20)).type == (
+                    aiohttp.WSMsgType.BINARY
+                ):
+                    frames += 1
+                assert message.type == aiohttp.WSMsgType.CLOSE, message
+                assert message.data == aiohttp.WSCloseCode.OK
+                assert "no longer running" in message.extra
+            assert frames >= 2 and await farm.status(task_id) == "done"
             bad = console_url(farm, "/api/screen?host_id=host-1")
             async with http.get(bad, headers={"Authorization": f"Bearer {token}"}) as reply:
                 assert reply.status == 400
                 body = await reply.json()
                 assert body["code"] == "INVALID_ARGUMENT" and "serial" in body["message"]
+            done = console_url(farm, f"/api/screen?task_id={task_id}")
+            async with http.get(done, headers={"Authorization": f"Bearer {token}"}) as reply:
+                assert reply.status == 409
+                assert (await reply.json())["code"] == "FAILED_PRECONDITION"
             async with http.get(url) as reply:
                 assert reply.status == 401
                 assert (await reply.json())["code"] == "UNAUTHENTICATED"
