@@ -135,11 +135,15 @@ SCREEN_FRAMES_SENT = Counter(
 SCREEN_BYTES_SENT = Counter(
     "amc_agent_screen_bytes_sent_total", "Bytes of live-screen frames sent to the control plane"
 )
+SCREEN_FRAMES_JPEG = Counter(
+    "amc_agent_screen_frames_jpeg_total",
+    "Live-screen frames over the control plane's message size sent as JPEG instead",
+)
 SCREEN_DROP_REASONS = ("superseded", "too_large")
 SCREEN_FRAMES_DROPPED = Counter(
     "amc_agent_screen_frames_dropped_total",
     "Live-screen frames not sent: superseded (a newer one came before it could go) or"
-    " too_large (over the control plane's message size)",
+    " too_large (over the control plane's message size, and no JPEG: Pillow missing)",
     ["reason"],
 )
 

@@ -12,7 +12,9 @@ Frames go up latest-first: each phone has one slot, a newer frame replaces one n
 sent (amc_agent_screen_frames_dropped_total{reason="superseded"}), and the sender writes
 one frame at a time, so a slow link costs frames, never a queue, and never delays the
 renewal stream (another call). A frame over MAX_FRAME_BYTES (the control plane takes
-messages up to 1 MiB) is not sent.
+messages up to 1 MiB) is sent as a JPEG when Pillow is installed (the `jpeg` extra; a
+real phone's full-size PNG can be 1-3 MB), else not at all. Simulated phones' frames
+(~15 KB PNGs, smaller than as JPEGs) go as they are.
 
 Local watchers (`watch()`: a task's screen recording) share the same capture loop: one
 capture per phone for the viewers and the recording together. Capturing is not an action:
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +46,9 @@ MAX_FRAME_BYTES = (1 << 20) - 4096
 CAPTURE_TIMEOUT = 10.0
 FAILURE_PAUSE = 1.0
 RECONNECT_FIRST, RECONNECT_MOST = 0.5, 10.0
+# A frame over MAX_FRAME_BYTES (a real phone's full-size PNG can be 1-3 MB) is sent as a
+# JPEG of this quality instead, when Pillow is installed (~130-300 KB at 1080 x 2400).
+JPEG_QUALITY = 80
 # A frame to a local watcher: what a recording takes.
 Sink = Callable[[scheduler_pb2.ScreenFrame], None]
 
@@ -64,6 +70,22 @@ def image_size(data: bytes) -> tuple[int, int, str]:
             at += 2 + length
         return 0, 0, "image/jpeg"
     return 0, 0, "image/png"
+
+
+def to_jpeg(image: bytes, quality: int = JPEG_QUALITY) -> bytes | None:
+    """`image` (a PNG) as a JPEG, or None without Pillow (the `jpeg` extra) or when it
+    cannot be read."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+    try:
+        with Image.open(io.BytesIO(image)) as picture:
+            out = io.BytesIO()
+            picture.convert("RGB").save(out, "JPEG", quality=quality)
+            return out.getvalue()
+    except (OSError, ValueError):
+        return None
 
 
 class Screencaster:
@@ -91,6 +113,7 @@ class Screencaster:
         self._outbox: dict[str, scheduler_pb2.ScreenFrame] = {}
         self._ready = asyncio.Event()
         self._next_sink = 0
+        self._said_no_jpeg = False
 
     @property
     def capturing(self) -> frozenset[str]:
@@ -222,11 +245,33 @@ class Screencaster:
                 captured_at_ms=int(time.time() * 1000),
                 data=data,
             )
+            if serial in self._watched and len(data) > MAX_FRAME_BYTES:
+                frame = await self._smaller(frame)
             self._offer(serial, frame)
             for _, sink in list(self._sinks.get(serial, {}).values()):
                 sink(frame)
             interval = max(1.0 / self._fps(serial), len(data) / self._max_rate)
             await asyncio.sleep(max(0.0, started + interval - clock.time()))
+
+    async def _smaller(self, frame: scheduler_pb2.ScreenFrame) -> scheduler_pb2.ScreenFrame:
+        """A frame too large to send, as a JPEG (Pillow, off the event loop); as it is
+        when Pillow is not installed or cannot read it (then `_offer` drops it)."""
+        data = await asyncio.to_thread(to_jpeg, frame.data)
+        if data is None:
+            if not self._said_no_jpeg:
+                self._said_no_jpeg = True
+                log.warning(
+                    "a screen frame is over 1 MiB and Pillow is not installed: such frames"
+                    " are not sent (pip install 'agentic-mobile-control[jpeg]')",
+                    device=frame.serial,
+                    size=len(frame.data),
+                )
+            return frame
+        metrics.SCREEN_FRAMES_JPEG.inc()
+        smaller = scheduler_pb2.ScreenFrame()
+        smaller.CopyFrom(frame)
+        smaller.data, smaller.mime = data, "image/jpeg"
+        return smaller
 
     def _offer(self, serial: str, frame: scheduler_pb2.ScreenFrame) -> None:
         if serial not in self._watched:

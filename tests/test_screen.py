@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import struct
 import zlib
 from datetime import timedelta
@@ -22,6 +23,7 @@ from control_plane.config import Settings
 from control_plane.console.screen import frame_message
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
+from host_agent.screen import Canvas
 from host_agent.simulated import TAP_RGB, LiveScreen, SimulatedSource
 from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import finished, get, running_agent, status_is, submit
@@ -507,3 +509,21 @@ async def test_a_viewer_whose_host_left_is_told_to_watch_again(
             await next_frame(call)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "no longer connected" in (caught.value.details() or "")
+
+
+async def test_a_frame_too_large_to_send_goes_as_a_jpeg(farm: Farm) -> None:
+    """THEN a phone whose screencap PNG is over the control plane's 1 MiB message limit
+    (a real phone's full-size screen can be) is watched through JPEG frames of its size."""
+    noisy = Canvas(700, 700, (0, 0, 0))
+    noisy.pixels[:] = random.Random(24).randbytes(len(noisy.pixels))
+    png = noisy.png(level=1)
+    assert len(png) > 1 << 20
+    operator = await farm.operator()
+    async with FakeAdbServer([FakePhone("emu-1", png=png)]) as server:
+        source = AdbSource(server.host, server.port, call_timeout=5.0)
+        async with running_agent(farm, source):
+            call = watch(operator, host_id=HOST, serial="emu-1", max_fps=5)
+            frame = await next_frame(call)
+            call.cancel()
+    assert frame.mime == "image/jpeg" and frame.data.startswith(b"\xff\xd8")
+    assert (frame.width, frame.height) == (700, 700) and len(frame.data) < 1 << 20
