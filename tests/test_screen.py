@@ -31,6 +31,7 @@ from tests.support.console import console_farm, console_url
 from tests.support.fakes.adb_server import FakeAdbServer
 from tests.support.fakes.phone import FakePhone
 from tests.support.replicas import Replica
+from tests.test_grpc_clients import GRPCURL, run
 from tests.test_sessions import act, dispatched, opening
 
 HOST, SERIAL = "host-1", "sim-0"
@@ -527,3 +528,13 @@ async def test_a_frame_too_large_to_send_goes_as_a_jpeg(farm: Farm) -> None:
             call.cancel()
     assert frame.mime == "image/jpeg" and frame.data.startswith(b"\xff\xd8")
     assert (frame.width, frame.height) == (700, 700) and len(frame.data) < 1 << 20
+
+
+async def test_watch_screen_and_screen_frames_are_served_through_reflection(farm: Farm) -> None:
+    """THEN grpcurl describes both new methods from the server's reflection."""
+    for method, shape in (
+        ("amc.v1.Scheduler.WatchScreen", "( .amc.v1.WatchScreenRequest ) returns ( stream"),
+        ("amc.v1.Lease.ScreenFrames", "( stream .amc.v1.ScreenFramesRequest ) returns ( stream"),
+    ):
+        described = await run(GRPCURL, "-plaintext", farm.address, "describe", method)
+        assert shape in described, described
