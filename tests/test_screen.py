@@ -130,7 +130,13 @@ async def test_nobody_watching_means_nothing_is_captured(farm: Farm) -> None:
         call.cancel()
         await eventually(lambda: not agent.screens.capturing, what="the captures to stop")
         stopped = source.captures
-        await asyncio.sleep(0.3)  # a capture loop still running would count frames here
+        # A whole task on that phone later, nobody watching: no frame taken meanwhile.
+        again = await submit(
+            client,
+            actions_spec(tap(), wait_action(0.5), tap()),
+            selector=task_pb2.DeviceSelector(serial="sim-1"),
+        )
+        await status_is(farm, again, "done")
         assert source.captures == stopped
 
 
