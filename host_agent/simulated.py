@@ -9,14 +9,16 @@ two attempts never drove the same phone at the same time.
 `unplug(serial)` takes a phone away (calls raise `DeviceLost`, an action in flight is
 interrupted, `inventory()` omits it); `plug(serial)` brings it back.
 
-Each phone has a body (`Body`): a battery that drains under load and charges while on
-power, a temperature that rises under load and falls back when idle (the rates are the
-source's, all 0 by default: a phone stays as it is set), and it may hang (`hang`: every
+Each phone has a body (`Body`, host_agent.simulated_body): a battery that drains under
+load and charges while on power, a temperature that rises under load and falls back when
+idle (the rates are the source's, all 0 by default: a phone stays as it is set), and it
+may hang (`hang`: every
 call waits until the caller gives up, until a reboot, or an `adb reconnect` for a hang of
 its transport) or reboot (`reboot`: `sys.boot_completed` is not 1
 for `boot_time` seconds, and actions fail as on a phone that is starting). The health
 probe's reads (`getprop sys.boot_completed`, `dumpsys battery`, `df /data`) are answered
-from the body at once and are not actions: they are not in the action log.
+from the body at once and are not actions: they are not in the action log. What its
+screenshots and live frames show is drawn by host_agent.simulated_screen.
 
 `follow_faults(path)` (the agent's `--sim-faults`) applies faults set from outside (a
 chaos run, a demo) from a JSON file, whenever it changes: per serial, `unplugged` (true),
@@ -28,52 +30,26 @@ longer says is undone (plugged, answering, booted, room temperature).
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from host_agent.devices import DeviceInfo, DeviceLost, DeviceTimeout, ShellResult
-from host_agent.screen import PNG_SIGNATURE, RGB, Canvas, png_file, text_width
-
-__all__ = [
-    "PNG_SIGNATURE",
-    "ActionRecord",
-    "SimulatedDevice",
-    "SimulatedSource",
-    "make_png",
-    "screenshot_png",
-]
-
-SIMULATED_PROPS: dict[str, str] = {
-    "ro.product.model": "Simulated",
-    "ro.product.manufacturer": "AMC",
-    "ro.build.version.sdk": "34",
-    "ro.product.cpu.abi": "x86_64",
-}
-
-UI_XML = (
-    "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>"
-    '<hierarchy rotation="0">'
-    '<node index="0" text="" resource-id="" class="android.widget.FrameLayout" '
-    'package="com.amc.simulated" content-desc="" clickable="false" bounds="[0,0][1080,2400]">'
-    '<node index="0" text="Simulated" resource-id="com.amc.simulated:id/title" '
-    'class="android.widget.TextView" package="com.amc.simulated" content-desc="" '
-    'clickable="false" bounds="[40,100][1040,180]" />'
-    '<node index="1" text="OK" resource-id="android:id/button1" '
-    'class="android.widget.Button" package="com.amc.simulated" content-desc="confirm" '
-    'clickable="true" bounds="[100,200][300,260]" />'
-    "</node></hierarchy>"
+from host_agent.simulated_body import (
+    PROBE_COMMANDS,
+    ROOM_TEMPERATURE,
+    SIMULATED_PROPS,
+    Body,
+    Physics,
+    probe_answer,
+    shell_answer,
 )
+from host_agent.simulated_screen import PHONE_SIZE, UI_XML, LiveScreen, live_frame, screenshot_png
 
-
-def make_png(width: int = 4, height: int = 3, rgb: RGB = (30, 144, 255)) -> bytes:
-    """A valid truecolour PNG filled with one colour, written without Pillow."""
-    return Canvas(width, height, rgb).png()
+__all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource"]
 
 
 @dataclass(frozen=True)
@@ -104,38 +80,6 @@ class _Recorder:
             with self.log_path.open("a", encoding="utf-8") as log:
                 log.write(record.to_json() + "\n")
                 log.flush()
-
-
-@dataclass
-class Body:
-    """A simulated phone's physical state."""
-
-    battery: float = 100.0
-    temperature: float = 30.0
-    charging: bool = True
-    hung: bool = False
-    # What ends a hang: "reboot" (the phone itself), or "reconnect" (its transport: the
-    # recovery ladder's `adb reconnect` clears it, as a reboot does).
-    hang_cured_by: str = "reboot"
-    # time.monotonic() until which it boots (sys.boot_completed is not 1).
-    booting_until: float = 0.0
-    free_kb: int = 8_000_000
-    updated: float = field(default_factory=time.monotonic)
-
-
-# Where an idle phone's temperature settles.
-ROOM_TEMPERATURE = 30.0
-PROBE_COMMANDS = ("getprop sys.boot_completed", "dumpsys battery", "df /data")
-
-
-@dataclass(frozen=True)
-class Physics:
-    """How fast bodies change, per second (0: not at all)."""
-
-    drain_under_load: float = 0.0
-    charge: float = 0.0
-    heat_under_load: float = 0.0
-    cool: float = 0.0
 
 
 class SimulatedSource:
@@ -200,18 +144,7 @@ class SimulatedSource:
     def body(self, serial: str) -> Body:
         """The phone's body, brought up to now (load since the last look counted)."""
         body = self.bodies[serial]
-        now = time.monotonic()
-        elapsed, body.updated = now - body.updated, now
-        p = self.physics
-        loaded = self.in_flight(serial) > 0
-        if body.charging:
-            body.battery += p.charge * elapsed
-        if loaded:
-            body.battery -= p.drain_under_load * elapsed
-            body.temperature += p.heat_under_load * elapsed
-        else:
-            body.temperature = max(ROOM_TEMPERATURE, body.temperature - p.cool * elapsed)
-        body.battery = max(0.0, min(100.0, body.battery))
+        body.advance(self.physics, loaded=self.in_flight(serial) > 0)
         return body
 
     def set_body(self, serial: str, **facts: Any) -> None:
@@ -298,15 +231,7 @@ class SimulatedSource:
         if body.hung:
             await unplugged.wait()
             raise DeviceLost(f"device lost: {serial} was unplugged during the probe")
-        if command == "getprop sys.boot_completed":
-            return ShellResult(0, "1\n" if self.booted(serial) else "\n")
-        if command == "dumpsys battery":
-            return ShellResult(0, battery_text(body))
-        return ShellResult(
-            0,
-            "Filesystem     1K-blocks    Used Available Use% Mounted on\n"
-            f"/dev/block/dm-5 16000000 {16_000_000 - body.free_kb} {body.free_kb} 50% /data\n",
-        )
+        return probe_answer(body, self.booted(serial), command)
 
     def is_plugged(self, serial: str) -> bool:
         event = self._unplugged.get(serial)
@@ -359,7 +284,7 @@ class SimulatedDevice:
                 await self._act("shell", command=command)
         except TimeoutError:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
-        return _shell_result(command)
+        return shell_answer(command)
 
     async def tap(self, x: int, y: int) -> None:
         await self._act("tap", x=x, y=y)
@@ -426,192 +351,3 @@ class SimulatedDevice:
                     outcome=outcome,
                 )
             )
-
-
-def battery_text(body: Body) -> str:
-    """`dumpsys battery` as Android prints it."""
-    return (
-        "Current Battery Service state:\n"
-        f"  AC powered: {str(body.charging).lower()}\n"
-        "  USB powered: false\n"
-        "  Wireless powered: false\n"
-        f"  status: {2 if body.charging else 3}\n"
-        "  health: 2\n"
-        "  present: true\n"
-        f"  level: {int(body.battery)}\n"
-        "  scale: 100\n"
-        "  voltage: 4100\n"
-        f"  temperature: {round(body.temperature * 10)}\n"
-        "  technology: Li-ion\n"
-    )
-
-
-def _shell_result(command: str) -> ShellResult:
-    """Plausible output for a few commands; anything else succeeds silently."""
-    words = command.split()
-    if not words:
-        return ShellResult(0, "")
-    if words[0] == "echo":
-        return ShellResult(0, " ".join(words[1:]) + "\n")
-    if words[0] == "getprop":
-        if len(words) > 1:
-            return ShellResult(0, SIMULATED_PROPS.get(words[1], "") + "\n")
-        return ShellResult(0, "".join(f"[{k}]: [{v}]\n" for k, v in SIMULATED_PROPS.items()))
-    if words[0] == "false":
-        return ShellResult(1, "")
-    return ShellResult(0, "")
-
-
-# The screen UI_XML describes is 1080 x 2400; a screenshot is drawn at a third of that.
-SCREEN_SCALE = 3
-PHONE_SIZE = (1080, 2400)
-SCREENSHOT_SIZE = (PHONE_SIZE[0] // SCREEN_SCALE, PHONE_SIZE[1] // SCREEN_SCALE)
-# Where UI_XML puts the app's title and its OK button: [left, top, right, bottom].
-TITLE_BOUNDS = (40, 100, 1040, 180)
-BUTTON_BOUNDS = (100, 200, 300, 260)
-_INK: RGB = (55, 60, 70)
-_WHITE: RGB = (255, 255, 255)
-_BAR: RGB = (32, 33, 36)
-
-
-@functools.cache
-def screenshot_png(serial: str) -> bytes:
-    """What a screenshot of the simulated phone `serial` is: its screen as UI_XML describes
-    it (the app's title "Simulated" and its OK button, in the phone's own colour), a status
-    bar naming the phone, and a few lines saying it is simulated. The same for every call."""
-    return _home(serial).png()
-
-
-# A tap's mark on a live frame: a square this many pixels wide, in this colour.
-TAP_MARK = 12
-TAP_RGB: RGB = (230, 20, 20)
-
-
-@dataclass
-class LiveScreen:
-    """What a simulated phone's live frames show beside its home screen: where the last
-    tap landed, the text typed, the app in front, and how many frames were taken."""
-
-    tap: tuple[int, int] | None = None
-    typed: str = ""
-    app: str = "com.amc.simulated"
-    frames: int = 0
-    actions: int = 0
-    # The frame's rows above its panel, for the last tap's place (live_frame).
-    upper: _Upper | None = field(default=None, repr=False, compare=False)
-
-    def saw(self, action: str, args: Mapping[str, Any]) -> None:
-        self.actions += 1
-        if action == "tap":
-            self.tap = (int(args["x"]), int(args["y"]))
-        elif action == "swipe":
-            self.tap = (int(args["x2"]), int(args["y2"]))
-        elif action == "input_text":
-            self.typed = (self.typed + str(args["text"]))[-40:]
-        elif action == "launch_app":
-            self.app = str(args["package"])
-        elif action == "key" and int(args["keycode"]) == 3:  # HOME
-            self.app = "com.amc.simulated"
-
-
-def live_frame(serial: str, screen: LiveScreen) -> bytes:
-    """A live frame of the phone: its home screen, a red square where the last tap landed
-    (in the phone's 1080 x 2400 coordinates, drawn at a third), and a panel saying the app
-    in front, the text typed, the actions done and the frame's number.
-
-    Only the panel changes from frame to frame: the rows above it are compressed once per
-    tap place (`_Upper`), and each frame compresses the panel's rows after them (a copy of
-    the compressor's state), so a frame costs ~1 ms instead of ~4."""
-    screen.frames += 1
-    width, height = SCREENSHOT_SIZE
-    upper = screen.upper
-    if upper is None or upper.tap != screen.tap:
-        upper = screen.upper = _Upper.drawn(serial, screen.tap)
-    panel = Canvas(width, height - PANEL_TOP, _WHITE)
-    panel.pixels[:] = upper.panel
-    panel.fill(0, 0, width, height - PANEL_TOP - 30, (225, 228, 235))
-    panel.text(8, 6, f"app {screen.app}"[:28], _INK)
-    panel.text(8, 30, f"typed {screen.typed[-22:]}", _INK)
-    panel.text(8, 54, f"actions {screen.actions}", _INK)
-    panel.text(8, 78, f"frame {screen.frames}", _INK)
-    _mark(panel, screen.tap, -PANEL_TOP)
-    compressor = upper.compressor.copy()
-    idat = upper.compressed + compressor.compress(panel.scanlines()) + compressor.flush()
-    return png_file(width, height, idat)
-
-
-# The live frame's panel: its rows from here to the bottom.
-PANEL_TOP = SCREENSHOT_SIZE[1] - 150
-
-
-def _mark(canvas: Canvas, tap: tuple[int, int] | None, dy: int = 0) -> None:
-    if tap is not None:
-        x, y = (v // SCREEN_SCALE for v in tap)
-        half = TAP_MARK // 2
-        canvas.fill(x - half, y - half + dy, x + half, y + half + dy, TAP_RGB)
-
-
-@dataclass
-class _Upper:
-    """A live frame's rows above the panel for one tap place, compressed, with the
-    compressor's state after them; and the panel's rows as they are under the panel."""
-
-    tap: tuple[int, int] | None
-    compressed: bytes
-    compressor: Any  # zlib's compressor object, copied for each frame
-    panel: bytes
-
-    @staticmethod
-    def drawn(serial: str, tap: tuple[int, int] | None) -> _Upper:
-        canvas = _home(serial).copy()
-        _mark(canvas, tap)
-        compressor = zlib.compressobj(1)
-        compressed = compressor.compress(canvas.scanlines(0, PANEL_TOP))
-        stride = canvas.width * 3
-        return _Upper(tap, compressed, compressor, bytes(canvas.pixels[PANEL_TOP * stride :]))
-
-
-@functools.cache
-def _home(serial: str) -> Canvas:
-    width, height = SCREENSHOT_SIZE
-    accent = _colour_for(serial)
-    canvas = Canvas(width, height, (246, 247, 249))
-    canvas.fill(0, 0, width, 24, _BAR)
-    canvas.text(8, 5, serial, _WHITE)
-    canvas.text(width - 8 - text_width("12:00"), 5, "12:00", _WHITE)
-    # Capitals are 7 rows of the font: 21 pixels tall at scale 3, 14 at scale 2.
-    left, top, _, bottom = (v // SCREEN_SCALE for v in TITLE_BOUNDS)
-    canvas.fill(0, 24, width, bottom + 4, accent)
-    canvas.text(left, top + (bottom - top - 21) // 2, "Simulated", _WHITE, scale=3)
-    left, top, right, bottom = (v // SCREEN_SCALE for v in BUTTON_BOUNDS)
-    canvas.fill(left, top, right, bottom, accent)
-    canvas.text(left + (right - left - text_width("OK")) // 2, top + 3, "OK", _WHITE)
-    props = SIMULATED_PROPS
-    lines = [
-        "Simulated phone",
-        f"serial {serial}",
-        f"model {props['ro.product.model']}",
-        f"SDK {props['ro.build.version.sdk']}, {props['ro.product.cpu.abi']}",
-        "com.amc.simulated",
-        "",
-        "AMC draws this",
-        "screen: no phone",
-        "is plugged in.",
-    ]
-    for number, line in enumerate(lines):
-        canvas.text(16, 124 + 36 * number, line, _INK, scale=3)
-    canvas.fill(0, height - 30, width, height, _BAR)
-    for x in (width // 4, width // 2, 3 * width // 4):
-        canvas.fill(x - 6, height - 21, x + 6, height - 9, (200, 200, 200))
-    return canvas
-
-
-def _colour_for(serial: str) -> RGB:
-    """Stable per phone, so screenshots of different phones differ; dark enough for white
-    text on it."""
-    digest = zlib.crc32(serial.encode())
-    return (
-        30 + (digest & 0xFF) * 130 // 255,
-        30 + ((digest >> 8) & 0xFF) * 130 // 255,
-        30 + ((digest >> 16) & 0xFF) * 130 // 255,
-    )

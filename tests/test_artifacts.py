@@ -22,7 +22,8 @@ from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane import metrics
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
-from host_agent.simulated import UI_XML, SimulatedSource, make_png, screenshot_png
+from host_agent.simulated import SimulatedSource
+from host_agent.simulated_screen import UI_XML, make_png, screenshot_png
 from scripts.launch import HostAgentCommand
 from tests.conftest import FAST
 from tests.support import (

@@ -16,7 +16,8 @@ import pytest
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_cli.specfile import load_request
 from control_plane.domain import Role
-from host_agent.simulated import UI_XML, SimulatedSource, screenshot_png
+from host_agent.simulated import SimulatedSource
+from host_agent.simulated_screen import UI_XML, screenshot_png
 from tests.support import Farm, actions_spec, eventually, seconds, tap, wait_action
 from tests.support.agent import running_agent, status_is
 from tests.support.console import console_farm, console_url

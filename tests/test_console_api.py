@@ -16,7 +16,8 @@ import pytest
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from control_plane.server import ControlPlane
-from host_agent.simulated import UI_XML, SimulatedSource, screenshot_png
+from host_agent.simulated import SimulatedSource
+from host_agent.simulated_screen import UI_XML, screenshot_png
 from tests.support import Farm, actions_spec, eventually, tap
 from tests.support.agent import running_agent, status_is, submit
 from tests.support.console import SETTINGS, console_farm, console_url

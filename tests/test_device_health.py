@@ -30,7 +30,8 @@ from host_agent.health import (
     probe,
 )
 from host_agent.recovery import Recovery, RecoverySettings
-from host_agent.simulated import Physics, SimulatedSource, battery_text
+from host_agent.simulated import SimulatedSource
+from host_agent.simulated_body import Physics, battery_text
 from tests.support import Farm, actions_spec, eventually, tap
 from tests.support.agent import running_agent, status_is, submit
 from tests.support.fakes.adb_server import FakeAdbServer

@@ -24,7 +24,8 @@ from control_plane.console.screen import frame_message
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
 from host_agent.screen import Canvas
-from host_agent.simulated import TAP_RGB, LiveScreen, SimulatedSource
+from host_agent.simulated import SimulatedSource
+from host_agent.simulated_screen import TAP_RGB, LiveScreen
 from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import finished, get, running_agent, status_is, submit
 from tests.support.console import console_farm, console_url

@@ -14,16 +14,14 @@ from pathlib import Path
 import pytest
 
 from host_agent.devices import DeviceLost, DeviceTimeout, ShellResult
-from host_agent.screen import GLYPH_GAP, GLYPH_WIDTH, glyph_pixels
-from host_agent.simulated import (
+from host_agent.screen import GLYPH_GAP, GLYPH_WIDTH, PNG_SIGNATURE, glyph_pixels
+from host_agent.simulated import SimulatedDevice, SimulatedSource
+from host_agent.simulated_screen import (
     BUTTON_BOUNDS,
-    PNG_SIGNATURE,
     SCREEN_SCALE,
     SCREENSHOT_SIZE,
     TITLE_BOUNDS,
     UI_XML,
-    SimulatedDevice,
-    SimulatedSource,
     screenshot_png,
 )
 

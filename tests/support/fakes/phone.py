@@ -35,7 +35,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 # One PNG writer for the simulator and the fakes; re-exported for tests.
-from host_agent.simulated import PNG_SIGNATURE, LiveScreen, live_frame, make_png
+from host_agent.screen import PNG_SIGNATURE
+from host_agent.simulated_screen import LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
 
