@@ -1,20 +1,11 @@
-"""Phones through an adb server, using pure-python-adb (`ppadb`) only for what it gets right.
+"""Phones through an adb server: the driver (`AdbDevice`: one phone's commands) and the
+source (`AdbSource`: what the server lists, reconnects and reboots).
 
-This is the one module that imports `ppadb`. The library's async client is old and has
-defects that this module works around:
-
-* its reads use ``StreamReader.read(n)``, which may return fewer than ``n`` bytes, so a
-  reply split across TCP segments (``"O"``, ``"KAY"``) is taken for an error;
-* it reads ``FAIL`` messages as 1024 raw bytes (length digits included, or cut short);
-* ``shell()`` decodes output strictly (invalid UTF-8 raises ``UnicodeDecodeError``) and
-  leaks its connection when anything raises; there is no overall deadline;
-* ``screencap()`` rewrites ``\\r\\n`` in the image based on a guess at byte 5;
-* ``push``/``pull`` in the async client are broken; every error is a bare ``RuntimeError``.
-
-So `ppadb` only opens and closes the TCP connection and encodes requests; framing
-(``OKAY``/``FAIL`` + length), reading, deadlines and error mapping live here. Every call
-runs under ``asyncio.timeout`` (→ `DeviceTimeout`) and closes its connection in
-``finally``, also when cancelled. No `ppadb` exception type escapes this module.
+The adb host protocol itself (framing, deadlines, error mapping, the one import of
+`ppadb`) is host_agent.adb_protocol; every call here runs under its `guard` (one deadline,
+→ `DeviceTimeout`) on a connection that closes its connection in ``finally``. ppadb's own
+``shell()`` and ``screencap()`` are not used: output is decoded leniently here, and a
+screenshot is read over ``exec-out`` (no pty, so no newline rewriting).
 
 Exit codes come from a marker: ``<command>; echo <marker>$?``. A reply without the
 marker means the connection ended before the command did; the adb server is then asked
@@ -27,31 +18,16 @@ import asyncio
 import re
 import shlex
 import uuid
-import warnings
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
-from typing import Any
 
+from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
 from host_agent.devices import (
     CommandFailed,
     DeviceError,
     DeviceInfo,
     DeviceLost,
-    DeviceTimeout,
     ShellResult,
-    SourceUnreachable,
 )
-
-with warnings.catch_warnings():
-    # ppadb writes regexes as plain strings ("\s"); compiling its sources warns.
-    warnings.filterwarnings(
-        "ignore", message="invalid escape sequence", category=SyntaxWarning, module=r".*ppadb"
-    )
-    warnings.filterwarnings(
-        "ignore", message="invalid escape sequence", category=DeprecationWarning, module=r".*ppadb"
-    )
-    from ppadb.client_async import ClientAsync
-    from ppadb.protocol import Protocol
+from host_agent.screen import PNG_SIGNATURE
 
 __all__ = [
     "AdbDevice",
@@ -63,11 +39,7 @@ __all__ = [
 ]
 
 DEFAULT_CALL_TIMEOUT = 30.0
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 UI_DUMP_PATH = "/sdcard/amc_window_dump.xml"
-_READ_SIZE = 65536
-# Substrings of adb server FAIL messages that mean the phone is gone or unusable.
-_LOST_HINTS = ("not found", "offline", "closed", "unauthorized", "connection refused", "no devices")
 _EXIT_CODE = re.compile(rb"^(\d+)")
 # A phone the adb server reached over the network (`adb connect HOST:PORT`).
 _NETWORK_SERIAL = re.compile(r"^[\w.\-\[\]:]+:\d+$")
@@ -76,98 +48,6 @@ _RECONNECT_POLL = 0.05
 
 class UnsupportedText(DeviceError, ValueError):
     """`input text` cannot type this text (see `escape_input_text`)."""
-
-
-class _AdbFailure(Exception):
-    """The adb server answered FAIL; carries its message. Never leaves this module."""
-
-
-# -- errors and deadlines ------------------------------------------------------------------
-
-
-def _failure_to_error(serial: str, message: str) -> DeviceError:
-    if any(hint in message.lower() for hint in _LOST_HINTS):
-        return DeviceLost(f"device lost: {serial}: {message}")
-    return DeviceError(f"{serial}: adb server refused: {message}")
-
-
-@asynccontextmanager
-async def _guard(serial: str, what: str, seconds: float) -> AsyncIterator[None]:
-    """One deadline for the whole call, and adb/socket failures as DeviceError types."""
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError as exc:
-        raise DeviceTimeout(f"{serial}: {what} timed out after {seconds:g}s") from exc
-    except _AdbFailure as exc:
-        raise _failure_to_error(serial, str(exc)) from None
-    except (OSError, EOFError) as exc:
-        raise DeviceError(f"{serial}: {what}: adb connection failed: {exc!r}") from exc
-
-
-# -- the adb host protocol -----------------------------------------------------------------
-
-
-class _Session:
-    """One connection to the adb server. ppadb connects; framing is done here."""
-
-    def __init__(self, connection: Any):
-        self._conn = connection
-        self._reader: asyncio.StreamReader = connection.reader
-
-    async def request(self, payload: str) -> None:
-        """Send one request and wait for OKAY; FAIL raises `_AdbFailure`."""
-        await self._conn.write(Protocol.encode_data(payload))
-        status = await self._reader.readexactly(4)
-        if status == b"OKAY":
-            return
-        if status == b"FAIL":
-            raise _AdbFailure(await self.read_string())
-        raise DeviceError(f"adb server sent {status!r} instead of OKAY/FAIL")
-
-    async def read_string(self) -> str:
-        """A length-prefixed reply (four hex digits, then the payload)."""
-        header = await self._reader.readexactly(4)
-        try:
-            length = int(header, 16)
-        except ValueError:
-            raise DeviceError(f"adb server sent a bad length {header!r}") from None
-        return (await self._reader.readexactly(length)).decode("utf-8", errors="replace")
-
-    async def read_to_end(self) -> bytes:
-        """Everything until the server closes; a reset just ends what we got."""
-        data = bytearray()
-        with suppress(ConnectionError):
-            while chunk := await self._reader.read(_READ_SIZE):
-                data += chunk
-        return bytes(data)
-
-    def close(self) -> None:
-        # Synchronous on purpose: it must also work while a cancellation unwinds.
-        writer = self._conn.writer
-        if writer is not None:
-            writer.close()
-
-
-@asynccontextmanager
-async def _session(client: ClientAsync) -> AsyncIterator[_Session]:
-    try:
-        connection = await client.create_connection()
-    except RuntimeError as exc:  # ppadb wraps OSError from connect in RuntimeError
-        raise SourceUnreachable(f"adb server unreachable at {client.host}:{client.port}") from exc
-    session = _Session(connection)
-    try:
-        yield session
-    finally:
-        session.close()
-        with suppress(Exception):
-            await connection.close()
-
-
-async def _host_query(client: ClientAsync, payload: str) -> str:
-    async with _session(client) as session:
-        await session.request(payload)
-        return await session.read_string()
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -282,7 +162,7 @@ class AdbDevice:
         The command must be a complete list for ``sh -c`` that can be followed by
         ``; echo …`` (no trailing ``&``, comment or ``exit``).
         """
-        async with _guard(self.serial, f"shell `{command}`", timeout):
+        async with guard(self.serial, f"shell `{command}`", timeout):
             code, output = await self._run("shell", command)
         return ShellResult(code, output.decode("utf-8", errors="replace"))
 
@@ -315,7 +195,7 @@ class AdbDevice:
     async def screenshot(self) -> bytes:
         """``screencap -p`` over ``exec-out`` (no pty, so no newline rewriting)."""
         command = "screencap -p"
-        async with _guard(self.serial, command, self._call_timeout):
+        async with guard(self.serial, command, self._call_timeout):
             code, raw = await self._run("exec-out", command)
         if code != 0:
             raise CommandFailed(f"`{command}` exited {code}: {raw[:200]!r}")
@@ -329,7 +209,7 @@ class AdbDevice:
 
     async def _action(self, command: str) -> str:
         """Run an action command; its output, or CommandFailed on a non-zero exit."""
-        async with _guard(self.serial, f"`{command}`", self._call_timeout):
+        async with guard(self.serial, f"`{command}`", self._call_timeout):
             code, raw = await self._run("shell", command)
         output = raw.decode("utf-8", errors="replace")
         if code != 0:
@@ -347,13 +227,12 @@ class AdbDevice:
         return result
 
     async def _exchange(self, request: str) -> bytes:
-        async with _session(self._client) as session:
-            await session.request(f"host:transport:{self.serial}")
-            await session.request(request)
-            return await session.read_to_end()
+        async with device_session(self._client, self.serial) as phone:
+            await phone.request(request)
+            return await phone.read_to_end()
 
     async def _why_cut_short(self, command: str) -> DeviceError:
-        listing = await _host_query(self._client, "host:devices")
+        listing = await host_query(self._client, "host:devices")
         states = {serial: state for serial, state, _ in parse_devices_l(listing)}
         state = states.get(self.serial)
         if state != "device":
@@ -375,8 +254,8 @@ class AdbSource:
 
     async def inventory(self) -> list[DeviceInfo]:
         """Every device adb lists; online ones are described from one `getprop` each."""
-        async with _guard("adb", "host:devices-l", self._call_timeout):
-            listing = await _host_query(self._client, "host:devices-l")
+        async with guard("adb", "host:devices-l", self._call_timeout):
+            listing = await host_query(self._client, "host:devices-l")
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self._describe(*e)) for e in parse_devices_l(listing)]
         return [info for task in tasks if (info := task.result()) is not None]
@@ -390,31 +269,30 @@ class AdbSource:
         phone comes back by itself; one the server reached over the network (`adb connect`,
         a host:port serial) is forgotten, so it is connected again (`host:connect:`) once
         the server has let it go. The server answers OKAY either way, saying what it did."""
-        async with _guard(serial, "adb reconnect", self._call_timeout):
-            answer = await _host_query(self._client, f"host-serial:{serial}:reconnect")
+        async with guard(serial, "adb reconnect", self._call_timeout):
+            answer = await host_query(self._client, f"host-serial:{serial}:reconnect")
             if not answer.startswith("reconnecting"):
-                raise _failure_to_error(serial, answer.strip() or "no answer to reconnect")
+                raise failure_to_error(serial, answer.strip() or "no answer to reconnect")
             if not _NETWORK_SERIAL.match(serial):
                 return
             while True:  # the server forgets the phone a moment after it answered
                 if serial not in await self._listed():
                     break
                 await asyncio.sleep(_RECONNECT_POLL)
-            answer = await _host_query(self._client, f"host:connect:{serial}")
+            answer = await host_query(self._client, f"host:connect:{serial}")
         if "connected to" not in answer:
             raise DeviceLost(f"device lost: {serial}: adb connect: {answer.strip()}")
 
     async def _listed(self) -> set[str]:
-        listing = await _host_query(self._client, "host:devices")
+        listing = await host_query(self._client, "host:devices")
         return {s for s, _, _ in parse_devices_l(listing)}
 
     async def reboot_device(self, serial: str) -> None:
         """The recovery ladder's reboot: adb's `reboot:` service (what `adb reboot` asks);
         the phone then drops off and boots (the ladder waits for sys.boot_completed)."""
-        async with _guard(serial, "reboot", self._call_timeout):
-            async with _session(self._client) as session:
-                await session.request(f"host:transport:{serial}")
-                await session.request("reboot:")
+        async with guard(serial, "reboot", self._call_timeout):
+            async with device_session(self._client, serial) as phone:
+                await phone.request("reboot:")
 
     async def close(self) -> None:
         """Nothing to release: every call opens and closes its own connection."""
