@@ -289,6 +289,7 @@ class ChaosRun:
             max_concurrent=self.args.max_concurrent,
             gap=self.args.fault_gap,
         )
+        self.injector.spare_first_replica = self.args.soak_window > 0
         self.injector.on_host_fault = self.workload.cancel_on_host
         self.injector.operator = phones.Operator(
             self.farm.dsn, [r.address for r in self.farm.replicas], self.farm.operator_token

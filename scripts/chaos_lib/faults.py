@@ -101,6 +101,9 @@ class Injector:
         self.rng = rng
         self.min_per_kind = min_per_kind
         self.max_concurrent = max_concurrent
+        # The soak never kills the first replica, so that one process's memory is watched
+        # over the whole run (the other replica is killed as often as ever).
+        self.spare_first_replica = False
         # Seconds between two faults once every kind had its minimum; the minimum's faults
         # are spread over the run at most gap[1] apart (6 s at the default).
         self.gap = gap
@@ -161,7 +164,10 @@ class Injector:
             return self.rng.choice(free) if free else None
         if kind == "replica_kill":
             alive = [r.name for r in farm.replicas if r.alive and r.name not in self.busy]
-            return self.rng.choice(alive) if len(alive) == len(farm.replicas) else None
+            if len(alive) != len(farm.replicas):
+                return None
+            spared = farm.replicas[0].name if self.spare_first_replica else None
+            return self.rng.choice([name for name in alive if name != spared] or [None])
         if kind in ("pg_restart", "pg_failover"):
             blocked = {"postgres", PG_TARGETS["pg_terminate"], PG_TARGETS["pg_conn_fill"]}
             return None if self.busy & blocked else "postgres"
