@@ -18,11 +18,10 @@ from amc_client.actions import seconds
 from amc_client.errors import AmcClientError, SessionRefused
 from amc_client.phone import Phone
 from amc_client.retry import DEFAULT_RETRY, Retry, transient
+from amc_common import statuses
 from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port
 
-TERMINAL = frozenset(
-    {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
-)
+TERMINAL = statuses.numbers(statuses.TERMINAL, task_pb2.TaskStatus)
 
 
 class Farm:

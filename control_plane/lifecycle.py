@@ -15,6 +15,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from amc_common import statuses
+
 
 class TaskStatus(enum.StrEnum):
     QUEUED = "queued"
@@ -29,7 +31,8 @@ class TaskStatus(enum.StrEnum):
         return self in TERMINAL
 
 
-TERMINAL = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
+# The one list of statuses a task ends in is amc_common.statuses' (the CLI's, the harnesses').
+TERMINAL = frozenset(TaskStatus(name) for name in statuses.TERMINAL)
 IN_FLIGHT = frozenset({TaskStatus.ASSIGNED, TaskStatus.DISPATCHED})
 
 

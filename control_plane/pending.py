@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
+# A selector's text is amc_common's, the CLI's too (re-exported: the console's as well).
+from amc_common.device_selector import describe as describe
 from control_plane import errors
 from control_plane.domain import DeviceMatch, KeyCap, Task, TaskId, TaskRead
 from control_plane.lifecycle import TaskStatus
@@ -27,14 +29,6 @@ from control_plane.store import Store
 MAX_SELECTORS = 50
 
 Selector = tuple[str | None, tuple[tuple[str, str], ...]]
-
-
-def describe(serial: str | None, labels: dict[str, str]) -> str:
-    """A selector as an operator writes it: `model=Pixel9,rack=r1`, `serial=X`, or `any
-    device`."""
-    parts = [f"serial={serial}"] if serial else []
-    parts += [f"{k}={v}" for k, v in sorted(labels.items())]
-    return ",".join(parts) or "any device"
 
 
 def _plural(n: int, one: str, many: str) -> str:

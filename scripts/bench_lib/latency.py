@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common import statuses
 from bench_lib import promtext, stack
 from bench_lib.client import Client, Clock, key_actions, submit_request
 from bench_lib.pgstats import Db
@@ -70,7 +71,7 @@ async def _watch_until(
             return call, task
 
 
-TERMINAL = {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
+TERMINAL = statuses.numbers(statuses.TERMINAL, task_pb2.TaskStatus)
 
 
 async def _pause() -> None:

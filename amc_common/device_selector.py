@@ -1,0 +1,23 @@
+"""A device selector (a serial and labels a phone must have: amc.v1.DeviceSelector) as
+people read it, written once for the control plane and the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+ANY = "any device"
+
+
+def describe(
+    serial: str | None, labels: Mapping[str, str], *, sep: str = ",", anything: str = ANY
+) -> str:
+    """`serial=R58M,model=Pixel9,rack=r1`: the serial (if any) first, then the labels by
+    key; `anything` for a selector that asks for nothing.
+
+    The texts that were pinned before this was shared are kept, through the two keywords:
+    a pending reason and the console write `,` and `any device` (the defaults); the CLI's
+    tables and warnings separate with a space (`sep=" "`); the queue's metric label says
+    `any` (`anything="any"`), and its `other` series is the gauges' own, not a selector."""
+    parts = [f"serial={serial}"] if serial else []
+    parts += [f"{k}={v}" for k, v in sorted(labels.items())]
+    return sep.join(parts) or anything

@@ -1,0 +1,31 @@
+"""What the programs share is declared once, in amc_common: the task statuses and which of
+them end a task, and the text of a device selector (issue 26: one home, one name)."""
+
+from __future__ import annotations
+
+from amc.v1 import task_pb2
+from amc_client import farm
+from amc_common import statuses
+from amc_common.device_selector import describe
+from control_plane import lifecycle, pending
+
+
+def test_the_task_statuses_are_declared_once() -> None:
+    """THEN the state machine's statuses, the wire's and amc_common's are the same, in
+    order, and every program's terminal set is amc_common's."""
+    assert [s.value for s in lifecycle.TaskStatus] == list(statuses.STATUSES)
+    wire = [n for n in task_pb2.TaskStatus.keys() if n != "TASK_STATUS_UNSPECIFIED"]
+    assert wire == [statuses.wire_name(s) for s in statuses.STATUSES]
+    assert {s.value for s in lifecycle.TERMINAL} == statuses.TERMINAL
+    assert statuses.TERMINAL == {"done", "failed", "cancelled"}
+    ended = {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
+    assert farm.TERMINAL == ended
+
+
+def test_a_selector_is_written_one_way() -> None:
+    """THEN serial first, labels by key; asking for nothing reads `any device`; the pending
+    reason's text is this one."""
+    assert describe("R58M", {"rack": "r1", "model": "Pixel9"}) == "serial=R58M,model=Pixel9,rack=r1"
+    assert describe(None, {}) == describe("", {}) == "any device"
+    assert describe("", {"rack": "r1"}, sep=" ", anything="any") == "rack=r1"
+    assert pending.describe is describe
