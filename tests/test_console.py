@@ -147,6 +147,8 @@ async def test_console_task_page_shows_the_queue_timeout_and_the_deadline(
     page = await open_page(browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.CLIENT))
     await page.locator("dd[data-field='deadline']", has_text="1m30s per attempt").wait_for()
     assert await page.locator("dd[data-field='queue timeout']").inner_text() == "2s"
+    # The selector as the control plane writes it (GetTask's `selector_text`).
+    assert await page.locator("dd[data-field='selector']").inner_text() == "serial=nowhere"
     await page.locator("#task-status", has_text="failed").wait_for()
     await page.locator("dd[data-field='error']", has_text="queue timeout").wait_for()
     events = await page.locator("table.events tbody tr td:nth-child(3)").all_inner_texts()

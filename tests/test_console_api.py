@@ -232,6 +232,42 @@ async def test_console_events_tell_a_browser_which_task_changed(
                     break
 
 
+async def test_console_page_carries_the_statuses_and_answers_their_selectors_as_text(
+    farm: Farm, http: aiohttp.ClientSession
+) -> None:
+    """The page is given the task statuses the control plane has (in order; which end a
+    task, which run one) instead of its script declaring them, and every selector in an
+    answer comes with the control plane's writing of it beside it (`selector_text`)."""
+    async with http.get(console_url(farm, "/tasks")) as response:
+        html = await response.text()
+    block = html.split('<script type="application/json" id="statuses">', 1)[1]
+    assert json.loads(block.split("</script>", 1)[0]) == {
+        "statuses": ["queued", "assigned", "dispatched", "done", "failed", "cancelled"],
+        "terminal": ["done", "failed", "cancelled"],
+        "in_flight": ["assigned", "dispatched"],
+    }
+    token = await farm.token(Role.OPERATOR)
+    spec = {"actions": {"actions": [{"tap": {"x": 1, "y": 2}}]}}
+    selector = {"labels": {"rack": "a", "model": "P7"}}
+    _, labelled = await api(
+        http, farm, "SubmitTask", {"spec": spec, "selector": selector}, token=token
+    )
+    _, anywhere = await api(http, farm, "SubmitTask", {"spec": spec}, token=token)
+    _, got = await api(http, farm, "GetTask", {"task_id": labelled["task_id"]}, token=token)
+    assert (labelled["selector_text"], got["selector_text"]) == ("model=P7,rack=a",) * 2
+    assert anywhere["selector_text"] == "any device"
+    _, listed = await api(http, farm, "ListTasks", {}, token=token)
+    assert sorted(t["selector_text"] for t in listed["tasks"]) == ["any device", "model=P7,rack=a"]
+
+    async def counted() -> dict[str, Any] | None:
+        _, queue = await api(http, farm, "GetQueue", {}, token=token)
+        return queue if queue.get("total") == 2 else None
+
+    queue = await eventually(counted, what="the two queued tasks counted")
+    texts = sorted(g["selector_text"] for g in queue["groups"])
+    assert texts == ["any device", "model=P7,rack=a"]
+
+
 async def test_console_pages_are_one_document_with_a_strict_policy(
     farm: Farm, http: aiohttp.ClientSession
 ) -> None:

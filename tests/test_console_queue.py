@@ -49,6 +49,10 @@ async def test_console_queue_page_shows_each_fairness_keys_queued_running_cap_we
     assert cells[5].endswith("s")
     assert (await _cells(page, "ci"))[:5] == ["ci", "1", "0", "-", "1"]
     assert (await page.locator("#counted").inner_text()).startswith("Counted 20")
+    # The group's selector as the control plane writes it (GetQueue's `selector_text`).
+    assert await page.locator("table >> nth=0").locator("tbody td >> nth=0").inner_text() == (
+        "rack=r1"
+    )
     first = await loads(page)
     await operator.admin.SetFairShare(
         admin_pb2.SetFairShareRequest(fairness_key="qa", clear_max_devices=True)

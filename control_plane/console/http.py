@@ -1,7 +1,7 @@
 """The operator console's HTTP server, on the control plane's own event loop (aiohttp).
 
-- `/`, `/queue`, `/tasks`, `/tasks/<id>`, `/hosts/<id>`: one page (static/index.html)
-  whose script draws the view the path names.
+- `/`, `/queue`, `/tasks`, `/tasks/<id>`, `/hosts/<id>`: one page (static/index.html,
+  given the task statuses it needs: STATUSES) whose script draws the view the path names.
 - `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Host
   page: GetHost, for its operator events, and CordonHost, UncordonHost, DrainHost and
   ReleaseDevice, for its buttons; and ListFairShares, for the Queue page's fairness keys):
@@ -9,8 +9,9 @@
   of the Scheduler service. The
   body is the request message in proto JSON; the call goes to the very servicer method the
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
-  messages); the answer is the response message in proto JSON, or `{"code", "message"}`
-  with the HTTP status of the gRPC code.
+  messages); the answer is the response message in proto JSON, with `<field>_text` beside
+  each DeviceSelector (the control plane's text of it: the page formats no selector), or
+  `{"code", "message"}` with the HTTP status of the gRPC code.
 - `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes (a screenshot's PNG, a
   ui_dump's XML), read through the servicer's own GetArtifact (the same roles and errors),
   with its content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import ssl
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from importlib import resources
@@ -53,6 +55,8 @@ from control_plane.console.calls import (
 from control_plane.console.control import Controls
 from control_plane.domain import Role
 from control_plane.hub import Hub
+from control_plane.lifecycle import IN_FLIGHT, TERMINAL, TaskStatus
+from control_plane.pending import describe
 from control_plane.rpc import code_for
 from control_plane.scheduler_service import SchedulerService
 
@@ -102,6 +106,18 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+# What the page's script knows of the task state machine (the statuses in order, which end
+# a task, which run one), from lifecycle rather than declared again in the script: filled
+# into index.html's `statuses` block (a JSON data block, which the CSP does not run).
+STATUSES_SLOT = '<script type="application/json" id="statuses"></script>'
+STATUSES = json.dumps(
+    {
+        "statuses": list(TaskStatus),
+        "terminal": [s for s in TaskStatus if s in TERMINAL],
+        "in_flight": [s for s in TaskStatus if s in IN_FLIGHT],
+    }
+)
+SELECTOR = "amc.v1.DeviceSelector"
 
 
 def _refusal(code: grpc.StatusCode, message: str) -> web.Response:
@@ -188,7 +204,14 @@ class Console:
     # -- pages -----------------------------------------------------------------------------
 
     async def page(self, request: web.Request) -> web.StreamResponse:
-        return await self._file("index.html")
+        html = self.static.joinpath("index.html").read_text("utf-8")
+        filled = STATUSES_SLOT.replace("></", f">{STATUSES}</")
+        return web.Response(
+            text=html.replace(STATUSES_SLOT, filled),
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
 
     async def asset(self, request: web.Request) -> web.StreamResponse:
         return await self._file(request.match_info["name"])
@@ -236,7 +259,7 @@ class Console:
             answer = await getattr(servicer, name)(message, context)
         except Refused as exc:
             return _refusal(exc.code, exc.message)
-        return web.json_response(_to_json(answer))
+        return web.json_response(_selector_texts(answer, _to_json(answer)))
 
     async def artifact(self, request: web.Request) -> web.StreamResponse:
         """The artifact's bytes as the servicer's GetArtifact streams them: refusals (no
@@ -393,6 +416,30 @@ def _cut(request: web.Request, response: web.StreamResponse) -> web.StreamRespon
     if request.transport is not None:
         request.transport.abort()
     return response
+
+
+def _selector_texts(message: Message, document: dict[str, Any]) -> dict[str, Any]:
+    """The answer with `<field>_text` beside each DeviceSelector field of its messages
+    (`selector_text` of a task, of a queue group): the selector as the control plane
+    writes it (`model=Pixel9,rack=r1`, `serial=X`, `any device`), so the page does not
+    format selectors itself. The console's JSON only; the API's messages are unchanged."""
+    if not isinstance(document, dict):  # a well-known type written as a string or list
+        return document
+    for field in message.DESCRIPTOR.fields:
+        kind = field.message_type
+        if kind is None or kind.GetOptions().map_entry:
+            continue
+        value = getattr(message, field.name)
+        if kind.full_name == SELECTOR and not field.is_repeated:
+            document[f"{field.name}_text"] = describe(value.serial or None, dict(value.labels))
+        elif field.name not in document:
+            continue
+        elif field.is_repeated:
+            for item, part in zip(value, document[field.name], strict=True):
+                _selector_texts(item, part)
+        else:
+            _selector_texts(value, document[field.name])
+    return document
 
 
 def _to_json(message: Message) -> dict[str, Any]:

@@ -7,8 +7,13 @@ export const API = "/api/amc.v1.Scheduler/";
 export const ADMIN_API = "/api/amc.v1.Admin/";
 export const ARTIFACT_API = "/api/artifacts/";
 export const TOKEN_KEY = "amc.token";
-export const TERMINAL = new Set(["done", "failed", "cancelled"]);
-export const STATUSES = ["queued", "assigned", "dispatched", "done", "failed", "cancelled"];
+
+// The task statuses in order, which of them end a task and which run one: the control
+// plane's own lists, given with the page (index.html's `statuses` block, filled by http.py).
+const known = JSON.parse(document.getElementById("statuses").textContent);
+export const STATUSES = known.statuses;
+export const TERMINAL = new Set(known.terminal);
+export const IN_FLIGHT = new Set(known.in_flight);
 
 export class ApiError extends Error {
   constructor(status, code, message) {

@@ -82,12 +82,6 @@ export function labels(map) {
   return h("span", { class: "labels" }, entries.map(([k, v]) => h("span", {}, `${k}=${v}`)));
 }
 
-export function selectorText(sel) {
-  const parts = sel && sel.serial ? [`serial=${sel.serial}`] : [];
-  for (const [k, v] of Object.entries((sel && sel.labels) || {}).sort()) parts.push(`${k}=${v}`);
-  return parts.join(" ") || "any device";
-}
-
 export function specSummary(spec) {
   if (spec && spec.session) return "interactive session";
   if (spec && spec.workflow) {

@@ -1,7 +1,7 @@
 // The Queue page: the queue by selector and by fairness key.
 
 import { ADMIN_API, call } from "./api.js";
-import { age, counts, h, selectorText, table, when } from "./dom.js";
+import { age, counts, h, table, when } from "./dom.js";
 
 // The queue as the control plane last counted it (every few seconds: GetQueue's and
 // ListFairShares' `counted_at`), by selector and by fairness key; re-read on every change
@@ -18,7 +18,7 @@ export const Queue = {
   },
   render({ groups = [], total = 0, counted_at, shares = [] }) {
     const rows = groups.map((g) => h("tr", {},
-      h("td", {}, selectorText(g.selector)),
+      h("td", {}, g.selector_text),
       h("td", {}, g.count),
       h("td", {}, age(g.oldest_queued_at)),
       h("td", {}, `${g.devices_idle} idle · ${g.devices_busy} busy · ${g.devices_unavailable} unavailable`),

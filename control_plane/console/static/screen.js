@@ -2,13 +2,12 @@
 // screen itself, used by the Control page (control.js), and the Task page's "Watch screen"
 // of a running task's phone.
 
-import { ApiError, TOKEN_KEY, authHeaders } from "./api.js";
+import { ApiError, IN_FLIGHT, TOKEN_KEY, authHeaders } from "./api.js";
 import { h, statusOf, when } from "./dom.js";
 
 const SOCKET_PROTOCOL = "amc.v1";
 // A browser's WebSocket cannot send an Authorization header: the token goes as a subprotocol.
 const TOKEN_PROTOCOL = "amc.bearer.";
-const RUNNING = new Set(["assigned", "dispatched"]);
 
 function socketUrl(path) {
   return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${path}`;
@@ -127,7 +126,7 @@ export class LiveScreen {
 let watch = null;
 
 export function watchPanel(task) {
-  if (!RUNNING.has(statusOf(task)) || !task.host_id) {
+  if (!IN_FLIGHT.has(statusOf(task)) || !task.host_id) {
     stopWatch();
     return null;
   }

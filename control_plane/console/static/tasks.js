@@ -5,8 +5,8 @@
 import { STATUSES, TERMINAL, ApiError, call } from "./api.js";
 import { artifactView, keptFiles, recordingSection } from "./artifacts.js";
 import {
-  badge, elapsed, enumName, h, hostLink, labels, selectorText, span, specSummary, statusOf,
-  table, taskLink, took, when,
+  badge, elapsed, enumName, h, hostLink, labels, span, specSummary, statusOf, table, taskLink,
+  took, when,
 } from "./dom.js";
 import { watchPanel } from "./screen.js";
 import { refresh, route } from "./shell.js";
@@ -93,7 +93,7 @@ export const Task = {
         ["waiting", task.pending_reason || null],
         ["progress", !TERMINAL.has(status) && task.progress ? progressText(task.progress) : null],
         ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : null],
-        ["selector", selectorText(task.selector)],
+        ["selector", task.selector_text],
         ["priority", task.priority],
         ["queue timeout", task.queue_timeout ? span(task.queue_timeout) : null],
         ["deadline", task.deadline ? `${span(task.deadline)} per attempt` : null],
