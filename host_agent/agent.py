@@ -55,8 +55,9 @@ from host_agent.convert import (
     timing_from_proto,
 )
 from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
+from host_agent.fencing import Timing
 from host_agent.health import Health, HealthMonitor, Reading, Thresholds, probe
-from host_agent.leases import LeaseKeeper, Timing
+from host_agent.leases import LeaseKeeper
 from host_agent.recovery import Recovery, RecoverySettings
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome

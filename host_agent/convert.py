@@ -27,8 +27,8 @@ from google.protobuf import duration_pb2
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common.actions import KEEPS, Action, ActionError, from_message
 from host_agent.devices import DeviceInfo
+from host_agent.fencing import Timing
 from host_agent.health import Health
-from host_agent.leases import Timing
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, InvalidSpec, Session, TaskSpec, Workflow, WorkflowStep
 

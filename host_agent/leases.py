@@ -9,11 +9,12 @@ request was *sent*:
 
     deadline = send time of the request whose answer said RENEWED + valid_for - margin
 
-Each lease's StopToken is armed to trip LEASE_LOST when the deadline passes (a loop tick
-early, FENCE_LEAD), whether or not the stream is up: the host stops acting before the
-control plane can hand the task to another host. The token reads the monotonic clock at
-every check as well as by its timer, so a runner that resumes after the process was frozen
-past the deadline finds it tripped before it starts another action (see `stop_token`).
+Each lease (`HeldLease`, host_agent.fencing) has its StopToken armed to trip LEASE_LOST
+when the deadline passes (a loop tick early, FENCE_LEAD), whether or not the stream is up:
+the host stops acting before the control plane can hand the task to another host. The
+token reads the monotonic clock at every check as well as by its timer, so a runner that
+resumes after the process was frozen past the deadline finds it tripped before it starts
+another action (see `stop_token`).
 CONFLICT trips LEASE_LOST at once; `cancel_pending` (in an answer or a push) trips
 CANCELLED. The first trip wins.
 
@@ -31,11 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -43,76 +42,11 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from host_agent import metrics
+from host_agent.fencing import HeldLease, LeaseAnswer, RenewalResult, Timing
 from host_agent.retry import FATAL_CODES, retrying
-from host_agent.stop_token import Stopped, StopReason, StopToken
+from host_agent.stop_token import Stopped, StopReason
 
 log = structlog.get_logger(__name__)
-
-# The margin covers what the agent cannot interrupt once the deadline passes (an input
-# action already sent to the phone) plus scheduling delays of this process.
-MIN_MARGIN = 1.0
-MARGIN_FRACTION = 0.2
-# The timer trips the token this much before the deadline: a runner already woken in the
-# loop iteration where the deadline passes must still find the token tripped, so that no
-# action *starts* after the deadline even on a busy event loop.
-FENCE_LEAD = 0.05
-
-
-def fencing_margin(ttl: float) -> float:
-    """max(1 s, 20 % of the TTL), but never more than half of it."""
-    return min(max(MIN_MARGIN, MARGIN_FRACTION * ttl), ttl / 2)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """What RegisterHost said: how long a lease lives and how often to renew it."""
-
-    ttl: float
-    interval: float
-
-    @property
-    def margin(self) -> float:
-        return fencing_margin(self.ttl)
-
-
-class RenewalResult(enum.Enum):
-    RENEWED = "renewed"
-    CONFLICT = "conflict"
-
-
-@dataclass(frozen=True)
-class LeaseAnswer:
-    """The control plane's answer about one lease in one renewal response."""
-
-    result: RenewalResult
-    valid_for: float
-    cancel_pending: bool
-
-
-@dataclass(eq=False)
-class HeldLease:
-    """One lease this host holds, and the stop token of the run it guards."""
-
-    lease_id: str
-    task_id: str
-    attempt: int
-    # time.monotonic() after which the host must not act for this lease any more.
-    deadline: float
-    token: StopToken = field(default_factory=StopToken)
-    # How a cancellation request reached us ("renewal" or "push") and when (monotonic).
-    cancel_seen_via: str | None = None
-    cancel_seen_at: float | None = None
-    # Set by a CONFLICT: the lease is dead; renewing it again is pointless.
-    conflicted: bool = False
-    # time.monotonic() when the acknowledging renewal was sent: the control plane counts
-    # the task's deadline from its acknowledgement, which cannot come before this.
-    acknowledged_at: float | None = None
-    _first_answer: asyncio.Future[LeaseAnswer] | None = None
-
-    @property
-    def unanswered(self) -> bool:
-        """No answer yet: the control plane has not seen this lease's acknowledgement."""
-        return self._first_answer is None or not self._first_answer.done()
 
 
 class StreamBroken(Exception):
@@ -167,7 +101,7 @@ class LeaseKeeper:
         """Start renewing `lease` (at once) and fencing it."""
         lease._first_answer = asyncio.get_running_loop().create_future()
         self._held[lease.lease_id] = lease
-        self._arm(lease)
+        lease.arm()
         self._wake.set()
 
     async def acknowledge(self, lease: HeldLease) -> LeaseAnswer | None:
@@ -331,14 +265,14 @@ class LeaseKeeper:
         if answer.result is RenewalResult.RENEWED:
             if lease.acknowledged_at is None:
                 lease.acknowledged_at = sent_at
-            self._extend(lease, sent_at + answer.valid_for - self.timing.margin)
+            lease.extend(sent_at + answer.valid_for - self.timing.margin)
         # The first answer before any trip, so an acknowledging CONFLICT reads as one.
         if lease._first_answer is not None and not lease._first_answer.done():
             lease._first_answer.set_result(answer)
         if answer.result is RenewalResult.CONFLICT:
             lease.conflicted = True
             metrics.LEASE_CONFLICTS.inc()
-            _stop(lease, StopReason.LEASE_LOST, "lease conflict: stop acting")
+            lease.stop(StopReason.LEASE_LOST, "lease conflict: stop acting")
         elif answer.cancel_pending:
             self._cancel(lease, "renewal")
 
@@ -347,38 +281,7 @@ class LeaseKeeper:
             lease.cancel_seen_via, lease.cancel_seen_at = via, time.monotonic()
             metrics.CANCELS_SEEN.labels(via).inc()
         event = "cancellation requested: stopping at the next step boundary"
-        _stop(lease, StopReason.CANCELLED, event, via=via)
-
-    # -- self-fencing ----------------------------------------------------------------------
-
-    def _extend(self, lease: HeldLease, deadline: float) -> None:
-        # Answers arrive in order on one stream, but never let an old one shorten the lease.
-        if deadline > lease.deadline:
-            lease.deadline = deadline
-            self._arm(lease)
-
-    def _arm(self, lease: HeldLease) -> None:
-        lease.token.trip_at(
-            lease.deadline - FENCE_LEAD, StopReason.LEASE_LOST, lambda: _fenced(lease)
-        )
-
-
-def _fenced(lease: HeldLease) -> None:
-    metrics.DEADLINE_MISSES.inc()
-    log.warning(
-        "lease deadline passed without renewal: stop acting",
-        lease_id=lease.lease_id,
-        task_id=lease.task_id,
-        attempt=lease.attempt,
-    )
-
-
-def _stop(lease: HeldLease, reason: StopReason, event: str, **fields: object) -> None:
-    """Trip the lease's stop token and log `event` if this trip is the one that counts (the
-    first wins); a lost lease is a warning, a cancellation is routine."""
-    if lease.token.trip(reason):
-        emit = log.info if reason is StopReason.CANCELLED else log.warning
-        emit(event, lease_id=lease.lease_id, task_id=lease.task_id, attempt=lease.attempt, **fields)
+        lease.stop(StopReason.CANCELLED, event, via=via)
 
 
 def _answer_from(state: lease_pb2.LeaseState, valid_for: float) -> LeaseAnswer:

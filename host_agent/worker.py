@@ -25,7 +25,8 @@ from host_agent import artifacts, recording
 from host_agent.config import AgentSettings
 from host_agent.convert import Assignment, report_request, step_to_proto
 from host_agent.devices import Device, DeviceSource
-from host_agent.leases import HeldLease, LeaseKeeper, RenewalResult
+from host_agent.fencing import HeldLease, RenewalResult
+from host_agent.leases import LeaseKeeper
 from host_agent.recording import Recording
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Kept, Outcome, RunResult

@@ -25,7 +25,7 @@ from control_plane.domain import Role
 from control_plane.embedded import ReplicatedPostgres
 from control_plane.store import Store
 from host_agent.agent import Agent
-from host_agent.leases import HeldLease
+from host_agent.fencing import HeldLease
 from host_agent.results import Outcome
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason

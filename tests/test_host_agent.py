@@ -11,7 +11,7 @@ import grpc
 
 from amc.v1 import task_pb2
 from host_agent.agent import Agent
-from host_agent.leases import HeldLease
+from host_agent.fencing import HeldLease
 from host_agent.results import Outcome, StepStatus
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason

@@ -14,14 +14,8 @@ from amc.v1 import lease_pb2, lease_pb2_grpc
 from amc_common.actions import Key, Tap
 from amc_common.channel import aio_channel
 from control_plane.domain import Role
-from host_agent.leases import (
-    FENCE_LEAD,
-    HeldLease,
-    LeaseKeeper,
-    RenewalResult,
-    Timing,
-    fencing_margin,
-)
+from host_agent.fencing import FENCE_LEAD, HeldLease, RenewalResult, Timing, fencing_margin
+from host_agent.leases import LeaseKeeper
 from host_agent.results import StepStatus
 from host_agent.runner import run
 from host_agent.spec import ActionList

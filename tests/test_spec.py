@@ -39,7 +39,7 @@ from host_agent.convert import (
     timing_from_proto,
 )
 from host_agent.devices import DeviceInfo
-from host_agent.leases import Timing
+from host_agent.fencing import Timing
 from host_agent.results import OUTPUT_LIMIT, Outcome, RunResult, StepResult, StepStatus
 from host_agent.spec import ActionList, InvalidSpec, Workflow, WorkflowStep
 from host_agent.stop_token import StopReason
