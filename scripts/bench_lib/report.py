@@ -118,6 +118,21 @@ def _screen_rows(sc: dict[str, Any] | None) -> list[Row]:
             many["cp_cores"] <= 0.3 if n == 20 else None,
         ),
         Row("11 screen", f"{n} viewers: frames/s in all", _num(many["frames_per_s"])),
+        *_watched_task_row(sc.get("task_watched")),
+    ]
+
+
+def _watched_task_row(t: dict[str, Any] | None) -> list[Row]:
+    """A task's run time watched (three viewers and a slow one) against alone: no target
+    but the issue's 'watching does not change its timing'."""
+    if not t:
+        return []
+    return [
+        Row(
+            "11 screen",
+            f"a task of {t['taps']} taps, median of {t['runs']}: alone / watched, s",
+            f"{t['alone_median_s']:.3f} / {t['watched_median_s']:.3f} ({t['ratio']:.2f}x)",
+        )
     ]
 
 

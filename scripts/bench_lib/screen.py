@@ -14,12 +14,18 @@ One host agent with --screen-phones simulated phones (actions answer at once) se
   landed): p50 (target <= 150 ms) and p99. The tap's own round trip is reported beside it.
 - 20 viewers: one viewer of each of the phones for --screen-seconds: the control plane's
   CPU (cores; target <= 0.3) and the agent's, frames a second in all.
+- a task watched: a task of TASK_TAPS taps (each with a 10-ms wait) on one phone, run
+  alternately with nobody watching and with three viewers reading its frames and one that
+  never reads (a slow viewer), RUNS times each: its run time (from `dispatched` to `done`,
+  as WatchTask sees them), whose medians should not differ (watching must not slow a
+  task).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import struct
 import time
 import zlib
@@ -40,6 +46,8 @@ HOST = "screen-host"
 POOL = "screens"
 TAP_RGB = (230, 20, 20)
 SCREEN_SCALE = 3  # the simulated phones' frames are drawn at a third of 1080 x 2400
+TASK_TAPS = 100  # each followed by a 10-ms wait: a run of about a second
+RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -213,6 +221,59 @@ async def _many(
     }
 
 
+async def _task_seconds(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> float:
+    """A task of TASK_TAPS taps and waits on `serial`: seconds from `dispatched` to `done`."""
+    tap = task_pb2.Action(tap=task_pb2.Tap(x=540, y=1200))
+    wait = task_pb2.Action(wait=task_pb2.Wait(duration=_seconds(0.01)))
+    spec = task_pb2.TaskSpec(actions=task_pb2.ActionList(actions=[tap, wait] * TASK_TAPS))
+    task = await stub.SubmitTask(
+        scheduler_pb2.SubmitTaskRequest(
+            spec=spec, selector=task_pb2.DeviceSelector(serial=serial), max_attempts=1
+        ),
+        timeout=30,
+    )
+    started: float | None = None
+    watch = stub.WatchTask(scheduler_pb2.WatchTaskRequest(task_id=task.task_id), timeout=120)
+    async for seen in watch:
+        if seen.status == task_pb2.TASK_STATUS_DISPATCHED and started is None:
+            started = time.perf_counter()
+        elif seen.status == task_pb2.TASK_STATUS_DONE and started is not None:
+            return time.perf_counter() - started
+        elif seen.status in (task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED):
+            raise RuntimeError(f"the timed task ended {seen.status}")
+    raise RuntimeError("the timed task's watch ended before it was done")
+
+
+async def _task_watched(stub: scheduler_pb2_grpc.SchedulerStub) -> dict[str, Any]:
+    serial = "sim-1"
+    alone: list[float] = []
+    watched: list[float] = []
+    for _ in range(RUNS):
+        alone.append(await _task_seconds(stub, serial))
+        viewers = [_watch(stub, serial) for _ in range(4)]
+        readers = [
+            asyncio.create_task(_count(v, 0, time.perf_counter() + 600, [])) for v in viewers[:3]
+        ]
+        try:
+            await viewers[3].read()  # the slow viewer: one frame, then never reads again
+            watched.append(await _task_seconds(stub, serial))
+        finally:
+            for r in readers:
+                r.cancel()
+            for v in viewers:
+                v.cancel()
+    a, w = statistics.median(alone), statistics.median(watched)
+    return {
+        "taps": TASK_TAPS,
+        "runs": RUNS,
+        "alone_s": alone,
+        "watched_s": watched,
+        "alone_median_s": a,
+        "watched_median_s": w,
+        "ratio": w / a,
+    }
+
+
 async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     metrics = f"127.0.0.1:{free_port()}"
     stack.start_agent(AgentSpec(HOST, options.phones, 0.0, POOL, metrics_listen=metrics))
@@ -235,6 +296,12 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
         say(f"screen: {options.phones} viewers of {options.phones} phones, {options.seconds:g}s")
         out["many"] = await _many(stack, stub, options.phones, options.seconds)
         say(f"  control plane {out['many']['cp_cores']:.3f} cores")
+        say(f"screen: a task of {TASK_TAPS} taps, alone and watched by 4 (one slow), x{RUNS}")
+        out["task_watched"] = t = await _task_watched(stub)
+        say(
+            f"  run time median {t['alone_median_s']:.3f} s alone,"
+            f" {t['watched_median_s']:.3f} s watched ({t['ratio']:.2f}x)"
+        )
     finally:
         await channel.close()
         child = stack.agents.pop(HOST, None)
