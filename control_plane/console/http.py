@@ -42,6 +42,7 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from amc.v1 import admin_pb2, scheduler_pb2
+from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
@@ -56,7 +57,6 @@ from control_plane.console.control import Controls
 from control_plane.domain import Role
 from control_plane.hub import Hub
 from control_plane.lifecycle import IN_FLIGHT, TERMINAL, TaskStatus
-from control_plane.pending import describe
 from control_plane.rpc import code_for
 from control_plane.scheduler_service import SchedulerService
 
@@ -420,9 +420,10 @@ def _cut(request: web.Request, response: web.StreamResponse) -> web.StreamRespon
 
 def _selector_texts(message: Message, document: dict[str, Any]) -> dict[str, Any]:
     """The answer with `<field>_text` beside each DeviceSelector field of its messages
-    (`selector_text` of a task, of a queue group): the selector as the control plane
-    writes it (`model=Pixel9,rack=r1`, `serial=X`, `any device`), so the page does not
-    format selectors itself. The console's JSON only; the API's messages are unchanged."""
+    (`selector_text` of a task, of a queue group): the selector's one text
+    (amc_common.device_selector: `model=Pixel9,rack=r1`, `serial=X`, `any device`, as in a
+    pending reason), so the page does not format selectors itself. The console's JSON
+    only; the API's messages are unchanged."""
     if not isinstance(document, dict):  # a well-known type written as a string or list
         return document
     for field in message.DESCRIPTOR.fields:
