@@ -13,7 +13,7 @@ import structlog
 from google.protobuf.message import Message
 
 from amc.v1 import admin_pb2, admin_pb2_grpc
-from control_plane import validate
+from control_plane import validate_admin
 from control_plane.auth import new_token
 from control_plane.convert import (
     fair_share_event_to_pb,
@@ -43,7 +43,7 @@ async def create_token(
     store: Store, role: Role, host_id: str | None, name: str, team: str = ""
 ) -> tuple[TokenInfo, str]:
     """Shared by the RPC and the `control-plane tokens create` bootstrap command."""
-    validate.token_binding(role, host_id, team=team)
+    validate_admin.token_binding(role, host_id, team=team)
     token_id, token, secret_hash = new_token()
     info = await store.create_token(token_id, name, role, host_id, secret_hash, team)
     log.info("token created", token_id=str(token_id), role=str(role), host_id=host_id, team=team)
@@ -81,7 +81,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def CreateToken(
         self, request: admin_pb2.CreateTokenRequest, context: Context
     ) -> admin_pb2.CreateTokenResponse:
-        role, host_id = validate.create_token(request)
+        role, host_id = validate_admin.create_token(request)
         info, token = await create_token(self.store, role, host_id, request.name, request.team)
         return admin_pb2.CreateTokenResponse(info=token_to_pb(info), token=token)
 
@@ -89,7 +89,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def RevokeToken(
         self, request: admin_pb2.RevokeTokenRequest, context: Context
     ) -> admin_pb2.RevokeTokenResponse:
-        token_id = validate.token_id(request.token_id)
+        token_id = validate_admin.token_id(request.token_id)
         info = await self.store.revoke_token(token_id)
         self.auth.forget(token_id)
         log.info("token revoked", token_id=str(token_id))
@@ -105,9 +105,9 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     # -- hosts and devices -----------------------------------------------------------------
 
     async def _host_cordon(
-        self, request: validate.HostRequest, kind: HostEventKind
+        self, request: validate_admin.HostRequest, kind: HostEventKind
     ) -> admin_pb2.HostOperationResponse:
-        host_id, reason = validate.host_operation(request)
+        host_id, reason = validate_admin.host_operation(request)
         cordon = kind is not HostEventKind.UNCORDON
         drain = kind is HostEventKind.DRAIN
         who = principal()
@@ -117,9 +117,9 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         return admin_pb2.HostOperationResponse(host=host_to_pb(host), leases=leases)
 
     async def _device_cordon(
-        self, request: validate.DeviceRequest, kind: HostEventKind
+        self, request: validate_admin.DeviceRequest, kind: HostEventKind
     ) -> admin_pb2.DeviceOperationResponse:
-        host_id, serial, reason = validate.device_operation(request)
+        host_id, serial, reason = validate_admin.device_operation(request)
         who = principal()
         cordon = kind is HostEventKind.CORDON
         host_id = await self.store.set_device_cordon(host_id, serial, cordon, kind, who, reason)
@@ -137,7 +137,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def ReleaseDevice(
         self, request: admin_pb2.ReleaseDeviceRequest, context: Context
     ) -> admin_pb2.DeviceOperationResponse:
-        host_id, serial, reason = validate.device_operation(request)
+        host_id, serial, reason = validate_admin.device_operation(request)
         who = principal()
         host_id = await self.store.release_device(
             host_id, serial, self.settings.lease_ttl, who, reason
@@ -150,7 +150,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def RemoveHost(
         self, request: admin_pb2.RemoveHostRequest, context: Context
     ) -> admin_pb2.RemoveHostResponse:
-        host_id, reason = validate.host_operation(request)
+        host_id, reason = validate_admin.host_operation(request)
         who = principal()
         await self.store.remove_host(host_id, self.settings.lease_ttl, who, reason)
         self.effects.host_logged(host_id, HostEventKind.REMOVE, who, reason)
@@ -160,7 +160,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def GetHost(
         self, request: admin_pb2.GetHostRequest, context: Context
     ) -> admin_pb2.GetHostResponse:
-        host_id, limit = validate.get_host(request)
+        host_id, limit = validate_admin.get_host(request)
         host = await self.store.get_host(self.settings.lease_ttl, host_id)
         events = await self.store.host_events(host_id, limit)
         return admin_pb2.GetHostResponse(
@@ -175,7 +175,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def SetFairShare(
         self, request: admin_pb2.SetFairShareRequest, context: Context
     ) -> admin_pb2.SetFairShareResponse:
-        key, change, reason = validate.set_fair_share(request)
+        key, change, reason = validate_admin.set_fair_share(request)
         who = principal()
         cap_before = await self.store.set_fair_share(key, change, who, reason)
         (share,), _ = await self.store.fair_shares(1, key)
@@ -197,7 +197,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def GetFairShare(
         self, request: admin_pb2.GetFairShareRequest, context: Context
     ) -> admin_pb2.GetFairShareResponse:
-        key, limit = validate.get_fair_share(request)
+        key, limit = validate_admin.get_fair_share(request)
         shares, counted_at = await self.store.fair_shares(1, key)
         events = await self.store.fair_share_events(key, limit)
         if not shares and not events:

@@ -193,7 +193,7 @@ def device_from_pb(d: lease_pb2.DeviceInfo, host_labels: dict[str, str]) -> Devi
 
 
 def report_from_pb(r: lease_pb2.ReportResultRequest) -> Report:
-    """A result the gRPC edge has validated (validate.report)."""
+    """A result the gRPC edge has validated (validate_lease.report)."""
     return Report(
         TaskId(uuid.UUID(r.task_id)),
         r.attempt,
@@ -205,7 +205,8 @@ def report_from_pb(r: lease_pb2.ReportResultRequest) -> Report:
 
 
 def steps_from_pb(items: Iterable[lease_pb2.StepProgress]) -> list[StepProgress]:
-    """Steps sent with a renewal, which the gRPC edge has validated (validate.step_progress)."""
+    """Steps sent with a renewal, which the gRPC edge has validated
+    (validate_lease.step_progress)."""
     return [
         StepProgress(
             str(uuid.UUID(p.lease_id)), p.step.index, p.step.SerializeToString(deterministic=True)
@@ -215,7 +216,7 @@ def steps_from_pb(items: Iterable[lease_pb2.StepProgress]) -> list[StepProgress]
 
 
 def health_from_pb(h: lease_pb2.DeviceHealth) -> DeviceHealth:
-    """A device's reported condition the gRPC edge has validated (validate.device_health)."""
+    """A device's reported condition the gRPC edge has validated (validate_lease.device_health)."""
     return DeviceHealth(
         h.serial,
         CONDITION_FROM_PB[h.condition],
@@ -336,7 +337,7 @@ def fair_share_event_to_pb(e: FairShareEvent) -> admin_pb2.FairShareEvent:
 
 
 def artifact_from_pb(h: lease_pb2.ArtifactHeader) -> NewArtifact:
-    """An upload's header the gRPC edge has validated (validate.artifact_header)."""
+    """An upload's header the gRPC edge has validated (validate_lease.artifact_header)."""
     return NewArtifact(
         task_id=TaskId(uuid.UUID(h.task_id)),
         lease_id=LeaseId(uuid.UUID(h.lease_id)),

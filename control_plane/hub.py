@@ -1,7 +1,8 @@
-"""One replica's side of LISTEN/NOTIFY: offers queued work to the parked Acquires that can
-take it (control_plane.dispatch), pushes recorded cancellations and drains to the renewal
-streams this replica holds, and tells watchers that a task changed. NOTIFY reaches every replica, so
-whichever holds a host's stream or parked Acquire acts on it."""
+"""One replica's side of LISTEN/NOTIFY: hands queued work and freed phones to the
+wake-up protocol (control_plane.dispatch, which owns the parked Acquires), pushes recorded
+cancellations and drains to the renewal streams this replica holds, and tells watchers
+that a task changed. NOTIFY reaches every replica, so whichever holds a host's stream or
+parked Acquire acts on it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import structlog
 
-from control_plane import metrics
 from control_plane.dispatch import Dispatcher, Offer
 from control_plane.domain import CancelNotice, DrainNotice, LeaseId, ReleaseNotice, TaskId
 from control_plane.frames import Screens
@@ -68,7 +68,7 @@ class Hub:
         """After committing tasks into the queue: offered here at once, and to the other
         replicas' parked Acquires by one notification each (sent in one batch)."""
         for offer in offers:
-            self._dispatch(offer)
+            self.dispatcher.queued(offer)
             self._send("amc_queued", offer.to_payload(self.replica))
 
     def devices_freed(self, host_ids: set[str]) -> None:
@@ -88,7 +88,7 @@ class Hub:
     def drain_changed(self, host_id: str, drain: bool) -> None:
         """After committing a drain of the host (or the uncordon that ends one): its
         renewal stream, wherever it is open, reads the host's drain again and tells its
-        agent (lease_service.StreamDrain: the later state wins, in any order of notices)."""
+        agent (renewals.StreamDrain: the later state wins, in any order of notices)."""
         self.publish("amc_drain", f"{host_id} {int(drain)}")
 
     def device_released(self, host_id: str, serial: str) -> None:
@@ -117,7 +117,7 @@ class Hub:
 
     def notify(self, channel: str, payload: str) -> None:
         if channel == "amc_queued":
-            self._offer(payload)
+            self.dispatcher.heard(payload, self.replica)
         elif channel == "amc_cancel":
             self._push_cancel(payload)
         elif channel == "amc_freed":
@@ -142,6 +142,7 @@ class Hub:
         self.closing = True
         self.closed.set()
         self.screens.close()
+        self.dispatcher.close()
         self.wake_all()
         for callbacks in list(self._streams.values()):
             for callback in list(callbacks):
@@ -185,20 +186,6 @@ class Hub:
         return sum(len(s) for s in self._streams.values())
 
     # -- internals -------------------------------------------------------------------------
-
-    def _offer(self, payload: str) -> None:
-        try:
-            replica, offer = Offer.from_payload(payload)
-        except ValueError:
-            # Not an offer (a replica of an older release): anyone may take it.
-            self.dispatcher.wake_all()
-            return
-        if replica != self.replica:  # this replica offered its own already
-            self._dispatch(offer)
-
-    def _dispatch(self, offer: Offer) -> None:
-        woken = self.dispatcher.offer(offer)
-        metrics.OFFERS.labels("unmatched" if woken is None else "woken").inc()
 
     def _push_cancel(self, payload: str) -> None:
         try:

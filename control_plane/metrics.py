@@ -83,7 +83,7 @@ DATABASE_UP = Gauge("amc_database_up", "1 while the database answers")
 
 
 # -- what an operator alerts on ---------------------------------------------------------------
-# Farm-wide gauges come from one aggregate query every few seconds (server._refresh_gauges);
+# Farm-wide gauges come from one aggregate query every few seconds (gauges.FarmGauges);
 # the queue's per-selector series follow the queue (at most QUEUE_SELECTORS of them, plus
 # `any` and `other`, which always exist).
 

@@ -17,6 +17,7 @@ from control_plane import errors, metrics
 from control_plane.artifacts import Artifacts, PostgresArtifacts
 from control_plane.auth import Authenticator, authorize
 from control_plane.domain import ANONYMOUS, Principal
+from control_plane.peers import Peers
 
 if TYPE_CHECKING:
     from control_plane.config import Settings
@@ -49,6 +50,18 @@ class Undecodable:
 def check_decoded(request: Any) -> None:
     if isinstance(request, Undecodable):
         raise errors.InvalidArgument("request", "not a valid message of this method's type")
+
+
+async def first_message(requests: AsyncIterator[Any], part: str, missing: str) -> Any:
+    """A client stream's first message, which must be its `part` (of the `part` oneof):
+    INVALID_ARGUMENT on `part`, saying `missing`, if the stream holds no such message."""
+    first = await anext(aiter(requests), None)
+    if first is None:
+        raise errors.InvalidArgument(part, missing)
+    check_decoded(first)
+    if first.WhichOneof("part") != part:
+        raise errors.InvalidArgument(part, missing)
+    return first
 
 
 def _safe(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -105,10 +118,17 @@ class Servicer:
 
 class TaskServicer(Servicer):
     """A servicer that changes tasks: the store, what follows each committed transition
-    (`effects`, and its hub), the settings and where the tasks' kept files are."""
+    (`effects`, and its hub), the settings, where the tasks' kept files are and the
+    channels to the other replicas (`peers`: for the calls relayed to the one that holds
+    the other end)."""
 
     def __init__(
-        self, auth: Authenticator, store: Store, effects: Effects, settings: Settings
+        self,
+        auth: Authenticator,
+        store: Store,
+        effects: Effects,
+        settings: Settings,
+        peers: Peers | None = None,
     ) -> None:
         super().__init__(auth)
         self.store = store
@@ -116,6 +136,7 @@ class TaskServicer(Servicer):
         self.hub = effects.hub
         self.settings = settings
         self.artifacts: Artifacts = PostgresArtifacts(store)
+        self.peers = peers or Peers(None)
 
 
 async def _enter(self: Servicer, method: str, context: Context) -> None:

@@ -7,7 +7,6 @@ import base64
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -25,14 +24,8 @@ from control_plane.convert import (
 from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.rpc import Context, TaskServicer, principal, rpc
-
-if TYPE_CHECKING:
-    from control_plane.auth import Authenticator
-    from control_plane.config import Settings
-    from control_plane.effects import Effects
-    from control_plane.store import Store
 from control_plane.screens import ScreenWatch
-from control_plane.sessions import ClientSession, Peers
+from control_plane.sessions import ClientSession
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -99,25 +92,13 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest, team: str = "") -> NewTa
 class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     SERVICE = "amc.v1.Scheduler"
 
-    def __init__(
-        self,
-        auth: Authenticator,
-        store: Store,
-        effects: Effects,
-        settings: Settings,
-        peers: Peers | None = None,
-    ) -> None:
-        super().__init__(auth, store, effects, settings)
-        # Channels to the other replicas, for screens whose host is connected to another.
-        self.peers = peers or Peers(None)
-
     @rpc
     async def SubmitTask(
         self, request: scheduler_pb2.SubmitTaskRequest, context: Context
     ) -> task_pb2.Task:
         validate.submit(request)
         who = principal()
-        task, created = await self.store.submit(who.caller, _new_task(request, who.team))
+        task, created = await self.store.tasks.submit(who.caller, _new_task(request, who.team))
         if created:
             self.effects.submitted([task])
         return task_to_pb(task)
@@ -129,7 +110,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         validate.submit_batch(request)
         who = principal()
         news = [_new_task(t, who.team) for t in request.tasks]
-        submitted = await self.store.submit_many(who.caller, news)
+        submitted = await self.store.tasks.submit_many(who.caller, news)
         self.effects.submitted([task for task, is_new in submitted if is_new])
         return scheduler_pb2.SubmitTasksResponse(tasks=[task_to_pb(t) for t, _ in submitted])
 
@@ -153,7 +134,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         task_id = TaskId(validate.list_task_events(request))
         size = min(request.page_size or DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)
         after = decode_events_token(request.page_token)
-        history = await self.store.task_history(task_id, after, size + 1)
+        history = await self.store.tasks.task_history(task_id, after, size + 1)
         events, token = history.events, ""
         if len(events) > size:
             events = events[:size]
@@ -172,7 +153,9 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         after = decode_page_token(request.page_token)
         labels, pattern = validate.task_search(request)
-        tasks = await self.store.list_tasks(statuses, host_id, after, size + 1, labels, pattern)
+        tasks = await self.store.tasks.list_tasks(
+            statuses, host_id, after, size + 1, labels, pattern
+        )
         token = ""
         if len(tasks) > size:
             tasks = tasks[:size]
@@ -188,7 +171,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         validate.reason(request.reason)
-        code, task = await self.store.cancel(task_id, request.reason)
+        code, task = await self.store.tasks.cancel(task_id, request.reason)
         self.effects.cancelled(code, task)
         return task_to_pb(task)
 
@@ -219,7 +202,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def GetQueue(
         self, request: scheduler_pb2.GetQueueRequest, context: Context
     ) -> scheduler_pb2.GetQueueResponse:
-        groups, total, counted_at = await self.store.queue(QUEUE_GROUPS)
+        groups, total, counted_at = await self.store.queue.groups(QUEUE_GROUPS)
         return scheduler_pb2.GetQueueResponse(
             groups=[queue_group_to_pb(g) for g in groups],
             total=total,
@@ -230,7 +213,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def ListHosts(
         self, request: scheduler_pb2.ListHostsRequest, context: Context
     ) -> scheduler_pb2.ListHostsResponse:
-        hosts = await self.store.list_hosts(self.settings.lease_ttl)
+        hosts = await self.store.hosts.list_hosts(self.settings.lease_ttl)
         return scheduler_pb2.ListHostsResponse(hosts=[host_to_pb(h) for h in hosts])
 
     @rpc
@@ -269,6 +252,6 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.WatchScreenRequest, context: Context
     ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
         metadata = [(key, value) for key, value in context.invocation_metadata() or ()]
-        watch = ScreenWatch(self, self.peers, metadata)
+        watch = ScreenWatch(self, metadata)
         async for frame in watch.run(request, context):
             yield frame

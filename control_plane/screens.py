@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -45,8 +45,8 @@ from control_plane.errors import (
     Unavailable,
 )
 from control_plane.frames import Screen, Viewer
-from control_plane.rpc import TaskServicer, check_decoded, principal
-from control_plane.sessions import FORWARDED, Peers
+from control_plane.peers import RelayedCall
+from control_plane.rpc import TaskServicer, check_decoded, first_message, principal
 
 log = structlog.get_logger(__name__)
 
@@ -86,15 +86,10 @@ def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
     return Target(None, host_id, serial, fps)
 
 
-class ScreenWatch:
+class ScreenWatch(RelayedCall):
     """One WatchScreen call: a viewer of one phone on this replica."""
 
-    def __init__(
-        self, service: TaskServicer, peers: Peers, metadata: Sequence[tuple[str, Any]]
-    ) -> None:
-        self._svc = service
-        self._peers = peers
-        self._metadata = metadata
+    RELAYED_BY = RELAYED_BY
 
     async def run(self, request: Any, context: Any) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
         check_decoded(request)
@@ -106,7 +101,7 @@ class ScreenWatch:
                 " its task_id"
             )
         settings = self._svc.settings
-        source = await self._svc.store.screen_source(
+        source = await self._svc.store.replicas.screen_source(
             want.task_id, want.host_id, want.serial, settings.lease_ttl
         )
         if want.task_id is not None:
@@ -121,7 +116,7 @@ class ScreenWatch:
             raise DeviceNotFound(f"device {want.host_id}/{want.serial} not found")
         host_id, serial = str(source["host_id"]), str(source["serial"])
         screens = self._svc.hub.screens
-        relayed = any(key == RELAYED_BY for key, _ in self._metadata)
+        relayed = self.relayed
         elsewhere = (
             source["replica_id"] is not None
             and source["replica_id"] != self._svc.hub.replica
@@ -166,7 +161,7 @@ class ScreenWatch:
             while True:
                 if changed is not None and changed.is_set():
                     changed.clear()
-                    task = await self._svc.store.get_task(TaskId(task_id))  # type: ignore[arg-type]
+                    task = await self._svc.store.tasks.get_task(TaskId(task_id))  # type: ignore[arg-type]
                     if task.status.value not in RUNNING:
                         return
                 if hub.screens.closing:
@@ -196,8 +191,7 @@ class ScreenWatch:
 
     async def _relay(self, screen: Screen, address: str, fps: int) -> None:
         """The phone's frames from the replica holding its host's feed, into `screen`."""
-        metadata = [(k, v) for k, v in self._metadata if k in FORWARDED]
-        metadata.append((RELAYED_BY, self._svc.hub.replica))
+        metadata = self.forwarded()
         request = scheduler_pb2.WatchScreenRequest(
             host_id=screen.host_id, serial=screen.serial, max_fps=fps
         )
@@ -236,12 +230,9 @@ class HostFeed:
         self._svc = service
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        first = await anext(aiter(requests), None)
-        if first is None:
-            raise InvalidArgument("host_id", "required: the first message names the host")
-        check_decoded(first)
-        if first.WhichOneof("part") != "host_id":
-            raise InvalidArgument("host_id", "required: the first message names the host")
+        first = await first_message(
+            requests, "host_id", "required: the first message names the host"
+        )
         host_id = validate.identifier(first.host_id, "host_id")
         who = principal()
         if who.role is Role.HOST and who.host_id != host_id:

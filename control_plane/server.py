@@ -33,16 +33,16 @@ from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.config import Settings
 from control_plane.console.http import Console
-from control_plane.domain import CONDITIONS, KeyLoad
 from control_plane.effects import Effects
+from control_plane.gauges import FarmGauges
 from control_plane.hub import CHANNELS, Hub
 from control_plane.lease_service import LeaseService
+from control_plane.peers import Peers
 from control_plane.queue_stats import keep_queue_counted
 from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
 from control_plane.rpc_metrics import RpcMetrics, label
 from control_plane.scheduler_service import SchedulerService
-from control_plane.sessions import Peers
 from control_plane.store import Store, migrate
 from control_plane.sweep import sweep_expired
 
@@ -112,39 +112,6 @@ STANDARD_METHODS = [
 ]
 
 
-def selector_label(serial: str | None, labels: dict[str, str] | None) -> str:
-    """A queue group's `selector` label: `serial=…,k=v,…`, `any`, or `other` (None, None
-    is the sum of the groups past the deepest few)."""
-    if serial is None and labels is None:
-        return "other"
-    parts = [f"serial={serial}"] if serial else []
-    parts += [f"{k}={v}" for k, v in sorted((labels or {}).items())]
-    return ",".join(parts)[:120] or "any"
-
-
-def top_keys(loads: list[KeyLoad], most: int) -> list[KeyLoad]:
-    """The `most` keys with most queued, then running (ties by name), and the rest summed
-    as one `other` (its oldest: the oldest of theirs; a key named `other` is among the
-    rest); keys with nothing are left out."""
-    busy = sorted(
-        (k for k in loads if k.queued or k.running), key=lambda k: (-k.queued, -k.running, k.key)
-    )
-    shown = [k for k in busy if k.key != "other"][:most]
-    named = {k.key for k in shown}
-    rest = [k for k in busy if k.key not in named]
-    if rest:
-        ages = [k.oldest_seconds for k in rest if k.oldest_seconds is not None]
-        shown.append(
-            KeyLoad(
-                "other",
-                sum(k.queued for k in rest),
-                sum(k.running for k in rest),
-                max(ages) if ages else None,
-            )
-        )
-    return shown
-
-
 def advertised(listen: str, port: int) -> str:
     """Where the other replicas reach a replica listening on `listen` (bound to `port`):
     its address, or this host's name for a wildcard one."""
@@ -205,8 +172,6 @@ class ControlPlane:
         self._store: Store | None = None
         self._server: grpc.aio.Server | None = None
         self._background: list[asyncio.Task[None]] = []
-        self._queue_labels: set[str] = set()
-        self._key_labels: set[str] = set()
         self._stopped = asyncio.Event()
         # Set when a background loop died of a bug: the replica must not limp on without it.
         self.crashed = asyncio.Event()
@@ -219,6 +184,7 @@ class ControlPlane:
     async def start(self) -> int:
         applied = await migrate(self.dsn)
         self._store = await Store.open(self.dsn)
+        self.gauges = FarmGauges(self.store, self.settings)
         authenticator = auth.Authenticator(self.store, enabled=not self.insecure)
         methods = [*rpc_methods(), *STANDARD_METHODS]
         metrics.create_rpc_series([label(m) for m in methods])
@@ -375,7 +341,7 @@ class ControlPlane:
             try:
                 await asyncio.wait_for(self.store.ping(), 2.0)
                 if ticks % GAUGE_TICKS == 1:
-                    await self._refresh_gauges()
+                    await self.gauges.refresh()
                 ok = True
             except (errors.DatabaseUnavailable, TimeoutError):
                 ok = False
@@ -386,49 +352,6 @@ class ControlPlane:
                 log.warning("database " + ("reachable again" if ok else "unreachable"))
                 if ok:  # the calls that failed meanwhile may have left work unseen
                     self.hub.wake_all()
-
-    async def _refresh_gauges(self) -> None:
-        farm = await self.store.farm_gauges(self.settings.lease_ttl, metrics.QUEUE_SELECTORS)
-        for status in metrics.LIVE_STATUSES:
-            metrics.TASKS.labels(str(status)).set(farm.tasks.get(str(status), 0))
-        metrics.HOSTS_CONNECTED.set(farm.hosts_connected)
-        for state in metrics.DEVICE_STATES:
-            for busy, use in ((True, "busy"), (False, "idle")):
-                metrics.DEVICES.labels(state, use).set(farm.devices.get((state, busy), 0))
-        queue = {selector_label(q.serial, q.labels): q for q in farm.queue}
-        for selector in self._queue_labels - queue.keys() - {"any", "other"}:
-            metrics.QUEUE_DEPTH.remove(selector)
-            metrics.QUEUE_OLDEST.remove(selector)
-        for selector in queue.keys() | {"any", "other"}:
-            group = queue.get(selector)
-            metrics.QUEUE_DEPTH.labels(selector).set(group.count if group else 0)
-            metrics.QUEUE_OLDEST.labels(selector).set(group.oldest_seconds if group else 0)
-        self._queue_labels = set(queue)
-        self._key_gauges(farm.keys)
-        if farm.counted_ago is not None:
-            metrics.QUEUE_COUNT_AGE.set(farm.counted_ago)
-        for condition in CONDITIONS:
-            metrics.DEVICE_CONDITIONS.labels(condition).set(farm.conditions.get(condition, 0))
-        for gauge, spread in (
-            (metrics.BATTERY, farm.battery),
-            (metrics.TEMPERATURE, farm.temperature),
-        ):
-            for stat, value in zip(metrics.SPREAD, spread or (0.0, 0.0, 0.0), strict=True):
-                gauge.labels(stat).set(value)
-
-    def _key_gauges(self, loads: list[KeyLoad]) -> None:
-        """The per-key gauges: the keys with most queued (then running) by name, the rest
-        summed as `other`; series of keys that dropped out are removed."""
-        shown = {load.key: load for load in top_keys(loads, metrics.QUEUE_KEYS)}
-        for key in self._key_labels - shown.keys() - {"default", "other"}:
-            for gauge in (metrics.KEY_QUEUED, metrics.KEY_RUNNING, metrics.KEY_OLDEST):
-                gauge.remove(key)
-        for key in shown.keys() | {"default", "other"}:
-            load = shown.get(key)
-            metrics.KEY_QUEUED.labels(key).set(load.queued if load else 0)
-            metrics.KEY_RUNNING.labels(key).set(load.running if load else 0)
-            metrics.KEY_OLDEST.labels(key).set((load and load.oldest_seconds) or 0)
-        self._key_labels = set(shown)
 
     async def _listen(self) -> None:
         async for attempt in AsyncRetrying(

@@ -21,27 +21,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import structlog
 
-from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from control_plane import validate
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from control_plane import validate, validate_lease
 from control_plane.convert import task_to_pb
 from control_plane.domain import NewTask, Role, Task, TaskId
 from control_plane.errors import (
     AmcError,
     FailedPrecondition,
-    InvalidArgument,
     LeaseNotCurrent,
     NotLeaseHolder,
     Unavailable,
 )
 from control_plane.lifecycle import TaskStatus
+from control_plane.peers import RelayedCall
 from control_plane.rendezvous import HOST_GONE, Relay
-from control_plane.rpc import TaskServicer, check_decoded, principal
+from control_plane.rpc import TaskServicer, check_decoded, first_message, principal
 
 log = structlog.get_logger(__name__)
 
@@ -55,56 +55,6 @@ CLIENT_GONE = "the session's client is no longer connected"
 CLOSE_GRACE = 0.1
 # Metadata of a host's call relayed by another replica (that replica's id): never relayed on.
 RELAYED_BY = "amc-session-relayed-by"
-# A screen relay's channel: the receive window stays at 64 KiB (a few frames in transit).
-SCREEN_OPTIONS = [("grpc.http2.bdp_probe", 0)]
-# A relayed call carries what authenticated the host; nothing else of its metadata.
-FORWARDED = ("authorization",)
-PEER_OPTIONS = [
-    # A screen's frame relayed is at most what a host may send (the server's 1 MiB), and
-    # a little more for the host's id.
-    ("grpc.max_receive_message_length", 2 << 20),
-    ("grpc.max_send_message_length", 2 << 20),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
-
-
-class Peers:
-    """Channels to the other replicas, by address, opened on first use and kept for the
-    replica's life (a farm has a few replicas). TLS when this replica serves TLS, trusting
-    `roots` (its own certificate chain: the replicas of a farm share one)."""
-
-    def __init__(self, roots: bytes | None) -> None:
-        self._roots = roots
-        self._channels: dict[str, grpc.aio.Channel] = {}
-
-    def lease(self, address: str) -> lease_pb2_grpc.LeaseStub:
-        return lease_pb2_grpc.LeaseStub(self._channel(address))
-
-    def scheduler(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
-        """For a screen's frames relayed from the replica holding its host's feed: a
-        channel of its own whose flow-control window stays small (no BDP probing), so a
-        relay that reads slowly holds a few frames in transit, not seconds of them."""
-        return scheduler_pb2_grpc.SchedulerStub(self._channel(address, screens=True))
-
-    def _channel(self, address: str, *, screens: bool = False) -> grpc.aio.Channel:
-        key = f"screens {address}" if screens else address
-        channel = self._channels.get(key)
-        if channel is None:
-            options = [*PEER_OPTIONS, *SCREEN_OPTIONS] if screens else PEER_OPTIONS
-            if self._roots is None:
-                channel = grpc.aio.insecure_channel(address, options=options)
-            else:
-                creds = grpc.ssl_channel_credentials(root_certificates=self._roots)
-                channel = grpc.aio.secure_channel(address, creds, options=options)
-            self._channels[key] = channel
-        return channel
-
-    async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close()
 
 
 def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
@@ -180,15 +130,14 @@ class ClientSession:
         self._finished = False
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        first = await anext(aiter(requests), None)
-        if first is None:
-            raise InvalidArgument("open", "required: the first message asks for the phone")
-        check_decoded(first)
+        first = await first_message(
+            requests, "open", "required: the first message asks for the phone"
+        )
         o = validate.session_open(first)
         who = principal()
         store, hub = self._svc.store, self._svc.hub
         new = new_session_task(o, who.team)
-        task, _ = await store.submit(who.caller, new, relay=hub.replica)
+        task, _ = await store.tasks.submit(who.caller, new, relay=hub.replica)
         # Before anything can assign it: no await between the commit and this line.
         relay = hub.sessions.open(task.task_id)
         self._svc.effects.submitted([task])
@@ -306,7 +255,7 @@ class ClientSession:
                 await _first(changed.wait(), timeout=wait)
 
     async def _cancel(self, task_id: TaskId, reason: str) -> None:
-        code, task = await self._svc.store.cancel(task_id, reason)
+        code, task = await self._svc.store.tasks.cancel(task_id, reason)
         self._svc.effects.cancelled(code, task)
 
     def _abandon(self, relay: Relay) -> None:
@@ -329,26 +278,20 @@ class ClientSession:
             log.warning("could not withdraw an abandoned session", task_id=str(task_id))
 
 
-class HostSession:
+class HostSession(RelayedCall):
     """The host's side of one session: one SessionActions call."""
 
-    def __init__(
-        self, service: TaskServicer, peers: Peers, metadata: Sequence[tuple[str, Any]]
-    ) -> None:
-        self._svc = service
-        self._peers = peers
-        self._metadata = metadata
+    RELAYED_BY = RELAYED_BY
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        first = await anext(aiter(requests), None)
-        if first is None:
-            raise InvalidArgument("join", "required: the first message joins the session")
-        check_decoded(first)
-        join = validate.session_join(first)
+        first = await first_message(
+            requests, "join", "required: the first message joins the session"
+        )
+        join = validate_lease.session_join(first)
         task_id = await self._check(join)
         relay = self._svc.hub.sessions.join(task_id)
         if relay is None:
-            if any(key == RELAYED_BY for key, _ in self._metadata):
+            if self.relayed:
                 raise Unavailable(CLIENT_GONE)  # relayed here already: never on again
             async for response in self._relayed(task_id, first, requests):
                 yield response
@@ -372,13 +315,12 @@ class HostSession:
     ) -> AsyncIterator[Any]:
         """The host's call forwarded to the replica holding its client's call, as is."""
         hub = self._svc.hub
-        where = await self._svc.store.session_relay(task_id, self._svc.settings.lease_ttl)
+        where = await self._svc.store.replicas.session_relay(task_id, self._svc.settings.lease_ttl)
         if where is None or where.replica_id == hub.replica or not where.address:
             raise Unavailable(CLIENT_GONE)
         if not where.alive:
             raise Unavailable(f"{CLIENT_GONE}: its replica ({where.address}) is gone")
-        metadata = [(k, v) for k, v in self._metadata if k in FORWARDED]
-        metadata.append((RELAYED_BY, hub.replica))
+        metadata = self.forwarded()
         call = self._peers.lease(where.address).SessionActions(metadata=metadata)
         forward: asyncio.Task[None] | None = None
         log.info("session relayed", task_id=str(task_id), to=where.address)
@@ -400,8 +342,8 @@ class HostSession:
     async def _check(self, join: lease_pb2.SessionJoin) -> TaskId:
         """The session's task, if `join` names this host's live lease of it."""
         task_id, lease_id = TaskId(uuid.UUID(join.task_id)), uuid.UUID(join.lease_id)
-        task = await self._svc.store.get_task(task_id)
-        history = await self._svc.store.task_history(task_id, 0, 1)
+        task = await self._svc.store.tasks.get_task(task_id)
+        history = await self._svc.store.tasks.task_history(task_id, 0, 1)
         attempt = next((a for a in history.attempts if a.lease_id == lease_id), None)
         who = principal()  # a host token acts as its own host only (auth off: any host)
         if attempt is not None and who.role is Role.HOST and attempt.host_id != who.host_id:

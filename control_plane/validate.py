@@ -1,4 +1,9 @@
-"""Checks on incoming messages, at the gRPC edge. Each problem names its field."""
+"""Checks on incoming messages, at the gRPC edge. Each problem names its field.
+
+Here: the limits of a request, the rules every field follows (ids, labels, text,
+durations) and the Scheduler's requests (a task's spec and its submission, listings,
+sessions); what hosts send is control_plane.validate_lease's, the Admin's requests
+control_plane.validate_admin's."""
 
 from __future__ import annotations
 
@@ -9,17 +14,17 @@ from datetime import timedelta
 
 from google.protobuf import duration_pb2
 
-from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from amc.v1 import scheduler_pb2, task_pb2
 from amc_common import actions
 
-# The actions' limits are amc_common.actions'; these two are named here too, beside the
+# The actions' limits are amc_common.actions'; these are named here too, beside the
 # other limits of a request.
 from amc_common.actions import MAX_COORD as MAX_COORD
 from amc_common.actions import MAX_SECONDS as MAX_SECONDS
-from amc_common.actions import MAX_STRING, MAX_TEXT
-from control_plane.convert import ROLE_FROM_PB, STATUS_FROM_PB
-from control_plane.domain import Role, ShareChange
-from control_plane.errors import ArtifactTooLarge, InvalidArgument
+from amc_common.actions import MAX_STRING
+from amc_common.actions import MAX_TEXT as MAX_TEXT
+from control_plane.convert import STATUS_FROM_PB
+from control_plane.errors import InvalidArgument
 from control_plane.lifecycle import TaskStatus
 
 MAX_ACTIONS = 1000
@@ -53,30 +58,16 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
 # that look the same differ.
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
-HostRequest = (
-    admin_pb2.CordonHostRequest
-    | admin_pb2.UncordonHostRequest
-    | admin_pb2.DrainHostRequest
-    | admin_pb2.RemoveHostRequest
-)
-DeviceRequest = (
-    admin_pb2.CordonDeviceRequest | admin_pb2.UncordonDeviceRequest | admin_pb2.ReleaseDeviceRequest
-)
-
 
 def task_id(value: str, field: str = "task_id") -> uuid.UUID:
-    return _uuid(value, field, "task id")
+    return uuid_field(value, field, "task id")
 
 
 def lease_id(value: str, field: str = "lease_id") -> uuid.UUID:
-    return _uuid(value, field, "lease id")
+    return uuid_field(value, field, "lease id")
 
 
-def token_id(value: str, field: str = "token_id") -> uuid.UUID:
-    return _uuid(value, field, "token id")
-
-
-def _uuid(value: str, field: str, what: str) -> uuid.UUID:
+def uuid_field(value: str, field: str, what: str) -> uuid.UUID:
     if not value:
         raise InvalidArgument(field, "required")
     try:
@@ -110,29 +101,20 @@ def string_map(
             raise InvalidArgument(f"{field}", f"keys must be 1 to {MAX_KEY} characters")
         if len(value) > MAX_VALUE:
             raise InvalidArgument(f"{field}[{key}]", f"longer than {MAX_VALUE} characters")
-        _no_nul(key, field)
-        _no_nul(value, f"{field}[{key}]")
-        _printable(key, field, "a key")
+        no_nul(key, field)
+        no_nul(value, f"{field}[{key}]")
+        printable(key, field, "a key")
         if not free_text_values:
-            _printable(value, f"{field}[{key}]")
+            printable(value, f"{field}[{key}]")
     return dict(values)
 
 
-def token_name(value: str, field: str = "name") -> str:
-    """A token's name: free text on one line, bounded."""
-    if len(value) > MAX_KEY:
-        raise InvalidArgument(field, f"longer than {MAX_KEY} characters")
-    _no_nul(value, field)
-    _printable(value, field)
-    return value
-
-
-def _no_nul(value: str, field: str) -> None:
+def no_nul(value: str, field: str) -> None:
     if "\x00" in value:
         raise InvalidArgument(field, "contains a NUL character")
 
 
-def _printable(value: str, field: str, what: str = "") -> None:
+def printable(value: str, field: str, what: str = "") -> None:
     if found := _UNPRINTABLE.search(value):
         where = f"{what} " if what else ""
         raise InvalidArgument(
@@ -142,12 +124,12 @@ def _printable(value: str, field: str, what: str = "") -> None:
         )
 
 
-def _text(value: str, field: str, *, required: bool = False, limit: int = MAX_STRING) -> None:
+def text(value: str, field: str, *, required: bool = False, limit: int = MAX_STRING) -> None:
     if required and not value:
         raise InvalidArgument(field, "required")
     if len(value) > limit:
         raise InvalidArgument(field, f"longer than {limit} characters")
-    _no_nul(value, field)
+    no_nul(value, field)
 
 
 def action(a: task_pb2.Action, field: str) -> None:
@@ -186,7 +168,7 @@ def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
         count = 0
         for i, step in enumerate(steps):
             where = f"{field}.workflow.steps[{i}]"
-            _text(step.name, f"{where}.name", required=True, limit=MAX_KEY)
+            text(step.name, f"{where}.name", required=True, limit=MAX_KEY)
             count += _actions(step.actions, f"{where}.actions")
     if count > MAX_ACTIONS:
         raise InvalidArgument(field, f"more than {MAX_ACTIONS} actions in all")
@@ -211,8 +193,8 @@ def search_text(value: str, field: str = "text") -> str:
     """A search text, as a LIKE pattern matching it literally."""
     if len(value) > MAX_KEY:
         raise InvalidArgument(field, f"longer than {MAX_KEY} characters")
-    _no_nul(value, field)
-    _printable(value, field)
+    no_nul(value, field)
+    printable(value, field)
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
@@ -273,104 +255,6 @@ def submit_batch(req: scheduler_pb2.SubmitTasksRequest) -> None:
             first_with[task.request_id] = i
 
 
-def result(r: task_pb2.TaskResult, field: str = "result") -> None:
-    if r.ByteSize() > MAX_SPEC_BYTES:
-        raise InvalidArgument(field, f"larger than {MAX_SPEC_BYTES} bytes")
-    _text(r.error, f"{field}.error", limit=MAX_TEXT)
-
-
-def serials(values: object, field: str) -> list[str]:
-    items = list(values)  # type: ignore[call-overload]
-    if len(items) > MAX_SERIALS:
-        raise InvalidArgument(field, f"more than {MAX_SERIALS} serials")
-    return [identifier(s, f"{field}[{i}]") for i, s in enumerate(items)]
-
-
-def device(d: lease_pb2.DeviceInfo, field: str) -> None:
-    identifier(d.serial, f"{field}.serial")
-    for fact in ("model", "manufacturer", "abi"):  # label values too (convert.device_from_pb)
-        _text(getattr(d, fact), f"{field}.{fact}", limit=MAX_KEY)
-        _printable(getattr(d, fact), f"{field}.{fact}")
-    if not 0 <= d.sdk <= 1000:
-        raise InvalidArgument(f"{field}.sdk", "must be between 0 and 1000")
-    string_map(dict(d.labels), f"{field}.labels")
-
-
-def device_health(items: Sequence[lease_pb2.DeviceHealth], field: str = "devices") -> None:
-    """The conditions ReportDeviceHealth takes: known conditions, plausible facts."""
-    if len(items) > MAX_DEVICES:
-        raise InvalidArgument(field, f"more than {MAX_DEVICES} devices")
-    for i, h in enumerate(items):
-        where = f"{field}[{i}]"
-        identifier(h.serial, f"{where}.serial")
-        if h.condition == scheduler_pb2.DEVICE_CONDITION_UNSPECIFIED:
-            raise InvalidArgument(f"{where}.condition", "required")
-        if h.condition not in scheduler_pb2.DeviceCondition.values():
-            raise InvalidArgument(f"{where}.condition", f"unknown value {h.condition}")
-        _text(h.reason, f"{where}.reason", limit=MAX_VALUE)
-        if h.HasField("battery_percent") and not 0 <= h.battery_percent <= 100:
-            raise InvalidArgument(f"{where}.battery_percent", "must be between 0 and 100")
-        if h.HasField("temperature_celsius") and not -100 <= h.temperature_celsius <= 200:
-            raise InvalidArgument(f"{where}.temperature_celsius", "must be between -100 and 200")
-
-
-OUTCOMES = (lease_pb2.OUTCOME_DONE, lease_pb2.OUTCOME_FAILED, lease_pb2.OUTCOME_CANCELLED)
-
-
-def report(r: lease_pb2.ReportResultRequest, where: str = "") -> None:
-    """A result as ReportResult takes it; `where` prefixes the field names (in a batch)."""
-    task_id(r.task_id, f"{where}task_id")
-    lease_id(r.lease_id, f"{where}lease_id")
-    if r.attempt < 1:
-        raise InvalidArgument(f"{where}attempt", "must be 1 or more")
-    if r.outcome not in OUTCOMES:
-        raise InvalidArgument(
-            f"{where}outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
-        )
-    result(r.result, f"{where}result")
-
-
-def reports(items: Sequence[lease_pb2.ReportResultRequest], field: str = "results") -> None:
-    if len(items) > MAX_REPORTS:
-        raise InvalidArgument(field, f"more than {MAX_REPORTS} results")
-    for i, r in enumerate(items):
-        report(r, f"{field}[{i}].")
-
-
-def devices(items: Sequence[lease_pb2.DeviceInfo], field: str = "devices") -> None:
-    """A host's inventory as RegisterHost takes it."""
-    if len(items) > MAX_DEVICES:
-        raise InvalidArgument(field, f"more than {MAX_DEVICES} devices")
-    for i, d in enumerate(items):
-        device(d, f"{field}[{i}]")
-    if len({d.serial for d in items}) != len(items):
-        raise InvalidArgument(field, "a serial is listed twice")
-
-
-def wait(d: duration_pb2.Duration, field: str = "wait") -> None:
-    if d.seconds < 0 or d.nanos < 0:
-        raise InvalidArgument(field, "must not be negative")
-
-
-def lease_ids(values: Sequence[str], field: str = "lease_ids") -> None:
-    if len(values) > MAX_LEASES_PER_RENEWAL:
-        raise InvalidArgument(field, f"more than {MAX_LEASES_PER_RENEWAL}")
-
-
-def step_progress(items: Sequence[lease_pb2.StepProgress], field: str = "steps") -> None:
-    """The steps a renewal carries: each for a lease (a UUID), with its index, bounded."""
-    if len(items) > MAX_REPORTS:
-        raise InvalidArgument(field, f"more than {MAX_REPORTS} steps")
-    for i, p in enumerate(items):
-        where = f"{field}[{i}]"
-        lease_id(p.lease_id, f"{where}.lease_id")
-        if p.step.index < 0:
-            raise InvalidArgument(f"{where}.step.index", "must not be negative")
-        if p.step.ByteSize() > MAX_STEP_BYTES:
-            raise InvalidArgument(f"{where}.step", f"larger than {MAX_STEP_BYTES} bytes")
-        _text(p.step.error, f"{where}.step.error", limit=MAX_TEXT)
-
-
 def reason(value: str, field: str = "reason") -> str:
     """Why a task is cancelled or a lease given back: free text, bounded, no NUL."""
     if len(value) > MAX_VALUE or "\x00" in value:
@@ -405,112 +289,12 @@ def list_task_events(req: scheduler_pb2.ListTaskEventsRequest) -> uuid.UUID:
     return task
 
 
-def create_token(req: admin_pb2.CreateTokenRequest) -> tuple[Role, str | None]:
-    """The role and the host (None: no host) of the token asked for."""
-    if req.role not in ROLE_FROM_PB:
-        raise InvalidArgument("role", "must be ROLE_CLIENT, ROLE_OPERATOR or ROLE_HOST")
-    host_id = identifier(req.host_id, "host_id", required=False) or None
-    token_name(req.name)
-    identifier(req.team, "team", required=False)
-    return ROLE_FROM_PB[req.role], host_id
-
-
-def token_binding(role: Role, host_id: str | None, field: str = "host_id", team: str = "") -> None:
-    """Host tokens, and only they, are bound to a host; they submit no tasks, so they have
-    no team."""
-    if role is Role.HOST and not host_id:
-        raise InvalidArgument(field, "required for a host token")
-    if role is not Role.HOST and host_id:
-        raise InvalidArgument(field, "only host tokens are bound to a host")
-    if role is Role.HOST and team:
-        raise InvalidArgument("team", "host tokens submit no tasks, so they have no team")
-
-
-# A fair share's bounds (fair_shares' checks): a weight, and the most phones a cap may say.
-MAX_WEIGHT = 1000
-MAX_CAP = 100_000
-
-
-def set_fair_share(req: admin_pb2.SetFairShareRequest) -> tuple[str, ShareChange, str]:
-    """(key, the change, reason) of SetFairShare; something must change."""
-    key = identifier(req.fairness_key, "fairness_key")
-    if not 0 <= req.weight <= MAX_WEIGHT:
-        raise InvalidArgument(
-            "weight", f"must be between 1 and {MAX_WEIGHT} (0 leaves it as it is)"
-        )
-    cap = req.max_devices if req.HasField("max_devices") else None
-    if cap is not None and not 0 <= cap <= MAX_CAP:
-        raise InvalidArgument("max_devices", f"must be between 0 and {MAX_CAP}")
-    if cap is not None and req.clear_max_devices:
-        raise InvalidArgument("clear_max_devices", "give max_devices or clear it, not both")
-    if not (req.weight or cap is not None or req.clear_max_devices):
-        raise InvalidArgument(
-            "weight", "nothing to set: give weight, max_devices or clear_max_devices"
-        )
-    change = ShareChange(req.weight or None, cap, req.clear_max_devices)
-    return key, change, reason(req.reason)
-
-
-def get_fair_share(req: admin_pb2.GetFairShareRequest) -> tuple[str, int]:
-    """(key, how many events: 20 by default, at most 1000)."""
-    if not 0 <= req.events <= MAX_HOST_EVENTS:
-        raise InvalidArgument("events", f"from 0 to {MAX_HOST_EVENTS}")
-    return identifier(req.fairness_key, "fairness_key"), req.events or DEFAULT_HOST_EVENTS
-
-
-# An upload's chunks: at most this much each (gRPC's own message limit is 4 MiB).
-MAX_ARTIFACT_CHUNK = 1 << 20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def artifact_header(h: lease_pb2.ArtifactHeader, max_size: int, field: str = "header") -> None:
-    """An upload's header. Past `max_size`: ArtifactTooLarge, before any byte is read."""
-    task_id(h.task_id, f"{field}.task_id")
-    lease_id(h.lease_id, f"{field}.lease_id")
-    if h.attempt < 1:
-        raise InvalidArgument(f"{field}.attempt", "must be 1 or more")
-    if not 0 <= h.step_index < MAX_ACTIONS:
-        raise InvalidArgument(f"{field}.step_index", f"must be between 0 and {MAX_ACTIONS - 1}")
-    if not 0 <= h.action_index < MAX_ACTIONS:
-        raise InvalidArgument(f"{field}.action_index", f"must be between 0 and {MAX_ACTIONS - 1}")
-    _text(h.step_name, f"{field}.step_name")
-    if h.kind not in actions.KEEPS:
-        raise InvalidArgument(f"{field}.kind", f"must be one of {', '.join(actions.KEEPS)}")
-    if h.size_bytes < 0:
-        raise InvalidArgument(f"{field}.size_bytes", "must not be negative")
-    if h.size_bytes > max_size:
-        raise ArtifactTooLarge(
-            f"{field}.size_bytes: {h.size_bytes} bytes is over this control plane's limit of"
-            f" {max_size} bytes per artifact; nothing was stored"
-        )
-    if not _SHA256.fullmatch(h.sha256):
-        raise InvalidArgument(f"{field}.sha256", "must be 64 lowercase hex digits (SHA-256)")
-
-
 def list_artifacts(req: scheduler_pb2.ListArtifactsRequest) -> uuid.UUID:
     return task_id(req.task_id)
 
 
 def get_artifact(req: scheduler_pb2.GetArtifactRequest) -> tuple[uuid.UUID, uuid.UUID]:
-    return task_id(req.task_id), _uuid(req.artifact_id, "artifact_id", "artifact id")
-
-
-def host_operation(req: HostRequest) -> tuple[str, str]:
-    """(host id, reason) of Cordon-, Uncordon-, Drain- and RemoveHost."""
-    return identifier(req.host_id, "host_id"), reason(req.reason)
-
-
-def device_operation(req: DeviceRequest) -> tuple[str | None, str, str]:
-    """(host id or None, serial, reason) of Cordon-, Uncordon- and ReleaseDevice."""
-    host_id = identifier(req.host_id, "host_id", required=False) or None
-    return host_id, identifier(req.serial, "serial"), reason(req.reason)
-
-
-def get_host(req: admin_pb2.GetHostRequest) -> tuple[str, int]:
-    """(host id, how many events: 20 by default, at most 1000)."""
-    if not 0 <= req.events <= MAX_HOST_EVENTS:
-        raise InvalidArgument("events", f"from 0 to {MAX_HOST_EVENTS}")
-    return identifier(req.host_id, "host_id"), req.events or DEFAULT_HOST_EVENTS
+    return task_id(req.task_id), uuid_field(req.artifact_id, "artifact_id", "artifact id")
 
 
 MAX_IDLE_TIMEOUT = timedelta(hours=1)
@@ -549,11 +333,3 @@ def session_action(req: scheduler_pb2.OpenSessionRequest) -> task_pb2.SessionAct
         raise InvalidArgument("action.action", "required")
     action(req.action.action, "action.action")
     return req.action
-
-
-def session_join(req: lease_pb2.SessionActionsRequest) -> lease_pb2.SessionJoin:
-    if req.WhichOneof("part") != "join":
-        raise InvalidArgument("join", "required: the first message joins the session")
-    task_id(req.join.task_id, "join.task_id")
-    lease_id(req.join.lease_id, "join.lease_id")
-    return req.join

@@ -33,7 +33,7 @@ def test_an_offer_wakes_only_a_waiter_whose_idle_device_matches() -> None:
     a = _parked(d, "a", ("a1", {"rack": "a", "model": "p7"}))
     b = _parked(d, "b", ("b1", {"rack": "b", "model": "p7"}))
     assert d.offer(Offer("t1", None, {"rack": "b", "model": "p7"})) is b
-    assert not a.woken.is_set() and b.woken.is_set()
+    assert not a.woken and b.woken
     assert d.offer(Offer("t2", "a1", {})) is a
     assert d.offer(Offer("t3", None, {"rack": "c"})) is None
     assert d.offer(Offer("t4", "a1", {"rack": "b"})) is None  # serial and labels both
@@ -70,7 +70,7 @@ def test_offers_made_while_an_acquire_was_asking_the_database_are_replayed() -> 
     d.offer(Offer("t2", None, {"rack": "b"}))
     d.park(w, [("s1", {"rack": "a"})])
     assert d.missed_since(mark, w)
-    assert list(w.offers) == ["t1"] and w.woken.is_set()
+    assert w.offered == ["t1"] and w.woken
     # More than it remembers: the waiter just looks again.
     late = Waiter("late")
     mark = d.offered
@@ -237,7 +237,7 @@ def test_waking_all_wakes_acquires_with_no_idle_phone_too() -> None:
     d.enter(busy)
     d.park(busy, [])
     d.wake_all()
-    assert busy.woken.is_set() and busy.everything
+    assert busy.woken and busy.everything
 
 
 async def test_notifications_that_could_not_be_sent_are_sent_again() -> None:

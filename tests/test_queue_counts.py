@@ -18,7 +18,7 @@ from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
 from control_plane import queue_stats
 from control_plane.config import Settings
 from control_plane.domain import KeyLoad, Role
-from control_plane.server import top_keys
+from control_plane.gauges import top_keys
 from control_plane.sql import QUERIES
 from tests.support import Clients, Farm, actions_spec, eventually
 
@@ -195,7 +195,7 @@ async def test_the_per_key_gauges_follow_the_count(farm: Farm) -> None:
     await _submit(client, *[_task(key="qa") for _ in range(3)])
     await host.acquire("s1")
     await _count(farm)
-    await farm.plane._refresh_gauges()
+    await farm.plane.gauges.refresh()
 
     def sample(name: str, **labels: str) -> float | None:
         return REGISTRY.get_sample_value(name, labels)
@@ -234,7 +234,7 @@ async def test_the_task_gauges_read_no_finished_task(farm: Farm) -> None:
     await host.acquire("s1")
     await farm.db.execute("ANALYZE tasks")
     await _count(farm)
-    await farm.plane._refresh_gauges()
+    await farm.plane.gauges.refresh()
 
     def tasks(status: str) -> float | None:
         return REGISTRY.get_sample_value("amc_tasks", {"status": status})

@@ -127,10 +127,7 @@ async def serve(
         return socket
     finally:
         accepted.cancel()
-        if not first.done():
-            first.cancel()
-            with contextlib.suppress(BaseException):
-                await first
+        await _withdraw(first)
         await frames.aclose()
 
 
@@ -163,14 +160,19 @@ async def _stream(
             first = asyncio.ensure_future(anext(frames))
     finally:
         reader.cancel()
-        if not first.done():
-            first.cancel()
-            with contextlib.suppress(BaseException):
-                await first
+        await _withdraw(first)
         if not socket.closed:
             message = reason.encode()[:REASON_BYTES]
             with contextlib.suppress(Exception):
                 await socket.close(code=code, message=message)
+
+
+async def _withdraw(future: asyncio.Future[Any]) -> None:
+    """Cancel `future` if it is still pending, and let it end."""
+    if not future.done():
+        future.cancel()
+        with contextlib.suppress(BaseException):
+            await future
 
 
 async def _read_until_closed(socket: web.WebSocketResponse) -> None:

@@ -1,0 +1,246 @@
+"""A host's `Lease.RenewLeases` stream: its renewals answered in order, and what the
+replica pushes onto it between them (a cancellation, a drain or its end, a released
+device, the replica closing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+
+from amc.v1 import lease_pb2
+from control_plane import metrics, validate, validate_lease
+from control_plane.auth import check_host
+from control_plane.convert import duration, steps_from_pb
+from control_plane.domain import CancelNotice, DrainNotice, ReleaseNotice
+from control_plane.errors import InvalidArgument, Unavailable
+from control_plane.rpc import TaskServicer, check_decoded, principal
+from control_plane.store import Store
+
+log = structlog.get_logger(__name__)
+_canonical_uuid = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+).fullmatch
+CLOSING = lease_pb2.RenewLeasesResponse()  # the sentinel hub.close() puts on each stream
+# A stream's drain read that failed (the database away) is tried again after this long,
+# doubling up to the second figure, while the stream lasts.
+DRAIN_READ_RETRY = (0.2, 5.0)
+# Cancellations' delivery being recorded, run past the push that caused them.
+_background: set[asyncio.Task[None]] = set()
+
+Outbox = asyncio.Queue[lease_pb2.RenewLeasesResponse | None]
+
+
+class RenewalStream:
+    """One RenewLeases call: bound to the host of its first request."""
+
+    def __init__(self, service: TaskServicer) -> None:
+        self.service = service
+        self.store = service.store
+
+    async def run(
+        self, requests: AsyncIterator[lease_pb2.RenewLeasesRequest]
+    ) -> AsyncIterator[lease_pb2.RenewLeasesResponse]:
+        outbox: Outbox = asyncio.Queue()
+        with contextlib.ExitStack() as stack:
+            reader = asyncio.create_task(self._read(requests, outbox, stack))
+            try:
+                while (response := await outbox.get()) is not None:
+                    if response is CLOSING:
+                        raise Unavailable("control plane shutting down; reconnect")
+                    yield response
+                await reader
+            finally:
+                reader.cancel()
+
+    async def _read(
+        self,
+        requests: AsyncIterator[lease_pb2.RenewLeasesRequest],
+        outbox: Outbox,
+        stack: contextlib.ExitStack,
+    ) -> None:
+        bound: str | None = None
+        try:
+            async for request in requests:
+                check_decoded(request)
+                host_id = validate.identifier(request.host_id, "host_id")
+                check_host(principal(), host_id)
+                if bound is None:
+                    bound = host_id
+                    drain = StreamDrain(
+                        self.store, host_id, lambda d: outbox.put_nowait(_drain_push(d))
+                    )
+                    stack.callback(drain.close)
+                    # Subscribed before the first read: no change falls between them.
+                    stack.enter_context(
+                        self.service.hub.host_stream(
+                            host_id, functools.partial(self._on_notice, outbox=outbox, drain=drain)
+                        )
+                    )
+                    log.info("renewal stream opened", host_id=host_id)
+                    await drain.opened()
+                elif host_id != bound:
+                    raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
+                outbox.put_nowait(await self._renew(host_id, request))
+        finally:
+            outbox.put_nowait(None)
+            if bound:
+                log.info("renewal stream closed", host_id=bound)
+
+    async def _renew(
+        self, host_id: str, request: lease_pb2.RenewLeasesRequest
+    ) -> lease_pb2.RenewLeasesResponse:
+        validate_lease.lease_ids(request.lease_ids)
+        validate_lease.step_progress(request.steps)
+        # Lease ids as the database spells them (what hosts send); any other spelling
+        # uuid.UUID accepts is mapped to it, and what is not a UUID is a conflict.
+        canonical: list[str] = []
+        spelled: dict[str, str] = {}
+        for raw in request.lease_ids:
+            if _canonical_uuid(raw):
+                canonical.append(raw)
+                continue
+            try:
+                spelled[raw] = str(uuid.UUID(raw))
+            except ValueError:
+                continue
+            canonical.append(spelled[raw])
+        ttl = self.service.settings.lease_ttl
+        steps = steps_from_pb(request.steps)
+        renewals = await self.store.renew(host_id, canonical, ttl, steps) if canonical else []
+        self.service.effects.renewed(host_id, len(request.lease_ids), renewals, steps)
+        by_id = {str(r.lease_id): r for r in renewals}
+        response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
+        add = response.leases.add
+        for raw in request.lease_ids:
+            renewal = by_id.get(spelled.get(raw, raw) if spelled else raw)
+            if renewal is None:
+                add(lease_id=raw, result=lease_pb2.RENEWAL_RESULT_CONFLICT)
+            else:
+                add(
+                    lease_id=raw,
+                    result=lease_pb2.RENEWAL_RESULT_RENEWED,
+                    cancel_pending=renewal.cancel_pending,
+                    task_id=str(renewal.task_id),
+                    attempt=renewal.attempt,
+                )
+        return response
+
+    def _on_notice(
+        self,
+        notice: CancelNotice | DrainNotice | ReleaseNotice | None,
+        outbox: Outbox,
+        drain: StreamDrain,
+    ) -> None:
+        """What hub.close() (None), a cancel, a drain or a release notification does to a
+        stream: a drain notice has the stream read the host's drain again (StreamDrain),
+        the others go on its outbox (a release with the drain the agent was last told, so
+        that an agent reading any push without leases as its drain state reads it right)."""
+        if notice is None:
+            outbox.put_nowait(CLOSING)
+            return
+        if isinstance(notice, DrainNotice):
+            drain.changed()
+            return
+        if isinstance(notice, ReleaseNotice):
+            outbox.put_nowait(
+                lease_pb2.RenewLeasesResponse(
+                    push=True, drain=drain.told, release_serials=[notice.serial]
+                )
+            )
+            return
+        metrics.CANCEL_DELIVERY.labels("push").observe(
+            max(0.0, time.time() - notice.requested_epoch)
+        )
+        # Recorded for the delivered -> stopped split; a lost update only costs a metric.
+        task = asyncio.create_task(self.store.mark_cancel_delivered(notice.lease_id))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+        outbox.put_nowait(_cancel_push(notice))
+
+
+class StreamDrain:
+    """What one renewal stream's agent is told of its host's drain: the database's state,
+    whatever order the notices come in (issue 21).
+
+    A notice (a drain, or the uncordon that ends one) only says "look again": the state
+    pushed is read from the database after the notice came, one read at a time, and a read
+    that a newer notice overtook is read again before anything is pushed. So the later
+    state wins, whether the notices are this replica's own, the database's echo of them or
+    another replica's, and however a read and a commit interleave. The stream subscribes
+    before its first read. An agent takes a stream that opens as not drained, so only a
+    change from what it was last told is pushed. Drains are operator actions: a read per
+    notice per stream of the host, never on the renewal path."""
+
+    def __init__(self, store: Store, host_id: str, push: Callable[[bool], None]) -> None:
+        self._store = store
+        self._host_id = host_id
+        self._push = push
+        self._told = False
+        self._stale = False
+        self._looking: asyncio.Task[None] | None = None
+
+    async def opened(self) -> None:
+        """The first look, as the stream opens; its failure is the stream's."""
+        self._stale = True
+        self._looking = asyncio.create_task(self._look(retry=False))
+        await self._looking
+
+    @property
+    def told(self) -> bool:
+        """The drain state the agent was last told."""
+        return self._told
+
+    def changed(self) -> None:
+        """A drain notice for the host: look again (a read under way may predate it)."""
+        self._stale = True
+        if self._looking is None or self._looking.done():
+            self._looking = asyncio.create_task(self._look(retry=True))
+
+    def close(self) -> None:
+        if self._looking is not None:
+            self._looking.cancel()
+
+    async def _look(self, *, retry: bool) -> None:
+        pause = DRAIN_READ_RETRY[0]
+        while self._stale:
+            self._stale = False
+            try:
+                draining = await self._store.host_draining(self._host_id)
+            except Exception as error:
+                if not retry:
+                    raise
+                log.warning(
+                    "host drain not read; retrying", host_id=self._host_id, error=str(error)
+                )
+                self._stale = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, DRAIN_READ_RETRY[1])
+                continue
+            if self._stale:
+                continue  # a change committed during the read: this answer may predate it
+            if draining != self._told:
+                self._told = draining
+                self._push(draining)
+
+
+def _cancel_push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
+    """The pushed message (no renewal asked for it) that tells the host to cancel."""
+    state = lease_pb2.LeaseState(
+        lease_id=str(notice.lease_id),
+        cancel_pending=True,
+        task_id=str(notice.task_id),
+        attempt=notice.attempt,
+    )
+    return lease_pb2.RenewLeasesResponse(leases=[state], push=True)
+
+
+def _drain_push(drain: bool) -> lease_pb2.RenewLeasesResponse:
+    """The pushed message (no leases) that tells the host to drain, or to take work again."""
+    return lease_pb2.RenewLeasesResponse(push=True, drain=drain)
