@@ -20,13 +20,12 @@
 - `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live
   screen, one binary message per frame (control_plane.console.screen: the layout).
 - `GET /api/events`: server-sent events from the replica's notification hub (task
-  changed, host freed, work queued), coalesced per browser; pages re-read what changed.
+  changed, host freed, work queued), coalesced per browser; pages re-read what changed
+  (control_plane.console.events).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import ssl
@@ -54,6 +53,7 @@ from control_plane.console.calls import (
     socket_authorization,
 )
 from control_plane.console.control import Controls
+from control_plane.console.events import Events
 from control_plane.domain import Role
 from control_plane.hub import Hub
 from control_plane.lifecycle import IN_FLIGHT, TERMINAL, TaskStatus
@@ -94,11 +94,6 @@ HTTP_STATUS = {
     grpc.StatusCode.ABORTED: 409,
     grpc.StatusCode.UNAVAILABLE: 503,
 }
-# A browser is sent what changed at most this often; more changes meanwhile are merged.
-EVENT_INTERVAL = 0.25
-# Past this many distinct changes waiting for one browser, it is told to re-read everything.
-PENDING_LIMIT = 500
-KEEPALIVE = 15.0
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 SECURITY_HEADERS = {
     # Screenshots are fetched with the token and shown from blob: URLs.
@@ -140,7 +135,7 @@ class Console:
         self.hub = hub
         self.static = resources.files(__package__).joinpath("static")
         self._runner: web.AppRunner | None = None
-        self._streams: set[Stream] = set()
+        self._events = Events(hub)
         self.controls = Controls(scheduler, auth)
         self.port = 0
 
@@ -174,8 +169,7 @@ class Console:
 
     async def stop(self) -> None:
         """After the hub closed: event streams end, then the server."""
-        for stream in self._streams:
-            stream.ready.set()
+        self._events.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -337,70 +331,7 @@ class Console:
             return _refusal(code_for(exc), exc.message)
         # Host ids are for those who may see the farm.
         hosts = who.role in (None, Role.OPERATOR)
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                **SECURITY_HEADERS,
-            }
-        )
-        await response.prepare(request)
-        await response.write(b"event: hello\ndata: \n\n")
-        stream = Stream(self.hub, hosts=hosts)
-        self._streams.add(stream)
-        try:
-            await stream.run(response)
-        finally:
-            self._streams.discard(stream)
-        return response
-
-
-class Stream:
-    """One browser's events: changes gathered as they come, sent together."""
-
-    def __init__(self, hub: Hub, *, hosts: bool) -> None:
-        self.hub = hub
-        self.hosts = hosts
-        self.pending: dict[tuple[str, str], None] = {}
-        self.ready = asyncio.Event()
-
-    def hear(self, channel: str, payload: str) -> None:
-        event = _event(channel, payload)
-        if event is None or (event[0] == "host" and not self.hosts):
-            return
-        if len(self.pending) >= PENDING_LIMIT:
-            self.pending = {("resync", ""): None}
-        else:
-            self.pending[event] = None
-        self.ready.set()
-
-    async def run(self, response: web.StreamResponse) -> None:
-        with self.hub.listening(self.hear), contextlib.suppress(ConnectionError):
-            while not self.hub.closing:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(KEEPALIVE):
-                        await self.ready.wait()
-                self.ready.clear()
-                batch, self.pending = list(self.pending), {}
-                text = "".join(f"event: {kind}\ndata: {data}\n\n" for kind, data in batch)
-                await response.write(text.encode() or b": keepalive\n\n")
-                await asyncio.sleep(EVENT_INTERVAL)
-
-
-def _event(channel: str, payload: str) -> tuple[str, str] | None:
-    if channel == "amc_task":
-        return ("task", payload)
-    if channel == "amc_freed":
-        return ("host", payload)
-    if channel == "amc_drain":
-        return ("host", payload.rsplit(" ", 1)[0])
-    if channel == "amc_release":
-        return ("host", payload.split(" ", 1)[0])
-    if channel == "amc_cancel":
-        return ("host", payload.split(" ", 1)[0])
-    if channel == "amc_queued":
-        return ("queue", "")
-    return None
+        return await self._events.serve(request, hosts=hosts, headers=SECURITY_HEADERS)
 
 
 def _file_name(artifact: Any) -> str:
