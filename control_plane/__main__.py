@@ -33,20 +33,19 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import prometheus_client
 import structlog
 
 from amc_common import logs
 from amc_common.secrets import mask_url, redact
 from amc_common.version import version_line
-from control_plane import errors
 from control_plane.config import AGENT_REPORT_TIMEOUT, TASK_RETENTION_FLOOR, Settings
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
 from control_plane.heap import Heap
 from control_plane.retention import span_text
 from control_plane.server import ControlPlane, Tls
+from control_plane.store import database_error
 
 log = structlog.get_logger("control_plane")
 
@@ -380,7 +379,7 @@ def _cannot_start(exc: Exception, args: argparse.Namespace, dsn: str | None) -> 
 
 def _is_database_problem(exc: BaseException | None) -> bool:
     while exc is not None:
-        if isinstance(exc, errors.DatabaseUnavailable | asyncpg.PostgresError):
+        if database_error(exc):
             return True
         exc = exc.__cause__
     return False

@@ -67,18 +67,20 @@ class PostgresArtifacts:
     ) -> tuple[ArtifactInfo, bool]:
         chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
         artifact_id = ArtifactId(uuid.uuid4())
-        return await self._store.put_artifact(host_id, new, artifact_id, chunks)
+        return await self._store.artifacts.put_artifact(host_id, new, artifact_id, chunks)
 
     async def list(self, task_id: TaskId) -> list[ArtifactInfo]:
-        return await self._store.list_artifacts(task_id, MAX_LISTED)
+        return await self._store.artifacts.list_artifacts(task_id, MAX_LISTED)
 
     async def get(self, task_id: TaskId, artifact_id: ArtifactId) -> ArtifactInfo:
-        return await self._store.get_artifact(task_id, artifact_id)
+        return await self._store.artifacts.get_artifact(task_id, artifact_id)
 
     async def read(self, artifact: ArtifactInfo) -> AsyncIterator[bytes]:
         seq = 0
         while True:
-            rows = await self._store.artifact_chunks(artifact.artifact_id, seq, READ_AHEAD)
+            rows = await self._store.artifacts.artifact_chunks(
+                artifact.artifact_id, seq, READ_AHEAD
+            )
             for _, data in rows:
                 yield data
             if len(rows) < READ_AHEAD:

@@ -135,7 +135,7 @@ class Authenticator:
         cached = self._cache.get(token_id)
         if cached and time.monotonic() - cached[1] < CACHE_SECONDS:
             return cached[0]
-        info = await self.store.get_token(token_id)
+        info = await self.store.tokens.get_token(token_id)
         if info is not None:
             self._cache[token_id] = (info, time.monotonic())
         return info

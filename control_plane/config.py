@@ -62,7 +62,7 @@ class Settings:
     def forget_hosts_floor(self) -> timedelta:
         """The least --forget-hosts-after (besides off). A connected host is last seen at
         its replica's latest heartbeat (one every `renew_every`) and counts as connected
-        for `lease_ttl` after it (queries.sql: list_hosts, forget_hosts); twice the longer
-        of the two leaves a late heartbeat room before a connected host could be forgotten.
-        """
+        for `lease_ttl` after it (list_hosts in store/hosts.sql, forget_hosts in
+        store/retention.sql); twice the longer of the two leaves a late heartbeat room
+        before a connected host could be forgotten."""
         return FORGET_HOSTS_WINDOWS * max(self.lease_ttl, self.renew_every)

@@ -106,7 +106,7 @@ def held(m: DeviceMatch) -> str:
 
 async def read(store: Store, task_id: TaskId, connected_within: timedelta) -> Task:
     """The task, with its pending reason if it is queued: one statement."""
-    found = await store.read_tasks([task_id], connected_within)
+    found = await store.tasks.read_tasks([task_id], connected_within)
     if not found:
         raise errors.TaskNotFound(f"no task {task_id}")
     return _explained(found[0])
@@ -130,7 +130,7 @@ async def with_reasons(
         return list(tasks)
     reasons = {
         r.task.task_id: reason
-        for r in await store.read_tasks(asked, connected_within)
+        for r in await store.tasks.read_tasks(asked, connected_within)
         if (reason := _explained(r).pending_reason)
     }
     return [

@@ -59,7 +59,7 @@ async def count_once(store: Store, every: timedelta, connected_within: timedelta
     """Count the queue if it is due; the seconds the count took, or None if another
     replica counted it within `every` or is counting it now."""
     started = time.monotonic()
-    queued = await store.count_queue(every, connected_within)
+    queued = await store.queue.count_queue(every, connected_within)
     if queued is None:
         return None
     took = time.monotonic() - started

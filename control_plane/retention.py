@@ -6,7 +6,7 @@
   `amc hosts remove` would remove them (an event in the host's history says retention did
   it, and why).
 
-Each batch is one statement (`delete_old_tasks`, `forget_hosts` in queries.sql), so one
+Each batch is one statement (`delete_old_tasks`, `forget_hosts` in store/retention.sql), so
 short transaction over at most `retention_batch` rows (fewer while batches take longer than
 `retention_batch_time`), which it locks with SKIP LOCKED: it
 never waits on a row the hot path holds, and tasks in flight are never looked at. After a
@@ -74,13 +74,13 @@ async def retain(store: Store, settings: Settings) -> Removed:
     if settings.task_retention is not None:
         keep = settings.task_retention
         removed += await _batches(
-            "tasks", lambda limit: store.delete_old_tasks(keep, limit), settings
+            "tasks", lambda limit: store.retention.delete_old_tasks(keep, limit), settings
         )
     if settings.forget_hosts_after is not None:
         unseen = settings.forget_hosts_after
         reason = f"not seen for {span_text(unseen)} (--forget-hosts-after)"
         removed += await _batches(
-            "hosts", lambda limit: store.forget_hosts(unseen, limit, reason), settings
+            "hosts", lambda limit: store.retention.forget_hosts(unseen, limit, reason), settings
         )
     return removed
 

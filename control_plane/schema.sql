@@ -553,7 +553,7 @@ END $$;
 
 -- -- transitions that lock several rows: one function each, so one round trip ------------
 --
--- The single-row ones (submit, the presence writes) are statements in queries.sql.
+-- The single-row ones (submit, the presence writes) are statements in store/*.sql.
 -- NOTIFY happens after the commit (Hub.publish), except in amc_cancel: a transaction that
 -- notifies holds a database-wide lock through its WAL flush, and cancellations are rare.
 

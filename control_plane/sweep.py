@@ -46,7 +46,7 @@ async def sweep_expired(
             await sweep_once(store, effects, lease_ttl)
             if loop.time() >= forget_at:
                 forget_at = loop.time() + FORGET_GROUPS_EVERY * _RANDOM.uniform(0.5, 1.0)
-                await store.forget_queue_groups(GROUP_IDLE, BATCH)
+                await store.queue.forget_queue_groups(GROUP_IDLE, BATCH)
         except (errors.DatabaseUnavailable, errors.Contended) as error:
             log.warning("expiry sweep skipped", error=error.message)
 
@@ -54,10 +54,12 @@ async def sweep_expired(
 async def sweep_once(store: Store, effects: Effects, lease_ttl: timedelta) -> None:
     """One round: each kind of ending, in batches until a batch comes back short."""
     metrics.SWEEPS.inc()
-    await _batches(lambda: store.expire(BATCH), lambda ended: effects.ended(Event.EXPIRED, ended))
-    await _batches(lambda: store.time_out_queued(BATCH), effects.timed_out)
     await _batches(
-        lambda: store.end_overrun(lease_ttl, BATCH),
+        lambda: store.leases.expire(BATCH), lambda ended: effects.ended(Event.EXPIRED, ended)
+    )
+    await _batches(lambda: store.tasks.time_out_queued(BATCH), effects.timed_out)
+    await _batches(
+        lambda: store.leases.end_overrun(lease_ttl, BATCH),
         lambda ended: effects.ended(Event.DEADLINE_EXCEEDED, ended),
     )
 

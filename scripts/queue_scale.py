@@ -133,7 +133,7 @@ async def main(args: argparse.Namespace) -> None:
         counts = []
         for _ in range(args.counts):
             started = time.perf_counter()
-            queued = await plane.store.count_queue(timedelta(0), settings.lease_ttl)
+            queued = await plane.store.queue.count_queue(timedelta(0), settings.lease_ttl)
             counts.append(time.perf_counter() - started)
             assert queued == args.queued, queued
         ms = sorted(c * 1000 for c in counts)

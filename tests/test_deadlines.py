@@ -248,7 +248,7 @@ async def test_replicas_sweeping_at_once_end_each_timed_out_task_once(
 
         async def sweeper(store: Store) -> list[str]:
             ended: list[str] = []
-            while batch := await store.time_out_queued(20):
+            while batch := await store.tasks.time_out_queued(20):
                 ended += [str(t.task_id) for t in batch]
             return ended
 

@@ -240,7 +240,7 @@ async def test_a_low_battery_holds_a_phone_until_it_charged_and_operators_see_wh
         sample = REGISTRY.get_sample_value
         assert sample("amc_agent_device_battery_percent", {"device": "sim-0"}) == 15
         assert sample("amc_agent_devices_by_condition", {"condition": "charging_hold"}) == 1
-        gauges = await farm.plane.store.farm_gauges(timedelta(seconds=30), 20)
+        gauges = await farm.plane.store.queue.farm_gauges(timedelta(seconds=30), 20)
         assert gauges.conditions == {"charging_hold": 1}
         assert gauges.battery == (15, 15, 15) and gauges.temperature == (30, 30, 30)
         source.set_body("sim-0", battery=30.0)

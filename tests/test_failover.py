@@ -65,10 +65,10 @@ async def test_a_url_with_two_hosts_connects_to_the_writable_one(
     store = await Store.open(url, min_size=3, max_size=3)
     try:
         await store.ping()
-        held = [await store.pool.acquire() for _ in range(3)]
+        held = [await store.db.pool.acquire() for _ in range(3)]
         ports = {int(await c.fetchval("SELECT current_setting('port')")) for c in held}
         for c in held:
-            await store.pool.release(c)
+            await store.db.pool.release(c)
         assert ports == {pair.primary.port}
     finally:
         await store.close()

@@ -211,7 +211,7 @@ async def test_a_group_with_nothing_queued_or_running_is_forgotten_and_made_agai
     await _submit(client, _task(serial="s2"))
     (running,) = await host.acquire("s2")
     assert farm.plane is not None
-    forgotten = await farm.plane.store.forget_queue_groups(timedelta(0), 100)
+    forgotten = await farm.plane.store.queue.forget_queue_groups(timedelta(0), 100)
     assert forgotten == 1
     kept = await farm.db.fetch("SELECT selector_serial, selector_labels FROM queue_groups")
     assert sorted((r["selector_serial"], r["selector_labels"]) for r in kept) == [

@@ -375,7 +375,7 @@ async def test_an_uncordon_between_a_streams_drain_read_and_its_push_leaves_it_u
     host = await farm.host("h1", "s1")
     await op.admin.DrainHost(admin_pb2.DrainHostRequest(host_id="h1"))
     store, hub = farm.plane.store, farm.plane.hub
-    read = store.host_draining
+    read = store.hosts.host_draining
     stale: list[bool] = []
     heard: list[str] = []
 
@@ -399,7 +399,7 @@ async def test_an_uncordon_between_a_streams_drain_read_and_its_push_leaves_it_u
         told = [p.drain for p in stream.pushes if not p.leases]
         return told[-1] if told else False
 
-    monkeypatch.setattr(store, "host_draining", read_then_uncordon)
+    monkeypatch.setattr(store.hosts, "host_draining", read_then_uncordon)
     with hub.listening(hear):
         stream = host.stream()
         try:

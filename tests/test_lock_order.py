@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
-from control_plane.sql import QUERIES
+from control_plane.store.sql import QUERIES
 from host_agent.retry import TRANSIENT_CODES
 from tests.conftest import FAST
 from tests.support import (
@@ -292,7 +292,7 @@ class Pause:
 
 async def waiting(farm: Farm, query: str, event: str | None = None) -> int:
     """How many sessions running `query` (a part of its text, or the name of a statement in
-    queries.sql) wait for a lock (of kind `event`, if given)."""
+    store/*.sql) wait for a lock (of kind `event`, if given)."""
     assert farm.db is not None
     text = QUERIES.get(query)
     return int(
@@ -440,7 +440,7 @@ async def test_a_renewal_and_the_deadline_sweep_do_not_deadlock(quiet_farm: Farm
                 lambda: waiting(farm, "amc_renew(", "advisory"), what="the renewal to stop at b"
             )
             assert not await attempt_locked(farm, a.lease_id)
-            sweep = asyncio.ensure_future(store.end_overrun(farm.settings.lease_ttl))
+            sweep = asyncio.ensure_future(store.leases.end_overrun(farm.settings.lease_ttl))
 
             async def waits_or_ended() -> bool:
                 return sweep.done() or await waiting(farm, "deadline_exceeded") > 0
@@ -452,7 +452,7 @@ async def test_a_renewal_and_the_deadline_sweep_do_not_deadlock(quiet_farm: Farm
         first = await asyncio.wait_for(sweep, 30)
         took = time.monotonic() - resumed
         renewed = await asyncio.wait_for(renewal, 30)
-        then = await store.end_overrun(farm.settings.lease_ttl)
+        then = await store.leases.end_overrun(farm.settings.lease_ttl)
     finally:
         await stream.close()
     ended = sorted(str(e.task_id) for e in [*first, *then])
@@ -534,13 +534,13 @@ async def test_renewals_a_batched_report_and_the_sweeps_at_once_never_deadlock(
                 streams[0].renew(*[a.lease_id for a in first]),
                 streams[1].renew(*[a.lease_id for a in second]),
                 host.c.lease.ReportResults(request),
-                store.end_overrun(ttl),
-                store.time_out_queued(),
-                store.expire(),
+                store.leases.end_overrun(ttl),
+                store.tasks.time_out_queued(),
+                store.leases.expire(),
             )
             # The next sweep: what this one skipped (held by a transition meanwhile).
-            await store.expire()
-            await store.end_overrun(ttl)
+            await store.leases.expire()
+            await store.leases.end_overrun(ttl)
             assert {s.result for s in [*renewed_1, *renewed_2]} <= {RENEWED, CONFLICT}
             answers = {r.task_id: x for r, x in zip(request.results, report.answers, strict=True)}
             for a in handed:

@@ -19,7 +19,7 @@ from control_plane import queue_stats
 from control_plane.config import Settings
 from control_plane.domain import KeyLoad, Role
 from control_plane.gauges import top_keys
-from control_plane.sql import QUERIES
+from control_plane.store.sql import QUERIES
 from tests.support import Clients, Farm, actions_spec, eventually
 
 S = scheduler_pb2
@@ -45,7 +45,7 @@ async def _count(farm: Farm) -> int:
     tasks it found queued. Tried again while the replica's own loop is counting."""
     assert farm.plane is not None
     store = farm.plane.store
-    return await eventually(lambda: store.count_queue(timedelta(0), TTL), what="a count")
+    return await eventually(lambda: store.queue.count_queue(timedelta(0), TTL), what="a count")
 
 
 async def _task_rows_read(db: asyncpg.Connection, sql: str, *args: Any) -> int:
@@ -133,9 +133,9 @@ async def test_one_replica_counts_at_a_time_and_not_again_within_the_period(
     try:
         async with other.transaction():
             await other.execute("SELECT pg_advisory_xact_lock(4279619, 2)")
-            assert await store.count_queue(timedelta(0), TTL) is None
+            assert await store.queue.count_queue(timedelta(0), TTL) is None
         assert await _count(farm) == 1
-        assert await store.count_queue(timedelta(hours=1), TTL) is None
+        assert await store.queue.count_queue(timedelta(hours=1), TTL) is None
         assert await _count(farm) == 1
     finally:
         await other.close()
@@ -149,6 +149,7 @@ class SlowCounts:
         self.asked: list[timedelta] = []
         self.calls = calls
         self.done = asyncio.Event()
+        self.queue = self  # the store's queue aggregate: this
 
     async def count_queue(self, every: timedelta, connected_within: timedelta) -> int:
         self.asked.append(every)

@@ -271,11 +271,11 @@ async def test_a_batch_takes_at_most_its_limit_oldest_first(quiet: Farm) -> None
     await finished_ago(farm, ids, 2 * DAY)
     store = farm.plane.store  # type: ignore[union-attr]
 
-    first = await store.delete_old_tasks(DAY, 500)
+    first = await store.retention.delete_old_tasks(DAY, 500)
     assert first == Removed(tasks=500, task_events=1000)
     assert await rows(farm, "tasks", ids[:500]) == 0
     assert await rows(farm, "tasks", ids[500:]) == 700
-    counts = [(await store.delete_old_tasks(DAY, 500)).tasks for _ in range(3)]
+    counts = [(await store.retention.delete_old_tasks(DAY, 500)).tasks for _ in range(3)]
     assert counts == [500, 200, 0]
 
 
@@ -292,10 +292,10 @@ async def test_a_batch_skips_tasks_another_transaction_holds(quiet: Farm) -> Non
     try:
         async with other.transaction():
             await other.execute("SELECT 1 FROM tasks WHERE task_id = $1::uuid FOR UPDATE", ids[0])
-            removed = await asyncio.wait_for(store.delete_old_tasks(DAY, 500), 5)
+            removed = await asyncio.wait_for(store.retention.delete_old_tasks(DAY, 500), 5)
             assert removed.tasks == 2
             assert await rows(farm, "tasks", ids) == 1
-        assert (await store.delete_old_tasks(DAY, 500)).tasks == 1
+        assert (await store.retention.delete_old_tasks(DAY, 500)).tasks == 1
     finally:
         await other.close()
 
@@ -315,10 +315,15 @@ async def test_only_one_replica_runs_a_retention_batch_at_a_time(quiet: Farm) ->
     try:
         async with other.transaction():
             await other.execute("SELECT pg_advisory_xact_lock($1, $2)", *RETENTION_LOCK)
-            assert await asyncio.wait_for(store.delete_old_tasks(DAY, 500), 5) == Removed()
-            assert await asyncio.wait_for(store.forget_hosts(DAY, 500, "test"), 5) == Removed()
-        assert (await store.delete_old_tasks(DAY, 500)).tasks == 2
-        assert await store.forget_hosts(DAY, 500, "test") == Removed(hosts=1, devices=1)
+            assert (
+                await asyncio.wait_for(store.retention.delete_old_tasks(DAY, 500), 5) == Removed()
+            )
+            assert (
+                await asyncio.wait_for(store.retention.forget_hosts(DAY, 500, "test"), 5)
+                == Removed()
+            )
+        assert (await store.retention.delete_old_tasks(DAY, 500)).tasks == 2
+        assert await store.retention.forget_hosts(DAY, 500, "test") == Removed(hosts=1, devices=1)
     finally:
         await other.close()
 
@@ -506,7 +511,7 @@ async def test_a_dead_replicas_hosts_keep_their_last_seen_when_its_row_goes(quie
         " WHERE host_id = 'orphan'"
     )
     store: Store = farm.plane.store  # type: ignore[union-attr]
-    await store.replica_gone("some-other-replica")
+    await store.replicas.replica_gone("some-other-replica")
     row = await conn.fetchrow(
         "SELECT replica_id, now() - last_seen_at AS age FROM hosts WHERE host_id = 'orphan'"
     )

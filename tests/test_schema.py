@@ -21,13 +21,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from control_plane import migrate
 from control_plane.embedded import binary
 from control_plane.lifecycle import CancelCode, Event, ReleaseCode, ReportCode
-from control_plane.store import Store
+from control_plane.store import Store, schema
 
 OLD_MIGRATIONS = Path(__file__).parent / "fixtures" / "old_migrations"
-SCHEMA = migrate.schema()
+SCHEMA = schema.schema()
 # What pg_dump prints besides the schema itself: comments (with its version), settings, the
 # random key of its \restrict guard.
 NOISE = re.compile(r"^\s*(--|SET |SELECT pg_catalog\.set_config|\\restrict |\\unrestrict )")
@@ -133,7 +132,7 @@ async def _versions(url: str) -> list[int]:
 async def _migrate(url: str) -> list[str]:
     conn = await asyncpg.connect(url)
     try:
-        return await migrate.apply(conn)
+        return await schema.apply(conn)
     finally:
         await conn.close()
 
@@ -146,7 +145,7 @@ async def test_a_database_migrated_from_empty_matches_schema_sql(new_database: N
     assert sorted([first, second]) == [[], ["schema.sql"]]
     await _execute(reference, SCHEMA)
     assert dump(migrated) == dump(reference)
-    assert await _versions(migrated) == [number for number, _, _ in migrate.migrations()]
+    assert await _versions(migrated) == [number for number, _, _ in schema.migrations()]
 
 
 async def test_a_database_of_the_previous_release_is_upgraded_to_schema_sql(
@@ -158,15 +157,15 @@ async def test_a_database_of_the_previous_release_is_upgraded_to_schema_sql(
     await _old_release(old)
     lease = await _old_release_assigns_a_task(old)
     applied = await _migrate(old)
-    assert applied == [name for _, name, _ in migrate.migrations()] + ["schema.sql"]
+    assert applied == [name for _, name, _ in schema.migrations()] + ["schema.sql"]
     await _execute(reference, SCHEMA)
     assert dump(old) == dump(reference)
-    assert await _versions(old) == [1, 2, 3, 4, 5, 6, *(n for n, _, _ in migrate.migrations())]
+    assert await _versions(old) == [1, 2, 3, 4, 5, 6, *(n for n, _, _ in schema.migrations())]
     assert await _migrate(old) == []
 
     store = await Store.open(old, min_size=1, max_size=1)
     try:
-        ended = await store.release("h1", lease, "upgraded")
+        ended = await store.leases.release("h1", lease, "upgraded")
     finally:
         await store.close()
     assert ended is not None and ended.to_status == "queued"
@@ -207,7 +206,7 @@ async def test_a_database_older_than_the_previous_release_is_refused(
     old = await new_database()
     await _old_release(old, upto=4)
     before = dump(old)
-    with pytest.raises(migrate.SchemaTooOld, match=r"at version 4; .* from version 6"):
+    with pytest.raises(schema.SchemaTooOld, match=r"at version 4; .* from version 6"):
         await _migrate(old)
     assert dump(old) == before
     assert await _versions(old) == [1, 2, 3, 4]
@@ -287,7 +286,7 @@ async def test_a_queue_of_the_release_before_queue_groups_is_kept_in_its_order(
     finally:
         await conn.close()
     applied = await _migrate(old)
-    assert applied == [name for n, name, _ in migrate.migrations() if n >= 12] + ["schema.sql"]
+    assert applied == [name for n, name, _ in schema.migrations() if n >= 12] + ["schema.sql"]
     await _execute(reference, SCHEMA)
     assert dump(old) == dump(reference)
 

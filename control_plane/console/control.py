@@ -102,7 +102,7 @@ class Controls:
 
     async def _check_free(self, t: Target) -> None:
         store, settings = self.scheduler.store, self.scheduler.settings
-        host = await store.get_host(settings.lease_ttl, t.host_id)
+        host = await store.hosts.get_host(settings.lease_ttl, t.host_id)
         device = next((d for d in host.devices if d.serial == t.serial), None)
         if device is None or device.state == "gone":
             raise DeviceNotFound(f"no phone '{t.serial}' on host '{t.host_id}'")

@@ -1,5 +1,5 @@
-"""The schema, applied at start-up: `schema.sql` is the schema; `migrations/` brings the
-tables of an older database to it.
+"""The schema, applied at start-up: `control_plane/schema.sql` is the schema;
+`control_plane/migrations/` brings the tables of an older database to it.
 
 - An empty database gets schema.sql, and every migration is recorded as applied (schema.sql
   has them all).
@@ -31,11 +31,11 @@ class SchemaTooOld(Exception):
 
 
 def schema() -> str:
-    return resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
+    return resources.files("control_plane").joinpath("schema.sql").read_text("utf-8")
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    folder = resources.files(__package__).joinpath("migrations")
+    folder = resources.files("control_plane").joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         if entry.name.endswith(".sql"):

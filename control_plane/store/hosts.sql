@@ -1,0 +1,149 @@
+-- The statements store/hosts.py sends, by name: hosts and their devices: registration,
+-- health, cordons, removal, events. store/sql.py loads every store/*.sql (a name is used
+-- once in all of them). Lock order, in every statement and function: as the top of
+-- schema.sql says.
+
+-- name: register_host
+-- The host, its devices ($3..$9 are parallel arrays, one element per device; labels as
+-- JSON text), and the devices it no longer lists marked gone: one statement. The host row
+-- first (the lock order: both device writes read `host`, so it is written before them):
+-- a removal of the host, which locks it and then deletes its devices, comes wholly before
+-- or after (the registration then recreates it).
+WITH host AS (
+    INSERT INTO hosts (host_id, labels) VALUES ($1, $2)
+    ON CONFLICT (host_id) DO UPDATE SET labels = EXCLUDED.labels, last_seen_at = now(),
+                                        registered_at = now()
+    RETURNING host_id
+), listed AS (
+    INSERT INTO devices (host_id, serial, state, model, manufacturer, sdk, abi, labels)
+    SELECT h.host_id, d.serial, d.state, d.model, d.manufacturer, d.sdk, d.abi,
+           d.labels::jsonb
+    FROM host h,
+         unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[],
+                $9::text[]) AS d (serial, state, model, manufacturer, sdk, abi, labels)
+    ON CONFLICT (host_id, serial) DO UPDATE SET
+        state = EXCLUDED.state, model = EXCLUDED.model, manufacturer = EXCLUDED.manufacturer,
+        sdk = EXCLUDED.sdk, abi = EXCLUDED.abi, labels = EXCLUDED.labels, updated_at = now()
+)
+UPDATE devices dv SET state = 'gone', updated_at = now()
+FROM host h
+WHERE dv.host_id = h.host_id AND dv.serial <> ALL ($3::text[]) AND dv.state <> 'gone';
+
+-- name: host_registered
+-- Asked when an Acquire found none of the devices it offered: is the host there at all?
+SELECT EXISTS (SELECT 1 FROM hosts WHERE host_id = $1) AS registered;
+
+-- name: list_hosts
+-- Connected: its renewal stream is open on a live replica, or it registered or closed its
+-- stream within the window. last_seen: the later of that and its replica's heartbeat.
+-- $2: one host only (NULL: all).
+SELECT h.host_id, h.labels,
+       GREATEST(h.last_seen_at, r.seen_at) AS last_seen_at,
+       GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval AS connected,
+       COALESCE(jsonb_agg(jsonb_build_object(
+           'serial', d.serial, 'state', d.state, 'model', d.model,
+           'manufacturer', d.manufacturer, 'sdk', d.sdk, 'abi', d.abi, 'labels', d.labels,
+           'task_id', d.task_id, 'cordoned', d.cordoned, 'condition', d.condition,
+           'condition_reason', d.condition_reason, 'battery_percent', d.battery_percent,
+           'temperature_celsius', d.temperature_celsius, 'charging', d.charging,
+           'probed_at', d.probed_at) ORDER BY d.serial)
+           FILTER (WHERE d.serial IS NOT NULL), '[]') AS devices,
+       h.cordoned, h.draining
+FROM hosts h LEFT JOIN replicas r USING (replica_id) LEFT JOIN devices d USING (host_id)
+WHERE $2::text IS NULL OR h.host_id = $2
+GROUP BY h.host_id, r.seen_at
+ORDER BY h.host_id;
+
+-- name: set_device_health
+-- Host $1's probes saw these devices' conditions change ($2..$7: parallel arrays, one
+-- element per device; NULL facts: not read). Only its own devices; one statement for the
+-- batch. `freed`: how many turned ready (the host's parked Acquires should look again).
+-- A device quarantined, recovering, or leaving those is a `recovery` host event, the host
+-- its actor (the rows as they were before this statement: `was`).
+WITH h AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int[], $6::real[],
+                         $7::bool[])
+        AS h (serial, condition, reason, battery, temperature, charging)
+), was AS (
+    SELECT d.serial, d.condition FROM devices d JOIN h USING (serial) WHERE d.host_id = $1
+), ev AS (
+    INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
+    SELECT $1, h.serial, 'recovery', $1, 'host agent',
+           h.condition || CASE WHEN h.reason <> '' THEN ': ' || h.reason ELSE '' END
+    FROM h JOIN was USING (serial)
+    WHERE h.condition IN ('quarantined', 'recovering')
+       OR was.condition IN ('quarantined', 'recovering')
+), u AS (
+    UPDATE devices d SET condition = h.condition, condition_reason = h.reason,
+                         battery_percent = h.battery, temperature_celsius = h.temperature,
+                         charging = h.charging, probed_at = now()
+    FROM h
+    WHERE d.host_id = $1 AND d.serial = h.serial
+    RETURNING d.condition
+)
+SELECT count(*) FILTER (WHERE condition = 'ready') AS freed, count(*) AS updated FROM u;
+
+-- name: set_host_cordon
+-- Cordon ($2 true) or uncordon a host; $3: it drains too (uncordoning ends a drain).
+-- Recorded in host_events as $4 by $5 ($6: the token's name) because $7. No row: no such
+-- host. `leases`: how many it holds now. Ordered with Acquire by the host row: see
+-- amc_set_host_cordon() in schema.sql.
+SELECT * FROM amc_set_host_cordon($1, $2, $3, $4, $5, $6, $7);
+
+-- name: set_device_cordon
+-- Cordon ($3 true) or uncordon the device with serial $2 (on host $1; NULL: whichever host
+-- has it, if only one does). Changed only when exactly one device matches; `hosts` lists
+-- the hosts that have that serial. Recorded in host_events like set_host_cordon.
+WITH m AS (
+    SELECT host_id, serial FROM devices
+    WHERE serial = $2 AND ($1::text IS NULL OR host_id = $1)
+), u AS (
+    UPDATE devices d SET cordoned = $3
+    FROM m
+    WHERE (SELECT count(*) FROM m) = 1 AND d.host_id = m.host_id AND d.serial = m.serial
+    RETURNING d.host_id, d.serial
+), ev AS (
+    INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
+    SELECT host_id, serial, $4, $5, $6, $7 FROM u
+)
+SELECT COALESCE(array_agg(m.host_id ORDER BY m.host_id), '{}') AS hosts,
+       (SELECT count(*) FROM u) > 0 AS changed
+FROM m;
+
+-- name: release_device
+-- An operator releases the device with serial $2 (on host $1; NULL: whichever host has it,
+-- if only one does) from quarantine: recorded in host_events as 'release' by $4 ($5: the
+-- token's name) because $6, when exactly one device matches, it is quarantined or
+-- recovering, and its host is connected within $3 (its agent holds the quarantine and is
+-- told over its stream). `hosts` lists the hosts that have that serial; `condition` and
+-- `connected` are the one match's. The condition itself is left to the host's report.
+WITH m AS (
+    SELECT d.host_id, d.serial, d.condition,
+           COALESCE(GREATEST(h.last_seen_at, r.seen_at) > now() - $3::interval, false)
+               AS connected
+    FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
+    WHERE d.serial = $2 AND ($1::text IS NULL OR d.host_id = $1)
+), ev AS (
+    INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
+    SELECT host_id, serial, 'release', $4, $5, $6 FROM m
+    WHERE (SELECT count(*) FROM m) = 1 AND connected
+      AND condition IN ('quarantined', 'recovering')
+    RETURNING host_id
+)
+SELECT COALESCE(array_agg(m.host_id ORDER BY m.host_id), '{}') AS hosts,
+       min(m.condition) AS condition, bool_and(m.connected) AS connected,
+       (SELECT count(*) FROM ev) > 0 AS released
+FROM m;
+
+-- name: remove_host
+SELECT * FROM amc_remove_host($1, $2, $3, $4, $5);
+
+-- name: host_draining
+-- Read when a host opens its renewal stream: the drain it is told of at once.
+SELECT draining FROM hosts WHERE host_id = $1;
+
+-- name: host_events
+-- A host's latest $2 events (its devices' too), newest first.
+SELECT event_id, host_id, serial, kind, actor, actor_name, reason, at
+FROM host_events WHERE host_id = $1
+ORDER BY event_id DESC LIMIT $2;

@@ -1,0 +1,178 @@
+"""Leases: Acquire, renewals, reports, releases, and the sweeps that end leases (their
+statements in leases.sql; the transitions that lock several rows call schema.sql's
+amc_acquire, amc_renew, amc_report, amc_release and amc_give_back)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from control_plane import errors
+from control_plane.domain import (
+    Acquired,
+    Assignment,
+    Expiry,
+    LeaseId,
+    Recorded,
+    Renewal,
+    Report,
+    StepProgress,
+    TaskId,
+)
+from control_plane.lifecycle import ReleaseCode, ReportCode
+from control_plane.store.database import Database
+from control_plane.store.rows import columns, expiry, task, uuid_or_none
+
+
+class Leases:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def acquire(
+        self, host_id: str, serials: list[str], ttl: timedelta, offered: Sequence[str] = ()
+    ) -> Acquired:
+        """One Acquire round. With `offered` (the task ids it was woken for), the answer
+        also says which of them were queued when the statement began (still one
+        statement); ids that are not UUIDs are left out."""
+        wanted = [t for t in map(uuid_or_none, offered) if t is not None]
+        if wanted:
+            rows = await self._db.fetch("acquire_offered", host_id, serials, ttl, wanted)
+            queued = frozenset(str(r["queued"]) for r in rows if r["queued"] is not None)
+            rows = [r for r in rows if r["queued"] is None]
+        else:
+            rows = await self._db.fetch("acquire", host_id, serials, ttl)
+            queued = frozenset()
+        return Acquired(
+            [
+                Assignment(
+                    TaskId(r["task_id"]),
+                    r["attempt"],
+                    LeaseId(r["lease_id"]),
+                    r["device_serial"],
+                    bytes(r["spec"]),
+                    r["queued_seconds"] or 0.0,
+                    r["deadline"],
+                )
+                for r in rows
+                if r["task_id"] is not None
+            ],
+            [(r["device_serial"], r["labels"]) for r in rows if r["task_id"] is None],
+            queued,
+        )
+
+    async def renew(
+        self,
+        host_id: str,
+        lease_ids: list[str],
+        ttl: timedelta,
+        steps: Sequence[StepProgress] = (),
+    ) -> list[Renewal]:
+        """The leases renewed (`lease_ids` as text: as the hosts send them); any other lease
+        asked about is a conflict. `steps` are kept for the leases renewed only (one
+        statement either way)."""
+        rows = await self._db.fetch(
+            "renew_leases",
+            host_id,
+            lease_ids,
+            ttl,
+            [s.lease_id for s in steps],
+            [s.index for s in steps],
+            [s.step for s in steps],
+        )
+        return [Renewal._make(r) for r in rows if r["task_id"] is not None]
+
+    async def report(self, host_id: str | None, report: Report) -> Recorded:
+        """The answer's code is RECORDED or REPEATED; refusals raise."""
+        (answer,) = await self.report_many(host_id, [report])
+        if isinstance(answer, errors.AmcError):
+            raise answer
+        return answer
+
+    async def report_many(
+        self, host_id: str | None, reports: list[Report]
+    ) -> list[Recorded | errors.AmcError]:
+        """Results applied in one transaction, each as if alone; per result, in order, the
+        answer (code RECORDED or REPEATED) or the refusal."""
+        rows = await self._db.fetch(
+            "report_results",
+            host_id,
+            *columns(reports, "task_id", "attempt", "lease_id", "outcome", "result", "error"),
+        )
+        # A task that does not exist answers no row: not one of its attempts, so foreign.
+        answers: list[Recorded | errors.AmcError] = [
+            _report_refusal(ReportCode.FOREIGN, r) for r in reports
+        ]
+        for row in rows:
+            if row["code"] is None:
+                continue
+            i, code = row["ord"] - 1, ReportCode(row["code"])
+            if code in (ReportCode.RECORDED, ReportCode.REPEATED):
+                answers[i] = Recorded(
+                    code,
+                    task(row),
+                    row["att_cancel_requested_at"],
+                    row["att_cancel_delivered_at"],
+                    row["att_started_at"],
+                )
+            else:
+                answers[i] = _report_refusal(code, reports[i])
+        return answers
+
+    async def mark_cancel_delivered(self, lease_id: LeaseId) -> None:
+        await self._db.fetch("mark_cancel_delivered", lease_id)
+
+    async def release(self, host_id: str | None, lease_id: LeaseId, reason: str) -> Expiry | None:
+        """End the lease now, as its host (None: any); None if its attempt had ended."""
+        row = await self._db.fetchrow("release_lease", host_id, lease_id, reason)
+        assert row is not None
+        code = ReleaseCode(row["code"])
+        if code is ReleaseCode.FOREIGN:
+            raise errors.LeaseConflict("no such lease for this host")
+        return expiry(row) if code is ReleaseCode.RELEASED else None
+
+    async def device_lost(
+        self, host_id: str | None, lease_id: LeaseId, detail: str, budget: int
+    ) -> Expiry | None:
+        """End the lease now because its phone was lost: the task is requeued within
+        `budget` infrastructure retries; None if its attempt had ended."""
+        row = await self._db.fetchrow("device_lost", host_id, lease_id, detail, budget)
+        assert row is not None
+        code = ReleaseCode(row["code"])
+        if code is ReleaseCode.FOREIGN:
+            raise errors.LeaseConflict("no such lease for this host")
+        return expiry(row) if code is ReleaseCode.RELEASED else None
+
+    async def expire(self, limit: int = 100) -> list[Expiry]:
+        return [expiry(r) for r in await self._db.fetch("expire_leases", limit)]
+
+    async def end_overrun(self, grace: timedelta, limit: int = 100) -> list[Expiry]:
+        """End up to `limit` live attempts that ran past their deadline by more than
+        `grace` (one statement): the task fails "deadline exceeded" (or is cancelled, if a
+        cancel was pending) and the lease ends."""
+        return [expiry(r) for r in await self._db.fetch("end_overrun", limit, grace)]
+
+
+# A report's refusal by its code: the error and its message.
+_REFUSALS: dict[ReportCode, tuple[type[errors.AmcError], str]] = {
+    ReportCode.FOREIGN: (
+        errors.LeaseConflict,
+        "lease does not belong to this host and {where}; nothing was recorded",
+    ),
+    ReportCode.STALE: (
+        errors.StaleAttempt,
+        "{where} is no longer current (lease expired or replaced); nothing was recorded",
+    ),
+    ReportCode.DIFFERENT: (
+        errors.DifferentReportRecorded,
+        "{where} already has a different outcome recorded; it stands",
+    ),
+    ReportCode.NO_CANCEL: (
+        errors.NoCancellationRequested,
+        "{where} has no cancellation request, so it cannot end cancelled",
+    ),
+}
+
+
+def _report_refusal(code: ReportCode, report: Report) -> errors.AmcError:
+    error, message = _REFUSALS[code]
+    return error(message.format(where=f"task {report.task_id} attempt {report.attempt}"))

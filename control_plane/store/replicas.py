@@ -1,0 +1,39 @@
+"""Replicas and presence: each replica's heartbeat, which replica holds a host's renewal
+stream or a session's client call, and where a phone to watch is (replicas.sql)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from control_plane.domain import SessionRelay, TaskId
+from control_plane.store.database import Database
+
+
+class Replicas:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def replica_alive(self, replica: str, address: str | None = None) -> None:
+        await self._db.fetch("replica_alive", replica, address)
+
+    async def set_presence(self, replica: str, hosts: list[str], opened: list[bool]) -> None:
+        await self._db.fetch("set_presence", replica, hosts, opened)
+
+    async def replica_gone(self, replica: str) -> None:
+        await self._db.fetch("replica_gone", replica)
+
+    async def session_relay(self, task_id: TaskId, within: timedelta) -> SessionRelay | None:
+        """The replica holding the session's client call, if one was recorded."""
+        row = await self._db.fetchrow("session_relay", task_id, within)
+        if row is None:
+            return None
+        return SessionRelay(row["replica_id"], row["address"], row["alive"])
+
+    async def screen_source(
+        self, task_id: uuid.UUID | None, host_id: str, serial: str, within: timedelta
+    ) -> dict[str, Any] | None:
+        """Where a phone to watch is (replicas.sql screen_source), in one statement."""
+        row = await self._db.fetchrow("screen_source", task_id, host_id, serial, within)
+        return dict(row) if row is not None else None

@@ -1,0 +1,62 @@
+-- The statements store/replicas.py sends, by name: replicas and presence: which replica
+-- holds a host's stream or a session's call. store/sql.py loads every store/*.sql (a name
+-- is used once in all of them). Lock order, in every statement and function: as the top of
+-- schema.sql says.
+
+-- name: replica_alive
+-- This replica's heartbeat: what keeps the hosts whose streams it holds connected; with
+-- the address the other replicas reach it at ($2).
+INSERT INTO replicas (replica_id, address) VALUES ($1, $2)
+ON CONFLICT (replica_id) DO UPDATE SET seen_at = now(), address = EXCLUDED.address;
+
+-- name: set_presence
+-- Streams this replica opened ($3 true) or closed ($3 false) since the last call, one
+-- element per host, sorted by host_id (the lock order). A close does not clear a stream
+-- that has since opened on another replica.
+UPDATE hosts h SET replica_id = CASE WHEN s.opened THEN $1 END, last_seen_at = now()
+FROM unnest($2::text[], $3::boolean[]) AS s (host_id, opened)
+WHERE h.host_id = s.host_id AND (s.opened OR h.replica_id = $1);
+
+-- name: replica_gone
+-- A replica stopping cleanly: its streams are closed, its row goes, and so do the rows of
+-- replicas not seen for a day; the hosts those held keep their last heartbeat as their
+-- last seen (what --forget-hosts-after counts from), not the older time their stream opened.
+WITH closed AS (
+    UPDATE hosts SET replica_id = NULL, last_seen_at = now() WHERE replica_id = $1
+), dead AS (
+    DELETE FROM replicas WHERE replica_id = $1 OR seen_at < now() - interval '1 day'
+    RETURNING replica_id, seen_at
+)
+UPDATE hosts h SET replica_id = NULL, last_seen_at = GREATEST(h.last_seen_at, d.seen_at)
+FROM dead d
+WHERE h.replica_id = d.replica_id AND d.replica_id <> $1;
+
+-- name: session_relay
+-- Where a session's client call is held: its replica, that replica's address, and whether
+-- it heartbeat within $2 (NULL address: no such replica row any more). No row: not a
+-- session, or one opened before relays were recorded.
+SELECT s.replica_id, r.address, COALESCE(r.seen_at > now() - $2::interval, false) AS alive
+FROM session_relays s LEFT JOIN replicas r USING (replica_id)
+WHERE s.task_id = $1;
+
+-- name: screen_source
+-- Where a phone to watch is: a task's ($1, or NULL) phone as its live attempt holds it,
+-- else the device $2/$3; whether it is known; its host's replica, that replica's address
+-- and whether it heartbeat within $4.
+WITH t AS (
+    SELECT t.status, a.host_id, a.device_serial AS serial
+    FROM tasks t
+    LEFT JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt
+                        AND a.state = 'active'
+    WHERE t.task_id = $1
+), want AS (
+    SELECT CASE WHEN $1::uuid IS NULL THEN $2 ELSE (SELECT host_id FROM t) END AS host_id,
+           CASE WHEN $1::uuid IS NULL THEN $3 ELSE (SELECT serial FROM t) END AS serial
+)
+SELECT EXISTS (SELECT 1 FROM t) AS task_found, (SELECT status FROM t) AS task_status,
+       w.host_id, w.serial, d.serial IS NOT NULL AS device_found, h.replica_id, r.address,
+       COALESCE(r.seen_at > now() - $4::interval, false) AS alive
+FROM want w
+LEFT JOIN devices d ON d.host_id = w.host_id AND d.serial = w.serial
+LEFT JOIN hosts h ON h.host_id = w.host_id
+LEFT JOIN replicas r ON r.replica_id = h.replica_id;

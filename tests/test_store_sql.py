@@ -1,0 +1,33 @@
+"""The store's statements sit beside the module that sends them: each `store/<aggregate>.sql`
+holds exactly the statements `store/<aggregate>.py` sends, so a transition's SQL is found
+from the method that runs it (the rule in control_plane/store/__init__.py's docstring)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from control_plane.store.sql import load
+
+STORE = Path(__file__).resolve().parent.parent / "control_plane" / "store"
+# A statement sent by name: db.fetch("x", ...), db.fetchrow("x", ...) or Q["x"].
+SENT = re.compile(r"""(?:\.fetch|\.fetchrow|\bQ\[)\(?\s*"(\w+)\"""")
+
+
+@pytest.mark.parametrize("sql", sorted(STORE.glob("*.sql")), ids=lambda p: p.name)
+def test_each_store_module_sends_exactly_the_statements_of_its_sql_file(sql: Path) -> None:
+    module = sql.with_suffix(".py")
+    assert module.exists(), f"{sql.name} has no module {module.name} beside it"
+    named = set(load(sql.read_text("utf-8")))
+    sent = set(SENT.findall(module.read_text("utf-8")))
+    assert named == sent, (
+        f"only in {sql.name}: {named - sent}; only in {module.name}: {sent - named}"
+    )
+
+
+def test_every_store_module_that_sends_statements_has_its_sql_file() -> None:
+    senders = [p.name for p in STORE.glob("*.py") if SENT.search(p.read_text("utf-8"))]
+    missing = [n for n in senders if not (STORE / n).with_suffix(".sql").exists()]
+    assert not missing, f"statements sent by {missing} are not in a .sql file beside them"
