@@ -45,7 +45,7 @@ async def create_token(
     """Shared by the RPC and the `control-plane tokens create` bootstrap command."""
     validate_admin.token_binding(role, host_id, team=team)
     token_id, token, secret_hash = new_token()
-    info = await store.create_token(token_id, name, role, host_id, secret_hash, team)
+    info = await store.tokens.create_token(token_id, name, role, host_id, secret_hash, team)
     log.info("token created", token_id=str(token_id), role=str(role), host_id=host_id, team=team)
     return info, token
 
@@ -90,7 +90,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.RevokeTokenRequest, context: Context
     ) -> admin_pb2.RevokeTokenResponse:
         token_id = validate_admin.token_id(request.token_id)
-        info = await self.store.revoke_token(token_id)
+        info = await self.store.tokens.revoke_token(token_id)
         self.auth.forget(token_id)
         log.info("token revoked", token_id=str(token_id))
         return admin_pb2.RevokeTokenResponse(info=token_to_pb(info))
@@ -99,7 +99,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def ListTokens(
         self, request: admin_pb2.ListTokensRequest, context: Context
     ) -> admin_pb2.ListTokensResponse:
-        tokens = await self.store.list_tokens()
+        tokens = await self.store.tokens.list_tokens()
         return admin_pb2.ListTokensResponse(tokens=[token_to_pb(t) for t in tokens])
 
     # -- hosts and devices -----------------------------------------------------------------
@@ -111,9 +111,9 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         cordon = kind is not HostEventKind.UNCORDON
         drain = kind is HostEventKind.DRAIN
         who = principal()
-        leases = await self.store.set_host_cordon(host_id, cordon, drain, kind, who, reason)
+        leases = await self.store.hosts.set_host_cordon(host_id, cordon, drain, kind, who, reason)
         self.effects.host_changed(host_id, kind, who, reason, leases=leases)
-        host = await self.store.get_host(self.settings.lease_ttl, host_id)
+        host = await self.store.hosts.get_host(self.settings.lease_ttl, host_id)
         return admin_pb2.HostOperationResponse(host=host_to_pb(host), leases=leases)
 
     async def _device_cordon(
@@ -122,9 +122,11 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         host_id, serial, reason = validate_admin.device_operation(request)
         who = principal()
         cordon = kind is HostEventKind.CORDON
-        host_id = await self.store.set_device_cordon(host_id, serial, cordon, kind, who, reason)
+        host_id = await self.store.hosts.set_device_cordon(
+            host_id, serial, cordon, kind, who, reason
+        )
         self.effects.host_changed(host_id, kind, who, reason, serial=serial)
-        host = await self.store.get_host(self.settings.lease_ttl, host_id)
+        host = await self.store.hosts.get_host(self.settings.lease_ttl, host_id)
         return admin_pb2.DeviceOperationResponse(host=host_to_pb(host))
 
     CordonHost = _operation("CordonHost", HostEventKind.CORDON)
@@ -139,11 +141,11 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DeviceOperationResponse:
         host_id, serial, reason = validate_admin.device_operation(request)
         who = principal()
-        host_id = await self.store.release_device(
+        host_id = await self.store.hosts.release_device(
             host_id, serial, self.settings.lease_ttl, who, reason
         )
         self.effects.device_released(host_id, serial, who, reason)
-        host = await self.store.get_host(self.settings.lease_ttl, host_id)
+        host = await self.store.hosts.get_host(self.settings.lease_ttl, host_id)
         return admin_pb2.DeviceOperationResponse(host=host_to_pb(host))
 
     @rpc
@@ -152,7 +154,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.RemoveHostResponse:
         host_id, reason = validate_admin.host_operation(request)
         who = principal()
-        await self.store.remove_host(host_id, self.settings.lease_ttl, who, reason)
+        await self.store.hosts.remove_host(host_id, self.settings.lease_ttl, who, reason)
         self.effects.host_logged(host_id, HostEventKind.REMOVE, who, reason)
         return admin_pb2.RemoveHostResponse()
 
@@ -161,8 +163,8 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.GetHostRequest, context: Context
     ) -> admin_pb2.GetHostResponse:
         host_id, limit = validate_admin.get_host(request)
-        host = await self.store.get_host(self.settings.lease_ttl, host_id)
-        events = await self.store.host_events(host_id, limit)
+        host = await self.store.hosts.get_host(self.settings.lease_ttl, host_id)
+        events = await self.store.hosts.host_events(host_id, limit)
         return admin_pb2.GetHostResponse(
             host=host_to_pb(host),
             leases=sum(1 for d in host.devices if d.task_id is not None),
@@ -177,10 +179,10 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.SetFairShareResponse:
         key, change, reason = validate_admin.set_fair_share(request)
         who = principal()
-        cap_before = await self.store.set_fair_share(key, change, who, reason)
-        (share,), _ = await self.store.fair_shares(1, key)
+        cap_before = await self.store.queue.set_fair_share(key, change, who, reason)
+        (share,), _ = await self.store.queue.fair_shares(1, key)
         room = _room(cap_before, share)
-        heads = await self.store.fair_share_heads(key, room) if room else []
+        heads = await self.store.queue.fair_share_heads(key, room) if room else []
         self.effects.fair_share_set(share, who, reason, heads)
         return admin_pb2.SetFairShareResponse(share=fair_share_to_pb(share))
 
@@ -188,7 +190,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     async def ListFairShares(
         self, request: admin_pb2.ListFairSharesRequest, context: Context
     ) -> admin_pb2.ListFairSharesResponse:
-        shares, counted_at = await self.store.fair_shares(MAX_KEYS)
+        shares, counted_at = await self.store.queue.fair_shares(MAX_KEYS)
         return admin_pb2.ListFairSharesResponse(
             shares=[fair_share_to_pb(s) for s in shares], counted_at=timestamp(counted_at)
         )
@@ -198,8 +200,8 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.GetFairShareRequest, context: Context
     ) -> admin_pb2.GetFairShareResponse:
         key, limit = validate_admin.get_fair_share(request)
-        shares, counted_at = await self.store.fair_shares(1, key)
-        events = await self.store.fair_share_events(key, limit)
+        shares, counted_at = await self.store.queue.fair_shares(1, key)
+        events = await self.store.queue.fair_share_events(key, limit)
         if not shares and not events:
             raise FairnessKeyNotFound(
                 f"no fairness key '{key}': no share set, and no task of it queued or running"

@@ -53,7 +53,9 @@ class FarmGauges:
 
     async def refresh(self) -> None:
         """Read the farm's figures (one query) and set the gauges from them."""
-        farm = await self._store.farm_gauges(self._settings.lease_ttl, metrics.QUEUE_SELECTORS)
+        farm = await self._store.queue.farm_gauges(
+            self._settings.lease_ttl, metrics.QUEUE_SELECTORS
+        )
         for status in metrics.LIVE_STATUSES:
             metrics.TASKS.labels(str(status)).set(farm.tasks.get(str(status), 0))
         metrics.HOSTS_CONNECTED.set(farm.hosts_connected)

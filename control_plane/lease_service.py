@@ -63,7 +63,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         labels = validate.string_map(dict(request.labels), "labels")
         validate_lease.devices(request.devices)
         devices = [device_from_pb(d, labels) for d in request.devices]
-        await self.store.register_host(host_id, labels, devices)
+        await self.store.hosts.register_host(host_id, labels, devices)
         # Its devices' labels or states may have changed: its parked Acquires look again.
         self.hub.host_registered(host_id)
         log.info("host registered", host_id=host_id, devices=[d.serial for d in devices])
@@ -79,7 +79,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         host_id = self._host(request.host_id)
         validate_lease.device_health(request.devices)
         health = [health_from_pb(h) for h in request.devices]
-        if health and await self.store.set_device_health(host_id, health):
+        if health and await self.store.hosts.set_device_health(host_id, health):
             # A device turned ready: the host's parked Acquires look again, as after a
             # registration (a held device is simply not idle to the next query).
             self.hub.host_registered(host_id)
@@ -122,11 +122,11 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         """The wake-up protocol's wait (control_plane.dispatch), each look one query."""
 
         async def ask(offered: list[str]) -> Acquired:
-            acquired = await self.store.acquire(host_id, serials, ttl, offered)
+            acquired = await self.store.leases.acquire(host_id, serials, ttl, offered)
             if (
                 not acquired.assignments
                 and not acquired.idle
-                and not await self.store.host_registered(host_id)
+                and not await self.store.hosts.host_registered(host_id)
             ):
                 # Forgotten (retention, `amc hosts remove`) while it was away: it takes
                 # no work until it registers its devices again, which the agent does.
@@ -154,7 +154,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         validate_lease.report(request)
         report = report_from_pb(request)
         host_id = principal().host_id
-        answer = await self.store.report(host_id, report)
+        answer = await self.store.leases.report(host_id, report)
         self.effects.reported(host_id, report, answer)
         return task_to_pb(answer.task)
 
@@ -165,7 +165,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         validate_lease.reports(request.results)
         reports = [report_from_pb(r) for r in request.results]
         host_id = principal().host_id
-        answers = await self.store.report_many(host_id, reports) if reports else []
+        answers = await self.store.leases.report_many(host_id, reports) if reports else []
         response = lease_pb2.ReportResultsResponse()
         for report, answer in zip(reports, answers, strict=True):
             if isinstance(answer, AmcError):
@@ -183,13 +183,13 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         lease_id = LeaseId(validate.lease_id(request.lease_id))
         validate.reason(request.reason)
         if request.device_lost:
-            ended = await self.store.device_lost(
+            ended = await self.store.leases.device_lost(
                 principal().host_id, lease_id, request.reason, self.settings.infra_retries
             )
             if ended:
                 self.effects.ended(Event.DEVICE_LOST, [ended])
             return lease_pb2.ReleaseLeaseResponse()
-        ended = await self.store.release(
+        ended = await self.store.leases.release(
             principal().host_id, lease_id, request.reason or "released by host"
         )
         if ended:

@@ -113,7 +113,9 @@ class RenewalStream:
             canonical.append(spelled[raw])
         ttl = self.service.settings.lease_ttl
         steps = steps_from_pb(request.steps)
-        renewals = await self.store.renew(host_id, canonical, ttl, steps) if canonical else []
+        renewals = (
+            await self.store.leases.renew(host_id, canonical, ttl, steps) if canonical else []
+        )
         self.service.effects.renewed(host_id, len(request.lease_ids), renewals, steps)
         by_id = {str(r.lease_id): r for r in renewals}
         response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
@@ -159,7 +161,7 @@ class RenewalStream:
             max(0.0, time.time() - notice.requested_epoch)
         )
         # Recorded for the delivered -> stopped split; a lost update only costs a metric.
-        task = asyncio.create_task(self.store.mark_cancel_delivered(notice.lease_id))
+        task = asyncio.create_task(self.store.leases.mark_cancel_delivered(notice.lease_id))
         _background.add(task)
         task.add_done_callback(_background.discard)
         outbox.put_nowait(_cancel_push(notice))
@@ -212,7 +214,7 @@ class StreamDrain:
         while self._stale:
             self._stale = False
             try:
-                draining = await self._store.host_draining(self._host_id)
+                draining = await self._store.hosts.host_draining(self._host_id)
             except Exception as error:
                 if not retry:
                     raise

@@ -31,6 +31,7 @@ from amc.v1 import (
 from amc_common.build import record_build
 from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
+from control_plane.artifacts import PostgresArtifacts
 from control_plane.config import Settings
 from control_plane.console.http import Console
 from control_plane.effects import Effects
@@ -192,15 +193,19 @@ class ControlPlane:
         server = grpc.aio.server(
             options=SERVER_OPTIONS, interceptors=[RpcMetrics(methods), DecodeGuard()]
         )
-        scheduler = SchedulerService(
-            authenticator, self.store, self.effects, self.settings, self.peers
+        # What every servicer works with; the tasks' kept files are chosen here.
+        parts = (
+            authenticator,
+            self.store,
+            self.effects,
+            self.settings,
+            self.peers,
+            PostgresArtifacts(self.store),
         )
+        scheduler = SchedulerService(*parts)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
-        lease_pb2_grpc.add_LeaseServicer_to_server(
-            LeaseService(authenticator, self.store, self.effects, self.settings, self.peers),
-            server,
-        )
-        admin = AdminService(authenticator, self.store, self.effects, self.settings)
+        lease_pb2_grpc.add_LeaseServicer_to_server(LeaseService(*parts), server)
+        admin = AdminService(*parts)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -219,7 +224,7 @@ class ControlPlane:
             self.port = server.add_insecure_port(self.listen)
         self.address = self.advertise or advertised(self.listen, self.port)
         # Said before the first call is taken: a session opened here may be joined elsewhere.
-        await self.store.replica_alive(self.hub.replica, self.address)
+        await self.store.replicas.replica_alive(self.hub.replica, self.address)
         await server.start()
         self._server = server
         if self.http_listen:
@@ -241,10 +246,10 @@ class ControlPlane:
                 keep_retention(self.store, self.settings),
                 keep_queue_counted(self.store, self.settings),
                 self._watch_database(),
-                self.hub.send_outbox(self.store.notify),
+                self.hub.send_outbox(self.store.notifications.notify),
                 self.hub.presence.write(
-                    self.store.set_presence,
-                    lambda: self.store.replica_alive(self.hub.replica, self.address),
+                    self.store.replicas.set_presence,
+                    lambda: self.store.replicas.replica_alive(self.hub.replica, self.address),
                     self.settings.renew_every,
                 ),
             )
@@ -287,7 +292,7 @@ class ControlPlane:
                 log.warning("background loop did not stop", loop=task.get_name())
         if self._store is not None:
             with contextlib.suppress(errors.AmcError, TimeoutError):
-                await asyncio.wait_for(self._store.replica_gone(self.hub.replica), 2.0)
+                await asyncio.wait_for(self._store.replicas.replica_gone(self.hub.replica), 2.0)
             await self._store.close()
         self._stopped.set()
         log.info("control plane stopped")
@@ -365,7 +370,7 @@ class ControlPlane:
     async def _listen_once(self) -> None:
         lost = asyncio.Event()
         callbacks = dict.fromkeys(CHANNELS, self.hub.notify)
-        async with self.store.listening(self.dsn, callbacks, lost.set) as conn:
+        async with self.store.notifications.listening(self.dsn, callbacks, lost.set) as conn:
             # Notifications sent while no connection listened (a failover loses those the
             # old primary had not delivered) are gone: every parked Acquire looks again.
             self.hub.wake_all()
@@ -374,7 +379,7 @@ class ControlPlane:
                     await asyncio.wait_for(lost.wait(), LISTEN_HEARTBEAT)
                 try:
                     alive = await asyncio.wait_for(
-                        self.store.still_listening(conn, CHANNELS), LISTEN_HEARTBEAT
+                        self.store.notifications.still_listening(conn, CHANNELS), LISTEN_HEARTBEAT
                     )
                 except Exception:
                     alive = False
