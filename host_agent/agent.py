@@ -2,10 +2,12 @@
 for each assignment it is given.
 
     run()
-     ├─ register (retried until accepted), then READY=1 to systemd
+     ├─ register (retried until accepted: registration.py), then READY=1 to systemd
      └─ one TaskGroup
          ├─ LeaseKeeper.run()      the renewal stream and self-fencing (leases.py)
-         ├─ _refresh_loop()        inventory every `inventory_interval`; re-register on change
+         ├─ Registration.refresh_loop()
+         │                         inventory every `inventory_interval`; re-register on
+         │                         change (registration.py)
          ├─ HealthMonitor.run()    every phone probed every `probe_interval`; conditions
          │                         that changed sent in one ReportDeviceHealth (health.py)
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
@@ -46,22 +48,16 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from host_agent import metrics
 from host_agent.config import AgentSettings
-from host_agent.convert import (
-    Assignment,
-    acquire_request,
-    assignment_from_proto,
-    health_request,
-    register_request,
-    timing_from_proto,
-)
-from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
+from host_agent.convert import Assignment, acquire_request, assignment_from_proto, health_request
+from host_agent.devices import DeviceSource
 from host_agent.fencing import Timing
 from host_agent.health import Health, HealthMonitor, Reading, Thresholds, probe
 from host_agent.leases import LeaseKeeper
 from host_agent.recovery import Recovery, RecoverySettings
+from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Outcome
-from host_agent.retry import is_retryable, retrying
+from host_agent.retry import retrying
 from host_agent.screencast import Screencaster
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.systemd import Notifier
@@ -69,8 +65,6 @@ from host_agent.worker import Finished, Tools, Worker
 
 log = structlog.get_logger(__name__)
 
-# Deadline of the short unary calls (RegisterHost); Acquire gets its wait on top.
-CALL_TIMEOUT = 10.0
 # How many finished attempts `Agent.finished` remembers (for tests and debugging).
 FINISHED_KEPT = 256
 
@@ -92,18 +86,17 @@ class Agent:
         self._results = ResultBatcher(self._stub)
         self._notifier = notifier or Notifier(address="")
         self._log = log.bind(host_id=settings.host_id)
+        self._registration = Registration(settings, source, self._stub, self._registered, self._log)
         self.keeper: LeaseKeeper | None = None
         # The live screens (set once registered).
         self.screens: Screencaster | None = None
         self.finished: deque[Finished] = deque(maxlen=FINISHED_KEPT)
         self.registered = asyncio.Event()
-        self._inventory: tuple[DeviceInfo, ...] = ()
         self._busy: dict[str, asyncio.Task[None]] = {}
         # Tripped (SHUTDOWN) by stop(): races the registration and the Acquire long poll.
         self._draining = StopToken()
         self._hurry = asyncio.Event()
         self._changed = asyncio.Event()
-        self._refreshing = asyncio.Lock()
         self._final = FinalCalls()
         self._tools: Tools | None = None
         # Drained from the centre: take no new work, keep running and connected.
@@ -153,7 +146,7 @@ class Agent:
         # Every task started from here on (renewal stream, workers) logs the host id.
         structlog.contextvars.bind_contextvars(host_id=self.settings.host_id)
         try:
-            timing = await self._draining.race(self._register_until_accepted())
+            timing = await self._draining.race(self._registration.until_accepted())
         except Stopped:
             self._log.info("stopped before the first registration")
             return
@@ -185,8 +178,8 @@ class Agent:
             async with asyncio.TaskGroup() as group:
                 background = [
                     group.create_task(keeper.run(), name="renewal stream"),
-                    group.create_task(self._refresh_loop(), name="inventory"),
-                    group.create_task(self.health.run(self._online_serials), name="probes"),
+                    group.create_task(self._registration.refresh_loop(), name="inventory"),
+                    group.create_task(self.health.run(self._registration.online), name="probes"),
                     group.create_task(self._watchdog_loop(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
                 ]
@@ -254,83 +247,23 @@ class Agent:
             await asyncio.sleep(interval)
 
     def _status(self) -> str:
-        online = sum(1 for d in self._inventory if d.state == "device")
+        online = len(self._registration.online())
         drained = ", drained by the control plane" if self.drained_by_centre else ""
         return f"{online} device(s) online, {len(self._busy)} task(s) running{drained}"
 
-    # -- registration and inventory --------------------------------------------------------
+    # -- registration (registration.py) ----------------------------------------------------
 
-    async def _register_until_accepted(self) -> Timing:
-        async for attempt in retrying("registration", self._log):
-            with attempt:
-                return await self._register(await self._read_inventory())
-        raise AssertionError("unreachable: AsyncRetrying retries until it returns or raises")
-
-    async def _register(self, inventory: tuple[DeviceInfo, ...]) -> Timing:
-        request = register_request(self.settings.host_id, self.settings.labels, inventory)
-        response = await self._stub.RegisterHost(request, timeout=CALL_TIMEOUT)
-        timing = timing_from_proto(response)
-        self._inventory = inventory
+    def _registered(self, timing: Timing) -> None:
         if self.keeper is not None:
             self.keeper.timing = timing
-        self._log.info(
-            "registered",
-            devices={d.serial: d.state for d in inventory},
-            lease_ttl=timing.ttl,
-            renew_interval=timing.interval,
-        )
         # A registration may have made the devices anew (a host forgotten and back): the
         # next probe round tells the control plane every condition again.
         self.health.forget_told()
         self.registered.set()
         self._changed.set()
         self._notifier.status(self._status())
-        return timing
-
-    async def _register_again(self, refusal: grpc.aio.AioRpcError) -> None:
-        """The control plane forgot this host while it was away (retention after a long
-        disconnection, or `amc hosts remove`): register its devices again; the Acquire that
-        was refused is then asked again."""
-        self._log.warning(
-            "the control plane does not know this host; registering again",
-            reason=refusal.details(),
-        )
-        async with self._refreshing:
-            await self._register(self._inventory)
-
-    async def _read_inventory(self) -> tuple[DeviceInfo, ...]:
-        try:
-            inventory = tuple(await self._source.inventory())
-        except DeviceError as exc:
-            # Phones we cannot see must not take work: offer none until they are back.
-            self._log.warning("device inventory failed; offering no devices", error=str(exc))
-            metrics.inventory_read(None)
-            return ()
-        metrics.inventory_read([d.state for d in inventory])
-        return inventory
-
-    async def refresh_inventory(self) -> None:
-        """Read the devices again and re-register if anything changed."""
-        async with self._refreshing:
-            inventory = await self._read_inventory()
-            if inventory == self._inventory:
-                return
-            try:
-                await self._register(inventory)
-            except grpc.aio.AioRpcError as exc:
-                if not is_retryable(exc):
-                    raise
-                self._log.warning("re-registration failed; will retry", code=exc.code().name)
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.inventory_interval)
-            await self.refresh_inventory()
 
     # -- health ----------------------------------------------------------------------------
-
-    def _online_serials(self) -> list[str]:
-        return [d.serial for d in self._inventory if d.state == "device"]
 
     async def _probe_one(self, serial: str) -> Reading:
         return await probe(self._source.device(serial), self.settings.probe_timeout)
@@ -342,9 +275,7 @@ class Agent:
     # -- taking work -----------------------------------------------------------------------
 
     def _idle_serials(self) -> list[str]:
-        return [
-            d.serial for d in self._inventory if d.state == "device" and d.serial not in self._busy
-        ]
+        return [s for s in self._registration.online() if s not in self._busy]
 
     async def _acquire_loop(self, group: asyncio.TaskGroup) -> None:
         """Keep every idle device offered in a parked Acquire. A device that becomes idle
@@ -389,7 +320,7 @@ class Agent:
                     )
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                        await self._register_again(exc)
+                        await self._registration.again(exc)
                     raise
         # Taken before the conversion, so the leases' deadlines err early, never late.
         received_at = time.monotonic()
@@ -431,7 +362,7 @@ class Agent:
                 await self.health.recheck(finished.device)
             if finished.result is not None and finished.result.outcome is not Outcome.DONE:
                 # A failed run may mean the phone went away: look before offering it again.
-                await self.refresh_inventory()
+                await self._registration.refresh()
         finally:
             self._busy.pop(worker.assignment.device_serial, None)
             self._changed.set()

@@ -53,7 +53,7 @@ from amc_testing.host import (
     report_request,
 )
 
-# host_agent's defaults: AgentSettings.acquire_wait, agent.CALL_TIMEOUT.
+# host_agent's defaults: AgentSettings.acquire_wait, registration.CALL_TIMEOUT.
 ACQUIRE_WAIT = 60.0
 CALL_TIMEOUT = 10.0
 # How long an assignment may wait for its acknowledgement's answer before the host gives up

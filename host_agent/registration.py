@@ -1,0 +1,114 @@
+"""This host as the control plane knows it: the phones read from the device source and
+registered with RegisterHost (retried until accepted at start-up; again when the control
+plane forgot the host), read again every `inventory_interval` and registered again when
+they changed.
+
+A failed read offers no phones until they are back: phones the host cannot see must not
+take work. Each registration is handed to the host session (`on_registered`), which
+passes its timing on to the renewal stream and tells the other parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from amc.v1 import lease_pb2_grpc
+from host_agent import metrics
+from host_agent.config import AgentSettings
+from host_agent.convert import register_request, timing_from_proto
+from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
+from host_agent.fencing import Timing
+from host_agent.retry import is_retryable, retrying
+
+# Deadline of the short unary calls (RegisterHost, ReportDeviceHealth); Acquire gets its
+# wait on top.
+CALL_TIMEOUT = 10.0
+
+
+class Registration:
+    """The inventory last registered, and the calls that register it."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        source: DeviceSource,
+        stub: lease_pb2_grpc.LeaseStub,
+        on_registered: Callable[[Timing], None],
+        log: Any,
+    ) -> None:
+        self._settings = settings
+        self._source = source
+        self._stub = stub
+        self._on_registered = on_registered
+        self._log = log
+        self._refreshing = asyncio.Lock()
+        self.inventory: tuple[DeviceInfo, ...] = ()
+
+    def online(self) -> list[str]:
+        """The serials of the phones online (state "device") as last registered."""
+        return [d.serial for d in self.inventory if d.state == "device"]
+
+    async def until_accepted(self) -> Timing:
+        async for attempt in retrying("registration", self._log):
+            with attempt:
+                return await self._register(await self._read())
+        raise AssertionError("unreachable: AsyncRetrying retries until it returns or raises")
+
+    async def again(self, refusal: grpc.aio.AioRpcError) -> None:
+        """The control plane forgot this host while it was away (retention after a long
+        disconnection, or `amc hosts remove`): register its devices again; the Acquire that
+        was refused is then asked again."""
+        self._log.warning(
+            "the control plane does not know this host; registering again",
+            reason=refusal.details(),
+        )
+        async with self._refreshing:
+            await self._register(self.inventory)
+
+    async def refresh(self) -> None:
+        """Read the devices again and re-register if anything changed."""
+        async with self._refreshing:
+            inventory = await self._read()
+            if inventory == self.inventory:
+                return
+            try:
+                await self._register(inventory)
+            except grpc.aio.AioRpcError as exc:
+                if not is_retryable(exc):
+                    raise
+                self._log.warning("re-registration failed; will retry", code=exc.code().name)
+
+    async def refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.inventory_interval)
+            await self.refresh()
+
+    async def _register(self, inventory: tuple[DeviceInfo, ...]) -> Timing:
+        settings = self._settings
+        request = register_request(settings.host_id, settings.labels, inventory)
+        response = await self._stub.RegisterHost(request, timeout=CALL_TIMEOUT)
+        timing = timing_from_proto(response)
+        self.inventory = inventory
+        self._log.info(
+            "registered",
+            devices={d.serial: d.state for d in inventory},
+            lease_ttl=timing.ttl,
+            renew_interval=timing.interval,
+        )
+        self._on_registered(timing)
+        return timing
+
+    async def _read(self) -> tuple[DeviceInfo, ...]:
+        try:
+            inventory = tuple(await self._source.inventory())
+        except DeviceError as exc:
+            # Phones we cannot see must not take work: offer none until they are back.
+            self._log.warning("device inventory failed; offering no devices", error=str(exc))
+            metrics.inventory_read(None)
+            return ()
+        metrics.inventory_read([d.state for d in inventory])
+        return inventory
