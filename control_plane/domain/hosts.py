@@ -1,0 +1,75 @@
+"""Hosts and their devices: what a host registers, its devices' health, its events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from control_plane.domain.tasks import (
+    TaskId,
+)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    serial: str
+    state: str
+    model: str = ""
+    manufacturer: str = ""
+    sdk: int = 0
+    abi: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    task_id: TaskId | None = None
+    cordoned: bool = False
+    health: DeviceHealth | None = None
+
+
+# What a host's probes may say of a device (devices.condition); only 'ready' takes work.
+CONDITIONS = (
+    "ready",
+    "charging_hold",
+    "too_hot",
+    "unresponsive",
+    "booting",
+    "recovering",
+    "quarantined",
+    "offline",
+    "low_storage",
+)
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """A device's condition as its host last reported it, and the facts behind it (None:
+    not read). `probed_at` is the control plane's time of the report (None: never)."""
+
+    serial: str
+    condition: str = "ready"
+    reason: str = ""
+    battery_percent: int | None = None
+    temperature_celsius: float | None = None
+    charging: bool | None = None
+    probed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    host_id: str
+    labels: dict[str, str]
+    connected: bool
+    last_seen_at: datetime
+    devices: list[DeviceInfo]
+    cordoned: bool = False
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    """What an operator did to a host or one of its devices (`serial` set)."""
+
+    kind: str
+    serial: str | None
+    actor: str
+    actor_name: str
+    reason: str
+    at: datetime

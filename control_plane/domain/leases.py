@@ -1,0 +1,114 @@
+"""Leases: what Acquire assigns, renewals, reports and how leases end, and the
+notices a replica pushes onto a host's renewal stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+from control_plane.domain.tasks import (
+    LeaseId,
+    Task,
+    TaskId,
+)
+from control_plane.lifecycle import Outcome, ReportCode, TaskStatus
+
+
+@dataclass(frozen=True)
+class Assignment:
+    task_id: TaskId
+    attempt: int
+    lease_id: LeaseId
+    device_serial: str
+    spec: bytes
+    queued_seconds: float = 0.0
+    deadline: timedelta | None = None
+
+
+class Renewal(NamedTuple):
+    """A lease renewed (a lease asked about and not renewed is a conflict). A tuple: they
+    come in bulk, in the order of amc_renew's columns."""
+
+    lease_id: LeaseId
+    cancel_pending: bool
+    task_id: TaskId
+    attempt: int
+    # Set when this answer is the first to carry the pending cancel: requested -> now.
+    delivery_seconds: float | None = None
+    # This renewal was the host's acknowledgement (assigned -> dispatched).
+    acknowledged: bool = False
+    # With an acknowledgement: how long the task was queued before it (pickup latency).
+    pickup_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    task_id: TaskId
+    attempt: int
+    lease_id: LeaseId
+    outcome: Outcome
+    result: bytes
+    error: str
+
+
+@dataclass(frozen=True)
+class Expiry:
+    task_id: TaskId
+    attempt: int
+    lease_id: LeaseId
+    host_id: str
+    to_status: TaskStatus
+    # The task's selector, to offer it again when it is requeued.
+    selector_serial: str | None = None
+    selector_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What one Acquire round found: its assignments, and the devices left idle after it
+    (serial, labels) that the replica indexes while the call waits; of the tasks it was
+    offered, those queued when it looked (`queued`)."""
+
+    assignments: list[Assignment]
+    idle: list[tuple[str, dict[str, str]]]
+    queued: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A report's answer: the task, and the attempt's cancel timing for the metrics."""
+
+    code: ReportCode  # RECORDED or REPEATED (the others are refusals)
+    task: Task
+    cancel_requested_at: datetime | None
+    cancel_delivered_at: datetime | None
+    # When the attempt started running (acknowledged, else assigned): for the run time.
+    started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CancelNotice:
+    """A cancellation recorded for a lease, as NOTIFY carries it to the stream's replica."""
+
+    host_id: str
+    lease_id: LeaseId
+    task_id: TaskId
+    attempt: int
+    requested_epoch: float = 0.0
+
+
+@dataclass(frozen=True)
+class DrainNotice:
+    """A host drained from the centre (`drain`), or uncordoned after it, for its stream."""
+
+    host_id: str
+    drain: bool
+
+
+@dataclass(frozen=True)
+class ReleaseNotice:
+    """A device of the host released from quarantine from the centre, for its stream."""
+
+    host_id: str
+    serial: str
