@@ -9,7 +9,7 @@ that reads an action reads it through this module:
 
 - the control plane checks each submitted action with `from_message` (validate.action);
 - the host agent turns each assigned action into one of these classes with `from_message`
-  (convert.spec_from_proto) and runs it (actions.py), so what ran is what was checked;
+  (wire.spec_from_proto) and runs it (executor.py), so what ran is what was checked;
 - the CLI fills its shorthands from `FIELDS` (`tap: [540, 1200]` gives x and y in that
   order) and checks each action of a spec file with `from_message` before sending it.
 

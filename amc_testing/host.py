@@ -5,11 +5,11 @@ from host_agent.__main__ import RECONNECT
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
 from host_agent.config import AgentSettings, duration
-from host_agent.convert import report_request
 from host_agent.reporting import ResultBatcher
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus
 from host_agent.retry import RetryPolicy
 from host_agent.simulated import SimulatedSource
+from host_agent.wire import report_request
 
 __all__ = [
     "RECONNECT",

@@ -17,7 +17,7 @@ for each assignment it is given.
          └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
                                     → report or release → forget; then the books here
 
-Messages become domain values (and back) in convert.py; this module and the worker see
+Messages become domain values (and back) in wire.py; this module and the worker see
 the domain `Assignment`, not `lease_pb2.Assignment`.
 
 Drain (`stop()`, i.e. SIGTERM): no new Acquire (one in flight is cancelled); running tasks
@@ -48,7 +48,6 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from host_agent import metrics
 from host_agent.config import AgentSettings
-from host_agent.convert import Assignment, acquire_request, assignment_from_proto, health_request
 from host_agent.devices import DeviceSource
 from host_agent.fencing import Timing
 from host_agent.health import Health, HealthMonitor, Reading, Thresholds, probe
@@ -61,6 +60,7 @@ from host_agent.retry import retrying
 from host_agent.screencast import Screencaster
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.systemd import Notifier
+from host_agent.wire import Assignment, acquire_request, assignment_from_proto, health_request
 from host_agent.worker import Finished, Tools, Worker
 
 log = structlog.get_logger(__name__)

@@ -8,7 +8,7 @@ Errors::
     DeviceError             any failure talking to a device
     ├── DeviceLost          the device is gone (unplugged, offline, adb server lost it)
     │   └── DeviceUnresponsive  it (or the adb server) stopped answering mid-run: as good
-    │                       as gone for the task (host_agent.actions raises it)
+    │                       as gone for the task (host_agent.executor raises it)
     ├── DeviceTimeout       a call took longer than its deadline
     ├── SourceUnreachable   the device source (the adb server) cannot be reached
     └── CommandFailed       the device answered, but the command did not succeed

@@ -19,10 +19,10 @@ import grpc
 from amc.v1 import lease_pb2_grpc
 from host_agent import metrics
 from host_agent.config import AgentSettings
-from host_agent.convert import register_request, timing_from_proto
 from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
 from host_agent.fencing import Timing
 from host_agent.retry import is_retryable, retrying
+from host_agent.wire import register_request, timing_from_proto
 
 # Deadline of the short unary calls (RegisterHost, ReportDeviceHealth); Acquire gets its
 # wait on top.

@@ -19,8 +19,8 @@ from typing import assert_never
 import structlog
 
 from amc_common.actions import Action
-from host_agent.actions import POLL_INTERVAL, StepOutput, describe_device_error, execute
 from host_agent.devices import Device, DeviceLost
+from host_agent.executor import POLL_INTERVAL, StepOutput, describe_device_error, execute
 from host_agent.results import Kept, Outcome, RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, Session, TaskSpec, Workflow
 from host_agent.stop_token import Stopped, StopReason, StopToken

@@ -22,13 +22,13 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from amc_common.actions import Action, Screenshot, UiDump
-from host_agent import artifacts
-from host_agent.convert import action_from_proto, step_to_proto
+from host_agent import artifact_upload
 from host_agent.devices import Device
 from host_agent.results import Outcome, RunResult, StepResult, StepStatus
 from host_agent.runner import StepRunner, outcome_for
 from host_agent.spec import InvalidSpec
 from host_agent.stop_token import Stopped, StopReason, StopToken
+from host_agent.wire import action_from_proto, step_to_proto
 
 log = structlog.get_logger(__name__)
 ABANDONED = "session abandoned"
@@ -42,7 +42,7 @@ class SessionSettings:
 
 async def run_session(
     stub: lease_pb2_grpc.LeaseStub,
-    lease: artifacts.Lease,
+    lease: artifact_upload.Lease,
     device: Device,
     token: StopToken,
     settings: SessionSettings,
@@ -110,7 +110,7 @@ class _Answer:
 
 async def _observed(
     stub: lease_pb2_grpc.LeaseStub,
-    lease: artifacts.Lease,
+    lease: artifact_upload.Lease,
     step: StepResult,
     observe: task_pb2.Observe,
     settings: SessionSettings,
@@ -118,7 +118,7 @@ async def _observed(
     """The step with what it saw: the last screenshot and UI dump it took."""
     found = {k.kind: k.data for k in step.kept}
     if observe.keep and step.kept:
-        step = await artifacts.upload_step(stub, step, lease, settings.upload_timeout)
+        step = await artifact_upload.upload_step(stub, step, lease, settings.upload_timeout)
     else:
         step = dataclasses.replace(step, kept=())
     pb = step_to_proto(step)

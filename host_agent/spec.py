@@ -2,7 +2,7 @@
 
 The actions themselves are amc_common.actions' classes: the one definition of each action's
 fields, defaults and limits, which the control plane checked the spec against too.
-`host_agent.convert.spec_from_proto` makes these from an `amc.v1.TaskSpec` (raising
+`host_agent.wire.spec_from_proto` makes these from an `amc.v1.TaskSpec` (raising
 InvalidSpec for a spec no runner could run); the runner only ever sees these.
 """
 

@@ -3,7 +3,7 @@ lease back → `Finished`.
 
 The session (`host_agent.agent`) starts one `Worker` per assignment it is given, in a task of
 its own, and keeps the books (which device is busy, what finished). The worker sees the
-domain `Assignment` (host_agent.convert), never a protobuf message, and whatever happens it
+domain `Assignment` (host_agent.wire), never a protobuf message, and whatever happens it
 ends with the lease forgotten by the keeper and a final word sent: a report, a release, or
 nothing when the lease was already dead.
 """
@@ -21,9 +21,8 @@ from typing import Any
 import structlog
 
 from amc.v1 import lease_pb2_grpc
-from host_agent import artifacts, recording
+from host_agent import artifact_upload, recording
 from host_agent.config import AgentSettings
-from host_agent.convert import Assignment, report_request, step_to_proto
 from host_agent.devices import Device, DeviceSource
 from host_agent.fencing import HeldLease, RenewalResult
 from host_agent.leases import LeaseKeeper
@@ -36,6 +35,7 @@ from host_agent.screencast import Screencaster
 from host_agent.session import SessionSettings, run_session
 from host_agent.spec import InvalidSpec, Session, TaskSpec
 from host_agent.stop_token import StopReason, StopToken
+from host_agent.wire import Assignment, report_request, step_to_proto
 
 log = structlog.get_logger(__name__)
 SCREEN_RECORDING = "screen_recording"
@@ -137,9 +137,11 @@ class Worker:
         a = self.assignment
         if result.stop_reason is not StopReason.LEASE_LOST:
             # Before the report, while the lease is live: after it, the lease is over.
-            lease_ref = artifacts.Lease(a.task_id, a.attempt, a.lease_id)
+            lease_ref = artifact_upload.Lease(a.task_id, a.attempt, a.lease_id)
             budget, late = self._upload_budget()
-            result = await artifacts.upload_kept(self._tools.stub, result, lease_ref, budget, late)
+            result = await artifact_upload.upload_kept(
+                self._tools.stub, result, lease_ref, budget, late
+            )
         request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
         delivery = await final.run(self._tools.results.report(request, policy))
@@ -198,7 +200,7 @@ class Worker:
         settings = self._tools.settings
         if isinstance(spec, Session):
             a = self.assignment
-            lease_ref = artifacts.Lease(a.task_id, a.attempt, a.lease_id)
+            lease_ref = artifact_upload.Lease(a.task_id, a.attempt, a.lease_id)
             options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
             return await run_session(self._tools.stub, lease_ref, device, token, options)
         # Each step as it ends goes with the lease's next renewal (progress).

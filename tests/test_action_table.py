@@ -30,8 +30,8 @@ from amc_common.actions import (
     UiSelector,
     Whole,
 )
-from host_agent.convert import spec_from_proto
 from host_agent.spec import ActionList, InvalidSpec
+from host_agent.wire import spec_from_proto
 from tests.support import Farm, actions_spec
 
 ONEOF = task_pb2.Action.DESCRIPTOR.oneofs_by_name["kind"]

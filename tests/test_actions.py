@@ -24,7 +24,6 @@ from amc_common.actions import (
     Wait,
     WaitFor,
 )
-from host_agent.actions import StepOutput, bounds_centre, execute, find_element
 from host_agent.devices import (
     CommandFailed,
     DeviceLost,
@@ -33,6 +32,7 @@ from host_agent.devices import (
     ShellResult,
     SourceUnreachable,
 )
+from host_agent.executor import StepOutput, bounds_centre, execute, find_element
 from host_agent.results import OUTPUT_LIMIT, cut
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from tests.support.runner_fakes import EMPTY_SCREEN, HOME_SCREEN, Call, FakeDevice

@@ -25,7 +25,6 @@ from amc_common.actions import (
     Wait,
     WaitFor,
 )
-from host_agent.convert import outcome_to_proto, report_request
 from host_agent.devices import DeviceLost
 from host_agent.runner import (
     Outcome,
@@ -38,6 +37,7 @@ from host_agent.runner import (
 )
 from host_agent.spec import ActionList, TaskSpec, Workflow, WorkflowStep
 from host_agent.stop_token import StopReason, StopToken
+from host_agent.wire import outcome_to_proto, report_request
 from tests.support import eventually
 from tests.support.runner_fakes import EMPTY_SCREEN, Call, FakeDevice
 

@@ -1,4 +1,4 @@
-"""The host agent's protobuf edge (host_agent.convert): TaskSpec in, TaskResult and Outcome out."""
+"""The host agent's protobuf edge (host_agent.wire): TaskSpec in, TaskResult and Outcome out."""
 
 from __future__ import annotations
 
@@ -24,7 +24,12 @@ from amc_common.actions import (
     Wait,
     WaitFor,
 )
-from host_agent.convert import (
+from host_agent.devices import DeviceInfo
+from host_agent.fencing import Timing
+from host_agent.results import OUTPUT_LIMIT, Outcome, RunResult, StepResult, StepStatus
+from host_agent.spec import ActionList, InvalidSpec, Workflow, WorkflowStep
+from host_agent.stop_token import StopReason
+from host_agent.wire import (
     Assignment,
     acquire_request,
     assignment_from_proto,
@@ -38,11 +43,6 @@ from host_agent.convert import (
     spec_from_proto,
     timing_from_proto,
 )
-from host_agent.devices import DeviceInfo
-from host_agent.fencing import Timing
-from host_agent.results import OUTPUT_LIMIT, Outcome, RunResult, StepResult, StepStatus
-from host_agent.spec import ActionList, InvalidSpec, Workflow, WorkflowStep
-from host_agent.stop_token import StopReason
 
 
 def secs(value: float) -> duration_pb2.Duration:
@@ -333,8 +333,8 @@ def test_register_and_acquire_requests_and_the_timing_answered() -> None:
 def test_device_facts_with_line_breaks_are_registered_as_one_line() -> None:
     """The control plane refuses control characters in labels: the agent flattens what a
     phone reports rather than have one phone's adb error refuse the host's registration."""
-    from host_agent.convert import device_to_proto
     from host_agent.devices import DeviceInfo
+    from host_agent.wire import device_to_proto
 
     d = device_to_proto(
         DeviceInfo(
