@@ -14,14 +14,14 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from control_plane import errors, metrics
-from control_plane.artifacts import Artifacts, PostgresArtifacts
 from control_plane.auth import Authenticator, authorize
 from control_plane.domain import ANONYMOUS, Principal
-from control_plane.peers import Peers
 
 if TYPE_CHECKING:
+    from control_plane.artifacts import Artifacts
     from control_plane.config import Settings
     from control_plane.effects import Effects
+    from control_plane.peers import Peers
     from control_plane.store import Store
 
 log = structlog.get_logger(__name__)
@@ -128,15 +128,16 @@ class TaskServicer(Servicer):
         store: Store,
         effects: Effects,
         settings: Settings,
-        peers: Peers | None = None,
+        peers: Peers,
+        artifacts: Artifacts,
     ) -> None:
         super().__init__(auth)
         self.store = store
         self.effects = effects
         self.hub = effects.hub
         self.settings = settings
-        self.artifacts: Artifacts = PostgresArtifacts(store)
-        self.peers = peers or Peers(None)
+        self.peers = peers
+        self.artifacts = artifacts
 
 
 async def _enter(self: Servicer, method: str, context: Context) -> None:

@@ -31,6 +31,7 @@ from amc.v1 import (
 from amc_common.build import record_build
 from control_plane import auth, errors, metrics
 from control_plane.admin_service import AdminService
+from control_plane.artifacts import PostgresArtifacts
 from control_plane.config import Settings
 from control_plane.console.http import Console
 from control_plane.effects import Effects
@@ -192,15 +193,19 @@ class ControlPlane:
         server = grpc.aio.server(
             options=SERVER_OPTIONS, interceptors=[RpcMetrics(methods), DecodeGuard()]
         )
-        scheduler = SchedulerService(
-            authenticator, self.store, self.effects, self.settings, self.peers
+        # What every servicer works with; the tasks' kept files are chosen here.
+        parts = (
+            authenticator,
+            self.store,
+            self.effects,
+            self.settings,
+            self.peers,
+            PostgresArtifacts(self.store),
         )
+        scheduler = SchedulerService(*parts)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
-        lease_pb2_grpc.add_LeaseServicer_to_server(
-            LeaseService(authenticator, self.store, self.effects, self.settings, self.peers),
-            server,
-        )
-        admin = AdminService(authenticator, self.store, self.effects, self.settings)
+        lease_pb2_grpc.add_LeaseServicer_to_server(LeaseService(*parts), server)
+        admin = AdminService(*parts)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
