@@ -12,9 +12,10 @@ submitted as asked; `--strict` makes them an error.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common.device_selector import describe
 
 # How many known names a message lists when none is near the one asked for.
 SHOWN = 8
@@ -72,5 +73,4 @@ def _fits(selector: task_pb2.DeviceSelector, device: scheduler_pb2.Device) -> bo
 
 
 def _text(selector: task_pb2.DeviceSelector) -> str:
-    parts: Iterable[str] = [f"serial={selector.serial}"] if selector.serial else []
-    return " ".join([*parts, *(f"{k}={v}" for k, v in sorted(selector.labels.items()))])
+    return describe(selector.serial, selector.labels, sep=" ")

@@ -11,7 +11,7 @@ the one field that must be given.
     - tap: [540, 1200]                      # or {x: 540, y: 1200}
     - tap_on: "Log in"                      # or {text: ...}, {resource_id: ...}, {selector: ...}
     - input_text: "alice@example.com"
-    - key: enter                            # a name from KEYCODES, or a number
+    - key: enter                            # a name from specvalues.KEYCODES, or a number
     - wait: 2s                              # durations: 2s, 500ms, 1m30s, 1.5 (seconds)
     - shell: "pm list packages"             # or {command: ..., timeout: 5s}
     - screenshot                            # no arguments (keeps the PNG)
@@ -23,64 +23,25 @@ action is checked against its definition in amc_common.actions, the same check t
 control plane makes, so a value past a limit is refused here, before anything is sent.
 Each problem is reported with the file, the line (YAML) and the path inside the document;
 what only the server checks (priority, labels, sizes) comes back naming the field too.
+
+Reading the file and the line of each part is specdoc's; single values (text, numbers,
+key names) specvalues'; durations durations'.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import re
-import sys
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
-from datetime import date
-from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Any
 
-import yaml
 from google.protobuf import duration_pb2, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from amc.v1 import scheduler_pb2, task_pb2
-from amc_cli.errors import BadInput, SpecError
+from amc_cli.durations import parse_duration
+from amc_cli.errors import SpecError
+from amc_cli.specdoc import Doc, parse, read
+from amc_cli.specvalues import describe, scalar, suggest
 from amc_common.actions import FIELDS, ActionError, from_message
-
-STDIN = "-"
-
-# Android KeyEvent codes an operator is likely to want by name.
-KEYCODES = {
-    "home": 3,
-    "back": 4,
-    "call": 5,
-    "endcall": 6,
-    "dpad_up": 19,
-    "dpad_down": 20,
-    "dpad_left": 21,
-    "dpad_right": 22,
-    "dpad_center": 23,
-    "volume_up": 24,
-    "volume_down": 25,
-    "power": 26,
-    "camera": 27,
-    "tab": 61,
-    "space": 62,
-    "enter": 66,
-    "del": 67,
-    "backspace": 67,
-    "menu": 82,
-    "search": 84,
-    "media_play_pause": 85,
-    "page_up": 92,
-    "page_down": 93,
-    "escape": 111,
-    "forward_del": 112,
-    "move_home": 122,
-    "move_end": 123,
-    "app_switch": 187,
-    "sleep": 223,
-    "wakeup": 224,
-}
 
 _TOP_LEVEL = [
     "actions",
@@ -95,22 +56,12 @@ _TOP_LEVEL = [
     "deadline",
     "fairness_key",
 ]
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
-_NANOS = {
-    "h": 3600 * 10**9,
-    "m": 60 * 10**9,
-    "s": 10**9,
-    "ms": 10**6,
-    "us": 10**3,
-    "µs": 10**3,
-    "ns": 1,
-}
 
 
 def load_request(path: str) -> scheduler_pb2.SubmitTaskRequest:
     """Read FILE (or stdin for `-`) and build the request it describes."""
-    source, text = _read(path)
-    doc = _parse(source, text, as_json=path.lower().endswith(".json"))
+    source, text = read(path)
+    doc = parse(source, text, as_json=path.lower().endswith(".json"))
     return _Builder(doc).request()
 
 
@@ -149,195 +100,10 @@ def with_flags(
     return out
 
 
-def parse_duration(value: object) -> duration_pb2.Duration:
-    """`2s`, `500ms`, `1m30s`, `1.5` or a number of seconds; raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 2s, 500ms or 1m30s")
-    if isinstance(value, int | float):
-        text = str(value)
-        nanos = Decimal(text) * 10**9
-    elif isinstance(value, str):
-        text = value.strip()
-        negative = text.startswith("-") and text[1:2].isdigit()
-        nanos = -_duration_nanos(text[1:]) if negative else _duration_nanos(text)
-    else:
-        raise ValueError("expected a duration such as 2s, 500ms or 1m30s")
-    if not nanos.is_finite():
-        raise ValueError("expected a finite duration")
-    if nanos < 0:
-        # One message whether the unit was written (-5s) or not (-5).
-        raise ValueError(f"{text!r} is negative; a duration must be 0 or more")
-    d = duration_pb2.Duration()
-    try:
-        d.FromNanoseconds(int(nanos))
-    except (ValueError, OverflowError):
-        raise ValueError("too long for a duration") from None
-    return d
-
-
-def _duration_nanos(text: str) -> Decimal:
-    try:
-        return Decimal(text) * 10**9
-    except InvalidOperation:
-        pass
-    total, pos = Decimal(0), 0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != pos:
-            break
-        total += Decimal(match[1]) * _NANOS[match[2]]
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise ValueError(f"{text!r} is not a duration (try 2s, 500ms, 1m30s or 1.5)")
-    return total
-
-
 # -- reading and parsing ---------------------------------------------------------------------
 
 
-def _read(path: str) -> tuple[str, str]:
-    if path == STDIN:
-        return "<stdin>", sys.stdin.read()
-    try:
-        return path, Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise BadInput(f"{path}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise BadInput(f"cannot read spec file {path}: {exc.strerror or exc}") from None
-
-
-@dataclass
-class _Doc:
-    """A parsed document and the line of each container and item (YAML only)."""
-
-    source: str
-    data: Any
-    lines: dict[int, int] = field(default_factory=dict)
-    item_lines: dict[tuple[int, Hashable], int] = field(default_factory=dict)
-    # Containers made while normalising are kept alive, so their ids stay theirs.
-    made: list[Any] = field(default_factory=list)
-
-    def remember(self, made: Any, line: int | None) -> None:
-        self.made.append(made)
-        if line:
-            self.lines[id(made)] = line
-
-    def line(self, parent: Any, key: Hashable, value: Any = None) -> int | None:
-        if isinstance(value, dict | list) and id(value) in self.lines:
-            return self.lines[id(value)]
-        return self.item_lines.get((id(parent), key)) or self.lines.get(id(parent))
-
-    def error(self, parent: Any, key: Hashable, value: Any, path: str, problem: str) -> SpecError:
-        where = f"{path}: " if path else ""
-        return SpecError(self.source, self.line(parent, key, value), where + problem)
-
-
-def _parse(source: str, text: str, *, as_json: bool) -> _Doc:
-    if not text.strip():
-        raise SpecError(source, None, "the file is empty; it needs actions or a workflow")
-    looks_json = text.lstrip()[:1] in ("{", "[")
-    if as_json or looks_json:
-        try:
-            return _Doc(source, json.loads(text, object_pairs_hook=_no_duplicates(source)))
-        except json.JSONDecodeError as exc:
-            if as_json:
-                raise SpecError(source, exc.lineno, f"invalid JSON: {exc.msg}") from None
-            # A YAML flow mapping also starts with a brace; let YAML have a go.
-    return _parse_yaml(source, text)
-
-
-def _no_duplicates(source: str) -> Any:
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise SpecError(source, None, f"duplicate key {key!r}")
-            out[key] = value
-        return out
-
-    return hook
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that remembers lines and refuses duplicate keys."""
-
-    def __init__(self, source: str, text: str) -> None:
-        super().__init__(text)
-        self.doc = _Doc(source, None)
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    out: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        if not isinstance(key, Hashable):
-            raise SpecError(loader.doc.source, line, "a mapping key must be a plain value")
-        if key in out:
-            raise SpecError(loader.doc.source, line, f"duplicate key {key!r}")
-        out[key] = loader.construct_object(value_node, deep=True)
-        loader.doc.item_lines[(id(out), key)] = value_node.start_mark.line + 1
-    loader.doc.lines[id(out)] = node.start_mark.line + 1
-    return out
-
-
-def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> list[Any]:
-    out = [loader.construct_object(child, deep=True) for child in node.value]
-    for i, child in enumerate(node.value):
-        loader.doc.item_lines[(id(out), i)] = child.start_mark.line + 1
-    loader.doc.lines[id(out)] = node.start_mark.line + 1
-    return out
-
-
-_Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
-_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
-
-
-def _parse_yaml(source: str, text: str) -> _Doc:
-    loader = _Loader(source, text)
-    try:
-        loader.doc.data = loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        raise SpecError(source, *_yaml_problem(exc)) from None
-    except yaml.YAMLError as exc:
-        raise SpecError(source, None, f"invalid YAML: {' '.join(str(exc).split())}") from None
-    finally:
-        loader.dispose()
-    return loader.doc
-
-
-def _yaml_problem(exc: yaml.MarkedYAMLError) -> tuple[int | None, str]:
-    """PyYAML's context ("while parsing a block mapping", at its own line) then its
-    problem, at the line and column reported."""
-    mark = exc.problem_mark or exc.context_mark
-    text = "invalid YAML: "
-    if exc.context:
-        text += exc.context
-        if exc.context_mark is not None and exc.problem:
-            text += f" on line {exc.context_mark.line + 1}"
-        text += ", " if exc.problem else ""
-    text += exc.problem or ""
-    if mark is not None:
-        text += f" (column {mark.column + 1})"
-    return (mark.line + 1 if mark is not None else None), text
-
-
 # -- normalising against the descriptors -----------------------------------------------------
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
-
-
-def _suggest(word: object, choices: list[str]) -> str:
-    close = difflib.get_close_matches(str(word), choices, n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _repeated(f: FieldDescriptor) -> bool:
@@ -351,7 +117,7 @@ def _is_map(f: FieldDescriptor) -> bool:
 class _Builder:
     """Walks the document beside the message descriptors, producing proto JSON."""
 
-    def __init__(self, doc: _Doc) -> None:
+    def __init__(self, doc: Doc) -> None:
         self.doc = doc
 
     def fail(self, parent: Any, key: Hashable, value: Any, path: str, problem: str) -> SpecError:
@@ -363,7 +129,7 @@ class _Builder:
             data = {"actions": data}
             self.doc.remember(data, 1)
         if not isinstance(data, dict):
-            problem = f"expected a mapping with actions or workflow, got {_describe(data)}"
+            problem = f"expected a mapping with actions or workflow, got {describe(data)}"
             raise self.fail(None, None, data, "", problem)
         out: dict[str, Any] = {}
         spec: dict[str, Any] = {}
@@ -402,7 +168,7 @@ class _Builder:
         value = self.shorthand(value, desc, path, parent, key)
         if not isinstance(value, dict):
             names = ", ".join(desc.fields_by_name)
-            problem = f"expected a mapping of {names}, got {_describe(value)}"
+            problem = f"expected a mapping of {names}, got {describe(value)}"
             raise self.fail(parent, key, value, path, problem)
         value = self.inline_selector(value, desc, path, parent, key)
         out: dict[str, Any] = {}
@@ -411,7 +177,7 @@ class _Builder:
             if f is None:
                 known = list(desc.fields_by_name)
                 has = ", ".join(known)
-                problem = f"unknown field {k!r}; {_suggest(k, known)}{desc.name} has {has}"
+                problem = f"unknown field {k!r}; {suggest(k, known)}{desc.name} has {has}"
                 raise self.fail(value, k, None, path, problem)
             out[f.name] = self.field(v, f, f"{path}.{f.name}", value, k)
         return out
@@ -481,7 +247,7 @@ class _Builder:
         if isinstance(value, str) and value in _ACTION_KINDS:
             value = {value: None}  # `- screenshot`
         if not isinstance(value, dict):
-            problem = f"an action is a mapping such as `tap: [10, 20]`, got {_describe(value)}"
+            problem = f"an action is a mapping such as `tap: [10, 20]`, got {describe(value)}"
             raise self.fail(parent, key, value, path, problem)
         if len(value) != 1:
             found = ", ".join(map(str, value)) or "nothing"
@@ -492,7 +258,7 @@ class _Builder:
         f = desc.fields_by_name.get(kind) or desc.fields_by_camelcase_name.get(kind)
         if f is None:
             kinds = ", ".join(_ACTION_KINDS)
-            problem = f"unknown action {kind!r}; {_suggest(kind, _ACTION_KINDS)}expected {kinds}"
+            problem = f"unknown action {kind!r}; {suggest(kind, _ACTION_KINDS)}expected {kinds}"
             raise self.fail(parent, key, value, path, problem)
         where = f"{path}.{f.name}"
         args = self.arguments(f.name, args, where, value, kind)
@@ -504,15 +270,13 @@ class _Builder:
         if _is_map(f):
             if not isinstance(value, dict):
                 raise self.fail(
-                    parent, key, value, path, f"expected a mapping, got {_describe(value)}"
+                    parent, key, value, path, f"expected a mapping, got {describe(value)}"
                 )
             vf = f.message_type.fields_by_name["value"]
             return {str(k): self.single(v, vf, f"{path}.{k}", value, k) for k, v in value.items()}
         if _repeated(f):
             if not isinstance(value, list):
-                raise self.fail(
-                    parent, key, value, path, f"expected a list, got {_describe(value)}"
-                )
+                raise self.fail(parent, key, value, path, f"expected a list, got {describe(value)}")
             return [self.single(v, f, f"{path}[{i}]", value, i) for i, v in enumerate(value)]
         return self.single(value, f, path, parent, key)
 
@@ -520,7 +284,7 @@ class _Builder:
         if f.message_type is not None:
             return self.message(value, f.message_type, path, parent, key)
         try:
-            return _scalar(value, f)
+            return scalar(value, f)
         except ValueError as exc:
             raise self.fail(parent, key, value, path, str(exc)) from None
 
@@ -547,57 +311,4 @@ def _expected(names: list[str], required: int) -> str:
 
 def _unknown_top_level(key: Any) -> str:
     hint = " (steps go under workflow:)" if key == "steps" else ""
-    return f"unknown key {key!r}{hint}; {_suggest(key, _TOP_LEVEL)}expected " + ", ".join(
-        _TOP_LEVEL
-    )
-
-
-def _scalar(value: Any, f: FieldDescriptor) -> Any:
-    t = f.type
-    if t == FieldDescriptor.TYPE_STRING:
-        return _text(value)
-    if t == FieldDescriptor.TYPE_BOOL:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"expected true or false, got {_describe(value)}")
-    if t == FieldDescriptor.TYPE_ENUM:
-        return value
-    if t in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return value
-        raise ValueError(f"expected a number, got {_describe(value)}")
-    if f.full_name == "amc.v1.Key.keycode" and isinstance(value, str):
-        return _keycode(value)
-    return _whole_number(value)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, date):  # YAML reads 2024-05-01 as a date
-        return value.isoformat()
-    if isinstance(value, str | int | float):
-        return str(value)
-    raise ValueError(f"expected text, got {_describe(value)}")
-
-
-def _whole_number(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-        return int(value)
-    raise ValueError(f"expected a whole number, got {_describe(value)}")
-
-
-def _keycode(value: str) -> int:
-    name = value.strip().lower().removeprefix("keycode_")
-    if name in KEYCODES:
-        return KEYCODES[name]
-    if name.isdigit():
-        return int(name)
-    raise ValueError(
-        f"unknown key {value!r}; {_suggest(name, list(KEYCODES))}use a keycode number or a name"
-        " such as enter, back, home, tab, del (list in docs/cli.md)"
-    )
+    return f"unknown key {key!r}{hint}; {suggest(key, _TOP_LEVEL)}expected " + ", ".join(_TOP_LEVEL)

@@ -22,8 +22,9 @@ from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_cli.client import Client, Target
+from amc_cli.durations import parse_duration
 from amc_cli.errors import RpcFailed
-from amc_cli.specfile import load_request, parse_duration
+from amc_cli.specfile import load_request
 from amc_common.channel import with_default_port
 from control_plane.admin_service import create_token
 from control_plane.config import Settings

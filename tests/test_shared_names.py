@@ -4,6 +4,8 @@ them end a task, and the text of a device selector (issue 26: one home, one name
 from __future__ import annotations
 
 from amc.v1 import task_pb2
+from amc_cli import render
+from amc_cli.commands import tasks
 from amc_client import farm
 from amc_common import statuses
 from amc_common.device_selector import describe
@@ -19,13 +21,17 @@ def test_the_task_statuses_are_declared_once() -> None:
     assert {s.value for s in lifecycle.TERMINAL} == statuses.TERMINAL
     assert statuses.TERMINAL == {"done", "failed", "cancelled"}
     ended = {task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED}
-    assert farm.TERMINAL == ended
+    assert farm.TERMINAL == render.TERMINAL == ended
+    assert [s.value for s in tasks.Status] == list(statuses.STATUSES)
 
 
 def test_a_selector_is_written_one_way() -> None:
     """THEN serial first, labels by key; asking for nothing reads `any device`; the pending
-    reason's text is this one."""
+    reason's text is this one, the CLI's the same with spaces."""
     assert describe("R58M", {"rack": "r1", "model": "Pixel9"}) == "serial=R58M,model=Pixel9,rack=r1"
     assert describe(None, {}) == describe("", {}) == "any device"
     assert describe("", {"rack": "r1"}, sep=" ", anything="any") == "rack=r1"
     assert pending.describe is describe
+    selector = task_pb2.DeviceSelector(serial="R58M", labels={"rack": "r1", "model": "Pixel9"})
+    assert render.selector_text(selector) == "serial=R58M model=Pixel9 rack=r1"
+    assert render.selector_text(task_pb2.DeviceSelector()) == "any device"

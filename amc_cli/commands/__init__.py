@@ -1,0 +1,10 @@
+"""The `amc` commands, one module per group, each a Typer app that amc_cli.app adds to the
+root command (tasks and agents without a name: their commands sit at the top level).
+
+tasks     submit, get, list, cancel, watch; artifacts, artifact
+agents    mcp
+tokens    amc tokens create, list, revoke
+hosts     amc hosts; cordon, uncordon, drain, show, remove
+devices   amc devices cordon, uncordon, release
+queue     amc queue; set, show
+"""

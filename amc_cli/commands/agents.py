@@ -1,0 +1,62 @@
+"""`amc mcp`: the farm's phones served to an AI agent over MCP (amc_client.mcp_server)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from amc_cli import options
+from amc_cli.client import read_token
+from amc_cli.errors import BadInput
+from amc_common.channel import with_default_port
+
+app = typer.Typer(rich_markup_mode="markdown")
+
+
+@app.command("mcp")
+def mcp(
+    ctx: typer.Context,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            "-l",
+            metavar="KEY=VALUE",
+            help="The phones a session asks for unless the agent names others (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    serial: Annotated[
+        str, typer.Option(help="The phone a session asks for, by serial.", show_default=False)
+    ] = "",
+    idle_timeout: Annotated[
+        str,
+        typer.Option(
+            metavar="DURATION", help="A session the agent leaves idle this long ends failed."
+        ),
+    ] = "5m",
+) -> None:
+    """Serve MCP on stdin/stdout: an AI agent drives phones of the farm through interactive
+    sessions (tools list_phones, open_session, screenshot, ui_dump, tap, tap_element, swipe,
+    type_text, press_key, launch_app, stop_app, close_session). Needs the `mcp` extra."""
+    labels = options.key_values(label, "--label")
+    idle = options.duration(idle_timeout, "--idle-timeout")
+    assert idle is not None
+    try:
+        from amc_client import mcp_server
+    except ImportError as exc:
+        raise BadInput(
+            f"amc mcp needs the mcp extra ({exc.name} is not installed): "
+            "pip install 'agentic-mobile-control[mcp]'"
+        ) from None
+    session = options.connection(ctx)
+    mcp_server.run(
+        with_default_port(session.addr),
+        token=read_token(session.token, session.token_file),
+        ca_file=session.ca,
+        tls=session.tls,
+        labels=labels,
+        serial=serial,
+        idle_timeout=idle.ToTimedelta().total_seconds(),
+    )
