@@ -3,17 +3,29 @@ without its TASK_STATUS_ prefix, in lower case), and the one list of those a tas
 
 control_plane.lifecycle's TaskStatus takes its terminal set from here (and a test holds
 its values to STATUSES); the CLI, the client library and the harnesses ask `numbers` for
-the same set as the wire's numbers.
+the same set as the wire's numbers. `Outcome` is what a host reports an attempt ended as,
+for the host agent and the control plane alike.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from typing import Any
 
 STATUSES = ("queued", "assigned", "dispatched", "done", "failed", "cancelled")
 # A task in one of these has ended: nothing changes it again.
 TERMINAL = frozenset({"done", "failed", "cancelled"})
+
+
+class Outcome(enum.StrEnum):
+    """What a host reports an attempt ended as (amc.v1.Outcome): a run on the host agent
+    ends in one, and the control plane's report transition takes it. Its value is the task
+    status it leads to."""
+
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 def wire_name(status: str) -> str:

@@ -1,12 +1,13 @@
 """A host agent in-process, or a fake host's reports built as the agent builds them, for
 the harnesses (see the package's docstring)."""
 
+from amc_common.statuses import Outcome
 from host_agent.__main__ import RECONNECT
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
 from host_agent.config import AgentSettings, duration
 from host_agent.reporting import ResultBatcher
-from host_agent.results import Outcome, RunResult, StepResult, StepStatus
+from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.retry import RetryPolicy
 from host_agent.simulated import SimulatedSource
 from host_agent.wire import report_request

@@ -105,16 +105,9 @@ class AttemptState(enum.StrEnum):
     RELEASED = "released"
 
 
-class Outcome(enum.StrEnum):
-    """What a host reports; each is also the task status it leads to."""
-
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def status(self) -> TaskStatus:
-        return TaskStatus(self.value)
+# What a host reports; its value is the task status it leads to. One definition for the
+# host agent and the control plane.
+Outcome = statuses.Outcome
 
 
 # -- what the transition functions answer: the `code` column of amc_cancel, amc_report and

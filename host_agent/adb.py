@@ -21,9 +21,9 @@ import uuid
 
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
 from host_agent.devices import (
+    AttachedDevice,
     CommandFailed,
     DeviceError,
-    DeviceInfo,
     DeviceLost,
     ShellResult,
 )
@@ -80,9 +80,9 @@ def parse_getprop(output: str) -> dict[str, str]:
 
 def _info_from_props(
     serial: str, state: str, props: dict[str, str], labels: dict[str, str]
-) -> DeviceInfo:
+) -> AttachedDevice:
     sdk = props.get("ro.build.version.sdk", "")
-    return DeviceInfo(
+    return AttachedDevice(
         serial=serial,
         state=state,
         model=props.get("ro.product.model", ""),
@@ -252,7 +252,7 @@ class AdbSource:
         self._client = ClientAsync(host=host, port=port)
         self._call_timeout = call_timeout
 
-    async def inventory(self) -> list[DeviceInfo]:
+    async def inventory(self) -> list[AttachedDevice]:
         """Every device adb lists; online ones are described from one `getprop` each."""
         async with guard("adb", "host:devices-l", self._call_timeout):
             listing = await host_query(self._client, "host:devices-l")
@@ -297,13 +297,15 @@ class AdbSource:
     async def close(self) -> None:
         """Nothing to release: every call opens and closes its own connection."""
 
-    async def _describe(self, serial: str, state: str, labels: dict[str, str]) -> DeviceInfo | None:
+    async def _describe(
+        self, serial: str, state: str, labels: dict[str, str]
+    ) -> AttachedDevice | None:
         if state != "device":
-            return DeviceInfo(serial=serial, state=state, labels=labels)
+            return AttachedDevice(serial=serial, state=state, labels=labels)
         try:
             result = await self.device(serial).shell("getprop", self._call_timeout)
         except DeviceLost:
             return None  # unplugged between the listing and getprop
         except DeviceError as exc:
-            return DeviceInfo(serial=serial, state=state, labels={**labels, "error": str(exc)})
+            return AttachedDevice(serial=serial, state=state, labels={**labels, "error": str(exc)})
         return _info_from_props(serial, state, parse_getprop(result.output), labels)

@@ -18,7 +18,7 @@ for each assignment it is given.
                                     → report or release → forget; then the books here
 
 Messages become domain values (and back) in wire.py; this module and the worker see
-the domain `Assignment`, not `lease_pb2.Assignment`.
+the domain `HeldAssignment`, not `lease_pb2.Assignment`.
 
 Drain (`stop()`, i.e. SIGTERM): no new Acquire (one in flight is cancelled); running tasks
 get `drain_timeout` to finish and report as usual; then their tokens trip SHUTDOWN, the
@@ -46,6 +46,7 @@ import grpc
 import structlog
 
 from amc.v1 import lease_pb2_grpc
+from amc_common.statuses import Outcome
 from host_agent import metrics
 from host_agent.config import AgentSettings
 from host_agent.devices import DeviceSource
@@ -55,12 +56,11 @@ from host_agent.leases import LeaseKeeper
 from host_agent.recovery import Recovery, RecoverySettings
 from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
-from host_agent.results import Outcome
 from host_agent.retry import retrying
 from host_agent.screencast import Screencaster
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.systemd import Notifier
-from host_agent.wire import Assignment, acquire_request, assignment_from_proto, health_request
+from host_agent.wire import HeldAssignment, acquire_request, assignment_from_proto, health_request
 from host_agent.worker import Finished, Tools, Worker
 
 log = structlog.get_logger(__name__)
@@ -282,7 +282,7 @@ class Agent:
         while others' Acquire is parked is offered at once, in an Acquire of its own, not
         when that one returns (up to a whole wait later). Cancelling the parked Acquire to
         ask again would risk losing an answer already on its way."""
-        polls: dict[asyncio.Future[tuple[float, list[Assignment]]], frozenset[str]] = {}
+        polls: dict[asyncio.Future[tuple[float, list[HeldAssignment]]], frozenset[str]] = {}
         try:
             while not self._draining.tripped:
                 self._changed.clear()
@@ -309,7 +309,7 @@ class Agent:
                 poll.cancel()
             await asyncio.gather(*polls, return_exceptions=True)
 
-    async def _acquire(self, idle: list[str]) -> tuple[float, list[Assignment]]:
+    async def _acquire(self, idle: list[str]) -> tuple[float, list[HeldAssignment]]:
         """When the answer came (time.monotonic()), and the assignments in it."""
         request = acquire_request(self.settings.host_id, idle, self.settings.acquire_wait)
         async for attempt in retrying("acquire", self._log):
@@ -326,7 +326,7 @@ class Agent:
         received_at = time.monotonic()
         return received_at, [assignment_from_proto(a) for a in response.assignments]
 
-    def _start(self, group: asyncio.TaskGroup, a: Assignment, received_at: float) -> None:
+    def _start(self, group: asyncio.TaskGroup, a: HeldAssignment, received_at: float) -> None:
         assert self.keeper is not None and self._tools is not None
         lease = self.keeper.new_lease(a.lease_id, a.task_id, a.attempt, a.valid_for, received_at)
         if a.device_serial in self._busy:

@@ -48,7 +48,11 @@ class CommandFailed(DeviceError):
 
 
 @dataclass(frozen=True)
-class DeviceInfo:
+class AttachedDevice:
+    """A phone as the device source lists it (attached to this host, online or not) with
+    what it says of itself: what RegisterHost reports (lease_pb2.DeviceInfo). The control
+    plane's record of a device, with its task and condition, is the plane's own."""
+
     serial: str
     # "device" (online, authorized), "offline", "unauthorized", or what adb reports.
     state: str
@@ -96,7 +100,7 @@ class Device(Protocol):
 class DeviceSource(Protocol):
     """The phones attached to this host."""
 
-    async def inventory(self) -> list[DeviceInfo]: ...
+    async def inventory(self) -> list[AttachedDevice]: ...
 
     def device(self, serial: str) -> Device: ...
 

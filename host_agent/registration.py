@@ -19,7 +19,7 @@ import grpc
 from amc.v1 import lease_pb2_grpc
 from host_agent import metrics
 from host_agent.config import AgentSettings
-from host_agent.devices import DeviceError, DeviceInfo, DeviceSource
+from host_agent.devices import AttachedDevice, DeviceError, DeviceSource
 from host_agent.fencing import Timing
 from host_agent.retry import is_retryable, retrying
 from host_agent.wire import register_request, timing_from_proto
@@ -46,7 +46,7 @@ class Registration:
         self._on_registered = on_registered
         self._log = log
         self._refreshing = asyncio.Lock()
-        self.inventory: tuple[DeviceInfo, ...] = ()
+        self.inventory: tuple[AttachedDevice, ...] = ()
 
     def online(self) -> list[str]:
         """The serials of the phones online (state "device") as last registered."""
@@ -87,7 +87,7 @@ class Registration:
             await asyncio.sleep(self._settings.inventory_interval)
             await self.refresh()
 
-    async def _register(self, inventory: tuple[DeviceInfo, ...]) -> Timing:
+    async def _register(self, inventory: tuple[AttachedDevice, ...]) -> Timing:
         settings = self._settings
         request = register_request(settings.host_id, settings.labels, inventory)
         response = await self._stub.RegisterHost(request, timeout=CALL_TIMEOUT)
@@ -102,7 +102,7 @@ class Registration:
         self._on_registered(timing)
         return timing
 
-    async def _read(self) -> tuple[DeviceInfo, ...]:
+    async def _read(self) -> tuple[AttachedDevice, ...]:
         try:
             inventory = tuple(await self._source.inventory())
         except DeviceError as exc:

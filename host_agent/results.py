@@ -1,4 +1,5 @@
-"""What a run produced: per-step results and the run's outcome.
+"""What a run produced: per-step results and the run's outcome (amc_common.statuses'
+`Outcome`, the control plane's too).
 
 Plain values, apart from the runner (which makes them) and `spec` (which turns them into
 protobuf), so the two can share them without importing each other.
@@ -11,18 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from amc_common.statuses import Outcome
 from host_agent.stop_token import StopReason
 
 # Both `output` and `error` of a step result are cut to this many UTF-8 bytes.
 OUTPUT_LIMIT = 4096
-
-
-class Outcome(enum.Enum):
-    """The terminal result reported for an attempt."""
-
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 class StepStatus(enum.Enum):

@@ -19,9 +19,10 @@ from typing import assert_never
 import structlog
 
 from amc_common.actions import Action
+from amc_common.statuses import Outcome
 from host_agent.devices import Device, DeviceLost
 from host_agent.executor import POLL_INTERVAL, StepOutput, describe_device_error, execute
-from host_agent.results import Kept, Outcome, RunResult, StepResult, StepStatus, cut
+from host_agent.results import Kept, RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, Session, TaskSpec, Workflow
 from host_agent.stop_token import Stopped, StopReason, StopToken
 

@@ -22,9 +22,10 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from amc_common.actions import Action, Screenshot, UiDump
+from amc_common.statuses import Outcome
 from host_agent import artifact_upload
 from host_agent.devices import Device
-from host_agent.results import Outcome, RunResult, StepResult, StepStatus
+from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.runner import StepRunner, outcome_for
 from host_agent.spec import InvalidSpec
 from host_agent.stop_token import Stopped, StopReason, StopToken

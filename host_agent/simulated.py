@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host_agent.devices import DeviceInfo, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.devices import AttachedDevice, DeviceLost, DeviceTimeout, ShellResult
 from host_agent.simulated_body import (
     PROBE_COMMANDS,
     ROOM_TEMPERATURE,
@@ -113,9 +113,9 @@ class SimulatedSource:
     def actions(self) -> list[ActionRecord]:
         return self._recorder.records
 
-    async def inventory(self) -> list[DeviceInfo]:
+    async def inventory(self) -> list[AttachedDevice]:
         return [
-            DeviceInfo(
+            AttachedDevice(
                 serial=serial,
                 state="device",
                 model=SIMULATED_PROPS["ro.product.model"],

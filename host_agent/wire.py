@@ -1,7 +1,7 @@
 """The host agent's protobuf edge: every message ⇄ domain conversion of the session and
 the worker, in one place.
 
-Protobuf -> domain: `assignment_from_proto` (one Assignment of an Acquire answer, its spec
+Protobuf -> domain: `assignment_from_proto` (one HeldAssignment of an Acquire answer, its spec
 parsed by `spec_from_proto`, which raises InvalidSpec for a spec no runner could run) and
 `timing_from_proto` (what RegisterHost answered).
 Domain -> protobuf: `register_request` (with `device_to_proto`), `acquire_request`, and
@@ -26,10 +26,11 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common.actions import KEEPS, Action, ActionError, from_message
-from host_agent.devices import DeviceInfo
+from amc_common.statuses import Outcome
+from host_agent.devices import AttachedDevice
 from host_agent.fencing import Timing
 from host_agent.health import Health
-from host_agent.results import Outcome, RunResult, StepResult, StepStatus, cut
+from host_agent.results import RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, InvalidSpec, Session, TaskSpec, Workflow, WorkflowStep
 
 # The control plane's limits on registered text (validate.py there); longer is cut here
@@ -44,8 +45,10 @@ _DEVICE_STATES = {
 
 
 @dataclass(frozen=True)
-class Assignment:
-    """One attempt the control plane gave this host, as the worker runs it."""
+class HeldAssignment:
+    """One attempt the control plane gave this host (an Acquire answer's
+    lease_pb2.Assignment), as the worker runs it under its lease: the spec parsed, the
+    lease's validity counted from its arrival."""
 
     task_id: str
     attempt: int
@@ -79,7 +82,7 @@ def duration(value: float) -> duration_pb2.Duration:
 # --- the session's calls -----------------------------------------------------------------
 
 
-def device_to_proto(d: DeviceInfo) -> lease_pb2.DeviceInfo:
+def device_to_proto(d: AttachedDevice) -> lease_pb2.DeviceInfo:
     return lease_pb2.DeviceInfo(
         serial=d.serial,
         state=_DEVICE_STATES.get(d.state, scheduler_pb2.DEVICE_STATE_OFFLINE),
@@ -102,7 +105,7 @@ def _one_line(text: str, limit: int) -> str:
 
 
 def register_request(
-    host_id: str, labels: Mapping[str, str], inventory: Iterable[DeviceInfo]
+    host_id: str, labels: Mapping[str, str], inventory: Iterable[AttachedDevice]
 ) -> lease_pb2.RegisterHostRequest:
     return lease_pb2.RegisterHostRequest(
         host_id=host_id, labels=dict(labels), devices=[device_to_proto(d) for d in inventory]
@@ -138,13 +141,13 @@ def acquire_request(host_id: str, idle: list[str], wait: float) -> lease_pb2.Acq
     return lease_pb2.AcquireRequest(host_id=host_id, idle_serials=idle, wait=duration(wait))
 
 
-def assignment_from_proto(pb: lease_pb2.Assignment) -> Assignment:
+def assignment_from_proto(pb: lease_pb2.Assignment) -> HeldAssignment:
     spec: TaskSpec | InvalidSpec
     try:
         spec = spec_from_proto(pb.spec)
     except InvalidSpec as exc:
         spec = exc
-    return Assignment(
+    return HeldAssignment(
         task_id=pb.task_id,
         attempt=pb.attempt,
         lease_id=pb.lease_id,

@@ -3,7 +3,7 @@ lease back → `Finished`.
 
 The session (`host_agent.agent`) starts one `Worker` per assignment it is given, in a task of
 its own, and keeps the books (which device is busy, what finished). The worker sees the
-domain `Assignment` (host_agent.wire), never a protobuf message, and whatever happens it
+domain `HeldAssignment` (host_agent.wire), never a protobuf message, and whatever happens it
 ends with the lease forgotten by the keeper and a final word sent: a report, a release, or
 nothing when the lease was already dead.
 """
@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from amc.v1 import lease_pb2_grpc
+from amc_common.statuses import Outcome
 from host_agent import artifact_upload, recording
 from host_agent.config import AgentSettings
 from host_agent.devices import Device, DeviceSource
@@ -28,14 +29,14 @@ from host_agent.fencing import HeldLease, RenewalResult
 from host_agent.leases import LeaseKeeper
 from host_agent.recording import Recording
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
-from host_agent.results import Kept, Outcome, RunResult
+from host_agent.results import Kept, RunResult
 from host_agent.retry import Delivery, RetryPolicy
 from host_agent.runner import outcome_for, run
 from host_agent.screencast import Screencaster
 from host_agent.session import SessionSettings, run_session
 from host_agent.spec import InvalidSpec, Session, TaskSpec
 from host_agent.stop_token import StopReason, StopToken
-from host_agent.wire import Assignment, report_request, step_to_proto
+from host_agent.wire import HeldAssignment, report_request, step_to_proto
 
 log = structlog.get_logger(__name__)
 SCREEN_RECORDING = "screen_recording"
@@ -76,7 +77,7 @@ class Tools:
 class Worker:
     """Runs one assignment under its lease; `run()` once."""
 
-    def __init__(self, tools: Tools, assignment: Assignment, lease: HeldLease) -> None:
+    def __init__(self, tools: Tools, assignment: HeldAssignment, lease: HeldLease) -> None:
         self._tools = tools
         self.assignment = assignment
         self.lease = lease

@@ -17,11 +17,11 @@ import pytest
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.statuses import Outcome
 from control_plane import metrics
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.store import Store
-from host_agent.results import Outcome
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason
 from tests.support import Farm, HostClient, actions_spec, eventually, seconds, tap, wait_action

@@ -20,13 +20,13 @@ import grpc
 import pytest
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.statuses import Outcome
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.embedded import ReplicatedPostgres
 from control_plane.store import Store
 from host_agent.agent import Agent
 from host_agent.fencing import HeldLease
-from host_agent.results import Outcome
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason
 from tests.support import Farm, actions_spec, eventually, tap, wait_action

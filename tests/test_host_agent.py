@@ -10,9 +10,10 @@ import uuid
 import grpc
 
 from amc.v1 import task_pb2
+from amc_common.statuses import Outcome
 from host_agent.agent import Agent
 from host_agent.fencing import HeldLease
-from host_agent.results import Outcome, StepStatus
+from host_agent.results import StepStatus
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason
 from host_agent.worker import Ending

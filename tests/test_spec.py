@@ -8,6 +8,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common import statuses
 from amc_common.actions import (
     ActionError,
     AssertVisible,
@@ -24,13 +25,15 @@ from amc_common.actions import (
     Wait,
     WaitFor,
 )
-from host_agent.devices import DeviceInfo
+from amc_common.statuses import Outcome
+from control_plane import lifecycle
+from host_agent.devices import AttachedDevice
 from host_agent.fencing import Timing
-from host_agent.results import OUTPUT_LIMIT, Outcome, RunResult, StepResult, StepStatus
+from host_agent.results import OUTPUT_LIMIT, RunResult, StepResult, StepStatus
 from host_agent.spec import ActionList, InvalidSpec, Workflow, WorkflowStep
 from host_agent.stop_token import StopReason
 from host_agent.wire import (
-    Assignment,
+    HeldAssignment,
     acquire_request,
     assignment_from_proto,
     device_to_proto,
@@ -220,6 +223,15 @@ def test_outcome_to_proto(outcome: Outcome, pb: int) -> None:
     assert outcome_to_proto(outcome) == pb
 
 
+def test_an_outcome_is_one_type_for_the_host_and_the_control_plane() -> None:
+    """THEN what a run ends in on the host is what the control plane's report transition
+    takes (amc_common's one Outcome): the wire's outcomes by name, terminal statuses by
+    value."""
+    assert lifecycle.Outcome is Outcome
+    assert [f"OUTCOME_{o.name}" for o in Outcome] == lease_pb2.Outcome.keys()[1:]
+    assert {o.value for o in Outcome} == statuses.TERMINAL
+
+
 def test_result_to_proto_carries_every_step_field() -> None:
     started = datetime(2025, 1, 2, 3, 4, 5, 600000, tzinfo=UTC)
     result = RunResult(
@@ -291,7 +303,7 @@ def test_an_assignment_becomes_a_domain_assignment() -> None:
         spec=actions_spec(task_pb2.Action(tap=task_pb2.Tap(x=1, y=2))),
         valid_for=secs(15),
     )
-    assert assignment_from_proto(pb) == Assignment(
+    assert assignment_from_proto(pb) == HeldAssignment(
         task_id="t",
         attempt=3,
         lease_id="l",
@@ -312,7 +324,7 @@ def test_an_assignment_with_an_invalid_spec_carries_the_error() -> None:
 def test_device_info_is_cut_to_the_control_planes_limits() -> None:
     long = "m" * 500
     pb = device_to_proto(
-        DeviceInfo("s1", "recovery", model=long, sdk=34, labels={"k" * 200: "v" * 2000})
+        AttachedDevice("s1", "recovery", model=long, sdk=34, labels={"k" * 200: "v" * 2000})
     )
     assert pb.state == scheduler_pb2.DEVICE_STATE_OFFLINE
     assert (len(pb.model), pb.sdk) == (128, 34)
@@ -320,7 +332,7 @@ def test_device_info_is_cut_to_the_control_planes_limits() -> None:
 
 
 def test_register_and_acquire_requests_and_the_timing_answered() -> None:
-    request = register_request("h", {"pool": "a"}, [DeviceInfo("s1", "device")])
+    request = register_request("h", {"pool": "a"}, [AttachedDevice("s1", "device")])
     assert (request.host_id, dict(request.labels)) == ("h", {"pool": "a"})
     assert [d.state for d in request.devices] == [scheduler_pb2.DEVICE_STATE_DEVICE]
     acquire = acquire_request("h", ["s1", "s2"], 60.0)
@@ -333,11 +345,11 @@ def test_register_and_acquire_requests_and_the_timing_answered() -> None:
 def test_device_facts_with_line_breaks_are_registered_as_one_line() -> None:
     """The control plane refuses control characters in labels: the agent flattens what a
     phone reports rather than have one phone's adb error refuse the host's registration."""
-    from host_agent.devices import DeviceInfo
+    from host_agent.devices import AttachedDevice
     from host_agent.wire import device_to_proto
 
     d = device_to_proto(
-        DeviceInfo(
+        AttachedDevice(
             serial="s1",
             state="device",
             model="Pixel\n7",
