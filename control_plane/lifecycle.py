@@ -3,11 +3,10 @@ a task from which status to which (DESIGN.md's table), and what the transitions 
 
     queued -> assigned -> dispatched -> done | failed | cancelled
 
-The SQL makes the transitions (the functions in schema.sql, the statements of
-store/*.sql); each writes one `task_events` row whose kind is an `Event`. This table is
-what they may do: the database accepts no other kind (task_events.kind's CHECK,
-tests/test_schema.py), and every row of the model-based test's runs is an allowed
-transition here (tests/test_model.py).
+The SQL makes the transitions (the functions and statements of store/*.sql); each writes
+one `task_events` row whose kind is an `Event`. This table is what they may do: the
+database accepts no other kind (task_events.kind's CHECK, tests/test_schema.py), and every
+row of the model-based test's runs is an allowed transition here (tests/test_model.py).
 """
 
 from __future__ import annotations
@@ -111,7 +110,7 @@ Outcome = statuses.Outcome
 
 
 # -- what the transition functions answer: the `code` column of amc_cancel, amc_report and
-# amc_release (schema.sql) -------------------------------------------------------------------
+# amc_release (store/*.sql) ----------------------------------------------------------------
 
 
 class CancelCode(enum.StrEnum):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from control_plane.store import schema
 from control_plane.store.sql import load
 
 STORE = Path(__file__).resolve().parent.parent / "control_plane" / "store"
@@ -31,3 +32,13 @@ def test_every_store_module_that_sends_statements_has_its_sql_file() -> None:
     senders = [p.name for p in STORE.glob("*.py") if SENT.search(p.read_text("utf-8"))]
     missing = [n for n in senders if not (STORE / n).with_suffix(".sql").exists()]
     assert not missing, f"statements sent by {missing} are not in a .sql file beside them"
+
+
+def test_the_functions_sit_with_their_aggregate_and_the_schema_applies_them() -> None:
+    """THEN schema.sql defines no function; each store/*.sql that does is one the schema
+    applies after it (store/schema.py FUNCTIONS), and every one of those defines some."""
+    assert "CREATE OR REPLACE FUNCTION" not in (STORE.parent / "schema.sql").read_text("utf-8")
+    defining = {
+        p.stem for p in STORE.glob("*.sql") if "FUNCTION" in schema.functions(p.read_text())
+    }
+    assert defining == set(schema.FUNCTIONS)

@@ -13,9 +13,11 @@ exposes one object per aggregate: `store.tasks.cancel(...)`, `store.leases.renew
 
 Where the SQL is: each module `store/<aggregate>.py` sends the statements of
 `store/<aggregate>.sql`, by the name under `-- name:` (store/sql.py loads them all; a name
-is used once). A transition that locks several rows is one PL/pgSQL function `amc_<verb>`
-in `control_plane/schema.sql`, which the statement calls; every other transition is its
-statement. `schema.py` brings a database to schema.sql at start-up (with `migrations/`).
+is used once). A transition that locks several rows is one PL/pgSQL function `amc_<verb>`,
+which its statement calls, written at the top of the same file (above the statements);
+every other transition is its statement. `schema.py` brings a database to the schema at
+start-up: `control_plane/schema.sql` (tables, indexes), then those functions (with
+`migrations/` for an older database's tables).
 
 Every hot call (acquire, renew, report) is one statement, so one round trip. This package
 is the only one that imports asyncpg (an import-linter contract holds it).

@@ -1,5 +1,5 @@
 """Artifacts: the files the steps kept, stored in chunks under their lease (artifacts.sql;
-amc_put_artifact in schema.sql)."""
+amc_put_artifact above its statements there)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hosts and their devices: registration, health, cordons, release from quarantine,
 removal and the hosts' events (their statements in hosts.sql; amc_set_host_cordon and
-amc_remove_host in schema.sql)."""
+amc_remove_host above them there)."""
 
 from __future__ import annotations
 

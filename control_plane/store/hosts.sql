@@ -2,6 +2,81 @@
 -- health, cordons, removal, events. store/sql.py loads every store/*.sql (a name is used
 -- once in all of them). Lock order, in every statement and function: as the top of
 -- schema.sql says.
+--
+-- Its functions come first: they are part of the schema (store/schema.py applies them
+-- after schema.sql at start-up; CREATE OR REPLACE, so idempotently), and the
+-- statements below call them.
+
+-- -- functions --------------------------------------------------------------------------
+
+-- cordon (p_cordon) or uncordon a host; p_drain: it drains too (uncordoning ends a drain).
+-- Recorded in host_events as p_kind by p_actor (p_actor_name: the token's name) because
+-- p_reason. No row: no such host; else `leases`: how many the host holds now. The host row
+-- is locked FOR UPDATE first: an Acquire reserving devices of the host holds it FOR KEY
+-- SHARE, so this waits for it to commit and counts its leases (a statement of its own, so
+-- a snapshot taken after the lock), and a later Acquire sees the cordon: no assignment
+-- commits after a cordon returned (issue 21.4).
+CREATE OR REPLACE FUNCTION amc_set_host_cordon(p_host text, p_cordon boolean,
+                                               p_drain boolean, p_kind text, p_actor text,
+                                               p_actor_name text, p_reason text)
+RETURNS TABLE (host_id text, leases integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM hosts h WHERE h.host_id = p_host FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE hosts h SET cordoned = p_cordon, draining = (p_cordon AND (p_drain OR h.draining))
+    WHERE h.host_id = p_host;
+    INSERT INTO host_events (host_id, kind, actor, actor_name, reason)
+    VALUES (p_host, p_kind, p_actor, p_actor_name, p_reason);
+    RETURN QUERY
+    SELECT p_host, (SELECT count(*) FROM attempts a
+                    WHERE a.host_id = p_host AND a.state = 'active')::integer;
+END $$;
+
+-- remove: forget a host and its devices, if it is disconnected (no stream open on a live
+-- replica and not seen within p_window) and holds no lease; recorded in host_events.
+-- code: removed | not_found | connected | leases (then `leases` says how many).
+-- The host row is locked first, FOR UPDATE (a registration of the same host waits, then
+-- recreates it); an Acquire reserving its devices holds it FOR KEY SHARE, so the leases are
+-- counted (a statement of its own: a snapshot taken after the lock) once it committed, and
+-- an Acquire that comes later finds the host gone (issue 21.4).
+-- Used by RemoveHost, and meant for anything else that forgets hosts.
+CREATE OR REPLACE FUNCTION amc_remove_host(p_host text, p_window interval, p_actor text,
+                                           p_actor_name text, p_reason text)
+RETURNS TABLE (code text, leases integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    h record;
+BEGIN
+    leases := 0;
+    SELECT hs.host_id, GREATEST(hs.last_seen_at, r.seen_at) > now() - p_window AS connected
+    INTO h
+    FROM hosts hs LEFT JOIN replicas r USING (replica_id)
+    WHERE hs.host_id = p_host
+    FOR UPDATE OF hs;
+    IF NOT FOUND THEN
+        code := 'not_found';
+    ELSIF h.connected THEN
+        code := 'connected';
+    ELSE
+        SELECT count(*) INTO leases FROM attempts att
+        WHERE att.host_id = p_host AND att.state = 'active';
+        IF leases > 0 THEN
+            code := 'leases';
+        ELSE
+            DELETE FROM devices dv WHERE dv.host_id = p_host;
+            DELETE FROM hosts hs WHERE hs.host_id = p_host;
+            INSERT INTO host_events (host_id, kind, actor, actor_name, reason)
+            VALUES (p_host, 'remove', p_actor, p_actor_name, p_reason);
+            code := 'removed';
+        END IF;
+    END IF;
+    RETURN NEXT;
+END $$;
+
+-- -- statements ------------------------------------------------------------------------
 
 -- name: register_host
 -- The host, its devices ($3..$9 are parallel arrays, one element per device; labels as
@@ -87,7 +162,7 @@ SELECT count(*) FILTER (WHERE condition = 'ready') AS freed, count(*) AS updated
 -- Cordon ($2 true) or uncordon a host; $3: it drains too (uncordoning ends a drain).
 -- Recorded in host_events as $4 by $5 ($6: the token's name) because $7. No row: no such
 -- host. `leases`: how many it holds now. Ordered with Acquire by the host row: see
--- amc_set_host_cordon() in schema.sql.
+-- amc_set_host_cordon() above.
 SELECT * FROM amc_set_host_cordon($1, $2, $3, $4, $5, $6, $7);
 
 -- name: set_device_cordon

@@ -1,5 +1,5 @@
 """The queue's counts and fair shares, and the farm's gauges (their statements in
-queue.sql; amc_count_queue and amc_forget_queue_groups in schema.sql)."""
+queue.sql, with the functions they call: amc_count_queue, amc_forget_queue_groups, ...)."""
 
 from __future__ import annotations
 

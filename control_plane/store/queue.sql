@@ -1,6 +1,227 @@
 -- The statements store/queue.py sends, by name: the queue's counts, fair shares and the
 -- farm's gauges. store/sql.py loads every store/*.sql (a name is used once in all of
 -- them). Lock order, in every statement and function: as the top of schema.sql says.
+--
+-- Its functions come first: they are part of the schema (store/schema.py applies them
+-- after schema.sql at start-up; CREATE OR REPLACE, so idempotently), and the
+-- statements below call them.
+
+-- -- functions --------------------------------------------------------------------------
+
+-- The anchor a group is found by (see queue_groups.anchor).
+CREATE OR REPLACE FUNCTION amc_group_anchor(p_serial text, p_labels jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_serial <> '' THEN '#' || p_serial
+                ELSE COALESCE((SELECT e.k || '=' || e.v FROM jsonb_each_text(p_labels) e (k, v)
+                               ORDER BY length(e.k) + length(e.v) DESC, e.k LIMIT 1), '')
+           END
+$$;
+
+-- Every anchor under which a group that devices with these labels and serials can match
+-- is filed: each of their label pairs, each serial, and ''.
+CREATE OR REPLACE FUNCTION amc_device_anchors(p_labels jsonb, p_serials text[])
+RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY(SELECT e.k || '=' || e.v FROM jsonb_each_text(p_labels) e (k, v))
+           || ARRAY['']::text[]
+           || ARRAY(SELECT '#' || s FROM unnest(p_serials) s)
+$$;
+
+-- The group of a selector (p_serial '' for any) and fairness key, made if there is none.
+-- Locked FOR KEY SHARE until the caller commits, so amc_forget_queue_groups cannot forget
+-- it under a task being queued in it.
+CREATE OR REPLACE FUNCTION amc_queue_group(p_serial text, p_labels jsonb, p_key text)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group bigint;
+BEGIN
+    LOOP
+        SELECT q.group_id INTO v_group FROM queue_groups q
+        WHERE q.selector_serial = p_serial AND q.selector_labels = p_labels
+          AND q.fairness_key = p_key
+        FOR KEY SHARE;
+        IF FOUND THEN
+            RETURN v_group;
+        END IF;
+        INSERT INTO queue_groups (selector_serial, selector_labels, fairness_key, anchor)
+        VALUES (p_serial, p_labels, p_key, amc_group_anchor(p_serial, p_labels))
+        ON CONFLICT DO NOTHING
+        RETURNING group_id INTO v_group;
+        IF v_group IS NOT NULL THEN
+            RETURN v_group;
+        END IF;
+        -- Made (or forgotten) by another transaction meanwhile: look again.
+    END LOOP;
+END $$;
+
+-- Fair shares: start-time fair queuing. Among queued tasks of one priority, the lowest
+-- fair_tag goes first. A key's next task is tagged the key's last queued tag, or if that
+-- is lower (or it has none queued) the highest tag running (the service's frontier: a
+-- key that was idle starts beside the tasks being served, not behind another key's
+-- flood), plus 1/weight. So keys with tasks queued take turns in proportion to their
+-- weights; a key's flood delays another key's task by about one task on the phones they
+-- share; and a key's own tasks keep the order they were submitted in (with one key, the
+-- queue is first come, first served, as before fair shares).
+CREATE OR REPLACE FUNCTION amc_fair_frontier(p_priority integer)
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT tk.fair_tag FROM tasks tk
+                     WHERE tk.status IN ('assigned', 'dispatched') AND tk.priority = p_priority
+                     ORDER BY tk.priority, tk.fair_tag DESC LIMIT 1), 0)
+$$;
+
+CREATE OR REPLACE FUNCTION amc_fair_base(p_key text, p_priority integer)
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT GREATEST(
+        (SELECT tk.fair_tag FROM tasks tk
+         WHERE tk.fairness_key = p_key AND tk.status = 'queued' AND tk.priority = p_priority
+         ORDER BY tk.fairness_key, tk.priority, tk.fair_tag DESC LIMIT 1),
+        amc_fair_frontier(p_priority))
+$$;
+
+-- Forgets up to p_limit groups with no task queued or running that were made more than
+-- p_idle ago (a group is made again by the next submit that needs it). Each is locked
+-- first and checked for tasks after: a submit that took the group FOR KEY SHARE has
+-- committed its task by then, or waits and makes the group anew.
+CREATE OR REPLACE FUNCTION amc_forget_queue_groups(p_idle interval, p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group bigint;
+    v_forgotten integer := 0;
+BEGIN
+    FOR v_group IN
+        SELECT q.group_id FROM queue_groups q
+        WHERE q.created_at < now() - p_idle
+          AND NOT EXISTS (SELECT 1 FROM tasks tk
+                          WHERE tk.group_id = q.group_id AND tk.status = 'queued')
+          AND NOT EXISTS (SELECT 1 FROM tasks tk WHERE tk.group_id = q.group_id
+                            AND tk.status IN ('assigned', 'dispatched'))
+        ORDER BY q.group_id
+        LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM queue_groups q WHERE q.group_id = v_group FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        -- One NOT EXISTS per partial index (tasks_dispatch, tasks_running): one over the
+        -- three statuses has no index and scans the whole table.
+        DELETE FROM queue_groups q
+        WHERE q.group_id = v_group
+          AND NOT EXISTS (SELECT 1 FROM tasks tk
+                          WHERE tk.group_id = v_group AND tk.status = 'queued')
+          AND NOT EXISTS (SELECT 1 FROM tasks tk WHERE tk.group_id = v_group
+                            AND tk.status IN ('assigned', 'dispatched'));
+        IF FOUND THEN
+            v_forgotten := v_forgotten + 1;
+        END IF;
+    END LOOP;
+    RETURN v_forgotten;
+END $$;
+
+-- When the queue was last counted: NULL if it has groups and none was counted yet (a
+-- replica just started on a database with work queued); now() if it has no groups (then
+-- nothing is queued).
+CREATE OR REPLACE FUNCTION amc_queue_counted_at()
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT max(st.counted_at) FROM queue_group_stats st),
+                    CASE WHEN NOT EXISTS (SELECT 1 FROM queue_groups) THEN now() END)
+$$;
+
+-- Counts the queue into queue_group_stats, unless another transaction is counting it (a
+-- transaction-scoped advisory lock, tried, not waited for) or it was counted less than
+-- p_every ago: so replicas that all call it every few seconds count it once per p_every
+-- between them. Devices count as connected within p_window (as list_hosts says). One
+-- backend, no parallel workers: a count reads every queued task once (about a
+-- microsecond each), and the devices once: they are grouped by the labels the queued
+-- selectors ask about (a farm's phones have a few hundred distinct such sets, however many
+-- phones there are), and each selector is matched against those groups; selectors naming
+-- a serial are matched by a hash join on it.
+-- Returns one row (groups counted, tasks queued) when it counted, none otherwise.
+CREATE OR REPLACE FUNCTION amc_count_queue(p_every interval, p_window interval)
+RETURNS TABLE (groups integer, queued bigint)
+LANGUAGE plpgsql SET max_parallel_workers_per_gather = 0 AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(4279619, 2)
+       OR (SELECT max(st.counted_at) FROM queue_group_stats st) > now() - p_every THEN
+        RETURN;
+    END IF;
+    DELETE FROM queue_group_stats st
+    WHERE NOT EXISTS (SELECT 1 FROM queue_groups q WHERE q.group_id = st.group_id);
+    RETURN QUERY
+    WITH counted AS (
+        SELECT tk.group_id, count(*)::integer AS n, min(tk.updated_at) AS oldest
+        FROM tasks tk WHERE tk.status = 'queued'
+        GROUP BY tk.group_id
+    ), grp AS (
+        SELECT q.group_id, q.selector_serial, q.selector_labels, COALESCE(c.n, 0) AS n,
+               c.oldest
+        FROM queue_groups q LEFT JOIN counted c ON c.group_id = q.group_id
+    ), sel AS (
+        -- Each selector with its labels as 'key<US>value' texts (US, U+001F, is in no
+        -- label: validate.string_map refuses control characters).
+        SELECT s.selector_serial, s.selector_labels,
+               ARRAY(SELECT e.k || chr(31) || e.v
+                     FROM jsonb_each_text(s.selector_labels) e (k, v)) AS pairs
+        FROM (SELECT DISTINCT g.selector_serial, g.selector_labels FROM grp g WHERE g.n > 0) s
+    ), asked AS (
+        SELECT COALESCE(array_agg(DISTINCT k.k), '{}') AS keys
+        FROM sel CROSS JOIN LATERAL jsonb_object_keys(sel.selector_labels) k (k)
+    ), dev AS (
+        SELECT d.serial, d.labels,
+               CASE WHEN d.state = 'device' AND d.task_id IS NOT NULL THEN 'busy'
+                    WHEN d.state = 'device' AND d.task_id IS NULL AND NOT d.cordoned
+                         AND NOT h.cordoned AND d.condition = 'ready'
+                         AND GREATEST(h.last_seen_at, r.seen_at) > now() - p_window
+                    THEN 'idle'
+                    ELSE 'unavailable' END AS use
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        LEFT JOIN replicas r ON r.replica_id = h.replica_id
+    ), by_labels AS (
+        -- The devices by the labels the selectors ask about (the same texts, in key order).
+        SELECT ARRAY(SELECT k.k || chr(31) || (dev.labels ->> k.k)
+                     FROM unnest(asked.keys) WITH ORDINALITY k (k, i)
+                     WHERE dev.labels ? k.k ORDER BY k.i) AS pairs,
+               count(*) FILTER (WHERE dev.use = 'idle') AS idle,
+               count(*) FILTER (WHERE dev.use = 'busy') AS busy,
+               count(*) FILTER (WHERE dev.use = 'unavailable') AS unavailable
+        FROM dev CROSS JOIN asked
+        GROUP BY 1
+    ), matched AS (
+        SELECT sel.selector_serial, sel.selector_labels, sum(b.idle) AS idle,
+               sum(b.busy) AS busy, sum(b.unavailable) AS unavailable
+        FROM sel JOIN by_labels b ON b.pairs @> sel.pairs
+        WHERE sel.selector_serial = ''
+        GROUP BY 1, 2
+        UNION ALL
+        SELECT sel.selector_serial, sel.selector_labels,
+               count(*) FILTER (WHERE dev.use = 'idle'),
+               count(*) FILTER (WHERE dev.use = 'busy'),
+               count(*) FILTER (WHERE dev.use = 'unavailable')
+        FROM sel JOIN dev ON dev.serial = sel.selector_serial
+        WHERE sel.selector_serial <> '' AND dev.labels @> sel.selector_labels
+        GROUP BY 1, 2
+    ), written AS (
+        INSERT INTO queue_group_stats AS st (group_id, queued, oldest, devices_idle,
+                                             devices_busy, devices_unavailable, counted_at)
+        SELECT g.group_id, g.n, g.oldest, COALESCE(m.idle, 0), COALESCE(m.busy, 0),
+               COALESCE(m.unavailable, 0), now()
+        FROM grp g
+        LEFT JOIN matched m ON m.selector_serial = g.selector_serial
+                           AND m.selector_labels = g.selector_labels
+        ON CONFLICT (group_id) DO UPDATE SET
+            queued = EXCLUDED.queued, oldest = EXCLUDED.oldest,
+            devices_idle = EXCLUDED.devices_idle, devices_busy = EXCLUDED.devices_busy,
+            devices_unavailable = EXCLUDED.devices_unavailable,
+            counted_at = EXCLUDED.counted_at
+        RETURNING st.queued
+    )
+    SELECT count(*)::integer, COALESCE(sum(w.queued), 0)::bigint FROM written w;
+END $$;
+
+-- -- statements ------------------------------------------------------------------------
 
 -- name: queue_groups
 -- The queue by selector as last counted (amc_count_queue): the $1 largest selectors (their

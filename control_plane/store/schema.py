@@ -1,5 +1,7 @@
-"""The schema, applied at start-up: `control_plane/schema.sql` is the schema;
-`control_plane/migrations/` brings the tables of an older database to it.
+"""The schema, applied at start-up: `control_plane/schema.sql` (the tables and indexes)
+and the functions at the top of store/<aggregate>.sql (`schema()` joins them; below,
+"schema.sql" means all of it); `control_plane/migrations/` brings the tables of an older
+database to it.
 
 - An empty database gets schema.sql, and every migration is recorded as applied (schema.sql
   has them all).
@@ -30,8 +32,24 @@ class SchemaTooOld(Exception):
     """The database's schema is older than this release can upgrade."""
 
 
+# The aggregates whose store/<aggregate>.sql defines functions, in the order they are
+# created (a LANGUAGE sql function is checked against those it calls when created).
+FUNCTIONS = ("queue", "tasks", "leases", "hosts", "artifacts")
+
+
 def schema() -> str:
-    return resources.files("control_plane").joinpath("schema.sql").read_text("utf-8")
+    """schema.sql (the tables and indexes), then each aggregate's functions: the part of
+    its store/<aggregate>.sql above its first named statement."""
+    store = resources.files(__package__)
+    parts = [resources.files("control_plane").joinpath("schema.sql").read_text("utf-8")]
+    for aggregate in FUNCTIONS:
+        parts.append(functions(store.joinpath(f"{aggregate}.sql").read_text("utf-8")))
+    return "\n".join(parts)
+
+
+def functions(text: str) -> str:
+    """The DDL of a store/<aggregate>.sql file: what comes before its first statement."""
+    return text.split("\n-- name: ", 1)[0]
 
 
 def migrations() -> list[tuple[int, str, str]]:

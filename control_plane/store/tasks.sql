@@ -2,6 +2,58 @@
 -- cancel, the queue-timeout sweep) and reads. store/sql.py loads every store/*.sql (a name
 -- is used once in all of them). Lock order, in every statement and function: as the top of
 -- schema.sql says.
+--
+-- Its functions come first: they are part of the schema (store/schema.py applies them
+-- after schema.sql at start-up; CREATE OR REPLACE, so idempotently), and the
+-- statements below call them.
+
+-- -- functions --------------------------------------------------------------------------
+
+-- cancel: queued -> cancelled at once; assigned/dispatched -> a durable request on the
+-- current attempt (pushed to the host's stream); repeated -> no-op; done/failed -> refused.
+-- code: cancelled | requested | unchanged | terminal | not_found
+CREATE OR REPLACE FUNCTION amc_cancel(p_task uuid, p_reason text)
+RETURNS TABLE (code text, task tasks)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t tasks;
+    a record;
+    v_code text;
+BEGIN
+    SELECT * INTO t FROM tasks tk WHERE tk.task_id = p_task FOR UPDATE;
+    IF NOT FOUND THEN
+        code := 'not_found';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF t.status = 'queued' THEN
+        UPDATE tasks tk SET status = 'cancelled', cancel_requested_at = now(),
+                            cancel_reason = p_reason, finished_at = now(), updated_at = now()
+        WHERE tk.task_id = p_task;
+        INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+        VALUES (p_task, t.attempt, 'cancel', 'queued', 'cancelled', p_reason);
+        v_code := 'cancelled';
+    ELSIF t.status IN ('assigned', 'dispatched') AND t.cancel_requested_at IS NULL THEN
+        UPDATE tasks tk SET cancel_requested_at = now(), cancel_reason = p_reason,
+                            updated_at = now()
+        WHERE tk.task_id = p_task;
+        UPDATE attempts att SET cancel_requested_at = now()
+        WHERE att.task_id = p_task AND att.attempt = t.attempt
+        RETURNING att.host_id, att.lease_id INTO a;
+        INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+        VALUES (p_task, t.attempt, 'cancel_requested', t.status, t.status, p_reason);
+        PERFORM pg_notify('amc_cancel', a.host_id || ' ' || a.lease_id || ' ' || p_task
+                                        || ' ' || t.attempt || ' ' || extract(epoch FROM now()));
+        v_code := 'requested';
+    ELSIF t.status IN ('done', 'failed') THEN
+        v_code := 'terminal';
+    ELSE
+        v_code := 'unchanged';
+    END IF;
+    RETURN QUERY SELECT v_code, tk FROM tasks tk WHERE tk.task_id = p_task;
+END $$;
+
+-- -- statements ------------------------------------------------------------------------
 
 -- name: submit_tasks
 -- submit: - -> queued, for one task or a batch; returns the rows created (not those whose
