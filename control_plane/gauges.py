@@ -5,6 +5,7 @@ dropped out of the deepest few are removed."""
 
 from __future__ import annotations
 
+from amc_common.device_selector import describe
 from control_plane import metrics
 from control_plane.config import Settings
 from control_plane.domain import CONDITIONS, KeyLoad
@@ -12,13 +13,12 @@ from control_plane.store import Store
 
 
 def selector_label(serial: str | None, labels: dict[str, str] | None) -> str:
-    """A queue group's `selector` label: `serial=…,k=v,…`, `any`, or `other` (None, None
-    is the sum of the groups past the deepest few)."""
+    """A queue group's `selector` label: the selector's text (amc_common's, as a pending
+    reason writes it) cut at 120 characters, `any`, or `other` (None, None is the sum of
+    the groups past the deepest few)."""
     if serial is None and labels is None:
         return "other"
-    parts = [f"serial={serial}"] if serial else []
-    parts += [f"{k}={v}" for k, v in sorted((labels or {}).items())]
-    return ",".join(parts)[:120] or "any"
+    return describe(serial, labels or {}, anything="any")[:120]
 
 
 def top_keys(loads: list[KeyLoad], most: int) -> list[KeyLoad]:

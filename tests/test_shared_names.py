@@ -9,7 +9,7 @@ from amc_cli.commands import tasks
 from amc_client import farm
 from amc_common import statuses
 from amc_common.device_selector import describe
-from control_plane import lifecycle, pending
+from control_plane import gauges, lifecycle, pending
 
 
 def test_the_task_statuses_are_declared_once() -> None:
@@ -27,11 +27,16 @@ def test_the_task_statuses_are_declared_once() -> None:
 
 def test_a_selector_is_written_one_way() -> None:
     """THEN serial first, labels by key; asking for nothing reads `any device`; the pending
-    reason's text is this one, the CLI's the same with spaces."""
+    reason's text is this one, the CLI's the same with spaces, the queue metric's label
+    the same cut at 120 characters (`any` for nothing, `other` for the rest)."""
     assert describe("R58M", {"rack": "r1", "model": "Pixel9"}) == "serial=R58M,model=Pixel9,rack=r1"
     assert describe(None, {}) == describe("", {}) == "any device"
     assert describe("", {"rack": "r1"}, sep=" ", anything="any") == "rack=r1"
     assert pending.describe is describe
+    assert gauges.selector_label("R58M", {"rack": "r1"}) == "serial=R58M,rack=r1"
+    assert gauges.selector_label(None, {}) == "any"
+    assert gauges.selector_label(None, None) == "other"
+    assert gauges.selector_label(None, {"k": "v" * 200}) == ("k=" + "v" * 200)[:120]
     selector = task_pb2.DeviceSelector(serial="R58M", labels={"rack": "r1", "model": "Pixel9"})
     assert render.selector_text(selector) == "serial=R58M model=Pixel9 rack=r1"
     assert render.selector_text(task_pb2.DeviceSelector()) == "any device"
