@@ -51,9 +51,9 @@ from host_agent import metrics
 from host_agent.config import AgentSettings
 from host_agent.devices import DeviceSource
 from host_agent.fencing import Timing
-from host_agent.health import Health, HealthMonitor, Reading, Thresholds, probe
+from host_agent.health import Health, HealthMonitor, Reading, probe
 from host_agent.leases import LeaseKeeper
-from host_agent.recovery import Recovery, RecoverySettings
+from host_agent.recovery import Recovery
 from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.retry import retrying
@@ -106,26 +106,14 @@ class Agent:
             self._send_health,
             interval=settings.probe_interval,
             timeout=settings.probe_timeout,
-            thresholds=Thresholds(
-                settings.battery_low,
-                settings.battery_resume,
-                settings.too_hot,
-                settings.cool_again,
-                settings.storage_low,
-                settings.storage_resume,
-            ),
+            thresholds=settings.thresholds,
         )
         self.recovery = Recovery(
             self._probe_one,
             self.health.tell_soon,
             reconnect=getattr(source, "reconnect_device", None),
             reboot=getattr(source, "reboot_device", None),
-            settings=RecoverySettings(
-                settings.quarantine_failures,
-                settings.quarantine_window,
-                settings.recovery_backoff,
-                settings.boot_timeout,
-            ),
+            settings=settings.recovery,
         )
         self.health.overrides = self.recovery.held
         self.health.on_failure = self.recovery.failure

@@ -18,6 +18,8 @@ from typing import Any, NoReturn
 
 from amc_common.channel import read_token
 from amc_common.version import version_line
+from host_agent.health import Thresholds
+from host_agent.recovery import RecoverySettings
 
 DEFAULT_CONTROL_PLANE = "127.0.0.1:50051"
 DEFAULT_ADB = "127.0.0.1:5037"
@@ -46,24 +48,12 @@ class AgentSettings:
     # before its result is reported without the rest.
     upload_timeout: float = 30.0
     # Health probes (host_agent.health): how often every phone is probed, how long one
-    # probe may take, and when a phone is held (battery below `battery_low` % until
-    # `battery_resume` %, above `too_hot` °C until below `cool_again` °C, with less free
-    # storage than `storage_low` bytes until more than `storage_resume`).
+    # probe may take, and when a phone is held and let go again.
     probe_interval: float = 10.0
     probe_timeout: float = 5.0
-    battery_low: int = 20
-    battery_resume: int = 40
-    too_hot: float = 45.0
-    cool_again: float = 40.0
-    storage_low: int = 1 << 30
-    storage_resume: int = 2 << 30
-    # Quarantine (host_agent.recovery): this many infrastructure failures of a phone within
-    # the window take it out of service and start its recovery ladder, whose steps pause
-    # `recovery_backoff` doubling; a reboot may take `boot_timeout`.
-    quarantine_failures: int = 3
-    quarantine_window: float = 600.0
-    recovery_backoff: float = 5.0
-    boot_timeout: float = 120.0
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    # Quarantine and the recovery ladder (host_agent.recovery).
+    recovery: RecoverySettings = field(default_factory=RecoverySettings)
     # Live screens (host_agent.screencast): at most this many frames a second and bytes a
     # second per phone, whatever its viewers ask; a task's recording at most this many
     # bytes (frames past it are left out).
@@ -315,16 +305,20 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         upload_timeout=args.upload_timeout,
         probe_interval=args.probe_interval,
         probe_timeout=args.probe_timeout,
-        battery_low=args.battery_low,
-        battery_resume=args.battery_resume,
-        too_hot=args.too_hot,
-        cool_again=args.cool_again,
-        storage_low=args.storage_low,
-        storage_resume=args.storage_resume,
-        quarantine_failures=args.quarantine_failures,
-        quarantine_window=args.quarantine_window,
-        recovery_backoff=args.recovery_backoff,
-        boot_timeout=args.boot_timeout,
+        thresholds=Thresholds(
+            battery_low=args.battery_low,
+            battery_resume=args.battery_resume,
+            too_hot=args.too_hot,
+            cool_again=args.cool_again,
+            storage_low=args.storage_low,
+            storage_resume=args.storage_resume,
+        ),
+        recovery=RecoverySettings(
+            failures=args.quarantine_failures,
+            window=args.quarantine_window,
+            backoff=args.recovery_backoff,
+            boot_timeout=args.boot_timeout,
+        ),
         screen_max_fps=args.screen_max_fps,
         screen_max_rate=args.screen_max_rate,
         screen_record_max_bytes=args.screen_record_max_bytes,

@@ -39,9 +39,13 @@ Probe = Callable[[str], Awaitable[Reading]]
 
 @dataclass(frozen=True)
 class RecoverySettings:
+    """This many infrastructure failures of a phone within `window` seconds take it out of
+    service (0: never) and start its recovery ladder, whose steps pause `backoff` seconds,
+    doubling; a reboot may take `boot_timeout`."""
+
     failures: int = 3
     window: float = 600.0
-    backoff: float = 1.0
+    backoff: float = 5.0
     boot_timeout: float = 120.0
 
 

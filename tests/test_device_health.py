@@ -262,9 +262,7 @@ async def test_a_hung_phone_is_quarantined_rebooted_and_back_in_service(farm: Fa
     settings = {
         "probe_interval": PROBE,
         "probe_timeout": 0.3,
-        "quarantine_failures": 1,
-        "recovery_backoff": 0.1,
-        "boot_timeout": 5.0,
+        "recovery": RecoverySettings(failures=1, backoff=0.1, boot_timeout=5.0),
     }
     async with running_agent(farm, source, **settings) as agent:
         await eventually(lambda: agent.health.health.get("sim-0") is not None)
@@ -298,9 +296,7 @@ async def test_a_wedged_transport_is_brought_back_by_adb_reconnect_without_a_reb
     settings = {
         "probe_interval": PROBE,
         "probe_timeout": 0.3,
-        "quarantine_failures": 1,
-        "recovery_backoff": 0.1,
-        "boot_timeout": 1.0,
+        "recovery": RecoverySettings(failures=1, backoff=0.1, boot_timeout=1.0),
     }
     async with running_agent(farm, source, **settings) as agent:
         await eventually(lambda: is_in(farm, "sim-0", "ready"), what="the first probe")

@@ -16,6 +16,7 @@ from amc.v1 import admin_pb2, scheduler_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.agent import Agent
+from host_agent.recovery import RecoverySettings
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, eventually, tap
 from tests.support.agent import running_agent, status_is, submit
@@ -27,9 +28,7 @@ from tests.test_host_operations import host_events, named_operator
 QUARANTINE = {
     "probe_interval": 0.3,
     "probe_timeout": 0.3,
-    "quarantine_failures": 1,
-    "recovery_backoff": 0.05,
-    "boot_timeout": 0.3,
+    "recovery": RecoverySettings(failures=1, backoff=0.05, boot_timeout=0.3),
 }
 
 

@@ -149,8 +149,8 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
     assert config.sim_faults == tmp_path / "faults.json"
     agent = config.agent
     assert (agent.probe_interval, agent.probe_timeout) == (2.0, 0.5)
-    assert (agent.quarantine_failures, agent.quarantine_window) == (4, 90.0)
-    assert (agent.recovery_backoff, agent.boot_timeout) == (0.25, 30.0)
+    assert (agent.recovery.failures, agent.recovery.window) == (4, 90.0)
+    assert (agent.recovery.backoff, agent.recovery.boot_timeout) == (0.25, 30.0)
     assert (agent.drain_timeout, agent.inventory_interval, agent.acquire_wait) == (0.0, 2.5, 5.0)
     assert (agent.report_timeout, agent.shell_timeout) == (30.0, 7.0)
     assert (config.metrics_listen, config.log_format, config.log_level) == (
