@@ -4,7 +4,7 @@ A file is a mapping with `actions:` (a list of actions) or `workflow:` (named st
 optional `selector`, `priority`, `max_attempts`, `metadata`, `request_id`, `queue_timeout`
 and `deadline` (durations, like `wait`'s) and `fairness_key`; a bare list
 is an actions list. An action is a one-key mapping, `kind: arguments`, where the kinds and
-their fields are those of `amc.v1.Action` as amc_common.actions defines them, and
+their fields are those of `amc.v1.Action` as amc_common.action_table defines them, and
 shorthands spare the common cases: a list gives the fields in their order, a lone value
 the one field that must be given.
 
@@ -19,7 +19,7 @@ the one field that must be given.
 
 The document is normalised against the message descriptors (names checked, durations
 turned into proto JSON, scalars coerced) and then handed to `json_format.ParseDict`. Each
-action is checked against its definition in amc_common.actions, the same check the
+action is checked against its definition in amc_common.action_table, the same check the
 control plane makes, so a value past a limit is refused here, before anything is sent.
 Each problem is reported with the file, the line (YAML) and the path inside the document;
 what only the server checks (priority, labels, sizes) comes back naming the field too.
@@ -41,7 +41,7 @@ from amc_cli.durations import parse_duration
 from amc_cli.errors import SpecError
 from amc_cli.specdoc import Doc, parse, read
 from amc_cli.specvalues import describe, scalar, suggest
-from amc_common.actions import FIELDS, ActionError, from_message
+from amc_common.action_table import FIELDS, ActionError, from_message
 
 _TOP_LEVEL = [
     "actions",
@@ -191,7 +191,7 @@ class _Builder:
         return value
 
     def arguments(self, kind: str, value: Any, path: str, parent: Any, key: Hashable) -> Any:
-        """An action's shorthands, from its fields in amc_common.actions: a list gives the
+        """An action's shorthands, from its fields in amc_common.action_table: a list gives the
         fields in order (at least those that must be given), a lone value the one field
         that must be given."""
         names = [f.name for f in FIELDS[kind]]

@@ -1,7 +1,7 @@
 """What a field of an action may hold, and how it is read from a message: the limits
 (`Whole`, `Text`, `Seconds`, `Selector`), the field types that carry them (`Coord` is a
 whole number from 0 to MAX_COORD), `UiSelector`, and `ActionError`, which a value past its
-limit raises. amc_common.actions builds the action table from these.
+limit raises. amc_common.action_table builds the action table from these.
 """
 
 from __future__ import annotations

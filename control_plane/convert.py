@@ -11,7 +11,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
-from amc_common.actions import KEEPS
+from amc_common.action_table import KEEPS
 from control_plane.domain import (
     CONDITIONS,
     ArtifactInfo,

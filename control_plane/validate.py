@@ -15,14 +15,14 @@ from datetime import timedelta
 from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, task_pb2
-from amc_common import actions
+from amc_common import action_table
 
-# The actions' limits are amc_common.actions'; these are named here too, beside the
+# The actions' limits are amc_common.action_table'; these are named here too, beside the
 # other limits of a request.
-from amc_common.actions import MAX_COORD as MAX_COORD
-from amc_common.actions import MAX_SECONDS as MAX_SECONDS
-from amc_common.actions import MAX_STRING
-from amc_common.actions import MAX_TEXT as MAX_TEXT
+from amc_common.action_table import MAX_COORD as MAX_COORD
+from amc_common.action_table import MAX_SECONDS as MAX_SECONDS
+from amc_common.action_table import MAX_STRING
+from amc_common.action_table import MAX_TEXT as MAX_TEXT
 from control_plane.convert import STATUS_FROM_PB
 from control_plane.errors import InvalidArgument
 from control_plane.lifecycle import TaskStatus
@@ -133,11 +133,11 @@ def text(value: str, field: str, *, required: bool = False, limit: int = MAX_STR
 
 
 def action(a: task_pb2.Action, field: str) -> None:
-    """One action, against its definition in amc_common.actions (which the host agent and
+    """One action, against its definition in amc_common.action_table (which the host agent and
     the CLI read too)."""
     try:
-        actions.from_message(a)
-    except actions.ActionError as exc:
+        action_table.from_message(a)
+    except action_table.ActionError as exc:
         raise InvalidArgument(f"{field}.{exc.field}" if exc.field else field, exc.problem) from None
 
 

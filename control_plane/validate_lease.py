@@ -12,8 +12,8 @@ from typing import TypeVar
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from amc_common import actions
-from amc_common.actions import MAX_TEXT
+from amc_common import action_table
+from amc_common.action_table import MAX_TEXT
 from control_plane.errors import ArtifactTooLarge, InvalidArgument
 from control_plane.validate import (
     MAX_ACTIONS,
@@ -147,8 +147,8 @@ def artifact_header(h: lease_pb2.ArtifactHeader, max_size: int, field: str = "he
     if not 0 <= h.action_index < MAX_ACTIONS:
         raise InvalidArgument(f"{field}.action_index", f"must be between 0 and {MAX_ACTIONS - 1}")
     text(h.step_name, f"{field}.step_name")
-    if h.kind not in actions.KEEPS:
-        raise InvalidArgument(f"{field}.kind", f"must be one of {', '.join(actions.KEEPS)}")
+    if h.kind not in action_table.KEEPS:
+        raise InvalidArgument(f"{field}.kind", f"must be one of {', '.join(action_table.KEEPS)}")
     if h.size_bytes < 0:
         raise InvalidArgument(f"{field}.size_bytes", "must not be negative")
     if h.size_bytes > max_size:

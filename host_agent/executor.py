@@ -11,7 +11,7 @@ token tripped.
 (the token tripped) and DeviceLost (nothing more can run on this device).
 
 What each action means, its fields and their defaults (a wait_for's 10 s, a swipe's
-0.3 s) are amc_common.actions'; an action arrives here with every field filled in, but
+0.3 s) are amc_common.action_table'; an action arrives here with every field filled in, but
 a shell timeout left to this host (`shell_default_timeout`, the agent's --shell-timeout).
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from amc_common.actions import (
+from amc_common.action_table import (
     Action,
     AssertVisible,
     InputText,

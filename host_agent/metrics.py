@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 
-from amc_common.actions import ACTIONS
+from amc_common.action_table import ACTIONS
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 

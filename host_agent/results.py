@@ -33,7 +33,7 @@ class Kept:
     """A file an action kept (a screenshot's PNG, a ui_dump's XML), to be uploaded as an
     artifact of the task before the result is reported."""
 
-    # amc_common.actions.KEEPS: "screenshot" or "ui_dump".
+    # amc_common.action_table.KEEPS: "screenshot" or "ui_dump".
     kind: str
     data: bytes = field(repr=False)
     # The action's position inside its step.

@@ -18,7 +18,7 @@ from typing import assert_never
 
 import structlog
 
-from amc_common.actions import Action
+from amc_common.action_table import Action
 from amc_common.statuses import Outcome
 from host_agent.devices import Device, DeviceLost
 from host_agent.executor import POLL_INTERVAL, StepOutput, describe_device_error, execute

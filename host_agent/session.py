@@ -21,7 +21,7 @@ import grpc
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
-from amc_common.actions import Action, Screenshot, UiDump
+from amc_common.action_table import Action, Screenshot, UiDump
 from amc_common.statuses import Outcome
 from host_agent import artifact_upload
 from host_agent.devices import Device

@@ -1,6 +1,6 @@
 """Task specs as domain values: frozen dataclasses, checked when they are made.
 
-The actions themselves are amc_common.actions' classes: the one definition of each action's
+The actions themselves are amc_common.action_table' classes: the one definition of each action's
 fields, defaults and limits, which the control plane checked the spec against too.
 `host_agent.wire.spec_from_proto` makes these from an `amc.v1.TaskSpec` (raising
 InvalidSpec for a spec no runner could run); the runner only ever sees these.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
-from amc_common.actions import Action
+from amc_common.action_table import Action
 
 
 class InvalidSpec(ValueError):

@@ -11,7 +11,7 @@ Past this module the session, the worker, the runner and the spec model see doma
 only. The renewal stream (`leases`) and the final calls (`reporting`) speak their own
 messages, which are all they are about.
 
-An action's fields, their defaults and limits are amc_common.actions': an unset
+An action's fields, their defaults and limits are amc_common.action_table': an unset
 `wait_for.timeout` is 10 s there, an unset `shell.timeout` None (the host agent's
 --shell-timeout).
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from amc_common.actions import KEEPS, Action, ActionError, from_message
+from amc_common.action_table import KEEPS, Action, ActionError, from_message
 from amc_common.statuses import Outcome
 from host_agent.devices import AttachedDevice
 from host_agent.fencing import Timing
@@ -199,7 +199,7 @@ def _actions_from_proto(pbs: Iterable[task_pb2.Action], where: str) -> tuple[Act
 
 
 def action_from_proto(pb: task_pb2.Action) -> Action:
-    """The action `pb` asks for, by its definition in amc_common.actions: checked as the
+    """The action `pb` asks for, by its definition in amc_common.action_table: checked as the
     control plane checked it, and with the defaults of the fields it leaves out."""
     try:
         return from_message(pb)

@@ -1,4 +1,4 @@
-"""The action table (amc_common.actions) against the proto, and the three programs that
+"""The action table (amc_common.action_table) against the proto, and the three programs that
 read it against each other: for every field of every action, a value at its limit is
 accepted by the control plane, the host agent and the CLI alike, one past it refused by
 all three naming the field, and a field left out has the same default everywhere."""
@@ -19,7 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_cli.errors import SpecError
 from amc_cli.specfile import load_request
-from amc_common.actions import (
+from amc_common.action_table import (
     ACTIONS,
     FIELDS,
     MAX_STRING,

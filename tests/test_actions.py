@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from amc_common.actions import (
+from amc_common.action_table import (
     Action,
     AssertVisible,
     InputText,

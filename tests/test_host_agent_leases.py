@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from amc.v1 import lease_pb2, lease_pb2_grpc
-from amc_common.actions import Key, Tap
+from amc_common.action_table import Key, Tap
 from amc_common.channel import aio_channel
 from control_plane.domain import Role
 from host_agent.fencing import FENCE_LEAD, HeldLease, RenewalResult, Timing, fencing_margin

@@ -11,7 +11,7 @@ from datetime import UTC
 import pytest
 
 from amc.v1 import lease_pb2
-from amc_common.actions import (
+from amc_common.action_table import (
     Action,
     InputText,
     Key,

@@ -9,7 +9,7 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common import statuses
-from amc_common.actions import (
+from amc_common.action_table import (
     ActionError,
     AssertVisible,
     InputText,

@@ -24,7 +24,7 @@ class ArtifactFile:
     step_index: int
     action_index: int
     step_name: str
-    # amc_common.actions.KEEPS: "screenshot" or "ui_dump".
+    # amc_common.action_table.KEEPS: "screenshot" or "ui_dump".
     kind: str
     size_bytes: int
     sha256: bytes
