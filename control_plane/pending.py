@@ -17,8 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
-# A selector's text is amc_common's, the CLI's too (re-exported: the console's as well).
-from amc_common.device_selector import describe as describe
+from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.domain import DeviceMatch, KeyCap, Task, TaskId, TaskRead
 from control_plane.lifecycle import TaskStatus

@@ -10,6 +10,7 @@ from amc_client import farm
 from amc_common import statuses
 from amc_common.device_selector import describe
 from control_plane import gauges, lifecycle, pending
+from control_plane.domain import DeviceMatch
 
 
 def test_the_task_statuses_are_declared_once() -> None:
@@ -32,7 +33,9 @@ def test_a_selector_is_written_one_way() -> None:
     assert describe("R58M", {"rack": "r1", "model": "Pixel9"}) == "serial=R58M,model=Pixel9,rack=r1"
     assert describe(None, {}) == describe("", {}) == "any device"
     assert describe("", {"rack": "r1"}, sep=" ", anything="any") == "rack=r1"
-    assert pending.describe is describe
+    nothing = DeviceMatch(total=0, host_cordoned=0, cordoned=0, offline=0, busy=0)
+    reason = pending.explain("R58M", {"rack": "r1"}, nothing)
+    assert reason == "no registered device matches serial=R58M,rack=r1"
     assert gauges.selector_label("R58M", {"rack": "r1"}) == "serial=R58M,rack=r1"
     assert gauges.selector_label(None, {}) == "any"
     assert gauges.selector_label(None, None) == "other"
