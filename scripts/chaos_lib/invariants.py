@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from amc_common import statuses
 from chaos_lib.dispatch import DispatchCheck
 from chaos_lib.evidence import Action, Evidence, last_step_window, task_result
 from chaos_lib.monitor import Finding
@@ -64,10 +65,11 @@ NAMES = {
     9: "sessions end as the spec says",
     10: "phone faults: infrastructure retries, sick phones idle, recovered ones at work",
 }
-TERMINAL = frozenset({"done", "failed", "cancelled"})
+TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).
 SESSION_STOPS = ("session relay lost", "session relay ended", "session abandoned")
-REPORTED = frozenset({"done", "failed", "cancelled"})
+# An attempt the host reported ended in one of these (its state is the Outcome's value).
+REPORTED = frozenset(o.value for o in statuses.Outcome)
 EXAMPLES = 5
 # A renewal whose transaction began this long after the cancel's must have seen it: it
 # cannot have been waiting on the cancel's row lock for that long (they take milliseconds).

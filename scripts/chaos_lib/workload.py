@@ -37,6 +37,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_common import statuses
 from amc_common.channel import with_token
 from chaos_lib.farm import FleetHost
 from chaos_lib.specs import Plan, random_plan
@@ -47,7 +48,7 @@ RETRY_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
 )
 IN_FLIGHT = (task_pb2.TASK_STATUS_ASSIGNED, task_pb2.TASK_STATUS_DISPATCHED)
-TERMINAL = (task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED)
+TERMINAL = statuses.numbers(statuses.TERMINAL, task_pb2.TaskStatus)
 
 
 def _duration(value: float | None) -> duration_pb2.Duration | None:
