@@ -9,7 +9,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from amc.v1 import scheduler_pb2, task_pb2
-from amc_cli import artifacts, options, render, render_tasks, selectors
+from amc_cli import artifact_download, options, render, render_tasks, selectors
 from amc_cli.client import Client
 from amc_cli.errors import BadInput, CliError, RpcFailed
 from amc_cli.follow import follow, outcome_exit
@@ -282,7 +282,8 @@ def get_artifact(
     """Write one file a step kept (a screenshot's PNG, a ui_dump's XML), its sha256
     checked."""
     client = options.client(ctx)
-    chosen = artifacts.choose(client.list_artifacts(task_id), task_id, step, attempt, action)
-    size = artifacts.write(chosen, client.get_artifact(task_id, chosen.artifact_id), output)
+    found = client.list_artifacts(task_id)
+    chosen = artifact_download.choose(found, task_id, step, attempt, action)
+    size = artifact_download.write(chosen, client.get_artifact(task_id, chosen.artifact_id), output)
     if output != "-":
         render.note(f"wrote {chosen.kind} of step {chosen.step_index} ({size} bytes) to {output}")
