@@ -343,10 +343,10 @@ CREATE TABLE IF NOT EXISTS queue_group_stats (
 
 -- -- transitions that lock several rows: one function each, so one round trip ------------
 --
--- Each is in its aggregate's store/<aggregate>.sql (amc_cancel in tasks.sql; amc_acquire,
--- amc_renew, amc_report, amc_expire, amc_release in leases.sql; amc_set_host_cordon and
--- amc_remove_host in hosts.sql; amc_put_artifact in artifacts.sql; the queue's in
--- queue.sql). The single-row ones (submit, the presence writes) are statements there.
+-- Each is in its aggregate's store/<aggregate>.sql (amc_cancel in tasks.sql; amc_acquire
+-- in leases.acquire.sql, amc_renew and amc_report in leases.sql, amc_expire and
+-- amc_release in leases.end.sql; amc_set_host_cordon and amc_remove_host in hosts.sql;
+-- amc_put_artifact in artifacts.sql; the queue's in queue.sql). The single-row ones (submit, the presence writes) are statements there.
 -- NOTIFY happens after the commit (Hub.publish), except in amc_cancel: a transaction that
 -- notifies holds a database-wide lock through its WAL flush, and cancellations are rare.
 

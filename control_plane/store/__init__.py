@@ -15,9 +15,11 @@ Where the SQL is: each module `store/<aggregate>.py` sends the statements of
 `store/<aggregate>.sql`, by the name under `-- name:` (store/sql.py loads them all; a name
 is used once). A transition that locks several rows is one PL/pgSQL function `amc_<verb>`,
 which its statement calls, written at the top of the same file (above the statements);
-every other transition is its statement. `schema.py` brings a database to the schema at
-start-up: `control_plane/schema.sql` (tables, indexes), then those functions (with
-`migrations/` for an older database's tables).
+every other transition is its statement. An aggregate's SQL that would pass 400 lines
+goes on in `store/<aggregate>.<part>.sql` (leases.acquire.sql, leases.end.sql), still
+sent by `store/<aggregate>.py`. `schema.py` brings a database to the schema at start-up:
+`control_plane/schema.sql` (tables, indexes), then those functions (with `migrations/`
+for an older database's tables).
 
 Every hot call (acquire, renew, report) is one statement, so one round trip. This package
 is the only one that imports asyncpg (an import-linter contract holds it).

@@ -1,6 +1,6 @@
 """Leases: Acquire, renewals, reports, releases, and the sweeps that end leases (their
-statements in leases.sql, and above them the functions the transitions that lock several
-rows call: amc_acquire, amc_renew, amc_report, amc_expire, amc_release, amc_give_back)."""
+statements in leases.sql, leases.acquire.sql and leases.end.sql, each with the functions
+its statements call above them: amc_acquire, amc_renew, amc_report, amc_expire, ...)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ class SchemaTooOld(Exception):
 
 # The aggregates whose store/<aggregate>.sql defines functions, in the order they are
 # created (a LANGUAGE sql function is checked against those it calls when created).
-FUNCTIONS = ("queue", "tasks", "leases", "hosts", "artifacts")
+FUNCTIONS = ("queue", "tasks", "leases", "leases.acquire", "leases.end", "hosts", "artifacts")
 
 
 def schema() -> str:

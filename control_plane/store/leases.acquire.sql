@@ -1,0 +1,247 @@
+-- Acquire's SQL: the part of store/leases.py's that would make leases.sql too long to read
+-- (an aggregate's SQL over 400 lines goes on in store/<aggregate>.<part>.sql). Lock order,
+-- in every statement and function: as the top of schema.sql says.
+--
+-- Its function comes first: it is part of the schema (store/schema.py applies it after
+-- schema.sql at start-up; CREATE OR REPLACE, so idempotently), and the statements below
+-- call it.
+
+-- -- functions --------------------------------------------------------------------------
+
+-- assign: queued -> assigned, for up to one task per idle device of the host; then the
+-- host's devices still idle (labels set, task_id NULL), for the replica's index of parked
+-- Acquires (control_plane/dispatch.py).
+--
+-- The idle devices are read without locks and grouped by labels. Per device group: the
+-- queue groups it matches are found by anchor (queue_groups), and the first tasks of each
+-- (tasks_dispatch) are merged in queue order (priority, fair tag, age), at most one per
+-- device and a few more; each is then locked (SKIP LOCKED: a task another Acquire holds is
+-- passed over, and only the tasks taken are locked), and reserves a device of the group
+-- (its own serial if it names one) with an UPDATE whose conditions PostgreSQL rechecks on
+-- the latest row version (another Acquire or a re-registration may have changed it). A
+-- task passed over stays queued; the devices left get another look (a few at most). An
+-- Acquire that finds nothing writes nothing and locks nothing.
+--
+-- Fair shares' caps: a key with a cap (fair_shares.max_devices) is counted once per
+-- Acquire, under a transaction-scoped advisory lock on the key (so two Acquires cannot
+-- both take its last phone); a key at its cap has its groups left out. Keys without a cap
+-- cost nothing.
+--
+-- A cordoned host gets nothing and has no idle devices (so its Acquire is indexed under
+-- nothing, and no queued task wakes it); a cordoned device is never idle, nor is one whose
+-- condition is not 'ready' (charging, too hot, ...: its host's probes say so). Uncordoning,
+-- and a device turning ready, publish amc_freed for the host, and its parked Acquires look
+-- again. The host row is
+-- locked (FOR KEY SHARE) once there is a device to reserve, and cordoned is read again
+-- then: a cordon, drain or removal that commits first leaves this Acquire nothing, and one
+-- that comes later waits for it and counts its leases (issue 21.4).
+CREATE OR REPLACE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
+RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
+               queued_seconds double precision, labels jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    g record;
+    t record;
+    v_free text[];
+    v_serial text;
+    v_again boolean;
+    v_looks integer;
+    v_cands uuid[];
+    v_asked integer;
+    v_groups bigint[];
+    v_keys text[];
+    v_seen uuid[];
+    v_blocked text[] := '{}';
+    v_left jsonb := '{}';
+    v_count integer;
+    v_host_held boolean := false;
+    v_cordoned boolean;
+BEGIN
+    IF EXISTS (SELECT 1 FROM hosts h WHERE h.host_id = p_host AND h.cordoned) THEN
+        RETURN;
+    END IF;
+    FOR g IN
+        SELECT dv.labels, array_agg(dv.serial ORDER BY dv.serial) AS serials
+        FROM devices dv
+        WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
+          AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+          AND dv.condition = 'ready'
+        GROUP BY dv.labels
+    LOOP
+        v_free := g.serials;
+        SELECT COALESCE(array_agg(q.group_id ORDER BY q.group_id), '{}'),
+               COALESCE(array_agg(q.fairness_key ORDER BY q.group_id), '{}')
+        INTO v_groups, v_keys
+        FROM queue_groups q
+        WHERE q.anchor = ANY (amc_device_anchors(g.labels, v_free))
+          AND g.labels @> q.selector_labels
+          AND (q.selector_serial = '' OR q.selector_serial = ANY (v_free));
+        CONTINUE WHEN cardinality(v_groups) = 0;
+        -- Capped keys among them, in key order (the advisory locks' order): how many more
+        -- phones each may take.
+        FOR t IN
+            SELECT f.fairness_key, f.max_devices FROM fair_shares f
+            WHERE f.fairness_key = ANY (v_keys) AND f.max_devices IS NOT NULL
+              AND NOT v_left ? f.fairness_key
+            ORDER BY f.fairness_key
+        LOOP
+            PERFORM pg_advisory_xact_lock(hashtextextended('amc_fair_share:' || t.fairness_key, 0));
+            SELECT count(*) INTO v_count
+            FROM queue_groups q JOIN tasks tk ON tk.group_id = q.group_id
+            WHERE q.fairness_key = t.fairness_key AND tk.status IN ('assigned', 'dispatched');
+            v_left := v_left || jsonb_build_object(t.fairness_key, t.max_devices - v_count);
+            IF t.max_devices - v_count <= 0 THEN
+                v_blocked := v_blocked || t.fairness_key;
+            END IF;
+        END LOOP;
+        v_seen := '{}';
+        v_looks := 0;
+        LOOP
+            v_looks := v_looks + 1;
+            -- The first tasks of the matching groups, merged in queue order, without locks.
+            v_cands := ARRAY(
+                SELECT h.task_id FROM unnest(v_groups, v_keys) AS q (group_id, fairness_key)
+                CROSS JOIN LATERAL (
+                    SELECT tk.task_id, tk.priority, tk.fair_tag, tk.created_at
+                    FROM tasks tk
+                    WHERE tk.group_id = q.group_id AND tk.status = 'queued'
+                      AND tk.task_id <> ALL (v_seen)
+                    ORDER BY tk.priority DESC, tk.fair_tag, tk.created_at, tk.task_id
+                    LIMIT cardinality(v_free) + 2) h
+                WHERE q.fairness_key <> ALL (v_blocked)
+                ORDER BY h.priority DESC, h.fair_tag, h.created_at, h.task_id
+                LIMIT cardinality(v_free) + 2);
+            EXIT WHEN cardinality(v_cands) = 0;
+            -- Then as many of them as there are devices, locked in one statement (SKIP
+            -- LOCKED: one another Acquire holds is passed over), in queue order.
+            v_again := cardinality(v_cands) = cardinality(v_free) + 2;
+            v_asked := LEAST(cardinality(v_cands), cardinality(v_free));
+            v_count := 0;
+            FOR t IN
+                SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at,
+                       tk.selector_labels, tk.selector_serial, tk.fairness_key
+                FROM tasks tk
+                WHERE tk.task_id = ANY (v_cands) AND tk.status = 'queued'
+                  AND tk.fairness_key <> ALL (v_blocked)
+                ORDER BY tk.priority DESC, tk.fair_tag, tk.created_at, tk.task_id
+                LIMIT cardinality(v_free)
+                FOR UPDATE SKIP LOCKED
+            LOOP
+                v_count := v_count + 1;
+                v_seen := v_seen || t.task_id;
+                IF cardinality(v_free) = 0 OR t.fairness_key = ANY (v_blocked) THEN
+                    -- No device left, or its key reached its cap in this Acquire.
+                    v_again := true;
+                    CONTINUE;
+                END IF;
+                v_serial := CASE WHEN t.selector_serial IS NULL THEN v_free[1]
+                                 WHEN t.selector_serial = ANY (v_free) THEN t.selector_serial
+                            END;
+                IF v_serial IS NULL THEN
+                    -- Its device got an earlier task of this look: it stays queued.
+                    v_again := true;
+                    CONTINUE;
+                END IF;
+                IF NOT v_host_held THEN
+                    -- The host row, before the first device this Acquire reserves (see
+                    -- the lock order): FOR KEY SHARE, so Acquires of the host (and its
+                    -- registration and presence writes) share it, while cordon, drain and
+                    -- remove (FOR UPDATE) come wholly before this Acquire or after it
+                    -- commits. Cordoned or removed meanwhile: nothing for it.
+                    SELECT h.cordoned INTO v_cordoned FROM hosts h
+                    WHERE h.host_id = p_host
+                    FOR KEY SHARE;
+                    IF NOT FOUND OR v_cordoned THEN
+                        RETURN;
+                    END IF;
+                    v_host_held := true;
+                END IF;
+                v_free := array_remove(v_free, v_serial);
+                UPDATE devices dv SET task_id = t.task_id, updated_at = now()
+                WHERE dv.host_id = p_host AND dv.serial = v_serial
+                  AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+                  AND dv.condition = 'ready'
+                  AND dv.labels @> t.selector_labels;
+                IF NOT FOUND THEN
+                    -- Taken or changed meanwhile (so not this Acquire's any more): the
+                    -- task stays queued.
+                    v_again := true;
+                    CONTINUE;
+                END IF;
+                IF v_left ? t.fairness_key THEN
+                    v_left := v_left || jsonb_build_object(
+                        t.fairness_key, (v_left ->> t.fairness_key)::integer - 1);
+                    IF (v_left ->> t.fairness_key)::integer <= 0 THEN
+                        v_blocked := v_blocked || t.fairness_key;
+                    END IF;
+                END IF;
+                task_id := t.task_id;
+                attempt := t.next_attempt;
+                lease_id := gen_random_uuid();
+                device_serial := v_serial;
+                spec := t.spec;
+                queued_seconds := extract(epoch FROM clock_timestamp() - t.updated_at);
+                UPDATE tasks tk SET status = 'assigned', attempt = t.next_attempt,
+                                    host_id = p_host, device_serial = v_serial,
+                                    updated_at = now()
+                WHERE tk.task_id = t.task_id;
+                INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_serial, state,
+                                      lease_expires_at)
+                VALUES (t.task_id, t.next_attempt, lease_id, p_host, v_serial, 'active',
+                        now() + p_ttl);
+                INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+                VALUES (t.task_id, t.next_attempt, 'assign', 'queued', 'assigned',
+                        p_host || '/' || v_serial);
+                RETURN NEXT;
+            END LOOP;
+            -- Fewer locked than asked: every candidate was looked at, and some were held by
+            -- others or taken since the look; the next look goes past them all.
+            IF v_count < v_asked THEN
+                v_seen := v_seen || v_cands;
+                v_again := true;
+            END IF;
+            -- Looks again (past the tasks seen) only while a task was passed over and
+            -- devices are left; a few looks at most.
+            EXIT WHEN NOT v_again OR cardinality(v_free) = 0 OR v_looks >= 4;
+        END LOOP;
+    END LOOP;
+    RETURN QUERY SELECT NULL::uuid, NULL::integer, NULL::uuid, dv.serial, NULL::bytea,
+                        NULL::double precision, dv.labels
+                 FROM devices dv
+                 WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
+                   AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+                   AND dv.condition = 'ready';
+END $$;
+
+-- -- statements ------------------------------------------------------------------------
+
+-- name: acquire
+-- Assignments (task_id set), then the devices left idle (labels set); each assignment with
+-- its task's deadline (fixed at submit, so the statement's snapshot has it).
+SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline
+FROM amc_acquire($1, $2, $3) a;
+
+-- name: acquire_offered
+-- `acquire` for an Acquire woken by offers ($4: the offered tasks' ids): its rows (with
+-- `queued` NULL), then one row per offered task that was queued when the statement began
+-- (only `queued` set). An offered task that is not taken, fits a device left idle and was
+-- queued was locked by another transaction when the scan passed it (SKIP LOCKED), not taken
+-- by another host: the Acquire looks again soon instead of dropping the offer
+-- (lease_service). A task whose fairness key is at its cap was passed over for that, not
+-- for a lock: it is not listed (the offer is dropped; the key's queued tasks are offered
+-- again when its cap is raised). Still one statement; the extra rows are primary-key
+-- lookups, and a count of a capped key's running tasks (at most its cap).
+SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline,
+       NULL::uuid AS queued
+FROM amc_acquire($1, $2, $3) a
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, tk.task_id
+FROM tasks tk
+WHERE tk.task_id = ANY ($4::uuid[]) AND tk.status = 'queued'
+  AND NOT EXISTS (
+      SELECT 1 FROM fair_shares f
+      WHERE f.fairness_key = tk.fairness_key AND f.max_devices IS NOT NULL
+        AND f.max_devices <= (SELECT count(*) FROM queue_groups q
+                              JOIN tasks r ON r.group_id = q.group_id
+                              WHERE q.fairness_key = f.fairness_key
+                                AND r.status IN ('assigned', 'dispatched')));
