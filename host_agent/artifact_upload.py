@@ -22,6 +22,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from host_agent import metrics
+from host_agent.fencing import HeldLease
 from host_agent.results import Kept, RunResult, StepResult, StoredArtifact
 from host_agent.retry import Delivery, RetryPolicy, call_with_retries
 
@@ -33,19 +34,10 @@ CHUNK = 256 * 1024
 MIN_TRY = 1.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Lease:
-    """The attempt the uploads belong to."""
-
-    task_id: str
-    attempt: int
-    lease_id: str
-
-
 async def upload_kept(
     stub: lease_pb2_grpc.LeaseStub,
     result: RunResult,
-    lease: Lease,
+    lease: HeldLease,
     budget: float,
     late: str | None = None,
 ) -> RunResult:
@@ -61,7 +53,7 @@ async def upload_kept(
 
 
 async def upload_step(
-    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: Lease, budget: float
+    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: HeldLease, budget: float
 ) -> StepResult:
     """`step` with its kept files uploaded (as upload_kept does for a whole run)."""
     late = f"uploads took longer than {budget:g}s"
@@ -69,7 +61,7 @@ async def upload_step(
 
 
 async def _upload_step(
-    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: Lease, deadline: float, late: str
+    stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: HeldLease, deadline: float, late: str
 ) -> StepResult:
     if not step.kept:
         return step
@@ -93,11 +85,13 @@ async def _upload_step(
 
 
 async def _upload(
-    stub: lease_pb2_grpc.LeaseStub, step: StepResult, kept: Kept, lease: Lease, left: float
+    stub: lease_pb2_grpc.LeaseStub, step: StepResult, kept: Kept, lease: HeldLease, left: float
 ) -> StoredArtifact | str:
     """The stored artifact, or why it is not."""
     header = lease_pb2.ArtifactHeader(
-        **dataclasses.asdict(lease),  # task_id, attempt, lease_id
+        task_id=lease.task_id,
+        attempt=lease.attempt,
+        lease_id=lease.lease_id,
         step_index=step.index,
         step_name=step.name,
         action_index=kept.action_index,

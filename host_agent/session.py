@@ -25,6 +25,7 @@ from amc_common.action_table import Action, Screenshot, UiDump
 from amc_common.statuses import Outcome
 from host_agent import artifact_upload
 from host_agent.devices import Device
+from host_agent.fencing import HeldLease
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.runner import StepRunner, outcome_for
 from host_agent.spec import InvalidSpec
@@ -43,7 +44,7 @@ class SessionSettings:
 
 async def run_session(
     stub: lease_pb2_grpc.LeaseStub,
-    lease: artifact_upload.Lease,
+    lease: HeldLease,
     device: Device,
     token: StopToken,
     settings: SessionSettings,
@@ -55,7 +56,9 @@ async def run_session(
     runner = StepRunner(device, token, shell_default_timeout=settings.shell_timeout)
     steps: list[StepResult] = []
     try:
-        join = lease_pb2.SessionJoin(**dataclasses.asdict(lease))
+        join = lease_pb2.SessionJoin(
+            task_id=lease.task_id, attempt=lease.attempt, lease_id=lease.lease_id
+        )
         await call.write(lease_pb2.SessionActionsRequest(join=join))
         while True:
             try:
@@ -111,7 +114,7 @@ class _Answer:
 
 async def _observed(
     stub: lease_pb2_grpc.LeaseStub,
-    lease: artifact_upload.Lease,
+    lease: HeldLease,
     step: StepResult,
     observe: task_pb2.Observe,
     settings: SessionSettings,

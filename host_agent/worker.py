@@ -138,10 +138,9 @@ class Worker:
         a = self.assignment
         if result.stop_reason is not StopReason.LEASE_LOST:
             # Before the report, while the lease is live: after it, the lease is over.
-            lease_ref = artifact_upload.Lease(a.task_id, a.attempt, a.lease_id)
             budget, late = self._upload_budget()
             result = await artifact_upload.upload_kept(
-                self._tools.stub, result, lease_ref, budget, late
+                self._tools.stub, result, self.lease, budget, late
             )
         request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
@@ -200,10 +199,8 @@ class Worker:
     async def _run(self, spec: TaskSpec, device: Device, token: StopToken) -> RunResult:
         settings = self._tools.settings
         if isinstance(spec, Session):
-            a = self.assignment
-            lease_ref = artifact_upload.Lease(a.task_id, a.attempt, a.lease_id)
             options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
-            return await run_session(self._tools.stub, lease_ref, device, token, options)
+            return await run_session(self._tools.stub, self.lease, device, token, options)
         # Each step as it ends goes with the lease's next renewal (progress).
         lease_id, keeper = self.lease.lease_id, self._tools.keeper
         return await run(
