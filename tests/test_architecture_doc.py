@@ -5,6 +5,7 @@ package docstring, so a new module cannot land without a line saying what it is.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,43 @@ def test_the_module_map_names_every_console_script() -> None:
     static = ROOT / "control_plane" / "console" / "static"
     missing = [p.name for p in sorted(static.glob("*.js")) if f"`{p.name}`" not in MAP]
     assert not missing, f"docs/architecture.md does not mention the console's {missing}"
+
+
+def test_the_module_map_is_every_module_in_its_own_words() -> None:
+    """THEN the map's table has one line per module of the product's packages, each the
+    first sentence of that module's docstring (what it does), and no line for a module
+    that is gone: a module added, moved, removed or re-described changes the table
+    (`scripts/module_map.py --write`)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import module_map
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    made = module_map.table()
+    assert "(no docstring)" not in made, [
+        line for line in made.splitlines() if "(no docstring)" in line
+    ]
+    assert module_map.in_document() == made, (
+        "docs/architecture.md's module map is not the tree's: run "
+        "`.venv/bin/python scripts/module_map.py --write`"
+    )
+
+
+# What a newcomer reads at one sitting: a module over this is split by role (issue 26).
+MOST_LINES = 400
+
+
+def test_no_product_module_is_over_400_lines() -> None:
+    """THEN every Python module of the product's packages, every SQL file the store sends
+    and every script of the console is at most MOST_LINES lines (schema.sql's tables and
+    the numbered migrations, which never change once shipped, aside)."""
+    packages = ("control_plane", "host_agent", "amc_common", "amc_client", "amc_cli")
+    paths = [p for package in packages for p in (ROOT / package).rglob("*.py")]
+    paths += list((ROOT / "control_plane" / "store").glob("*.sql"))
+    paths += list((ROOT / "control_plane" / "console" / "static").glob("*.js"))
+    over = {
+        str(p.relative_to(ROOT)): n
+        for p in paths
+        if (n := len(p.read_text("utf-8").splitlines())) > MOST_LINES
+    }
+    assert not over, f"over {MOST_LINES} lines: {over}"
