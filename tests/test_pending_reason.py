@@ -44,8 +44,9 @@ def take_it_after_the_first_read(farm: Farm, task_id: str, host: HostClient, ser
 
         return statement
 
-    store._fetch = racing(store._fetch)  # type: ignore[method-assign]
-    store._fetchrow = racing(store._fetchrow)  # type: ignore[method-assign]
+    # Every aggregate of the store sends its statements through the one Database.
+    store.db.fetch = racing(store.db.fetch)  # type: ignore[method-assign]
+    store.db.fetchrow = racing(store.db.fetchrow)  # type: ignore[method-assign]
 
 
 async def test_a_task_submitted_while_a_matching_phone_is_idle_never_reads_all_busy(
