@@ -7,14 +7,11 @@ import asyncpg
 
 from control_plane import errors
 from control_plane.domain import ArtifactId, ArtifactInfo, NewArtifact, TaskId
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 from control_plane.store.rows import as_is
 
 
-class Artifacts:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Artifacts(Aggregate):
     async def put_artifact(
         self, host_id: str | None, new: NewArtifact, artifact_id: ArtifactId, chunks: list[bytes]
     ) -> tuple[ArtifactInfo, bool]:

@@ -184,3 +184,11 @@ class Database:
             await self.drop_connections()
             raise errors.DatabaseUnavailable()
         self.reconnecting = False
+
+
+class Aggregate:
+    """Base of the store's aggregates (store/<aggregate>.py): each sends its statements
+    through the store's one Database."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db

@@ -12,14 +12,11 @@ from typing import Any
 from control_plane import errors
 from control_plane.domain import DeviceHealth, DeviceInfo, HostEvent, HostInfo, Principal, TaskId
 from control_plane.lifecycle import RemoveCode
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 from control_plane.store.rows import columns, when
 
 
-class Hosts:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Hosts(Aggregate):
     async def register_host(
         self, host_id: str, labels: dict[str, str], devices: list[DeviceInfo]
     ) -> None:

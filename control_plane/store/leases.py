@@ -20,14 +20,11 @@ from control_plane.domain import (
     TaskId,
 )
 from control_plane.lifecycle import ReleaseCode, ReportCode
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 from control_plane.store.rows import columns, expiry, task, uuid_or_none
 
 
-class Leases:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Leases(Aggregate):
     async def acquire(
         self, host_id: str, serials: list[str], ttl: timedelta, offered: Sequence[str] = ()
     ) -> Acquired:

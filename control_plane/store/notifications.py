@@ -9,16 +9,13 @@ from typing import Any
 
 import asyncpg
 
-from control_plane.store.database import Database, session_attrs, translated
+from control_plane.store.database import Aggregate, session_attrs, translated
 from control_plane.store.sql import QUERIES as Q
 
 Listener = Callable[[str, str], None]
 
 
-class Notifications:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Notifications(Aggregate):
     async def notify(self, batch: list[tuple[str, str]]) -> None:
         await self._db.fetch("notify", [c for c, _ in batch], [p for _, p in batch])
 

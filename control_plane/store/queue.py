@@ -17,13 +17,10 @@ from control_plane.domain import (
     ShareChange,
     TaskId,
 )
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 
 
-class Queue:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Queue(Aggregate):
     async def groups(self, limit: int) -> tuple[list[QueueWait], int, datetime | None]:
         """The queue as last counted: the `limit` largest selectors, the queued total, and
         when it was counted (None: not yet)."""

@@ -8,13 +8,10 @@ from datetime import timedelta
 from typing import Any
 
 from control_plane.domain import SessionRelay, TaskId
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 
 
-class Replicas:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Replicas(Aggregate):
     async def replica_alive(self, replica: str, address: str | None = None) -> None:
         await self._db.fetch("replica_alive", replica, address)
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from control_plane.domain import Removed
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 
 
-class Retention:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Retention(Aggregate):
     async def delete_old_tasks(self, finished_before: timedelta, limit: int) -> Removed:
         """One batch: up to `limit` terminal tasks that finished more than `finished_before`
         ago, oldest first, with their attempts and events. Nothing when another replica is

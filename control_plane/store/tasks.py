@@ -22,14 +22,11 @@ from control_plane.domain import (
     TaskRead,
 )
 from control_plane.lifecycle import CancelCode, TaskStatus
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 from control_plane.store.rows import columns, task, when, with_progress
 
 
-class Tasks:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Tasks(Aggregate):
     async def submit(
         self, caller: str, new: NewTask, *, relay: str | None = None
     ) -> tuple[Task, bool]:

@@ -8,13 +8,10 @@ import asyncpg
 
 from control_plane import errors
 from control_plane.domain import Role, TokenInfo
-from control_plane.store.database import Database
+from control_plane.store.database import Aggregate
 
 
-class Tokens:
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
+class Tokens(Aggregate):
     async def create_token(
         self,
         token_id: uuid.UUID,
