@@ -8,23 +8,28 @@ Anything malformed ends the process with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from amc_common.channel import read_token
 from amc_common.version import version_line
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 DEFAULT_CONTROL_PLANE = "127.0.0.1:50051"
 DEFAULT_ADB = "127.0.0.1:5037"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+_Settings = TypeVar("_Settings", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,8 @@ class _Parser(argparse.ArgumentParser):
 
 # flag, environment variable, default, value parser, help. A flag's value comes from the
 # command line, else its variable, else the default (argparse parses string defaults too,
-# so a malformed variable is reported like a malformed flag).
+# so a malformed variable is reported like a malformed flag). A flag sets the field of
+# AgentSettings, Thresholds or Config named like it (--shell-timeout: `shell_timeout`).
 # fmt: off
 _OPTIONS: list[tuple[str, str, str | None, Callable[[str], Any], str]] = [
     ("--control-plane", "AMC_ADDR", DEFAULT_CONTROL_PLANE, address_text, "control plane host:port"),
@@ -294,34 +300,17 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     except ValueError as exc:
         raise ConfigError(f"$AMC_LABELS: not a key=value list: {exc}") from None
     _check_positive(args)
-    agent = AgentSettings(
-        host_id=args.host_id,
+    agent = _from_flags(
+        AgentSettings,
+        args,
         labels=host_labels,
-        drain_timeout=args.drain_timeout,
-        inventory_interval=args.inventory_interval,
-        acquire_wait=args.acquire_wait,
-        report_timeout=args.report_timeout,
-        shell_timeout=args.shell_timeout,
-        upload_timeout=args.upload_timeout,
-        probe_interval=args.probe_interval,
-        probe_timeout=args.probe_timeout,
-        thresholds=Thresholds(
-            battery_low=args.battery_low,
-            battery_resume=args.battery_resume,
-            too_hot=args.too_hot,
-            cool_again=args.cool_again,
-            storage_low=args.storage_low,
-            storage_resume=args.storage_resume,
-        ),
+        thresholds=_from_flags(Thresholds, args),
         recovery=RecoverySettings(
             failures=args.quarantine_failures,
             window=args.quarantine_window,
             backoff=args.recovery_backoff,
             boot_timeout=args.boot_timeout,
         ),
-        screen_max_fps=args.screen_max_fps,
-        screen_max_rate=args.screen_max_rate,
-        screen_record_max_bytes=args.screen_record_max_bytes,
     )
     if args.battery_resume < args.battery_low:
         raise ConfigError("--battery-resume must be at least --battery-low")
@@ -330,24 +319,29 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     if args.storage_resume < args.storage_low:
         raise ConfigError("--storage-resume must be at least --storage-low")
     adb_host, adb_port = args.adb
-    return Config(
-        control_plane=args.control_plane,
+    return _from_flags(
+        Config,
+        args,
         token=None if args.insecure else _token(args.token_file, env),
         agent=agent,
         ca=_existing(args.ca, "--ca"),
-        tls=args.tls,
         adb_host=adb_host,
         adb_port=adb_port,
-        adb_timeout=args.adb_timeout,
-        simulated_devices=args.simulated_devices,
-        sim_delay=args.sim_delay,
         action_log=Path(args.action_log) if args.action_log else None,
         sim_faults=Path(args.sim_faults) if args.sim_faults else None,
-        log_format=args.log_format,
-        log_level=args.log_level,
-        metrics_listen=args.metrics_listen,
-        debug=args.debug,
     )
+
+
+def _from_flags(cls: type[_Settings], args: argparse.Namespace, **given: Any) -> _Settings:
+    """A `cls` made of `given` and, for each other field, the flag named after it (the flag's
+    dest: --shell-timeout sets `shell_timeout`); a field with neither keeps its default."""
+    flags = vars(args)
+    named = {
+        f.name: flags[f.name]
+        for f in dataclasses.fields(cls)
+        if f.name in flags and f.name not in given
+    }
+    return cls(**named, **given)
 
 
 def _check_positive(args: argparse.Namespace) -> None:
