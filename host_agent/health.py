@@ -165,33 +165,32 @@ def judge(last: Health | None, seen: Reading | DeviceError, t: Thresholds) -> He
         Condition.READY, "", seen.battery_percent, seen.temperature_celsius, seen.charging
     )
     was = last.condition if last is not None else None
+
+    def held(condition: Condition, reason: str) -> Health:
+        return replace(facts, condition=condition, reason=reason)
+
     hot = seen.temperature_celsius
     if hot is not None and (hot > t.too_hot or (was is Condition.TOO_HOT and hot >= t.cool_again)):
-        return replace(
-            facts,
-            condition=Condition.TOO_HOT,
-            reason=f"battery above {t.too_hot:g} °C; held until below {t.cool_again:g} °C",
+        return held(
+            Condition.TOO_HOT,
+            f"battery above {t.too_hot:g} °C; held until below {t.cool_again:g} °C",
         )
     level = seen.battery_percent
     if level is not None and (
         level < t.battery_low or (was is Condition.CHARGING_HOLD and level < t.battery_resume)
     ):
-        return replace(
-            facts,
-            condition=Condition.CHARGING_HOLD,
-            reason=f"battery below {t.battery_low} %; held until {t.battery_resume} %",
+        return held(
+            Condition.CHARGING_HOLD,
+            f"battery below {t.battery_low} %; held until {t.battery_resume} %",
         )
     free = seen.free_bytes
     if free is not None and (
         free < t.storage_low or (was is Condition.LOW_STORAGE and free <= t.storage_resume)
     ):
-        return replace(
-            facts,
-            condition=Condition.LOW_STORAGE,
-            reason=(
-                f"free storage {size_text(free)} below {size_text(t.storage_low)}; "
-                f"held until above {size_text(t.storage_resume)}"
-            ),
+        return held(
+            Condition.LOW_STORAGE,
+            f"free storage {size_text(free)} below {size_text(t.storage_low)}; "
+            f"held until above {size_text(t.storage_resume)}",
         )
     return facts
 
