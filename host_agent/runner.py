@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import assert_never
 
@@ -117,35 +117,28 @@ class _ActionEnd:
     device_lost: bool = False
 
 
+@dataclass(eq=False)
 class _StepLoop:
     """The loop both runners share."""
 
-    def __init__(
-        self,
-        device: Device,
-        token: StopToken,
-        *,
-        shell_default_timeout: float = DEFAULT_SHELL_TIMEOUT,
-        poll_interval: float = POLL_INTERVAL,
-        on_step: OnStep | None = None,
-    ) -> None:
-        self._device = device
-        self._token = token
-        self._on_step = on_step
-        self._shell_default_timeout = shell_default_timeout
-        self._poll_interval = poll_interval
+    device: Device
+    token: StopToken
+    _: KW_ONLY
+    shell_default_timeout: float = DEFAULT_SHELL_TIMEOUT
+    poll_interval: float = POLL_INTERVAL
+    on_step: OnStep | None = None
 
     async def _run_steps(self, steps: Sequence[_Step]) -> RunResult:
         results: list[StepResult] = []
         halt: _Halt | None = None
         for index, step in enumerate(steps):
-            if self._token.reason is not None:
-                halt = _stopped(self._token.reason, f"stopped before step {index} {step.name!r}")
+            if self.token.reason is not None:
+                halt = _stopped(self.token.reason, f"stopped before step {index} {step.name!r}")
                 break
             result, halt = await self._run_step(index, step)
             results.append(result)
-            if self._on_step is not None:
-                self._on_step(result)
+            if self.on_step is not None:
+                self.on_step(result)
             log.debug("step finished", index=index, step=step.name, status=result.status.value)
             if halt is not None:
                 break
@@ -174,15 +167,15 @@ class _StepLoop:
 
     async def _run_action(self, action: Action) -> _ActionEnd:
         """One action; every way it can end becomes a value."""
-        if self._token.reason is not None:  # every action is a boundary, inside a step too
-            return _interrupted(self._token.reason)
+        if self.token.reason is not None:  # every action is a boundary, inside a step too
+            return _interrupted(self.token.reason)
         try:
             output = await execute(
                 action,
-                self._device,
-                self._token,
-                shell_default_timeout=self._shell_default_timeout,
-                poll_interval=self._poll_interval,
+                self.device,
+                self.token,
+                shell_default_timeout=self.shell_default_timeout,
+                poll_interval=self.poll_interval,
             )
         except Stopped as stop:
             return _interrupted(stop.reason)
