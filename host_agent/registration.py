@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -29,31 +30,24 @@ from host_agent.wire import register_request, timing_from_proto
 CALL_TIMEOUT = 10.0
 
 
+@dataclass(eq=False)
 class Registration:
     """The inventory last registered, and the calls that register it."""
 
-    def __init__(
-        self,
-        settings: AgentSettings,
-        source: DeviceSource,
-        stub: lease_pb2_grpc.LeaseStub,
-        on_registered: Callable[[Timing], None],
-        log: Any,
-    ) -> None:
-        self._settings = settings
-        self._source = source
-        self._stub = stub
-        self._on_registered = on_registered
-        self._log = log
-        self._refreshing = asyncio.Lock()
-        self.inventory: tuple[AttachedDevice, ...] = ()
+    settings: AgentSettings
+    source: DeviceSource
+    stub: lease_pb2_grpc.LeaseStub
+    on_registered: Callable[[Timing], None]
+    log: Any
+    inventory: tuple[AttachedDevice, ...] = field(default=(), init=False)
+    _refreshing: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     def online(self) -> list[str]:
         """The serials of the phones online (state "device") as last registered."""
         return [d.serial for d in self.inventory if d.state == "device"]
 
     async def until_accepted(self) -> Timing:
-        async for attempt in retrying("registration", self._log):
+        async for attempt in retrying("registration", self.log):
             with attempt:
                 return await self._register(await self._read())
         raise AssertionError("unreachable: AsyncRetrying retries until it returns or raises")
@@ -62,7 +56,7 @@ class Registration:
         """The control plane forgot this host while it was away (retention after a long
         disconnection, or `amc hosts remove`): register its devices again; the Acquire that
         was refused is then asked again."""
-        self._log.warning(
+        self.log.warning(
             "the control plane does not know this host; registering again",
             reason=refusal.details(),
         )
@@ -80,34 +74,34 @@ class Registration:
             except grpc.aio.AioRpcError as exc:
                 if not is_retryable(exc):
                     raise
-                self._log.warning("re-registration failed; will retry", code=exc.code().name)
+                self.log.warning("re-registration failed; will retry", code=exc.code().name)
 
     async def refresh_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._settings.inventory_interval)
+            await asyncio.sleep(self.settings.inventory_interval)
             await self.refresh()
 
     async def _register(self, inventory: tuple[AttachedDevice, ...]) -> Timing:
-        settings = self._settings
+        settings = self.settings
         request = register_request(settings.host_id, settings.labels, inventory)
-        response = await self._stub.RegisterHost(request, timeout=CALL_TIMEOUT)
+        response = await self.stub.RegisterHost(request, timeout=CALL_TIMEOUT)
         timing = timing_from_proto(response)
         self.inventory = inventory
-        self._log.info(
+        self.log.info(
             "registered",
             devices={d.serial: d.state for d in inventory},
             lease_ttl=timing.ttl,
             renew_interval=timing.interval,
         )
-        self._on_registered(timing)
+        self.on_registered(timing)
         return timing
 
     async def _read(self) -> tuple[AttachedDevice, ...]:
         try:
-            inventory = tuple(await self._source.inventory())
+            inventory = tuple(await self.source.inventory())
         except DeviceError as exc:
             # Phones we cannot see must not take work: offer none until they are back.
-            self._log.warning("device inventory failed; offering no devices", error=str(exc))
+            self.log.warning("device inventory failed; offering no devices", error=str(exc))
             metrics.inventory_read(None)
             return ()
         metrics.inventory_read([d.state for d in inventory])
