@@ -102,17 +102,17 @@ DEVICE_CONDITIONS = Gauge(
     "Online devices by condition, as their hosts' probes last saw them (only ready ones take work)",
     ["condition"],
 )
-BATTERY = Gauge(
-    "amc_device_battery_percent",
-    "Battery level of the online devices probed: min, mean and max over the farm",
-    ["stat"],
-)
-TEMPERATURE = Gauge(
-    "amc_device_temperature_celsius",
-    "Battery temperature of the online devices probed: min, mean and max over the farm",
-    ["stat"],
-)
 SPREAD = ("min", "mean", "max")
+
+
+def _spread(name: str, quantity: str) -> Gauge:
+    """A gauge of `quantity` over the farm's online devices probed, by SPREAD's stat."""
+    help_text = f"{quantity} of the online devices probed: min, mean and max over the farm"
+    return Gauge(name, help_text, ["stat"])
+
+
+BATTERY = _spread("amc_device_battery_percent", "Battery level")
+TEMPERATURE = _spread("amc_device_temperature_celsius", "Battery temperature")
 QUEUE_DEPTH = Gauge(
     "amc_queue_depth",
     f"Queued tasks by selector (the {QUEUE_SELECTORS} deepest; the rest under `other`;"
