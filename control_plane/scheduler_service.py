@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
 import structlog
@@ -97,10 +97,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitTaskRequest, context: Context
     ) -> task_pb2.Task:
         validate.submit(request)
-        who = principal()
-        task, created = await self.store.tasks.submit(who.caller, _new_task(request, who.team))
-        if created:
-            self.effects.submitted([task])
+        ((task, _),) = await self._submit([request])
         return task_to_pb(task)
 
     @rpc
@@ -108,11 +105,18 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate.submit_batch(request)
-        who = principal()
-        news = [_new_task(t, who.team) for t in request.tasks]
-        submitted = await self.store.tasks.submit_many(who.caller, news)
-        self.effects.submitted([task for task, is_new in submitted if is_new])
+        submitted = await self._submit(request.tasks)
         return scheduler_pb2.SubmitTasksResponse(tasks=[task_to_pb(t) for t, _ in submitted])
+
+    async def _submit(
+        self, requests: Sequence[scheduler_pb2.SubmitTaskRequest]
+    ) -> list[tuple[Task, bool]]:
+        """Queue the tasks asked for, as the caller (one statement); (task, created) each."""
+        who = principal()
+        news = [_new_task(r, who.team) for r in requests]
+        submitted = await self.store.tasks.submit_many(who.caller, news)
+        self.effects.submitted([task for task, created in submitted if created])
+        return submitted
 
     @rpc
     async def GetTask(
