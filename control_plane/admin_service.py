@@ -67,7 +67,7 @@ def _operation(name: str, kind: HostEventKind, device: bool = False) -> Callable
 
     async def operation(self: AdminService, request: Any, context: Context) -> Message:
         if device:
-            return await self._device_cordon(request, kind)
+            return await self._device_operation(request, kind)
         return await self._host_cordon(request, kind)
 
     operation.__name__ = operation.__qualname__ = name
@@ -116,16 +116,23 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
         host = await self.store.hosts.get_host(self.settings.lease_ttl, host_id)
         return admin_pb2.HostOperationResponse(host=host_to_pb(host), leases=leases)
 
-    async def _device_cordon(
+    async def _device_operation(
         self, request: validate_admin.DeviceRequest, kind: HostEventKind
     ) -> admin_pb2.DeviceOperationResponse:
+        """Cordon or uncordon a device, or release it from quarantine (RELEASE)."""
         host_id, serial, reason = validate_admin.device_operation(request)
         who = principal()
-        cordon = kind is HostEventKind.CORDON
-        host_id = await self.store.hosts.set_device_cordon(
-            host_id, serial, cordon, kind, who, reason
-        )
-        self.effects.host_changed(host_id, kind, who, reason, serial=serial)
+        if kind is HostEventKind.RELEASE:
+            host_id = await self.store.hosts.release_device(
+                host_id, serial, self.settings.lease_ttl, who, reason
+            )
+            self.effects.device_released(host_id, serial, who, reason)
+        else:
+            cordon = kind is HostEventKind.CORDON
+            host_id = await self.store.hosts.set_device_cordon(
+                host_id, serial, cordon, kind, who, reason
+            )
+            self.effects.host_changed(host_id, kind, who, reason, serial=serial)
         host = await self.store.hosts.get_host(self.settings.lease_ttl, host_id)
         return admin_pb2.DeviceOperationResponse(host=host_to_pb(host))
 
@@ -134,19 +141,7 @@ class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
     DrainHost = _operation("DrainHost", HostEventKind.DRAIN)
     CordonDevice = _operation("CordonDevice", HostEventKind.CORDON, device=True)
     UncordonDevice = _operation("UncordonDevice", HostEventKind.UNCORDON, device=True)
-
-    @rpc
-    async def ReleaseDevice(
-        self, request: admin_pb2.ReleaseDeviceRequest, context: Context
-    ) -> admin_pb2.DeviceOperationResponse:
-        host_id, serial, reason = validate_admin.device_operation(request)
-        who = principal()
-        host_id = await self.store.hosts.release_device(
-            host_id, serial, self.settings.lease_ttl, who, reason
-        )
-        self.effects.device_released(host_id, serial, who, reason)
-        host = await self.store.hosts.get_host(self.settings.lease_ttl, host_id)
-        return admin_pb2.DeviceOperationResponse(host=host_to_pb(host))
+    ReleaseDevice = _operation("ReleaseDevice", HostEventKind.RELEASE, device=True)
 
     @rpc
     async def RemoveHost(
