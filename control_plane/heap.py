@@ -14,7 +14,9 @@ refers to them; only reference cycles among them stay. To reclaim those too, eve
 `unfreeze_every` (10 minutes) everything is unfrozen and collected at once: the one long
 walk of the whole heap, once per interval instead of several times a minute.
 
-`amc_gc_pause_seconds{generation}` shows every pause.
+`amc_gc_pause_seconds{generation}` shows every pause; `amc_event_loop_lag_seconds` how
+late a timer of the loop ran (a collection, a long callback, or the process waiting for a
+core), and a lag over `STALL` is logged as "event loop stalled".
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ import gc
 import time
 from typing import Any
 
+import structlog
+
 from control_plane import metrics
 
+log = structlog.get_logger(__name__)
+
 UNFREEZE_EVERY = 600.0
+# The loop's lag is read this often (how late a sleep of this length wakes), and a lag
+# over STALL is logged.
+LAG_EVERY = 0.25
+STALL = 0.2
 
 
 class Heap:
@@ -69,7 +79,17 @@ class Heap:
         gc.collect()
 
     async def run(self) -> None:
-        """`collect_all` every `unfreeze_every`, so cycles among old objects go too."""
+        """`collect_all` every `unfreeze_every`, so cycles among old objects go too; and
+        the loop's lag measured every LAG_EVERY."""
+        loop = asyncio.get_running_loop()
+        unfreeze_at = loop.time() + self.unfreeze_every
         while True:
-            await asyncio.sleep(self.unfreeze_every)
-            self.collect_all()
+            asleep = loop.time()
+            await asyncio.sleep(LAG_EVERY)
+            lag = max(0.0, loop.time() - asleep - LAG_EVERY)
+            metrics.LOOP_LAG.observe(lag)
+            if lag > STALL:
+                log.warning("event loop stalled", seconds=round(lag, 3))
+            if loop.time() >= unfreeze_at:
+                self.collect_all()
+                unfreeze_at = loop.time() + self.unfreeze_every

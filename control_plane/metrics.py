@@ -190,6 +190,11 @@ GC_PAUSE = Histogram(
     ["generation"],
     buckets=LATENCY,
 )
+LOOP_LAG = Histogram(
+    "amc_event_loop_lag_seconds",
+    "How late the replica's event loop ran a timer, read every 0.25 s (see heap.py)",
+    buckets=LATENCY,
+)
 RETENTION_REMOVED = Counter(
     "amc_retention_removed_total",
     "Rows deleted by retention on this replica (--task-retention, --forget-hosts-after), by kind",
