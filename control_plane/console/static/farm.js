@@ -6,7 +6,7 @@ import { ADMIN_API, call } from "./api.js";
 import {
   badge, counts, enumName, h, hostLink, labels, statusOf, table, taskLink, when,
 } from "./dom.js";
-import { refresh } from "./shell.js";
+import { reasonForm, refresh } from "./shell.js";
 
 export const Farm = {
   nav: "farm",
@@ -107,20 +107,10 @@ function releaseForm(host, d) {
   const reason = h("input", { name: "reason", placeholder: "reason", "aria-label": `release ${d.serial} reason`, size: 16 });
   const message = h("span", { class: "muted release-message" });
   const button = h("button", { type: "submit" }, "Release");
-  return h("form", { class: "inline release", onsubmit: async (event) => {
-    event.preventDefault();
-    button.disabled = true;
-    try {
-      await call("ReleaseDevice", { host_id: host.host_id, serial: d.serial, reason: reason.value }, ADMIN_API);
-      message.className = "muted release-message";
-      message.textContent = "released: its host probes it";
-      refresh();
-    } catch (err) {
-      message.className = "error-text release-message";
-      message.textContent = `${err.code}: ${err.message}`;
-      button.disabled = false;
-    }
-  } }, reason, button, message);
+  return reasonForm({ class: "inline release" }, { reason, button, message }, async (why) => {
+    await call("ReleaseDevice", { host_id: host.host_id, serial: d.serial, reason: why }, ADMIN_API);
+    return "released: its host probes it";
+  });
 }
 
 export const Host = {

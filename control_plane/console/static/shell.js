@@ -64,6 +64,28 @@ let poll = null;
 let match = () => [null, {}];
 let leave = () => {};
 
+// A form that sends one call with the reason typed in it: its button off while the call
+// runs; then what `send` answers in `message` and the page read again, or the call's
+// error (the button on again, to retry).
+export function reasonForm(attrs, { reason, button, message }, send) {
+  const say = (text, failed) => {
+    message.textContent = text;
+    message.classList.toggle("error-text", failed);
+    message.classList.toggle("muted", !failed);
+  };
+  return h("form", { ...attrs, onsubmit: async (event) => {
+    event.preventDefault();
+    button.disabled = true;
+    try {
+      say(await send(reason.value), false);
+      refresh();
+    } catch (err) {
+      say(`${err.code}: ${err.message}`, true);
+      button.disabled = false;
+    }
+  } }, reason, button, message);
+}
+
 export async function refresh() {
   if (!current) return;
   if (loading) { again = true; return; }

@@ -9,7 +9,7 @@ import {
   took, when,
 } from "./dom.js";
 import { watchPanel } from "./screen.js";
-import { refresh, route } from "./shell.js";
+import { reasonForm, refresh, route } from "./shell.js";
 
 export const Tasks = {
   nav: "tasks",
@@ -174,17 +174,8 @@ function cancelForm(task) {
   const message = h("span", { class: "muted", id: "cancel-message" },
     task.cancel_requested_at ? "cancellation requested; the host stops at the next step" : "");
   const button = h("button", { class: "danger", type: "submit" }, "Cancel task");
-  return h("form", { class: "inline", id: "cancel", onsubmit: async (event) => {
-    event.preventDefault();
-    button.disabled = true;
-    try {
-      await call("CancelTask", { task_id: task.task_id, reason: reason.value });
-      message.textContent = "cancellation requested";
-      refresh();
-    } catch (err) {
-      message.className = "error-text";
-      message.textContent = `${err.code}: ${err.message}`;
-      button.disabled = false;
-    }
-  } }, reason, button, message);
+  return reasonForm({ class: "inline", id: "cancel" }, { reason, button, message }, async (why) => {
+    await call("CancelTask", { task_id: task.task_id, reason: why });
+    return "cancellation requested";
+  });
 }
