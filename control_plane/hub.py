@@ -200,19 +200,19 @@ class Hub:
         except ValueError:
             log.warning("malformed cancel notification", payload=payload)
             return
-        for callback in list(self._streams.get(notice.host_id, ())):
-            callback(notice)
+        self._push(notice)
 
     def _push_drain(self, payload: str) -> None:
         host_id, _, drain = payload.rpartition(" ")
-        notice = DrainNotice(host_id, drain == "1")
-        for callback in list(self._streams.get(host_id, ())):
-            callback(notice)
+        self._push(DrainNotice(host_id, drain == "1"))
 
     def _push_release(self, payload: str) -> None:
         host_id, _, serial = payload.partition(" ")
-        notice = ReleaseNotice(host_id, serial)
-        for callback in list(self._streams.get(host_id, ())):
+        self._push(ReleaseNotice(host_id, serial))
+
+    def _push(self, notice: CancelNotice | DrainNotice | ReleaseNotice) -> None:
+        """Onto each renewal stream of the notice's host open on this replica."""
+        for callback in list(self._streams.get(notice.host_id, ())):
             callback(notice)
 
     def _wake_watchers(self, payload: str) -> None:

@@ -88,10 +88,17 @@ class Recorded:
 
 
 @dataclass(frozen=True)
-class CancelNotice:
-    """A cancellation recorded for a lease, as NOTIFY carries it to the stream's replica."""
+class HostNotice:
+    """What NOTIFY carries to the replica that holds a host's renewal stream, for that
+    host: the hub pushes it onto the host's streams (Hub.host_stream)."""
 
     host_id: str
+
+
+@dataclass(frozen=True)
+class CancelNotice(HostNotice):
+    """A cancellation recorded for a lease, as NOTIFY carries it to the stream's replica."""
+
     lease_id: LeaseId
     task_id: TaskId
     attempt: int
@@ -99,16 +106,14 @@ class CancelNotice:
 
 
 @dataclass(frozen=True)
-class DrainNotice:
+class DrainNotice(HostNotice):
     """A host drained from the centre (`drain`), or uncordoned after it, for its stream."""
 
-    host_id: str
     drain: bool
 
 
 @dataclass(frozen=True)
-class ReleaseNotice:
+class ReleaseNotice(HostNotice):
     """A device of the host released from quarantine from the centre, for its stream."""
 
-    host_id: str
     serial: str
