@@ -143,6 +143,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick, as the chaos agents', so that a smoke run stays short)",
     )
     p.add_argument(
+        "--fleet-nice",
+        type=int,
+        default=10,
+        help="niceness of the fleet processes (default 10; 0: as the rest of the run): on a "
+        "farm the hosts are other machines, so here the simulated hosts take the cores the "
+        "control plane and PostgreSQL leave, and the pickup figures are the product's",
+    )
+    p.add_argument(
         "--strand-bound",
         type=float,
         default=10.0,
@@ -235,6 +243,7 @@ class ChaosRun:
             fleet_devices=args.fleet_devices,
             hosts_per_proc=max(1, args.hosts_per_proc),
             fleet_acquire_wait=args.fleet_acquire_wait,
+            fleet_nice=args.fleet_nice,
         )
         self.farm = Farm(self.config, self.rng)
         self.problems: list[str] = []
@@ -413,6 +422,7 @@ class ChaosRun:
                     self.soak_began,
                     self.soak_ended,
                     min(window, (self.soak_ended - self.soak_began) / 3),
+                    soak.stalls({r.name: r.log for r in farm.replicas}),
                 )
             }
             if window
@@ -483,6 +493,7 @@ class ChaosRun:
             "fleet_devices_per_host": c.fleet_devices,
             "fleet_processes": len(self.farm.fleet),
             "fleet_acquire_wait_s": c.fleet_acquire_wait,
+            "fleet_nice": c.fleet_nice,
             "strand_bound_s": self.args.strand_bound,
             "target_backlog": self.target_backlog,
             "unmatched_backlog": self.args.backlog,

@@ -376,3 +376,70 @@ def test_the_soaks_pickup_waits_from_when_the_task_and_its_phone_were_both_free(
         (round(p.start - T0, 2), round(p.seconds, 2), p.to_idle_phone) for p in pickups(ev)
     )
     assert got == [(0.0, 1.01, True), (5.0, 0.03, False)]
+
+
+def test_the_soak_names_what_a_slow_pickup_overlapped_and_reads_the_replicas_stalls(
+    tmp_path: Path,
+) -> None:
+    """THEN a replica's "event loop stalled" log line is read with its time; a pickup
+    whose wait overlapped a fault on another host still counts as clear of faults but not
+    as untouched by any, and its row of the slowest names that fault and the stall."""
+    from datetime import UTC, datetime
+
+    from chaos_lib.faults import Fault
+    from chaos_lib.soak import stalls, summary
+
+    def at(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+    log = tmp_path / "replica-0.log"
+    log.write_text(
+        json.dumps({"event": "control plane serving", "timestamp": at(T0)})
+        + "\nnot json\n"
+        + json.dumps({"seconds": 0.31, "event": "event loop stalled", "timestamp": at(T0 + 10.2)})
+        + "\n"
+    )
+    found = stalls({"replica-0": log, "replica-1": tmp_path / "absent.log"})
+    assert [(s.replica, round(s.at - T0, 3), s.seconds) for s in found] == [
+        ("replica-0", 10.2, 0.31)
+    ]
+
+    def attempt(task: str, serial: str, created: float, acked: float) -> Any:
+        return {
+            "task_id": task,
+            "attempt": 1,
+            "host_id": "f0",
+            "device_serial": serial,
+            "created_at": created,
+            "acknowledged_at": acked,
+            "ended_at": acked + 1,
+            "reported_at": acked + 1,
+        }
+
+    ev = Evidence(
+        tasks={},
+        attempts={
+            ("slow", 1): attempt("slow", "f0-0", T0 + 10.4, T0 + 10.42),
+            ("fast", 1): attempt("fast", "f0-1", T0 + 50.01, T0 + 50.02),
+        },
+        events={
+            "slow": [{"to_status": "queued", "at": T0 + 10}],
+            "fast": [{"to_status": "queued", "at": T0 + 50}],
+        },
+        devices=[],
+        actions=[],
+        agent_events=[],
+    )
+    elsewhere = Fault("fleet_freeze", "fleet-3", T0 + 5, healed_at=T0 + 20)
+    result = summary(
+        [], ev, [elsewhere], lambda target: {"f9"}, T0, T0 + 60, 60, loop_stalls=found
+    )
+    (window,) = result["windows"]
+    assert window["pickups_to_idle_phones_clear"] == 2
+    assert window["pickups_to_idle_phones_no_fault"] == 1
+    assert window["pickup_to_idle_phone_p99_no_fault_ms"] == 20.0
+    assert window["loop_stalls"] == 1 and window["loop_stall_max_ms"] == 310.0
+    slowest = window["slowest_to_idle_phone_clear"][0]
+    assert slowest["faults_elsewhere"] == ["fleet_freeze fleet-3"]
+    assert slowest["replica_stall_ms"] == 310.0
+    assert slowest["assign_ms"] == 400.0

@@ -38,6 +38,9 @@ class FarmConfig:
     # How long a fleet host's Acquire long poll waits (the agent's default: 60 s), so that
     # a wake-up dispatch misses shows as a task left queued, not hidden by a quick re-poll.
     fleet_acquire_wait: float = 60.0
+    # The fleet processes' niceness: on a farm the hosts are other machines, so here they
+    # take the cores the control plane and PostgreSQL leave (0: as the rest of the run).
+    fleet_nice: int = 0
     row_size: int = 10  # hosts per `row` label
 
     @property
@@ -187,6 +190,7 @@ class Farm:
                         "hosts": entries,
                         "acquire_log": str(c.workdir / f"acquires-{name}.jsonl"),
                         "acquire_wait": c.fleet_acquire_wait,
+                        "nice": c.fleet_nice,
                         "drain_timeout": 5.0,
                         "report_timeout": 30.0,
                     }

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -180,6 +181,8 @@ async def serve(config: dict[str, Any]) -> int:
 def main() -> int:
     config = json.loads(Path(sys.argv[1]).read_text())
     logs.configure("json", "INFO")
+    if config.get("nice"):
+        os.nice(config["nice"])
     return asyncio.run(serve(config))
 
 

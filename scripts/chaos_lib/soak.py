@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +117,35 @@ def pickups(ev: Evidence) -> list[Pickup]:
     return out
 
 
+@dataclass(frozen=True)
+class Stall:
+    """A replica's event loop ran a timer late (its log's "event loop stalled")."""
+
+    at: float  # when the late timer ran (the stall ended)
+    replica: str
+    seconds: float
+
+
+def stalls(logs: dict[str, Path]) -> list[Stall]:
+    """Every "event loop stalled" line of the replicas' JSON logs."""
+    out = []
+    for replica, path in logs.items():
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if '"event loop stalled"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+                at = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00"))
+                out.append(Stall(at.timestamp(), replica, float(entry["seconds"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
+
+
 def summary(
     samples: list[Sample],
     ev: Evidence,
@@ -122,19 +154,28 @@ def summary(
     began: float,
     ended: float,
     window: float,
+    loop_stalls: Sequence[Stall] = (),
 ) -> dict[str, Any]:
     spans = [
         (f.started_at, (f.recovered_at or f.healed_at or ended) + PASS, f.kind, f.target)
         for f in faults
     ]
 
+    def overlapping(p: Pickup) -> list[tuple[str, str]]:
+        return [
+            (kind, target)
+            for start, end, kind, target in spans
+            if start <= p.acked and p.start <= end
+        ]
+
     def around_fault(p: Pickup) -> bool:
         return any(
-            start <= p.acked
-            and p.start <= end
-            and (kind in FARM_FAULTS or p.host in hosts_of(target))
-            for start, end, kind, target in spans
+            kind in FARM_FAULTS or p.host in hosts_of(target) for kind, target in overlapping(p)
         )
+
+    def stalled(p: Pickup) -> float:
+        """The longest replica stall that ended while `p` waited."""
+        return max((s.seconds for s in loop_stalls if p.start <= s.at <= p.acked), default=0.0)
 
     picked = pickups(ev)
     windows = []
@@ -144,7 +185,10 @@ def summary(
         mine = [p for p in picked if lo <= p.acked < hi]
         clean = [p for p in mine if not around_fault(p)]
         idle = [p for p in clean if p.to_idle_phone]
+        # Idle-phone pickups that overlapped no fault at all, anywhere on the farm.
+        untouched = [p for p in idle if not overlapping(p)]
         rss = [s.rss_mib for s in samples if lo <= s.at < hi]
+        mine_stalls = [s for s in loop_stalls if lo <= s.at < hi]
         windows.append(
             {
                 "from_s": round(lo - began),
@@ -164,16 +208,25 @@ def summary(
                 "assign_p99_clear_ms": _ms(
                     _quantile([max(0.0, p.assigned - p.start) for p in idle], 0.99)
                 ),
-                # The five slowest of them, for a look at where the time went.
+                "pickups_to_idle_phones_no_fault": len(untouched),
+                "pickup_to_idle_phone_p99_no_fault_ms": _ms(
+                    _quantile([p.seconds for p in untouched], 0.99)
+                ),
+                # The five slowest of them, for a look at where the time went: the faults
+                # elsewhere their wait overlapped, and the longest replica stall in it.
                 "slowest_to_idle_phone_clear": [
                     {
                         "host": p.host,
                         "at_s": round(p.start - began, 1),
                         "assign_ms": _ms(max(0.0, p.assigned - p.start)),
                         "ack_ms": _ms(max(0.0, p.acked - p.assigned)),
+                        "faults_elsewhere": [f"{k} {t}" for k, t in overlapping(p)],
+                        "replica_stall_ms": _ms(stalled(p)),
                     }
                     for p in sorted(idle, key=lambda p: -p.seconds)[:5]
                 ],
+                "loop_stalls": len(mine_stalls),
+                "loop_stall_max_ms": _ms(max((s.seconds for s in mine_stalls), default=None)),
                 "faults": sum(1 for f in faults if lo <= f.started_at < hi),
                 "rss_mib_max": round(max(rss), 1) if rss else None,
                 "rss_mib_median": round(statistics.median(rss), 1) if rss else None,
@@ -220,7 +273,7 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"{'window':>12} {'pickups':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99 clear':>10}"
         f" {'idle phone, clear: n':>21} {'p50':>6} {'p99':>6} {'assign p99':>10}"
-        f" {'faults':>7} {'RSS MiB':>8}"
+        f" {'no fault: n':>11} {'p99':>6} {'faults':>7} {'stalls':>7} {'RSS MiB':>8}"
     )
     for w in result["windows"]:
         lines.append(
@@ -229,7 +282,9 @@ def table(result: dict[str, Any]) -> str:
             f" {w['pickups_to_idle_phones_clear']:>21}"
             f" {w['pickup_to_idle_phone_p50_clear_ms']!s:>6}"
             f" {w['pickup_to_idle_phone_p99_clear_ms']!s:>6} {w['assign_p99_clear_ms']!s:>10}"
-            f" {w['faults']:>7} {w['rss_mib_max']!s:>8}"
+            f" {w['pickups_to_idle_phones_no_fault']:>11}"
+            f" {w['pickup_to_idle_phone_p99_no_fault_ms']!s:>6}"
+            f" {w['faults']:>7} {w['loop_stalls']:>7} {w['rss_mib_max']!s:>8}"
         )
     for name, g in result["rss_growth"].items():
         lines.append(
