@@ -163,9 +163,11 @@ class Waiter:
         return [o for o in held.values() if o.task_id not in self._taken]
 
     async def _wait(self, timeout: float) -> bool:
-        """Woken within `timeout` seconds."""
+        """Woken within `timeout` seconds. (asyncio.timeout, not wait_for: no Task of its own
+        for each wait of each parked Acquire.)"""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._woken.wait()
         return self._woken.is_set()
 
 

@@ -111,7 +111,8 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         found = await self._acquire(host_id, serials, ttl, started + wait) if serials else []
         if not serials:  # nothing to offer work to: just hold the call as asked
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.hub.closed.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self.hub.closed.wait()
         metrics.ACQUIRE_WAIT.observe(loop.time() - started)
         self.effects.assigned(host_id, found)
         return lease_pb2.AcquireResponse(assignments=[assignment_to_pb(a, ttl) for a in found])
