@@ -14,6 +14,7 @@ from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from amc_common.action_table import KEEPS
 from control_plane.domain import (
     CONDITIONS,
+    Act,
     ArtifactInfo,
     Assignment,
     AttemptInfo,
@@ -264,15 +265,13 @@ def host_to_pb(h: HostInfo) -> scheduler_pb2.Host:
     )
 
 
+def _act_to_pb(act: Act) -> dict[str, Any]:
+    """Who, why and when, as the event messages (HostEvent, FairShareEvent) carry them."""
+    return {**_same(act, "actor", "actor_name", "reason"), "at": timestamp(act.at)}
+
+
 def host_event_to_pb(e: HostEvent) -> admin_pb2.HostEvent:
-    return admin_pb2.HostEvent(
-        kind=e.kind,
-        serial=e.serial or "",
-        actor=e.actor,
-        actor_name=e.actor_name,
-        reason=e.reason,
-        at=timestamp(e.at),
-    )
+    return admin_pb2.HostEvent(kind=e.kind, serial=e.serial or "", **_act_to_pb(e.act))
 
 
 def attempt_to_pb(a: AttemptInfo) -> scheduler_pb2.TaskAttempt:
@@ -330,10 +329,7 @@ def fair_share_to_pb(f: FairShare) -> admin_pb2.FairShare:
 
 
 def fair_share_event_to_pb(e: FairShareEvent) -> admin_pb2.FairShareEvent:
-    return admin_pb2.FairShareEvent(
-        **_same(e, "weight", "max_devices", "actor", "actor_name", "reason"),
-        at=timestamp(e.at),
-    )
+    return admin_pb2.FairShareEvent(**_same(e, "weight", "max_devices"), **_act_to_pb(e.act))
 
 
 def artifact_from_pb(h: lease_pb2.ArtifactHeader) -> NewArtifact:

@@ -43,12 +43,13 @@ from control_plane.domain.tasks import (
     TaskHistory,
     TaskId,
 )
-from control_plane.domain.tokens import ANONYMOUS, Principal, Role, TokenInfo
+from control_plane.domain.tokens import ANONYMOUS, Act, Principal, Role, TokenInfo
 
 __all__ = [
     "ANONYMOUS",
     "CONDITIONS",
     "Acquired",
+    "Act",
     "ArtifactFile",
     "ArtifactId",
     "ArtifactInfo",

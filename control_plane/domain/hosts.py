@@ -8,6 +8,7 @@ from datetime import datetime
 from control_plane.domain.tasks import (
     TaskId,
 )
+from control_plane.domain.tokens import Act
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,4 @@ class HostEvent:
 
     kind: str
     serial: str | None
-    actor: str
-    actor_name: str
-    reason: str
-    at: datetime
+    act: Act

@@ -9,6 +9,7 @@ from datetime import datetime
 from control_plane.domain.tasks import (
     Task,
 )
+from control_plane.domain.tokens import Act
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,4 @@ class FairShareEvent:
 
     weight: int
     max_devices: int | None
-    actor: str
-    actor_name: str
-    reason: str
-    at: datetime
+    act: Act

@@ -35,6 +35,17 @@ ANONYMOUS = Principal(role=None)
 
 
 @dataclass(frozen=True)
+class Act:
+    """Who changed something from the centre (the caller's token id and name, or a host
+    for its own), why and when: what host_events and fair_share_events record of each."""
+
+    actor: str
+    actor_name: str
+    reason: str
+    at: datetime
+
+
+@dataclass(frozen=True)
 class TokenInfo:
     token_id: uuid.UUID
     name: str

@@ -13,7 +13,7 @@ from control_plane import errors
 from control_plane.domain import DeviceHealth, DeviceInfo, HostEvent, HostInfo, Principal, TaskId
 from control_plane.lifecycle import RemoveCode
 from control_plane.store.database import Aggregate
-from control_plane.store.rows import columns, when
+from control_plane.store.rows import act, columns, when
 
 
 class Hosts(Aggregate):
@@ -162,10 +162,7 @@ class Hosts(Aggregate):
     async def host_events(self, host_id: str, limit: int) -> list[HostEvent]:
         """The host's latest `limit` events, newest first."""
         rows = await self._db.fetch("host_events", host_id, limit)
-        return [
-            HostEvent(r["kind"], r["serial"], r["actor"], r["actor_name"], r["reason"], r["at"])
-            for r in rows
-        ]
+        return [HostEvent(r["kind"], r["serial"], act(r)) for r in rows]
 
 
 def _one_host(host_id: str | None, serial: str, hosts: list[str]) -> str:

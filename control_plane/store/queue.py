@@ -18,6 +18,7 @@ from control_plane.domain import (
     TaskId,
 )
 from control_plane.store.database import Aggregate
+from control_plane.store.rows import act
 
 
 class Queue(Aggregate):
@@ -93,12 +94,7 @@ class Queue(Aggregate):
     async def fair_share_events(self, key: str, limit: int) -> list[FairShareEvent]:
         """The key's latest `limit` changes of its share, newest first."""
         rows = await self._db.fetch("fair_share_events", key, limit)
-        return [
-            FairShareEvent(
-                r["weight"], r["max_devices"], r["actor"], r["actor_name"], r["reason"], r["at"]
-            )
-            for r in rows
-        ]
+        return [FairShareEvent(r["weight"], r["max_devices"], act(r)) for r in rows]
 
     async def fair_share_heads(
         self, key: str, limit: int

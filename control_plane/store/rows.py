@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from control_plane.domain import Expiry, LeaseId, Progress, Task, TaskId
+from control_plane.domain import Act, Expiry, LeaseId, Progress, Task, TaskId
 from control_plane.lifecycle import TaskStatus
 
 
@@ -59,6 +59,11 @@ def expiry(row: asyncpg.Record) -> Expiry:
         row["selector_serial"],
         row["selector_labels"] or {},
     )
+
+
+def act(row: asyncpg.Record) -> Act:
+    """Who, why and when, from an event row's columns of the same names."""
+    return Act(**as_is(row, "actor", "actor_name", "reason", "at"))
 
 
 def when(value: str | None) -> datetime | None:
