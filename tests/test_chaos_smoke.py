@@ -431,9 +431,7 @@ def test_the_soak_names_what_a_slow_pickup_overlapped_and_reads_the_replicas_sta
         agent_events=[],
     )
     elsewhere = Fault("fleet_freeze", "fleet-3", T0 + 5, healed_at=T0 + 20)
-    result = summary(
-        [], ev, [elsewhere], lambda target: {"f9"}, T0, T0 + 60, 60, loop_stalls=found
-    )
+    result = summary([], ev, [elsewhere], lambda target: {"f9"}, T0, T0 + 60, 60, loop_stalls=found)
     (window,) = result["windows"]
     assert window["pickups_to_idle_phones_clear"] == 2
     assert window["pickups_to_idle_phones_no_fault"] == 1
