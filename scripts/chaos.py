@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -530,6 +531,10 @@ async def run(args: argparse.Namespace) -> int:
     workdir.chmod(0o755)  # PostgreSQL runs as its own user and must reach its data
     say(f"seed {args.seed}; work directory {workdir}")
     chaos = ChaosRun(args, workdir)
+    # SIGTERM (a CI timeout, `kill`) stops the run as Ctrl-C does: the farm with it.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     try:
         await chaos.start()
         await chaos.break_things()
@@ -562,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return asyncio.run(run(args))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        say("stopped: the farm is stopped too")
         return 2
     except Exception:
         traceback.print_exc()

@@ -5,8 +5,10 @@ trusted in a long run."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -441,3 +443,56 @@ def test_the_soak_names_what_a_slow_pickup_overlapped_and_reads_the_replicas_sta
     assert slowest["faults_elsewhere"] == ["fleet_freeze fleet-3"]
     assert slowest["replica_stall_ms"] == 310.0
     assert slowest["assign_ms"] == 400.0
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is `pid`."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_stops_the_run_and_the_farm_it_started(tmp_path: Path) -> None:
+    """THEN a run sent SIGTERM once its farm is up exits (status 2) and leaves none of the
+    processes it started running (replicas, agents, fleet processes, PostgreSQL)."""
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        run = subprocess.Popen(
+            [
+                *(sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--hosts", "6"),
+                *("--output", str(tmp_path / "results.json"), "--workdir", str(tmp_path / "w")),
+            ],
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 150
+        while "farm up" not in out.read_text() and time.monotonic() < deadline:
+            assert run.poll() is None, out.read_text()[-3000:]
+            time.sleep(0.2)
+        assert "farm up" in out.read_text(), out.read_text()[-3000:]
+        started = _children(run.pid)
+        assert started, "the run started no process of its own"
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(60) == 2, out.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    left = {pid for pid in started if _alive(pid)}
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
