@@ -496,3 +496,23 @@ def test_sigterm_stops_the_run_and_the_farm_it_started(tmp_path: Path) -> None:
             run.kill()
     left = {pid for pid in started if _alive(pid)}
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+
+
+def test_the_soaks_memory_growth_is_also_read_at_the_same_number_of_hosts() -> None:
+    """THEN a replica whose hosts double after the warm-up (the other replica was killed
+    and its hosts came over) shows the raw growth, the hosts it held then and now, and a
+    growth at the most hosts it held that leaves the move out."""
+    from chaos_lib.soak import Sample, _growth
+
+    samples = []
+    for n in range(180):  # 30 minutes, a sample every 10 s
+        at = T0 + 10 * n
+        hosts = 250 if n < 50 else 500  # the other replica's hosts came at minute 8:20
+        rss = 60 + 0.25 * hosts + 0.01 * n  # 1.8 MiB of drift over the run
+        samples.append(Sample(at, "replica-0", 7, rss, hosts))
+    samples.append(Sample(T0 + 1805, "replica-0", 7, 300.0, None))  # the database was away
+    (g,) = _growth(samples, T0, 300).values()
+    assert g["hosts_baseline"] == 250 and g["hosts_last"] == 500
+    assert g["growth_pct"] > 40
+    assert g["at_most_hosts"] == 500
+    assert 0 < g["at_most_hosts_growth_pct"] < 2

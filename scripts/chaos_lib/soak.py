@@ -22,6 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from chaos_lib.evidence import Evidence
 from chaos_lib.farm import Farm
 from chaos_lib.faults import Fault
@@ -37,25 +39,56 @@ class Sample:
     replica: str
     pid: int
     rss_mib: float
+    # The hosts whose renewal streams the replica held (the database's hosts.replica_id),
+    # None if the database did not answer: a replica's memory follows its hosts, and the
+    # run moves them (a killed replica's hosts reconnect to the other one and stay).
+    hosts: int | None = None
+
+
+# The hosts each live replica (by address) holds the renewal streams of.
+HELD = """
+SELECT r.address, count(*)::int AS hosts
+FROM hosts h JOIN replicas r ON r.replica_id = h.replica_id
+GROUP BY r.address
+"""
 
 
 class Sampler:
-    """Every `every` seconds, the RSS of each live replica process."""
+    """Every `every` seconds, the RSS of each live replica process and its hosts."""
 
     def __init__(self, farm: Farm, every: float = 10.0) -> None:
         self.farm = farm
         self.every = every
         self.samples: list[Sample] = []
+        self._conn: asyncpg.Connection | None = None
 
     async def run(self) -> None:
-        while True:
-            now = time.time()
-            for r in self.farm.replicas:
-                if r.proc is not None and r.alive:
-                    rss = _rss_mib(r.proc.pid)
-                    if rss is not None:
-                        self.samples.append(Sample(now, r.name, r.proc.pid, rss))
-            await asyncio.sleep(self.every)
+        try:
+            while True:
+                now = time.time()
+                held = await self._held()
+                for r in self.farm.replicas:
+                    if r.proc is not None and r.alive:
+                        rss = _rss_mib(r.proc.pid)
+                        if rss is not None:
+                            hosts = None if held is None else held.get(r.address, 0)
+                            self.samples.append(Sample(now, r.name, r.proc.pid, rss, hosts))
+                await asyncio.sleep(self.every)
+        finally:
+            if self._conn is not None:
+                self._conn.terminate()
+
+    async def _held(self) -> dict[str, int] | None:
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await asyncpg.connect(self.farm.dsn, timeout=2)
+            rows = await self._conn.fetch(HELD, timeout=2)
+        except (OSError, asyncpg.PostgresError, TimeoutError):
+            if self._conn is not None:
+                self._conn.terminate()
+            self._conn = None  # the database is away (a fault): no count this time
+            return None
+        return {r["address"]: r["hosts"] for r in rows}
 
 
 def _rss_mib(pid: int) -> float | None:
@@ -237,24 +270,56 @@ def summary(
 
 def _growth(samples: list[Sample], began: float, window: float) -> dict[str, Any]:
     """Per replica process that lived past the first window: its median RSS over its last
-    window against that over the window after the first (the warm-up left out)."""
+    window against that over the window after the first (the warm-up left out), with the
+    hosts it held then; and the same over the samples when it held (within 1 %) the most
+    hosts it ever held, the first window's worth of them after the warm-up against the
+    last: its growth at the same load."""
     out: dict[str, Any] = {}
     by_pid: dict[tuple[str, int], list[Sample]] = {}
     for s in samples:
         by_pid.setdefault((s.replica, s.pid), []).append(s)
     for (replica, pid), mine in sorted(by_pid.items()):
-        base = [s.rss_mib for s in mine if began + window <= s.at < began + 2 * window]
+        base = [s for s in mine if began + window <= s.at < began + 2 * window]
         last_start = mine[-1].at - window
-        last = [s.rss_mib for s in mine if s.at >= last_start and s.at >= began + 2 * window]
+        last = [s for s in mine if s.at >= last_start and s.at >= began + 2 * window]
         if base and last:
-            b, e = statistics.median(base), statistics.median(last)
+            b = statistics.median(s.rss_mib for s in base)
+            e = statistics.median(s.rss_mib for s in last)
             out[f"{replica} pid {pid}"] = {
                 "baseline_mib": round(b, 1),
                 "last_mib": round(e, 1),
                 "growth_pct": round(100 * (e - b) / b, 1),
                 "minutes": round((mine[-1].at - mine[0].at) / 60, 1),
+                "hosts_baseline": _median([s.hosts for s in base]),
+                "hosts_last": _median([s.hosts for s in last]),
+                **_growth_at_most_hosts(mine, began + window, window),
             }
     return out
+
+
+def _median(values: list[int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _growth_at_most_hosts(mine: list[Sample], after: float, window: float) -> dict[str, Any]:
+    counted = [s for s in mine if s.hosts is not None and s.at >= after]
+    if not counted:
+        return {}
+    most = max(s.hosts or 0 for s in counted)
+    full = [s for s in counted if (s.hosts or 0) >= 0.99 * most]
+    first = [s.rss_mib for s in full if s.at < full[0].at + window]
+    last = [s.rss_mib for s in full if s.at >= full[-1].at - window]
+    if full[-1].at - full[0].at < 2 * window:
+        return {"at_most_hosts": most, "at_most_hosts_span_min": None}
+    b, e = statistics.median(first), statistics.median(last)
+    return {
+        "at_most_hosts": most,
+        "at_most_hosts_span_min": round((full[-1].at - full[0].at) / 60, 1),
+        "at_most_hosts_first_mib": round(b, 1),
+        "at_most_hosts_last_mib": round(e, 1),
+        "at_most_hosts_growth_pct": round(100 * (e - b) / b, 1),
+    }
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -288,6 +353,13 @@ def table(result: dict[str, Any]) -> str:
         )
     for name, g in result["rss_growth"].items():
         lines.append(
-            f"RSS {name}: {g['baseline_mib']} -> {g['last_mib']} MiB ({g['growth_pct']:+.1f} %)"
+            f"RSS {name}: {g['baseline_mib']} -> {g['last_mib']} MiB ({g['growth_pct']:+.1f} %),"
+            f" holding {g.get('hosts_baseline')} -> {g.get('hosts_last')} hosts"
         )
+        if g.get("at_most_hosts_growth_pct") is not None:
+            lines.append(
+                f"    at the {g['at_most_hosts']} hosts it held most (over"
+                f" {g['at_most_hosts_span_min']} min): {g['at_most_hosts_first_mib']} ->"
+                f" {g['at_most_hosts_last_mib']} MiB ({g['at_most_hosts_growth_pct']:+.1f} %)"
+            )
     return "\n".join(lines)
