@@ -121,6 +121,10 @@ async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> as
             max_size=max_size,
             init=_init_connection,
             reset=_keep_session,
+            # An idle connection stays (asyncpg closes one idle for 5 minutes by default):
+            # opening one again costs its caller a connect, the jsonb codec's look-up and
+            # a prepare of every statement it sends, on the hot path of the next burst.
+            max_inactive_connection_lifetime=0,
             command_timeout=30,
             timeout=10,
         )
