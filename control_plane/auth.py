@@ -13,6 +13,7 @@ import hmac
 import secrets
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from control_plane import errors
@@ -66,7 +67,13 @@ POLICY: dict[str, frozenset[Role]] = {
 }
 
 PREFIX = "amc_"
-CACHE_SECONDS = 5.0
+# A valid token is read again after this long: a safety net only, revocations are heard.
+CACHE_SECONDS = 300.0
+# Token ids cached at most (the least recently used go first); tokens are few.
+CACHE_SIZE = 50_000
+# The NOTIFY channel a committed revocation is announced on (store/tokens.sql), with the
+# token id as its payload.
+REVOKED_CHANNEL = "amc_revoked"
 
 
 def hash_secret(secret: str) -> bytes:
@@ -105,14 +112,20 @@ def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
 
 
 class Authenticator:
-    """Checks tokens against the store, caching a valid one for a few seconds so that hot
-    calls do not pay a database round trip each. Revocation takes effect at once on the
-    replica that revoked, within CACHE_SECONDS on the others."""
+    """Checks tokens against the store, caching what it read of a token for CACHE_SECONDS so
+    that calls cost no database round trip. Revocation takes effect at once on every
+    replica: it is announced on REVOKED_CHANNEL in its transaction, and each replica's
+    listener drops the token (`revoked`); after the listener reconnects (notifications may
+    have been lost) the whole cache goes (`clear`). The cache holds at most CACHE_SIZE
+    token ids, least recently used out first, and never an unknown one."""
 
     def __init__(self, store: Store, *, enabled: bool = True) -> None:
         self.store = store
         self.enabled = enabled
-        self._cache: dict[uuid.UUID, tuple[TokenInfo, float]] = {}
+        self._cache: OrderedDict[uuid.UUID, tuple[TokenInfo, float]] = OrderedDict()
+        # Bumped by each drop: a read that began before one is not cached (it may predate
+        # the revocation that caused it).
+        self._drops = 0
 
     async def principal(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
         if not self.enabled:
@@ -134,14 +147,36 @@ class Authenticator:
     async def _lookup(self, token_id: uuid.UUID) -> TokenInfo | None:
         cached = self._cache.get(token_id)
         if cached and time.monotonic() - cached[1] < CACHE_SECONDS:
+            self._cache.move_to_end(token_id)
             return cached[0]
+        drops = self._drops
         info = await self.store.tokens.get_token(token_id)
-        if info is not None:
-            self._cache[token_id] = (info, time.monotonic())
+        if info is None or drops != self._drops:
+            self._cache.pop(token_id, None)
+            return info
+        self._cache[token_id] = (info, time.monotonic())
+        self._cache.move_to_end(token_id)
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
         return info
 
     def forget(self, token_id: uuid.UUID) -> None:
+        self._drops += 1
         self._cache.pop(token_id, None)
+
+    def revoked(self, channel: str, payload: str) -> None:
+        """A REVOKED_CHANNEL notification: the token id it carries is read again."""
+        try:
+            token_id = uuid.UUID(payload)
+        except ValueError:  # not ours: read every token again rather than trust one
+            self.clear()
+            return
+        self.forget(token_id)
+
+    def clear(self) -> None:
+        """After the listener reconnects: a revocation may have gone unheard."""
+        self._drops += 1
+        self._cache.clear()
 
 
 def authorize(principal: Principal, method: str) -> None:

@@ -186,7 +186,7 @@ class ControlPlane:
         applied = await migrate(self.dsn)
         self._store = await Store.open(self.dsn)
         self.gauges = FarmGauges(self.store, self.settings)
-        authenticator = auth.Authenticator(self.store, enabled=not self.insecure)
+        authenticator = self.auth = auth.Authenticator(self.store, enabled=not self.insecure)
         methods = [*rpc_methods(), *STANDARD_METHODS]
         metrics.create_rpc_series([label(m) for m in methods])
         record_build("control-plane")
@@ -370,16 +370,20 @@ class ControlPlane:
     async def _listen_once(self) -> None:
         lost = asyncio.Event()
         callbacks = dict.fromkeys(CHANNELS, self.hub.notify)
+        callbacks[auth.REVOKED_CHANNEL] = self.auth.revoked
         async with self.store.notifications.listening(self.dsn, callbacks, lost.set) as conn:
             # Notifications sent while no connection listened (a failover loses those the
-            # old primary had not delivered) are gone: every parked Acquire looks again.
+            # old primary had not delivered) are gone: every parked Acquire looks again, and
+            # every token is read again (a revocation may be among them).
             self.hub.wake_all()
+            self.auth.clear()
             while not lost.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(lost.wait(), LISTEN_HEARTBEAT)
                 try:
                     alive = await asyncio.wait_for(
-                        self.store.notifications.still_listening(conn, CHANNELS), LISTEN_HEARTBEAT
+                        self.store.notifications.still_listening(conn, list(callbacks)),
+                        LISTEN_HEARTBEAT,
                     )
                 except Exception:
                     alive = False

@@ -11,7 +11,14 @@ RETURNING *;
 SELECT * FROM tokens WHERE token_id = $1;
 
 -- name: revoke_token
-UPDATE tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE token_id = $1 RETURNING *;
+-- Announced on amc_revoked (auth.REVOKED_CHANNEL) in the same transaction: every replica
+-- drops the token from its cache, and only if the revocation commits.
+WITH revoked AS (
+    UPDATE tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE token_id = $1
+    RETURNING *
+)
+SELECT revoked.*, pg_notify('amc_revoked', revoked.token_id::text)::text AS notified
+FROM revoked;
 
 -- name: list_tokens
 SELECT * FROM tokens ORDER BY created_at, token_id;
