@@ -60,6 +60,8 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
         assert run["verified"] is True and run["errors"]["total"] == 0
         assert run["submit"]["pickup_ms"]["n"] == run["submit"]["tasks"] == 60
         assert sum(run["connect"]["tcp_connections"]) == 10  # a connection per host
+        # Every host keeps its ScreenFrames call open, as the agent (memory per host counts it).
+        assert run["connect"]["screen_calls"] == run["idle"]["screen_calls"] == 10
         assert run["submit"]["control_plane_cpu_ms_per_task"] > 0
         # A share of the hosts long-polls for the short wait; the window holds re-polls.
         assert run["connect"]["short_wait_hosts"] == 2

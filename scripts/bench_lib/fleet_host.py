@@ -7,6 +7,9 @@ wire, without running anything on a phone.
         naming the leases not acknowledged yet when an assignment arrives
     one Acquire(idle serials, wait 60 s: the agent's default; or the `acquire_wait` given)
         parked at a time, again as soon as it returns
+    one ScreenFrames call for good (host_agent.screencast.Screencaster): one request naming
+        the host opens it; the watched sets the control plane sends are read and dropped,
+        and no frame goes up (nobody watches a bench host's phones); closed by stop()
     a workflow assignment (the load's busy phones, issue 27.8, when `step_every` > 0): a
         step "ends" every `step_every` seconds, sent with the lease's next renewal as the
         agent sends its progress, until the task's cancel reaches the host (then reported
@@ -87,6 +90,10 @@ class Counters:
     conflicts: int = 0
     ack_timeouts: int = 0
     health_errors: int = 0
+    screen_errors: int = 0
+    # ScreenFrames calls open now (a call counts from its first answer: the control plane
+    # holds the host's feed).
+    screen_calls: int = 0
     # Issue 22: ReportDeviceHealth calls and the phones' condition changes they carried,
     # by phase.
     health_reports: dict[str, int] = field(default_factory=dict)
@@ -123,7 +130,7 @@ class Counters:
     def total(self) -> int:
         return sum(
             (self.acquire_errors, self.stream_errors, self.report_errors, self.conflicts,
-             self.ack_timeouts, self.health_errors)
+             self.ack_timeouts, self.health_errors, self.screen_errors)
         )  # fmt: skip
 
     def reported(self, changes: int) -> None:
@@ -202,9 +209,10 @@ class FleetHost:
         self._interval = answer.renew_interval.ToTimedelta().total_seconds() or self._interval
 
     def start(self) -> None:
-        """The renewal stream and the Acquire loop, until stop()."""
+        """The renewal stream, the Acquire loop and the ScreenFrames call, until stop()."""
         self._spawn(self._stream_loop())
         self._spawn(self._acquire_loop())
+        self._spawn(self._screen_loop())
         if self.step_every > 0:
             self._spawn(self._step_loop())
 
@@ -377,6 +385,34 @@ class FleetHost:
             )
             return False
         return True
+
+    # -- the ScreenFrames call -------------------------------------------------------------
+
+    async def _screen_loop(self) -> None:
+        """As the agent's Screencaster: the call opened with the host's id and kept open;
+        what it is sent (the phones watched: none here) is read and dropped."""
+        while not self._stopping:
+            call = self._stub.ScreenFrames()
+            opened = False
+            try:
+                await call.write(lease_pb2.ScreenFramesRequest(host_id=self.host_id))
+                while (await call.read()) is not grpc.aio.EOF:
+                    if not opened:
+                        opened = True
+                        self._counters.screen_calls += 1
+                if not self._stopping:
+                    self._counters.error(
+                        "screen_errors", RuntimeError("the control plane ended the screen call")
+                    )
+            except grpc.aio.AioRpcError as exc:
+                if not self._stopping:
+                    self._counters.error("screen_errors", exc)
+            finally:
+                if opened:
+                    self._counters.screen_calls -= 1
+                call.cancel()
+            if not self._stopping:
+                await asyncio.sleep(RETRY_AFTER)
 
     # -- the renewal stream ----------------------------------------------------------------
 

@@ -7,8 +7,9 @@ with a rack label of its own, on one or more control-plane replicas, and a submi
 1. connect: one grpc.aio channel per host (its own TCP connection: a local subchannel pool),
    host i on replica i mod R; every host's RegisterHost (32 in flight), then all hosts at
    once open their renewal streams and park their first Acquires (as after a control-plane
-   restart: their re-polls start in step); until every replica's metrics count all its
-   hosts' streams and parked Acquires. A host's Acquire waits --acquire-wait seconds (60,
+   restart: their re-polls start in step), and their ScreenFrames calls; until every
+   replica's metrics count all its hosts' streams and parked Acquires, and every host's
+   ScreenFrames call has its first answer. A host's Acquire waits --acquire-wait seconds (60,
    the agent's default), or --short-wait (10) for a --short-wait-share of the hosts (every
    k-th host).
 2. idle: nothing queued for --idle-seconds: CPU of the replicas, of PostgreSQL (the
@@ -327,11 +328,15 @@ class Fleet:
         deadline = time.monotonic() + 60 + a.hosts / 50
         while True:
             waiting, streams = await parked(self.urls, expected)
-            if all(w >= e and s >= e for w, s, e in zip(waiting, streams, expected, strict=True)):
+            screens = self.counters.screen_calls
+            if screens >= a.hosts and all(
+                w >= e and s >= e for w, s, e in zip(waiting, streams, expected, strict=True)
+            ):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"not all hosts parked: acquires {waiting}, streams {streams} of {expected}"
+                    f"not all hosts parked: acquires {waiting}, streams {streams} of {expected},"
+                    f" screen calls {screens} of {a.hosts}"
                 )
             await asyncio.sleep(0.2)
         return {
@@ -339,6 +344,7 @@ class Fleet:
             "connect_s": time.monotonic() - started,
             "park_s": time.monotonic() - self.started_at,
             "short_wait_hosts": len(self.short),
+            "screen_calls": self.counters.screen_calls,
             "channels": len(self.channels),
             "tcp_connections": [
                 connections(pid, address)
@@ -376,6 +382,7 @@ class Fleet:
             "control_plane_rss_bytes": self.rss(),
             "acquires_waiting": waiting,
             "streams": streams,
+            "screen_calls": self.counters.screen_calls,
             "loop_lag_ms": summarize(lag.lags_ms),
         }
         if self.args.condition_churn > 0:
