@@ -5,10 +5,12 @@ A new RPC without a row here fails `test_every_rpc_has_a_row`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
@@ -126,15 +128,24 @@ async def get_artifact(c: Clients, w: World, own: bool) -> object:
     return OK
 
 
+async def first_write(call: Any, request: Any) -> None:
+    """A stream's first request. A call the server refused at once (a bad token) may have
+    ended before it: grpc.aio then raises InvalidStateError, not the refusal; the read
+    that follows raises the call's own status."""
+    with contextlib.suppress(asyncio.InvalidStateError):
+        await call.write(request)
+
+
 async def open_session(c: Clients, w: World, own: bool) -> object:
     """Let in: the first answer is the queued session task; leaving withdraws it."""
     call = c.scheduler.OpenSession()
-    await call.write(
+    await first_write(
+        call,
         scheduler_pb2.OpenSessionRequest(
             open=scheduler_pb2.SessionOpen(
                 selector=task_pb2.DeviceSelector(serial="nowhere"), idle_timeout=seconds(5)
             )
-        )
+        ),
     )
     await call.read()
     call.cancel()
@@ -147,7 +158,7 @@ async def session_actions(c: Clients, w: World, own: bool) -> object:
     lease = lease_of(w, own)
     call = c.lease.SessionActions()
     join = lease_pb2.SessionJoin(task_id=lease.task_id, attempt=1, lease_id=lease.lease_id)
-    await call.write(lease_pb2.SessionActionsRequest(join=join))
+    await first_write(call, lease_pb2.SessionActionsRequest(join=join))
     try:
         await call.read()
     except grpc.aio.AioRpcError as exc:
@@ -176,7 +187,7 @@ async def watch_screen(c: Clients, w: World, own: bool) -> object:
 async def screen_frames(c: Clients, w: World, own: bool) -> object:
     """Let in: the first answer is the (empty) set of the host's phones watched."""
     call = c.lease.ScreenFrames()
-    await call.write(lease_pb2.ScreenFramesRequest(host_id=host_id(own)))
+    await first_write(call, lease_pb2.ScreenFramesRequest(host_id=host_id(own)))
     try:
         await asyncio.wait_for(call.read(), 10)
     finally:
@@ -383,6 +394,22 @@ async def test_auth_matrix(farm: Farm, caller: str) -> None:
         if got != want:
             failures.append(f"{method} as {caller}: got {got}, want {want}")
     assert not failures, "\n".join(failures)
+
+
+async def test_a_stream_refused_before_its_first_request_is_judged_by_its_status(
+    farm: Farm,
+) -> None:
+    """THEN a stream the server refused (a malformed token) before the client wrote shows
+    UNAUTHENTICATED to the matrix's calls, not grpc.aio's InvalidStateError (the race the
+    matrix lost now and then on a busy machine)."""
+    call = farm.clients("not-a-token").lease.ScreenFrames()
+    assert await call.code() == grpc.StatusCode.UNAUTHENTICATED  # ended before any write
+    with pytest.raises(asyncio.InvalidStateError):
+        await call.write(lease_pb2.ScreenFramesRequest(host_id="A"))
+    await first_write(call, lease_pb2.ScreenFramesRequest(host_id="A"))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call.read()
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_insecure_is_refused_on_a_non_loopback_listener(database_url: str) -> None:
