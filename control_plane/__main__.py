@@ -92,6 +92,15 @@ def retention(text: str) -> timedelta | None:
 retention.__name__ = "duration (such as 30d, 12h, 30m, 90s, or off)"
 
 
+def seconds_or_off(text: str) -> float:
+    if not 0 <= (value := float(text)) < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+seconds_or_off.__name__ = "number of seconds (0: off)"
+
+
 # flag, environment variable, default, value parser, help. A flag's value comes from the
 # command line, else its variable, else the default (argparse parses string defaults too,
 # so a malformed variable is reported like a malformed flag).
@@ -120,6 +129,8 @@ SERVE_FLAGS: list[Flag] = [
     ("--http-listen", "AMC_HTTP_LISTEN", "", str,
      "host:port for the operator console in the browser (off if empty)"),
     ("--grace", "AMC_GRACE", "5", float, "seconds in-flight calls get on SIGTERM"),
+    ("--stuck-exit", "AMC_STUCK_EXIT", "30", seconds_or_off,
+     "seconds the event loop may stand still before the replica exits, stacks logged (0: off)"),
     ("--task-retention", "AMC_TASK_RETENTION", "30d", retention,
      "how long a finished task (done, failed, cancelled) is kept after it ended, with its"
      " attempts, events and artifacts: 30d, 12h, 30m, 90s, or off (kept for ever); at least"
@@ -237,7 +248,7 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
             with contextlib.suppress(Exception):
                 await plane.stop(0)
         raise StartFailed() from exc
-    heap = Heap()
+    heap = Heap(stuck_exit=args.stuck_exit or None)
     heap.install()
     unfreezing = asyncio.create_task(heap.run())
     stop = asyncio.Event()

@@ -17,13 +17,23 @@ walk of the whole heap, once per interval instead of several times a minute.
 `amc_gc_pause_seconds{generation}` shows every pause; `amc_event_loop_lag_seconds` how
 late a timer of the loop ran (a collection, a long callback, or the process waiting for a
 core), and a lag over `STALL` is logged as "event loop stalled".
+
+A loop that stands still for `stuck_exit` seconds (`--stuck-exit`: a deadlock, a callback
+that never returns) ends the process: the standard library's faulthandler writes every
+thread's stack to stderr and exits with status 1, from a C thread that needs neither the
+loop nor the GIL. Such a replica is worse than a dead one: gRPC's own threads still answer
+its connections' keepalive pings, so its hosts' calls time out for ever instead of
+reconnecting to another replica; dead, its connections drop, its hosts move, and its
+supervisor starts it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
+import sys
 import time
 from typing import Any
 
@@ -38,14 +48,20 @@ UNFREEZE_EVERY = 600.0
 # over STALL is logged.
 LAG_EVERY = 0.25
 STALL = 0.2
+# How often (at most; a quarter of --stuck-exit if less) the stuck-loop exit is pushed
+# back while the loop runs: each push starts the faulthandler's timer anew.
+REARM_EVERY = 1.0
 
 
 class Heap:
     """Installed once per process by the replica's entry point (`control-plane serve`), not
     by in-process replicas, which share their process with other code."""
 
-    def __init__(self, unfreeze_every: float = UNFREEZE_EVERY) -> None:
+    def __init__(
+        self, unfreeze_every: float = UNFREEZE_EVERY, stuck_exit: float | None = None
+    ) -> None:
         self.unfreeze_every = unfreeze_every
+        self.stuck_exit = stuck_exit
         self._started = 0.0
         # Resolved once: the callback takes no metric-wide lock (a collection may start
         # while this thread holds one of those), only the values' own.
@@ -83,13 +99,23 @@ class Heap:
         the loop's lag measured every LAG_EVERY."""
         loop = asyncio.get_running_loop()
         unfreeze_at = loop.time() + self.unfreeze_every
-        while True:
-            asleep = loop.time()
-            await asyncio.sleep(LAG_EVERY)
-            lag = max(0.0, loop.time() - asleep - LAG_EVERY)
-            metrics.LOOP_LAG.observe(lag)
-            if lag > STALL:
-                log.warning("event loop stalled", seconds=round(lag, 3))
-            if loop.time() >= unfreeze_at:
-                self.collect_all()
-                unfreeze_at = loop.time() + self.unfreeze_every
+        armed_at = -1.0
+        rearm = min(REARM_EVERY, (self.stuck_exit or 0) / 4)
+        try:
+            while True:
+                if self.stuck_exit and loop.time() - armed_at >= rearm:
+                    # Re-armed while the loop runs; never, once it stands still.
+                    faulthandler.dump_traceback_later(self.stuck_exit, exit=True, file=sys.stderr)
+                    armed_at = loop.time()
+                asleep = loop.time()
+                await asyncio.sleep(LAG_EVERY)
+                lag = max(0.0, loop.time() - asleep - LAG_EVERY)
+                metrics.LOOP_LAG.observe(lag)
+                if lag > STALL:
+                    log.warning("event loop stalled", seconds=round(lag, 3))
+                if loop.time() >= unfreeze_at:
+                    self.collect_all()
+                    unfreeze_at = loop.time() + self.unfreeze_every
+        finally:
+            if self.stuck_exit:
+                faulthandler.cancel_dump_traceback_later()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
 import time
 import weakref
 from collections.abc import Iterator
@@ -107,3 +109,52 @@ async def test_a_blocked_event_loop_is_measured_and_logged_and_collections_go_on
     stalls = [e for e in logged if e["event"] == "event loop stalled"]
     assert stalls and max(e["seconds"] for e in stalls) >= 0.24, logged
     assert runs >= 2
+
+
+STUCK = """
+import asyncio, sys, time
+from control_plane.heap import Heap
+
+async def main() -> None:
+    watching = asyncio.create_task(Heap(stuck_exit=1.0).run())
+    await asyncio.sleep(float(sys.argv[1]))  # the loop runs: the exit is pushed back
+    if sys.argv[2] == "block":
+        time.sleep(20)  # the loop stands still
+    watching.cancel()
+    await asyncio.gather(watching, return_exceptions=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_loop_that_stands_still_ends_the_process_with_every_stack_written() -> None:
+    """THEN with --stuck-exit 1 a loop that runs for 2.5 s lives on (and ends as it
+    likes), while one that stands still for longer than 1 s is ended (status 1) with its
+    threads' stacks on stderr, long before its 20-second block is over."""
+    alive = subprocess.run(
+        [sys.executable, "-c", STUCK, "2.5", "run"], capture_output=True, text=True, timeout=60
+    )
+    assert alive.returncode == 0, alive.stderr
+    began = time.monotonic()
+    stuck = subprocess.run(
+        [sys.executable, "-c", STUCK, "0.3", "block"], capture_output=True, text=True, timeout=60
+    )
+    assert stuck.returncode == 1, stuck.stderr
+    assert time.monotonic() - began < 15
+    assert "Timeout (0:00:01)!" in stuck.stderr and "in main" in stuck.stderr, stuck.stderr
+
+
+def test_stuck_exit_is_30_seconds_by_default_0_switches_it_off_and_a_bad_value_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """THEN `serve` gets 30 s (or $AMC_STUCK_EXIT), 0 is off, and a negative or
+    non-number is refused naming the flag."""
+    from control_plane.__main__ import parser
+
+    assert parser({}).parse_args(["serve"]).stuck_exit == 30.0
+    assert parser({"AMC_STUCK_EXIT": "45"}).parse_args(["serve"]).stuck_exit == 45.0
+    assert parser({}).parse_args(["serve", "--stuck-exit", "0"]).stuck_exit == 0.0
+    for bad in ("-1", "soon", "inf"):
+        with pytest.raises(SystemExit):
+            parser({}).parse_args(["serve", "--stuck-exit", bad])
+        assert "argument --stuck-exit: invalid number of seconds" in capsys.readouterr().err
