@@ -1,6 +1,10 @@
 """Phones watched on this replica and the hosts' screen feeds here, wire-free (the hub
 holds one `Screens`; control_plane.screens puts it on the wire). A frame is whatever the
 host sent (an amc.v1.ScreenFrame): here only its `serial` and `host_id` are read.
+
+A host opens its feed only when asked (`want`, which the hub pushes onto the host's renewal
+streams here): when a viewer here waits for one of its phones with no feed here (`ask`),
+and again when its feed ends while a viewer here still waits for one.
 """
 
 from __future__ import annotations
@@ -8,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # A frame as it came (amc.v1.ScreenFrame), passed on as it is.
@@ -59,10 +63,24 @@ class Feed:
 class Screens:
     """This replica's watched phones and the hosts' feeds; wire-free."""
 
-    def __init__(self) -> None:
+    def __init__(self, want: Callable[[str], None] = lambda _host_id: None) -> None:
         self._screens: dict[tuple[str, str], Screen] = {}
         self._feeds: dict[str, Feed] = {}
         self.closing = False
+        # Asks a host (by id) to open its feed here.
+        self._want = want
+
+    def feeds(self) -> int:
+        return len(self._feeds)
+
+    def wanted(self, host_id: str) -> bool:
+        """A viewer here waits for one of the host's phones, and the host has no feed here."""
+        return not self.closing and host_id not in self._feeds and bool(self.watched(host_id))
+
+    def ask(self, host_id: str) -> None:
+        """Asks the host to open its feed here, if a viewer here waits for it without one."""
+        if self.wanted(host_id):
+            self._want(host_id)
 
     def viewers(self) -> int:
         return sum(len(s.viewers) for s in self._screens.values())
@@ -112,6 +130,7 @@ class Screens:
         finally:
             if self._feeds.get(host_id) is feed:
                 del self._feeds[host_id]
+                self.ask(host_id)  # a viewer still waiting: the host opens it again
 
     def has_feed(self, host_id: str) -> bool:
         return host_id in self._feeds

@@ -15,7 +15,14 @@ from collections.abc import Awaitable, Callable, Iterator
 import structlog
 
 from control_plane.dispatch import Dispatcher, Offer
-from control_plane.domain import CancelNotice, DrainNotice, LeaseId, ReleaseNotice, TaskId
+from control_plane.domain import (
+    CancelNotice,
+    DrainNotice,
+    LeaseId,
+    ReleaseNotice,
+    ScreenNotice,
+    TaskId,
+)
 from control_plane.frames import Screens
 from control_plane.presence import Presence
 from control_plane.rendezvous import Sessions
@@ -25,8 +32,9 @@ log = structlog.get_logger(__name__)
 OUTBOX_LIMIT = 10_000
 OUTBOX_RETRY = 0.2
 CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed", "amc_drain", "amc_release")
+Notice = CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice
 # Called with a notice to push, or with None when the replica is closing the stream.
-PushCallback = Callable[[CancelNotice | DrainNotice | ReleaseNotice | None], None]
+PushCallback = Callable[[Notice | None], None]
 
 
 class Hub:
@@ -35,8 +43,9 @@ class Hub:
         self.dispatcher = Dispatcher()
         # Sessions whose client is connected here, for their hosts to join.
         self.sessions = Sessions()
-        # Phones watched on this replica and the hosts' screen feeds (control_plane.screens).
-        self.screens = Screens()
+        # Phones watched on this replica and the hosts' screen feeds (control_plane.screens);
+        # a host asked for its feed is asked on its renewal streams here.
+        self.screens = Screens(lambda host_id: self._push(ScreenNotice(host_id)))
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False
@@ -185,6 +194,10 @@ class Hub:
     def streams(self) -> int:
         return sum(len(s) for s in self._streams.values())
 
+    def connected(self, host_id: str) -> bool:
+        """The host holds a renewal stream on this replica."""
+        return host_id in self._streams
+
     # -- internals -------------------------------------------------------------------------
 
     def _push_cancel(self, payload: str) -> None:
@@ -210,7 +223,7 @@ class Hub:
         host_id, _, serial = payload.partition(" ")
         self._push(ReleaseNotice(host_id, serial))
 
-    def _push(self, notice: CancelNotice | DrainNotice | ReleaseNotice) -> None:
+    def _push(self, notice: Notice) -> None:
         """Onto each renewal stream of the notice's host open on this replica."""
         for callback in list(self._streams.get(notice.host_id, ())):
             callback(notice)

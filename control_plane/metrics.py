@@ -272,6 +272,11 @@ SCREEN_FRAMES = Counter(
 SCREEN_VIEWERS = Gauge(
     "amc_screen_viewers", "WatchScreen calls open on this replica (relays from others too)"
 )
+SCREEN_FEEDS = Gauge(
+    "amc_screen_feeds",
+    "Hosts' ScreenFrames calls open on this replica (a host opens one only while a viewer"
+    " wants one of its phones)",
+)
 
 
 def create_series() -> None:

@@ -1,6 +1,6 @@
 """A host's `Lease.RenewLeases` stream: its renewals answered in order, and what the
 replica pushes onto it between them (a cancellation, a drain or its end, a released
-device, the replica closing)."""
+device, a viewer waiting for the host's screen feed, the replica closing)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from amc.v1 import lease_pb2
 from control_plane import metrics, validate, validate_lease
 from control_plane.auth import check_host
 from control_plane.convert import duration, steps_from_pb
-from control_plane.domain import CancelNotice, DrainNotice, ReleaseNotice
+from control_plane.domain import CancelNotice, DrainNotice, ReleaseNotice, ScreenNotice
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.rpc import TaskServicer, check_decoded, principal
 from control_plane.store import Store
@@ -85,6 +85,8 @@ class RenewalStream:
                     )
                     log.info("renewal stream opened", host_id=host_id)
                     await drain.opened()
+                    if self.service.hub.screens.wanted(host_id):  # a viewer waits here
+                        outbox.put_nowait(_screen_push(drain.told))
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
                 outbox.put_nowait(await self._renew(host_id, request))
@@ -136,19 +138,23 @@ class RenewalStream:
 
     def _on_notice(
         self,
-        notice: CancelNotice | DrainNotice | ReleaseNotice | None,
+        notice: CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice | None,
         outbox: Outbox,
         drain: StreamDrain,
     ) -> None:
-        """What hub.close() (None), a cancel, a drain or a release notification does to a
-        stream: a drain notice has the stream read the host's drain again (StreamDrain),
-        the others go on its outbox (a release with the drain the agent was last told, so
-        that an agent reading any push without leases as its drain state reads it right)."""
+        """What hub.close() (None), a cancel, a drain, a release or a screen wanted does to
+        a stream: a drain notice has the stream read the host's drain again (StreamDrain),
+        the others go on its outbox (a release or a screen wanted with the drain the agent
+        was last told, so that an agent reading any push without leases as its drain state
+        reads it right)."""
         if notice is None:
             outbox.put_nowait(CLOSING)
             return
         if isinstance(notice, DrainNotice):
             drain.changed()
+            return
+        if isinstance(notice, ScreenNotice):
+            outbox.put_nowait(_screen_push(drain.told))
             return
         if isinstance(notice, ReleaseNotice):
             outbox.put_nowait(
@@ -241,6 +247,11 @@ def _cancel_push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
         attempt=notice.attempt,
     )
     return lease_pb2.RenewLeasesResponse(leases=[state], push=True)
+
+
+def _screen_push(drain: bool) -> lease_pb2.RenewLeasesResponse:
+    """The pushed message (no leases) that asks the host to open its ScreenFrames call."""
+    return lease_pb2.RenewLeasesResponse(push=True, drain=drain, screen_wanted=True)
 
 
 def _drain_push(drain: bool) -> lease_pb2.RenewLeasesResponse:

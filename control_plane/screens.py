@@ -4,12 +4,16 @@
                                         │                                             │
                                    viewers on B                                  viewers on A
 
-A host keeps one `Lease.ScreenFrames` call open; the replica it reached keeps it as the
-host's feed and sends it the set of the host's phones watched on this replica (each at the
-highest frame rate its viewers asked for) whenever that set changes: the host captures
-those phones and nothing else. Each frame it sends replaces the phone's latest frame
-(`Screen.frame`) and wakes its viewers; a viewer takes the latest frame when it is ready
-for one, so a slow viewer skips frames (the latest wins) and no frame ever queues.
+A host opens its `Lease.ScreenFrames` call only when asked: a viewer waiting here for one
+of its phones with no feed here has `screen_wanted` pushed onto the host's renewal stream
+here (`Screens.ask`; again when the feed ends while a viewer waits, and when the stream
+opens while one waits), and the host closes the call a while after nothing is watched.
+The replica keeps the call as the host's feed and sends it the set of the host's phones
+watched on this replica (each at the highest frame rate its viewers asked for) whenever
+that set changes: the host captures those phones and nothing else. Each frame it sends
+replaces the phone's latest frame (`Screen.frame`) and wakes its viewers; a viewer takes
+the latest frame when it is ready for one, so a slow viewer skips frames (the latest
+wins) and no frame ever queues.
 
 A viewer whose phone's host is connected to another replica (`hosts.replica_id`, and that
 replica's advertised address) is served by one relay per phone on this replica: a
@@ -123,20 +127,19 @@ class ScreenWatch(RelayedCall):
             and source["alive"]
             and bool(source["address"])
         )
-        if not screens.has_feed(host_id) and not elsewhere and not relayed:
+        # The host's feed, or its renewal stream (which asks it for the feed), is here.
+        here = screens.has_feed(host_id) or self._svc.hub.connected(host_id)
+        if not here and not elsewhere and not relayed:
             if source["replica_id"] is None or not source["alive"]:
                 raise FailedPrecondition(f"host {host_id} is not connected")
         with screens.watch(host_id, serial, want.max_fps) as (screen, viewer):
-            if (
-                not relayed
-                and not screens.has_feed(host_id)
-                and elsewhere
-                and screen.source is None
-            ):
+            if not relayed and not here and elsewhere and screen.source is None:
                 relay = asyncio.get_running_loop().create_task(
                     self._relay(screen, str(source["address"]), want.max_fps)
                 )
                 screens.relaying(screen, relay)
+            # No feed here yet: the host's renewal stream here asks it to open one.
+            screens.ask(host_id)
             await context.send_initial_metadata(())
             log.info("screen watched", host_id=host_id, serial=serial, relayed=relayed)
             metrics.SCREEN_VIEWERS.inc()
@@ -241,6 +244,7 @@ class HostFeed:
         with screens.feed(host_id) as feed:
             pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))
             told: list[tuple[str, int]] | None = None
+            metrics.SCREEN_FEEDS.inc()
             try:
                 while screens.current(host_id, feed) and not pump.done():
                     feed.changed.clear()
@@ -256,6 +260,7 @@ class HostFeed:
                     finally:
                         changed.cancel()
             finally:
+                metrics.SCREEN_FEEDS.dec()
                 pump.cancel()
 
     async def _frames(self, host_id: str, requests: AsyncIterator[Any]) -> None:

@@ -11,7 +11,8 @@ for each assignment it is given.
          ├─ HealthMonitor.run()    every phone probed every `probe_interval`; conditions
          │                         that changed sent in one ReportDeviceHealth (health.py)
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
-         ├─ Screencaster.run()     the ScreenFrames call: watched phones' frames (screencast.py)
+         ├─ Screencaster.run()     the ScreenFrames call, opened when the renewal stream
+         │                         asks (a viewer waits): watched phones' frames (screencast.py)
          ├─ _acquire_loop()        Acquire long polls covering every idle device (one
          │                         refused as unregistered: register again, ask again)
          └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
@@ -138,19 +139,21 @@ class Agent:
         except Stopped:
             self._log.info("stopped before the first registration")
             return
-        keeper = self.keeper = LeaseKeeper(
-            self._stub,
-            self.settings.host_id,
-            timing,
-            on_drain=self._drain_from_centre,
-            on_release=self.recovery.release,
-        )
         self.screens = Screencaster(
             self._stub,
             self.settings.host_id,
             self._source.device,
             self.settings.screen_max_fps,
             self.settings.screen_max_rate,
+            self.settings.screen_linger,
+        )
+        keeper = self.keeper = LeaseKeeper(
+            self._stub,
+            self.settings.host_id,
+            timing,
+            on_drain=self._drain_from_centre,
+            on_release=self.recovery.release,
+            on_screen=self.screens.want,
         )
         self._tools = Tools(
             self.settings,

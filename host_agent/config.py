@@ -65,6 +65,9 @@ class AgentSettings:
     screen_max_fps: int = 12
     screen_max_rate: int = 4 << 20
     screen_record_max_bytes: int = 8 << 20
+    # How long the ScreenFrames call stays open with no phone watched (no flag: tests
+    # shorten it); host_agent.screencast.SCREEN_LINGER.
+    screen_linger: float = 30.0
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ again after a stream that broke before the answer. A step of a lease that is for
 task reported) or conflicted is dropped: the terminal report is the record.
 
 A push with no leases carries the host's drain from the
-centre, handed to `on_drain`, and the devices an operator released from quarantine, handed
-to `on_release`.
+centre, handed to `on_drain`, the devices an operator released from quarantine, handed
+to `on_release`, and a viewer's wish for the host's screen call (`screen_wanted`), handed
+to `on_screen`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class LeaseKeeper:
         max_backoff: float | None = None,
         on_drain: Callable[[bool], None] | None = None,
         on_release: Callable[[str], None] | None = None,
+        on_screen: Callable[[], None] | None = None,
     ) -> None:
         self._stub = stub
         # Told of the control plane's drain (True) or its end (False); False also when a
@@ -72,6 +74,8 @@ class LeaseKeeper:
         self._on_drain = on_drain or (lambda _drain: None)
         # Told of each device an operator released from quarantine (Admin.ReleaseDevice).
         self._on_release = on_release or (lambda _serial: None)
+        # Told that a viewer waits for one of the host's phones: open the ScreenFrames call.
+        self._on_screen = on_screen or (lambda: None)
         self._host_id = host_id
         self.timing = timing
         self._max_backoff = max_backoff
@@ -247,6 +251,8 @@ class LeaseKeeper:
                 self._on_drain(response.drain)
             for serial in response.release_serials:
                 self._on_release(serial)
+            if response.screen_wanted:
+                self._on_screen()
             for state in response.leases:
                 if (lease := self._held.get(state.lease_id)) and state.cancel_pending:
                     self._cancel(lease, "push")

@@ -1,12 +1,17 @@
 """Live screens on the host: phones captured only while someone watches them.
 
-The agent keeps one `Lease.ScreenFrames` call open (reconnected with a backoff). The
-control plane sends the set of this host's phones watched (with the frame rate asked);
-each watched phone gets a capture loop: `screencap -p` over adb (a simulated phone draws
-its live frame), at most `screen_max_fps` frames a second and `screen_max_rate` bytes a
-second (a large frame waits longer before the next), whatever the viewers ask. A phone
-no longer watched stops being captured at once; with nobody watching, nothing is
-captured (amc_agent_screen_captures_total stays put).
+The agent opens its `Lease.ScreenFrames` call only when the control plane asks for it
+(`want()`: a push with `screen_wanted` on the renewal stream, when a viewer waits for one
+of its phones), keeps it while any phone is watched (opened again after a pause if it
+breaks meanwhile), and closes it once none has been watched for `linger` (SCREEN_LINGER,
+30 s: a viewer flipping between phones does not reopen it each time); an idle host holds
+no call. An old control plane that never asks gets no call: no live screen until it is
+upgraded. The control plane sends the set of this host's phones watched (with the frame
+rate asked); each watched phone gets a capture loop: `screencap -p` over adb (a simulated
+phone draws its live frame), at most `screen_max_fps` frames a second and
+`screen_max_rate` bytes a second (a large frame waits longer before the next), whatever
+the viewers ask. A phone no longer watched stops being captured at once; with nobody
+watching, nothing is captured (amc_agent_screen_captures_total stays put).
 
 Frames go up latest-first: each phone has one slot, a newer frame replaces one not yet
 sent (amc_agent_screen_frames_dropped_total{reason="superseded"}), and the sender writes
@@ -17,9 +22,9 @@ real phone's full-size PNG can be 1-3 MB), else not at all. Simulated phones' fr
 (~15 KB PNGs, smaller than as JPEGs) go as they are.
 
 Local watchers (`watch()`: a task's screen recording) share the same capture loop: one
-capture per phone for the viewers and the recording together. Capturing is not an action:
-it is not in the task's steps or the simulated phones' action log, and it does not wait
-for the phone's running action.
+capture per phone for the viewers and the recording together; they need no call open.
+Capturing is not an action: it is not in the task's steps or the simulated phones' action
+log, and it does not wait for the phone's running action.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ MAX_FRAME_BYTES = (1 << 20) - 4096
 CAPTURE_TIMEOUT = 10.0
 FAILURE_PAUSE = 1.0
 RECONNECT_FIRST, RECONNECT_MOST = 0.5, 10.0
+# How long the call stays open with no phone watched before it is closed.
+SCREEN_LINGER = 30.0
 # A frame over MAX_FRAME_BYTES (a real phone's full-size PNG can be 1-3 MB) is sent as a
 # JPEG of this quality instead, when Pillow is installed (~130-300 KB at 1080 x 2400).
 JPEG_QUALITY = 80
@@ -98,8 +105,14 @@ class Screencaster:
         device: Callable[[str], Device],
         max_fps: int,
         max_rate: int,
+        linger: float = SCREEN_LINGER,
     ) -> None:
         self._stub = stub
+        self._linger = linger
+        # Set when the control plane asks for the call (`want()`).
+        self._wanted = asyncio.Event()
+        # The call is open now (it has had its first answer).
+        self.calling = False
         self._host_id = host_id
         self._device = device
         self._max_fps = max_fps
@@ -119,20 +132,35 @@ class Screencaster:
     def capturing(self) -> frozenset[str]:
         return frozenset(self._loops)
 
+    def want(self) -> None:
+        """The control plane asks for the call (a viewer waits for one of this host's
+        phones): opened now, or again as soon as the open one ends."""
+        self._wanted.set()
+
     async def run(self) -> None:
-        """The ScreenFrames call, for the agent's life: reconnected after a pause."""
+        """The ScreenFrames call, for the agent's life, whenever it is wanted: opened when
+        asked, closed after the linger with nothing watched, reopened after a pause when
+        it broke while a phone was watched."""
         pause = RECONNECT_FIRST
         try:
             while True:
+                await self._wanted.wait()
+                self._wanted.clear()
                 opened = time.monotonic()
+                lingered = False
                 try:
-                    await self._call()
+                    lingered = await self._call()
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                         log.info("the control plane has no live screens; not capturing")
                         return
                     log.info("screen call ended", code=exc.code().name, details=exc.details())
+                if not lingered and self._watched:
+                    self._wanted.set()  # broken while watched: open it again
                 self._set_watched({})
+                if lingered:
+                    pause = RECONNECT_FIRST
+                    continue
                 if time.monotonic() - opened > RECONNECT_MOST:
                     pause = RECONNECT_FIRST
                 await asyncio.sleep(pause)
@@ -141,15 +169,27 @@ class Screencaster:
             for loop in self._loops.values():
                 loop.cancel()
 
-    async def _call(self) -> None:
+    async def _call(self) -> bool:
+        """One call, until it ends (False) or nothing has been watched for the linger
+        (True: closed here)."""
         call = self._stub.ScreenFrames()
         sender: asyncio.Task[None] | None = None
         try:
             await call.write(lease_pb2.ScreenFramesRequest(host_id=self._host_id))
             sender = asyncio.get_running_loop().create_task(self._send(call))
-            while (message := await call.read()) is not grpc.aio.EOF:
+            while True:
+                try:
+                    async with asyncio.timeout(None if self._watched else self._linger):
+                        message = await call.read()
+                except TimeoutError:
+                    log.info("no phone watched for the linger: screen call closed")
+                    return True
+                if message is grpc.aio.EOF:
+                    return False
+                self.calling = True
                 self._set_watched({w.serial: w.max_fps for w in message.watched})
         finally:
+            self.calling = False
             if sender is not None:
                 sender.cancel()
             call.cancel()

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import pytest
 
@@ -201,6 +202,23 @@ async def test_forgotten_lease_is_no_longer_renewed_or_fenced(farm: Farm) -> Non
             await asyncio.sleep(0)
         assert not lease.token.tripped
         assert keeper.held() == []
+
+
+def test_a_push_asking_for_the_screen_call_reaches_on_screen_and_keeps_the_drain() -> None:
+    """THEN a push with screen_wanted calls `on_screen`, and its drain goes to `on_drain`
+    as any push without leases; a push without it asks for nothing."""
+    screens: list[bool] = []
+    drains: list[bool] = []
+    keeper = LeaseKeeper(
+        cast(Any, None),
+        HOST,
+        Timing(10.0, 2.0),
+        on_drain=drains.append,
+        on_screen=lambda: screens.append(True),
+    )
+    keeper.on_response(lease_pb2.RenewLeasesResponse(push=True, drain=True, screen_wanted=True))
+    keeper.on_response(lease_pb2.RenewLeasesResponse(push=True, drain=False))
+    assert screens == [True] and drains == [True, False]
 
 
 async def test_writing_to_a_renewal_stream_that_already_ended_is_a_break_not_a_crash() -> None:

@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc.v1 import lease_pb2, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
 from control_plane import screens
 from control_plane.config import Settings
@@ -159,6 +160,114 @@ async def test_two_viewers_of_a_phone_share_one_capture(farm: Farm) -> None:
         assert set(seen_one) & set(seen_two)
         one.cancel()
         two.cancel()
+
+
+def feeds_gauge() -> float:
+    return REGISTRY.get_sample_value("amc_screen_feeds") or 0.0
+
+
+async def test_the_screen_call_is_open_only_while_wanted_and_closes_after_the_linger(
+    farm: Farm,
+) -> None:
+    """THEN an idle agent holds no ScreenFrames call (the replica counts no feed); a viewer
+    arriving has the host's renewal stream ask for it, and gets frames; the call outlives
+    the last viewer by the agent's linger (a viewer flipping phones keeps it), then closes,
+    and the next viewer opens it again."""
+    operator = await farm.operator()
+    assert farm.plane is not None
+    hub = farm.plane.hub
+    base = feeds_gauge()
+    loop = asyncio.get_running_loop()
+    source = SimulatedSource(2, delay=0.01)
+    async with running_agent(farm, source, screen_linger=3.0) as agent:
+        assert agent.screens is not None
+        await eventually(lambda: hub.connected(HOST), what="the host's renewal stream")
+        await asyncio.sleep(1.0)  # idle a while: nothing opens the call
+        assert hub.screens.feeds() == 0 and not agent.screens.calling
+        assert feeds_gauge() == base and source.captures == 0
+        call = watch(operator, host_id=HOST, serial=SERIAL)
+        first = await next_frame(call, 10)
+        assert first.serial == SERIAL and agent.screens.calling
+        assert hub.screens.feeds() == 1 and feeds_gauge() == base + 1
+        call.cancel()
+        other = watch(operator, host_id=HOST, serial="sim-1")
+        assert (await next_frame(other, 10)).serial == "sim-1"
+        other.cancel()
+        await eventually(lambda: not agent.screens.capturing, what="the captures to stop")
+        left = loop.time()
+        # Nothing watched: the call stays for the linger, then closes.
+        assert agent.screens.calling and hub.screens.feeds() == 1
+        await eventually(
+            lambda: hub.screens.feeds() == 0 and not agent.screens.calling,
+            timeout=15,
+            what="the call to close after the linger",
+        )
+        assert loop.time() - left >= 2.5 and feeds_gauge() == base
+        again = watch(operator, host_id=HOST, serial=SERIAL)
+        await next_frame(again, 10)
+        assert hub.screens.feeds() == 1
+        again.cancel()
+
+
+async def test_a_viewer_asks_the_host_for_its_screen_call_on_its_renewal_stream(
+    farm: Farm,
+) -> None:
+    """THEN a viewer of a phone whose host has no ScreenFrames call here pushes
+    screen_wanted (no leases, the drain as the host was last told) onto the host's renewal
+    stream, and again onto a stream reopened while the viewer waits; the call the host
+    then opens is sent the phone watched, and its frames reach the viewer."""
+    host = await farm.host("host-9", "p-1")
+    operator = await farm.operator()
+    stream = host.stream()
+    await stream.renew()
+    call = watch(operator, host_id="host-9", serial="p-1")
+    push = await eventually(
+        lambda: next((p for p in stream.pushes if p.screen_wanted), None),
+        what="the push asking for the screen call",
+    )
+    assert not push.leases and not push.drain
+    await stream.close()
+    reopened = host.stream()
+    await reopened.renew()
+    await eventually(
+        lambda: any(p.screen_wanted for p in reopened.pushes),
+        what="the push again as the stream reopens",
+    )
+    feed = host.c.lease.ScreenFrames()
+    await feed.write(lease_pb2.ScreenFramesRequest(host_id="host-9"))
+    told = await asyncio.wait_for(feed.read(), 10)
+    assert [w.serial for w in told.watched] == ["p-1"]
+    frame = scheduler_pb2.ScreenFrame(serial="p-1", seq=7, mime="image/png", data=b"png")
+    await feed.write(lease_pb2.ScreenFramesRequest(frame=frame))
+    got = await next_frame(call, 10)
+    assert (got.host_id, got.serial, got.seq) == ("host-9", "p-1", 7)
+    call.cancel()
+    feed.cancel()
+    await reopened.close()
+
+
+async def test_a_host_that_keeps_its_call_open_as_older_agents_do_is_watched_unasked(
+    farm: Farm,
+) -> None:
+    """THEN a host whose ScreenFrames call is open before anyone watches (an agent older
+    than screen_wanted) is sent the phone watched when a viewer comes, and never asked."""
+    host = await farm.host("host-8", "p-1")
+    operator = await farm.operator()
+    stream = host.stream()
+    await stream.renew()
+    feed = host.c.lease.ScreenFrames()
+    await feed.write(lease_pb2.ScreenFramesRequest(host_id="host-8"))
+    assert not (await asyncio.wait_for(feed.read(), 10)).watched
+    call = watch(operator, host_id="host-8", serial="p-1")
+    told = await asyncio.wait_for(feed.read(), 10)
+    assert [w.serial for w in told.watched] == ["p-1"]
+    frame = scheduler_pb2.ScreenFrame(serial="p-1", seq=1, mime="image/png", data=b"png")
+    await feed.write(lease_pb2.ScreenFramesRequest(frame=frame))
+    assert (await next_frame(call, 10)).seq == 1
+    assert not any(p.screen_wanted for p in stream.pushes)
+    call.cancel()
+    feed.cancel()
+    await stream.close()
 
 
 async def test_a_slow_viewer_misses_frames_and_slows_nobody(farm: Farm) -> None:

@@ -17,6 +17,7 @@ from control_plane.domain.leases import (
     ReleaseNotice,
     Renewal,
     Report,
+    ScreenNotice,
 )
 from control_plane.domain.queue import (
     DeviceMatch,
@@ -81,6 +82,7 @@ __all__ = [
     "Renewal",
     "Report",
     "Role",
+    "ScreenNotice",
     "SessionRelay",
     "ShareChange",
     "StepProgress",

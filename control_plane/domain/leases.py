@@ -117,3 +117,10 @@ class ReleaseNotice(HostNotice):
     """A device of the host released from quarantine from the centre, for its stream."""
 
     serial: str
+
+
+@dataclass(frozen=True)
+class ScreenNotice(HostNotice):
+    """A viewer on this replica waits for one of the host's phones and the host has no
+    ScreenFrames call here: its stream asks it to open one. Not carried by NOTIFY: the
+    viewer waits on the replica holding the host's stream (control_plane.screens)."""
