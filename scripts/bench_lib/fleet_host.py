@@ -7,9 +7,11 @@ wire, without running anything on a phone.
         naming the leases not acknowledged yet when an assignment arrives
     one Acquire(idle serials, wait 60 s: the agent's default; or the `acquire_wait` given)
         parked at a time, again as soon as it returns
-    one ScreenFrames call for good (host_agent.screencast.Screencaster): one request naming
-        the host opens it; the watched sets the control plane sends are read and dropped,
-        and no frame goes up (nobody watches a bench host's phones); closed by stop()
+    a ScreenFrames call only when asked (host_agent.screencast.Screencaster): a push with
+        `screen_wanted` on the renewal stream opens it (one request naming the host); the
+        watched sets the control plane sends are read and dropped, no frame goes up, and
+        it is closed after SCREEN_LINGER with nothing watched (or by stop()). Nobody
+        watches a bench host's phones, so none is ever opened: an idle host holds no call
     a workflow assignment (the load's busy phones, issue 27.8, when `step_every` > 0): a
         step "ends" every `step_every` seconds, sent with the lease's next renewal as the
         agent sends its progress, until the task's cancel reaches the host (then reported
@@ -72,6 +74,9 @@ NOT_READY = (
 )
 # After a failed Acquire or a broken stream (not expected in a run): wait, then again.
 RETRY_AFTER = 0.5
+# host_agent.screencast.SCREEN_LINGER: a ScreenFrames call with nothing watched this long
+# is closed.
+SCREEN_LINGER = 30.0
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -187,6 +192,7 @@ class FleetHost:
         self._seq = itertools.count(1)
         self._wake = asyncio.Event()  # a new lease to acknowledge
         self._idle_again = asyncio.Event()  # a device became idle
+        self._screen_wanted = asyncio.Event()  # pushed screen_wanted: open the screen call
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
@@ -209,7 +215,8 @@ class FleetHost:
         self._interval = answer.renew_interval.ToTimedelta().total_seconds() or self._interval
 
     def start(self) -> None:
-        """The renewal stream, the Acquire loop and the ScreenFrames call, until stop()."""
+        """The renewal stream, the Acquire loop and the ScreenFrames call (when asked),
+        until stop()."""
         self._spawn(self._stream_loop())
         self._spawn(self._acquire_loop())
         self._spawn(self._screen_loop())
@@ -389,21 +396,34 @@ class FleetHost:
     # -- the ScreenFrames call -------------------------------------------------------------
 
     async def _screen_loop(self) -> None:
-        """As the agent's Screencaster: the call opened with the host's id and kept open;
-        what it is sent (the phones watched: none here) is read and dropped."""
+        """As the agent's Screencaster: the call opened with the host's id when the renewal
+        stream asks for it; what it is sent (the phones watched) is read and dropped; closed
+        once nothing has been watched for SCREEN_LINGER."""
         while not self._stopping:
+            await self._screen_wanted.wait()
+            self._screen_wanted.clear()
             call = self._stub.ScreenFrames()
             opened = False
             try:
                 await call.write(lease_pb2.ScreenFramesRequest(host_id=self.host_id))
-                while (await call.read()) is not grpc.aio.EOF:
+                watched = False
+                while True:
+                    try:
+                        async with asyncio.timeout(None if watched else SCREEN_LINGER):
+                            message = await call.read()
+                    except TimeoutError:
+                        break  # nothing watched for the linger: closed, as the agent
+                    if message is grpc.aio.EOF:
+                        if not self._stopping:
+                            self._counters.error(
+                                "screen_errors",
+                                RuntimeError("the control plane ended the screen call"),
+                            )
+                        break
+                    watched = bool(message.watched)
                     if not opened:
                         opened = True
                         self._counters.screen_calls += 1
-                if not self._stopping:
-                    self._counters.error(
-                        "screen_errors", RuntimeError("the control plane ended the screen call")
-                    )
             except grpc.aio.AioRpcError as exc:
                 if not self._stopping:
                     self._counters.error("screen_errors", exc)
@@ -466,6 +486,8 @@ class FleetHost:
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
             assert isinstance(response, lease_pb2.RenewLeasesResponse)
+            if response.push and response.screen_wanted:  # a viewer waits (none in a bench)
+                self._screen_wanted.set()
             for state in response.leases:
                 lease = self._held.get(state.lease_id)
                 if lease is None:
