@@ -19,6 +19,7 @@ from control_plane.domain import (
     CancelNotice,
     DrainNotice,
     LeaseId,
+    Notice,
     ReleaseNotice,
     ScreenNotice,
     TaskId,
@@ -32,7 +33,6 @@ log = structlog.get_logger(__name__)
 OUTBOX_LIMIT = 10_000
 OUTBOX_RETRY = 0.2
 CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed", "amc_drain", "amc_release")
-Notice = CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice
 # Called with a notice to push, or with None when the replica is closing the stream.
 PushCallback = Callable[[Notice | None], None]
 

@@ -18,7 +18,7 @@ from amc.v1 import lease_pb2
 from control_plane import metrics, validate, validate_lease
 from control_plane.auth import check_host
 from control_plane.convert import duration, steps_from_pb
-from control_plane.domain import CancelNotice, DrainNotice, ReleaseNotice, ScreenNotice
+from control_plane.domain import CancelNotice, DrainNotice, Notice, ReleaseNotice, ScreenNotice
 from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.rpc import TaskServicer, check_decoded, principal
 from control_plane.store import Store
@@ -138,7 +138,7 @@ class RenewalStream:
 
     def _on_notice(
         self,
-        notice: CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice | None,
+        notice: Notice | None,
         outbox: Outbox,
         drain: StreamDrain,
     ) -> None:

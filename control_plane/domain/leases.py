@@ -124,3 +124,7 @@ class ScreenNotice(HostNotice):
     """A viewer on this replica waits for one of the host's phones and the host has no
     ScreenFrames call here: its stream asks it to open one. Not carried by NOTIFY: the
     viewer waits on the replica holding the host's stream (control_plane.screens)."""
+
+
+# Every notice a host's renewal stream may be pushed (one home for the union).
+Notice = CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice
