@@ -157,7 +157,10 @@ async def test_a_database_of_the_previous_release_is_upgraded_to_schema_sql(
     await _old_release(old)
     lease = await _old_release_assigns_a_task(old)
     applied = await _migrate(old)
-    assert applied == [name for _, name, _ in schema.migrations()] + ["schema.sql"]
+    assert applied == [name for _, name, _ in schema.migrations()] + [
+        "schema.sql",
+        "012_queue_groups.sql (after schema.sql)",
+    ]
     await _execute(reference, SCHEMA)
     assert dump(old) == dump(reference)
     assert await _versions(old) == [1, 2, 3, 4, 5, 6, *(n for n, _, _ in schema.migrations())]
@@ -286,7 +289,10 @@ async def test_a_queue_of_the_release_before_queue_groups_is_kept_in_its_order(
     finally:
         await conn.close()
     applied = await _migrate(old)
-    assert applied == [name for n, name, _ in schema.migrations() if n >= 12] + ["schema.sql"]
+    assert applied == [name for n, name, _ in schema.migrations() if n >= 12] + [
+        "schema.sql",
+        "012_queue_groups.sql (after schema.sql)",
+    ]
     await _execute(reference, SCHEMA)
     assert dump(old) == dump(reference)
 

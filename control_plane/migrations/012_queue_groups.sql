@@ -4,38 +4,10 @@
 -- tables churn all day, so they are vacuumed and analysed after far fewer changes than
 -- PostgreSQL's defaults (a tenth of the table), which left the hot paths reading dead rows
 -- on stale plans.
-CREATE TABLE IF NOT EXISTS queue_groups (
-    group_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    selector_serial text NOT NULL,
-    selector_labels jsonb NOT NULL,
-    fairness_key    text NOT NULL,
-    anchor          text NOT NULL,
-    created_at      timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (selector_serial, selector_labels, fairness_key)
-);
-
 ALTER TABLE tasks
     ADD COLUMN group_id bigint,
     ADD COLUMN fairness_key text NOT NULL DEFAULT 'default',
     ADD COLUMN fair_tag double precision NOT NULL DEFAULT 0;
-
--- The tasks in flight go into the groups of their selectors (key 'default', tag 0: among
--- equal priorities they keep their order, by age).
-INSERT INTO queue_groups (selector_serial, selector_labels, fairness_key, anchor)
-SELECT DISTINCT COALESCE(tk.selector_serial, ''), tk.selector_labels, 'default',
-       CASE WHEN COALESCE(tk.selector_serial, '') <> '' THEN '#' || tk.selector_serial
-            ELSE COALESCE((SELECT e.k || '=' || e.v FROM jsonb_each_text(tk.selector_labels) e (k, v)
-                           ORDER BY length(e.k) + length(e.v) DESC, e.k LIMIT 1), '')
-       END
-FROM tasks tk
-WHERE tk.status IN ('queued', 'assigned', 'dispatched');
-
-UPDATE tasks tk SET group_id = q.group_id
-FROM queue_groups q
-WHERE tk.status IN ('queued', 'assigned', 'dispatched')
-  AND q.selector_serial = COALESCE(tk.selector_serial, '')
-  AND q.selector_labels = tk.selector_labels
-  AND q.fairness_key = 'default';
 
 -- Replaced by tasks_dispatch (schema.sql, with the other new indexes).
 DROP INDEX IF EXISTS tasks_queue;
@@ -55,13 +27,22 @@ ALTER TABLE devices SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuu
 -- Tokens get a team: the fairness key of the tasks submitted with them.
 ALTER TABLE tokens ADD COLUMN team text NOT NULL DEFAULT '';
 
--- The queue as last counted (amc_count_queue; schema.sql says why).
-CREATE TABLE IF NOT EXISTS queue_group_stats (
-    group_id            bigint PRIMARY KEY,
-    queued              integer NOT NULL,
-    oldest              timestamptz,
-    devices_idle        integer NOT NULL,
-    devices_busy        integer NOT NULL,
-    devices_unavailable integer NOT NULL,
-    counted_at          timestamptz NOT NULL
-) WITH (fillfactor = 50);
+-- after schema.sql (it creates the new tables: queue_groups, queue_group_stats, fair_shares)
+
+-- The tasks in flight go into the groups of their selectors (key 'default', tag 0: among
+-- equal priorities they keep their order, by age).
+INSERT INTO queue_groups (selector_serial, selector_labels, fairness_key, anchor)
+SELECT DISTINCT COALESCE(tk.selector_serial, ''), tk.selector_labels, 'default',
+       CASE WHEN COALESCE(tk.selector_serial, '') <> '' THEN '#' || tk.selector_serial
+            ELSE COALESCE((SELECT e.k || '=' || e.v FROM jsonb_each_text(tk.selector_labels) e (k, v)
+                           ORDER BY length(e.k) + length(e.v) DESC, e.k LIMIT 1), '')
+       END
+FROM tasks tk
+WHERE tk.status IN ('queued', 'assigned', 'dispatched');
+
+UPDATE tasks tk SET group_id = q.group_id
+FROM queue_groups q
+WHERE tk.status IN ('queued', 'assigned', 'dispatched')
+  AND q.selector_serial = COALESCE(tk.selector_serial, '')
+  AND q.selector_labels = tk.selector_labels
+  AND q.fairness_key = 'default';

@@ -8,7 +8,9 @@ database to it.
 - A database of an earlier release gets the numbered migrations it has not recorded
   (`migrations/NNN_name.sql`: they change its tables and drop the functions schema.sql
   cannot replace in place), then schema.sql again: its statements are idempotent, so it
-  creates what is missing and replaces every function.
+  creates what is missing (a new table is schema.sql's alone, never written again in a
+  migration) and replaces every function. The part of a migration below its line
+  `-- after schema.sql` runs last: it moves data into the tables schema.sql created.
 
 All of it is one transaction, under a transaction-scoped advisory lock: several replicas
 may start at once; one applies while the others wait, then find nothing left to do.
@@ -52,6 +54,9 @@ def functions(text: str) -> str:
     return text.split("\n-- name: ", 1)[0]
 
 
+AFTER_SCHEMA = "\n-- after schema.sql"
+
+
 def migrations() -> list[tuple[int, str, str]]:
     folder = resources.files("control_plane").joinpath("migrations")
     found = []
@@ -60,6 +65,13 @@ def migrations() -> list[tuple[int, str, str]]:
             number = int(entry.name.split("_", 1)[0])
             found.append((number, entry.name, entry.read_text("utf-8")))
     return sorted(found)
+
+
+def split(text: str) -> tuple[str, str]:
+    """A migration's two parts: what runs before schema.sql, and what after (its text
+    below the line `-- after schema.sql`; empty for most)."""
+    before, marked, after = text.partition(AFTER_SCHEMA)
+    return before, after.partition("\n")[2] if marked else ""
 
 
 async def apply(conn: asyncpg.Connection) -> list[str]:
@@ -83,10 +95,15 @@ async def apply(conn: asyncpg.Connection) -> list[str]:
                     f" from version {OLDEST} on: run the release before it once first"
                 )
             for _, name, text in pending:
-                await conn.execute(text)
+                await conn.execute(split(text)[0])
                 applied.append(name)
         await conn.execute(schema())
         applied.append("schema.sql")
+        if done:
+            for _, name, text in pending:
+                if after := split(text)[1]:
+                    await conn.execute(after)
+                    applied.append(f"{name} (after schema.sql)")
         await conn.executemany(
             "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
             [(number, name) for number, name, _ in pending],
