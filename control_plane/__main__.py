@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import os
 
-# The embedded server is started and stopped with fork+exec while gRPC runs; gRPC's fork
-# handlers only log noise for children that exec at once. No gRPC C-core lines (a client's
-# failed TLS handshake, say) on stderr either: what matters is logged by us, once. Set
-# before grpc is imported; the user's own settings win.
+# Set before grpc is imported; the user's own settings win. No fork support: the embedded
+# server's fork+exec needs none. No C-core lines on stderr: what matters we log, once.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 os.environ.setdefault("GRPC_TRACE", "")
@@ -39,6 +37,7 @@ import structlog
 from amc_common import logs
 from amc_common.secrets import mask_url, redact
 from amc_common.version import version_line
+from control_plane import allocator
 from control_plane.config import AGENT_REPORT_TIMEOUT, TASK_RETENTION_FLOOR, Settings
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
@@ -228,6 +227,7 @@ class StartFailed(Exception):
 
 
 async def serve(args: argparse.Namespace, dsn: str) -> None:
+    log.info("malloc set", **allocator.tune())  # before gRPC's threads start (allocator.py)
     plane = ControlPlane(
         dsn,
         settings_from(args),

@@ -1,0 +1,74 @@
+"""The replica's malloc settings (control_plane/allocator.py): on glibc, a fixed mmap
+threshold of 64 KiB (a block that size is a mapping of its own, given back when freed), two
+arenas and a 128 KiB trim threshold; an operator's own setting of one is kept. Each test
+runs in a process of its own: the settings are the process's."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc", reason="the settings are glibc's"
+)
+
+# Prints what tune() set, and whether a 100 KiB block became a mapping of its own
+# (mallinfo2's hblks: the mmapped blocks in use). glibc's default threshold is 128 KiB.
+PROBE = """
+import ctypes, json, sys
+from control_plane import allocator
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+applied = allocator.tune() if sys.argv[1] == "tune" else {}
+before = libc.mallinfo2().hblks
+block = libc.malloc(100 * 1024)
+mapped = libc.mallinfo2().hblks - before
+libc.free(ctypes.c_void_p(block))
+print(json.dumps({"applied": applied, "mapped": mapped}))
+"""
+
+
+def _probe(mode: str, **env: str) -> dict[str, object]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    clean.pop("GLIBC_TUNABLES", None)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, mode],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_a_replica_sets_a_fixed_mmap_threshold_two_arenas_and_a_trim_threshold() -> None:
+    assert _probe("tune") == {
+        "applied": {"arena_max": 2, "mmap_threshold": 65536, "trim_threshold": 131072},
+        "mapped": 1,
+    }
+
+
+def test_without_the_settings_a_100_kib_block_comes_from_the_heap() -> None:
+    """The probe can fail: glibc's own default keeps such a block in the heap."""
+    assert _probe("none") == {"applied": {}, "mapped": 0}
+
+
+def test_an_operators_own_setting_in_the_environment_is_kept() -> None:
+    kept = _probe("tune", MALLOC_ARENA_MAX="4", MALLOC_MMAP_THRESHOLD_="1048576")
+    assert kept == {"applied": {"trim_threshold": 131072}, "mapped": 0}
+    tunables = _probe("tune", GLIBC_TUNABLES="glibc.malloc.trim_threshold=65536")
+    assert tunables["applied"] == {"arena_max": 2, "mmap_threshold": 65536}
