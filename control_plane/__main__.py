@@ -227,7 +227,7 @@ class StartFailed(Exception):
 
 
 async def serve(args: argparse.Namespace, dsn: str) -> None:
-    log.info("malloc set", **allocator.tune())  # before gRPC's threads start (allocator.py)
+    allocator.tune()  # before gRPC's threads start: an arena is a thread's from its first use
     plane = ControlPlane(
         dsn,
         settings_from(args),

@@ -10,7 +10,8 @@ back. Two of glibc's defaults do it here:
   back when freed; but each such free raises the threshold to that block's size (up to
   32 MiB), so from then on big blocks (a message of a large batch, a screen frame, an
   upload's chunk) come from the heap, where what is freed around them stays. A fixed
-  threshold keeps every block of 64 KiB or more in a mapping of its own.
+  threshold (64 KiB), with the heap's free top given back beyond 128 KiB, keeps big blocks
+  in mappings of their own.
 - An arena per thread, up to eight per core: gRPC's threads each fill and fragment one. Two
   are enough for the few threads a replica has.
 
@@ -27,6 +28,10 @@ import ctypes
 import os
 import platform
 from collections.abc import Mapping
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 # mallopt(3) parameters, and the environment variables glibc reads for the same.
 M_TRIM_THRESHOLD = -1
@@ -53,8 +58,14 @@ SETTINGS = (
 
 
 def tune(env: Mapping[str, str] = os.environ) -> dict[str, int]:
-    """Set the replica's malloc parameters, before its threads start; returns those set
-    (none: not glibc). A parameter the environment sets already is left as it is."""
+    """Set the replica's malloc parameters, before its threads start, and log them; returns
+    those set (none: not glibc). A parameter the environment sets already is left as is."""
+    applied = _tune(env)
+    log.info("malloc set" if applied else "malloc left as it is", **applied)
+    return applied
+
+
+def _tune(env: Mapping[str, str]) -> dict[str, int]:
     if platform.libc_ver()[0] != "glibc":
         return {}
     try:
