@@ -75,8 +75,6 @@ def _operation(name: str, kind: HostEventKind, device: bool = False) -> Callable
 
 
 class AdminService(TaskServicer, admin_pb2_grpc.AdminServicer):
-    SERVICE = "amc.v1.Admin"
-
     @rpc
     async def CreateToken(
         self, request: admin_pb2.CreateTokenRequest, context: Context

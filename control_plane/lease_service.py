@@ -44,8 +44,6 @@ REPOLL_SPREAD = 0.4
 
 
 class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
-    SERVICE = "amc.v1.Lease"
-
     @functools.cached_property
     def _upload_memory(self) -> UploadMemory:
         return UploadMemory(self.settings.max_upload_memory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -108,9 +109,22 @@ def principal() -> Principal:
 
 
 class Servicer:
-    """Base of the servicers: `SERVICE` names the proto service, `auth` checks callers."""
+    """Base of the servicers: `auth` checks callers. `DESCRIPTOR` is the proto service a
+    subclass implements and `SERVICE` its full name, both taken from the generated servicer
+    it derives from (`x_pb2_grpc.YServicer`: service Y of x_pb2), so the proto is the one
+    place the name is written."""
 
+    DESCRIPTOR: Any = None
     SERVICE = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__bases__:
+            if base.__module__.endswith("_pb2_grpc") and base.__name__.endswith("Servicer"):
+                messages = importlib.import_module(base.__module__.removesuffix("_grpc"))
+                name = base.__name__.removesuffix("Servicer")
+                cls.DESCRIPTOR = messages.DESCRIPTOR.services_by_name[name]
+                cls.SERVICE = cls.DESCRIPTOR.full_name
 
     def __init__(self, auth: Authenticator) -> None:
         self.auth = auth

@@ -90,8 +90,6 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest, team: str = "") -> NewTa
 
 
 class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
-    SERVICE = "amc.v1.Scheduler"
-
     @rpc
     async def SubmitTask(
         self, request: scheduler_pb2.SubmitTaskRequest, context: Context

@@ -21,11 +21,8 @@ from grpc_reflection.v1alpha import reflection
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
 
 from amc.v1 import (
-    admin_pb2,
     admin_pb2_grpc,
-    lease_pb2,
     lease_pb2_grpc,
-    scheduler_pb2,
     scheduler_pb2_grpc,
 )
 from amc_common.build import record_build
@@ -49,11 +46,7 @@ from control_plane.sweep import sweep_expired
 
 log = structlog.get_logger(__name__)
 
-SERVICES = {
-    "amc.v1.Scheduler": scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"],
-    "amc.v1.Lease": lease_pb2.DESCRIPTOR.services_by_name["Lease"],
-    "amc.v1.Admin": admin_pb2.DESCRIPTOR.services_by_name["Admin"],
-}
+SERVICES = {s.SERVICE: s.DESCRIPTOR for s in (SchedulerService, LeaseService, AdminService)}
 MAX_MESSAGE = 1 << 20
 # How long a stop waits beyond its grace for calls and background loops to end.
 STOP_SLACK = 5.0

@@ -40,7 +40,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from amc.v1 import admin_pb2, scheduler_pb2
+from amc.v1 import scheduler_pb2
 from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
@@ -62,8 +62,7 @@ from control_plane.scheduler_service import SchedulerService
 
 log = structlog.get_logger(__name__)
 
-SERVICE = "amc.v1.Scheduler"
-SCHEDULER = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
+SCHEDULER = SchedulerService.DESCRIPTOR
 # The unary Scheduler methods a page may call (WatchTask's part is /api/events).
 METHODS = frozenset(
     {
@@ -77,7 +76,7 @@ METHODS = frozenset(
         "GetQueue",
     }
 )
-ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
+ADMIN = AdminService.DESCRIPTOR
 # The Admin methods a page may call: the Host page's read and its buttons (operator
 # role, as over gRPC; each recorded as a host event with the caller and the reason), and
 # the Queue page's fairness keys.
@@ -144,7 +143,7 @@ class Console:
         for path in PAGES:
             app.router.add_get(path, self.page)
         app.router.add_get("/static/{name}", self.asset)
-        app.router.add_post(f"/api/{SERVICE}/{{method}}", self.call)
+        app.router.add_post(f"/api/{SCHEDULER.full_name}/{{method}}", self.call)
         app.router.add_post(f"/api/{ADMIN.full_name}/{{method}}", self.call_admin)
         app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
@@ -326,7 +325,7 @@ class Console:
         caller = CallContext(request.headers.get("Authorization"))
         try:
             who = await self.auth.principal(caller.invocation_metadata())
-            authorize(who, f"/{SERVICE}/WatchTask")
+            authorize(who, f"/{SCHEDULER.full_name}/WatchTask")
         except errors.AmcError as exc:
             return _refusal(code_for(exc), exc.message)
         # Host ids are for those who may see the farm.
