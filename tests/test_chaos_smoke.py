@@ -263,6 +263,36 @@ def test_report_after_the_lease_expired_breaks_invariant_6() -> None:
     assert checks == ["report accepted after the lease expired"]
 
 
+@pytest.mark.parametrize(("acked_after", "broken"), [(None, True), (1.0, True), (3.04, False)])
+def test_a_renewal_without_the_cancel_breaks_invariant_3_once_the_cancel_was_answered(
+    acked_after: float | None, broken: bool
+) -> None:
+    """THEN a renewal that did not carry a pending cancellation is a violation if it came
+    after the cancel was requested, counted from the CancelTask answer where the client got
+    one: a synchronous commit can wait seconds for the standby after its transaction began
+    (the database time of the request), and no renewal can see it before it commits."""
+    ev = _evidence(
+        [
+            _attempt(
+                "t1",
+                1,
+                "h0",
+                T0,
+                T0 + 5,
+                lease_expires_at=T0 + 6,  # renewed at T0 + 4
+                cancel_requested_at=T0 + 1,
+                cancel_delivered_at=T0 + 4.05,
+            )
+        ],
+        [],
+    )
+    checks = _checks(ev)
+    if acked_after is not None:
+        checks.submitted[0].cancel_acked_at = T0 + 1 + acked_after
+    found = [v.check for v in checks.run([]) if v.invariant == 3]
+    assert ("cancellation not surfaced by the next renewal" in found) is broken
+
+
 def test_a_result_the_host_was_told_is_recorded_but_is_not_breaks_invariant_8() -> None:
     """THEN a report acknowledged to its host whose attempt the database has expired (a
     failover that lost the commit) is an invariant 8 violation; one recorded is not."""

@@ -445,11 +445,18 @@ class Checks:
     def _surfaced(self) -> None:
         """A pending cancellation is in the first renewal answer after the request, at the
         latest: so an attempt renewed after the request has it marked delivered by then.
-        Times are those of the transactions' starts, hence the slack."""
+        Times are those of the transactions' starts, hence the slack. The request counts
+        from when it was committed, which can be seconds after its transaction started (a
+        synchronous commit waits for the standby, which a database fault may have taken
+        away): its CancelTask answer bounds that, where the client got one."""
+        acked = {s.task_id: s.cancel_acked_at for s in self.submitted if s.cancel_acked_at}
+        acked.update({r.task_id: r.cancel_acked_at for r in self.sessions if r.cancel_acked_at})
         for (task_id, attempt), a in self.evidence.attempts.items():
             requested = a["cancel_requested_at"]
             if requested is None:
                 continue
+            # Answered: committed by then, if not before; the slack stays for the clocks.
+            requested = max(requested, acked.get(task_id, requested) - RENEWAL_SLACK)
             last_renewal = a["lease_expires_at"] - self.lease_ttl
             delivered = a["cancel_delivered_at"]
             if last_renewal > requested + RENEWAL_SLACK and (

@@ -62,6 +62,7 @@ class SessionRecord:
     code: str = ""
     detail: str = ""  # the error's details, when its stream failed
     final: str = ""  # the status of the last response, when one came
+    cancel_acked_at: float | None = None  # wall clock when CancelTask answered
 
 
 @dataclass
@@ -180,7 +181,7 @@ class SessionLoad:
                 scheduler_pb2.CancelTaskRequest(task_id=record.task_id, reason="chaos: session"),
                 timeout=10,
             )
-            record.did = "cancel_acked"
+            record.did, record.cancel_acked_at = "cancel_acked", time.time()
         else:
             await call.done_writing()
             record.did = "closed"

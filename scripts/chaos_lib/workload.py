@@ -88,6 +88,7 @@ class Submitted:
     cancel_sent_at: float | None = None
     cancel_answer: str = ""  # the status the answer carried, or the refusal's code
     cancel_acked: bool = False
+    cancel_acked_at: float | None = None  # wall clock when the answer came
     # CancelTask calls made for it: after a retry, an earlier try may have landed unanswered
     # (e.g. its commit went through as PostgreSQL crashed).
     cancel_tries: int = 0
@@ -463,7 +464,7 @@ class Workload:
             if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
                 self._unexpected(exc.code())
             return
-        item.cancel_acked = True
+        item.cancel_acked, item.cancel_acked_at = True, time.time()
         item.cancel_answer = status_name(task.status)
 
     async def _watch_until(
