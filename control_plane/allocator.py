@@ -2,9 +2,9 @@
 
 A replica's live memory stays flat under a steady load (measured with memray: what is
 allocated after the first minutes is freed again), yet with glibc's defaults its RSS kept
-rising: +5 % in 11 minutes with no fault, +10-13 % over the 30-minute soak. The memory is
-the allocator's, not ours: blocks freed in the middle of its heaps that it cannot give
-back. Two of glibc's defaults do it here:
+rising: +6 % in 15 minutes with no fault. That memory is the allocator's, not ours: blocks
+freed in the middle of its heaps that it cannot give back. Two of glibc's defaults do it
+here:
 
 - The mmap threshold moves. A block of 128 KiB or more starts out as its own mapping, given
   back when freed; but each such free raises the threshold to that block's size (up to
@@ -16,8 +16,9 @@ back. Two of glibc's defaults do it here:
   are enough for the few threads a replica has.
 
 With these (the same as MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=65536
-MALLOC_TRIM_THRESHOLD_=131072 in the environment) the growth over the same run was a
-quarter of it; docs/performance.md "Soak" has the figures. An operator's own setting of one
+MALLOC_TRIM_THRESHOLD_=131072 in the environment) the growth under the same steady load
+was less than half (+2.6 % against +6.0 %, as with jemalloc); what the soak's faults add
+is not this. docs/performance.md "Soak" has the figures. An operator's own setting of one
 of them in the environment (or GLIBC_TUNABLES) is kept: that one is left as they set it.
 Nothing happens on a C library other than glibc.
 """
