@@ -30,9 +30,8 @@ import os
 import platform
 from collections.abc import Mapping
 
-import structlog
-
-log = structlog.get_logger(__name__)
+# What tune() set in this process: the replica's "control plane serving" line shows it.
+applied: dict[str, int] = {}
 
 # mallopt(3) parameters, and the environment variables glibc reads for the same.
 M_TRIM_THRESHOLD = -1
@@ -59,11 +58,10 @@ SETTINGS = (
 
 
 def tune(env: Mapping[str, str] = os.environ) -> dict[str, int]:
-    """Set the replica's malloc parameters, before its threads start, and log them; returns
-    those set (none: not glibc). A parameter the environment sets already is left as is."""
-    applied = _tune(env)
-    log.info("malloc set" if applied else "malloc left as it is", **applied)
-    return applied
+    """Set the replica's malloc parameters, before its threads start; returns those set
+    (none: not glibc). A parameter the environment sets already is left as it is."""
+    applied.update(_tune(env))
+    return dict(applied)
 
 
 def _tune(env: Mapping[str, str]) -> dict[str, int]:
@@ -74,10 +72,10 @@ def _tune(env: Mapping[str, str]) -> dict[str, int]:
     except (OSError, AttributeError):
         return {}
     tunables = env.get("GLIBC_TUNABLES", "")
-    applied = {}
+    done = {}
     for name, parameter, variable, tunable, value in SETTINGS:
         if variable in env or tunable in tunables:
             continue
         if mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) == 1:
-            applied[name] = value
-    return applied
+            done[name] = value
+    return done

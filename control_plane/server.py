@@ -26,7 +26,7 @@ from amc.v1 import (
     scheduler_pb2_grpc,
 )
 from amc_common.build import record_build
-from control_plane import auth, errors, metrics
+from control_plane import allocator, auth, errors, metrics
 from control_plane.admin_service import AdminService
 from control_plane.artifacts import PostgresArtifacts
 from control_plane.config import Settings
@@ -257,6 +257,7 @@ class ControlPlane:
             console=f"http{'s' * bool(self.tls)}://{self.http_listen}/" if self.console else None,
             tls=bool(self.tls),
             migrations_applied=applied,
+            malloc=allocator.applied or None,
             lease_ttl=self.settings.lease_ttl.total_seconds(),
             task_retention=span_text(self.settings.task_retention),
             forget_hosts_after=span_text(self.settings.forget_hosts_after),
