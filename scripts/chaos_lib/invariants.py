@@ -448,7 +448,11 @@ class Checks:
         Times are those of the transactions' starts, hence the slack. The request counts
         from when it was committed, which can be seconds after its transaction started (a
         synchronous commit waits for the standby, which a database fault may have taken
-        away): its CancelTask answer bounds that, where the client got one."""
+        away): its CancelTask answer bounds that, where the client got one. A delivery
+        marked just after the renewal's transaction began is the renewal's too: a push's
+        mark (its own transaction, begun later) can take the attempt's row first, and the
+        renewal then updates the row after it, keeping that mark and answering
+        cancel_pending (its RETURNING reads the row it updated)."""
         acked = {s.task_id: s.cancel_acked_at for s in self.submitted if s.cancel_acked_at}
         acked.update({r.task_id: r.cancel_acked_at for r in self.sessions if r.cancel_acked_at})
         for (task_id, attempt), a in self.evidence.attempts.items():
@@ -460,7 +464,7 @@ class Checks:
             last_renewal = a["lease_expires_at"] - self.lease_ttl
             delivered = a["cancel_delivered_at"]
             if last_renewal > requested + RENEWAL_SLACK and (
-                delivered is None or delivered > last_renewal
+                delivered is None or delivered > last_renewal + RENEWAL_SLACK
             ):
                 self.fail(
                     3,
