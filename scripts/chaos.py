@@ -60,7 +60,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_lib import evidence, phones, recovery, report, soak
+from chaos_lib import evidence, faults, phones, recovery, report, soak
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
@@ -94,6 +94,16 @@ def _gap(text: str) -> tuple[float, float]:
     if not 0 < lo <= hi:
         raise argparse.ArgumentTypeError(f"{text!r}: expected 0 < LO <= HI")
     return lo, hi
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    known = faults.KINDS + phones.KINDS
+    if unknown := [k for k in kinds if k not in known]:
+        raise argparse.ArgumentTypeError(
+            f"no fault kind {', '.join(unknown)}; the kinds: {', '.join(known)}"
+        )
+    return kinds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -175,6 +185,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=3,
         help="interactive sessions kept open at once on the agents' phones (0: none)",
+    )
+    p.add_argument(
+        "--faults",
+        type=_kinds,
+        default=None,
+        metavar="KIND,...",
+        help="inject only these kinds (default: every kind the farm has); '' for none: the "
+        "workload alone, a baseline for the soak summary's memory and pickup figures (the "
+        "invariants are checked as ever)",
     )
     p.add_argument("--lease-ttl", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of work before faults")
@@ -298,6 +317,7 @@ class ChaosRun:
             min_per_kind=self.args.min_per_kind,
             max_concurrent=self.args.max_concurrent,
             gap=self.args.fault_gap,
+            kinds=self.args.faults,
         )
         self.injector.spare_first_replica = self.args.soak_window > 0
         self.injector.on_host_fault = self.workload.cancel_on_host

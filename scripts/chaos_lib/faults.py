@@ -148,8 +148,8 @@ class Injector:
             if required:
                 pace = max(0.3, min(remaining / (len(required) + 1), max(6.0, self.gap[1])))
                 await asyncio.sleep(self.rng.uniform(min(0.3 * self.gap[0], pace), pace))
-            else:
-                await asyncio.sleep(self.rng.uniform(*self.gap))
+            else:  # never past the end of the run
+                await asyncio.sleep(min(self.rng.uniform(*self.gap), max(0.0, remaining)))
         await self.finish()
 
     async def finish(self) -> None:
