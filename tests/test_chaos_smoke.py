@@ -298,6 +298,39 @@ def test_a_renewal_without_the_cancel_breaks_invariant_3_once_the_cancel_was_ans
     assert ("cancellation not surfaced by the next renewal" in found) is broken
 
 
+@pytest.mark.parametrize(("finished_after", "broken"), [(3.0, False), (10.0, True), (None, True)])
+def test_a_session_whose_relay_was_lost_before_its_host_heard_of_the_cancel_ends_failed(
+    finished_after: float | None, broken: bool
+) -> None:
+    """THEN a session that ended on its host when its relay was lost, before the host heard
+    of the cancel, is not a violation even though its report (retried while the database
+    was away) was recorded after the host heard of it; heard before its run ended, it is.
+    Without the host's end in its log the report's time stands for it."""
+    attempt = _attempt(
+        "t1", 1, "h0", T0 + 1, T0 + 11, outcome="failed", cancel_requested_at=T0 + 8,
+        cancel_delivered_at=T0 + 9,
+    )  # fmt: skip
+    ev = _evidence([attempt], [])
+    task = ev.tasks["t1"]
+    task.update(
+        status="failed",
+        cancel_requested_at=T0 + 8,
+        error="session relay lost: UNAVAILABLE: the database is unreachable",
+        metadata={"session": "1"},
+    )
+    events = ev.events["t1"]
+    events[-1]["to_status"] = "failed"
+    events.insert(-1, {"kind": "cancel_requested", "attempt": 1, "from_status": "assigned",
+                       "to_status": "assigned", "at": T0 + 8})  # fmt: skip
+    for i, e in enumerate(events):
+        e["event_id"] = i + 1
+    ev.trips[("t1", 1)] = (T0 + 9, "cancelled")
+    if finished_after is not None:
+        ev.finished[("t1", 1)] = T0 + finished_after
+    found = [v.check for v in _checks(ev).run([]) if v.invariant == 3]
+    assert ("session cancel seen by its host, yet it reported the relay's end" in found) is broken
+
+
 def test_a_result_the_host_was_told_is_recorded_but_is_not_breaks_invariant_8() -> None:
     """THEN a report acknowledged to its host whose attempt the database has expired (a
     failover that lost the commit) is an invariant 8 violation; one recorded is not."""

@@ -105,6 +105,9 @@ class Evidence:
     unparsed_log_lines: int = 0
     # (task_id, attempt) -> (first trip time, reason), from the agents' logs
     trips: dict[tuple[str, int], tuple[float, str]] = field(default_factory=dict)
+    # (task_id, attempt) -> when its host's run ended ("task finished"), from the agents'
+    # logs: the report can be recorded much later (retried while the database was away).
+    finished: dict[tuple[str, int], float] = field(default_factory=dict)
     acquires: list[AcquireCall] = field(default_factory=list)
     replica_lines: list[ReplicaLine] = field(default_factory=list)
     # Every artifact stored: task_id, attempt, created_at, size_bytes, and whether its
@@ -155,6 +158,8 @@ async def load(
         key = (str(e.fields.get("task_id")), int(e.fields.get("attempt") or 0))
         if reason and (key not in evidence.trips or e.at < evidence.trips[key][0]):
             evidence.trips[key] = (e.at, reason)
+        if e.event == "task finished":
+            evidence.finished.setdefault(key, e.at)
     return evidence
 
 

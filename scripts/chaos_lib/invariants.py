@@ -395,8 +395,11 @@ class Checks:
             return
         if status == "failed" and _is_session(t) and error.startswith(SESSION_STOPS):
             # A session's relay broke (a replica died, its client vanished) before its host
-            # heard of the cancel: a stop that is not the cancellation's, so failed.
-            if trip is not None and trip[1] == "cancelled" and trip[0] < end["at"]:
+            # heard of the cancel: a stop that is not the cancellation's, so failed. Heard
+            # before the run ended on the host, that is, where its log says when (the
+            # report may be recorded seconds later: the database was away).
+            ended = self.evidence.finished.get((task_id, request["attempt"]), end["at"])
+            if trip is not None and trip[1] == "cancelled" and trip[0] < ended:
                 self.fail(
                     3,
                     "session cancel seen by its host, yet it reported the relay's end",
