@@ -248,7 +248,8 @@ TRANSITION_LABELS: list[tuple[Event, str]] = [
     ),
 ]
 OFFER_RESULTS = ("woken", "unmatched")
-RENEWAL_RESULTS = ("renewed", "conflict")
+# unanswered: the database was away (the lease was not renewed; its deadline stands).
+RENEWAL_RESULTS = ("renewed", "conflict", "unanswered")
 CANCEL_PATHS = ("push", "renewal")
 # An ended lease requeues its task, or cancels it (a cancel was pending), or fails it
 # (no attempts left).

@@ -19,7 +19,7 @@ from control_plane import metrics, validate, validate_lease
 from control_plane.auth import check_host
 from control_plane.convert import duration, steps_from_pb
 from control_plane.domain import CancelNotice, DrainNotice, Notice, ReleaseNotice, ScreenNotice
-from control_plane.errors import InvalidArgument, Unavailable
+from control_plane.errors import DatabaseUnavailable, InvalidArgument, Unavailable
 from control_plane.rpc import TaskServicer, check_decoded, principal
 from control_plane.store import Store
 
@@ -89,11 +89,25 @@ class RenewalStream:
                         outbox.put_nowait(_screen_push(drain.told))
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
-                outbox.put_nowait(await self._renew(host_id, request))
+                outbox.put_nowait(await self._answer(host_id, request))
         finally:
             outbox.put_nowait(None)
             if bound:
                 log.info("renewal stream closed", host_id=bound)
+
+    async def _answer(
+        self, host_id: str, request: lease_pb2.RenewLeasesRequest
+    ) -> lease_pb2.RenewLeasesResponse:
+        """The renewal's answer. With the database away, one that renews nothing (no
+        leases, no valid_for): each lease's deadline stands, the host sends the steps again
+        with its next renewal, and the stream stays open. Ending it would have every host
+        that renews during a database fault reconnect (and authenticate) at once as the
+        database comes back, and allocate its stream anew each time."""
+        try:
+            return await self._renew(host_id, request)
+        except DatabaseUnavailable:
+            metrics.RENEWALS.labels("unanswered").inc(len(request.lease_ids))
+            return lease_pb2.RenewLeasesResponse(seq=request.seq)
 
     async def _renew(
         self, host_id: str, request: lease_pb2.RenewLeasesRequest

@@ -16,7 +16,9 @@ token reads the monotonic clock at every check as well as by its timer, so a run
 resumes after the process was frozen past the deadline finds it tripped before it starts
 another action (see `stop_token`).
 CONFLICT trips LEASE_LOST at once; `cancel_pending` (in an answer or a push) trips
-CANCELLED. The first trip wins.
+CANCELLED. The first trip wins. An answer with no leases and no valid_for to a request
+that named some renewed nothing (the control plane's database was away): deadlines stand,
+the stream stays open, its steps go again with the next request.
 
 Step progress (issue 27.8): `progress()` queues a step that ended; it goes with the next
 request that renews its lease (every renew interval: no request of its own), and is sent
@@ -48,6 +50,9 @@ from host_agent.retry import FATAL_CODES, retrying
 from host_agent.stop_token import Stopped, StopReason
 
 log = structlog.get_logger(__name__)
+# A lease whose first renewal went unanswered (the control plane's database away) is asked
+# about again this many seconds later, not at the next renew interval.
+UNANSWERED_RETRY = 1.0
 
 
 class StreamBroken(Exception):
@@ -258,14 +263,29 @@ class LeaseKeeper:
                     self._cancel(lease, "push")
             return
         sent_at = self._sent.pop(response.seq, None)
-        self._steps_sent.pop(response.seq, None)
+        steps = self._steps_sent.pop(response.seq, None)
         if sent_at is None:
             log.warning("renewal answer for an unknown request ignored", seq=response.seq)
+            return
+        if not response.leases and not response.HasField("valid_for"):
+            self._unanswered(steps or {})
             return
         valid_for = response.valid_for.ToTimedelta().total_seconds()
         for state in response.leases:
             if (lease := self._held.get(state.lease_id)) is not None:
                 self._on_answer(lease, _answer_from(state, valid_for), sent_at)
+
+    def _unanswered(self, steps: dict[str, list[task_pb2.StepResult]]) -> None:
+        """The control plane could not reach its database: nothing was renewed (each
+        lease's deadline stands) and the stream stays open. The request's steps go with the
+        next renewal; a lease still waiting for its first answer is asked about again in
+        UNANSWERED_RETRY seconds, not at the next interval."""
+        log.info("renewal unanswered: the control plane's database is away", held=len(self._held))
+        for lease_id, done in steps.items():
+            if lease_id in self._held:
+                self._steps[lease_id] = done + self._steps.get(lease_id, [])
+        if any(lease.unanswered for lease in self._held.values()):
+            asyncio.get_running_loop().call_later(UNANSWERED_RETRY, self._wake.set)
 
     def _on_answer(self, lease: HeldLease, answer: LeaseAnswer, sent_at: float) -> None:
         if answer.result is RenewalResult.RENEWED:

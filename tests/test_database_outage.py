@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from amc.v1 import scheduler_pb2
 from control_plane.config import Settings
@@ -120,3 +121,57 @@ async def test_backends_terminated_mid_call_answer_unavailable_and_the_replica_c
     await asyncio.gather(submits(), submits(), terminate())
     assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
     assert await eventually(lambda: _submit(client), what="a submit to work")
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_renewal_with_the_database_away_renews_nothing_and_keeps_the_stream(
+    own_database: EmbeddedPostgres,
+) -> None:
+    """THEN a renewal made while the database is away is answered with no leases and no
+    valid_for: the lease's deadline stands, the stream stays open (it does not end
+    UNAVAILABLE, so a database fault does not have every renewing host reconnect at once),
+    the step the renewal carried goes again with the next one, and once the database is
+    back the same stream renews the lease and the step is kept."""
+    from tests.test_host_agent_leases import assignment, keeper_for, lease_from
+    from tests.test_host_agent_progress import ok
+
+    settings = Settings(lease_ttl=timedelta(seconds=30), renew_interval=timedelta(seconds=0.5))
+    farm = Farm(own_database.url, settings)
+    await farm.start()
+    try:
+        _, a, received_at = await assignment(farm)
+        async with keeper_for(farm) as keeper:
+            lease = lease_from(keeper, a, received_at)
+            await keeper.acknowledge(lease)
+            broken = _sample(
+                "amc_rpc_requests_total", method="Lease/RenewLeases", code="UNAVAILABLE"
+            )
+            unanswered = _sample("amc_renewals_total", result="unanswered")
+            own_database.stop("immediate")
+            keeper.progress(a.lease_id, ok(0))
+            await eventually(
+                lambda: _sample("amc_renewals_total", result="unanswered") >= unanswered + 2,
+                what="renewals answered 'unanswered'",
+            )
+            stood = lease.deadline
+            await asyncio.sleep(0)  # no renewal extends it while the database is away
+            assert lease.deadline == stood and not lease.token.tripped
+            own_database.start()
+            await eventually(lambda: lease.deadline > stood, timeout=20, what="a renewal again")
+            await farm.reconnect_db()
+            await eventually(lambda: _kept(farm, a.task_id), what="the step kept")
+            assert not lease.token.tripped
+            assert _sample(
+                "amc_rpc_requests_total", method="Lease/RenewLeases", code="UNAVAILABLE"
+            ) == (broken)
+    finally:
+        await farm.stop()
+
+
+async def _kept(farm: Farm, task_id: str) -> bool:
+    from tests.test_host_agent_progress import kept
+
+    return await kept(farm, task_id) == [0]
