@@ -584,3 +584,26 @@ def test_the_soaks_memory_growth_is_also_read_at_the_same_number_of_hosts() -> N
     assert g["growth_pct"] > 40
     assert g["at_most_hosts"] == 500
     assert 0 < g["at_most_hosts_growth_pct"] < 2
+
+
+def test_the_soaks_memory_growth_at_the_most_hosts_is_also_read_once_they_settled() -> None:
+    """THEN hosts that came over mid-run and filled in their state for a few minutes show
+    in the growth at the most hosts, and not in the same growth read from a window after
+    they came (shown beside it); a replica that grows all along grows in both."""
+    from chaos_lib.soak import Sample, _growth
+
+    def run(settling: float, drift: float) -> dict[str, float]:
+        samples = []
+        for n in range(180):
+            hosts = 250 if n < 50 else 500
+            since = max(0, n - 50)
+            warm = settling * min(since, 25) / 25  # 250 s to settle
+            samples.append(Sample(T0 + 10 * n, "replica-0", 7, 150 + warm + drift * n, hosts))
+        (g,) = _growth(samples, T0, 300).values()
+        return g
+
+    settles = run(settling=40.0, drift=0.0)
+    assert settles["at_most_hosts_growth_pct"] > 5
+    assert settles["at_most_hosts_settled_growth_pct"] == 0
+    grows = run(settling=0.0, drift=0.3)
+    assert grows["at_most_hosts_settled_growth_pct"] > 10
