@@ -10,11 +10,16 @@ export const Queue = {
   nav: "queue",
   title: () => "Queue",
   async load() {
-    const [queue, shares] = await Promise.all([
+    // Both at once; a refusal names the first call's (GetQueue's), whichever came back
+    // first, so the page says the same thing every time.
+    const [queue, shares] = await Promise.allSettled([
       call("GetQueue", {}),
       call("ListFairShares", {}, ADMIN_API),
     ]);
-    return { ...queue, shares: shares.shares || [] };
+    for (const answer of [queue, shares]) {
+      if (answer.status === "rejected") throw answer.reason;
+    }
+    return { ...queue.value, shares: shares.value.shares || [] };
   },
   render({ groups = [], total = 0, counted_at, shares = [] }) {
     const rows = groups.map((g) => h("tr", {},
