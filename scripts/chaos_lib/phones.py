@@ -59,7 +59,9 @@ BOOT_TIMEOUT = 5.0
 INFRA_BUDGET = 2
 # 10b: how long after a fault began a phone may still be given work: the next probe (up to
 # an interval, jittered 10 %), its timeout, and its report reaching the control plane.
-SLACK = 2.0  # the report reaching the control plane on a loaded machine
+# the report reaching the control plane on a loaded machine (2 s was passed by 0.19 s in
+# `make test` on a bare 2-core machine, the quick chaos run beside nothing else)
+SLACK = 3.0
 SICK_BOUND = PROBE_INTERVAL * 1.1 + PROBE_TIMEOUT + SLACK
 # How long a healed phone has to be ready again, and a task pinned to it to be done.
 READY_WITHIN = 30.0
