@@ -45,11 +45,13 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import argparse
 import asyncio
+import faulthandler
 import random
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -545,6 +547,26 @@ async def set_fair_shares(address: str, token: str | None) -> None:
         await channel.close()
 
 
+# How long a run told to stop (SIGTERM) may take to wind down before the farm is killed and
+# the process ends at once, with every thread's stack on stderr to show what held it.
+STOP_WITHIN = 30.0
+
+
+def _stop_within(seconds: float, farm: Farm) -> None:
+    """A last resort that cannot itself wait on the event loop: a daemon thread."""
+
+    def expire() -> None:
+        say(f"still stopping after {seconds:.0f}s: killing the farm and exiting; stacks follow")
+        faulthandler.dump_traceback(all_threads=True)
+        farm.kill_everything()
+        sys.stdout.flush()
+        os._exit(2)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+
+
 async def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="amc-chaos-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -554,7 +576,12 @@ async def run(args: argparse.Namespace) -> int:
     # SIGTERM (a CI timeout, `kill`) stops the run as Ctrl-C does: the farm with it.
     main_task = asyncio.current_task()
     assert main_task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+
+    def stop() -> None:
+        main_task.cancel()
+        _stop_within(STOP_WITHIN, chaos.farm)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
     try:
         await chaos.start()
         await chaos.break_things()

@@ -379,17 +379,35 @@ def test_every_rpc_has_a_row() -> None:
     assert sorted(CALLS) == sorted(rpc_methods())
 
 
+# What grpc.aio's client reports, in place of the status the server sent, when a stream's
+# write fails because the server has just ended the call (grpc/grpc#36066, open in
+# grpcio 1.85): a refusal at once (a malformed token needs no database) races the client's
+# first request. About 1 call in 3,000 on a loaded machine; the server said
+# UNAUTHENTICATED. The server's own INTERNAL reads "internal error" (rpc._fail).
+GRPC_CLIENT_INTERNAL = "Internal error from Core"
+
+
+async def judged(farm: Farm, call: Call, caller: str) -> object:
+    """The code a call gives `caller` in a world of its own; "grpc's own INTERNAL" when the
+    client library put its INTERNAL in place of the server's status (the caller asks again)."""
+    world = await build_world(farm)
+    clients = await caller_clients(farm, caller)
+    try:
+        outcome = await call(clients, world, caller != "host_foreign")
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.INTERNAL and exc.details() == GRPC_CLIENT_INTERNAL:
+            return "grpc's own INTERNAL"
+        return exc.code()
+    return outcome if outcome in (OK, CONFLICT, ABORTED) else OK
+
+
 @pytest.mark.parametrize("caller", CALLERS)
 async def test_auth_matrix(farm: Farm, caller: str) -> None:
     failures = []
     for method, call in CALLS.items():
-        world = await build_world(farm)
-        clients = await caller_clients(farm, caller)
-        try:
-            outcome = await call(clients, world, caller != "host_foreign")
-            got: object = outcome if outcome in (OK, CONFLICT, ABORTED) else OK
-        except grpc.aio.AioRpcError as exc:
-            got = exc.code()
+        got = await judged(farm, call, caller)
+        if got == "grpc's own INTERNAL":
+            got = await judged(farm, call, caller)  # once more: see judged
         want = expected(method, caller)
         if got != want:
             failures.append(f"{method} as {caller}: got {got}, want {want}")

@@ -562,8 +562,36 @@ def test_sigterm_stops_the_run_and_the_farm_it_started(tmp_path: Path) -> None:
     finally:
         if run.poll() is None:
             run.kill()
+            run.wait(10)  # reaped here, not warned of by a later test's garbage collection
     left = {pid for pid in started if _alive(pid)}
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+
+
+def test_a_run_that_does_not_wind_down_after_sigterm_is_killed_with_its_farm(
+    tmp_path: Path,
+) -> None:
+    """THEN a run still stopping when its time to stop is up kills its farm, shows every
+    thread's stack and exits (status 2): it never hangs, whatever held it."""
+    killed = tmp_path / "killed"
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT / "scripts")!r})
+import chaos
+class Farm:
+    def kill_everything(self):
+        open({str(killed)!r}, "w").write("yes")
+chaos._stop_within(0.5, Farm())
+time.sleep(60)  # what would hang: the loop, a thread, a task deaf to its cancellation
+"""
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert time.monotonic() - began < 30
+    assert killed.read_text() == "yes"
+    assert "still stopping after" in done.stdout
+    assert "Thread 0x" in done.stderr and "<module>" in done.stderr  # the stacks
 
 
 def test_the_soaks_memory_growth_is_also_read_at_the_same_number_of_hosts() -> None:
