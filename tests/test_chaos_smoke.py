@@ -501,7 +501,10 @@ def test_the_soak_names_what_a_slow_pickup_overlapped_and_reads_the_replicas_sta
         agent_events=[],
     )
     elsewhere = Fault("fleet_freeze", "fleet-3", T0 + 5, healed_at=T0 + 20)
-    result = summary([], ev, [elsewhere], lambda target: {"f9"}, T0, T0 + 60, 60, loop_stalls=found)
+    earlier = Fault("pg_restart", "postgres", T0 - 30, healed_at=T0 - 25, recovered_at=T0 - 20)
+    faults = [earlier, elsewhere]
+    result = summary([], ev, faults, lambda target: {"f9"}, T0, T0 + 60, 60, loop_stalls=found)
+    assert result["began_at"] == T0
     (window,) = result["windows"]
     assert window["pickups_to_idle_phones_clear"] == 2
     assert window["pickups_to_idle_phones_no_fault"] == 1
@@ -509,6 +512,7 @@ def test_the_soak_names_what_a_slow_pickup_overlapped_and_reads_the_replicas_sta
     assert window["loop_stalls"] == 1 and window["loop_stall_max_ms"] == 310.0
     slowest = window["slowest_to_idle_phone_clear"][0]
     assert slowest["faults_elsewhere"] == ["fleet_freeze fleet-3"]
+    assert slowest["after_farm_fault"] == "pg_restart over 30.0s before"
     assert slowest["replica_stall_ms"] == 310.0
     assert slowest["assign_ms"] == 400.0
 

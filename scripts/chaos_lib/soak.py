@@ -206,6 +206,19 @@ def summary(
             kind in FARM_FAULTS or p.host in hosts_of(target) for kind, target in overlapping(p)
         )
 
+    def after_farm_fault(p: Pickup) -> str | None:
+        """The last fault of the whole farm (a replica, the database) over before `p`
+        began, and how long before: what a slow pickup outside the faults' spans followed."""
+        ends = [
+            (f.recovered_at or f.healed_at or ended, f.kind)
+            for f in faults
+            if f.kind in FARM_FAULTS and (f.recovered_at or f.healed_at or ended) <= p.start
+        ]
+        if not ends:
+            return None
+        end, kind = max(ends)
+        return f"{kind} over {p.start - end:.1f}s before"
+
     def stalled(p: Pickup) -> float:
         """The longest replica stall that ended while `p` waited."""
         return max((s.seconds for s in loop_stalls if p.start <= s.at <= p.acked), default=0.0)
@@ -254,6 +267,7 @@ def summary(
                         "assign_ms": _ms(max(0.0, p.assigned - p.start)),
                         "ack_ms": _ms(max(0.0, p.acked - p.assigned)),
                         "faults_elsewhere": [f"{k} {t}" for k, t in overlapping(p)],
+                        "after_farm_fault": after_farm_fault(p),
                         "replica_stall_ms": _ms(stalled(p)),
                     }
                     for p in sorted(idle, key=lambda p: -p.seconds)[:5]
@@ -267,6 +281,7 @@ def summary(
         )
     return {
         "window_s": window,
+        "began_at": began,  # what the windows' and samples' seconds count from
         "windows": windows,
         "rss_growth": _growth(samples, began, window),
         # Every sample, for a look at when a replica grew: seconds into the run, replica,
