@@ -187,7 +187,10 @@ class Farm:
         """The call and its first answer: until then nothing was created, so a transient
         failure may be retried."""
         call: Any = self.scheduler.OpenSession()
-        await call.write(scheduler_pb2.OpenSessionRequest(open=opening))
+        try:
+            await call.write(scheduler_pb2.OpenSessionRequest(open=opening))
+        except asyncio.InvalidStateError:
+            pass  # refused before the request went (a bad token): the read raises why
         response = await call.read()
         if response is grpc.aio.EOF:
             raise SessionRefused("the control plane ended the session before answering")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -50,8 +51,10 @@ class Phone:
         )
         try:
             await self._call.write(request)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
-            pass  # the server ended the call: its last answer says how
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            # The server ended the call (grpc.aio raises InvalidStateError when it had
+            # ended before the write): its last answer says how.
+            pass
         response = await self._call.read()
         if response is _EOF or response.HasField("task"):
             self.ended = response.task if response is not _EOF else task_pb2.Task()
@@ -108,7 +111,7 @@ class Phone:
             return self.ended
         try:
             await self._call.done_writing()
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
             pass
         while (response := await self._call.read()) is not _EOF:
             if response.HasField("task"):
