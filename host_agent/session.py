@@ -14,6 +14,7 @@ RunResult holds every step, so the task's history has them all.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -59,7 +60,7 @@ async def run_session(
         join = lease_pb2.SessionJoin(
             task_id=lease.task_id, attempt=lease.attempt, lease_id=lease.lease_id
         )
-        await call.write(lease_pb2.SessionActionsRequest(join=join))
+        await _send(call, lease_pb2.SessionActionsRequest(join=join))
         while True:
             try:
                 message = await token.race(call.read())
@@ -81,13 +82,24 @@ async def run_session(
             step, halted, lost = await _step(runner, len(steps), message.action)
             answer = await _observed(stub, lease, step, message.action.observe, settings)
             steps.append(answer.step)
-            await call.write(lease_pb2.SessionActionsRequest(step=answer.pb))
+            await _send(call, lease_pb2.SessionActionsRequest(step=answer.pb))
             if halted is not None:
                 return _stopped(halted, steps, f"during step {step.index} {step.name!r}")
             if lost:
                 return RunResult(Outcome.FAILED, f"device lost: {step.error}", tuple(steps))
     finally:
         call.cancel()
+
+
+async def _send(call: Any, request: lease_pb2.SessionActionsRequest) -> None:
+    """A message to the control plane. A call it has ended (the client left while a step
+    ran) refuses the write: grpc.aio raises InvalidStateError, or an INTERNAL of its own
+    when the end came as the write went; the next read says how it ended (its last
+    message, EOF or the status), and the session ends by that."""
+    try:
+        await call.write(request)
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+        log.info("session call ended before a write", error=type(exc).__name__)
 
 
 async def _step(
