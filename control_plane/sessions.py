@@ -325,7 +325,10 @@ class HostSession(RelayedCall):
         forward: asyncio.Task[None] | None = None
         log.info("session relayed", task_id=str(task_id), to=where.address)
         try:
-            await call.write(first)
+            # A call the other replica ended at once (grpc.aio: InvalidStateError on the
+            # write) ends by its status, which the read raises.
+            with contextlib.suppress(asyncio.InvalidStateError):
+                await call.write(first)
             forward = asyncio.create_task(_forward(requests, call))
             while (message := await call.read()) is not grpc.aio.EOF:
                 yield message
