@@ -57,15 +57,19 @@ async def _run_one_at_a_time(host: HostClient, serial: str, count: int) -> list[
 async def _rows_one_acquire_reads(db: asyncpg.Connection, host_id: str, serial: str) -> int:
     """Rows of the queue one Acquire of `host_id` that takes one task reads: the entries of
     the queue's index (tasks_dispatch) and the rows of any sequential scan of `tasks`, as
-    PostgreSQL counts them for its transaction, which is rolled back: it changes nothing."""
+    PostgreSQL counts them for its transaction (the counter after it less the counter before
+    it: the counter also holds what earlier transactions of the connection read until they
+    are flushed, at most once a second), which is rolled back: it changes nothing."""
+    counter = (
+        "SELECT pg_stat_get_xact_tuples_returned('tasks_dispatch'::regclass)"
+        " + pg_stat_get_xact_tuples_returned('tasks'::regclass)"
+    )
     tx = db.transaction()
     await tx.start()
     try:
+        before = await db.fetchval(counter)
         await db.fetch("SELECT * FROM amc_acquire($1, $2, '1 minute')", host_id, [serial])
-        read = await db.fetchval(
-            "SELECT pg_stat_get_xact_tuples_returned('tasks_dispatch'::regclass)"
-            " + pg_stat_get_xact_tuples_returned('tasks'::regclass)"
-        )
+        read = await db.fetchval(counter) - before
         taken = await db.fetchval(
             "SELECT count(*) FROM tasks WHERE host_id = $1 AND status = 'assigned'", host_id
         )

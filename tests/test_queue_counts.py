@@ -50,15 +50,19 @@ async def _count(farm: Farm) -> int:
 
 async def _task_rows_read(db: asyncpg.Connection, sql: str, *args: Any) -> int:
     """Rows of `tasks` (its heap and its indexes) one statement reads, counted by
-    PostgreSQL for its transaction."""
+    PostgreSQL for its transaction: the counter after it less the counter before it (the
+    counter also holds what earlier transactions of the connection read until they are
+    flushed to the statistics, at most once a second)."""
+    counter = (
+        "SELECT sum(pg_stat_get_xact_tuples_returned(c.oid)) FROM pg_class c"
+        " WHERE c.oid = 'tasks'::regclass"
+        "    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'tasks'::regclass)"
+    )
     async with db.transaction():
+        before = await db.fetchval(counter)
         await db.fetch(sql, *args)
-        read = await db.fetchval(
-            "SELECT sum(pg_stat_get_xact_tuples_returned(c.oid)) FROM pg_class c"
-            " WHERE c.oid = 'tasks'::regclass"
-            "    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'tasks'::regclass)"
-        )
-    return int(read)
+        after = await db.fetchval(counter)
+    return int(after - before)
 
 
 async def test_the_counts_are_the_backlogs_by_selector_and_key_with_the_matching_devices(
