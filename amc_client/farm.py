@@ -19,7 +19,12 @@ from amc_client.errors import AmcClientError, SessionRefused
 from amc_client.phone import Phone
 from amc_client.retry import DEFAULT_RETRY, Retry, transient
 from amc_common import statuses
-from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port
+from amc_common.channel import (
+    DEFAULT_PORT,
+    aio_channel,
+    with_default_port,
+    write_unless_ended,
+)
 
 TERMINAL = statuses.numbers(statuses.TERMINAL, task_pb2.TaskStatus)
 
@@ -187,10 +192,8 @@ class Farm:
         """The call and its first answer: until then nothing was created, so a transient
         failure may be retried."""
         call: Any = self.scheduler.OpenSession()
-        try:
-            await call.write(scheduler_pb2.OpenSessionRequest(open=opening))
-        except asyncio.InvalidStateError:
-            pass  # refused before the request went (a bad token): the read raises why
+        # Refused before the request went (a bad token): the read raises why.
+        await write_unless_ended(call, scheduler_pb2.OpenSessionRequest(open=opening))
         response = await call.read()
         if response is grpc.aio.EOF:
             raise SessionRefused("the control plane ended the session before answering")

@@ -11,6 +11,7 @@ import grpc
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_client import actions
 from amc_client.errors import ActionFailed, SessionEnded
+from amc_common.channel import write_unless_ended
 
 _EOF: Any = grpc.aio.EOF
 
@@ -49,12 +50,7 @@ class Phone:
         request = scheduler_pb2.OpenSessionRequest(
             action=task_pb2.SessionAction(action=action, observe=observe)
         )
-        try:
-            await self._call.write(request)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-            # The server ended the call (grpc.aio raises InvalidStateError when it had
-            # ended before the write): its last answer says how.
-            pass
+        await write_unless_ended(self._call, request)  # if ended, its last answer says how
         response = await self._call.read()
         if response is _EOF or response.HasField("task"):
             self.ended = response.task if response is not _EOF else task_pb2.Task()

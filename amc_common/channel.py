@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,16 @@ def aio_channel(
             )
         return grpc.aio.secure_channel(address, creds, options=merged)
     return with_token(grpc.aio.insecure_channel(address, options=merged), token)
+
+
+async def write_unless_ended(call: Any, request: Any) -> bool:
+    """Write `request` on a streaming call; False if the other end had already ended it.
+    grpc.aio then raises InvalidStateError, or, when the end came as the write went, an
+    error of its own (an INTERNAL in place of the peer's status: grpc/grpc#36066). Either
+    way the caller's next read says how the call ended (its last message, EOF or the
+    status), so the caller reads on rather than fail on the write."""
+    try:
+        await call.write(request)
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+        return False
+    return True

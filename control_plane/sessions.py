@@ -28,6 +28,7 @@ import grpc
 import structlog
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.channel import write_unless_ended
 from control_plane import validate, validate_lease
 from control_plane.convert import task_to_pb
 from control_plane.domain import NewTask, Role, Task, TaskId
@@ -325,10 +326,8 @@ class HostSession(RelayedCall):
         forward: asyncio.Task[None] | None = None
         log.info("session relayed", task_id=str(task_id), to=where.address)
         try:
-            # A call the other replica ended at once (grpc.aio: InvalidStateError on the
-            # write) ends by its status, which the read raises.
-            with contextlib.suppress(asyncio.InvalidStateError):
-                await call.write(first)
+            # A call the other replica ended at once ends by its status, which the read raises.
+            await write_unless_ended(call, first)
             forward = asyncio.create_task(_forward(requests, call))
             while (message := await call.read()) is not grpc.aio.EOF:
                 yield message

@@ -14,7 +14,6 @@ RunResult holds every step, so the task's history has them all.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import Any
 
@@ -23,6 +22,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from amc_common.action_table import Action, Screenshot, UiDump
+from amc_common.channel import write_unless_ended
 from amc_common.statuses import Outcome
 from host_agent import artifact_upload
 from host_agent.devices import Device
@@ -93,13 +93,9 @@ async def run_session(
 
 async def _send(call: Any, request: lease_pb2.SessionActionsRequest) -> None:
     """A message to the control plane. A call it has ended (the client left while a step
-    ran) refuses the write: grpc.aio raises InvalidStateError, or an INTERNAL of its own
-    when the end came as the write went; the next read says how it ended (its last
-    message, EOF or the status), and the session ends by that."""
-    try:
-        await call.write(request)
-    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
-        log.info("session call ended before a write", error=type(exc).__name__)
+    ran) refuses the write; the next read says how it ended, and the session ends by that."""
+    if not await write_unless_ended(call, request):
+        log.info("session call ended before a write")
 
 
 async def _step(
