@@ -1,4 +1,5 @@
-"""Client channels to the control plane, with the bearer token on every call."""
+"""Client channels to the control plane, with the bearer token on every call; a streaming
+write that leaves an ended call to the next read."""
 
 from __future__ import annotations
 
