@@ -19,6 +19,7 @@ from control_plane.domain.leases import (
     Renewal,
     Report,
     ScreenNotice,
+    StepProgress,
 )
 from control_plane.domain.queue import (
     DeviceMatch,
@@ -39,7 +40,6 @@ from control_plane.domain.tasks import (
     Progress,
     Removed,
     SessionRelay,
-    StepProgress,
     Task,
     TaskEvent,
     TaskHistory,

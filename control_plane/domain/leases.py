@@ -43,6 +43,16 @@ class Renewal(NamedTuple):
 
 
 @dataclass(frozen=True)
+class StepProgress:
+    """A step that ended, as a host sends it with a renewal of its lease (its lease id as
+    the host sent it, like the renewal's)."""
+
+    lease_id: str
+    index: int
+    step: bytes
+
+
+@dataclass(frozen=True)
 class Report:
     task_id: TaskId
     attempt: int

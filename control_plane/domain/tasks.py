@@ -72,15 +72,6 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class StepProgress:
-    """A step that ended, as a host sends it with a renewal of its lease."""
-
-    lease_id: str
-    index: int
-    step: bytes
-
-
-@dataclass(frozen=True)
 class AttemptInfo:
     """One attempt of a task, for its history. `state` is how it ended (active: running)."""
 
