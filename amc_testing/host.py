@@ -5,7 +5,8 @@ from amc_common.statuses import Outcome
 from host_agent.__main__ import RECONNECT
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
-from host_agent.config import AgentSettings, duration
+from host_agent.config import AgentSettings
+from host_agent.flags import duration
 from host_agent.reporting import ResultBatcher
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.retry import RetryPolicy

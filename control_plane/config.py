@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-# The host agent's default --report-timeout (host_agent/config.py): how long it repeats a
-# report whose answer it lost, the last try running at least a second past the start of
-# that try (host_agent/retry.py). The control plane imports nothing of the agent, and
-# cannot know each agent's setting: tests/test_setting_floors.py keeps this in step.
+# The host agent's default --report-timeout (AgentSettings in host_agent/config.py): how
+# long it repeats a report whose answer it lost, the last try running at least a second
+# past the start of that try (host_agent/retry.py). The control plane imports nothing of
+# the agent, and cannot know each agent's setting: tests/test_setting_floors.py keeps
+# this in step.
 AGENT_REPORT_TIMEOUT = timedelta(seconds=60)
 # The least --task-retention (besides off): a repeated report must still find its finished
 # task to be answered with the recorded outcome ("repeating the same report SHALL return

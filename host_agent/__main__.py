@@ -1,4 +1,4 @@
-"""`host-agent`: the host agent as a process (flags in host_agent.config).
+"""`host-agent`: the host agent as a process (its flags in host_agent.flags).
 
 Exit codes: 0 after a clean drain (SIGTERM or SIGINT), 1 when the agent cannot go on
 (e.g. the control plane refuses its token), 2 for bad flags or settings.
@@ -30,8 +30,9 @@ from amc_common.build import record_build
 from amc_common.channel import aio_channel
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
-from host_agent.config import Config, parse
+from host_agent.config import Config
 from host_agent.devices import DeviceSource
+from host_agent.flags import parse
 from host_agent.simulated import SimulatedSource
 from host_agent.systemd import Notifier
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from control_plane.domain import Role
-from host_agent.config import AgentSettings, duration, parse
+from host_agent.config import AgentSettings
+from host_agent.flags import _GROUPS, duration, parse
 from host_agent.simulated import SimulatedSource
 from host_agent.systemd import Notifier, watchdog_interval
 from scripts.launch import HOST_AGENT, HostAgentCommand
@@ -161,6 +163,44 @@ def test_console_script_exits_2_on_a_bad_flag() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "--drain-timeout" in done.stderr
+
+
+def test_help_lists_every_flag_with_its_variable_in_sections() -> None:
+    """THEN `host-agent --help` exits 0 and shows each flag, with the variable it may come
+    from, under the section it belongs to (a help text with % once ended it in a traceback)."""
+    done = subprocess.run(
+        [str(HOST_AGENT), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", ""), "COLUMNS": "200"},
+    )
+    assert done.returncode == 0 and done.stderr == ""
+    sections = _help_entries(done.stdout)
+    for title, options in _GROUPS:
+        assert title in sections, f"no section {title!r}"
+        for flag, var, *_ in options:
+            entry = sections[title].get(flag, "")
+            assert entry.endswith(f"[${var}]"), f"{flag} [${var}] not under {title!r}: {entry!r}"
+    battery = sections["a phone's health: when it is held from tasks"]["--battery-low"]
+    assert "below this battery % [$AMC_BATTERY_LOW]" in battery
+
+
+def _help_entries(text: str) -> dict[str, dict[str, str]]:
+    """argparse's help: section title -> flag -> its entry (the flag's lines, joined). A
+    title starts a line and ends with ':'; an entry starts with its flag, indented by 2."""
+    sections: dict[str, dict[str, str]] = {}
+    entries: dict[str, str] = {}
+    flag = ""
+    for line in text.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            entries = sections[line[:-1]] = {}
+        elif match := re.match(r"^  (--[a-z-]+)", line):
+            flag = match[1]
+            entries[flag] = line.strip()
+        elif line.startswith("   ") and flag in entries:
+            entries[flag] += " " + line.strip()
+    return sections
 
 
 def test_environment_supplies_defaults_and_flags_win(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.__main__ import parser as control_plane_parser
-from host_agent.config import parse as host_agent_parse
+from host_agent.flags import parse as host_agent_parse
 from scripts.launch import (
     CONTROL_PLANE,
     HOST_AGENT,

@@ -17,7 +17,8 @@ from datetime import timedelta
 import pytest
 
 from control_plane.config import AGENT_REPORT_TIMEOUT, TASK_RETENTION_FLOOR, Settings
-from host_agent.config import AgentSettings, parse
+from host_agent.config import AgentSettings
+from host_agent.flags import parse
 from host_agent.retry import RetryPolicy
 from tests.support.replicas import Replica
 from tests.test_startup_errors import UNREACHABLE_DSN, lines, replica, run

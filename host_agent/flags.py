@@ -1,0 +1,365 @@
+"""The host agent's command line: its flags, each with an `AMC_*` environment default,
+read into a `host_agent.config.Config`.
+
+Every flag can come from the environment instead (the systemd unit's EnvironmentFile);
+a flag given on the command line wins. Durations accept `30`, `30s`, `500ms` or `2m`.
+Anything malformed ends the process with one line on stderr and exit code 2. `--help`
+lists the flags in sections, by what they are about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+from amc_common.channel import read_token
+from amc_common.version import version_line
+from host_agent.config import (
+    DEFAULT_ADB,
+    DEFAULT_CONTROL_PLANE,
+    AgentSettings,
+    Config,
+    ConfigError,
+)
+from host_agent.health import Thresholds
+from host_agent.recovery import RecoverySettings
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+_Settings = TypeVar("_Settings", bound="DataclassInstance")
+
+
+# -- value parsers (argparse turns ValueError into "invalid … value") ----------------------
+
+
+def duration(text: str) -> float:
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(text)
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(text)
+    return host.strip("[]"), int(port)
+
+
+address.__name__ = "host:port"  # argparse names the parser in its error message
+
+
+def address_text(text: str) -> str:
+    address(text)
+    return text
+
+
+address_text.__name__ = "host:port"
+
+
+def label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(text)
+    return key.strip(), value.strip()
+
+
+label.__name__ = "KEY=VALUE"
+
+
+def labels_list(text: str) -> dict[str, str]:
+    return dict(label(item) for item in text.split(",") if item.strip())
+
+
+labels_list.__name__ = "comma-separated key=value list"
+
+
+def count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def percent(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 100:
+        raise ValueError(text)
+    return value
+
+
+percent.__name__ = "percentage (0 to 100)"
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB)\s*$", re.IGNORECASE)
+
+
+def size(text: str) -> int:
+    """Bytes, from a size in MB or GB (powers of 1024): 500MB, 1.5GB."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(text)
+    return int(float(match[1]) * (1 << (30 if match[2].upper() == "GB" else 20)))
+
+
+size.__name__ = "size (e.g. 500MB, 2GB)"
+
+
+def log_format(text: str) -> str:
+    if text not in ("auto", "console", "json"):
+        raise ValueError(text)
+    return text
+
+
+log_format.__name__ = "log format (auto, console, json)"
+
+
+def log_level(text: str) -> str:
+    if text.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(text)
+    return text.upper()
+
+
+log_level.__name__ = "log level"
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not the whole usage: this usually ends up in a journal.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# flag, environment variable, default, value parser, help. A flag's value comes from the
+# command line, else its variable, else the default (argparse parses string defaults too,
+# so a malformed variable is reported like a malformed flag). A flag sets the field of
+# AgentSettings, Thresholds or Config named like it (--shell-timeout: `shell_timeout`).
+_Option = tuple[str, str, str | None, Callable[[str], Any], str]
+
+# fmt: off
+_CONTROL_PLANE: list[_Option] = [
+    ("--control-plane", "AMC_ADDR", DEFAULT_CONTROL_PLANE, address_text, "control plane host:port"),
+    ("--ca", "AMC_CA", None, str, "CA certificate (PEM) for TLS to the control plane"),
+    ("--token-file", "AMC_TOKEN_FILE", None, str, "file holding the host token (or $AMC_TOKEN)"),
+    ("--host-id", "AMC_HOST_ID", socket.gethostname(), str, "this host's id"),
+]
+_PHONES: list[_Option] = [
+    ("--adb", "AMC_ADB_ADDR", DEFAULT_ADB, address, "adb server host:port"),
+    ("--adb-timeout", "AMC_ADB_TIMEOUT", "30s", duration, "deadline of one adb call"),
+    ("--inventory-interval", "AMC_INVENTORY_INTERVAL", "10s", duration, "device list refresh"),
+    ("--shell-timeout", "AMC_SHELL_TIMEOUT", "60s", duration, "default timeout of shell actions"),
+]
+_TASKS: list[_Option] = [
+    ("--acquire-wait", "AMC_ACQUIRE_WAIT", "60s", duration, "long-poll wait of one Acquire"),
+    ("--report-timeout", "AMC_REPORT_TIMEOUT", "60s", duration, "how long a report is retried"),
+    ("--upload-timeout", "AMC_UPLOAD_TIMEOUT", "30s", duration,
+     "how long one task's screenshot and UI dump uploads may take in all"),
+    ("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", duration, "SIGTERM: grace for running tasks"),
+]
+_HELD: list[_Option] = [
+    ("--battery-low", "AMC_BATTERY_LOW", "20", percent, "hold a phone below this battery %"),
+    ("--battery-resume", "AMC_BATTERY_RESUME", "40", percent, "... until it charged to this %"),
+    ("--too-hot", "AMC_TOO_HOT", "45", float, "hold a phone above this battery temperature (°C)"),
+    ("--cool-again", "AMC_COOL_AGAIN", "40", float, "... until it is below this (°C)"),
+    ("--storage-low", "AMC_STORAGE_LOW", "1GB", size, "hold a phone with less free storage"),
+    ("--storage-resume", "AMC_STORAGE_RESUME", "2GB", size, "... until it has more than this"),
+]
+_PROBES: list[_Option] = [
+    ("--probe-interval", "AMC_PROBE_INTERVAL", "10s", duration, "how often each phone is probed"),
+    ("--probe-timeout", "AMC_PROBE_TIMEOUT", "5s", duration, "how long one probe may take"),
+    ("--quarantine-failures", "AMC_QUARANTINE_FAILURES", "3", count,
+     "infrastructure failures of a phone that quarantine it (0: never)..."),
+    ("--quarantine-window", "AMC_QUARANTINE_WINDOW", "10m", duration, "... within this long"),
+    ("--recovery-backoff", "AMC_RECOVERY_BACKOFF", "5s", duration,
+     "first pause of the recovery ladder (doubling)"),
+    ("--boot-timeout", "AMC_BOOT_TIMEOUT", "2m", duration, "how long a reboot may take"),
+]
+_SCREEN: list[_Option] = [
+    ("--screen-max-fps", "AMC_SCREEN_MAX_FPS", "12", count,
+     "live screen: most frames a second captured per phone"),
+    ("--screen-max-rate", "AMC_SCREEN_MAX_RATE", "4MB", size,
+     "live screen: most bytes a second sent per phone"),
+    ("--screen-record-max-bytes", "AMC_SCREEN_RECORD_MAX_BYTES", "8MB", size,
+     "a task's screen recording: most bytes kept (under the control plane's artifact limit)"),
+]
+_LOGS: list[_Option] = [
+    ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
+    ("--log-level", "AMC_LOG_LEVEL", "INFO", log_level, "DEBUG, INFO, WARNING or ERROR"),
+    ("--metrics-listen", "AMC_METRICS_LISTEN", None, address_text, "host:port for /metrics"),
+]
+_SIMULATED: list[_Option] = [
+    ("--simulated-devices", "AMC_SIMULATED_DEVICES", "0", count, "N simulated phones, no adb"),
+    ("--sim-delay", "AMC_SIM_DELAY", "0.2s", duration, "how long a simulated action takes"),
+    ("--action-log", "AMC_ACTION_LOG", None, str, "JSON-lines log of simulated actions"),
+    ("--sim-faults", "AMC_SIM_FAULTS", None, str,
+     "JSON file of simulated phones' faults, re-read when it changes"),
+]
+# fmt: on
+
+# The flags by what they are about: each group is a section of --help, in this order.
+_GROUPS: list[tuple[str, list[_Option]]] = [
+    ("the control plane", _CONTROL_PLANE),
+    ("phones", _PHONES),
+    ("tasks", _TASKS),
+    ("a phone's health: when it is held from tasks", _HELD),
+    ("a phone's health: probes, quarantine and recovery", _PROBES),
+    ("live screen and recordings", _SCREEN),
+    ("logs and metrics", _LOGS),
+    ("simulated phones (no adb: for trying the farm out and for tests)", _SIMULATED),
+]
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = _Parser(prog="host-agent", description="Runs AMC tasks on this host's phones.")
+    p.add_argument("--version", action="version", version=version_line("host-agent"))
+    sections = {title: p.add_argument_group(title) for title, _ in _GROUPS}
+    for title, options in _GROUPS:
+        for flag, var, default, parse_value, help_text in options:
+            sections[title].add_argument(
+                flag,
+                default=env.get(var, default),
+                type=parse_value,
+                # argparse formats help with %: a literal one is written twice.
+                help=f"{help_text} [${var}]".replace("%", "%%"),
+            )
+    control_plane = sections["the control plane"]
+    control_plane.add_argument(
+        "--tls",
+        action="store_true",
+        default=env.get("AMC_TLS", "") in ("1", "true"),
+        help="TLS with the system's CA roots [$AMC_TLS=1]",
+    )
+    control_plane.add_argument(
+        "--insecure",
+        action="store_true",
+        default=env.get("AMC_INSECURE", "") in ("1", "true"),
+        help="no token: only for a control plane run with --insecure [$AMC_INSECURE=1]",
+    )
+    control_plane.add_argument(
+        "--label",
+        action="append",
+        type=label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a host label, repeatable [$AMC_LABELS, comma-separated]",
+    )
+    sections["logs and metrics"].add_argument(
+        "--debug",
+        action="store_true",
+        default=env.get("AMC_DEBUG", "").lower() not in ("", "0", "false", "no"),
+        help="a failure that ends the agent shows its traceback [$AMC_DEBUG=1]",
+    )
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> Config:
+    """The configuration, or exit 2 with one line saying what is wrong."""
+    parser = _parser(env)
+    args = parser.parse_args(argv)
+    try:
+        return _config(args, env)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
+    try:
+        host_labels = {**labels_list(env.get("AMC_LABELS", "")), **dict(args.label)}
+    except ValueError as exc:
+        raise ConfigError(f"$AMC_LABELS: not a key=value list: {exc}") from None
+    _check_positive(args)
+    agent = _from_flags(
+        AgentSettings,
+        args,
+        labels=host_labels,
+        thresholds=_from_flags(Thresholds, args),
+        recovery=RecoverySettings(
+            failures=args.quarantine_failures,
+            window=args.quarantine_window,
+            backoff=args.recovery_backoff,
+            boot_timeout=args.boot_timeout,
+        ),
+    )
+    if args.battery_resume < args.battery_low:
+        raise ConfigError("--battery-resume must be at least --battery-low")
+    if args.cool_again > args.too_hot:
+        raise ConfigError("--cool-again must be at most --too-hot")
+    if args.storage_resume < args.storage_low:
+        raise ConfigError("--storage-resume must be at least --storage-low")
+    adb_host, adb_port = args.adb
+    return _from_flags(
+        Config,
+        args,
+        token=None if args.insecure else _token(args.token_file, env),
+        agent=agent,
+        ca=_existing(args.ca, "--ca"),
+        adb_host=adb_host,
+        adb_port=adb_port,
+        action_log=Path(args.action_log) if args.action_log else None,
+        sim_faults=Path(args.sim_faults) if args.sim_faults else None,
+    )
+
+
+def _from_flags(cls: type[_Settings], args: argparse.Namespace, **given: Any) -> _Settings:
+    """A `cls` made of `given` and, for each other field, the flag named after it (the flag's
+    dest: --shell-timeout sets `shell_timeout`); a field with neither keeps its default."""
+    flags = vars(args)
+    named = {
+        f.name: flags[f.name]
+        for f in dataclasses.fields(cls)
+        if f.name in flags and f.name not in given
+    }
+    return cls(**named, **given)
+
+
+def _check_positive(args: argparse.Namespace) -> None:
+    # A zero drain timeout is allowed: stop running tasks at once on SIGTERM.
+    names = (
+        "acquire_wait",
+        "report_timeout",
+        "shell_timeout",
+        "inventory_interval",
+        "upload_timeout",
+        "probe_interval",
+        "probe_timeout",
+    )
+    for name in names:
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    if not 1 <= args.screen_max_fps <= 30:
+        raise ConfigError("--screen-max-fps must be 1 to 30")
+    if args.screen_max_rate <= 0:
+        raise ConfigError("--screen-max-rate must be positive")
+    if not args.host_id:
+        raise ConfigError("--host-id is empty")
+
+
+def _token(token_file: str | None, env: Mapping[str, str]) -> str:
+    try:
+        token = read_token(None if token_file else env.get("AMC_TOKEN"), token_file)
+    except OSError as exc:
+        raise ConfigError(f"--token-file: cannot read {token_file}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(
+            "no host token: give --token-file, $AMC_TOKEN_FILE or $AMC_TOKEN "
+            "(or --insecure for a control plane without authentication)"
+        )
+    return token
+
+
+def _existing(path: str | None, flag: str) -> Path | None:
+    if not path:
+        return None
+    if not Path(path).is_file():
+        raise ConfigError(f"{flag}: no such file: {path}")
+    return Path(path)
