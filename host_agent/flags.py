@@ -219,6 +219,20 @@ _GROUPS: list[tuple[str, list[_Option]]] = [
 ]
 
 
+# How --help shows a flag's value, by its parser (any other: the flag's name in capitals).
+_METAVARS: dict[Callable[[str], Any], str] = {
+    duration: "DURATION",
+    address: "HOST:PORT",
+    address_text: "HOST:PORT",
+    size: "SIZE",
+    count: "N",
+    percent: "PERCENT",
+    float: "CELSIUS",
+    log_format: "FORMAT",
+    log_level: "LEVEL",
+}
+
+
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = _Parser(prog="host-agent", description="Runs AMC tasks on this host's phones.")
     p.add_argument("--version", action="version", version=version_line("host-agent"))
@@ -229,6 +243,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                 flag,
                 default=env.get(var, default),
                 type=parse_value,
+                metavar=_METAVARS.get(parse_value),
                 # argparse formats help with %: a literal one is written twice.
                 help=f"{help_text} [${var}]".replace("%", "%%"),
             )

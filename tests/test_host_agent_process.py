@@ -166,8 +166,9 @@ def test_console_script_exits_2_on_a_bad_flag() -> None:
 
 
 def test_help_lists_every_flag_with_its_variable_in_sections() -> None:
-    """THEN `host-agent --help` exits 0 and shows each flag, with the variable it may come
-    from, under the section it belongs to (a help text with % once ended it in a traceback)."""
+    """THEN `host-agent --help` exits 0 and shows each flag, with the kind of value it takes
+    and the variable it may come from, under the section it belongs to (a help text with %
+    once ended it in a traceback)."""
     done = subprocess.run(
         [str(HOST_AGENT), "--help"],
         capture_output=True,
@@ -184,6 +185,9 @@ def test_help_lists_every_flag_with_its_variable_in_sections() -> None:
             assert entry.endswith(f"[${var}]"), f"{flag} [${var}] not under {title!r}: {entry!r}"
     battery = sections["a phone's health: when it is held from tasks"]["--battery-low"]
     assert "below this battery % [$AMC_BATTERY_LOW]" in battery
+    # A value is shown by its kind, where the flag's parser has one.
+    assert battery.startswith("--battery-low PERCENT ")
+    assert sections["tasks"]["--drain-timeout"].startswith("--drain-timeout DURATION ")
 
 
 def _help_entries(text: str) -> dict[str, dict[str, str]]:
