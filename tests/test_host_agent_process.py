@@ -19,6 +19,7 @@ import pytest
 from control_plane.domain import Role
 from host_agent.config import AgentSettings
 from host_agent.flags import _GROUPS, duration, parse
+from host_agent.health import Thresholds
 from host_agent.simulated import SimulatedSource
 from host_agent.systemd import Notifier, watchdog_interval
 from scripts.launch import HOST_AGENT, HostAgentCommand
@@ -205,6 +206,36 @@ def _help_entries(text: str) -> dict[str, dict[str, str]]:
         elif line.startswith("   ") and flag in entries:
             entries[flag] += " " + line.strip()
     return sections
+
+
+def test_the_environment_file_example_names_every_variable_and_each_value_parses() -> None:
+    """THEN scripts/systemd/host-agent.env.example explains every variable `--help` names,
+    and the agent accepts each value it shows (its commented-out lines taken in)."""
+    shown = subprocess.run(
+        [str(HOST_AGENT), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", ""), "COLUMNS": "200"},
+    ).stdout
+    named = set(re.findall(r"\$(AMC_[A-Z_]+)", shown))
+    assert {"AMC_ADDR", "AMC_TLS", "AMC_LABELS", "AMC_DEBUG"} <= named
+    example = ENV_EXAMPLE.read_text()
+    settings = dict(
+        line.lstrip("#").split("=", 1)
+        for line in example.splitlines()
+        if re.match(r"^#?AMC_[A-Z_]+=", line)
+    )
+    # AMC_TOKEN is the secret itself: the unit passes a file (AMC_TOKEN_FILE) instead.
+    missing = named - {"AMC_TOKEN"} - set(settings)
+    assert not missing, f"not in the example: {missing}"
+    settings.pop("AMC_INSECURE")  # with a token below: both are shown, one is meant
+    settings.pop("AMC_TOKEN_FILE")  # the unit's credential and the CA: files of the host
+    settings.pop("AMC_CA")
+    config = parse([], env={**settings, "AMC_TOKEN": "t"})
+    assert config.metrics_listen == settings["AMC_METRICS_LISTEN"]
+    # The example's health settings are the defaults, as its comments say.
+    assert config.agent.thresholds == Thresholds()
 
 
 def test_environment_supplies_defaults_and_flags_win(tmp_path: Path) -> None:
