@@ -30,7 +30,7 @@ from control_plane.domain import Acquired, Assignment, LeaseId
 from control_plane.errors import AmcError, HostNotRegistered
 from control_plane.lifecycle import Event
 from control_plane.renewals import RenewalStream
-from control_plane.rpc import Context, TaskServicer, code_for, principal, rpc
+from control_plane.rpc import Context, TaskServicer, code_for, conversation, principal, rpc
 from control_plane.screens import HostFeed
 from control_plane.sessions import HostSession
 from control_plane.uploads import upload
@@ -44,6 +44,22 @@ REPOLL_SPREAD = 0.4
 
 
 class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
+    # The streams a host holds, each served by a conversation made for the call.
+    @conversation
+    def RenewLeases(self, context: Context) -> RenewalStream:
+        """Its leases' renewals: one stream per host for all of them."""
+        return RenewalStream(self)
+
+    @conversation
+    def SessionActions(self, context: Context) -> HostSession:
+        """A session's actions, relayed to the host from the session's client."""
+        return HostSession(self, context)
+
+    @conversation
+    def ScreenFrames(self, context: Context) -> HostFeed:
+        """Its phones' live screens: which to capture down, their frames up."""
+        return HostFeed(self)
+
     @functools.cached_property
     def _upload_memory(self) -> UploadMemory:
         return UploadMemory(self.settings.max_upload_memory)
@@ -138,15 +154,6 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         return await self.hub.dispatcher.wait_for_work(host_id, ask, deadline)
 
     @rpc
-    async def RenewLeases(
-        self,
-        request_iterator: AsyncIterator[lease_pb2.RenewLeasesRequest],
-        context: Context,
-    ) -> AsyncIterator[lease_pb2.RenewLeasesResponse]:
-        async for response in RenewalStream(self).run(request_iterator):
-            yield response
-
-    @rpc
     async def ReportResult(
         self, request: lease_pb2.ReportResultRequest, context: Context
     ) -> task_pb2.Task:
@@ -208,23 +215,3 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             self._upload_memory,
             self.settings.max_artifact_bytes,
         )
-
-    @rpc
-    async def SessionActions(
-        self,
-        request_iterator: AsyncIterator[lease_pb2.SessionActionsRequest],
-        context: Context,
-    ) -> AsyncIterator[lease_pb2.SessionActionsResponse]:
-        metadata = [(key, value) for key, value in context.invocation_metadata() or ()]
-        session = HostSession(self, metadata)
-        async for response in session.run(request_iterator):
-            yield response
-
-    @rpc
-    async def ScreenFrames(
-        self,
-        request_iterator: AsyncIterator[lease_pb2.ScreenFramesRequest],
-        context: Context,
-    ) -> AsyncIterator[lease_pb2.ScreenFramesResponse]:
-        async for response in HostFeed(self).run(request_iterator):
-            yield response

@@ -13,7 +13,7 @@ import grpc
 from amc.v1 import lease_pb2_grpc, scheduler_pb2_grpc
 
 if TYPE_CHECKING:
-    from control_plane.rpc import TaskServicer
+    from control_plane.rpc import Context, TaskServicer
 
 # A screen relay's channel: the receive window stays at 64 KiB (a few frames in transit).
 SCREEN_OPTIONS = [("grpc.http2.bdp_probe", 0)]
@@ -74,10 +74,12 @@ class RelayedCall:
 
     RELAYED_BY = ""
 
-    def __init__(self, service: TaskServicer, metadata: Sequence[tuple[str, Any]]) -> None:
+    def __init__(self, service: TaskServicer, context: Context) -> None:
         self._svc = service
         self._peers = service.peers
-        self._metadata = metadata
+        self._metadata: Sequence[tuple[str, Any]] = [
+            (key, value) for key, value in context.invocation_metadata() or ()
+        ]
 
     @property
     def relayed(self) -> bool:

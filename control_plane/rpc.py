@@ -8,7 +8,7 @@ import functools
 import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 import structlog
@@ -92,6 +92,7 @@ principal_var: contextvars.ContextVar[Principal] = contextvars.ContextVar(
     "principal", default=ANONYMOUS
 )
 
+S = TypeVar("S", bound="Servicer")
 F = TypeVar("F", bound=Callable[..., Any])
 # What every servicer method takes after its request.
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -208,3 +209,24 @@ def rpc(func: F) -> F:
             await _fail(context, method, exc)
 
     return unary  # type: ignore[return-value]
+
+
+class Conversation(Protocol):
+    """What serves one bidirectional-streaming call: its requests in, its responses out."""
+
+    def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]: ...
+
+
+def conversation(
+    make: Callable[[S, Context], Conversation],
+) -> Callable[[S, AsyncIterator[Any], Context], AsyncIterator[Any]]:
+    """A bidirectional-streaming method, named like `make`, served by the conversation
+    `make` returns for each call: it runs `make(servicer, context).run(requests)` (under
+    `@rpc`: authenticated, its errors mapped) and streams back what that yields."""
+
+    async def serve(service: S, requests: AsyncIterator[Any], context: Context) -> Any:
+        async for response in make(service, context).run(requests):
+            yield response
+
+    serve.__name__ = serve.__qualname__ = make.__name__
+    return rpc(serve)

@@ -23,7 +23,7 @@ from control_plane.convert import (
 )
 from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
-from control_plane.rpc import Context, TaskServicer, principal, rpc
+from control_plane.rpc import Context, TaskServicer, conversation, principal, rpc
 from control_plane.screens import ScreenWatch
 from control_plane.sessions import ClientSession
 
@@ -240,20 +240,15 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         async for chunk in self.artifacts.read(artifact):
             yield scheduler_pb2.GetArtifactResponse(chunk=chunk)
 
-    @rpc
-    async def OpenSession(
-        self,
-        request_iterator: AsyncIterator[scheduler_pb2.OpenSessionRequest],
-        context: Context,
-    ) -> AsyncIterator[scheduler_pb2.OpenSessionResponse]:
-        async for response in ClientSession(self, self._read).run(request_iterator):
-            yield response
+    @conversation
+    def OpenSession(self, context: Context) -> ClientSession:
+        """A session's client side: its actions down to the host, their answers back."""
+        return ClientSession(self, self._read)
 
     @rpc
     async def WatchScreen(
         self, request: scheduler_pb2.WatchScreenRequest, context: Context
     ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
-        metadata = [(key, value) for key, value in context.invocation_metadata() or ()]
-        watch = ScreenWatch(self, metadata)
+        watch = ScreenWatch(self, context)
         async for frame in watch.run(request, context):
             yield frame
