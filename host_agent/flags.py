@@ -99,6 +99,16 @@ def percent(text: str) -> int:
 
 percent.__name__ = "percentage (0 to 100)"
 
+
+def celsius(text: str) -> float:
+    value = float(text)
+    if not -50 <= value <= 150:
+        raise ValueError(text)
+    return value
+
+
+celsius.__name__ = "temperature in °C (-50 to 150)"
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB)\s*$", re.IGNORECASE)
 
 
@@ -169,8 +179,8 @@ _TASKS: list[_Option] = [
 _HELD: list[_Option] = [
     ("--battery-low", "AMC_BATTERY_LOW", "20", percent, "hold a phone below this battery %"),
     ("--battery-resume", "AMC_BATTERY_RESUME", "40", percent, "... until it charged to this %"),
-    ("--too-hot", "AMC_TOO_HOT", "45", float, "hold a phone above this battery temperature (°C)"),
-    ("--cool-again", "AMC_COOL_AGAIN", "40", float, "... until it is below this (°C)"),
+    ("--too-hot", "AMC_TOO_HOT", "45", celsius, "hold a phone above this battery temperature (°C)"),
+    ("--cool-again", "AMC_COOL_AGAIN", "40", celsius, "... until it is below this (°C)"),
     ("--storage-low", "AMC_STORAGE_LOW", "1GB", size, "hold a phone with less free storage"),
     ("--storage-resume", "AMC_STORAGE_RESUME", "2GB", size, "... until it has more than this"),
 ]
@@ -227,7 +237,7 @@ _METAVARS: dict[Callable[[str], Any], str] = {
     size: "SIZE",
     count: "N",
     percent: "PERCENT",
-    float: "CELSIUS",
+    celsius: "CELSIUS",
     log_format: "FORMAT",
     log_level: "LEVEL",
 }

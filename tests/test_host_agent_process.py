@@ -131,6 +131,10 @@ async def test_sigterm_with_nothing_running_exits_0_promptly(farm: Farm, tmp_pat
         ["--no-such-flag"],
         ["--token-file", "/nonexistent/token"],
         ["--ca", "/nonexistent/ca.pem"],
+        ["--too-hot", "nan"],
+        ["--cool-again", "warm"],
+        ["--battery-low", "101"],
+        ["--storage-low", "1TB"],
     ],
 )
 def test_bad_flags_exit_2_with_one_line(
