@@ -16,9 +16,10 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from amc_common.channel import read_token
+from amc_common.command_line import OneLineParser
 from amc_common.version import version_line
 from host_agent.config import (
     DEFAULT_ADB,
@@ -144,12 +145,6 @@ log_level.__name__ = "log level"
 # -- the command line ----------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, not the whole usage: this usually ends up in a journal.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 # flag, environment variable, default, value parser, help. A flag's value comes from the
 # command line, else its variable, else the default (argparse parses string defaults too,
 # so a malformed variable is reported like a malformed flag). A flag sets the field of
@@ -244,7 +239,7 @@ _METAVARS: dict[Callable[[str], Any], str] = {
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = _Parser(prog="host-agent", description="Runs AMC tasks on this host's phones.")
+    p = OneLineParser(prog="host-agent", description="Runs AMC tasks on this host's phones.")
     p.add_argument("--version", action="version", version=version_line("host-agent"))
     sections = {title: p.add_argument_group(title) for title, _ in _GROUPS}
     for title, options in _GROUPS:

@@ -1125,7 +1125,7 @@ async def test_tokens_create_with_init_creates_the_embedded_database(tmp_path: P
 async def test_serve_help_names_the_environment_variable_of_every_flag() -> None:
     """Every flag of `control-plane serve` can be set from the environment, and its help
     says by which variable."""
-    from control_plane.__main__ import parser
+    from control_plane.flags import parser
 
     serve = parser({})._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
     flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
@@ -1145,7 +1145,7 @@ async def test_serve_help_names_the_environment_variable_of_every_flag() -> None
 async def test_serve_flags_come_from_their_environment_variables() -> None:
     """AMC_GRACE, AMC_RENEW_INTERVAL and AMC_SWEEP_INTERVAL set what their flags set; a
     flag on the command line wins."""
-    from control_plane.__main__ import parser
+    from control_plane.flags import parser
 
     env = {"AMC_GRACE": "9", "AMC_RENEW_INTERVAL": "2.5", "AMC_SWEEP_INTERVAL": "0.5"}
     args = parser(env).parse_args(["serve", "--grace", "3"])

@@ -149,7 +149,7 @@ def test_stuck_exit_is_30_seconds_by_default_0_switches_it_off_and_a_bad_value_i
 ) -> None:
     """THEN `serve` gets 30 s (or $AMC_STUCK_EXIT), 0 is off, and a negative or
     non-number is refused naming the flag."""
-    from control_plane.__main__ import parser
+    from control_plane.flags import parser
 
     assert parser({}).parse_args(["serve"]).stuck_exit == 30.0
     assert parser({"AMC_STUCK_EXIT": "45"}).parse_args(["serve"]).stuck_exit == 45.0

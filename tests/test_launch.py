@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.__main__ import parser as control_plane_parser
+from control_plane.flags import parser as control_plane_parser
 from host_agent.flags import parse as host_agent_parse
 from scripts.launch import (
     CONTROL_PLANE,

@@ -17,9 +17,9 @@ from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common.statuses import Outcome
-from control_plane.__main__ import parser
 from control_plane.config import Settings
 from control_plane.domain import Removed
+from control_plane.flags import parser
 from control_plane.retention import _batches
 from control_plane.store import Store
 from host_agent.simulated import SimulatedSource

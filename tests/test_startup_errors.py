@@ -19,7 +19,7 @@ import pytest
 from amc_common.secrets import mask_url, redact
 from control_plane.domain import Role
 from control_plane.embedded import free_port
-from scripts.launch import ControlPlaneCommand, HostAgentCommand, LogFormat
+from scripts.launch import CONTROL_PLANE, ControlPlaneCommand, HostAgentCommand, LogFormat
 from tests.support import Farm
 
 SECRET_PASSWORD = "SECRETpw123"
@@ -50,6 +50,56 @@ def lines(output: str) -> list[str]:
 
 def replica(**fields: Any) -> ControlPlaneCommand:
     return ControlPlaneCommand(listen=f"127.0.0.1:{free_port()}", **fields)
+
+
+# -- control plane: a malformed setting ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"AMC_LEASE_TTL": "nan"},  # was a traceback ("cannot convert float NaN to integer")
+        {"AMC_LEASE_TTL": "0"},
+        {"AMC_RENEW_INTERVAL": "inf"},
+        {"AMC_SWEEP_INTERVAL": "-1"},  # was taken
+        {"AMC_RETENTION_INTERVAL": "inf"},  # was a traceback
+        {"AMC_GRACE": "nan"},  # was taken
+    ],
+    ids=lambda env: "=".join(*env.items()),
+)
+async def test_control_plane_with_a_malformed_time_says_so_in_one_line(
+    env: dict[str, str],
+) -> None:
+    """THEN exit 2 and one line naming the flag, the value and what it takes; the database
+    (unreachable here) is never tried."""
+    rc, output = await run(replica(database_url=UNREACHABLE_DSN), timeout=30, **env)
+    assert rc == 2, output
+    (line,) = lines(output)
+    ((var, value),) = env.items()
+    flag = "--" + var.removeprefix("AMC_").lower().replace("_", "-")
+    assert line.startswith(f"control-plane serve: error: argument {flag}: "), line
+    assert "number of seconds" in line and f"'{value}'" in line, line
+
+
+async def test_control_plane_renewing_no_faster_than_leases_live_is_refused_in_one_line() -> None:
+    """THEN a renewal interval at or over the lease TTL (every lease would lapse between two
+    renewals) ends the start with exit 2 and one line naming both flags."""
+    command = replica(database_url=UNREACHABLE_DSN, lease_ttl=10, renew_interval=12)
+    rc, output = await run(command, timeout=30)
+    assert rc == 2, output
+    (line,) = lines(output)
+    assert line.startswith("control-plane: --renew-interval 12s is not below --lease-ttl 10s")
+
+
+def test_control_plane_usage_errors_are_one_line() -> None:
+    """THEN an unknown flag or command, or a bad choice, is one line, not the usage."""
+    for argv in (["--bogus"], ["tokens"], ["tokens", "create", "--role", "nobody"]):
+        done = subprocess.run(
+            [str(CONTROL_PLANE), *argv], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, done
+        assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("control-plane"), done.stderr
 
 
 # -- control plane: the database is not there ----------------------------------------------
