@@ -68,6 +68,13 @@ def token_source(
     return token, None
 
 
+def _seconds(value: float) -> float:
+    # click's FloatRange lets nan through (no comparison with it is true), so check here.
+    if not 0 < value < float("inf"):
+        raise typer.BadParameter(f"{value:g} is not a number of seconds above 0")
+    return value
+
+
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(version_line("amc"))
@@ -104,7 +111,10 @@ def connect(
         typer.Option("--tls", envvar="AMC_TLS", help="Use TLS with the system's CAs."),
     ] = False,
     timeout: Annotated[
-        float, typer.Option(envvar="AMC_TIMEOUT", help="Seconds to wait for each answer.")
+        float,
+        typer.Option(
+            envvar="AMC_TIMEOUT", callback=_seconds, help="Seconds to wait for each answer."
+        ),
     ] = 30.0,
     retry_for: Annotated[
         str | None,

@@ -115,6 +115,7 @@ BAD_SETS = [
     (["queue", "set", "qa", "--weight", "1001"], "--weight"),
     (["queue", "set", "qa", "--max-devices", "-1"], "--max-devices"),
     (["queue", "set", "qa", "--max-devices", "100001"], "max_devices: must be between 0"),
+    (["queue", "set", "qa", "--max-devices", "99999999999"], "--max-devices"),  # "unexpected"
     (["queue", "set", "has space", "--weight", "2"], "fairness_key: may hold"),
     (["queue", "set", "qa", "--weight", "2", "--reason", "r" * 2000], "reason:"),
 ]

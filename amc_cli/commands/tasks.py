@@ -39,8 +39,14 @@ def submit(
         list[str] | None,
         typer.Option("--label", "-l", metavar="KEY=VALUE", help="Required device label."),
     ] = None,
-    priority: Annotated[int | None, typer.Option(help="Higher runs first.")] = None,
-    max_attempts: Annotated[int | None, typer.Option(help="Attempts before failing.")] = None,
+    # The message's field is 32-bit: a larger number is refused here, a smaller one out of
+    # the control plane's range there (INVALID_ARGUMENT, naming the range).
+    priority: Annotated[
+        int | None, typer.Option(help="Higher runs first.", min=-(2**31), max=2**31 - 1)
+    ] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option(help="Attempts before failing.", min=0, max=2**31 - 1)
+    ] = None,
     request_id: Annotated[
         str | None, typer.Option(help="Idempotency key: resubmitting returns the same task.")
     ] = None,
