@@ -72,6 +72,16 @@ def duration_option(help: str) -> Any:
     return typer.Option(metavar="DURATION", help=help, show_default=False)
 
 
+# The range of a message's int32 field: a number past it is refused as the flag's, before
+# the request is made; the control plane's own range for the field is its to name.
+INT32_MAX = 2**31 - 1
+
+
+def int32_option(help: str, lowest: int = -(2**31)) -> Any:
+    """A --option taking an integer that goes into an int32 field, `lowest` or more."""
+    return typer.Option(help=help, min=lowest, max=INT32_MAX)
+
+
 @dataclass
 class Connection:
     """The connection flags; the client is made on first use, so `--help` needs none."""

@@ -48,7 +48,7 @@ def queue_set(
         int | None,
         typer.Option(
             min=0,
-            max=2**31 - 1,  # the field's range; the control plane's own is named by it
+            max=options.INT32_MAX,
             metavar="N",
             help="The most phones its tasks may hold at once (0: none until raised).",
             show_default=False,

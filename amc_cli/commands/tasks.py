@@ -13,7 +13,7 @@ from amc_cli import artifact_download, options, render, render_tasks, selectors
 from amc_cli.client import Client
 from amc_cli.errors import BadInput, CliError, RpcFailed
 from amc_cli.follow import follow, outcome_exit
-from amc_cli.options import Output, OutputOpt, duration_option
+from amc_cli.options import Output, OutputOpt, duration_option, int32_option
 from amc_cli.specfile import load_request, with_flags
 from amc_common import statuses
 
@@ -39,14 +39,8 @@ def submit(
         list[str] | None,
         typer.Option("--label", "-l", metavar="KEY=VALUE", help="Required device label."),
     ] = None,
-    # The message's field is 32-bit: a larger number is refused here, a smaller one out of
-    # the control plane's range there (INVALID_ARGUMENT, naming the range).
-    priority: Annotated[
-        int | None, typer.Option(help="Higher runs first.", min=-(2**31), max=2**31 - 1)
-    ] = None,
-    max_attempts: Annotated[
-        int | None, typer.Option(help="Attempts before failing.", min=0, max=2**31 - 1)
-    ] = None,
+    priority: Annotated[int | None, int32_option("Higher runs first.")] = None,
+    max_attempts: Annotated[int | None, int32_option("Attempts before failing.", 0)] = None,
     request_id: Annotated[
         str | None, typer.Option(help="Idempotency key: resubmitting returns the same task.")
     ] = None,
