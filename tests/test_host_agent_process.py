@@ -4,6 +4,7 @@ SIGTERM drain, sd_notify to systemd, and the systemd unit itself."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -17,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from control_plane.domain import Role
-from host_agent.config import AgentSettings
+from host_agent.config import AgentSettings, Config
 from host_agent.flags import _GROUPS, duration, parse
 from host_agent.health import Thresholds
+from host_agent.recovery import RecoverySettings
 from host_agent.simulated import SimulatedSource
 from host_agent.systemd import Notifier, watchdog_interval
 from scripts.launch import HOST_AGENT, HostAgentCommand
@@ -274,6 +276,19 @@ def test_defaults() -> None:
     assert config.agent.host_id == socket.gethostname()
     assert config.agent.drain_timeout == AgentSettings(host_id="x").drain_timeout == 30.0
     assert config.simulated_devices == 0
+
+
+def test_the_flags_defaults_are_the_settings_defaults() -> None:
+    """THEN an agent started with no flag runs with the settings' own defaults (what tests,
+    harnesses and amc_testing make with AgentSettings()): the flag table's defaults, written
+    as text, do not drift from the dataclasses'."""
+    config = parse([], env={"AMC_TOKEN": "t"})
+    agent = config.agent
+    assert agent == AgentSettings(host_id=agent.host_id)
+    assert agent.thresholds == Thresholds() and agent.recovery == RecoverySettings()
+    for f in dataclasses.fields(Config):
+        if f.default is not dataclasses.MISSING:
+            assert getattr(config, f.name) == f.default, f.name
 
 
 @pytest.mark.parametrize(
