@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import grpc
 
@@ -47,30 +47,26 @@ class _BearerAuth(grpc.AuthMetadataPlugin):
         callback(self._metadata, None)
 
 
-class TokenChannel(grpc.aio.Channel):
-    """A plaintext channel that sends the bearer token as metadata of every call.
+class WrappedChannel(grpc.aio.Channel):
+    """A channel that hands everything to the channel it wraps: a subclass changes what it
+    needs (the multi-callables it makes, usually) and inherits the rest."""
 
-    Not an interceptor: grpc.aio turns the writes of an intercepted stream into a request
-    iterator served by a task of its own, which is left pending (then destroyed) whenever
-    the call ends first; per-call metadata costs nothing of the kind."""
-
-    def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
-        self._metadata = (("authorization", f"Bearer {token}"),)
 
     def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
-        return _WithMetadata(self._channel.unary_unary(*args, **kwargs), self._metadata)
+        return self._channel.unary_unary(*args, **kwargs)
 
     def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return _WithMetadata(self._channel.unary_stream(*args, **kwargs), self._metadata)
+        return self._channel.unary_stream(*args, **kwargs)
 
     def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
-        return _WithMetadata(self._channel.stream_unary(*args, **kwargs), self._metadata)
+        return self._channel.stream_unary(*args, **kwargs)
 
     def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return _WithMetadata(self._channel.stream_stream(*args, **kwargs), self._metadata)
+        return self._channel.stream_stream(*args, **kwargs)
 
-    async def __aenter__(self) -> TokenChannel:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -87,6 +83,30 @@ class TokenChannel(grpc.aio.Channel):
 
     async def channel_ready(self) -> None:
         await self._channel.channel_ready()
+
+
+class TokenChannel(WrappedChannel):
+    """A plaintext channel that sends the bearer token as metadata of every call.
+
+    Not an interceptor: grpc.aio turns the writes of an intercepted stream into a request
+    iterator served by a task of its own, which is left pending (then destroyed) whenever
+    the call ends first; per-call metadata costs nothing of the kind."""
+
+    def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
+        super().__init__(channel)
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(super().unary_unary(*args, **kwargs), self._metadata)
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(super().unary_stream(*args, **kwargs), self._metadata)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(super().stream_unary(*args, **kwargs), self._metadata)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithMetadata(super().stream_stream(*args, **kwargs), self._metadata)
 
 
 class _WithMetadata:

@@ -12,8 +12,8 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from amc_common.action_table import KEEPS
+from amc_common.device_conditions import CONDITIONS
 from control_plane.domain import (
-    CONDITIONS,
     Act,
     ArtifactInfo,
     Assignment,

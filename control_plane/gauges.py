@@ -5,10 +5,11 @@ dropped out of the deepest few are removed."""
 
 from __future__ import annotations
 
+from amc_common.device_conditions import CONDITIONS
 from amc_common.device_selector import describe
 from control_plane import metrics
 from control_plane.config import Settings
-from control_plane.domain import CONDITIONS, KeyLoad
+from control_plane.domain import KeyLoad
 from control_plane.store import Store
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 
-from control_plane.domain import CONDITIONS
+from amc_common.device_conditions import CONDITIONS
 from control_plane.lifecycle import IN_FLIGHT, Event, Outcome, TaskStatus
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 
+from amc_common import device_conditions
 from amc_common.action_table import ACTIONS
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -97,17 +98,6 @@ DEVICE_ERROR_KINDS = (
     "UnsupportedText",
 )
 CANCEL_VIAS = ("push", "renewal")
-CONDITION_NAMES = (
-    "ready",
-    "charging_hold",
-    "too_hot",
-    "unresponsive",
-    "booting",
-    "recovering",
-    "quarantined",
-    "offline",
-    "low_storage",
-)
 ARTIFACT_RESULTS = ("stored", "failed", "timeout")
 DEVICE_STATES = ("device", "offline", "unauthorized", "other")
 # how, outcome: a report carries the run's outcome; a release follows a run that never
@@ -165,7 +155,7 @@ def create_series() -> None:
         DEVICES.labels(state)
     for result in ARTIFACT_RESULTS:
         ARTIFACT_UPLOADS.labels(result)
-    for condition in CONDITION_NAMES:
+    for condition in device_conditions.CONDITIONS:
         CONDITIONS.labels(condition)
     for result in ("recovered", "failed"):
         RECOVERIES.labels(result)
@@ -187,7 +177,7 @@ def inventory_read(states: list[str] | None) -> None:
 def probed(health: Mapping[str, tuple[str, int | None, float | None]], gone: Iterable[str]) -> None:
     """After a probe round: each phone's (condition, battery, temperature); the series of
     phones no longer probed (`gone`) removed."""
-    counts = dict.fromkeys(CONDITION_NAMES, 0)
+    counts = dict.fromkeys(device_conditions.CONDITIONS, 0)
     for serial, (condition, battery, temperature) in health.items():
         counts[condition] = counts.get(condition, 0) + 1
         if battery is not None:

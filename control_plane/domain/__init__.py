@@ -6,7 +6,7 @@ store never needs their insides."""
 from __future__ import annotations
 
 from control_plane.domain.artifacts import ArtifactFile, ArtifactId, ArtifactInfo, NewArtifact
-from control_plane.domain.hosts import CONDITIONS, DeviceHealth, DeviceInfo, HostEvent, HostInfo
+from control_plane.domain.hosts import DeviceHealth, DeviceInfo, HostEvent, HostInfo
 from control_plane.domain.leases import (
     Acquired,
     Assignment,
@@ -49,7 +49,6 @@ from control_plane.domain.tokens import ANONYMOUS, Act, Principal, Role, TokenIn
 
 __all__ = [
     "ANONYMOUS",
-    "CONDITIONS",
     "Acquired",
     "Act",
     "ArtifactFile",

@@ -25,20 +25,6 @@ class DeviceInfo:
     health: DeviceHealth | None = None
 
 
-# What a host's probes may say of a device (devices.condition); only 'ready' takes work.
-CONDITIONS = (
-    "ready",
-    "charging_hold",
-    "too_hot",
-    "unresponsive",
-    "booting",
-    "recovering",
-    "quarantined",
-    "offline",
-    "low_storage",
-)
-
-
 @dataclass(frozen=True)
 class DeviceHealth:
     """A device's condition as its host last reported it, and the facts behind it (None:

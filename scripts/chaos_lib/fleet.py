@@ -34,7 +34,7 @@ import structlog
 
 from amc.v1 import lease_pb2
 from amc_common import logs
-from amc_common.channel import aio_channel
+from amc_common.channel import WrappedChannel, aio_channel
 from amc_testing.host import RECONNECT, Agent, AgentSettings, SimulatedSource
 
 ACQUIRE = "/amc.v1.Lease/Acquire"
@@ -54,44 +54,17 @@ class AcquireLog:
         self._out.close()
 
 
-class RecordingChannel(grpc.aio.Channel):
+class RecordingChannel(WrappedChannel):
     """The agent's channel, recording its Acquire calls; every other call passes through."""
 
     def __init__(self, channel: grpc.aio.Channel, host_id: str, out: AcquireLog) -> None:
-        self._channel = channel
+        super().__init__(channel)
         self._host_id = host_id
         self._out = out
 
     def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        call = self._channel.unary_unary(method, *args, **kwargs)
+        call = super().unary_unary(method, *args, **kwargs)
         return _RecordedAcquire(call, self._host_id, self._out) if method == ACQUIRE else call
-
-    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return self._channel.unary_stream(*args, **kwargs)
-
-    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
-        return self._channel.stream_unary(*args, **kwargs)
-
-    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return self._channel.stream_stream(*args, **kwargs)
-
-    async def __aenter__(self) -> RecordingChannel:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._channel.close(None)
-
-    async def close(self, grace: float | None = None) -> None:
-        await self._channel.close(grace)
-
-    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
-        return self._channel.get_state(try_to_connect)
-
-    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
-        await self._channel.wait_for_state_change(last_observed_state)
-
-    async def channel_ready(self) -> None:
-        await self._channel.channel_ready()
 
 
 class _RecordedAcquire:
