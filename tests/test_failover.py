@@ -10,7 +10,6 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from host_agent.fencing import HeldLease
 from host_agent.simulated import SimulatedSource
 from host_agent.stop_token import StopReason
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
-from tests.support.agent import TEST_SETTINGS, agent_channel, finished, submit
+from tests.support.agent import TEST_SETTINGS, finished, running_agent, submit
 
 # Leases outlive the test: a task running before the failovers is still running after them.
 SETTINGS = Settings(sweep_interval=timedelta(seconds=0.1), lease_ttl=timedelta(minutes=10))
@@ -245,10 +244,12 @@ async def test_renewals_of_a_lease_the_new_primary_does_not_know_stop_the_run_an
     serial = source.serials[0]
     try:
         client = await farm.client()
+        # A token made beforehand: one made while the standby is down would be lost with the
+        # failover.
         host_token = await farm.token(Role.HOST, TEST_SETTINGS.host_id)
         # The host and its phone registered, on both servers; then the agent stops, so the
         # task waits queued until the standby has fallen behind.
-        async with _agent(farm, host_token, source):
+        async with running_agent(farm, source, token=host_token):
             pass
         task_id = await submit(
             client,
@@ -258,7 +259,7 @@ async def test_renewals_of_a_lease_the_new_primary_does_not_know_stop_the_run_an
         await asyncio.to_thread(pair.wait_caught_up)
         await asyncio.to_thread(pair.standby.stop, "fast")
 
-        async with _agent(farm, host_token, source) as agent:
+        async with running_agent(farm, source, token=host_token) as agent:
             lease = await _held(agent, task_id)
             await eventually(lambda: source.actions_for(serial), what="the run's first tap")
             old = await _fetch(
@@ -328,28 +329,6 @@ async def test_renewals_of_a_lease_the_new_primary_does_not_know_stop_the_run_an
         assert farm.plane is not None and not farm.plane.crashed.is_set()
     finally:
         await _stop(farm)
-
-
-@asynccontextmanager
-async def _agent(farm: Farm, token: str, source: SimulatedSource) -> AsyncIterator[Agent]:
-    """The real host agent on `source`'s phones with a token made beforehand (one made while
-    the standby is down would be lost with the failover), stopped on exit."""
-    channel = agent_channel(farm.address, token)
-    agent = Agent(TEST_SETTINGS, source, channel)
-    task = asyncio.create_task(agent.run(), name="agent")
-    try:
-        await eventually(
-            lambda: agent.registered.is_set() or task.done(), what="the agent to register"
-        )
-        if task.done():
-            task.result()
-        yield agent
-    finally:
-        agent.stop()
-        try:
-            await asyncio.wait_for(task, 30)
-        finally:
-            await channel.close()
 
 
 async def _held(agent: Agent, task_id: str) -> HeldLease:

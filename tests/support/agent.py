@@ -72,11 +72,13 @@ async def running_agent(
     *,
     address: str | None = None,
     notifier: Notifier | None = None,
+    token: str | None = None,
     **settings: Any,
 ) -> AsyncIterator[Agent]:
-    """An Agent serving `farm` (through `address`, e.g. a proxy), stopped on exit."""
+    """An Agent serving `farm` (through `address`, e.g. a proxy), stopped on exit; with a
+    host token made now unless `token` is one made beforehand."""
     config = replace(TEST_SETTINGS, **settings)
-    token = await farm.token(Role.HOST, config.host_id)
+    token = token or await farm.token(Role.HOST, config.host_id)
     channel = agent_channel(address or farm.address, token)
     agent = Agent(config, source, channel, notifier)
     task = asyncio.create_task(agent.run(), name="agent")
