@@ -49,6 +49,11 @@ class Settings:
     # How often the queue is counted for GetQueue, ListFairShares and the queue's metrics
     # (at most: a deep queue's count stretches it; control_plane/queue_stats.py).
     queue_count_every: timedelta = timedelta(seconds=5)
+    # A client's connection is asked to go (HTTP/2 GOAWAY) this long after it opened, give
+    # or take gRPC's 10 % jitter; its calls go on, new ones take a new connection (None:
+    # never). Host agents move their renewal stream with it (host_agent.leases), so the
+    # hosts a replica took over from a dead one spread again through the load balancer.
+    max_connection_age: timedelta | None = timedelta(minutes=30)
     # The largest artifact (screenshot, UI dump) an upload may keep.
     max_artifact_bytes: int = 10 * 1024 * 1024
     # What the uploads being received on one replica may hold in memory at once; past it

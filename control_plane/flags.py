@@ -130,6 +130,11 @@ SERVE_FLAGS: list[Flag] = [
      "a host disconnected this long and holding no lease is forgotten, with its devices:"
      " 7d, 12h, 30m, 90s, or off (never); at least twice --lease-ttl, so a connected host"
      " is never forgotten"),
+    ("--max-connection-age", "AMC_MAX_CONNECTION_AGE", "30m", retention,
+     "how long a client's connection lasts before this replica asks it to open a new one"
+     " (its open calls go on; host agents move their renewal stream): behind a load"
+     " balancer, hosts spread over the replicas again after one restarted. 30m, 2h, 90s,"
+     " or off"),
     ("--retention-interval", "AMC_RETENTION_INTERVAL", "60", seconds,
      "seconds between this replica's looks for old tasks and hosts to remove"),
     ("--max-artifact-size", "AMC_MAX_ARTIFACT_SIZE", "10MiB", byte_size,
@@ -203,6 +208,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         forget_hosts_after=args.forget_hosts_after,
         retention_interval=timedelta(seconds=args.retention_interval),
         max_artifact_bytes=args.max_artifact_size,
+        max_connection_age=args.max_connection_age,
     )
 
 

@@ -69,6 +69,15 @@ SERVER_OPTIONS = [
 ]
 
 
+def server_options(settings: Settings) -> list[tuple[str, Any]]:
+    """SERVER_OPTIONS, with the connections' maximum age when there is one (no grace set:
+    calls open on an aged connection run to their end)."""
+    age = settings.max_connection_age
+    if age is None:
+        return SERVER_OPTIONS
+    return [*SERVER_OPTIONS, ("grpc.max_connection_age_ms", int(age.total_seconds() * 1000))]
+
+
 @dataclass(frozen=True)
 class Tls:
     cert_chain: bytes
@@ -184,7 +193,7 @@ class ControlPlane:
         metrics.create_rpc_series([label(m) for m in methods])
         record_build("control-plane")
         server = grpc.aio.server(
-            options=SERVER_OPTIONS, interceptors=[RpcMetrics(methods), DecodeGuard()]
+            options=server_options(self.settings), interceptors=[RpcMetrics(methods), DecodeGuard()]
         )
         # What every servicer works with; the tasks' kept files are chosen here.
         parts = (
@@ -261,6 +270,7 @@ class ControlPlane:
             lease_ttl=self.settings.lease_ttl.total_seconds(),
             task_retention=span_text(self.settings.task_retention),
             forget_hosts_after=span_text(self.settings.forget_hosts_after),
+            max_connection_age=span_text(self.settings.max_connection_age),
         )
         return self.port
 

@@ -83,6 +83,7 @@ class Agent:
     ) -> None:
         self.settings = settings
         self._source = source
+        self._channel = channel
         self._stub = lease_pb2_grpc.LeaseStub(channel)
         self._results = ResultBatcher(self._stub)
         self._notifier = notifier or Notifier(address="")
@@ -154,6 +155,7 @@ class Agent:
             on_drain=self._drain_from_centre,
             on_release=self.recovery.release,
             on_screen=self.screens.want,
+            channel=self._channel,
         )
         self._tools = Tools(
             self.settings,

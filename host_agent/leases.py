@@ -72,8 +72,12 @@ class LeaseKeeper:
         on_drain: Callable[[bool], None] | None = None,
         on_release: Callable[[str], None] | None = None,
         on_screen: Callable[[], None] | None = None,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self._stub = stub
+        # The stub's channel: when the connection under the stream is left (the control
+        # plane's replica aged it out), the stream moves to the channel's next connection.
+        self._channel = channel
         # Told of the control plane's drain (True) or its end (False); False also when a
         # stream opens: the control plane pushes True at once if the drain still holds.
         self._on_drain = on_drain or (lambda _drain: None)
@@ -170,12 +174,24 @@ class LeaseKeeper:
         call = self._stub.RenewLeases()
         reader = asyncio.ensure_future(self._read(call))
         sender = asyncio.ensure_future(self._send_every_interval(call))
+        moved = asyncio.ensure_future(_connection_left(self._channel))
         try:
-            done, _ = await asyncio.wait((reader, sender), return_when=asyncio.FIRST_COMPLETED)
-            error = _stream_error(next(iter(done)))
+            done, _ = await asyncio.wait(
+                (reader, sender, moved), return_when=asyncio.FIRST_COMPLETED
+            )
+            broken = done - {moved}
+            if not broken and self._answered:
+                log.info("renewal stream moving to a new connection", leases=len(self._held))
+                metrics.STREAM_MOVES.inc()
+                return  # at once, on the channel's next connection (see _connection_left)
+            error = (
+                _stream_error(next(iter(broken)))
+                if broken
+                else StreamBroken("the connection went away before the stream was answered")
+            )
         finally:
             metrics.CONNECTED.set(0)
-            await _cancel_all(reader, sender)
+            await _cancel_all(reader, sender, moved)
             call.cancel()
             self._sent.clear()  # answers to those requests can no longer arrive
             self._resend_steps()
@@ -331,6 +347,26 @@ def _stream_error(task: asyncio.Future[None]) -> StreamBroken:
         # replica died): the stream is gone, so reconnect like any other break.
         return StreamBroken(f"the renewal stream had ended: {exc}")
     raise exc
+
+
+async def _connection_left(channel: grpc.aio.Channel | None) -> None:
+    """Returns when the channel, once READY, leaves READY: its connection is going away.
+
+    A replica ends each connection after `--max-connection-age` with an HTTP/2 GOAWAY:
+    calls open on it go on, new ones open a new connection, which a load balancer may give
+    to another replica. A renewal stream lives for good, so it would stay on the aged
+    connection (and its replica) for ever; the keeper moves it instead, and the hosts of a
+    replica that took over a dead one's spread out again. A connection that dropped is
+    left too: its stream breaks as well, and whichever is seen first reopens it. Without a
+    channel (tests that pass a bare stub) it never returns."""
+    if channel is None:
+        await asyncio.Event().wait()
+        return
+    ready = grpc.ChannelConnectivity.READY
+    while (state := channel.get_state()) is not ready:
+        await channel.wait_for_state_change(state)
+    # Any change from READY, however short (another call may reconnect at once).
+    await channel.wait_for_state_change(ready)
 
 
 async def _cancel_all(*tasks: asyncio.Future[None]) -> None:

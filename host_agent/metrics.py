@@ -44,6 +44,10 @@ LEASES_HELD = Gauge("amc_agent_leases_held", "Leases held right now")
 CONNECTED = Gauge(
     "amc_agent_connected", "1 while the renewal stream to the control plane is open and answered"
 )
+STREAM_MOVES = Counter(
+    "amc_agent_stream_moves_total",
+    "Renewal streams moved to a new connection (the control plane aged the old one out)",
+)
 ADB_UP = Gauge(
     "amc_agent_adb_up", "1 while the device source (the adb server) answered the last inventory"
 )

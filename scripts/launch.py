@@ -123,6 +123,8 @@ class ControlPlaneCommand(_Command):
     forget_hosts_after: float | None = _duration()
     retention_interval: float | None = _seconds()
     max_artifact_size: int | None = None
+    # 0 turns it off.
+    max_connection_age: float | None = _duration()
 
 
 @dataclass(frozen=True)

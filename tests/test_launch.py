@@ -49,6 +49,7 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
         task_retention=86400 * 30,
         forget_hosts_after=0,
         retention_interval=0.25,
+        max_connection_age=90,
     )
     argv = command.argv()
     assert argv[:2] == [str(CONTROL_PLANE), "serve"]
@@ -71,6 +72,7 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
     assert args.http_listen == "127.0.0.1:8080"
     assert (args.task_retention, args.forget_hosts_after) == (timedelta(days=30), None)
     assert args.retention_interval == 0.25
+    assert args.max_connection_age == timedelta(seconds=90)
 
 
 def test_unset_control_plane_fields_leave_the_replicas_defaults() -> None:

@@ -55,6 +55,9 @@ FAST_RECONNECT = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 300),
+    # A connection of its own, as an agent (one per process) has: channels to one address
+    # in one process otherwise share one.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 

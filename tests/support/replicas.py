@@ -28,6 +28,8 @@ class Replica:
     task_retention: float | None = None
     forget_hosts_after: float | None = None
     retention_interval: float | None = None
+    # Seconds; None: the binary's default.
+    max_connection_age: float | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -49,6 +51,7 @@ class Replica:
             task_retention=self.task_retention,
             forget_hosts_after=self.forget_hosts_after,
             retention_interval=self.retention_interval,
+            max_connection_age=self.max_connection_age,
         )
         argv, env = command.argv(), command.env()
         if self.log:

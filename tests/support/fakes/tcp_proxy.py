@@ -3,6 +3,7 @@
     async with TcpProxy("127.0.0.1", farm_port) as proxy:
         agent channel -> proxy.address
 
+* `balance(*targets)` spreads new connections over several servers in turn.
 * `cut()` resets every open connection and refuses new ones (closed on accept) until
   `heal()`: the control plane is unreachable. `cut(refuse=False)` only resets.
 * `freeze_after(direction, pattern)`: once a chunk going `direction` ("up": agent to
@@ -60,6 +61,9 @@ class TcpProxy:
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
+        # `balance()`: new connections go to these in turn, as a round-robin load balancer.
+        self.targets = [self.target]
+        self._turn = 0
         self.port = 0
         self.refusing = False
         self.connections: list[Link] = []
@@ -91,6 +95,11 @@ class TcpProxy:
         trigger = _Trigger(direction, pattern)
         self._triggers.append(trigger)
         return trigger.fired
+
+    def balance(self, *targets: tuple[str, int]) -> None:
+        """From now on, each new connection goes to the next of `targets` (the open ones
+        stay where they are)."""
+        self.targets = list(targets)
 
     def thaw(self) -> None:
         for link in self.live:
@@ -146,7 +155,9 @@ class TcpProxy:
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            target = self.targets[self._turn % len(self.targets)]
+            self._turn += 1
+            up_reader, up_writer = await asyncio.open_connection(*target)
         except OSError:
             writer.transport.abort()
             return
