@@ -198,6 +198,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "invariants are checked as ever)",
     )
     p.add_argument("--lease-ttl", type=float, default=3.0)
+    p.add_argument(
+        "--max-connection-age",
+        type=float,
+        default=None,
+        help="seconds before a replica asks a connection to go, so the agents' renewal "
+        "streams move all through the run (default: the replicas' own, 30 minutes)",
+    )
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of work before faults")
     p.add_argument(
         "--quiesce-timeout",
@@ -266,6 +273,7 @@ class ChaosRun:
             hosts_per_proc=max(1, args.hosts_per_proc),
             fleet_acquire_wait=args.fleet_acquire_wait,
             fleet_nice=args.fleet_nice,
+            max_connection_age=args.max_connection_age,
         )
         self.farm = Farm(self.config, self.rng)
         self.problems: list[str] = []
@@ -524,6 +532,7 @@ class ChaosRun:
             "tasks_by_team": dict(Counter(t.team for t in self.workload.tasks)),
             "lease_ttl_s": c.lease_ttl,
             "sweep_interval_s": c.sweep_interval,
+            "max_connection_age_s": c.max_connection_age,
             "sim_delays_s": self.farm.sim_delays(),
             "auth": not c.insecure,
             "min_per_kind": self.args.min_per_kind,

@@ -135,6 +135,7 @@ class Replica:
     lease_ttl: float
     sweep_interval: float
     insecure: bool
+    max_connection_age: float | None = None
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -156,6 +157,7 @@ class Replica:
             sweep_interval=self.sweep_interval,
             grace=1,
             log_format="json",
+            max_connection_age=self.max_connection_age,
         )
         self.proc = _spawn(command.argv(), self.log, command.env())
         self.starts += 1

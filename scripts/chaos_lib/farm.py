@@ -42,6 +42,9 @@ class FarmConfig:
     # take the cores the control plane and PostgreSQL leave (0: as the rest of the run).
     fleet_nice: int = 0
     row_size: int = 10  # hosts per `row` label
+    # The replicas' --max-connection-age in seconds (None: theirs, 30 minutes): short, the
+    # agents' renewal streams move to new connections all through the run.
+    max_connection_age: float | None = None
 
     @property
     def devices_total(self) -> int:
@@ -123,6 +126,7 @@ class Farm:
                     c.lease_ttl,
                     c.sweep_interval,
                     c.insecure,
+                    max_connection_age=c.max_connection_age,
                 )
             )
         await asyncio.gather(*(r.start() for r in self.replicas))
