@@ -6,7 +6,6 @@ Real replicas, real agents; the load balancer is a round-robin TCP proxy."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -20,7 +19,7 @@ from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import TEST_SETTINGS, running_agent, status_is, submit
 from tests.support.fakes.tcp_proxy import TcpProxy
-from tests.support.replicas import Replica
+from tests.support.replicas import Replica, farm_with_replicas
 
 HOSTS = 6
 
@@ -73,19 +72,8 @@ async def two_replicas(
 ) -> AsyncIterator[tuple[Farm, list[Replica]]]:
     """Two replica processes that age connections out after 2 s, and an in-process one for
     tokens and database reads (it serves no host)."""
-    farm = Farm(database_url, Settings())
-    await farm.start()
-    replicas = [
-        Replica(database_url, max_connection_age=2, log=tmp_path / f"replica{i}.log")
-        for i in range(2)
-    ]
-    try:
-        await asyncio.gather(*(r.start() for r in replicas))
-        yield farm, replicas
-    finally:
-        for r in replicas:
-            r.stop()
-        await farm.stop()
+    async with farm_with_replicas(database_url, tmp_path, max_connection_age=2) as both:
+        yield both
 
 
 async def test_hosts_spread_over_the_replicas_again_when_the_balancer_has_two(

@@ -176,15 +176,7 @@ def test_help_lists_every_flag_with_its_variable_in_sections() -> None:
     """THEN `host-agent --help` exits 0 and shows each flag, with the kind of value it takes
     and the variable it may come from, under the section it belongs to (a help text with %
     once ended it in a traceback)."""
-    done = subprocess.run(
-        [str(HOST_AGENT), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": os.environ.get("PATH", ""), "COLUMNS": "200"},
-    )
-    assert done.returncode == 0 and done.stderr == ""
-    sections = _help_entries(done.stdout)
+    sections = _help_entries(_help())
     for title, options in _GROUPS:
         assert title in sections, f"no section {title!r}"
         for flag, var, *_ in options:
@@ -195,6 +187,20 @@ def test_help_lists_every_flag_with_its_variable_in_sections() -> None:
     # A value is shown by its kind, where the flag's parser has one.
     assert battery.startswith("--battery-low PERCENT ")
     assert sections["tasks"]["--drain-timeout"].startswith("--drain-timeout DURATION ")
+
+
+def _help() -> str:
+    """What the installed `host-agent --help` prints, on a wide terminal; it must exit 0
+    and print nothing on stderr."""
+    done = subprocess.run(
+        [str(HOST_AGENT), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", ""), "COLUMNS": "200"},
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout
 
 
 def _help_entries(text: str) -> dict[str, dict[str, str]]:
@@ -217,14 +223,7 @@ def _help_entries(text: str) -> dict[str, dict[str, str]]:
 def test_the_environment_file_example_names_every_variable_and_each_value_parses() -> None:
     """THEN scripts/systemd/host-agent.env.example explains every variable `--help` names,
     and the agent accepts each value it shows (its commented-out lines taken in)."""
-    shown = subprocess.run(
-        [str(HOST_AGENT), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": os.environ.get("PATH", ""), "COLUMNS": "200"},
-    ).stdout
-    named = set(re.findall(r"\$(AMC_[A-Z_]+)", shown))
+    named = set(re.findall(r"\$(AMC_[A-Z_]+)", _help()))
     assert {"AMC_ADDR", "AMC_TLS", "AMC_LABELS", "AMC_DEBUG"} <= named
     example = ENV_EXAMPLE.read_text()
     settings = dict(

@@ -12,25 +12,15 @@ import pytest
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.config import Settings
 from tests.support import Farm, HostClient, actions_spec, eventually
-from tests.support.replicas import Replica
+from tests.support.replicas import Replica, farm_with_replicas
 
 
 @pytest.fixture
 async def cluster(database_url: str, tmp_path) -> AsyncIterator[tuple[Farm, list[Replica]]]:  # type: ignore[no-untyped-def]
     """An in-process replica for tokens and database reads, plus two replica processes."""
-    farm = Farm(database_url, Settings(lease_ttl=timedelta(seconds=15)))
-    await farm.start()
-    replicas = [
-        Replica(database_url, sweep_interval=0.05, log=tmp_path / f"replica{i}.log")
-        for i in range(2)
-    ]
-    try:
-        await asyncio.gather(*(r.start() for r in replicas))
-        yield farm, replicas
-    finally:
-        for r in replicas:
-            r.stop()
-        await farm.stop()
+    settings = Settings(lease_ttl=timedelta(seconds=15))
+    async with farm_with_replicas(database_url, tmp_path, settings, sweep_interval=0.05) as both:
+        yield both
 
 
 async def host_on(farm: Farm, replica: Replica, host_id: str, *serials: str) -> HostClient:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from control_plane.config import Settings
 from control_plane.embedded import free_port
 from scripts.launch import ControlPlaneCommand
-from tests.support import eventually
+from tests.support import Farm, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,3 +98,22 @@ class Replica:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+@asynccontextmanager
+async def farm_with_replicas(
+    dsn: str, logs: Path, settings: Settings | None = None, count: int = 2, **fields: Any
+) -> AsyncIterator[tuple[Farm, list[Replica]]]:
+    """An in-process replica (`settings`) for tokens and database reads, and `count`
+    replica processes on the same database (`fields` as Replica's), each logging to
+    `logs`/replica<i>.log; all started together, all stopped on exit."""
+    farm = Farm(dsn, settings or Settings())
+    await farm.start()
+    replicas = [Replica(dsn, log=logs / f"replica{i}.log", **fields) for i in range(count)]
+    try:
+        await asyncio.gather(*(r.start() for r in replicas))
+        yield farm, replicas
+    finally:
+        for r in replicas:
+            r.stop()
+        await farm.stop()
