@@ -156,6 +156,7 @@ class Agent:
             on_release=self.recovery.release,
             on_screen=self.screens.want,
             channel=self._channel,
+            may_move=self.screens.closed,
         )
         self._tools = Tools(
             self.settings,

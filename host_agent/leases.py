@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -73,11 +73,15 @@ class LeaseKeeper:
         on_release: Callable[[str], None] | None = None,
         on_screen: Callable[[], None] | None = None,
         channel: grpc.aio.Channel | None = None,
+        may_move: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._stub = stub
         # The stub's channel: when the connection under the stream is left (the control
-        # plane's replica aged it out), the stream moves to the channel's next connection.
+        # plane's replica aged it out), the stream moves to the channel's next connection,
+        # once `may_move` returns (the live screens' call, open on the old connection too,
+        # has ended: the stream and the call stay on one replica).
         self._channel = channel
+        self._may_move = may_move
         # Told of the control plane's drain (True) or its end (False); False also when a
         # stream opens: the control plane pushes True at once if the drain still holds.
         self._on_drain = on_drain or (lambda _drain: None)
@@ -174,7 +178,7 @@ class LeaseKeeper:
         call = self._stub.RenewLeases()
         reader = asyncio.ensure_future(self._read(call))
         sender = asyncio.ensure_future(self._send_every_interval(call))
-        moved = asyncio.ensure_future(_connection_left(self._channel))
+        moved = asyncio.ensure_future(self._connection_left())
         try:
             done, _ = await asyncio.wait(
                 (reader, sender, moved), return_when=asyncio.FIRST_COMPLETED
@@ -199,6 +203,11 @@ class LeaseKeeper:
             log.warning("renewal stream broke; reopening", error=str(error))
             return
         raise error
+
+    async def _connection_left(self) -> None:
+        await _connection_left(self._channel)
+        if self._may_move is not None:
+            await self._may_move()
 
     async def _send_every_interval(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
         # A wake-up (a new lease) sends only the leases still waiting for their first
@@ -358,7 +367,8 @@ async def _connection_left(channel: grpc.aio.Channel | None) -> None:
     connection (and its replica) for ever; the keeper moves it instead, and the hosts of a
     replica that took over a dead one's spread out again. A connection that dropped is
     left too: its stream breaks as well, and whichever is seen first reopens it. Without a
-    channel (tests that pass a bare stub) it never returns."""
+    channel (tests that pass a bare stub) it never returns. (The keeper then also waits for
+    `may_move`: the live screens' call, if open, ends first.)"""
     if channel is None:
         await asyncio.Event().wait()
         return

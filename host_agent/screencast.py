@@ -113,6 +113,9 @@ class Screencaster:
         self._wanted = asyncio.Event()
         # The call is open now (it has had its first answer).
         self.calling = False
+        # Set while no call is open at all (`closed()`).
+        self._closed = asyncio.Event()
+        self._closed.set()
         self._host_id = host_id
         self._device = device
         self._max_fps = max_fps
@@ -131,6 +134,12 @@ class Screencaster:
     @property
     def capturing(self) -> frozenset[str]:
         return frozenset(self._loops)
+
+    async def closed(self) -> None:
+        """Returns when no ScreenFrames call is open (at once if none is). The renewal stream
+        waits for it before moving to a new connection: the call, open on the old one, and
+        the stream stay on one replica, where the host's viewers look for the feed."""
+        await self._closed.wait()
 
     def want(self) -> None:
         """The control plane asks for the call (a viewer waits for one of this host's
@@ -174,6 +183,7 @@ class Screencaster:
         (True: closed here)."""
         call = self._stub.ScreenFrames()
         sender: asyncio.Task[None] | None = None
+        self._closed.clear()
         try:
             await call.write(lease_pb2.ScreenFramesRequest(host_id=self._host_id))
             sender = asyncio.get_running_loop().create_task(self._send(call))
@@ -190,6 +200,7 @@ class Screencaster:
                 self._set_watched({w.serial: w.max_fps for w in message.watched})
         finally:
             self.calling = False
+            self._closed.set()
             if sender is not None:
                 sender.cancel()
             call.cancel()

@@ -6,14 +6,18 @@ Real replicas, real agents; the load balancer is a round-robin TCP proxy."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from pathlib import Path
 
+import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from amc.v1 import scheduler_pb2
 from control_plane.config import Settings
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
@@ -118,3 +122,37 @@ async def test_hosts_spread_over_the_replicas_again_when_the_balancer_has_two(
         await status_is(farm, task_id, "done", within=30)
         ((host, outcome),) = await _attempts(farm, task_id)
         assert outcome == "done" and host.startswith("h")
+
+
+async def test_a_watched_host_moves_its_stream_once_its_screen_call_has_closed(
+    database_url: str,
+) -> None:
+    """THEN while a viewer watches one of its phones, the host's renewal stream stays with
+    its screen call on the aged connection (the viewer's frames keep coming, seq rising, the
+    watch never told to start again); once nobody watches and the call closes after its
+    linger, the stream moves."""
+    farm = Farm(database_url, Settings(max_connection_age=timedelta(seconds=1)))
+    await farm.start()
+    try:
+        operator = await farm.operator()
+        source = SimulatedSource(1, delay=0.01)
+        before = _moves()
+        async with running_agent(farm, source, screen_linger=0.5) as agent:
+            call = operator.scheduler.WatchScreen(
+                scheduler_pb2.WatchScreenRequest(
+                    host_id=TEST_SETTINGS.host_id, serial=source.serials[0], max_fps=10
+                )
+            )
+            began = time.monotonic()
+            seqs = []
+            while time.monotonic() - began < 4:  # four connection ages
+                frame = await asyncio.wait_for(call.read(), 10)
+                assert frame is not grpc.aio.EOF, "the watch ended"
+                seqs.append(frame.seq)
+            assert seqs == sorted(seqs) and len(seqs) >= 10
+            assert _moves() == before, "the stream moved while its screen call was open"
+            call.cancel()
+            await eventually(lambda: _moves() > before, timeout=15, what="the stream to move")
+            assert agent.screens is not None and not agent.screens.calling
+    finally:
+        await farm.stop()
