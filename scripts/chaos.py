@@ -22,7 +22,9 @@ or SIGSTOP + SIGCONT, an agent's phone unplugged mid-run, hung, boot-looping or 
 (chaos_lib/phones.py), and on the database: PostgreSQL runs as a primary and a synchronous
 streaming standby (the replicas' URL names both), and fails over (primary killed, standby
 promoted, old primary rewound to follow it), has random backends terminated, an idle
-transaction held open, its connection slots filled. Then it quiesces (no new faults,
+transaction held open, its connection slots filled. All through, the replicas age client
+connections out every 20 s (--max-connection-age), so every host's renewal stream moves to
+a new connection again and again under the faults. Then it quiesces (no new faults,
 everything up, nothing in flight), checks the invariants (chaos_lib/invariants.py;
 the seventh, dispatch liveness, in chaos_lib/dispatch.py; the eighth, no acknowledged
 transition lost, across the failovers; the tenth, phone faults, in chaos_lib/phones.py)
@@ -201,9 +203,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-connection-age",
         type=float,
-        default=None,
-        help="seconds before a replica asks a connection to go, so the agents' renewal "
-        "streams move all through the run (default: the replicas' own, 30 minutes)",
+        default=20.0,
+        help="seconds before a replica asks a connection to go (default 20: the agents' "
+        "renewal streams move to new connections all through the run, under the faults, as "
+        "they do every 30 minutes on a farm); 0: the replicas' own default",
     )
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of work before faults")
     p.add_argument(
@@ -273,7 +276,7 @@ class ChaosRun:
             hosts_per_proc=max(1, args.hosts_per_proc),
             fleet_acquire_wait=args.fleet_acquire_wait,
             fleet_nice=args.fleet_nice,
-            max_connection_age=args.max_connection_age,
+            max_connection_age=args.max_connection_age or None,
         )
         self.farm = Farm(self.config, self.rng)
         self.problems: list[str] = []

@@ -42,8 +42,8 @@ class FarmConfig:
     # take the cores the control plane and PostgreSQL leave (0: as the rest of the run).
     fleet_nice: int = 0
     row_size: int = 10  # hosts per `row` label
-    # The replicas' --max-connection-age in seconds (None: theirs, 30 minutes): short, the
-    # agents' renewal streams move to new connections all through the run.
+    # The replicas' --max-connection-age in seconds (None: theirs, 30 minutes); short (the
+    # run's default), the agents' renewal streams move to new connections all through it.
     max_connection_age: float | None = None
 
     @property
