@@ -178,7 +178,7 @@ class LeaseKeeper:
         call = self._stub.RenewLeases()
         reader = asyncio.ensure_future(self._read(call))
         sender = asyncio.ensure_future(self._send_every_interval(call))
-        moved = asyncio.ensure_future(self._connection_left())
+        moved = asyncio.ensure_future(self._time_to_move())
         try:
             done, _ = await asyncio.wait(
                 (reader, sender, moved), return_when=asyncio.FIRST_COMPLETED
@@ -204,7 +204,9 @@ class LeaseKeeper:
             return
         raise error
 
-    async def _connection_left(self) -> None:
+    async def _time_to_move(self) -> None:
+        """Returns when the stream should move: its connection is going away, and
+        `may_move` allows it."""
         await _connection_left(self._channel)
         if self._may_move is not None:
             await self._may_move()
