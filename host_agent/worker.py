@@ -52,6 +52,9 @@ class Ending(enum.Enum):
 
 @dataclass(frozen=True)
 class Finished:
+    """What became of an attempt: how it ended, what its run made (None when none ended)
+    and how the last call about it went, the report or the release (None: no call)."""
+
     lease: HeldLease
     device: str
     ending: Ending
