@@ -115,9 +115,12 @@ def log_retry(bound: Logger, what: str) -> Callable[[RetryCallState], None]:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    # Give up when the next attempt would start later than this after the first.
+    """How long a final call is tried, in seconds: tries stop when the next would start
+    later than `total` after the first; each try has its own deadline, `call_timeout` (a
+    half-open connection must not hang the report); the waits between tries grow from
+    `initial_backoff` to `max_backoff`."""
+
     total: float = 60.0
-    # Each call's own deadline (a half-open connection must not hang the report).
     call_timeout: float = 10.0
     initial_backoff: float = 0.2
     max_backoff: float = 5.0
