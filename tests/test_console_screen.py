@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from amc.v1 import scheduler_pb2, task_pb2
+from control_plane import screens
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, eventually, tap, wait_action, workflow_spec
 from tests.support.agent import running_agent, status_is
 from tests.support.console import console_url
+from tests.support.fakes.tcp_proxy import TcpProxy
 from tests.test_console import DOCS, browser, farm, open_page, pytestmark
 
 __all__ = ["browser", "farm", "pytestmark"]
@@ -238,4 +242,48 @@ async def test_console_task_page_shows_the_screen_recording_a_session_kept(
                        return i && i.complete && i.naturalWidth > 0; }"""
         )
         assert await page.locator("table.steps [data-kind='screen_recording']").count() == 0
+        assert page.errors == []
+
+
+async def test_console_watch_lost_with_its_host_opens_again_by_itself_when_the_host_is_back(
+    farm: Farm, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """THEN a watch lost because the phone's host dropped off the replica (its connection
+    cut: UNAVAILABLE) says so and opens again by itself once the host is back, and frames
+    come again; nobody clicks, and the task runs on with its one lease."""
+    monkeypatch.setattr(screens, "STALE", 0.5)
+    assert farm.plane is not None
+    async with (
+        TcpProxy("127.0.0.1", farm.plane.port) as proxy,
+        running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST, address=proxy.address),
+    ):
+        client = await farm.client()
+        task = await client.scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(spec=workflow_spec(wait=[wait_action(60)]))
+        )
+        await status_is(farm, task.task_id, "dispatched")
+        attempts = await farm.attempts(task.task_id)
+        page = await open_page(
+            browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.OPERATOR)
+        )
+        await page.get_by_role("button", name="Watch screen").click()
+        await frame_after(page, 0)
+        state = page.locator(".screen-state")
+
+        proxy.cut()
+        await state.filter(has_text="screen lost: UNAVAILABLE").wait_for()
+        await state.filter(has_text="opening it again").wait_for()
+        proxy.heal()
+        await page.wait_for_function(
+            "() => document.querySelector('.screen-state').textContent.startsWith('frame ')"
+        )
+        drawn = int(await page.locator("canvas.screen").get_attribute("data-seq"))
+        await frame_after(page, drawn)  # and they keep coming
+        assert await page.get_by_role("button", name="Stop watching").count() == 1
+        assert await farm.status(task.task_id) == "dispatched"
+        assert _leases(await farm.attempts(task.task_id)) == _leases(attempts)
+        await client.scheduler.CancelTask(
+            scheduler_pb2.CancelTaskRequest(task_id=task.task_id, reason="test over")
+        )
+        await status_is(farm, task.task_id, "cancelled")
         assert page.errors == []

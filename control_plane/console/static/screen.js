@@ -34,6 +34,16 @@ export async function refusalOf(path, fallback) {
 
 // -- the live screen ---------------------------------------------------------------------------
 
+// A watch lost to trouble between the phone's host and this replica (closed 1011 with
+// UNAVAILABLE: the host left the replica, a relay was lost, the replica is stopping) is
+// opened again by itself, after these pauses, for up to REOPEN_FOR_MS from the loss: a host
+// reconnects within seconds of most faults. Meanwhile a refusal saying the host is not
+// (yet) connected (FAILED_PRECONDITION) or UNAVAILABLE is tried again too; any other
+// refusal, or one after the window, ends it.
+const REOPEN_PAUSES_MS = [500, 1000, 2000, 4000];
+const REOPEN_FOR_MS = 60_000;
+const TRIED_AGAIN = new Set(["UNAVAILABLE", "FAILED_PRECONDITION"]);
+
 // A phone's live screen on a canvas whose pixels are the phone's: a frame's header gives
 // the phone's width and height in its own pixels (the coordinates a tap takes), and its
 // image, whatever its own size, is drawn scaled to them. The newest frame wins and one is
@@ -49,19 +59,34 @@ export class LiveScreen {
     this.drawing = false;
     this.stopped = false;
     this.socket = null;
+    // While the watch is being opened again: when it was lost, and the tries since.
+    this.lostAt = null;
+    this.tries = 0;
+    this.timer = null;
   }
 
   start() {
     const socket = openSocket(this.path);
     socket.binaryType = "arraybuffer";
     let opened = false;
-    socket.onopen = () => { opened = true; this.say("waiting for the first frame…"); };
+    socket.onopen = () => {
+      opened = true;
+      this.lostAt = null;
+      this.tries = 0;
+      this.say("waiting for the first frame…");
+    };
     socket.onmessage = (event) => this.take(event.data);
     socket.onclose = async (event) => {
       if (this.stopped) return;
       if (!opened) {
         const err = await refusalOf(this.path, "the live screen could not be opened");
-        this.say(`${err.code}: ${err.message}`, true);
+        const why = `${err.code}: ${err.message}`;
+        const inTime = this.lostAt !== null && Date.now() - this.lostAt < REOPEN_FOR_MS;
+        if (inTime && TRIED_AGAIN.has(err.code)) this.reopen(why);
+        else this.say(why, true);
+      } else if (event.code === 1011 && event.reason.startsWith("UNAVAILABLE")) {
+        this.lostAt = Date.now();
+        this.reopen(`screen lost: ${event.reason}`);
       } else {
         this.say(event.reason ? `screen ended: ${event.reason}` : "screen ended", event.code !== 1000);
       }
@@ -69,8 +94,21 @@ export class LiveScreen {
     this.socket = socket;
   }
 
+  // Open the watch again after a pause, saying why.
+  reopen(why) {
+    if (this.stopped) return;
+    const pause = REOPEN_PAUSES_MS[Math.min(this.tries, REOPEN_PAUSES_MS.length - 1)];
+    this.tries += 1;
+    this.say(`${why} · opening it again (try ${this.tries})…`, true);
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      if (!this.stopped) this.start();
+    }, pause);
+  }
+
   stop() {
     this.stopped = true;
+    clearTimeout(this.timer);
     if (this.socket) this.socket.close(1000);
   }
 
