@@ -6,6 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 ANY = "any device"
+# The label the control plane gives every device: its host's id. A serial is unique on its
+# host only (every first emulator is emulator-5554), so a serial with this label names one
+# phone of the farm.
+HOST_LABEL = "host_id"
 
 
 def describe(

@@ -13,6 +13,7 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from amc_common.action_table import KEEPS
 from amc_common.device_conditions import CONDITIONS
+from amc_common.device_selector import HOST_LABEL
 from control_plane.domain import (
     Act,
     ArtifactInfo,
@@ -177,15 +178,24 @@ def assignment_to_pb(a: Assignment, valid_for: timedelta) -> lease_pb2.Assignmen
     return pb
 
 
-def device_from_pb(d: lease_pb2.DeviceInfo, host_labels: dict[str, str]) -> DeviceInfo:
-    """The labels a selector matches: host labels, then the device's facts and own labels."""
+def device_from_pb(
+    d: lease_pb2.DeviceInfo, host_id: str, host_labels: dict[str, str]
+) -> DeviceInfo:
+    """The labels a selector matches: host labels, then the device's facts and own labels,
+    then `host_id` (its host's id, which nothing overrides: a serial is unique on its host
+    only, so serial and host_id name one phone of the farm)."""
     facts = {
         "model": d.model,
         "manufacturer": d.manufacturer,
         "abi": d.abi,
         "sdk": str(d.sdk) if d.sdk else "",
     }
-    labels = {**host_labels, **{k: v for k, v in facts.items() if v}, **dict(d.labels)}
+    labels = {
+        **host_labels,
+        **{k: v for k, v in facts.items() if v},
+        **dict(d.labels),
+        HOST_LABEL: host_id,
+    }
     return DeviceInfo(
         state=DEVICE_STATE_FROM_PB.get(d.state, "offline"),
         labels=labels,

@@ -76,7 +76,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         host_id = self._host(request.host_id)
         labels = validate.string_map(dict(request.labels), "labels")
         validate_lease.devices(request.devices)
-        devices = [device_from_pb(d, labels) for d in request.devices]
+        devices = [device_from_pb(d, host_id, labels) for d in request.devices]
         await self.store.hosts.register_host(host_id, labels, devices)
         # Its devices' labels or states may have changed: its parked Acquires look again.
         self.hub.host_registered(host_id)

@@ -300,31 +300,31 @@ def test_console_control_messages_are_an_action_or_a_clear_refusal(text: str) ->
         assert exc.field and exc.problem
 
 
-async def test_console_control_ends_a_session_another_hosts_phone_of_the_serial_took(
+async def test_console_control_session_asks_for_its_host_s_phone_not_another_of_the_serial(
     farm: Farm, http: aiohttp.ClientSession
 ) -> None:
-    """THEN when a phone of the same serial on another host takes the session (a serial is
-    a host's own; the session asks by serial), the page is told which took it, no action
-    reaches that phone, and the session ends at once, freeing it."""
+    """THEN a serial is a host's own (every first emulator is emulator-5554): the session
+    asks for the phone by serial and host (`host_id`, a label every device has), so an idle
+    phone of the same serial on another host, asking for work all along, never takes it; the
+    page's host's phone does."""
     token = await farm.token(Role.OPERATOR)
-    quiet = await farm.host("host-a", "sim-0")  # registered, never asks for work
-    stream = quiet.stream()
+    wanted = await farm.host("host-a", "sim-0")  # connected, asks for work only when told
+    stream = wanted.stream()
     await stream.renew()
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source, host_id="host-b"):
-        url = control_url(farm, host_id="host-a")
-        ws = await http.ws_connect(url, protocols=offered(token))
-        error = (await answer(ws, "error"))["error"]
-        assert error == {
-            "code": "FAILED_PRECONDITION",
-            "message": "phone 'sim-0' of host 'host-b' took the session, not the one of host"
-            " 'host-a': it ends without an action",
-        }
+        ws = await http.ws_connect(control_url(farm, host_id="host-a"), protocols=offered(token))
         task = (await answer(ws, "task"))["task"]
-        assert task["status"] == "TASK_STATUS_DONE" and "steps" not in task.get("result", {})
-        await ws.close()
-        assert [r for r in source.actions_for("sim-0") if r.action != "shell"] == []
+        assert task["status"] == "TASK_STATUS_QUEUED"
+        assert task["selector"] == {"serial": "sim-0", "labels": {"host_id": "host-a"}}
+        # host-b's sim-0 is idle and polling: it would have taken a serial-only session.
+        assignment = await wanted.acquire_one("sim-0")
+        assert assignment.task_id == task["task_id"]
         assert await farm.device_holder("host-b", "sim-0") is None
+        assert (await farm.device_holder("host-a", "sim-0")) == task["task_id"]
+        await ws.close()
+        await wanted.release(assignment.lease_id)
+        assert [r for r in source.actions_for("sim-0") if r.action != "shell"] == []
     await stream.close()
 
 

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from tests.support import Farm, actions_spec, eventually
+from tests.support import Farm, actions_spec, device, eventually
 
 RENEWED = lease_pb2.RENEWAL_RESULT_RENEWED
 CONFLICT = lease_pb2.RENEWAL_RESULT_CONFLICT
@@ -250,6 +250,29 @@ async def test_registering_again_updates_the_listed_devices_and_marks_the_others
     ]
     labels = await farm.db.fetchval("SELECT labels FROM hosts WHERE host_id = 'h1'")
     assert labels == {"rack": "r2"}
+
+
+async def test_every_device_carries_its_host_s_id_as_a_label_nothing_overrides(
+    farm: Farm,
+) -> None:
+    """THEN a device's labels end with `host_id`, its host's id, whatever the host or the
+    device say for it; a selector of serial and host_id is taken by that host's phone of
+    the serial only, though another host has one of the same serial."""
+    a = await farm.host("h1")
+    await a.c.lease.RegisterHost(
+        lease_pb2.RegisterHostRequest(
+            host_id="h1", labels={"host_id": "other"}, devices=[device("s1", host_id="other")]
+        )
+    )
+    b = await farm.host("h2", "s1")
+    assert farm.db is not None
+    rows = await farm.db.fetch("SELECT host_id, labels->>'host_id' FROM devices ORDER BY 1")
+    assert [tuple(r) for r in rows] == [("h1", "h1"), ("h2", "h2")]
+    client = await farm.client()
+    selector = task_pb2.DeviceSelector(serial="s1", labels={"host_id": "h1"})
+    task = await submit(client, selector=selector)
+    assert await b.acquire("s1", wait=0.2) == []
+    assert (await a.acquire_one("s1")).task_id == task.task_id
 
 
 async def test_releasing_a_lease_whose_attempt_ended_changes_nothing(farm: Farm) -> None:

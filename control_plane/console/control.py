@@ -11,10 +11,11 @@ takes work, and idle (FAILED_PRECONDITION). Nothing is created then. Query: `idl
 `record=1`: the session keeps a recording of the screen (SessionOpen.record_screen, its
 defaults), shown on its Task page.
 
-The session asks for the phone by its serial, with a short queue timeout (an idle phone is
-assigned at once), and is recorded with who opened it: the task's submitter is the
-operator's token and its metadata says `control: console` and `operator: <token name>
-(<token id>)`.
+The session asks for the phone by its serial and its host (the `host_id` label every
+device has: another host's phone of the same serial never takes it), with a short queue
+timeout (an idle phone is assigned at once), and is recorded with who opened it: the task's
+submitter is the operator's token and its metadata says `control: console` and `operator:
+<token name> (<token id>)`.
 
 Messages in (JSON text, one action each): `{"tap": {"x", "y"}}`, `{"swipe": {"x1", "y1",
 "x2", "y2", "duration_ms"?}}`, `{"type": {"text"}}`, `{"key": "BACK" | "HOME" |
@@ -41,6 +42,7 @@ from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common.device_selector import HOST_LABEL
 from control_plane import validate
 from control_plane.auth import Authenticator
 from control_plane.console.calls import SUBPROTOCOL, CallContext, Refused
@@ -198,7 +200,9 @@ class Remote:
         operator = f"{who.name} ({who.caller})" if who.name else who.caller
         return scheduler_pb2.OpenSessionRequest(
             open=scheduler_pb2.SessionOpen(
-                selector=task_pb2.DeviceSelector(serial=self._target.serial),
+                selector=task_pb2.DeviceSelector(
+                    serial=self._target.serial, labels={HOST_LABEL: self._target.host_id}
+                ),
                 idle_timeout=_seconds(self._target.idle),
                 queue_timeout=_seconds(QUEUE_TIMEOUT),
                 metadata={"control": "console", "operator": operator},
@@ -229,15 +233,6 @@ class Remote:
     async def _task(self, task: task_pb2.Task) -> None:
         await self._send({"task": _json(task)})
         if task.status != task_pb2.TASK_STATUS_DISPATCHED or self._ready:
-            return
-        if task.host_id != self._target.host_id:
-            # Serials are a host's own: another host's phone of the same serial took it.
-            self._requests.put_nowait(None)
-            message = (
-                f"phone '{task.device_serial}' of host '{task.host_id}' took the session, not"
-                f" the one of host '{self._target.host_id}': it ends without an action"
-            )
-            await self._send({"error": {"code": "FAILED_PRECONDITION", "message": message}})
             return
         self._ready = True
 
