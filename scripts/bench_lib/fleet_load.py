@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -474,15 +475,22 @@ class Fleet:
         channel = aio_channel(self.addresses[self.args.submit_to])
         scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
         started = time.monotonic()
+
+        async def cancel(task_id: str) -> None:
+            try:
+                await scheduler.CancelTask(
+                    scheduler_pb2.CancelTaskRequest(task_id=task_id, reason="bench: end"),
+                    timeout=60,
+                )
+            except grpc.aio.AioRpcError as exc:
+                # Already finished (e.g. failed: its lease ran out on a saturated machine):
+                # nothing to free.
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+
         try:
             await bounded(
-                [
-                    lambda t=t: scheduler.CancelTask(
-                        scheduler_pb2.CancelTaskRequest(task_id=t, reason="bench: end"), timeout=60
-                    )
-                    for t in self.busy_ids
-                ],
-                CONNECT_CONCURRENCY,
+                [functools.partial(cancel, t) for t in self.busy_ids], CONNECT_CONCURRENCY
             )
         finally:
             await channel.close()
