@@ -202,6 +202,32 @@ async def _old_release_assigns_a_task(url: str) -> uuid.UUID:
     return lease
 
 
+async def test_devices_registered_before_the_host_id_label_carry_it_after_the_upgrade(
+    new_database: NewDatabase,
+) -> None:
+    """THEN every device of an older database is labelled host_id = its host's id (over
+    any host_id it had), its other labels kept, before its host registers again."""
+    old = await new_database()
+    await _old_release(old)
+    await _execute(
+        old,
+        "INSERT INTO hosts (host_id) VALUES ('h1'), ('h2');"
+        "INSERT INTO devices (host_id, serial, state, labels) VALUES"
+        " ('h1', 's1', 'device', '{\"rack\": \"r1\"}'),"
+        " ('h2', 's1', 'device', '{\"host_id\": \"other\"}');",
+    )
+    await _migrate(old)
+    conn = await asyncpg.connect(old)
+    try:
+        rows = await conn.fetch("SELECT host_id, labels FROM devices ORDER BY host_id")
+    finally:
+        await conn.close()
+    assert [(r["host_id"], json.loads(r["labels"])) for r in rows] == [
+        ("h1", {"rack": "r1", "host_id": "h1"}),
+        ("h2", {"host_id": "h2"}),
+    ]
+
+
 async def test_a_database_older_than_the_previous_release_is_refused(
     new_database: NewDatabase,
 ) -> None:
