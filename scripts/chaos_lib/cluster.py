@@ -235,7 +235,7 @@ class AgentProc(_Faultable):
             control_plane=self.control_plane,
             host_id=self.host_id,
             token_file=self.token_file,
-            labels={"pool": "agents", "host": self.host_id},
+            labels={"pool": "agents"},
             simulated_devices=self.devices,
             sim_delay=self.sim_delay,
             action_log=self.action_log,

@@ -39,6 +39,7 @@ from google.protobuf import duration_pb2
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common import statuses
 from amc_common.channel import with_token
+from amc_common.device_selector import HOST_LABEL
 from chaos_lib.farm import FleetHost
 from chaos_lib.specs import Plan, random_plan
 
@@ -342,8 +343,9 @@ class Workload:
         return item
 
     async def submit_pinned(self, host: str, serial: str) -> Submitted:
-        """A task for one phone of one agent (its `host` label), never cancelled: after the
-        phone faults, each phone that had one must take work again."""
+        """A task for one phone of one agent (its serial and the `host_id` label every
+        device has; the agents' phones share serials), never cancelled: after the phone
+        faults, each phone that had one must take work again, on that host (invariant 10)."""
         plan = random_plan(self._rng)
         while plan.fails_on_purpose:
             plan = random_plan(self._rng)
@@ -353,7 +355,7 @@ class Workload:
         item.request = scheduler_pb2.SubmitTaskRequest(
             request_id=item.request_id,
             spec=plan.spec,
-            selector=task_pb2.DeviceSelector(serial=serial, labels={"host": host}),
+            selector=task_pb2.DeviceSelector(serial=serial, labels={HOST_LABEL: host}),
             max_attempts=5,
             metadata={"chaos": "1", "moment": "", "selector": "phone_back"},
             fairness_key=item.team,
