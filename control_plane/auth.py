@@ -4,6 +4,12 @@ A token reads `amc_<token id>_<secret>`; only sha256(secret) is stored. Roles:
 `client` (Scheduler, except ListHosts and GetQueue), `operator` (all of Scheduler, Admin),
 `host` (Lease only, as the one host id the token is bound to). Health and reflection are
 open to everyone: they say nothing about tasks.
+
+A replica relaying a call to another proves it is one with `authorization: Replica
+<secret>` (REPLICA_SCHEME): the secret every replica of the farm reads from the database
+at start-up (`replica_secret`), which no token holds. It is accepted on the calls a
+replica relays (REPLICA_METHODS: a screen's frames from the replica holding the phone's
+host) and on no other; the viewer was authorized where it watches.
 """
 
 from __future__ import annotations
@@ -66,6 +72,11 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Admin/GetFairShare": OPERATORS,
 }
 
+# What a replica's proof may call (it watches a phone by device for its own viewers).
+REPLICA_METHODS = frozenset({"/amc.v1.Scheduler/WatchScreen"})
+REPLICA_SCHEME = "Replica"
+REPLICA = Principal(role=Role.OPERATOR, name="replica", replica=True)
+
 PREFIX = "amc_"
 # A valid token is read again after this long: a safety net only, revocations are heard.
 CACHE_SECONDS = 300.0
@@ -100,6 +111,16 @@ def parse(token: str) -> tuple[uuid.UUID, str]:
     return token_id, secret
 
 
+def _replica_proof(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The secret of an `authorization: Replica <secret>`, else None."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode(errors="replace") if isinstance(value, bytes) else value
+            scheme, _, proof = text.partition(" ")
+            return proof.strip() if scheme == REPLICA_SCHEME else None
+    return None
+
+
 def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     for key, value in metadata or ():
         if key == "authorization":
@@ -126,8 +147,26 @@ class Authenticator:
         # Bumped by each drop: a read that began before one is not cached (it may predate
         # the revocation that caused it).
         self._drops = 0
+        # The farm's replica secret, hex (read at start-up: `know_replicas`).
+        self._replica_secret = ""
 
-    async def principal(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
+    async def know_replicas(self) -> None:
+        """Read the farm's replica secret (made now if this is the first replica)."""
+        secret = await self.store.replicas.replica_secret(secrets.token_bytes(32))
+        self._replica_secret = secret.hex()
+
+    def replica_proof(self) -> str:
+        """What this replica's relayed calls carry as their `authorization`."""
+        return f"{REPLICA_SCHEME} {self._replica_secret}"
+
+    async def principal(
+        self, metadata: Iterable[tuple[str, str | bytes]] | None, method: str = ""
+    ) -> Principal:
+        """Who calls `method` (a full method name; "" for the console's own routes). A
+        replica's proof is checked with authentication off too: it marks a relayed call."""
+        proof = _replica_proof(metadata)
+        if proof is not None:
+            return self._replica(proof, method)
         if not self.enabled:
             return ANONYMOUS
         token_id, secret = parse(bearer(metadata))
@@ -143,6 +182,13 @@ class Authenticator:
             name=info.name,
             team=info.team,
         )
+
+    def _replica(self, proof: str, method: str) -> Principal:
+        if not self._replica_secret or not hmac.compare_digest(proof, self._replica_secret):
+            raise errors.Unauthenticated("not this farm's replica credential")
+        if method not in REPLICA_METHODS:
+            raise errors.PermissionDenied("a replica's credential is for relayed screens only")
+        return REPLICA
 
     async def _lookup(self, token_id: uuid.UUID) -> TokenInfo | None:
         cached = self._cache.get(token_id)

@@ -59,6 +59,9 @@ class Settings:
     # What the uploads being received on one replica may hold in memory at once; past it
     # an upload is refused UNAVAILABLE and its host tries again.
     max_upload_memory: int = 256 * 1024 * 1024
+    # Live screens one token may watch at once on one replica (WatchScreen calls and the
+    # console's screen sockets); past it a watch is refused RESOURCE_EXHAUSTED.
+    max_viewers_per_token: int = 32
 
     @property
     def renew_every(self) -> timedelta:

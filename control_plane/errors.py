@@ -18,7 +18,8 @@
     │   └── DifferentArtifactStored
     ├── Aborted                  lease / attempt fencing
     │   ├── LeaseConflict
-    │   └── StaleAttempt
+    │   ├── StaleAttempt
+    │   └── TaskMoved            a task's screen watch whose attempt is no longer current
     ├── Unauthenticated
     ├── PermissionDenied
     │   └── NotLeaseHolder       an upload under another host's lease
@@ -27,7 +28,8 @@
     │   ├── Contended            lost to concurrent changes of the same rows, retries spent
     │   └── UploadsBusy          this replica holds its upload memory budget already
     ├── ResourceExhausted
-    │   └── ArtifactTooLarge
+    │   ├── ArtifactTooLarge
+    │   └── TooManyViewers       a token watching its limit of screens on this replica
     └── DataLoss
         └── ChecksumMismatch     the bytes received are not the ones announced
 
@@ -118,6 +120,11 @@ class StaleAttempt(Aborted):
     """The lease expired or a newer attempt replaced it; the report was not recorded."""
 
 
+class TaskMoved(Aborted):
+    """The attempt a task's screen watch showed is no longer the task's current one: the
+    task moved to another phone, or waits for one. Watch it again."""
+
+
 class Unauthenticated(AmcError):
     """Missing or invalid bearer token."""
 
@@ -170,6 +177,10 @@ class ResourceExhausted(AmcError):
 
 class ArtifactTooLarge(ResourceExhausted):
     """The artifact is larger than this control plane keeps; nothing was stored."""
+
+
+class TooManyViewers(ResourceExhausted):
+    """This token watches as many screens on this replica as it may; close one first."""
 
 
 class DataLoss(AmcError):

@@ -92,6 +92,16 @@ def seconds_or_zero(text: str) -> float:
 seconds_or_zero.__name__ = "number of seconds (0 or more)"
 
 
+def count(text: str) -> int:
+    """A whole number, 1 or more."""
+    if not text.strip().isdigit() or (value := int(text)) < 1:
+        raise ValueError(text)
+    return value
+
+
+count.__name__ = "whole number (1 or more)"
+
+
 # flag, environment variable, default, value parser, help. A flag's value comes from the
 # command line, else its variable, else the default (argparse parses string defaults too,
 # so a malformed variable is reported like a malformed flag).
@@ -139,6 +149,9 @@ SERVE_FLAGS: list[Flag] = [
      "seconds between this replica's looks for old tasks and hosts to remove"),
     ("--max-artifact-size", "AMC_MAX_ARTIFACT_SIZE", "10MiB", byte_size,
      "the largest screenshot or UI dump an upload may keep (bytes, or with KiB / MiB)"),
+    ("--max-viewers-per-token", "AMC_MAX_VIEWERS_PER_TOKEN", "32", count,
+     "live screens one token may watch at once on one replica (gRPC and the console);"
+     " past it a watch is refused RESOURCE_EXHAUSTED"),
 ]
 # flag, environment variable (set to 1 to switch on), help
 DATABASE_SWITCHES = [("--debug", "AMC_DEBUG", "a failed start also logs its traceback")]
@@ -209,6 +222,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         retention_interval=timedelta(seconds=args.retention_interval),
         max_artifact_bytes=args.max_artifact_size,
         max_connection_age=args.max_connection_age,
+        max_viewers_per_token=args.max_viewers_per_token,
     )
 
 

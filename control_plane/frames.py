@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,6 +69,8 @@ class Screens:
         self._screens: dict[tuple[str, str], Screen] = {}
         self._feeds: dict[str, Feed] = {}
         self.closing = False
+        # The viewers here of each token (control_plane.screens holds them to its limit).
+        self.by_token: Counter[uuid.UUID] = Counter()
         # Asks a host (by id) to open its feed here.
         self._want = want
 

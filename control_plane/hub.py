@@ -27,6 +27,7 @@ from control_plane.domain import (
 from control_plane.frames import Screens
 from control_plane.presence import Presence
 from control_plane.rendezvous import Sessions
+from control_plane.screen_tasks import Following
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +47,9 @@ class Hub:
         # Phones watched on this replica and the hosts' screen feeds (control_plane.screens);
         # a host asked for its feed is asked on its renewal streams here.
         self.screens = Screens(lambda host_id: self._push(ScreenNotice(host_id)))
+        # The tasks whose screens are watched here, each task's current attempt read once
+        # for all its watches here, again when it changes (control_plane.screen_tasks).
+        self.following = Following(self.watch)
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False

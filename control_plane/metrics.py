@@ -267,7 +267,8 @@ SCREEN_FRAMES = Counter(
     "amc_screen_frames_total",
     "Screen frames: received from this replica's hosts for a phone watched here, or for"
     " one no longer watched (unwatched: dropped), relayed from another replica, sent to"
-    " a viewer",
+    " a viewer, or kept from a task's viewer (other_attempt: captured while its phone ran"
+    " another attempt)",
     ["result"],
 )
 SCREEN_VIEWERS = Gauge(

@@ -43,6 +43,9 @@ class RenewalStream:
     def __init__(self, service: TaskServicer) -> None:
         self.service = service
         self.store = service.store
+        # A screen_wanted push waits in the outbox: however many viewers ask meanwhile,
+        # one is enough (the outbox stays bounded while the host reads slowly).
+        self._screen_pending = False
 
     async def run(
         self, requests: AsyncIterator[lease_pb2.RenewLeasesRequest]
@@ -54,6 +57,8 @@ class RenewalStream:
                 while (response := await outbox.get()) is not None:
                     if response is CLOSING:
                         raise Unavailable("control plane shutting down; reconnect")
+                    if response.screen_wanted:
+                        self._screen_pending = False
                     yield response
                 await reader
             finally:
@@ -86,7 +91,7 @@ class RenewalStream:
                     log.info("renewal stream opened", host_id=host_id)
                     await drain.opened()
                     if self.service.hub.screens.wanted(host_id):  # a viewer waits here
-                        outbox.put_nowait(_screen_push(drain.told))
+                        self._want_screen(outbox, drain)
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
                 outbox.put_nowait(await self._answer(host_id, request))
@@ -168,7 +173,7 @@ class RenewalStream:
             drain.changed()
             return
         if isinstance(notice, ScreenNotice):
-            outbox.put_nowait(_screen_push(drain.told))
+            self._want_screen(outbox, drain)
             return
         if isinstance(notice, ReleaseNotice):
             outbox.put_nowait(
@@ -185,6 +190,12 @@ class RenewalStream:
         _background.add(task)
         task.add_done_callback(_background.discard)
         outbox.put_nowait(_cancel_push(notice))
+
+    def _want_screen(self, outbox: Outbox, drain: StreamDrain) -> None:
+        """Ask the host for its screen feed, unless an ask waits in the outbox already."""
+        if not self._screen_pending:
+            self._screen_pending = True
+            outbox.put_nowait(_screen_push(drain.told))
 
 
 class StreamDrain:

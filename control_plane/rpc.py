@@ -157,7 +157,7 @@ class TaskServicer(Servicer):
 
 async def _enter(self: Servicer, method: str, context: Context) -> None:
     try:
-        who = await self.auth.principal(context.invocation_metadata())
+        who = await self.auth.principal(context.invocation_metadata(), method)
         authorize(who, method)
     except errors.Unauthenticated as exc:
         metrics.AUTH_FAILURES.labels(exc.reason).inc()

@@ -249,6 +249,6 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def WatchScreen(
         self, request: scheduler_pb2.WatchScreenRequest, context: Context
     ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
-        watch = ScreenWatch(self, context)
+        watch = ScreenWatch(self)
         async for frame in watch.run(request, context):
             yield frame

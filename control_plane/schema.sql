@@ -73,6 +73,15 @@ CREATE TABLE IF NOT EXISTS replicas (
     address    text
 );
 
+-- The secret the replicas of a farm prove themselves to one another with when one relays
+-- a call to another (a live screen's frames: control_plane.auth, REPLICA_SCHEME), never a
+-- token's: made by the first replica to start (store/replicas.sql replica_secret), read
+-- by each at start-up. One row. Rotated by deleting it and restarting every replica.
+CREATE TABLE IF NOT EXISTS replica_secret (
+    one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+    secret bytea NOT NULL
+);
+
 CREATE TABLE IF NOT EXISTS devices (
     host_id      text NOT NULL REFERENCES hosts,
     serial       text NOT NULL,

@@ -17,12 +17,15 @@ wins) and no frame ever queues.
 
 A viewer whose phone's host is connected to another replica (`hosts.replica_id`, and that
 replica's advertised address) is served by one relay per phone on this replica: a
-`Scheduler.WatchScreen` call to that replica over `Peers`, with the first viewer's
-credentials and RELAYED_BY, whose frames feed the local `Screen` as a host's would. That
-replica counts the relay as one viewer: the phone is captured once for every viewer on
-every replica. A relayed call is never relayed on. No database work per frame; one read
-when a watch starts (where the phone's host is, and the task's phone for a task's watch).
-Watching touches nothing of a task: no lease, step or action.
+`Scheduler.WatchScreen` call to that replica over `Peers`, a device watch made as this
+replica (control_plane.auth's replica proof, never a viewer's credentials: viewers are
+authorized here, where they watch), whose frames feed the local `Screen` as a host's
+would. That replica counts the relay as one viewer: the phone is captured once for every
+viewer on every replica. A relayed call is never relayed on. No database work per frame;
+one read when a watch starts (where the phone's host is, and the task's phone for a
+task's watch), and a task's watch is bound to that attempt (control_plane.screen_tasks).
+Each token may hold `max_viewers_per_token` watches on a replica. Watching touches
+nothing of a task: no lease, step or action.
 """
 
 from __future__ import annotations
@@ -31,34 +34,35 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
 import structlog
 
 from amc.v1 import lease_pb2, scheduler_pb2
-from control_plane import metrics, validate
-from control_plane.domain import Role, TaskId
+from control_plane import metrics, screen_tasks, validate
+from control_plane.domain import Principal, Role
 from control_plane.errors import (
     DeviceNotFound,
     FailedPrecondition,
     InvalidArgument,
     PermissionDenied,
     TaskNotFound,
+    TooManyViewers,
     Unavailable,
 )
-from control_plane.frames import Screen, Viewer
-from control_plane.peers import RelayedCall
+from control_plane.frames import Screen, Screens, Viewer
 from control_plane.rpc import TaskServicer, check_decoded, first_message, principal
+from control_plane.screen_tasks import RUNNING, Attempt, Followed
 
 log = structlog.get_logger(__name__)
 
-# Metadata of a viewer's call relayed by another replica (that replica's id).
+# Metadata of a call relayed by another replica for its viewers (that replica's id, for
+# the logs: what marks a relayed call is the replica's proof).
 RELAYED_BY = "amc-screen-relayed-by"
 DEFAULT_FPS = 10
 MAX_FPS = 30
-RUNNING = ("assigned", "dispatched")
 # Seconds a viewer waits for a frame without its phone's host connected here (no feed, no
 # relay) before it is told to watch again: the host may have reconnected elsewhere.
 STALE = 10.0
@@ -90,10 +94,11 @@ def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
     return Target(None, host_id, serial, fps)
 
 
-class ScreenWatch(RelayedCall):
+class ScreenWatch:
     """One WatchScreen call: a viewer of one phone on this replica."""
 
-    RELAYED_BY = RELAYED_BY
+    def __init__(self, service: TaskServicer) -> None:
+        self._svc = service
 
     async def run(self, request: Any, context: Any) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
         check_decoded(request)
@@ -104,35 +109,48 @@ class ScreenWatch(RelayedCall):
                 "watching a phone by its device is for operators; watch a task's phone by"
                 " its task_id"
             )
-        settings = self._svc.settings
-        source = await self._svc.store.replicas.screen_source(
+        svc, settings = self._svc, self._svc.settings
+        source = await svc.store.replicas.screen_source(
             want.task_id, want.host_id, want.serial, settings.lease_ttl
         )
+        bound: Attempt | None = None
         if want.task_id is not None:
             if source is None or not source["task_found"]:
                 raise TaskNotFound(f"task {want.task_id} not found")
+            screen_tasks.authorize(who, want.task_id, source)
             if source["task_status"] not in RUNNING or source["host_id"] is None:
                 raise FailedPrecondition(
                     f"task {want.task_id} is not running ({source['task_status']}): only a"
                     " running task's phone can be watched"
                 )
+            bound = Attempt(source["attempt"], source["host_id"], source["serial"])
         if source is None or not source["device_found"]:
             raise DeviceNotFound(f"device {want.host_id}/{want.serial} not found")
         host_id, serial = str(source["host_id"]), str(source["serial"])
-        screens = self._svc.hub.screens
-        relayed = self.relayed
+        hub = svc.hub
+        screens = hub.screens
+        # A call relayed by another replica for its viewers (who were authorized there).
+        relayed = who.replica
         elsewhere = (
             source["replica_id"] is not None
-            and source["replica_id"] != self._svc.hub.replica
+            and source["replica_id"] != hub.replica
             and source["alive"]
             and bool(source["address"])
         )
         # The host's feed, or its renewal stream (which asks it for the feed), is here.
-        here = screens.has_feed(host_id) or self._svc.hub.connected(host_id)
+        here = screens.has_feed(host_id) or hub.connected(host_id)
         if not here and not elsewhere and not relayed:
             if source["replica_id"] is None or not source["alive"]:
                 raise FailedPrecondition(f"host {host_id} is not connected")
-        with screens.watch(host_id, serial, want.max_fps) as (screen, viewer):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_admitted(screens, who, settings.max_viewers_per_token))
+            followed: Followed | None = None
+            if bound is not None and want.task_id is not None:
+                every = settings.watch_refresh.total_seconds()
+                read = svc.store.replicas.screen_attempt
+                followed = stack.enter_context(hub.following.follow(want.task_id, read, every))
+                followed.join(bound)
+            screen, viewer = stack.enter_context(screens.watch(host_id, serial, want.max_fps))
             if not relayed and not here and elsewhere and screen.source is None:
                 relay = asyncio.get_running_loop().create_task(
                     self._relay(screen, str(source["address"]), want.max_fps)
@@ -144,61 +162,75 @@ class ScreenWatch(RelayedCall):
             log.info("screen watched", host_id=host_id, serial=serial, relayed=relayed)
             metrics.SCREEN_VIEWERS.inc()
             try:
-                async for frame in self._frames(screen, viewer, want.task_id):
+                async for frame in self._frames(screen, viewer, followed, bound):
                     yield frame
             finally:
                 metrics.SCREEN_VIEWERS.dec()
 
     async def _frames(
-        self, screen: Screen, viewer: Viewer, task_id: uuid.UUID | None
+        self, screen: Screen, viewer: Viewer, followed: Followed | None, bound: Attempt | None
     ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
         """The latest frame whenever there is a newer one, at most max_fps a second; a
-        task's watch ends when the task stops running."""
+        task's watch sends a frame only while its attempt is the task's current one
+        (`followed`, checked before each frame), and ends when it is not."""
         hub = self._svc.hub
         loop = asyncio.get_running_loop()
         interval = 1.0 / viewer.max_fps
-        sent: scheduler_pb2.ScreenFrame | None = None
+        # A task's watch starts with the first frame that comes after it was bound: the
+        # one the phone's screen holds may be older than the task's attempt.
+        sent: scheduler_pb2.ScreenFrame | None = screen.frame if followed else None
         sent_at = -interval
-        with contextlib.ExitStack() as stack:
-            changed = stack.enter_context(hub.watch(TaskId(task_id))) if task_id else None
-            while True:
-                if changed is not None and changed.is_set():
-                    changed.clear()
-                    task = await self._svc.store.tasks.get_task(TaskId(task_id))  # type: ignore[arg-type]
-                    if task.status.value not in RUNNING:
-                        return
-                if hub.screens.closing:
-                    raise Unavailable("control plane shutting down; watch again")
-                if screen.lost is not None:
-                    raise Unavailable(screen.lost)
-                frame = screen.frame
-                if frame is None or frame is sent:
-                    try:
+        while True:
+            if hub.screens.closing:
+                raise Unavailable("control plane shutting down; watch again")
+            if screen.lost is not None:
+                raise Unavailable(screen.lost)
+            settled = followed.settled if followed is not None else None
+            if followed is not None and bound is not None:
+                verdict = followed.check(bound)
+                if verdict == screen_tasks.FINISHED:
+                    return
+                if verdict == screen_tasks.WAIT and settled is not None:
+                    with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(STALE):
-                            await _either(viewer.ready, changed)
-                    except TimeoutError:
-                        if screen.source is None and not hub.screens.has_feed(screen.host_id):
-                            # The host left this replica (gone, or reconnected elsewhere).
-                            raise Unavailable(
-                                f"host {screen.host_id} is no longer connected here: watch again"
-                            ) from None
-                    viewer.ready.clear()
+                            await settled.wait()
                     continue
-                wait = sent_at + interval - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue  # the newest frame after the wait
-                sent, sent_at = frame, loop.time()
-                metrics.SCREEN_FRAMES.labels("sent").inc()
-                yield frame
+            frame = screen.frame
+            if frame is None or frame is sent:
+                try:
+                    async with asyncio.timeout(STALE):
+                        await _either(viewer.ready, settled)
+                except TimeoutError:
+                    if screen.source is None and not hub.screens.has_feed(screen.host_id):
+                        # The host left this replica (gone, or reconnected elsewhere).
+                        raise Unavailable(
+                            f"host {screen.host_id} is no longer connected here: watch again"
+                        ) from None
+                viewer.ready.clear()
+                continue
+            if followed is not None and bound is not None and not _during(frame, followed, bound):
+                sent = frame  # its host says the phone ran another attempt: never sent
+                metrics.SCREEN_FRAMES.labels("other_attempt").inc()
+                continue
+            wait = sent_at + interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue  # the newest frame after the wait, checked again
+            sent, sent_at = frame, loop.time()
+            metrics.SCREEN_FRAMES.labels("sent").inc()
+            yield frame
 
     async def _relay(self, screen: Screen, address: str, fps: int) -> None:
-        """The phone's frames from the replica holding its host's feed, into `screen`."""
-        metadata = self.forwarded()
+        """The phone's frames from the replica holding its host's feed, into `screen`: a
+        device watch as this replica (its proof, not a viewer's credentials)."""
+        metadata = [
+            ("authorization", self._svc.auth.replica_proof()),
+            (RELAYED_BY, self._svc.hub.replica),
+        ]
         request = scheduler_pb2.WatchScreenRequest(
             host_id=screen.host_id, serial=screen.serial, max_fps=fps
         )
-        call = self._peers.scheduler(address).WatchScreen(request, metadata=metadata)
+        call = self._svc.peers.scheduler(address).WatchScreen(request, metadata=metadata)
         log.info("screen relayed", host_id=screen.host_id, serial=screen.serial, to=address)
         try:
             async for frame in call:
@@ -214,7 +246,39 @@ class ScreenWatch(RelayedCall):
             call.cancel()
 
 
+def _during(frame: scheduler_pb2.ScreenFrame, followed: Followed, bound: Attempt) -> bool:
+    """The frame was captured while its phone ran the attempt (as its host says; a frame
+    of an older agent says nothing, and the watch's attempt check alone holds it)."""
+    if not frame.HasField("running"):
+        return True
+    running = frame.running
+    return running.task_id == str(followed.task_id) and running.attempt == bound.attempt
+
+
+@contextlib.contextmanager
+def _admitted(screens: Screens, who: Principal, limit: int) -> Iterator[None]:
+    """One more viewer of the caller's token on this replica, up to `limit` (a replica's
+    relays and callers without a token are not counted)."""
+    token = who.token_id
+    if token is None or who.replica:
+        yield
+        return
+    if screens.by_token[token] >= limit:
+        raise TooManyViewers(
+            f"this token watches {screens.by_token[token]} screens on this replica, its limit"
+            f" (--max-viewers-per-token {limit}): close one first"
+        )
+    screens.by_token[token] += 1
+    try:
+        yield
+    finally:
+        screens.by_token[token] -= 1
+        if not screens.by_token[token]:
+            del screens.by_token[token]
+
+
 async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:
+    """Until `ready` or `changed` (when there is one) is set."""
     if changed is None:
         await ready.wait()
         return

@@ -189,6 +189,7 @@ class ControlPlane:
         self._store = await Store.open(self.dsn)
         self.gauges = FarmGauges(self.store, self.settings)
         authenticator = self.auth = auth.Authenticator(self.store, enabled=not self.insecure)
+        await authenticator.know_replicas()
         methods = [*rpc_methods(), *STANDARD_METHODS]
         metrics.create_rpc_series([label(m) for m in methods])
         record_build("control-plane")

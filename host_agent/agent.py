@@ -95,6 +95,9 @@ class Agent:
         self.finished: deque[Finished] = deque(maxlen=FINISHED_KEPT)
         self.registered = asyncio.Event()
         self._busy: dict[str, asyncio.Task[None]] = {}
+        # The task attempt each busy phone runs (serial -> (task_id, attempt)): said with
+        # each of its screen frames, and cleared before the phone is offered again.
+        self._running: dict[str, tuple[str, int]] = {}
         # Tripped (SHUTDOWN) by stop(): races the registration and the Acquire long poll.
         self._draining = StopToken()
         self._hurry = asyncio.Event()
@@ -147,6 +150,7 @@ class Agent:
             self.settings.screen_max_fps,
             self.settings.screen_max_rate,
             self.settings.screen_linger,
+            self._running.get,
         )
         keeper = self.keeper = LeaseKeeper(
             self._stub,
@@ -337,6 +341,7 @@ class Agent:
             )
             return
         worker = Worker(self._tools, a, lease)
+        self._running[a.device_serial] = (a.task_id, a.attempt)
         self._busy[a.device_serial] = group.create_task(
             self._work(worker), name=f"task {a.task_id} attempt {a.attempt}"
         )
@@ -358,6 +363,7 @@ class Agent:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self._registration.refresh()
         finally:
+            self._running.pop(worker.assignment.device_serial, None)
             self._busy.pop(worker.assignment.device_serial, None)
             self._changed.set()
             self._notifier.status(self._status())

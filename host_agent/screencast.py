@@ -24,7 +24,11 @@ real phone's full-size PNG can be 1-3 MB), else not at all. Simulated phones' fr
 Local watchers (`watch()`: a task's screen recording) share the same capture loop: one
 capture per phone for the viewers and the recording together; they need no call open.
 Capturing is not an action: it is not in the task's steps or the simulated phones' action
-log, and it does not wait for the phone's running action.
+log, and it does not wait for the phone's running action. Each frame says which task
+attempt the phone ran all through its capture (`running`, from the agent's workers: set
+before an attempt's worker starts, cleared only once it ended, before the phone is
+offered for work again), so the control plane sends a task's viewer only its own
+attempt's frames.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ SCREEN_LINGER = 30.0
 JPEG_QUALITY = 80
 # A frame to a local watcher: what a recording takes.
 Sink = Callable[[scheduler_pb2.ScreenFrame], None]
+# The task attempt a phone (by serial) runs now, or None.
+Running = Callable[[str], tuple[str, int] | None]
 
 
 def image_size(data: bytes) -> tuple[int, int, str]:
@@ -106,8 +112,11 @@ class Screencaster:
         max_fps: int,
         max_rate: int,
         linger: float = SCREEN_LINGER,
+        running: Running = lambda _serial: None,
     ) -> None:
         self._stub = stub
+        # Which task attempt each phone runs: every frame says it (ScreenFrame.running).
+        self._running = running
         self._linger = linger
         # Set when the control plane asks for the call (`want()`).
         self._wanted = asyncio.Event()
@@ -271,6 +280,7 @@ class Screencaster:
         clock = asyncio.get_running_loop()
         while True:
             started = clock.time()
+            before = self._running(serial)
             try:
                 async with asyncio.timeout(CAPTURE_TIMEOUT):
                     data: bytes = await capture()
@@ -287,6 +297,9 @@ class Screencaster:
             screen_size = getattr(device, "screen_size", None)
             if screen_size is not None:
                 width, height = screen_size()
+            # The attempt the phone ran all through the capture (none if it changed).
+            during = before if self._running(serial) == before else None
+            task_id, attempt = during or ("", 0)
             frame = scheduler_pb2.ScreenFrame(
                 serial=serial,
                 seq=seq,
@@ -295,6 +308,7 @@ class Screencaster:
                 mime=mime,
                 captured_at_ms=int(time.time() * 1000),
                 data=data,
+                running=scheduler_pb2.FrameTask(task_id=task_id, attempt=attempt),
             )
             if serial in self._watched and len(data) > MAX_FRAME_BYTES:
                 frame = await self._smaller(frame)

@@ -179,14 +179,13 @@ async def test_console_watching_a_running_task_changes_none_of_its_steps(
     the watch stops when the task ends (the README's picture, docs/console-watch-screen.png)."""
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source, host_id=HOST):
-        client = await farm.client()
+        token = await farm.token(Role.CLIENT)
+        client = farm.clients(token)
         spec = workflow_spec(
             **{"log in": [tap(200, 230), wait_action(0.5)], "browse": [wait_action(30)]}
         )
         task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=spec))
-        page = await open_page(
-            browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.CLIENT)
-        )
+        page = await open_page(browser, farm, f"/tasks/{task.task_id}", token)
         await (
             page.locator("dd[data-field='progress']")
             .filter(has_text="running step 2 browse")
@@ -286,4 +285,57 @@ async def test_console_watch_lost_with_its_host_opens_again_by_itself_when_the_h
             scheduler_pb2.CancelTaskRequest(task_id=task.task_id, reason="test over")
         )
         await status_is(farm, task.task_id, "cancelled")
+        assert page.errors == []
+
+
+async def test_console_watch_of_a_task_that_moved_follows_it_onto_its_new_phone(
+    farm: Farm, browser: Any
+) -> None:
+    """THEN a task's watch whose task moved to another phone (its lease ran out, another
+    phone took it) says so and opens again by itself onto the task's new phone; nobody
+    clicks."""
+    source = SimulatedSource(2, delay=0.01)
+    async with running_agent(farm, source, host_id=HOST):
+        token = await farm.token(Role.CLIENT)
+        client = farm.clients(token)
+
+        async def submit(spec: Any, **fields: Any) -> str:
+            request = scheduler_pb2.SubmitTaskRequest(spec=spec, **fields)
+            return str((await client.scheduler.SubmitTask(request)).task_id)
+
+        busy = await submit(
+            workflow_spec(wait=[wait_action(1.0)]), selector=task_pb2.DeviceSelector(serial="sim-1")
+        )
+        await status_is(farm, busy, "dispatched")
+        task_id = await submit(workflow_spec(wait=[wait_action(60)]), max_attempts=2)
+        await status_is(farm, task_id, "dispatched")
+        (first,) = await farm.attempts(task_id)
+        assert first["device_serial"] == "sim-0"
+        page = await open_page(browser, farm, f"/tasks/{task_id}", token)
+        await page.get_by_role("button", name="Watch screen").click()
+        canvas = page.locator("canvas.screen")
+        await page.wait_for_function(
+            "p => document.querySelector('canvas.screen')?.dataset.phone === p",
+            arg=f"{HOST}/sim-0",
+        )
+        await status_is(farm, busy, "done")
+        await farm.expire_now(str(first["lease_id"]))
+        await page.locator(".screen-state").filter(has_text="ABORTED").wait_for()
+        await page.wait_for_function(
+            "p => document.querySelector('canvas.screen')?.dataset.phone === p",
+            arg=f"{HOST}/sim-1",
+            timeout=30_000,
+        )
+        attempts = await farm.attempts(task_id)
+        assert [(a["attempt"], a["device_serial"]) for a in attempts] == [
+            (1, "sim-0"),
+            (2, "sim-1"),
+        ]
+        seq = int(await canvas.get_attribute("data-seq"))
+        await frame_after(page, seq)  # and they keep coming
+        assert await page.get_by_role("button", name="Stop watching").count() == 1
+        await client.scheduler.CancelTask(
+            scheduler_pb2.CancelTaskRequest(task_id=task_id, reason="test over")
+        )
+        await status_is(farm, task_id, "cancelled")
         assert page.errors == []

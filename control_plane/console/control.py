@@ -56,6 +56,7 @@ from control_plane.errors import (
 )
 from control_plane.rpc import code_for
 from control_plane.scheduler_service import SchedulerService
+from control_plane.screen_tasks import CONTROL_KEY, CONTROL_VALUE
 
 # Android KeyEvent codes of the page's buttons.
 KEYS = {"BACK": 4, "HOME": 3, "APP_SWITCH": 187}
@@ -205,7 +206,7 @@ class Remote:
                 ),
                 idle_timeout=_seconds(self._target.idle),
                 queue_timeout=_seconds(QUEUE_TIMEOUT),
-                metadata={"control": "console", "operator": operator},
+                metadata={CONTROL_KEY: CONTROL_VALUE, "operator": operator},
                 record_screen=task_pb2.ScreenRecording() if self._target.record else None,
             )
         )

@@ -1,7 +1,8 @@
 """A phone's live screen for the console: `GET /api/screen`, a WebSocket.
 
     GET /api/screen?host_id=H&serial=S     a device's screen (operators)
-    GET /api/screen?task_id=T              a running task's phone (whoever may see the task)
+    GET /api/screen?task_id=T              a running task's phone (its submitter's team,
+                                           operators; a Control session: operators)
     optional &max_fps=N                    1 to 30 (default 10)
 
 Authorization as for the other /api routes: the `Authorization` header, or (a browser
@@ -28,9 +29,10 @@ scaled by width / the image's own width.
 A viewer that reads slower than frames come gets the latest frame when it is ready for
 one (frames in between are dropped, never queued). Closing the socket stops watching
 (when the phone's last viewer leaves, its host stops capturing it). The server closes it
-with code 1000 when a watched task stops running, or 1011 and the reason (UNAVAILABLE: the
-host left the replica, a relay was lost, the replica is stopping: open it again) after an
-error. Messages from the page are ignored.
+with code 1000 when a watched task finished, or 1011 and the reason after an error
+(UNAVAILABLE: the host left the replica, a relay was lost, the replica is stopping;
+ABORTED: the task moved to another phone, or waits for one; either way open it again).
+Messages from the page are ignored.
 """
 
 from __future__ import annotations

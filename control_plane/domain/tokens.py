@@ -25,6 +25,8 @@ class Principal:
     name: str = ""
     # The token's team: its tasks' fairness key unless they name one ("": 'default').
     team: str = ""
+    # Another replica of the farm, relaying a call for its own viewers (control_plane.auth).
+    replica: bool = False
 
     @property
     def caller(self) -> str:

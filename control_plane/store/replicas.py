@@ -1,5 +1,6 @@
 """Replicas and presence: each replica's heartbeat, which replica holds a host's renewal
-stream or a session's client call, and where a phone to watch is (replicas.sql)."""
+stream or a session's client call, where a phone to watch is, and the secret the replicas
+prove themselves to one another with (replicas.sql)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,14 @@ class Replicas(Aggregate):
         """Where a phone to watch is (replicas.sql screen_source), in one statement."""
         row = await self._db.fetchrow("screen_source", task_id, host_id, serial, within)
         return dict(row) if row is not None else None
+
+    async def screen_attempt(self, task_id: uuid.UUID) -> dict[str, Any] | None:
+        """A watched task's current attempt (replicas.sql screen_attempt); None: gone."""
+        row = await self._db.fetchrow("screen_attempt", task_id)
+        return dict(row) if row is not None else None
+
+    async def replica_secret(self, candidate: bytes) -> bytes:
+        """The farm's replica secret: `candidate` if there was none yet."""
+        row = await self._db.fetchrow("replica_secret", candidate)
+        assert row is not None
+        return bytes(row["secret"])

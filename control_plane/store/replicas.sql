@@ -42,21 +42,44 @@ WHERE s.task_id = $1;
 -- name: screen_source
 -- Where a phone to watch is: a task's ($1, or NULL) phone as its live attempt holds it,
 -- else the device $2/$3; whether it is known; its host's replica, that replica's address
--- and whether it heartbeat within $4.
+-- and whether it heartbeat within $4. For a task, also what its watch is bound to (its
+-- current attempt's number) and who may watch it: its submitter (the caller), that
+-- token's team, and whether it is a console Control session (metadata control).
 WITH t AS (
-    SELECT t.status, a.host_id, a.device_serial AS serial
+    SELECT t.status, t.attempt, a.host_id, a.device_serial AS serial, t.caller,
+           COALESCE(k.team, '') AS team, t.metadata->>'control' AS control
     FROM tasks t
     LEFT JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt
                         AND a.state = 'active'
+    LEFT JOIN tokens k ON k.token_id = (CASE WHEN t.caller ~ '^[0-9a-f-]{36}$'
+                                             THEN t.caller::uuid END)
     WHERE t.task_id = $1
 ), want AS (
     SELECT CASE WHEN $1::uuid IS NULL THEN $2 ELSE (SELECT host_id FROM t) END AS host_id,
            CASE WHEN $1::uuid IS NULL THEN $3 ELSE (SELECT serial FROM t) END AS serial
 )
 SELECT EXISTS (SELECT 1 FROM t) AS task_found, (SELECT status FROM t) AS task_status,
+       (SELECT attempt FROM t) AS attempt, (SELECT caller FROM t) AS caller,
+       (SELECT team FROM t) AS team, (SELECT control FROM t) AS control,
        w.host_id, w.serial, d.serial IS NOT NULL AS device_found, h.replica_id, r.address,
        COALESCE(r.seen_at > now() - $4::interval, false) AS alive
 FROM want w
 LEFT JOIN devices d ON d.host_id = w.host_id AND d.serial = w.serial
 LEFT JOIN hosts h ON h.host_id = w.host_id
 LEFT JOIN replicas r ON r.replica_id = h.replica_id;
+
+-- name: screen_attempt
+-- A watched task's current attempt, read again when the task changes and on a timer (no
+-- row: the task is gone): its status, the attempt's number and its live attempt's phone.
+SELECT t.status AS task_status, t.attempt, a.host_id, a.device_serial AS serial
+FROM tasks t
+LEFT JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt AND a.state = 'active'
+WHERE t.task_id = $1;
+
+-- name: replica_secret
+-- The secret the replicas of the farm prove themselves to one another with: $1 if there
+-- was none (the first replica to start makes it), else the one there. A conflict's DO
+-- UPDATE returns the row it met, even one a start running at the same time committed.
+INSERT INTO replica_secret (secret) VALUES ($1)
+ON CONFLICT (one) DO UPDATE SET secret = replica_secret.secret
+RETURNING secret;

@@ -35,14 +35,17 @@ export async function refusalOf(path, fallback) {
 // -- the live screen ---------------------------------------------------------------------------
 
 // A watch lost to trouble between the phone's host and this replica (closed 1011 with
-// UNAVAILABLE: the host left the replica, a relay was lost, the replica is stopping) is
-// opened again by itself, after these pauses, for up to REOPEN_FOR_MS from the loss: a host
-// reconnects within seconds of most faults. Meanwhile a refusal saying the host is not
-// (yet) connected (FAILED_PRECONDITION) or UNAVAILABLE is tried again too; any other
+// UNAVAILABLE: the host left the replica, a relay was lost, the replica is stopping), or a
+// task's watch whose task moved to another phone (closed 1011 with ABORTED), is opened
+// again by itself, after these pauses, for up to REOPEN_FOR_MS from the loss: a host
+// reconnects within seconds of most faults, and a task that moved is watched on its new
+// phone. Meanwhile a refusal saying the host is not (yet) connected or the task not (yet)
+// running again (FAILED_PRECONDITION) or UNAVAILABLE is tried again too; any other
 // refusal, or one after the window, ends it.
 const REOPEN_PAUSES_MS = [500, 1000, 2000, 4000];
 const REOPEN_FOR_MS = 60_000;
 const TRIED_AGAIN = new Set(["UNAVAILABLE", "FAILED_PRECONDITION"]);
+const REOPENED_ON_CLOSE = ["UNAVAILABLE", "ABORTED"];
 
 // A phone's live screen on a canvas whose pixels are the phone's: a frame's header gives
 // the phone's width and height in its own pixels (the coordinates a tap takes), and its
@@ -84,7 +87,7 @@ export class LiveScreen {
         const inTime = this.lostAt !== null && Date.now() - this.lostAt < REOPEN_FOR_MS;
         if (inTime && TRIED_AGAIN.has(err.code)) this.reopen(why);
         else this.say(why, true);
-      } else if (event.code === 1011 && event.reason.startsWith("UNAVAILABLE")) {
+      } else if (event.code === 1011 && REOPENED_ON_CLOSE.some((c) => event.reason.startsWith(c))) {
         this.lostAt = Date.now();
         this.reopen(`screen lost: ${event.reason}`);
       } else {
@@ -138,6 +141,7 @@ export class LiveScreen {
         this.canvas.getContext("2d").drawImage(bitmap, 0, 0, header.width, header.height);
         bitmap.close();
         this.canvas.dataset.seq = header.seq;
+        this.canvas.dataset.phone = `${header.host_id}/${header.serial}`;
         this.say(`frame ${header.seq} · ${header.width} × ${header.height} · captured ${when(new Date(header.captured_at_ms).toISOString())}`);
       } catch (err) {
         this.say(`a frame could not be shown: ${err.message}`, true);
@@ -160,11 +164,15 @@ export class LiveScreen {
 // -- the Task page's "Watch screen" ---------------------------------------------------------
 
 // The watch of the task page shown: {taskId, root, screen}. It outlives the page's redraws
-// (the same element goes back in), and stops when the task stops running or the page goes.
+// (the same element goes back in), and stops when the task ends or the page goes. A task
+// back in the queue (its lease ended, its phone lost) keeps its watch: its screen opens
+// again on the phone that takes it next (the watch closed ABORTED and is opened again).
 let watch = null;
 
 export function watchPanel(task) {
-  if (!IN_FLIGHT.has(statusOf(task)) || !task.host_id) {
+  const running = IN_FLIGHT.has(statusOf(task)) && task.host_id;
+  const requeued = statusOf(task) === "queued" && watch && watch.taskId === task.task_id;
+  if (!running && !requeued) {
     stopWatch();
     return null;
   }
