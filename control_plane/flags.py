@@ -102,6 +102,21 @@ def count(text: str) -> int:
 count.__name__ = "whole number (1 or more)"
 
 
+def origins(text: str) -> tuple[str, ...]:
+    """Origins, comma-separated: `https://amc.example.com`, `http://10.0.0.5:8080`
+    (scheme and host, a port if not the scheme's own; no path); empty: none."""
+    found = []
+    for item in filter(None, (part.strip().rstrip("/").lower() for part in text.split(","))):
+        scheme, sep, host = item.partition("://")
+        if scheme not in ("http", "https") or not sep or not host or "/" in host:
+            raise ValueError(text)
+        found.append(item)
+    return tuple(found)
+
+
+origins.__name__ = "origins (such as https://amc.example.com, comma-separated)"
+
+
 # flag, environment variable, default, value parser, help. A flag's value comes from the
 # command line, else its variable, else the default (argparse parses string defaults too,
 # so a malformed variable is reported like a malformed flag).
@@ -152,6 +167,10 @@ SERVE_FLAGS: list[Flag] = [
     ("--max-viewers-per-token", "AMC_MAX_VIEWERS_PER_TOKEN", "32", count,
      "live screens one token may watch at once on one replica (gRPC and the console);"
      " past it a watch is refused RESOURCE_EXHAUSTED"),
+    ("--console-origin", "AMC_CONSOLE_ORIGIN", "", origins,
+     "the console's public origin(s) behind a proxy that rewrites Host, comma-separated"
+     " (https://amc.example.com): its live screens' WebSockets accept pages of them; a"
+     " proxy's X-Forwarded-Proto and X-Forwarded-Host are honoured without it"),
 ]
 # flag, environment variable (set to 1 to switch on), help
 DATABASE_SWITCHES = [("--debug", "AMC_DEBUG", "a failed start also logs its traceback")]
@@ -223,6 +242,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_artifact_bytes=args.max_artifact_size,
         max_connection_age=args.max_connection_age,
         max_viewers_per_token=args.max_viewers_per_token,
+        console_origins=args.console_origin,
     )
 
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -24,6 +25,7 @@ from control_plane.errors import InvalidArgument
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, wait_action
 from tests.support.agent import running_agent, status_is
+from tests.support.console import SETTINGS as CONSOLE_SETTINGS
 from tests.support.console import console_farm, console_url
 
 HOST = "rack1-host"
@@ -375,3 +377,47 @@ async def test_console_sockets_refuse_a_page_of_another_site(
             task = await dispatched(ws)
             await ws.close()
             await status_is(farm, task["task_id"], "done")
+
+
+async def test_console_sockets_behind_a_tls_terminating_proxy_accept_the_console_s_own_page(
+    database_url: str, http: aiohttp.ClientSession
+) -> None:
+    """GIVEN the console behind a proxy that ends TLS (the request arrives as http, its
+    page's Origin is https://) THEN a live screen opens when the proxy says what it was
+    asked for (X-Forwarded-Proto, X-Forwarded-Host) or the origin is the replica's
+    --console-origin; another site's page is refused whatever it forwards."""
+    settings = replace(CONSOLE_SETTINGS, console_origins=("https://amc.example.com",))
+    async with console_farm(database_url, settings=settings) as farm:
+        token = await farm.token(Role.OPERATOR)
+        auth = {"Authorization": f"Bearer {token}"}
+        own = console_url(farm, "").rstrip("/").replace("http://", "https://")
+        port = own.rsplit(":", 1)[1]
+        screen = console_url(farm, f"/api/screen?host_id={HOST}&serial=sim-0")
+        accepted = [
+            {"Origin": own, "X-Forwarded-Proto": "https"},
+            {
+                "Origin": "https://public.example.net",
+                "X-Forwarded-Proto": "https",
+                "X-Forwarded-Host": "public.example.net, 10.0.0.7",
+            },
+            {"Origin": "https://public.example.net:443", "X-Forwarded-Proto": "https",
+             "X-Forwarded-Host": "public.example.net"},
+            {"Origin": "https://amc.example.com"},  # --console-origin, Host rewritten
+        ]  # fmt: skip
+        refused = [
+            {"Origin": own},  # https page, no word from a proxy: not this console's own
+            {"Origin": "https://evil.example", "X-Forwarded-Proto": "https"},
+            {"Origin": f"https://evil.example:{port}", "X-Forwarded-Proto": "https"},
+            {"Origin": "https://public.example.net", "X-Forwarded-Host": "public.example.net"},
+        ]
+        async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+            for headers in accepted:
+                async with http.ws_connect(screen, headers=auth | headers) as ws:
+                    message = await asyncio.wait_for(ws.receive(), 20)
+                    assert message.type == aiohttp.WSMsgType.BINARY, headers
+            for headers in refused:
+                async with http.get(screen, headers=auth | headers) as r:
+                    assert r.status == 403, headers
+                    body = await r.json()
+                    assert body["code"] == "PERMISSION_DENIED"
+                    assert body["message"] == f"not from this console: {headers['Origin']}"

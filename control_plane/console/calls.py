@@ -8,12 +8,14 @@ token's characters (`amc_`, hex, URL-safe base64) are all allowed in a subprotoc
 A WebSocket is not held to the same-origin rules a fetch is (no preflight): another site's
 page could open one to the console, which matters most with authentication off (on
 loopback). A browser always says which page opened it (`Origin`), so a socket whose origin
-is not the console's own is refused (`foreign_origin`); a client that is not a browser
-sends no Origin.
+is not the console's own is refused (`foreign_origin`: the console's own as the request
+names it, through a proxy's X-Forwarded-Proto/Host too, or one of --console-origin); a
+client that is not a browser sends no Origin.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -62,13 +64,36 @@ def socket_authorization(request: web.Request) -> str | None:
     return None
 
 
-def foreign_origin(request: web.Request) -> str | None:
-    """The `Origin` of a browser page of another site than the console, else None."""
+def foreign_origin(request: web.Request, trusted: Collection[str] = ()) -> str | None:
+    """The `Origin` of a browser page of another site than the console, else None.
+
+    The console's own origin is the scheme and host the request was made to: behind a
+    proxy that ends TLS (or listens on another name) the request arrives as plain http for
+    an internal name, so the proxy's `X-Forwarded-Proto` and `X-Forwarded-Host` (their
+    first value) stand for them when present. A page cannot set those headers on a
+    WebSocket, so honouring them lets no other site's page in. `trusted` (the replica's
+    --console-origin) are origins accepted whatever the request says (a proxy that
+    rewrites Host and says nothing)."""
     origin = request.headers.get("Origin")
     if origin is None:
         return None
+    if origin.lower().rstrip("/") in trusted:
+        return None
     parts = urlsplit(origin)
-    scheme = "https" if request.secure else "http"
-    if parts.scheme == scheme and parts.netloc.lower() == request.host.lower():
+    scheme = _first(request, "X-Forwarded-Proto") or ("https" if request.secure else "http")
+    host = _first(request, "X-Forwarded-Host") or request.host
+    if parts.scheme == scheme.lower() and _netloc(parts.netloc, scheme) == _netloc(host, scheme):
         return None
     return origin
+
+
+def _first(request: web.Request, header: str) -> str:
+    """A forwarded header's first value (a chain of proxies adds theirs after it)."""
+    return request.headers.get(header, "").split(",")[0].strip()
+
+
+def _netloc(netloc: str, scheme: str) -> str:
+    """host[:port] lower-cased, without the scheme's own port."""
+    default = {"http": ":80", "https": ":443"}.get(scheme.lower(), "")
+    netloc = netloc.lower()
+    return netloc.removesuffix(default) if default else netloc

@@ -136,6 +136,7 @@ class Console:
         self._runner: web.AppRunner | None = None
         self._events = Events(hub)
         self.controls = Controls(scheduler, auth)
+        self.origins = scheduler.settings.console_origins
         self.port = 0
 
     def app(self) -> web.Application:
@@ -307,7 +308,7 @@ class Console:
 
     async def control(self, request: web.Request) -> web.StreamResponse:
         """A refusal before the socket opens is answered like the API's."""
-        if (origin := foreign_origin(request)) is not None:
+        if (origin := foreign_origin(request, self.origins)) is not None:
             return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
         context = CallContext(socket_authorization(request))
         try:
@@ -317,7 +318,7 @@ class Console:
 
     async def screen(self, request: web.Request) -> web.StreamResponse:
         """A phone's live screen (control_plane.console.screen has the message layout)."""
-        if (origin := foreign_origin(request)) is not None:
+        if (origin := foreign_origin(request, self.origins)) is not None:
             return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
         return await screen.serve(self.scheduler, request, _refusal)
 

@@ -19,12 +19,14 @@ SETTINGS = Settings(
 
 
 @asynccontextmanager
-async def console_farm(database_url: str, *, insecure: bool = False) -> AsyncIterator[Farm]:
+async def console_farm(
+    database_url: str, *, insecure: bool = False, settings: Settings = SETTINGS
+) -> AsyncIterator[Farm]:
     """A Farm whose control plane also serves the console (`console_url`)."""
-    farm = Farm(database_url, SETTINGS)
+    farm = Farm(database_url, settings)
     farm.plane = ControlPlane(
         database_url,
-        SETTINGS,
+        settings,
         listen="127.0.0.1:0",
         insecure=insecure,
         http_listen="127.0.0.1:0",
