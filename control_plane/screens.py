@@ -193,7 +193,8 @@ class ScreenWatch:
                 if verdict == screen_tasks.WAIT and settled is not None:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(STALE):
-                            await settled.wait()
+                            await _either(viewer.ready, settled)  # or the replica stopping
+                    viewer.ready.clear()
                     continue
             frame = screen.frame
             if frame is None or frame is sent:
