@@ -10,7 +10,9 @@ processes would not fit two cores: chaos_lib/fleet.py), and a client that keeps 
 workflows, with selectors aimed at the fleet (none, the pool, a row, one rack, one serial),
 as two teams (fairness keys team-a and team-b, weights 1 and 2 in fair_shares), and
 cancels about a third of them at random moments, beside a few interactive sessions on the
-agents' phones (chaos_lib/sessions.py: closed, cancelled or abandoned; invariant 9). Before
+agents' phones (chaos_lib/sessions.py: closed, cancelled or abandoned; invariant 9), and a
+few live-screen viewers watching running tasks by task_id through the replicas, some
+relayed between them, following a task that moves (chaos_lib/screens.py; invariant 11). Before
 the faults it queues a backlog of
 BACKLOG tasks (default 3,000) for racks no host has, through SubmitTasks: they stay queued
 through every fault (the queue's groups of tasks nobody can take) and are cancelled at the
@@ -64,12 +66,13 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_lib import evidence, faults, phones, recovery, report, soak
+from chaos_lib import evidence, faults, phones, recovery, report, screens, soak
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
 from chaos_lib.invariants import Checks, Violation, grouped
 from chaos_lib.monitor import Monitor
+from chaos_lib.screens import ScreenLoad
 from chaos_lib.sessions import SessionLoad
 from chaos_lib.workload import ActionTail, Selectors, Workload
 
@@ -189,6 +192,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=3,
         help="interactive sessions kept open at once on the agents' phones (0: none)",
+    )
+    p.add_argument(
+        "--viewers",
+        type=int,
+        default=3,
+        help="live-screen viewers watching running tasks at once (0: none)",
     )
     p.add_argument(
         "--faults",
@@ -316,6 +325,13 @@ class ChaosRun:
             random.Random(self.args.seed + 23),  # the workload's draws stay the seed's
             self.args.sessions,
         )
+        self.screens = ScreenLoad(
+            [r.address for r in self.farm.replicas],
+            self.farm.client_token,
+            self.farm.dsn,
+            random.Random(self.args.seed + 24),
+            self.args.viewers,
+        )
         await set_fair_shares(self.farm.replicas[0].address, self.farm.operator_token)
         if self.args.backlog:
             began = time.monotonic()
@@ -353,6 +369,7 @@ class ChaosRun:
         self.soak_began = time.time()
         submitting = asyncio.create_task(self.workload.submit_forever())
         sessions = asyncio.create_task(self.sessions.run_forever())
+        viewing = asyncio.create_task(self.screens.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
         try:
             await asyncio.sleep(self.args.warmup)  # faults find work in flight from the start
@@ -363,6 +380,8 @@ class ChaosRun:
             submitting.cancel()
             self.sessions.stop()
             sessions.cancel()  # the open ones are abandoned: they end failed
+            self.screens.stop()
+            viewing.cancel()
             watching.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
         self.pinned = await self._phones_back()
@@ -404,6 +423,7 @@ class ChaosRun:
         ]
         await self.workload.close()
         await self.sessions.close()
+        await self.screens.close()
         await self.monitor.close()
 
     async def check(self) -> dict[str, Any]:
@@ -441,6 +461,10 @@ class ChaosRun:
             farm.dsn, ev.tasks, ev.events, ev.attempts, injector.faults, self.pinned
         )
         violations += [Violation(10, check, detail) for check, detail in verdict.violations]
+        watched, viewed = screens.check(
+            ev, self.screens.frames, self.screens.watches, self.workload.tasks
+        )
+        violations += [Violation(11, check, detail) for check, detail in watched]
         recovery.measure(injector.faults, ev)
         self._harness_problems()
         counts = injector.counts()
@@ -489,6 +513,7 @@ class ChaosRun:
                 if f.kind == "pg_failover"
             ],
             "sessions": self.sessions.counts(),
+            "screens": viewed,
             "session_errors": self.sessions.errors(),
             "clients": {
                 "submit_retries": self.workload.counters.submit_retries,

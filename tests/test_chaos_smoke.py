@@ -5,6 +5,7 @@ trusted in a long run."""
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -14,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from amc.v1 import task_pb2
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib import phones  # noqa: E402
+from chaos_lib import phones, screens  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
@@ -63,6 +66,8 @@ def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: P
     # Issue 22: every phone fault ran, and each phone took work again after its fault.
     assert set(results["phones"]["faults"]) == set(phones.KINDS)
     assert results["phones"]["details"]["phones back at work after their faults"] >= 1
+    # Live screens: tasks watched through the faults (invariant 11 held above).
+    assert results["screens"]["frames"] > 0 and results["screens"]["tasks_watched"] > 0
 
 
 def test_phone_fault_checks_catch_a_sick_phone_given_work_and_a_spent_budget() -> None:
@@ -639,3 +644,61 @@ def test_the_soaks_memory_growth_at_the_most_hosts_is_also_read_once_they_settle
     assert settles["at_most_hosts_settled_growth_pct"] == 0
     grows = run(settling=0.0, drift=0.3)
     assert grows["at_most_hosts_settled_growth_pct"] > 10
+
+
+def test_a_task_viewer_sent_a_frame_of_another_attempt_breaks_invariant_11() -> None:
+    """THEN invariant 11: frames captured while the watched attempt ran on its phone are
+    clean, and so is one captured after the attempt ended in the database but before the
+    phone's next attempt began (its host did not know yet: counted); a frame that says
+    another task, one of another phone, one captured before its attempt began, one
+    captured once the phone had its next attempt, one that says nothing, and one sent
+    long after its attempt ended each break it; so does a watched task done with other
+    steps or device actions than its plan's."""
+    ours = _attempt("t1", 1, "h1", T0, T0 + 10)
+    theirs = _attempt("u1", 1, "h1", T0 + 12, T0 + 20)
+    plan = random_plan(random.Random(11))
+    steps = [task_pb2.StepResult(name=s.name) for s in plan.spec.workflow.steps]
+    done = {"status": "done", "attempt": 1, "metadata": {},
+            "result": task_pb2.TaskResult(steps=steps).SerializeToString()}  # fmt: skip
+    # Its phone's actions, as the checks attribute them to their attempts.
+    acted = [
+        Action("h1", "sim-0", "tap", T0 + 1, T0 + 1.1, "ok", task_id="t1", attempt=1)
+        for _ in range(plan.device_actions)
+    ]
+    ev = Evidence(
+        tasks={"t1": done}, attempts={("t1", 1): ours, ("u1", 1): theirs}, events={},
+        devices=[], actions=acted, agent_events=[],
+    )  # fmt: skip
+
+    def frame(captured: float, running: tuple[str, int] | None = ("t1", 1), **kw: Any) -> Any:
+        fields = {"host_id": "h1", "serial": "sim-0", "received_at": captured + 0.1} | kw
+        return screens.FrameSeen("t1", seq=1, captured_at=captured, running=running, **fields)
+
+    clean = [frame(T0 + 1), frame(T0 + 9.9), frame(T0 + 11)]
+    broken = {
+        "a frame not captured during the watched task": frame(T0 + 2, ("u1", 1)),
+        "a frame of a phone the attempt did not run on": frame(T0 + 2, serial="sim-1"),
+        "a frame captured before its attempt began": frame(T0 - 0.5),
+        "a frame captured after its phone was given to another attempt": frame(T0 + 12.5),
+    }
+    watch = [screens.WatchRecord("t1", T0, T0 + 11, "ABORTED", frames=1)]
+    submitted = [Submitted("r1", plan, None, task_id="t1")]
+    found, figures = screens.check(ev, clean, watch, submitted)
+    assert found == []
+    assert figures["frames captured after the attempt ended (its host not knowing yet)"] == 1
+    for check, bad in broken.items():
+        found, _ = screens.check(ev, [bad], watch, submitted)
+        assert [c for c, _ in found] == [check], check
+    silent, _ = screens.check(ev, [frame(T0 + 2, None)], watch, submitted)
+    assert [c for c, _ in silent] == ["a frame not captured during the watched task"]
+    late = frame(T0 + 9, received_at=T0 + 10 + screens.REFRESH_BOUND + screens.NOTICE_SLACK + 1)
+    assert [c for c, _ in screens.check(ev, [late], watch, submitted)[0]] == [
+        "a frame sent long after its attempt ended"
+    ]
+    ev.tasks["t1"] = {**done, "result": task_pb2.TaskResult(steps=steps[:-1]).SerializeToString()}
+    ev.actions.append(acted[0])
+    found, _ = screens.check(ev, clean, watch, submitted)
+    assert [c for c, _ in found] == [
+        "a watched task's steps are not its spec's",
+        "a watched task's phone did other than its plan's actions",
+    ]

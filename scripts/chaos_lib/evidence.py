@@ -77,10 +77,18 @@ class ReplicaLine:
     fields: dict[str, Any]
 
 
-# The replica log lines the dispatch check reads: who queued and who assigned a task, and
-# anything said at warning level or above.
+# The replica log lines the checks read: who queued and who assigned a task (dispatch),
+# a screen relayed between replicas (live screens), and anything said at warning level or
+# above.
 REPLICA_EVENTS = frozenset(
-    {"task submitted", "tasks submitted", "task assigned", "lease expired", "lease released"}
+    {
+        "task submitted",
+        "tasks submitted",
+        "task assigned",
+        "lease expired",
+        "lease released",
+        "screen relayed",
+    }
 )
 
 

@@ -29,6 +29,10 @@
    10  phone faults (chaos_lib/phones.py): no task failed for an infrastructure fault while
        its infrastructure-retry budget remained; a sick phone took no new work later than
        one probe interval after its fault; a phone back from one took work again
+   11  live screens (chaos_lib/screens.py): a task's viewer is sent only frames captured
+       while its phone ran that task's attempt (never before it began, never once the
+       phone was given to another attempt), its watch ends within the re-read bound of
+       its attempt's end, and watching changes no task's steps or actions
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
@@ -64,6 +68,7 @@ NAMES = {
     8: "no acknowledged transition lost",
     9: "sessions end as the spec says",
     10: "phone faults: infrastructure retries, sick phones idle, recovered ones at work",
+    11: "live screens: a task's viewer sees only its attempt's phone; watching changes nothing",
 }
 TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).

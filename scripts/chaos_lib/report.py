@@ -110,6 +110,7 @@ def table(results: dict[str, Any]) -> str:
         + "  ".join(f"{k} {v}" for k, v in t["attempts_by_end"].items()),
         *_workload_lines(results.get("config") or {}),
         *_dispatch_lines(results.get("dispatch") or {}),
+        *_screen_lines(results.get("screens") or {}),
         "",
         f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
     ]
@@ -130,6 +131,16 @@ def table(results: dict[str, Any]) -> str:
         lines += ["", "harness problems:"] + [f"  - {p}" for p in s["problems"]]
     lines.append("")
     return "\n".join(lines)
+
+
+def _screen_lines(v: dict[str, Any]) -> list[str]:
+    if not v.get("watches"):
+        return []
+    ends = "  ".join(f"{k} {n}" for k, n in v["watches_by_end"].items())
+    return [
+        f"screens    {v['watches']} watches of {v['tasks_watched']} tasks, {v['frames']} frames,"
+        f" {v.get('relays_between_replicas', 0)} relays between replicas  (ended: {ends})"
+    ]
 
 
 def _workload_lines(c: dict[str, Any]) -> list[str]:
