@@ -8,7 +8,6 @@ client             a synchronous gRPC client with the bearer token on every call
 specfile           task-spec files (YAML/JSON) -> SubmitTaskRequest, walked beside the messages
 specdoc            reading a spec file: JSON or YAML, the line of each part, no duplicate keys
 specvalues         a spec's single values as their fields want them; key names (KEYCODES)
-durations          durations as people write them (2s, 500ms, 1m30s), in files and flags
 selectors          warnings for a selector no registered device fits (submit; --strict)
 follow             following a task until it ends (watch, submit --wait)
 artifact_download  a task's kept file: which one a step names, written out checked

@@ -13,7 +13,8 @@ from typer.core import TyperOption
 
 from amc_cli.commands import agents, devices, hosts, queue, tasks, tokens
 from amc_cli.errors import EXIT_CODES_HELP, BadInput
-from amc_cli.options import Connection, duration
+from amc_cli.options import Connection, duration, positive_seconds
+from amc_common import durations
 from amc_common.channel import DEFAULT_PORT
 from amc_common.version import version_line
 
@@ -22,7 +23,7 @@ DEFAULT_ADDR = f"127.0.0.1:{DEFAULT_PORT}"
 app = typer.Typer(
     name="amc",
     help="Operate an Agentic Mobile Control phone farm: submit, follow and cancel tasks, "
-    "see hosts and devices, manage tokens.",
+    f"see hosts and devices, manage tokens. {durations.GRAMMAR}",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -68,13 +69,6 @@ def token_source(
     return token, None
 
 
-def _seconds(value: float) -> float:
-    # click's FloatRange lets nan through (no comparison with it is true), so check here.
-    if not 0 < value < float("inf"):
-        raise typer.BadParameter(f"{value:g} is not a number of seconds above 0")
-    return value
-
-
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(version_line("amc"))
@@ -111,11 +105,13 @@ def connect(
         typer.Option("--tls", envvar="AMC_TLS", help="Use TLS with the system's CAs."),
     ] = False,
     timeout: Annotated[
-        float,
+        str,
         typer.Option(
-            envvar="AMC_TIMEOUT", callback=_seconds, help="Seconds to wait for each answer."
+            envvar="AMC_TIMEOUT",
+            metavar="DURATION",
+            help="How long to wait for each answer (a number: seconds).",
         ),
-    ] = 30.0,
+    ] = "30s",
     retry_for: Annotated[
         str | None,
         typer.Option(
@@ -143,6 +139,7 @@ def connect(
     )
     retry = duration(retry_for, "--retry-for")
     seconds = None if retry is None else retry.ToTimedelta().total_seconds()
-    connection = Connection(addr, token, token_file, ca, tls, timeout, seconds)
+    wait = positive_seconds(timeout, "--timeout")
+    connection = Connection(addr, token, token_file, ca, tls, wait, seconds)
     ctx.obj = connection
     ctx.call_on_close(connection.close)

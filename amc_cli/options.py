@@ -4,6 +4,7 @@ from flags."""
 
 from __future__ import annotations
 
+import argparse
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,9 +17,10 @@ from google.protobuf.message import Message
 
 from amc_cli import render
 from amc_cli.client import Client, Target, read_token
-from amc_cli.durations import parse_duration
 from amc_cli.errors import EXIT_CODES_HELP, BadInput, ExitCode
+from amc_common import durations
 from amc_common.channel import with_default_port
+from amc_common.durations import parse_duration
 
 
 class Output(enum.StrEnum):
@@ -134,9 +136,18 @@ def key_values(values: list[str] | None, flag: str) -> dict[str, str]:
 
 
 def duration(value: str | None, flag: str) -> duration_pb2.Duration | None:
+    """A flag's duration (amc_common.durations' grammar), 0 or more; None: not given."""
     if value is None:
         return None
     try:
         return parse_duration(value)
     except ValueError as exc:
+        raise BadInput(f"{flag}: {exc}") from None
+
+
+def positive_seconds(value: str, flag: str) -> float:
+    """A flag's time above 0, in seconds, as every program reads one."""
+    try:
+        return durations.above_zero(value)
+    except argparse.ArgumentTypeError as exc:
         raise BadInput(f"{flag}: {exc}") from None

@@ -25,7 +25,7 @@ Each problem is reported with the file, the line (YAML) and the path inside the 
 what only the server checks (priority, labels, sizes) comes back naming the field too.
 
 Reading the file and the line of each part is specdoc's; single values (text, numbers,
-key names) specvalues'; durations durations'.
+key names) specvalues'; durations amc_common.durations' (every program's grammar).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from google.protobuf import duration_pb2, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from amc.v1 import scheduler_pb2, task_pb2
-from amc_cli.durations import parse_duration
 from amc_cli.errors import SpecError
 from amc_cli.specdoc import Doc, parse, read
 from amc_cli.specvalues import describe, scalar, suggest
 from amc_common.action_table import FIELDS, ActionError, from_message
+from amc_common.durations import parse_duration
 
 _TOP_LEVEL = [
     "actions",

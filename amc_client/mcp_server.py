@@ -31,6 +31,7 @@ from amc_client import actions
 from amc_client.errors import ActionFailed, SessionEnded
 from amc_client.farm import Farm
 from amc_client.phone import Phone
+from amc_common import durations
 from amc_common.channel import read_token
 
 
@@ -309,7 +310,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tls", action="store_true")
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE")
     parser.add_argument("--serial", default="")
-    parser.add_argument("--idle-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--idle-timeout",
+        type=durations.above_zero,
+        default=300.0,
+        metavar="DURATION",
+        help=f"a session left idle this long ends (default 5m). {durations.GRAMMAR}",
+    )
     args = parser.parse_args(argv)
     token = read_token(args.token, args.token_file)
     run(

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from amc_common import durations
 from amc_common.command_line import OneLineParser
 from amc_common.version import version_line
 from control_plane.config import AGENT_REPORT_TIMEOUT, TASK_RETENTION_FLOOR, Settings
@@ -25,7 +25,8 @@ Every flag of `serve` can come from an environment variable instead (its help na
 a flag given on the command line wins. A start that fails (database unreachable, port
 taken, unreadable certificate) logs one line saying what is wrong, the cause and what to
 do, then exits 1; --debug (or AMC_DEBUG=1) adds the traceback. The database URL is only
-ever shown with its password masked.
+ever shown with its password masked. A time flag takes a DURATION: 15s, 1m30s, 1h,
+250ms, 2d, or a number of seconds (1.5); the retention flags want a unit, or off.
 """
 
 DEFAULT_DATA_DIR = ".amc/pgdata"
@@ -51,45 +52,10 @@ def log_format(text: str) -> str:
 
 log_format.__name__ = "log format (auto, console, json)"  # argparse names it in errors
 
-_SPAN = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
-_SPAN_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-
-
-def retention(text: str) -> timedelta | None:
-    """`30d`, `12h`, `30m`, `90s`, or a sum such as `1d12h`; `off` or `0`: never (None).
-    A bare number is refused: read as seconds, a `30` meant as days would delete a month
-    of history at once."""
-    text = text.strip().lower()
-    if text in ("off", "0"):
-        return None
-    if not text or _SPAN.sub("", text):
-        raise ValueError(text)
-    total = sum(float(n) * _SPAN_SECONDS[unit] for n, unit in _SPAN.findall(text))
-    return timedelta(seconds=total) if total else None
-
-
-retention.__name__ = "duration (such as 30d, 12h, 30m, 90s, or off)"
-
-
-def seconds(text: str) -> float:
-    """A time in seconds above 0: `nan`, `inf` and 0 are refused (a lease of `nan` seconds
-    ended the start in a traceback; one of 0 would expire at once)."""
-    if not 0 < (value := float(text)) < float("inf"):
-        raise ValueError(text)
-    return value
-
-
-seconds.__name__ = "number of seconds (above 0)"
-
-
-def seconds_or_zero(text: str) -> float:
-    """A time in seconds, 0 or more (0: none, or off, as its flag says)."""
-    if not 0 <= (value := float(text)) < float("inf"):
-        raise ValueError(text)
-    return value
-
-
-seconds_or_zero.__name__ = "number of seconds (0 or more)"
+# The time flags' types: one grammar for every program (amc_common.durations).
+seconds = durations.above_zero
+seconds_or_zero = durations.zero_or_more
+retention = durations.span_or_off
 
 
 def count(text: str) -> int:
@@ -180,6 +146,9 @@ SERVE_SWITCHES = [
 # fmt: on
 
 
+_TIMES = (seconds, seconds_or_zero, retention)
+
+
 def _on(value: str | None) -> bool:
     return (value or "").lower() not in ("", "0", "false", "no", "off")
 
@@ -194,7 +163,11 @@ def add_flags(
     for flag, var, default, parse_value, text in flags:
         shown = f"; default {default}" if default else ""
         p.add_argument(
-            flag, default=env.get(var, default), type=parse_value, help=f"{text} [${var}{shown}]"
+            flag,
+            default=env.get(var, default),
+            type=parse_value,
+            metavar="DURATION" if parse_value in _TIMES else None,
+            help=f"{text} [${var}{shown}]",
         )
     for flag, var, text in switches:
         p.add_argument(
@@ -212,7 +185,12 @@ def parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=version_line("control-plane"))
     sub = p.add_subparsers(dest="command")
-    serve = sub.add_parser("serve", parents=[database], help="run a replica (the default)")
+    serve = sub.add_parser(
+        "serve",
+        parents=[database],
+        help="run a replica (the default)",
+        epilog=f"{durations.GRAMMAR} The retention flags want a unit, or off.",
+    )
     add_flags(serve, SERVE_FLAGS, SERVE_SWITCHES, env)
     tokens = sub.add_parser("tokens", help="token bootstrap, straight into the database")
     tsub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="create")

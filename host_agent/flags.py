@@ -2,7 +2,8 @@
 read into a `host_agent.config.Config`.
 
 Every flag can come from the environment instead (the systemd unit's EnvironmentFile);
-a flag given on the command line wins. Durations accept `30`, `30s`, `500ms` or `2m`.
+a flag given on the command line wins. A DURATION is written as for every program
+(amc_common.durations): `15s`, `1m30s`, `1h`, `250ms`, or a number of seconds (`30`).
 Anything malformed ends the process with one line on stderr and exit code 2. `--help`
 lists the flags in sections, by what they are about.
 """
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from amc_common import durations
 from amc_common.channel import read_token
 from amc_common.command_line import OneLineParser
 from amc_common.version import version_line
@@ -34,8 +36,6 @@ from host_agent.recovery import RecoverySettings
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
 _Settings = TypeVar("_Settings", bound="DataclassInstance")
 
 
@@ -43,10 +43,9 @@ _Settings = TypeVar("_Settings", bound="DataclassInstance")
 
 
 def duration(text: str) -> float:
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(text)
-    return float(match[1]) * _UNITS[match[2]]
+    """Seconds, 0 or more, in the grammar every program shares; whether 0 is allowed is
+    the flag's (_check_positive)."""
+    return durations.zero_or_more(text)
 
 
 def address(text: str) -> tuple[str, int]:
@@ -239,7 +238,11 @@ _METAVARS: dict[Callable[[str], Any], str] = {
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = OneLineParser(prog="host-agent", description="Runs AMC tasks on this host's phones.")
+    p = OneLineParser(
+        prog="host-agent",
+        description="Runs AMC tasks on this host's phones.",
+        epilog=durations.GRAMMAR,
+    )
     p.add_argument("--version", action="version", version=version_line("host-agent"))
     sections = {title: p.add_argument_group(title) for title, _ in _GROUPS}
     for title, options in _GROUPS:

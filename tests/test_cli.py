@@ -22,10 +22,10 @@ from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_cli.client import Client, Target
-from amc_cli.durations import parse_duration
 from amc_cli.errors import RpcFailed
 from amc_cli.specfile import load_request
 from amc_common.channel import with_default_port
+from amc_common.durations import parse_duration
 from control_plane.admin_service import create_token
 from control_plane.config import Settings
 from control_plane.domain import Role
@@ -1068,7 +1068,8 @@ async def test_flags_are_shown_without_a_value_in_help(amc: Cli) -> None:
         assert flags, run.out
         for line in flags:
             assert "<bool>" not in line and "no-tls" not in line, line
-    assert "<float>" in runs[0].out  # options that take a value still say what value
+    # Options that take a value still say what value.
+    assert "<path>" in runs[0].out and "DURATION" in runs[0].out
 
 
 # -- the control plane's and the Makefile's command lines ------------------------------------

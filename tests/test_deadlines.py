@@ -514,7 +514,7 @@ async def test_amc_shows_why_a_task_failed_on_its_queue_timeout(farm: Farm) -> N
         (["--deadline", "soon"], "--deadline: 'soon' is not a duration"),
         (["--queue-timeout", "-5s"], "--queue-timeout:"),
         (["--deadline", "0s"], "deadline: must be between 1s and 7 days"),
-        (["--queue-timeout", "90d"], "--queue-timeout:"),
+        (["--queue-timeout", "90d"], "queue_timeout: must be between 1s and 30 days"),
         (["--queue-timeout", "1000h"], "queue_timeout: must be between 1s and 30 days"),
     ],
 )

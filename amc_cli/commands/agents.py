@@ -41,8 +41,7 @@ def mcp(
     sessions (tools list_phones, open_session, screenshot, ui_dump, tap, tap_element, swipe,
     type_text, press_key, launch_app, stop_app, close_session). Needs the `mcp` extra."""
     labels = options.key_values(label, "--label")
-    idle = options.duration(idle_timeout, "--idle-timeout")
-    assert idle is not None
+    idle = options.positive_seconds(idle_timeout, "--idle-timeout")
     try:
         from amc_client import mcp_server
     except ImportError as exc:
@@ -58,5 +57,5 @@ def mcp(
         tls=session.tls,
         labels=labels,
         serial=serial,
-        idle_timeout=idle.ToTimedelta().total_seconds(),
+        idle_timeout=idle,
     )
