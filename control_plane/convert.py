@@ -306,15 +306,16 @@ def event_to_pb(e: TaskEvent) -> scheduler_pb2.TaskEvent:
     )
 
 
-def queue_group_to_pb(g: QueueWait) -> scheduler_pb2.QueueGroup:
+def queue_group_to_pb(g: QueueWait, because: str) -> scheduler_pb2.QueueGroup:
+    """A selector's queued tasks; `because`: why they wait (pending.explain's words)."""
     return scheduler_pb2.QueueGroup(
         selector=task_pb2.DeviceSelector(serial=g.serial or "", labels=g.labels),
         count=g.count,
         oldest_queued_at=timestamp(g.oldest_at),
-        devices_idle=g.devices_idle,
-        devices_busy=g.devices_busy,
+        devices_idle=g.match.idle,
+        devices_busy=g.match.busy,
         devices_unavailable=g.devices_unavailable,
-        waiting_because=g.because,
+        waiting_because=because,
     )
 
 

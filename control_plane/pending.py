@@ -1,4 +1,5 @@
-"""Why a queued task waits (`Task.pending_reason`), computed when the task is read.
+"""Why a queued task waits (`Task.pending_reason`), computed when the task is read, and the
+words for it, which GetQueue's `waiting_because` uses too.
 
 Never stored and never refreshed in the background. GetTask and WatchTask read the task
 and what its reason is made of in one statement (`read`); ListTasks reads its page, then
@@ -8,12 +9,19 @@ them, queued tasks with further selectors on the same page getting no reason; th
 the page's fairness keys with their running tasks). Either way a reason comes from the
 same snapshot as the status it explains: a phone that took the task after it was read is
 never counted busy with it (issue 27). Neither reads the backlog.
+
+One classification for every front: the devices a selector matches are counted by
+amc_device_use (store/queue.count.sql: host drained, host cordoned, cordoned, offline,
+held by its condition, busy, idle) both here, live, and in the queue's background count
+that GetQueue reads (`amc queue`, the console's Queue page), and `explain` words either.
+So the same farm reads the same reason through GetTask and GetQueue, GetQueue's only as
+old as its count (a few seconds). A fairness key at its cap is a task's reason (`at_cap`),
+not its selector's: GetQueue shows caps by key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -35,46 +43,62 @@ def _plural(n: int, one: str, many: str) -> str:
 
 
 def explain(serial: str | None, labels: dict[str, str], m: DeviceMatch) -> str:
-    """The reason, from the devices the selector matches (see DeviceMatch for the order in
-    which each device is counted)."""
+    """Why tasks of this selector wait, from the devices it matches (DeviceMatch: each
+    counted by the first thing that keeps it from them). The one wording: GetTask's,
+    WatchTask's and ListTasks' pending_reason (OpenSession's waiting responses carry the
+    task), GetQueue's waiting_because (`amc queue`, the console's Queue page)."""
     if m.total == 0:
         if serial is None and not labels:
             return "no device is registered"
         return f"no registered device matches {describe(serial, labels)}"
-    idle = m.total - m.host_cordoned - m.cordoned - m.offline - m.held - m.busy
-    if idle > 0:
-        return _plural(idle, "matching device is idle", "matching devices are idle") + (
+    if m.idle > 0:
+        return _plural(m.idle, "matching device is idle", "matching devices are idle") + (
             "; its host has not taken the task yet"
         )
     if m.held > 0 and m.busy == 0:
         return held(m)
     if m.busy > 0:
         text = _plural(m.busy, "matching device, busy", "matching devices, all busy")
-        others = [
-            _plural(n, word, word)
-            for n, word in (
-                (m.held, "held"),
-                (m.offline, "offline"),
-                (m.cordoned + m.host_cordoned, "cordoned"),
-            )
+        return text + _others(m, with_held=True)
+    if m.offline == 0 and m.cordoned == 0:
+        if m.host_cordoned == 0:
+            return "every matching host is drained"
+        if m.host_draining == 0:
+            return "every matching host is cordoned"
+        return (
+            f"every matching host is cordoned or drained ({m.host_cordoned} cordoned, "
+            f"{m.host_draining} drained)"
+        )
+    if m.offline == 0:
+        on = [
+            _plural(n, f"on a {word} host", f"on {word} hosts")
+            for n, word in ((m.host_cordoned, "cordoned"), (m.host_draining, "drained"))
             if n
         ]
-        return text + (f" ({', '.join(others)})" if others else "")
-    if m.offline == 0 and m.cordoned == 0:
-        return "every matching host is cordoned"
-    if m.offline == 0:
-        return "every matching device is cordoned" + (
-            f" ({m.host_cordoned} on cordoned hosts)" if m.host_cordoned else ""
-        )
-    if m.cordoned + m.host_cordoned == 0:
+        return "every matching device is cordoned" + (f" ({', '.join(on)})" if on else "")
+    if m.cordoned + m.host_cordoned + m.host_draining == 0:
         return "every matching device is offline"
-    return (
-        f"every matching device is offline or cordoned ({m.offline} offline, "
-        f"{m.cordoned + m.host_cordoned} cordoned)"
-    )
+    return "every matching device is offline or cordoned" + _others(m, with_held=False)
 
 
-# How a held device's condition reads in a reason.
+def _others(m: DeviceMatch, *, with_held: bool) -> str:
+    """` (1 held, 2 offline, 1 cordoned, 1 on a drained host)`: what keeps the matching
+    devices that are not named first; '' when nothing does."""
+    parts = [
+        _plural(n, one, many)
+        for n, one, many in (
+            (m.held if with_held else 0, "held", "held"),
+            (m.offline, "offline", "offline"),
+            (m.cordoned + m.host_cordoned, "cordoned", "cordoned"),
+            (m.host_draining, "on a drained host", "on drained hosts"),
+        )
+        if n
+    ]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+# How a held device's condition reads in a reason: every condition but `ready`
+# (amc_common.device_conditions; tests/test_pending_reason.py holds them to it).
 HELD_AS = {
     "charging_hold": "charging (battery low)",
     "too_hot": "too hot",
@@ -90,17 +114,9 @@ HELD_AS = {
 def held(m: DeviceMatch) -> str:
     """`3 matching phones held: 2 charging (battery low), 1 too hot` (and what else keeps
     the rest, when some are offline or cordoned)."""
-    counts = Counter(m.held_by)
-    kinds = ", ".join(
-        f"{n} {HELD_AS.get(c, c)}" for c, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
-    )
+    kinds = ", ".join(f"{n} {HELD_AS.get(c, c.replace('_', ' '))}" for c, n in m.held_by)
     text = _plural(m.held, "matching phone held", "matching phones held") + f": {kinds}"
-    others = [
-        _plural(n, word, word)
-        for n, word in ((m.offline, "offline"), (m.cordoned + m.host_cordoned, "cordoned"))
-        if n
-    ]
-    return text + (f" ({', '.join(others)})" if others else "")
+    return text + _others(m, with_held=False)
 
 
 async def read(store: Store, task_id: TaskId, connected_within: timedelta) -> Task:
@@ -155,7 +171,7 @@ def at_cap(key: str, cap: KeyCap | None, m: DeviceMatch) -> str | None:
     its condition, that is the reason, whatever the cap)."""
     if cap is None or cap.running < cap.max_devices:
         return None
-    if m.total - m.host_cordoned - m.cordoned - m.offline - m.held <= 0:
+    if m.idle + m.busy <= 0:
         return None
     return f"team {key} at its cap of {_plural(cap.max_devices, 'phone', 'phones')}"
 

@@ -206,7 +206,9 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.GetQueueResponse:
         groups, total, counted_at = await self.store.queue.groups(QUEUE_GROUPS)
         return scheduler_pb2.GetQueueResponse(
-            groups=[queue_group_to_pb(g) for g in groups],
+            groups=[
+                queue_group_to_pb(g, pending.explain(g.serial, g.labels, g.match)) for g in groups
+            ],
             total=total,
             counted_at=timestamp(counted_at),
         )

@@ -339,13 +339,11 @@ CREATE TABLE IF NOT EXISTS queue_group_stats (
     queued              integer NOT NULL,
     -- When the longest-waiting of them entered the queue; NULL: none queued.
     oldest              timestamptz,
-    -- Online, ready, idle and not cordoned on a connected, uncordoned host; online and
-    -- busy; the rest (offline, unauthorized, gone, cordoned, held by its condition, on a
-    -- disconnected or cordoned host).
-    -- Counted for groups with tasks queued only (0 for the others).
-    devices_idle        integer NOT NULL,
-    devices_busy        integer NOT NULL,
-    devices_unavailable integer NOT NULL,
+    -- The devices its selector matches by what keeps each from the task (amc_device_use:
+    -- 'idle', 'busy', 'offline', 'cordoned', 'host_cordoned', 'host_draining',
+    -- 'held:<condition>') -> how many; GetTask's pending reason counts them the same way.
+    -- Counted for groups with tasks queued only ({} for the others).
+    devices             jsonb NOT NULL,
     -- The count's time: the same for every row of one count.
     counted_at          timestamptz NOT NULL
 ) WITH (fillfactor = 50);
@@ -355,7 +353,8 @@ CREATE TABLE IF NOT EXISTS queue_group_stats (
 -- Each is in its aggregate's store/<aggregate>.sql (amc_cancel in tasks.sql; amc_acquire
 -- in leases.acquire.sql, amc_renew and amc_report in leases.sql, amc_expire and
 -- amc_release in leases.end.sql; amc_set_host_cordon and amc_remove_host in hosts.sql;
--- amc_put_artifact in artifacts.sql; the queue's in queue.sql). The single-row ones (submit, the presence writes) are statements there.
+-- amc_put_artifact in artifacts.sql; the queue's in queue.sql and queue.count.sql). The
+-- single-row ones (submit, the presence writes) are statements there.
 -- NOTIFY happens after the commit (Hub.publish), except in amc_cancel and revoke_token (in
 -- tokens.sql): a transaction that notifies holds a database-wide lock through its WAL
 -- flush, and cancellations and revocations are rare.

@@ -97,7 +97,7 @@ async def test_queue_prints_the_queue_by_selector_and_by_key(amc: Cli, farm: Far
     assert (selector[1], selector[3], selector[4]) == (
         "3",
         "0/1/0",
-        "all 1 matching device(s) are busy",
+        "1 matching device, busy",
     )
     assert "3 queued in all; counted 20" in run.out
     doc = (await amc("queue", "-o", "json")).json()

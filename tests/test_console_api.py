@@ -208,10 +208,10 @@ async def test_get_queue_groups_queued_tasks_by_selector_and_says_why_they_wait(
     busy, nowhere = answer.groups
     assert (dict(busy.selector.labels), busy.count) == ({"rack": "a"}, 2)
     assert (busy.devices_idle, busy.devices_busy, busy.devices_unavailable) == (0, 1, 0)
-    assert busy.waiting_because == "all 1 matching device(s) are busy"
+    assert busy.waiting_because == "1 matching device, busy"
     assert busy.HasField("oldest_queued_at")
     assert (dict(nowhere.selector.labels), nowhere.count) == ({"rack": "z"}, 1)
-    assert nowhere.waiting_because == "no device matches the selector"
+    assert nowhere.waiting_because == "no registered device matches rack=z"
 
 
 async def test_console_events_tell_a_browser_which_task_changed(

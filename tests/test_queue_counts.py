@@ -100,7 +100,9 @@ async def test_the_counts_are_the_backlogs_by_selector_and_key_with_the_matching
         ("", (("model", "Pixel9"),)): (1, 0, 0, 0),
     }
     assert queue.total == 9 and queue.HasField("counted_at")
-    assert queue.groups[0].waiting_because.startswith("1 matching device(s) idle")
+    assert queue.groups[0].waiting_because == (
+        "1 matching device is idle; its host has not taken the task yet"
+    )
     shares = await operator.admin.ListFairShares(A.ListFairSharesRequest())
     assert {s.fairness_key: (s.queued, s.running) for s in shares.shares} == {
         "qa": (3, 1),

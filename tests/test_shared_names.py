@@ -41,7 +41,7 @@ def test_a_selector_is_written_one_way() -> None:
     assert describe("R58M", {"rack": "r1", "model": "Pixel9"}) == "serial=R58M,model=Pixel9,rack=r1"
     assert describe(None, {}) == describe("", {}) == "any device"
     assert describe("", {"rack": "r1"}, sep=" ", anything="any") == "rack=r1"
-    nothing = DeviceMatch(total=0, host_cordoned=0, cordoned=0, offline=0, busy=0)
+    nothing = DeviceMatch()
     reason = pending.explain("R58M", {"rack": "r1"}, nothing)
     assert reason == "no registered device matches serial=R58M,rack=r1"
     assert gauges.selector_label("R58M", {"rack": "r1"}) == "serial=R58M,rack=r1"

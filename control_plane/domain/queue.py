@@ -3,6 +3,7 @@ what a queued task's pending reason is made of."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -11,24 +12,59 @@ from control_plane.domain.tasks import (
 )
 from control_plane.domain.tokens import Act
 
+# What keeps a device from a queued task whose selector matches it, as amc_device_use
+# (store/queue.count.sql) names it, the first that applies; a device held by its
+# condition is `held:` and the condition (`held:charging_hold`).
+HELD = "held:"
+USES = ("host_draining", "host_cordoned", "cordoned", "offline", "busy", "idle")
+
 
 @dataclass(frozen=True)
 class DeviceMatch:
     """The devices a selector matches, by what keeps each from a queued task (the first
-    that applies): its host is cordoned, it is cordoned, offline, held by its condition
-    (charging, too hot, ...), busy; the rest are idle."""
+    that applies): its host is draining, its host is cordoned, it is cordoned, offline
+    (not `device`, or its host not connected), held by its condition (charging, too hot,
+    ...), busy; the rest are idle. GetTask reads it live and GetQueue as last counted,
+    from the same classification (amc_device_use), so both say the same."""
 
-    total: int
-    host_cordoned: int
-    cordoned: int
-    offline: int
-    busy: int
-    # Connected, not cordoned, but held by their condition: one condition per device.
-    held_by: tuple[str, ...] = ()
+    host_draining: int = 0
+    host_cordoned: int = 0
+    cordoned: int = 0
+    offline: int = 0
+    busy: int = 0
+    idle: int = 0
+    # Connected, not cordoned, but held by their condition: (condition, devices), most first.
+    held_by: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of(cls, uses: Mapping[str, int]) -> DeviceMatch:
+        """From amc_device_use's counts (use -> devices); a use it does not know is counted
+        as offline (never as idle)."""
+        counts = dict.fromkeys(USES, 0)
+        held: dict[str, int] = {}
+        for use, n in uses.items():
+            if use.startswith(HELD):
+                held[use.removeprefix(HELD)] = held.get(use.removeprefix(HELD), 0) + int(n)
+            else:
+                counts["offline" if use not in counts else use] += int(n)
+        ranked = tuple(sorted(held.items(), key=lambda item: (-item[1], item[0])))
+        return cls(**counts, held_by=ranked)
 
     @property
     def held(self) -> int:
-        return len(self.held_by)
+        return sum(n for _, n in self.held_by)
+
+    @property
+    def total(self) -> int:
+        return (
+            self.host_draining
+            + self.host_cordoned
+            + self.cordoned
+            + self.offline
+            + self.held
+            + self.busy
+            + self.idle
+        )
 
 
 @dataclass(frozen=True)
@@ -61,31 +97,18 @@ class QueueGroup:
 
 @dataclass(frozen=True)
 class QueueWait:
-    """Queued tasks of one selector, and the devices that selector matches."""
+    """Queued tasks of one selector, and the devices that selector matches (as counted)."""
 
     serial: str | None
     labels: dict[str, str]
     count: int
     oldest_at: datetime
-    devices_idle: int
-    devices_busy: int
-    devices_unavailable: int
+    match: DeviceMatch
 
     @property
-    def because(self) -> str:
-        if self.devices_idle:
-            return (
-                f"{self.devices_idle} matching device(s) idle: being dispatched, or their"
-                " host is not asking for work"
-            )
-        if self.devices_busy:
-            return f"all {self.devices_busy} matching device(s) are busy"
-        if self.devices_unavailable:
-            return (
-                f"the {self.devices_unavailable} matching device(s) are offline, unauthorized,"
-                " gone, cordoned or on a disconnected or cordoned host"
-            )
-        return "no device matches the selector"
+    def devices_unavailable(self) -> int:
+        """Matching devices neither idle nor busy."""
+        return self.match.total - self.match.idle - self.match.busy
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The queue's counts and fair shares, and the farm's gauges (their statements in
-queue.sql, with the functions they call: amc_count_queue, amc_forget_queue_groups, ...)."""
+queue.sql and queue.count.sql, with the functions they call: amc_count_queue,
+amc_device_use, amc_forget_queue_groups, ...)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from control_plane.domain import (
+    DeviceMatch,
     FairShare,
     FairShareEvent,
     FarmGauges,
@@ -32,9 +34,7 @@ class Queue(Aggregate):
                 r["selector_labels"] or {},
                 r["n"],
                 r["oldest"],
-                r["idle"],
-                r["busy"],
-                r["unavailable"],
+                DeviceMatch.of(r["devices"] or {}),
             )
             for r in rows
         ]

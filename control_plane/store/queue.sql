@@ -130,114 +130,23 @@ LANGUAGE sql STABLE AS $$
                     CASE WHEN NOT EXISTS (SELECT 1 FROM queue_groups) THEN now() END)
 $$;
 
--- Counts the queue into queue_group_stats, unless another transaction is counting it (a
--- transaction-scoped advisory lock, tried, not waited for) or it was counted less than
--- p_every ago: so replicas that all call it every few seconds count it once per p_every
--- between them. Devices count as connected within p_window (as list_hosts says). One
--- backend, no parallel workers: a count reads every queued task once (about a
--- microsecond each), and the devices once: they are grouped by the labels the queued
--- selectors ask about (a farm's phones have a few hundred distinct such sets, however many
--- phones there are), and each selector is matched against those groups; selectors naming
--- a serial are matched by a hash join on it.
--- Returns one row (groups counted, tasks queued) when it counted, none otherwise.
-CREATE OR REPLACE FUNCTION amc_count_queue(p_every interval, p_window interval)
-RETURNS TABLE (groups integer, queued bigint)
-LANGUAGE plpgsql SET max_parallel_workers_per_gather = 0 AS $$
-BEGIN
-    IF NOT pg_try_advisory_xact_lock(4279619, 2)
-       OR (SELECT max(st.counted_at) FROM queue_group_stats st) > now() - p_every THEN
-        RETURN;
-    END IF;
-    DELETE FROM queue_group_stats st
-    WHERE NOT EXISTS (SELECT 1 FROM queue_groups q WHERE q.group_id = st.group_id);
-    RETURN QUERY
-    WITH counted AS (
-        SELECT tk.group_id, count(*)::integer AS n, min(tk.updated_at) AS oldest
-        FROM tasks tk WHERE tk.status = 'queued'
-        GROUP BY tk.group_id
-    ), grp AS (
-        SELECT q.group_id, q.selector_serial, q.selector_labels, COALESCE(c.n, 0) AS n,
-               c.oldest
-        FROM queue_groups q LEFT JOIN counted c ON c.group_id = q.group_id
-    ), sel AS (
-        -- Each selector with its labels as 'key<US>value' texts (US, U+001F, is in no
-        -- label: validate.string_map refuses control characters).
-        SELECT s.selector_serial, s.selector_labels,
-               ARRAY(SELECT e.k || chr(31) || e.v
-                     FROM jsonb_each_text(s.selector_labels) e (k, v)) AS pairs
-        FROM (SELECT DISTINCT g.selector_serial, g.selector_labels FROM grp g WHERE g.n > 0) s
-    ), asked AS (
-        SELECT COALESCE(array_agg(DISTINCT k.k), '{}') AS keys
-        FROM sel CROSS JOIN LATERAL jsonb_object_keys(sel.selector_labels) k (k)
-    ), dev AS (
-        SELECT d.serial, d.labels,
-               CASE WHEN d.state = 'device' AND d.task_id IS NOT NULL THEN 'busy'
-                    WHEN d.state = 'device' AND d.task_id IS NULL AND NOT d.cordoned
-                         AND NOT h.cordoned AND d.condition = 'ready'
-                         AND GREATEST(h.last_seen_at, r.seen_at) > now() - p_window
-                    THEN 'idle'
-                    ELSE 'unavailable' END AS use
-        FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        LEFT JOIN replicas r ON r.replica_id = h.replica_id
-    ), by_labels AS (
-        -- The devices by the labels the selectors ask about (the same texts, in key order).
-        SELECT ARRAY(SELECT k.k || chr(31) || (dev.labels ->> k.k)
-                     FROM unnest(asked.keys) WITH ORDINALITY k (k, i)
-                     WHERE dev.labels ? k.k ORDER BY k.i) AS pairs,
-               count(*) FILTER (WHERE dev.use = 'idle') AS idle,
-               count(*) FILTER (WHERE dev.use = 'busy') AS busy,
-               count(*) FILTER (WHERE dev.use = 'unavailable') AS unavailable
-        FROM dev CROSS JOIN asked
-        GROUP BY 1
-    ), matched AS (
-        SELECT sel.selector_serial, sel.selector_labels, sum(b.idle) AS idle,
-               sum(b.busy) AS busy, sum(b.unavailable) AS unavailable
-        FROM sel JOIN by_labels b ON b.pairs @> sel.pairs
-        WHERE sel.selector_serial = ''
-        GROUP BY 1, 2
-        UNION ALL
-        SELECT sel.selector_serial, sel.selector_labels,
-               count(*) FILTER (WHERE dev.use = 'idle'),
-               count(*) FILTER (WHERE dev.use = 'busy'),
-               count(*) FILTER (WHERE dev.use = 'unavailable')
-        FROM sel JOIN dev ON dev.serial = sel.selector_serial
-        WHERE sel.selector_serial <> '' AND dev.labels @> sel.selector_labels
-        GROUP BY 1, 2
-    ), written AS (
-        INSERT INTO queue_group_stats AS st (group_id, queued, oldest, devices_idle,
-                                             devices_busy, devices_unavailable, counted_at)
-        SELECT g.group_id, g.n, g.oldest, COALESCE(m.idle, 0), COALESCE(m.busy, 0),
-               COALESCE(m.unavailable, 0), now()
-        FROM grp g
-        LEFT JOIN matched m ON m.selector_serial = g.selector_serial
-                           AND m.selector_labels = g.selector_labels
-        ON CONFLICT (group_id) DO UPDATE SET
-            queued = EXCLUDED.queued, oldest = EXCLUDED.oldest,
-            devices_idle = EXCLUDED.devices_idle, devices_busy = EXCLUDED.devices_busy,
-            devices_unavailable = EXCLUDED.devices_unavailable,
-            counted_at = EXCLUDED.counted_at
-        RETURNING st.queued
-    )
-    SELECT count(*)::integer, COALESCE(sum(w.queued), 0)::bigint FROM written w;
-END $$;
-
 -- -- statements ------------------------------------------------------------------------
 
 -- name: queue_groups
 -- The queue by selector as last counted (amc_count_queue): the $1 largest selectors (their
--- groups of every fairness key summed), each with the devices it matched, by use; the
--- queued total and when it was counted. Reads queue_group_stats (a row per group), never
--- the backlog. Serial '' is none.
+-- groups of every fairness key summed), each with the devices it matched, by use (a map,
+-- amc_device_use's; every group of one selector has the same); the queued total and when
+-- it was counted. Reads queue_group_stats (a row per group), never the backlog. Serial ''
+-- is none.
 WITH s AS (
     SELECT q.selector_serial, q.selector_labels, sum(st.queued)::bigint AS n,
-           min(st.oldest) AS oldest, max(st.devices_idle) AS idle,
-           max(st.devices_busy) AS busy, max(st.devices_unavailable) AS unavailable
+           min(st.oldest) AS oldest, (array_agg(st.devices))[1] AS devices
     FROM queue_group_stats st JOIN queue_groups q ON q.group_id = st.group_id
     WHERE st.queued > 0
     GROUP BY q.selector_serial, q.selector_labels
 )
 SELECT NULLIF(g.selector_serial, '') AS selector_serial, g.selector_labels, g.n, g.oldest,
-       g.idle, g.busy, g.unavailable,
+       g.devices,
        (SELECT COALESCE(sum(n), 0) FROM s)::bigint AS total,
        (SELECT amc_queue_counted_at()) AS counted_at
 FROM (SELECT * FROM s ORDER BY n DESC, oldest LIMIT $1) g
@@ -246,12 +155,6 @@ ORDER BY g.n DESC, g.oldest;
 -- name: queue_counted_at
 -- When the queue was last counted, for a reading that found nothing queued.
 SELECT amc_queue_counted_at() AS counted_at;
-
--- name: count_queue
--- Recount the queue into queue_group_stats if it is older than $1 and no other
--- transaction is counting it (amc_count_queue); devices connected within $2. One row
--- (groups, queued) when it counted; none otherwise.
-SELECT * FROM amc_count_queue($1, $2);
 
 -- name: fair_shares
 -- The fairness keys with tasks queued (as last counted) or running (now: the running

@@ -36,7 +36,16 @@ class SchemaTooOld(Exception):
 
 # The aggregates whose store/<aggregate>.sql defines functions, in the order they are
 # created (a LANGUAGE sql function is checked against those it calls when created).
-FUNCTIONS = ("queue", "tasks", "leases", "leases.acquire", "leases.end", "hosts", "artifacts")
+FUNCTIONS = (
+    "queue",
+    "queue.count",
+    "tasks",
+    "leases",
+    "leases.acquire",
+    "leases.end",
+    "hosts",
+    "artifacts",
+)
 
 
 def schema() -> str:

@@ -146,16 +146,7 @@ class Tasks(Aggregate):
         return [
             TaskRead(
                 with_progress(r),
-                None
-                if r["m_total"] is None
-                else DeviceMatch(
-                    r["m_total"],
-                    r["m_host_cordoned"],
-                    r["m_cordoned"],
-                    r["m_offline"],
-                    r["m_busy"],
-                    tuple(sorted(r["m_held_by"] or ())),
-                ),
+                None if r["m_devices"] is None else DeviceMatch.of(r["m_devices"]),
                 None
                 if r["cap_max_devices"] is None
                 else KeyCap(r["cap_max_devices"], int(r["cap_running"])),

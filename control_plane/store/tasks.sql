@@ -152,37 +152,29 @@ SELECT code, (task).* FROM amc_cancel($1, $2);
 -- the task was read was counted busy with it). Each running one (assigned, dispatched) with
 -- its current attempt's progress: when it was acknowledged and the steps its host reported
 -- as they ended (p_*; NULL once the task ends: its result is the record). Each queued one
--- with what its pending reason is made of: the devices its selector matches, counted by
--- what keeps them from the task (m_*: on a cordoned host, cordoned, offline (not 'device',
--- or the host is not connected within $2), held by its condition (not 'ready'; m_held_by
--- lists their conditions, one per device), busy, or none of these: idle), matching as
--- amc_acquire does; and its fairness key's cap with the tasks running under it, counted
--- as amc_acquire counts them (cap_*; NULL: no cap). One scan of the devices per distinct
+-- with what its pending reason is made of: the devices its selector matches, matching as
+-- amc_acquire does, counted by what keeps each from the task (m_devices: a map, use ->
+-- devices, of amc_device_use, with hosts connected within $2: what GetQueue's counts are
+-- made of too); and its fairness key's cap with the tasks running under it, counted as
+-- amc_acquire counts them (cap_*; NULL: no cap). One scan of the devices per distinct
 -- selector of the queued tasks.
 WITH tk AS MATERIALIZED (
     SELECT * FROM tasks WHERE task_id = ANY ($1::uuid[])
 ), sel AS (
     SELECT DISTINCT selector_serial, selector_labels FROM tk WHERE status = 'queued'
 ), m AS (
-    SELECT sel.selector_serial, sel.selector_labels, c.*
-    FROM sel CROSS JOIN LATERAL (
-        SELECT count(*) AS total,
-               count(*) FILTER (WHERE h.cordoned) AS host_cordoned,
-               count(*) FILTER (WHERE NOT h.cordoned AND d.cordoned) AS cordoned,
-               count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned
-                                  AND NOT (d.state = 'device' AND cn.connected)) AS offline,
-               array_agg(d.condition) FILTER (
-                   WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
-                     AND cn.connected AND d.condition <> 'ready') AS held_by,
-               count(*) FILTER (WHERE NOT h.cordoned AND NOT d.cordoned AND d.state = 'device'
-                                  AND cn.connected AND d.condition = 'ready'
-                                  AND d.task_id IS NOT NULL) AS busy
-        FROM devices d JOIN hosts h USING (host_id) LEFT JOIN replicas r USING (replica_id)
-        CROSS JOIN LATERAL (SELECT GREATEST(h.last_seen_at, r.seen_at) > now() - $2::interval
-                                   AS connected) cn
-        WHERE d.labels @> sel.selector_labels
-          AND (sel.selector_serial IS NULL OR d.serial = sel.selector_serial)
-    ) c
+    SELECT sel.selector_serial, sel.selector_labels,
+           (SELECT COALESCE(jsonb_object_agg(u.use, u.n), '{}')
+            FROM (SELECT amc_device_use(h.draining, h.cordoned, d.cordoned, d.state,
+                                        GREATEST(h.last_seen_at, r.seen_at), $2::interval,
+                                        d.condition, d.task_id) AS use,
+                         count(*) AS n
+                  FROM devices d JOIN hosts h USING (host_id)
+                  LEFT JOIN replicas r USING (replica_id)
+                  WHERE d.labels @> sel.selector_labels
+                    AND (sel.selector_serial IS NULL OR d.serial = sel.selector_serial)
+                  GROUP BY 1) u) AS devices
+    FROM sel
 ), cap AS (
     SELECT f.fairness_key, f.max_devices,
            (SELECT count(*) FROM queue_groups q JOIN tasks t ON t.group_id = q.group_id
@@ -192,9 +184,8 @@ WITH tk AS MATERIALIZED (
     WHERE f.max_devices IS NOT NULL
       AND f.fairness_key IN (SELECT fairness_key FROM tk WHERE status = 'queued')
 )
-SELECT tk.*, m.total AS m_total, m.host_cordoned AS m_host_cordoned,
-       m.cordoned AS m_cordoned, m.offline AS m_offline, m.busy AS m_busy,
-       m.held_by AS m_held_by, cap.max_devices AS cap_max_devices, cap.running AS cap_running,
+SELECT tk.*, m.devices AS m_devices,
+       cap.max_devices AS cap_max_devices, cap.running AS cap_running,
        CASE WHEN tk.status IN ('assigned', 'dispatched') THEN
            (SELECT a.acknowledged_at FROM attempts a
             WHERE a.task_id = tk.task_id AND a.attempt = tk.attempt) END AS p_acknowledged_at,
