@@ -61,7 +61,9 @@ def outcome_for(all_steps_ran: bool, failed: bool, stop_reason: StopReason | Non
     match stop_reason:
         case StopReason.CANCELLED:
             return Outcome.CANCELLED
-        case StopReason.LEASE_LOST | StopReason.SHUTDOWN | StopReason.DEADLINE:
+        case (
+            StopReason.LEASE_LOST | StopReason.SHUTDOWN | StopReason.DEADLINE | StopReason.ABANDONED
+        ):
             return Outcome.FAILED
         case None:
             # Unfinished without a failure or a stop: nothing to call it but failed.

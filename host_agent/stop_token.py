@@ -1,9 +1,10 @@
 """The stop token a running task shares with whoever may stop it.
 
 The lease loop trips it with the reason it saw (a renewal said `cancel_pending`, the lease
-was lost, the host is shutting down); the runner checks it at every step boundary and
-races long waits against it. The first trip wins: a lease lost after a cancellation was
-observed still reports as a cancellation, and vice versa.
+was lost, the host is shutting down), and a session when its client left; the runner
+checks it at every step boundary and races long waits against it. The first trip wins: a
+lease lost after a cancellation was observed still reports as a cancellation, and vice
+versa.
 
 Some trips are due at a time rather than on an event: the lease's self-fencing deadline
 (`LEASE_LOST`) and the task's run time limit (`DEADLINE`: reported FAILED "deadline
@@ -33,11 +34,14 @@ class StopReason(enum.Enum):
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
     DEADLINE = "deadline"  # the task's run time limit passed
+    # A session's client left (vanished, idle too long, or its relay was lost): its running
+    # action is interrupted at once, as a cancel interrupts it.
+    ABANDONED = "abandoned"
 
     @property
     def label(self) -> str:
         """Words for error messages: "cancelled", "lease lost", "host shutting down",
-        "deadline exceeded"."""
+        "deadline exceeded", "session abandoned"."""
         match self:
             case StopReason.CANCELLED:
                 return "cancelled"
@@ -47,6 +51,8 @@ class StopReason(enum.Enum):
                 return "host shutting down"
             case StopReason.DEADLINE:
                 return "deadline exceeded"
+            case StopReason.ABANDONED:
+                return "session abandoned"
             case _:
                 assert_never(self)
 
