@@ -153,6 +153,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- Attempts that ended because their phone was lost (device_lost events): requeued
     -- apart from max_attempts, up to the control plane's infrastructure-retry budget.
     infra_retries       integer NOT NULL DEFAULT 0,
+    -- An interactive session's task (Scheduler.OpenSession): never requeued, whatever
+    -- ended its attempt; counted against its caller's open sessions.
+    session             boolean NOT NULL DEFAULT false,
     UNIQUE (caller, request_id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
@@ -177,6 +180,10 @@ CREATE INDEX IF NOT EXISTS tasks_running_tags ON tasks (priority, fair_tag)
 CREATE INDEX IF NOT EXISTS tasks_listing ON tasks (created_at DESC, task_id DESC);
 CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
     WHERE host_id IS NOT NULL;
+-- A caller's sessions queued or running: what its limit of open sessions counts (one
+-- indexed count when a session opens; other tasks are never in it).
+CREATE INDEX IF NOT EXISTS tasks_open_sessions ON tasks (caller)
+    WHERE session AND status IN ('queued', 'assigned', 'dispatched');
 -- Retention: terminal tasks by when they finished, oldest first (control_plane/retention.py
 -- deletes them in batches from this end). Tasks in flight are not in it.
 CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at)

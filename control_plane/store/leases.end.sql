@@ -14,7 +14,9 @@
 -- (attempts left) or failed, and its device is freed. The caller holds the task row (t, as
 -- locked) and has ended the attempt; p_how is the event. Attempts that ended device_lost
 -- are not the task's: they count against p_infra_budget instead of max_attempts, and once
--- that is spent the task fails. Returns the status.
+-- that is spent the task fails. A session's task is never requeued (its client holds the
+-- app's state on that phone): it fails, "lease lost: …" or "device lost: …". Returns the
+-- status.
 CREATE OR REPLACE FUNCTION amc_leave_attempt(t tasks, p_cancel_pending boolean, p_how text,
                                              p_reason text, p_infra_budget integer DEFAULT 0)
 RETURNS text
@@ -22,6 +24,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_lost boolean := p_how = 'device_lost';
     v_to text := CASE WHEN p_cancel_pending THEN 'cancelled'
+                      WHEN t.session THEN 'failed'
                       WHEN v_lost AND t.infra_retries < p_infra_budget THEN 'queued'
                       WHEN v_lost THEN 'failed'
                       WHEN t.attempt - t.infra_retries < t.max_attempts THEN 'queued'
@@ -39,7 +42,13 @@ BEGIN
         fair_tag = CASE WHEN v_to = 'queued'
                         THEN LEAST(tk.fair_tag, amc_fair_frontier(tk.priority))
                         ELSE tk.fair_tag END,
-        error = CASE WHEN v_to = 'failed' AND v_lost
+        error = CASE WHEN v_to = 'failed' AND t.session AND v_lost
+                     THEN 'device lost: ' || p_reason
+                     WHEN v_to = 'failed' AND t.session AND p_how = 'expired'
+                     THEN 'lease lost: it expired'
+                     WHEN v_to = 'failed' AND t.session
+                     THEN 'lease lost: ' || p_how || ' by its host (' || p_reason || ')'
+                     WHEN v_to = 'failed' AND v_lost
                      THEN 'device lost on attempt ' || t.attempt || ' (' || p_reason
                           || '); infrastructure retries spent (' || t.infra_retries
                           || ' of ' || p_infra_budget || ')'

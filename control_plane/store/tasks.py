@@ -78,6 +78,12 @@ class Tasks(Aggregate):
                 raise errors.DatabaseUnavailable("request id is being created concurrently; retry")
         return out
 
+    async def open_sessions(self, caller: str) -> int:
+        """How many sessions `caller` has queued or running (one indexed count)."""
+        row = await self._db.fetchrow("open_sessions", caller)
+        assert row is not None
+        return int(row["count"])
+
     async def get_task(self, task_id: TaskId) -> Task:
         row = await self._db.fetchrow("get_task", task_id)
         if row is None:

@@ -60,7 +60,8 @@ END $$;
 -- (caller, request_id) exists already). Tasks of one batch get created_at a microsecond
 -- apart, so equal priorities run in batch order. Each task goes into the queue group of
 -- its selector and fairness key ($12; '' for the default) with its fair tag: the key's
--- base at its priority (amc_fair_base) plus 1/weight per task of the batch.
+-- base at its priority (amc_fair_base) plus 1/weight per task of the batch. A session's
+-- ($13 set: the replica holding its client's call) is marked one (tasks.session).
 WITH req AS (
     SELECT r.*, COALESCE(NULLIF(r.key, ''), 'default') AS fairness_key
     FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
@@ -83,13 +84,14 @@ WITH req AS (
     INSERT INTO tasks (task_id, caller, request_id, status, spec, selector_serial,
                        selector_labels, priority, max_attempts, metadata, created_at, updated_at,
                        queue_timeout, deadline, queue_deadline, group_id, fairness_key,
-                       fair_tag)
+                       fair_tag, session)
     SELECT r.task_id, $1, r.request_id, 'queued', r.spec, r.selector_serial, r.selector_labels,
            r.priority, r.max_attempts, r.metadata,
            now() + (r.ord - 1) * interval '1 microsecond', now(),
            r.queue_timeout, r.deadline, now() + r.queue_timeout, g.group_id, r.fairness_key,
            b.base + (row_number() OVER (PARTITION BY r.fairness_key, r.priority ORDER BY r.ord))
-                    / b.weight::double precision
+                    / b.weight::double precision,
+           $13::text IS NOT NULL
     FROM req r
     JOIN grp g ON g.serial = COALESCE(r.selector_serial, '')
                AND g.selector_labels = r.selector_labels AND g.fairness_key = r.fairness_key
@@ -109,6 +111,11 @@ SELECT * FROM ins;
 
 -- name: tasks_by_request
 SELECT * FROM tasks WHERE caller = $1 AND request_id = ANY ($2::text[]);
+
+-- name: open_sessions
+-- The caller's sessions queued or running (tasks_open_sessions).
+SELECT count(*) FROM tasks
+WHERE caller = $1 AND session AND status IN ('queued', 'assigned', 'dispatched');
 
 -- name: get_task
 SELECT * FROM tasks WHERE task_id = $1;
