@@ -54,6 +54,9 @@ class Settings:
     # never). Host agents move their renewal stream with it (host_agent.leases), so the
     # hosts a replica took over from a dead one spread again through the load balancer.
     max_connection_age: timedelta | None = timedelta(minutes=30)
+    # The sessions (Scheduler.OpenSession) one token may have queued or running at once;
+    # 0: no limit. Not counted with authentication off.
+    max_sessions_per_token: int = 100
     # The largest artifact (screenshot, UI dump) an upload may keep.
     max_artifact_bytes: int = 10 * 1024 * 1024
     # What the uploads being received on one replica may hold in memory at once; past it

@@ -29,7 +29,8 @@
     │   └── UploadsBusy          this replica holds its upload memory budget already
     ├── ResourceExhausted
     │   ├── ArtifactTooLarge
-    │   └── TooManyViewers       a token watching its limit of screens on this replica
+    │   ├── TooManyViewers       a token watching its limit of screens on this replica
+    │   └── SessionLimit         the token has as many sessions open as it may
     └── DataLoss
         └── ChecksumMismatch     the bytes received are not the ones announced
 
@@ -181,6 +182,10 @@ class ArtifactTooLarge(ResourceExhausted):
 
 class TooManyViewers(ResourceExhausted):
     """This token watches as many screens on this replica as it may; close one first."""
+
+
+class SessionLimit(ResourceExhausted):
+    """This token has as many sessions queued or running as it may; nothing was opened."""
 
 
 class DataLoss(AmcError):

@@ -83,6 +83,16 @@ def origins(text: str) -> tuple[str, ...]:
 origins.__name__ = "origins (such as https://amc.example.com, comma-separated)"
 
 
+def count_or_zero(text: str) -> int:
+    """A whole number, 0 or more."""
+    if not text.strip().isdigit():
+        raise ValueError(text)
+    return int(text)
+
+
+count_or_zero.__name__ = "whole number (0 or more)"
+
+
 # flag, environment variable, default, value parser, help. A flag's value comes from the
 # command line, else its variable, else the default (argparse parses string defaults too,
 # so a malformed variable is reported like a malformed flag).
@@ -137,6 +147,9 @@ SERVE_FLAGS: list[Flag] = [
      "the console's public origin(s) behind a proxy that rewrites Host, comma-separated"
      " (https://amc.example.com): its live screens' WebSockets accept pages of them; a"
      " proxy's X-Forwarded-Proto and X-Forwarded-Host are honoured without it"),
+    ("--max-sessions-per-token", "AMC_MAX_SESSIONS_PER_TOKEN", "100", count_or_zero,
+     "interactive sessions one token may have queued or running at once; past it an"
+     " opening is refused RESOURCE_EXHAUSTED (0: no limit)"),
 ]
 # flag, environment variable (set to 1 to switch on), help
 DATABASE_SWITCHES = [("--debug", "AMC_DEBUG", "a failed start also logs its traceback")]
@@ -221,6 +234,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_connection_age=args.max_connection_age,
         max_viewers_per_token=args.max_viewers_per_token,
         console_origins=args.console_origin,
+        max_sessions_per_token=args.max_sessions_per_token,
     )
 
 

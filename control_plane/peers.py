@@ -1,8 +1,8 @@
 """Channels to the other replicas of the farm (`Peers`), for the calls a replica relays to
 the one that holds the other end: a session's host call to its client's replica
-(control_plane.sessions, with the host's credentials: `RelayedCall`), a phone's screen
-from the replica holding its host's feed (control_plane.screens, made as the replica:
-control_plane.auth)."""
+(control_plane.session_hosts, with the host's credentials: `RelayedCall`), a phone's
+screen from the replica holding its host's feed (control_plane.screens, made as the
+replica: control_plane.auth)."""
 
 from __future__ import annotations
 

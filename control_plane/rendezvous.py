@@ -1,11 +1,17 @@
 """Where a session's two calls meet on one replica: its client's `OpenSession` and its
 host's `SessionActions` (control_plane.sessions), by task id. Wire-free, so the hub can
-own one per replica; what travels through a `Relay` is sessions.py's business."""
+own one per replica; what travels through a `Relay` is sessions.py's business.
+
+A relay reads its client's messages one at a time (`Relay.pump`): the next only once the
+one before was answered (`Relay.answered`), so a client that sends actions without waiting
+for their answers holds them in its own call, behind gRPC's flow control, not in this
+replica's memory."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 # Put on the client's and the host's queues once the host's call is over, so that a wait
@@ -22,12 +28,43 @@ class Relay:
         self.to_host: asyncio.Queue[Any] = asyncio.Queue()
         # What the host answered: steps, then None once its call is over.
         self.from_host: asyncio.Queue[Any] = asyncio.Queue()
-        # The client's messages, then None at their end (or the error); HOST_GONE too.
+        # The client's messages (at most one read and not answered yet), then None at their
+        # end (or the error); HOST_GONE too.
         self.from_client: asyncio.Queue[Any] = asyncio.Queue()
+        # How many of the client's messages were read; whether they ended.
+        self.read = 0
+        self.client_done = False
+        self._room = asyncio.Event()
+        self._room.set()
         self.joined = asyncio.Event()
         self.host_gone = asyncio.Event()
         # The host was told how the client left.
         self.ended = False
+
+    async def pump(self, requests: AsyncIterator[Any]) -> None:
+        """The client's messages into `from_client`, each once the one before was answered,
+        then None at their end (or the error)."""
+        iterator = aiter(requests)
+        try:
+            while True:
+                await self._room.wait()
+                self._room.clear()
+                request = await anext(iterator, None)
+                if request is None:
+                    break
+                self.read += 1
+                self.from_client.put_nowait(request)
+            self.client_done = True
+            self.from_client.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.client_done = True
+            self.from_client.put_nowait(exc)
+
+    def answered(self) -> None:
+        """The client's last message is answered: its next one may be read."""
+        self._room.set()
 
     def host_left(self) -> None:
         if not self.host_gone.is_set():
@@ -57,6 +94,10 @@ class Sessions:
             return None
         relay.joined.set()
         return relay
+
+    def get(self, task_id: uuid.UUID) -> Relay | None:
+        """The session's relay, while its client is connected here."""
+        return self._relays.get(task_id)
 
     def __len__(self) -> int:
         return len(self._relays)

@@ -88,28 +88,6 @@ async def test_a_cancelled_session_raises_session_ended(farm: Harness) -> None:
         assert ended.value.task.status == task_pb2.TASK_STATUS_CANCELLED
 
 
-async def test_an_action_after_the_control_plane_ended_the_call_raises_its_status(
-    farm: Harness,
-) -> None:
-    """THEN once the control plane has refused an action (and so ended the session's call),
-    the next action raises the same refusal, not grpc's InvalidStateError."""
-    token = await farm.token(Role.CLIENT)
-    async with (
-        running_agent(farm, SimulatedSource(1, delay=0.01)),
-        Farm(farm.address, token=token) as client,
-    ):
-        with pytest.raises(grpc.aio.AioRpcError):
-            async with client.session() as phone:
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await phone.act(task_pb2.Action())  # no action in it
-                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert phone._call.done()  # the call is over: a write now finds it so
-                with pytest.raises(grpc.aio.AioRpcError) as again:
-                    await phone.tap(1, 2)
-                assert again.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        await status_is(farm, phone.task_id, "failed")
-
-
 async def test_a_session_with_a_bad_token_is_refused_unauthenticated(farm: Harness) -> None:
     """THEN the library raises the control plane's UNAUTHENTICATED, whether the refusal
     came before or after the opening request went."""

@@ -85,8 +85,8 @@ async def test_console_control_taps_the_phone_and_closing_the_socket_ends_the_se
     farm: Farm, http: aiohttp.ClientSession
 ) -> None:
     """THEN each action is one step of the session's task (the phone tapped, swiped, typed
-    and keyed as asked), the task records who opened it, and closing the socket ends the
-    task done and frees the phone."""
+    and keyed as asked, each answer saying the phone's screen size), the task records who
+    opened it, and closing the socket ends the task done and frees the phone."""
     source = SimulatedSource(1, delay=0.01)
     token = await farm.token(Role.OPERATOR)
     async with running_agent(farm, source, host_id=HOST):
@@ -101,6 +101,7 @@ async def test_console_control_taps_the_phone_and_closing_the_socket_ends_the_se
         step = await answer(ws, "step")
         assert step["action"] == {"tap": {"x": 540, "y": 1200}}
         assert (step["step"]["name"], step["step"]["status"]) == ("tap", "STEP_STATUS_OK")
+        assert step["screen"] == {"width": 1080, "height": 2400}
         await ws.send_json({"swipe": {"x1": 10, "y1": 900, "x2": 10, "y2": 100}})
         await ws.send_json({"type": {"text": "hello"}})
         await ws.send_json({"key": "BACK"})
@@ -229,7 +230,7 @@ async def test_console_control_refuses_an_unknown_or_busy_phone_and_bad_queries(
 async def test_an_idle_console_control_session_ends_and_frees_the_phone(
     farm: Farm, http: aiohttp.ClientSession
 ) -> None:
-    """THEN a session sent nothing for its idle timeout ends failed ("session abandoned"),
+    """THEN a session sent nothing for its idle timeout ends failed ("idle timeout"),
     its socket is closed by the server, and the phone is free again."""
     token = await farm.token(Role.OPERATOR)
     async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
@@ -237,7 +238,7 @@ async def test_an_idle_console_control_session_ends_and_frees_the_phone(
         task = await dispatched(ws)
         final = await answer(ws, "task")
         assert final["task"]["status"] == "TASK_STATUS_FAILED"
-        assert final["task"]["result"]["error"] == "session abandoned"
+        assert final["task"]["result"]["error"] == "idle timeout"
         closed = await asyncio.wait_for(ws.receive(), 10)
         assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert await farm.status(task["task_id"]) == "failed"

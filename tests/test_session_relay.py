@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from amc.v1 import admin_pb2_grpc, lease_pb2, lease_pb2_grpc, scheduler_pb2_grpc, task_pb2
-from amc_common.channel import aio_channel
+from amc_common.channel import aio_channel, write_unless_ended
 from control_plane.config import Settings
 from control_plane.domain import Role
-from control_plane.sessions import RELAYED_BY
+from control_plane.session_hosts import RELAYED_BY
 from host_agent.simulated import SimulatedSource
 from tests.support import Clients, Farm, tap, wait_action
 from tests.support.agent import cancel, running_agent, status_is
@@ -190,3 +190,48 @@ async def test_a_relayed_join_whose_client_left_is_refused_and_never_relayed_aga
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "no longer connected" in (caught.value.details() or "")
     call.cancel()
+
+
+async def test_a_relayed_client_that_vanishes_mid_wait_stops_it_at_once(
+    replicas: tuple[Farm, Replica, Replica],
+) -> None:
+    """THEN the client's replica tells the host's, and the host stops the 30-second wait
+    at once: the task is failed, "session abandoned" (not "session relay lost: INTERNAL"),
+    within a few seconds, and the phone is free."""
+    farm, client_side, host_side = replicas
+    client = await client_at(farm, client_side)
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), address=host_side.address):
+        call = client.scheduler.OpenSession()
+        await call.write(opening())
+        task = await dispatched(call)
+        await call.write(act(wait_action(30)))
+        # The wait under way: a client leaving before it began ends the same way.
+        await asyncio.sleep(0.5)
+        started = asyncio.get_running_loop().time()
+        call.cancel()
+        await status_is(farm, task.task_id, "failed", within=20)
+        took = asyncio.get_running_loop().time() - started
+    assert took < 5, f"the phone was held {took:.1f}s"
+    assert await error_of(farm, task.task_id) == "session abandoned"
+    assert farm.db is not None
+    assert await farm.db.fetchval("SELECT count(*) FROM devices WHERE task_id IS NOT NULL") == 0
+
+
+async def test_a_relayed_session_cancelled_while_idle_answers_the_next_action_with_its_end(
+    replicas: tuple[Farm, Replica, Replica],
+) -> None:
+    """THEN an operator's cancel of an idle relayed session reaches its client as the
+    finished task (cancelled, with the cancel's reason) when it next acts, and the stream
+    ends OK."""
+    farm, client_side, host_side = replicas
+    client = await client_at(farm, client_side)
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), address=host_side.address):
+        call = client.scheduler.OpenSession()
+        await call.write(opening(idle=30))
+        task = await dispatched(call)
+        await cancel(client, task.task_id)
+        await status_is(farm, task.task_id, "cancelled")
+        assert await write_unless_ended(call, act(tap()))
+        final = await last_task(call)
+    assert final.status == task_pb2.TASK_STATUS_CANCELLED
+    assert final.cancel_reason == "test"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import grpc
@@ -12,8 +13,9 @@ import pytest
 
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_cli.render import spec_summary
+from control_plane.rendezvous import Relay
 from host_agent.simulated import SimulatedSource
-from tests.support import Clients, Farm, seconds, tap, wait_action
+from tests.support import Clients, Farm, eventually, seconds, tap, wait_action
 from tests.support.agent import cancel, get, running_agent, short_ttl_farm, status_is
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -47,9 +49,11 @@ async def dispatched(call: Any) -> task_pb2.Task:
 
 
 async def last_task(call: Any) -> task_pb2.Task:
-    """The final response's task, and the stream ends after it."""
+    """The final response's task, and the stream ends OK after it once the client closed
+    its side."""
     response = await asyncio.wait_for(call.read(), 20)
     assert response is not grpc.aio.EOF and response.HasField("task"), response
+    await call.done_writing()
     assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
     assert await call.code() == grpc.StatusCode.OK
     return response.task
@@ -104,9 +108,9 @@ async def test_a_session_reports_its_task_while_it_waits_with_the_pending_reason
     assert final.status == task_pb2.TASK_STATUS_CANCELLED and final.attempt == 0
 
 
-async def test_an_idle_session_ends_failed_session_abandoned(farm: Farm) -> None:
+async def test_an_idle_session_ends_failed_idle_timeout(farm: Farm) -> None:
     """THEN a client that sends nothing for the idle timeout gets the task failed,
-    "session abandoned"."""
+    "idle timeout"."""
     client = await farm.client()
     async with running_agent(farm, SimulatedSource(1, delay=0.01)):
         call = client.scheduler.OpenSession()
@@ -116,7 +120,7 @@ async def test_an_idle_session_ends_failed_session_abandoned(farm: Farm) -> None
         final = await last_task(call)
     assert time.monotonic() - started >= 0.9
     assert final.status == task_pb2.TASK_STATUS_FAILED
-    assert final.result.error == "session abandoned"
+    assert final.result.error == "idle timeout"
 
 
 async def test_a_client_that_vanishes_ends_the_session_failed_abandoned(farm: Farm) -> None:
@@ -244,3 +248,160 @@ def test_amc_shows_a_session_task_as_one() -> None:
     """THEN `amc get`/`amc list` summarise a session's spec as a session, not 0 actions."""
     spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=seconds(30)))
     assert spec_summary(spec) == "interactive session (idle timeout 30s)"
+
+
+def relay_of(farm: Farm, task_id: str) -> Relay:
+    """The session's relay in the replica's hub (its client is connected there)."""
+    assert farm.plane is not None
+    relay = farm.plane.hub.sessions.get(uuid.UUID(task_id))
+    assert relay is not None
+    return relay
+
+
+async def test_a_malformed_action_is_refused_and_the_session_goes_on(farm: Farm) -> None:
+    """THEN tap(x=-1) and a second opening are each answered `refused` INVALID_ARGUMENT
+    with the validator's one line, nothing ran, and the next action runs as step 0 of a
+    session that ends done."""
+    client = await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source):
+        call = client.scheduler.OpenSession()
+        await call.write(opening())
+        task = await dispatched(call)
+        await call.write(act(tap(-1, 5)))
+        refused = (await asyncio.wait_for(call.read(), 20)).refused
+        assert refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert refused.message == "action.action.tap.x: must be between 0 and 100000"
+        await call.write(opening())
+        refused = (await asyncio.wait_for(call.read(), 20)).refused
+        assert refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert refused.message.startswith("open:")
+        await call.write(act(tap(1, 2)))
+        step = (await asyncio.wait_for(call.read(), 20)).step.step
+        assert (step.index, step.name, step.status) == (0, "tap", OK)
+        await call.done_writing()
+        final = await last_task(call)
+    assert final.status == task_pb2.TASK_STATUS_DONE
+    assert [s.name for s in final.result.steps] == ["tap"]
+    assert [(a.action, a.args) for a in source.actions] == [("tap", {"x": 1, "y": 2})]
+    assert final.task_id == task.task_id
+
+
+async def test_an_action_before_the_phone_is_ready_is_refused_and_the_session_waits_on(
+    farm: Farm,
+) -> None:
+    """THEN an action sent while the task is queued is answered `refused`
+    FAILED_PRECONDITION, the task stays queued (not withdrawn), and the stream goes on."""
+    client = await farm.client()
+    call = client.scheduler.OpenSession()
+    await call.write(opening(selector=task_pb2.DeviceSelector(labels={"model": "Nowhere"})))
+    queued = (await asyncio.wait_for(call.read(), 10)).task
+    await call.write(act(tap()))
+    refused = (await asyncio.wait_for(call.read(), 10)).refused
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert "DISPATCHED" in refused.message
+    assert await farm.status(queued.task_id) == "queued"
+    await call.done_writing()
+    final = await last_task(call)
+    assert final.status == task_pb2.TASK_STATUS_CANCELLED and final.attempt == 0
+
+
+async def test_actions_sent_without_waiting_run_in_order_each_answered_in_turn(
+    farm: Farm,
+) -> None:
+    """THEN five taps written back to back are five steps, answered in the order sent."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        call = client.scheduler.OpenSession()
+        await call.write(opening())
+        await dispatched(call)
+        for i in range(5):
+            await call.write(act(tap(i, i)))
+        steps = [(await asyncio.wait_for(call.read(), 20)).step.step for _ in range(5)]
+        await call.done_writing()
+        final = await last_task(call)
+    assert [(s.index, s.status) for s in steps] == [(i, OK) for i in range(5)]
+    assert final.status == task_pb2.TASK_STATUS_DONE
+
+
+async def test_a_client_pipelining_thousands_of_actions_is_read_one_at_a_time(
+    farm: Farm,
+) -> None:
+    """THEN while a 3-second wait runs, a client writing 4,000 actions of 16 KB each has at
+    most one of them read into the replica (the inbox holds at most one): the rest wait in
+    its own call, behind gRPC's flow control."""
+    client = await farm.client()
+    big = act(task_pb2.Action(input_text=task_pb2.InputText(text="x" * (16 * 1024))))
+    async with running_agent(farm, SimulatedSource(1, delay=0.0)):
+        call = client.scheduler.OpenSession()
+        await call.write(opening(idle=60))
+        task = await dispatched(call)
+        relay = relay_of(farm, task.task_id)
+        await call.write(act(wait_action(3)))
+        written = 0
+
+        async def flood() -> None:
+            nonlocal written
+            for _ in range(4000):
+                await call.write(big)
+                written += 1
+
+        writer = asyncio.create_task(flood())
+        most = 0
+        answer = asyncio.ensure_future(call.read())
+        while not answer.done():
+            most = max(most, relay.from_client.qsize())
+            await asyncio.wait({answer}, timeout=0.02)
+        assert answer.result().step.step.name == "wait"
+        assert most <= 1, f"{most} client messages held in the replica"
+        assert not writer.done() and written < 4000
+        writer.cancel()
+        call.cancel()
+
+
+async def test_a_session_no_phone_can_take_says_why_from_its_first_response(
+    farm: Farm,
+) -> None:
+    """THEN on a farm whose phones have other labels, the first response is the queued
+    task saying that no registered device matches (as `amc submit` warns), and a queue
+    timeout ends the wait: the last response is the task failed, "queue timeout"."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(2, delay=0.01)):
+        await eventually(lambda: farm_devices(farm), what="the phones registered")
+        call = client.scheduler.OpenSession()
+        await call.write(
+            opening(
+                selector=task_pb2.DeviceSelector(labels={"model": "Nowhere"}),
+                queue_timeout=seconds(1),
+            )
+        )
+        first = (await asyncio.wait_for(call.read(), 10)).task
+        assert first.status == task_pb2.TASK_STATUS_QUEUED
+        assert first.pending_reason == "no registered device matches model=Nowhere"
+        final = await last_task(call)
+    assert final.status == task_pb2.TASK_STATUS_FAILED
+    assert final.result.error.startswith("queue timeout")
+
+
+async def farm_devices(farm: Farm) -> int:
+    assert farm.db is not None
+    return int(await farm.db.fetchval("SELECT count(*) FROM devices"))
+
+
+async def test_every_step_of_a_session_says_the_phones_screen_size(farm: Farm) -> None:
+    """THEN a tap's step and a screenshot's both carry the phone's screen in its own pixels
+    (1080 x 2400 on a simulated phone), though the screenshot is drawn at 360 x 800."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        call = client.scheduler.OpenSession()
+        await call.write(opening())
+        await dispatched(call)
+        await call.write(act(tap(1, 2)))
+        first = (await asyncio.wait_for(call.read(), 20)).step
+        await call.write(act(tap(3, 4), screenshot=True))
+        second = (await asyncio.wait_for(call.read(), 20)).step
+        await call.done_writing()
+        await last_task(call)
+    assert (first.screen_width, first.screen_height) == (1080, 2400)
+    assert (second.screen_width, second.screen_height) == (1080, 2400)
+    assert second.screenshot_png[16:24] == (360).to_bytes(4, "big") + (800).to_bytes(4, "big")

@@ -7,7 +7,7 @@ Before the socket opens, the caller and the phone are checked, and a refusal is 
 answer `{"code", "message"}`: operators only (PERMISSION_DENIED); the host and phone must
 exist (NOT_FOUND), and the phone be online, ready, not cordoned, on a connected host that
 takes work, and idle (FAILED_PRECONDITION). Nothing is created then. Query: `idle_timeout`
-(seconds, default 300): a session sent no action for that long ends ("session abandoned");
+(seconds, default 300): a session sent no action for that long ends ("idle timeout");
 `record=1`: the session keeps a recording of the screen (SessionOpen.record_screen, its
 defaults), shown on its Task page.
 
@@ -20,7 +20,8 @@ submitter is the operator's token and its metadata says `control: console` and `
 Messages in (JSON text, one action each): `{"tap": {"x", "y"}}`, `{"swipe": {"x1", "y1",
 "x2", "y2", "duration_ms"?}}`, `{"type": {"text"}}`, `{"key": "BACK" | "HOME" |
 "APP_SWITCH"}`. Out: `{"task": Task}` as the session's task changes (queued, dispatched,
-finished: proto JSON), `{"step": StepResult, "action": what was asked}` for each action, and
+finished: proto JSON), `{"step": StepResult, "action": what was asked, "screen": {"width",
+"height"}}` for each action (the screen: the phone's, in the pixels taps are in), and
 `{"error": {"code", "message"}}` for a message refused (the session goes on; nothing was sent
 to the phone) or for the session's own end by a refusal. Closing the socket ends the
 session as its client closing (done) and frees the phone; the server closes the socket once
@@ -37,6 +38,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from aiohttp import WSMsgType, web
 from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
@@ -58,6 +60,13 @@ from control_plane.rpc import code_for
 from control_plane.scheduler_service import SchedulerService
 from control_plane.screen_tasks import CONTROL_KEY, CONTROL_VALUE
 
+# A refusal's google.rpc.Code number, to the name the page is sent.
+_CODES = {code.value[0]: code.name for code in grpc.StatusCode}
+_FINISHED = (
+    task_pb2.TASK_STATUS_DONE,
+    task_pb2.TASK_STATUS_FAILED,
+    task_pb2.TASK_STATUS_CANCELLED,
+)
 # Android KeyEvent codes of the page's buttons.
 KEYS = {"BACK": 4, "HOME": 3, "APP_SWITCH": 187}
 DEFAULT_IDLE = 300.0
@@ -222,9 +231,16 @@ class Remote:
             async for response in responses:
                 if response.HasField("task"):
                     await self._task(response.task)
-                else:
-                    asked = self._asked.popleft() if self._asked else {}
-                    await self._send({"step": _json(response.step.step), "action": asked})
+                    continue
+                asked = self._asked.popleft() if self._asked else {}
+                if response.HasField("refused"):
+                    refused = response.refused
+                    code = _CODES.get(refused.code, "UNKNOWN")
+                    await self._send({"error": {"code": code, "message": refused.message}})
+                    continue
+                answer = response.step
+                screen = {"width": answer.screen_width, "height": answer.screen_height}
+                await self._send({"step": _json(answer.step), "action": asked, "screen": screen})
         except Refused as exc:
             await self._send({"error": {"code": exc.code.name, "message": exc.message}})
         finally:
@@ -233,6 +249,8 @@ class Remote:
 
     async def _task(self, task: task_pb2.Task) -> None:
         await self._send({"task": _json(task)})
+        if task.status in _FINISHED:
+            self._requests.put_nowait(None)  # over: the session's stream ends at once
         if task.status != task_pb2.TASK_STATUS_DISPATCHED or self._ready:
             return
         self._ready = True

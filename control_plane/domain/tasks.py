@@ -115,6 +115,22 @@ class SessionRelay:
 
 
 @dataclass(frozen=True)
+class SessionLease:
+    """A host's join of a session as the database sees it (replicas.sql session_join): the
+    task (a session or not, its status and attempt), the lease's attempt (None: no such
+    lease of the task) and host, whether the lease is live by the database's clock, and
+    where the session's client call is held (None: not recorded)."""
+
+    session: bool
+    status: TaskStatus
+    task_attempt: int
+    attempt: int | None
+    host_id: str | None
+    live: bool
+    relay: SessionRelay | None
+
+
+@dataclass(frozen=True)
 class Removed:
     """Rows one retention batch deleted, by kind (the `kind` of amc_retention_removed_total)."""
 

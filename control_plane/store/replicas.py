@@ -8,7 +8,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from control_plane.domain import SessionRelay, TaskId
+from control_plane.domain import SessionLease, SessionRelay, TaskId
+from control_plane.lifecycle import TaskStatus
 from control_plane.store.database import Aggregate
 
 
@@ -22,12 +23,26 @@ class Replicas(Aggregate):
     async def replica_gone(self, replica: str) -> None:
         await self._db.fetch("replica_gone", replica)
 
-    async def session_relay(self, task_id: TaskId, within: timedelta) -> SessionRelay | None:
-        """The replica holding the session's client call, if one was recorded."""
-        row = await self._db.fetchrow("session_relay", task_id, within)
+    async def session_join(
+        self, task_id: TaskId, lease_id: uuid.UUID, within: timedelta
+    ) -> SessionLease | None:
+        """A host's join of a session as the database sees it, with where its client's
+        call is held (replicas.sql session_join, one statement); None: no such task."""
+        row = await self._db.fetchrow("session_join", task_id, lease_id, within)
         if row is None:
             return None
-        return SessionRelay(row["replica_id"], row["address"], row["alive"])
+        relay = None
+        if row["replica_id"] is not None:
+            relay = SessionRelay(row["replica_id"], row["address"], row["alive"])
+        return SessionLease(
+            session=row["session"],
+            status=TaskStatus(row["status"]),
+            task_attempt=row["task_attempt"],
+            attempt=row["attempt"],
+            host_id=row["host_id"],
+            live=bool(row["live"]),
+            relay=relay,
+        )
 
     async def screen_source(
         self, task_id: uuid.UUID | None, host_id: str, serial: str, within: timedelta

@@ -31,13 +31,20 @@ UPDATE hosts h SET replica_id = NULL, last_seen_at = GREATEST(h.last_seen_at, d.
 FROM dead d
 WHERE h.replica_id = d.replica_id AND d.replica_id <> $1;
 
--- name: session_relay
--- Where a session's client call is held: its replica, that replica's address, and whether
--- it heartbeat within $2 (NULL address: no such replica row any more). No row: not a
--- session, or one opened before relays were recorded.
-SELECT s.replica_id, r.address, COALESCE(r.seen_at > now() - $2::interval, false) AS alive
-FROM session_relays s LEFT JOIN replicas r USING (replica_id)
-WHERE s.task_id = $1;
+-- name: session_join
+-- A host's join of session $1 under lease $2, in one round trip: the task (whether it is a
+-- session, its status and attempt); the lease's attempt (NULL: no such lease of the task),
+-- its host, its state and whether it is live by this database's clock (an expired lease
+-- the sweep has not ended yet is not); and where the session's client call is held: its
+-- replica, that replica's address and whether it heartbeat within $3. No row: no such task.
+SELECT t.session, t.status, t.attempt AS task_attempt, a.attempt, a.host_id,
+       a.state = 'active' AND a.lease_expires_at > now() AS live,
+       s.replica_id, r.address, COALESCE(r.seen_at > now() - $3::interval, false) AS alive
+FROM tasks t
+LEFT JOIN attempts a ON a.task_id = t.task_id AND a.lease_id = $2
+LEFT JOIN session_relays s ON s.task_id = t.task_id
+LEFT JOIN replicas r ON r.replica_id = s.replica_id
+WHERE t.task_id = $1;
 
 -- name: screen_source
 -- Where a phone to watch is: a task's ($1, or NULL) phone as its live attempt holds it,

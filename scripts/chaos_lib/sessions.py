@@ -188,6 +188,7 @@ class SessionLoad:
         while (response := await call.read()) is not grpc.aio.EOF:
             if response.HasField("task"):
                 record.final = _status(response.task.status)
+                await call.done_writing()  # the stream ends once our side is closed too
 
     async def _answered(self, call: Any, record: SessionRecord) -> bool:
         """The action's step came back (True), or the session's end did (False)."""
@@ -199,6 +200,7 @@ class SessionLoad:
             record.final = _status(response.task.status)
             record.did = "ended by the farm"
             with contextlib.suppress(grpc.aio.AioRpcError):
+                await call.done_writing()  # the stream ends once our side is closed too
                 while await call.read() is not grpc.aio.EOF:
                     pass
             return False

@@ -1,0 +1,157 @@
+"""A session's host side: its `Lease.SessionActions` call, joined to its client's
+`OpenSession` (control_plane.sessions) on the replica holding the client's call, or
+forwarded there.
+
+The join is checked in one statement (replicas.sql session_join): the lease must be the
+task's current attempt, active and unexpired by the database's clock, and this host's.
+A host whose call reached another replica has that call relayed: the replica it reached
+forwards it, with the host's own credentials, to the client's replica's SessionActions
+over a channel it keeps to it (`Peers`), message for message. A replica that dies ends
+the relay, and the host fails the task ("session relay lost"). After telling the host how
+its client left, the call stays open until the host ends it (it stops at once), so that a
+step it was writing as the end came never turns the end into a refused write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import structlog
+
+from amc.v1 import lease_pb2
+from amc_common.channel import write_unless_ended
+from control_plane import validate_lease
+from control_plane.domain import Role, SessionRelay, TaskId
+from control_plane.errors import (
+    FailedPrecondition,
+    LeaseNotCurrent,
+    NotLeaseHolder,
+    TaskNotFound,
+    Unavailable,
+)
+from control_plane.lifecycle import TaskStatus
+from control_plane.peers import RelayedCall
+from control_plane.rendezvous import HOST_GONE, Relay
+from control_plane.rpc import first_message, principal
+
+log = structlog.get_logger(__name__)
+
+CLIENT_GONE = "the session's client is no longer connected"
+# Metadata of a host's call relayed by another replica (that replica's id): never relayed on.
+RELAYED_BY = "amc-session-relayed-by"
+
+
+async def _forward(requests: AsyncIterator[Any], call: Any) -> None:
+    """The host's messages on to the replica holding its client, then its end."""
+    with contextlib.suppress(Exception):  # the host left, or the relay did: both end here
+        async for request in requests:
+            await call.write(request)
+        await call.done_writing()
+
+
+class HostSession(RelayedCall):
+    """The host's side of one session: one SessionActions call."""
+
+    RELAYED_BY = RELAYED_BY
+
+    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        first = await first_message(
+            requests, "join", "required: the first message joins the session"
+        )
+        join = validate_lease.session_join(first)
+        task_id, where = await self._check(join)
+        relay = self._svc.hub.sessions.join(task_id)
+        if relay is None:
+            if self.relayed:
+                raise Unavailable(CLIENT_GONE)  # relayed here already: never on again
+            async for response in self._relayed(task_id, where, first, requests):
+                yield response
+            return
+        log.info("session joined", task_id=join.task_id, lease_id=join.lease_id)
+        pump = asyncio.create_task(self._steps(requests, relay))
+        try:
+            while (message := await relay.to_host.get()) is not HOST_GONE:
+                yield message
+                if message.WhichOneof("part") == "end":
+                    # Until the host ends its call (it stops at once), a lease TTL at most.
+                    ttl = self._svc.settings.lease_ttl.total_seconds()
+                    await asyncio.wait({pump}, timeout=ttl)
+                    return
+        finally:
+            pump.cancel()
+            relay.host_left()
+
+    async def _relayed(
+        self,
+        task_id: TaskId,
+        where: SessionRelay | None,
+        first: Any,
+        requests: AsyncIterator[Any],
+    ) -> AsyncIterator[Any]:
+        """The host's call forwarded to the replica holding its client's call, as is."""
+        hub = self._svc.hub
+        if where is None or where.replica_id == hub.replica or not where.address:
+            raise Unavailable(CLIENT_GONE)
+        if not where.alive:
+            raise Unavailable(f"{CLIENT_GONE}: its replica ({where.address}) is gone")
+        metadata = self.forwarded()
+        call = self._peers.lease(where.address).SessionActions(metadata=metadata)
+        forward: asyncio.Task[None] | None = None
+        log.info("session relayed", task_id=str(task_id), to=where.address)
+        try:
+            # A call the other replica ended at once ends by its status, which the read raises.
+            await write_unless_ended(call, first)
+            forward = asyncio.create_task(_forward(requests, call))
+            while (message := await call.read()) is not grpc.aio.EOF:
+                yield message
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(
+                f"session relay lost: the replica holding its client ({where.address}) "
+                f"answered {exc.code().name}: {exc.details()}"
+            ) from None
+        finally:
+            if forward is not None:
+                forward.cancel()
+            call.cancel()
+
+    async def _check(self, join: lease_pb2.SessionJoin) -> tuple[TaskId, SessionRelay | None]:
+        """The session's task, if `join` names this host's live lease of it, and where
+        its client's call is held."""
+        task_id, lease_id = TaskId(uuid.UUID(join.task_id)), uuid.UUID(join.lease_id)
+        settings = self._svc.settings
+        found = await self._svc.store.replicas.session_join(task_id, lease_id, settings.lease_ttl)
+        if found is None:
+            raise TaskNotFound(f"no task {task_id}")
+        who = principal()  # a host token acts as its own host only (auth off: any host)
+        if found.attempt is not None and who.role is Role.HOST and found.host_id != who.host_id:
+            raise NotLeaseHolder(f"lease {lease_id} is another host's")
+        if not found.session:
+            raise FailedPrecondition(f"task {task_id} is not a session")
+        running = found.status in (TaskStatus.ASSIGNED, TaskStatus.DISPATCHED)
+        if found.attempt is None or not found.live or not running:
+            raise LeaseNotCurrent(f"lease {lease_id} is not the live lease of task {task_id}")
+        if found.attempt != join.attempt or found.task_attempt != found.attempt:
+            raise LeaseNotCurrent(f"attempt {join.attempt} is not task {task_id}'s current one")
+        return task_id, found.relay
+
+    async def _steps(self, requests: AsyncIterator[Any], relay: Relay) -> None:
+        try:
+            async for request in requests:
+                if isinstance(request, lease_pb2.SessionActionsRequest) and request.HasField(
+                    "step"
+                ):
+                    relay.from_host.put_nowait(request.step)
+                else:
+                    log.warning("session host sent something other than a step; ending")
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("session host call ended", error=str(exc))
+        finally:
+            relay.host_left()
