@@ -320,6 +320,7 @@ def session_open(req: scheduler_pb2.OpenSessionRequest) -> scheduler_pb2.Session
         )
     string_map(dict(o.metadata), "open.metadata", free_text_values=True)
     identifier(o.fairness_key, "open.fairness_key", required=False)
+    identifier(o.request_id, "open.request_id", required=False)
     if o.HasField("record_screen"):
         screen_recording(o.record_screen, "open.record_screen")
     return o

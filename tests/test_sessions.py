@@ -201,6 +201,7 @@ async def test_the_hosts_lost_lease_ends_the_session_failed(database_url: str) -
         (act(tap()), "open"),
         (opening(idle=7200), "open.idle_timeout"),
         (opening(selector=task_pb2.DeviceSelector(labels={"model\n": "x"})), "open.selector"),
+        (opening(request_id="two words"), "open.request_id"),
     ],
 )
 async def test_a_bad_first_message_is_invalid_argument_naming_the_field_and_creates_nothing(
