@@ -1,8 +1,9 @@
 """One replica's side of LISTEN/NOTIFY: hands queued work and freed phones to the
 wake-up protocol (control_plane.dispatch, which owns the parked Acquires), pushes recorded
-cancellations and drains to the renewal streams this replica holds, and tells watchers
-that a task changed. NOTIFY reaches every replica, so whichever holds a host's stream or
-parked Acquire acts on it."""
+cancellations, drains and releases to the renewal streams this replica holds, and tells
+watchers that a task changed. NOTIFY reaches every replica, so whichever holds a host's
+stream or parked Acquire acts on it; what a replica missed while it was not listening is
+read again (control_plane.listener) and pushed (`restate`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import asyncio
 import contextlib
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 import structlog
 
@@ -22,6 +23,7 @@ from control_plane.domain import (
     Notice,
     ReleaseNotice,
     ScreenNotice,
+    StreamState,
     TaskId,
 )
 from control_plane.frames import Screens
@@ -194,6 +196,16 @@ class Hub:
             yield
         finally:
             self._listeners.discard(listener)
+
+    def held_hosts(self) -> list[str]:
+        """The hosts with a renewal stream open on this replica."""
+        return list(self._streams)
+
+    def restate(self, states: Iterable[StreamState]) -> None:
+        """What a read of the database (after notices may have been lost) says the hosts'
+        streams should have been pushed: onto each stream of each host open here."""
+        for state in states:
+            self._push(state)
 
     def streams(self) -> int:
         return sum(len(s) for s in self._streams.values())

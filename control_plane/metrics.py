@@ -77,6 +77,12 @@ CANCEL_STOP = Histogram(
     "Cancel delivered -> the host's cancelled report received",
     buckets=LATENCY,
 )
+STREAM_RESTATES = Histogram(
+    "amc_stream_restate_seconds",
+    "After the LISTEN connection listened again: the read of every renewal stream's state"
+    " held here (one statement) and its push onto the streams",
+    buckets=LATENCY,
+)
 EXPIRED = Counter("amc_leases_expired_total", "Leases ended by expiry or release", ["to"])
 SWEEPS = Counter("amc_expiry_sweeps_total", "Expiry sweeps run by this replica")
 DATABASE_UP = Gauge("amc_database_up", "1 while the database answers")

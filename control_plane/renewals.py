@@ -1,6 +1,8 @@
 """A host's `Lease.RenewLeases` stream: its renewals answered in order, and what the
 replica pushes onto it between them (a cancellation, a drain or its end, a released
-device, a viewer waiting for the host's screen feed, the replica closing)."""
+device, a viewer waiting for the host's screen feed, the replica closing; and what those
+notices would have pushed, read from the database as the stream opens and after its
+replica's LISTEN connection reconnected: a StreamState)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import functools
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
 
@@ -18,7 +20,14 @@ from amc.v1 import lease_pb2
 from control_plane import metrics, validate, validate_lease
 from control_plane.auth import check_host
 from control_plane.convert import duration, steps_from_pb
-from control_plane.domain import CancelNotice, DrainNotice, Notice, ReleaseNotice, ScreenNotice
+from control_plane.domain import (
+    CancelNotice,
+    DrainNotice,
+    Notice,
+    ReleaseNotice,
+    ScreenNotice,
+    StreamState,
+)
 from control_plane.errors import DatabaseUnavailable, InvalidArgument, Unavailable
 from control_plane.rpc import TaskServicer, check_decoded, principal
 from control_plane.store import Store
@@ -89,7 +98,12 @@ class RenewalStream:
                         )
                     )
                     log.info("renewal stream opened", host_id=host_id)
-                    await drain.opened()
+                    # What notices would have pushed before it opened (on another replica,
+                    # or on none while the host moved): the drain, then the rest.
+                    state = await drain.opened(
+                        functools.partial(self.store.hosts.stream_state, host_id)
+                    )
+                    self._pending(state, outbox, drain)
                     if self.service.hub.screens.wanted(host_id):  # a viewer waits here
                         self._want_screen(outbox, drain)
                 elif host_id != bound:
@@ -161,27 +175,37 @@ class RenewalStream:
         outbox: Outbox,
         drain: StreamDrain,
     ) -> None:
-        """What hub.close() (None), a cancel, a drain, a release or a screen wanted does to
-        a stream: a drain notice has the stream read the host's drain again (StreamDrain),
-        the others go on its outbox (a release or a screen wanted with the drain the agent
-        was last told, so that an agent reading any push without leases as its drain state
-        reads it right)."""
+        """What hub.close() (None), a cancel, a drain, a release, a screen wanted or a
+        stream's state read again does to a stream: a drain notice has the stream read the
+        host's drain again (StreamDrain), the others go on its outbox (a release or a
+        screen wanted with the drain the agent was last told, so that an agent reading any
+        push without leases as its drain state reads it right)."""
         if notice is None:
             outbox.put_nowait(CLOSING)
-            return
-        if isinstance(notice, DrainNotice):
+        elif isinstance(notice, DrainNotice):
             drain.changed()
-            return
-        if isinstance(notice, ScreenNotice):
+        elif isinstance(notice, ScreenNotice):
             self._want_screen(outbox, drain)
-            return
-        if isinstance(notice, ReleaseNotice):
-            outbox.put_nowait(
-                lease_pb2.RenewLeasesResponse(
-                    push=True, drain=drain.told, release_serials=[notice.serial]
-                )
-            )
-            return
+        elif isinstance(notice, ReleaseNotice):
+            outbox.put_nowait(_release_push(notice.serial, drain.told))
+        elif isinstance(notice, StreamState):
+            # Read after notices may have been lost: a drain the agent was told otherwise
+            # is read again (the one read that decides, see StreamDrain), and the rest is
+            # pushed (an agent takes a release or a cancel it had already as a no-op).
+            if notice.draining != drain.told:
+                drain.changed()
+            self._pending(notice, outbox, drain)
+        else:
+            self._cancel(notice, outbox)
+
+    def _pending(self, state: StreamState, outbox: Outbox, drain: StreamDrain) -> None:
+        """The releases and cancels a read of the stream's state found (StreamState)."""
+        for serial in state.released:
+            outbox.put_nowait(_release_push(serial, drain.told))
+        for cancel in state.cancels:
+            self._cancel(cancel, outbox)
+
+    def _cancel(self, notice: CancelNotice, outbox: Outbox) -> None:
         metrics.CANCEL_DELIVERY.labels("push").observe(
             max(0.0, time.time() - notice.requested_epoch)
         )
@@ -209,7 +233,9 @@ class StreamDrain:
     another replica's, and however a read and a commit interleave. The stream subscribes
     before its first read. An agent takes a stream that opens as not drained, so only a
     change from what it was last told is pushed. Drains are operator actions: a read per
-    notice per stream of the host, never on the renewal path."""
+    notice per stream of the host, never on the renewal path. After the replica's LISTEN
+    connection reconnected (a drain's notice may be lost), its one read of every stream's
+    state has a stream look again only where the agent was told otherwise."""
 
     def __init__(self, store: Store, host_id: str, push: Callable[[bool], None]) -> None:
         self._store = store
@@ -219,11 +245,20 @@ class StreamDrain:
         self._stale = False
         self._looking: asyncio.Task[None] | None = None
 
-    async def opened(self) -> None:
-        """The first look, as the stream opens; its failure is the stream's."""
+    async def opened(self, read: Callable[[], Awaitable[StreamState]]) -> StreamState:
+        """The first look, as the stream opens, with `read` (the host's whole state, of
+        which it keeps the drain); its failure is the stream's. The state it last read."""
+        state = StreamState(self._host_id)
+
+        async def draining() -> bool:
+            nonlocal state
+            state = await read()
+            return state.draining
+
         self._stale = True
-        self._looking = asyncio.create_task(self._look(retry=False))
+        self._looking = asyncio.create_task(self._look(draining, retry=False))
         await self._looking
+        return state
 
     @property
     def told(self) -> bool:
@@ -234,18 +269,19 @@ class StreamDrain:
         """A drain notice for the host: look again (a read under way may predate it)."""
         self._stale = True
         if self._looking is None or self._looking.done():
-            self._looking = asyncio.create_task(self._look(retry=True))
+            read = functools.partial(self._store.hosts.host_draining, self._host_id)
+            self._looking = asyncio.create_task(self._look(read, retry=True))
 
     def close(self) -> None:
         if self._looking is not None:
             self._looking.cancel()
 
-    async def _look(self, *, retry: bool) -> None:
+    async def _look(self, read: Callable[[], Awaitable[bool]], *, retry: bool) -> None:
         pause = DRAIN_READ_RETRY[0]
         while self._stale:
             self._stale = False
             try:
-                draining = await self._store.hosts.host_draining(self._host_id)
+                draining = await read()
             except Exception as error:
                 if not retry:
                     raise
@@ -272,6 +308,11 @@ def _cancel_push(notice: CancelNotice) -> lease_pb2.RenewLeasesResponse:
         attempt=notice.attempt,
     )
     return lease_pb2.RenewLeasesResponse(leases=[state], push=True)
+
+
+def _release_push(serial: str, drain: bool) -> lease_pb2.RenewLeasesResponse:
+    """The pushed message (no leases) that tells the host an operator released `serial`."""
+    return lease_pb2.RenewLeasesResponse(push=True, drain=drain, release_serials=[serial])
 
 
 def _screen_push(drain: bool) -> lease_pb2.RenewLeasesResponse:

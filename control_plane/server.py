@@ -18,7 +18,6 @@ import structlog
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
 
 from amc.v1 import (
     admin_pb2_grpc,
@@ -33,8 +32,9 @@ from control_plane.config import Settings
 from control_plane.console.http import Console
 from control_plane.effects import Effects
 from control_plane.gauges import FarmGauges
-from control_plane.hub import CHANNELS, Hub
+from control_plane.hub import Hub
 from control_plane.lease_service import LeaseService
+from control_plane.listener import Listener
 from control_plane.peers import Peers
 from control_plane.queue_stats import keep_queue_counted
 from control_plane.retention import keep_retention, span_text
@@ -52,9 +52,6 @@ MAX_MESSAGE = 1 << 20
 STOP_SLACK = 5.0
 # The farm-wide gauges are refreshed on the first database check, then every this many.
 GAUGE_TICKS = 5
-# How often the LISTEN connection is checked (still listening, on a writable server): a
-# connection a failover left silent is replaced within about twice this.
-LISTEN_HEARTBEAT = 2.0
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.keepalive_time_ms", 10_000),
@@ -239,7 +236,7 @@ class ControlPlane:
         self._background = [
             asyncio.create_task(coro, name=getattr(coro, "__name__", None))
             for coro in (
-                self._listen(),
+                Listener(self.store, self.dsn, self.hub, authenticator).run(),
                 sweep_expired(
                     self.store,
                     self.effects,
@@ -362,37 +359,3 @@ class ControlPlane:
                 log.warning("database " + ("reachable again" if ok else "unreachable"))
                 if ok:  # the calls that failed meanwhile may have left work unseen
                     self.hub.wake_all()
-
-    async def _listen(self) -> None:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(errors.DatabaseUnavailable),
-            wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
-            reraise=True,
-        ):
-            with attempt:
-                await self._listen_once()
-
-    async def _listen_once(self) -> None:
-        lost = asyncio.Event()
-        callbacks = dict.fromkeys(CHANNELS, self.hub.notify)
-        callbacks[auth.REVOKED_CHANNEL] = self.auth.revoked
-        async with self.store.notifications.listening(self.dsn, callbacks, lost.set) as conn:
-            # Notifications sent while no connection listened (a failover loses those the
-            # old primary had not delivered) are gone: every parked Acquire looks again, and
-            # every token is read again (a revocation may be among them).
-            self.hub.wake_all()
-            self.auth.clear()
-            while not lost.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(lost.wait(), LISTEN_HEARTBEAT)
-                try:
-                    alive = await asyncio.wait_for(
-                        self.store.notifications.still_listening(conn, list(callbacks)),
-                        LISTEN_HEARTBEAT,
-                    )
-                except Exception:
-                    alive = False
-                if not alive:  # gone, silent, no longer listening, or now a standby
-                    break
-        log.warning("notification connection lost; reconnecting")
-        raise errors.DatabaseUnavailable()

@@ -15,7 +15,7 @@ import pytest
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
-from control_plane.domain import Role
+from control_plane.domain import Role, StreamState
 from host_agent.simulated import SimulatedSource
 from tests.support import (
     Clients,
@@ -375,20 +375,20 @@ async def test_an_uncordon_between_a_streams_drain_read_and_its_push_leaves_it_u
     host = await farm.host("h1", "s1")
     await op.admin.DrainHost(admin_pb2.DrainHostRequest(host_id="h1"))
     store, hub = farm.plane.store, farm.plane.hub
-    read = store.hosts.host_draining
+    read = store.hosts.stream_state
     stale: list[bool] = []
     heard: list[str] = []
 
-    async def read_then_uncordon(host_id: str) -> bool:
-        draining = await read(host_id)
+    async def read_then_uncordon(host_id: str) -> StreamState:
+        state = await read(host_id)
         if not stale:  # the stream's first read only
-            stale.append(draining)
+            stale.append(state.draining)
             await op.admin.UncordonHost(admin_pb2.UncordonHostRequest(host_id="h1"))
             # Every notice of it delivered: this replica's own, and the database's echo
             # (what another replica's stream would get).
             with contextlib.suppress(AssertionError):
                 await eventually(lambda: len(heard) >= 2, timeout=2, what="the echo")
-        return draining
+        return state
 
     def hear(channel: str, payload: str) -> None:
         if channel == "amc_drain":
@@ -399,7 +399,7 @@ async def test_an_uncordon_between_a_streams_drain_read_and_its_push_leaves_it_u
         told = [p.drain for p in stream.pushes if not p.leases]
         return told[-1] if told else False
 
-    monkeypatch.setattr(store.hosts, "host_draining", read_then_uncordon)
+    monkeypatch.setattr(store.hosts, "stream_state", read_then_uncordon)
     with hub.listening(hear):
         stream = host.stream()
         try:

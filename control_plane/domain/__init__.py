@@ -20,6 +20,7 @@ from control_plane.domain.leases import (
     Report,
     ScreenNotice,
     StepProgress,
+    StreamState,
 )
 from control_plane.domain.queue import (
     DeviceMatch,
@@ -89,6 +90,7 @@ __all__ = [
     "SessionRelay",
     "ShareChange",
     "StepProgress",
+    "StreamState",
     "Task",
     "TaskEvent",
     "TaskHistory",

@@ -136,5 +136,18 @@ class ScreenNotice(HostNotice):
     viewer waits on the replica holding the host's stream (control_plane.screens)."""
 
 
+@dataclass(frozen=True)
+class StreamState(HostNotice):
+    """What the database says a host's renewal stream should have been pushed, read when
+    the stream opens and after its replica's LISTEN connection reconnected (notices sent
+    while it was down are lost): the host's drain, the devices released from quarantine
+    that the host has not reported on since, and the cancels requested on its live leases
+    and not delivered yet."""
+
+    draining: bool = False
+    released: tuple[str, ...] = ()
+    cancels: tuple[CancelNotice, ...] = ()
+
+
 # Every notice a host's renewal stream may be pushed (one home for the union).
-Notice = CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice
+Notice = CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice | StreamState

@@ -10,7 +10,17 @@ from datetime import timedelta
 from typing import Any
 
 from control_plane import errors
-from control_plane.domain import DeviceHealth, DeviceInfo, HostEvent, HostInfo, Principal, TaskId
+from control_plane.domain import (
+    CancelNotice,
+    DeviceHealth,
+    DeviceInfo,
+    HostEvent,
+    HostInfo,
+    LeaseId,
+    Principal,
+    StreamState,
+    TaskId,
+)
 from control_plane.lifecycle import RemoveCode
 from control_plane.store.database import Aggregate
 from control_plane.store.rows import act, columns, when
@@ -158,6 +168,34 @@ class Hosts(Aggregate):
     async def host_draining(self, host_id: str) -> bool:
         row = await self._db.fetchrow("host_draining", host_id)
         return bool(row and row["draining"])
+
+    async def stream_states(self, host_ids: list[str]) -> list[StreamState]:
+        """What the renewal streams of `host_ids` should have been pushed, in one statement
+        for them all (a registered host each; the others have none)."""
+        rows = await self._db.fetch("stream_states", host_ids)
+        return [
+            StreamState(
+                r["host_id"],
+                r["draining"],
+                tuple(r["released"]),
+                tuple(
+                    CancelNotice(r["host_id"], LeaseId(lease), TaskId(task), attempt, epoch)
+                    for lease, task, attempt, epoch in zip(
+                        r["cancel_leases"],
+                        r["cancel_tasks"],
+                        r["cancel_attempts"],
+                        r["cancel_epochs"],
+                        strict=True,
+                    )
+                ),
+            )
+            for r in rows
+        ]
+
+    async def stream_state(self, host_id: str) -> StreamState:
+        """`stream_states` of one host (a host not registered: nothing to push)."""
+        found = await self.stream_states([host_id])
+        return found[0] if found else StreamState(host_id)
 
     async def host_events(self, host_id: str, limit: int) -> list[HostEvent]:
         """The host's latest `limit` events, newest first."""

@@ -214,8 +214,44 @@ FROM m;
 SELECT * FROM amc_remove_host($1, $2, $3, $4, $5);
 
 -- name: host_draining
--- Read when a host opens its renewal stream: the drain it is told of at once.
+-- Read by a host's renewal stream when a drain notice for the host comes.
 SELECT draining FROM hosts WHERE host_id = $1;
+
+-- name: stream_states
+-- What the renewal streams of hosts $1 should have been pushed (domain.StreamState): read
+-- when a stream opens (one host) and, for every stream a replica holds, after its LISTEN
+-- connection reconnected. One row per registered host: its drain; its devices an operator
+-- released from quarantine that its agent has not taken out of quarantine since (still
+-- quarantined or recovering, and no `recovery` event of the device out of those
+-- conditions after its latest `release` event: set_device_health's events name the
+-- condition first; a host telling its phone quarantined again, as it re-registers, has
+-- not heard of the release); and the cancels requested on its live leases and not
+-- delivered yet (those delivered, the host's renewals answer). Per host: index lookups
+-- only (devices and host_events by host, attempts_by_host).
+SELECT h.host_id, h.draining,
+       ARRAY(SELECT d.serial FROM devices d
+             WHERE d.host_id = h.host_id AND d.condition IN ('quarantined', 'recovering')
+               AND (SELECT e.kind FROM host_events e
+                    WHERE e.host_id = d.host_id AND e.serial = d.serial
+                      AND (e.kind = 'release'
+                           OR e.kind = 'recovery' AND split_part(e.reason, ':', 1)
+                                                      NOT IN ('quarantined', 'recovering'))
+                    ORDER BY e.event_id DESC LIMIT 1) = 'release'
+             ORDER BY d.serial) AS released,
+       COALESCE(c.leases, '{}') AS cancel_leases, COALESCE(c.tasks, '{}') AS cancel_tasks,
+       COALESCE(c.attempts, '{}') AS cancel_attempts, COALESCE(c.epochs, '{}') AS cancel_epochs
+FROM hosts h
+LEFT JOIN LATERAL (
+    SELECT array_agg(a.lease_id ORDER BY a.lease_id) AS leases,
+           array_agg(a.task_id ORDER BY a.lease_id) AS tasks,
+           array_agg(a.attempt ORDER BY a.lease_id) AS attempts,
+           array_agg(extract(epoch FROM a.cancel_requested_at)::float8 ORDER BY a.lease_id)
+               AS epochs
+    FROM attempts a
+    WHERE a.host_id = h.host_id AND a.state = 'active'
+      AND a.cancel_requested_at IS NOT NULL AND a.cancel_delivered_at IS NULL
+) c ON true
+WHERE h.host_id = ANY ($1::text[]);
 
 -- name: host_events
 -- A host's latest $2 events (its devices' too), newest first.
