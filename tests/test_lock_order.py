@@ -27,6 +27,7 @@ from tests.support import (
     HostClient,
     RenewStream,
     actions_spec,
+    device,
     eventually,
     seconds,
 )
@@ -779,3 +780,81 @@ async def test_a_registration_that_drops_a_device_and_remove_host_do_not_deadloc
     states = await farm.db.fetch("SELECT serial, state FROM devices ORDER BY serial")
     assert [tuple(r) for r in states] == [("s1", "device"), ("s2", "gone")]
     assert await deadlock_count(farm) == deadlocks, f"deadlock; the removal took {took:.2f} s"
+
+
+async def test_two_acquires_meeting_capped_keys_in_opposite_orders_do_not_deadlock(
+    farm: Farm,
+) -> None:
+    """GIVEN keys ka and kb, both capped, and two hosts of two device groups each, whose
+    Acquires meet the keys in opposite orders (h1's first group matches ka's task, its
+    second kb's; h2's the other way round), both Acquires held at their first cap lock
+    (this session holds both keys' locks) WHEN the locks are let go THEN neither is a
+    deadlock victim (with deadlock_timeout at 50 ms, a wait in a cycle fails at once):
+    each takes its two tasks. Taken device group by device group, h1 held ka waiting for
+    kb while h2 held kb waiting for ka."""
+    assert farm.db is not None
+    await farm.db.execute(
+        "INSERT INTO fair_shares (fairness_key, max_devices) VALUES ('ka', 10), ('kb', 10)"
+    )
+    order: dict[str, list[str]] = {}
+    for name, slots in (("h1", ("a", "b")), ("h2", ("c", "d"))):
+        host = await farm.host(name)
+        await host.c.lease.RegisterHost(
+            lease_pb2.RegisterHostRequest(
+                host_id=name, devices=[device(f"{name}-{s}", slot=s) for s in slots]
+            )
+        )
+        # The device groups in the order amc_acquire's loop meets them (the same query).
+        rows = await farm.db.fetch(
+            "SELECT dv.labels FROM devices dv WHERE dv.host_id = $1"
+            " AND dv.serial = ANY ($2::text[]) AND dv.state = 'device'"
+            " AND dv.task_id IS NULL AND NOT dv.cordoned AND dv.condition = 'ready'"
+            " GROUP BY dv.labels",
+            name,
+            [f"{name}-{s}" for s in slots],
+        )
+        order[name] = [r["labels"]["slot"] for r in rows]
+    (h1_first, h1_second), (h2_first, h2_second) = order["h1"], order["h2"]
+    client = await farm.client()
+    for key, slots in (("ka", (h1_first, h2_second)), ("kb", (h1_second, h2_first))):
+        for slot in slots:
+            await client.scheduler.SubmitTask(
+                scheduler_pb2.SubmitTaskRequest(
+                    spec=actions_spec(),
+                    selector=task_pb2.DeviceSelector(labels={"slot": slot}),
+                    fairness_key=key,
+                )
+            )
+    locker, first, second = [await asyncpg_connect(farm) for _ in range(3)]
+    try:
+        await locker.execute(
+            "SELECT pg_advisory_lock(hashtextextended('amc_fair_share:' || k, 0))"
+            " FROM unnest(ARRAY['ka', 'kb']) k"
+        )
+        acquires = []
+        for conn, name in ((first, "h1"), (second, "h2")):
+            await conn.execute("SET deadlock_timeout = '50ms'")
+            serials = [f"{name}-{s}" for s in order[name]]
+            acquires.append(
+                asyncio.ensure_future(
+                    conn.fetch(QUERIES["acquire"], name, serials, timedelta(seconds=30))
+                )
+            )
+
+        async def both_waiting() -> bool:
+            return (
+                any(a.done() for a in acquires) or await waiting(farm, "acquire", "advisory") == 2
+            )
+
+        await eventually(both_waiting, what="both Acquires to wait for a cap's lock")
+        await locker.execute("SELECT pg_advisory_unlock_all()")
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(a, 10) for a in acquires), return_exceptions=True
+        )
+    finally:
+        for conn in (locker, first, second):
+            await conn.close()
+    for answer in answers:
+        assert not isinstance(answer, BaseException), f"{type(answer).__name__}: {answer}"
+    taken = [[r["task_id"] for r in rows if r["task_id"]] for rows in answers]  # type: ignore[union-attr]
+    assert [len(t) for t in taken] == [2, 2]

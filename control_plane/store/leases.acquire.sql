@@ -24,8 +24,12 @@
 --
 -- Fair shares' caps: a key with a cap (fair_shares.max_devices) is counted once per
 -- Acquire, under a transaction-scoped advisory lock on the key (so two Acquires cannot
--- both take its last phone); a key at its cap has its groups left out. Keys without a cap
--- cost nothing.
+-- both take its last phone); a key at its cap has its groups left out. The locks of all
+-- the capped keys the idle devices match are taken first, in one statement, in one order
+-- for every Acquire (their lock ids ascending): taken device group by device group, two
+-- Acquires whose groups meet two keys in opposite orders could each hold one and wait for
+-- the other (a deadlock, broken only after deadlock_timeout). Then they are counted. With
+-- no capped key at all, the caps cost one look at fair_shares.
 --
 -- A cordoned host gets nothing and has no idle devices (so its Acquire is indexed under
 -- nothing, and no queued task wakes it); a cordoned device is never idle, nor is one whose
@@ -50,6 +54,7 @@ DECLARE
     v_asked integer;
     v_groups bigint[];
     v_keys text[];
+    v_capped text[] := '{}';
     v_seen uuid[];
     v_blocked text[] := '{}';
     v_left jsonb := '{}';
@@ -59,6 +64,46 @@ DECLARE
 BEGIN
     IF EXISTS (SELECT 1 FROM hosts h WHERE h.host_id = p_host AND h.cordoned) THEN
         RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM fair_shares f WHERE f.max_devices IS NOT NULL) THEN
+        -- The capped keys of the queue groups the idle devices match (as below), locked in
+        -- lock-id order (the sort comes before the locks are taken: a volatile function in
+        -- a sorted query's output is evaluated in the sorted order).
+        SELECT COALESCE(array_agg(c.fairness_key), '{}') INTO v_capped
+        FROM (
+            SELECT f.fairness_key,
+                   pg_advisory_xact_lock(hashtextextended('amc_fair_share:' || f.fairness_key, 0))
+            FROM fair_shares f
+            WHERE f.max_devices IS NOT NULL
+              AND f.fairness_key IN (
+                  SELECT q.fairness_key
+                  FROM (SELECT dv.labels, array_agg(dv.serial) AS serials
+                        FROM devices dv
+                        WHERE dv.host_id = p_host AND dv.serial = ANY (p_serials)
+                          AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+                          AND dv.condition = 'ready'
+                        GROUP BY dv.labels) d
+                  JOIN queue_groups q
+                    ON q.anchor = ANY (amc_device_anchors(d.labels, d.serials))
+                   AND d.labels @> q.selector_labels
+                   AND (q.selector_serial = '' OR q.selector_serial = ANY (d.serials)))
+            ORDER BY hashtextextended('amc_fair_share:' || f.fairness_key, 0), f.fairness_key
+        ) c;
+        -- How many more phones each may take, counted under the locks (a statement of its
+        -- own: its snapshot comes after them).
+        FOR t IN
+            SELECT f.fairness_key, f.max_devices - (
+                       SELECT count(*) FROM queue_groups q JOIN tasks tk ON tk.group_id = q.group_id
+                       WHERE q.fairness_key = f.fairness_key
+                         AND tk.status IN ('assigned', 'dispatched')) AS left_over
+            FROM fair_shares f
+            WHERE f.fairness_key = ANY (v_capped) AND f.max_devices IS NOT NULL
+        LOOP
+            v_left := v_left || jsonb_build_object(t.fairness_key, t.left_over);
+            IF t.left_over <= 0 THEN
+                v_blocked := v_blocked || t.fairness_key;
+            END IF;
+        END LOOP;
     END IF;
     FOR g IN
         SELECT dv.labels, array_agg(dv.serial ORDER BY dv.serial) AS serials
@@ -77,23 +122,6 @@ BEGIN
           AND g.labels @> q.selector_labels
           AND (q.selector_serial = '' OR q.selector_serial = ANY (v_free));
         CONTINUE WHEN cardinality(v_groups) = 0;
-        -- Capped keys among them, in key order (the advisory locks' order): how many more
-        -- phones each may take.
-        FOR t IN
-            SELECT f.fairness_key, f.max_devices FROM fair_shares f
-            WHERE f.fairness_key = ANY (v_keys) AND f.max_devices IS NOT NULL
-              AND NOT v_left ? f.fairness_key
-            ORDER BY f.fairness_key
-        LOOP
-            PERFORM pg_advisory_xact_lock(hashtextextended('amc_fair_share:' || t.fairness_key, 0));
-            SELECT count(*) INTO v_count
-            FROM queue_groups q JOIN tasks tk ON tk.group_id = q.group_id
-            WHERE q.fairness_key = t.fairness_key AND tk.status IN ('assigned', 'dispatched');
-            v_left := v_left || jsonb_build_object(t.fairness_key, t.max_devices - v_count);
-            IF t.max_devices - v_count <= 0 THEN
-                v_blocked := v_blocked || t.fairness_key;
-            END IF;
-        END LOOP;
         v_seen := '{}';
         v_looks := 0;
         LOOP
