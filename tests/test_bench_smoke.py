@@ -58,6 +58,8 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert [(r["hosts"], r["replicas"]) for r in runs] == [(10, 1), (10, 2)]
     for run in runs:
         assert run["verified"] is True and run["errors"]["total"] == 0
+        # Every replica listened again and read its streams' state once.
+        assert len(run["listen_again"]["restate_ms"]) == run["replicas"]
         assert run["submit"]["pickup_ms"]["n"] == run["submit"]["tasks"] == 60
         assert sum(run["connect"]["tcp_connections"]) == 10  # a connection per host
         # A host opens its ScreenFrames call only when a viewer waits for one of its phones

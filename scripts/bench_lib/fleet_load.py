@@ -20,6 +20,9 @@ with a rack label of its own, on one or more control-plane replicas, and a submi
    rounds (so that the returns to ready flow too) a second idle window as long as the first
    says what the changes add; they go on through the submit window. A task whose phone is
    not ready waits for it, so none fails: the verification stays as it is.
+   Then every replica's LISTEN connection is ended (as a failover would): until each has
+   listened again and read its renewal streams' state again, the CPU of the replicas and
+   of PostgreSQL, and the read as the replicas time it (amc_stream_restate_seconds).
 3. submit: --rate SubmitTask calls per second for --seconds through the first replica,
    open loop (each at its scheduled time, whatever the earlier ones are doing), each task
    for the rack of a random host; then until every task is reported done, or
@@ -72,6 +75,7 @@ from bench_lib.stats import summarize
 HOST_CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 CONNECT_CONCURRENCY = 32
 SETTLE = 2.0  # after every host is parked, before the idle window
+LISTEN_AGAIN_LIMIT = 60.0  # for the replicas to listen again and read their streams
 LAG_TICK = 0.01  # the event-loop lag probe's period
 AUTOVAC_TICK = 0.25  # the autovacuum meter's
 
@@ -388,6 +392,45 @@ class Fleet:
             out["churn"] = await self.idle_churn(out)
         return out
 
+    async def listen_again(self) -> dict[str, Any]:
+        """Every replica's LISTEN connection ended, as a failover would: until each has
+        listened again and told every renewal stream it holds its host's state again (one
+        read), the CPU of the replicas and of PostgreSQL, and the read and its push as the
+        replicas time them (amc_stream_restate_seconds). Every parked Acquire looks again
+        too (one query each): that is in the CPU."""
+        self.counters.phase = "listen"
+        name = "amc_stream_restate_seconds"
+        before_samples = await scrape_all(self.urls)
+        before = self.usage()
+        db = await Db.connect(self.args.dsn)
+        try:
+            ended = await db.terminate_listeners()
+        finally:
+            await db.close()
+        deadline = time.monotonic() + LISTEN_AGAIN_LIMIT
+        while True:
+            after_samples = await scrape_all(self.urls)
+            counts = [
+                promtext.value(a, f"{name}_count") - promtext.value(b, f"{name}_count")
+                for b, a in zip(before_samples, after_samples, strict=True)
+            ]
+            if all(c >= 1 for c in counts):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replicas did not read their streams again: {counts}")
+            await asyncio.sleep(0.05)
+        after = self.usage()
+        return {
+            "listeners_ended": ended,
+            "wall_s": after.at - before.at,
+            "control_plane_cpu_ms": (after.cp - before.cp) * 1e3,
+            "postgres_cpu_ms": (after.pg - before.pg) * 1e3,
+            "restate_ms": [
+                (promtext.value(a, f"{name}_sum") - promtext.value(b, f"{name}_sum")) * 1e3
+                for b, a in zip(before_samples, after_samples, strict=True)
+            ],
+        }
+
     async def acquire_queries(self) -> int:
         return int(
             sum(promtext.value(s, "amc_acquire_queries_total") for s in await scrape_all(self.urls))
@@ -676,6 +719,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 f" control plane {churn['control_plane_cores']:.3f} cores"
                 f" ({churn['control_plane_cores_added']:+.4f})"
             )
+        out["listen_again"] = await fleet.listen_again()
+        again = out["listen_again"]
+        progress(
+            f"listening again: streams' state read and pushed in"
+            f" {', '.join(f'{ms:.1f}' for ms in again['restate_ms'])} ms;"
+            f" control plane {again['control_plane_cpu_ms']:.0f} ms,"
+            f" PostgreSQL {again['postgres_cpu_ms']:.0f} ms of CPU in {again['wall_s']:.2f}s"
+        )
         if args.step_every > 0:
             out["busy"] = await fleet.occupy()
             progress(f"{out['busy']['busy_phones']} busy phones, a step every {args.step_every:g}s")

@@ -78,6 +78,16 @@ class Db:
             )
         )
 
+    async def terminate_listeners(self) -> int:
+        """End every LISTEN connection on the database, as a failover would: how many."""
+        return int(
+            await self.conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND (query LIKE 'LISTEN %' OR query LIKE '%pg_listening_channels%')"
+            )
+        )
+
     async def now(self) -> datetime:
         value: datetime = await self.conn.fetchval("SELECT now()")
         return value
