@@ -333,9 +333,11 @@ async def test_each_stream_that_opens_is_told_a_release_until_the_host_takes_the
     try:
         await first.renew()
         await _tell(host, "s1", QUARANTINED, "recovery failed")
-        await op.admin.ReleaseDevice(
-            admin_pb2.ReleaseDeviceRequest(host_id="h1", serial="s1", reason="replugged")
-        )
+        # Its notification acted on and heard back (no late echo reaches a later stream).
+        async with sent(farm, "amc_release", "h1 s1"):
+            await op.admin.ReleaseDevice(
+                admin_pb2.ReleaseDeviceRequest(host_id="h1", serial="s1", reason="replugged")
+            )
         await eventually(
             lambda: "s1" in [s for p in first.pushes for s in p.release_serials],
             what="the release pushed",

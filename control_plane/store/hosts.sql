@@ -226,31 +226,37 @@ SELECT draining FROM hosts WHERE host_id = $1;
 -- conditions after its latest `release` event: set_device_health's events name the
 -- condition first; a host telling its phone quarantined again, as it re-registers, has
 -- not heard of the release); and the cancels requested on its live leases and not
--- delivered yet (those delivered, the host's renewals answer). Per host: index lookups
--- only (devices and host_events by host, attempts_by_host).
-SELECT h.host_id, h.draining,
-       ARRAY(SELECT d.serial FROM devices d
-             WHERE d.host_id = h.host_id AND d.condition IN ('quarantined', 'recovering')
-               AND (SELECT e.kind FROM host_events e
-                    WHERE e.host_id = d.host_id AND e.serial = d.serial
-                      AND (e.kind = 'release'
-                           OR e.kind = 'recovery' AND split_part(e.reason, ':', 1)
-                                                      NOT IN ('quarantined', 'recovering'))
-                    ORDER BY e.event_id DESC LIMIT 1) = 'release'
-             ORDER BY d.serial) AS released,
-       COALESCE(c.leases, '{}') AS cancel_leases, COALESCE(c.tasks, '{}') AS cancel_tasks,
-       COALESCE(c.attempts, '{}') AS cancel_attempts, COALESCE(c.epochs, '{}') AS cancel_epochs
-FROM hosts h
-LEFT JOIN LATERAL (
-    SELECT array_agg(a.lease_id ORDER BY a.lease_id) AS leases,
+-- delivered yet (those delivered, the host's renewals answer). Set-based: the devices
+-- and live attempts of the hosts; host_events only for a phone still held.
+WITH released AS (
+    SELECT d.host_id, array_agg(d.serial ORDER BY d.serial) AS serials
+    FROM devices d
+    WHERE d.host_id = ANY ($1::text[]) AND d.condition IN ('quarantined', 'recovering')
+      AND (SELECT e.kind FROM host_events e
+           WHERE e.host_id = d.host_id AND e.serial = d.serial
+             AND (e.kind = 'release'
+                  OR e.kind = 'recovery' AND split_part(e.reason, ':', 1)
+                                             NOT IN ('quarantined', 'recovering'))
+           ORDER BY e.event_id DESC LIMIT 1) = 'release'
+    GROUP BY d.host_id
+), cancels AS (
+    SELECT a.host_id,
+           array_agg(a.lease_id ORDER BY a.lease_id) AS leases,
            array_agg(a.task_id ORDER BY a.lease_id) AS tasks,
            array_agg(a.attempt ORDER BY a.lease_id) AS attempts,
            array_agg(extract(epoch FROM a.cancel_requested_at)::float8 ORDER BY a.lease_id)
                AS epochs
     FROM attempts a
-    WHERE a.host_id = h.host_id AND a.state = 'active'
+    WHERE a.host_id = ANY ($1::text[]) AND a.state = 'active'
       AND a.cancel_requested_at IS NOT NULL AND a.cancel_delivered_at IS NULL
-) c ON true
+    GROUP BY a.host_id
+)
+SELECT h.host_id, h.draining, COALESCE(r.serials, '{}') AS released,
+       COALESCE(c.leases, '{}') AS cancel_leases, COALESCE(c.tasks, '{}') AS cancel_tasks,
+       COALESCE(c.attempts, '{}') AS cancel_attempts, COALESCE(c.epochs, '{}') AS cancel_epochs
+FROM hosts h
+LEFT JOIN released r USING (host_id)
+LEFT JOIN cancels c USING (host_id)
 WHERE h.host_id = ANY ($1::text[]);
 
 -- name: host_events
