@@ -99,11 +99,13 @@ class RenewalStream:
                     )
                     log.info("renewal stream opened", host_id=host_id)
                     # What notices would have pushed before it opened (on another replica,
-                    # or on none while the host moved): the drain, then the rest.
+                    # or on none while the host moved): the drain, then the releases. Not
+                    # the cancels: the answer to this first request carries them
+                    # (cancel_pending), as it would to a host that heard no push.
                     state = await drain.opened(
                         functools.partial(self.store.hosts.stream_state, host_id)
                     )
-                    self._pending(state, outbox, drain)
+                    self._pending(state, outbox, drain, cancels=False)
                     if self.service.hub.screens.wanted(host_id):  # a viewer waits here
                         self._want_screen(outbox, drain)
                 elif host_id != bound:
@@ -198,11 +200,13 @@ class RenewalStream:
         else:
             self._cancel(notice, outbox)
 
-    def _pending(self, state: StreamState, outbox: Outbox, drain: StreamDrain) -> None:
-        """The releases and cancels a read of the stream's state found (StreamState)."""
+    def _pending(
+        self, state: StreamState, outbox: Outbox, drain: StreamDrain, *, cancels: bool = True
+    ) -> None:
+        """The releases (and `cancels`: the cancels) a read of the stream's state found."""
         for serial in state.released:
             outbox.put_nowait(_release_push(serial, drain.told))
-        for cancel in state.cancels:
+        for cancel in state.cancels if cancels else ():
             self._cancel(cancel, outbox)
 
     def _cancel(self, notice: CancelNotice, outbox: Outbox) -> None:
