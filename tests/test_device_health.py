@@ -11,10 +11,11 @@ import json
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
+from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
@@ -400,3 +401,72 @@ async def test_the_real_driver_probes_and_reboots_a_phone_over_the_adb_protocol(
         assert "host-serial:emu-1:reconnect" in server.payloads()
         with pytest.raises(DeviceLost, match="not found"):
             await source.reconnect_device("emu-9")
+
+
+def condition_report(
+    host_id: str, serial: str, condition: int, battery: int
+) -> lease_pb2.ReportDeviceHealthRequest:
+    return lease_pb2.ReportDeviceHealthRequest(
+        host_id=host_id,
+        devices=[
+            lease_pb2.DeviceHealth(
+                serial=serial, condition=condition, battery_percent=battery, charging=True
+            )
+        ],
+    )
+
+
+READY = scheduler_pb2.DEVICE_CONDITION_READY
+CHARGING = scheduler_pb2.DEVICE_CONDITION_CHARGING_HOLD
+
+
+async def test_a_battery_change_of_a_ready_phone_publishes_no_freed_notification(
+    farm: Farm,
+) -> None:
+    """A report that only moves a ready phone's battery wakes no Acquire anywhere: the
+    database carries no `amc_freed` for it; a phone that turns ready publishes one."""
+    assert farm.db is not None
+    heard: list[tuple[str, str]] = []
+    listener = await asyncpg.connect(farm.dsn)
+    for channel in ("amc_freed", "amc_queued"):
+        await listener.add_listener(channel, lambda *args: heard.append((args[2], args[3])))
+    try:
+        host = await farm.host("h1", "p1", "p2")
+        await eventually(lambda: heard, what="the registration's notification")
+        heard.clear()
+        await host.c.lease.ReportDeviceHealth(condition_report("h1", "p2", CHARGING, 10))
+        await host.c.lease.ReportDeviceHealth(condition_report("h1", "p1", READY, 80))
+        await host.c.lease.ReportDeviceHealth(condition_report("h1", "p1", READY, 60))
+        # A marker: a replica sends its notifications in the order it made them, so once
+        # the queued task's is heard, any the reports above made were heard before it.
+        await submit(await farm.client(), actions_spec(tap()), selector=on("elsewhere"))
+        await eventually(
+            lambda: "amc_queued" in [c for c, _ in heard], what="the queued task's notice"
+        )
+        assert [channel for channel, _ in heard] == ["amc_queued"]
+        battery = await farm.db.fetchval("SELECT battery_percent FROM devices WHERE serial = 'p1'")
+        assert battery == 60
+        heard.clear()
+        await host.c.lease.ReportDeviceHealth(condition_report("h1", "p2", READY, 45))
+        await eventually(lambda: heard, what="the notification of the freed phone")
+    finally:
+        await listener.close()
+    assert heard == [("amc_freed", "h1")]
+
+
+async def test_a_phone_reported_ready_again_wakes_its_hosts_parked_acquire(farm: Farm) -> None:
+    """A task waits for a phone held charging; the report that frees it wakes the host's
+    parked Acquire at once (not when its 30 s wait ends), which takes the task."""
+    host = await farm.host("h1", "p1")
+    client = await farm.client()
+    await host.c.lease.ReportDeviceHealth(condition_report("h1", "p1", CHARGING, 10))
+    parked = asyncio.create_task(host.acquire("p1", wait=30.0))
+    try:
+        task_id = await submit(client, actions_spec(tap()), selector=on("p1"))
+        await asyncio.sleep(0)
+        assert not parked.done()
+        await host.c.lease.ReportDeviceHealth(condition_report("h1", "p1", READY, 45))
+        (assignment,) = await asyncio.wait_for(parked, 10)
+    finally:
+        parked.cancel()
+    assert assignment.task_id == task_id and assignment.device_serial == "p1"

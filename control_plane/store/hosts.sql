@@ -132,7 +132,8 @@ ORDER BY h.host_id;
 -- name: set_device_health
 -- Host $1's probes saw these devices' conditions change ($2..$7: parallel arrays, one
 -- element per device; NULL facts: not read). Only its own devices; one statement for the
--- batch. `freed`: how many turned ready (the host's parked Acquires should look again).
+-- batch. `freed`: how many turned ready from another condition (the host's parked
+-- Acquires should look again); a ready phone whose facts moved frees nothing.
 -- A device quarantined, recovering, or leaving those is a `recovery` host event, the host
 -- its actor (the rows as they were before this statement: `was`).
 WITH h AS (
@@ -154,9 +155,11 @@ WITH h AS (
                          charging = h.charging, probed_at = now()
     FROM h
     WHERE d.host_id = $1 AND d.serial = h.serial
-    RETURNING d.condition
+    RETURNING d.serial, d.condition
 )
-SELECT count(*) FILTER (WHERE condition = 'ready') AS freed, count(*) AS updated FROM u;
+SELECT count(*) FILTER (WHERE u.condition = 'ready' AND was.condition <> 'ready') AS freed,
+       count(*) AS updated
+FROM u JOIN was USING (serial);
 
 -- name: set_host_cordon
 -- Cordon ($2 true) or uncordon a host; $3: it drains too (uncordoning ends a drain).
