@@ -108,6 +108,9 @@ class SimulatedSource:
         # What each phone's live frames show; how many frames were captured in all.
         self.screens: dict[str, LiveScreen] = {s: LiveScreen() for s in self.serials}
         self.captures = 0
+        # The recovery ladder's steps that disturbed a phone: (serial, "reconnect" or
+        # "reboot", time.time() when asked).
+        self.recovery_steps: list[tuple[str, str, float]] = []
 
     @property
     def actions(self) -> list[ActionRecord]:
@@ -161,6 +164,7 @@ class SimulatedSource:
 
     async def reconnect_device(self, serial: str) -> None:
         """The recovery ladder's `adb reconnect`: ends a hang of the phone's transport."""
+        self.recovery_steps.append((serial, "reconnect", time.time()))
         if not self.is_plugged(serial):
             raise DeviceLost(f"device lost: {serial} is not attached")
         body = self.body(serial)
@@ -175,6 +179,7 @@ class SimulatedSource:
 
     async def reboot_device(self, serial: str) -> None:
         """The recovery ladder's reboot: `boot_time` seconds of booting."""
+        self.recovery_steps.append((serial, "reboot", time.time()))
         if not self.is_plugged(serial):
             raise DeviceLost(f"device lost: {serial} is not attached")
         self.reboot(serial, self.boot_time)
