@@ -13,7 +13,9 @@ plane when it changes.
      │                         until more than `storage_resume`)
      └─ send()                 the conditions that changed (or whose facts moved enough),
                                in one ReportDeviceHealth call for the host; nothing when
-                               nothing changed. A failed send is tried again next round.
+                               nothing changed. A failed send is tried again between the
+                               rounds, from RESEND_AFTER seconds with backoff (tenacity),
+                               with what has changed by then.
 
 The control plane gives work only to phones whose last reported condition is READY.
 """
@@ -21,6 +23,7 @@ The control plane gives work only to phones whose last reported condition is REA
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import random
 import re
@@ -32,12 +35,17 @@ import structlog
 
 from host_agent import metrics
 from host_agent.devices import Device, DeviceError, DeviceLost, DeviceTimeout
+from host_agent.retry import retrying
 
 log = structlog.get_logger(__name__)
 
 # A report of unchanged condition is still sent when a fact moved this much since the last.
 BATTERY_STEP = 5
 TEMPERATURE_STEP = 2.0
+# A failed send is tried again after this long, doubling up to RESEND_CAP, until it goes
+# through (or the next round sends what changed anyway).
+RESEND_AFTER = 0.2
+RESEND_CAP = 5.0
 
 
 class Condition(enum.Enum):
@@ -234,6 +242,8 @@ class HealthMonitor:
         self.on_failure: Callable[[str, str], None] = lambda serial, why: None
         self._telling: set[asyncio.Task[None]] = set()
         self._tell_lock = asyncio.Lock()
+        # Set while the control plane lacks something the last send failed to tell it.
+        self._unsent = asyncio.Event()
 
     def forget_told(self) -> None:
         """The control plane may know nothing of what it was told (the host registered
@@ -241,10 +251,31 @@ class HealthMonitor:
         self._told.clear()
 
     async def run(self, serials: Callable[[], Sequence[str]]) -> None:
-        await asyncio.sleep(random.uniform(0, self.interval))
+        await self._between_rounds(random.uniform(0, self.interval))
         while True:
             await self.round(serials())
-            await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
+            await self._between_rounds(self.interval * random.uniform(0.9, 1.1))
+
+    async def _between_rounds(self, pause: float) -> None:
+        """Wait `pause` seconds; a send that fails meanwhile is tried again (the next round
+        sends what changed in any case)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(pause):
+                while True:
+                    await self._unsent.wait()
+                    await self._resend()
+
+    async def _resend(self) -> None:
+        """Send what the control plane was not told until it goes through, with backoff;
+        an error that trying again cannot change waits for the next round."""
+        tries = retrying("device conditions", log, initial=RESEND_AFTER, cap=RESEND_CAP)
+        try:
+            async for attempt in tries:
+                with attempt:
+                    await self._tell_changed()
+        except Exception as exc:
+            log.warning("device conditions refused; sent again next round", error=str(exc))
+            self._unsent.clear()
 
     def tell_soon(self, serial: str) -> asyncio.Task[None]:
         """`serial`'s override changed: send it now, not at the next round (a phone whose
@@ -294,18 +325,25 @@ class HealthMonitor:
         await self.tell()
 
     async def tell(self) -> None:
-        """Send the conditions that changed since the control plane was last told."""
+        """Send the conditions that changed since the control plane was last told; if that
+        fails, `run` tries again soon."""
+        try:
+            await self._tell_changed()
+        except Exception as exc:  # a transport error: sent again (_between_rounds)
+            log.warning("device conditions not sent; will retry", error=str(exc))
+
+    async def _tell_changed(self) -> None:
         async with self._tell_lock:
             now = {**self.health, **self.overrides}
             changed = [(s, h) for s, h in now.items() if h.worth_sending(self._told.get(s))]
-            if not changed:
-                return
-            try:
-                await self._send(changed)
-            except Exception as exc:  # a transport error: the next round sends them again
-                log.warning("device conditions not sent; will retry", error=str(exc))
-                return
-            self._told.update(changed)
+            if changed:
+                try:
+                    await self._send(changed)
+                except BaseException:
+                    self._unsent.set()
+                    raise
+                self._told.update(changed)
+            self._unsent.clear()
 
     async def _probe(self, serial: str) -> Health:
         try:
