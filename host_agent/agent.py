@@ -13,13 +13,19 @@ for each assignment it is given.
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
          ├─ Screencaster.run()     the ScreenFrames call, opened when the renewal stream
          │                         asks (a viewer waits): watched phones' frames (screencast.py)
-         ├─ _acquire_loop()        Acquire long polls covering every idle device (one
-         │                         refused as unregistered: register again, ask again)
+         ├─ Offering.run()         Acquire long polls covering every idle phone but the
+         │                         quarantined (offering.py; one refused as unregistered:
+         │                         register again, ask again)
          └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
                                     → report or release → forget; then the books here
 
 Messages become domain values (and back) in wire.py; this module and the worker see
 the domain `HeldAssignment`, not `lease_pb2.Assignment`.
+
+A phone the recovery ladder holds (recovery.py) is offered no work from the moment it is
+held; an assignment for it that was already on its way is given back (device_lost) unrun.
+Before the ladder reconnects or reboots a phone that runs a task, `_vacate` stops the task
+and waits until its lease is given back (device_lost).
 
 Drain (`stop()`, i.e. SIGTERM): no new Acquire (one in flight is cancelled); running tasks
 get `drain_timeout` to finish and report as usual; then their tokens trip SHUTDOWN, the
@@ -39,9 +45,7 @@ the Acquires. Reports and releases run shielded and are awaited before
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
-from typing import Any
 
 import grpc
 import structlog
@@ -51,17 +55,17 @@ from amc_common.statuses import Outcome
 from host_agent import metrics
 from host_agent.config import AgentSettings
 from host_agent.devices import DeviceSource
-from host_agent.fencing import Timing
+from host_agent.fencing import HeldLease, Timing
 from host_agent.health import Health, HealthMonitor, Reading, probe
 from host_agent.leases import LeaseKeeper
+from host_agent.offering import Offering
 from host_agent.recovery import Recovery
 from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
-from host_agent.retry import retrying
 from host_agent.screencast import Screencaster
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.systemd import Notifier
-from host_agent.wire import HeldAssignment, acquire_request, assignment_from_proto, health_request
+from host_agent.wire import HeldAssignment, health_request
 from host_agent.worker import Finished, Tools, Worker
 
 log = structlog.get_logger(__name__)
@@ -98,10 +102,15 @@ class Agent:
         # The task attempt each busy phone runs (serial -> (task_id, attempt)): said with
         # each of its screen frames, and cleared before the phone is offered again.
         self._running: dict[str, tuple[str, int]] = {}
+        # The lease of each busy phone's task (its token stops it for the ladder).
+        self._leases: dict[str, HeldLease] = {}
         # Tripped (SHUTDOWN) by stop(): races the registration and the Acquire long poll.
         self._draining = StopToken()
         self._hurry = asyncio.Event()
         self._changed = asyncio.Event()
+        self._offering = Offering(
+            settings, self._stub, self._registration, self._changed, self._log
+        )
         self._final = FinalCalls()
         self._tools: Tools | None = None
         # Drained from the centre: take no new work, keep running and connected.
@@ -115,9 +124,10 @@ class Agent:
         )
         self.recovery = Recovery(
             self._probe_one,
-            self.health.tell_soon,
+            self._hold_changed,
             reconnect=getattr(source, "reconnect_device", None),
             reboot=getattr(source, "reboot_device", None),
+            vacate=self._vacate,
             settings=settings.recovery,
         )
         self.health.overrides = self.recovery.held
@@ -181,7 +191,12 @@ class Agent:
                     group.create_task(self._watchdog_loop(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
                 ]
-                await self._acquire_loop(group)
+                await self._offering.run(
+                    self._idle_serials,
+                    lambda: self.recovery.held,
+                    lambda received_at, found: self._start_all(group, found, received_at),
+                    lambda: self._draining.tripped,
+                )
                 await self._drain()
                 for task in background:
                     task.cancel()
@@ -266,6 +281,21 @@ class Agent:
     async def _probe_one(self, serial: str) -> Reading:
         return await probe(self._source.device(serial), self.settings.probe_timeout)
 
+    def _hold_changed(self, serial: str) -> asyncio.Task[None]:
+        """The ladder took `serial` in or out of service: offered (or not) at once, and
+        its condition told now."""
+        self._changed.set()
+        return self.health.tell_soon(serial)
+
+    async def _vacate(self, serial: str) -> None:
+        """Before the ladder disturbs `serial`: stop the task it runs, if any, and return
+        once the worker has given its lease back (as device_lost)."""
+        while (work := self._busy.get(serial)) is not None:
+            lease = self._leases.get(serial)
+            if lease is not None:
+                lease.stop(StopReason.QUARANTINED, "device quarantined: stopping its task")
+            await asyncio.wait([work])
+
     async def _send_health(self, changed: list[tuple[str, Health]]) -> None:
         request = health_request(self.settings.host_id, changed)
         await self._stub.ReportDeviceHealth(request, timeout=CALL_TIMEOUT)
@@ -273,56 +303,16 @@ class Agent:
     # -- taking work -----------------------------------------------------------------------
 
     def _idle_serials(self) -> list[str]:
+        """The phones to offer: none while the control plane drains this host."""
+        if self.drained_by_centre:
+            return []
         return [s for s in self._registration.online() if s not in self._busy]
 
-    async def _acquire_loop(self, group: asyncio.TaskGroup) -> None:
-        """Keep every idle device offered in a parked Acquire. A device that becomes idle
-        while others' Acquire is parked is offered at once, in an Acquire of its own, not
-        when that one returns (up to a whole wait later). Cancelling the parked Acquire to
-        ask again would risk losing an answer already on its way."""
-        polls: dict[asyncio.Future[tuple[float, list[HeldAssignment]]], frozenset[str]] = {}
-        try:
-            while not self._draining.tripped:
-                self._changed.clear()
-                offered = frozenset().union(*polls.values())
-                idle = [s for s in self._idle_serials() if s not in offered]
-                if self.drained_by_centre:
-                    idle = []
-                if idle:
-                    polls[asyncio.ensure_future(self._acquire(idle))] = frozenset(idle)
-                changed: asyncio.Future[Any] = asyncio.ensure_future(self._changed.wait())
-                waiting: list[asyncio.Future[Any]] = [changed, *polls]
-                try:
-                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    changed.cancel()
-                for poll in [p for p in polls if p.done()]:
-                    del polls[poll]
-                    received_at, assignments = poll.result()
-                    for assignment in assignments:
-                        self._start(group, assignment, received_at)
-        finally:
-            # Draining (or failing): the parked Acquires are abandoned.
-            for poll in polls:
-                poll.cancel()
-            await asyncio.gather(*polls, return_exceptions=True)
-
-    async def _acquire(self, idle: list[str]) -> tuple[float, list[HeldAssignment]]:
-        """When the answer came (time.monotonic()), and the assignments in it."""
-        request = acquire_request(self.settings.host_id, idle, self.settings.acquire_wait)
-        async for attempt in retrying("acquire", self._log):
-            with attempt:
-                try:
-                    response = await self._stub.Acquire(
-                        request, timeout=self.settings.acquire_wait + CALL_TIMEOUT
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                        await self._registration.again(exc)
-                    raise
-        # Taken before the conversion, so the leases' deadlines err early, never late.
-        received_at = time.monotonic()
-        return received_at, [assignment_from_proto(a) for a in response.assignments]
+    def _start_all(
+        self, group: asyncio.TaskGroup, found: list[HeldAssignment], received_at: float
+    ) -> None:
+        for assignment in found:
+            self._start(group, assignment, received_at)
 
     def _start(self, group: asyncio.TaskGroup, a: HeldAssignment, received_at: float) -> None:
         assert self.keeper is not None and self._tools is not None
@@ -340,8 +330,21 @@ class Agent:
                 )
             )
             return
+        if (held := self.recovery.held.get(a.device_serial)) is not None:
+            # Offered before it was held (the control plane had not heard): never run.
+            self._log.warning(
+                "assignment for a quarantined device; giving it back",
+                device=a.device_serial,
+                task_id=a.task_id,
+            )
+            why = f"host: device quarantined before the task started: {held.reason}"
+            group.create_task(
+                self._final.run(release_lease(self._stub, a.lease_id, why, device_lost=True))
+            )
+            return
         worker = Worker(self._tools, a, lease)
         self._running[a.device_serial] = (a.task_id, a.attempt)
+        self._leases[a.device_serial] = lease
         self._busy[a.device_serial] = group.create_task(
             self._work(worker), name=f"task {a.task_id} attempt {a.attempt}"
         )
@@ -364,6 +367,7 @@ class Agent:
                 await self._registration.refresh()
         finally:
             self._running.pop(worker.assignment.device_serial, None)
+            self._leases.pop(worker.assignment.device_serial, None)
             self._busy.pop(worker.assignment.device_serial, None)
             self._changed.set()
             self._notifier.status(self._status())

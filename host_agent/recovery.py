@@ -6,12 +6,19 @@ is taken out of service and the host tries to bring it back.
      │                                window (3 in 10 minutes by default) quarantine it
      └─ the ladder, in a task of its own, each step reported as the phone's condition (and
         so recorded by the control plane as a `recovery` event of this host):
-          1. reconnect: probe it again
+          1. reconnect: probe it again (a read: a task running on the phone goes on)
           2. `adb reconnect` (when the source can)
           3. reboot, and wait for sys.boot_completed (at most `boot_timeout`)
           4. probe: ready → back in service (the failures forgotten); otherwise it stays
              quarantined, for an operator
         with a pause between steps that doubles (`backoff`), one ladder at a time per phone.
+
+A held phone (quarantined or recovering) takes no new work: the host offers it in no
+Acquire from the moment it is held, whatever the control plane has heard. Nothing disturbs
+a leased phone but through its lease: a phone that answers again at step 1 keeps its task
+(nothing was done to it); one that does not has its task stopped and the lease given back
+as device_lost (`vacate`, the host session's) before steps 2 and 3 touch it. A phone that
+does not answer cannot run its task anyway, so the task is not left waiting for it.
 
 While quarantined or recovering, the phone's condition is this module's, not the probes':
 `HealthMonitor` leaves it alone (no probe) and reports what `Recovery.held` says.
@@ -36,6 +43,9 @@ log = structlog.get_logger(__name__)
 Step = Callable[[str], Awaitable[None]]
 Probe = Callable[[str], Awaitable[Reading]]
 
+WAITS = "waits for an operator"
+FAILED = f"recovery failed: {WAITS}"
+
 
 @dataclass(frozen=True)
 class RecoverySettings:
@@ -59,12 +69,15 @@ class Recovery:
         *,
         reconnect: Step | None = None,
         reboot: Step | None = None,
+        vacate: Step | None = None,
         settings: RecoverySettings | None = None,
     ) -> None:
         self._probe = probe
         self._report = report  # tells the control plane now (HealthMonitor.tell_soon)
         self._reconnect = reconnect
         self._reboot = reboot
+        # Returns once the phone holds no lease (its task stopped and given back).
+        self._vacate = vacate
         self.settings = settings or RecoverySettings()
         self._failures: dict[str, deque[float]] = {}
         # The phones this module holds, and the condition to report for each.
@@ -127,6 +140,8 @@ class Recovery:
                 continue
             await asyncio.sleep(pause)
             pause *= 2
+            if action is not None and self._vacate is not None:
+                await self._vacate(serial)  # nothing disturbs a leased phone
             told = self._hold(serial, Condition.RECOVERING, f"step {number}: {name}")
             if told is not None:
                 await asyncio.shield(told)  # each step told (a recovery event) before taken
@@ -142,7 +157,7 @@ class Recovery:
             log.info("device recovered", device=serial)
             self._report(serial)
         else:
-            self._hold(serial, Condition.QUARANTINED, "recovery failed: waits for an operator")
+            self._hold(serial, Condition.QUARANTINED, FAILED)
         return recovered
 
     async def _try(self, serial: str, name: str, action: Step | None) -> bool:

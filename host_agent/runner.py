@@ -62,8 +62,14 @@ def outcome_for(all_steps_ran: bool, failed: bool, stop_reason: StopReason | Non
         case StopReason.CANCELLED:
             return Outcome.CANCELLED
         case (
-            StopReason.LEASE_LOST | StopReason.SHUTDOWN | StopReason.DEADLINE | StopReason.ABANDONED
+            StopReason.LEASE_LOST
+            | StopReason.SHUTDOWN
+            | StopReason.DEADLINE
+            | StopReason.ABANDONED
+            | StopReason.QUARANTINED
         ):
+            # A task stopped for a quarantine is given back (worker.py); a session, whose
+            # client is attached to this phone, ends failed.
             return Outcome.FAILED
         case None:
             # Unfinished without a failure or a stop: nothing to call it but failed.

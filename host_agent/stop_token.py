@@ -37,11 +37,14 @@ class StopReason(enum.Enum):
     # A session's client left (vanished, idle too long, or its relay was lost): its running
     # action is interrupted at once, as a cancel interrupts it.
     ABANDONED = "abandoned"
+    # The phone was quarantined and does not answer: its task stops before the recovery
+    # ladder reconnects or reboots it, and the lease is given back as device_lost.
+    QUARANTINED = "quarantined"
 
     @property
     def label(self) -> str:
         """Words for error messages: "cancelled", "lease lost", "host shutting down",
-        "deadline exceeded", "session abandoned"."""
+        "deadline exceeded", "session abandoned", "device quarantined"."""
         match self:
             case StopReason.CANCELLED:
                 return "cancelled"
@@ -53,6 +56,8 @@ class StopReason(enum.Enum):
                 return "deadline exceeded"
             case StopReason.ABANDONED:
                 return "session abandoned"
+            case StopReason.QUARANTINED:
+                return "device quarantined"
             case _:
                 assert_never(self)
 

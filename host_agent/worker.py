@@ -121,8 +121,16 @@ class Worker:
         # With the token tripped CANCELLED already (by the acknowledgement or a push), the
         # runner skips every step and the device is never touched: the report says CANCELLED.
         result = await self._execute(lease.token)
+        a = self.assignment
         if result.stop_reason is StopReason.SHUTDOWN:
             delivery = await final.run(self._release(StopReason.SHUTDOWN.label))
+            return self._finished(Ending.RELEASED, result, delivery)
+        if result.stop_reason is StopReason.QUARANTINED and not isinstance(a.spec, Session):
+            # Stopped so that the recovery ladder may reconnect or reboot the phone: given
+            # back as a lost phone's task is. (A session ends failed: its client is
+            # attached to this phone, and is told.)
+            self._log.warning("device quarantined; giving the task back", error=result.error)
+            delivery = await final.run(self._release(result.error, device_lost=True))
             return self._finished(Ending.RELEASED, result, delivery)
         if result.device_lost and result.stop_reason is None:
             # The phone went away: not the task's failure. Given back as such, the control
@@ -138,7 +146,6 @@ class Worker:
             # control plane applies its expiry rules; the FAILED report that follows is then
             # refused as stale, which is expected.
             await final.run(self._release(StopReason.LEASE_LOST.label))
-        a = self.assignment
         if result.stop_reason is not StopReason.LEASE_LOST:
             # Before the report, while the lease is live: after it, the lease is over.
             budget, late = self._upload_budget()

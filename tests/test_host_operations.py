@@ -303,7 +303,7 @@ async def test_drain_lets_the_agent_finish_its_task_and_take_no_more(farm: Farm)
     takes the queued task."""
     op, token_id = await named_operator(farm)
     source = SimulatedSource(1)
-    async with running_agent(farm, source, host_id="lab1") as agent:
+    async with running_agent(farm, source, host_id="lab1", acquire_wait=1.0) as agent:
         long_task = await submit(op, actions_spec(wait_action(1.0), tap()))
         await status_is(farm, long_task, "dispatched")
 
@@ -330,6 +330,15 @@ async def test_drain_lets_the_agent_finish_its_task_and_take_no_more(farm: Farm)
         ]
         assert await farm.status(queued) == "queued"
         assert await host_flags(farm, "lab1") == (True, True)
+        # Nor does it ask: no Acquire of its own stays parked, or comes back, while drained
+        # (for longer than an Acquire's wait).
+        assert farm.plane is not None
+        dispatcher = farm.plane.hub.dispatcher
+        await eventually(lambda: dispatcher.acquires_of("lab1") == 0, what="no Acquire")
+        quiet_until = time.monotonic() + 1.5
+        while time.monotonic() < quiet_until:
+            assert dispatcher.acquires_of("lab1") == 0
+            await asyncio.sleep(0.01)
 
         await op.admin.UncordonHost(admin_pb2.UncordonHostRequest(host_id="lab1"))
         await eventually(lambda: not agent.drained_by_centre, what="the drain to end")

@@ -34,6 +34,7 @@ OTHER_FAILURES = (
     "host shutting down",
     "deadline exceeded",
     "device lost",
+    "device quarantined",  # its phone stopped answering; stopped before its recovery
     "queue timeout",
 )
 IDLE_TIMEOUT = 5.0
