@@ -238,6 +238,13 @@ def health_from_pb(h: lease_pb2.DeviceHealth) -> DeviceHealth:
     )
 
 
+def held_to_pb(h: DeviceHealth) -> lease_pb2.DeviceHealth:
+    """A device's recorded condition told back to its host (RegisterHostResponse)."""
+    return lease_pb2.DeviceHealth(
+        serial=h.serial, condition=CONDITION_TO_PB[h.condition], reason=h.reason
+    )
+
+
 def _health_to_pb(h: DeviceHealth | None) -> dict[str, Any]:
     """The Device fields of a device's condition (none set for a device never probed)."""
     if h is None:

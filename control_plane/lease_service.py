@@ -23,6 +23,7 @@ from control_plane.convert import (
     device_from_pb,
     duration,
     health_from_pb,
+    held_to_pb,
     report_from_pb,
     task_to_pb,
 )
@@ -77,13 +78,14 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         labels = validate.string_map(dict(request.labels), "labels")
         validate_lease.devices(request.devices)
         devices = [device_from_pb(d, host_id, labels) for d in request.devices]
-        await self.store.hosts.register_host(host_id, labels, devices)
+        held = await self.store.hosts.register_host(host_id, labels, devices)
         # Its devices' labels or states may have changed: its parked Acquires look again.
         self.hub.host_registered(host_id)
         log.info("host registered", host_id=host_id, devices=[d.serial for d in devices])
         return lease_pb2.RegisterHostResponse(
             lease_ttl=duration(self.settings.lease_ttl),
             renew_interval=duration(self.settings.renew_every),
+            quarantined=[held_to_pb(h) for h in held],
         )
 
     @rpc

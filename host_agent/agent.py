@@ -104,6 +104,9 @@ class Agent:
         self._running: dict[str, tuple[str, int]] = {}
         # The lease of each busy phone's task (its token stops it for the ladder).
         self._leases: dict[str, HeldLease] = {}
+        # Every phone a registration of this process listed: the control plane's record
+        # of a quarantine is taken only for a phone this agent has no view of yet.
+        self._seen: set[str] = set()
         # Tripped (SHUTDOWN) by stop(): races the registration and the Acquire long poll.
         self._draining = StopToken()
         self._hurry = asyncio.Event()
@@ -266,9 +269,15 @@ class Agent:
 
     # -- registration (registration.py) ----------------------------------------------------
 
-    def _registered(self, timing: Timing) -> None:
+    def _registered(self, timing: Timing, quarantined: list[tuple[str, Health]]) -> None:
         if self.keeper is not None:
             self.keeper.timing = timing
+        # Quarantined before this agent started (its previous run): held until released.
+        listed = {d.serial for d in self._registration.inventory}
+        for serial, recorded in quarantined:
+            if serial in listed and serial not in self._seen:
+                self.recovery.adopt(serial, recorded)
+        self._seen |= listed
         # A registration may have made the devices anew (a host forgotten and back): the
         # next probe round tells the control plane every condition again.
         self.health.forget_told()

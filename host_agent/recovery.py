@@ -20,6 +20,10 @@ a leased phone but through its lease: a phone that answers again at step 1 keeps
 as device_lost (`vacate`, the host session's) before steps 2 and 3 touch it. A phone that
 does not answer cannot run its task anyway, so the task is not left waiting for it.
 
+A quarantine outlives the agent: the control plane records it (the reports), tells it back
+at registration, and an agent that has just started holds those phones (`adopt`) until an
+operator releases them, without a ladder of its own.
+
 While quarantined or recovering, the phone's condition is this module's, not the probes':
 `HealthMonitor` leaves it alone (no probe) and reports what `Recovery.held` says.
 """
@@ -45,6 +49,7 @@ Probe = Callable[[str], Awaitable[Reading]]
 
 WAITS = "waits for an operator"
 FAILED = f"recovery failed: {WAITS}"
+ADOPTED = f"quarantined before the host agent restarted: {WAITS}"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,21 @@ class Recovery:
             self._hold(serial, Condition.QUARANTINED, reason)
             metrics.QUARANTINES.inc()
             self._ladders[serial] = asyncio.ensure_future(self._ladder(serial))
+
+    def adopt(self, serial: str, recorded: Health) -> None:
+        """The control plane records `serial` as quarantined or recovering (`recorded`, as
+        a previous run of this agent reported it): held quarantined, for an operator (no
+        ladder: the one that was running ended with that agent)."""
+        if serial in self.held:
+            return
+        waits = recorded.condition is Condition.QUARANTINED and recorded.reason.endswith(WAITS)
+        reason = recorded.reason if waits else ADOPTED
+        self.held[serial] = Health(Condition.QUARANTINED, reason)
+        log.warning(
+            "device quarantined before the agent started",
+            device=serial,
+            was=f"{recorded.condition.value}: {recorded.reason}",
+        )
 
     def release(self, serial: str) -> None:
         """An operator released `serial` from quarantine (from the centre): its ladder, if

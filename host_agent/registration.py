@@ -4,8 +4,9 @@ plane forgot the host), read again every `inventory_interval` and registered aga
 they changed.
 
 A failed read offers no phones until they are back: phones the host cannot see must not
-take work. Each registration is handed to the host session (`on_registered`), which
-passes its timing on to the renewal stream and tells the other parts.
+take work. Each registration is handed to the host session (`on_registered`): its timing,
+which goes on to the renewal stream, and the phones the control plane records as
+quarantined (a quarantine outlives a restart of the agent).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from host_agent import metrics
 from host_agent.config import AgentSettings
 from host_agent.devices import AttachedDevice, DeviceError, DeviceSource
 from host_agent.fencing import Timing
+from host_agent.health import Health
 from host_agent.retry import is_retryable, retrying
-from host_agent.wire import register_request, timing_from_proto
+from host_agent.wire import held_from_proto, register_request, timing_from_proto
 
 # Deadline of the short unary calls (RegisterHost, ReportDeviceHealth); Acquire gets its
 # wait on top.
@@ -37,7 +39,7 @@ class Registration:
     settings: AgentSettings
     source: DeviceSource
     stub: lease_pb2_grpc.LeaseStub
-    on_registered: Callable[[Timing], None]
+    on_registered: Callable[[Timing, list[tuple[str, Health]]], None]
     log: Any
     inventory: tuple[AttachedDevice, ...] = field(default=(), init=False)
     _refreshing: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
@@ -93,7 +95,7 @@ class Registration:
             lease_ttl=timing.ttl,
             renew_interval=timing.interval,
         )
-        self.on_registered(timing)
+        self.on_registered(timing, held_from_proto(response))
         return timing
 
     async def _read(self) -> tuple[AttachedDevice, ...]:

@@ -29,7 +29,7 @@ from amc_common.action_table import KEEPS, Action, ActionError, from_message
 from amc_common.statuses import Outcome
 from host_agent.devices import AttachedDevice
 from host_agent.fencing import Timing
-from host_agent.health import Health
+from host_agent.health import Condition, Health
 from host_agent.results import RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, InvalidSpec, Session, TaskSpec, Workflow, WorkflowStep
 
@@ -135,6 +135,21 @@ def health_request(
 
 def timing_from_proto(response: lease_pb2.RegisterHostResponse) -> Timing:
     return Timing(ttl=seconds(response.lease_ttl), interval=seconds(response.renew_interval))
+
+
+def held_from_proto(response: lease_pb2.RegisterHostResponse) -> list[tuple[str, Health]]:
+    """The phones the control plane records as quarantined or recovering, as reported."""
+    recovering = scheduler_pb2.DEVICE_CONDITION_RECOVERING
+    return [
+        (
+            h.serial,
+            Health(
+                Condition.RECOVERING if h.condition == recovering else Condition.QUARANTINED,
+                h.reason,
+            ),
+        )
+        for h in response.quarantined
+    ]
 
 
 def acquire_request(host_id: str, idle: list[str], wait: float) -> lease_pb2.AcquireRequest:

@@ -1,20 +1,29 @@
 """A quarantined phone and its leases: nothing disturbs a leased phone (no `adb reconnect`,
 no reboot) except through its lease; a phone its host quarantined is offered no work at
 once, whatever the control plane has heard; a health report that failed is sent again
-soon. Through the real agent on simulated phones and the real control plane."""
+soon; a quarantine outlives a restart of the agent until an operator releases it. Through
+the real agent (in-process and as a process) on simulated phones and the real control
+plane."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
-from amc.v1 import task_pb2
+from amc.v1 import admin_pb2, task_pb2
+from control_plane.domain import Role
 from host_agent.recovery import RecoverySettings
 from host_agent.simulated import SimulatedSource
+from scripts.launch import HostAgentCommand
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import get, running_agent, status_is, submit
 from tests.test_device_health import condition_of, is_in, on
+from tests.test_host_agent_process import agent_process
 from tests.test_sessions import dispatched, last_task, opening
 
 PROBES = {"probe_interval": 0.3, "probe_timeout": 0.3}
@@ -200,3 +209,107 @@ async def test_a_failed_health_report_is_sent_again_before_the_next_probe_round(
         (attempt,) = await farm.attempts(task_id)  # given back once, never offered again
         assert attempt["state"] == "released"
         assert await farm.status(task_id) == "queued"
+
+
+# -- across a restart ---------------------------------------------------------------------
+
+
+async def test_a_quarantine_outlives_a_restart_of_the_agent_process_until_released(
+    farm: Farm, tmp_path: Path
+) -> None:
+    """A phone whose ladder failed waits for an operator; the agent process restarts (as
+    systemd's Restart= would) with the phone well again: it stays quarantined and takes no
+    work, while its neighbour does; an operator's release puts it back to work."""
+    token = tmp_path / "host.token"
+    token.write_text(await farm.token(Role.HOST, "host-q") + "\n")
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    command = HostAgentCommand(
+        farm.address,
+        "host-q",
+        token_file=token,
+        simulated_devices=2,
+        sim_delay=0.01,
+        sim_faults=faults,
+        drain_timeout=0.5,
+        acquire_wait=2.0,
+        probe_interval=0.3,
+        probe_timeout=0.3,
+        quarantine_failures=1,
+        recovery_backoff=0.1,
+        boot_timeout=0.3,  # a simulated phone boots in 1 s: the ladder fails
+        log_format="json",
+    )
+    client = await farm.client()
+    op = await farm.operator()
+    assert farm.db is not None
+    async with agent_process(command, tmp_path / "first.log") as first:
+        await eventually(lambda: is_in(farm, "sim-0", "ready"), timeout=30, what="probed")
+        faults.write_text(json.dumps({"sim-0": {"hung": "reboot"}}))
+
+        async def waits_for_an_operator() -> bool:
+            assert farm.db is not None
+            row = await farm.db.fetchrow(
+                "SELECT condition, condition_reason FROM devices WHERE serial = 'sim-0'"
+            )
+            assert row is not None
+            return tuple(row) == ("quarantined", "recovery failed: waits for an operator")
+
+        await eventually(waits_for_an_operator, timeout=30, what="the ladder to give up")
+        faults.write_text("{}")  # the phone is well again; nobody released it
+        first.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(first.wait(), 30) == 0
+    restarted = await farm.db.fetchval("SELECT clock_timestamp()")
+    async with agent_process(command, tmp_path / "second.log"):
+
+        async def probed_again() -> bool:
+            assert farm.db is not None
+            at = await farm.db.fetchval("SELECT probed_at FROM devices WHERE serial = 'sim-1'")
+            return at is not None and at > restarted
+
+        # Both phones' conditions go in the new process's first report.
+        await eventually(probed_again, timeout=30, what="the restarted agent's first report")
+        assert await condition_of(farm, "sim-0") == "quarantined"
+        held = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+        other = await submit(client, actions_spec(tap()), selector=on("sim-1"))
+        await status_is(farm, other, "done", within=30)
+        assert await farm.status(held) == "queued" and await farm.attempts(held) == []
+        await op.admin.ReleaseDevice(
+            admin_pb2.ReleaseDeviceRequest(host_id="host-q", serial="sim-0", reason="checked")
+        )
+        await status_is(farm, held, "done", within=30)
+        assert await condition_of(farm, "sim-0") == "ready"
+
+
+async def test_a_phone_stopped_mid_ladder_by_a_restart_waits_for_an_operator(
+    farm: Farm,
+) -> None:
+    """The agent stops while its phone's ladder runs (recovering); the next agent holds the
+    phone quarantined, "quarantined before the host agent restarted: waits for an
+    operator", runs no ladder of its own, and gives it no work."""
+    recovery = RecoverySettings(failures=1, backoff=30.0, boot_timeout=1.0)
+    source = SimulatedSource(1, delay=0.02)
+    async with running_agent(farm, source, recovery=recovery, **PROBES) as agent:
+        await eventually(lambda: is_in(farm, "sim-0", "ready"), what="the first probe")
+        source.hang("sim-0")
+        await eventually(lambda: is_in(farm, "sim-0", "quarantined"), what="quarantined")
+        assert not agent.recovery.outcomes  # its ladder waits 30 s before the first step
+    well = SimulatedSource(1, delay=0.02)
+    client = await farm.client()
+    async with running_agent(farm, well, recovery=recovery, **PROBES) as again:
+        await eventually(lambda: "sim-0" in again.recovery.held, what="held again")
+        reason = "quarantined before the host agent restarted: waits for an operator"
+        assert again.recovery.held["sim-0"].reason == reason
+
+        async def told() -> bool:
+            assert farm.db is not None
+            return await farm.db.fetchval(
+                "SELECT condition_reason = $1 FROM devices WHERE serial = 'sim-0'", reason
+            )
+
+        await eventually(told, what="the reason reported")
+        task_id = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+        got = await get(client, task_id)
+        assert got.pending_reason == "1 matching phone held: 1 quarantined"
+        assert await farm.attempts(task_id) == []
+    assert well.recovery_steps == [] and not again.recovery.outcomes

@@ -29,14 +29,17 @@ from control_plane.store.rows import act, columns, when
 class Hosts(Aggregate):
     async def register_host(
         self, host_id: str, labels: dict[str, str], devices: list[DeviceInfo]
-    ) -> None:
-        await self._db.fetch(
+    ) -> list[DeviceHealth]:
+        """Record the host and its devices; those of them held quarantined or recovering
+        (the conditions its agent last reported)."""
+        rows = await self._db.fetch(
             "register_host",
             host_id,
             labels,
             *columns(devices, "serial", "state", "model", "manufacturer", "sdk", "abi"),
             [json.dumps(d.labels) for d in devices],
         )
+        return [DeviceHealth(r["serial"], r["condition"], r["condition_reason"]) for r in rows]
 
     async def host_registered(self, host_id: str) -> bool:
         row = await self._db.fetchrow("host_registered", host_id)
@@ -139,8 +142,8 @@ class Hosts(Aggregate):
                     f"device '{serial}' on host '{host}' is not quarantined ({row['condition']})"
                 )
             raise errors.DeviceNotQuarantined(
-                f"host '{host}' is not connected: its agent holds the quarantine (a "
-                "restarted agent probes its phones afresh)"
+                f"host '{host}' is not connected: its agent holds the quarantine (kept "
+                "across its restarts); release it once the host is back"
             )
         return host
 

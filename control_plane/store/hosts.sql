@@ -83,7 +83,9 @@ END $$;
 -- JSON text), and the devices it no longer lists marked gone: one statement. The host row
 -- first (the lock order: both device writes read `host`, so it is written before them):
 -- a removal of the host, which locks it and then deletes its devices, comes wholly before
--- or after (the registration then recreates it).
+-- or after (the registration then recreates it). Returns the listed devices held
+-- quarantined or recovering (as the statement found them; a device new here is ready): an
+-- agent that has just started holds them until an operator releases them.
 WITH host AS (
     INSERT INTO hosts (host_id, labels) VALUES ($1, $2)
     ON CONFLICT (host_id) DO UPDATE SET labels = EXCLUDED.labels, last_seen_at = now(),
@@ -99,10 +101,16 @@ WITH host AS (
     ON CONFLICT (host_id, serial) DO UPDATE SET
         state = EXCLUDED.state, model = EXCLUDED.model, manufacturer = EXCLUDED.manufacturer,
         sdk = EXCLUDED.sdk, abi = EXCLUDED.abi, labels = EXCLUDED.labels, updated_at = now()
+), gone AS (
+    UPDATE devices dv SET state = 'gone', updated_at = now()
+    FROM host h
+    WHERE dv.host_id = h.host_id AND dv.serial <> ALL ($3::text[]) AND dv.state <> 'gone'
 )
-UPDATE devices dv SET state = 'gone', updated_at = now()
-FROM host h
-WHERE dv.host_id = h.host_id AND dv.serial <> ALL ($3::text[]) AND dv.state <> 'gone';
+SELECT d.serial, d.condition, d.condition_reason
+FROM devices d
+WHERE d.host_id = $1 AND d.serial = ANY ($3::text[])
+  AND d.condition IN ('quarantined', 'recovering')
+ORDER BY d.serial;
 
 -- name: host_registered
 -- Asked when an Acquire found none of the devices it offered: is the host there at all?

@@ -166,7 +166,7 @@ class Operator:
                     return True
                 if (
                     condition == "quarantined"
-                    and reason.startswith("recovery failed")
+                    and reason.endswith("waits for an operator")
                     and time.monotonic() - released > RELEASE_AGAIN  # its host is told
                 ):
                     await self.release(host, serial)
