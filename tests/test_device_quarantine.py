@@ -143,7 +143,7 @@ async def test_a_session_on_a_phone_that_stops_answering_ends_failed_before_its_
         final = await last_task(call)
         await eventually(lambda: agent.recovery.outcomes, timeout=15, what="the ladder's end")
     assert final.status == task_pb2.TASK_STATUS_FAILED
-    assert final.result.error == "device quarantined: stopped waiting for the next action"
+    assert final.result.error == "device quarantined: waiting for the next action"
     assert [a["state"] for a in await farm.attempts(task.task_id)] == ["failed"]
     assert source.recovery_steps
     for _, step, at in source.recovery_steps:
