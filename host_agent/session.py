@@ -35,6 +35,7 @@ from amc_common.statuses import Outcome
 from host_agent import artifact_upload
 from host_agent.devices import Device, DeviceError
 from host_agent.fencing import HeldLease
+from host_agent.install import Library
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.runner import StepRunner, outcome_for
 from host_agent.screencast import image_size
@@ -55,6 +56,8 @@ WM_SIZE_TIMEOUT = 5.0
 class SessionSettings:
     shell_timeout: float
     upload_timeout: float
+    # The app library, for the install_app and push_file actions a session sends.
+    library: Library | None = None
 
 
 class _Relay:
@@ -125,16 +128,20 @@ async def run_session(
     device: Device,
     token: StopToken,
     settings: SessionSettings,
+    first: tuple[StepResult, ...] = (),
 ) -> RunResult:
-    """Run the session's actions until its client or the token ends it."""
+    """Run the session's actions until its client or the token ends it; `first`: the steps
+    run before it joined (its apps), whose indexes its actions' follow."""
+    steps: list[StepResult] = list(first)
     if token.reason is not None:
-        return _stopped(token.reason, [], "before the session started")
+        return _stopped(token.reason, steps, "before the session started")
     call = stub.SessionActions()
     relay = _Relay(call, token)
     reader: asyncio.Task[None] | None = None
-    runner = StepRunner(device, token, shell_default_timeout=settings.shell_timeout)
+    runner = StepRunner(
+        device, token, shell_default_timeout=settings.shell_timeout, library=settings.library
+    )
     screen = _ScreenSize(device)
-    steps: list[StepResult] = []
     try:
         join = lease_pb2.SessionJoin(
             task_id=lease.task_id, attempt=lease.attempt, lease_id=lease.lease_id

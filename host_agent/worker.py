@@ -26,12 +26,13 @@ from host_agent import artifact_upload, recording
 from host_agent.config import AgentSettings
 from host_agent.devices import Device, DeviceSource
 from host_agent.fencing import HeldLease, RenewalResult
+from host_agent.install import Library
 from host_agent.leases import LeaseKeeper
 from host_agent.recording import Recording
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
-from host_agent.results import Kept, RunResult
+from host_agent.results import Kept, RunResult, StepStatus
 from host_agent.retry import Delivery, RetryPolicy
-from host_agent.runner import outcome_for, run
+from host_agent.runner import APPS_STEP, StepRunner, outcome_for, run
 from host_agent.screencast import Screencaster
 from host_agent.session import SessionSettings, run_session
 from host_agent.spec import InvalidSpec, Session, TaskSpec
@@ -75,6 +76,8 @@ class Tools:
     final: FinalCalls
     # The live screens, for a task's screen recording (None: no recording).
     screens: Screencaster | None = None
+    # The app library, for install_app, push_file and a spec's apps (None: they fail).
+    library: Library | None = None
 
 
 class Worker:
@@ -208,9 +211,21 @@ class Worker:
 
     async def _run(self, spec: TaskSpec, device: Device, token: StopToken) -> RunResult:
         settings = self._tools.settings
+        library = self._tools.library
         if isinstance(spec, Session):
-            options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
-            return await run_session(self._tools.stub, self.lease, device, token, options)
+            options = SessionSettings(settings.shell_timeout, settings.upload_timeout, library)
+            if not spec.apps:
+                return await run_session(self._tools.stub, self.lease, device, token, options)
+            # Its apps first, before the host joins (the client waits meanwhile).
+            runner = StepRunner(
+                device, token, shell_default_timeout=settings.shell_timeout, library=library
+            )
+            step, stop, lost = await runner.run_step(0, APPS_STEP, spec.apps)
+            if step.status is not StepStatus.OK:
+                error = f"step 0 {APPS_STEP!r} failed: {step.error}"
+                return RunResult(outcome_for(False, stop is None, stop), error, (step,), stop, lost)
+            stub = self._tools.stub
+            return await run_session(stub, self.lease, device, token, options, first=(step,))
         # Each step as it ends goes with the lease's next renewal (progress).
         lease_id, keeper = self.lease.lease_id, self._tools.keeper
         return await run(
@@ -219,6 +234,7 @@ class Worker:
             token,
             shell_default_timeout=settings.shell_timeout,
             on_step=lambda step: keeper.progress(lease_id, step_to_proto(step)),
+            library=library,
         )
 
     def _deadline_passed(self) -> None:

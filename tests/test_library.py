@@ -6,13 +6,10 @@ with nothing queued."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import zipfile
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,52 +21,16 @@ from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from tests.conftest import FAST
 from tests.support import Farm, actions_spec, tap
-from tests.support.apks import NEW, OLD, apk_cache, new_apk, old_apk
+from tests.support.apks import NEW, OLD, ApkFile, apk_cache, new_apk, old_apk
+from tests.support.library import library, upload_app, upload_file
 
 __all__ = ["apk_cache", "new_apk", "old_apk"]
-
-CHUNK = 256 * 1024
-
-
-def library(farm: Farm, token: str) -> library_pb2_grpc.LibraryStub:
-    return library_pb2_grpc.LibraryStub(farm.clients(token).channel)
 
 
 async def team_token(farm: Farm, team: str, role: Role = Role.CLIENT, name: str = "") -> str:
     assert farm.plane is not None
     _, token = await create_token(farm.plane.store, role, None, name or f"{team}-ci", team)
     return token
-
-
-async def _requests(
-    kind: Any, data: bytes, name: str, sha256: str | None, size: int | None
-) -> AsyncIterator[Any]:
-    header = library_pb2.UploadHeader(
-        file_name=name,
-        size_bytes=len(data) if size is None else size,
-        sha256=sha256 or hashlib.sha256(data).hexdigest(),
-    )
-    yield kind(header=header)
-    for start in range(0, len(data), CHUNK):
-        yield kind(chunk=data[start : start + CHUNK])
-
-
-async def upload_app(
-    stub: library_pb2_grpc.LibraryStub,
-    data: bytes,
-    name: str = "app.apk",
-    *,
-    sha256: str | None = None,
-    size: int | None = None,
-) -> library_pb2.App:
-    requests = _requests(library_pb2.UploadAppRequest, data, name, sha256, size)
-    return await stub.UploadApp(requests)
-
-
-async def upload_file(
-    stub: library_pb2_grpc.LibraryStub, data: bytes, name: str = "data.bin"
-) -> library_pb2.LibraryFile:
-    return await stub.UploadFile(_requests(library_pb2.UploadFileRequest, data, name, None, None))
 
 
 async def library_rows(farm: Farm) -> dict[str, int]:
@@ -83,12 +44,12 @@ def counted(metric: Any, *labels: str) -> float:
 
 
 async def test_an_uploaded_apk_is_read_from_its_manifest_and_kept_once_by_its_bytes(
-    farm: Farm, old_apk: Path
+    farm: Farm, old_apk: ApkFile
 ) -> None:
     """THEN the app says what its manifest says, its id is its sha256, its bytes are kept
     in chunks that read back whole; the same bytes uploaded again (by another team) answer
     the app kept the first time, and nothing more is stored."""
-    data = old_apk.read_bytes()
+    data = old_apk.data
     first = library(farm, await team_token(farm, "qa", name="qa-ci"))
     app = await upload_app(first, data, "settings.apk")
     assert (app.package, app.version_name, app.version_code) == (OLD.package, "3.0.0", 24)
@@ -111,11 +72,11 @@ async def test_an_uploaded_apk_is_read_from_its_manifest_and_kept_once_by_its_by
 
 
 async def test_an_upload_whose_bytes_are_not_the_announced_ones_keeps_nothing(
-    farm: Farm, old_apk: Path
+    farm: Farm, old_apk: ApkFile
 ) -> None:
     """THEN a wrong sha256, fewer bytes than announced, or more, are DATA_LOSS, saying what
     arrived; the library stays empty."""
-    data = old_apk.read_bytes()
+    data = old_apk.data
     stub = library(farm, await team_token(farm, "qa"))
     cases: list[dict[str, Any]] = [
         {"sha256": "0" * 64},
@@ -131,7 +92,7 @@ async def test_an_upload_whose_bytes_are_not_the_announced_ones_keeps_nothing(
 
 
 async def test_an_upload_past_the_size_limit_is_refused_before_its_bytes(
-    database_url: str, old_apk: Path
+    database_url: str, old_apk: ApkFile
 ) -> None:
     """THEN a header announcing more than --max-app-size is RESOURCE_EXHAUSTED, naming the
     limit and the flag, and nothing is kept."""
@@ -140,7 +101,7 @@ async def test_an_upload_past_the_size_limit_is_refused_before_its_bytes(
     try:
         stub = library(farm, await farm.token(Role.CLIENT))
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await upload_app(stub, old_apk.read_bytes())
+            await upload_app(stub, old_apk.data)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "limit of 1048576 bytes (--max-app-size)" in (err.value.details() or "")
         assert set((await library_rows(farm)).values()) == {0}
@@ -179,13 +140,13 @@ async def test_a_file_that_is_not_an_apk_is_refused_in_one_line(
 
 
 async def test_an_app_is_found_by_id_or_by_package_its_newest_version(
-    farm: Farm, old_apk: Path, new_apk: Path
+    farm: Farm, old_apk: ApkFile, new_apk: ApkFile
 ) -> None:
     """THEN GetApp by package answers the highest version code; ListApps lists both, newest
     first; unknown ids and packages are NOT_FOUND; malformed ones INVALID_ARGUMENT."""
     stub = library(farm, await farm.token(Role.CLIENT))
-    new = await upload_app(stub, new_apk.read_bytes())
-    old = await upload_app(stub, old_apk.read_bytes())  # the latest upload, but older
+    new = await upload_app(stub, new_apk.data)
+    old = await upload_app(stub, old_apk.data)  # the latest upload, but older
     assert (await stub.GetApp(library_pb2.GetAppRequest(app=OLD.package))) == new
     assert (await stub.GetApp(library_pb2.GetAppRequest(app=old.app_id))) == old
     listed = await stub.ListApps(library_pb2.ListAppsRequest())
@@ -204,11 +165,11 @@ async def test_an_app_is_found_by_id_or_by_package_its_newest_version(
 
 
 async def test_an_app_is_removed_by_an_operator_its_uploader_or_its_team_only(
-    farm: Farm, old_apk: Path
+    farm: Farm, old_apk: ApkFile
 ) -> None:
     """THEN another team's client is refused (PERMISSION_DENIED, naming who uploaded it) and
     the app stays; a client of the uploader's team removes it, bytes and all."""
-    data = old_apk.read_bytes()
+    data = old_apk.data
     app = await upload_app(library(farm, await team_token(farm, "qa", name="qa-ci")), data)
     delete = library_pb2.DeleteAppRequest(app_id=app.app_id)
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -228,9 +189,9 @@ async def test_an_app_is_removed_by_an_operator_its_uploader_or_its_team_only(
 
 
 async def test_an_app_and_a_file_of_the_same_bytes_share_them_until_both_are_gone(
-    farm: Farm, old_apk: Path
+    farm: Farm, old_apk: ApkFile
 ) -> None:
-    data = old_apk.read_bytes()
+    data = old_apk.data
     stub = library(farm, await farm.token(Role.OPERATOR))
     file = await upload_file(stub, data, "settings.apk")
     app = await upload_app(stub, data)
@@ -247,18 +208,19 @@ async def test_an_app_and_a_file_of_the_same_bytes_share_them_until_both_are_gon
 
 
 async def test_a_host_finds_and_fetches_an_app_and_may_not_upload(
-    farm: Farm, old_apk: Path
+    farm: Farm, old_apk: ApkFile
 ) -> None:
     """THEN FindApp names the app by package, FetchFile streams its size then its bytes
     (counted as sent); a host token may not upload, a client may not fetch, and an id the
     library lacks is NOT_FOUND."""
-    data = old_apk.read_bytes()
+    data = old_apk.data
     await upload_app(library(farm, await farm.token(Role.CLIENT)), data)
     host = (await farm.host("rack-1")).c
     found = await host.lease.FindApp(lease_pb2.FindAppRequest(app=OLD.package))
     assert (found.app_id, found.min_sdk, found.size_bytes) == (OLD.sha256, 18, len(data))
     sent = counted(metrics.LIBRARY_FETCHES, "sent")
-    answers = [a async for a in host.lease.FetchFile(lease_pb2.FetchFileRequest(file_id=OLD.sha256))]
+    fetch = lease_pb2.FetchFileRequest(file_id=OLD.sha256)
+    answers = [a async for a in host.lease.FetchFile(fetch)]
     assert answers[0].size_bytes == len(data)
     assert b"".join(a.chunk for a in answers[1:]) == data
     assert counted(metrics.LIBRARY_FETCHES, "sent") == sent + 1
@@ -277,7 +239,7 @@ async def test_a_host_finds_and_fetches_an_app_and_may_not_upload(
 
 
 async def test_a_task_naming_what_the_library_lacks_is_refused_and_nothing_queued(
-    farm: Farm, old_apk: Path
+    farm: Farm, old_apk: ApkFile
 ) -> None:
     """THEN NOT_FOUND naming the field, nothing queued (single, batch and session alike);
     once the app is uploaded the same task is queued."""
@@ -306,7 +268,7 @@ async def test_a_task_naming_what_the_library_lacks_is_refused_and_nothing_queue
         await client.scheduler.SubmitTasks(batch)
     assert (err.value.details() or "").startswith("tasks[1].spec.actions.actions[0].install_app")
     assert await farm.snapshot() == before
-    await upload_app(library_pb2_grpc.LibraryStub(client.channel), old_apk.read_bytes())
+    await upload_app(library_pb2_grpc.LibraryStub(client.channel), old_apk.data)
     task = await client.scheduler.SubmitTask(
         scheduler_pb2.SubmitTaskRequest(spec=actions_spec(tap(), install))
     )

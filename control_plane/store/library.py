@@ -29,7 +29,7 @@ class Library(Aggregate):
         row = await self._put(
             app.blob,
             chunks,
-            "library_put_app",
+            Q["library_put_app"],
             app.package,
             app.version_name,
             app.version_code,
@@ -53,7 +53,7 @@ class Library(Aggregate):
     ) -> tuple[LibraryFile, bool]:
         """As put_app, for a file."""
         args = (file_name, uploader.name, uploader.token_id, uploader.team)
-        row = await self._put(blob, chunks, "library_put_file", *args)
+        row = await self._put(blob, chunks, Q["library_put_file"], *args)
         if row is not None:
             return _file(row), True
         found = await self.file(blob.sha256)
@@ -64,7 +64,7 @@ class Library(Aggregate):
         self, blob: Blob, chunks: Callable[[], Iterable[bytes]], statement: str, *args: object
     ) -> asyncpg.Record | None:
         """One transaction: the blob (its chunks by COPY when it is new), then the row
-        naming it; that row, or None when there was one already."""
+        naming it (`statement`, its SQL); that row, or None when there was one already."""
 
         async def run() -> asyncpg.Record | None:
             async with self._db.pool.acquire() as conn, conn.transaction():
@@ -77,7 +77,7 @@ class Library(Aggregate):
                         timeout=COPY_TIMEOUT,
                     )
                 row: asyncpg.Record | None = await conn.fetchrow(
-                    Q[statement], blob.sha256, *args, blob.size_bytes
+                    statement, blob.sha256, *args, blob.size_bytes
                 )
                 return row
 

@@ -22,7 +22,7 @@ import io
 import tarfile
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -89,18 +89,32 @@ def apk_path(cache: Path, apk: Apk) -> Path:
 
 
 @pytest.fixture(scope="session")
-def apk_cache(request: pytest.FixtureRequest) -> Path:
-    """pytest's cache directory for the APKs (kept across runs)."""
-    return Path(request.config.cache.mkdir("amc-apks"))  # type: ignore[union-attr]
+def apk_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pytest's cache directory for the APKs (kept across runs); a temporary one when the
+    cache is off (`-p no:cacheprovider`)."""
+    cache = getattr(request.config, "cache", None)
+    if cache is None:
+        return tmp_path_factory.mktemp("amc-apks")
+    return Path(cache.mkdir("amc-apks"))
+
+
+@dataclass(frozen=True)
+class ApkFile:
+    """An APK of the tests: where it is, and its bytes."""
+
+    path: Path
+    data: bytes = field(repr=False)
 
 
 @pytest.fixture(scope="session")
-def old_apk(apk_cache: Path) -> Path:
+def old_apk(apk_cache: Path) -> ApkFile:
     """io.appium.settings 3.0.0 (versionCode 24, minSdkVersion 18)."""
-    return apk_path(apk_cache, OLD)
+    path = apk_path(apk_cache, OLD)
+    return ApkFile(path, path.read_bytes())
 
 
 @pytest.fixture(scope="session")
-def new_apk(apk_cache: Path) -> Path:
+def new_apk(apk_cache: Path) -> ApkFile:
     """io.appium.settings 5.0.0 (versionCode 52, minSdkVersion 21)."""
-    return apk_path(apk_cache, NEW)
+    path = apk_path(apk_cache, NEW)
+    return ApkFile(path, path.read_bytes())

@@ -1,0 +1,289 @@
+"""Apps from the farm, end to end: a real, signed APK uploaded to the library, installed by
+the real host agent on phones faked at the adb wire (the fake adb server's host protocol,
+and Debian's real adb server in front of the fake adbd), with the host's cache between
+the control plane and its phones; pushes, pulls and uninstalls; a spec's apps; and the
+refusals (a phone too old for the app, a package not installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import scheduler_pb2, task_pb2
+from control_plane import metrics
+from control_plane.domain import Role
+from host_agent.adb import AdbSource
+from host_agent.simulated import SimulatedSource
+from tests.support import Farm, actions_spec, tap, workflow_spec
+from tests.support.agent import get, running_agent, status_is, submit
+from tests.support.apks import NEW, OLD, ApkFile, apk_cache, new_apk, old_apk
+from tests.support.fakes.adb_server import FakeAdbServer
+from tests.support.fakes.adbd import FakeAdbd
+from tests.support.fakes.phone import DEFAULT_PROPS, FakePhone
+from tests.support.fakes.real_adb import RealAdbServer
+from tests.support.library import library, upload_app, upload_file
+from tests.test_sessions import act, dispatched, last_task, opening
+
+__all__ = ["apk_cache", "new_apk", "old_apk"]
+
+
+def phone(serial: str, sdk: int = 34) -> FakePhone:
+    return FakePhone(serial, props={**DEFAULT_PROPS, "ro.build.version.sdk": str(sdk)})
+
+
+def install(app: str, *, replace: bool = False, grant: bool = False) -> task_pb2.Action:
+    return task_pb2.Action(
+        install_app=task_pb2.InstallApp(app=app, replace=replace, grant_permissions=grant)
+    )
+
+
+def uninstall(package: str) -> task_pb2.Action:
+    return task_pb2.Action(uninstall_app=task_pb2.UninstallApp(package=package))
+
+
+def push(file_id: str, path: str) -> task_pb2.Action:
+    return task_pb2.Action(push_file=task_pb2.PushFile(file=file_id, path=path))
+
+
+def pull(path: str) -> task_pb2.Action:
+    return task_pb2.Action(pull_file=task_pb2.PullFile(path=path))
+
+
+def fetches() -> float:
+    return float(metrics.LIBRARY_FETCHES.labels("sent")._value.get())
+
+
+async def uploaded(farm: Farm, apk: ApkFile) -> None:
+    await upload_app(library(farm, await farm.token(Role.CLIENT)), apk.data)
+
+
+async def on_phones(
+    farm: Farm, phones: list[FakePhone], cache: Path, *specs: tuple[str, task_pb2.TaskSpec]
+) -> list[task_pb2.Task]:
+    """Each (serial, spec) run on the fake adb server's phone of that serial, all at once
+    (queued before the agent starts: its first Acquire takes them together); the tasks once
+    ended."""
+    client = await farm.client()
+    ids = [await submit(client, spec, selector=_on(serial)) for serial, spec in specs]
+    async with FakeAdbServer(phones) as server:
+        source = AdbSource(server.host, server.port, call_timeout=10.0)
+        async with running_agent(farm, source, app_cache_dir=cache):
+            for task_id in ids:
+                await status_is(farm, task_id, "done", "failed", within=60)
+    return [await get(client, task_id) for task_id in ids]
+
+
+def _on(serial: str) -> task_pb2.DeviceSelector:
+    return task_pb2.DeviceSelector(serial=serial)
+
+
+async def test_one_apk_installed_on_a_hosts_phones_at_once_is_fetched_once(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN each of four phones of one host lists the package (its manifest read from the
+    APK it was streamed), the control plane sent the APK once, and the host's cache holds
+    it: a later install on them sends nothing."""
+    await uploaded(farm, old_apk)
+    phones = [phone(f"emu-{i}") for i in range(4)]
+    before = fetches()
+    spec = actions_spec(install(OLD.package, grant=True))
+    tasks = await on_phones(farm, phones, tmp_path, *((p.serial, spec) for p in phones))
+    assert [t.status for t in tasks] == [task_pb2.TASK_STATUS_DONE] * 4, tasks
+    assert fetches() == before + 1
+    for p, task in zip(phones, tasks, strict=True):
+        assert "package:io.appium.settings\n" == p.handle_shell("pm list packages").decode()
+        assert p.apps.installs == [("stream", ("-g",))]
+        data = task.result.steps[0].data
+        assert (data["install"], data["package"], data["app_id"]) == (
+            "streamed",
+            OLD.package,
+            OLD.sha256,
+        )
+    assert (tmp_path / OLD.sha256).read_bytes() == old_apk.data
+    again = await on_phones(farm, phones[:1], tmp_path, ("emu-0", spec))
+    assert again[0].status == task_pb2.TASK_STATUS_DONE and fetches() == before + 1
+
+
+async def test_an_android_older_than_7_gets_the_apk_pushed_then_pm_installed(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN on API 23 the APK goes to /data/local/tmp by sync, `pm install -r -g` installs
+    it, and the copy is removed; without `replace` a second install is the package
+    manager's refusal, word for word."""
+    await uploaded(farm, old_apk)
+    old = phone("old-1", sdk=23)
+    spec = actions_spec(install(OLD.sha256, replace=True, grant=True), install(OLD.package))
+    (task,) = await on_phones(farm, [old], tmp_path, ("old-1", spec))
+    assert old.apps.installs == [("file", ("-r", "-g")), ("file", ())]
+    assert "io.appium.settings" in old.apps.packages
+    assert not any(path.startswith("/data/local/tmp/") for path in old.files)
+    assert task.result.steps[0].data["install"] == "pushed"
+    assert task.status == task_pb2.TASK_STATUS_FAILED
+    assert "Failure [INSTALL_FAILED_ALREADY_EXISTS" in task.result.steps[1].error
+
+
+async def test_a_phone_whose_streamed_install_is_not_taken_gets_the_apk_pushed(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN `cmd package` failing (not the package manager's refusal) falls back to the
+    push and `pm install`, and the app is installed."""
+    await uploaded(farm, old_apk)
+    broken = phone("emu-9")
+    broken.failures["cmd package install"] = (0, b"cmd: Can't find service: package\n")
+    (task,) = await on_phones(
+        farm, [broken], tmp_path, ("emu-9", actions_spec(install(OLD.package)))
+    )
+    assert task.status == task_pb2.TASK_STATUS_DONE, task.result
+    assert broken.apps.installs == [("file", ())]
+    assert task.result.steps[0].data["install"] == "pushed"
+
+
+async def test_an_app_needing_a_newer_android_fails_its_step_and_installs_nothing(
+    farm: Farm, new_apk: ApkFile, tmp_path: Path
+) -> None:
+    await uploaded(farm, new_apk)
+    old = phone("old-2", sdk=19)
+    (task,) = await on_phones(farm, [old], tmp_path, ("old-2", actions_spec(install(NEW.sha256))))
+    assert task.status == task_pb2.TASK_STATUS_FAILED
+    error = task.result.steps[0].error
+    assert error == "io.appium.settings 5.0.0 needs Android API 21 or later; this phone has API 19"
+    assert old.apps.installs == [] and old.files == {}
+
+
+async def test_a_file_is_pushed_and_pulled_back_as_an_artifact_and_an_app_uninstalled(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN the pushed file is on the phone, the pulled one is kept as a `pulled_file`
+    artifact of the task with the same bytes, the package is gone after its uninstall, and
+    uninstalling it again fails that step with the phone's words."""
+    await uploaded(farm, old_apk)
+    data = b"fixture\n" * 1000
+    file = await upload_file(library(farm, await farm.token(Role.CLIENT)), data, "data.bin")
+    target = "/sdcard/Download/data.bin"
+    spec = workflow_spec(
+        setup=[install(OLD.package), push(file.file_id, target)],
+        check=[pull(target), uninstall(OLD.package)],
+        again=[uninstall(OLD.package)],
+    )
+    p = phone("emu-1")
+    (task,) = await on_phones(farm, [p], tmp_path, ("emu-1", spec))
+    assert p.files[target] == data and p.apps.packages == {}
+    assert [s.status for s in task.result.steps] == [
+        task_pb2.STEP_STATUS_OK, task_pb2.STEP_STATUS_OK, task_pb2.STEP_STATUS_FAILED,
+    ]  # fmt: skip
+    assert task.result.steps[2].error == (
+        "uninstalling io.appium.settings: Failure [DELETE_FAILED_INTERNAL_ERROR]"
+    )
+    (kept,) = task.result.steps[1].artifacts
+    assert (kept.kind, kept.content_type) == ("pulled_file", "application/octet-stream")
+    assert kept.sha256 == hashlib.sha256(data).hexdigest()
+    client = await farm.client()
+    answers = [
+        a
+        async for a in client.scheduler.GetArtifact(
+            scheduler_pb2.GetArtifactRequest(task_id=task.task_id, artifact_id=kept.artifact_id)
+        )
+    ]
+    assert b"".join(a.chunk for a in answers[1:]) == data
+
+
+async def test_a_specs_apps_are_installed_first_as_a_step_named_apps(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    await uploaded(farm, old_apk)
+    spec = actions_spec(tap())
+    spec.apps.add(app=OLD.package, grant_permissions=True)
+    p = phone("emu-2")
+    (task,) = await on_phones(farm, [p], tmp_path, ("emu-2", spec))
+    assert task.status == task_pb2.TASK_STATUS_DONE
+    assert [s.name for s in task.result.steps] == ["apps", "tap"]
+    assert task.result.steps[0].output == "installed io.appium.settings 3.0.0 (streamed)"
+    assert p.apps.packages["io.appium.settings"].granted
+
+
+async def test_a_session_has_its_apps_installed_before_its_first_action(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN on a simulated phone the session's first step is "apps" (the package now in
+    `pm list packages`), its actions follow from step 1, and an install_app sent in the
+    session runs too; a session naming an app the library lacks is refused NOT_FOUND."""
+    await uploaded(farm, old_apk)
+    client = await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source, app_cache_dir=tmp_path):
+        call = client.scheduler.OpenSession()
+        apps = [task_pb2.InstallApp(app=OLD.package)]
+        await call.write(opening(apps=apps))
+        task = await dispatched(call)
+        listed = task_pb2.Action(shell=task_pb2.Shell(command="pm list packages"))
+        await call.write(act(listed))
+        step = (await asyncio.wait_for(call.read(), 20)).step.step
+        assert (step.index, step.output) == (1, "package:io.appium.settings\n")
+        await call.write(act(install(OLD.sha256)))
+        again = (await asyncio.wait_for(call.read(), 20)).step.step
+        assert again.status == task_pb2.STEP_STATUS_OK, again.error
+        await call.done_writing()
+        final = await last_task(call)
+        missing = client.scheduler.OpenSession()
+        await missing.write(opening(apps=[task_pb2.InstallApp(app="com.example.none")]))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await missing.read()
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "open.apps[0].app: the library has no app of package" in (err.value.details() or "")
+    assert final.status == task_pb2.TASK_STATUS_DONE
+    steps = (await get(client, task.task_id)).result.steps
+    assert [s.name for s in steps] == ["apps", "shell", "install_app"]
+    assert list(source.apps["sim-0"].packages) == ["io.appium.settings"]
+
+
+async def test_a_task_may_push_and_pull_only_under_the_shared_storage(farm: Farm) -> None:
+    """THEN a path outside /sdcard/, /storage/emulated/0/ or /data/local/tmp/, or one that
+    climbs out of them, is refused INVALID_ARGUMENT naming the field, and nothing queued."""
+    client = await farm.client()
+    before = await farm.snapshot()
+    for action, field in [
+        (pull("/data/data/com.bank/databases/db"), "pull_file.path: must be a file under"),
+        (pull("/sdcard/../data/x"), "pull_file.path: must not have"),
+        (push("a" * 64, "/system/bin/sh"), "push_file.path: must be a file under"),
+        (push("nope", "/sdcard/x"), "push_file.file: must be a library id"),
+    ]:
+        with pytest.raises(Exception) as err:
+            await client.scheduler.SubmitTask(
+                scheduler_pb2.SubmitTaskRequest(spec=actions_spec(action))
+            )
+        exc: Any = err.value
+        assert exc.code().name == "INVALID_ARGUMENT"
+        assert exc.details().startswith(f"spec.actions.actions[0].{field}"), exc.details()
+    assert await farm.snapshot() == before
+
+
+async def test_an_install_and_a_push_through_the_real_adb_server(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN pure-python-adb → Debian's adb server → the fake adbd carries the streamed
+    install (`exec:` with the APK on stdin) and the sync protocol's push and pull."""
+    await uploaded(farm, old_apk)
+    data = b"\x00\x01binary\xff" * 5000
+    file = await upload_file(library(farm, await farm.token(Role.CLIENT)), data)
+    p = FakePhone("FAKE0002")
+    spec = actions_spec(
+        install(OLD.package),
+        push(file.file_id, "/data/local/tmp/x.bin"),
+        pull("/data/local/tmp/x.bin"),
+    )
+    async with FakeAdbd(p) as adbd, RealAdbServer(tmp_path / "adb-home") as adb:
+        await adb.connect(adbd.address)
+        source = AdbSource(adb.host, adb.port, call_timeout=20.0)
+        async with running_agent(farm, source, app_cache_dir=tmp_path / "cache"):
+            task_id = await submit(await farm.client(), spec)
+            await status_is(farm, task_id, "done", "failed", within=60)
+    task = await get(await farm.client(), task_id)
+    assert task.status == task_pb2.TASK_STATUS_DONE, task.result
+    assert "io.appium.settings" in p.apps.packages and p.apps.installs[0][0] == "stream"
+    assert p.files["/data/local/tmp/x.bin"] == data
+    assert task.result.steps[2].artifacts[0].sha256 == hashlib.sha256(data).hexdigest()
