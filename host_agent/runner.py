@@ -95,13 +95,11 @@ async def run(
     options = {"shell_default_timeout": shell_default_timeout, "poll_interval": poll_interval}
     match spec:
         case ActionList():
-            return await TaskRunner(device, token, **options, on_step=on_step, library=library).run(
-                spec
-            )
+            actions = TaskRunner(device, token, **options, on_step=on_step, library=library)
+            return await actions.run(spec)
         case Workflow():
-            return await WorkflowRunner(
-                device, token, **options, on_step=on_step, library=library
-            ).run(spec)
+            steps = WorkflowRunner(device, token, **options, on_step=on_step, library=library)
+            return await steps.run(spec)
         case Session():
             raise ValueError("a session runs through host_agent.session, not run()")
         case _:
