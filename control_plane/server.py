@@ -30,9 +30,9 @@ from control_plane.effects import Effects
 from control_plane.gauges import FarmGauges
 from control_plane.hub import Hub
 from control_plane.lease_service import LeaseService
-from control_plane.listener import Listener
 from control_plane.library import PostgresLibrary
 from control_plane.library_service import LibraryService
+from control_plane.listener import Listener
 from control_plane.peers import Peers
 from control_plane.queue_stats import keep_queue_counted
 from control_plane.retention import keep_retention, span_text
