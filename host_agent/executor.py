@@ -15,8 +15,8 @@ What each action means, its fields and their defaults (a wait_for's 10 s, a swip
 a shell timeout left to this host (`shell_default_timeout`, the agent's --shell-timeout).
 The app library's actions (install_app, uninstall_app, push_file, pull_file) are
 host_agent.install's, with the library the agent gives (`library`; without one they fail):
-their fetch from the control plane is raced against the token, the install itself runs to
-its end once started.
+the app's look-up, the phone's API level and the fetch from the control plane are raced
+against the token, the install itself runs to its end once started.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ async def install_app(
     action: InstallApp, device: Device, token: StopToken, library: Library
 ) -> Installed:
     app = await token.race(library.find_app(action.app))
-    sdk = await phone_sdk(device)
+    sdk = await token.race(phone_sdk(device))
     if sdk and app.min_sdk > sdk:
         raise LibraryError(
             f"{app.package} {app.version_name} needs Android API {app.min_sdk} or later;"

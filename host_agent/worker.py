@@ -30,9 +30,9 @@ from host_agent.install import Library
 from host_agent.leases import LeaseKeeper
 from host_agent.recording import Recording
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
-from host_agent.results import Kept, RunResult, StepStatus
+from host_agent.results import Kept, RunResult
 from host_agent.retry import Delivery, RetryPolicy
-from host_agent.runner import APPS_STEP, StepRunner, outcome_for, run
+from host_agent.runner import outcome_for, run
 from host_agent.screencast import Screencaster
 from host_agent.session import SessionSettings, run_session
 from host_agent.spec import InvalidSpec, Session, TaskSpec
@@ -214,18 +214,8 @@ class Worker:
         library = self._tools.library
         if isinstance(spec, Session):
             options = SessionSettings(settings.shell_timeout, settings.upload_timeout, library)
-            if not spec.apps:
-                return await run_session(self._tools.stub, self.lease, device, token, options)
-            # Its apps first, before the host joins (the client waits meanwhile).
-            runner = StepRunner(
-                device, token, shell_default_timeout=settings.shell_timeout, library=library
-            )
-            step, stop, lost = await runner.run_step(0, APPS_STEP, spec.apps)
-            if step.status is not StepStatus.OK:
-                error = f"step 0 {APPS_STEP!r} failed: {step.error}"
-                return RunResult(outcome_for(False, stop is None, stop), error, (step,), stop, lost)
             stub = self._tools.stub
-            return await run_session(stub, self.lease, device, token, options, first=(step,))
+            return await run_session(stub, self.lease, device, token, options, spec.apps)
         # Each step as it ends goes with the lease's next renewal (progress).
         lease_id, keeper = self.lease.lease_id, self._tools.keeper
         return await run(

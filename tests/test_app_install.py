@@ -18,8 +18,9 @@ from amc.v1 import scheduler_pb2, task_pb2
 from control_plane import metrics
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
+from host_agent.recovery import RecoverySettings
 from host_agent.simulated import SimulatedSource
-from tests.support import Farm, actions_spec, tap, workflow_spec
+from tests.support import Farm, actions_spec, eventually, tap, workflow_spec
 from tests.support.agent import get, running_agent, status_is, submit
 from tests.support.apks import NEW, OLD, ApkFile, apk_cache, new_apk, old_apk
 from tests.support.fakes.adb_server import FakeAdbServer
@@ -27,7 +28,12 @@ from tests.support.fakes.adbd import FakeAdbd
 from tests.support.fakes.phone import DEFAULT_PROPS, FakePhone
 from tests.support.fakes.real_adb import RealAdbServer
 from tests.support.library import library, upload_app, upload_file
+from tests.test_device_health import is_in
 from tests.test_sessions import act, dispatched, last_task, opening
+
+PROBES = {"probe_interval": 0.3, "probe_timeout": 0.3}
+FINISHED = (task_pb2.TASK_STATUS_DONE, task_pb2.TASK_STATUS_FAILED, task_pb2.TASK_STATUS_CANCELLED)
+LIST = scheduler_pb2.ListTasksRequest()
 
 __all__ = ["apk_cache", "new_apk", "old_apk"]
 
@@ -239,6 +245,82 @@ async def test_a_session_has_its_apps_installed_before_its_first_action(
     steps = (await get(client, task.task_id)).result.steps
     assert [s.name for s in steps] == ["apps", "shell", "install_app"]
     assert list(source.apps["sim-0"].packages) == ["io.appium.settings"]
+
+
+async def ended(call: Any) -> task_pb2.Task:
+    """The session's responses up to its finished task; the stream then ends OK."""
+    while True:
+        response = await asyncio.wait_for(call.read(), 20)
+        assert response is not grpc.aio.EOF and response.HasField("task"), response
+        if response.task.status in FINISHED:
+            await call.done_writing()
+            assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+            return response.task
+
+
+async def slow_phone_opened_with_apps(farm: Farm, source: SimulatedSource, client: Any) -> Any:
+    """A session naming an app, opened once the phone is ready and made slow: its apps
+    step is held at its first call to the phone (reading its API level) for a minute."""
+    await eventually(lambda: is_in(farm, "sim-0", "ready"), what="the first probe")
+    source.delay = 60.0
+    call = client.scheduler.OpenSession()
+    await call.write(opening(apps=[task_pb2.InstallApp(app=OLD.package)]))
+    await eventually(lambda: source.in_flight("sim-0") == 1, what="the apps step at the phone")
+    return call
+
+
+async def test_a_session_quarantined_while_its_apps_install_ends_failed_as_at_any_step(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """The phone stops answering while the session's apps step is at it: the step stops at
+    once (not after the phone's own deadline), the session ends failed in the words of any
+    of its steps ("device quarantined: during step 0 'apps'"), on its one attempt, before
+    the recovery ladder disturbs the phone."""
+    await uploaded(farm, old_apk)
+    source = SimulatedSource(1, delay=0.02)
+    source.boot_time = 0.3
+    recovery = RecoverySettings(failures=1, backoff=0.2, boot_timeout=5.0)
+    client = await farm.client()
+    async with running_agent(
+        farm, source, recovery=recovery, app_cache_dir=tmp_path, **PROBES
+    ) as agent:
+        call = await slow_phone_opened_with_apps(farm, source, client)
+        source.hang("sim-0")
+        final = await ended(call)
+        await eventually(lambda: agent.recovery.outcomes, timeout=15, what="the ladder's end")
+    assert final.status == task_pb2.TASK_STATUS_FAILED
+    assert final.result.error == "device quarantined: during step 0 'apps'"
+    assert [(s.name, s.error) for s in final.result.steps] == [
+        ("apps", "interrupted: device quarantined")
+    ]
+    assert [a["state"] for a in await farm.attempts(final.task_id)] == ["failed"]
+    assert source.recovery_steps and "io.appium.settings" not in source.apps["sim-0"].packages
+
+
+async def test_a_session_whose_client_leaves_while_its_apps_install_frees_the_phone_at_once(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """The client goes away while its session's apps step is at the phone: the session is
+    withdrawn ("session abandoned: its client left before it started"), the step stops at
+    once rather than after the phone's minute, the session ends cancelled in the words of
+    any of its steps, and the phone takes the next task."""
+    await uploaded(farm, old_apk)
+    source = SimulatedSource(1, delay=0.02)
+    client = await farm.client()
+    async with running_agent(farm, source, app_cache_dir=tmp_path):
+        call = await slow_phone_opened_with_apps(farm, source, client)
+        (task_id,) = [t.task_id for t in (await client.scheduler.ListTasks(LIST)).tasks]
+        call.cancel()
+        await status_is(farm, task_id, "cancelled", within=10)
+        assert source.in_flight("sim-0") == 0
+        source.delay = 0.02
+        after = await submit(client, actions_spec(tap()), selector=_on("sim-0"))
+        await status_is(farm, after, "done", within=20)
+    task = await get(client, task_id)
+    assert task.result.error == "cancelled: during step 0 'apps'"
+    assert [(s.name, s.error) for s in task.result.steps] == [("apps", "interrupted: cancelled")]
+    (asked,) = [e for e in await farm.events(task_id) if e["kind"] == "cancel_requested"]
+    assert asked["detail"] == "session abandoned: its client left before it started"
 
 
 async def test_a_task_may_push_and_pull_only_under_the_shared_storage(farm: Farm) -> None:
