@@ -27,6 +27,7 @@ from tests.support.fakes.adb_server import FakeAdbServer
 from tests.support.fakes.adbd import FakeAdbd
 from tests.support.fakes.phone import DEFAULT_PROPS, FakePhone
 from tests.support.fakes.real_adb import RealAdbServer
+from tests.support.fakes.tcp_proxy import TcpProxy
 from tests.support.library import library, upload_app, upload_file
 from tests.test_device_health import is_in
 from tests.test_sessions import act, dispatched, last_task, opening
@@ -321,6 +322,34 @@ async def test_a_session_whose_client_leaves_while_its_apps_install_frees_the_ph
     assert [(s.name, s.error) for s in task.result.steps] == [("apps", "interrupted: cancelled")]
     (asked,) = [e for e in await farm.events(task_id) if e["kind"] == "cancel_requested"]
     assert asked["detail"] == "session abandoned: its client left before it started"
+
+
+async def test_a_fetch_cut_off_midway_is_tried_again_and_the_install_goes_on(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """The connection to the control plane is reset while the APK is half fetched (the
+    call fails UNAVAILABLE): the host fetches it again and keeps only the bytes past those
+    it had, the cache holds the whole APK, and the install is done on the one attempt."""
+    await uploaded(farm, old_apk)
+    client = await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    half = len(old_apk.data) // 2
+    port = int(farm.address.rsplit(":", 1)[1])
+    async with (
+        TcpProxy("127.0.0.1", port) as proxy,
+        running_agent(farm, source, address=proxy.address, app_cache_dir=tmp_path),
+    ):
+        midway = proxy.freeze_after("down", old_apk.data[half : half + 64])
+        task_id = await submit(client, actions_spec(install(OLD.package)))
+        await asyncio.wait_for(midway.wait(), 20)
+        proxy.heal()  # no more freezing; the frozen connection is reset:
+        proxy.cut(refuse=False)
+        await status_is(farm, task_id, "done", "failed", within=30)
+    task = await get(client, task_id)
+    assert task.status == task_pb2.TASK_STATUS_DONE, task.result
+    assert list(source.apps["sim-0"].packages) == ["io.appium.settings"]
+    assert (tmp_path / OLD.sha256).read_bytes() == old_apk.data
+    assert [a["state"] for a in await farm.attempts(task_id)] == ["done"]
 
 
 async def test_a_task_may_push_and_pull_only_under_the_shared_storage(farm: Farm) -> None:
