@@ -8,7 +8,7 @@ options            what the commands share: the connection, --output, --reason, 
 client             a synchronous gRPC client with the bearer token on every call
 specfile           task-spec files (YAML/JSON) -> SubmitTaskRequest, walked beside the messages
 specdoc            reading a spec file: JSON or YAML, the line of each part, no duplicate keys
-specvalues         a spec's single values as their fields want them; key names (KEYCODES)
+specvalues         a spec's single values as their fields want them; key names (amc_common.keycodes)
 selectors          warnings for a selector no registered device fits (submit; --strict)
 follow             following a task until it ends (watch, submit --wait)
 artifact_download  a task's kept file: which one a step names, written out checked

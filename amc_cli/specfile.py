@@ -11,7 +11,7 @@ the one field that must be given.
     - tap: [540, 1200]                      # or {x: 540, y: 1200}
     - tap_on: "Log in"                      # or {text: ...}, {resource_id: ...}, {selector: ...}
     - input_text: "alice@example.com"
-    - key: enter                            # a name from specvalues.KEYCODES, or a number
+    - key: enter                            # a name from amc_common.keycodes, or a number
     - wait: 2s                              # durations: 2s, 500ms, 1m30s, 1.5 (seconds)
     - shell: "pm list packages"             # or {command: ..., timeout: 5s}
     - screenshot                            # no arguments (keeps the PNG)
