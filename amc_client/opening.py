@@ -1,0 +1,158 @@
+"""Opening an interactive session: the `OpenSession` call until its host joined, told as it
+waits, and bounded by the queue timeout.
+
+The first answer is the queued task with its `pending_reason`, so why it waits is known at
+once: `on_wait` is told each state, and a selector no registered phone fits ("no
+registered device matches model=Pixel9": the control plane's words) is also logged as a
+warning on the `amc_client` logger at once (as `amc submit` warns), while the session
+waits on for one to register. An `on_wait` that raises stops the wait: the session is
+withdrawn and the exception propagates. It waits at most its queue timeout: the control plane ends
+the task then ("queue timeout"), and the client withdraws it itself a few seconds later if
+that end never came; either raises NoPhone with the last reason given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_client.errors import NoPhone, SessionRefused
+from amc_client.phone import TERMINAL, Phone, TaskReader
+from amc_client.retry import Retry
+from amc_common.channel import write_unless_ended
+
+log = logging.getLogger("amc_client")
+
+# How long a session waits for a phone unless told otherwise (Farm.session's queue_timeout).
+DEFAULT_QUEUE_TIMEOUT = 60.0
+# Past its queue timeout, how long the client waits for the control plane's own end of the
+# wait (its sweep runs every second by default) before it withdraws the session itself.
+SWEEP_GRACE = 5.0
+# How long a withdrawn session's call is read for its end before it is cut.
+WITHDRAW_PATIENCE = 2.0
+# How the control plane's pending_reason begins when no registered device fits the
+# selector at all (control_plane.pending.explain): nothing can take the task until one
+# registers.
+UNMATCHED = ("no registered device matches", "no device is registered")
+QUEUE_TIMEOUT = "queue timeout"
+# How many times an opening that could not be written (its call ended as it went) is sent.
+UNSENT_TRIES = 3
+
+OnWait = Callable[[task_pb2.Task], None]
+
+
+def unmatched(task: task_pb2.Task) -> bool:
+    """Whether `task` waits for a phone no registered device could be."""
+    return task.status == task_pb2.TASK_STATUS_QUEUED and task.pending_reason.startswith(UNMATCHED)
+
+
+async def open_phone(
+    stub: scheduler_pb2_grpc.SchedulerStub,
+    retry: Retry,
+    opening: scheduler_pb2.SessionOpen,
+    *,
+    queue_timeout: float | None,
+    on_wait: OnWait | None,
+    finished: TaskReader,
+) -> Phone:
+    """The phone of a new session, once its host joined."""
+    call, task = await retry.call(lambda: _first_answer(stub, opening))
+    waiting = _Waiting(on_wait, queue_timeout)
+    limit = None if queue_timeout is None else queue_timeout + SWEEP_GRACE
+    try:
+        async with asyncio.timeout(limit):
+            task = await _dispatched(call, task, waiting)
+    except TimeoutError:
+        await withdraw(call)
+        raise NoPhone(queue_timeout or 0.0, waiting.last, waiting.reason) from None
+    except Exception:  # refused, ended, or stopped by on_wait: nothing may be left waiting
+        await withdraw(call)
+        raise
+    except BaseException:
+        call.cancel()
+        raise
+    idle = opening.idle_timeout.ToTimedelta().total_seconds()
+    return Phone(call, task, idle_timeout=idle, finished=finished)
+
+
+async def _first_answer(
+    stub: scheduler_pb2_grpc.SchedulerStub, opening: scheduler_pb2.SessionOpen
+) -> tuple[Any, task_pb2.Task]:
+    """The call and its first answer: until then nothing was created, so a transient
+    failure may be retried."""
+    tries = 0
+    while True:
+        tries += 1
+        call: Any = stub.OpenSession()
+        # Refused before the request went (a bad token): the read raises why.
+        sent = await write_unless_ended(call, scheduler_pb2.OpenSessionRequest(open=opening))
+        try:
+            response = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            # Ended as the opening went, grpc may say INTERNAL in place of the control
+            # plane's status (grpc/grpc#36066): the opening never went, so ask again.
+            if sent or exc.code() != grpc.StatusCode.INTERNAL or tries >= UNSENT_TRIES:
+                raise
+            continue
+        if response is grpc.aio.EOF:
+            raise SessionRefused("the control plane ended the session before answering")
+        return call, response.task
+
+
+class _Waiting:
+    """What a session waiting for its phone was told last, and who is told."""
+
+    def __init__(self, on_wait: OnWait | None, queue_timeout: float | None) -> None:
+        self.on_wait = on_wait
+        self.queue_timeout = queue_timeout
+        self.last: task_pb2.Task | None = None
+        self.reason = ""
+        self.warned = False
+
+    def saw(self, task: task_pb2.Task) -> None:
+        self.last = task
+        self.reason = task.pending_reason or self.reason
+        if unmatched(task) and not self.warned and self.on_wait is None:
+            self.warned = True
+            bound = "as long as it takes"
+            if self.queue_timeout is not None:
+                bound = f"up to {self.queue_timeout:g} s"
+            log.warning("%s; the session waits %s for one that fits", task.pending_reason, bound)
+        if self.on_wait is not None:
+            self.on_wait(task)
+
+
+async def _dispatched(call: Any, task: task_pb2.Task, waiting: _Waiting) -> task_pb2.Task:
+    while task.status != task_pb2.TASK_STATUS_DISPATCHED:
+        if task.status in TERMINAL:
+            if task.status == task_pb2.TASK_STATUS_FAILED and task.result.error == QUEUE_TIMEOUT:
+                raise NoPhone(waiting.queue_timeout or 0.0, task, waiting.reason)
+            status = task_pb2.TaskStatus.Name(task.status)
+            raise SessionRefused(f"session {status} before it started", task)
+        waiting.saw(task)
+        response = await call.read()
+        if response is grpc.aio.EOF:
+            raise SessionRefused("the control plane ended the session", task)
+        task = response.task
+    return task
+
+
+async def withdraw(call: Any) -> None:
+    """Give up a session that has no phone yet: its task ends cancelled ("closed by its
+    client before it started"); cut if the control plane does not answer soon."""
+    try:
+        async with asyncio.timeout(WITHDRAW_PATIENCE):
+            with contextlib.suppress(grpc.aio.UsageError, asyncio.InvalidStateError):
+                await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+    except (TimeoutError, grpc.aio.AioRpcError):
+        pass
+    finally:
+        call.cancel()
