@@ -33,15 +33,23 @@ def mcp(
     idle_timeout: Annotated[
         str,
         typer.Option(
-            metavar="DURATION", help="A session the agent leaves idle this long ends failed."
+            metavar="DURATION",
+            help="A session the agent leaves idle this long ends failed (1s to 1h).",
         ),
     ] = "5m",
+    queue_timeout: Annotated[
+        str,
+        typer.Option(
+            metavar="DURATION",
+            help="How long open_session waits for a free phone before it gives up.",
+        ),
+    ] = "30s",
 ) -> None:
     """Serve MCP on stdin/stdout: an AI agent drives phones of the farm through interactive
     sessions (tools list_phones, open_session, screenshot, ui_dump, tap, tap_element, swipe,
-    type_text, press_key, launch_app, stop_app, close_session). Needs the `mcp` extra."""
+    type_text, press_key, launch_app, stop_app, wait_for, close_session). Needs the `mcp`
+    extra."""
     labels = options.key_values(label, "--label")
-    idle = options.positive_seconds(idle_timeout, "--idle-timeout")
     try:
         from amc_client import mcp_server
     except ImportError as exc:
@@ -49,6 +57,11 @@ def mcp(
             f"amc mcp needs the mcp extra ({exc.name} is not installed): "
             "pip install 'agentic-mobile-control[mcp]'"
         ) from None
+    try:
+        idle = mcp_server.seconds_in(idle_timeout, *mcp_server.IDLE, flag="--idle-timeout")
+        waits = mcp_server.seconds_in(queue_timeout, *mcp_server.QUEUE, flag="--queue-timeout")
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     session = options.connection(ctx)
     mcp_server.run(
         with_default_port(session.addr),
@@ -58,4 +71,6 @@ def mcp(
         labels=labels,
         serial=serial,
         idle_timeout=idle,
+        queue_timeout=waits,
     )
+    mcp_server.exit_served()
