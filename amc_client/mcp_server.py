@@ -230,7 +230,11 @@ def _typed(read: Callable[[str], T]) -> Callable[[str], T]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = OneLineParser(prog="amc-mcp", description=(__doc__ or "").splitlines()[0])
+    parser = OneLineParser(
+        prog="amc-mcp",
+        description="Serve MCP on stdin/stdout: an AI agent drives phones of an AMC farm"
+        " through interactive sessions (the same server as `amc mcp`).",
+    )
     parser.add_argument("--address", required=True)
     parser.add_argument("--token")
     parser.add_argument("--token-file")
