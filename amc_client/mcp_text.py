@@ -94,13 +94,18 @@ def png_size(png: bytes) -> tuple[int, int] | None:
 
 def screenshot_note(png: bytes, screen: tuple[int, int] | None) -> str:
     """What a screenshot is against the screen taps use: `screenshot 360x800 of a 1080x2400
-    screen; ... multiply a point on it by 3`. The screen unknown, the screenshot's own size
-    stands for it."""
+    screen; ... multiply a point on it by 3`; the screen's size unknown (a host that does
+    not say it, no UI dump yet), that it is not known and where to find it."""
     size = png_size(png)
     if size is None:
         return "screenshot (not a PNG the server could read)"
     w, h = size
-    sw, sh = screen or size
+    if screen is None:
+        return (
+            f"screenshot {w}x{h}; the phone has not said its screen's size: tap and swipe in"
+            " screen pixels, as ui_dump's centres are (ui_dump says the size)"
+        )
+    sw, sh = screen
     if (sw, sh) == (w, h):
         return f"screenshot {w}x{h}, the screen's own pixels: tap and swipe at points on it"
     sx, sy = sw / w, sh / h

@@ -152,10 +152,10 @@ def _look_tools(server: MCPServer, lender: PhoneLender) -> None:
     async def screenshot(ctx: Context) -> list[Image | str]:
         """The phone's screen as a PNG image, with a line saying its size against the
         screen's pixels, which tap and swipe take (a screenshot may be smaller)."""
+        # The screen's size: the session's steps say it (or a UI dump of it did).
         with tool_errors("screenshot"):
             phone = await lender.current(client_name(ctx))
-            # Once, if the phone has not said its size: a UI dump beside it does.
-            answer = await phone.act(actions.screenshot(), ui_dump=phone.screen_size is None)
+            answer = await phone.act(actions.screenshot())
             if answer.step.status != task_pb2.STEP_STATUS_OK:
                 raise ActionFailed(answer.step)
         png = answer.screenshot_png
