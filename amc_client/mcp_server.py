@@ -39,11 +39,11 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 
 from amc.v1 import task_pb2
-from amc_common.durations import parse_duration
 from amc_client.farm import Farm
 from amc_client.mcp_lender import PhoneLender
 from amc_client.mcp_text import compact_ui, phones_text
 from amc_client.mcp_tools import register
+from amc_common import durations
 from amc_common.channel import read_token
 from amc_common.command_line import OneLineParser
 from amc_common.version import version
@@ -159,8 +159,9 @@ def run(
     serial: str = "",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     queue_timeout: float | None = DEFAULT_QUEUE_TIMEOUT,
-) -> None:
-    """`serve` from synchronous code (a command line)."""
+) -> NoReturn:
+    """`serve` from synchronous code (a command line), then the process's end (exit 0,
+    `exit_served`)."""
     anyio.run(
         functools.partial(
             serve,
@@ -174,10 +175,11 @@ def run(
             queue_timeout=queue_timeout,
         )
     )
+    exit_served()
 
 
 def exit_served() -> NoReturn:
-    """End the process once `run` returned (exit 0): at once, since finalizing the MCP
+    """End the process once it served (exit 0): at once, since finalizing the MCP
     SDK's modules takes about a second, which the MCP client's shutdown (SIGTERM 2 s after
     it closed our stdin) may not give. Nothing is left to do: the session is over."""
     sys.stdout.flush()
@@ -188,18 +190,15 @@ def exit_served() -> NoReturn:
 # -- python -m amc_client.mcp_server ---------------------------------------------------------
 
 
-def seconds_in(text: str, low: float, high: float, *, flag: str = "") -> float:
-    """A duration (`30s`, `5m`, `1m30s`, `90`: amc's grammar, amc_cli.durations) from `low`
-    to `high` seconds, as seconds; ValueError of one line for anything else (prefixed with
-    `flag` when given)."""
-    prefix = f"{flag}: " if flag else ""
-    try:
-        span: float = parse_duration(text).ToTimedelta().total_seconds()
-    except ValueError as exc:
-        said = str(exc) if repr(text.strip()) in str(exc) else f"{text!r}: {exc}"
-        raise ValueError(prefix + said) from None
+def within(text: str, low: float, high: float) -> float:
+    """A duration in every AMC program's grammar (amc_common.durations: `30s`, `5m`,
+    `1m30s`, `90`) from `low` to `high` seconds, as seconds; argparse's ArgumentTypeError of
+    one line, in the grammar's words, for anything else (the caller names the flag)."""
+    span = durations.above_zero(text)
     if not low <= span <= high:
-        raise ValueError(f"{prefix}{text!r} is out of range ({_span(low)} to {_span(high)})")
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} is out of range ({_span(low)} to {_span(high)})"
+        )
     return span
 
 
@@ -251,17 +250,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serial", default="", help="the phone a session asks for, by serial")
     parser.add_argument(
         "--idle-timeout",
-        type=_typed(functools.partial(seconds_in, low=IDLE[0], high=IDLE[1])),
+        type=functools.partial(within, low=IDLE[0], high=IDLE[1]),
         default=DEFAULT_IDLE_TIMEOUT,
         metavar="DURATION",
         help="a session left idle this long ends (1s to 1h; default 5m)",
     )
     parser.add_argument(
         "--queue-timeout",
-        type=_typed(functools.partial(seconds_in, low=QUEUE[0], high=QUEUE[1])),
+        type=functools.partial(within, low=QUEUE[0], high=QUEUE[1]),
         default=DEFAULT_QUEUE_TIMEOUT,
         metavar="DURATION",
-        help="how long open_session waits for a free phone (default 30s)",
+        help=f"how long open_session waits for a free phone (default 30s). {durations.GRAMMAR}",
     )
     args = parser.parse_args(argv)
     try:
@@ -279,7 +278,6 @@ def main(argv: list[str] | None = None) -> None:
             idle_timeout=args.idle_timeout,
             queue_timeout=args.queue_timeout,
         )
-    exit_served()
 
 
 if __name__ == "__main__":

@@ -447,8 +447,8 @@ async def test_a_crashed_client_abandons_its_session(farm: Harness, tmp_path: Pa
         ),
         (
             ["-m", "amc_client.mcp_server", "--address", "127.0.0.1:1", "--idle-timeout", "nan"],
-            "amc-mcp: error: argument --idle-timeout: 'nan': expected a finite duration"
-            " (see --help)",
+            "amc-mcp: error: argument --idle-timeout: 'nan' is not a duration (e.g. 15s, 1m30s,"
+            " 1h) (see --help)",
         ),
         (
             ["-m", "amc_client.mcp_server", "--address", "127.0.0.1:1", "--idle-timeout", "2h"],
@@ -456,19 +456,23 @@ async def test_a_crashed_client_abandons_its_session(farm: Harness, tmp_path: Pa
         ),
         (
             ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--idle-timeout", "nan"],
-            "amc: error: --idle-timeout: 'nan': expected a finite duration",
+            "amc: error: --idle-timeout: 'nan' is not a duration (e.g. 15s, 1m30s, 1h)",
         ),
         (
             ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--queue-timeout", "0s"],
-            "amc: error: --queue-timeout: '0s' is out of range (1s to 30d)",
+            "amc: error: --queue-timeout: '0s' must be above 0 (e.g. 15s, 1m30s, 1h)",
+        ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--queue-timeout", "500ms"],
+            "amc: error: --queue-timeout: '500ms' is out of range (1s to 30d)",
         ),
     ],
-    ids=["label", "nan", "too-long", "amc-nan", "amc-zero"],
+    ids=["label", "nan", "too-long", "amc-nan", "amc-zero", "amc-too-short"],
 )
 def test_a_bad_flag_is_refused_in_one_line_naming_it(command: list[str], said: str) -> None:
     """THEN the server's command line (and `amc mcp`'s) refuses a label without `=` and an
-    idle timeout that is not a duration from 1s to 1h with one line naming the flag, exit
-    2, and serves nothing."""
+    idle timeout that is not a duration from 1s to 1h with one line naming the flag (in the
+    duration grammar's words, as every program's), exit 2, and serves nothing."""
     done = subprocess.run(
         [sys.executable, *command], capture_output=True, text=True, cwd=ROOT, timeout=60
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -57,11 +59,8 @@ def mcp(
             f"amc mcp needs the mcp extra ({exc.name} is not installed): "
             "pip install 'agentic-mobile-control[mcp]'"
         ) from None
-    try:
-        idle = mcp_server.seconds_in(idle_timeout, *mcp_server.IDLE, flag="--idle-timeout")
-        waits = mcp_server.seconds_in(queue_timeout, *mcp_server.QUEUE, flag="--queue-timeout")
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
+    idle = _within(mcp_server.within, idle_timeout, mcp_server.IDLE, "--idle-timeout")
+    waits = _within(mcp_server.within, queue_timeout, mcp_server.QUEUE, "--queue-timeout")
     session = options.connection(ctx)
     mcp_server.run(
         with_default_port(session.addr),
@@ -73,4 +72,13 @@ def mcp(
         idle_timeout=idle,
         queue_timeout=waits,
     )
-    mcp_server.exit_served()
+
+
+def _within(
+    read: Callable[[str, float, float], float], text: str, span: tuple[float, float], flag: str
+) -> float:
+    """A flag's duration from span[0] to span[1] seconds; one line naming the flag if not."""
+    try:
+        return read(text, *span)
+    except argparse.ArgumentTypeError as exc:
+        raise BadInput(f"{flag}: {exc}") from None
