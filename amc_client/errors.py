@@ -23,10 +23,6 @@ import grpc
 
 from amc.v1 import task_pb2
 
-# A session whose client vanished, as its task's error says it; a host that does not tell
-# an idle end apart records that so too, and the Phone tells the two apart by its clock.
-ABANDONED = "session abandoned"
-
 
 class AmcClientError(Exception):
     """Something amc_client could not do."""
@@ -70,7 +66,8 @@ class SessionIdle(SessionEnded):
 
 
 class SessionLeaseLost(SessionEnded):
-    """The session's lease on its phone was lost (its host or the phone went away)."""
+    """The session's lease on its phone was lost: it expired (its host went away), its
+    host gave it back, or the phone was lost or quarantined (it stopped answering)."""
 
 
 class SessionDeadline(SessionEnded):
@@ -109,20 +106,20 @@ def _reason(task: task_pb2.Task | None) -> str:
     return status + (f": {task.result.error}" if task.result.error else "")
 
 
-# How the host and the control plane word a failed session's end (Task.result.error: "lease
-# lost: stopped …", "lease expired on attempt 1 of 1", "device lost: …", "deadline exceeded",
-# "idle timeout: …"), by the exception that says it.
+# How the control plane records a failed session's end (Task.result.error), by the exception
+# that says it: "lease lost: it expired", "lease lost: released by its host (host: …)",
+# "device lost: …", "device quarantined: …", "deadline exceeded…", "idle timeout". Any other
+# ("session relay lost: …", "session abandoned") is a SessionEnded saying the error.
 _FAILED_BY_PREFIX: tuple[tuple[tuple[str, ...], type[SessionEnded]], ...] = (
-    (("lease ", "device lost"), SessionLeaseLost),
+    (("lease lost", "device lost", "device quarantined"), SessionLeaseLost),
     (("deadline exceeded",), SessionDeadline),
-    (("idle",), SessionIdle),
+    (("idle timeout",), SessionIdle),
 )
 
 
-def session_ended(task: task_pb2.Task | None, *, idle_past: float | None = None) -> SessionEnded:
-    """The exception that says how the session of `task` (its last state) ended.
-    `idle_past`: the idle timeout its client had let pass when the end came, if it had, so
-    that an end worded like a vanished client's reads as the idle timeout it was."""
+def session_ended(task: task_pb2.Task | None) -> SessionEnded:
+    """The exception that says how the session of `task` (its finished task, as the
+    control plane recorded it) ended: by its status and its error."""
     if task is None:
         return SessionEnded(None)
     if task.status == task_pb2.TASK_STATUS_CANCELLED:
@@ -132,7 +129,11 @@ def session_ended(task: task_pb2.Task | None, *, idle_past: float | None = None)
     error = task.result.error
     for prefixes, kind in _FAILED_BY_PREFIX:
         if error.startswith(prefixes):
-            return kind(task)
-    if error == ABANDONED and idle_past is not None:
-        return SessionIdle(task, f"idle timeout: no action for {idle_past:g} s")
+            return kind(task, _idle(task) if kind is SessionIdle else "")
     return SessionEnded(task)
+
+
+def _idle(task: task_pb2.Task) -> str:
+    """`idle timeout: no action for 60 s` (the session's idle timeout, from its spec)."""
+    idle = task.spec.session.idle_timeout.ToTimedelta().total_seconds()
+    return f"{task.result.error}: no action for {idle:g} s" if idle > 0 else ""

@@ -14,7 +14,6 @@ that end never came; either raises NoPhone with the last reason given.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,7 @@ import grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_client.errors import NoPhone, SessionRefused
-from amc_client.phone import TERMINAL, Phone, TaskReader
+from amc_client.phone import TERMINAL, Phone, TaskReader, hang_up
 from amc_client.retry import Retry
 from amc_common.channel import write_unless_ended
 
@@ -34,8 +33,6 @@ DEFAULT_QUEUE_TIMEOUT = 60.0
 # Past its queue timeout, how long the client waits for the control plane's own end of the
 # wait (its sweep runs every second by default) before it withdraws the session itself.
 SWEEP_GRACE = 5.0
-# How long a withdrawn session's call is read for its end before it is cut.
-WITHDRAW_PATIENCE = 2.0
 # How the control plane's pending_reason begins when no registered device fits the
 # selector at all (control_plane.pending.explain): nothing can take the task until one
 # registers.
@@ -77,8 +74,7 @@ async def open_phone(
     except BaseException:
         call.cancel()
         raise
-    idle = opening.idle_timeout.ToTimedelta().total_seconds()
-    return Phone(call, task, idle_timeout=idle, finished=finished)
+    return Phone(call, task, finished=finished)
 
 
 async def _first_answer(
@@ -131,7 +127,8 @@ class _Waiting:
 async def _dispatched(call: Any, task: task_pb2.Task, waiting: _Waiting) -> task_pb2.Task:
     while task.status != task_pb2.TASK_STATUS_DISPATCHED:
         if task.status in TERMINAL:
-            if task.status == task_pb2.TASK_STATUS_FAILED and task.result.error == QUEUE_TIMEOUT:
+            failed = task.status == task_pb2.TASK_STATUS_FAILED
+            if failed and task.result.error.startswith(QUEUE_TIMEOUT):
                 raise NoPhone(waiting.queue_timeout or 0.0, task, waiting.reason)
             status = task_pb2.TaskStatus.Name(task.status)
             raise SessionRefused(f"session {status} before it started", task)
@@ -146,13 +143,4 @@ async def _dispatched(call: Any, task: task_pb2.Task, waiting: _Waiting) -> task
 async def withdraw(call: Any) -> None:
     """Give up a session that has no phone yet: its task ends cancelled ("closed by its
     client before it started"); cut if the control plane does not answer soon."""
-    try:
-        async with asyncio.timeout(WITHDRAW_PATIENCE):
-            with contextlib.suppress(grpc.aio.UsageError, asyncio.InvalidStateError):
-                await call.done_writing()
-            while await call.read() is not grpc.aio.EOF:
-                pass
-    except (TimeoutError, grpc.aio.AioRpcError):
-        pass
-    finally:
-        call.cancel()
+    await hang_up(call)

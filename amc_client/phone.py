@@ -8,6 +8,16 @@ and the read of its answer) runs apart from its caller, so a caller that stops w
 action first takes that answer off the stream. An action is checked with the shared
 action table before it is sent; one the table refuses raises ActionRefused and is not
 sent, and so is one the control plane refuses (`OpenSessionResponse.refused`).
+
+How a session ends: whatever ended it (a close, a cancel, the idle timeout, a lost lease,
+its longest duration), the control plane's last response is the finished task, as
+recorded, and the session's exception is read from its status and error (errors.
+session_ended). The Phone stops reading there and hangs up (closes its side, reads the
+call's OK): the control plane holds the call open until then, because a client's write
+after a call ended reads back as INTERNAL rather than the session's end. Only a call that
+broke with no finished task (its replica died: UNAVAILABLE) leaves the end unsaid; the
+Phone then waits a few seconds for the task's end as the host records it ("session relay
+lost: …"), read through the Farm's channel, so the exception still carries the task.
 """
 
 from __future__ import annotations
@@ -15,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,9 +46,12 @@ _EOF: Any = grpc.aio.EOF
 TERMINAL = statuses.numbers(statuses.TERMINAL, task_pb2.TaskStatus)
 # The bounds of a UI dump's first node: the whole screen when it starts at its corner.
 _FIRST_BOUNDS = re.compile(r'bounds="\[(-?\d+),(-?\d+)\]\[(\d+),(\d+)\]"')
-# How long a phone whose call broke waits for its task's end to be recorded (the host's
-# report), to say how the session ended.
+# How long a phone whose call broke without its finished task (its replica died) waits for
+# the task's end as its host records it, to say how the session ended.
 ENDING_PATIENCE = 5.0
+# How long a call whose session is over is read for its end (OK, once its side is closed)
+# before it is cut.
+HANG_UP_PATIENCE = 2.0
 
 # The task of this id once it finished (Farm.wait).
 TaskReader = Callable[[str], Awaitable[task_pb2.Task]]
@@ -60,7 +72,6 @@ class Phone:
         call: Any,
         task: task_pb2.Task,
         *,
-        idle_timeout: float | None = None,
         finished: TaskReader | None = None,
     ) -> None:
         self._call = call
@@ -68,11 +79,9 @@ class Phone:
         self.ended: task_pb2.Task | None = None
         self.end: SessionEnded | None = None
         self.screen_size: tuple[int, int] | None = None
-        self._idle_timeout = idle_timeout
         self._finished = finished
         self._turn = asyncio.Lock()
         self._exchange: asyncio.Future[Any] | None = None
-        self._answered = time.monotonic()
 
     @property
     def task_id(self) -> str:
@@ -129,7 +138,6 @@ class Phone:
         if response is _EOF or response.HasField("task"):
             await self._ending(response if response is not _EOF else None, None)
             return None
-        self._answered = time.monotonic()
         return response
 
     async def _settle(self) -> None:
@@ -159,14 +167,12 @@ class Phone:
                 self.screen_size = (int(found[3]), int(found[4]))
 
     async def _ending(self, response: Any, error: grpc.aio.AioRpcError | None) -> None:
-        """Record how the session ended: its last response's task, or (the call broke, or
-        ended saying nothing) its task as the control plane recorded it."""
+        """Record how the session ended, from its last response's finished task, then hang
+        up; a call that broke (or ended) without it: from the task as its host records it."""
         task = response.task if response is not None else None
         if task is None or task.status not in TERMINAL:
             task = await self._recorded() or task
-        idle = time.monotonic() - self._answered
-        past = self._idle_timeout if self._idle_timeout and idle >= self._idle_timeout else None
-        end = session_ended(task, idle_past=past)
+        end = session_ended(task)
         if error is not None:
             said = f"{error.code().name}: {error.details()}"
             if task is None or task.status not in TERMINAL:
@@ -175,10 +181,12 @@ class Phone:
                 end = SessionEnded(task, f"{end.reason} (its call ended {said})")
         self.ended = task or task_pb2.Task(task_id=self.task_id)
         self.end = end
+        if error is None:
+            await hang_up(self._call)
 
     async def _recorded(self) -> task_pb2.Task | None:
         """The session's task once finished, as the control plane recorded it (waited for
-        up to ENDING_PATIENCE s)."""
+        up to ENDING_PATIENCE s): for a call that broke before its finished task came."""
         if self._finished is None:
             return None
         with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError, AmcClientError):
@@ -249,15 +257,15 @@ class Phone:
                 grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError
             ):
                 await self._call.done_writing()
-            last: Any = None
             try:
+                # No action is in flight: the next response is the finished task.
                 while (response := await self._call.read()) is not _EOF:
                     if response.HasField("task"):
-                        last = response
+                        break
             except grpc.aio.AioRpcError as exc:
-                await self._ending(last, exc)
+                await self._ending(None, exc)
             else:
-                await self._ending(last, None)
+                await self._ending(None if response is _EOF else response, None)
             assert self.ended is not None
             return self.ended
 
@@ -270,6 +278,22 @@ class Phone:
             self._exchange = None
         if self.end is None:
             self.end = SessionEnded(self.task, "abandoned: its client left without closing it")
+
+
+async def hang_up(call: Any) -> None:
+    """End a session's call from the client's side: close it and read it to its end (the
+    control plane then ends it OK, never a refused write's INTERNAL); cut if that does not
+    come within HANG_UP_PATIENCE s."""
+    try:
+        async with asyncio.timeout(HANG_UP_PATIENCE):
+            with contextlib.suppress(grpc.aio.UsageError, asyncio.InvalidStateError):
+                await call.done_writing()
+            while await call.read() is not _EOF:
+                pass
+    except (TimeoutError, grpc.aio.AioRpcError):
+        pass
+    finally:
+        call.cancel()
 
 
 def _retrieved(exchange: asyncio.Future[Any]) -> None:

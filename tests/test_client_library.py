@@ -15,6 +15,8 @@ from amc_client import (
     Farm,
     NoPhone,
     SessionCancelled,
+    SessionDeadline,
+    SessionEnded,
     SessionIdle,
     SessionLeaseLost,
     actions,
@@ -51,6 +53,7 @@ async def test_a_session_through_the_library_taps_and_observes_and_ends_done(
             xml = await phone.ui_dump()
             assert phone.serial == "sim-0"
         task = await client.get(phone.task_id)
+        assert await asyncio.wait_for(phone._call.code(), 5) == grpc.StatusCode.OK
     assert png.startswith(PNG_MAGIC) and "<hierarchy" in xml
     assert task.status == task_pb2.TASK_STATUS_DONE
     assert [s.name for s in task.result.steps] == ["tap", "screenshot", "ui_dump"]
@@ -107,57 +110,63 @@ async def test_a_cancelled_session_raises_session_cancelled_with_its_reason(
                 await phone.tap(1, 2)
 
 
-async def test_a_cancel_of_an_idle_session_reaches_the_next_action_as_session_cancelled(
-    farm: Harness,
+@pytest.mark.parametrize(
+    ("ends", "raised", "reason"),
+    [
+        ("cancel", SessionCancelled, "cancelled: operator"),
+        ("idle", SessionIdle, "idle timeout: no action for 1 s"),
+        ("deadline", SessionDeadline, "failed: deadline exceeded"),
+    ],
+)
+async def test_a_session_that_ended_while_idle_raises_its_end_at_the_next_action_and_hangs_up(
+    farm: Harness, ends: str, raised: type[SessionEnded], reason: str
 ) -> None:
-    """THEN a session cancelled while no action runs (the task cancelled before the client
-    acts again) raises SessionCancelled with the reason at the next action, not the call's
-    broken status."""
+    """THEN a session ended while no action runs (an operator's cancel, its idle timeout,
+    its longest duration) raises its own exception at the next action, read from the
+    finished task the control plane answered (no second look at the task), with a one-line
+    reason, and its call then ends OK: never the INTERNAL of a write after the end."""
     token = await farm.token(Role.CLIENT)
     async with (
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        async with client.session() as phone:
+        limits = {"idle": {"idle_timeout": 1}, "deadline": {"max_duration": 1}}
+        async with client.session(**limits.get(ends, {})) as phone:
+            phone._finished = None  # the end is the call's to tell
             await phone.tap(1, 2)
-            await client.cancel(phone.task_id, reason="operator")
-            await status_is(farm, phone.task_id, "cancelled")
-            with pytest.raises(SessionCancelled) as ended:
+            if ends == "cancel":
+                await client.cancel(phone.task_id, reason="operator")
+            await status_is(farm, phone.task_id, "cancelled" if ends == "cancel" else "failed")
+            with pytest.raises(raised) as ended:
                 await phone.tap(1, 2)
-            assert ended.value.reason == "cancelled: operator"
-
-
-async def test_an_idle_session_raises_session_idle(farm: Harness) -> None:
-    """THEN the action after the idle timeout ended the session raises SessionIdle (the
-    control plane records the end like a vanished client's: the phone's clock tells)."""
-    token = await farm.token(Role.CLIENT)
-    async with (
-        running_agent(farm, SimulatedSource(1, delay=0.01)),
-        Farm(farm.address, token=token) as client,
-    ):
-        async with client.session(idle_timeout=1) as phone:
-            await status_is(farm, phone.task_id, "failed")
-            with pytest.raises(SessionIdle) as ended:
+            assert type(ended.value) is raised
+            assert ended.value.reason.startswith(reason), ended.value.reason
+            assert "\n" not in str(ended.value)
+            assert await asyncio.wait_for(phone._call.code(), 5) == grpc.StatusCode.OK
+            with pytest.raises(raised):
                 await phone.tap(1, 2)
-            assert "\n" not in str(ended.value) and "idle" in ended.value.reason
 
 
-async def test_a_lost_lease_raises_session_lease_lost(farm: Harness) -> None:
+async def test_a_lost_lease_raises_session_lease_lost_and_hangs_up(farm: Harness) -> None:
     """THEN a session whose lease expires under it (the host's renewal refused) raises
-    SessionLeaseLost once its running action was interrupted."""
+    SessionLeaseLost once its running action was interrupted (the finished task answers
+    the action), and the call ends OK at once, not held open by the control plane until
+    the client writes again or the idle timeout passes."""
     token = await farm.token(Role.CLIENT)
     async with (
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
         async with client.session() as phone:
+            phone._finished = None  # the end is the call's to tell
             await phone.tap(1, 2)
             (attempt,) = await farm.attempts(phone.task_id)
             await farm.expire_now(str(attempt["lease_id"]))
             with pytest.raises(SessionLeaseLost) as ended:
                 await phone.act(wait(30))  # interrupted when the host hears of it
                 await phone.act(wait(30))
-            assert ended.value.reason.startswith("failed: lease "), ended.value.reason
+            assert ended.value.reason.startswith("failed: lease lost: "), ended.value.reason
+            assert await asyncio.wait_for(phone._call.code(), 5) == grpc.StatusCode.OK
 
 
 async def test_a_bad_action_is_refused_before_it_is_sent_and_the_session_goes_on(
@@ -189,11 +198,6 @@ async def test_a_bad_action_is_refused_before_it_is_sent_and_the_session_goes_on
     assert [s.name for s in task.result.steps] == ["tap", "key"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the control plane to answer a refused action (OpenSessionResponse.refused)"
-    " and go on, not end the session: remove this mark once it does",
-)
 async def test_an_action_the_control_plane_refuses_raises_action_refused_and_the_session_goes_on(
     farm: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -274,10 +278,23 @@ async def test_a_session_no_phone_fits_says_so_at_once_and_waits_only_its_queue_
 
 def test_the_unmatched_reason_is_the_control_planes() -> None:
     """THEN what the client takes for "no phone fits" begins each reason the control plane
-    gives for a selector no registered device matches."""
-    nothing = DeviceMatch(total=0, host_cordoned=0, cordoned=0, offline=0, busy=0)
+    gives for a selector no registered device matches, and no reason it gives when some
+    device matches (busy, idle, held, offline, cordoned, on a drained host)."""
     for serial, labels in (("R58M", {}), (None, {"model": "X"}), (None, {})):
-        assert pending.explain(serial, labels, nothing).startswith(opening.UNMATCHED)
+        assert pending.explain(serial, labels, DeviceMatch()).startswith(opening.UNMATCHED)
+    some = [
+        DeviceMatch(busy=1),
+        DeviceMatch(idle=2),
+        DeviceMatch(held_by=(("charging_hold", 1),)),
+        DeviceMatch(offline=1),
+        DeviceMatch(cordoned=1),
+        DeviceMatch(host_cordoned=1),
+        DeviceMatch(host_draining=1),
+        DeviceMatch(offline=1, cordoned=1, busy=1, held_by=(("too_hot", 1),)),
+    ]
+    for m in some:
+        said = pending.explain(None, {"model": "X"}, m)
+        assert not said.startswith(opening.UNMATCHED), said
 
 
 async def test_a_session_with_a_bad_token_is_refused_unauthenticated(farm: Harness) -> None:

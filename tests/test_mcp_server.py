@@ -89,11 +89,6 @@ async def test_an_agent_taps_looks_and_closes_through_mcp_tools(farm: Harness) -
     assert dict(task.metadata) == {"control": "mcp", "mcp_client": "test-agent 1.0"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the session's steps to say the phone's screen size"
-    " (SessionStep.screen_width/height): remove this mark once they do",
-)
 async def test_a_sessions_first_screenshot_says_the_screens_size(farm: Harness) -> None:
     """THEN a screenshot that is the session's first action already says it is 360x800 of
     a 1080x2400 screen (from the step, no UI dump needed)."""
