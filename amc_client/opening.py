@@ -9,12 +9,24 @@ waits on for one to register. An `on_wait` that raises stops the wait: the sessi
 withdrawn and the exception propagates. It waits at most its queue timeout: the control plane ends
 the task then ("queue timeout"), and the client withdraws it itself a few seconds later if
 that end never came; either raises NoPhone with the last reason given.
+
+An opening carries a request id of its own (SessionOpen.request_id), the same each time it
+is sent: an opening whose call broke before its first answer (UNAVAILABLE) is sent again,
+and should the first have reached the control plane, the second is told so rather than
+open a second session: refused FAILED_PRECONDITION naming the first while it lives, or
+answered with its finished task. That first session is lost with its call (the control
+plane withdraws it; so does the client, to be sure), and the opening raises SessionRefused
+saying so: one opening, at most one session's task. A token past its sessions' limit
+(RESOURCE_EXHAUSTED) is refused at once, not tried again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +52,9 @@ UNMATCHED = ("no registered device matches", "no device is registered")
 QUEUE_TIMEOUT = "queue timeout"
 # How many times an opening that could not be written (its call ended as it went) is sent.
 UNSENT_TRIES = 3
+# The session a request id opened before, as the control plane's refusal names it
+# (control_plane.sessions: "request_id 'R' opened session ID already, which is queued…").
+OPENED_BEFORE = re.compile(r"opened session (?P<task_id>[0-9a-fA-F-]{32,36}) already")
 
 OnWait = Callable[[task_pb2.Task], None]
 
@@ -58,8 +73,11 @@ async def open_phone(
     on_wait: OnWait | None,
     finished: TaskReader,
 ) -> Phone:
-    """The phone of a new session, once its host joined."""
-    call, task = await retry.call(lambda: _first_answer(stub, opening))
+    """The phone of a new session, once its host joined. `opening.request_id` is set here
+    when it is not, and kept for every try."""
+    if not opening.request_id:
+        opening.request_id = uuid.uuid4().hex
+    call, task = await _first_answer(stub, retry, opening)
     waiting = _Waiting(on_wait, queue_timeout)
     limit = None if queue_timeout is None else queue_timeout + SWEEP_GRACE
     try:
@@ -78,27 +96,73 @@ async def open_phone(
 
 
 async def _first_answer(
-    stub: scheduler_pb2_grpc.SchedulerStub, opening: scheduler_pb2.SessionOpen
+    stub: scheduler_pb2_grpc.SchedulerStub, retry: Retry, opening: scheduler_pb2.SessionOpen
 ) -> tuple[Any, task_pb2.Task]:
-    """The call and its first answer: until then nothing was created, so a transient
-    failure may be retried."""
+    """The call and its first answer, the opening sent again (with its request id) after a
+    transient failure; a try after the first that finds the session opened before raises
+    SessionRefused."""
     tries = 0
-    while True:
-        tries += 1
-        call: Any = stub.OpenSession()
-        # Refused before the request went (a bad token): the read raises why.
-        sent = await write_unless_ended(call, scheduler_pb2.OpenSessionRequest(open=opening))
-        try:
-            response = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            # Ended as the opening went, grpc may say INTERNAL in place of the control
-            # plane's status (grpc/grpc#36066): the opening never went, so ask again.
-            if sent or exc.code() != grpc.StatusCode.INTERNAL or tries >= UNSENT_TRIES:
-                raise
-            continue
-        if response is grpc.aio.EOF:
-            raise SessionRefused("the control plane ended the session before answering")
-        return call, response.task
+
+    async def attempt() -> tuple[Any, task_pb2.Task]:
+        nonlocal tries
+        while True:
+            tries += 1
+            call: Any = stub.OpenSession()
+            # Refused before the request went (a bad token): the read raises why.
+            request = scheduler_pb2.OpenSessionRequest(open=opening)
+            sent = await write_unless_ended(call, request)
+            try:
+                response = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                if tries > 1 and exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    await _opened_before(stub, exc)
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise SessionRefused(exc.details() or exc.code().name) from None
+                # Ended as the opening went, grpc may say INTERNAL in place of the control
+                # plane's status (grpc/grpc#36066): the opening never went, so ask again.
+                if sent or exc.code() != grpc.StatusCode.INTERNAL or tries >= UNSENT_TRIES:
+                    raise
+                continue
+            if response is grpc.aio.EOF:
+                raise SessionRefused("the control plane ended the session before answering")
+            if tries > 1 and response.task.status in TERMINAL:
+                await hang_up(call)
+                raise SessionRefused(_lost(response.task.task_id, _said(response.task)))
+            return call, response.task
+
+    return await retry.call(attempt)
+
+
+async def _opened_before(
+    stub: scheduler_pb2_grpc.SchedulerStub, refused: grpc.aio.AioRpcError
+) -> None:
+    """A try that found the session an earlier try opened still queued or running (its
+    call broke before it answered): withdraw it and say so. Returns for another refusal."""
+    found = OPENED_BEFORE.search(refused.details() or "")
+    if found is None:
+        return
+    task_id = found["task_id"]
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await stub.CancelTask(
+            scheduler_pb2.CancelTaskRequest(
+                task_id=task_id, reason="session lost with its call before it was answered"
+            )
+        )
+    raise SessionRefused(_lost(task_id, "withdrawn"))
+
+
+def _lost(task_id: str, how: str) -> str:
+    return (
+        f"the session's opening was cut before its answer and sent again: the control plane"
+        f" had opened session {task_id} from the first, lost with its call ({how}); open a"
+        " session again"
+    )
+
+
+def _said(task: task_pb2.Task) -> str:
+    status: str = task_pb2.TaskStatus.Name(task.status).removeprefix("TASK_STATUS_").lower()
+    why = task.cancel_reason or task.result.error
+    return status + (f": {why}" if why else "")
 
 
 class _Waiting:

@@ -4,6 +4,12 @@ simulated phones: sessions, ordinary tasks, retries."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -19,6 +25,7 @@ from amc_client import (
     SessionEnded,
     SessionIdle,
     SessionLeaseLost,
+    SessionRefused,
     actions,
     opening,
 )
@@ -29,7 +36,9 @@ from control_plane.domain import DeviceMatch, Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm as Harness
 from tests.support import eventually
-from tests.support.agent import get, running_agent, status_is
+from tests.support.agent import SHORT_TTL, get, running_agent, short_ttl_farm, status_is
+from tests.support.fakes.tcp_proxy import TcpProxy
+from tests.support.replicas import Replica
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -295,6 +304,106 @@ def test_the_unmatched_reason_is_the_control_planes() -> None:
     for m in some:
         said = pending.explain(None, {"model": "X"}, m)
         assert not said.startswith(opening.UNMATCHED), said
+
+
+async def test_an_opening_sent_again_after_its_call_broke_never_makes_a_second_session(
+    farm: Harness,
+) -> None:
+    """THEN an opening whose connection was cut after the control plane took it, before its
+    first answer came back (UNAVAILABLE), is sent again with the same request id and told
+    the session it opened: SessionRefused naming that session, which ends withdrawn, and
+    no second task (before request ids, the retry opened a second session)."""
+    assert farm.db is not None and farm.plane is not None
+    token = await farm.token(Role.CLIENT)
+    marker = uuid.uuid4().hex
+    count = "SELECT count(*) FROM tasks"
+    async with (
+        TcpProxy("127.0.0.1", farm.plane.port) as proxy,
+        Farm(proxy.address, token=token, retry=Retry(total=20, first=0.05)) as client,
+    ):
+        frozen = proxy.freeze_after("up", marker.encode())
+        opening_ = asyncio.create_task(
+            client.open_session(labels={"model": "Nope"}, metadata={"try": marker})
+        )
+        await asyncio.wait_for(frozen.wait(), 10)  # the opening went; its answer is held
+        db = farm.db
+        await eventually(lambda: _fetch(db, count, 1), what="the session's task")
+        proxy.cut(refuse=False)
+        with pytest.raises(SessionRefused) as refused:
+            await asyncio.wait_for(opening_, 30)
+    (task_id,) = [str(r["task_id"]) for r in await farm.db.fetch("SELECT task_id FROM tasks")]
+    said = str(refused.value)
+    assert f"had opened session {task_id} from the first" in said and "\n" not in said, said
+    await status_is(farm, task_id, "cancelled")
+    assert await farm.db.fetchval(count) == 1
+
+
+async def test_an_opening_whose_replica_died_before_answering_withdraws_the_orphan(
+    farm: Harness, database_url: str, tmp_path: Path
+) -> None:
+    """THEN an opening taken by a replica that died before it answered, sent again to
+    another replica with the same request id, is refused FAILED_PRECONDITION naming the
+    session the dead replica opened (still queued: nobody withdrew it); the client
+    withdraws that session (cancelled) and raises SessionRefused naming it: one task."""
+    assert farm.db is not None and farm.plane is not None
+    db = farm.db
+    token = await farm.token(Role.CLIENT)
+    marker = uuid.uuid4().hex
+    dying = await Replica(database_url, log=tmp_path / "replica.log").start()
+    try:
+        async with (
+            TcpProxy("127.0.0.1", dying.port) as proxy,
+            Farm(proxy.address, token=token, retry=Retry(total=20, first=0.05)) as client,
+        ):
+            proxy.balance(("127.0.0.1", dying.port), ("127.0.0.1", farm.plane.port))
+            frozen = proxy.freeze_after("up", marker.encode())
+            opening_ = asyncio.create_task(
+                client.open_session(labels={"model": "Nope"}, metadata={"try": marker})
+            )
+            await asyncio.wait_for(frozen.wait(), 10)
+            await eventually(lambda: _fetch(db, "SELECT count(*) FROM tasks", 1), what="task")
+            dying.kill()
+            with pytest.raises(SessionRefused) as refused:
+                await asyncio.wait_for(opening_, 30)
+    finally:
+        dying.stop()
+    (row,) = await db.fetch("SELECT task_id, cancel_reason FROM tasks")
+    assert str(refused.value).startswith(
+        "the session's opening was cut before its answer and sent again: the control plane"
+        f" had opened session {row['task_id']} from the first, lost with its call (withdrawn)"
+    ), refused.value
+    await status_is(farm, str(row["task_id"]), "cancelled")
+    assert row["cancel_reason"] == "session lost with its call before it was answered"
+
+
+async def test_a_token_past_its_session_limit_is_refused_at_once(database_url: str) -> None:
+    """THEN with --max-sessions-per-token 1, a second session of the token raises
+    SessionRefused with the control plane's line at once (RESOURCE_EXHAUSTED is not a
+    transient error here: the limit stays until a session ends)."""
+    settings = replace(SHORT_TTL, max_sessions_per_token=1)
+    async with short_ttl_farm(database_url, settings) as farm:
+        token = await farm.token(Role.CLIENT)
+        async with Farm(farm.address, token=token) as client:
+            first = asyncio.create_task(client.open_session(labels={"model": "Nope"}))
+            await status_is_queued(farm)
+            started = time.monotonic()
+            with pytest.raises(SessionRefused, match="--max-sessions-per-token"):
+                await client.open_session(labels={"model": "Nope"})
+            assert time.monotonic() - started < 5
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+
+
+async def status_is_queued(farm: Harness) -> None:
+    assert farm.db is not None
+    db = farm.db
+    query = "SELECT count(*) FROM tasks WHERE status = 'queued'"
+    await eventually(lambda: _fetch(db, query, 1), what="a queued session")
+
+
+async def _fetch(db: Any, query: str, expected: int) -> bool:
+    return bool(await db.fetchval(query) == expected)
 
 
 async def test_a_session_with_a_bad_token_is_refused_unauthenticated(farm: Harness) -> None:
