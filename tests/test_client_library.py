@@ -29,6 +29,7 @@ from amc_client import (
     actions,
     opening,
 )
+from amc_client import phone as phone_module
 from amc_client.actions import tap, wait
 from amc_client.retry import Retry
 from control_plane import pending
@@ -117,6 +118,51 @@ async def test_a_cancelled_session_raises_session_cancelled_with_its_reason(
             assert ended.value.task.status == task_pb2.TASK_STATUS_CANCELLED
             with pytest.raises(SessionCancelled):
                 await phone.tap(1, 2)
+
+
+@pytest.mark.parametrize("patience", [phone_module.ENDING_PATIENCE, 0.0])
+async def test_a_session_whose_replica_dies_raises_the_end_its_host_recorded(
+    farm: Harness,
+    database_url: str,
+    tmp_path: Path,
+    patience: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """THEN a session whose client's replica dies (its call broken: UNAVAILABLE, no
+    finished task) raises SessionEnded carrying the task as its host recorded it ("session
+    relay lost: …"), read through another replica within ENDING_PATIENCE; with no patience
+    (patience 0) all it could say was the broken call's status: why the wait is kept."""
+    monkeypatch.setattr(phone_module, "ENDING_PATIENCE", patience)
+    assert farm.plane is not None
+    token = await farm.token(Role.CLIENT)
+    dying = await Replica(database_url, log=tmp_path / "replica.log").start()
+    try:
+        async with (
+            running_agent(farm, SimulatedSource(1, delay=0.01)),
+            TcpProxy("127.0.0.1", dying.port) as proxy,
+            Farm(proxy.address, token=token, retry=Retry(total=20, first=0.05)) as client,
+        ):
+            proxy.balance(("127.0.0.1", dying.port), ("127.0.0.1", farm.plane.port))
+            phone = await client.open_session()  # its call on the replica, its host here
+            await phone.tap(1, 2)
+            dying.kill()
+            with pytest.raises(SessionEnded) as ended:
+                await phone.tap(1, 2)
+            said = ended.value.reason
+            assert "\n" not in said
+            if patience:
+                assert type(ended.value) is SessionEnded
+                assert ended.value.task is not None
+                assert ended.value.task.status == task_pb2.TASK_STATUS_FAILED
+                assert said.startswith("failed: session relay lost: "), said
+                assert "(its call ended UNAVAILABLE: " in said, said
+                assert (await phone.close()).result.error.startswith("session relay lost: ")
+            else:
+                assert ended.value.task is None
+                assert said.startswith("the session's call ended: UNAVAILABLE: "), said
+            await status_is(farm, phone.task_id, "failed", within=30)
+    finally:
+        dying.stop()
 
 
 @pytest.mark.parametrize(
