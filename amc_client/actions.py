@@ -4,6 +4,8 @@ applies) and raises ActionRefused, naming the field, for one past its limit."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from google.protobuf import duration_pb2
 from grpc import StatusCode
 
@@ -126,3 +128,36 @@ def screenshot() -> task_pb2.Action:
 
 def ui_dump() -> task_pb2.Action:
     return task_pb2.Action(ui_dump=task_pb2.UiDump())
+
+
+def install_app(
+    app: str, *, replace: bool = False, grant_permissions: bool = False
+) -> task_pb2.Action:
+    """Install an app of the farm's library: by its id (the sha256 of its APK) or its
+    package name (the library's newest upload of it); `replace` an installed copy (its
+    data kept), `grant_permissions` every runtime permission it asks for."""
+    _checked("install_app", app=app)
+    pb = task_pb2.InstallApp(app=app, replace=replace, grant_permissions=grant_permissions)
+    return task_pb2.Action(install_app=pb)
+
+
+def uninstall_app(package: str) -> task_pb2.Action:
+    _checked("uninstall_app", package=package)
+    return task_pb2.Action(uninstall_app=task_pb2.UninstallApp(package=package))
+
+
+def apps(wanted: Sequence[str | task_pb2.InstallApp]) -> list[task_pb2.InstallApp]:
+    """A session's or task's apps to install first (SessionOpen.apps, TaskSpec.apps): an
+    app id or package name is installed replacing an installed copy (its data kept); an
+    InstallApp says its own flags. ActionRefused names the one that is no app."""
+    out: list[task_pb2.InstallApp] = []
+    for i, app in enumerate(wanted):
+        if isinstance(app, str):
+            app = task_pb2.InstallApp(app=app, replace=True)
+        try:
+            action_table.from_message(task_pb2.Action(install_app=app))
+        except ActionError as exc:
+            inside = exc.field.removeprefix("install_app").lstrip(".")
+            raise refused(ActionError(f"apps[{i}].{inside}", exc.problem)) from None
+        out.append(app)
+    return out

@@ -13,6 +13,7 @@ from types import TracebackType
 import grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_client.actions import apps as install_apps
 from amc_client.actions import seconds
 from amc_client.errors import AmcClientError
 from amc_client.opening import DEFAULT_QUEUE_TIMEOUT, open_phone
@@ -156,6 +157,7 @@ class Farm:
         priority: int = 0,
         metadata: Mapping[str, str] | None = None,
         on_wait: Callable[[task_pb2.Task], None] | None = None,
+        apps: Sequence[str | task_pb2.InstallApp] = (),
     ) -> Phone:
         """The phone of a new session, once its host joined; end it with `close()` (done)
         or `abandon()` (failed, "session abandoned"). For a holder that outlives a block
@@ -166,6 +168,7 @@ class Farm:
             fairness_key=fairness_key,
             priority=priority,
             metadata=dict(metadata or {}),
+            apps=install_apps(apps),
         )
         if max_duration is not None:
             opening.max_duration.CopyFrom(seconds(max_duration))
@@ -193,6 +196,7 @@ class Farm:
         priority: int = 0,
         metadata: Mapping[str, str] | None = None,
         on_wait: Callable[[task_pb2.Task], None] | None = None,
+        apps: Sequence[str | task_pb2.InstallApp] = (),
     ) -> AsyncIterator[Phone]:
         """A phone of one's own until the block ends (the task ends done).
 
@@ -202,8 +206,12 @@ class Farm:
         why it waits), and a selector no registered phone fits is logged as a warning on
         the `amc_client` logger at once. `idle_timeout`: the longest pause between two
         actions before the control plane ends the session (SessionIdle); `max_duration`:
-        the longest it may run (SessionDeadline). An exception out of the block abandons
-        the session (the task ends failed, "session abandoned")."""
+        the longest it may run (SessionDeadline). `apps`: apps of the farm's library
+        installed before the first action, as the session's step 0 "apps" (an app id or a
+        package name, replacing an installed copy; an InstallApp for other flags): one
+        the library lacks is refused NOT_FOUND, a failed install raises SessionRefused,
+        and the time they take is not counted in `queue_timeout`. An exception out of the
+        block abandons the session (the task ends failed, "session abandoned")."""
         phone = await self.open_session(
             labels=labels,
             serial=serial,
@@ -214,6 +222,7 @@ class Farm:
             priority=priority,
             metadata=metadata,
             on_wait=on_wait,
+            apps=apps,
         )
         try:
             yield phone

@@ -6,9 +6,11 @@ once: `on_wait` is told each state, and a selector no registered phone fits ("no
 registered device matches model=Pixel9": the control plane's words) is also logged as a
 warning on the `amc_client` logger at once (as `amc submit` warns), while the session
 waits on for one to register. An `on_wait` that raises stops the wait: the session is
-withdrawn and the exception propagates. It waits at most its queue timeout: the control plane ends
-the task then ("queue timeout"), and the client withdraws it itself a few seconds later if
-that end never came; either raises NoPhone with the last reason given.
+withdrawn and the exception propagates. It waits in the queue at most its queue timeout:
+the control plane ends the task then ("queue timeout"), and the client withdraws it itself
+a few seconds later if that end never came and the task still waits in the queue; either
+raises NoPhone with the last reason given. A session a phone took is waited for until its
+host joins: its apps (SessionOpen.apps) are installed first, which may take longer.
 
 An opening carries a request id of its own (SessionOpen.request_id), the same each time it
 is sent: an opening whose call broke before its first answer (UNAVAILABLE) is sent again,
@@ -80,19 +82,37 @@ async def open_phone(
     call, task = await _first_answer(stub, retry, opening)
     waiting = _Waiting(on_wait, queue_timeout)
     limit = None if queue_timeout is None else queue_timeout + SWEEP_GRACE
+    # Read apart from the wait for it: cancelling a grpc.aio read cancels the whole call.
+    reading = asyncio.ensure_future(_dispatched(call, task, waiting))
     try:
-        async with asyncio.timeout(limit):
-            task = await _dispatched(call, task, waiting)
-    except TimeoutError:
-        await withdraw(call)
-        raise NoPhone(queue_timeout or 0.0, waiting.last, waiting.reason) from None
+        while not (await asyncio.wait({reading}, timeout=limit))[0]:
+            if not await _queued(stub, task.task_id):
+                limit = None  # a phone took it: its apps are installing, the host joins next
+                continue
+            reading.cancel()
+            await withdraw(call)
+            raise NoPhone(queue_timeout or 0.0, waiting.last, waiting.reason)
+        task = reading.result()
+    except NoPhone:
+        raise
     except Exception:  # refused, ended, or stopped by on_wait: nothing may be left waiting
         await withdraw(call)
         raise
     except BaseException:
+        reading.cancel()
         call.cancel()
         raise
     return Phone(call, task, finished=finished)
+
+
+async def _queued(stub: scheduler_pb2_grpc.SchedulerStub, task_id: str) -> bool:
+    """Whether the session's task still waits in the queue (so as not to withdraw one a
+    phone took, whose apps take their time; a task that cannot be read counts as queued)."""
+    try:
+        task = await stub.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+    except grpc.aio.AioRpcError:
+        return True
+    return bool(task.status == task_pb2.TASK_STATUS_QUEUED)
 
 
 async def _first_answer(
@@ -194,8 +214,9 @@ async def _dispatched(call: Any, task: task_pb2.Task, waiting: _Waiting) -> task
             failed = task.status == task_pb2.TASK_STATUS_FAILED
             if failed and task.result.error.startswith(QUEUE_TIMEOUT):
                 raise NoPhone(waiting.queue_timeout or 0.0, task, waiting.reason)
-            status = task_pb2.TaskStatus.Name(task.status)
-            raise SessionRefused(f"session {status} before it started", task)
+            status, _, why = _said(task).partition(": ")
+            said = f"session {status} before it started" + (f": {why}" if why else "")
+            raise SessionRefused(said, task)
         waiting.saw(task)
         response = await call.read()
         if response is grpc.aio.EOF:

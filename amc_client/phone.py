@@ -224,6 +224,18 @@ class Phone:
     async def stop_app(self, package: str) -> None:
         await self._do(actions.stop_app(package))
 
+    async def install_app(
+        self, app: str, *, replace: bool = True, grant_permissions: bool = False
+    ) -> str:
+        """Install an app of the farm's library (an app id, or a package name: its newest
+        upload), replacing an installed copy unless told not to; what the host said
+        (`installed io.appium.settings 3.0.0 (streamed)`)."""
+        action = actions.install_app(app, replace=replace, grant_permissions=grant_permissions)
+        return (await self._do(action)).step.output
+
+    async def uninstall_app(self, package: str) -> None:
+        await self._do(actions.uninstall_app(package))
+
     async def shell(self, command: str, timeout: float | None = None) -> str:
         """The command's output."""
         return (await self._do(actions.shell(command, timeout))).step.output
