@@ -15,7 +15,7 @@ pending reason), not waited on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from amc.v1 import task_pb2
 from amc_client.errors import AmcClientError, SessionRefused
@@ -66,16 +66,17 @@ class PhoneLender:
         queue_timeout: float | None = None,
         *,
         client: str = "",
+        apps: Sequence[task_pb2.InstallApp] = (),
     ) -> tuple[Phone, bool]:
-        """The open session's phone, or a new session's (an ended one is let go); True
-        when this call opened it."""
+        """The open session's phone, or a new session's (an ended one is let go), with
+        `apps` installed first; True when this call opened it."""
         async with self._turn:
             if self._phone is not None and self._phone.end is None:
                 return self._phone, False
             if self._phone is not None:
                 await self._phone.close()  # ended already: its end is read, nothing sent
             self._phone = None
-            return await self._open(labels, serial, queue_timeout, client), True
+            return await self._open(labels, serial, queue_timeout, client, apps), True
 
     async def current(self, client: str = "") -> Phone:
         """The phone to act on: the open session's (perhaps ended, which its next action
@@ -93,6 +94,7 @@ class PhoneLender:
         serial: str,
         queue_timeout: float | None,
         client: str,
+        apps: Sequence[task_pb2.InstallApp] = (),
     ) -> Phone:
         chosen = dict(labels or {}) if labels or serial else self.labels
         metadata = {"control": CONTROL}
@@ -105,6 +107,7 @@ class PhoneLender:
             queue_timeout=self.queue_timeout if queue_timeout is None else queue_timeout,
             metadata=metadata,
             on_wait=_refuse_unmatched,
+            apps=apps,
         )
         self._opened = True
         return self._phone

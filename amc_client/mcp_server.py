@@ -1,7 +1,7 @@
 """An MCP server that lends AI agents phones of the farm: tools list_phones, open_session,
 screenshot (a PNG image and its size against the screen's), ui_dump (compact, or the full
 XML), tap, tap_element (a UI selector), swipe, type_text, press_key (a key name or number),
-launch_app, stop_app, wait_for and close_session, over one interactive session
+launch_app, stop_app, install_app, wait_for and close_session, over one interactive session
 (Scheduler.OpenSession) at a time. Needs the `mcp` extra (`pip install
 agentic-mobile-control[mcp]`); the rest of amc_client does not.
 
@@ -67,9 +67,10 @@ LEFT_GRACE = 0.1
 CLOSE_PATIENCE = 3.5
 
 INSTRUCTIONS = (
-    "Drive one Android phone of the farm: list_phones, open_session, look (screenshot, "
-    "ui_dump), then act (tap, tap_element, swipe, type_text, press_key, launch_app, "
-    "stop_app, wait_for); close_session when done. Coordinates are the screen's pixels, "
+    "Drive one Android phone of the farm: list_phones, open_session (with apps of the "
+    "farm's library installed first, if asked), look (screenshot, ui_dump), then act (tap, "
+    "tap_element, swipe, type_text, press_key, launch_app, stop_app, install_app, "
+    "wait_for); close_session when done. Coordinates are the screen's pixels, "
     "as ui_dump's centres are; a screenshot says how its image maps onto them. A session "
     "that ended (idle, cancelled, its phone lost) stays ended: open_session again."
 )

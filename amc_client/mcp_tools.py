@@ -1,6 +1,7 @@
 """The MCP server's tools, each parameter described for the model: list_phones,
 open_session, screenshot, ui_dump, tap, tap_element, swipe, type_text, press_key,
-launch_app, stop_app, wait_for and close_session, over a PhoneLender's one session.
+launch_app, stop_app, install_app, wait_for and close_session, over a PhoneLender's one
+session.
 
 Whatever stops a tool is a tool error (isError true) whose text is one line saying why:
 an argument the shared action table refuses (checked before anything is sent, so the
@@ -127,18 +128,36 @@ def _session_tools(server: MCPServer, lender: PhoneLender) -> None:
                 "the server's --queue-timeout, 30 s unless set)."
             ),
         ] = None,
+        apps: Annotated[
+            list[str] | None,
+            Field(
+                description="Apps of the farm's library to install before the first "
+                'action: package names (e.g. "com.example.app": the newest upload) or app '
+                "ids (an APK's sha256), replacing an installed copy (its data kept)."
+            ),
+        ] = None,
+        grant_permissions: Annotated[
+            bool, Field(description="Grant those apps every runtime permission they ask for.")
+        ] = False,
     ) -> str:
         """Get a phone of one's own (a session) for the actions that follow: with these
-        labels or this serial, else the server's defaults. Waits for a free phone at most
-        `queue_timeout` seconds; a phone no registered device could be is refused at once,
-        with the reason. A session still open is kept (close_session first for another)."""
+        labels or this serial, else the server's defaults, with these apps installed first.
+        Waits for a free phone at most `queue_timeout` seconds (installing the apps takes
+        longer); a phone no registered device could be is refused at once, with the
+        reason, and so is an app the library does not have. A session still open is kept
+        (close_session first for another)."""
         with tool_errors("open_session"):
+            wanted = [
+                task_pb2.InstallApp(app=a, replace=True, grant_permissions=grant_permissions)
+                for a in apps or ()
+            ]
             phone, opened = await lender.open(
-                labels, serial, queue_timeout, client=client_name(ctx)
+                labels, serial, queue_timeout, client=client_name(ctx), apps=actions.apps(wanted)
             )
         if not opened:
             return f"session {phone.task_id} is open already on phone {phone.serial}"
-        return f"session {phone.task_id} on phone {phone.serial}"
+        installed = f", {', '.join(apps)} installed" if apps else ""
+        return f"session {phone.task_id} on phone {phone.serial}{installed}"
 
     @server.tool()
     async def close_session() -> str:
@@ -247,6 +266,29 @@ def _action_tools(server: MCPServer, lender: PhoneLender) -> None:
     async def stop_app(ctx: Context, package: Package) -> str:
         """Force-stop an app by package name."""
         return await act(lender, ctx, f"stop {package}", lambda: actions.stop_app(package))
+
+    @server.tool()
+    async def install_app(
+        ctx: Context,
+        app: Annotated[
+            str,
+            Field(
+                description="An app of the farm's library: a package name (e.g. \"com.example"
+                ".app\": its newest upload) or an app id (an APK's sha256)."
+            ),
+        ],
+        grant_permissions: Annotated[
+            bool, Field(description="Grant it every runtime permission it asks for.")
+        ] = False,
+    ) -> str:
+        """Install an app of the farm's library on the phone, replacing an installed copy
+        (its data kept); one the library does not have is a tool error."""
+        return await act(
+            lender,
+            ctx,
+            f"install {app}",
+            lambda: actions.install_app(app, replace=True, grant_permissions=grant_permissions),
+        )
 
     @server.tool()
     async def wait_for(

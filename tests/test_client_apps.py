@@ -17,7 +17,7 @@ from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm as Harness
 from tests.support import eventually
-from tests.support.agent import running_agent, status_is
+from tests.support.agent import get, running_agent, status_is
 from tests.support.apks import OLD, ApkFile, apk_cache, old_apk
 from tests.support.library import library, upload_app
 from tests.test_device_health import is_in
@@ -123,3 +123,43 @@ async def test_apps_that_install_past_the_queue_timeout_still_open_the_session(
     assert task.status == task_pb2.TASK_STATUS_DONE
     assert [s.name for s in task.result.steps] == ["apps", "shell"]
 
+
+async def test_an_agent_opens_a_session_with_apps_and_installs_one_through_mcp(
+    farm: Harness, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN MCP open_session with apps answers once they are on the phone, saying so;
+    install_app installs one mid-session; an app the library lacks and one that is no app
+    are tool errors of one line, the session going on."""
+    pytest.importorskip("mcp")
+    from amc_client.mcp_lender import PhoneLender
+    from tests.test_mcp_server import _content, _error, agent
+
+    await uploaded(farm, old_apk)
+    token = await farm.token(Role.CLIENT)
+    source = SimulatedSource(1, delay=0.01)
+    async with (
+        running_agent(farm, source, app_cache_dir=tmp_path),
+        Farm(farm.address, token=token) as client,
+    ):
+        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
+        async with agent(lender) as mcp:
+            said = _error(await mcp.call_tool("open_session", {"apps": ["not an app!"]}))
+            assert "open_session refused: apps[0].app: must be an app id" in said, said
+            (opened,) = _content(
+                await mcp.call_tool(
+                    "open_session", {"apps": [OLD.package], "grant_permissions": True}
+                )
+            )
+            task_id = opened.text.split()[1]
+            assert opened.text.endswith("on phone sim-0, io.appium.settings installed")
+            assert source.apps["sim-0"].packages[OLD.package].granted
+            (installed,) = _content(await mcp.call_tool("install_app", {"app": OLD.sha256}))
+            assert installed.text.startswith(f"install {OLD.sha256}: ok\ninstalled"), installed
+            said = _error(await mcp.call_tool("install_app", {"app": "com.example.none"}))
+            assert "install com.example.none failed: " in said, said
+            _content(await mcp.call_tool("tap", {"x": 5, "y": 5}))
+            _content(await mcp.call_tool("close_session", {}))
+    task = await get(await farm.client(), task_id)
+    assert task.status == task_pb2.TASK_STATUS_DONE
+    names = [s.name for s in task.result.steps]
+    assert names == ["apps", "install_app", "install_app", "tap"], names

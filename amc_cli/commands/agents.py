@@ -49,8 +49,8 @@ def mcp(
 ) -> None:
     """Serve MCP on stdin/stdout: an AI agent drives phones of the farm through interactive
     sessions (tools list_phones, open_session, screenshot, ui_dump, tap, tap_element, swipe,
-    type_text, press_key, launch_app, stop_app, wait_for, close_session). Needs the `mcp`
-    extra."""
+    type_text, press_key, launch_app, stop_app, install_app, wait_for, close_session). Needs
+    the `mcp` extra."""
     labels = options.key_values(label, "--label")
     try:
         from amc_client import mcp_server
