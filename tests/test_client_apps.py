@@ -110,13 +110,13 @@ async def test_apps_that_install_past_the_queue_timeout_still_open_the_session(
         Farm(farm.address, token=token) as client,
     ):
         await eventually(lambda: is_in(farm, "sim-0", "ready"), what="the first probe")
-        source.delay = 2.0  # each call to the phone: the apps step takes 4 s or more
+        source.delay = 3.0  # each call to the phone: the apps step takes 6 s or more
         loop = asyncio.get_running_loop()
         began = loop.time()
-        phone = await client.open_session(apps=[OLD.package], queue_timeout=1)
+        phone = await client.open_session(apps=[OLD.package], queue_timeout=2)
         took = loop.time() - began
         source.delay = 0.01
-        assert took > 1 + opening.SWEEP_GRACE, took
+        assert took > 2 + opening.SWEEP_GRACE, took
         assert await phone.shell("pm list packages") == LISTED
         await phone.close()
         task = await client.get(phone.task_id)
