@@ -34,7 +34,7 @@ from host_agent.config import Config
 from host_agent.devices import DeviceSource
 from host_agent.flags import parse
 from host_agent.simulated import SimulatedSource
-from host_agent.systemd import Notifier
+from amc_common.systemd import Notifier
 
 log = structlog.get_logger("host_agent")
 # gRPC's default reconnect backoff grows to 120 s: far too slow for a host whose leases

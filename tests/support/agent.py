@@ -18,7 +18,7 @@ from control_plane.domain import Role
 from host_agent.agent import Agent
 from host_agent.config import AgentSettings
 from host_agent.devices import DeviceSource
-from host_agent.systemd import Notifier
+from amc_common.systemd import Notifier
 from host_agent.worker import Finished
 from tests.support import Clients, Farm, eventually
 
