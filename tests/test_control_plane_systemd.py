@@ -173,9 +173,7 @@ def analyze() -> Iterator[str]:
     yield found
 
 
-def test_the_control_plane_unit_passes_systemd_analyze_verify(
-    analyze: str, tmp_path: Path
-) -> None:
+def test_the_control_plane_unit_passes_systemd_analyze_verify(analyze: str, tmp_path: Path) -> None:
     """THEN `systemd-analyze verify` accepts the unit without a warning, its paths pointed at
     an installed control-plane (this checkout's) and the files /etc/amc would hold."""
     etc = tmp_path / "etc"
