@@ -54,8 +54,9 @@ goes on with what it has (its targets are then not judged).
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
 p99 over the trials); renewal is one window (with min / median / max over its 1-s slices).
-The default run fits in 30 minutes on a 2-core machine; --big adds the 5,000-host fleet and
-deep runs (about 20 minutes more). --quick is a smoke run of a few minutes without the peer.
+The default run fits in 30 minutes on a 2-core machine (27 there); --big adds the 5,000-host
+fleet and deep runs (10 minutes more at best). --quick is a smoke run of a few minutes
+without the peer.
 Only some: `make bench ARGS='--only fleet'`, `--only deep,flood`. --profile adds py-spy and
 pg_stat_statements (slower: its figures are for finding costs, not for quoting).
 """
@@ -281,6 +282,7 @@ class Run:
         """The renewal workload into results[key]: on the running control plane, or on a
         fresh one (after the fleet and the others stopped theirs)."""
         st, a = self.stack, self.args
+        st.stop_agents()  # the fake hosts alone, so that the CPU figures are the renewals'
         if st.control_plane is None:
             await st.start_control_plane()
         when = "on the fresh database" if key == "renewal" else "after every other workload"
