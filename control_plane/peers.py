@@ -6,12 +6,12 @@ replica: control_plane.auth)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from amc.v1 import lease_pb2_grpc, scheduler_pb2_grpc
+from amc.v1 import scheduler_pb2_grpc
 
 if TYPE_CHECKING:
     from control_plane.rpc import Context, TaskServicer
@@ -40,8 +40,14 @@ class Peers:
         self._roots = roots
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def lease(self, address: str) -> lease_pb2_grpc.LeaseStub:
-        return lease_pb2_grpc.LeaseStub(self._channel(address))
+    def raw_stream(
+        self, address: str, method: str, serializer: Callable[[Any], bytes]
+    ) -> grpc.aio.StreamStreamMultiCallable[Any, bytes]:
+        """A bidirectional-streaming `method` of the replica at `address` whose requests
+        are written by `serializer` and whose responses are read as their bytes."""
+        return self._channel(address).stream_stream(
+            method, request_serializer=serializer, response_deserializer=None
+        )
 
     def scheduler(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
         """For a screen's frames relayed from the replica holding its host's feed: a

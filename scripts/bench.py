@@ -336,7 +336,7 @@ class Run:
             await st.start_control_plane()
         sizes = tuple(int(n) for n in a.session_sizes.split(",") if n.strip())
         opts = session.Options(sizes, a.session_seconds, a.session_starts)
-        self.results["session"] = await session.run(st, opts, say)
+        self.results["session"] = await session.run(st, opts, say, self.profiled)
 
     async def screens(self) -> None:
         a, st = self.args, self.stack
@@ -420,8 +420,7 @@ class Run:
             for rep in range(a.reps):
                 say(f"lifecycle {rep + 1}/{a.reps}: {a.tasks} tasks, {how}")
                 opts = lifecycle.Options(a.tasks, a.concurrency, batch)
-                first = rep == 0 and key == "lifecycle"
-                profile = self.profiled("lifecycle", "drain-0", 120) if first else _nothing()
+                profile = self.profiled(key, "drain-0", 120) if rep == 0 else _nothing()
                 async with self.phase(f"{key} {rep + 1}"), profile:
                     reps.append(await lifecycle.run_once(self.stack, client, db, clock, opts))
                 say(f"  {reps[-1]['tasks_per_s']:.0f} tasks/s, verified={reps[-1]['verified']}")

@@ -351,7 +351,7 @@ async def test_a_client_pipelining_thousands_of_actions_is_read_one_at_a_time(
         most = 0
         answer = asyncio.ensure_future(call.read())
         while not answer.done():
-            most = max(most, relay.from_client.qsize())
+            most = max(most, relay.unanswered)
             await asyncio.wait({answer}, timeout=0.02)
         assert answer.result().step.step.name == "wait"
         assert most <= 1, f"{most} client messages held in the replica"

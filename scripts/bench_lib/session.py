@@ -11,8 +11,10 @@ and the agent's CPU per action. Run at each of --session-sizes concurrent sessio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,9 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_testing.host import SimulatedSource
+from bench_lib import latency
+from bench_lib.client import Client, Clock
+from bench_lib.pgstats import Db
 from bench_lib.stack import AgentSpec, Stack, cpu_now, cpu_seconds, per_unit, tree_cpu_seconds
 from bench_lib.stats import summarize
 
@@ -51,10 +56,10 @@ OPEN = scheduler_pb2.OpenSessionRequest(
 )
 
 
-async def _open(stub: scheduler_pb2_grpc.SchedulerStub) -> tuple[Any, float]:
-    """A session whose host joined; the seconds from the open to DISPATCHED."""
+async def _open(stub: scheduler_pb2_grpc.SchedulerStub) -> tuple[Any, float, str]:
+    """A session whose host joined; the seconds from the open to DISPATCHED; its task id."""
     call: Any = stub.OpenSession()
-    started = time.perf_counter()
+    started = time.monotonic()
     await call.write(OPEN)
     while True:
         response = await call.read()
@@ -62,7 +67,7 @@ async def _open(stub: scheduler_pb2_grpc.SchedulerStub) -> tuple[Any, float]:
             raise RuntimeError("a session ended before its phone was ready")
         status = response.task.status
         if status == task_pb2.TASK_STATUS_DISPATCHED:
-            return call, time.perf_counter() - started
+            return call, time.monotonic() - started, response.task.task_id
         if status not in (task_pb2.TASK_STATUS_QUEUED, task_pb2.TASK_STATUS_ASSIGNED):
             raise RuntimeError(f"a session ended {status} before its phone was ready")
 
@@ -110,7 +115,7 @@ async def _direct(sessions: int, seconds: float) -> list[float]:
 async def _window(
     stack: Stack, stub: scheduler_pb2_grpc.SchedulerStub, n: int, seconds: float
 ) -> dict[str, Any]:
-    calls = [c for c, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
+    calls = [c for c, _, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
     assert stack.control_plane is not None
     cp, agent = stack.control_plane.pid, stack.agents[HOST].pid
     pm = stack.postmaster_pid() or 0
@@ -139,7 +144,21 @@ async def _window(
     }
 
 
-async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dict[str, Any]:
+# --profile: (name, agent, seconds) -> py-spy of the control plane and that agent meanwhile.
+Profiled = Callable[[str, str | None, float], contextlib.AbstractAsyncContextManager[None]]
+
+
+@contextlib.asynccontextmanager
+async def _unprofiled(name: str, agent: str | None, seconds: float) -> AsyncIterator[None]:
+    yield
+
+
+async def run(
+    stack: Stack,
+    options: Options,
+    say: Callable[[str], None],
+    profiled: Profiled = _unprofiled,
+) -> dict[str, Any]:
     stack.start_agent(AgentSpec(HOST, max(options.sizes), 0.0, POOL))
     channel = grpc.aio.insecure_channel(stack.address)
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -148,22 +167,19 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
         await _wait_phones(stub, max(options.sizes))
         for n in options.sizes:
             say(f"session: {n} sessions, taps back to back for {options.seconds:g}s")
-            window = await _window(stack, stub, n, options.seconds)
+            async with profiled(f"session-{n}", HOST, options.seconds + 5):
+                window = await _window(stack, stub, n, options.seconds)
             say(
                 f"  {window['actions_per_s']:.0f} actions/s, round trip p50 "
                 f"{window['rtt_ms']['p50']:.2f} ms, p99 {window['rtt_ms']['p99']:.2f} ms"
             )
             out["windows"].append(window)
-        say(f"session: {options.starts} starts on an idle phone, one after another")
-        starts = []
-        cpu0 = cpu_now(stack, (HOST,))
-        for _ in range(options.starts):
-            call, took = await _open(stub)
-            starts.append(took * 1000)
-            await _close(call)
-        out["start_ms"] = summarize(starts)
-        # Each start is a session opened and closed (a task submitted, run, reported).
-        out["start_cpu_ms_per_session"] = per_unit(cpu0, cpu_now(stack, (HOST,)), len(starts))
+        say(
+            f"session: {options.starts} starts on an idle phone, one after another, each"
+            " beside a task's pickup on the same phones"
+        )
+        async with profiled("session-starts", HOST, options.starts * 0.5 + 10):
+            out.update(await _starts(stack, stub, options.starts))
     finally:
         await channel.close()
         child = stack.agents.pop(HOST, None)
@@ -173,12 +189,63 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
     return out
 
 
+async def _starts(
+    stack: Stack, stub: scheduler_pb2_grpc.SchedulerStub, starts: int
+) -> dict[str, Any]:
+    """Sessions opened one after another on an idle phone, each followed by a one-action
+    task's pickup on the same phones (latency.pickup_trials, the pickup workload's measure):
+    open -> DISPATCHED (the host joined) beside submit -> dispatched, and the session's
+    chain from the database's timestamps: open -> queued -> assigned -> dispatched (the
+    attempt acknowledged) -> the client told its host joined."""
+    clock, client, db = Clock(), Client.connect(stack.address), await Db.connect(stack.dsn)
+    opened: list[tuple[uuid.UUID, float, float]] = []
+    pickups: list[latency.Trial] = []
+    cpu = dict.fromkeys(cpu_now(stack, (HOST,)), 0.0)
+    try:
+        for _ in range(starts):
+            cpu0 = cpu_now(stack, (HOST,))
+            call, took, task_id = await _open(stub)
+            t_joined = time.monotonic()
+            opened.append((uuid.UUID(task_id), t_joined - took, t_joined))
+            await _close(call)
+            for k, v in per_unit(cpu0, cpu_now(stack, (HOST,)), 1, 1).items():
+                cpu[k] += v
+            pickups += await latency.pickup_trials(client, 1, 0, POOL)
+        times = await db.attempt_times([t for t, _, _ in opened])
+        picked = await db.attempt_times([t.task_id for t in pickups])
+    finally:
+        await client.close()
+        await db.close()
+    total, chain = latency.Spans(), latency.Spans()
+    for task_id, t0, t_joined in opened:
+        row = times[task_id]
+        queued, assigned = clock.mono(row["created_at"]), clock.mono(row["assigned_at"])
+        dispatched = clock.mono(row["acknowledged_at"]) if row["acknowledged_at"] else None
+        total.add("open_to_joined_ms", t0, t_joined)
+        chain.add("open_to_queued_ms", t0, queued)
+        chain.add("queued_to_assigned_ms", queued, assigned)
+        chain.add("assigned_to_dispatched_ms", assigned, dispatched)
+        chain.add("dispatched_to_joined_ms", dispatched, t_joined)
+    for trial in pickups:
+        row = picked[trial.task_id]
+        if row["acknowledged_at"] is not None:
+            total.add("pickup_ms", trial.t0, clock.mono(row["acknowledged_at"]))
+    spans = total.summary()
+    return {
+        "start_ms": spans.get("open_to_joined_ms", {}),
+        "start_chain_ms": chain.summary(),
+        "pickup_ms": spans.get("pickup_ms", {}),
+        # Each start is a session opened and closed (a task submitted, run, reported).
+        "start_cpu_ms_per_session": {k: v * 1e3 / max(1, starts) for k, v in cpu.items()},
+    }
+
+
 async def _wait_phones(stub: scheduler_pb2_grpc.SchedulerStub, n: int) -> None:
     """The agent's phones all open a session once (so each is registered and free)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            calls = [c for c, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
+            calls = [c for c, _, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
         except (RuntimeError, grpc.aio.AioRpcError):
             await asyncio.sleep(0.5)
             continue
