@@ -37,8 +37,8 @@ from host_agent.devices import Device, DeviceError
 from host_agent.fencing import HeldLease
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.runner import StepRunner, outcome_for
-from host_agent.screencast import image_size
 from host_agent.spec import InvalidSpec
+from host_agent.stills import image_size
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.wire import action_from_proto, step_to_proto
 

@@ -37,7 +37,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host_agent.devices import AttachedDevice, DeviceLost, DeviceTimeout, ShellResult
+from host_agent import simulated_video
+from host_agent.devices import (
+    AttachedDevice,
+    DeviceLost,
+    DeviceTimeout,
+    InputPath,
+    ShellResult,
+    VideoFps,
+    VideoStream,
+)
 from host_agent.simulated_body import (
     PROBE_COMMANDS,
     ROOM_TEMPERATURE,
@@ -108,6 +117,8 @@ class SimulatedSource:
         # What each phone's live frames show; how many frames were captured in all.
         self.screens: dict[str, LiveScreen] = {s: LiveScreen() for s in self.serials}
         self.captures = 0
+        # Whether the phones have an H.264 stream (host_agent.simulated_video; PyAV too).
+        self.video = True
         # The recovery ladder's steps that disturbed a phone: (serial, "reconnect" or
         # "reboot", time.time() when asked).
         self.recovery_steps: list[tuple[str, str, float]] = []
@@ -291,17 +302,21 @@ class SimulatedDevice:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
         return shell_answer(command)
 
-    async def tap(self, x: int, y: int) -> None:
+    async def tap(self, x: int, y: int) -> InputPath:
         await self._act("tap", x=x, y=y)
+        return "simulated"
 
-    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None:
+    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> InputPath:
         await self._act("swipe", x1=x1, y1=y1, x2=x2, y2=y2, duration_ms=duration_ms)
+        return "simulated"
 
-    async def input_text(self, text: str) -> None:
+    async def input_text(self, text: str) -> InputPath:
         await self._act("input_text", text=text)
+        return "simulated"
 
-    async def key(self, keycode: int) -> None:
+    async def key(self, keycode: int) -> InputPath:
         await self._act("key", keycode=keycode)
+        return "simulated"
 
     async def launch_app(self, package: str, activity: str) -> None:
         await self._act("launch_app", package=package, activity=activity)
@@ -332,6 +347,10 @@ class SimulatedDevice:
             raise DeviceTimeout(f"{self.serial}: screencap: no answer")
         source.captures += 1
         return live_frame(self.serial, source.screens[self.serial])
+
+    async def open_video(self, fps: VideoFps) -> VideoStream:
+        """Its live frames as H.264 (host_agent.simulated_video), drawn at `fps()`."""
+        return simulated_video.open_stream(self._source, self.serial, fps)
 
     async def _act(self, action: str, **args: Any) -> None:
         started_monotonic, started_wall = time.monotonic(), time.time()
