@@ -233,7 +233,7 @@ def test_a_viewer_that_fell_behind_skips_to_the_newest_key_frame() -> None:
     joins starts at the latest key frame; the group held per phone is one group."""
     screens = Screens()
     frames = encoded(20, key_every=8)  # key frames: seq 1, 9, 17
-    with screens.watch("h", "p-1", 30, "h264") as (screen, viewer):
+    with screens.watch("h", "p-1", 30, "h264") as (screen, _viewer):
         for frame in frames[:3]:
             screens.deliver("h", frame)
         frame, position = screen.gop.at(screen.gop.base)
