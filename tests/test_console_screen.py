@@ -79,7 +79,8 @@ async def test_console_control_click_taps_the_phone_where_it_lands_and_the_next_
         # Decoded from the phone's H.264 stream (WebCodecs): near the mark's red, as
         # H.264 keeps it.
         assert await canvas.get_attribute("data-codec") == "h264"
-        assert all(abs(a - b) < 40 for a, b in zip(await pixel(page, x, y), [230, 20, 20]))
+        shown = await pixel(page, x, y)
+        assert all(abs(a - b) < 40 for a, b in zip(shown, [230, 20, 20], strict=True))
 
         await page.get_by_role("button", name="Back").click()
         await log.filter(has_text="key BACK → ok").wait_for()

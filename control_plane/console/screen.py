@@ -35,8 +35,9 @@ scaled by width / the image's own width.
 
 A viewer of still images that reads slower than frames come gets the latest frame when
 it is ready for one (frames in between are dropped, never queued); a viewer of the stream
-gets every frame in order, and one that falls behind skips to the next key frame. Closing the socket stops watching
-(when the phone's last viewer leaves, its host stops capturing it). The server closes it
+gets every frame in order, and one that falls behind skips to the next key frame. Closing
+the socket stops watching (when the phone's last viewer leaves, its host stops capturing
+it). The server closes it
 with code 1000 when a watched task finished, or 1011 and the reason after an error
 (UNAVAILABLE: the host left the replica, a relay was lost, the replica is stopping;
 ABORTED: the task moved to another phone, or waits for one; either way open it again).
