@@ -13,6 +13,7 @@ from pathlib import Path
 
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
+from host_agent.scrcpy_link import ServerJar
 
 DEFAULT_CONTROL_PLANE = "127.0.0.1:50051"
 DEFAULT_ADB = "127.0.0.1:5037"
@@ -51,6 +52,8 @@ class AgentSettings:
     screen_max_fps: int = 12
     screen_max_rate: int = 4 << 20
     screen_record_max_bytes: int = 8 << 20
+    # A phone's H.264 stream (host_agent.videocast): at most this many frames a second.
+    screen_video_max_fps: int = 30
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
@@ -68,6 +71,8 @@ class Config:
     adb_host: str = "127.0.0.1"
     adb_port: int = 5037
     adb_timeout: float = 30.0
+    # scrcpy's server for real phones' streams and input (host_agent.scrcpy_link), checked.
+    scrcpy_server: ServerJar | None = None
     simulated_devices: int = 0
     sim_delay: float = 0.2
     action_log: Path | None = None

@@ -32,6 +32,7 @@ from host_agent.config import (
 )
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
+from host_agent.scrcpy_link import jar_flag
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -195,6 +196,11 @@ _SCREEN: list[_Option] = [
      "live screen: most bytes a second sent per phone"),
     ("--screen-record-max-bytes", "AMC_SCREEN_RECORD_MAX_BYTES", "8MB", size,
      "a task's screen recording: most bytes kept (under the control plane's artifact limit)"),
+    ("--screen-video-max-fps", "AMC_SCREEN_VIDEO_MAX_FPS", "30", count,
+     "live screen as H.264: most frames a second streamed per phone"),
+    ("--scrcpy-server", "AMC_SCRCPY_SERVER", None, jar_flag,
+     "scrcpy-server v3.3.4 (its SHA-256 checked): real phones stream H.264 and take input"
+     " through it; unset: screencap and `input`"),
 ]
 _LOGS: list[_Option] = [
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
@@ -363,6 +369,8 @@ def _check_positive(args: argparse.Namespace) -> None:
         raise ConfigError("--screen-max-fps must be 1 to 30")
     if args.screen_max_rate <= 0:
         raise ConfigError("--screen-max-rate must be positive")
+    if not 1 <= args.screen_video_max_fps <= 60:
+        raise ConfigError("--screen-video-max-fps must be 1 to 60")
     if not args.host_id:
         raise ConfigError("--host-id is empty")
 

@@ -48,7 +48,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
 from host_agent import metrics, videocast
-from host_agent.devices import Device, DeviceError, VideoStream, VideoUnavailable
+from host_agent.devices import Device, DeviceError, VideoStream
 from host_agent.stills import MAX_FRAME_BYTES, smaller, still_frame
 from host_agent.videocast import VideoQueue
 
@@ -309,17 +309,12 @@ class Screencaster:
         while True:
             try:
                 stream = await videocast.open_stream(device, lambda: self._fps(serial, VIDEO))
-            except VideoUnavailable as exc:
+            except DeviceError as exc:  # none here (VideoUnavailable), or it did not start
                 log.info("no video stream: still frames instead", device=serial, why=str(exc))
                 self._no_video.add(serial)
                 self._loops.pop((serial, VIDEO), None)
                 self._sync()
                 return
-            except DeviceError as exc:
-                metrics.SCREEN_CAPTURE_FAILURES.inc()
-                log.info("video stream failed to start", device=serial, error=str(exc))
-                await asyncio.sleep(FAILURE_PAUSE)
-                continue
             self._streams[serial] = stream
             try:
                 first = self._seq.get(serial, 0)

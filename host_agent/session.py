@@ -21,6 +21,7 @@ task's history has them all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 from typing import Any
@@ -135,6 +136,10 @@ async def run_session(
     runner = StepRunner(device, token, shell_default_timeout=settings.shell_timeout)
     screen = _ScreenSize(device)
     steps: list[StepResult] = []
+    # scrcpy's server held for the session where the phone has one (host_agent.adb): its
+    # input goes through the control socket once it is up, through `input` until then.
+    held = contextlib.AsyncExitStack()
+    holding = asyncio.create_task(_hold_control(device, held))
     try:
         join = lease_pb2.SessionJoin(
             task_id=lease.task_id, attempt=lease.attempt, lease_id=lease.lease_id
@@ -165,6 +170,16 @@ async def run_session(
         call.cancel()
         if reader is not None:
             reader.cancel()
+        holding.cancel()
+        with contextlib.suppress(BaseException):
+            await holding
+        await held.aclose()
+
+
+async def _hold_control(device: Device, held: contextlib.AsyncExitStack) -> None:
+    hold = getattr(device, "hold_control", None)
+    if hold is not None:
+        await held.enter_async_context(hold())
 
 
 async def _send(call: Any, request: lease_pb2.SessionActionsRequest) -> None:

@@ -14,6 +14,8 @@ followed by four hex digits and a message. Supported requests:
 * ``shell:<cmd>`` and ``exec-out:<cmd>`` (after a transport) → ``OKAY``, the raw output
   as the phone produces it, then close
 * ``reboot:`` (after a transport) → ``OKAY``, the phone boots for its `boot_time`, close
+* ``sync:`` and ``localabstract:<name>`` (after a transport): served by a phone that
+  has them (tests.support.fakes.scrcpy_server.ScrcpyPhone), refused otherwise
 * ``host-serial:<serial>:reconnect`` → ``OKAY`` + ``"reconnecting <serial> [device]\n"``
   (counted in `reconnects`), or ``OKAY`` + why not (as adb answers), then close
 
@@ -223,6 +225,10 @@ class FakeAdbServer:
             else:
                 self.reconnects[serial] = self.reconnects.get(serial, 0) + 1
                 await self._okay_with_data(conn, f"reconnecting {serial} [{state}]\n")
+        elif payload.startswith(("sync:", "localabstract:")) and (
+            serve := getattr(self._phones.get(conn.record.serial or ""), "serve", None)
+        ):
+            await serve(payload, conn.reader, conn.writer)
         elif payload == "reboot:" and conn.record.serial in self._phones:
             # adb answers OKAY and the phone restarts (it stays listed here, booting).
             self._phones[conn.record.serial].reboot()
