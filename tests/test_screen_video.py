@@ -6,6 +6,7 @@ pictures per phone, viewers that fall behind skipping to the next key frame)."""
 from __future__ import annotations
 
 import asyncio
+import io
 from datetime import timedelta
 from typing import Any
 
@@ -14,17 +15,18 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from amc.v1 import lease_pb2, scheduler_pb2, scheduler_pb2_grpc
+from amc.v1 import lease_pb2, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
 from control_plane import video
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.frames import Screens
+from host_agent.recording_mp4 import VideoRecording
 from host_agent.simulated import SimulatedSource
 from host_agent.simulated_screen import TAP_MARK
 from host_agent.video_encoder import Encoder
-from tests.support import Farm, eventually
-from tests.support.agent import running_agent
+from tests.support import Farm, actions_spec, eventually, tap, wait_action
+from tests.support.agent import get, running_agent, status_is, submit
 from tests.support.replicas import Replica
 from tests.test_screen import HOST, SERIAL, frame_where, next_frame, session_tap, watch
 
@@ -307,3 +309,55 @@ def test_the_stream_s_frames_carry_no_decoding_on_the_way() -> None:
 @pytest.fixture(autouse=True)
 def _tap_mark_is_visible() -> None:
     assert TAP_MARK >= 8  # a mark H.264 keeps at a third of the phone's size
+
+
+async def artifact_bytes(client: Any, task_id: str, artifact_id: str) -> bytes:
+    request = scheduler_pb2.GetArtifactRequest(task_id=task_id, artifact_id=artifact_id)
+    return b"".join([m.chunk async for m in client.scheduler.GetArtifact(request)])
+
+
+async def test_a_recording_of_a_phone_with_a_stream_is_an_mp4_of_it(farm: Farm) -> None:
+    """THEN the task keeps one screen_video (video/mp4) with its last step: an MP4 of the
+    stream's own frames (no re-encoding) from a key frame, whose pictures show the tap,
+    at most its duration bound long; nobody watching, nothing is sent up for it."""
+    client = await farm.client()
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source) as agent:
+        spec = actions_spec(wait_action(0.5), tap(540, 1200), wait_action(1.0))
+        spec.record_screen.CopyFrom(task_pb2.ScreenRecording(fps=10, max_frames=30))
+        task_id = await submit(client, spec)
+        await status_is(farm, task_id, "done")
+        assert agent.screens is not None and not agent.screens.capturing
+    listed = await client.scheduler.ListArtifacts(
+        scheduler_pb2.ListArtifactsRequest(task_id=task_id)
+    )
+    (video,) = [a for a in listed.artifacts if a.kind == "screen_video"]
+    assert video.content_type == "video/mp4" and video.step_index == 2
+    data = await artifact_bytes(client, task_id, video.artifact_id)
+    assert data[4:8] == b"ftyp" and len(data) == video.size_bytes
+    container = av.open(io.BytesIO(data))
+    stream = container.streams.video[0]
+    assert (stream.codec_context.name, stream.width, stream.height) == ("h264", 360, 800)
+    pictures = [p.to_rgb() for p in container.decode(video=0)]
+    assert 10 <= len(pictures) <= 31
+    assert float(stream.duration * stream.time_base) <= 3.0  # 30 frames at 10 a second
+    assert not reddish(rgb_at(pictures[0], 180, 400)) and reddish(rgb_at(pictures[-1], 180, 400))
+    steps = (await get(client, task_id)).result.steps
+    assert "video frames" in steps[-1].data["screen_video"]
+    assert "screen_recording" not in steps[-1].data
+
+
+def test_a_video_recording_ends_at_its_bounds_and_never_starts_mid_group() -> None:
+    """THEN frames before the first key frame are left out, the recording ends at the first
+    frame past its duration, and one past its bytes ends it too."""
+    frames = encoded(30, key_every=10)
+    late = VideoRecording(max_seconds=0.5, max_bytes=1 << 20)
+    for frame in frames[3:]:
+        late.add(frame)
+    # Starts at seq 11 (a key frame); 0.5 s at 30 a second: frames up to pts + 500 ms.
+    assert late.frames == 16 and late.skipped == 7 + 4
+    small = VideoRecording(max_seconds=60, max_bytes=4096 + 2000)
+    for frame in frames:
+        small.add(frame)
+    assert 0 < small.frames < 30 and small.frames + small.skipped == 30
+    assert av.open(io.BytesIO(small.mp4() or b"")).streams.video[0].frames == small.frames

@@ -95,8 +95,10 @@ HTTP_STATUS = {
 }
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 SECURITY_HEADERS = {
-    # Screenshots are fetched with the token and shown from blob: URLs.
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob:; frame-ancestors 'none'",
+    # Screenshots and recordings are fetched with the token and shown from blob: URLs.
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' blob:; media-src 'self' blob:; frame-ancestors 'none'"
+    ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -335,9 +337,12 @@ class Console:
 
 
 def _file_name(artifact: Any) -> str:
-    extension = {"image/png": "png", "image/apng": "png", "application/xml": "xml"}.get(
-        artifact.content_type, "bin"
-    )
+    extension = {
+        "image/png": "png",
+        "image/apng": "png",
+        "video/mp4": "mp4",
+        "application/xml": "xml",
+    }.get(artifact.content_type, "bin")
     return f"{artifact.kind}-{artifact.artifact_id}.{extension}"
 
 
