@@ -32,7 +32,8 @@
    11  live screens (chaos_lib/screens.py): a task's viewer is sent only frames captured
        while its phone ran that task's attempt (never before it began, never once the
        phone was given to another attempt), its watch ends within the re-read bound of
-       its attempt's end, and watching changes no task's steps or actions
+       its attempt's end, a viewer of the H.264 stream gets a key frame first and after
+       every gap, and watching changes no task's steps or actions
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
