@@ -27,6 +27,11 @@ from control_plane.video import H264, Gop, RateGate, check_frame, is_video
 
 # A frame as it came (amc.v1.ScreenFrame), passed on as it is.
 Frame = Any
+# A viewer of the stream that joins gets the frames since the latest key frame at once if
+# they are at most this many (else it waits for a key frame, asked for); one that falls
+# this many frames behind has a key frame asked for, to skip to.
+JOIN_BURST = 30
+LAG_FRAMES = 60
 
 
 @dataclasses.dataclass(eq=False)
@@ -36,8 +41,10 @@ class Viewer:
     codec: str = "image"
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     # A viewer of the stream: the number of the stream's next frame it is due (None: not
-    # started, it starts at the latest key frame).
+    # started, it starts at the latest key frame), and whether it waits for the next key
+    # frame (it may not decode what comes before one).
     position: int | None = None
+    awaiting_key: bool = False
 
 
 class Screen:
@@ -95,6 +102,8 @@ class Feed:
 
     def __init__(self) -> None:
         self.changed = asyncio.Event()
+        # Phones whose stream's viewers here want a key frame soon, not yet told.
+        self.key_frames: set[str] = set()
 
 
 class Screens:
@@ -142,6 +151,9 @@ class Screens:
         if screen is None:
             screen = self._screens[key] = Screen(host_id, serial)
         viewer = Viewer(max_fps, codec)
+        if codec == H264 and screen.gop.broken:
+            # No stream yet (or broken): the viewer starts at its next key frame, whenever.
+            viewer.position, viewer.awaiting_key = screen.gop.end, True
         screen.viewers.add(viewer)
         self._tell(host_id)
         try:
@@ -173,6 +185,40 @@ class Screens:
             if self._feeds.get(host_id) is feed:
                 del self._feeds[host_id]
                 self.ask(host_id)  # a viewer still waiting: the host opens it again
+
+    def want_key_frame(self, screen: Screen) -> None:
+        """Asks the phone's host for a key frame soon (a viewer of its stream here cannot
+        go on without one); a relayed phone's is asked for where its host is."""
+        feed = self._feeds.get(screen.host_id)
+        if feed is not None and screen.source is None and screen.serial not in feed.key_frames:
+            feed.key_frames.add(screen.serial)
+            feed.changed.set()
+
+    def next_of_stream(self, screen: Screen, viewer: Viewer) -> Frame | None:
+        """The stream's frame the viewer is sent next, if it has one. A viewer that joins
+        starts at the latest key frame, or (that group long already, or broken) waits for
+        the next one, asked of the host; one that falls LAG_FRAMES behind has the host
+        asked for a key frame to skip to."""
+        gop = screen.gop
+        if viewer.position is None:
+            if gop.broken or len(gop.frames) > JOIN_BURST:
+                self.await_key_frame(screen, viewer)
+            else:
+                viewer.position = gop.base
+        assert viewer.position is not None
+        if gop.end - viewer.position > LAG_FRAMES and not viewer.awaiting_key:
+            self.want_key_frame(screen)
+        while True:
+            frame, viewer.position = gop.at(viewer.position)
+            if frame is None or frame.key_frame or not viewer.awaiting_key:
+                break
+        if frame is not None:
+            viewer.awaiting_key = False
+        return frame
+
+    def await_key_frame(self, screen: Screen, viewer: Viewer) -> None:
+        viewer.position, viewer.awaiting_key = screen.gop.end, True
+        self.want_key_frame(screen)
 
     def has_feed(self, host_id: str) -> bool:
         return host_id in self._feeds

@@ -211,8 +211,7 @@ class ScreenWatch:
                     viewer.ready.clear()
                     continue
             if viewer.codec == H264 and screen.streams:
-                start = screen.gop.base if viewer.position is None else viewer.position
-                frame, viewer.position = screen.gop.at(start)
+                frame = hub.screens.next_of_stream(screen, viewer)
                 if frame is None:
                     await self._wait(screen, viewer, settled)
                 elif (
@@ -221,7 +220,7 @@ class ScreenWatch:
                     and not _during(frame, followed, bound)
                 ):
                     # Never sent; the frames after it need it: on from the next key frame.
-                    viewer.position = screen.gop.end
+                    hub.screens.await_key_frame(screen, viewer)
                     metrics.SCREEN_FRAMES.labels("other_attempt").inc()
                 else:
                     metrics.SCREEN_FRAMES.labels("sent").inc()
@@ -351,13 +350,15 @@ class HostFeed:
                 while screens.current(host_id, feed) and not pump.done():
                     feed.changed.clear()
                     watched = screens.watched(host_id)
-                    if watched != told:
-                        told = watched
+                    if watched != told or feed.key_frames:
+                        told, keys = watched, sorted(feed.key_frames)
+                        feed.key_frames.clear()
                         yield lease_pb2.ScreenFramesResponse(
                             watched=[
                                 lease_pb2.ScreenWatch(serial=s, max_fps=f, images=i, video=v)
                                 for s, f, i, v in watched
-                            ]
+                            ],
+                            key_frames=keys,
                         )
                     changed = asyncio.ensure_future(feed.changed.wait())
                     try:

@@ -11,7 +11,7 @@ integers; then each packet behind a 12-byte header: the PTS in 8 bytes whose top
 marks a configuration packet and the next a key frame, and the packet's size in 4),
 app/src/demuxer.c (the client reading that), control/ControlMessageReader.java (the
 control socket: a type byte, then the message's fields, big-endian: an injected key
-event, text, a touch event).
+event, text, a touch event, a reset of the video encoder).
 
 Everything here is bytes in and out; host_agent.scrcpy_link runs the server on a phone
 through the adb server.
@@ -43,6 +43,8 @@ MOST_PACKET_BYTES = 8 << 20
 
 # Control messages (ControlMessage.java) and Android's actions.
 TYPE_INJECT_KEYCODE, TYPE_INJECT_TEXT, TYPE_INJECT_TOUCH_EVENT = 0, 1, 2
+# The encoder restarted: a configuration packet and a key frame follow (Controller.java).
+TYPE_RESET_VIDEO = 17
 KEY_DOWN, KEY_UP = 0, 1  # KeyEvent.ACTION_*
 TOUCH_DOWN, TOUCH_UP, TOUCH_MOVE = 0, 1, 2  # MotionEvent.ACTION_*
 # A touch by a finger (SC_POINTER_ID_GENERIC_FINGER: app/src/control_msg.h).
@@ -62,8 +64,8 @@ def socket_name(scid: int) -> str:
 
 def server_command(scid: int, max_fps: int, version: str = VERSION) -> str:
     """The shell command that runs the server: video (H.264) and control, no audio, over a
-    forwarded tunnel (the server listens), a key frame every second (a viewer that joins
-    or falls behind waits at most that), the jar left on the phone for next time."""
+    forwarded tunnel (the server listens), the jar left on the phone for next time. Its
+    key frames: its encoder's every 10 s, and one whenever the agent resets it."""
     options = [
         f"scid={scid:08x}",
         "log_level=info",
@@ -72,7 +74,6 @@ def server_command(scid: int, max_fps: int, version: str = VERSION) -> str:
         "control=true",
         "video_codec=h264",
         f"max_fps={max_fps}",
-        "video_codec_options=i-frame-interval:int=1",
         "cleanup=false",
         "send_device_meta=true",
         "send_frame_meta=true",
@@ -148,6 +149,10 @@ def touch(action: int, x: int, y: int, width: int, height: int, pressure: int) -
         0,  # action button
         0,  # buttons
     )
+
+
+def reset_video() -> bytes:
+    return bytes([TYPE_RESET_VIDEO])
 
 
 def keycode(action: int, code: int, repeat: int = 0, meta_state: int = 0) -> bytes:

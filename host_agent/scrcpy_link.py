@@ -50,6 +50,8 @@ SWIPE_STEP = 0.016
 _SIZE = re.compile(r"(Override|Physical) size:\s*(\d+)x(\d+)")
 # Frames waiting for the stream's taker before it is deemed behind (and skips).
 WAITING_FRAMES = 60
+# The least time between two resets of the server's encoder for a key frame.
+KEY_FRAME_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Link:
         self._reader: asyncio.Task[None] | None = None
         self._shell_out: asyncio.Task[bytes] | None = None
         self._merger = Merger()
+        self._reset_at = -KEY_FRAME_INTERVAL
+        self._resets: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         try:
@@ -204,6 +208,7 @@ class Link:
                 if taker.qsize() >= WAITING_FRAMES:
                     _drain(taker)
                     self._await_key = True
+                    self.want_key_frame()
                 if self._await_key and not packet.key:
                     continue
                 self._await_key = False
@@ -219,6 +224,7 @@ class Link:
         """The stream's packets while the block runs (None: the link broke)."""
         queue: asyncio.Queue[VideoPacket | None] = asyncio.Queue()
         self.taker, self._await_key = queue, True
+        self.want_key_frame()  # rather than wait for the encoder's next one
         try:
             yield queue
         finally:
@@ -255,6 +261,23 @@ class Link:
             x, y = x1 + (x2 - x1) * step // steps, y1 + (y2 - y1) * step // steps
             await self._send(self._touch(scrcpy.TOUCH_MOVE, x, y))
         await self._send(self._touch(scrcpy.TOUCH_UP, x2, y2))
+
+    def want_key_frame(self) -> None:
+        """Resets the server's encoder (its next packets: a configuration and a key frame),
+        at most once each KEY_FRAME_INTERVAL."""
+        now = time.monotonic()
+        if now - self._reset_at < KEY_FRAME_INTERVAL or self._control is None or self.broken:
+            return
+        self._reset_at = now
+        task = asyncio.get_running_loop().create_task(self._reset())
+        self._resets.add(task)
+        task.add_done_callback(self._resets.discard)
+
+    async def _reset(self) -> None:
+        try:
+            await self._send(scrcpy.reset_video())
+        except DeviceError as exc:
+            log.info("scrcpy reset failed", device=self.serial, error=str(exc))
 
     async def key(self, code: int) -> None:
         await self._send(scrcpy.keycode(scrcpy.KEY_DOWN, code), scrcpy.keycode(scrcpy.KEY_UP, code))
@@ -348,7 +371,8 @@ class ScrcpyVideo:
         return packet
 
     def want_key_frame(self) -> None:
-        """Nothing to ask: the server makes a key frame every second."""
+        if self._link is not None:
+            self._link.want_key_frame()
 
     async def close(self) -> None:
         await self._stack.aclose()

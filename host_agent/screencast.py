@@ -193,6 +193,9 @@ class Screencaster:
                     return False
                 self.calling = True
                 self._set_watched({w.serial: _want_of(w) for w in message.watched})
+                for serial in message.key_frames:
+                    if (stream := self._streams.get(serial)) is not None:
+                        stream.want_key_frame()
         finally:
             self.calling = False
             self._closed.set()

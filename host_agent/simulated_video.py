@@ -1,7 +1,7 @@
 """A simulated phone's screen as H.264: its live frames (host_agent.simulated_screen, the
 same drawing as its still frames) encoded with PyAV (host_agent.video_encoder) as they are
 drawn, at the frame rate its viewers ask, a key frame every KEY_INTERVAL seconds and
-whenever one is asked for.
+when one is asked for (a viewer joined or fell behind: at most one each ASKED_INTERVAL).
 
 Like a still frame, a stream's frame is not an action: it is not in the phone's action
 log and never waits for a running action; an unplugged phone's stream ends DeviceLost,
@@ -22,9 +22,10 @@ from host_agent.simulated_screen import SCREENSHOT_SIZE, live_pixels
 if TYPE_CHECKING:
     from host_agent.simulated import SimulatedSource
 
-# A key frame at least this often, in seconds (a viewer that joins, or falls behind, has
-# one to start from within it).
-KEY_INTERVAL = 2.0
+# A key frame at least this often, in seconds (scrcpy's server's own interval), and one
+# asked for at most this often.
+KEY_INTERVAL = 10.0
+ASKED_INTERVAL = 0.5
 # How long a hung phone's stream waits for a frame before it times out.
 HUNG_TIMEOUT = 10.0
 
@@ -39,6 +40,7 @@ class SimulatedVideo:
         self._started = time.monotonic()
         self._due = self._started
         self._key_at = 0.0  # the next key frame's time (the first one at once)
+        self._asked_at = -ASKED_INTERVAL
 
     async def next(self) -> VideoPacket:
         clock = time.monotonic
@@ -65,7 +67,9 @@ class SimulatedVideo:
         return packets[0]
 
     def want_key_frame(self) -> None:
-        self._key_at = 0.0
+        now = time.monotonic()
+        if now - self._asked_at >= ASKED_INTERVAL:
+            self._asked_at, self._key_at = now, 0.0
 
     async def close(self) -> None:
         """Nothing held but the encoder, which goes with this object."""

@@ -6,6 +6,7 @@ decoder fails, is shown still images instead."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from control_plane.domain import Role
@@ -129,3 +130,56 @@ async def test_console_whose_decoder_fails_falls_back_to_still_images(
             lambda: agent.screens.captures("sim-0") == {"images"}, what="video to stop"
         )
         assert page.errors == []
+
+
+CLICK_TO_PIXEL = """([px, py]) => new Promise((resolve) => {
+  const canvas = document.querySelector('canvas.screen');
+  const context = canvas.getContext('2d', { willReadFrequently: true });
+  const look = () => {
+    const d = context.getImageData(px, py, 1, 1).data;
+    if (window.clickedAt !== undefined && d[0] > 200 && d[1] < 60 && d[2] < 60) {
+      resolve(performance.now() - window.clickedAt);
+    } else {
+      requestAnimationFrame(look);
+    }
+  };
+  requestAnimationFrame(look);
+})"""
+
+
+async def test_console_click_to_changed_pixel_over_the_stream_is_timed(
+    farm: Farm, browser: Any
+) -> None:
+    """THEN 20 clicks at spread-out points of the Control page's decoded stream, each timed
+    in the page from its pointerdown to the first animation frame whose pixel under it is
+    the tap's red: printed (docs/performance.md quotes a run), and held to the issue's
+    p50 target loosely (a loaded machine's tail is its own)."""
+    source = SimulatedSource(1, delay=0.0)
+    async with running_agent(farm, source, host_id=HOST):
+        page = await control_page(browser, farm)
+        await frame_after(page, 0)
+        canvas = page.locator("canvas.screen")
+        await canvas.evaluate(
+            "c => c.addEventListener('pointerdown', () => { window.clickedAt ="
+            " performance.now(); }, true)"
+        )
+        box = await canvas.bounding_box()
+        width, height = (int(v) for v in await canvas.evaluate("c => [c.width, c.height]"))
+        grid = [(fx / 6, fy / 8) for fy in range(1, 8) for fx in range(1, 6)]
+        times = []
+        for n in range(23):
+            fx, fy = grid[(n * 7) % len(grid)]
+            at = {"x": box["width"] * fx, "y": box["height"] * fy}
+            px, py = round(fx * width), round(fy * height)
+            await page.evaluate("() => { delete window.clickedAt; }")
+            shown = asyncio.ensure_future(page.evaluate(CLICK_TO_PIXEL, [px, py]))
+            await canvas.click(position=at)
+            times.append(await asyncio.wait_for(shown, 10))
+        times = sorted(times[3:])  # the first three warm the session up
+        p50, p90 = times[len(times) // 2], times[int(len(times) * 0.9)]
+        print(
+            f"click to changed pixel (H.264, WebCodecs): p50 {p50:.0f} ms, p90 {p90:.0f}"
+            f" ms, max {times[-1]:.0f} ms"
+        )
+        assert await canvas.get_attribute("data-codec") == "h264"
+        assert p50 < 500

@@ -24,7 +24,7 @@ from tests.support.agent import get, running_agent, status_is, submit
 from tests.support.fakes.adb_server import FakeAdbServer
 from tests.support.fakes.scrcpy_server import STAND_IN, ScrcpyPhone, read_control, stand_in_jar
 from tests.test_screen import frame_where, next_frame, watch
-from tests.test_screen_video import Decoder, reddish, rgb_at
+from tests.test_screen_video import Decoder, connected, reddish, rgb_at
 from tests.test_sessions import act, dispatched, opening
 
 HOST, SERIAL = "host-1", "emu-1"
@@ -94,6 +94,7 @@ async def test_a_watched_phone_streams_from_scrcpy_s_server_and_a_session_taps_t
     phone = ScrcpyPhone(SERIAL, physical=(1080, 2400))
     operator, client = await farm.operator(), await farm.client()
     async with FakeAdbServer([phone]) as server, running_agent(farm, source_of(server)) as agent:
+        await connected(farm)
         call = watch(operator, host_id=HOST, serial=SERIAL, max_fps=30, codec="h264")
         first = await frame_where(call, lambda f: f.mime == "video/h264", what="the stream")
         assert first.key_frame and first.video.codec.startswith("avc1.")
@@ -140,6 +141,7 @@ async def test_a_server_that_will_not_start_leaves_still_frames_and_input(farm: 
     phone = ScrcpyPhone(SERIAL, jar=b"the phone expects another file")
     operator = await farm.operator()
     async with FakeAdbServer([phone]) as server, running_agent(farm, source_of(server)) as agent:
+        await connected(farm)
         call = watch(operator, host_id=HOST, serial=SERIAL, max_fps=5, codec="h264")
         assert (await next_frame(call)).mime == "image/png"
         assert agent.screens is not None and agent.screens.captures(SERIAL) == {"images"}

@@ -21,9 +21,16 @@ from control_plane import video
 from control_plane.config import Settings
 from control_plane.domain import Role
 from control_plane.frames import Screens
+from host_agent import recording
 from host_agent.recording_mp4 import VideoRecording
 from host_agent.simulated import SimulatedSource
-from host_agent.simulated_screen import TAP_MARK
+from host_agent.simulated_screen import (
+    SCREENSHOT_SIZE,
+    TAP_MARK,
+    LiveScreen,
+    live_frame,
+    live_pixels,
+)
 from host_agent.video_encoder import Encoder
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import get, running_agent, status_is, submit
@@ -31,6 +38,11 @@ from tests.support.replicas import Replica
 from tests.test_screen import HOST, SERIAL, frame_where, next_frame, session_tap, watch
 
 RED = (230, 20, 20)
+
+
+async def connected(farm: Farm, host_id: str = HOST) -> None:
+    """Until the host's renewal stream is up (a watch before it is FAILED_PRECONDITION)."""
+    await eventually(lambda: farm.plane.hub.connected(host_id), what="the host's stream")
 
 
 class Decoder:
@@ -67,6 +79,7 @@ async def test_a_watched_phone_streams_h264_from_a_key_frame_and_a_tap_shows_in_
     operator, client = await farm.operator(), await farm.client()
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source) as agent:
+        await connected(farm)
         call = watch(operator, host_id=HOST, serial=SERIAL, max_fps=30, codec="h264")
         first = await next_frame(call)
         assert (first.mime, first.key_frame) == ("video/h264", True)
@@ -102,6 +115,7 @@ async def test_image_and_stream_viewers_of_a_phone_each_get_their_kind(farm: Far
     operator = await farm.operator()
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source) as agent:
+        await connected(farm)
         images = watch(operator, host_id=HOST, serial=SERIAL, max_fps=10)
         streams = [
             watch(operator, host_id=HOST, serial=SERIAL, max_fps=30, codec="h264") for _ in range(5)
@@ -131,6 +145,7 @@ async def test_a_phone_without_a_stream_sends_still_frames_to_its_stream_viewers
     source = SimulatedSource(1, delay=0.01)
     source.video = False
     async with running_agent(farm, source) as agent:
+        await connected(farm)
         call = watch(operator, host_id=HOST, serial=SERIAL, max_fps=10, codec="h264")
         assert (await next_frame(call)).mime == "image/png"
         assert (await next_frame(call)).mime == "image/png"
@@ -156,7 +171,7 @@ def malformed() -> float:
 
 def encoded(count: int, key_every: int = 1000) -> list[scheduler_pb2.ScreenFrame]:
     """`count` frames of a real H.264 stream of a 64 x 64 picture that changes."""
-    encoder, frames = Encoder(64, 64), []
+    encoder, frames = Encoder(64, 64, gop=10_000), []
     for i in range(count):
         picture = bytes([i * 7 % 256, 40, 200]) * 64 * 64
         for packet in encoder.encode(picture, i * 33_333, key=i % key_every == 0):
@@ -323,6 +338,7 @@ async def test_a_recording_of_a_phone_with_a_stream_is_an_mp4_of_it(farm: Farm) 
     client = await farm.client()
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source) as agent:
+        await connected(farm)
         spec = actions_spec(wait_action(0.5), tap(540, 1200), wait_action(1.0))
         spec.record_screen.CopyFrom(task_pb2.ScreenRecording(fps=10, max_frames=30))
         task_id = await submit(client, spec)
@@ -361,3 +377,80 @@ def test_a_video_recording_ends_at_its_bounds_and_never_starts_mid_group() -> No
         small.add(frame)
     assert 0 < small.frames < 30 and small.frames + small.skipped == 30
     assert av.open(io.BytesIO(small.mp4() or b"")).streams.video[0].frames == small.frames
+
+
+def minute_recorded(fps: int) -> tuple[int, int]:
+    """(APNG bytes at the recordings' default 2 frames a second, MP4 bytes of the stream at
+    `fps`) of the same 60 s of a simulated phone, a tap every 5 s, a key frame every 10 s
+    as the stream makes them."""
+    screen, serial = LiveScreen(), "sim-0"
+    settings = recording.settings_from(2, 600, 64 << 20)
+    apng, mp4 = recording.Recording(settings), VideoRecording(300, 64 << 20)
+    encoder = Encoder(*SCREENSHOT_SIZE, gop=10_000)
+    for n in range(60 * fps):
+        at_us = n * 1_000_000 // fps
+        if n % (5 * fps) == 0:
+            screen.saw("tap", {"x": 90 + (n * 37) % 900, "y": 300 + (n * 53) % 1800})
+        if n % (fps // 2) == 0:
+            png = scheduler_pb2.ScreenFrame(
+                seq=n + 1, mime="image/png", captured_at_ms=at_us // 1000
+            )
+            png.data = live_frame(serial, screen)
+            apng.add(png)
+        for packet in encoder.encode(live_pixels(serial, screen), at_us, key=n % (10 * fps) == 0):
+            frame = scheduler_pb2.ScreenFrame(
+                seq=n + 1,
+                mime="video/h264",
+                data=packet.data,
+                key_frame=packet.key,
+                pts_us=packet.pts_us,
+            )
+            if packet.key:
+                frame.video.codec = packet.codec
+                frame.video.coded_width, frame.video.coded_height = SCREENSHOT_SIZE
+            mp4.add(frame)
+    assert (apng.frames, mp4.frames) == (120, 60 * fps)
+    return len(apng.apng() or b""), len(mp4.mp4() or b"")
+
+
+def test_a_minute_of_screen_as_mp4_is_at_most_a_fifth_of_the_animated_png() -> None:
+    """THEN a minute recorded with nobody watching (the stream at the recording's 2 frames
+    a second) is at most a fifth of the APNG of the same screens, and one watched at 30
+    frames a second all along at most a quarter (key frames of this text-heavy screen are
+    ~30 KB, twice its PNG; the figures are printed: docs/performance.md)."""
+    animated, alone = minute_recorded(2)
+    _, watched = minute_recorded(30)
+    print(f"60 s: APNG {animated} bytes; MP4 {alone} bytes at 2 fps, {watched} at 30 fps")
+    assert alone * 5 <= animated and watched * 4 <= animated
+
+
+async def test_a_viewer_joining_long_after_a_key_frame_waits_for_one_asked_of_the_host(
+    farm: Farm,
+) -> None:
+    """THEN a viewer of the stream that joins 40 frames into a group is not sent them: the
+    host is asked for a key frame (ScreenFramesResponse.key_frames) and the viewer starts
+    at the next one; the viewer already there got every frame."""
+    host = await farm.host("host-9", "p-1")
+    operator = await farm.operator()
+    stream = host.stream()
+    await stream.renew()
+    first = watch(operator, host_id="host-9", serial="p-1", codec="h264")
+    feed = host.c.lease.ScreenFrames()
+    await feed.write(lease_pb2.ScreenFramesRequest(host_id="host-9"))
+    while not (await asyncio.wait_for(feed.read(), 10)).watched:
+        pass
+    frames = encoded(50, key_every=45)  # key frames: seq 1 and 46
+    for frame in frames[:40]:
+        await feed.write(lease_pb2.ScreenFramesRequest(frame=frame))
+    assert [(await next_frame(first, 10)).seq for _ in range(40)] == list(range(1, 41))
+    late = watch(operator, host_id="host-9", serial="p-1", codec="h264")
+    told = await asyncio.wait_for(feed.read(), 10)
+    assert list(told.key_frames) == ["p-1"] and [w.serial for w in told.watched] == ["p-1"]
+    for frame in frames[40:]:
+        await feed.write(lease_pb2.ScreenFramesRequest(frame=frame))
+    got = await next_frame(late, 10)
+    assert (got.seq, got.key_frame) == (46, True)
+    assert [(await next_frame(first, 10)).seq for _ in range(10)] == list(range(41, 51))
+    for call in (first, late, feed):
+        call.cancel()
+    await stream.close()

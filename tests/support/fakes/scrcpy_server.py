@@ -14,9 +14,10 @@ also answers
   then 12-byte headers and packets: the SPS and PPS as a configuration packet before each
   key frame, as MediaCodec gives them), then control (injected touches, keys and text,
   ControlMessageReader's format; a touch for another screen size is ignored, as the real
-  server ignores it).
+  server ignores it; a reset of the video encoder makes the next frame a key frame).
 
-Its picture (encoded with PyAV at `max_fps`, a key frame every second) is a flat colour,
+Its picture (encoded with PyAV at `max_fps`, a key frame every 10 s and after a reset of
+the encoder, control message 17) is a flat colour,
 a bar that moves every frame and a red square where the last touch went down; the
 touches, keys and text it was sent are recorded with their arrival times. No file of
 scrcpy's is used: the stand-in server file is a few bytes (`STAND_IN`).
@@ -71,6 +72,8 @@ class ScrcpyPhone(FakePhone):
     servers: list[dict[str, str]] = field(default_factory=list)
     _sockets: dict[str, asyncio.Queue[Any]] = field(default_factory=dict)
     _mark: tuple[int, int] | None = None
+    # A reset of the encoder asked for (its next frame: configuration and a key frame).
+    _reset: bool = False
 
     # -- the shell ----------------------------------------------------------------------
 
@@ -173,8 +176,10 @@ class ScrcpyPhone(FakePhone):
         name = self.props["ro.product.model"].encode()
         writer.write(name.ljust(scrcpy.DEVICE_NAME_BYTES, b"\0"))
         writer.write(scrcpy.VIDEO_META.pack(scrcpy.CODEC_H264, width, height))
-        encoder, started, frame = Encoder(width, height, gop=max_fps), time.monotonic(), 0
+        encoder, started, frame = Encoder(width, height, gop=10 * max_fps), time.monotonic(), 0
         while True:
+            if self._reset:  # MediaCodec restarted: its first frame is a key frame
+                self._reset, encoder = False, Encoder(width, height, gop=10 * max_fps)
             pts = int((time.monotonic() - started) * 1_000_000)
             for packet in encoder.encode(self._picture(frame), pts):
                 if packet.key:  # MediaCodec's codec-config buffer, then the frame
@@ -222,6 +227,9 @@ class ScrcpyPhone(FakePhone):
             self.received.append(Received(now, "touch", (action, x, y)))
         elif kind == scrcpy.TYPE_INJECT_KEYCODE:
             self.received.append(Received(now, "key", fields[:2]))
+        elif kind == scrcpy.TYPE_RESET_VIDEO:
+            self.received.append(Received(now, "reset", ()))
+            self._reset = True
         else:
             self.received.append(Received(now, "text", fields))
 
@@ -244,7 +252,11 @@ def encode_packet(data: bytes, pts_us: int, config: bool = False, key: bool = Fa
     return scrcpy.PACKET_HEADER.pack(flags, len(data)) + data
 
 
-CONTROL_SIZES = {scrcpy.TYPE_INJECT_KEYCODE: 14, scrcpy.TYPE_INJECT_TOUCH_EVENT: 32}
+CONTROL_SIZES = {
+    scrcpy.TYPE_INJECT_KEYCODE: 14,
+    scrcpy.TYPE_INJECT_TOUCH_EVENT: 32,
+    scrcpy.TYPE_RESET_VIDEO: 1,
+}
 
 
 def read_control(data: bytes) -> tuple[tuple[int, tuple[Any, ...]] | None, bytes]:
@@ -267,5 +279,7 @@ def read_control(data: bytes) -> tuple[tuple[int, tuple[Any, ...]] | None, bytes
         return None, data
     if kind == scrcpy.TYPE_INJECT_KEYCODE:
         return (kind, struct.unpack(">Biii", data[1:size])), data[size:]
+    if kind == scrcpy.TYPE_RESET_VIDEO:
+        return (kind, ()), data[size:]
     action, pointer, x, y, w, h, pressure, _, _ = struct.unpack(">BQiiHHHii", data[1:size])
     return (kind, (action, pointer, x, y, w, h, pressure)), data[size:]
