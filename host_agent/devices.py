@@ -57,9 +57,9 @@ class VideoUnavailable(DeviceError):
     no PyAV for a simulated phone): its viewers get still frames."""
 
 
-# Which way an input action reached the phone: scrcpy's control socket ("control"), the
-# `input` command ("input"), or a simulated phone ("simulated").
-InputPath = Literal["control", "input", "simulated"]
+# Which way an input action reached a real phone: scrcpy's control socket ("control") or
+# the `input` command ("input"). A simulated phone says nothing.
+InputPath = Literal["control", "input"]
 
 
 @dataclass(frozen=True)

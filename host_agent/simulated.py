@@ -42,7 +42,6 @@ from host_agent.devices import (
     AttachedDevice,
     DeviceLost,
     DeviceTimeout,
-    InputPath,
     ShellResult,
     VideoFps,
     VideoStream,
@@ -302,21 +301,17 @@ class SimulatedDevice:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
         return shell_answer(command)
 
-    async def tap(self, x: int, y: int) -> InputPath:
+    async def tap(self, x: int, y: int) -> None:
         await self._act("tap", x=x, y=y)
-        return "simulated"
 
-    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> InputPath:
+    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None:
         await self._act("swipe", x1=x1, y1=y1, x2=x2, y2=y2, duration_ms=duration_ms)
-        return "simulated"
 
-    async def input_text(self, text: str) -> InputPath:
+    async def input_text(self, text: str) -> None:
         await self._act("input_text", text=text)
-        return "simulated"
 
-    async def key(self, keycode: int) -> InputPath:
+    async def key(self, keycode: int) -> None:
         await self._act("key", keycode=keycode)
-        return "simulated"
 
     async def launch_app(self, package: str, activity: str) -> None:
         await self._act("launch_app", package=package, activity=activity)
