@@ -170,6 +170,11 @@ _TASKS: list[_Option] = [
     ("--upload-timeout", "AMC_UPLOAD_TIMEOUT", "30s", duration,
      "how long one task's screenshot and UI dump uploads may take in all"),
     ("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", duration, "SIGTERM: grace for running tasks"),
+    ("--app-cache-dir", "AMC_APP_CACHE_DIR", None, Path,
+     "where the app library's APKs and files are kept on this host (default: the unit's"
+     " $CACHE_DIRECTORY/apps, else ~/.cache/amc-host-agent/apps)"),
+    ("--app-cache-size", "AMC_APP_CACHE_SIZE", "2GB", size,
+     "most bytes of the app library kept on this host (least recently used out)"),
 ]
 _HELD: list[_Option] = [
     ("--battery-low", "AMC_BATTERY_LOW", "20", percent, "hold a phone below this battery %"),
@@ -199,8 +204,7 @@ _SCREEN: list[_Option] = [
     ("--screen-video-max-fps", "AMC_SCREEN_VIDEO_MAX_FPS", "30", count,
      "live screen as H.264: most frames a second streamed per phone"),
     ("--scrcpy-server", "AMC_SCRCPY_SERVER", None, jar_flag,
-     "scrcpy-server v3.3.4 (its SHA-256 checked): real phones stream H.264 and take input"
-     " through it; unset: screencap and `input`"),
+     "scrcpy-server v3.3.4: real phones' H.264 and input through it (unset: screencap)"),
 ]
 _LOGS: list[_Option] = [
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
@@ -240,6 +244,7 @@ _METAVARS: dict[Callable[[str], Any], str] = {
     celsius: "CELSIUS",
     log_format: "FORMAT",
     log_level: "LEVEL",
+    Path: "DIR",
 }
 
 
@@ -365,12 +370,11 @@ def _check_positive(args: argparse.Namespace) -> None:
     for name in names:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    if not 1 <= args.screen_max_fps <= 30:
-        raise ConfigError("--screen-max-fps must be 1 to 30")
+    for flag, most in (("screen_max_fps", 30), ("screen_video_max_fps", 60)):
+        if not 1 <= getattr(args, flag) <= most:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be 1 to {most}")
     if args.screen_max_rate <= 0:
         raise ConfigError("--screen-max-rate must be positive")
-    if not 1 <= args.screen_video_max_fps <= 60:
-        raise ConfigError("--screen-video-max-fps must be 1 to 60")
     if not args.host_id:
         raise ConfigError("--host-id is empty")
 

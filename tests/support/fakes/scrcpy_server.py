@@ -2,7 +2,8 @@
 (host_agent.scrcpy_link) behind the fake adb server: `ScrcpyPhone`, a `FakePhone` that
 also answers
 
-* ``sync:`` SEND (what `adb push` speaks: AOSP's SYNC.TXT): the file lands in `files`;
+* (``sync:`` SEND, what `adb push` speaks, as every fake phone: tests.support.fakes.sync;
+  the file lands in `files`)
 * ``sha256sum PATH`` and ``wm size`` on its shell;
 * ``CLASSPATH=PATH app_process / com.genymobile.scrcpy.Server VERSION key=value…`` on its
   shell: the server, if PATH holds the expected file (`jar`) and VERSION is the one it is
@@ -123,11 +124,7 @@ class ScrcpyPhone(FakePhone):
     async def serve(
         self, payload: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """`sync:` or `localabstract:NAME` (the adb server has said OKAY to the transport)."""
-        if payload == "sync:":
-            writer.write(b"OKAY")
-            await self._sync(reader, writer)
-            return
+        """`localabstract:NAME` (the adb server has said OKAY to the transport)."""
         connections = self._sockets.get(payload.removeprefix("localabstract:"))
         if connections is None:
             writer.write(b"FAIL0006closed")  # nothing listens there: adbd closes it
@@ -136,25 +133,6 @@ class ScrcpyPhone(FakePhone):
         done = asyncio.Event()
         connections.put_nowait((reader, writer, done))
         await done.wait()
-
-    async def _sync(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            kind, length = struct.unpack("<4sI", await reader.readexactly(8))
-            if kind == b"QUIT":
-                return
-            if kind != b"SEND":
-                writer.write(struct.pack("<4sI", b"FAIL", 11) + b"unsupported")
-                return
-            path = (await reader.readexactly(length)).decode().rsplit(",", 1)[0]
-            data = bytearray()
-            while True:
-                kind, length = struct.unpack("<4sI", await reader.readexactly(8))
-                if kind == b"DONE":
-                    break
-                data += await reader.readexactly(length)
-            self.files[path] = bytes(data)
-            writer.write(struct.pack("<4sI", b"OKAY", 0))
-            await writer.drain()
 
     async def _serve(self, video: Any, control: Any, max_fps: int) -> None:
         """Frames out on the video socket, control messages in, until either closes."""
