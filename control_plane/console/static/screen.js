@@ -118,6 +118,7 @@ export class LiveScreen {
     socket.onmessage = (event) => this.take(event.data);
     socket.onclose = async (event) => {
       if (this.stopped || this.socket !== socket) return;
+      this.closeDecoder(); // no late picture of this watch over what is said next
       if (!opened) {
         const err = await refusalOf(this.path, "the live screen could not be opened");
         const why = `${err.code}: ${err.message}`;
