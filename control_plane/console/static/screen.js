@@ -252,8 +252,9 @@ export class LiveScreen {
     this.canvas.getContext("2d").drawImage(picture, 0, 0, header.width, header.height);
     this.canvas.dataset.seq = header.seq;
     this.canvas.dataset.phone = `${header.host_id}/${header.serial}`;
+    const kind = header.mime === "video/h264" ? " · H.264" : "";
     const fallback = this.noVideo ? ` · still images: ${this.noVideo}` : "";
-    this.say(`frame ${header.seq} · ${header.width} × ${header.height} · captured ${when(new Date(header.captured_at_ms).toISOString())}${fallback}`);
+    this.say(`frame ${header.seq} · ${header.width} × ${header.height} · captured ${when(new Date(header.captured_at_ms).toISOString())}${kind}${fallback}`);
   }
 
   async draw() {
