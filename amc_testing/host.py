@@ -6,7 +6,7 @@ from host_agent.__main__ import RECONNECT
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
 from host_agent.config import AgentSettings
-from host_agent.flags import duration
+from host_agent.flag_values import duration
 from host_agent.reporting import ResultBatcher
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.retry import RetryPolicy

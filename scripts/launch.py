@@ -180,6 +180,9 @@ class HostAgentCommand(_Command):
     recovery_backoff: float | None = _duration()
     boot_timeout: float | None = _duration()
     sim_faults: Path | None = None
+    # Cleaning between leases: the profile file and where baselines are kept.
+    clean_profile: Path | None = None
+    clean_baselines: Path | None = None
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = inherited(base)
