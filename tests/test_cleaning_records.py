@@ -6,6 +6,9 @@ refused, recording nothing. The control plane played to by a host over the real 
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
+
 import grpc
 import pytest
 from google.protobuf import duration_pb2
@@ -13,6 +16,7 @@ from google.protobuf import duration_pb2
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import DeviceMatch
 from control_plane.pending import explain
+from control_plane.retention import retain
 from tests.support import Farm, HostClient, actions_spec, seconds
 from tests.support.agent import submit
 from tests.test_device_health import condition_of
@@ -162,3 +166,28 @@ def test_a_cleaning_phone_is_named_in_a_waiting_tasks_reason() -> None:
     assert explain("s1", {}, only) == "1 matching phone held: 1 cleaning (between leases)"
     busy = DeviceMatch(busy=2, held_by=(("cleaning", 1), ("too_hot", 1)))
     assert explain(None, {}, busy) == "2 matching devices, all busy (1 cleaning, 1 held)"
+
+
+async def test_cleaning_events_older_than_the_task_retention_are_deleted_the_rest_kept(
+    farm: Farm,
+) -> None:
+    """THEN retention deletes the `cleaning` events recorded before --task-retention (a
+    host writes some for every lease) and keeps the newer ones and every other kind."""
+    host = await farm.host("h1", "s1")
+    await report_health(host, health(READY, step("uninstall", "old", 0.1)))
+    await report_health(
+        host,
+        health(scheduler_pb2.DEVICE_CONDITION_QUARANTINED, step("files", "old", 0.1), reason="x"),
+    )
+    assert farm.db is not None and farm.plane is not None
+    await farm.db.execute("UPDATE host_events SET at = now() - interval '2 days'")
+    await report_health(host, health(READY, step("uninstall", "new", 0.1)))
+    settings = replace(farm.settings, task_retention=timedelta(days=1))
+    removed = await retain(farm.plane.store, settings)
+    assert removed.cleaning_events == 2
+    left = [(e["kind"], e["reason"]) for e in await host_events(farm, "h1")]
+    assert left == [
+        ("recovery", "quarantined: x"),
+        ("cleaning", "uninstall (100 ms): new"),
+        ("recovery", "ready"),
+    ]
