@@ -383,7 +383,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     step_index   integer NOT NULL,
     action_index integer NOT NULL,
     step_name    text NOT NULL,
-    kind         text NOT NULL CHECK (kind IN ('screenshot', 'ui_dump', 'screen_recording')),
+    kind         text NOT NULL CHECK (kind IN ('screenshot', 'ui_dump', 'screen_recording',
+                                              'pulled_file')),
     size_bytes   bigint NOT NULL CHECK (size_bytes >= 0),
     sha256       bytea NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
@@ -397,4 +398,50 @@ CREATE TABLE IF NOT EXISTS artifact_chunks (
     PRIMARY KEY (artifact_id, seq)
 );
 ALTER TABLE artifact_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+
+-- -- the app library: APKs and files for tasks to install and push ---------------------
+--
+-- Content-addressed: the bytes of every app and file are kept once, by their sha256
+-- (library_blobs), in bytea chunks of at most 256 KiB as an artifact's are (an APK is a
+-- ZIP, compressed already: EXTERNAL, no TOAST compression). An app (library_apps: what
+-- its manifest says) and a file (library_files) each name one blob; an APK kept both as
+-- an app and as a file is one blob. A blob goes with the last app or file that names it
+-- (amc_delete_library_app / _file in store/library.sql). Who uploaded each: the token's
+-- name, id (NULL without authentication) and team, for who may remove it.
+CREATE TABLE IF NOT EXISTS library_blobs (
+    sha256     bytea PRIMARY KEY CHECK (length(sha256) = 32),
+    size_bytes bigint NOT NULL CHECK (size_bytes >= 0),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS library_chunks (
+    sha256 bytea NOT NULL REFERENCES library_blobs ON DELETE CASCADE,
+    seq    integer NOT NULL,
+    data   bytea NOT NULL,
+    PRIMARY KEY (sha256, seq)
+);
+ALTER TABLE library_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE IF NOT EXISTS library_apps (
+    sha256       bytea PRIMARY KEY REFERENCES library_blobs,
+    package      text NOT NULL,
+    version_name text NOT NULL,
+    version_code bigint NOT NULL,
+    min_sdk      integer NOT NULL,
+    target_sdk   integer NOT NULL,
+    file_name    text NOT NULL,
+    uploaded_by  text NOT NULL,
+    token_id     uuid,
+    team         text NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+-- An install by package takes its newest upload: the highest version code, then the latest.
+CREATE INDEX IF NOT EXISTS library_apps_package
+    ON library_apps (package, version_code DESC, created_at DESC);
+CREATE TABLE IF NOT EXISTS library_files (
+    sha256      bytea PRIMARY KEY REFERENCES library_blobs,
+    file_name   text NOT NULL,
+    uploaded_by text NOT NULL,
+    token_id    uuid,
+    team        text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
 

@@ -55,12 +55,14 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
 from host_agent import metrics
-from host_agent.config import AgentSettings
+from host_agent.app_cache import AppCache
+from host_agent.config import AgentSettings, app_cache_dir
 from host_agent.device_life import DeviceLife, Stage
 from host_agent.devices import DeviceSource
 from host_agent.fencing import HeldLease, Timing
 from host_agent.health import Health, HealthMonitor
 from host_agent.leases import LeaseKeeper
+from host_agent.library import HostLibrary
 from host_agent.offering import Offering
 from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
@@ -175,6 +177,7 @@ class Agent:
             channel=self._channel,
             may_move=self.screens.closed,
         )
+        cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
         self._tools = Tools(
             self.settings,
             self._stub,
@@ -183,6 +186,7 @@ class Agent:
             self._source,
             self._final,
             self.screens,
+            HostLibrary(self._stub, cache),
         )
         self._notifier.ready(self._status())
         try:

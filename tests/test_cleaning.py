@@ -66,7 +66,7 @@ async def test_the_next_task_sees_the_phone_as_it_was_before_the_last_lease(farm
     same phone sees none of it (the baseline's packages, files and the profile's settings),
     and the clean's steps are `cleaning` events of the phone with their durations."""
     source = SimulatedSource(1, delay=0.01)
-    source.states["sim-0"].packages["com.example.kept"] = True  # there before: the baseline
+    source.states["sim-0"].preinstall("com.example.kept")  # there before: the baseline
     client = await farm.client()
     async with running_agent(farm, source, **cleaning_settings()):
         await eventually(lambda: is_in(farm, "sim-0", "ready"), what="the first clean")
@@ -352,3 +352,4 @@ async def test_a_sessions_phone_is_cleaned_when_the_session_ends(farm: Farm) -> 
         await status_is(farm, looks, "done")
     seen = await outputs(farm, looks)
     assert seen[:2] == ["", ""] and seen[3:] == ["1\n", "disabled\n"]
+

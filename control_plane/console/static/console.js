@@ -9,7 +9,9 @@
 //   farm.js       the Farm and Host pages        queue.js   the Queue page
 //   tasks.js      the Tasks and Task pages       control.js the Control page
 //   screen.js     a phone's live screen, and the Task page's Watch screen
+//   apps.js       the Apps page (the app library: its apps, an upload, removals)
 
+import { Apps } from "./apps.js";
 import { Control, stopScreens } from "./control.js";
 import { Farm, Host } from "./farm.js";
 import { Queue } from "./queue.js";
@@ -24,6 +26,7 @@ function match(path) {
   if ((m = path.match(/^\/tasks\/([^/]+)$/))) return [Task, { id: decodeURIComponent(m[1]) }];
   if ((m = path.match(/^\/hosts\/([^/]+)$/))) return [Host, { id: decodeURIComponent(m[1]) }];
   if (path === "/control") return [Control, {}];
+  if (path === "/apps") return [Apps, {}];
   return [null, {}];
 }
 
