@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
+from control_plane.domain import Role
 from host_agent.agent import Agent
 from host_agent.clean_profile import parse
 from host_agent.device_life import Stage
@@ -22,10 +23,13 @@ from host_agent.recovery import RecoverySettings
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, eventually, seconds, tap, wait_action
 from tests.support.agent import running_agent, status_is, submit
+from tests.support.apks import ApkFile, apk_cache, old_apk
+from tests.support.library import library, upload_app, upload_file
 from tests.test_device_health import condition_of, is_in, on
 from tests.test_host_operations import host_events
 
 DISPATCHED = task_pb2.TASK_STATUS_DISPATCHED
+__all__ = ["apk_cache", "old_apk"]  # fixtures
 
 # The profile of these tests: the defaults (uninstall, files) and two settings.
 PROFILE = parse({"defaults": {"settings": {"font_scale": 1.0, "airplane_mode": False}}})
@@ -353,3 +357,31 @@ async def test_a_sessions_phone_is_cleaned_when_the_session_ends(farm: Farm) -> 
     seen = await outputs(farm, looks)
     assert seen[:2] == ["", ""] and seen[3:] == ["1\n", "disabled\n"]
 
+
+async def test_an_app_installed_and_a_file_pushed_from_the_library_are_gone_for_the_next_task(
+    farm: Farm, old_apk: ApkFile
+) -> None:
+    """A task installs a real APK from the app library (install_app) and pushes a library
+    file (push_file); the clean after it uninstalls the app (not in the baseline) and
+    removes the file, so the next task on the phone finds neither."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    token = await farm.token(Role.CLIENT)
+    app = await upload_app(library(farm, token), old_apk.data)
+    pushed = await upload_file(library(farm, token), b"fixture", "fixture.bin")
+    install = task_pb2.Action(install_app=task_pb2.InstallApp(app=app.app_id))
+    push = task_pb2.Action(
+        push_file=task_pb2.PushFile(file=pushed.file_id, path="/storage/emulated/0/fixture.bin")
+    )
+    async with running_agent(farm, source, **cleaning_settings()) as agent:
+        await cleaned_once(farm, agent)
+        leaves = await submit(client, actions_spec(install, push, *map(shell, LOOKS[:1])))
+        await status_is(farm, leaves, "done")
+        looks = await submit(client, actions_spec(*map(shell, LOOKS[:3])))
+        await status_is(farm, looks, "done")
+    assert (await outputs(farm, leaves))[2] == f"package:{app.package}\n"
+    packages, _, files = await outputs(farm, looks)
+    assert packages == ""
+    assert "fixture.bin" not in files
+    steps = [e["reason"] for e in await host_events(farm, "host-1") if e["kind"] == "cleaning"]
+    assert any(f"removed 1: {app.package}" in s for s in steps), steps
