@@ -173,8 +173,13 @@ class ShellCleaner:
         return f"cleared {len(cleared)}: {', '.join(cleared)}" if cleared else "none installed"
 
     async def _listing(self, extra: tuple[str, ...] = ()) -> set[str]:
+        """What `find` lists under the roots; a directory it may not read only leaves its
+        entries out (exit 1), a `find` the phone does not have fails the step."""
         roots = " ".join(shlex.quote(r) for r in (*self._profile.file_roots, *extra))
-        return listed_paths((await self._shell(f"find {roots} -mindepth 1 2>/dev/null"))[1])
+        code, out = await self._shell(f"find {roots} -mindepth 1 2>/dev/null")
+        if code in (126, 127):
+            raise CleanFailed(f"find: {_line(out) or f'exit {code}'}")
+        return listed_paths(out)
 
     async def _files(self) -> str:
         p = self._profile

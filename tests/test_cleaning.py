@@ -16,6 +16,7 @@ from typing import Any
 
 from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import Role
+from host_agent.adb import AdbSource
 from host_agent.agent import Agent
 from host_agent.clean_profile import parse
 from host_agent.device_life import Stage
@@ -24,6 +25,8 @@ from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, eventually, seconds, tap, wait_action
 from tests.support.agent import running_agent, status_is, submit
 from tests.support.apks import ApkFile, apk_cache, old_apk
+from tests.support.fakes.adb_server import FakeAdbServer
+from tests.support.fakes.phone import DEFAULT_PROPS, FakePhone
 from tests.support.library import library, upload_app, upload_file
 from tests.test_device_health import condition_of, is_in, on
 from tests.test_host_operations import host_events
@@ -385,3 +388,28 @@ async def test_an_app_installed_and_a_file_pushed_from_the_library_are_gone_for_
     assert "fixture.bin" not in files
     steps = [e["reason"] for e in await host_events(farm, "host-1") if e["kind"] == "cleaning"]
     assert any(f"removed 1: {app.package}" in s for s in steps), steps
+
+
+async def test_a_phone_behind_the_adb_server_is_cleaned_through_the_adb_wire(
+    farm: Farm, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """Over the adb host protocol (the fake adb server and its phone, the agent's own adb
+    driver): the app a task installed is uninstalled by the clean after it (`pm uninstall`,
+    its exit code read by the driver), and the next task lists no package."""
+    profile = parse({"defaults": {"remove_files": False}})  # the fake phone has no `find`
+    token = await farm.token(Role.CLIENT)
+    app = await upload_app(library(farm, token), old_apk.data)
+    client = await farm.client()
+    install = task_pb2.Action(install_app=task_pb2.InstallApp(app=app.app_id))
+    wire_phone = FakePhone("R58M", props={**DEFAULT_PROPS, "ro.build.version.sdk": "34"})
+    async with FakeAdbServer([wire_phone]) as server:
+        source = AdbSource(server.host, server.port, call_timeout=10.0)
+        settings = cleaning_settings(clean_profile=profile, app_cache_dir=tmp_path)
+        async with running_agent(farm, source, **settings) as agent:
+            await cleaned_once(farm, agent, "R58M")
+            leaves = await submit(client, actions_spec(install))
+            await status_is(farm, leaves, "done", within=30)
+            looks = await submit(client, actions_spec(shell("pm list packages -3")))
+            await status_is(farm, looks, "done", within=30)
+    assert await outputs(farm, looks) == [""]
+    assert f"pm uninstall {app.package}" in " ".join(wire_phone.shell_commands())
