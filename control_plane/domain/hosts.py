@@ -39,7 +39,7 @@ class CleanStep:
         com.a`, `reboot (24.1 s): rebooted`, `uninstall failed (20 ms): …`."""
         failed = "" if self.ok else " failed"
         detail = f": {self.detail}" if self.detail else ""
-        took = f"{self.seconds * 1000:.0f} ms" if self.seconds < 1 else f"{self.seconds:.3g} s"
+        took = f"{self.seconds * 1000:.0f} ms" if self.seconds < 1 else f"{self.seconds:.1f} s"
         return f"{self.name}{failed} ({took}){detail}"
 
 
