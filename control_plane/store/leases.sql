@@ -183,10 +183,12 @@ BEGIN
         UPDATE attempts att SET state = p_outcome, outcome = p_outcome, reported_at = now(),
                                ended_at = now()
         WHERE att.lease_id = p_lease;
-        UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = p_task;
-        IF p_cleans THEN
-            PERFORM amc_cleaning(a.host_id, a.device_serial, p_task);
-        END IF;
+        -- One row version for the report: freed, and cleaning when its host cleans it.
+        UPDATE devices dv SET task_id = NULL, updated_at = now(),
+            condition = CASE WHEN p_cleans THEN 'cleaning' ELSE dv.condition END,
+            condition_reason = CASE WHEN p_cleans THEN 'after task ' || p_task
+                                    ELSE dv.condition_reason END
+        WHERE dv.task_id = p_task;
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (p_task, p_attempt, 'report', t.status, p_outcome, p_error);
         PERFORM amc_offer_capped(t.fairness_key);
@@ -199,7 +201,8 @@ END $$;
 -- A device whose lease ended on a host that cleans it between leases: 'cleaning' after
 -- task p_task, until the host reports its condition (ReportDeviceHealth: ready once the
 -- clean passed). The condition is still only ever what the host said: it asked for this
--- with the lease's end (ReportResultRequest.cleans, ReleaseLeaseRequest.cleans).
+-- with the lease's end (ReportResultRequest.cleans, ReleaseLeaseRequest.cleans). A give-back
+-- (amc_give_back) calls it; amc_report does the same in the UPDATE that frees the device.
 CREATE OR REPLACE FUNCTION amc_cleaning(p_host text, p_serial text, p_task uuid)
 RETURNS void
 LANGUAGE sql AS $$
