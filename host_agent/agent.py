@@ -54,6 +54,7 @@ import structlog
 
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
+from amc_common.systemd import Notifier
 from host_agent import metrics
 from host_agent.app_cache import AppCache
 from host_agent.config import AgentSettings, app_cache_dir
@@ -68,7 +69,6 @@ from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.screencast import Screencaster
 from host_agent.stop_token import Stopped, StopReason, StopToken
-from host_agent.systemd import Notifier
 from host_agent.wire import HeldAssignment, health_request
 from host_agent.worker import Finished, Tools, Worker
 
