@@ -86,7 +86,7 @@ async def serve(config: Config) -> int:
         systemd=notifier.enabled,
     )
     faults = (
-        asyncio.create_task(source.follow_faults(config.sim_faults))
+        asyncio.create_task(source.faults.follow(config.sim_faults))
         if isinstance(source, SimulatedSource) and config.sim_faults
         else None
     )

@@ -97,7 +97,7 @@ class Config:
     simulated_devices: int = 0
     sim_delay: float = 0.2
     action_log: Path | None = None
-    # Simulated phones' faults, set from outside (SimulatedSource.follow_faults).
+    # Simulated phones' faults, set from outside (host_agent.simulated_faults).
     sim_faults: Path | None = None
     log_format: str = "auto"
     log_level: str = "INFO"
