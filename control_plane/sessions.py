@@ -52,12 +52,10 @@ from control_plane.rendezvous import HOST_GONE, IDLE, Relay, Writer
 from control_plane.rpc import (
     Context,
     TaskServicer,
-    check_decoded,
-    code_for,
     first_message,
     principal,
 )
-from control_plane.session_wire import Queued
+from control_plane.session_wire import Queued, client_action, refused, relay_action
 
 log = structlog.get_logger(__name__)
 
@@ -122,41 +120,10 @@ def _response(task: Task) -> scheduler_pb2.OpenSessionResponse:
     return scheduler_pb2.OpenSessionResponse(task=task_to_pb(task))
 
 
-def _refused(exc: AmcError) -> scheduler_pb2.OpenSessionResponse:
-    code: int = code_for(exc).value[0]
-    return scheduler_pb2.OpenSessionResponse(
-        refused=scheduler_pb2.ActionRefused(code=code, message=exc.message)
-    )
-
-
-def _action(message: Any) -> task_pb2.SessionAction:
-    """A client's later message as the action it must be (InvalidArgument if it is not)."""
-    check_decoded(message)
-    return validate.session_action(message)
-
-
-async def _act(relay: Relay, message: Any) -> None:
-    """A client's message while the session runs, in the task reading them: an action on
-    to the host, and its step back, or refused at once. A host gone meanwhile answers it
-    with the session's end."""
-    try:
-        action = _action(message)
-    except AmcError as exc:
-        await relay.client.write(_refused(exc))
-        relay.answered()
-        return
-    host, steps = relay.host, relay.steps
-    if relay.host_gone.is_set() or host is None or steps is None:
-        return
-    if not await host.write(lease_pb2.SessionActionsResponse(action=action)):
-        return  # its call is over: its end comes by the host's side
-    relay.sent += 1
-    step = await anext(steps, None)
-    if step is None:
-        relay.host_left()
-        return
-    await relay.client.write(step)
-    relay.answered()
+def _joined_as_read(relay: Relay, task: Task, changed: asyncio.Event) -> bool:
+    """The host joined after `task` was read DISPATCHED, and nothing changed since: the
+    join checked its lease live after that read, so it is told as read (no read again)."""
+    return relay.joined.is_set() and task.status is TaskStatus.DISPATCHED and not changed.is_set()
 
 
 def _is_session(task: Task) -> bool:
@@ -291,6 +258,13 @@ class ClientSession:
             if not relay.joined.is_set():
                 waits.append(relay.joined.wait())
             got = await _first(*waits, timeout=refresh)
+            if (
+                not closed
+                and (got is None or got[0] != 0)
+                and _joined_as_read(relay, task, changed)
+            ):
+                await self._send(_response(task))
+                return
             read = True
             if got is None or closed or got[0] != 0 or got[1] is HOST_GONE:
                 continue
@@ -300,17 +274,17 @@ class ClientSession:
                 continue
             read = False  # a refusal changes nothing to read again
             try:
-                _action(got[1])
+                client_action(got[1])
                 raise FailedPrecondition(NO_PHONE_YET)
             except AmcError as exc:
-                await self._send(_refused(exc))
+                await self._send(refused(exc))
             relay.answered()
 
     async def _joined(self, relay: Relay, changed: asyncio.Event, idle: float) -> None:
         """The session's actions and steps, then its finished task."""
         watch = asyncio.create_task(self._watch_task(relay, changed))
         try:
-            how = await relay.relay(functools.partial(_act, relay), idle)
+            how = await relay.relay(functools.partial(relay_action, relay), idle)
         finally:
             watch.cancel()
         if how is IDLE:

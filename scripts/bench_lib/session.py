@@ -3,7 +3,10 @@ once (sim delay 0), each sending taps back to back over its OpenSession stream f
 window: the action round trip through AMC (client -> control plane -> host agent -> phone
 and back), beside the same taps sent straight to a simulated phone in this process (what
 the phone itself costs, so that the difference is the relay's), and the control plane's
-and the agent's CPU per action. Run at each of --session-sizes concurrent sessions. Then
+and the agent's CPU per action. Run at each of --session-sizes concurrent sessions, back to
+back (a closed loop: its round trip is the sessions over the actions/s the two processes
+can carry) and then paced at --session-rate actions/s each (sizes x rate <= 1,000/s) (the relay's cost where the
+processes have room, as a fleet acting once in a while per phone gives them). Then
 --session-starts sessions opened one after another on an idle phone: open -> DISPATCHED
 (the host joined), beside the pickup figure of `make bench`.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -36,11 +40,18 @@ TAP = scheduler_pb2.OpenSessionRequest(
 )
 
 
+# The paced windows' most actions/s in all (half what the two processes carry back to back
+# on a 2-core machine): a size beyond it has no paced window.
+PACED_MOST = 1000
+
+
 @dataclass(frozen=True)
 class Options:
     sizes: tuple[int, ...] = (1, 50, 200)
     seconds: float = 10.0
     starts: int = 50
+    # Each session's actions/s in the paced windows (0: none).
+    rate: float = 10.0
 
 
 def _seconds(value: float) -> duration_pb2.Duration:
@@ -82,8 +93,13 @@ async def _close(call: Any) -> int:
     return status
 
 
-async def _taps(call: Any, until: float, rtts: list[float]) -> None:
+async def _taps(call: Any, until: float, rtts: list[float], every: float = 0.0) -> None:
+    """Taps back to back, or one each `every` seconds (from a random phase)."""
+    due = time.perf_counter() + random.uniform(0, every)
     while time.perf_counter() < until:
+        if every:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            due += every
         t0 = time.perf_counter()
         await call.write(TAP)
         response = await call.read()
@@ -113,7 +129,7 @@ async def _direct(sessions: int, seconds: float) -> list[float]:
 
 
 async def _window(
-    stack: Stack, stub: scheduler_pb2_grpc.SchedulerStub, n: int, seconds: float
+    stack: Stack, stub: scheduler_pb2_grpc.SchedulerStub, n: int, seconds: float, rate: float = 0.0
 ) -> dict[str, Any]:
     calls = [c for c, _, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
     assert stack.control_plane is not None
@@ -123,7 +139,8 @@ async def _window(
     rtts: list[float] = []
     started = time.perf_counter()
     until = started + seconds
-    await asyncio.gather(*(_taps(c, until, rtts) for c in calls))
+    every = 1 / rate if rate else 0.0
+    await asyncio.gather(*(_taps(c, until, rtts, every) for c in calls))
     elapsed = time.perf_counter() - started
     cpu1 = (cpu_seconds(cp), cpu_seconds(agent), tree_cpu_seconds(pm))
     ended = await asyncio.gather(*(_close(c) for c in calls))
@@ -132,6 +149,7 @@ async def _window(
     alone = summarize(direct)
     return {
         "sessions": n,
+        "rate": rate,
         "actions": len(rtts),
         "actions_per_s": len(rtts) / elapsed,
         "rtt_ms": through,
@@ -174,6 +192,14 @@ async def run(
                 f"{window['rtt_ms']['p50']:.2f} ms, p99 {window['rtt_ms']['p99']:.2f} ms"
             )
             out["windows"].append(window)
+            if options.rate and n * options.rate <= PACED_MOST:
+                say(f"session: {n} sessions, {options.rate:g} taps/s each for {options.seconds:g}s")
+                window = await _window(stack, stub, n, options.seconds, options.rate)
+                say(
+                    f"  {window['actions_per_s']:.0f} actions/s, round trip p50 "
+                    f"{window['rtt_ms']['p50']:.2f} ms, p99 {window['rtt_ms']['p99']:.2f} ms"
+                )
+                out["windows"].append(window)
         say(
             f"session: {options.starts} starts on an idle phone, one after another, each"
             " beside a task's pickup on the same phones"
