@@ -4,11 +4,12 @@ and no encoding again (control_plane.sessions, control_plane.session_hosts).
 
 A host's `SessionActionsRequest` holding a step and a client's `OpenSessionResponse`
 holding the same step are the same bytes: in both the step is field 2, a `SessionStep`
-(tests/test_session_wire.py holds the protos to it). So the host's call decodes a step only
-to check it (`host_request`; a message with more than its step is cut to the step), and the client's call and a relay to another replica write
-such bytes as they are (`as_bytes`, the serializer of the two methods' responses and of a
-relayed call's requests). A client's action is relayed by `relay_action`: checked, written
-to the host's call, its step read and written to the client's."""
+(tests/test_session_wire.py holds the protos to it). So the host's call decodes a step
+only to check it (`host_request`; a message with more than its step is cut to the step),
+and the client's call and a relay to another replica write such bytes as they are
+(`as_bytes`, the serializer of the two methods' responses and of a relayed call's
+requests). A client's action is relayed by `relay_action`: checked, written to the host's
+call, its step read and written to the client's."""
 
 from __future__ import annotations
 

@@ -31,9 +31,7 @@ def test_a_hosts_step_reaches_the_client_as_the_bytes_it_came_in() -> None:
     assert scheduler_pb2.OpenSessionResponse.FromString(as_bytes(read)).step == _step()
 
 
-def test_a_hosts_step_with_a_field_this_version_does_not_know_reaches_the_client_as_the_step_alone() -> (
-    None
-):
+def test_a_hosts_step_with_a_field_unknown_here_reaches_the_client_as_the_step_alone() -> None:
     # Field 3 of a newer host's message would be the client's `refused` if passed on as is.
     unknown = scheduler_pb2.OpenSessionResponse(
         refused=scheduler_pb2.ActionRefused(code=3, message="not from the host")

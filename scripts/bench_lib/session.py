@@ -5,8 +5,9 @@ and back), beside the same taps sent straight to a simulated phone in this proce
 the phone itself costs, so that the difference is the relay's), and the control plane's
 and the agent's CPU per action. Run at each of --session-sizes concurrent sessions, back to
 back (a closed loop: its round trip is the sessions over the actions/s the two processes
-can carry) and then paced at --session-rate actions/s each (sizes x rate <= 1,000/s) (the relay's cost where the
-processes have room, as a fleet acting once in a while per phone gives them). Then
+can carry) and then paced at --session-rate actions/s each where sizes x rate <= 1,000/s
+(the relay's cost where the processes have room, as a fleet acting once in a while per
+phone gives them). Then
 --session-starts sessions opened one after another on an idle phone: open -> DISPATCHED
 (the host joined), beside the pickup figure of `make bench`.
 """
