@@ -22,6 +22,7 @@ from pathlib import Path
 
 from host_agent import adb_files
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
+from host_agent.adb_server_door import AdbServerDoor
 from host_agent.devices import (
     AttachedDevice,
     CommandFailed,
@@ -276,6 +277,11 @@ class AdbSource:
 
     def device(self, serial: str) -> AdbDevice:
         return AdbDevice(self._client, serial, self._call_timeout)
+
+    def door(self, serial: str) -> AdbServerDoor:
+        """The phone's adb services for an adb door (host_agent.adb_door), through this
+        adb server."""
+        return AdbServerDoor(self._client, self.device(serial), self._call_timeout)
 
     async def reconnect_device(self, serial: str) -> None:
         """The recovery ladder's `adb reconnect`: the adb server drops its connection to

@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from host_agent.devices import AttachedDevice, CommandFailed, DeviceLost, DeviceTimeout, ShellResult
 from host_agent.simulated_apps import PhoneApps
@@ -49,6 +49,9 @@ from host_agent.simulated_body import (
     shell_answer,
 )
 from host_agent.simulated_screen import PHONE_SIZE, UI_XML, LiveScreen, live_frame, screenshot_png
+
+if TYPE_CHECKING:
+    from host_agent.simulated_door import SimulatedDoor
 
 __all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource"]
 
@@ -249,6 +252,12 @@ class SimulatedSource:
     def in_flight(self, serial: str) -> int:
         """How many actions are running on `serial` right now."""
         return self._in_flight.get(serial, 0)
+
+    def door(self, serial: str) -> SimulatedDoor:
+        """The phone's adb services, for an adb door (host_agent.simulated_door)."""
+        from host_agent.simulated_door import SimulatedDoor  # which builds on this module
+
+        return SimulatedDoor(self, serial)
 
     def actions_for(self, serial: str) -> list[ActionRecord]:
         return [record for record in self.actions if record.serial == serial]
