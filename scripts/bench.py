@@ -35,6 +35,9 @@ as separate processes (simulated devices), then runs, in this order:
                nobody watching, frames/s to one viewer, click-to-frame latency through a
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
                (issue 24)
+ 12 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
+               round trips through it beside the same straight to the phone on the same
+               adb server, and a push of --adb-push-mb MB each way (issue 39)
 
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
@@ -64,6 +67,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lib import (
+    adb_door,
     ceiling,
     deep,
     fleet,
@@ -96,6 +100,7 @@ WORKLOADS = (
     "flood",
     "session",
     "screen",
+    "adb",
 )
 DRAIN_AGENTS = 4
 DRAIN_DEVICES = 25
@@ -213,6 +218,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--screen-idle-seconds", type=float, default=10.0, help="screen: nobody watching for"
     )
     p.add_argument("--screen-clicks", type=int, default=50, help="screen: taps timed to a frame")
+    p.add_argument("--adb-shells", type=int, default=100, help="adb: shell round trips each")
+    p.add_argument("--adb-push-mb", type=int, default=100, help="adb: the push's size, MB")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -242,6 +249,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.session_sizes, args.session_seconds, args.session_starts = "1,10", 2.0, 5
         args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
         args.screen_clicks = 5
+        args.adb_shells, args.adb_push_mb = 10, 10
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
     args.only = {w.strip() for w in args.only.split(",") if w.strip()}
@@ -303,6 +311,8 @@ class Run:
                 await self.sessions()
             if "screen" in self.args.only:
                 await self.screens()
+            if "adb" in self.args.only:
+                await self.adb_doors()
             if "fleet" in self.args.only:
                 await self.fleet()
             if "deep" in self.args.only:
@@ -391,6 +401,14 @@ class Run:
         )
         async with self.phase("screen"):
             self.results["screen"] = await screen.run(st, options, say)
+
+    async def adb_doors(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        options = adb_door.Options(a.adb_shells, a.adb_push_mb)
+        async with self.phase("adb"):
+            self.results["adb"] = await adb_door.run(st, options, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -562,7 +580,16 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
     ok = all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session", "screen")
+        for key in (
+            "lifecycle",
+            "lifecycle_single",
+            "fleet",
+            "deep",
+            "flood",
+            "session",
+            "screen",
+            "adb",
+        )
     )
     return 0 if ok else 1
 

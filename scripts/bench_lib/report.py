@@ -76,7 +76,14 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _flood_rows(results.get("flood"))
     out += _session_rows(results.get("session"), results.get("latency"))
     out += _screen_rows(results.get("screen"))
+    out += _adb_rows(results.get("adb"))
     return out
+
+
+def _adb_rows(adb: dict[str, Any] | None) -> list[Row]:
+    from bench_lib import adb_door  # which builds its rows from this module's
+
+    return adb_door.rows(adb)
 
 
 def _screen_rows(sc: dict[str, Any] | None) -> list[Row]:
