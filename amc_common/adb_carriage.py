@@ -19,9 +19,12 @@ from collections.abc import Callable
 from amc.v1 import adb_pb2
 
 # Bytes of a stream a side may have sent and not had acknowledged.
-WINDOW = 1 << 20
-# The most one data frame carries.
-CHUNK = 256 * 1024
+WINDOW = 2 << 20
+# The most one data frame carries (the control plane takes messages of up to 1 MiB).
+CHUNK = 512 * 1024
+# A receiver acknowledges what it delivered once it adds up to this: a frame each way per
+# chunk would double the frames a bulk transfer costs every process on its way.
+ACK_EVERY = WINDOW // 4
 
 Send = Callable[[adb_pb2.AdbFrame], None]
 
@@ -36,6 +39,7 @@ class Carried:
         self._inbox: deque[bytes] = deque()
         self._arrived = asyncio.Event()
         self._unacked = 0
+        self._delivered = 0
         self._room = asyncio.Event()
         self._room.set()
         # The other side's first word on the stream: "" (opened) or why it is not.
@@ -77,9 +81,12 @@ class Carried:
         return self._inbox.popleft()
 
     def ack(self, count: int) -> None:
-        """`count` bytes received were delivered: the other side may send as many more."""
-        if count and not self.over:
-            self._carriage.send(adb_pb2.AdbFrame(stream=self.number, ack=count))
+        """`count` bytes received were delivered: the other side may send as many more
+        (told once they add up to ACK_EVERY, which a sender waiting for room has sent)."""
+        self._delivered += count
+        if self._delivered >= ACK_EVERY and not self.over:
+            self._carriage.send(adb_pb2.AdbFrame(stream=self.number, ack=self._delivered))
+            self._delivered = 0
 
     def accept(self) -> None:
         """Tell the other side the stream is open (the host's answer to `open`)."""

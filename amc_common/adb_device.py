@@ -134,12 +134,15 @@ class DeviceTransport:
         banner: bytes,
         handler: Handler,
         keys: Keys | None = None,
+        max_payload: int = t.MAX_PAYLOAD,
     ) -> None:
         self._reader, self._writer = reader, writer
         self._banner, self._handler, self._keys = banner, handler, keys
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.max_payload = t.MAX_PAYLOAD
+        # The largest payload this end takes (said in its CNXN), and the one agreed.
+        self._most = max_payload
+        self.max_payload = max_payload
         self._version = t.A_VERSION
         self._checked = False
         self._streams: dict[int, DeviceStream] = {}
@@ -153,7 +156,7 @@ class DeviceTransport:
     async def run(self) -> None:
         try:
             while True:
-                limit = self.max_payload if self.online else t.MAX_PAYLOAD
+                limit = self._most
                 message = await t.read_message(self._reader, limit, self._checked)
                 await self._dispatch(message)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -208,7 +211,7 @@ class DeviceTransport:
             raise t.ProtocolError(f"CNXN of version {m.arg0:#x}, payloads of {m.arg1}")
         self._version = min(m.arg0, t.A_VERSION)
         self._checked = self._version < t.A_VERSION_SKIP_CHECKSUM
-        self.max_payload = min(m.arg1, t.MAX_PAYLOAD)
+        self.max_payload = min(m.arg1, self._most)
         if self._keys is None:
             await self._online()
         else:
@@ -238,7 +241,7 @@ class DeviceTransport:
 
     async def _online(self) -> None:
         self.online = True
-        banner = t.Message(t.A_CNXN, self._version, t.MAX_PAYLOAD, self._banner)
+        banner = t.Message(t.A_CNXN, self._version, self._most, self._banner)
         await self.send(banner)
 
     def _open(self, m: t.Message) -> None:

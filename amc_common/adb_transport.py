@@ -30,9 +30,10 @@ A_VERSION_MIN = 0x01000000
 # From this version on, senders may leave data_check at 0.
 A_VERSION_SKIP_CHECKSUM = 0x01000001
 A_VERSION = A_VERSION_SKIP_CHECKSUM
-# The largest payload a door (and the fake phones) say they take: adb servers send up to
-# the smaller of theirs and this.
+# The largest payload the fake and simulated phones say they take: adb servers send up to
+# the smaller of theirs and this. A door takes what a phone's adbd takes today (1 MiB).
 MAX_PAYLOAD = 256 * 1024
+DOOR_PAYLOAD = 1024 * 1024
 # What a packet before the CNXN may carry (adb's MAX_PAYLOAD_V1).
 MAX_PAYLOAD_V1 = 4096
 

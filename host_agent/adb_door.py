@@ -37,8 +37,6 @@ log = structlog.get_logger(__name__)
 
 # How long a service may take to open on the phone.
 OPEN_TIMEOUT = 15.0
-# Bytes read from a phone's connection at once.
-READ_SIZE = 256 * 1024
 
 
 class DoorConnection(Protocol):

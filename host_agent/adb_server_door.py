@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 
 from amc.v1 import adb_pb2
+from amc_common.adb_carriage import CHUNK
 from host_agent.adb_door import DoorConnection, DoorRefused
 from host_agent.adb_protocol import ClientAsync, guard, host_query
 from host_agent.devices import Device, DeviceError
@@ -19,7 +20,7 @@ from host_agent.devices import Device, DeviceError
 # Features of the adb transport itself, which the door's own transport does not have.
 TRANSPORT_FEATURES = frozenset({"delayed_ack"})
 _PROPS = ("ro.product.name", "ro.product.model", "ro.product.device")
-_READ_SIZE = 256 * 1024
+_READ_SIZE = CHUNK
 
 
 class TcpConnection:

@@ -3,8 +3,9 @@ harnesses' simulated adbd (amc_testing.adbd): what `adb shell`, `push`, `pull`, 
 `logcat` and `forward` reach on a phone of `make run`, answered as the tests' fake phone
 answers them.
 
-* `shell:CMD`, `exec:CMD`, `exec-out:CMD`: the phone's shell answers (SimulatedDevice.
-  shell: an action of the phone, timed and logged); `sleep N` sleeps; `logcat` prints the
+* `shell:CMD`, `exec:CMD`, `exec-out:CMD`: the phone's shell answers each simple command
+  of the line (`;`, `&&`, `||`; `echo` with `$?`; the others SimulatedDevice.shell, an
+  action of the phone, timed and logged); `sleep N` sleeps; `logcat` prints the
   phone's log and follows it (host_agent.simulated_logcat); an install from stdin (`cmd
   package install -S N`, what `adb install` sends) reads the APK and installs it
   (host_agent.simulated_apps). `shell:` alone is an interactive shell: a prompt, the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 import time
 import weakref
 from collections import deque
@@ -35,6 +37,7 @@ from host_agent.simulated_logcat import TICK, PhoneLog, logcat_args, logcat_comm
 from host_agent.simulated_sync import serve_sync, stdin_size
 
 ECHO_PORT = "tcp:7"
+_OPERATORS = frozenset({";", "&&", "||"})
 _SLEEP = re.compile(r"^\s*sleep\s+(\d+(?:\.\d+)?)\s*$")
 _OUT_CHUNKS = 8
 _SHELL_TIMEOUT = 60.0
@@ -166,8 +169,26 @@ class SimulatedDoor:
         elif sleep := _SLEEP.match(command):
             await asyncio.sleep(float(sleep[1]))
         else:
-            result = await self._device.shell(command, _SHELL_TIMEOUT)
-            await pipe.emit(result.output.encode())
+            await pipe.emit(await self._sh(command))
+
+    async def _sh(self, command: str) -> bytes:
+        """A command line as the phone's `sh` runs it: simple commands joined by `;`, `&&`
+        and `||`, each answered by the phone (`echo` here, `$?` its last exit code)."""
+        try:
+            commands = split_commands(command)
+        except ValueError:
+            commands = [(";", command.split())]
+        out, status = b"", 0
+        for operator, argv in commands:
+            if (operator == "&&" and status) or (operator == "||" and not status):
+                continue
+            if argv[:1] == ["echo"]:
+                words = [w.replace("$?", str(status)) for w in argv[1:]]
+                out, status = out + (" ".join(words) + "\n").encode(), 0
+                continue
+            result = await self._device.shell(shlex.join(argv), _SHELL_TIMEOUT)
+            out, status = out + result.output.encode(), result.exit_code
+        return out
 
     async def _logcat(self, argv: list[str], pipe: Pipe) -> None:
         log, asked = phone_log(self._source, self.serial), logcat_args(argv)
@@ -198,8 +219,8 @@ class SimulatedDoor:
                 if byte in b"\r\n":
                     await pipe.emit(b"\r\n")
                     if line := typed.decode(errors="replace").strip():
-                        result = await self._device.shell(line, _SHELL_TIMEOUT)
-                        await pipe.emit(result.output.replace("\n", "\r\n").encode())
+                        printed = await self._sh(line)
+                        await pipe.emit(printed.replace(b"\n", b"\r\n"))
                     typed.clear()
                     await pipe.emit(prompt)
                 elif byte == 0x7F:
@@ -220,3 +241,22 @@ class SimulatedDoor:
 async def _echo(pipe: Pipe) -> None:
     while chunk := await pipe.stdin.read(65536):
         await pipe.emit(chunk)
+
+
+def split_commands(command: str) -> list[tuple[str, list[str]]]:
+    """[(operator before it, argv)] for each simple command of a line; the first gets ';'.
+    Tokenised with `shlex`, so quoting and backslash escapes behave as in `sh`."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    result: list[tuple[str, list[str]]] = []
+    operator, argv = ";", list[str]()
+    for token in lexer:
+        if token in _OPERATORS:
+            if argv:
+                result.append((operator, argv))
+            operator, argv = token, []
+        else:
+            argv.append(token)
+    if argv:
+        result.append((operator, argv))
+    return result

@@ -37,7 +37,6 @@ Three ways to run a command, all recording it in `commands`:
 from __future__ import annotations
 
 import asyncio
-import shlex
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -45,12 +44,11 @@ from dataclasses import dataclass, field
 # One PNG writer for the simulator and the fakes; re-exported for tests.
 from host_agent.screen import PNG_SIGNATURE
 from host_agent.simulated_apps import PhoneApps
+from host_agent.simulated_door import split_commands
 from host_agent.simulated_logcat import TICK, PhoneLog, logcat_args
 from host_agent.simulated_screen import LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
-
-_OPERATORS = frozenset({";", "&&", "||"})
 
 DEFAULT_PROPS: dict[str, str] = {
     "ro.product.model": "Pixel Fake",
@@ -147,7 +145,7 @@ class FakePhone:
         """Run `command` lazily: output chunks and pauses, in order."""
         self.commands.append((time.monotonic(), command))
         status = 0
-        for operator, argv in _split_commands(command):
+        for operator, argv in split_commands(command):
             if (operator == "&&" and status != 0) or (operator == "||" and status == 0):
                 continue
             if argv[:1] == ["exit"]:
@@ -274,21 +272,3 @@ class FakePhone:
                 out += f"cat: {path}: No such file or directory\n".encode()
                 status = 1
         return status, out
-
-
-def _split_commands(command: str) -> list[tuple[str, list[str]]]:
-    """[(operator before it, argv)] for each simple command; the first gets ';'."""
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split = True
-    result: list[tuple[str, list[str]]] = []
-    operator, argv = ";", list[str]()
-    for token in lexer:
-        if token in _OPERATORS:
-            if argv:
-                result.append((operator, argv))
-            operator, argv = token, []
-        else:
-            argv.append(token)
-    if argv:
-        result.append((operator, argv))
-    return result
