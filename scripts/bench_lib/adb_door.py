@@ -1,15 +1,17 @@
-"""The `adb` workload (issue 39): an adb door's cost, with the real adb client, beside the same
-commands straight to the phone on the same host. The phone is a simulated one served as
-adbd on loopback (amc_testing.adbd, in this process); one real adb server (the adbutils
-wheel's binary, on a private port and home) reaches it directly (`adb connect`) and
-through an `amc adb` door (a subprocess) whose session's host is an agent process driving
-that same adb server (`--adb`), so both paths end in the same phone and the same server:
+"""The `adb` workload (row 13, issue 39): an adb door's cost, with the real adb client,
+beside the same commands straight to the phone on the same host. The phone is a simulated
+one served as adbd on loopback (amc_testing.adbd, in this process); one real adb server
+(the adbutils wheel's binary, on a private port and home) reaches it directly (`adb
+connect`) and through an `amc adb` door (a subprocess) whose session's host is an agent
+process driving that same adb server (`--adb`), so both paths end in the same phone and
+the same server:
 
     direct:  adb client -> adb server -> phone
     door:    adb client -> adb server -> door -> control plane -> agent -> adb server -> phone
 
 `adb shell echo` round trips, alternating direct and door (--adb-shells each), p50 and p99;
-then a push of --adb-push-mb MB, each path twice, MB/s (the better of the two).
+then a push of --adb-push-mb MB, each path twice, MB/s (the better of the two), with the
+CPU seconds each process spent on the door's pushes.
 """
 
 from __future__ import annotations
@@ -233,7 +235,7 @@ PUSH_SHARE = 0.5
 def rows(adb: dict[str, Any] | None) -> list[Row]:
     if not adb:
         return []
-    name, over = "12 adb door", adb["shell_overhead_ms"]
+    name, over = "13 adb door", adb["shell_overhead_ms"]
     return [
         Row(name, "adb shell echo, direct, ms", pcts(adb["shell_direct_ms"])),
         Row(name, "adb shell echo, through the door, ms", pcts(adb["shell_door_ms"])),
