@@ -98,7 +98,7 @@ async def serve_door(
 ) -> None:
     """Serve the door until its call ends or the token trips; never raises for its own
     failures (the session goes on without its door)."""
-    door = _HostDoor(stub, lease, backend)
+    door = _HostDoor(stub, lease, backend, token)
     try:
         await token.race(door.run())
     except Stopped as stop:
@@ -112,8 +112,14 @@ async def serve_door(
 
 
 class _HostDoor:
-    def __init__(self, stub: lease_pb2_grpc.LeaseStub, lease: HeldLease, backend: DoorBackend):
-        self._stub, self._lease, self._backend = stub, lease, backend
+    def __init__(
+        self,
+        stub: lease_pb2_grpc.LeaseStub,
+        lease: HeldLease,
+        backend: DoorBackend,
+        token: StopToken,
+    ) -> None:
+        self._stub, self._lease, self._backend, self._token = stub, lease, backend, token
         self._call: Any = None
         self._outgoing: asyncio.Queue[adb_pb2.AdbFrame] = asyncio.Queue()
         self._carriage = Carriage(self._outgoing.put_nowait)
@@ -152,8 +158,8 @@ class _HostDoor:
 
     async def _stream(self, carried: Carried, service: str) -> None:
         refused = never(service)
-        if refused is not None:
-            carried.close(refused)
+        if refused is not None or self._token.tripped:
+            carried.close(refused or "the lease is over")
             return
         try:
             connection = await asyncio.wait_for(self._backend.open(service), OPEN_TIMEOUT)
@@ -163,7 +169,7 @@ class _HostDoor:
         self._connections.add(connection)
         carried.accept()
         try:
-            await carry(connection, carried)
+            await carry(connection, carried, self._token)
         finally:
             connection.close()
             self._connections.discard(connection)
@@ -182,16 +188,19 @@ class _HostDoor:
             self._call.cancel()
 
 
-async def carry(connection: DoorConnection, carried: Carried) -> None:
-    """A stream's bytes both ways until either end closes it."""
+async def carry(connection: DoorConnection, carried: Carried, token: StopToken) -> None:
+    """A stream's bytes both ways until either end closes it, or the token trips: it is
+    looked at before every write to the phone and every send from it (reading the clock
+    against the fencing deadline), so no byte crosses once the lease is over, even one that
+    came in the same turn of the loop as a process woke from a freeze."""
 
     async def up() -> None:
-        while data := await connection.read():
+        while (data := await connection.read()) and not token.tripped:
             if not await carried.send(data):
                 return
 
     async def down() -> None:
-        while (data := await carried.recv()) is not None:
+        while (data := await carried.recv()) is not None and not token.tripped:
             await connection.write(data)
             carried.ack(len(data))
 

@@ -15,7 +15,8 @@ answers them.
 
 Anything else is refused, as adbd refuses a service it lacks. Each stream is one action
 of the phone (`adb`, its service) in the source's action log, from its open to its end,
-so what a door did on a phone is there for a harness to hold against the phone's leases.
+so what a door did on a phone is there for a harness to hold against the phone's leases
+(with when the door last wrote to it: `written_until`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Pipe:
         self._changed = asyncio.Event()
         self._ended = False
         self.task: asyncio.Task[None] | None = None
+        # When the door last wrote to the service (time.time()), for the action log.
+        self.written_at = 0.0
 
     async def read(self) -> bytes:
         while not self._out:
@@ -74,6 +77,7 @@ class Pipe:
         return data
 
     async def write(self, data: bytes) -> None:
+        self.written_at = time.time()
         self.stdin.feed_data(data)
 
     def close(self) -> None:
@@ -150,7 +154,7 @@ class SimulatedDoor:
                 ActionRecord(
                     serial=self.serial,
                     action="adb",
-                    args={"service": service[:200]},
+                    args={"service": service[:200], "written_until": pipe.written_at or None},
                     started_monotonic=started,
                     ended_monotonic=time.monotonic(),
                     started_wall=wall,
