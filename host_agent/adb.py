@@ -345,8 +345,7 @@ class AdbSource:
         return AdbDevice(self._client, serial, self._call_timeout, self.links)
 
     def door(self, serial: str) -> AdbServerDoor:
-        """The phone's adb services for an adb door (host_agent.adb_door), through this
-        adb server."""
+        """The phone's adb services for an adb door (host_agent.adb_door)."""
         return AdbServerDoor(self._client, self.device(serial), self._call_timeout)
 
     async def reconnect_device(self, serial: str) -> None:
