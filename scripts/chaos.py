@@ -546,7 +546,7 @@ class ChaosRun:
             ],
             "sessions": self.sessions.counts(),
             "screens": viewed,
-            "doors": door_figures | {"ends": self.doors.counts()},
+            "doors": door_figures | {"ends": self.doors.counts(), "broken": self.doors.broken()},
             "session_errors": self.sessions.errors(),
             "clients": {
                 "submit_retries": self.workload.counters.submit_retries,

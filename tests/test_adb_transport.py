@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from amc_common.adb_auth import NotAKey, parse_key, read_keys, user_key_path
 from amc_common.adb_carriage import WINDOW, Carriage
 from amc_common.adb_services import never, refusal
 from amc_testing.adb_client import AdbClientKey
+from host_agent.adb_door import carry
+from host_agent.stop_token import StopReason, StopToken
 from tests.support.fakes.real_adb import RealAdbServer
 
 
@@ -143,3 +146,44 @@ async def test_a_streams_end_reaches_its_reader_after_what_came_before() -> None
     assert await carried.recv() == b"last words"
     assert await carried.recv() is None
     assert carried.ended_by_peer == "done"
+
+
+class _Phone:
+    """A stream's connection to a phone that has something to say, and keeps what it is
+    written."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self._said = False
+
+    async def read(self) -> bytes:
+        if not self._said:
+            self._said = True
+            return b"from the phone"
+        await asyncio.Event().wait()
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_no_byte_crosses_a_hosts_door_once_its_lease_is_over() -> None:
+    """GIVEN a stream with bytes waiting each way and a lease whose fencing deadline passed
+    (a process that woke from a freeze: its timer has not fired yet) THEN the host's door
+    writes nothing to the phone and sends nothing of it, and the stream ends."""
+    sent: list[adb_pb2.AdbFrame] = []
+    carriage = Carriage(sent.append)
+    carried = carriage.stream(1)
+    carriage.deliver(adb_pb2.AdbFrame(stream=1, data=b"to the phone"))
+    token = StopToken()
+    token.trip_at(time.monotonic() - 1.0, StopReason.LEASE_LOST)
+    phone = _Phone()
+    carrying = asyncio.ensure_future(carry(phone, carried, token))
+    done, _ = await asyncio.wait({carrying}, timeout=5)
+    carrying.cancel()
+    assert phone.written == []
+    assert [f for f in sent if f.WhichOneof("part") == "data"] == []
+    assert done == {carrying}

@@ -92,6 +92,10 @@ class DoorLoad:
     async def close(self) -> None:
         await self._channel.close()
 
+    def broken(self) -> list[str]:
+        """How the doors that broke broke (the first few), for the results."""
+        return [f"{r.plan}: {r.detail}" for r in self.records if r.did == "broken"][:5]
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.records:
