@@ -16,10 +16,13 @@ from amc_testing.adb_client import AdbClient, AdbClientKey
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, eventually
-from tests.support.agent import cancel, running_agent, status_is
+from tests.support.agent import cancel, running_agent, short_ttl_farm, status_is
 from tests.support.apks import OLD, ApkFile, apk_cache, old_apk
 from tests.support.doors import connected, door, offline, user_key
 from tests.support.fakes.real_adb import RealAdbServer
+from tests.support.fakes.tcp_proxy import TcpProxy
+from tests.test_cleaning import cleaned_once, cleaning_settings
+from tests.test_device_health import is_in
 
 __all__ = ["apk_cache", "old_apk"]
 
@@ -147,6 +150,73 @@ async def test_a_port_in_use_is_refused_before_anything_is_queued(farm: Farm) ->
     )
     assert farm.db is not None
     assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 0
+
+
+async def test_a_lost_lease_takes_the_phone_offline_and_ends_the_door_failed(
+    database_url: str, tmp_path: Path
+) -> None:
+    """GIVEN a door with a shell running and its host cut off from the control plane (its
+    connection frozen: no renewal arrives) THEN the host fences itself and the lease
+    expires: the shell on the phone is stopped no later than the task ended, the door hangs
+    up on its adb client (the device goes offline), exits 8, and the session is failed
+    "lease lost"."""
+    key = AdbClientKey()
+    source = SimulatedSource(1)
+    async with short_ttl_farm(database_url) as farm:
+        assert farm.plane is not None
+        proxy = await TcpProxy("127.0.0.1", farm.plane.port).start()
+        token = await farm.token(Role.CLIENT)
+        async with running_agent(farm, source, address=proxy.address):
+            async with door(farm.address, token, "--adb-key", str(key.write(tmp_path / "k"))) as d:
+                client = AdbClient(key)
+                await client.connect("127.0.0.1", d.port)
+                assert await client.shell("echo before", within=20) == b"before\n"
+                await client.open("shell:sleep 60")  # once the phone's end opened it
+                task_id = await _only_task(farm)
+                frozen = proxy.freeze_after("up", b"")
+                await eventually(frozen.is_set, what="the host's connection frozen")
+                await client.wait_closed(within=30)
+                assert await d.wait() == 8
+                assert "lease lost" in d.said()
+            row = await farm.task_row(task_id)
+            proxy.cut()
+        await proxy.stop()
+    assert row["status"] == "failed" and row["error"].startswith("lease lost"), dict(row)
+    adb = [r for r in source.actions_for("sim-0") if r.action == "adb"]
+    (sleeping,) = [r for r in adb if r.args["service"] == "shell:sleep 60"]
+    assert sleeping.ended_wall <= row["finished_at"].timestamp()
+    assert client.closed_at is not None
+    assert client.closed_at - row["finished_at"].timestamp() < 5
+
+
+async def test_a_phone_used_through_a_door_is_cleaned_after_its_session(
+    farm: Farm, user_adb: RealAdbServer, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN what the door left on the phone (a pushed file, an installed app) is gone once
+    its session ended: the phone is cleaned as after any lease, and ready again."""
+    source = SimulatedSource(1)
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"left behind")
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(farm, source, **cleaning_settings()) as agent:
+        await cleaned_once(farm, agent)
+        async with door(farm.address, token, "--adb-key", str(user_key(user_adb))) as d:
+            await connected(user_adb, d.address)
+            await user_adb.adb("-s", d.address, "push", str(notes), "/sdcard/notes.txt")
+            await user_adb.adb("-s", d.address, "install", str(old_apk.path), within=60)
+            assert "/sdcard/notes.txt" in source.apps["sim-0"].files
+            assert OLD.package in source.apps["sim-0"].packages
+            assert await d.stop() == 0
+        task_id = await _only_task(farm)
+        assert await status_is(farm, task_id, "done") == "done"
+        await eventually(
+            lambda: (
+                "/sdcard/notes.txt" not in source.apps["sim-0"].files
+                and OLD.package not in source.apps["sim-0"].packages
+            ),
+            what="the door's leftovers cleaned",
+        )
+        await eventually(lambda: is_in(farm, "sim-0", "ready"), what="the phone ready again")
 
 
 async def _only_task(farm: Farm) -> str:
