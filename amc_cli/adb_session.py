@@ -165,13 +165,12 @@ async def _ended(phone: Phone, why: str, by_user: bool, say: Say) -> int:
         say(f"door closed: {why}; the session is abandoned")
         return ExitCode.UNAVAILABLE
     task = await phone.close()
-    if by_user:
+    if task.status == task_pb2.TASK_STATUS_DONE:
         say(f"door closed: session {task.task_id} done")
         return ExitCode.OK
+    # Ended otherwise, even where its user stopped it: the lease may have run out first.
     end = session_ended(task)
     say(f"door closed: the phone went offline: session {end.reason}")
     if task.status == task_pb2.TASK_STATUS_CANCELLED:
         return ExitCode.TASK_CANCELLED
-    if task.status == task_pb2.TASK_STATUS_DONE:
-        return ExitCode.OK
     return ExitCode.TASK_FAILED

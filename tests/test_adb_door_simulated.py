@@ -9,9 +9,12 @@ import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from amc.v1 import task_pb2
+from amc_cli.adb_session import _ended
 from amc_testing.adb_client import AdbClient, AdbClientKey
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
@@ -233,3 +236,37 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class _EndedPhone:
+    """A session whose lease ran out as its user stopped the door: closing it returns the
+    end the farm had recorded."""
+
+    def __init__(self, task: task_pb2.Task) -> None:
+        self.task = task
+
+    async def close(self) -> task_pb2.Task:
+        return self.task
+
+    def abandon(self) -> None:
+        raise AssertionError("a session the farm ended is not abandoned")
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "code", "said"),
+    [
+        (task_pb2.TASK_STATUS_DONE, "", 0, "done"),
+        (task_pb2.TASK_STATUS_FAILED, "lease lost: it expired", 8, "lease lost"),
+        (task_pb2.TASK_STATUS_CANCELLED, "", 9, "cancelled"),
+    ],
+)
+async def test_a_door_its_user_stopped_exits_with_the_end_the_farm_recorded(
+    status: int, error: str, code: int, said: str
+) -> None:
+    """THEN a Ctrl-C that came as the lease ran out (or a cancel landed) exits 8 (or 9) and
+    says so; only a session that ended done exits 0."""
+    task = task_pb2.Task(task_id="t", status=status, result=task_pb2.TaskResult(error=error))
+    told: list[str] = []
+    phone: Any = _EndedPhone(task)
+    assert await _ended(phone, "the door closed", True, told.append) == code
+    assert said in told[0], told
