@@ -22,7 +22,7 @@ chose, about how long it takes) and runs, in this order:
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
  13 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
                round trips through it beside the same straight to the phone on the same
-               adb server, and a push of --adb-push-mb MB each way (issue 39)
+               adb server, and a push of --adb-push-mb MB on each path
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then

@@ -1,4 +1,4 @@
-"""The `adb` workload (row 13, issue 39): an adb door's cost, with the real adb client,
+"""The `adb` workload (row 13): an adb door's cost, with the real adb client,
 beside the same commands straight to the phone on the same host. The phone is a simulated
 one served as adbd on loopback (amc_testing.adbd, in this process); one real adb server
 (the adbutils wheel's binary, on a private port and home) reaches it directly (`adb
@@ -226,7 +226,7 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
     }
 
 
-# Issue 39's targets: the door's round trip within 10 ms of a direct one at p50; a push
+# The targets: the door's round trip within 10 ms of a direct one at p50; a push
 # through it at half the direct speed or more.
 SHELL_OVERHEAD_MS = 10.0
 PUSH_SHARE = 0.5

@@ -1,4 +1,4 @@
-"""adb doors in the chaos run (issue 39): a few clients that each run `amc adb` (the real
+"""adb doors in the chaos run: a few clients that each run `amc adb` (the real
 command, a process of its own, on the agents' phones: label pool=agents) against a replica
 picked at random, connect to it as an adb server does (amc_testing.adb_client: adb's
 transport and AUTH with a key of the harness's own), run shell commands through it, and
