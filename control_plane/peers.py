@@ -1,6 +1,7 @@
 """Channels to the other replicas of the farm (`Peers`), for the calls a replica relays to
 the one that holds the other end: a session's host call to its client's replica
-(control_plane.session_hosts, with the host's credentials: `RelayedCall`), a phone's
+(control_plane.session_hosts, with the host's credentials: `RelayedCall`), an adb door's
+calls to the same replica (control_plane.adb_doors, with their caller's), a phone's
 screen from the replica holding its host's feed (control_plane.screens, made as the
 replica: control_plane.auth)."""
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from amc.v1 import scheduler_pb2_grpc
+from amc.v1 import lease_pb2_grpc, scheduler_pb2_grpc
 
 if TYPE_CHECKING:
     from control_plane.rpc import Context, TaskServicer
@@ -40,6 +41,10 @@ class Peers:
         self._roots = roots
         self._channels: dict[str, grpc.aio.Channel] = {}
 
+    def lease(self, address: str) -> lease_pb2_grpc.LeaseStub:
+        """For an adb door's host call forwarded to the replica holding its client."""
+        return lease_pb2_grpc.LeaseStub(self._channel(address))
+
     def raw_stream(
         self, address: str, method: str, serializer: Callable[[Any], bytes]
     ) -> grpc.aio.StreamStreamMultiCallable[Any, bytes]:
@@ -48,6 +53,11 @@ class Peers:
         return self._channel(address).stream_stream(
             method, request_serializer=serializer, response_deserializer=None
         )
+
+    def doors(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
+        """For an adb door's client call relayed to the replica holding its session: the
+        channel the sessions' host calls take (bulk bytes: its window grows as it likes)."""
+        return scheduler_pb2_grpc.SchedulerStub(self._channel(address))
 
     def scheduler(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
         """For a screen's frames relayed from the replica holding its host's feed: a

@@ -95,6 +95,15 @@ class Relay:
         self.host_gone = asyncio.Event()
         # The host was told how the client left.
         self.ended = False
+        # Whose session it is (the caller that opened it), whether it is an adb door, and
+        # the door once either of its calls came (control_plane.adb_doors); the door's use
+        # (streams open now, when it last carried a frame: loop time) keeps the session
+        # from its idle timeout as actions do.
+        self.owner = ""
+        self.adb = False
+        self.door: Any = None
+        self.door_streams = 0
+        self.door_used = 0.0
         # While the relay runs: the session's handler of each client message, and what
         # ends the relay (the client's end or error, HOST_GONE).
         self._handler: Handler | None = None
@@ -155,6 +164,15 @@ class Relay:
         else:
             pump.cancel()
 
+    def idle_left(self, idle: float) -> float:
+        """Seconds left of an `idle` timeout that actions alone would have run out: all of
+        it while the door has a stream open, else what is left since it last carried one."""
+        if self.door_streams:
+            return idle
+        if not self.door_used:
+            return 0.0
+        return self.door_used + idle - asyncio.get_running_loop().time()
+
     def answered(self) -> None:
         """The client's last message is answered: its next one may be read."""
         if self.answers < self.read:
@@ -165,7 +183,8 @@ class Relay:
     async def relay(self, handler: Handler, idle: float) -> Any:
         """Run the relay: each client message to `handler` (in the task reading them),
         until the client's messages end (None, or the error), the host's call does
-        (HOST_GONE) or the client sends nothing for `idle` seconds once answered (IDLE)."""
+        (HOST_GONE) or neither an action nor the adb door came for `idle` seconds once
+        answered (IDLE)."""
         loop = asyncio.get_running_loop()
         self._answered_at = loop.time()
         over: asyncio.Future[Any] = loop.create_future()
@@ -185,7 +204,8 @@ class Relay:
             while not over.done():
                 wait = idle
                 if self.unanswered == 0:
-                    wait = self._answered_at + idle - loop.time()
+                    # Since the last answer, or the adb door's use (idle_left).
+                    wait = max(self._answered_at + idle - loop.time(), self.idle_left(idle))
                     if wait <= 0:
                         return IDLE
                 await asyncio.wait({over}, timeout=wait)

@@ -18,12 +18,11 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
 
-from amc.v1 import lease_pb2
 from amc_common.channel import write_unless_ended
 from control_plane import validate_lease
 from control_plane.domain import Role, SessionRelay, TaskId
@@ -45,6 +44,14 @@ log = structlog.get_logger(__name__)
 CLIENT_GONE = "the session's client is no longer connected"
 # Metadata of a host's call relayed by another replica (that replica's id): never relayed on.
 RELAYED_BY = "amc-session-relayed-by"
+
+
+class Joining(Protocol):
+    """What a host's join names: a SessionJoin, or an adb door's AdbDoorJoin."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
 
 
 async def _forward(requests: AsyncIterator[Any], call: Any) -> None:
@@ -89,7 +96,7 @@ class HostSession(RelayedCall):
             requests, "join", "required: the first message joins the session"
         )
         join = validate_lease.session_join(first)
-        task_id, where = await self._check(join)
+        task_id, where = await check_join(self._svc, join)
         relay = self._svc.hub.sessions.join(task_id, self._out, _steps(requests))
         if relay is None:
             if self.relayed:
@@ -144,22 +151,24 @@ class HostSession(RelayedCall):
                 forward.cancel()
             call.cancel()
 
-    async def _check(self, join: lease_pb2.SessionJoin) -> tuple[TaskId, SessionRelay | None]:
-        """The session's task, if `join` names this host's live lease of it, and where
-        its client's call is held."""
-        task_id, lease_id = TaskId(uuid.UUID(join.task_id)), uuid.UUID(join.lease_id)
-        settings = self._svc.settings
-        found = await self._svc.store.replicas.session_join(task_id, lease_id, settings.lease_ttl)
-        if found is None:
-            raise TaskNotFound(f"no task {task_id}")
-        who = principal()  # a host token acts as its own host only (auth off: any host)
-        if found.attempt is not None and who.role is Role.HOST and found.host_id != who.host_id:
-            raise NotLeaseHolder(f"lease {lease_id} is another host's")
-        if not found.session:
-            raise FailedPrecondition(f"task {task_id} is not a session")
-        running = found.status in (TaskStatus.ASSIGNED, TaskStatus.DISPATCHED)
-        if found.attempt is None or not found.live or not running:
-            raise LeaseNotCurrent(f"lease {lease_id} is not the live lease of task {task_id}")
-        if found.attempt != join.attempt or found.task_attempt != found.attempt:
-            raise LeaseNotCurrent(f"attempt {join.attempt} is not task {task_id}'s current one")
-        return task_id, found.relay
+
+async def check_join(service: TaskServicer, join: Joining) -> tuple[TaskId, SessionRelay | None]:
+    """The session's task, if `join` names the calling host's live lease of it, and where
+    its client's call is held (one statement: replicas.sql session_join). A session's
+    SessionActions and its adb door's Lease.AdbStreams are joined alike."""
+    task_id, lease_id = TaskId(uuid.UUID(join.task_id)), uuid.UUID(join.lease_id)
+    settings = service.settings
+    found = await service.store.replicas.session_join(task_id, lease_id, settings.lease_ttl)
+    if found is None:
+        raise TaskNotFound(f"no task {task_id}")
+    who = principal()  # a host token acts as its own host only (auth off: any host)
+    if found.attempt is not None and who.role is Role.HOST and found.host_id != who.host_id:
+        raise NotLeaseHolder(f"lease {lease_id} is another host's")
+    if not found.session:
+        raise FailedPrecondition(f"task {task_id} is not a session")
+    running = found.status in (TaskStatus.ASSIGNED, TaskStatus.DISPATCHED)
+    if found.attempt is None or not found.live or not running:
+        raise LeaseNotCurrent(f"lease {lease_id} is not the live lease of task {task_id}")
+    if found.attempt != join.attempt or found.task_attempt != found.attempt:
+        raise LeaseNotCurrent(f"attempt {join.attempt} is not task {task_id}'s current one")
+    return task_id, found.relay

@@ -82,7 +82,7 @@ def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
 
 
 def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
-    spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=o.idle_timeout))
+    spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb))
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)
     spec.apps.extend(o.apps)
@@ -179,6 +179,7 @@ class ClientSession:
             return
         # Before anything can assign it: no await between the commit and this line.
         relay = hub.sessions.open(task.task_id, self._out)
+        relay.owner, relay.adb = who.caller, o.adb
         self._svc.effects.submitted([task])
         log.info("session opened", task_id=str(task.task_id))
         idle = o.idle_timeout.ToTimedelta().total_seconds()
