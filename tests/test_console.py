@@ -159,8 +159,9 @@ async def test_console_task_page_shows_the_queue_timeout_and_the_deadline(
 async def test_console_cancel_on_the_task_page_ends_a_running_task_cancelled(
     farm: Farm, browser: Any
 ) -> None:
-    """Cancel with a reason on the Task page of a running task: the page shows it
-    `cancelled` without a reload, and the database has the task cancelled with that reason."""
+    """Cancel on the Task page of a running task asks for confirmation and a reason; then
+    the page shows it `cancelled` without a reload, and the database has the task cancelled
+    with that reason."""
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source, host_id="rack1-host"):
         client = await farm.client()
@@ -176,8 +177,15 @@ async def test_console_cancel_on_the_task_page_ends_a_running_task_cancelled(
         await page.locator("#task-status", has_text="dispatched").wait_for()
         await page.locator("#live.on").wait_for()
         before = await loads(page)
-        await page.get_by_label("cancel reason").fill("wrong build")
+        # It asks first, and wants a reason; "Keep it running" leaves it be.
         await page.get_by_role("button", name="Cancel task").click()
+        await page.get_by_role("button", name="Keep it running").click()
+        await page.get_by_role("button", name="Cancel task").click()
+        await page.get_by_role("button", name="Yes, cancel it").click()
+        await page.locator("#cancel-message", has_text="say why").wait_for()
+        assert await farm.status(task.task_id) == "dispatched"
+        await page.get_by_label("cancel reason").fill("wrong build")
+        await page.get_by_role("button", name="Yes, cancel it").click()
         await page.locator("#task-status", has_text="cancelled").wait_for()
         assert await loads(page) == before
         row = await farm.task_row(task.task_id)

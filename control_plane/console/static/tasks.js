@@ -169,13 +169,36 @@ setInterval(() => {
   for (const el of document.querySelectorAll(".elapsed[data-since]")) el.textContent = elapsed(el.dataset.since);
 }, 1000);
 
+// Cancel asks first: the button opens a confirmation that names the task and wants a reason
+// (recorded with the cancellation, as `amc cancel --reason`); only "Yes, cancel it" sends
+// CancelTask. The confirmation survives the page's live redraws (`confirming`).
+let confirming = null;
+
 function cancelForm(task) {
-  const reason = h("input", { name: "reason", placeholder: "reason", "aria-label": "cancel reason", size: 32 });
-  const message = h("span", { class: "muted", id: "cancel-message" },
-    task.cancel_requested_at ? "cancellation requested; the host stops at the next step" : "");
-  const button = h("button", { class: "danger", type: "submit" }, "Cancel task");
-  return reasonForm({ class: "inline", id: "cancel" }, { reason, button, message }, async (why) => {
-    await call("CancelTask", { task_id: task.task_id, reason: why });
-    return "cancellation requested";
-  });
+  const id = task.task_id;
+  if (task.cancel_requested_at) {
+    return h("p", { class: "muted", id: "cancel-message" },
+      "Cancellation requested; the host stops the task at its next step boundary.");
+  }
+  if (confirming !== id) {
+    return h("form", { class: "inline", id: "cancel", onsubmit: (event) => {
+      event.preventDefault();
+      confirming = id;
+      refresh();
+    } }, h("button", { class: "danger", type: "submit" }, "Cancel task"));
+  }
+  const reason = h("input", { name: "reason", placeholder: "why (recorded with it)", "aria-label": "cancel reason", size: 32 });
+  const message = h("span", { class: "muted", id: "cancel-message" });
+  const button = h("button", { class: "danger", type: "submit" }, "Yes, cancel it");
+  const keep = h("button", { type: "button", class: "plain", onclick: () => { confirming = null; refresh(); } }, "Keep it running");
+  const form = reasonForm({ class: "inline confirm", id: "cancel", role: "group", "aria-label": "confirm cancel" },
+    { reason, button, message }, async (why) => {
+      if (!why.trim()) throw new ApiError(400, "INVALID_ARGUMENT", "say why: the reason is recorded with the cancellation");
+      await call("CancelTask", { task_id: id, reason: why.trim() });
+      confirming = null;
+      return "cancellation requested";
+    });
+  form.prepend(h("b", {}, "Cancel this task?"), " Its host stops it at the next step boundary; it is not retried.");
+  form.append(keep);
+  return form;
 }
