@@ -82,6 +82,13 @@ export function labels(map) {
   return h("span", { class: "labels" }, entries.map(([k, v]) => h("span", {}, `${k}=${v}`)));
 }
 
+// A step as people read it, as `amc` writes it (amc_common/steps.py): numbered from 1 (the
+// wire's index is a position from 0), with its name: `step 3 (evidence)`, `step 3/5`.
+export const stepNumber = (index) => (index || 0) + 1;
+export function stepLabel(index, name, count) {
+  return `step ${stepNumber(index)}${count ? `/${count}` : ""}${name ? ` (${name})` : ""}`;
+}
+
 export function specSummary(spec) {
   if (spec && spec.session) return "interactive session";
   if (spec && spec.workflow) {

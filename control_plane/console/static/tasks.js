@@ -5,8 +5,8 @@
 import { STATUSES, TERMINAL, ApiError, call } from "./api.js";
 import { artifactView, keptFiles, recordingSection } from "./artifacts.js";
 import {
-  badge, elapsed, enumName, h, hostLink, labels, span, specSummary, statusOf, table, taskLink,
-  took, when,
+  badge, elapsed, enumName, h, hostLink, labels, span, specSummary, statusOf, stepNumber, table,
+  taskLink, took, when,
 } from "./dom.js";
 import { watchPanel } from "./screen.js";
 import { reasonForm, refresh, route } from "./shell.js";
@@ -122,14 +122,14 @@ export const Task = {
     const progress = !TERMINAL.has(status) && task.progress ? task.progress : null;
     const done = progress ? progress.steps || [] : (task.result && task.result.steps) || [];
     const steps = done.map((s) => h("tr", {},
-      h("td", {}, s.index || 0), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
+      h("td", {}, stepNumber(s.index)), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
       h("td", {}, took(s.duration)),
       h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
         Object.keys(s.data || {}).length ? labels(s.data) : "",
         keptFiles(s).length ? h("div", { class: "artifacts" }, keptFiles(s).map(artifactView)) : "")));
     if (progress && progress.running_since) {
       steps.push(h("tr", { class: "running-step" },
-        h("td", {}, progress.running_index || 0), h("td", {}, progress.running_name),
+        h("td", {}, stepNumber(progress.running_index)), h("td", {}, progress.running_name),
         h("td", {}, badge("running")),
         h("td", {}, h("span", { class: "elapsed", "data-since": progress.running_since }, elapsed(progress.running_since))),
         h("td", { class: "muted" }, "running now")));
@@ -158,7 +158,7 @@ export const Task = {
 function progressText(p) {
   const text = [`${(p.steps || []).length} of ${p.step_count || 0} steps done`];
   if (p.running_since) {
-    text.push(`; running step ${(p.running_index || 0) + 1} `, h("b", {}, p.running_name || ""), " for ",
+    text.push(`; running step ${stepNumber(p.running_index)} `, h("b", {}, p.running_name || ""), " for ",
       h("span", { class: "elapsed", "data-since": p.running_since }, elapsed(p.running_since)));
   }
   return h("span", {}, ...text);
