@@ -114,6 +114,7 @@ def task_to_pb(task: Task) -> task_pb2.Task:
         **_times(task, "created_at", "updated_at", "cancel_requested_at", "finished_at"),
         pending_reason=task.pending_reason,
         fairness_key=task.fairness_key,
+        submitted_by=task.submitted_by,
     )
     if task.queue_timeout is not None:
         pb.queue_timeout.FromTimedelta(task.queue_timeout)
