@@ -5,6 +5,12 @@ host sent (an amc.v1.ScreenFrame): here only its `serial` and `host_id` are read
 A host opens its feed only when asked (`want`, which the hub pushes onto the host's renewal
 streams here): when a viewer here waits for one of its phones with no feed here (`ask`),
 and again when its feed ends while a viewer here still waits for one.
+
+A thumbnail's viewer (the console's Farm page) asks for no frame rate: a phone watched by
+thumbnails alone is captured once per THUMBNAIL_EVERY seconds at most, and a host's phones
+watched so share HOST_THUMBNAILS frames a second (a host with more of them sends each less
+often), so a wall of a farm's phones costs each host a few captures a second whatever its
+size. A viewer at its own rate on the same phone has the phone captured at that rate.
 """
 
 from __future__ import annotations
@@ -19,11 +25,22 @@ from typing import Any
 
 # A frame as it came (amc.v1.ScreenFrame), passed on as it is.
 Frame = Any
+# A phone watched by thumbnails alone: one frame per this many seconds at most; and the
+# frames a second a host's phones watched so share.
+THUMBNAIL_EVERY = 3.0
+HOST_THUMBNAILS = 4.0
+
+
+def thumbnail_interval(phones: int) -> float:
+    """Seconds between two thumbnails of each of `phones` phones of one host."""
+    return max(THUMBNAIL_EVERY, phones / HOST_THUMBNAILS)
 
 
 @dataclasses.dataclass(eq=False)
 class Viewer:
     max_fps: int
+    # A thumbnail's viewer: no rate of its own (max_fps 0).
+    thumbnail: bool = False
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
@@ -35,14 +52,17 @@ class Screen:
         self.serial = serial
         self.viewers: set[Viewer] = set()
         self.frame: Frame | None = None
-        # The relay from the replica holding the host's feed, when that is another one.
+        # The relay from the replica holding the host's feed, when that is another one, and
+        # the rate it asks there (the `fps` it was started for: 0 for thumbnails).
         self.source: asyncio.Task[None] | None = None
+        self.source_fps = 0
         # Why no frame will come any more (the relay was lost).
         self.lost: str | None = None
 
     @property
     def fps(self) -> int:
-        return max((v.max_fps for v in self.viewers), default=0)
+        """The highest frame rate its viewers asked for; 0: thumbnails only."""
+        return max((v.max_fps for v in self.viewers if not v.thumbnail), default=0)
 
     def put(self, frame: Frame) -> None:
         self.frame = frame
@@ -69,8 +89,10 @@ class Screens:
         self._screens: dict[tuple[str, str], Screen] = {}
         self._feeds: dict[str, Feed] = {}
         self.closing = False
-        # The viewers here of each token (control_plane.screens holds them to its limit).
+        # The viewers here of each token, and its thumbnails (control_plane.screens holds
+        # them to their limits).
         self.by_token: Counter[uuid.UUID] = Counter()
+        self.thumbnails_by_token: Counter[uuid.UUID] = Counter()
         # Asks a host (by id) to open its feed here.
         self._want = want
 
@@ -89,21 +111,28 @@ class Screens:
     def viewers(self) -> int:
         return sum(len(s.viewers) for s in self._screens.values())
 
-    def watched(self, host_id: str) -> list[tuple[str, int]]:
-        """The host's phones watched here, with the frame rate asked for, by serial."""
-        return sorted(
-            (s.serial, s.fps)
+    def watched(self, host_id: str) -> list[tuple[str, int, int]]:
+        """The host's phones watched here, by serial: the frame rate asked for, or for a
+        phone watched by thumbnails alone 1 and the milliseconds between two frames (its
+        share of the host's thumbnails), else 0."""
+        screens = [
+            s
             for (host, _), s in self._screens.items()
             if host == host_id and s.viewers and s.source is None
-        )
+        ]
+        thumbnails = sum(1 for s in screens if not s.fps)
+        every = round(1000 * thumbnail_interval(thumbnails))
+        return sorted((s.serial, s.fps, 0) if s.fps else (s.serial, 1, every) for s in screens)
 
     @contextlib.contextmanager
-    def watch(self, host_id: str, serial: str, max_fps: int) -> Iterator[tuple[Screen, Viewer]]:
+    def watch(
+        self, host_id: str, serial: str, max_fps: int, thumbnail: bool = False
+    ) -> Iterator[tuple[Screen, Viewer]]:
         key = (host_id, serial)
         screen = self._screens.get(key)
         if screen is None:
             screen = self._screens[key] = Screen(host_id, serial)
-        viewer = Viewer(max_fps)
+        viewer = Viewer(0 if thumbnail else max_fps, thumbnail)
         screen.viewers.add(viewer)
         self._tell(host_id)
         try:
@@ -117,8 +146,11 @@ class Screens:
             self._tell(host_id)
 
     def relaying(self, screen: Screen, source: asyncio.Task[None]) -> None:
-        """The screen's frames come from `source` (a relay), not from a feed here."""
-        screen.source = source
+        """The screen's frames come from `source` (a relay, asking its viewers' rate), not
+        from a feed here; a relay asking another rate is ended."""
+        if screen.source is not None and screen.source is not source:
+            screen.source.cancel()
+        screen.source, screen.source_fps = source, screen.fps
         self._tell(screen.host_id)
 
     @contextlib.contextmanager

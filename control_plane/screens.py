@@ -24,8 +24,11 @@ would. That replica counts the relay as one viewer: the phone is captured once f
 viewer on every replica. A relayed call is never relayed on. No database work per frame;
 one read when a watch starts (where the phone's host is, and the task's phone for a
 task's watch), and a task's watch is bound to that attempt (control_plane.screen_tasks).
-Each token may hold `max_viewers_per_token` watches on a replica. Watching touches
-nothing of a task: no lease, step or action.
+Each token may hold `max_viewers_per_token` watches on a replica, and apart from them
+`max_thumbnails_per_token` thumbnails (a frame every few seconds at most: control_plane.frames
+has the host's budget for them). A relay asks the rate its phone's viewers here want, and is
+started again when that changes (a Control page opened on a phone a wall of thumbnails
+watches, and closed). Watching touches nothing of a task: no lease, step or action.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import structlog
 
 from amc.v1 import lease_pb2, scheduler_pb2
 from control_plane import metrics, screen_tasks, validate
+from control_plane.config import Settings
 from control_plane.domain import Principal, Role
 from control_plane.errors import (
     DeviceNotFound,
@@ -52,7 +56,7 @@ from control_plane.errors import (
     TooManyViewers,
     Unavailable,
 )
-from control_plane.frames import Screen, Screens, Viewer
+from control_plane.frames import THUMBNAIL_EVERY, Screen, Screens, Viewer
 from control_plane.rpc import TaskServicer, check_decoded, first_message, principal
 from control_plane.screen_tasks import RUNNING, Attempt, Followed
 
@@ -74,6 +78,7 @@ class Target:
     host_id: str
     serial: str
     max_fps: int
+    thumbnail: bool = False
 
 
 def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
@@ -81,17 +86,21 @@ def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
     fps = request.max_fps or DEFAULT_FPS
     if not 1 <= fps <= MAX_FPS:
         raise InvalidArgument("max_fps", f"must be 1 to {MAX_FPS} (0: {DEFAULT_FPS})")
+    if request.thumbnail:
+        if request.max_fps:
+            raise InvalidArgument("max_fps", "a thumbnail has no frame rate of its own: 0")
+        fps = 0
     if request.task_id:
         if request.host_id or request.serial:
             raise InvalidArgument(
                 "task_id", "name a task, or a device (host_id and serial), not both"
             )
-        return Target(validate.task_id(request.task_id), "", "", fps)
+        return Target(validate.task_id(request.task_id), "", "", fps, request.thumbnail)
     if not request.host_id and not request.serial:
         raise InvalidArgument("task_id", "required: a task, or a device (host_id and serial)")
     host_id = validate.identifier(request.host_id, "host_id")
     serial = validate.identifier(request.serial, "serial")
-    return Target(None, host_id, serial, fps)
+    return Target(None, host_id, serial, fps, request.thumbnail)
 
 
 class ScreenWatch:
@@ -142,20 +151,16 @@ class ScreenWatch:
         if not here and not elsewhere and not relayed:
             if source["replica_id"] is None or not source["alive"]:
                 raise FailedPrecondition(f"host {host_id} is not connected")
+        address = str(source["address"]) if not relayed and not here and elsewhere else None
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_admitted(screens, who, settings.max_viewers_per_token))
+            stack.enter_context(_admitted(screens, who, settings, want.thumbnail))
             followed: Followed | None = None
             if bound is not None and want.task_id is not None:
                 every = settings.watch_refresh.total_seconds()
                 read = svc.store.replicas.screen_attempt
                 followed = stack.enter_context(hub.following.follow(want.task_id, read, every))
                 followed.join(bound)
-            screen, viewer = stack.enter_context(screens.watch(host_id, serial, want.max_fps))
-            if not relayed and not here and elsewhere and screen.source is None:
-                relay = asyncio.get_running_loop().create_task(
-                    self._relay(screen, str(source["address"]), want.max_fps)
-                )
-                screens.relaying(screen, relay)
+            screen, viewer = stack.enter_context(self._watching(host_id, serial, want, address))
             # No feed here yet: the host's renewal stream here asks it to open one.
             screens.ask(host_id)
             await context.send_initial_metadata(())
@@ -175,7 +180,7 @@ class ScreenWatch:
         (`followed`, checked before each frame), and ends when it is not."""
         hub = self._svc.hub
         loop = asyncio.get_running_loop()
-        interval = 1.0 / viewer.max_fps
+        interval = THUMBNAIL_EVERY if viewer.thumbnail else 1.0 / viewer.max_fps
         # A task's watch starts with the first frame that comes after it was bound: the
         # one the phone's screen holds may be older than the task's attempt.
         sent: scheduler_pb2.ScreenFrame | None = screen.frame if followed else None
@@ -221,15 +226,44 @@ class ScreenWatch:
             metrics.SCREEN_FRAMES.labels("sent").inc()
             yield frame
 
+    @contextlib.contextmanager
+    def _watching(
+        self, host_id: str, serial: str, want: Target, address: str | None
+    ) -> Iterator[tuple[Screen, Viewer]]:
+        """A viewer of the phone here (`address`: the replica its frames are relayed from,
+        None when they come from a feed here), whose relay, if any, asks what the phone's
+        viewers here want, the viewer counted in and, once it left, out."""
+        screens = self._svc.hub.screens
+        with screens.watch(host_id, serial, want.max_fps, want.thumbnail) as (screen, viewer):
+            self._relayed_as_wanted(screen, address)
+            try:
+                yield screen, viewer
+            finally:
+                screen.viewers.discard(viewer)
+                if not screens.closing:
+                    self._relayed_as_wanted(screen, address)
+
+    def _relayed_as_wanted(self, screen: Screen, address: str | None) -> None:
+        """A screen whose frames come from another replica (`address`) has a relay asking
+        the rate its viewers here want: started, or started again when that changed (a
+        viewer came or went). None: its frames come from a feed here."""
+        if address is None or not screen.viewers:
+            return
+        if screen.source is not None and screen.source_fps == screen.fps:
+            return
+        relay = asyncio.get_running_loop().create_task(self._relay(screen, address, screen.fps))
+        self._svc.hub.screens.relaying(screen, relay)
+
     async def _relay(self, screen: Screen, address: str, fps: int) -> None:
         """The phone's frames from the replica holding its host's feed, into `screen`: a
-        device watch as this replica (its proof, not a viewer's credentials)."""
+        device watch as this replica (its proof, not a viewer's credentials), at `fps`, or
+        as a thumbnail when 0."""
         metadata = [
             ("authorization", self._svc.auth.replica_proof()),
             (RELAYED_BY, self._svc.hub.replica),
         ]
         request = scheduler_pb2.WatchScreenRequest(
-            host_id=screen.host_id, serial=screen.serial, max_fps=fps
+            host_id=screen.host_id, serial=screen.serial, max_fps=fps, thumbnail=not fps
         )
         call = self._svc.peers.scheduler(address).WatchScreen(request, metadata=metadata)
         log.info("screen relayed", host_id=screen.host_id, serial=screen.serial, to=address)
@@ -257,25 +291,31 @@ def _during(frame: scheduler_pb2.ScreenFrame, followed: Followed, bound: Attempt
 
 
 @contextlib.contextmanager
-def _admitted(screens: Screens, who: Principal, limit: int) -> Iterator[None]:
-    """One more viewer of the caller's token on this replica, up to `limit` (a replica's
-    relays and callers without a token are not counted)."""
+def _admitted(
+    screens: Screens, who: Principal, settings: Settings, thumbnail: bool
+) -> Iterator[None]:
+    """One more viewer of the caller's token on this replica, up to its limit (a
+    thumbnail: one more of its thumbnails, up to theirs); a replica's relays and callers
+    without a token are not counted."""
     token = who.token_id
     if token is None or who.replica:
         yield
         return
-    if screens.by_token[token] >= limit:
+    counted = screens.thumbnails_by_token if thumbnail else screens.by_token
+    limit = settings.max_thumbnails_per_token if thumbnail else settings.max_viewers_per_token
+    if counted[token] >= limit:
+        what, flag = ("thumbnails", "thumbnails") if thumbnail else ("screens", "viewers")
         raise TooManyViewers(
-            f"this token watches {screens.by_token[token]} screens on this replica, its limit"
-            f" (--max-viewers-per-token {limit}): close one first"
+            f"this token watches {counted[token]} {what} on this replica, its limit"
+            f" (--max-{flag}-per-token {limit}): close one first"
         )
-    screens.by_token[token] += 1
+    counted[token] += 1
     try:
         yield
     finally:
-        screens.by_token[token] -= 1
-        if not screens.by_token[token]:
-            del screens.by_token[token]
+        counted[token] -= 1
+        if not counted[token]:
+            del counted[token]
 
 
 async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:
@@ -308,7 +348,7 @@ class HostFeed:
         screens = self._svc.hub.screens
         with screens.feed(host_id) as feed:
             pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))
-            told: list[tuple[str, int]] | None = None
+            told: list[tuple[str, int, int]] | None = None
             metrics.SCREEN_FEEDS.inc()
             try:
                 while screens.current(host_id, feed) and not pump.done():
@@ -317,7 +357,10 @@ class HostFeed:
                     if watched != told:
                         told = watched
                         yield lease_pb2.ScreenFramesResponse(
-                            watched=[lease_pb2.ScreenWatch(serial=s, max_fps=f) for s, f in watched]
+                            watched=[
+                                lease_pb2.ScreenWatch(serial=s, max_fps=f, interval_ms=i)
+                                for s, f, i in watched
+                            ]
                         )
                     changed = asyncio.ensure_future(feed.changed.wait())
                     try:

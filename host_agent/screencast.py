@@ -7,11 +7,12 @@ breaks meanwhile), and closes it once none has been watched for `linger` (SCREEN
 30 s: a viewer flipping between phones does not reopen it each time); an idle host holds
 no call. An old control plane that never asks gets no call: no live screen until it is
 upgraded. The control plane sends the set of this host's phones watched (with the frame
-rate asked); each watched phone gets a capture loop: `screencap -p` over adb (a simulated
-phone draws its live frame), at most `screen_max_fps` frames a second and
-`screen_max_rate` bytes a second (a large frame waits longer before the next), whatever
-the viewers ask. A phone no longer watched stops being captured at once; with nobody
-watching, nothing is captured (amc_agent_screen_captures_total stays put).
+rate asked: a phone watched by thumbnails alone, once per `interval_ms`, a few seconds);
+each watched phone gets a capture loop: `screencap -p` over adb (a simulated phone draws
+its live frame), at most `screen_max_fps` frames a second and `screen_max_rate` bytes a
+second (a large frame waits longer before the next), whatever the viewers ask. A phone no
+longer watched stops being captured at once; with nobody watching, nothing is captured
+(amc_agent_screen_captures_total stays put).
 
 Frames go up latest-first: each phone has one slot, a newer frame replaces one not yet
 sent (amc_agent_screen_frames_dropped_total{reason="superseded"}), and the sender writes
@@ -101,6 +102,11 @@ def to_jpeg(image: bytes, quality: int = JPEG_QUALITY) -> bytes | None:
         return None
 
 
+def _rate(watch: lease_pb2.ScreenWatch) -> float:
+    """Frames a second a watch asks: its max_fps, or for a thumbnail one per interval_ms."""
+    return 1000 / watch.interval_ms if watch.interval_ms > 0 else float(watch.max_fps)
+
+
 class Screencaster:
     """The host's live screens: the ScreenFrames call, one capture loop per watched phone."""
 
@@ -129,8 +135,9 @@ class Screencaster:
         self._device = device
         self._max_fps = max_fps
         self._max_rate = max_rate
-        # What the control plane asked for (serial -> fps), and the local watchers.
-        self._watched: dict[str, int] = {}
+        # What the control plane asked for (serial -> frames a second, below 1 for a
+        # thumbnail), and the local watchers.
+        self._watched: dict[str, float] = {}
         self._sinks: dict[str, dict[int, tuple[int, Sink]]] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._seq: dict[str, int] = {}
@@ -206,7 +213,7 @@ class Screencaster:
                 if message is grpc.aio.EOF:
                     return False
                 self.calling = True
-                self._set_watched({w.serial: w.max_fps for w in message.watched})
+                self._set_watched({w.serial: _rate(w) for w in message.watched})
         finally:
             self.calling = False
             self._closed.set()
@@ -232,7 +239,7 @@ class Screencaster:
                 metrics.SCREEN_FRAMES_SENT.inc()
                 metrics.SCREEN_BYTES_SENT.inc(len(frame.data))
 
-    def _set_watched(self, watched: dict[str, int]) -> None:
+    def _set_watched(self, watched: dict[str, float]) -> None:
         if watched != self._watched:
             log.info("phones watched", serials=sorted(watched))
         self._watched = watched
@@ -258,11 +265,11 @@ class Screencaster:
                 self._sinks.pop(serial, None)
             self._sync()
 
-    def _fps(self, serial: str) -> int:
+    def _fps(self, serial: str) -> float:
         asked = max(
             [self._watched.get(serial, 0), *(f for f, _ in self._sinks.get(serial, {}).values())]
         )
-        return max(1, min(self._max_fps, asked))
+        return min(self._max_fps, asked) if asked > 0 else 1.0
 
     def _sync(self) -> None:
         wanted = set(self._watched) | set(self._sinks)
