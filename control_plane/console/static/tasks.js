@@ -5,8 +5,8 @@
 import { STATUSES, TERMINAL, ApiError, call } from "./api.js";
 import { artifactView, keptFiles, recordingSection } from "./artifacts.js";
 import {
-  badge, elapsed, enumName, h, hostLink, labels, span, specSummary, statusOf, stepNumber, table,
-  taskLink, took, when,
+  badge, elapsed, enumName, h, hostLink, labels, span, statusOf, stepNumber, table, taskDuration,
+  taskLink, taskWhat, taskWhy, took, when,
 } from "./dom.js";
 import { watchPanel } from "./screen.js";
 import { reasonForm, refresh, route } from "./shell.js";
@@ -49,7 +49,8 @@ export const Tasks = {
       h("option", { value: "" }, "any status"),
       STATUSES.map((s) => h("option", { value: s, selected: s === f.status }, s))),
     field("host", f.host, "host"), field("label", f.label, "label key=value"),
-    field("q", f.text, "id, request id or metadata"),
+    h("input", { name: "q", value: f.text, placeholder: "id, request id or metadata", size: 30,
+                 "aria-label": "id, request id or metadata" }),
     h("button", { type: "submit" }, "Filter"));
     const tasks = data.tasks || [];
     const rows = tasks.map((t) => h("tr", { "data-task": t.task_id },
@@ -57,15 +58,19 @@ export const Tasks = {
       h("td", { class: "status" }, badge(statusOf(t))),
       h("td", {}, `${t.attempt}/${t.max_attempts}`),
       h("td", {}, t.priority),
+      h("td", { class: "what" }, taskWhat(t)),
+      h("td", { class: "submitter" }, t.submitted_by || "-"),
       h("td", {}, t.host_id ? [hostLink(t.host_id), ` / ${t.device_serial}`] : "-"),
-      h("td", {}, when(t.created_at)),
-      h("td", {}, specSummary(t.spec))));
+      h("td", { class: "created" }, when(t.created_at)),
+      h("td", { class: "duration" }, TERMINAL.has(statusOf(t))
+        ? taskDuration(t) : h("span", { class: "elapsed", "data-since": t.created_at }, taskDuration(t))),
+      h("td", { class: `why ${statusOf(t) === "failed" ? "error-text" : ""}` }, taskWhy(t))));
     const pager = h("div", { class: "pager" },
       this.tokens.length > 1 ? h("button", { class: "plain", onclick: () => { this.tokens.pop(); refresh(); } }, "← newer") : null,
       data.next_page_token ? h("button", { class: "plain", onclick: () => { this.tokens.push(data.next_page_token); refresh(); } }, "older →") : null);
     return [
       h("h1", {}, "Tasks"), form,
-      tasks.length ? table(["task", "status", "attempt", "priority", "where", "created", "spec"], rows, { class: "tasks" })
+      tasks.length ? table(["task", "status", "attempt", "priority", "what", "submitted by", "where", "created", "duration", "reason / error"], rows, { class: "tasks" })
                    : h("p", { class: "muted" }, "No task matches."),
       pager,
     ];
@@ -92,6 +97,8 @@ export const Task = {
         ["status", [badge(status), task.attempt ? ` attempt ${task.attempt} of ${task.max_attempts}` : ""]],
         ["waiting", task.pending_reason || null],
         ["progress", !TERMINAL.has(status) && task.progress ? progressText(task.progress) : null],
+        ["what", taskWhat(task)],
+        ["submitted by", task.submitted_by || null],
         ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : null],
         ["selector", task.selector_text],
         ["priority", task.priority],
@@ -136,7 +143,9 @@ export const Task = {
     }
     return [
       h("h1", {}, "Task ", h("span", { class: "mono" }, params.id), " ", h("span", { id: "task-status" }, badge(status))),
-      cancel, watchPanel(task), grid,
+      cancel,
+      // The phone's screen beside the task's details, not above them.
+      h("div", { class: "task-top" }, grid, watchPanel(task)),
       ...recordingSection(task, done),
       h("h2", {}, "Steps"),
       steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" })
