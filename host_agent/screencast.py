@@ -144,6 +144,9 @@ class Screencaster:
         # The newest frame of each phone not sent yet, and a wake-up for the sender.
         self._outbox: dict[str, scheduler_pb2.ScreenFrame] = {}
         self._ready = asyncio.Event()
+        # Set when what is watched changed: each capture loop waiting for its next capture
+        # looks at its rate again (_until_due).
+        self._changed: dict[str, asyncio.Event] = {}
         self._next_sink = 0
         self._said_no_jpeg = False
 
@@ -275,10 +278,31 @@ class Screencaster:
         wanted = set(self._watched) | set(self._sinks)
         for serial in [s for s in self._loops if s not in wanted]:
             self._loops.pop(serial).cancel()
+            self._changed.pop(serial, None)
         for serial in wanted - set(self._loops):
             self._loops[serial] = asyncio.get_running_loop().create_task(
                 self._capture(serial), name=f"screen {serial}"
             )
+        for changed in self._changed.values():
+            changed.set()  # a loop waiting for its next capture looks at its rate again
+
+    async def _until_due(self, serial: str, started: float, size: int) -> None:
+        """Until the next capture of `serial` is due at its rate (and the byte rate), or
+        at once when a faster rate makes it so: a phone watched by thumbnails (a frame
+        every few seconds) that a live viewer starts watching is captured again at once."""
+        clock = asyncio.get_running_loop()
+        changed = self._changed.setdefault(serial, asyncio.Event())
+        while True:
+            changed.clear()
+            interval = max(1.0 / self._fps(serial), size / self._max_rate)
+            due = started + interval - clock.time()
+            if due <= 0:
+                return
+            try:
+                async with asyncio.timeout(due):
+                    await changed.wait()
+            except TimeoutError:
+                return
 
     async def _capture(self, serial: str) -> None:
         """Frames of `serial` until it is no longer watched."""
@@ -322,8 +346,7 @@ class Screencaster:
             self._offer(serial, frame)
             for _, sink in list(self._sinks.get(serial, {}).values()):
                 sink(frame)
-            interval = max(1.0 / self._fps(serial), len(data) / self._max_rate)
-            await asyncio.sleep(max(0.0, started + interval - clock.time()))
+            await self._until_due(serial, started, len(data))
 
     async def _smaller(self, frame: scheduler_pb2.ScreenFrame) -> scheduler_pb2.ScreenFrame:
         """A frame too large to send, as a JPEG (Pillow, off the event loop); as it is

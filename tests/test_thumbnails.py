@@ -143,3 +143,33 @@ async def test_the_consoles_thumbnails_socket_sends_each_shown_phones_frames_and
         stopped = captures()
         await asyncio.sleep(1.0)
         assert captures() == stopped
+
+
+async def test_a_live_viewer_of_a_phone_shown_as_a_thumbnail_gets_frames_at_once(
+    farm: Farm,
+) -> None:
+    """GIVEN 20 phones of a host watched as thumbnails (each captured every 5 s) WHEN an
+    operator watches one of them live THEN its frames come at the live rate at once, not
+    after the thumbnail's wait."""
+    source = SimulatedSource(20, delay=0.01)
+    operator = await farm.operator()
+    async with running_agent(farm, source):
+        # This farm lets a token hold 3 thumbnails: 7 tokens for the 20.
+        walls = [farm.clients(await farm.token(Role.OPERATOR)) for _ in range(7)]
+        calls = [
+            walls[i // 3].scheduler.WatchScreen(thumbnail(serial))
+            for i, serial in enumerate(source.serials)
+        ]
+        for call in calls:
+            await asyncio.wait_for(call.read(), 30)
+        await asyncio.wait_for(calls[0].read(), 30)  # a thumbnail just captured: 5 s to go
+        live = operator.scheduler.WatchScreen(
+            scheduler_pb2.WatchScreenRequest(host_id=HOST, serial="sim-0", max_fps=10)
+        )
+        await asyncio.wait_for(live.read(), 20)  # the phone's latest frame
+        started = time.monotonic()
+        seqs = [(await asyncio.wait_for(live.read(), 20)).seq for _ in range(5)]
+        assert time.monotonic() - started < 2.5, seqs
+        live.cancel()
+        for call in calls:
+            call.cancel()
