@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperOption
 
-from amc_cli.commands import agents, devices, hosts, queue, tasks, tokens
+from amc_cli.commands import agents, apps, devices, hosts, queue, tasks, tokens
 from amc_cli.errors import EXIT_CODES_HELP, BadInput
 from amc_cli.options import Connection, duration, positive_seconds
 from amc_common import durations
@@ -23,7 +23,8 @@ DEFAULT_ADDR = f"127.0.0.1:{DEFAULT_PORT}"
 app = typer.Typer(
     name="amc",
     help="Operate an Agentic Mobile Control phone farm: submit, follow and cancel tasks, "
-    f"see hosts and devices, manage tokens. {durations.GRAMMAR}",
+    "see hosts and devices, keep apps for tasks to install, manage tokens."
+    f" {durations.GRAMMAR}",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -36,6 +37,8 @@ app.add_typer(tokens.app, name="tokens")
 app.add_typer(hosts.app, name="hosts")
 app.add_typer(devices.app, name="devices")
 app.add_typer(queue.app, name="queue")
+app.add_typer(apps.app, name="apps")
+app.add_typer(apps.files, name="files")
 
 
 def _flags_take_no_value() -> None:

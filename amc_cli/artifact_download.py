@@ -4,10 +4,11 @@ one a STEP names, and writing one to a file or stdout with its sha256 checked.""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import secrets
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -63,9 +64,8 @@ def write(artifact: task_pb2.Artifact, chunks: Iterator[bytes], target: str) -> 
     if target == "-":
         return _copy(artifact, chunks, sys.stdout.buffer)
     path = Path(target)
-    folder = path.parent if str(path.parent) else Path(".")
     try:
-        fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+        fd, temp = _beside(path)
     except OSError as exc:
         raise BadInput(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
@@ -81,6 +81,18 @@ def write(artifact: task_pb2.Artifact, chunks: Iterator[bytes], target: str) -> 
             os.unlink(temp)
         raise
     return size
+
+
+def _beside(path: Path) -> tuple[int, str]:
+    """A new file of a name of its own beside `path`, open for writing, with the mode any
+    new file of the user gets (0666 less the umask; tempfile's would be 0600)."""
+    for _ in range(100):
+        temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        try:
+            return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(temp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free name for a temporary file", str(path.parent))
 
 
 def _copy(artifact: task_pb2.Artifact, chunks: Iterator[bytes], out: BinaryIO) -> int:

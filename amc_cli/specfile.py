@@ -11,11 +11,17 @@ the one field that must be given.
     - tap: [540, 1200]                      # or {x: 540, y: 1200}
     - tap_on: "Log in"                      # or {text: ...}, {resource_id: ...}, {selector: ...}
     - input_text: "alice@example.com"
-    - key: enter                            # a name from specvalues.KEYCODES, or a number
+    - key: enter                            # a name from amc_common.keycodes, or a number
     - wait: 2s                              # durations: 2s, 500ms, 1m30s, 1.5 (seconds)
     - shell: "pm list packages"             # or {command: ..., timeout: 5s}
     - screenshot                            # no arguments (keeps the PNG)
     - ui_dump                               # no arguments (keeps the uiautomator XML)
+    - install_app: com.example.app          # or {app: ID or package, replace: true, ...}
+    - push_file: [FILE_ID, /sdcard/x.bin]   # a library file (amc files upload) to a path
+    - pull_file: /sdcard/x.bin              # kept as an artifact of the task
+
+`apps:` (beside `actions:` or `workflow:`) lists apps of the library to install before the
+first action, each a package, an app id, or a mapping as install_app takes.
 
 The document is normalised against the message descriptors (names checked, durations
 turned into proto JSON, scalars coerced) and then handed to `json_format.ParseDict`. Each
@@ -55,6 +61,7 @@ _TOP_LEVEL = [
     "queue_timeout",
     "deadline",
     "fairness_key",
+    "apps",
 ]
 
 
@@ -133,8 +140,11 @@ class _Builder:
             raise self.fail(None, None, data, "", problem)
         out: dict[str, Any] = {}
         spec: dict[str, Any] = {}
+        apps: list[Any] = []
         for key, value in data.items():
-            if key == "actions":
+            if key == "apps":
+                apps = self.apps(value, data, key)
+            elif key == "actions":
                 spec["actions"] = {"actions": self.field(value, _ACTIONS, key, data, key)}
             elif key == "workflow":
                 if isinstance(value, list):
@@ -151,7 +161,7 @@ class _Builder:
         if len(spec) != 1:
             problem = "set actions or workflow, not both" if spec else "no actions or workflow"
             raise self.fail(data, None, data, "", problem)
-        out["spec"] = spec
+        out["spec"] = {**spec, "apps": apps} if apps else spec
         try:
             return json_format.ParseDict(out, scheduler_pb2.SubmitTaskRequest())
         except json_format.ParseError as exc:
@@ -188,6 +198,8 @@ class _Builder:
             return {}
         if desc.full_name == "amc.v1.UiSelector" and not isinstance(value, dict | list):
             return self.made({"text": value}, parent, key, value)
+        if desc.full_name == "amc.v1.InstallApp" and not isinstance(value, dict | list):
+            return self.made({"app": value}, parent, key, value)
         return value
 
     def arguments(self, kind: str, value: Any, path: str, parent: Any, key: Hashable) -> Any:
@@ -222,6 +234,19 @@ class _Builder:
             raise self.fail(parent, key, value, path, " ".join(str(exc).split())) from None
         except ActionError as exc:
             raise self.fail(parent, key, value, f"{path}.{exc.field}", exc.problem) from None
+
+    def apps(self, value: Any, parent: Any, key: Hashable) -> list[Any]:
+        """`apps:`: each a package, an app id, or install_app's mapping, checked as one."""
+        apps: list[Any] = self.field(value, _APPS, "apps", parent, key)
+        for i, one in enumerate(apps):
+            try:
+                from_message(json_format.ParseDict({"install_app": one}, task_pb2.Action()))
+            except (json_format.ParseError, ActionError) as exc:
+                inside = getattr(exc, "field", "").removeprefix("install_app").lstrip(".")
+                problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+                path = f"apps[{i}].{inside}" if inside else f"apps[{i}]"
+                raise self.fail(value, i, one, path, problem) from None
+        return apps
 
     def inline_selector(
         self, value: dict[Any, Any], desc: Descriptor, path: str, parent: Any, key: Hashable
@@ -290,6 +315,7 @@ class _Builder:
 
 
 _ACTIONS = task_pb2.ActionList.DESCRIPTOR.fields_by_name["actions"]
+_APPS = task_pb2.TaskSpec.DESCRIPTOR.fields_by_name["apps"]
 _ACTION_KINDS = list(task_pb2.Action.DESCRIPTOR.fields_by_name)
 _REQUEST_FIELDS = {
     name: f

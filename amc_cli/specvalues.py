@@ -1,5 +1,6 @@
 """A spec file's single values read as their message fields want them: text, numbers,
-booleans, and keys by name (KEYCODES); each refusal a ValueError saying what was found."""
+booleans, and keys by name (amc_common.keycodes); each refusal a ValueError saying what was
+found."""
 
 from __future__ import annotations
 
@@ -10,39 +11,7 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-# Android KeyEvent codes an operator is likely to want by name.
-KEYCODES = {
-    "home": 3,
-    "back": 4,
-    "call": 5,
-    "endcall": 6,
-    "dpad_up": 19,
-    "dpad_down": 20,
-    "dpad_left": 21,
-    "dpad_right": 22,
-    "dpad_center": 23,
-    "volume_up": 24,
-    "volume_down": 25,
-    "power": 26,
-    "camera": 27,
-    "tab": 61,
-    "space": 62,
-    "enter": 66,
-    "del": 67,
-    "backspace": 67,
-    "menu": 82,
-    "search": 84,
-    "media_play_pause": 85,
-    "page_up": 92,
-    "page_down": 93,
-    "escape": 111,
-    "forward_del": 112,
-    "move_home": 122,
-    "move_end": 123,
-    "app_switch": 187,
-    "sleep": 223,
-    "wakeup": 224,
-}
+from amc_common.keycodes import keycode
 
 
 def describe(value: Any) -> str:
@@ -75,7 +44,7 @@ def scalar(value: Any, f: FieldDescriptor) -> Any:
             return value
         raise ValueError(f"expected a number, got {describe(value)}")
     if f.full_name == "amc.v1.Key.keycode" and isinstance(value, str):
-        return _keycode(value)
+        return keycode(value)
     return _whole_number(value)
 
 
@@ -97,15 +66,3 @@ def _whole_number(value: Any) -> int:
     if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
         return int(value)
     raise ValueError(f"expected a whole number, got {describe(value)}")
-
-
-def _keycode(value: str) -> int:
-    name = value.strip().lower().removeprefix("keycode_")
-    if name in KEYCODES:
-        return KEYCODES[name]
-    if name.isdigit():
-        return int(name)
-    raise ValueError(
-        f"unknown key {value!r}; {suggest(name, list(KEYCODES))}use a keycode number or a name"
-        " such as enter, back, home, tab, del (list in docs/cli.md)"
-    )

@@ -11,16 +11,42 @@
         done = await farm.wait(task.task_id)
 
 Modules:
-    farm      Farm: the connection, submit / get / wait / watch / cancel, session()
-    phone     Phone: one interactive session's actions (Scheduler.OpenSession)
-    actions   builders of the amc.v1.Action messages
-    errors    the exceptions it raises
-    retry     which errors are tried again, and how
-    mcp_server  an MCP server lending a phone to AI agents (needs the `mcp` extra)
+    farm        Farm: the connection, submit / get / wait / watch / cancel, session()
+    opening     opening a session: told why it waits, bounded by its queue timeout
+    phone       Phone: one interactive session's actions (Scheduler.OpenSession)
+    actions     builders of the amc.v1.Action messages, checked with the action table
+    errors      the exceptions it raises
+    retry       which errors are tried again, and how
+    mcp_server  an MCP server lending a phone to AI agents (needs the `mcp` extra), with
+                mcp_tools (its tools), mcp_lender (its one session), mcp_text (what it says)
 """
 
-from amc_client.errors import ActionFailed, AmcClientError, SessionEnded, SessionRefused
+from amc_client.errors import (
+    ActionFailed,
+    ActionRefused,
+    AmcClientError,
+    NoPhone,
+    SessionCancelled,
+    SessionDeadline,
+    SessionEnded,
+    SessionIdle,
+    SessionLeaseLost,
+    SessionRefused,
+)
 from amc_client.farm import Farm
 from amc_client.phone import Phone
 
-__all__ = ["ActionFailed", "AmcClientError", "Farm", "Phone", "SessionEnded", "SessionRefused"]
+__all__ = [
+    "ActionFailed",
+    "ActionRefused",
+    "AmcClientError",
+    "Farm",
+    "NoPhone",
+    "Phone",
+    "SessionCancelled",
+    "SessionDeadline",
+    "SessionEnded",
+    "SessionIdle",
+    "SessionLeaseLost",
+    "SessionRefused",
+]

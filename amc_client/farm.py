@@ -9,24 +9,19 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_client.actions import apps as install_apps
 from amc_client.actions import seconds
-from amc_client.errors import AmcClientError, SessionRefused
-from amc_client.phone import Phone
+from amc_client.errors import AmcClientError
+from amc_client.opening import DEFAULT_QUEUE_TIMEOUT, open_phone
+from amc_client.phone import TERMINAL, Phone
 from amc_client.retry import DEFAULT_RETRY, Retry, transient
-from amc_common import statuses
-from amc_common.channel import (
-    DEFAULT_PORT,
-    aio_channel,
-    with_default_port,
-    write_unless_ended,
-)
+from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port
 
-TERMINAL = statuses.numbers(statuses.TERMINAL, task_pb2.TaskStatus)
+__all__ = ["DEFAULT_QUEUE_TIMEOUT", "TERMINAL", "Farm"]
 
 
 class Farm:
@@ -150,6 +145,44 @@ class Farm:
 
     # -- sessions ---------------------------------------------------------------------------
 
+    async def open_session(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        serial: str = "",
+        idle_timeout: float = 60.0,
+        max_duration: float | None = None,
+        queue_timeout: float | None = DEFAULT_QUEUE_TIMEOUT,
+        fairness_key: str = "",
+        priority: int = 0,
+        metadata: Mapping[str, str] | None = None,
+        on_wait: Callable[[task_pb2.Task], None] | None = None,
+        apps: Sequence[str | task_pb2.InstallApp] = (),
+    ) -> Phone:
+        """The phone of a new session, once its host joined; end it with `close()` (done)
+        or `abandon()` (failed, "session abandoned"). For a holder that outlives a block
+        (an MCP server); `session` is the same as a block. Arguments as `session`'s."""
+        opening = scheduler_pb2.SessionOpen(
+            selector=task_pb2.DeviceSelector(serial=serial, labels=dict(labels or {})),
+            idle_timeout=seconds(idle_timeout),
+            fairness_key=fairness_key,
+            priority=priority,
+            metadata=dict(metadata or {}),
+            apps=install_apps(apps),
+        )
+        if max_duration is not None:
+            opening.max_duration.CopyFrom(seconds(max_duration))
+        if queue_timeout is not None:
+            opening.queue_timeout.CopyFrom(seconds(queue_timeout))
+        return await open_phone(
+            self.scheduler,
+            self.retry,
+            opening,
+            queue_timeout=queue_timeout,
+            on_wait=on_wait,
+            finished=lambda task_id: self.wait(task_id),
+        )
+
     @asynccontextmanager
     async def session(
         self,
@@ -158,62 +191,42 @@ class Farm:
         serial: str = "",
         idle_timeout: float = 60.0,
         max_duration: float | None = None,
-        queue_timeout: float | None = None,
+        queue_timeout: float | None = DEFAULT_QUEUE_TIMEOUT,
         fairness_key: str = "",
         priority: int = 0,
         metadata: Mapping[str, str] | None = None,
         on_wait: Callable[[task_pb2.Task], None] | None = None,
+        apps: Sequence[str | task_pb2.InstallApp] = (),
     ) -> AsyncIterator[Phone]:
-        """A phone of one's own until the block ends (the task ends done). Waits for a
-        matching phone first, telling `on_wait` each state of the queued task (its
-        `pending_reason` says why it waits). An exception out of the block abandons the
-        session (the task ends failed, "session abandoned")."""
-        opening = scheduler_pb2.SessionOpen(
-            selector=task_pb2.DeviceSelector(serial=serial, labels=dict(labels or {})),
-            idle_timeout=seconds(idle_timeout),
+        """A phone of one's own until the block ends (the task ends done).
+
+        It waits for a matching phone first, for at most `queue_timeout` seconds (None: as
+        long as it takes), then raises NoPhone with the last reason the wait was given;
+        `on_wait` is told each state of the queued task at once (its `pending_reason` says
+        why it waits), and a selector no registered phone fits is logged as a warning on
+        the `amc_client` logger at once. `idle_timeout`: the longest pause between two
+        actions before the control plane ends the session (SessionIdle); `max_duration`:
+        the longest it may run (SessionDeadline). `apps`: apps of the farm's library
+        installed before the first action, as the session's step 0 "apps" (an app id or a
+        package name, replacing an installed copy; an InstallApp for other flags): one
+        the library lacks is refused NOT_FOUND, a failed install raises SessionRefused,
+        and the time they take is not counted in `queue_timeout`. An exception out of the
+        block abandons the session (the task ends failed, "session abandoned")."""
+        phone = await self.open_session(
+            labels=labels,
+            serial=serial,
+            idle_timeout=idle_timeout,
+            max_duration=max_duration,
+            queue_timeout=queue_timeout,
             fairness_key=fairness_key,
             priority=priority,
-            metadata=dict(metadata or {}),
+            metadata=metadata,
+            on_wait=on_wait,
+            apps=apps,
         )
-        if max_duration is not None:
-            opening.max_duration.CopyFrom(seconds(max_duration))
-        if queue_timeout is not None:
-            opening.queue_timeout.CopyFrom(seconds(queue_timeout))
-        call, task = await self.retry.call(lambda: self._first_answer(opening))
-        phone = await self._dispatched(call, task, on_wait)
         try:
             yield phone
         except BaseException:
             phone.abandon()
             raise
         await phone.close()
-
-    async def _first_answer(self, opening: scheduler_pb2.SessionOpen) -> tuple[Any, task_pb2.Task]:
-        """The call and its first answer: until then nothing was created, so a transient
-        failure may be retried."""
-        call: Any = self.scheduler.OpenSession()
-        # Refused before the request went (a bad token): the read raises why.
-        await write_unless_ended(call, scheduler_pb2.OpenSessionRequest(open=opening))
-        response = await call.read()
-        if response is grpc.aio.EOF:
-            raise SessionRefused("the control plane ended the session before answering")
-        return call, response.task
-
-    async def _dispatched(
-        self, call: Any, task: task_pb2.Task, on_wait: Callable[[task_pb2.Task], None] | None
-    ) -> Phone:
-        try:
-            while task.status != task_pb2.TASK_STATUS_DISPATCHED:
-                if task.status in TERMINAL:
-                    status = task_pb2.TaskStatus.Name(task.status)
-                    raise SessionRefused(f"session {status} before it started", task)
-                if on_wait is not None:
-                    on_wait(task)
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    raise SessionRefused("the control plane ended the session", task)
-                task = response.task
-        except BaseException:
-            call.cancel()
-            raise
-        return Phone(call, task)

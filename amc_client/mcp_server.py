@@ -1,15 +1,25 @@
 """An MCP server that lends AI agents phones of the farm: tools list_phones, open_session,
-screenshot (a PNG image), ui_dump (compact, or the full XML), tap, tap_element (a UI
-selector), swipe, type_text, press_key, launch_app, stop_app and close_session, over one
-interactive session (Scheduler.OpenSession) at a time. Needs the `mcp` extra (`pip install
+screenshot (a PNG image and its size against the screen's), ui_dump (compact, or the full
+XML), tap, tap_element (a UI selector), swipe, type_text, press_key (a key name or number),
+launch_app, stop_app, install_app, wait_for and close_session, over one interactive session
+(Scheduler.OpenSession) at a time. Needs the `mcp` extra (`pip install
 agentic-mobile-control[mcp]`); the rest of amc_client does not.
 
     amc --addr amc.example:50051 --token-file token mcp --label model="Pixel 8"
     python -m amc_client.mcp_server --address amc.example:50051 --token-file token
 
-speak MCP on stdin/stdout. The session opens with the first action (or open_session) and
-ends done with close_session; one the agent forgets ends failed ("session abandoned") after
-its idle timeout.
+speak MCP on stdin/stdout. The tools are amc_client.mcp_tools (what each says, and how a
+failure is a tool error of one line), the session amc_client.mcp_lender's (one at a time,
+never replaced behind the agent's back). The session is opened by open_session (or the
+first action) with the MCP client's name in its metadata; close_session ends it done, and
+one the agent forgets ends failed after its idle timeout.
+
+How the server ends: when its stdin closes. An MCP client that shuts down closes the
+server's stdin and reads its stdout until the server exits (the spec's shutdown); one that
+crashed or was killed closed both, so the server tells the two apart by whether anyone
+still reads its stdout: a clean leave ends the open session done, a vanished client's
+ends failed, "session abandoned", as a gRPC client's that vanishes does. Either way the
+server exits 0, saying nothing (a vanished client's session: one line on stderr).
 """
 
 from __future__ import annotations
@@ -17,244 +27,62 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping
+import os
+import select
+import signal
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import anyio
-import grpc
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.utilities.types import Image
 
-from amc.v1 import scheduler_pb2, task_pb2
-from amc_client import actions
-from amc_client.errors import ActionFailed, SessionEnded
+from amc.v1 import task_pb2
 from amc_client.farm import Farm
-from amc_client.phone import Phone
+from amc_client.mcp_lender import PhoneLender
+from amc_client.mcp_text import compact_ui, phones_text
+from amc_client.mcp_tools import register
 from amc_common import durations
 from amc_common.channel import read_token
+from amc_common.command_line import OneLineParser
+from amc_common.version import version
 
+T = TypeVar("T")
 
-class PhoneLender:
-    """At most one open session, opened on demand, for the tools to act on."""
+__all__ = ["PhoneLender", "build_server", "compact_ui", "main", "phones_text", "run", "serve"]
 
-    def __init__(
-        self,
-        farm: Farm,
-        labels: Mapping[str, str] | None = None,
-        idle_timeout: float = 300.0,
-        serial: str = "",
-    ) -> None:
-        self.farm = farm
-        self.labels = dict(labels or {})
-        self.serial = serial
-        self.idle_timeout = idle_timeout
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._phone: Phone | None = None
+# The control plane's range for a session's idle timeout (SessionOpen.idle_timeout).
+IDLE = (1.0, 3600.0)
+DEFAULT_IDLE_TIMEOUT = 300.0
+# How long open_session waits for a phone by default: a tool call must answer before the
+# MCP client gives up on it (60 s in most clients).
+DEFAULT_QUEUE_TIMEOUT = 30.0
+QUEUE = (1.0, 30 * 86400.0)
+# After stdin closed, how long the server watches for its stdout's reader to be gone too
+# (a client's death closes both at once) before it takes the leave for a clean one.
+LEFT_GRACE = 0.1
+# How long a clean leave waits for the session to close (after the action running, if
+# any): the MCP SDK's client sends SIGKILL 4 s after it closed the server's stdin.
+CLOSE_PATIENCE = 3.5
 
-    @property
-    def phone(self) -> Phone | None:
-        """The open session's phone, if one is open."""
-        return self._phone
-
-    async def open(self, labels: Mapping[str, str] | None = None, serial: str = "") -> Phone:
-        if self._phone is not None and self._phone.ended is None:
-            return self._phone
-        await self.close()
-        stack = contextlib.AsyncExitStack()
-        chosen = dict(labels or {}) if labels or serial else self.labels
-        session = self.farm.session(
-            labels=chosen,
-            serial=serial or ("" if labels else self.serial),
-            idle_timeout=self.idle_timeout,
-        )
-        self._phone = await stack.enter_async_context(session)
-        self._stack = stack
-        return self._phone
-
-    async def close(self) -> task_pb2.Task | None:
-        """End the open session (done); its finished task, if there was one."""
-        phone, stack = self._phone, self._stack
-        self._phone = self._stack = None
-        if phone is None or stack is None:
-            return None
-        if phone.ended is not None:
-            return phone.ended
-        await stack.aclose()
-        return phone.ended
-
-
-def _said(task: task_pb2.Task | None) -> str:
-    if task is None:
-        return "no session was open"
-    status = task_pb2.TaskStatus.Name(task.status).removeprefix("TASK_STATUS_").lower()
-    error = f": {task.result.error}" if task.result.error else ""
-    return f"session {task.task_id} {status}{error} ({len(task.result.steps)} actions)"
-
-
-def _condition(device: scheduler_pb2.Device) -> str:
-    name: str = scheduler_pb2.DeviceCondition.Name(device.condition)
-    return name.removeprefix("DEVICE_CONDITION_").lower().replace("unspecified", "ready")
-
-
-async def phones_text(farm: Farm, labels: Mapping[str, str] | None = None) -> str:
-    """The farm's online phones (matching `labels`), one line each: serial, model, free or
-    busy, condition, labels. Listing hosts takes an operator token."""
-    try:
-        hosts = (await farm.scheduler.ListHosts(scheduler_pb2.ListHostsRequest())).hosts
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
-            return "listing phones needs an operator token; open_session with labels instead"
-        raise
-    lines = []
-    for host in hosts:
-        for d in host.devices:
-            wanted = all(d.labels.get(k) == v for k, v in (labels or {}).items())
-            if not (host.connected and d.state == scheduler_pb2.DEVICE_STATE_DEVICE and wanted):
-                continue
-            use = f"busy ({d.task_id})" if d.task_id else "free"
-            tags = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
-            lines.append(f"{d.serial}  model={d.model}  {use}  {_condition(d)}  {tags}")
-    return "\n".join(lines) or "no phone is online" + (" with those labels" if labels else "")
-
-
-def compact_ui(xml: str) -> str:
-    """A UI dump as one line per element worth acting on (text, id, description, or
-    clickable), indented by depth: `text="OK" id=… desc=… Button clickable @(540,1200)`,
-    the @ being the centre to tap."""
-    try:
-        root = ElementTree.fromstring(xml)
-    except ElementTree.ParseError:
-        return xml
-    lines: list[str] = []
-
-    def walk(node: ElementTree.Element, depth: int) -> None:
-        a = node.attrib
-        parts = [f'text="{a["text"]}"'] if a.get("text") else []
-        parts += [f"id={a['resource-id']}"] if a.get("resource-id") else []
-        parts += [f'desc="{a["content-desc"]}"'] if a.get("content-desc") else []
-        if parts or a.get("clickable") == "true":
-            parts.append(a.get("class", node.tag).rsplit(".", 1)[-1])
-            if a.get("clickable") == "true":
-                parts.append("clickable")
-            bounds = a.get("bounds", "").replace("][", ",").strip("[]").split(",")
-            if len(bounds) == 4 and all(b.lstrip("-").isdigit() for b in bounds):
-                x1, y1, x2, y2 = (int(b) for b in bounds)
-                parts.append(f"@({(x1 + x2) // 2},{(y1 + y2) // 2})")
-            lines.append("  " * depth + " ".join(parts))
-        for child in node:
-            walk(child, depth + 1)
-
-    walk(root, 0)
-    return "\n".join(lines) or "(no element with text, id, description or a click)"
+INSTRUCTIONS = (
+    "Drive one Android phone of the farm: list_phones, open_session (with apps of the "
+    "farm's library installed first, if asked), look (screenshot, ui_dump), then act (tap, "
+    "tap_element, swipe, type_text, press_key, launch_app, stop_app, install_app, "
+    "wait_for); close_session when done. Coordinates are the screen's pixels, "
+    "as ui_dump's centres are; a screenshot says how its image maps onto them. A session "
+    "that ended (idle, cancelled, its phone lost) stays ended: open_session again."
+)
 
 
 def build_server(lender: PhoneLender) -> MCPServer:
     """The MCP server whose tools act on `lender`'s phone."""
     server: MCPServer = MCPServer(
-        "amc-phone",
-        instructions="Drive one Android phone of the farm: list_phones, open_session (or just "
-        "act), look (screenshot, ui_dump), then act (tap, tap_element, swipe, type_text, "
-        "press_key, launch_app, stop_app); close_session when done.",
+        "amc-phone", version=version(), instructions=INSTRUCTIONS, log_level="WARNING"
     )
-
-    @server.tool()
-    async def list_phones(labels: dict[str, str] | None = None) -> str:
-        """The farm's online phones (those with these labels): serial, model, free or busy,
-        condition, labels."""
-        return await phones_text(lender.farm, labels)
-
-    @server.tool()
-    async def open_session(labels: dict[str, str] | None = None, serial: str = "") -> str:
-        """Get a phone (matching these labels, e.g. {"model": "Pixel 8"}, or this serial);
-        waits for one."""
-        phone = await lender.open(labels, serial)
-        return f"session {phone.task_id} on phone {phone.serial}"
-
-    @server.tool()
-    async def screenshot() -> Image | str:
-        """The phone's screen as a PNG image."""
-        phone = await lender.open()
-        try:
-            return Image(data=await phone.screenshot(), format="png")
-        except (SessionEnded, ActionFailed) as exc:
-            return str(exc)
-
-    @server.tool()
-    async def ui_dump(full: bool = False) -> str:
-        """The screen's elements worth acting on, one a line with their centre to tap
-        (`full`: the whole uiautomator XML)."""
-        phone = await lender.open()
-        try:
-            xml = await phone.ui_dump()
-        except (SessionEnded, ActionFailed) as exc:
-            return str(exc)
-        return xml if full else compact_ui(xml)
-
-    @server.tool()
-    async def close_session() -> str:
-        """Give the phone back; the session's task ends done."""
-        return _said(await lender.close())
-
-    _action_tools(server, lender)
+    register(server, lender)
     return server
-
-
-async def _act(lender: PhoneLender, what: str, action: task_pb2.Action) -> str:
-    """One action on the lent phone (a session opened for it if none is), said in a line."""
-    phone = await lender.open()
-    try:
-        answer = await phone.act(action)
-    except SessionEnded as ended:
-        return f"the session is over: {_said(ended.task)}"
-    step = answer.step
-    if step.status != task_pb2.STEP_STATUS_OK:
-        return f"{what} failed: {step.error}"
-    return f"{what}: ok" + (f"\n{step.output}" if step.output else "")
-
-
-def _action_tools(server: MCPServer, lender: PhoneLender) -> None:
-    @server.tool()
-    async def tap(x: int, y: int) -> str:
-        """Tap the screen at (x, y) pixels."""
-        return await _act(lender, f"tap {x},{y}", actions.tap(x, y))
-
-    @server.tool()
-    async def tap_element(text: str = "", resource_id: str = "", content_desc: str = "") -> str:
-        """Tap the centre of the first element with exactly this text, resource id or
-        content description (as ui_dump shows them)."""
-        what = f"tap {text or resource_id or content_desc!r}"
-        return await _act(lender, what, actions.tap_on(text, resource_id, content_desc))
-
-    @server.tool()
-    async def swipe(x1: int, y1: int, x2: int, y2: int, seconds: float = 0.3) -> str:
-        """Swipe from (x1, y1) to (x2, y2) in `seconds`."""
-        return await _act(lender, "swipe", actions.swipe(x1, y1, x2, y2, seconds))
-
-    @server.tool()
-    async def type_text(text: str) -> str:
-        """Type text into the focused field."""
-        return await _act(lender, "type", actions.type_text(text))
-
-    @server.tool()
-    async def press_key(keycode: int) -> str:
-        """Press an Android key (3 home, 4 back, 66 enter)."""
-        return await _act(lender, f"key {keycode}", actions.key(keycode))
-
-    @server.tool()
-    async def launch_app(package: str, activity: str = "") -> str:
-        """Start an app by package name (its default activity unless one is named)."""
-        return await _act(lender, f"launch {package}", actions.launch_app(package, activity))
-
-    @server.tool()
-    async def stop_app(package: str) -> str:
-        """Force-stop an app by package name."""
-        return await _act(lender, f"stop {package}", actions.stop_app(package))
-
-
-def _labels(values: list[str]) -> dict[str, str]:
-    pairs = (v.split("=", 1) for v in values)
-    return {k: v for k, v in pairs}
 
 
 async def serve(
@@ -265,15 +93,61 @@ async def serve(
     tls: bool = False,
     labels: Mapping[str, str] | None = None,
     serial: str = "",
-    idle_timeout: float = 300.0,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    queue_timeout: float | None = DEFAULT_QUEUE_TIMEOUT,
 ) -> None:
-    """Serve MCP on stdin/stdout until the agent closes it; the open session ends done."""
-    async with Farm(address, token=token, ca_file=ca_file, tls=tls) as farm:
-        lender = PhoneLender(farm, labels, idle_timeout, serial)
-        try:
-            await build_server(lender).run_stdio_async()
-        finally:
+    """Serve MCP on stdin/stdout until the agent closes it; the open session ends done, or
+    abandoned when the agent vanished."""
+    reader = os.dup(sys.stdout.fileno())  # our own hold on the pipe the client reads
+    try:
+        async with Farm(address, token=token, ca_file=ca_file, tls=tls) as farm:
+            lender = PhoneLender(farm, labels, idle_timeout, serial, queue_timeout)
+            vanished = False
+            try:
+                await build_server(lender).run_stdio_async()
+            except* (BrokenPipeError, ConnectionResetError, anyio.BrokenResourceError):
+                vanished = True  # an answer could not be written: no one reads
+            if vanished or await anyio.to_thread.run_sync(_reader_gone, reader, LEFT_GRACE):
+                _said_abandoned(lender.abandon(), "the MCP client left without closing")
+            else:
+                await _close(lender)
+    finally:
+        os.close(reader)
+
+
+async def _close(lender: PhoneLender) -> None:
+    """End the session done, for a client that left as the MCP shutdown says: it closed
+    our stdin, waits a moment, then sends SIGTERM and, a moment later, SIGKILL. A SIGTERM
+    does not cut the close short (the session would be abandoned); a close that outlasts
+    CLOSE_PATIENCE (an action still running on the phone) gives up and abandons it."""
+    phone = lender.phone
+    previous = None
+    with contextlib.suppress(ValueError):  # only the main thread handles signals
+        previous = signal.signal(signal.SIGTERM, lambda number, frame: None)
+    try:
+        with anyio.move_on_after(CLOSE_PATIENCE) as waited:
             await lender.close()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if waited.cancelled_caught and phone is not None:
+        phone.abandon()
+        _said_abandoned(phone.task, "its session did not close in time")
+
+
+def _said_abandoned(task: task_pb2.Task | None, why: str) -> None:
+    if task is not None:
+        print(f"amc mcp: {why}; session {task.task_id} abandoned", file=sys.stderr)
+
+
+def _reader_gone(fd: int, within: float) -> bool:
+    """Whether the read end of the pipe (or socket) `fd` writes to is closed, within
+    `within` seconds: poll reports POLLERR (POLLHUP for a socket) for it, asked or not."""
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)
+    return bool(poller.poll(within * 1000))
 
 
 def run(
@@ -284,9 +158,11 @@ def run(
     tls: bool = False,
     labels: Mapping[str, str] | None = None,
     serial: str = "",
-    idle_timeout: float = 300.0,
-) -> None:
-    """`serve` from synchronous code (a command line)."""
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    queue_timeout: float | None = DEFAULT_QUEUE_TIMEOUT,
+) -> NoReturn:
+    """`serve` from synchronous code (a command line), then the process's end (exit 0,
+    `exit_served`)."""
     anyio.run(
         functools.partial(
             serve,
@@ -297,37 +173,112 @@ def run(
             labels=labels,
             serial=serial,
             idle_timeout=idle_timeout,
+            queue_timeout=queue_timeout,
         )
     )
+    exit_served()
+
+
+def exit_served() -> NoReturn:
+    """End the process once it served (exit 0): at once, since finalizing the MCP
+    SDK's modules takes about a second, which the MCP client's shutdown (SIGTERM 2 s after
+    it closed our stdin) may not give. Nothing is left to do: the session is over."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# -- python -m amc_client.mcp_server ---------------------------------------------------------
+
+
+def within(text: str, low: float, high: float) -> float:
+    """A duration in every AMC program's grammar (amc_common.durations: `30s`, `5m`,
+    `1m30s`, `90`) from `low` to `high` seconds, as seconds; argparse's ArgumentTypeError of
+    one line, in the grammar's words, for anything else (the caller names the flag)."""
+    span = durations.above_zero(text)
+    if not low <= span <= high:
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} is out of range ({_span(low)} to {_span(high)})"
+        )
+    return span
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _typed(read: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type whose ValueError is its one-line message."""
+
+    def convert(text: str) -> T:
+        try:
+            return read(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="amc-mcp", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog="amc-mcp",
+        description="Serve MCP on stdin/stdout: an AI agent drives phones of an AMC farm"
+        " through interactive sessions (the same server as `amc mcp`).",
+    )
     parser.add_argument("--address", required=True)
     parser.add_argument("--token")
     parser.add_argument("--token-file")
     parser.add_argument("--ca-file")
     parser.add_argument("--tls", action="store_true")
-    parser.add_argument("--label", action="append", default=[], help="KEY=VALUE")
-    parser.add_argument("--serial", default="")
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        type=_typed(_label),
+        metavar="KEY=VALUE",
+        help="labels a session's phone must have unless the agent names others (repeatable)",
+    )
+    parser.add_argument("--serial", default="", help="the phone a session asks for, by serial")
     parser.add_argument(
         "--idle-timeout",
-        type=durations.above_zero,
-        default=300.0,
+        type=functools.partial(within, low=IDLE[0], high=IDLE[1]),
+        default=DEFAULT_IDLE_TIMEOUT,
         metavar="DURATION",
-        help=f"a session left idle this long ends (default 5m). {durations.GRAMMAR}",
+        help="a session left idle this long ends (1s to 1h; default 5m)",
+    )
+    parser.add_argument(
+        "--queue-timeout",
+        type=functools.partial(within, low=QUEUE[0], high=QUEUE[1]),
+        default=DEFAULT_QUEUE_TIMEOUT,
+        metavar="DURATION",
+        help=f"how long open_session waits for a free phone (default 30s). {durations.GRAMMAR}",
     )
     args = parser.parse_args(argv)
-    token = read_token(args.token, args.token_file)
-    run(
-        args.address,
-        token=token,
-        ca_file=args.ca_file,
-        tls=args.tls,
-        labels=_labels(args.label),
-        serial=args.serial,
-        idle_timeout=args.idle_timeout,
-    )
+    try:
+        token = read_token(args.token, args.token_file)
+    except OSError as exc:
+        parser.error(f"argument --token-file: {exc.strerror or exc}: {args.token_file}")
+    with contextlib.suppress(KeyboardInterrupt):
+        run(
+            args.address,
+            token=token,
+            ca_file=args.ca_file,
+            tls=args.tls,
+            labels=dict(args.label),
+            serial=args.serial,
+            idle_timeout=args.idle_timeout,
+            queue_timeout=args.queue_timeout,
+        )
 
 
 if __name__ == "__main__":

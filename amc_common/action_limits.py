@@ -1,7 +1,8 @@
 """What a field of an action may hold, and how it is read from a message: the limits
-(`Whole`, `Text`, `Seconds`, `Selector`), the field types that carry them (`Coord` is a
-whole number from 0 to MAX_COORD), `UiSelector`, and `ActionError`, which a value past its
-limit raises. amc_common.action_table builds the action table from these.
+(`Whole`, `Text`, `Seconds`, `Selector`, `Switch`, `Digest`, `DevicePath`), the field types
+that carry them (`Coord` is a whole number from 0 to MAX_COORD), `UiSelector`, and
+`ActionError`, which a value past its limit raises. amc_common.action_table builds the
+action table from these.
 """
 
 from __future__ import annotations
@@ -20,10 +21,18 @@ MAX_STRING = 4096
 # Typed text and shell commands.
 MAX_TEXT = 16 * 1024
 MAX_PACKAGE = 255
+# A path on the phone (push_file, pull_file).
+MAX_DEVICE_PATH = 1024
+# Where on the phone push_file and pull_file may reach: the shared storage and adb's own
+# scratch folder, which the shell user reads and writes on every phone; never the system.
+DEVICE_PATH_ROOTS = ("/sdcard/", "/storage/emulated/0/", "/data/local/tmp/")
 
 SELECTOR_FIELDS = ("text", "resource_id", "content_desc")
 # Whole-string pattern (fullmatch only: `$` also matches before a final "\n").
 _PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+# An app of the library: its id (a sha256) or a package name.
+_APP = re.compile(rf"{_DIGEST.pattern}|{_PACKAGE.pattern}")
 
 
 class ActionError(ValueError):
@@ -167,6 +176,56 @@ class Selector(Limit):
             raise ValueError("must be a UiSelector")
 
 
+@dataclass(frozen=True)
+class Switch(Limit):
+    """A bool; left out of a message, it reads as false."""
+
+    proto: ClassVar[str] = "bool"
+
+    def check(self, value: object) -> None:
+        if not isinstance(value, bool):
+            raise ValueError("must be true or false")
+
+
+@dataclass(frozen=True)
+class Digest(Limit):
+    """A sha256 as 64 lowercase hex digits: the id of an app or a file of the library."""
+
+    proto: ClassVar[str] = "string"
+
+    def check(self, value: object) -> None:
+        if not isinstance(value, str):
+            raise ValueError("must be text")
+        if not value:
+            raise ValueError("required")
+        if not _DIGEST.fullmatch(value):
+            raise ValueError("must be a library id: a sha256 as 64 lowercase hex digits")
+
+
+@dataclass(frozen=True)
+class DevicePath(Limit):
+    """A path on the phone that push_file and pull_file may reach: absolute, under one of
+    DEVICE_PATH_ROOTS, with no `.` or `..` part (so it cannot climb out of them), no empty
+    part, and printable (no control characters)."""
+
+    proto: ClassVar[str] = "string"
+    limit: int = MAX_DEVICE_PATH
+
+    def check(self, value: object) -> None:
+        if not isinstance(value, str):
+            raise ValueError("must be text")
+        if not value:
+            raise ValueError("required")
+        if len(value) > self.limit:
+            raise ValueError(f"longer than {self.limit} characters")
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("contains a control character")
+        if not value.startswith(DEVICE_PATH_ROOTS) or value.endswith("/"):
+            raise ValueError(f"must be a file under {', '.join(DEVICE_PATH_ROOTS)}")
+        if any(part in ("", ".", "..") for part in value[1:].split("/")):
+            raise ValueError("must not have an empty, `.` or `..` part")
+
+
 _SELECTOR_VALUE = Text(MAX_STRING, required=True)
 
 
@@ -214,6 +273,18 @@ Package = Annotated[
     ),
 ]
 Activity = Annotated[str, Text(MAX_PACKAGE)]
+AppRef = Annotated[
+    str,
+    Text(
+        MAX_PACKAGE,
+        required=True,
+        pattern=_APP,
+        pattern_means="an app id (64 lowercase hex digits) or a package name, e.g. com.example.app",
+    ),
+]
+FileId = Annotated[str, Digest()]
+PhonePath = Annotated[str, DevicePath()]
+Flag = Annotated[bool, Switch()]
 LongText = Annotated[str, Text(MAX_TEXT, required=True)]
 Element = Annotated[UiSelector, Selector()]
 Duration = Annotated[float, Seconds()]

@@ -36,14 +36,18 @@ from amc_common.action_limits import (
     UNSET,
     ActionError,
     Activity,
+    AppRef,
     Coord,
     Duration,
     Element,
     Field,
+    FileId,
+    Flag,
     Keycode,
     Limit,
     LongText,
     Package,
+    PhonePath,
     Seconds,
     Selector,
     ShellTimeout,
@@ -67,8 +71,11 @@ __all__ = [
     "BaseAction",
     "Field",
     "InputText",
+    "InstallApp",
     "Key",
     "LaunchApp",
+    "PullFile",
+    "PushFile",
     "Screenshot",
     "Seconds",
     "Selector",
@@ -80,6 +87,7 @@ __all__ = [
     "Text",
     "UiDump",
     "UiSelector",
+    "UninstallApp",
     "Wait",
     "WaitFor",
     "Whole",
@@ -205,6 +213,39 @@ class UiDump(BaseAction, kind="ui_dump"):
     """Takes a `uiautomator dump` of the screen and keeps the XML: an artifact of the task."""
 
 
+@dataclass(frozen=True)
+class InstallApp(BaseAction, kind="install_app"):
+    """Installs an app of the library: by its id (the sha256 of its APK) or its package
+    (the library's newest upload of it); `replace` an installed copy (keeping its data),
+    `grant_permissions` every runtime permission it asks for."""
+
+    app: AppRef
+    replace: Flag = False
+    grant_permissions: Flag = False
+
+
+@dataclass(frozen=True)
+class UninstallApp(BaseAction, kind="uninstall_app"):
+    """Removes the package from the phone."""
+
+    package: Package
+
+
+@dataclass(frozen=True)
+class PushFile(BaseAction, kind="push_file"):
+    """Copies a library file (by its id, its sha256) to `path` on the phone."""
+
+    file: FileId
+    path: PhonePath
+
+
+@dataclass(frozen=True)
+class PullFile(BaseAction, kind="pull_file"):
+    """Copies the file at `path` on the phone and keeps it: an artifact of the task."""
+
+    path: PhonePath
+
+
 Action: TypeAlias = (
     Tap
     | TapOn
@@ -219,15 +260,20 @@ Action: TypeAlias = (
     | WaitFor
     | AssertVisible
     | UiDump
+    | InstallApp
+    | UninstallApp
+    | PushFile
+    | PullFile
 )
 
 # The kinds of files a task keeps (artifacts) -> their content type: what an action saw (a
-# screenshot, a UI dump), or the task's screen recording (TaskSpec.record_screen: an
-# animated PNG).
+# screenshot, a UI dump), a file pulled from the phone, or the task's screen recording
+# (TaskSpec.record_screen: an animated PNG).
 KEEPS: dict[str, str] = {
     "screenshot": "image/png",
     "ui_dump": "application/xml",
     "screen_recording": "image/apng",
+    "pulled_file": "application/octet-stream",
 }
 
 # kind -> class, in the oneof's order.

@@ -23,6 +23,7 @@ import structlog
 
 from amc_common import logs
 from amc_common.secrets import mask_url, redact
+from amc_common.systemd import Notifier
 from control_plane import allocator
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
@@ -75,14 +76,32 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    notifier = Notifier()
+    notifier.ready(
+        f"serving on {args.listen}" + (f", console on {args.http_listen}" * bool(args.http_listen))
+    )
+    watchdog = asyncio.create_task(_watchdog(notifier))
     stopping = asyncio.create_task(stop.wait())
     crashed = asyncio.create_task(plane.crashed.wait())
     await asyncio.wait([stopping, crashed], return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping: finishing in-flight calls", grace=args.grace)
+    notifier.stopping("stopping: finishing in-flight calls")
     unfreezing.cancel()
+    watchdog.cancel()
     await plane.stop(args.grace)
+    notifier.close()
     if plane.crashed.is_set():
         raise SystemExit(1)
+
+
+async def _watchdog(notifier: Notifier) -> None:
+    """WATCHDOG=1 from the event loop, if systemd asked for it (WatchdogSec=): a loop that
+    stands still stops pinging, and systemd restarts the replica."""
+    if notifier.watchdog_interval is None:
+        return
+    while True:
+        notifier.watchdog()
+        await asyncio.sleep(notifier.watchdog_interval)
 
 
 async def create_token(args: argparse.Namespace, dsn: str, database: str) -> None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Protocol
+
+from prometheus_client import Gauge
 
 from control_plane import errors, metrics
 from control_plane.domain import ArtifactId, ArtifactInfo, NewArtifact, TaskId
@@ -75,65 +77,89 @@ class PostgresArtifacts:
     async def get(self, task_id: TaskId, artifact_id: ArtifactId) -> ArtifactInfo:
         return await self._store.artifacts.get_artifact(task_id, artifact_id)
 
-    async def read(self, artifact: ArtifactInfo) -> AsyncIterator[bytes]:
-        seq = 0
-        while True:
-            rows = await self._store.artifacts.artifact_chunks(
-                artifact.artifact_id, seq, READ_AHEAD
+    def read(self, artifact: ArtifactInfo) -> AsyncIterator[bytes]:
+        return read_chunks(
+            lambda first, limit: self._store.artifacts.artifact_chunks(
+                artifact.artifact_id, first, limit
             )
-            for _, data in rows:
-                yield data
-            if len(rows) < READ_AHEAD:
-                return
-            seq = rows[-1][0] + 1
+        )
 
 
 class UploadMemory:
-    """What the uploads being received on this replica may hold in memory at once: each
-    reserves its header's size before its first byte is read, and a reservation past the
-    budget is refused UNAVAILABLE (the host tries again shortly), so a burst of uploads
-    cannot take a replica's memory."""
+    """What the uploads being received on this replica may hold at once (`what`: artifacts
+    in memory; the app library's, spooled to disk): each reserves its header's size before
+    its first byte is read, and a reservation past the budget is refused UNAVAILABLE (the
+    caller tries again shortly), so a burst of uploads cannot take a replica's memory or
+    disk. `gauge` shows what is held."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(
+        self, budget: int, what: str = "artifacts", gauge: Gauge = metrics.ARTIFACT_UPLOAD_MEMORY
+    ) -> None:
         self.budget = budget
         self.held = 0
+        self._what = what
+        self._gauge = gauge
 
     @contextlib.contextmanager
     def reserve(self, size: int) -> Iterator[None]:
         if self.held + size > self.budget:
             raise errors.UploadsBusy(
-                f"this replica is receiving {self.held} bytes of artifacts already (its budget"
-                f" is {self.budget}); nothing was stored: try again shortly"
+                f"this replica is receiving {self.held} bytes of {self._what} already (its"
+                f" budget is {self.budget}); nothing was stored: try again shortly"
             )
         self.held += size
-        metrics.ARTIFACT_UPLOAD_MEMORY.set(self.held)
+        self._gauge.set(self.held)
         try:
             yield
         finally:
             self.held -= size
-            metrics.ARTIFACT_UPLOAD_MEMORY.set(self.held)
+            self._gauge.set(self.held)
+
+
+async def checked(size: int, sha256: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The chunks of an upload as they arrive, checked against its header
+    (ChecksumMismatch): refused as soon as more than `size` bytes arrive (so what the upload
+    reserved bounds what it holds), and at the end when the size or SHA-256 of what arrived
+    is not the header's."""
+    received = 0
+    digest = hashlib.sha256()
+    async for chunk in chunks:
+        if received + len(chunk) > size:
+            raise errors.ChecksumMismatch(
+                f"more than the header's {size} bytes sent; nothing was stored"
+            )
+        received += len(chunk)
+        digest.update(chunk)
+        yield chunk
+    if received != size:
+        raise errors.ChecksumMismatch(
+            f"received {received} bytes, the header said {size}; nothing was stored"
+        )
+    if digest.digest() != sha256:
+        raise errors.ChecksumMismatch(
+            f"the bytes received have sha256 {digest.hexdigest()}, the header said"
+            f" {sha256.hex()}; nothing was stored"
+        )
 
 
 async def receive(new: NewArtifact, chunks: AsyncIterator[bytes]) -> bytes:
-    """All the bytes of an upload, checked against its header (ChecksumMismatch): refused
-    as soon as more than the header's size arrives (so what the upload reserved bounds what
-    it holds), and when the size or SHA-256 of what arrived is not the header's."""
+    """All the bytes of an upload, checked against its header (`checked`)."""
     received = bytearray()
-    digest = hashlib.sha256()
-    async for chunk in chunks:
-        if len(received) + len(chunk) > new.size_bytes:
-            raise errors.ChecksumMismatch(
-                f"more than the header's {new.size_bytes} bytes sent; nothing was stored"
-            )
+    async for chunk in checked(new.size_bytes, new.sha256, chunks):
         received += chunk
-        digest.update(chunk)
-    if len(received) != new.size_bytes:
-        raise errors.ChecksumMismatch(
-            f"received {len(received)} bytes, the header said {new.size_bytes}; nothing was stored"
-        )
-    if digest.digest() != new.sha256:
-        raise errors.ChecksumMismatch(
-            f"the bytes received have sha256 {digest.hexdigest()}, the header said"
-            f" {new.sha256.hex()}; nothing was stored"
-        )
     return bytes(received)
+
+
+async def read_chunks(
+    fetch: Callable[[int, int], Awaitable[list[tuple[int, bytes]]]],
+) -> AsyncIterator[bytes]:
+    """Bytes kept in chunk rows, in order: `fetch(first, limit)` reads up to `limit` rows
+    from chunk `first` on (READ_AHEAD per round trip)."""
+    seq = 0
+    while True:
+        rows = await fetch(seq, READ_AHEAD)
+        for _, data in rows:
+            yield data
+        if len(rows) < READ_AHEAD:
+            return
+        seq = rows[-1][0] + 1

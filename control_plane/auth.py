@@ -1,9 +1,9 @@
 """Bearer tokens and who may call what.
 
 A token reads `amc_<token id>_<secret>`; only sha256(secret) is stored. Roles:
-`client` (Scheduler, except ListHosts and GetQueue), `operator` (all of Scheduler, Admin),
-`host` (Lease only, as the one host id the token is bound to). Health and reflection are
-open to everyone: they say nothing about tasks.
+`client` (Scheduler, except ListHosts and GetQueue; Library), `operator` (all of
+Scheduler, Admin, Library), `host` (Lease only, as the one host id the token is bound
+to). Health and reflection are open to everyone: they say nothing about tasks.
 
 A replica relaying a call to another proves it is one with `authorization: Replica
 <secret>` (REPLICA_SCHEME): the secret every replica of the farm reads from the database
@@ -70,6 +70,17 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Admin/SetFairShare": OPERATORS,
     "/amc.v1.Admin/ListFairShares": OPERATORS,
     "/amc.v1.Admin/GetFairShare": OPERATORS,
+    # The app library: clients and operators upload and read; who may remove what is
+    # checked in the call (operators anything, clients their own and their team's).
+    "/amc.v1.Library/UploadApp": CLIENTS,
+    "/amc.v1.Library/GetApp": CLIENTS,
+    "/amc.v1.Library/ListApps": CLIENTS,
+    "/amc.v1.Library/DeleteApp": CLIENTS,
+    "/amc.v1.Library/UploadFile": CLIENTS,
+    "/amc.v1.Library/ListFiles": CLIENTS,
+    "/amc.v1.Library/DeleteFile": CLIENTS,
+    "/amc.v1.Lease/FindApp": HOSTS,
+    "/amc.v1.Lease/FetchFile": HOSTS,
 }
 
 # What a replica's proof may call (it watches a phone by device for its own viewers).

@@ -72,6 +72,11 @@ class Settings:
     # as a request names it (behind a proxy that rewrites Host): the console's WebSockets
     # accept a page of these.
     console_origins: tuple[str, ...] = ()
+    # The largest app or file the app library keeps (--max-app-size), and what the library
+    # uploads being received on one replica may spool to its disk at once (past it an
+    # upload is refused UNAVAILABLE: try again shortly).
+    max_app_bytes: int = 200 * 1024 * 1024
+    max_library_spool: int = 1024 * 1024 * 1024
 
     @property
     def renew_every(self) -> timedelta:

@@ -145,6 +145,8 @@ def _progress_to_pb(pb: task_pb2.Task, progress: Progress) -> None:
         ]
     elif spec.HasField("actions"):
         steps = [(a.WhichOneof("kind") or "", False) for a in spec.actions.actions]
+    if spec.apps and steps:  # installed first, as a step of their own
+        steps.insert(0, ("apps", False))
     out.step_count = len(steps)
     if progress.acknowledged_at is None:
         return

@@ -5,6 +5,7 @@
     ├── NotFound
     │   ├── TaskNotFound
     │   ├── ArtifactNotFound
+    │   ├── LibraryItemNotFound  no such app or file in the library
     │   ├── HostNotFound
     │   ├── DeviceNotFound
     │   └── FairnessKeyNotFound
@@ -30,7 +31,8 @@
     ├── ResourceExhausted
     │   ├── ArtifactTooLarge
     │   ├── TooManyViewers       a token watching its limit of screens on this replica
-    │   └── SessionLimit         the token has as many sessions open as it may
+    │   ├── SessionLimit         the token has as many sessions open as it may
+    │   └── TooLargeForLibrary   an upload past --max-app-size
     └── DataLoss
         └── ChecksumMismatch     the bytes received are not the ones announced
 
@@ -160,6 +162,10 @@ class ArtifactNotFound(NotFound):
     """No such artifact."""
 
 
+class LibraryItemNotFound(NotFound):
+    """The app library has no such app or file."""
+
+
 class LeaseNotCurrent(FailedPrecondition):
     """The lease ended or a newer attempt replaced it; nothing was stored."""
 
@@ -186,6 +192,10 @@ class TooManyViewers(ResourceExhausted):
 
 class SessionLimit(ResourceExhausted):
     """This token has as many sessions queued or running as it may; nothing was opened."""
+
+
+class TooLargeForLibrary(ResourceExhausted):
+    """The upload is larger than this control plane's app library keeps; nothing was kept."""
 
 
 class DataLoss(AmcError):

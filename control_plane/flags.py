@@ -153,6 +153,8 @@ SERVE_FLAGS: list[Flag] = [
     ("--max-sessions-per-token", "AMC_MAX_SESSIONS_PER_TOKEN", "100", count_or_zero,
      "interactive sessions one token may have queued or running at once; past it an"
      " opening is refused RESOURCE_EXHAUSTED (0: no limit)"),
+    ("--max-app-size", "AMC_MAX_APP_SIZE", "200MiB", byte_size,
+     "the largest APK (or file to push) the app library keeps (bytes, or with KiB / MiB)"),
 ]
 # flag, environment variable (set to 1 to switch on), help
 DATABASE_SWITCHES = [("--debug", "AMC_DEBUG", "a failed start also logs its traceback")]
@@ -234,6 +236,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         forget_hosts_after=args.forget_hosts_after,
         retention_interval=timedelta(seconds=args.retention_interval),
         max_artifact_bytes=args.max_artifact_size,
+        max_app_bytes=args.max_app_size,
         max_connection_age=args.max_connection_age,
         max_viewers_per_token=args.max_viewers_per_token,
         max_thumbnails_per_token=args.max_thumbnails_per_token,

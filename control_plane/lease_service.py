@@ -1,7 +1,8 @@
 """amc.v1.Lease: the host agents' side — register, acquire, renew, report, release.
 An Acquire waits in the wake-up protocol (control_plane.dispatch); the renewal stream is
 control_plane.renewals, an upload control_plane.uploads, a session's host side
-control_plane.sessions and a screen feed control_plane.screens."""
+control_plane.sessions, a screen feed control_plane.screens, and a library app's bytes
+control_plane.library."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from datetime import timedelta
 
 import structlog
 
-from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
-from control_plane import metrics, validate, validate_lease
+from amc.v1 import lease_pb2, lease_pb2_grpc, library_pb2, task_pb2
+from control_plane import metrics, validate, validate_lease, validate_library
 from control_plane.artifacts import UploadMemory
 from control_plane.auth import check_host
 from control_plane.convert import (
@@ -29,6 +30,8 @@ from control_plane.convert import (
 )
 from control_plane.domain import Acquired, Assignment, LeaseId
 from control_plane.errors import AmcError, HostNotRegistered
+from control_plane.library import fetch
+from control_plane.library_service import app_to_pb
 from control_plane.lifecycle import Event
 from control_plane.renewals import RenewalStream
 from control_plane.rpc import Context, TaskServicer, code_for, conversation, principal, rpc
@@ -217,3 +220,17 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             self._upload_memory,
             self.settings.max_artifact_bytes,
         )
+
+    @rpc
+    async def FindApp(self, request: lease_pb2.FindAppRequest, context: Context) -> library_pb2.App:
+        sha256, package = validate_library.app_ref(request.app)
+        return app_to_pb(await self.store.library.app(sha256, package))
+
+    @rpc
+    async def FetchFile(
+        self, request: lease_pb2.FetchFileRequest, context: Context
+    ) -> AsyncIterator[lease_pb2.FetchFileResponse]:
+        sha256 = validate_library.digest(request.file_id, "file_id")
+        assert self.library is not None, "the replica gives its servicers the library"
+        async for response in fetch(self.store, self.library, sha256):
+            yield response

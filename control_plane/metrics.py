@@ -235,6 +235,29 @@ ARTIFACT_UPLOAD_MEMORY = Gauge(
 )
 ARTIFACT_RESULTS = ("stored", "repeated", "too_large", "damaged", "refused", "invalid", "busy")
 ARTIFACT_BYTE_RESULTS = ("stored", "refused")
+LIBRARY_UPLOADS = Counter(
+    "amc_library_uploads_total",
+    "App library uploads answered, by what (app, file) and result: stored, repeated (the same"
+    " bytes were kept before), too_large, damaged (size or sha256 not as announced),"
+    " not_apk, invalid, busy (the replica's upload budget was held already)",
+    ["what", "result"],
+)
+LIBRARY_SPOOL = Gauge(
+    "amc_library_upload_bytes_held",
+    "Bytes the app library uploads being received on this replica have reserved on disk",
+)
+LIBRARY_FETCHES = Counter(
+    "amc_library_fetches_total",
+    "Library bytes (an APK, a file to push) sent to hosts (Lease.FetchFile), by result: sent"
+    " whole, or cut (the host's call ended first)",
+    ["result"],
+)
+LIBRARY_FETCH_BYTES = Counter(
+    "amc_library_fetch_bytes_total", "Bytes of the library sent to hosts (Lease.FetchFile)"
+)
+LIBRARY_UPLOAD_RESULTS = (
+    "stored", "repeated", "too_large", "damaged", "not_apk", "invalid", "busy",
+)  # fmt: skip
 
 
 # The label values each series is created with at start-up: all that this replica counts.
@@ -313,6 +336,8 @@ def create_series() -> None:
     _at_zero(RETENTION_BATCH, RETENTION_BATCHES)
     _at_zero(ARTIFACT_UPLOADS, ARTIFACT_RESULTS)
     _at_zero(ARTIFACT_BYTES, ARTIFACT_BYTE_RESULTS)
+    _at_zero(LIBRARY_UPLOADS, ("app", "file"), LIBRARY_UPLOAD_RESULTS)
+    _at_zero(LIBRARY_FETCHES, ("sent", "cut"))
     _at_zero(SCREEN_FRAMES, SCREEN_FRAME_RESULTS)
 
 

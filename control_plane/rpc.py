@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from control_plane.artifacts import Artifacts
     from control_plane.config import Settings
     from control_plane.effects import Effects
+    from control_plane.library import LibraryBytes
     from control_plane.peers import Peers
     from control_plane.store import Store
 
@@ -145,6 +146,7 @@ class TaskServicer(Servicer):
         settings: Settings,
         peers: Peers,
         artifacts: Artifacts,
+        library: LibraryBytes | None = None,
     ) -> None:
         super().__init__(auth)
         self.store = store
@@ -153,6 +155,7 @@ class TaskServicer(Servicer):
         self.settings = settings
         self.peers = peers
         self.artifacts = artifacts
+        self.library = library
 
 
 async def _enter(self: Servicer, method: str, context: Context) -> None:

@@ -23,6 +23,7 @@ from control_plane.convert import (
 )
 from control_plane.domain import ArtifactId, NewTask, Task, TaskId
 from control_plane.errors import InvalidArgument, Unavailable
+from control_plane.library import check_references
 from control_plane.rpc import Context, TaskServicer, conversation, principal, rpc
 from control_plane.screens import ScreenWatch
 from control_plane.sessions import ClientSession
@@ -103,13 +104,16 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate.submit_batch(request)
-        submitted = await self._submit(request.tasks)
+        submitted = await self._submit(request.tasks, batch=True)
         return scheduler_pb2.SubmitTasksResponse(tasks=[task_to_pb(t) for t, _ in submitted])
 
     async def _submit(
-        self, requests: Sequence[scheduler_pb2.SubmitTaskRequest]
+        self, requests: Sequence[scheduler_pb2.SubmitTaskRequest], batch: bool = False
     ) -> list[tuple[Task, bool]]:
-        """Queue the tasks asked for, as the caller (one statement); (task, created) each."""
+        """Queue the tasks asked for, as the caller (one statement); (task, created) each.
+        What their specs name of the app library must be there (NOT_FOUND otherwise)."""
+        specs = [(f"tasks[{i}].spec" if batch else "spec", r.spec) for i, r in enumerate(requests)]
+        await check_references(self.store, specs)
         who = principal()
         news = [_new_task(r, who.team) for r in requests]
         submitted = await self.store.tasks.submit_many(who.caller, news, name=who.name)

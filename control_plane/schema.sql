@@ -165,23 +165,37 @@ CREATE TABLE IF NOT EXISTS tasks (
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
         autovacuum_vacuum_cost_limit = 2000);
+-- The partial indexes of the tasks in flight each name their first column in their
+-- predicate (`group_id IS NOT NULL`, ...), a column that is never NULL in those rows: only a
+-- statement that asks for that column's value can use the index, or one that says
+-- `group_id IS NOT NULL` itself to read it whole (group_id may be NULL in a table's rows;
+-- for a NOT NULL column such as priority PostgreSQL drops that clause as always true, and
+-- only a statement asking for a value can use the index). Several partial indexes share a
+-- status predicate; with statistics that say none of their rows exist (a burst of work
+-- since the last ANALYZE, or none yet) the planner takes a whole one for the cheapest way
+-- to anything with that status: every running task read for each lease renewed, every
+-- queued task for each Acquire. tests/test_query_plans.py holds the hot statements to
+-- their keys.
+--
 -- The queue, one stretch per group in the order the group hands work out: Acquire reads
 -- the heads of the groups its devices match, never the tasks of groups they do not.
 CREATE INDEX IF NOT EXISTS tasks_dispatch
     ON tasks (group_id, priority DESC, fair_tag, created_at, task_id)
-    WHERE status = 'queued';
+    WHERE status = 'queued' AND group_id IS NOT NULL;
 -- A key's queued tasks by tag: where its next task's tag starts (amc_fair_base).
--- (Its predicate names fairness_key so that the planner, with statistics that do not know
--- of a burst of submits yet, cannot take it for the cheapest way to a group's head.)
 CREATE INDEX IF NOT EXISTS tasks_fair_queue ON tasks (fairness_key, priority, fair_tag)
     WHERE status = 'queued' AND fairness_key IS NOT NULL;
 -- The tasks running, by group: a group with none queued or running may be forgotten
--- (amc_forget_queue_groups); a key's running count for its cap.
+-- (amc_forget_queue_groups); the running tasks counted (the gauges, ListFairShares).
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (group_id)
-    WHERE status IN ('assigned', 'dispatched');
+    WHERE status IN ('assigned', 'dispatched') AND group_id IS NOT NULL;
+-- The tasks running, by fairness key: how many phones a key with a cap holds (amc_acquire,
+-- acquire_offered, read_tasks).
+CREATE INDEX IF NOT EXISTS tasks_running_keys ON tasks (fairness_key)
+    WHERE status IN ('assigned', 'dispatched') AND fairness_key IS NOT NULL;
 -- The tasks running, by tag: the frontier of service (amc_fair_frontier).
 CREATE INDEX IF NOT EXISTS tasks_running_tags ON tasks (priority, fair_tag)
-    WHERE status IN ('assigned', 'dispatched');
+    WHERE status IN ('assigned', 'dispatched') AND priority IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tasks_listing ON tasks (created_at DESC, task_id DESC);
 CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
     WHERE host_id IS NOT NULL;
@@ -192,7 +206,7 @@ CREATE INDEX IF NOT EXISTS tasks_open_sessions ON tasks (caller)
 -- Maintenance sessions queued, by their phone: what every Acquire looks up first (empty but
 -- for the few seconds such a session waits for its host to ask for work).
 CREATE INDEX IF NOT EXISTS tasks_maintenance ON tasks (selector_serial)
-    WHERE status = 'queued' AND maintenance;
+    WHERE status = 'queued' AND maintenance AND selector_serial IS NOT NULL;
 -- Retention: terminal tasks by when they finished, oldest first (control_plane/retention.py
 -- deletes them in batches from this end). Tasks in flight are not in it.
 CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at)
@@ -238,12 +252,10 @@ CREATE TABLE IF NOT EXISTS attempts (
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01,
         autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000);
--- The live attempts: the expiry sweep scans them (same predicate), renewals check them.
+-- The live attempts, by host (its leases counted for a cordon or a removal); the expiry
+-- sweep reads them whole. No hot statement names an attempt's state in its WHERE (they
+-- reach attempts by lease and ask the row), so none can read it whole instead.
 CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 'active';
--- The leases a host has not acknowledged yet. No longer read: amc_renew locks the tasks of
--- every lease it renews (issue 21.2); kept until a migration drops it.
-CREATE INDEX IF NOT EXISTS attempts_unacknowledged ON attempts (host_id)
-    WHERE state = 'active' AND acknowledged_at IS NULL;
 -- Live attempts with a deadline, by when it passes: what the overrun sweep reads.
 CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at)
     WHERE state = 'active' AND deadline_at IS NOT NULL;
@@ -389,7 +401,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     step_index   integer NOT NULL,
     action_index integer NOT NULL,
     step_name    text NOT NULL,
-    kind         text NOT NULL CHECK (kind IN ('screenshot', 'ui_dump', 'screen_recording')),
+    kind         text NOT NULL CHECK (kind IN ('screenshot', 'ui_dump', 'screen_recording',
+                                              'pulled_file')),
     size_bytes   bigint NOT NULL CHECK (size_bytes >= 0),
     sha256       bytea NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
@@ -403,4 +416,50 @@ CREATE TABLE IF NOT EXISTS artifact_chunks (
     PRIMARY KEY (artifact_id, seq)
 );
 ALTER TABLE artifact_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+
+-- -- the app library: APKs and files for tasks to install and push ---------------------
+--
+-- Content-addressed: the bytes of every app and file are kept once, by their sha256
+-- (library_blobs), in bytea chunks of at most 256 KiB as an artifact's are (an APK is a
+-- ZIP, compressed already: EXTERNAL, no TOAST compression). An app (library_apps: what
+-- its manifest says) and a file (library_files) each name one blob; an APK kept both as
+-- an app and as a file is one blob. A blob goes with the last app or file that names it
+-- (amc_delete_library_app / _file in store/library.sql). Who uploaded each: the token's
+-- name, id (NULL without authentication) and team, for who may remove it.
+CREATE TABLE IF NOT EXISTS library_blobs (
+    sha256     bytea PRIMARY KEY CHECK (length(sha256) = 32),
+    size_bytes bigint NOT NULL CHECK (size_bytes >= 0),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS library_chunks (
+    sha256 bytea NOT NULL REFERENCES library_blobs ON DELETE CASCADE,
+    seq    integer NOT NULL,
+    data   bytea NOT NULL,
+    PRIMARY KEY (sha256, seq)
+);
+ALTER TABLE library_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE IF NOT EXISTS library_apps (
+    sha256       bytea PRIMARY KEY REFERENCES library_blobs,
+    package      text NOT NULL,
+    version_name text NOT NULL,
+    version_code bigint NOT NULL,
+    min_sdk      integer NOT NULL,
+    target_sdk   integer NOT NULL,
+    file_name    text NOT NULL,
+    uploaded_by  text NOT NULL,
+    token_id     uuid,
+    team         text NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+-- An install by package takes its newest upload: the highest version code, then the latest.
+CREATE INDEX IF NOT EXISTS library_apps_package
+    ON library_apps (package, version_code DESC, created_at DESC);
+CREATE TABLE IF NOT EXISTS library_files (
+    sha256      bytea PRIMARY KEY REFERENCES library_blobs,
+    file_name   text NOT NULL,
+    uploaded_by text NOT NULL,
+    token_id    uuid,
+    team        text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
 

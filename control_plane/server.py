@@ -19,11 +19,7 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from amc.v1 import (
-    admin_pb2_grpc,
-    lease_pb2_grpc,
-    scheduler_pb2_grpc,
-)
+from amc.v1 import admin_pb2_grpc, lease_pb2_grpc, library_pb2_grpc, scheduler_pb2_grpc
 from amc_common.build import record_build
 from control_plane import allocator, auth, errors, metrics
 from control_plane.admin_service import AdminService
@@ -34,6 +30,8 @@ from control_plane.effects import Effects
 from control_plane.gauges import FarmGauges
 from control_plane.hub import Hub
 from control_plane.lease_service import LeaseService
+from control_plane.library import PostgresLibrary
+from control_plane.library_service import LibraryService
 from control_plane.listener import Listener
 from control_plane.peers import Peers
 from control_plane.queue_stats import keep_queue_counted
@@ -46,7 +44,8 @@ from control_plane.sweep import sweep_expired
 
 log = structlog.get_logger(__name__)
 
-SERVICES = {s.SERVICE: s.DESCRIPTOR for s in (SchedulerService, LeaseService, AdminService)}
+SERVICERS = (SchedulerService, LeaseService, AdminService, LibraryService)
+SERVICES = {s.SERVICE: s.DESCRIPTOR for s in SERVICERS}
 MAX_MESSAGE = 1 << 20
 # How long a stop waits beyond its grace for calls and background loops to end.
 STOP_SLACK = 5.0
@@ -193,7 +192,8 @@ class ControlPlane:
         server = grpc.aio.server(
             options=server_options(self.settings), interceptors=[RpcMetrics(methods), DecodeGuard()]
         )
-        # What every servicer works with; the tasks' kept files are chosen here.
+        # What every servicer works with; where the tasks' kept files and the app library's
+        # bytes are kept is chosen here.
         parts = (
             authenticator,
             self.store,
@@ -201,10 +201,13 @@ class ControlPlane:
             self.settings,
             self.peers,
             PostgresArtifacts(self.store),
+            PostgresLibrary(self.store),
         )
         scheduler = SchedulerService(*parts)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
         lease_pb2_grpc.add_LeaseServicer_to_server(LeaseService(*parts), server)
+        self.library = LibraryService(*parts)
+        library_pb2_grpc.add_LibraryServicer_to_server(self.library, server)
         admin = AdminService(*parts)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -228,7 +231,7 @@ class ControlPlane:
         await server.start()
         self._server = server
         if self.http_listen:
-            self.console = Console(scheduler, authenticator, self.hub, admin)
+            self.console = Console(scheduler, authenticator, self.hub, admin, self.library)
             self.http_port = await self.console.start(self.http_listen, self._console_tls())
         await self._set_health(True)
         metrics.STREAMS.set_function(self.hub.streams)

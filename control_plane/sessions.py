@@ -44,6 +44,7 @@ from control_plane.errors import (
     SessionLimit,
     Unavailable,
 )
+from control_plane.library import check_references
 from control_plane.lifecycle import TaskStatus
 from control_plane.rendezvous import HOST_GONE, Relay
 from control_plane.rpc import TaskServicer, check_decoded, code_for, first_message, principal
@@ -74,6 +75,7 @@ def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
     )
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)
+    spec.apps.extend(o.apps)
     return NewTask(
         spec=spec.SerializeToString(deterministic=True),
         request_id=o.request_id or None,
@@ -147,6 +149,7 @@ class ClientSession:
             )
         store, hub = self._svc.store, self._svc.hub
         await self._within_limit(who)
+        await check_references(store, [("open", task_pb2.TaskSpec(apps=o.apps))])
         task, created = await store.tasks.submit(
             who.caller, new_session_task(o, who.team), name=who.name, relay=hub.replica
         )

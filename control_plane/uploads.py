@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
 
@@ -48,14 +49,14 @@ async def upload(
         validate_lease.artifact_header(first.header, max_bytes)
         new = artifact_from_pb(first.header)
         with memory.reserve(new.size_bytes):
-            data = await receive(new, _chunks(requests))
+            data = await receive(new, chunks(requests))
             received = len(data)
             artifact, stored = await artifacts.put(host_id, new, data)
     except AmcError as exc:
         refusal = next((r for c, r in _UPLOAD_REFUSALS.items() if isinstance(exc, c)), None)
         if refusal is not None:
             _count_upload(refusal, received)
-        await _drain(requests)
+        await drain(requests)
         raise
     _count_upload("stored" if stored else "repeated", received if stored else 0)
     log.info(
@@ -69,8 +70,9 @@ async def upload(
     return artifact_to_pb(artifact)
 
 
-async def _chunks(requests: Requests) -> AsyncIterator[bytes]:
-    """The bytes of an upload after its header."""
+async def chunks(requests: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """The bytes of an upload after its header (an artifact's, or the app library's: any
+    request whose `part` oneof is a header, then chunks)."""
     index = 0
     async for request in requests:
         index += 1
@@ -84,7 +86,7 @@ async def _chunks(requests: Requests) -> AsyncIterator[bytes]:
         yield request.chunk
 
 
-async def _drain(requests: Requests) -> None:
+async def drain(requests: AsyncIterator[Any]) -> None:
     """Read what the host is still sending (for a short while), so that it reads our
     refusal as its call's status; a client whose writes the server cut off sees only
     gRPC's "Internal error from Core"."""

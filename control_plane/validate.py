@@ -29,6 +29,8 @@ from control_plane.errors import InvalidArgument
 from control_plane.lifecycle import TaskStatus
 
 MAX_ACTIONS = 1000
+# Apps a task or session has installed before its first action (TaskSpec.apps).
+MAX_APPS = 20
 MAX_STEPS = 200
 MAX_SPEC_BYTES = 1 << 20
 MAX_MAP_ENTRIES = 64
@@ -175,6 +177,19 @@ def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
         raise InvalidArgument(field, f"more than {MAX_ACTIONS} actions in all")
     if s.HasField("record_screen"):
         screen_recording(s.record_screen, f"{field}.record_screen")
+    apps(s.apps, f"{field}.apps")
+
+
+def apps(items: Sequence[task_pb2.InstallApp], field: str) -> None:
+    """Apps to install before the first action: each an install_app's fields."""
+    if len(items) > MAX_APPS:
+        raise InvalidArgument(field, f"more than {MAX_APPS} apps")
+    for i, app in enumerate(items):
+        try:
+            action_table.from_message(task_pb2.Action(install_app=app))
+        except action_table.ActionError as exc:
+            inside = exc.field.removeprefix("install_app").lstrip(".")
+            raise InvalidArgument(f"{field}[{i}].{inside}", exc.problem) from None
 
 
 MAX_RECORDING_FPS = 10
@@ -339,6 +354,7 @@ def session_open(req: scheduler_pb2.OpenSessionRequest) -> scheduler_pb2.Session
     identifier(o.request_id, "open.request_id", required=False)
     if o.HasField("record_screen"):
         screen_recording(o.record_screen, "open.record_screen")
+    apps(o.apps, "open.apps")
     if o.maintenance and not (o.selector.serial and set(o.selector.labels) == {HOST_LABEL}):
         raise InvalidArgument(
             "open.maintenance",

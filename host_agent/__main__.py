@@ -28,13 +28,13 @@ import structlog
 from amc_common import logs
 from amc_common.build import record_build
 from amc_common.channel import aio_channel
+from amc_common.systemd import Notifier
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
 from host_agent.config import Config
 from host_agent.devices import DeviceSource
 from host_agent.flags import parse
 from host_agent.simulated import SimulatedSource
-from host_agent.systemd import Notifier
 
 log = structlog.get_logger("host_agent")
 # gRPC's default reconnect backoff grows to 120 s: far too slow for a host whose leases

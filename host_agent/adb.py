@@ -18,7 +18,9 @@ import asyncio
 import re
 import shlex
 import uuid
+from pathlib import Path
 
+from host_agent import adb_files
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
 from host_agent.devices import (
     AttachedDevice,
@@ -204,6 +206,18 @@ class AdbDevice:
     async def ui_dump(self) -> str:
         output = await self._action(f"uiautomator dump {UI_DUMP_PATH} && cat {UI_DUMP_PATH}")
         return _xml_from(output)
+
+    async def exec_in(self, command: str, data: Path, timeout: float) -> str:
+        async with guard(self.serial, f"exec `{command}`", timeout):
+            return await adb_files.exec_in(self._client, self.serial, command, data)
+
+    async def push(self, local: Path, remote: str, timeout: float) -> None:
+        async with guard(self.serial, f"push to {remote}", timeout):
+            await adb_files.push(self._client, self.serial, local, remote)
+
+    async def pull(self, remote: str, limit: int, timeout: float) -> bytes:
+        async with guard(self.serial, f"pull of {remote}", timeout):
+            return await adb_files.pull(self._client, self.serial, remote, limit)
 
     # -- internals ---------------------------------------------------------------------
 

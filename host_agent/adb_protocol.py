@@ -96,6 +96,13 @@ class Session:
             raise AdbFailure(await self.read_string())
         raise DeviceError(f"adb server sent {status!r} instead of OKAY/FAIL")
 
+    async def write(self, data: bytes) -> None:
+        """Raw bytes to the service asked for (a command's stdin, sync packets)."""
+        await self._conn.write(data)
+
+    async def read_exactly(self, n: int) -> bytes:
+        return await self._reader.readexactly(n)
+
     async def read_string(self) -> str:
         """A length-prefixed reply (four hex digits, then the payload)."""
         header = await self._reader.readexactly(4)

@@ -53,19 +53,21 @@ import structlog
 
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
+from amc_common.systemd import Notifier
 from host_agent import metrics
-from host_agent.config import AgentSettings
+from host_agent.app_cache import AppCache
+from host_agent.config import AgentSettings, app_cache_dir
 from host_agent.devices import DeviceSource
 from host_agent.fencing import HeldLease, Timing
 from host_agent.health import Health, HealthMonitor, Reading, probe
 from host_agent.leases import LeaseKeeper
+from host_agent.library import HostLibrary
 from host_agent.offering import Offering
 from host_agent.recovery import Recovery
 from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.screencast import Screencaster
 from host_agent.stop_token import Stopped, StopReason, StopToken
-from host_agent.systemd import Notifier
 from host_agent.wire import HeldAssignment, health_request
 from host_agent.worker import Finished, Tools, Worker
 
@@ -176,6 +178,7 @@ class Agent:
             channel=self._channel,
             may_move=self.screens.closed,
         )
+        cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
         self._tools = Tools(
             self.settings,
             self._stub,
@@ -184,6 +187,7 @@ class Agent:
             self._source,
             self._final,
             self.screens,
+            HostLibrary(self._stub, cache),
         )
         self._notifier.ready(self._status())
         try:

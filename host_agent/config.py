@@ -7,6 +7,7 @@ harnesses make them directly.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,21 @@ class AgentSettings:
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
+    # The app library's files (APKs, files to push) kept on this host (host_agent.app_cache):
+    # where (None: app_cache_dir()'s default) and how many bytes at most.
+    app_cache_dir: Path | None = None
+    app_cache_size: int = 2 << 30
+
+
+def app_cache_dir(settings: AgentSettings, env: Mapping[str, str] = os.environ) -> Path:
+    """Where the app cache is: the setting; else the unit's cache directory under systemd
+    ($CACHE_DIRECTORY/apps); else ~/.cache/amc-host-agent/apps ($XDG_CACHE_HOME's)."""
+    if settings.app_cache_dir is not None:
+        return settings.app_cache_dir
+    if env.get("CACHE_DIRECTORY"):
+        return Path(env["CACHE_DIRECTORY"].split(":")[0]) / "apps"
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "amc-host-agent" / "apps"
 
 
 @dataclass(frozen=True)

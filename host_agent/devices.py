@@ -20,6 +20,7 @@ to run on another phone (host_agent.worker).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 
@@ -94,6 +95,19 @@ class Device(Protocol):
 
     async def ui_dump(self) -> str:
         """The `uiautomator dump` XML of the current screen."""
+        ...
+
+    async def exec_in(self, command: str, data: Path, timeout: float) -> str:
+        """Run `command` with adb's `exec:` service (no shell: no exit code), the file on
+        its stdin; what it printed."""
+        ...
+
+    async def push(self, local: Path, remote: str, timeout: float) -> None:
+        """`adb push`: the file to `remote` on the phone, replacing what is there."""
+        ...
+
+    async def pull(self, remote: str, limit: int, timeout: float) -> bytes:
+        """`adb pull`: the file at `remote`; CommandFailed if it is over `limit` bytes."""
         ...
 
 

@@ -13,6 +13,10 @@ token tripped.
 What each action means, its fields and their defaults (a wait_for's 10 s, a swipe's
 0.3 s) are amc_common.action_table'; an action arrives here with every field filled in, but
 a shell timeout left to this host (`shell_default_timeout`, the agent's --shell-timeout).
+The app library's actions (install_app, uninstall_app, push_file, pull_file) are
+host_agent.install's, with the library the agent gives (`library`; without one they fail):
+the app's look-up, the phone's API level and the fetch from the control plane are raced
+against the token, the install itself runs to its end once started.
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from amc_common.action_table import (
     Action,
     AssertVisible,
     InputText,
+    InstallApp,
     Key,
     LaunchApp,
+    PullFile,
+    PushFile,
     Screenshot,
     Shell,
     StopApp,
@@ -40,10 +47,11 @@ from amc_common.action_table import (
     TapOn,
     UiDump,
     UiSelector,
+    UninstallApp,
     Wait,
     WaitFor,
 )
-from host_agent import metrics
+from host_agent import install, metrics
 from host_agent.devices import (
     CommandFailed,
     Device,
@@ -97,12 +105,16 @@ async def execute(
     *,
     shell_default_timeout: float,
     poll_interval: float = POLL_INTERVAL,
+    library: install.Library | None = None,
 ) -> StepOutput:
     """Run `action` on `device`. Raises Stopped or DeviceLost; other failures are outputs."""
     started = time.monotonic()
     status = "failed"
     try:
-        output = await _dispatch(action, device, token, shell_default_timeout, poll_interval)
+        if isinstance(action, InstallApp | UninstallApp | PushFile | PullFile):
+            output = await _library_action(action, device, token, library)
+        else:
+            output = await _dispatch(action, device, token, shell_default_timeout, poll_interval)
         status = "ok" if output.ok else "failed"
         return output
     except Stopped:
@@ -179,9 +191,41 @@ async def _dispatch(
             return await _screenshot(device, token)
         case UiDump():
             return await _ui_dump(device, token)
+        case InstallApp() | UninstallApp() | PushFile() | PullFile():
+            raise AssertionError("the app library's actions are _library_action's")
         case _:
             assert_never(action)
     return _OK
+
+
+async def _library_action(
+    action: InstallApp | UninstallApp | PushFile | PullFile,
+    device: Device,
+    token: StopToken,
+    library: install.Library | None,
+) -> StepOutput:
+    try:
+        if isinstance(action, UninstallApp):
+            await install.uninstall_app(action.package, device)
+            return StepOutput(ok=True, output=f"uninstalled {action.package}")
+        if isinstance(action, PullFile):
+            data = await install.pull_file(action.path, device, token)
+            facts = {"bytes": str(len(data)), "sha256": hashlib.sha256(data).hexdigest()}
+            output = f"pulled {action.path}: {len(data)} bytes"
+            return StepOutput(ok=True, output=output, data=facts, kept=(Kept("pulled_file", data),))
+        if library is None:
+            return StepOutput.failed(f"{action.kind}: this host has no app library")
+        if isinstance(action, PushFile):
+            size = await install.push_file(action, device, token, library)
+            facts = {"bytes": str(size), "file": action.file}
+            return StepOutput(ok=True, output=f"pushed {size} bytes to {action.path}", data=facts)
+        done = await install.install_app(action, device, token, library)
+    except install.LibraryError as exc:
+        return StepOutput.failed(str(exc))
+    app = done.app
+    facts = {"package": app.package, "version_code": str(app.version_code), "app_id": app.app_id}
+    output = f"installed {app.package} {app.version_name} ({done.how})"
+    return StepOutput(ok=True, output=output, data={**facts, "install": done.how})
 
 
 async def _on_screen(

@@ -169,6 +169,11 @@ _TASKS: list[_Option] = [
     ("--upload-timeout", "AMC_UPLOAD_TIMEOUT", "30s", duration,
      "how long one task's screenshot and UI dump uploads may take in all"),
     ("--drain-timeout", "AMC_DRAIN_TIMEOUT", "30s", duration, "SIGTERM: grace for running tasks"),
+    ("--app-cache-dir", "AMC_APP_CACHE_DIR", None, Path,
+     "where the app library's APKs and files are kept on this host (default: the unit's"
+     " $CACHE_DIRECTORY/apps, else ~/.cache/amc-host-agent/apps)"),
+    ("--app-cache-size", "AMC_APP_CACHE_SIZE", "2GB", size,
+     "most bytes of the app library kept on this host (least recently used out)"),
 ]
 _HELD: list[_Option] = [
     ("--battery-low", "AMC_BATTERY_LOW", "20", percent, "hold a phone below this battery %"),
@@ -234,6 +239,7 @@ _METAVARS: dict[Callable[[str], Any], str] = {
     celsius: "CELSIUS",
     log_format: "FORMAT",
     log_level: "LEVEL",
+    Path: "DIR",
 }
 
 

@@ -141,6 +141,20 @@ SCREEN_FRAMES_DROPPED = Counter(
     ["reason"],
 )
 
+LIBRARY_FILES = Counter(
+    "amc_agent_library_files_total",
+    "App library files (APKs, files to push) a task needed, by result: hit (in this host's"
+    " cache), fetched (from the control plane), failed (the fetch failed or arrived damaged)",
+    ["result"],
+)
+LIBRARY_FETCH_BYTES = Counter(
+    "amc_agent_library_fetch_bytes_total", "Bytes of the app library fetched into the cache"
+)
+LIBRARY_CACHE_BYTES = Gauge(
+    "amc_agent_library_cache_bytes", "Bytes in this host's app library cache (--app-cache-size)"
+)
+LIBRARY_RESULTS = ("hit", "fetched", "failed")
+
 
 def create_series() -> None:
     """Every labelled series at 0 (a series that exists keeps its value)."""
@@ -163,6 +177,8 @@ def create_series() -> None:
         CONDITIONS.labels(condition)
     for result in ("recovered", "failed"):
         RECOVERIES.labels(result)
+    for result in LIBRARY_RESULTS:
+        LIBRARY_FILES.labels(result)
 
 
 create_series()

@@ -18,12 +18,13 @@ from typing import assert_never
 
 import structlog
 
-from amc_common.action_table import Action
+from amc_common.action_table import Action, InstallApp
 from amc_common.statuses import Outcome
 from amc_common.steps import label as step_label
 from amc_common.steps import number as step_number
 from host_agent.devices import Device, DeviceLost
 from host_agent.executor import POLL_INTERVAL, StepOutput, describe_device_error, execute
+from host_agent.install import Library
 from host_agent.results import Kept, RunResult, StepResult, StepStatus, cut
 from host_agent.spec import ActionList, Session, TaskSpec, Workflow
 from host_agent.stop_token import Stopped, StopReason, StopToken
@@ -88,15 +89,19 @@ async def run(
     shell_default_timeout: float = DEFAULT_SHELL_TIMEOUT,
     poll_interval: float = POLL_INTERVAL,
     on_step: OnStep | None = None,
+    library: Library | None = None,
 ) -> RunResult:
     """Run `spec` with the runner its kind calls for; `on_step` is told of each step that
-    ran as it ends (progress; the result returned is the record)."""
+    ran as it ends (progress; the result returned is the record). The spec's apps are
+    installed first, as a step of their own ("apps"), with `library`."""
     options = {"shell_default_timeout": shell_default_timeout, "poll_interval": poll_interval}
     match spec:
         case ActionList():
-            return await TaskRunner(device, token, **options, on_step=on_step).run(spec)
+            actions = TaskRunner(device, token, **options, on_step=on_step, library=library)
+            return await actions.run(spec)
         case Workflow():
-            return await WorkflowRunner(device, token, **options, on_step=on_step).run(spec)
+            steps = WorkflowRunner(device, token, **options, on_step=on_step, library=library)
+            return await steps.run(spec)
         case Session():
             raise ValueError("a session runs through host_agent.session, not run()")
         case _:
@@ -137,6 +142,8 @@ class _StepLoop:
     shell_default_timeout: float = DEFAULT_SHELL_TIMEOUT
     poll_interval: float = POLL_INTERVAL
     on_step: OnStep | None = None
+    # The app library, for install_app, push_file and a spec's apps (None: they fail).
+    library: Library | None = None
 
     async def _run_steps(self, steps: Sequence[_Step]) -> RunResult:
         results: list[StepResult] = []
@@ -190,6 +197,7 @@ class _StepLoop:
                 self.token,
                 shell_default_timeout=self.shell_default_timeout,
                 poll_interval=self.poll_interval,
+                library=self.library,
             )
         except Stopped as stop:
             return _interrupted(stop.reason)
@@ -206,7 +214,8 @@ class TaskRunner(_StepLoop):
     """Runs an action list; each action is one step, and a failed one ends the run."""
 
     async def run(self, spec: ActionList) -> RunResult:
-        return await self._run_steps([_Step(a.kind, (a,), False) for a in spec.actions])
+        steps = [_Step(a.kind, (a,), False) for a in spec.actions]
+        return await self._run_steps(with_apps(spec.apps, steps))
 
 
 class WorkflowRunner(_StepLoop):
@@ -214,7 +223,7 @@ class WorkflowRunner(_StepLoop):
 
     async def run(self, spec: Workflow) -> RunResult:
         steps = [_Step(s.name, s.actions, s.continue_on_error) for s in spec.steps]
-        return await self._run_steps(steps)
+        return await self._run_steps(with_apps(spec.apps, steps))
 
 
 class StepRunner(_StepLoop):
@@ -229,6 +238,15 @@ class StepRunner(_StepLoop):
         if halt is None:
             return result, None, False
         return result, halt.stop_reason, halt.device_lost
+
+
+APPS_STEP = "apps"
+
+
+def with_apps(apps: tuple[InstallApp, ...], steps: list[_Step]) -> list[_Step]:
+    """The spec's apps installed first, as one step of their own (a failed install ends
+    the run there)."""
+    return [_Step(APPS_STEP, apps, False), *steps] if apps else steps
 
 
 def _interrupted(reason: StopReason) -> _ActionEnd:

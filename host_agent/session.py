@@ -10,6 +10,11 @@ back at once with what was observed and the phone's screen size (the space of ta
 bounds); observations asked to be kept are uploaded as the task's artifacts before the step
 is answered.
 
+A session that names apps (`SessionOpen.apps`) has them installed first, before it joins
+(its client waits as for any start), as its step 0 "apps": a failed install ends it failed,
+and a stop during it (a cancel, a quarantine, the deadline) ends it in the words of any of
+its steps; its actions' steps follow from 1.
+
 The call is read all the time, an action running or not: the control plane ends it when
 the client closed (reported done, never while an action runs), went idle (failed, "idle
 timeout") or vanished (failed, "session abandoned"). A client that vanishes, or a relay
@@ -29,15 +34,16 @@ import grpc
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
-from amc_common.action_table import Action, Screenshot, UiDump
+from amc_common.action_table import Action, InstallApp, Screenshot, UiDump
 from amc_common.channel import write_unless_ended
 from amc_common.statuses import Outcome
 from amc_common.steps import label as step_label
 from host_agent import artifact_upload
 from host_agent.devices import Device, DeviceError
 from host_agent.fencing import HeldLease
+from host_agent.install import Library
 from host_agent.results import RunResult, StepResult, StepStatus
-from host_agent.runner import StepRunner, outcome_for
+from host_agent.runner import APPS_STEP, StepRunner, outcome_for
 from host_agent.screencast import image_size
 from host_agent.spec import InvalidSpec
 from host_agent.stop_token import Stopped, StopReason, StopToken
@@ -56,6 +62,8 @@ WM_SIZE_TIMEOUT = 5.0
 class SessionSettings:
     shell_timeout: float
     upload_timeout: float
+    # The app library, for the install_app and push_file actions a session sends.
+    library: Library | None = None
 
 
 class _Relay:
@@ -126,16 +134,30 @@ async def run_session(
     device: Device,
     token: StopToken,
     settings: SessionSettings,
+    apps: tuple[InstallApp, ...] = (),
 ) -> RunResult:
-    """Run the session's actions until its client or the token ends it."""
+    """Run the session's actions until its client or the token ends it; its `apps` are
+    installed first, as step 0, before it joins."""
+    steps: list[StepResult] = []
     if token.reason is not None:
-        return _stopped(token.reason, [], "before the session started")
+        return _stopped(token.reason, steps, "before the session started")
+    runner = StepRunner(
+        device, token, shell_default_timeout=settings.shell_timeout, library=settings.library
+    )
+    if apps:
+        step, halted, lost = await runner.run_step(0, APPS_STEP, apps)
+        steps.append(step)
+        if halted is not None:
+            return _stopped(halted, steps, f"during step 0 {APPS_STEP!r}")
+        if lost:
+            return RunResult(Outcome.FAILED, f"device lost: {step.error}", tuple(steps))
+        if step.status is not StepStatus.OK:
+            error = f"step 0 {APPS_STEP!r} failed: {step.error}"
+            return RunResult(Outcome.FAILED, error, tuple(steps))
     call = stub.SessionActions()
     relay = _Relay(call, token)
     reader: asyncio.Task[None] | None = None
-    runner = StepRunner(device, token, shell_default_timeout=settings.shell_timeout)
     screen = _ScreenSize(device)
-    steps: list[StepResult] = []
     try:
         join = lease_pb2.SessionJoin(
             task_id=lease.task_id, attempt=lease.attempt, lease_id=lease.lease_id

@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host_agent.devices import AttachedDevice, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.devices import AttachedDevice, CommandFailed, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.simulated_apps import PhoneApps
 from host_agent.simulated_body import (
     PROBE_COMMANDS,
     ROOM_TEMPERATURE,
@@ -111,6 +112,9 @@ class SimulatedSource:
         # The recovery ladder's steps that disturbed a phone: (serial, "reconnect" or
         # "reboot", time.time() when asked).
         self.recovery_steps: list[tuple[str, str, float]] = []
+        # Each phone's packages and files (host_agent.simulated_apps).
+        sdk = int(SIMULATED_PROPS["ro.build.version.sdk"])
+        self.apps: dict[str, PhoneApps] = {s: PhoneApps(sdk) for s in self.serials}
 
     @property
     def actions(self) -> list[ActionRecord]:
@@ -289,7 +293,8 @@ class SimulatedDevice:
                 await self._act("shell", command=command)
         except TimeoutError:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
-        return shell_answer(command)
+        answered = self._source.apps[self.serial].answer(command)
+        return ShellResult(*answered) if answered else shell_answer(command)
 
     async def tap(self, x: int, y: int) -> None:
         await self._act("tap", x=x, y=y)
@@ -316,6 +321,23 @@ class SimulatedDevice:
     async def ui_dump(self) -> str:
         await self._act("ui_dump")
         return UI_XML
+
+    async def exec_in(self, command: str, data: Path, timeout: float) -> str:
+        await self._act("exec_in", command=command)
+        apk = await asyncio.to_thread(data.read_bytes)
+        answer = self._source.apps[self.serial].stdin_command(command, apk)
+        return answer if answer is not None else f"/system/bin/sh: {command}: not found\n"
+
+    async def push(self, local: Path, remote: str, timeout: float) -> None:
+        await self._act("push", path=remote)
+        self._source.apps[self.serial].files[remote] = await asyncio.to_thread(local.read_bytes)
+
+    async def pull(self, remote: str, limit: int, timeout: float) -> bytes:
+        await self._act("pull", path=remote)
+        data = self._source.apps[self.serial].files.get(remote)
+        if data is None or len(data) > limit:
+            raise CommandFailed(f"pull of {remote} failed: no such file (or over {limit} bytes)")
+        return data
 
     def screen_size(self) -> tuple[int, int]:
         """The phone's screen in its own pixels (the coordinates taps take, the UI dump's

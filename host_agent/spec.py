@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
-from amc_common.action_table import Action
+from amc_common.action_table import Action, InstallApp
 
 
 class InvalidSpec(ValueError):
@@ -24,6 +24,8 @@ class ActionList:
 
     kind: ClassVar[str] = "actions"
     actions: tuple[Action, ...]
+    # Installed before the first action (TaskSpec.apps), as a step of their own.
+    apps: tuple[InstallApp, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Workflow:
 
     kind: ClassVar[str] = "workflow"
     steps: tuple[WorkflowStep, ...]
+    apps: tuple[InstallApp, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Session:
     """An interactive session (host_agent.session): its actions arrive one at a time."""
 
     kind: ClassVar[str] = "session"
+    apps: tuple[InstallApp, ...] = ()
 
 
 TaskSpec: TypeAlias = ActionList | Workflow | Session

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from amc_common.action_table import KEEPS, Action, ActionError, from_message
+from amc_common.action_table import KEEPS, Action, ActionError, InstallApp, from_message
 from amc_common.statuses import Outcome
 from amc_common.steps import default_name
 from amc_common.steps import label as step_label
@@ -187,13 +187,16 @@ def assignment_from_proto(pb: lease_pb2.Assignment) -> HeldAssignment:
 def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
     """The domain spec of `pb`; InvalidSpec says what is wrong and where."""
     kind = pb.WhichOneof("kind")
+    installs = (task_pb2.Action(install_app=app) for app in pb.apps)
+    apps = tuple(a for a in _actions_from_proto(installs, "apps: ") if isinstance(a, InstallApp))
     match kind:
         case "actions":
-            return ActionList(_actions_from_proto(pb.actions.actions, where=""))
+            return ActionList(_actions_from_proto(pb.actions.actions, where=""), apps)
         case "workflow":
-            return Workflow(tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps)))
+            steps = tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps))
+            return Workflow(steps, apps)
         case "session":
-            return Session()
+            return Session(apps)
         case None:
             raise InvalidSpec("task spec has neither actions nor a workflow")
         case _:

@@ -26,6 +26,7 @@ from host_agent import artifact_upload, recording
 from host_agent.config import AgentSettings
 from host_agent.devices import Device, DeviceSource
 from host_agent.fencing import HeldLease, RenewalResult
+from host_agent.install import Library
 from host_agent.leases import LeaseKeeper
 from host_agent.recording import Recording
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
@@ -75,6 +76,8 @@ class Tools:
     final: FinalCalls
     # The live screens, for a task's screen recording (None: no recording).
     screens: Screencaster | None = None
+    # The app library, for install_app, push_file and a spec's apps (None: they fail).
+    library: Library | None = None
 
 
 class Worker:
@@ -208,9 +211,11 @@ class Worker:
 
     async def _run(self, spec: TaskSpec, device: Device, token: StopToken) -> RunResult:
         settings = self._tools.settings
+        library = self._tools.library
         if isinstance(spec, Session):
-            options = SessionSettings(settings.shell_timeout, settings.upload_timeout)
-            return await run_session(self._tools.stub, self.lease, device, token, options)
+            options = SessionSettings(settings.shell_timeout, settings.upload_timeout, library)
+            stub = self._tools.stub
+            return await run_session(stub, self.lease, device, token, options, spec.apps)
         # Each step as it ends goes with the lease's next renewal (progress).
         lease_id, keeper = self.lease.lease_id, self._tools.keeper
         return await run(
@@ -219,6 +224,7 @@ class Worker:
             token,
             shell_default_timeout=settings.shell_timeout,
             on_step=lambda step: keeper.progress(lease_id, step_to_proto(step)),
+            library=library,
         )
 
     def _deadline_passed(self) -> None:

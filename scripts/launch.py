@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -62,6 +63,14 @@ def duration(value: float) -> str:
     return seconds(value) + "s"
 
 
+def megabytes(value: int) -> str:
+    """A size in bytes as the host agent's size flags take it (MB, powers of 1024), exactly:
+    `2048MB`, `0.5MB`."""
+    whole, rest = divmod(value, 1 << 20)
+    fraction = format(Decimal(rest) / (1 << 20), "f")[1:] if rest else ""
+    return f"{whole}{fraction}MB"
+
+
 def _seconds() -> Any:
     return field(default=None, metadata={"render": seconds})
 
@@ -74,7 +83,8 @@ class _Command:
     """A dataclass of flags after `head`, the program (and subcommand). A field is the flag
     of its name (`lease_ttl`: `--lease-ttl`), left out when None or False, alone when True,
     once per item of a mapping (`--label k=v`); its metadata may name another `flag` (None:
-    not a flag) and `render` its value (durations: `_seconds()`, `_duration()`)."""
+    not a flag) and `render` its value (durations: `_seconds()`, `_duration()`; the agent's
+    sizes: `megabytes`)."""
 
     head: ClassVar[tuple[str, ...]]
 
@@ -123,6 +133,7 @@ class ControlPlaneCommand(_Command):
     forget_hosts_after: float | None = _duration()
     retention_interval: float | None = _seconds()
     max_artifact_size: int | None = None
+    max_app_size: int | None = None  # bytes
     # 0 turns it off.
     max_connection_age: float | None = _duration()
 
@@ -180,6 +191,9 @@ class HostAgentCommand(_Command):
     recovery_backoff: float | None = _duration()
     boot_timeout: float | None = _duration()
     sim_faults: Path | None = None
+    # The app library's files kept on this host: where, and how many bytes at most.
+    app_cache_dir: Path | None = None
+    app_cache_size: int | None = field(default=None, metadata={"render": megabytes})
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = inherited(base)

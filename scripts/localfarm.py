@@ -5,12 +5,15 @@ An embedded PostgreSQL (data kept in .amc/pgdata), one control plane on 127.0.0.
 authentication off (--insecure: loopback only), and one host agent: on the phones of the
 local adb server when it answers and has some, otherwise on 2 simulated phones. Ctrl-C stops
 the agent first (it drains and gives its leases back), then the control plane, then
-PostgreSQL, so the data directory is left consistent.
+PostgreSQL, so the data directory is left consistent. A second Ctrl-C during that stops
+everything at once: the agent and the control plane are killed, PostgreSQL gets its fast
+shutdown, and no process or port is left behind.
 
 A farm holds `<data-dir>.lock` (its pid and addresses) while it runs. Before starting
 anything, a second `make run` looks for a farm already there (that lock, its data
-directory's PostgreSQL, a listener on one of its ports) and, if it finds one, says so and
-how to stop it in one line; it says "ready" only once its own control plane answers and its
+directory's PostgreSQL, a process started on its data directory, a listener on one of its
+ports) and, if it finds one, says so in one line naming every pid in the way and how to
+stop them, and exits 1; it says "ready" only once its own control plane answers and its
 agent has registered.
 """
 
@@ -23,10 +26,10 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -35,14 +38,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc
 from amc_testing.host import duration
+from scripts.farm_holders import Holder, holders, stop_postgres
 from scripts.launch import ControlPlaneCommand, HostAgentCommand
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_ID = "local"
-# Exit codes: a farm of this data directory already runs (nothing to do); something else
-# is in the way (a port taken, the data directory's PostgreSQL held by another program).
-ALREADY_RUNNING = 0
-IN_THE_WAY = 1
+# The exit code of a start refused: a farm of this data directory already runs, or something
+# else holds one of its ports or its data directory.
+REFUSED = 1
+# The programs of a farm: one of them on a farm's port is a farm's part left running.
+AMC = frozenset({"control-plane", "host-agent"})
 
 
 def say(message: str) -> None:
@@ -76,14 +81,11 @@ def adb_phones(address: str) -> list[str]:
 class InTheWay(Exception):
     """Something stops this farm from starting; the message says what and what to do."""
 
-    def __init__(self, message: str, code: int = IN_THE_WAY) -> None:
-        super().__init__(message)
-        self.code = code
 
-
-def take_lock(data_dir: Path, addresses: dict[str, str]) -> IO[str]:
+def take_lock(data_dir: Path, addresses: dict[str, str]) -> IO[str] | dict[str, object]:
     """`<data-dir>.lock`, held (flock) for as long as this process lives, with its pid and
-    addresses inside; InTheWay when another farm holds it. Children do not inherit it."""
+    addresses inside; or, when another farm holds it, what that farm wrote there. Children
+    do not inherit it."""
     path = data_dir.parent / f"{data_dir.name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = path.open("a+")
@@ -93,7 +95,7 @@ def take_lock(data_dir: Path, addresses: dict[str, str]) -> IO[str]:
         lock.seek(0)
         holder = _holder(lock.read())
         lock.close()
-        raise InTheWay(_running_message(holder), ALREADY_RUNNING) from None
+        return holder
     lock.truncate(0)
     lock.write(json.dumps({"pid": os.getpid(), **addresses}) + "\n")
     lock.flush()
@@ -108,61 +110,51 @@ def _holder(text: str) -> dict[str, object]:
     return found if isinstance(found, dict) else {}
 
 
-def _running_message(holder: dict[str, object]) -> str:
-    pid = holder.get("pid", "?")
-    where = f"control plane {holder.get('listen', '?')}, console http://{holder.get('http', '?')}/"
+def already_running(farm: dict[str, object], data_dir: Path, listeners: dict[str, str]) -> str:
+    """The line for a farm of this data directory that runs: its pid, where it serves, how
+    to stop it, and every process of it that holds a port or the data directory."""
+    pid = farm.get("pid", "?")
+    besides = pid if isinstance(pid, int) else 0
+    where = f"control plane {farm.get('listen', '?')}, console http://{farm.get('http', '?')}/"
+    parts = holders(data_dir, list(listeners.values()), besides=besides)
+    held = f"; it holds {_listed(parts, data_dir)}" if parts else ""
     return (
         f"a farm is already running here (pid {pid}; {where}): use it, or stop it with "
-        f"Ctrl-C in its terminal or `kill {pid}`"
+        f"Ctrl-C in its terminal or `kill {pid}`{held}"
     )
 
 
-def postgres_in_use(data_dir: Path) -> None:
-    """InTheWay when the data directory's PostgreSQL runs though no farm holds the lock: a
-    control plane started by hand on it, or left over from a farm that was killed."""
-    pidfile = data_dir / "postmaster.pid"
-    try:
-        lines = pidfile.read_text().splitlines()
-        pid = int(lines[0])
-        os.kill(pid, 0)
-    except (OSError, ValueError, IndexError):
+def in_the_way(data_dir: Path, listeners: dict[str, str]) -> None:
+    """InTheWay naming every process that listens on one of the farm's addresses, runs
+    its data directory's PostgreSQL or was started on its data directory (a farm whose
+    launcher was killed, a control plane started by hand, another program on a port)."""
+    parts = holders(data_dir, list(listeners.values()))
+    if not parts:
         return
-    port = lines[3] if len(lines) > 3 else "?"
+    shown = _shown(data_dir)
+    ours = [h for h in parts if h.postgres_port is not None or h.on_data_dir or h.name in AMC]
+    others = [h for h in parts if h not in ours]
+    advice = []
+    if ours:
+        pids = " ".join(str(h.pid) for h in ours if h.pid is not None)
+        advice.append(
+            f"left over from a farm that was killed, or started by hand on {shown}: stop "
+            f"them with `kill -INT {pids}`"
+        )
+    taken = [f for f, a in listeners.items() if any(a in h.addresses for h in others)]
+    if taken:
+        ports = " ".join(f"{flag} {listeners[flag].rpartition(':')[0]}:PORT" for flag in taken)
+        advice.append(
+            f"stop what listens there, or give this farm other ports: make run ARGS='{ports}'"
+        )
     raise InTheWay(
-        f"the PostgreSQL of {_shown(data_dir)} already runs (pid {pid}, port {port}) but no "
-        "farm holds it: a control plane started on it by hand, or left over from a farm that "
-        f"was killed; stop that control plane, or the server with `kill -INT {pid}`"
+        f"cannot start, its ports or data directory are held: {_listed(parts, data_dir)}: "
+        + "; ".join(advice)
     )
 
 
-def ports_in_use(listeners: dict[str, str]) -> None:
-    """InTheWay naming the first address (and its flag) something already listens on."""
-    for flag, address in listeners.items():
-        if not _listening(address):
-            continue
-        what = "an AMC control plane answers there" if _answers_grpc(address) else "in use"
-        raise InTheWay(
-            f"{address} is taken ({what}): stop what listens there, or give this farm "
-            f"another port: make run ARGS='{flag} {address.rpartition(':')[0]}:PORT'"
-        )
-
-
-def _listening(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-def _answers_grpc(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-        except grpc.RpcError:
-            return False
-    return True
+def _listed(parts: list[Holder], data_dir: Path) -> str:
+    return ", ".join(h.describe(_shown(data_dir)) for h in parts)
 
 
 def _shown(path: Path) -> str:
@@ -209,8 +201,41 @@ def wait_registered(address: str, proc: subprocess.Popen[bytes], within: float =
     raise SystemExit("localfarm: the host agent did not register in time")
 
 
+# -- stopping ----------------------------------------------------------------------------------
+
+
+class Hurry(BaseException):
+    """A second Ctrl-C (or SIGTERM): stop everything at once."""
+
+
+@dataclass
+class Parts:
+    """What this farm started, as it starts them; a stop stops what is here."""
+
+    data_dir: Path
+    plane: subprocess.Popen[bytes] | None = None
+    agent: subprocess.Popen[bytes] | None = None
+    hurried: bool = False
+
+
+PARTS: Parts | None = None
+
+
 def _interrupt(signum: int, frame: object) -> NoReturn:
+    # From the first Ctrl-C on, the next one is a hurry: no moment is left in which it
+    # would break off the stop with a traceback and leave the parts running.
+    signal.signal(signal.SIGINT, _hurry)
+    signal.signal(signal.SIGTERM, _hurry)
     raise KeyboardInterrupt
+
+
+def _hurry(signum: int, frame: object) -> NoReturn:
+    # Once: a third Ctrl-C must not break off the stop at once either.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if PARTS is not None:
+        PARTS.hurried = True
+    raise Hurry
 
 
 def stop(proc: subprocess.Popen[bytes], name: str, within: float) -> None:
@@ -220,8 +245,42 @@ def stop(proc: subprocess.Popen[bytes], name: str, within: float) -> None:
             proc.wait(within)
         except subprocess.TimeoutExpired:
             say(f"{name} did not stop in {within:.0f}s; killing it")
-            proc.kill()
-            proc.wait()
+            kill(proc)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the process and to all it started in its session (its own process group:
+    it was started with a session of its own)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def shut_down(parts: Parts) -> None:
+    """In order: the agent (it drains and gives its leases back), the control plane (it
+    stops its PostgreSQL), then the data directory's PostgreSQL if it still runs (a control
+    plane killed for not stopping leaves it). A second Ctrl-C or SIGTERM, before or during
+    this, stops everything at once: the agent and the control plane killed, PostgreSQL's
+    fast shutdown (the data directory stays consistent; running tasks' leases run out)."""
+    try:
+        if not parts.hurried:
+            if parts.agent is not None:
+                stop(parts.agent, "host agent", 60)
+            if parts.plane is not None:
+                stop(parts.plane, "control plane", 60)
+    except Hurry:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if parts.hurried:
+        say("stopping at once: killing the host agent and the control plane, then PostgreSQL")
+        for proc in (parts.agent, parts.plane):
+            if proc is not None:
+                kill(proc)
+    stop_postgres(parts.data_dir)
+
+
+# -- the farm ------------------------------------------------------------------------------------
 
 
 def main() -> int:
@@ -244,7 +303,7 @@ def main() -> int:
     args = p.parse_args()
     # Ctrl-C and `kill` stop the farm in order, even when it was started in the background
     # (where a shell leaves SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     data_dir = Path(args.data_dir)
     listeners = {
@@ -255,20 +314,46 @@ def main() -> int:
     }
     try:
         lock = take_lock(data_dir, {"listen": args.listen, "http": args.http_listen})
-    except InTheWay as exc:
-        say(str(exc))
-        return exc.code
-    with lock:
-        try:
-            postgres_in_use(data_dir)
-            ports_in_use(listeners)
-        except InTheWay as exc:
-            say(str(exc))
-            return exc.code
-        return run(args)
+        if isinstance(lock, dict):
+            say(already_running(lock, data_dir, listeners))
+            return REFUSED
+        with lock:
+            try:
+                in_the_way(data_dir, listeners)
+            except InTheWay as exc:
+                say(str(exc))
+                return REFUSED
+            return run(args)
+    except (KeyboardInterrupt, Hurry):  # before anything was started
+        return 130
 
 
 def run(args: argparse.Namespace) -> int:
+    global PARTS
+    parts = PARTS = Parts(Path(args.data_dir))
+    code = 1
+    try:
+        try:
+            start(args, parts)
+            while all(p.poll() is None for p in (parts.plane, parts.agent) if p is not None):
+                time.sleep(0.5)
+            say("a component exited on its own; stopping the rest")
+        except KeyboardInterrupt:
+            code = 0
+            say(
+                "stopping: host agent (draining), then the control plane; Ctrl-C again stops "
+                "everything at once"
+            )
+    except Hurry:  # the second Ctrl-C came before the stop began
+        code = 0
+    finally:
+        shut_down(parts)
+        say("stopped")
+    return code
+
+
+def start(args: argparse.Namespace, parts: Parts) -> None:
+    """Starts the control plane and the agent into `parts`; returns once they are ready."""
     say(f"control plane on {args.listen} with authentication OFF (--insecure; loopback only)")
     plane_command = ControlPlaneCommand(
         listen=args.listen,
@@ -277,46 +362,32 @@ def run(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics_listen,
         http_listen=args.http_listen,
     )
-    plane = subprocess.Popen(
+    parts.plane = subprocess.Popen(
         plane_command.argv(), cwd=ROOT, env=plane_command.env(), start_new_session=True
     )
-    agent = None
-    try:
-        wait_serving(args.listen, plane)
-        phones = [] if args.simulated_devices is not None else adb_phones(args.adb)
-        simulated = None
-        if phones:
-            say(f"host agent on the adb server at {args.adb}: {', '.join(phones)}")
-        else:
-            simulated = args.simulated_devices if args.simulated_devices is not None else 2
-            say(f"no phones at adb server {args.adb}: host agent with {simulated} simulated phones")
-        agent_command = HostAgentCommand(
-            control_plane=args.listen,
-            host_id=HOST_ID,
-            insecure=True,
-            adb=args.adb,
-            simulated_devices=simulated,
-            drain_timeout=args.drain_timeout,
-            metrics_listen=args.agent_metrics_listen,
-        )
-        agent = subprocess.Popen(
-            agent_command.argv(), cwd=ROOT, env=agent_command.env(), start_new_session=True
-        )
-        wait_registered(args.listen, agent)
-        say(f"console: http://{args.http_listen}/")
-        say("ready: open the console, try `amc hosts`, or the README's tour; Ctrl-C stops all")
-        while plane.poll() is None and agent.poll() is None:
-            time.sleep(0.5)
-        say("a component exited on its own; stopping the rest")
-        return 1
-    except KeyboardInterrupt:
-        say("stopping: host agent (draining), then the control plane")
-        return 0
-    finally:
-        if agent is not None:
-            stop(agent, "host agent", 60)
-        stop(plane, "control plane", 60)
-        say("stopped")
+    wait_serving(args.listen, parts.plane)
+    phones = [] if args.simulated_devices is not None else adb_phones(args.adb)
+    simulated = None
+    if phones:
+        say(f"host agent on the adb server at {args.adb}: {', '.join(phones)}")
+    else:
+        simulated = args.simulated_devices if args.simulated_devices is not None else 2
+        say(f"no phones at adb server {args.adb}: host agent with {simulated} simulated phones")
+    agent_command = HostAgentCommand(
+        control_plane=args.listen,
+        host_id=HOST_ID,
+        insecure=True,
+        adb=args.adb,
+        simulated_devices=simulated,
+        drain_timeout=args.drain_timeout,
+        metrics_listen=args.agent_metrics_listen,
+    )
+    parts.agent = subprocess.Popen(
+        agent_command.argv(), cwd=ROOT, env=agent_command.env(), start_new_session=True
+    )
+    wait_registered(args.listen, parts.agent)
+    say(f"console: http://{args.http_listen}/")
+    say("ready: open the console, try `amc hosts`, or the README's tour; Ctrl-C stops all")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from control_plane.config import Settings
 from control_plane.embedded import EmbeddedPostgres
 from control_plane.store import migrate
 from tests.support import Farm
+from tests.support.wheel import dist, prefix  # noqa: F401  (session fixtures, shared)
 
 TEMPLATE = f"amc_template_{os.getpid()}"
 

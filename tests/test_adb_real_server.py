@@ -117,14 +117,30 @@ async def test_concurrent_streams_each_get_their_own_output(
 async def test_unsupported_service_is_refused_and_device_stays_online(
     adb_server: RealAdbServer, adbd: FakeAdbd
 ) -> None:
-    """THEN `adb pull` (sync:) fails and the phone is still "device" afterwards."""
-    result = await adb_server.adb(
-        "-s", adbd.address, "pull", "/sdcard/x", str(adb_server.home / "x"), check=False
-    )
+    """THEN `adb remount` (remount:, which the fake phone does not serve) fails and the
+    phone is still "device" afterwards."""
+    result = await adb_server.adb("-s", adbd.address, "remount", check=False)
 
     assert result.returncode != 0
-    assert "sync:" in adbd.services
+    assert "remount:" in adbd.services
     assert (await adb_server.devices())[adbd.address] == "device"
+
+
+async def test_adb_push_and_pull_reach_the_fake_phones_files(
+    adb_server: RealAdbServer, adbd: FakeAdbd, phone: FakePhone
+) -> None:
+    """THEN Debian's own `adb push` and `adb pull` speak the fake adbd's sync protocol: the
+    file lands in the phone's files and comes back whole; a push outside the shared
+    storage is refused with the phone's words."""
+    local = adb_server.home / "data.bin"
+    local.write_bytes(bytes(range(256)) * 1000)
+    await adb_server.adb("-s", adbd.address, "push", str(local), "/sdcard/data.bin")
+    assert phone.files["/sdcard/data.bin"] == local.read_bytes()
+    back = adb_server.home / "back.bin"
+    await adb_server.adb("-s", adbd.address, "pull", "/sdcard/data.bin", str(back))
+    assert back.read_bytes() == local.read_bytes()
+    refused = await adb_server.adb("-s", adbd.address, "push", str(local), "/system/x", check=False)
+    assert refused.returncode != 0 and b"Read-only file system" in refused.stderr
 
 
 async def test_stopped_fake_adbd_drops_out_of_adb_devices(

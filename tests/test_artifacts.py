@@ -235,6 +235,28 @@ async def test_amc_artifact_asks_which_when_a_step_kept_several(farm: Farm, tmp_
     assert run.code == 0 and (tmp_path / "f").read_bytes() == UI_XML.encode()
 
 
+async def test_amc_artifact_writes_its_file_with_the_users_umask(
+    farm: Farm, tmp_path: Path
+) -> None:
+    """THEN the file `-o` writes has the mode any new file of the user gets (0644 under
+    umask 022, 0640 under 027), as `curl -o` or `cp` would leave it, not a private 0600."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        task_id = await submit(client, workflow_spec(capture=[SCREENSHOT]))
+        await status_is(farm, task_id, "done")
+    amc = Cli(farm.address, await farm.token(Role.CLIENT))
+    for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
+        out = tmp_path / f"umask-{umask:03o}.png"
+        before = os.umask(umask)  # the amc process inherits it
+        try:
+            run = await amc("artifact", task_id, "capture", "-o", str(out))
+        finally:
+            os.umask(before)
+        assert run.code == 0, run.err
+        assert out.read_bytes() == screenshot_png("sim-0")
+        assert out.stat().st_mode & 0o777 == mode, oct(out.stat().st_mode)
+
+
 # -- the upload RPC: fenced, limited, checked ------------------------------------------------
 
 

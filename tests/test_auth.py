@@ -8,14 +8,14 @@ import asyncio
 import contextlib
 import hashlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
 
-from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from amc.v1 import admin_pb2, lease_pb2, library_pb2, library_pb2_grpc, scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from control_plane.server import ControlPlane, rpc_methods
 from tests.support import Clients, Farm, actions_spec, device, seconds
@@ -225,7 +225,66 @@ async def release_device(c: Clients, w: World, own: bool) -> object:
     return OK
 
 
+async def let_in(call: Awaitable[Any] | AsyncIterator[Any], *codes: grpc.StatusCode) -> object:
+    """OK when the call answered, or refused with one of `codes`: what it says of a request
+    past authorization (no such app, not an APK)."""
+    try:
+        if hasattr(call, "__aiter__"):
+            async for _ in call:  # type: ignore[union-attr]
+                pass
+        else:
+            await call  # type: ignore[misc]
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() not in codes:
+            raise
+    return OK
+
+
+def _library(c: Clients) -> library_pb2_grpc.LibraryStub:
+    return library_pb2_grpc.LibraryStub(c.channel)
+
+
+def _upload(kind: Any) -> list[Any]:
+    header = library_pb2.UploadHeader(
+        file_name="a.txt", size_bytes=3, sha256=hashlib.sha256(b"abc").hexdigest()
+    )
+    return [kind(header=header), kind(chunk=b"abc")]
+
+
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+LIBRARY_CALLS: dict[str, Call] = {
+    "/amc.v1.Library/UploadApp": lambda c, w, own: let_in(
+        _library(c).UploadApp(iter(_upload(library_pb2.UploadAppRequest))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "/amc.v1.Library/UploadFile": lambda c, w, own: _library(c).UploadFile(
+        iter(_upload(library_pb2.UploadFileRequest))
+    ),
+    "/amc.v1.Library/GetApp": lambda c, w, own: let_in(
+        _library(c).GetApp(library_pb2.GetAppRequest(app="com.example.none")), NOT_FOUND
+    ),
+    "/amc.v1.Library/ListApps": lambda c, w, own: _library(c).ListApps(
+        library_pb2.ListAppsRequest()
+    ),
+    "/amc.v1.Library/DeleteApp": lambda c, w, own: let_in(
+        _library(c).DeleteApp(library_pb2.DeleteAppRequest(app_id="0" * 64)), NOT_FOUND
+    ),
+    "/amc.v1.Library/ListFiles": lambda c, w, own: _library(c).ListFiles(
+        library_pb2.ListFilesRequest()
+    ),
+    "/amc.v1.Library/DeleteFile": lambda c, w, own: let_in(
+        _library(c).DeleteFile(library_pb2.DeleteFileRequest(file_id="0" * 64)), NOT_FOUND
+    ),
+    "/amc.v1.Lease/FindApp": lambda c, w, own: let_in(
+        c.lease.FindApp(lease_pb2.FindAppRequest(app="com.example.none")), NOT_FOUND
+    ),
+    "/amc.v1.Lease/FetchFile": lambda c, w, own: let_in(
+        c.lease.FetchFile(lease_pb2.FetchFileRequest(file_id="0" * 64)), NOT_FOUND
+    ),
+}
+
 CALLS: dict[str, Call] = {
+    **LIBRARY_CALLS,
     "/amc.v1.Scheduler/SubmitTask": lambda c, w, own: c.scheduler.SubmitTask(
         scheduler_pb2.SubmitTaskRequest(spec=actions_spec())
     ),
@@ -337,8 +396,9 @@ def expected(method: str, caller: str) -> object:
     if caller in ("none", "malformed", "revoked"):
         return UNAUTH
     allowed = {
-        "client": service == "amc.v1.Scheduler" and not method.endswith(("ListHosts", "GetQueue")),
-        "operator": service in ("amc.v1.Scheduler", "amc.v1.Admin"),
+        "client": service == "amc.v1.Library"
+        or (service == "amc.v1.Scheduler" and not method.endswith(("ListHosts", "GetQueue"))),
+        "operator": service in ("amc.v1.Scheduler", "amc.v1.Admin", "amc.v1.Library"),
         "host_own": service == "amc.v1.Lease",
         "host_foreign": service == "amc.v1.Lease",
     }[caller]
@@ -357,6 +417,9 @@ def expected(method: str, caller: str) -> object:
             "UploadArtifact": DENIED,
             "SessionActions": DENIED,
             "ScreenFrames": DENIED,
+            # Any host may find an app and fetch library bytes: they are no host's own.
+            "FindApp": OK,
+            "FetchFile": OK,
         }[name]
     return OK
 

@@ -94,14 +94,15 @@ async def test_the_readmes_tours_run_in_order_as_written_and_print_what_they_say
     """THEN every command of the grpcurl block, then of the `amc` block, succeeds (or fails
     as its `# ->` line says) and prints what its `# ->` lines show: GetHost's `cordoned`
     under `host`, the artifacts of a task that kept a screenshot and the one it fetches;
-    the login workflow's screenshot written; the farm left as it was found."""
+    the login workflow's screenshot written; an APK uploaded and installed by a task; the
+    farm left as it was found."""
     env = environment(address)
-    for marker in ("amc.v1.Admin/GetHost", "amc hosts cordon"):
+    for marker, least in (("amc.v1.Admin/GetHost", 12), ("amc hosts cordon", 12), ("amc apps", 5)):
         block = block_with(README, "sh", marker)
         ran = await asyncio.to_thread(run_sh, block, cwd=reader, env=env, address=address)
         problems = check(ran)
         assert problems == [], "\n".join(problems)
-        assert sum(len(r.command.expected) for r in ran) >= 12
+        assert sum(len(r.command.expected) for r in ran) >= least
     assert (reader / "evidence.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 
 import control_plane.server
 import control_plane.sweep
-from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
+from amc.v1 import admin_pb2, lease_pb2, library_pb2, library_pb2_grpc, scheduler_pb2, task_pb2
 from control_plane import validate
 from control_plane.config import Settings
 from control_plane.domain import Role
@@ -106,6 +106,11 @@ READ_ONLY = {
     "/amc.v1.Admin/GetHost",
     "/amc.v1.Admin/ListFairShares",
     "/amc.v1.Admin/GetFairShare",
+    "/amc.v1.Library/GetApp",
+    "/amc.v1.Library/ListApps",
+    "/amc.v1.Library/ListFiles",
+    "/amc.v1.Lease/FindApp",
+    "/amc.v1.Lease/FetchFile",
 }
 TABLES = (
     "tokens",
@@ -120,6 +125,10 @@ TABLES = (
     "host_events",
     "fair_shares",
     "fair_share_events",
+    "library_blobs",
+    "library_chunks",
+    "library_apps",
+    "library_files",
 )
 # What a request may not change. Not hosts.last_seen_at / replica_id: those follow the
 # host's renewal stream (presence), written by the replica when a stream opens or closes.
@@ -131,6 +140,7 @@ RESTORE_ORDER = (
     ("tokens",),
     ("host_events",),
     ("fair_share_events", "fair_shares"),
+    ("library_chunks", "library_apps", "library_files", "library_blobs"),
 )
 # The Admin calls on hosts and devices: each names a host (and a device) first.
 HOST_OPERATIONS = {
@@ -373,6 +383,8 @@ class World:
     victims: list[str] = field(default_factory=list)  # token ids RevokeToken may hit
     page_token: str = ""
     artifact_id: str = ""
+    # A file of the app library (its id, its sha256).
+    library_file: str = ""
     pristine: list[str] = field(default_factory=list)
     dirty: bool = False
     _calls: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -441,6 +453,9 @@ class World:
         self.page_token = listed.next_page_token
         kept = await a.c.lease.UploadArtifact(iter(upload_requests(self.leases[4])))
         self.artifact_id = kept.artifact_id
+        library = library_pb2_grpc.LibraryStub(op.channel)
+        stored = await library.UploadFile(iter(library_requests(library_pb2.UploadFileRequest)))
+        self.library_file = stored.file_id
         await self.save()
 
     # -- state -----------------------------------------------------------------------------
@@ -605,6 +620,16 @@ def upload_requests(lease: lease_pb2.Assignment) -> list[lease_pb2.UploadArtifac
     ]
 
 
+LIBRARY_DATA = b"a file of the app library\n"
+
+
+def library_requests(kind: Any, data: bytes = LIBRARY_DATA) -> list[Any]:
+    header = library_pb2.UploadHeader(
+        file_name="data.bin", size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
+    )
+    return [kind(header=header), kind(chunk=data)]
+
+
 @dataclass
 class Reply:
     code: grpc.StatusCode
@@ -638,6 +663,9 @@ class Requests:
             "page_token": st.one_of(st.just(world.page_token), PAGE_TOKENS),
             "package": st.sampled_from(["com.example.app", "a.b", "1.x", "com."]),
             "request_id": st.sampled_from(["req-1", "req-2", "fresh"]),
+            "app": st.sampled_from([world.library_file, "com.example.app", "a.b", "f" * 64]),
+            "app_id": st.sampled_from([world.library_file, "f" * 64, "F" * 64]),
+            "file_id": st.sampled_from([world.library_file, "0" * 64, "x"]),
         }
         for name in IDENTIFIER_FIELDS:
             # a known id, or one with a break: "A\n" must not pass for "A"
@@ -1053,6 +1081,18 @@ def templates(w: World) -> dict[str, list[message.Message]]:
                 frame=scheduler_pb2.ScreenFrame(serial="A1", seq=1, mime="image/png", data=b"x")
             ),
         ],
+        "/amc.v1.Library/UploadApp": library_requests(library_pb2.UploadAppRequest),
+        "/amc.v1.Library/UploadFile": library_requests(library_pb2.UploadFileRequest, b"other"),
+        "/amc.v1.Library/GetApp": [
+            library_pb2.GetAppRequest(app="com.example.app"),
+            library_pb2.GetAppRequest(app=w.library_file),
+        ],
+        "/amc.v1.Library/ListApps": [library_pb2.ListAppsRequest(package="com.example.app")],
+        "/amc.v1.Library/DeleteApp": [library_pb2.DeleteAppRequest(app_id=w.library_file)],
+        "/amc.v1.Library/ListFiles": [library_pb2.ListFilesRequest()],
+        "/amc.v1.Library/DeleteFile": [library_pb2.DeleteFileRequest(file_id=w.library_file)],
+        "/amc.v1.Lease/FindApp": [lease_pb2.FindAppRequest(app="com.example.app")],
+        "/amc.v1.Lease/FetchFile": [lease_pb2.FetchFileRequest(file_id=w.library_file)],
         "/amc.v1.Lease/SessionActions": [
             lease_pb2.SessionActionsRequest(
                 join=lease_pb2.SessionJoin(

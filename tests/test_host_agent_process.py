@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from amc_common.systemd import Notifier, watchdog_interval
 from control_plane.domain import Role
 from host_agent.config import AgentSettings, Config
 from host_agent.flags import _GROUPS, duration, parse
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
 from host_agent.simulated import SimulatedSource
-from host_agent.systemd import Notifier, watchdog_interval
 from scripts.launch import HOST_AGENT, HostAgentCommand
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import running_agent, status_is, submit

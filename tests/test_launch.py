@@ -49,6 +49,8 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
         task_retention=86400 * 30,
         forget_hosts_after=0,
         retention_interval=0.25,
+        max_artifact_size=4096,
+        max_app_size=300 * 1024 * 1024 + 1,
         max_connection_age=90,
     )
     argv = command.argv()
@@ -72,6 +74,7 @@ def test_every_control_plane_field_reaches_the_replicas_parser(tmp_path: Path) -
     assert args.http_listen == "127.0.0.1:8080"
     assert (args.task_retention, args.forget_hosts_after) == (timedelta(days=30), None)
     assert args.retention_interval == 0.25
+    assert (args.max_artifact_size, args.max_app_size) == (4096, 300 * 1024 * 1024 + 1)
     assert args.max_connection_age == timedelta(seconds=90)
 
 
@@ -133,6 +136,8 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
         recovery_backoff=0.25,
         boot_timeout=30,
         sim_faults=tmp_path / "faults.json",
+        app_cache_dir=tmp_path / "apps",
+        app_cache_size=(3 << 30) + 12345,
     )
     argv = command.argv()
     assert argv[0] == str(HOST_AGENT)
@@ -155,6 +160,7 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
     assert (agent.recovery.backoff, agent.recovery.boot_timeout) == (0.25, 30.0)
     assert (agent.drain_timeout, agent.inventory_interval, agent.acquire_wait) == (0.0, 2.5, 5.0)
     assert (agent.report_timeout, agent.shell_timeout) == (30.0, 7.0)
+    assert (agent.app_cache_dir, agent.app_cache_size) == (tmp_path / "apps", (3 << 30) + 12345)
     assert (config.metrics_listen, config.log_format, config.log_level) == (
         "127.0.0.1:9465",
         "json",

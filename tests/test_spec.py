@@ -148,7 +148,8 @@ def test_workflow_converts_with_names_and_continue_on_error() -> None:
         (
             actions_spec(task_pb2.Action(tap=task_pb2.Tap()), task_pb2.Action()),
             "action 2: empty action: set one of tap, tap_on, swipe, input_text, key, launch_app,"
-            " stop_app, shell, screenshot, wait, wait_for, assert_visible, ui_dump",
+            " stop_app, shell, screenshot, wait, wait_for, assert_visible, ui_dump, install_app,"
+            " uninstall_app, push_file, pull_file",
         ),
         (
             actions_spec(task_pb2.Action(tap_on=task_pb2.TapOn())),
@@ -188,7 +189,7 @@ def test_workflow_converts_with_names_and_continue_on_error() -> None:
             ),
             "workflow step 1 (login), action 1: empty action: set one of tap, tap_on, swipe,"
             " input_text, key, launch_app, stop_app, shell, screenshot, wait, wait_for,"
-            " assert_visible, ui_dump",
+            " assert_visible, ui_dump, install_app, uninstall_app, push_file, pull_file",
         ),
     ],
 )

@@ -15,12 +15,10 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tomllib
 import zipfile
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from grpc_tools import protoc
 from scripts.launch import ControlPlaneCommand, HostAgentCommand, inherited
 from tests.support import eventually
 from tests.support.fakes.real_adb import find_adb
+from tests.support.wheel import Dist
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
@@ -39,42 +38,8 @@ COMMANDS = ("control-plane", "host-agent", "amc")
 
 pytestmark = pytest.mark.timeout(600)
 
-
-@dataclass(frozen=True)
-class Dist:
-    wheel: Path
-    sdist: Path
-
-
-@pytest.fixture(scope="session")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
-    """`python -m build` on the files a clean clone has: the sdist, then the wheel from it."""
-    source = tmp_path_factory.mktemp("clone")
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    assert not (source / "amc").exists(), "the generated package is not part of a clone"
-    out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "build", "--outdir", str(out), str(source)], timeout=300)
-    (wheel,) = out.glob("agentic_mobile_control-*.whl")  # the README's glob
-    (sdist,) = out.glob("agentic_mobile_control-*.tar.gz")
-    return Dist(wheel, sdist)
-
-
-@pytest.fixture(scope="session")
-def prefix(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's host install, into a temporary prefix instead of /opt/amc."""
-    prefix = tmp_path_factory.mktemp("opt") / "amc"
-    _run([sys.executable, "-m", "venv", str(prefix)])
-    _run([str(prefix / "bin" / "pip"), "install", "--quiet", str(dist.wheel)], timeout=300)
-    return prefix
+# The wheel and its install (`dist`, `prefix`): session fixtures of tests/support/wheel.py,
+# shared through conftest.py with the walk of docs/deploy.md.
 
 
 def _run(
@@ -326,16 +291,19 @@ def test_the_units_point_at_the_documented_install() -> None:
 
 
 def test_the_host_token_is_written_one_way_everywhere() -> None:
-    """THEN each document that writes a token file does it with `install -m 0600`, and none
-    with `tee` or a shell redirection (which leave the file readable to all)."""
+    """THEN each document that writes a token file (or the control plane's key or password
+    file) does it with `install -m 0600` (`-D` making its folder), and none with `tee` or
+    a shell redirection (which leave the file readable to all)."""
     documents = [
         ROOT / "README.md",
         ROOT / "docs" / "cli.md",
+        ROOT / "docs" / "deploy.md",
         ROOT / "scripts" / "token.sh",
         UNITS / "amc-host-agent.service",
+        UNITS / "amc-control-plane.service",
     ]
     for document in documents:
         text = document.read_text()
-        assert "install -m 0600 /dev/stdin " in text, document.name
+        assert re.search(r"install (-D )?-m 0600 /dev/stdin ", text), document.name
         wrong = re.search(r"\btee\b[^\n]*token|>\s*\S*token\b", text)
         assert wrong is None, f"{document.name}: {wrong and wrong.group()}"

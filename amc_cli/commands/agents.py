@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -33,15 +35,23 @@ def mcp(
     idle_timeout: Annotated[
         str,
         typer.Option(
-            metavar="DURATION", help="A session the agent leaves idle this long ends failed."
+            metavar="DURATION",
+            help="A session the agent leaves idle this long ends failed (1s to 1h).",
         ),
     ] = "5m",
+    queue_timeout: Annotated[
+        str,
+        typer.Option(
+            metavar="DURATION",
+            help="How long open_session waits for a free phone before it gives up.",
+        ),
+    ] = "30s",
 ) -> None:
     """Serve MCP on stdin/stdout: an AI agent drives phones of the farm through interactive
     sessions (tools list_phones, open_session, screenshot, ui_dump, tap, tap_element, swipe,
-    type_text, press_key, launch_app, stop_app, close_session). Needs the `mcp` extra."""
+    type_text, press_key, launch_app, stop_app, install_app, wait_for, close_session). Needs
+    the `mcp` extra."""
     labels = options.key_values(label, "--label")
-    idle = options.positive_seconds(idle_timeout, "--idle-timeout")
     try:
         from amc_client import mcp_server
     except ImportError as exc:
@@ -49,6 +59,8 @@ def mcp(
             f"amc mcp needs the mcp extra ({exc.name} is not installed): "
             "pip install 'agentic-mobile-control[mcp]'"
         ) from None
+    idle = _within(mcp_server.within, idle_timeout, mcp_server.IDLE, "--idle-timeout")
+    waits = _within(mcp_server.within, queue_timeout, mcp_server.QUEUE, "--queue-timeout")
     session = options.connection(ctx)
     mcp_server.run(
         with_default_port(session.addr),
@@ -58,4 +70,15 @@ def mcp(
         labels=labels,
         serial=serial,
         idle_timeout=idle,
+        queue_timeout=waits,
     )
+
+
+def _within(
+    read: Callable[[str, float, float], float], text: str, span: tuple[float, float], flag: str
+) -> float:
+    """A flag's duration from span[0] to span[1] seconds; one line naming the flag if not."""
+    try:
+        return read(text, *span)
+    except argparse.ArgumentTypeError as exc:
+        raise BadInput(f"{flag}: {exc}") from None

@@ -5,9 +5,8 @@
 - `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Farm
   and Host pages: GetHost, for its operator events, and CordonHost, UncordonHost,
   DrainHost, CordonDevice, UncordonDevice and ReleaseDevice, for their buttons; and
-  ListFairShares and SetFairShare, for the Queue page's fairness keys):
-  the JSON mapping
-  of the Scheduler service. The
+  ListFairShares and SetFairShare, for the Queue page's fairness keys; and
+  `/api/amc.v1.Library/<Method>` for the Apps page): the JSON mapping of the services. The
   body is the request message in proto JSON; the call goes to the very servicer method the
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
   messages); the answer is the response message in proto JSON, with `<field>_text` beside
@@ -16,6 +15,8 @@
 - `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes (a screenshot's PNG, a
   ui_dump's XML), read through the servicer's own GetArtifact (the same roles and errors),
   with its content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent.
+- `POST /api/library/apps` (and `/files`): the Apps page's upload, the file's bytes as the
+  body, streamed into the servicer's own UploadApp (control_plane.console.library).
 - `GET /api/control?host_id=H&serial=S`: a WebSocket driving one idle phone in an
   interactive session, for operators (control_plane.console.control); `/control` its page.
 - `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live
@@ -47,7 +48,7 @@ from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
-from control_plane.console import artifacts, screen, thumbnails
+from control_plane.console import artifacts, library, screen, thumbnails
 from control_plane.console.calls import (
     CallContext,
     Refused,
@@ -58,6 +59,7 @@ from control_plane.console.control import Controls
 from control_plane.console.events import Events
 from control_plane.domain import Role
 from control_plane.hub import Hub
+from control_plane.library_service import LibraryService
 from control_plane.lifecycle import IN_FLIGHT, TERMINAL, TaskStatus
 from control_plane.rpc import code_for
 from control_plane.scheduler_service import SchedulerService
@@ -95,7 +97,12 @@ ADMIN_METHODS = frozenset(
         "SetFairShare",
     }
 )
-PAGES = ("/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}", "/control")
+LIBRARY = LibraryService.DESCRIPTOR
+# The Library methods the Apps page calls (its upload is /api/library/<what>).
+LIBRARY_METHODS = frozenset({"ListApps", "GetApp", "DeleteApp", "ListFiles", "DeleteFile"})
+PAGES = (
+    "/", "/farm", "/queue", "/tasks", "/tasks/{task_id}", "/hosts/{host_id}", "/control", "/apps",
+)  # fmt: skip
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -104,6 +111,8 @@ HTTP_STATUS = {
     grpc.StatusCode.FAILED_PRECONDITION: 409,
     grpc.StatusCode.ABORTED: 409,
     grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 413,
+    grpc.StatusCode.DATA_LOSS: 422,
 }
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 SECURITY_HEADERS = {
@@ -146,9 +155,16 @@ class Console:
         auth: Authenticator,
         hub: Hub,
         admin: AdminService | None = None,
+        library: LibraryService | None = None,
     ) -> None:
         self.scheduler = scheduler
-        self.admin = admin
+        self.library = library
+        # The services the pages call, by name: their servicer and the methods mapped.
+        self._services = {
+            SCHEDULER.full_name: (scheduler, METHODS),
+            ADMIN.full_name: (admin, ADMIN_METHODS),
+            LIBRARY.full_name: (library, LIBRARY_METHODS),
+        }
         self.auth = auth
         self.hub = hub
         self.static = resources.files(__package__).joinpath("static")
@@ -164,8 +180,8 @@ class Console:
             app.router.add_get(path, self.page)
         app.router.add_get("/static/{name}", self.asset)
         app.router.add_get("/favicon.ico", self.favicon)
-        app.router.add_post(f"/api/{SCHEDULER.full_name}/{{method}}", self.call)
-        app.router.add_post(f"/api/{ADMIN.full_name}/{{method}}", self.call_admin)
+        app.router.add_post("/api/library/{what}", self.upload)
+        app.router.add_post("/api/{service}/{method}", self.call)
         app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
         app.router.add_get("/api/screen", self.screen)
@@ -250,15 +266,16 @@ class Console:
 
     async def call(self, request: web.Request) -> web.Response:
         name = request.match_info["method"]
-        if name not in METHODS:
+        servicer, methods = self._services.get(request.match_info["service"], (None, ()))
+        if name not in methods or servicer is None:
             return _refusal(grpc.StatusCode.NOT_FOUND, f"no method {name} here")
-        return await self._call(request, self.scheduler, SCHEDULER.methods_by_name[name])
+        return await self._call(request, servicer, servicer.DESCRIPTOR.methods_by_name[name])
 
-    async def call_admin(self, request: web.Request) -> web.Response:
-        name = request.match_info["method"]
-        if name not in ADMIN_METHODS or self.admin is None:
-            return _refusal(grpc.StatusCode.NOT_FOUND, f"no method {name} here")
-        return await self._call(request, self.admin, ADMIN.methods_by_name[name])
+    async def upload(self, request: web.Request) -> web.Response:
+        """An app or a file for the library (control_plane.console.library)."""
+        if self.library is None:
+            return _refusal(grpc.StatusCode.NOT_FOUND, f"nothing at {request.path}")
+        return await library.upload(self.library, request, _refusal, _to_json)
 
     async def _call(self, request: web.Request, servicer: Any, method: Any) -> web.Response:
         name = method.name

@@ -1,7 +1,7 @@
 """Values the control plane passes around, one module per aggregate (as the store's):
-`tasks`, `leases`, `hosts`, `queue`, `tokens`, `artifacts`. Import them from here. The spec
-and result are kept as the bytes the gRPC edge gave us (serialized amc.v1 messages): the
-store never needs their insides."""
+`tasks`, `leases`, `hosts`, `queue`, `tokens`, `artifacts`, `library`. Import them from
+here. The spec and result are kept as the bytes the gRPC edge gave us (serialized amc.v1
+messages): the store never needs their insides."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from control_plane.domain.leases import (
     StepProgress,
     StreamState,
 )
+from control_plane.domain.library import App, Blob, LibraryFile, NewApp, Uploader
 from control_plane.domain.queue import (
     DeviceMatch,
     FairShare,
@@ -53,11 +54,13 @@ __all__ = [
     "ANONYMOUS",
     "Acquired",
     "Act",
+    "App",
     "ArtifactFile",
     "ArtifactId",
     "ArtifactInfo",
     "Assignment",
     "AttemptInfo",
+    "Blob",
     "CancelNotice",
     "DeviceHealth",
     "DeviceInfo",
@@ -72,6 +75,8 @@ __all__ = [
     "KeyCap",
     "KeyLoad",
     "LeaseId",
+    "LibraryFile",
+    "NewApp",
     "NewArtifact",
     "NewTask",
     "Notice",
@@ -97,4 +102,5 @@ __all__ = [
     "TaskId",
     "TaskRead",
     "TokenInfo",
+    "Uploader",
 ]

@@ -9,7 +9,8 @@ exposes one object per aggregate: `store.tasks.cancel(...)`, `store.leases.renew
 - `queue` — the queue's counts, fair shares, the farm's gauges;
 - `hosts` — hosts and devices: registration, health, cordons, removal, events;
 - `replicas` — replicas' heartbeats and presence, session relays, screen sources;
-- `tokens`, `artifacts`, `retention` (its batches), `notifications` (LISTEN/NOTIFY).
+- `tokens`, `artifacts`, `retention` (its batches), `notifications` (LISTEN/NOTIFY);
+- `library` — the app library's apps and files, their bytes kept once by sha256.
 
 Where the SQL is: each module `store/<aggregate>.py` sends the statements of
 `store/<aggregate>.sql`, by the name under `-- name:` (store/sql.py loads them all; a name
@@ -31,6 +32,7 @@ from control_plane.store.artifacts import Artifacts
 from control_plane.store.database import Database, connect_pool, database_error, migrate
 from control_plane.store.hosts import Hosts
 from control_plane.store.leases import Leases
+from control_plane.store.library import Library
 from control_plane.store.notifications import Listener, Notifications
 from control_plane.store.queue import Queue
 from control_plane.store.replicas import Replicas
@@ -51,6 +53,7 @@ class Store:
         self.replicas = Replicas(db)
         self.tokens = Tokens(db)
         self.artifacts = Artifacts(db)
+        self.library = Library(db)
         self.retention = Retention(db)
         self.notifications = Notifications(db)
 

@@ -124,7 +124,9 @@ END $$;
 -- A lease given back (amc_release, or p_how 'device_lost': its phone was lost mid-run,
 -- the attempt ends released and the task is requeued within p_budget infrastructure
 -- retries, see amc_leave_attempt). The attempt is read, then its task locked, then the
--- attempt ended (the lock order). Codes as amc_release's.
+-- attempt read again and ended (the lock order). Codes as amc_release's. The attempt is
+-- reached by its lease alone and its state asked of the row: a state in the WHERE lets the
+-- planner read attempts_by_host whole when statistics say no attempt is active.
 CREATE OR REPLACE FUNCTION amc_give_back(p_host text, p_lease uuid, p_how text,
                                          p_reason text, p_budget integer)
 RETURNS TABLE (code text, task_id uuid, attempt integer, lease_id uuid, host_id text,
@@ -142,14 +144,17 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO t FROM tasks tk WHERE tk.task_id = a.task_id FOR UPDATE;
-    UPDATE attempts att SET state = 'released', ended_at = now()
-    WHERE att.lease_id = p_lease AND att.state = 'active'
-    RETURNING att.cancel_requested_at INTO v_cancel;
-    IF NOT FOUND THEN
+    -- As it is now that its task is held (every change of an attempt's state holds its task
+    -- first): it stays so until this commits.
+    SELECT * INTO a FROM attempts att WHERE att.lease_id = p_lease;
+    IF a.state <> 'active' THEN
         code := 'ended';
         RETURN NEXT;
         RETURN;
     END IF;
+    UPDATE attempts att SET state = 'released', ended_at = now()
+    WHERE att.lease_id = p_lease
+    RETURNING att.cancel_requested_at INTO v_cancel;
     code := 'released';
     task_id := a.task_id;
     attempt := a.attempt;

@@ -45,6 +45,7 @@ FUNCTIONS = (
     "leases.end",
     "hosts",
     "artifacts",
+    "library",
 )
 
 

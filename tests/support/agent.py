@@ -13,12 +13,12 @@ import grpc
 
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_common.channel import CHANNEL_OPTIONS, with_token
+from amc_common.systemd import Notifier
 from control_plane.config import Settings
 from control_plane.domain import Role
 from host_agent.agent import Agent
 from host_agent.config import AgentSettings
 from host_agent.devices import DeviceSource
-from host_agent.systemd import Notifier
 from host_agent.worker import Finished
 from tests.support import Clients, Farm, eventually
 

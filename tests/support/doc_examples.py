@@ -61,11 +61,22 @@ class Command:
         return self.text.rstrip().endswith("&")
 
 
+HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
+
+
 def commands(block: str) -> list[Command]:
-    """The block's commands with the `# -> ` lines after each."""
+    """The block's commands with the `# -> ` lines after each (a here-document's lines are
+    its command's)."""
     found: list[Command] = []
     pending = ""
+    until = ""  # the end of the here-document being read
     for line in block.splitlines():
+        if until:
+            pending = f"{pending}\n{line}"
+            if line.strip() == until:
+                found.append(Command(pending))
+                pending = until = ""
+            continue
         if not pending and line.startswith(EXPECTATION):
             assert found, f"an expectation before any command: {line!r}"
             found[-1].expected.append(line.removeprefix(EXPECTATION))
@@ -74,6 +85,9 @@ def commands(block: str) -> list[Command]:
             continue
         pending = f"{pending}\n{line}" if pending else line
         if line.endswith("\\") or not _complete(pending):
+            continue
+        if heredoc := HEREDOC.search(pending):
+            until = heredoc[2]
             continue
         found.append(Command(pending))
         pending = ""
@@ -96,12 +110,25 @@ class Ran:
     output: str
 
 
-def run_sh(block: str, *, cwd: Path, env: dict[str, str], address: str) -> list[Ran]:
-    """Runs the block's commands in one bash session; each one's output and exit code."""
+def run_sh(
+    block: str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    address: str,
+    replacements: dict[str, str] | None = None,
+    prelude: str = "",
+    timeout: float = 240,
+) -> list[Ran]:
+    """Runs the block's commands in one bash session, after `prelude`; each one's output
+    and exit code. In each command, every key of `replacements` (in their order) becomes
+    its value, as `127.0.0.1:50051` becomes `address`."""
     found = commands(block)
-    script = ["set +e"]
+    script = ["set +e", prelude]
     for n, command in enumerate(found):
-        text = command.text.replace(DOCUMENTED_ADDRESS, address)
+        text = command.text
+        for documented, here in {DOCUMENTED_ADDRESS: address, **(replacements or {})}.items():
+            text = text.replace(documented, here)
         out = cwd / f".example-{n}.out"
         if command.background:
             body = text.rstrip().removesuffix("&")
@@ -110,7 +137,7 @@ def run_sh(block: str, *, cwd: Path, env: dict[str, str], address: str) -> list[
             script.append(f"{{ {text}\n}} > {out} 2>&1; echo $? > {cwd}/.example-{n}.rc")
     script.append("wait")
     done = subprocess.run(
-        ["bash", "-c", "\n".join(script)], cwd=cwd, env=env, timeout=240, capture_output=True
+        ["bash", "-c", "\n".join(script)], cwd=cwd, env=env, timeout=timeout, capture_output=True
     )
     assert done.returncode == 0, done.stderr.decode()
     ran = []

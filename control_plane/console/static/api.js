@@ -1,10 +1,12 @@
-// The control plane's JSON mapping of amc.v1.Scheduler (/api/amc.v1.Scheduler/<Method>)
-// and of the Admin methods the Host and Queue pages use (/api/amc.v1.Admin/<Method>): the
-// same roles, validation and messages as the gRPC API. The token is kept for the tab's
+// The control plane's JSON mapping of amc.v1.Scheduler (/api/amc.v1.Scheduler/<Method>),
+// of the Admin methods the Host and Queue pages use (/api/amc.v1.Admin/<Method>) and of the
+// Library methods the Apps page uses (/api/amc.v1.Library/<Method>): the same roles,
+// validation and messages as the gRPC API. The token is kept for the tab's
 // session and sent as a bearer header.
 
 export const API = "/api/amc.v1.Scheduler/";
 export const ADMIN_API = "/api/amc.v1.Admin/";
+export const LIBRARY_API = "/api/amc.v1.Library/";
 export const ARTIFACT_API = "/api/artifacts/";
 export const TOKEN_KEY = "amc.token";
 

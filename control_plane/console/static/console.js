@@ -13,7 +13,9 @@
 //   queue.js      the Queue page                 tasks.js   the Tasks and Task pages
 //   control.js    the Control page               keyboard.js the Control page's keys
 //   screen.js     a phone's live screen, and the Task page's Watch screen
+//   apps.js       the Apps page (the app library: its apps, an upload, removals)
 
+import { Apps } from "./apps.js";
 import { Control, stopScreens } from "./control.js";
 import { Farm } from "./farm.js";
 import { Host } from "./host.js";
@@ -29,6 +31,7 @@ function match(path) {
   if ((m = path.match(/^\/tasks\/([^/]+)$/))) return [Task, { id: decodeURIComponent(m[1]) }];
   if ((m = path.match(/^\/hosts\/([^/]+)$/))) return [Host, { id: decodeURIComponent(m[1]) }];
   if (path === "/control") return [Control, {}];
+  if (path === "/apps") return [Apps, {}];
   return [null, {}];
 }
 

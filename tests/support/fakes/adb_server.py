@@ -13,6 +13,10 @@ followed by four hex digits and a message. Supported requests:
 * ``host:transport-any`` → the only attached phone
 * ``shell:<cmd>`` and ``exec-out:<cmd>`` (after a transport) → ``OKAY``, the raw output
   as the phone produces it, then close
+* ``exec:<cmd>`` (after a transport): as ``exec-out:``; a command that announces a stdin
+  size (``cmd package install -S N``) reads N bytes from the connection first
+* ``sync:`` (after a transport) → ``OKAY``, then the sync protocol (tests.support.fakes.sync:
+  STAT, SEND, RECV, QUIT) on the phone's files
 * ``reboot:`` (after a transport) → ``OKAY``, the phone boots for its `boot_time`, close
 * ``host-serial:<serial>:reconnect`` → ``OKAY`` + ``"reconnecting <serial> [device]\n"``
   (counted in `reconnects`), or ``OKAY`` + why not (as adb answers), then close
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from tests.support.fakes.phone import FakePhone
+from tests.support.fakes.sync import serve_sync, stdin_size
 
 ADB_SERVER_VERSION = "0029"
 
@@ -213,8 +218,12 @@ class FakeAdbServer:
             return not await self._select(conn, payload.removeprefix("host:transport:"))
         elif payload == "host:transport-any":
             return not await self._select(conn, self._any_serial())
-        elif payload.startswith(("shell:", "exec-out:")):
+        elif payload.startswith(("shell:", "exec-out:", "exec:")):
             await self._run_service(conn, payload.split(":", 1)[1])
+        elif payload == "sync:" and conn.record.serial in self._phones:
+            await self._send(conn, b"OKAY")
+            phone = self._phones[conn.record.serial]
+            await serve_sync(phone, conn.reader.readexactly, lambda data: self._send(conn, data))
         elif payload.startswith("host-serial:") and payload.endswith(":reconnect"):
             serial = payload.removeprefix("host-serial:").removesuffix(":reconnect")
             state = self._states.get(serial)
@@ -291,7 +300,10 @@ class FakeAdbServer:
             return
         phone = self._phones[serial]
         await self._send(conn, b"OKAY")
-        if self.faults.drop_on is not None and self.faults.drop_on in command:
+        if (size := stdin_size(command)) is not None:
+            data = await conn.reader.readexactly(size)
+            await self._send(conn, phone.stdin_command(command, data))
+        elif self.faults.drop_on is not None and self.faults.drop_on in command:
             await self._drop_half_way(conn, phone, command)
         else:
             await self._stream_until_done_or_client_gone(conn, phone, command)

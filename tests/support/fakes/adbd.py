@@ -13,8 +13,11 @@ with ``magic == command ^ 0xffffffff``, followed by ``data_length`` bytes.
     OKAY(their_id, our_id)             →  (flow control: one WRTE in flight per stream)
                                        ←  CLSE(our_id, their_id)
 
-Services ``shell:``, ``exec:`` and ``exec-out:`` run the command on a `FakePhone`;
-anything else (``sync:``, ``reboot:``, …) is refused with ``CLSE(0, their_id)``.
+Services ``shell:``, ``exec:`` and ``exec-out:`` run the command on a `FakePhone` (an
+``exec:`` that announces a stdin size, ``cmd package install -S N``, reads N bytes of the
+server's WRTEs first); ``sync:`` speaks the sync protocol on the phone's files
+(tests.support.fakes.sync); anything else (``reboot:``, …) is refused with
+``CLSE(0, their_id)``.
 `wedged`: the transport hangs (OPENs go unanswered, as over a stuck USB link) until the
 server connects again (`adb reconnect`), which clears it.
 We do not advertise ``shell_v2`` so the server uses plain ``shell:``, the service our
@@ -34,6 +37,7 @@ from types import TracebackType
 from typing import Self, cast
 
 from tests.support.fakes.phone import FakePhone
+from tests.support.fakes.sync import serve_sync, stdin_size
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +122,8 @@ class _Stream:
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
     task: asyncio.Task[None] | None = None
+    # What the server wrote into the stream (a command's stdin, sync packets).
+    stdin: asyncio.StreamReader = field(default_factory=asyncio.StreamReader)
 
 
 class FakeAdbd:
@@ -313,7 +319,7 @@ class _Session:
         if self.adbd.wedged:
             log.info("adbd %s: wedged, not answering %r", self.peer, service)
             return
-        command = _command_of(service)
+        command = "" if service.startswith("sync:") else _command_of(service)
         if command is None:
             log.info("adbd %s: refusing service %r", self.peer, service)
             await self.send(Message(A_CLSE, 0, remote_id))
@@ -334,7 +340,8 @@ class _Session:
         stream = self.streams.get(message.arg1)
         if stream is None:
             return
-        # Stdin for the command: the fake shell does not read it, but it must be acked.
+        # Stdin for the command (read by an install from stdin and by sync; else dropped).
+        stream.stdin.feed_data(message.data)
         await self.send(Message(A_OKAY, stream.local_id, stream.remote_id))
 
     def _on_close(self, message: Message) -> None:
@@ -343,11 +350,20 @@ class _Session:
             return
         stream.closed = True
         stream.acked.set()
-        if stream.task is not None:
+        stream.stdin.feed_eof()
+        if stream.task is not None and not stream.service.startswith("sync:"):
             stream.task.cancel()  # like SIGHUP to the shell when the host hangs up
 
     async def _serve(self, stream: _Stream, command: str) -> None:
         try:
+            if stream.service.startswith("sync:"):
+                await self._serve_sync(stream)
+                return
+            if (size := stdin_size(command)) is not None:
+                data = await stream.stdin.readexactly(size)
+                await self._write_all(stream, self.adbd.phone.stdin_command(command, data))
+                await self._close_stream(stream)
+                return
             # stream_shell is an async generator; close it so a `return` mid-way runs its finally.
             outputs = cast(AsyncGenerator[bytes, None], self.adbd.phone.stream_shell(command))
             async with contextlib.aclosing(outputs):
@@ -363,6 +379,18 @@ class _Session:
             # A bug in the fake phone: say so, and end the stream rather than hang the host.
             log.exception("adbd %s: %r failed", self.peer, stream.service)
             await self._close_stream(stream)
+
+    async def _serve_sync(self, stream: _Stream) -> None:
+        async def write(data: bytes) -> None:
+            await self._write_all(stream, data)
+
+        await serve_sync(self.adbd.phone, stream.stdin.readexactly, write)
+        await self._close_stream(stream)
+
+    async def _write_all(self, stream: _Stream, data: bytes) -> None:
+        for start in range(0, len(data), self.max_payload):
+            if not await self._write(stream, data[start : start + self.max_payload]):
+                return
 
     async def _close_stream(self, stream: _Stream) -> None:
         if stream.closed:

@@ -13,6 +13,10 @@
 * ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``
 * compound commands joined by ``;``, ``&&`` and ``||`` (tokenised with `shlex`, so
   quoting and backslash escapes behave as in ``sh``)
+* its package manager (`apps`, host_agent.simulated_apps, sharing `files`): ``pm list
+  packages``, ``pm install PATH``, ``pm uninstall``, ``pm path``, ``rm -f``, and an install
+  from stdin (``cmd package install -S SIZE``, `stdin_command`) of an APK whose manifest
+  it reads; pushes and pulls land in `files` (the servers' ``sync:``)
 
 Anything else prints ``/system/bin/sh: <cmd>: inaccessible or not found`` and exits 127.
 `failures` lets a test make a command fail: a key is matched as a prefix of the
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 
 # One PNG writer for the simulator and the fakes; re-exported for tests.
 from host_agent.screen import PNG_SIGNATURE
+from host_agent.simulated_apps import PhoneApps
 from host_agent.simulated_screen import LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
@@ -105,6 +110,17 @@ class FakePhone:
 
     def __post_init__(self) -> None:
         self.props.setdefault("ro.serialno", self.serial)
+        sdk = self.props.get("ro.build.version.sdk", "34")
+        self.apps = PhoneApps(int(sdk) if sdk.isdigit() else 34, files=self.files)
+
+    def stdin_command(self, command: str, data: bytes) -> bytes:
+        """What `command` (adb's exec:) prints when given `data` on stdin."""
+        self.commands.append((time.monotonic(), command))
+        for prefix, (_, output) in self.failures.items():
+            if command.startswith(prefix):
+                return output
+        answer = self.apps.stdin_command(command, data)
+        return (answer if answer is not None else f"{command}: inaccessible\n").encode()
 
     # -- entry points -------------------------------------------------------------------
 
@@ -149,6 +165,12 @@ class FakePhone:
         for prefix, result in self.failures.items():
             if line.startswith(prefix):
                 return result
+        managed = self.apps.shell(argv)
+        if managed is not None:
+            return managed[0], managed[1].encode()
+        return self._run_builtin(argv, last_status)
+
+    def _run_builtin(self, argv: list[str], last_status: int) -> tuple[int, bytes]:
         name = argv[0]
         if name == "echo":
             words = [w.replace("$?", str(last_status)) for w in argv[1:]]

@@ -1,10 +1,11 @@
 """Just enough of sd_notify(3) for a `Type=notify` unit, without libsystemd.
 
 systemd passes a datagram socket in $NOTIFY_SOCKET (a path, or an abstract address
-written with a leading "@"); each datagram is newline-separated `KEY=value` lines. The
-agent sends READY=1 after its first successful registration, WATCHDOG=1 at half of
-$WATCHDOG_USEC, STOPPING=1 when it starts draining and STATUS=… lines for
-`systemctl status`. Outside systemd (no $NOTIFY_SOCKET) every call is a no-op.
+written with a leading "@"); each datagram is newline-separated `KEY=value` lines. The host
+agent sends READY=1 after its first successful registration, the control plane once it
+serves; both send WATCHDOG=1 at half of $WATCHDOG_USEC, STOPPING=1 when they start to stop
+(the agent's drain) and STATUS=… lines for `systemctl status`. Outside systemd (no
+$NOTIFY_SOCKET) every call is a no-op.
 """
 
 from __future__ import annotations

@@ -1,0 +1,134 @@
+"""scripts/demo.sh as a person runs it against `make run`'s farm: to its end, with a file
+for the screenshot, and interrupted by Ctrl-C mid-run. Each time it leaves nothing behind:
+no temporary file, no process of its own, no task of its still running."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc_common.channel import aio_channel
+from tests.support import eventually
+from tests.test_doc_examples import environment, farm_like_make_run
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "scripts" / "demo.sh"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+async def address(database_url: str) -> AsyncIterator[str]:
+    async with farm_like_make_run(database_url, phones=2) as address:
+        yield address
+
+
+async def start(address: str, tmp: Path, *args: str) -> asyncio.subprocess.Process:
+    """The demo in a session of its own, as a terminal's foreground job, its temporary
+    files under `tmp`."""
+    return await asyncio.create_subprocess_exec(
+        "bash",
+        str(DEMO),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=environment(address) | {"TMPDIR": str(tmp)},
+        start_new_session=True,
+    )
+
+
+def of_session(sid: int) -> list[str]:
+    """The processes still running in the demo's session."""
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if os.getsid(proc.pid) == sid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(f"{proc.pid} {proc.info['name']}")
+        except (ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+async def tasks(address: str) -> list[tuple[str, str]]:
+    """(status, cancel reason) of every task of the farm, sorted."""
+    channel = aio_channel(address)
+    try:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        answer = await stub.ListTasks(scheduler_pb2.ListTasksRequest(page_size=100))
+        return sorted((task_pb2.TaskStatus.Name(t.status), t.cancel_reason) for t in answer.tasks)
+    finally:
+        await channel.close()
+
+
+async def test_the_demo_runs_to_its_end_and_leaves_nothing_behind(
+    address: str, tmp_path: Path
+) -> None:
+    """THEN it exits 0 having cancelled its long task mid-run (the watch says 9), its
+    temporary folder is gone, no process of it runs on, and no task of it still runs."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = await start(address, tmp)
+    async with asyncio.timeout(150):
+        out, _ = await proc.communicate()
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "wrote screenshot of step 2" in text, text
+    assert "watch ended with exit code 9 (9: cancelled)" in text, text
+    assert list(tmp.iterdir()) == []
+    assert of_session(proc.pid) == []
+    assert await tasks(address) == [
+        ("TASK_STATUS_CANCELLED", "demo"),
+        ("TASK_STATUS_DONE", ""),
+    ]
+
+
+async def test_the_demo_keeps_the_screenshot_where_it_is_asked_to(
+    address: str, tmp_path: Path
+) -> None:
+    kept = tmp_path / "evidence.png"
+    (tmp_path / "tmp").mkdir()
+    proc = await start(address, tmp_path / "tmp", str(kept))
+    async with asyncio.timeout(150):
+        out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode()
+    assert kept.read_bytes().startswith(b"\x89PNG")
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+async def test_a_demo_interrupted_mid_run_stops_its_watch_and_cancels_its_task(
+    address: str, tmp_path: Path
+) -> None:
+    """WHEN Ctrl-C (SIGINT to its process group) while it watches its long task
+    THEN it exits 130, its background watch is stopped (a background job ignores the
+    terminal's SIGINT), its long task is cancelled, and its temporary folder is gone."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = await start(address, tmp)
+    assert proc.stdout is not None
+    seen: list[str] = []
+    async with asyncio.timeout(120):
+        while not any(line.startswith("submitted ") for line in seen):
+            line = (await proc.stdout.readline()).decode()
+            assert line, seen
+            seen.append(line)
+    os.killpg(proc.pid, signal.SIGINT)
+    async with asyncio.timeout(60):
+        out, _ = await proc.communicate()
+    text = "".join(seen) + out.decode()
+    assert proc.returncode == 130, text
+    assert of_session(proc.pid) == []
+    assert list(tmp.iterdir()) == []
+    assert "cancelled" in text and "(the demo stopped)" in text, text
+    wanted = [("TASK_STATUS_CANCELLED", "demo stopped"), ("TASK_STATUS_DONE", "")]
+
+    async def cancelled() -> bool:
+        return await tasks(address) == wanted
+
+    await eventually(cancelled, what=f"the tasks {wanted}")
