@@ -83,8 +83,6 @@ async def test_console_control_click_taps_the_phone_where_it_lands_and_the_next_
         await page.get_by_label("text to type").fill("hello")
         await page.get_by_role("button", name="Type").click()
         await log.filter(has_text='type "hello" → ok').wait_for()
-        await frame_after(page, await frame_after(page, 0))
-        await page.screenshot(path=str(DOCS / "console-control.png"), full_page=True)
 
         await page.get_by_role("button", name="End session").click()
         await status_is(farm, task_id, "done")
