@@ -49,6 +49,7 @@ from google.protobuf.message import Message
 
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_common.device_selector import HOST_LABEL
+from amc_common.keycodes import KEYCODES
 from control_plane import validate
 from control_plane.auth import Authenticator
 from control_plane.console.calls import SUBPROTOCOL, CallContext, Refused
@@ -71,26 +72,16 @@ _FINISHED = (
     task_pb2.TASK_STATUS_FAILED,
     task_pb2.TASK_STATUS_CANCELLED,
 )
-# Android KeyEvent codes of the page's buttons and of the keyboard keys it passes on.
+# The keys the page sends, by the names it sends (its buttons, and the computer's keys it
+# passes on); their codes are amc_common.keycodes', the one table of Android keys.
 KEYS = {
-    "BACK": 4,
-    "HOME": 3,
-    "APP_SWITCH": 187,
-    "POWER": 26,
-    "VOLUME_UP": 24,
-    "VOLUME_DOWN": 25,
-    "ENTER": 66,
-    "DEL": 67,
-    "FORWARD_DEL": 112,
-    "TAB": 61,
-    "ESCAPE": 111,
-    "DPAD_UP": 19,
-    "DPAD_DOWN": 20,
-    "DPAD_LEFT": 21,
-    "DPAD_RIGHT": 22,
-    "MOVE_HOME": 122,
-    "MOVE_END": 123,
-}
+    name: KEYCODES[name.lower()]
+    for name in (
+        "BACK", "HOME", "APP_SWITCH", "POWER", "VOLUME_UP", "VOLUME_DOWN", "ENTER", "DEL",
+        "FORWARD_DEL", "TAB", "ESCAPE", "DPAD_UP", "DPAD_DOWN", "DPAD_LEFT", "DPAD_RIGHT",
+        "MOVE_HOME", "MOVE_END",
+    )
+}  # fmt: skip
 # A quarter turn of the screen, auto-rotation off: `user_rotation` counts quarter turns
 # counter-clockwise (0 to 3), so left adds one and right three.
 ROTATE = (
