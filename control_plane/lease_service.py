@@ -35,7 +35,7 @@ from control_plane.library_service import app_to_pb
 from control_plane.lifecycle import Event
 from control_plane.renewals import RenewalStream
 from control_plane.rpc import Context, TaskServicer, code_for, conversation, principal, rpc
-from control_plane.screens import HostFeed
+from control_plane.screen_feed import HostFeed
 from control_plane.session_hosts import HostSession
 from control_plane.uploads import upload
 
@@ -195,13 +195,17 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         validate.reason(request.reason)
         if request.device_lost:
             ended = await self.store.leases.device_lost(
-                principal().host_id, lease_id, request.reason, self.settings.infra_retries
+                principal().host_id,
+                lease_id,
+                request.reason,
+                self.settings.infra_retries,
+                request.cleans,
             )
             if ended:
                 self.effects.ended(Event.DEVICE_LOST, [ended])
             return lease_pb2.ReleaseLeaseResponse()
         ended = await self.store.leases.release(
-            principal().host_id, lease_id, request.reason or "released by host"
+            principal().host_id, lease_id, request.reason or "released by host", request.cleans
         )
         if ended:
             self.effects.ended(Event.RELEASED, [ended])

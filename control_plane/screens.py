@@ -7,28 +7,30 @@
 A host opens its `Lease.ScreenFrames` call only when asked: a viewer waiting here for one
 of its phones with no feed here has `screen_wanted` pushed onto the host's renewal stream
 here (`Screens.ask`; again when the feed ends while a viewer waits, and when the stream
-opens while one waits), and the host closes the call a while after nothing is watched.
-The replica keeps the call as the host's feed and sends it the set of the host's phones
-watched on this replica (each at the highest frame rate its viewers asked for) whenever
-that set changes: the host captures those phones and nothing else. Each frame it sends
-replaces the phone's latest frame (`Screen.frame`) and wakes its viewers; a viewer takes
-the latest frame when it is ready for one, so a slow viewer skips frames (the latest
-wins) and no frame ever queues.
+opens while one waits), and the host closes the call a while after nothing is watched. The
+replica keeps the call as the host's feed (control_plane.screen_feed) and sends it the set
+of the host's phones watched on this replica (each at the highest frame rate its viewers
+asked for) whenever that set changes: the host captures those phones and nothing else. Each
+frame it sends replaces the phone's latest frame (`Screen.frame`) and wakes its viewers; a
+viewer takes the latest frame when it is ready for one, so a slow viewer skips frames (the
+latest wins) and no frame ever queues.
 
 A viewer whose phone's host is connected to another replica (`hosts.replica_id`, and that
 replica's advertised address) is served by one relay per phone on this replica: a
 `Scheduler.WatchScreen` call to that replica over `Peers`, a device watch made as this
 replica (control_plane.auth's replica proof, never a viewer's credentials: viewers are
-authorized here, where they watch), whose frames feed the local `Screen` as a host's
-would. That replica counts the relay as one viewer: the phone is captured once for every
-viewer on every replica. A relayed call is never relayed on. No database work per frame;
-one read when a watch starts (where the phone's host is, and the task's phone for a
-task's watch), and a task's watch is bound to that attempt (control_plane.screen_tasks).
-Each token may hold `max_viewers_per_token` watches on a replica, and apart from them
-`max_thumbnails_per_token` thumbnails (a frame every few seconds at most: control_plane.frames
-has the host's budget for them). A relay asks the rate its phone's viewers here want, and is
-started again when that changes (a Control page opened on a phone a wall of thumbnails
-watches, and closed). Watching touches nothing of a task: no lease, step or action.
+authorized here, where they watch), whose frames feed the local `Screen` as a host's would.
+That replica counts the relay as one viewer: the phone is captured once for every viewer on
+every replica. A relayed call is never relayed on. No database work per frame; one read
+when a watch starts (where the phone's host is, and the task's phone for a task's watch),
+and a task's watch is bound to that attempt (control_plane.screen_tasks). Each token may
+hold `max_viewers_per_token` watches on a replica, and apart from them
+`max_thumbnails_per_token` thumbnails (a frame every few seconds at most:
+control_plane.frames has the host's budget for them). A relay asks the rate its phone's
+viewers here want (one relay per kind they take: still images, the stream; a thumbnail is a
+still image), and is started again when that changes (a Control page opened on a phone a
+wall of thumbnails watches, and closed). Watching touches nothing of a task: no lease, step
+or action.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any
 import grpc
 import structlog
 
-from amc.v1 import lease_pb2, scheduler_pb2
+from amc.v1 import scheduler_pb2
 from control_plane import metrics, screen_tasks, validate
 from control_plane.config import Settings
 from control_plane.domain import Principal, Role
@@ -57,8 +59,9 @@ from control_plane.errors import (
     Unavailable,
 )
 from control_plane.frames import THUMBNAIL_EVERY, Screen, Screens, Viewer
-from control_plane.rpc import TaskServicer, check_decoded, first_message, principal
+from control_plane.rpc import TaskServicer, check_decoded, principal
 from control_plane.screen_tasks import RUNNING, Attempt, Followed
+from control_plane.video import CODECS, H264, IMAGE
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +81,7 @@ class Target:
     host_id: str
     serial: str
     max_fps: int
+    codec: str = IMAGE
     thumbnail: bool = False
 
 
@@ -86,21 +90,28 @@ def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
     fps = request.max_fps or DEFAULT_FPS
     if not 1 <= fps <= MAX_FPS:
         raise InvalidArgument("max_fps", f"must be 1 to {MAX_FPS} (0: {DEFAULT_FPS})")
+    codec = request.codec or IMAGE
+    if codec not in CODECS:
+        raise InvalidArgument(
+            "codec", f"{request.codec[:40]!r} is not one of: {', '.join(CODECS)} ('': image)"
+        )
     if request.thumbnail:
         if request.max_fps:
             raise InvalidArgument("max_fps", "a thumbnail has no frame rate of its own: 0")
+        if codec != IMAGE:
+            raise InvalidArgument("codec", "a thumbnail is a still image: '' or 'image'")
         fps = 0
     if request.task_id:
         if request.host_id or request.serial:
             raise InvalidArgument(
                 "task_id", "name a task, or a device (host_id and serial), not both"
             )
-        return Target(validate.task_id(request.task_id), "", "", fps, request.thumbnail)
+        return Target(validate.task_id(request.task_id), "", "", fps, codec, request.thumbnail)
     if not request.host_id and not request.serial:
         raise InvalidArgument("task_id", "required: a task, or a device (host_id and serial)")
     host_id = validate.identifier(request.host_id, "host_id")
     serial = validate.identifier(request.serial, "serial")
-    return Target(None, host_id, serial, fps, request.thumbnail)
+    return Target(None, host_id, serial, fps, codec, request.thumbnail)
 
 
 class ScreenWatch:
@@ -164,7 +175,9 @@ class ScreenWatch:
             # No feed here yet: the host's renewal stream here asks it to open one.
             screens.ask(host_id)
             await context.send_initial_metadata(())
-            log.info("screen watched", host_id=host_id, serial=serial, relayed=relayed)
+            log.info(
+                "screen watched", host_id=host_id, serial=serial, relayed=relayed, codec=want.codec
+            )
             metrics.SCREEN_VIEWERS.inc()
             try:
                 async for frame in self._frames(screen, viewer, followed, bound):
@@ -175,9 +188,12 @@ class ScreenWatch:
     async def _frames(
         self, screen: Screen, viewer: Viewer, followed: Followed | None, bound: Attempt | None
     ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
-        """The latest frame whenever there is a newer one, at most max_fps a second; a
-        task's watch sends a frame only while its attempt is the task's current one
-        (`followed`, checked before each frame), and ends when it is not."""
+        """A viewer of still images: the latest frame whenever there is a newer one, at
+        most max_fps a second. A viewer of the stream: its every frame in order from the
+        latest key frame on (a skip to a newer key frame when it fell behind), or the
+        latest still frame while the phone has no stream. A task's watch sends a frame
+        only while its attempt is the task's current one (`followed`, checked before each
+        frame), and ends when it is not."""
         hub = self._svc.hub
         loop = asyncio.get_running_loop()
         interval = THUMBNAIL_EVERY if viewer.thumbnail else 1.0 / viewer.max_fps
@@ -201,18 +217,25 @@ class ScreenWatch:
                             await _either(viewer.ready, settled)  # or the replica stopping
                     viewer.ready.clear()
                     continue
+            if viewer.codec == H264 and screen.streams:
+                frame = hub.screens.next_of_stream(screen, viewer)
+                if frame is None:
+                    await self._wait(screen, viewer, settled)
+                elif (
+                    followed is not None
+                    and bound is not None
+                    and not _during(frame, followed, bound)
+                ):
+                    # Never sent; the frames after it need it: on from the next key frame.
+                    hub.screens.await_key_frame(screen, viewer)
+                    metrics.SCREEN_FRAMES.labels("other_attempt").inc()
+                else:
+                    metrics.SCREEN_FRAMES.labels("sent").inc()
+                    yield frame
+                continue
             frame = screen.frame
             if frame is None or frame is sent:
-                try:
-                    async with asyncio.timeout(STALE):
-                        await _either(viewer.ready, settled)
-                except TimeoutError:
-                    if screen.source is None and not hub.screens.has_feed(screen.host_id):
-                        # The host left this replica (gone, or reconnected elsewhere).
-                        raise Unavailable(
-                            f"host {screen.host_id} is no longer connected here: watch again"
-                        ) from None
-                viewer.ready.clear()
+                await self._wait(screen, viewer, settled)
                 continue
             if followed is not None and bound is not None and not _during(frame, followed, bound):
                 sent = frame  # its host says the phone ran another attempt: never sent
@@ -226,6 +249,20 @@ class ScreenWatch:
             metrics.SCREEN_FRAMES.labels("sent").inc()
             yield frame
 
+    async def _wait(self, screen: Screen, viewer: Viewer, settled: asyncio.Event | None) -> None:
+        """Until the screen has something new for the viewer (or the task changed); a
+        viewer whose phone's host left this replica is told to watch again."""
+        try:
+            async with asyncio.timeout(STALE):
+                await _either(viewer.ready, settled)
+        except TimeoutError:
+            if screen.source is None and not self._svc.hub.screens.has_feed(screen.host_id):
+                # The host left this replica (gone, or reconnected elsewhere).
+                raise Unavailable(
+                    f"host {screen.host_id} is no longer connected here: watch again"
+                ) from None
+        viewer.ready.clear()
+
     @contextlib.contextmanager
     def _watching(
         self, host_id: str, serial: str, want: Target, address: str | None
@@ -234,7 +271,8 @@ class ScreenWatch:
         None when they come from a feed here), whose relay, if any, asks what the phone's
         viewers here want, the viewer counted in and, once it left, out."""
         screens = self._svc.hub.screens
-        with screens.watch(host_id, serial, want.max_fps, want.thumbnail) as (screen, viewer):
+        watch = screens.watch(host_id, serial, want.max_fps, want.codec, want.thumbnail)
+        with watch as (screen, viewer):
             self._relayed_as_wanted(screen, address)
             try:
                 yield screen, viewer
@@ -244,26 +282,40 @@ class ScreenWatch:
                     self._relayed_as_wanted(screen, address)
 
     def _relayed_as_wanted(self, screen: Screen, address: str | None) -> None:
-        """A screen whose frames come from another replica (`address`) has a relay asking
-        the rate its viewers here want: started, or started again when that changed (a
-        viewer came or went). None: its frames come from a feed here."""
+        """A screen whose frames come from another replica (`address`) has a relay per kind
+        its viewers here take, asking the rate they want: started, started again when that
+        changed (a viewer came or went), ended when none takes its kind. None: its frames
+        come from a feed here."""
         if address is None or not screen.viewers:
             return
-        if screen.source is not None and screen.source_fps == screen.fps:
-            return
-        relay = asyncio.get_running_loop().create_task(self._relay(screen, address, screen.fps))
-        self._svc.hub.screens.relaying(screen, relay)
+        for codec in CODECS:
+            wanted = screen.takes(codec)
+            if not wanted and codec not in screen.sources:
+                continue
+            fps = screen.rate(codec)
+            if wanted and codec in screen.sources and screen.source_fps[codec] == fps:
+                continue
+            relay = (
+                asyncio.get_running_loop().create_task(self._relay(screen, address, fps, codec))
+                if wanted
+                else None
+            )
+            self._svc.hub.screens.relaying(screen, codec, relay)
 
-    async def _relay(self, screen: Screen, address: str, fps: int) -> None:
-        """The phone's frames from the replica holding its host's feed, into `screen`: a
-        device watch as this replica (its proof, not a viewer's credentials), at `fps`, or
-        as a thumbnail when 0."""
+    async def _relay(self, screen: Screen, address: str, fps: int, codec: str) -> None:
+        """The phone's frames (of what `codec` takes) from the replica holding its host's
+        feed, into `screen`: a device watch as this replica (its proof, not a viewer's
+        credentials), at `fps`, or as a thumbnail when 0."""
         metadata = [
             ("authorization", self._svc.auth.replica_proof()),
             (RELAYED_BY, self._svc.hub.replica),
         ]
         request = scheduler_pb2.WatchScreenRequest(
-            host_id=screen.host_id, serial=screen.serial, max_fps=fps, thumbnail=not fps
+            host_id=screen.host_id,
+            serial=screen.serial,
+            max_fps=fps,
+            codec=codec,
+            thumbnail=not fps,
         )
         call = self._svc.peers.scheduler(address).WatchScreen(request, metadata=metadata)
         log.info("screen relayed", host_id=screen.host_id, serial=screen.serial, to=address)
@@ -329,53 +381,3 @@ async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:
     finally:
         for w in waits:
             w.cancel()
-
-
-class HostFeed:
-    """A host's ScreenFrames call: the phones to capture down, their frames up."""
-
-    def __init__(self, service: TaskServicer) -> None:
-        self._svc = service
-
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        first = await first_message(
-            requests, "host_id", "required: the first message names the host"
-        )
-        host_id = validate.identifier(first.host_id, "host_id")
-        who = principal()
-        if who.role is Role.HOST and who.host_id != host_id:
-            raise PermissionDenied(f"this token acts for host {who.host_id}, not {host_id}")
-        screens = self._svc.hub.screens
-        with screens.feed(host_id) as feed:
-            pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))
-            told: list[tuple[str, int, int]] | None = None
-            metrics.SCREEN_FEEDS.inc()
-            try:
-                while screens.current(host_id, feed) and not pump.done():
-                    feed.changed.clear()
-                    watched = screens.watched(host_id)
-                    if watched != told:
-                        told = watched
-                        yield lease_pb2.ScreenFramesResponse(
-                            watched=[
-                                lease_pb2.ScreenWatch(serial=s, max_fps=f, interval_ms=i)
-                                for s, f, i in watched
-                            ]
-                        )
-                    changed = asyncio.ensure_future(feed.changed.wait())
-                    try:
-                        await asyncio.wait([pump, changed], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        changed.cancel()
-            finally:
-                metrics.SCREEN_FEEDS.dec()
-                pump.cancel()
-
-    async def _frames(self, host_id: str, requests: AsyncIterator[Any]) -> None:
-        screens = self._svc.hub.screens
-        with contextlib.suppress(Exception):  # the host left: its call ends here
-            async for request in requests:
-                if request.WhichOneof("part") != "frame":
-                    return
-                delivered = screens.deliver(host_id, request.frame)
-                metrics.SCREEN_FRAMES.labels("received" if delivered else "unwatched").inc()

@@ -18,10 +18,12 @@ import aiohttp
 import grpc
 import pytest
 
-from amc.v1 import scheduler_pb2
-from control_plane import frames
+from amc.v1 import lease_pb2, scheduler_pb2
+from control_plane import frames, screens
 from control_plane.domain import Role
+from control_plane.errors import InvalidArgument
 from host_agent import metrics as agent_metrics
+from host_agent.screen_wants import want_of
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, eventually
 from tests.support.agent import running_agent
@@ -48,22 +50,65 @@ def thumbnail(serial: str) -> scheduler_pb2.WatchScreenRequest:
 def test_a_hosts_thumbnails_share_its_budget_and_a_live_viewer_keeps_its_rate() -> None:
     """THEN a host's phones watched by thumbnails alone are each captured once per
     THUMBNAIL_EVERY, or less often when there are more than HOST_THUMBNAILS a second of
-    them; a phone also watched live is asked at the viewer's rate; another host's phones
-    are not counted in."""
+    them; a phone also watched live is asked at the viewer's rate; a phone whose live
+    viewer takes its H.264 stream keeps its thumbnails' interval for its still images and
+    is asked the stream's rate; another host's phones are not counted in."""
     screens = frames.Screens()
     with (
         screens.watch("h1", "a", 0, thumbnail=True),
         screens.watch("h1", "b", 0, thumbnail=True),
         screens.watch("h2", "c", 0, thumbnail=True),
     ):
-        assert screens.watched("h1") == [("a", 1, 3000), ("b", 1, 3000)]
+        assert screens.watched("h1") == [("a", 1, True, False, 3000), ("b", 1, True, False, 3000)]
         with screens.watch("h1", "a", 10):
-            assert screens.watched("h1") == [("a", 10, 0), ("b", 1, 3000)]
+            assert screens.watched("h1") == [
+                ("a", 10, True, False, 0),
+                ("b", 1, True, False, 3000),
+            ]
+        with screens.watch("h1", "a", 30, "h264"):
+            assert screens.watched("h1") == [
+                ("a", 30, True, True, 3000),
+                ("b", 1, True, False, 3000),
+            ]
     with contextlib.ExitStack() as stack:
         for i in range(40):
             stack.enter_context(screens.watch("h1", f"p{i}", 0, thumbnail=True))
         # 40 phones at 4 thumbnails a second: each every 10 s.
-        assert {(fps, every) for _, fps, every in screens.watched("h1")} == {(1, 10_000)}
+        assert {(fps, every) for _, fps, _, _, every in screens.watched("h1")} == {(1, 10_000)}
+
+
+def test_a_thumbnail_is_a_still_image_with_no_rate_of_its_own() -> None:
+    """THEN a thumbnail that asks for a frame rate or for the H.264 stream is refused,
+    naming the field."""
+    for field, request in [
+        ("max_fps", replace_request(max_fps=5)),
+        ("codec", replace_request(codec="h264")),
+    ]:
+        with pytest.raises(InvalidArgument) as caught:
+            screens.target(request)
+        assert caught.value.field == field
+    assert screens.target(replace_request(codec="image")).thumbnail
+
+
+def test_a_hosts_still_captures_keep_the_thumbnails_interval_beside_a_phones_stream() -> None:
+    """THEN the host reads a phone watched by thumbnails and by a viewer of its stream as
+    still images every interval_ms and the stream at max_fps; an older control plane's
+    watch (no interval) as still images at max_fps."""
+    both = want_of(
+        lease_pb2.ScreenWatch(serial="a", max_fps=30, images=True, video=True, interval_ms=4000)
+    )
+    assert (both.fps, both.still_fps(no_video=False)) == (30, 0.25)
+    # A phone with no stream here: its stream's viewer takes still frames at its rate.
+    assert both.still_fps(no_video=True) == 30
+    old = want_of(lease_pb2.ScreenWatch(serial="a", max_fps=5))
+    assert (old.images, old.video, old.still_fps(no_video=False)) == (True, False, 5)
+
+
+def replace_request(**fields: object) -> scheduler_pb2.WatchScreenRequest:
+    request = thumbnail("sim-0")
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return request
 
 
 async def test_thumbnails_come_every_few_seconds_and_are_counted_apart_from_live_screens(

@@ -17,6 +17,8 @@ from control_plane.console.calls import CallContext, Refused
 from control_plane.scheduler_service import SchedulerService
 
 log = structlog.get_logger(__name__)
+# A kept file's name when saved, by its content type.
+EXTENSIONS = {"image/png": "png", "image/apng": "png", "video/mp4": "mp4", "application/xml": "xml"}
 
 
 async def serve(
@@ -75,9 +77,7 @@ async def serve(
 
 
 def _file_name(artifact: Any) -> str:
-    extension = {"image/png": "png", "image/apng": "png", "application/xml": "xml"}.get(
-        artifact.content_type, "bin"
-    )
+    extension = EXTENSIONS.get(artifact.content_type, "bin")
     return f"{artifact.kind}-{artifact.artifact_id}.{extension}"
 
 

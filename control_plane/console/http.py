@@ -115,9 +115,10 @@ HTTP_STATUS = {
     grpc.StatusCode.DATA_LOSS: 422,
 }
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+# Screenshots and recordings are fetched with the token and shown from blob: URLs.
+BLOBS = "img-src 'self' blob:; media-src 'self' blob:;"
 SECURITY_HEADERS = {
-    # Screenshots are fetched with the token and shown from blob: URLs.
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob:; frame-ancestors 'none'",
+    "Content-Security-Policy": f"default-src 'self'; {BLOBS} frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
