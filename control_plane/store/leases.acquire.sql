@@ -38,8 +38,10 @@ END $$;
 -- device and a few more; each is then locked (SKIP LOCKED: a task another Acquire holds is
 -- passed over, and only the tasks taken are locked), and reserves a device of the group
 -- (its own serial if it names one) with an UPDATE whose conditions PostgreSQL rechecks on
--- the latest row version (another Acquire or a re-registration may have changed it). A
--- task passed over stays queued; the devices left get another look (a few at most). An
+-- the latest row version (another Acquire or a re-registration may have changed it; then
+-- the next device left, serials ascending, so no device stays idle while the task for it
+-- is held by an Acquire that lost its first device to another). A task passed over stays
+-- queued; the devices left get another look (a few at most). An
 -- Acquire that finds nothing writes nothing and locks nothing.
 --
 -- Fair shares' caps: a key with a cap (fair_shares.max_devices) is counted once per
@@ -238,15 +240,23 @@ BEGIN
                     END IF;
                     v_host_held := true;
                 END IF;
-                v_free := array_remove(v_free, v_serial);
-                UPDATE devices dv SET task_id = t.task_id, updated_at = now()
-                WHERE dv.host_id = p_host AND dv.serial = v_serial
-                  AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
-                  AND dv.condition = 'ready'
-                  AND dv.labels @> t.selector_labels;
-                IF NOT FOUND THEN
+                LOOP
+                    v_free := array_remove(v_free, v_serial);
+                    UPDATE devices dv SET task_id = t.task_id, updated_at = now()
+                    WHERE dv.host_id = p_host AND dv.serial = v_serial
+                      AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+                      AND dv.condition = 'ready'
+                      AND dv.labels @> t.selector_labels;
+                    EXIT WHEN FOUND;
                     -- Taken or changed meanwhile (so not this Acquire's any more): the
-                    -- task stays queued.
+                    -- task, locked, tries the next device left (serials ascending, as
+                    -- every Acquire reserves them), else stays queued. Leaving it queued
+                    -- at once would leave a device idle while the tasks for it are held
+                    -- by Acquires that lost their first device to one another.
+                    v_serial := CASE WHEN t.selector_serial IS NULL THEN v_free[1] END;
+                    EXIT WHEN v_serial IS NULL;
+                END LOOP;
+                IF v_serial IS NULL THEN
                     v_again := true;
                     CONTINUE;
                 END IF;
