@@ -80,6 +80,7 @@ export const Farm = {
         ["phones online", phones.length - count("offline"), "devices-online"],
         ["ready", count("ready"), "devices-ready"],
         ["busy", count("busy"), "devices-busy"],
+        ["cleaning", count("cleaning"), "devices-cleaning"],
         ["held", count("held"), "devices-held"],
         ["cordoned", cordoned, "devices-cordoned"],
         ["offline", count("offline"), "devices-offline"],

@@ -1,5 +1,5 @@
 // A phone as operators read it on the Farm and Host pages: its state in one word (ready,
-// busy, held, offline, cordoned), the facts behind it, the task it runs (its step, for how
+// busy, cleaning, held, offline, cordoned), the facts behind it, the task it runs (its step, for how
 // long, who submitted it, and a Watch button), Control (a maintenance Control on a cordoned
 // phone or a drained host's), and the buttons that cordon, uncordon or release it.
 
@@ -24,7 +24,8 @@ export const heldAs = (c) => HELD_AS[c] || c.replace(/_/g, " ");
 export const takesWork = (host, d) => !host.cordoned && !host.draining && !d.cordoned;
 
 // The phone's state in one word, and why: `offline` (its host is gone, adb does not see it
-// as `device`, or its probe finds it offline), `busy` (it runs a task), `held` (its condition
+// as `device`, or its probe finds it offline), `busy` (it runs a task), `cleaning` (its host
+// cleans it after a lease: the task it cleans after on hover), `held` (another condition
 // keeps it from work), `cordoned` (idle and well, but given no work), `ready`.
 export function phoneState(host, d) {
   const adb = enumName("DEVICE_STATE_", d.state);
@@ -33,6 +34,7 @@ export function phoneState(host, d) {
   if (adb !== "device") return { word: "offline", why: `adb sees it ${adb}` };
   if (d.task_id) return { word: "busy", why: `it runs task ${d.task_id}` };
   if (c === "offline") return { word: "offline", why: d.condition_reason || "its host's probe finds it offline" };
+  if (c === "cleaning") return { word: "cleaning", why: d.condition_reason || "its host cleans it after a lease" };
   if (c !== "ready") return { word: "held", why: [heldAs(c), d.condition_reason].filter(Boolean).join(": ") };
   if (!takesWork(host, d)) return { word: "cordoned", why: cordonedWhy(host, d) };
   return { word: "ready", why: "idle, taking work" };
