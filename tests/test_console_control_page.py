@@ -136,3 +136,33 @@ async def test_console_maintenance_control_takes_a_cordoned_phone_for_an_operato
         assert farm.db is not None
         assert await farm.db.fetchval("SELECT cordoned FROM devices WHERE serial = 'sim-0'")
         assert page.errors == []
+
+
+async def test_console_farm_page_offers_a_maintenance_control_on_a_drained_hosts_phone(
+    farm: Farm, browser: Any
+) -> None:
+    """GIVEN a drained host THEN its idle phone's card on the Farm page says `cordoned` and
+    offers Control (maintenance), which opens a maintenance session on it, taken although
+    the host stays drained."""
+    op = await farm.operator()
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+        await op.admin.DrainHost(admin_pb2.DrainHostRequest(host_id=HOST, reason="new cable"))
+        page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
+        card = page.locator(".phone[data-serial='sim-0']")
+        await card.locator(".badge.state", has_text="cordoned").wait_for()
+        link = card.locator("a.control-link.maintenance")
+        assert await link.inner_text() == "Control (maintenance)"
+        await link.click()
+        task_id = (
+            await page.locator("#control-status")
+            .filter(has_text="Controlling sim-0: a maintenance session")
+            .get_by_role("link")
+            .inner_text()
+        )
+        await page.locator("canvas.screen").click(position={"x": 40, "y": 40})
+        await page.locator("#action-log li").filter(has_text="→ ok").wait_for()
+        await page.get_by_role("button", name="End session").click()
+        await status_is(farm, task_id, "done")
+        assert farm.db is not None
+        assert await farm.db.fetchval("SELECT draining FROM hosts WHERE host_id = $1", HOST)
+        assert page.errors == []
