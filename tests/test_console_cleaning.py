@@ -1,7 +1,7 @@
-"""The console shows a phone its host cleans between leases: `cleaning` as its state's word
-on its card of the Host page and the Farm page's wall (the task it cleans after on hover),
-counted on the wall, and the clean's steps among the host's events. Playwright on the system's Chromium, a real host agent with simulated
-phones."""
+"""The console shows a phone its host cleans between leases: `cleaning` as its state's word on
+its card of the Host page and the Farm page's wall (the task it cleans after on hover),
+counted on the wall, and the clean's steps among the host's events. Playwright on the
+system's Chromium, a real host agent with simulated phones."""
 
 from __future__ import annotations
 
