@@ -93,7 +93,7 @@ async def test_console_farm_page_words_a_condition_it_does_not_know_as_held_by_i
     browser: Any,
 ) -> None:
     """GIVEN a control plane newer than the page, whose ListHosts names a condition the page
-    has no words for (`DEVICE_CONDITION_CLEANING`), or one sent as its number THEN the
+    has no words for (`DEVICE_CONDITION_FLASHING`), or one sent as its number THEN the
     phone is `held`, its condition shown by its own name, and the page draws the rest."""
     async with running_agent(farm, SimulatedSource(3, prefix="pixel-")):
         page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
@@ -103,17 +103,18 @@ async def test_console_farm_page_words_a_condition_it_does_not_know_as_held_by_i
             answer = await route.fetch()
             hosts = await answer.json()
             devices = hosts["hosts"][0]["devices"]
-            devices[0]["condition"] = "DEVICE_CONDITION_CLEANING"
-            devices[0]["condition_reason"] = "wiping app data"
+            devices[0]["condition"] = "DEVICE_CONDITION_FLASHING"
+            devices[0]["condition_reason"] = "writing a new system image"
             devices[1]["condition"] = 42
             await route.fulfill(response=answer, json=hosts)
 
         await page.route("**/api/amc.v1.Scheduler/ListHosts", newer)
         await page.reload()
-        cleaning = page.locator(".phone[data-serial='pixel-0']")
-        await cleaning.locator(".badge.state", has_text="held").wait_for()
-        assert await cleaning.locator(".badge.s-cleaning").inner_text() == "cleaning"
-        assert "wiping app data" in (await cleaning.locator(".badge.state").get_attribute("title"))
+        flashing = page.locator(".phone[data-serial='pixel-0']")
+        await flashing.locator(".badge.state", has_text="held").wait_for()
+        assert await flashing.locator(".badge.s-flashing").inner_text() == "flashing"
+        title = await flashing.locator(".badge.state").get_attribute("title")
+        assert "writing a new system image" in title
         numbered = page.locator(".phone[data-serial='pixel-1']")
         assert await numbered.locator(".badge.state").inner_text() == "held"
         assert await numbered.locator(".badge:not(.state)").first.inner_text() == "#42"
