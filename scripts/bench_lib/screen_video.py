@@ -30,6 +30,9 @@ from bench_lib.stack import Stack, cpu_seconds
 from bench_lib.stats import summarize
 
 HOST = "screen-host"
+# Its phones' pool (bench_lib.screen.POOL): other agents' simulated phones have the same
+# serials, and a session asked for by serial alone may take another agent's.
+POOL = "screens"
 SCREEN_SCALE = 3
 
 
@@ -111,7 +114,8 @@ async def _viewers(
 
 async def _session(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> Any:
     call: Any = stub.OpenSession()
-    idle = scheduler_pb2.SessionOpen(selector=task_pb2.DeviceSelector(serial=serial))
+    selector = task_pb2.DeviceSelector(serial=serial, labels={"pool": POOL})
+    idle = scheduler_pb2.SessionOpen(selector=selector)
     idle.idle_timeout.FromSeconds(120)
     await call.write(scheduler_pb2.OpenSessionRequest(open=idle))
     while True:
