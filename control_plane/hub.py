@@ -27,6 +27,7 @@ from control_plane.domain import (
     TaskId,
 )
 from control_plane.frames import Screens
+from control_plane.pool_hints import PoolHints
 from control_plane.presence import Presence
 from control_plane.rendezvous import Sessions
 from control_plane.screen_tasks import Following
@@ -52,6 +53,9 @@ class Hub:
         # The tasks whose screens are watched here, each task's current attempt read once
         # for all its watches here, again when it changes (control_plane.screen_tasks).
         self.following = Following(self.watch)
+        # The emulator pools of the hosts whose streams are here, told how many tasks wait
+        # for them (control_plane.pool_hints).
+        self.pools = PoolHints()
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False

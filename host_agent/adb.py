@@ -30,6 +30,7 @@ from host_agent.devices import (
     CommandFailed,
     DeviceError,
     DeviceLost,
+    OwnPhones,
     ShellResult,
 )
 from host_agent.screen import PNG_SIGNATURE
@@ -257,7 +258,7 @@ class AdbDevice:
         return DeviceError(f"{self.serial}: connection dropped during `{command}`")
 
 
-class AdbSource:
+class AdbSource(OwnPhones):
     """The phones an adb server (default: the local one on 5037) knows about."""
 
     def __init__(

@@ -45,7 +45,14 @@ from typing import Any
 from host_agent.baselines import Baselines
 from host_agent.clean_profile import CleanProfile
 from host_agent.cleaning import ShellCleaner
-from host_agent.devices import AttachedDevice, CommandFailed, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.devices import (
+    AttachedDevice,
+    CommandFailed,
+    DeviceLost,
+    DeviceTimeout,
+    OwnPhones,
+    ShellResult,
+)
 from host_agent.simulated_apps import PhoneApps
 from host_agent.simulated_body import (
     PROBE_COMMANDS,
@@ -63,7 +70,7 @@ from host_agent.simulated_state import PhoneState
 __all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource"]
 
 
-class SimulatedSource:
+class SimulatedSource(OwnPhones):
     def __init__(
         self,
         count: int,
