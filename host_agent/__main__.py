@@ -89,7 +89,7 @@ async def serve(config: Config) -> int:
         systemd=notifier.enabled,
     )
     faults = (
-        asyncio.create_task(source.follow_faults(config.sim_faults))
+        asyncio.create_task(source.faults.follow(config.sim_faults))
         if isinstance(source, SimulatedSource) and config.sim_faults
         else None
     )
@@ -158,7 +158,13 @@ def _device_source(config: Config) -> DeviceSource:
         )
         source.call_timeout = config.adb_timeout  # a hung phone's calls time out as adb's
         return source
-    adb = AdbSource(config.adb_host, config.adb_port, call_timeout=config.adb_timeout)
+    adb = AdbSource(
+        config.adb_host,
+        config.adb_port,
+        call_timeout=config.adb_timeout,
+        scrcpy_server=config.scrcpy_server,
+        video_max_fps=config.agent.screen_video_max_fps,
+    )
     if config.emulators is None:
         return adb
     agent = config.agent
