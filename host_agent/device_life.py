@@ -19,7 +19,8 @@ quarantined on the way (the recovery ladder, an operator's release).
 The phones a host runs itself (an emulator pool) ask this module as their `PoolHost`
 (host_agent.devices): `ready`, `retire`, `fresh`, and `lost` for one whose process died
 (its task stopped and given back as device_lost first, then it waits for the new instance
-to answer and is cleaned, as any phone lost mid-lease is).
+to answer and is cleaned, as any phone lost mid-lease is); `broken` for one that would not
+start again (quarantined: the ladder's reboot starts it afresh, its clean follows).
 
 MOVES is the cycle's table (READY, LEASED, CLEANING); a quarantine lies over it: a held
 phone keeps its place in the cycle (a leased one has its task stopped first, by the
@@ -231,6 +232,9 @@ class DeviceLife:
         elif own is Stage.READY and serial not in self.recovery.held:
             self._move(serial, Move.LOST, f"its emulator starts again: {why}", wait=True)
             self._changed.set()
+
+    def broken(self, serial: str, why: str) -> None:
+        self.recovery.quarantine(serial, why)
 
     async def changed(self) -> None:
         await self._refresh()

@@ -209,6 +209,11 @@ class PoolHost(Protocol):
         lease given back (device_lost); it is cleaned before it takes work again."""
         ...
 
+    def broken(self, serial: str, why: str) -> None:
+        """`serial` would not start again: quarantined, its recovery ladder (whose reboot
+        starts it afresh) brings it back or leaves it for an operator."""
+        ...
+
     def fresh(self, serial: str) -> None:
         """A new instance answers as `serial` (a retired one's serial again, or its first):
         cleaned before its first lease."""

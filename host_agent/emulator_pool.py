@@ -8,7 +8,9 @@ afresh when its process dies or a snapshot load fails.
     starting ──(adb lists it, booted; its console answers)──▶ up ──(idle past --emulator-idle,
        ▲                                                      │    above the minimum: retired
        └──────────── restarting ◀── its process died, ────────┘    first, so no Acquire
-                                    or a load failed                offers it; then killed)
+                         │          or a load failed                offers it; then killed)
+                         └─(it did not start: once, no retry)──▶ down: quarantined, the
+                             recovery ladder's reboot is the next restart (host_agent.recovery)
 
 The phone's own life (ready, leased, cleaning) is host_agent.device_life's; the pool asks
 it (`PoolHost`): whether an instance is ready (idle), to retire one before it is stopped,
@@ -52,7 +54,7 @@ ANSWER_POLL = 0.1
 class Instance:
     pool: PoolSpec
     port: int
-    state: str = "starting"  # starting, up, restarting, retiring
+    state: str = "starting"  # starting, up, restarting, down, retiring
     process: asyncio.subprocess.Process | None = None
     snapshots: tuple[str, ...] = ()
     # The snapshot its last reset loaded, while no lease has begun on it since.
@@ -105,7 +107,7 @@ class Emulators:
     def shown(self, serial: str) -> bool:
         """Whether the phone is listed in the inventory (up, or restarting)."""
         found = self.instances.get(serial)
-        return found is not None and found.state in ("up", "restarting")
+        return found is not None and found.state in ("up", "restarting", "down")
 
     async def run(self, host: PoolHost) -> None:
         """Keep the pools until cancelled; the instances run on until `close()` (the
@@ -213,6 +215,7 @@ class Emulators:
         except OSError as exc:
             raise DeviceError(f"{s.binary}: {exc.strerror or exc}") from None
         instance.process = process
+        instance.tail.clear()
         self._spawn(self._follow(instance, process))
         try:
             async with asyncio.timeout(s.boot_timeout):
@@ -236,8 +239,12 @@ class Emulators:
         code = await process.wait()
         if instance.process is process and instance.state == "up":
             log.warning("emulator died; starting it afresh", serial=instance.serial, exit=code)
-            with contextlib.suppress(DeviceError):
-                await self.restart(instance.serial, f"its process exited ({code})", lost=True)
+            why = f"its process exited ({code})"
+            try:
+                await self.restart(instance.serial, why, lost=True)
+            except DeviceError as exc:  # it would not start again: the ladder has it
+                if self._host is not None:
+                    self._host.broken(instance.serial, f"{why}; {exc}")
 
     # -- resets and restarts ---------------------------------------------------------------------
 
@@ -277,8 +284,10 @@ class Emulators:
         return fresh
 
     async def restart(self, serial: str, why: str, *, lost: bool = False) -> str:
-        """Start the instance afresh (one restart at a time: a second call waits for the
-        first); `lost`: its process died, so its task is stopped first. What was done."""
+        """Start the instance afresh, once (one restart at a time: a second call waits for
+        the first); `lost`: its process died, so its task is stopped first. What was done;
+        DeviceLost when it did not start (the instance is then `down`, its process gone:
+        the caller hands it to the recovery ladder, whose reboot is another restart)."""
         instance = self._alive(serial)
         if instance.restarting is None or instance.restarting.done():
             instance.restarting = asyncio.create_task(self._restart(instance, why, lost))
@@ -287,19 +296,18 @@ class Emulators:
         return await asyncio.shield(instance.restarting)
 
     async def _restart(self, instance: Instance, why: str, lost: bool) -> str:
-        began, pause = time.monotonic(), 1.0
+        began = time.monotonic()
         instance.state = "restarting"
         if lost and self._host is not None:
             await self._host.lost(instance.serial, why)
-        while True:
+        await self._kill(instance)
+        try:
+            await self._launch(instance)
+        except DeviceError as exc:
+            log.warning("emulator restart failed", serial=instance.serial, error=str(exc))
             await self._kill(instance)
-            try:
-                await self._launch(instance)
-                break
-            except DeviceError as exc:
-                log.warning("emulator restart failed", serial=instance.serial, error=str(exc))
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_CAP)
+            instance.state = "down"
+            raise DeviceLost(f"device lost: {instance.serial} did not start again: {exc}") from None
         instance.state = "up"
         if self._host is not None:
             await self._host.changed()

@@ -22,6 +22,7 @@ from amc.v1 import scheduler_pb2, task_pb2
 from amc_client import Farm as Client
 from control_plane.domain import Role
 from host_agent.clean_profile import Profiles
+from host_agent.recovery import FAILED, RecoverySettings
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import get, running_agent, status_is, submit
 from tests.support.emulators import AVD, EmulatorWorld
@@ -219,6 +220,63 @@ async def test_an_emulator_that_dies_during_its_reset_load_is_started_afresh_bef
     attempt = (await farm.attempts(second))[0]
     assert attempt["created_at"].timestamp() > died["at"]
     assert len(world.read_events("started")) == 2
+
+
+async def test_an_emulator_whose_reset_load_fails_is_started_afresh_and_its_clean_passes(
+    farm: Farm, world: EmulatorWorld
+) -> None:
+    """THEN an instance whose snapshot load fails (KO) between leases is killed and started
+    afresh within its clean, which passes (its step says both), and the next task runs."""
+    client = await farm.client()
+    async with running(farm, world):
+        await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
+        world.set_fault(FIRST, {"load_fails": "snapshot file is corrupt"})
+        first = await submit(client, actions_spec(tap()))
+        await status_is(farm, first, "done", within=20)
+        await eventually(lambda: world.read_events("killed"), timeout=20, what="the kill")
+        world.set_fault(FIRST, None)
+        second = await submit(client, actions_spec(tap()))
+        await status_is(farm, second, "done", within=40)
+    reasons = await cleaning_events(farm, FIRST)
+    failed_load = [r for r in reasons if "snapshot file is corrupt" in r]
+    assert failed_load and "started afresh" in failed_load[0], reasons
+    assert len(world.read_events("started")) == 2
+
+
+async def test_an_emulator_that_will_not_start_again_after_a_failed_load_is_quarantined(
+    farm: Farm, world: EmulatorWorld
+) -> None:
+    """THEN when the instance whose load failed will not start again either, its clean
+    fails and the recovery ladder takes it (its reboot step one more start, which fails):
+    the control plane records it quarantined for an operator, and a task that waits for
+    an emulator gets no lease on it."""
+    client = await farm.client()
+    ladder = RecoverySettings(backoff=0.1, boot_timeout=10.0)
+    async with running(farm, world, recovery=ladder):
+        await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
+        broken = {"load_fails": "snapshot file is corrupt", "boot_fails": "cannot open disk"}
+        world.set_fault(FIRST, broken)
+        first = await submit(client, actions_spec(tap()))
+        await status_is(farm, first, "done", within=20)
+        await eventually(lambda: waits_for_operator(farm, FIRST), timeout=60, what="the ladder")
+        second = await submit(client, actions_spec(tap()), selector=_selector())
+        await eventually(lambda: _pending(client, second), timeout=20, what="its pending reason")
+        assert not await farm.attempts(second)
+    row = await device_row(farm, FIRST)
+    assert row["condition"] == "quarantined" and row["condition_reason"] == FAILED
+    reasons = await cleaning_events(farm, FIRST)
+    assert any("did not start again" in r and "cannot open disk" in r for r in reasons), reasons
+    assert len(world.read_events("started")) == 1
+
+
+async def waits_for_operator(farm: Farm, serial: str) -> bool:
+    row = await device_row(farm, serial)
+    return row is not None and row["condition_reason"] == FAILED
+
+
+async def _pending(client: Any, task_id: str) -> bool:
+    task = await get(client, task_id)
+    return task.status == task_pb2.TASK_STATUS_QUEUED and bool(task.pending_reason)
 
 
 async def test_a_pool_grows_when_tasks_wait_for_it_and_shrinks_to_its_minimum_when_idle(

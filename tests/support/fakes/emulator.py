@@ -27,9 +27,10 @@ snapshots keep (a load puts back the snapshot's, a save keeps the phone's).
 Its own knobs, in the environment (none of them the emulator's):
     AMC_FAKE_EMULATOR_LOAD_SECONDS   how long a snapshot load takes (0.6)
     AMC_FAKE_EMULATOR_BOOT_SECONDS   from start to its registration with adb (0.2)
-    AMC_FAKE_EMULATOR_FAULTS         a JSON file read at each load: {"<console port>" or
-                                     "*": {"die_in_load": true} | {"load_fails": "why"} |
-                                     {"hang_load": true}}
+    AMC_FAKE_EMULATOR_FAULTS         a JSON file read at each load and at its start:
+                                     {"<console port>" or "*": {"die_in_load": true} |
+                                     {"load_fails": "why"} | {"hang_load": true} |
+                                     {"boot_fails": "why"} (exits 1 at its start)}
     AMC_FAKE_EMULATOR_EVENTS         a file it appends one JSON line to per event (started,
                                      registered, loaded, died, killed), with time.time()
 """
@@ -295,6 +296,8 @@ def _claim(avd: Avd, options: Options) -> None:
 async def _main(argv: list[str]) -> int:
     options = parse(argv)
     avd = Avd.find(options.avd)
+    if why := _fault(options.console).get("boot_fails"):
+        raise Refused(f"{why}")
     _claim(avd, options)
     emulator = FakeEmulator(options, avd)
     loop = asyncio.get_running_loop()
