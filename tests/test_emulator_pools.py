@@ -26,6 +26,9 @@ from host_agent.recovery import FAILED, RecoverySettings
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import get, running_agent, status_is, submit
 from tests.support.emulators import AVD, EmulatorWorld
+from tests.test_cli import Cli, amc
+
+__all__ = ["amc"]
 
 FIRST = "emulator-5600"
 EMULATOR = {"kind": "emulator"}
@@ -154,6 +157,31 @@ async def test_a_snapshot_no_host_has_is_refused_at_submit_and_nothing_is_queued
         await status_is(farm, task_id, "done", within=30)
     row = await farm.task_row(task_id)
     assert row["selector_labels"] == {"snapshot/login_screen": "yes"}
+
+
+async def test_a_spec_files_start_snapshot_is_submitted_and_an_unknown_one_refused_in_one_line(
+    amc: Cli, farm: Farm, world: EmulatorWorld, tmp_path: Path
+) -> None:
+    """THEN `amc submit` of a spec file whose `start_snapshot:` no host has is refused with
+    one line naming the field (NOT_FOUND, exit 3), one that is no snapshot name by amc
+    itself with its line (exit 2), nothing is queued, and a known one is submitted."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("start_snapshot: nope\nactions:\n  - tap: [1, 2]\n")
+    missing = await amc("submit", str(spec))
+    assert missing.code == 3
+    line = missing.assert_one_error_line()
+    assert "spec.start_snapshot: no emulator of the farm has a snapshot named nope" in line
+    spec.write_text("start_snapshot: two words\nactions:\n  - tap: [1, 2]\n")
+    bad = await amc("submit", str(spec))
+    assert bad.code == 2 and "spec.yaml:1: start_snapshot: not a snapshot name" in bad.err
+    assert farm.db is not None
+    assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 0
+    async with running(farm, world):
+        await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
+        spec.write_text("start_snapshot: login_screen\nactions:\n  - tap: [1, 2]\n")
+        task = await amc.submit(str(spec))
+        assert task["spec"]["start_snapshot"] == "login_screen"
+        await status_is(farm, task["task_id"], "done", within=30)
 
 
 async def test_an_emulator_whose_process_dies_gives_its_task_back_and_starts_afresh(
