@@ -20,8 +20,10 @@ import pytest
 
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_client import Farm as Client
+from amc_testing.emulators import install_double, make_avd
 from control_plane.domain import Role
 from host_agent.clean_profile import Profiles
+from host_agent.flags import parse
 from host_agent.recovery import FAILED, RecoverySettings
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import get, running_agent, status_is, submit
@@ -328,3 +330,41 @@ async def test_a_pool_grows_when_tasks_wait_for_it_and_shrinks_to_its_minimum_wh
 
 def _selector() -> task_pb2.DeviceSelector:
     return task_pb2.DeviceSelector(labels={"kind": "emulator", "avd": AVD})
+
+
+def test_the_emulator_flag_reads_its_pool_against_the_avd_and_refuses_one_larger_than_the_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """THEN `host-agent --emulator AVD@SNAPSHOT:MIN:MAX` gives a pool read against the AVD
+    on disk (its API level and snapshots), and pools that could outgrow the host at their
+    maximum, or name a snapshot the AVD lacks, stop the agent with one line (exit 2)."""
+    make_avd(tmp_path / "avd", AVD, snapshots=("default_boot", "login_screen"))
+    install_double(tmp_path / "bin")
+    env = {
+        "AMC_TOKEN": "t",
+        "ANDROID_AVD_HOME": str(tmp_path / "avd"),
+        "PATH": str(tmp_path / "bin"),
+    }
+    flags = ["--emulator", f"{AVD}@login_screen:1:3", "--emulator-budget", "0.01,1MB"]
+    config = parse(flags, env=env)
+    assert config.emulators is not None
+    (pool,) = config.emulators.pools
+    assert (pool.name, pool.avd, pool.snapshot, pool.low, pool.high, pool.api) == (
+        f"{AVD}@login_screen",
+        AVD,
+        "login_screen",
+        1,
+        3,
+        34,
+    )
+    assert config.emulators.binary == tmp_path / "bin" / "emulator"
+    for argv, says in (
+        (["--emulator", f"{AVD}:1:100000"], "this host has"),
+        (["--emulator", f"{AVD}@nope:1:2"], f"AVD {AVD} has no snapshot nope"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            parse(argv, env=env)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("host-agent: error: --emulator: "), err
+        assert says in err
