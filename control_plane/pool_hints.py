@@ -1,7 +1,7 @@
 """The emulator pools of the hosts whose renewal streams this replica holds, and how many
 queued tasks wait for each: told to each host on its stream (RenewLeasesResponse.wanted)
-when a count changes, so that its pools grow toward their maximum (host_agent.
-emulator_pool).
+when a count changes, so that its pools grow toward their maximum (the host agent's
+emulator_pool module).
 
 A pool's count is, over the queue's groups as last counted (GetQueue's figures,
 queue_group_stats: control_plane.queue_stats), the tasks of the groups whose selector its
