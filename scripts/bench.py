@@ -20,6 +20,11 @@ chose, about how long it takes) and runs, in this order:
  11 screen     live screens of --screen-phones simulated phones: frames captured with
                nobody watching, frames/s to one viewer, click-to-frame latency through a
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
+ 13 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
+               (a host agent's --emulator pool; snapshot load --episodes-load s): each
+               session from the pool's snapshot, 20 taps, closed, for --episodes-seconds:
+               episodes/hour/emulator beside the ideal, lease-to-first-action, AMC's own
+               part of each reset between leases (the reset less the load)
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
@@ -82,6 +87,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lib import (
     ceiling,
     deep,
+    episodes,
     fleet,
     flood,
     latency,
@@ -198,6 +204,9 @@ class Run:
             if "screen" in a.only:
                 async with self.workload("screen"):
                     await self.screens()
+            if "episodes" in a.only:
+                async with self.workload("episodes"):
+                    await self.episodes()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
                     self.stop_amc()
@@ -346,6 +355,13 @@ class Run:
             a.screen_phones, a.screen_seconds, a.screen_idle_seconds, a.screen_clicks
         )
         self.results["screen"] = await screen.run(st, opts, say)
+
+    async def episodes(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = episodes.Options(a.episodes_emulators, a.episodes_seconds, a.episodes_load)
+        self.results["episodes"] = await episodes.run(st, opts, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -516,7 +532,16 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{key} failed: {message[:300]}")
     ok = not errors and all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session", "screen")
+        for key in (
+            "lifecycle",
+            "lifecycle_single",
+            "fleet",
+            "deep",
+            "flood",
+            "session",
+            "screen",
+            "episodes",
+        )
     )
     return 0 if ok else 1
 

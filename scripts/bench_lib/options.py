@@ -24,6 +24,7 @@ WORKLOADS = (
     "cancel",
     "session",
     "screen",
+    "episodes",
     "fleet",
     "deep",
     "flood",
@@ -167,6 +168,15 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     )
     p.add_argument("--screen-clicks", type=int, default=50, help="screen: taps timed to a frame")
     p.add_argument(
+        "--episodes-emulators", type=int, default=20, help="episodes: emulator doubles in the pool"
+    )
+    p.add_argument(
+        "--episodes-seconds", type=float, default=60.0, help="episodes: the measured window"
+    )
+    p.add_argument(
+        "--episodes-load", type=float, default=0.6, help="episodes: a snapshot load's seconds"
+    )
+    p.add_argument(
         "--plans-history",
         type=int,
         default=1_000_000,
@@ -210,6 +220,7 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         args.session_sizes, args.session_seconds, args.session_starts = "1,10", 2.0, 5
         args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
         args.screen_clicks = 5
+        args.episodes_emulators, args.episodes_seconds = 4, 5.0
         args.plans_history, args.plans_hosts = 5000, 200
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
@@ -276,6 +287,10 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         seconds = a.screen_idle_seconds + 2 * a.screen_seconds + a.screen_clicks * 0.3 + 8
         out.append(("screen", f"{a.screen_phones} phones, {a.screen_seconds:g} s windows",
                     seconds))  # fmt: skip
+    if "episodes" in only:
+        seconds = a.episodes_seconds + 15 + a.episodes_emulators * 0.5
+        out.append(("episodes", f"{a.episodes_emulators} emulator doubles, sessions of 20"
+                    f" taps for {a.episodes_seconds:g} s", seconds))  # fmt: skip
     if "fleet" in only:
         runs = [f"{n:,}" for n in a.fleet_hosts]
         seconds = sum(_fleet_run(a, n, True) for n in a.fleet_hosts)

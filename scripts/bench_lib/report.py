@@ -82,6 +82,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("10 session", lambda: _session_rows(results.get("session"), results.get("latency"))),
         ("11 screen", lambda: _screen_rows(results.get("screen"))),
         ("12 plans", lambda: _plans_rows(results.get("plans"))),
+        ("13 episodes", lambda: _episodes_rows(results.get("episodes"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:
@@ -879,3 +880,42 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
     part = path.with_name(path.name + ".part")
     part.write_text(json.dumps(document, indent=2, default=str) + "\n")
     os.replace(part, path)
+
+
+def _episodes_rows(ep: dict[str, Any] | None) -> list[Row]:
+    """Issue 38's targets for emulator pools: episodes near the ideal, a warm start under a
+    second, AMC's own part of a reset under 100 / 300 ms."""
+    if not ep:
+        return []
+    n, load = ep["emulators"], ep["load_seconds"]
+    first, overhead = ep["lease_to_first_action_ms"], ep["reset_overhead_ms"]
+    return [
+        Row(
+            "13 episodes",
+            f"{n} emulators (load {load:g} s): episodes/hour/emulator (ideal)",
+            f"{_num(ep['episodes_per_hour_per_emulator'])}"
+            f" ({_num(ep['ideal_per_hour_per_emulator'])}, {ep['efficiency']:.0%};"
+            f" n={ep['episodes']})",
+            ">= 95 % of the ideal",
+            ep["efficiency"] >= 0.95,
+        ),
+        Row(
+            "13 episodes",
+            "  lease -> first action answered, ms",
+            pcts(first),
+            "p50 <= 1000",
+            first["p50"] <= 1000 if first.get("n") else None,
+        ),
+        Row(
+            "13 episodes",
+            "  session opened -> first action (waits for a reset), ms",
+            pcts(ep["open_to_first_action_ms"]),
+        ),
+        Row(
+            "13 episodes",
+            "  AMC's part of a reset (lease end -> ready, less the load), ms",
+            pcts(overhead),
+            "p50 <= 100, p99 <= 300",
+            _at_most(overhead, 100, 300),
+        ),
+    ]
