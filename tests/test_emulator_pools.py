@@ -46,9 +46,10 @@ async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 
 
 def running(farm: Farm, world: EmulatorWorld, **given: Any) -> Any:
-    """The agent with the world's pool (one instance by default), cleaning on (an
-    emulator's clean is its snapshot load)."""
-    pool = given.pop("pool", world.pool())
+    """The agent with the world's pool (one instance, and no more, by default: a task that
+    waits while it restarts would grow a larger pool), cleaning on (an emulator's clean is
+    its snapshot load)."""
+    pool = given.pop("pool", world.pool(1, 1))
     source = world.source(world.settings(pool, **given.pop("emulators", {})))
     return running_agent(farm, source, clean_profile=Profiles(), probe_interval=0.5, **given)
 
