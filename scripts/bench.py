@@ -20,6 +20,9 @@ chose, about how long it takes) and runs, in this order:
  11 screen     live screens of --screen-phones simulated phones: frames captured with
                nobody watching, frames/s to one viewer, click-to-frame latency through a
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
+ 14 install    a --install-mb MB APK onto --install-phones simulated phones of
+               --install-hosts hosts at once: bytes the control plane sent (the APK's size
+               times the hosts, never the phones), each install's time
  13 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
                (a host agent's --emulator pool; snapshot load --episodes-load s): each
                session from the pool's snapshot, 20 taps, closed, for --episodes-seconds:
@@ -90,6 +93,7 @@ from bench_lib import (
     episodes,
     fleet,
     flood,
+    install,
     latency,
     lifecycle,
     options,
@@ -207,6 +211,9 @@ class Run:
             if "episodes" in a.only:
                 async with self.workload("episodes"):
                     await self.episodes()
+            if "install" in a.only:
+                async with self.workload("install"):
+                    await self.install()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
                     self.stop_amc()
@@ -362,6 +369,13 @@ class Run:
             await st.start_control_plane()
         opts = episodes.Options(a.episodes_emulators, a.episodes_seconds, a.episodes_load)
         self.results["episodes"] = await episodes.run(st, opts, say)
+
+    async def install(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = install.Options(a.install_mb, a.install_phones, a.install_hosts)
+        self.results["install"] = await install.run(st, opts, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -541,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             "session",
             "screen",
             "episodes",
+            "install",
         )
     )
     return 0 if ok else 1

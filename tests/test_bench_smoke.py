@@ -388,3 +388,22 @@ def test_episodes_targets_are_judged_as_issue_38_sets_them() -> None:
     episodes["reset_overhead_ms"] = {"n": 0}
     rows = [r for r in report.rows({"episodes": episodes}) if r.workload == "13 episodes"]
     assert rows[-1].met is None and rows[-1].value == "-"
+
+
+def test_install_is_judged_by_the_bytes_sent_per_host_not_per_phone() -> None:
+    """THEN the install row is met when the control plane sent the APK once per host, not
+    when it sent it more often, and the second when every phone installed it."""
+    install = {
+        "apk_bytes": 50 << 20,
+        "phones": 100,
+        "hosts": 5,
+        "sent_bytes": 5 * (50 << 20),
+        "sent_times_apk": 5.0,
+        "install_ms": {"n": 100, "p50": 900.0, "p99": 2000.0, "max": 2100.0},
+        "installed": 100,
+    }
+    rows = [r for r in report.rows({"install": install}) if r.workload == "14 install"]
+    assert [r.met for r in rows] == [True, True]
+    install |= {"sent_bytes": 6 * (50 << 20), "sent_times_apk": 6.0, "installed": 99}
+    rows = [r for r in report.rows({"install": install}) if r.workload == "14 install"]
+    assert [r.met for r in rows] == [False, False]

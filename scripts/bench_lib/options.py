@@ -25,6 +25,7 @@ WORKLOADS = (
     "session",
     "screen",
     "episodes",
+    "install",
     "fleet",
     "deep",
     "flood",
@@ -176,6 +177,9 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     p.add_argument(
         "--episodes-load", type=float, default=0.6, help="episodes: a snapshot load's seconds"
     )
+    p.add_argument("--install-mb", type=int, default=50, help="install: the APK's size, MB")
+    p.add_argument("--install-phones", type=int, default=100, help="install: phones")
+    p.add_argument("--install-hosts", type=int, default=5, help="install: hosts they are on")
     p.add_argument(
         "--plans-history",
         type=int,
@@ -221,6 +225,7 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
         args.screen_clicks = 5
         args.episodes_emulators, args.episodes_seconds = 4, 5.0
+        args.install_mb, args.install_phones, args.install_hosts = 5, 10, 2
         args.plans_history, args.plans_hosts = 5000, 200
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
@@ -287,10 +292,7 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         seconds = a.screen_idle_seconds + 2 * a.screen_seconds + a.screen_clicks * 0.3 + 8
         out.append(("screen", f"{a.screen_phones} phones, {a.screen_seconds:g} s windows",
                     seconds))  # fmt: skip
-    if "episodes" in only:
-        seconds = a.episodes_seconds + 15 + a.episodes_emulators * 0.5
-        out.append(("episodes", f"{a.episodes_emulators} emulator doubles, sessions of 20"
-                    f" taps for {a.episodes_seconds:g} s", seconds))  # fmt: skip
+    out += _farm_state_plans(a, only)
     if "fleet" in only:
         runs = [f"{n:,}" for n in a.fleet_hosts]
         seconds = sum(_fleet_run(a, n, True) for n in a.fleet_hosts)
@@ -318,6 +320,20 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         out.append(("renewal", "again, after every other workload", renewal))
     if "peer" in only and not a.no_peer:
         out.append(("peer", f"pgqueuer, {a.peer_jobs:,} jobs x {a.reps}", 20 + 25 * a.reps))
+    return out
+
+
+def _farm_state_plans(a: argparse.Namespace, only: set[str]) -> list[tuple[str, str, float]]:
+    """The plan's lines for the workloads of a phone's state: emulator pools, installs."""
+    out: list[tuple[str, str, float]] = []
+    if "episodes" in only:
+        seconds = a.episodes_seconds + 15 + a.episodes_emulators * 0.5
+        out.append(("episodes", f"{a.episodes_emulators} emulator doubles, sessions of 20"
+                    f" taps for {a.episodes_seconds:g} s", seconds))  # fmt: skip
+    if "install" in only:
+        seconds = 20 + a.install_phones * a.install_mb / 100
+        out.append(("install", f"a {a.install_mb} MB APK onto {a.install_phones} phones of"
+                    f" {a.install_hosts} hosts", seconds))  # fmt: skip
     return out
 
 

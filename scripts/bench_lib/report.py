@@ -83,6 +83,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("11 screen", lambda: _screen_rows(results.get("screen"))),
         ("12 plans", lambda: _plans_rows(results.get("plans"))),
         ("13 episodes", lambda: _episodes_rows(results.get("episodes"))),
+        ("14 install", lambda: _install_rows(results.get("install"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:
@@ -917,5 +918,29 @@ def _episodes_rows(ep: dict[str, Any] | None) -> list[Row]:
             pcts(overhead),
             "p50 <= 100, p99 <= 300",
             _at_most(overhead, 100, 300),
+        ),
+    ]
+
+
+def _install_rows(ins: dict[str, Any] | None) -> list[Row]:
+    """Issue 38: one APK onto many phones moves over the network once per host."""
+    if not ins:
+        return []
+    mb, phones, hosts = ins["apk_bytes"] / (1 << 20), ins["phones"], ins["hosts"]
+    times = ins["sent_times_apk"]
+    return [
+        Row(
+            "14 install",
+            f"a {mb:.0f} MB APK onto {phones} phones of {hosts} hosts: sent by the control plane",
+            f"{ins['sent_bytes'] / (1 << 20):,.0f} MB = {times:.2f}x the APK",
+            f"{hosts}x, never {phones}x",
+            round(times, 2) == hosts,
+        ),
+        Row(
+            "14 install",
+            "  each install, lease -> done, ms",
+            pcts(ins["install_ms"]),
+            f"{ins['installed']} of {phones} installed",
+            ins["installed"] == phones,
         ),
     ]
