@@ -26,7 +26,7 @@ from host_agent.clean_profile import Profiles
 from host_agent.flags import parse
 from host_agent.recovery import FAILED, RecoverySettings
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
-from tests.support.agent import get, running_agent, status_is, submit
+from tests.support.agent import cancel, get, running_agent, status_is, submit
 from tests.support.emulators import AVD, EmulatorWorld
 from tests.test_cli import Cli, amc
 
@@ -319,12 +319,14 @@ async def test_a_pool_grows_when_tasks_wait_for_it_and_shrinks_to_its_minimum_wh
     client = await farm.client()
     async with running(farm, world, pool=world.pool(1, 2), emulators={"idle": 1.0}):
         await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
-        tasks = [await submit(client, actions_spec(wait_action(3)), selector=_selector())]
-        tasks.append(await submit(client, actions_spec(wait_action(3)), selector=_selector()))
-        for task_id in tasks:
-            await status_is(farm, task_id, "done", within=60)
+        tasks = [await submit(client, actions_spec(wait_action(60)), selector=_selector())]
+        await status_is(farm, tasks[0], "dispatched", within=20)
+        tasks.append(await submit(client, actions_spec(wait_action(60)), selector=_selector()))
+        await status_is(farm, tasks[1], "dispatched", within=60)  # on the new instance
         holders = {(await farm.attempts(t))[0]["device_serial"] for t in tasks}
         assert len(holders) == 2
+        for task_id in tasks:
+            await cancel(client, task_id)
         await eventually(lambda: world.read_events("killed"), timeout=30, what="a shrink")
     assert len(world.read_events("started")) == 2
 
