@@ -67,16 +67,19 @@ class PhoneLender:
         *,
         client: str = "",
         apps: Sequence[task_pb2.InstallApp] = (),
+        start_snapshot: str = "",
     ) -> tuple[Phone, bool]:
         """The open session's phone, or a new session's (an ended one is let go), with
-        `apps` installed first; True when this call opened it."""
+        `apps` installed first (from the emulator snapshot `start_snapshot`, if set); True
+        when this call opened it."""
         async with self._turn:
             if self._phone is not None and self._phone.end is None:
                 return self._phone, False
             if self._phone is not None:
                 await self._phone.close()  # ended already: its end is read, nothing sent
             self._phone = None
-            return await self._open(labels, serial, queue_timeout, client, apps), True
+            opened = await self._open(labels, serial, queue_timeout, client, apps, start_snapshot)
+            return opened, True
 
     async def current(self, client: str = "") -> Phone:
         """The phone to act on: the open session's (perhaps ended, which its next action
@@ -95,6 +98,7 @@ class PhoneLender:
         queue_timeout: float | None,
         client: str,
         apps: Sequence[task_pb2.InstallApp] = (),
+        start_snapshot: str = "",
     ) -> Phone:
         chosen = dict(labels or {}) if labels or serial else self.labels
         metadata = {"control": CONTROL}
@@ -108,6 +112,7 @@ class PhoneLender:
             metadata=metadata,
             on_wait=_refuse_unmatched,
             apps=apps,
+            start_snapshot=start_snapshot,
         )
         self._opened = True
         return self._phone

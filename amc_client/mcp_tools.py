@@ -139,9 +139,17 @@ def _session_tools(server: MCPServer, lender: PhoneLender) -> None:
         grant_permissions: Annotated[
             bool, Field(description="Grant those apps every runtime permission they ask for.")
         ] = False,
+        start_snapshot: Annotated[
+            str,
+            Field(
+                description="An emulator snapshot to start from (an emulator of the farm "
+                "that has it, reset to it before the first action)."
+            ),
+        ] = "",
     ) -> str:
         """Get a phone of one's own (a session) for the actions that follow: with these
-        labels or this serial, else the server's defaults, with these apps installed first.
+        labels or this serial, else the server's defaults, with these apps installed first
+        (and from this emulator snapshot: one no emulator has is refused at once).
         Waits for a free phone at most `queue_timeout` seconds (installing the apps takes
         longer); a phone no registered device could be is refused at once, with the
         reason, and so is an app the library does not have. A session still open is kept
@@ -152,7 +160,12 @@ def _session_tools(server: MCPServer, lender: PhoneLender) -> None:
                 for a in apps or ()
             ]
             phone, opened = await lender.open(
-                labels, serial, queue_timeout, client=client_name(ctx), apps=actions.apps(wanted)
+                labels,
+                serial,
+                queue_timeout,
+                client=client_name(ctx),
+                apps=actions.apps(wanted),
+                start_snapshot=start_snapshot,
             )
         if not opened:
             return f"session {phone.task_id} is open already on phone {phone.serial}"
