@@ -20,14 +20,17 @@ chose, about how long it takes) and runs, in this order:
  11 screen     live screens of --screen-phones simulated phones: frames captured with
                nobody watching, frames/s to one viewer, click-to-frame latency through a
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
- 14 install    a --install-mb MB APK onto --install-phones simulated phones of
-               --install-hosts hosts at once: bytes the control plane sent (the APK's size
-               times the hosts, never the phones), each install's time
- 13 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
+ 13 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
+               round trips through it beside the same straight to the phone on the same
+               adb server, and a push of --adb-push-mb MB on each path
+ 14 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
                (a host agent's --emulator pool; snapshot load --episodes-load s): each
                session from the pool's snapshot, 20 taps, closed, for --episodes-seconds:
                episodes/hour/emulator beside the ideal, lease-to-first-action, AMC's own
                part of each reset between leases (the reset less the load)
+ 15 install    a --install-mb MB APK onto --install-phones simulated phones of
+               --install-hosts hosts at once: bytes the control plane sent (the APK's size
+               times the hosts, never the phones), each install's time
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
@@ -88,6 +91,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lib import (
+    adb_door,
     ceiling,
     deep,
     episodes,
@@ -211,6 +215,9 @@ class Run:
             if "screen" in a.only:
                 async with self.workload("screen"):
                     await self.screens()
+            if "adb" in a.only:
+                async with self.workload("adb"):
+                    await self.adb_doors()
             if "episodes" in a.only:
                 async with self.workload("episodes"):
                     await self.episodes()
@@ -365,6 +372,13 @@ class Run:
             a.screen_phones, a.screen_seconds, a.screen_idle_seconds, a.screen_clicks
         )
         self.results["screen"] = await screen.run(st, opts, say)
+
+    async def adb_doors(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
+        self.results["adb"] = await adb_door.run(st, opts, say)
 
     async def episodes(self) -> None:
         a, st = self.args, self.stack
@@ -557,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             "flood",
             "session",
             "screen",
+            "adb",
             "episodes",
             "install",
         )

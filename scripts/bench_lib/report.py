@@ -82,8 +82,9 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("10 session", lambda: _session_rows(results.get("session"), results.get("latency"))),
         ("11 screen", lambda: _screen_rows(results.get("screen"))),
         ("12 plans", lambda: _plans_rows(results.get("plans"))),
-        ("13 episodes", lambda: _episodes_rows(results.get("episodes"))),
-        ("14 install", lambda: _install_rows(results.get("install"))),
+        ("13 adb door", lambda: _adb_rows(results.get("adb"))),
+        ("14 episodes", lambda: _episodes_rows(results.get("episodes"))),
+        ("15 install", lambda: _install_rows(results.get("install"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:
@@ -130,6 +131,12 @@ def _plans_rows(pl: dict[str, Any] | None) -> list[Row]:
     ]
     out += [Row("12 plans", "  problem", p[:200]) for p in problems[:20]]
     return out
+
+
+def _adb_rows(adb: dict[str, Any] | None) -> list[Row]:
+    from bench_lib import adb_door  # which builds its rows from this module's
+
+    return adb_door.rows(adb)
 
 
 def _screen_rows(sc: dict[str, Any] | None) -> list[Row]:
@@ -892,7 +899,7 @@ def _episodes_rows(ep: dict[str, Any] | None) -> list[Row]:
     first, overhead = ep["lease_to_first_action_ms"], ep["reset_overhead_ms"]
     return [
         Row(
-            "13 episodes",
+            "14 episodes",
             f"{n} emulators (load {load:g} s): episodes/hour/emulator (ideal)",
             f"{_num(ep['episodes_per_hour_per_emulator'])}"
             f" ({_num(ep['ideal_per_hour_per_emulator'])}, {ep['efficiency']:.0%};"
@@ -901,19 +908,19 @@ def _episodes_rows(ep: dict[str, Any] | None) -> list[Row]:
             ep["efficiency"] >= 0.95,
         ),
         Row(
-            "13 episodes",
+            "14 episodes",
             "  lease -> first action answered, ms",
             pcts(first),
             "p50 <= 1000",
             first["p50"] <= 1000 if first.get("n") else None,
         ),
         Row(
-            "13 episodes",
+            "14 episodes",
             "  session opened -> first action (waits for a reset), ms",
             pcts(ep["open_to_first_action_ms"]),
         ),
         Row(
-            "13 episodes",
+            "14 episodes",
             "  AMC's part of a reset (lease end -> ready, less the load), ms",
             pcts(overhead),
             "p50 <= 100, p99 <= 300",
@@ -930,14 +937,14 @@ def _install_rows(ins: dict[str, Any] | None) -> list[Row]:
     times = ins["sent_times_apk"]
     return [
         Row(
-            "14 install",
+            "15 install",
             f"a {mb:.0f} MB APK onto {phones} phones of {hosts} hosts: sent by the control plane",
             f"{ins['sent_bytes'] / (1 << 20):,.0f} MB = {times:.2f}x the APK",
             f"{hosts}x, never {phones}x",
             round(times, 2) == hosts,
         ),
         Row(
-            "14 install",
+            "15 install",
             "  each install, lease -> done, ms",
             pcts(ins["install_ms"]),
             f"{ins['installed']} of {phones} installed",
