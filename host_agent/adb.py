@@ -40,7 +40,6 @@ from host_agent.devices import (
     DeviceError,
     DeviceLost,
     InputPath,
-    OwnPhones,
     ShellResult,
     VideoFps,
 )
@@ -318,7 +317,7 @@ class AdbDevice:
         return DeviceError(f"{self.serial}: connection dropped during `{command}`")
 
 
-class AdbSource(OwnPhones):
+class AdbSource:
     """The phones an adb server (default: the local one on 5037) knows about."""
 
     def __init__(

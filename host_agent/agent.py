@@ -55,7 +55,7 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
 from amc_common.systemd import Notifier
-from host_agent import metrics
+from host_agent import devices, metrics
 from host_agent.app_cache import AppCache
 from host_agent.config import AgentSettings, app_cache_dir
 from host_agent.device_life import DeviceLife, Stage
@@ -177,7 +177,7 @@ class Agent:
             on_screen=self.screens.want,
             channel=self._channel,
             may_move=self.screens.closed,
-            pools=self._source.pools(),
+            pools=devices.pools(self._source),
         )
         cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
         self._tools = Tools(
@@ -199,7 +199,7 @@ class Agent:
                     group.create_task(self.health.run(self._registration.online), name="probes"),
                     group.create_task(self._watchdog_loop(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
-                    group.create_task(self._source.pools().run(self.life), name="pools"),
+                    group.create_task(devices.pools(self._source).run(self.life), name="pools"),
                 ]
                 await self._offering.run(
                     self._idle_serials,

@@ -9,9 +9,10 @@ cleaned by shell commands (host_agent.cleaning.ShellCleaner: uninstall, clear, f
 settings, reboot); an emulator the host runs (host_agent.emulator) by loading its
 snapshot, a step of its own, without a branch anywhere else (host_agent.device_life runs
 whatever steps it is given, times them, reports them and quarantines a phone whose clean
-fails). Likewise `prepare` (before a lease's first action: an emulator loads the snapshot
-the task starts from) and `pools` (the phones the host starts and stops itself: an
-emulator pool; `NO_POOLS` for a source whose phones come and go by themselves).
+fails). Likewise a source's optional `prepare` (before a lease's first action: an emulator
+loads the snapshot the task starts from) and `pools` (the phones the host starts and stops
+itself: an emulator pool), asked through this module's `prepare` and `pools`, which stand
+in for a source without them (a phone over adb, a simulated one).
 
 Errors::
 
@@ -267,27 +268,24 @@ class DeviceSource(Protocol):
         baseline in `baselines`."""
         ...
 
-    async def prepare(self, serial: str, snapshot: str) -> str:
-        """Before a lease's first action: the phone brought to `snapshot` (the task's
-        start_snapshot; "" for none); what was done ("" nothing). CommandFailed for a phone
-        that has no snapshots, DeviceLost for one that could not be brought there."""
-        ...
-
-    def pools(self) -> Pools:
-        """The phones this source starts and stops itself (NO_POOLS: none)."""
-        ...
-
     async def close(self) -> None: ...
 
 
-class OwnPhones:
-    """`prepare` and `pools` of a source whose phones come and go by themselves (a phone
-    over adb, a simulated one): none has snapshots, the host runs none of them."""
+async def prepare(source: DeviceSource, serial: str, snapshot: str) -> str:
+    """Before a lease's first action: the phone brought to `snapshot` (the task's
+    start_snapshot; "" for none) by its source's `prepare`, if it has one (an emulator's);
+    what was done ("" nothing). CommandFailed for a phone that has no snapshots, DeviceLost
+    for one that could not be brought there."""
+    own: Callable[[str, str], Awaitable[str]] | None = getattr(source, "prepare", None)
+    if own is not None:
+        return await own(serial, snapshot)
+    if snapshot:
+        raise CommandFailed(f"cannot start from snapshot {snapshot!r}: not an emulator")
+    return ""
 
-    async def prepare(self, serial: str, snapshot: str) -> str:
-        if snapshot:
-            raise CommandFailed(f"cannot start from snapshot {snapshot!r}: not an emulator")
-        return ""
 
-    def pools(self) -> Pools:
-        return NO_POOLS
+def pools(source: DeviceSource) -> Pools:
+    """The phones `source` starts and stops itself (its `pools()`, if it has one; else
+    NO_POOLS: its phones come and go by themselves)."""
+    own: Callable[[], Pools] | None = getattr(source, "pools", None)
+    return own() if own is not None else NO_POOLS

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from host_agent import devices
 from host_agent.adb import AdbSource
 from host_agent.baselines import Baselines
 from host_agent.clean_profile import CleanProfile
@@ -79,7 +80,7 @@ class EmulatorSource:
     async def prepare(self, serial: str, snapshot: str) -> str:
         """The task's start snapshot loaded, unless the instance is fresh from it."""
         if self.emulators.instance(serial) is None:
-            return await self._adb.prepare(serial, snapshot)
+            return await devices.prepare(self._adb, serial, snapshot)
         fresh = self.emulators.begin_lease(serial)
         if not snapshot or snapshot == fresh:
             return f"fresh from {snapshot}" if snapshot else ""

@@ -45,7 +45,6 @@ from host_agent.devices import (
     CommandFailed,
     DeviceLost,
     DeviceTimeout,
-    OwnPhones,
     ShellResult,
     VideoFps,
     VideoStream,
@@ -70,7 +69,7 @@ if TYPE_CHECKING:
 __all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource"]
 
 
-class SimulatedSource(OwnPhones):
+class SimulatedSource:
     def __init__(
         self,
         count: int,

@@ -22,7 +22,7 @@ import structlog
 
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
-from host_agent import artifact_upload, recording
+from host_agent import artifact_upload, devices, recording
 from host_agent.adb_door import door_served
 from host_agent.config import AgentSettings
 from host_agent.devices import Device, DeviceError, DeviceLost, DeviceSource
@@ -251,7 +251,9 @@ class Worker:
         source's `prepare`) before the first action; a failure ends the run (a phone that
         could not be brought there is given back as lost)."""
         try:
-            done = await self._tools.source.prepare(self.assignment.device_serial, snapshot)
+            done = await devices.prepare(
+                self._tools.source, self.assignment.device_serial, snapshot
+            )
         except DeviceError as exc:
             error = f"start snapshot {snapshot}: {exc}"
             return RunResult(Outcome.FAILED, error, (), device_lost=isinstance(exc, DeviceLost))
