@@ -113,8 +113,8 @@ def http_options(
         raise ValueError("--http-cert and --http-key go together")
     if not loopback(host) and not cert_file:
         raise ValueError(
-            f"--http: serving beyond this machine ({host}) needs --http-cert and --http-key:"
-            " bearer tokens must not cross a network in clear"
+            f"--http: serving beyond this machine ({host}) needs --http-cert and --http-key"
+            " (agents' tokens must not cross a network in clear)"
         )
     return HttpOptions((host, port), allowed, cert_file, key_file, reconnect_grace)
 

@@ -62,9 +62,10 @@ async def phones_text(
     farm: Farm, labels: Mapping[str, str] | None = None, mine: Collection[str] = ()
 ) -> str:
     """The farm's phones with `labels` (those gone from their host left out): a line
-    counting them by state, then one line each, `serial  model=M  busy: task ID  k=v,…`,
-    free ones first. `mine`: the asking agent's sessions. Listing hosts takes an operator
-    token; a client's is told so in the answer."""
+        counting them by state, then one line each, `serial  busy: task ID  k=v,…` (the labels
+    a selector matches: model, sdk, abi… and the farm's own),
+        free ones first. `mine`: the asking agent's sessions. Listing hosts takes an operator
+        token; a client's is told so in the answer."""
     try:
         hosts = (await farm.scheduler.ListHosts(scheduler_pb2.ListHostsRequest())).hosts
     except grpc.aio.AioRpcError as exc:
@@ -83,7 +84,7 @@ async def phones_text(
             counts[state] += 1
             tags = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
             said = f"{state}: {why}" if why else state
-            rows.append((order[state], f"{d.serial}  model={d.model}  {said}  {tags}".rstrip()))
+            rows.append((order[state], f"{d.serial}  {said}  {tags}".rstrip()))
     if not rows:
         return "no phone is registered" + (" with those labels" if labels else "")
     rows.sort(key=lambda r: r[0])

@@ -173,7 +173,8 @@ def _listening(http: HttpOptions) -> socket.socket:
     try:
         return mcp_http.listen_on(host, port)
     except OSError as exc:
-        raise SystemExit(f"amc mcp: cannot listen on {host}:{port}: {exc.strerror}") from None
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise SystemExit(f"amc mcp: cannot listen on {host}:{port}: {why}") from None
 
 
 def run(

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import os
 import signal
+import ssl
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,22 +24,24 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import Implementation
 
-from amc.v1 import task_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm as Harness
 from tests.support.agent import cancel, get, running_agent, status_is
+from tests.support.certs import self_signed
 from tests.test_mcp_server import PNG_MAGIC, _content, _error
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.asynccontextmanager
-async def amc_mcp_http(farm: Harness, *flags: str) -> AsyncIterator[tuple[str, Any]]:
+async def amc_mcp_http(
+    farm: Harness, *flags: str, listen: str = "127.0.0.1:0"
+) -> AsyncIterator[tuple[str, Any]]:
     """`amc mcp --http 127.0.0.1:0` as a process: the URL it says it serves at, and the
     process (stopped with SIGTERM at the end, which must exit 0)."""
-    command = ["-m", "amc_cli", "mcp", "--http", "127.0.0.1:0", "--label", "model=Simulated"]
+    command = ["-m", "amc_cli", "mcp", "--http", listen, "--label", "model=Simulated"]
     env = {**os.environ, "AMC_ADDR": farm.address}
     env.pop("AMC_TOKEN", None)
     server = await asyncio.create_subprocess_exec(
@@ -55,7 +58,7 @@ async def amc_mcp_http(farm: Harness, *flags: str) -> AsyncIterator[tuple[str, A
     try:
         async with asyncio.timeout(30):
             first = (await server.stderr.readline()).decode()
-        assert first.startswith("amc mcp: serving MCP at http://127.0.0.1:"), first
+        assert first.startswith("amc mcp: serving MCP at http"), first
         yield first.split()[-1], server
     finally:
         if server.returncode is None:
@@ -66,11 +69,12 @@ async def amc_mcp_http(farm: Harness, *flags: str) -> AsyncIterator[tuple[str, A
 
 @contextlib.asynccontextmanager
 async def agent(
-    url: str, token: str, name: str = "agent", mode: str = "legacy"
+    url: str, token: str, name: str = "agent", mode: str = "legacy", verify: Any = True
 ) -> AsyncIterator[Client]:
     """The SDK's client over streamable HTTP with `token` as its bearer token; `legacy`:
     the initialize handshake and its own MCP session (what most agents speak today)."""
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    headers = {"Authorization": f"Bearer {token}"}
+    http = httpx2.AsyncClient(headers=headers, timeout=60, verify=verify)
     info = Implementation(name=name, version="1.0")
     async with (
         http,
@@ -373,3 +377,25 @@ async def test_a_sessionless_client_keeps_its_sessions_by_its_token(farm: Harnes
         assert said.endswith("session ended: cancelled: test; open_session to get a phone again")
         (closed,) = _content(await mcp.call_tool("close_session", {}))
         assert closed.text == f"session {task_id} cancelled: test (1 actions)"
+
+
+async def test_beyond_loopback_the_server_serves_https_only(farm: Harness, tmp_path: Path) -> None:
+    """THEN `--http 0.0.0.0:0` with a certificate serves HTTPS (an agent trusting it opens
+    a session and taps), and a plain HTTP request gets no answer."""
+    cert, key = self_signed(tmp_path)
+    token = await farm.token(Role.CLIENT)
+    trust = ssl.create_default_context(cafile=str(cert))
+    flags = ("--http-cert", str(cert), "--http-key", str(key))
+    async with (
+        running_agent(farm, SimulatedSource(1, delay=0.01)),
+        amc_mcp_http(farm, *flags, listen="0.0.0.0:0") as (url, _),
+    ):
+        assert url.startswith("https://0.0.0.0:"), url
+        url = url.replace("0.0.0.0", "127.0.0.1")
+        async with agent(url, token, verify=trust) as mcp:
+            _content(await mcp.call_tool("open_session", {}))
+            assert _content(await mcp.call_tool("tap", {"x": 1, "y": 2}))[0].text == "tap 1,2: ok"
+            _content(await mcp.call_tool("close_session", {}))
+        async with httpx2.AsyncClient(timeout=10) as http:
+            with pytest.raises(httpx2.HTTPError):
+                await http.post(url.replace("https:", "http:"), json=INITIALIZE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -333,7 +334,7 @@ async def test_amc_mcp_serves_an_agent_over_stdio_listing_phones_and_driving_one
                 await asyncio.sleep(0.05)
             count, line = phones.text.splitlines()
             assert count == "1 phone: 1 free"
-            assert line.startswith("sim-0  model=Simulated  free  "), line
+            assert line.startswith("sim-0  free  abi="), line
             (opened,) = _content(await session.call_tool("open_session", {}))
             assert opened.text.startswith("session ") and opened.text.endswith("on phone sim-0")
             task_id = opened.text.split()[1]
@@ -470,13 +471,58 @@ async def test_a_crashed_client_abandons_its_session(farm: Harness, tmp_path: Pa
             ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--queue-timeout", "500ms"],
             "amc: error: --queue-timeout: '500ms' is out of range (1s to 30d)",
         ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--http", "0.0.0.0:8765"],
+            "amc: error: --http: serving beyond this machine (0.0.0.0) needs --http-cert and"
+            " --http-key (agents' tokens must not cross a network in clear)",
+        ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--allow-origin", "http://a:1"],
+            "amc: error: --allow-origin goes with --http",
+        ),
+        (
+            ["-m", "amc_client.mcp_server", "--address", "127.0.0.1:1", "--http", "1:99999"],
+            "amc-mcp: error: --http: expected [HOST:]PORT with PORT 0 to 65535, got '1:99999'"
+            " (see --help)",
+        ),
+        (
+            [
+                *("-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--http", "8765"),
+                *("--allow-origin", "localhost:6274"),
+            ],
+            "amc: error: --allow-origin: expected an origin such as http://localhost:6274, got"
+            " 'localhost:6274'",
+        ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--sessions-per-client", "0"],
+            "amc: error: --sessions-per-client: expected a number from 1 to 100, got '0'",
+        ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--reconnect-grace", "0s"],
+            "amc: error: --reconnect-grace: '0s' must be above 0 (e.g. 15s, 1m30s, 1h)",
+        ),
     ],
-    ids=["label", "nan", "too-long", "amc-nan", "amc-zero", "amc-too-short"],
+    ids=[
+        "label",
+        "nan",
+        "too-long",
+        "amc-nan",
+        "amc-zero",
+        "amc-too-short",
+        "http-beyond-loopback-in-clear",
+        "origin-without-http",
+        "http-bad-port",
+        "origin-not-an-origin",
+        "no-sessions",
+        "no-grace",
+    ],
 )
 def test_a_bad_flag_is_refused_in_one_line_naming_it(command: list[str], said: str) -> None:
-    """THEN the server's command line (and `amc mcp`'s) refuses a label without `=` and an
-    idle timeout that is not a duration from 1s to 1h with one line naming the flag (in the
-    duration grammar's words, as every program's), exit 2, and serves nothing."""
+    """THEN the server's command line (and `amc mcp`'s) refuses a label without `=`, an
+    idle timeout that is not a duration from 1s to 1h (in the duration grammar's words, as
+    every program's), HTTP beyond loopback without TLS, a port or an origin that is none,
+    HTTP's flags without --http, and no sessions, with one line naming the flag, exit 2,
+    and serves nothing."""
     done = subprocess.run(
         [sys.executable, *command], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
@@ -498,3 +544,19 @@ def test_the_compact_ui_tree_keeps_what_can_be_acted_on_with_its_centre() -> Non
         '    desc="Next" Button clickable @(200,350)',
     ]
     assert compact_ui("not xml") == "not xml"
+
+
+def test_a_port_in_use_is_said_in_one_line(tmp_path: Path) -> None:
+    """THEN `amc mcp --http` on a port another program holds exits 1 saying so in one line,
+    before it reaches for the farm."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--http", str(port)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+    said = f"amc mcp: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert (done.returncode, done.stderr, done.stdout) == (1, said, "")
