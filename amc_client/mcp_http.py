@@ -273,9 +273,20 @@ class _Server(uvicorn.Server):
 
 
 def listen_on(host: str, port: int) -> socket.socket:
-    """The listening socket (OSError, e.g. the port in use, for the caller to say)."""
+    """The listening socket (OSError, e.g. the port in use, for the caller to say). Made as
+    a TCP socket by name (IPPROTO_TCP): asyncio sets TCP_NODELAY only on connections whose
+    socket says so, and without it a response's header and body wait on each other's
+    acknowledgement (Nagle's algorithm against delayed ACKs: 40 ms an answer)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=1024)
+    listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((host, port))
+        listening.listen(1024)
+    except OSError:
+        listening.close()
+        raise
+    return listening
 
 
 async def serve(
@@ -293,6 +304,10 @@ async def serve(
     saying where on stderr once it serves; then every session still open ends abandoned."""
     host, port = listening.getsockname()[:2]
     server.streamable_http_app(
+        # Each call is answered with its result as JSON, not an event stream: no tool sends
+        # anything before its result, and the SDK's client keeps its connection for the
+        # next call only then (it opens one per call for an event stream).
+        json_response=True,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         session_idle_timeout=idle_timeout,
         host=host,

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import Implementation
 
+from amc_client.mcp_http import listen_on
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
@@ -206,7 +208,8 @@ async def test_the_door_refuses_a_request_without_its_due_and_opens_nothing(
         origin = {"Authorization": f"Bearer {client}", "Origin": "http://localhost:6274"}
         answered = await post(origin)
         assert answered.status_code == 200, answered.text
-        assert "serverInfo" in answered.text
+        assert answered.headers["content-type"] == "application/json"  # not an event stream
+        assert "serverInfo" in answered.json()["result"]
     assert farm.db is not None
     assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 0
 
@@ -399,3 +402,23 @@ async def test_beyond_loopback_the_server_serves_https_only(farm: Harness, tmp_p
         async with httpx2.AsyncClient(timeout=10) as http:
             with pytest.raises(httpx2.HTTPError):
                 await http.post(url.replace("https:", "http:"), json=INITIALIZE)
+
+
+async def test_connections_to_the_server_send_at_once() -> None:
+    """THEN a connection the server accepts has TCP_NODELAY: an answer's header and body are
+    not held back for each other's acknowledgement (Nagle's algorithm against delayed
+    ACKs made every answer wait 40 ms)."""
+    accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    listening = listen_on("127.0.0.1", 0)
+    server = await asyncio.start_server(connected, sock=listening)
+    async with server:
+        _, writer = await asyncio.open_connection(*listening.getsockname()[:2])
+        async with asyncio.timeout(10):
+            assert await accepted != 0
+        writer.close()
