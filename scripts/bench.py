@@ -35,6 +35,10 @@ as separate processes (simulated devices), then runs, in this order:
                nobody watching, frames/s to one viewer, click-to-frame latency through a
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
                (issue 24)
+ 12 mcp        --mcp-clients MCP clients (in --mcp-processes processes) on one `amc mcp
+               --http`, each its own session on its own simulated phone, --mcp-actions taps
+               each ~--mcp-think s apart: answers lost or crossed, round trip beside the
+               client library's, CPU per tap (issue 39)
 
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
@@ -70,6 +74,7 @@ from bench_lib import (
     flood,
     latency,
     lifecycle,
+    mcp_agents,
     peer,
     pgstats,
     profiling,
@@ -96,6 +101,7 @@ WORKLOADS = (
     "flood",
     "session",
     "screen",
+    "mcp",
 )
 DRAIN_AGENTS = 4
 DRAIN_DEVICES = 25
@@ -213,6 +219,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--screen-idle-seconds", type=float, default=10.0, help="screen: nobody watching for"
     )
     p.add_argument("--screen-clicks", type=int, default=50, help="screen: taps timed to a frame")
+    p.add_argument("--mcp-clients", type=int, default=100, help="mcp: MCP clients (and phones)")
+    p.add_argument("--mcp-actions", type=int, default=20, help="mcp: taps of each client")
+    p.add_argument("--mcp-think", type=float, default=0.5, help="mcp: mean s between taps")
+    p.add_argument("--mcp-processes", type=int, default=4, help="mcp: processes of agents")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -242,6 +252,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.session_sizes, args.session_seconds, args.session_starts = "1,10", 2.0, 5
         args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
         args.screen_clicks = 5
+        args.mcp_clients, args.mcp_actions, args.mcp_think, args.mcp_processes = 10, 5, 0.2, 2
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
     args.only = {w.strip() for w in args.only.split(",") if w.strip()}
@@ -303,6 +314,8 @@ class Run:
                 await self.sessions()
             if "screen" in self.args.only:
                 await self.screens()
+            if "mcp" in self.args.only:
+                await self.mcp()
             if "fleet" in self.args.only:
                 await self.fleet()
             if "deep" in self.args.only:
@@ -391,6 +404,14 @@ class Run:
         )
         async with self.phase("screen"):
             self.results["screen"] = await screen.run(st, options, say)
+
+    async def mcp(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        options = mcp_agents.Options(a.mcp_clients, a.mcp_actions, a.mcp_think, a.mcp_processes)
+        async with self.phase("mcp"):
+            self.results["mcp"] = await mcp_agents.run(st, options, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -554,7 +575,7 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     doc = asyncio.run(Run(args).main())
-    rows = report.rows(doc["results"])
+    rows = report.rows(doc["results"]) + mcp_agents.rows(doc["results"].get("mcp"))
     doc["table"] = [r.__dict__ for r in rows]
     doc["table_markdown"] = report.markdown(rows)
     report.write_json(args.out, doc)
@@ -562,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{doc['duration_s']:.0f}s {doc['phases_s']}; results in {args.out}")
     ok = all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session", "screen")
+        for key in (
+            *("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session", "screen"),
+            "mcp",
+        )
     )
     return 0 if ok else 1
 
