@@ -1,7 +1,8 @@
 """What list_phones says: the farm's phones (Scheduler.ListHosts), one a line, each free,
 busy (whose: the agent's own session, or another task), held (why: cordoned, its host
 draining or cordoned, its health: charging, too hot, unresponsive, booting, recovering,
-quarantined, low on storage) or offline (why), under a line that counts them."""
+quarantined, low on storage, being cleaned) or offline (why), under a line that counts
+them."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ HELD = {
     scheduler_pb2.DEVICE_CONDITION_QUARANTINED: "quarantined until an operator looks",
     scheduler_pb2.DEVICE_CONDITION_OFFLINE: "not reachable by adb",
     scheduler_pb2.DEVICE_CONDITION_LOW_STORAGE: "low on storage",
+    scheduler_pb2.DEVICE_CONDITION_CLEANING: "being cleaned after its last lease",
 }
 OPERATORS_ONLY = (
     "listing phones needs an operator's token; open_session with labels instead (it says"

@@ -214,8 +214,16 @@ RETENTION_BATCH = Histogram(
 )
 # What retention deletes: finished tasks with their attempts, events and artifacts; hosts
 # with their devices.
-RETENTION_KINDS = ("tasks", "attempts", "task_events", "artifacts", "hosts", "devices")
-RETENTION_BATCHES = ("tasks", "hosts")
+RETENTION_KINDS = (
+    "tasks",
+    "attempts",
+    "task_events",
+    "artifacts",
+    "hosts",
+    "devices",
+    "cleaning_events",
+)
+RETENTION_BATCHES = ("tasks", "hosts", "cleaning_events")
 
 ARTIFACT_UPLOADS = Counter(
     "amc_artifact_uploads_total",

@@ -22,6 +22,9 @@ from pathlib import Path
 
 from host_agent import adb_files
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
+from host_agent.baselines import Baselines
+from host_agent.clean_profile import CleanProfile
+from host_agent.cleaning import ShellCleaner
 from host_agent.devices import (
     AttachedDevice,
     CommandFailed,
@@ -307,6 +310,10 @@ class AdbSource:
         async with guard(serial, "reboot", self._call_timeout):
             async with device_session(self._client, serial) as phone:
                 await phone.request("reboot:")
+
+    def cleaner(self, serial: str, profile: CleanProfile, baselines: Baselines) -> ShellCleaner:
+        """A phone over adb is cleaned by shell commands (host_agent.cleaning)."""
+        return ShellCleaner(self.device(serial), profile, baselines, self.reboot_device)
 
     async def close(self) -> None:
         """Nothing to release: every call opens and closes its own connection."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from host_agent.clean_profile import Profiles
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
 
@@ -55,6 +56,10 @@ class AgentSettings:
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
+    # How phones are cleaned between leases (host_agent.clean_profile), and the file that
+    # keeps their baselines across restarts (None: memory only; host_agent.baselines).
+    clean_profile: Profiles = field(default_factory=Profiles)
+    clean_baselines: Path | None = None
     # The app library's files (APKs, files to push) kept on this host (host_agent.app_cache):
     # where (None: app_cache_dir()'s default) and how many bytes at most.
     app_cache_dir: Path | None = None

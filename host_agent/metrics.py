@@ -82,6 +82,13 @@ RECOVERIES = Counter(
     "Recovery ladders run, by result: recovered (back in service) or failed (left quarantined)",
     ["result"],
 )
+CLEAN_SECONDS = Histogram(
+    "amc_agent_clean_seconds",
+    "How long each clean between leases took, by result: passed, or failed (the phone was"
+    " quarantined)",
+    ["result"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
 PROBE_SECONDS = Histogram(
     "amc_agent_probe_seconds",
     "How long a health probe's responsiveness round trip took",
@@ -99,6 +106,7 @@ DEVICE_ERROR_KINDS = (
     "DeviceTimeout",
     "SourceUnreachable",
     "CommandFailed",
+    "CleanFailed",
     "UnsupportedText",
 )
 CANCEL_VIAS = ("push", "renewal")
@@ -177,6 +185,8 @@ def create_series() -> None:
         CONDITIONS.labels(condition)
     for result in ("recovered", "failed"):
         RECOVERIES.labels(result)
+    for result in ("passed", "failed"):
+        CLEAN_SECONDS.labels(result)
     for result in LIBRARY_RESULTS:
         LIBRARY_FILES.labels(result)
 

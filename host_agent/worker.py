@@ -83,10 +83,15 @@ class Tools:
 class Worker:
     """Runs one assignment under its lease; `run()` once."""
 
-    def __init__(self, tools: Tools, assignment: HeldAssignment, lease: HeldLease) -> None:
+    def __init__(
+        self, tools: Tools, assignment: HeldAssignment, lease: HeldLease, *, cleans: bool = False
+    ) -> None:
         self._tools = tools
         self.assignment = assignment
         self.lease = lease
+        # The host cleans the phone after the lease: its report or release says so, and the
+        # control plane marks the device `cleaning` as the lease ends (host_agent.device_life).
+        self._cleans = cleans
         self._log = log.bind(host_id=tools.settings.host_id)
         # time.monotonic() when the run must have ended (the task's deadline), if it has one.
         self._run_ends: float | None = None
@@ -155,7 +160,13 @@ class Worker:
             result = await artifact_upload.upload_kept(
                 self._tools.stub, result, self.lease, budget, late
             )
-        request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
+        request = report_request(
+            result,
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            cleans=self._cleans,
+        )
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
         delivery = await final.run(self._tools.results.report(request, policy))
         return self._finished(Ending.REPORTED, result, delivery)
@@ -258,7 +269,12 @@ class Worker:
     async def _release(self, why: str, *, device_lost: bool = False) -> Delivery[Any]:
         policy = RetryPolicy(total=self._tools.settings.release_timeout)
         return await release_lease(
-            self._tools.stub, self.lease.lease_id, f"host: {why}", policy, device_lost=device_lost
+            self._tools.stub,
+            self.lease.lease_id,
+            f"host: {why}",
+            policy,
+            device_lost=device_lost,
+            cleans=self._cleans,
         )
 
     def _finished(

@@ -12,7 +12,7 @@ pytest.importorskip("mcp")
 
 from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2
 from amc_client import Farm
-from amc_client.mcp_phones import use
+from amc_client.mcp_phones import HELD, READY, use
 from amc_client.mcp_server import ClientSessions, Defaults
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
@@ -74,8 +74,8 @@ async def test_list_phones_says_which_are_free_busy_held_or_offline_and_why(
 
 
 def test_a_phone_held_by_its_health_or_its_host_says_why() -> None:
-    """THEN a phone charging says so with its host's reason, one too hot or quarantined
-    says so, a phone of a draining or cordoned host is held by it, an unauthorized one is
+    """THEN a phone charging says so with its host's reason, one too hot, being cleaned or
+    quarantined says so, a phone of a draining or cordoned host is held by it, an unauthorized one is
     offline; busy comes before held (a running session goes on)."""
     host = C.Host(host_id="h1", connected=True)
     ready = C.Device(serial="s", state=C.DEVICE_STATE_DEVICE)
@@ -90,6 +90,8 @@ def test_a_phone_held_by_its_health_or_its_host_says_why() -> None:
     charging = device(condition=C.DEVICE_CONDITION_CHARGING_HOLD, condition_reason="battery 9%")
     assert use(host, charging) == ("held", "charging (battery low) (battery 9%)")
     assert use(host, device(condition=C.DEVICE_CONDITION_TOO_HOT)) == ("held", "too hot")
+    cleaning = device(condition=C.DEVICE_CONDITION_CLEANING)
+    assert use(host, cleaning) == ("held", "being cleaned after its last lease")
     assert use(host, device(condition=C.DEVICE_CONDITION_QUARANTINED))[1].startswith("quarantined")
     draining = C.Host(host_id="h1", connected=True, draining=True, cordoned=True)
     assert use(draining, ready) == ("held", "its host h1 is draining")
@@ -99,6 +101,8 @@ def test_a_phone_held_by_its_health_or_its_host_says_why() -> None:
     )
     unauthorized = device(state=C.DEVICE_STATE_UNAUTHORIZED)
     assert use(host, unauthorized) == ("offline", "not authorized for adb on its host")
+    every = set(C.DeviceCondition.values()) - set(READY)
+    assert every == set(HELD), "each condition a phone is held in has its words"
     busy = device(task_id="t1", cordoned=True)
     assert use(host, busy, mine={"t1"}) == ("busy", "your session t1")
     assert use(host, device()) == ("free", "")

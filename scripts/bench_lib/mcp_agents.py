@@ -1,4 +1,4 @@
-"""The `mcp` workload (issue 39): many AI agents on one MCP server. One host agent with
+"""The `mcp` workload: many AI agents on one MCP server. One host agent with
 --mcp-clients simulated phones (actions answer at once), one `amc mcp --http` process, and
 as many agents, spread over --mcp-processes processes of their own (as agents are), each
 opening a session on a phone of its own and then tapping --mcp-actions times, pausing a
@@ -44,7 +44,7 @@ from bench_lib.stats import summarize
 
 HOST = "mcp-host"
 POOL = "mcp"
-WORKLOAD = "12 mcp"
+WORKLOAD = "13 mcp"
 # The most p50 the MCP server may add to an action, ms.
 TARGET_MS = 5.0
 STEP_PATIENCE = 600.0

@@ -72,6 +72,12 @@ def _pixel(png: bytes, x: int, y: int) -> tuple[int, ...]:
     return tuple(row[1 + 3 * x : 4 + 3 * x])
 
 
+def _phone(serial: str) -> task_pb2.DeviceSelector:
+    """That phone of this workload's host: other agents' simulated phones have the same
+    serials (the other workloads' agents may still run beside it)."""
+    return task_pb2.DeviceSelector(serial=serial, labels={"pool": POOL})
+
+
 def _watch(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> Any:
     return stub.WatchScreen(
         scheduler_pb2.WatchScreenRequest(host_id=HOST, serial=serial, max_fps=30)
@@ -129,9 +135,7 @@ async def _session(stub: scheduler_pb2_grpc.SchedulerStub) -> Any:
     call: Any = stub.OpenSession()
     await call.write(
         scheduler_pb2.OpenSessionRequest(
-            open=scheduler_pb2.SessionOpen(
-                selector=task_pb2.DeviceSelector(serial="sim-0"), idle_timeout=_seconds(120)
-            )
+            open=scheduler_pb2.SessionOpen(selector=_phone("sim-0"), idle_timeout=_seconds(120))
         )
     )
     while True:
@@ -227,9 +231,7 @@ async def _task_seconds(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> 
     wait = task_pb2.Action(wait=task_pb2.Wait(duration=_seconds(0.01)))
     spec = task_pb2.TaskSpec(actions=task_pb2.ActionList(actions=[tap, wait] * TASK_TAPS))
     task = await stub.SubmitTask(
-        scheduler_pb2.SubmitTaskRequest(
-            spec=spec, selector=task_pb2.DeviceSelector(serial=serial), max_attempts=1
-        ),
+        scheduler_pb2.SubmitTaskRequest(spec=spec, selector=_phone(serial), max_attempts=1),
         timeout=30,
     )
     started: float | None = None
