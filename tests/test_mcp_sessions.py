@@ -75,8 +75,9 @@ async def test_list_phones_says_which_are_free_busy_held_or_offline_and_why(
 
 def test_a_phone_held_by_its_health_or_its_host_says_why() -> None:
     """THEN a phone charging says so with its host's reason, one too hot, being cleaned or
-    quarantined says so, a phone of a draining or cordoned host is held by it, an unauthorized one is
-    offline; busy comes before held (a running session goes on)."""
+    quarantined says so (every condition has its words), a phone of a draining or cordoned
+    host is held by it, an unauthorized one is offline; busy comes before held (a running
+    session goes on)."""
     host = C.Host(host_id="h1", connected=True)
     ready = C.Device(serial="s", state=C.DEVICE_STATE_DEVICE)
 
