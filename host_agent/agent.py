@@ -166,6 +166,7 @@ class Agent:
             self.settings.screen_max_rate,
             self.settings.screen_linger,
             self._running.get,
+            self.settings.screen_video_max_fps,
         )
         keeper = self.keeper = LeaseKeeper(
             self._stub,

@@ -15,6 +15,7 @@ from pathlib import Path
 from host_agent.clean_profile import Profiles
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
+from host_agent.scrcpy_link import ServerJar
 
 DEFAULT_CONTROL_PLANE = "127.0.0.1:50051"
 DEFAULT_ADB = "127.0.0.1:5037"
@@ -53,6 +54,8 @@ class AgentSettings:
     screen_max_fps: int = 12
     screen_max_rate: int = 4 << 20
     screen_record_max_bytes: int = 8 << 20
+    # A phone's H.264 stream (host_agent.videocast): at most this many frames a second.
+    screen_video_max_fps: int = 30
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
@@ -89,10 +92,12 @@ class Config:
     adb_host: str = "127.0.0.1"
     adb_port: int = 5037
     adb_timeout: float = 30.0
+    # scrcpy's server for real phones' streams and input (host_agent.scrcpy_link), checked.
+    scrcpy_server: ServerJar | None = None
     simulated_devices: int = 0
     sim_delay: float = 0.2
     action_log: Path | None = None
-    # Simulated phones' faults, set from outside (SimulatedSource.follow_faults).
+    # Simulated phones' faults, set from outside (host_agent.simulated_faults).
     sim_faults: Path | None = None
     log_format: str = "auto"
     log_level: str = "INFO"

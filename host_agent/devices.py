@@ -19,6 +19,7 @@ Errors::
     ├── DeviceTimeout       a call took longer than its deadline
     ├── SourceUnreachable   the device source (the adb server) cannot be reached
     ├── CommandFailed       the device answered, but the command did not succeed
+    ├── VideoUnavailable    this phone has no H.264 stream here (its still frames serve)
     └── CleanFailed         a step of a clean between leases did not succeed
 
 DeviceLost ends a run as an infrastructure failure, not the task's: the task is given back
@@ -30,11 +31,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from host_agent.baselines import Baselines
     from host_agent.clean_profile import CleanProfile
+    from host_agent.h264 import VideoPacket
 
 
 class DeviceError(Exception):
@@ -59,6 +61,16 @@ class DeviceTimeout(DeviceError):
 
 class CommandFailed(DeviceError):
     """The command ran but failed."""
+
+
+class VideoUnavailable(DeviceError):
+    """The phone has no H.264 stream here (no scrcpy server configured or able to start,
+    no PyAV for a simulated phone): its viewers get still frames."""
+
+
+# Which way an input action reached a real phone: scrcpy's control socket ("control") or
+# the `input` command ("input"). A simulated phone says nothing.
+InputPath = Literal["control", "input"]
 
 
 class CleanFailed(DeviceError):
@@ -94,13 +106,16 @@ class Device(Protocol):
 
     async def shell(self, command: str, timeout: float) -> ShellResult: ...
 
-    async def tap(self, x: int, y: int) -> None: ...
+    # The input actions say which way they reached the phone (None: not said).
+    async def tap(self, x: int, y: int) -> InputPath | None: ...
 
-    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None: ...
+    async def swipe(
+        self, x1: int, y1: int, x2: int, y2: int, duration_ms: int
+    ) -> InputPath | None: ...
 
-    async def input_text(self, text: str) -> None: ...
+    async def input_text(self, text: str) -> InputPath | None: ...
 
-    async def key(self, keycode: int) -> None: ...
+    async def key(self, keycode: int) -> InputPath | None: ...
 
     async def launch_app(self, package: str, activity: str) -> None: ...
 
@@ -126,6 +141,26 @@ class Device(Protocol):
     async def pull(self, remote: str, limit: int, timeout: float) -> bytes:
         """`adb pull`: the file at `remote`; CommandFailed if it is over `limit` bytes."""
         ...
+
+
+class VideoStream(Protocol):
+    """A phone's screen as H.264 (`open_video` of a driver that has one)."""
+
+    async def next(self) -> VideoPacket:
+        """The next encoded frame; DeviceError when the stream broke."""
+        ...
+
+    def want_key_frame(self) -> None:
+        """Ask for a key frame soon (a viewer fell behind, a recording starts)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+# A driver with a stream also has `async open_video(fps: Callable[[], int]) -> VideoStream`
+# (`fps()`: the frame rate wanted now), which raises VideoUnavailable when this phone has
+# none; host_agent.screencast looks for it.
+VideoFps = Callable[[], int]
 
 
 # One step of a clean: runs it, and returns what it did (one line), or raises a DeviceError

@@ -45,6 +45,7 @@ from host_agent.flag_values import (
 )
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
+from host_agent.scrcpy_link import jar_flag
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -117,6 +118,10 @@ _SCREEN: list[_Option] = [
      "live screen: most bytes a second sent per phone"),
     ("--screen-record-max-bytes", "AMC_SCREEN_RECORD_MAX_BYTES", "8MB", size,
      "a task's screen recording: most bytes kept (under the control plane's artifact limit)"),
+    ("--screen-video-max-fps", "AMC_SCREEN_VIDEO_MAX_FPS", "30", count,
+     "live screen as H.264: most frames a second streamed per phone"),
+    ("--scrcpy-server", "AMC_SCRCPY_SERVER", None, jar_flag,
+     "scrcpy-server v3.3.4: real phones' H.264 and input through it (unset: screencap)"),
 ]
 _LOGS: list[_Option] = [
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
@@ -285,8 +290,9 @@ def _check_positive(args: argparse.Namespace) -> None:
     for name in names:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    if not 1 <= args.screen_max_fps <= 30:
-        raise ConfigError("--screen-max-fps must be 1 to 30")
+    for flag, most in (("screen_max_fps", 30), ("screen_video_max_fps", 60)):
+        if not 1 <= getattr(args, flag) <= most:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be 1 to {most}")
     if args.screen_max_rate <= 0:
         raise ConfigError("--screen-max-rate must be positive")
     if not args.host_id:

@@ -108,6 +108,7 @@ DEVICE_ERROR_KINDS = (
     "CommandFailed",
     "CleanFailed",
     "UnsupportedText",
+    "VideoUnavailable",
 )
 CANCEL_VIAS = ("push", "renewal")
 ARTIFACT_RESULTS = ("stored", "failed", "timeout")
@@ -141,11 +142,12 @@ SCREEN_FRAMES_JPEG = Counter(
     "amc_agent_screen_frames_jpeg_total",
     "Live-screen frames over the control plane's message size sent as JPEG instead",
 )
-SCREEN_DROP_REASONS = ("superseded", "too_large")
+SCREEN_DROP_REASONS = ("superseded", "too_large", "behind")
 SCREEN_FRAMES_DROPPED = Counter(
     "amc_agent_screen_frames_dropped_total",
-    "Live-screen frames not sent: superseded (a newer one came before it could go) or"
-    " too_large (over the control plane's message size, and no JPEG: Pillow missing)",
+    "Live-screen frames not sent: superseded (a newer one came before it could go),"
+    " too_large (over the control plane's message size, and no JPEG: Pillow missing) or"
+    " behind (a stream's frames piled up: dropped up to its next key frame)",
     ["reason"],
 )
 

@@ -25,37 +25,40 @@ which a task's shell actions change and the host's clean between leases restores
 (`cleaner`: the shell cleaner, its commands taking `clean_delay` each and logged as
 `clean` actions, apart from `actions`, in `cleans`).
 
-`follow_faults(path)` (the agent's `--sim-faults`) applies faults set from outside (a
-chaos run, a demo) from a JSON file, whenever it changes: per serial, `unplugged` (true),
-`hung` ("reboot" or "reconnect": what cures it), `booting` (seconds from now),
-`temperature` (°C), `clean` ("hang": a clean's commands never answer) and `uninstall`
-("fail": `pm uninstall` fails). A phone whose entry changed gets its new entry; what the
-entry no longer says is undone (plugged, answering, booted, room temperature, cleans).
+Faults are also set from outside (a chaos run, a demo: `faults`, the agent's
+`--sim-faults`, host_agent.simulated_faults).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from host_agent import simulated_video
 from host_agent.baselines import Baselines
 from host_agent.clean_profile import CleanProfile
 from host_agent.cleaning import ShellCleaner
-from host_agent.devices import AttachedDevice, CommandFailed, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.devices import (
+    AttachedDevice,
+    CommandFailed,
+    DeviceLost,
+    DeviceTimeout,
+    ShellResult,
+    VideoFps,
+    VideoStream,
+)
 from host_agent.simulated_apps import PhoneApps
 from host_agent.simulated_body import (
     PROBE_COMMANDS,
-    ROOM_TEMPERATURE,
     SIMULATED_PROPS,
     Body,
     Physics,
     probe_answer,
     shell_answer,
 )
+from host_agent.simulated_faults import Faults
 from host_agent.simulated_log import ActionRecord, Recorder
 from host_agent.simulated_screen import PHONE_SIZE, UI_XML, LiveScreen, live_frame, screenshot_png
 from host_agent.simulated_state import PhoneState
@@ -84,11 +87,13 @@ class SimulatedSource:
         # Set when a phone is unplugged; replaced by a fresh one when it comes back.
         self._unplugged: dict[str, asyncio.Event] = {s: asyncio.Event() for s in self.serials}
         self._in_flight: dict[str, int] = dict.fromkeys(self.serials, 0)
-        # The faults last applied from outside (follow_faults), by serial.
-        self._faults: dict[str, dict[str, Any]] = {}
+        # Faults set from outside (host_agent.simulated_faults: the agent's --sim-faults).
+        self.faults = Faults(self)
         # What each phone's live frames show; how many frames were captured in all.
         self.screens: dict[str, LiveScreen] = {s: LiveScreen() for s in self.serials}
         self.captures = 0
+        # Whether the phones have an H.264 stream (host_agent.simulated_video; PyAV too).
+        self.video = True
         # The recovery ladder's steps that disturbed a phone: (serial, "reconnect" or
         # "reboot", time.time() when asked).
         self.recovery_steps: list[tuple[str, str, float]] = []
@@ -185,48 +190,6 @@ class SimulatedSource:
         if not self.is_plugged(serial):
             raise DeviceLost(f"device lost: {serial} is not attached")
         self.reboot(serial, self.boot_time)
-
-    def apply_faults(self, faults: Mapping[str, Mapping[str, Any]]) -> None:
-        """Each phone whose entry changed gets it; what its entry no longer says is undone."""
-        for serial in self.serials:
-            new, old = dict(faults.get(serial, {})), self._faults.get(serial, {})
-            if new == old:
-                continue
-            if new.get("unplugged"):
-                self.unplug(serial)
-            elif not self.is_plugged(serial):
-                self.plug(serial)
-            if new.get("hung") or old.get("hung"):
-                self.hang(serial, bool(new.get("hung")), str(new.get("hung") or "reboot"))
-            body = self.body(serial)
-            if "booting" in new:
-                body.booting_until = time.monotonic() + float(new["booting"])
-            elif "booting" in old:
-                body.booting_until = 0.0
-            if "temperature" in new:
-                body.temperature = float(new["temperature"])
-            elif "temperature" in old:
-                body.temperature = ROOM_TEMPERATURE
-            self.hang_cleans(serial, new.get("clean") == "hang")
-            self.states[serial].uninstall_fails = new.get("uninstall") == "fail"
-            self._faults[serial] = new
-
-    async def follow_faults(self, path: Path, every: float = 0.2) -> None:
-        """Apply the faults in `path` (JSON: serial -> fault) whenever the file changes."""
-        seen: tuple[int, int] | None = None
-        while True:
-            seen = self._faults_changed(path, seen)
-            await asyncio.sleep(every)
-
-    def _faults_changed(self, path: Path, seen: tuple[int, int] | None) -> tuple[int, int] | None:
-        """Apply `path` if it changed since `seen` (its mtime and size); what it is now."""
-        try:
-            stat = path.stat()
-            if (stat.st_mtime_ns, stat.st_size) != seen:
-                self.apply_faults(json.loads(path.read_text("utf-8") or "{}"))
-            return (stat.st_mtime_ns, stat.st_size)
-        except (OSError, ValueError, TypeError, AttributeError):
-            return None  # absent, or half written: read it again
 
     def booted(self, serial: str) -> bool:
         return time.monotonic() >= self.body(serial).booting_until
@@ -360,6 +323,10 @@ class SimulatedDevice:
             raise DeviceTimeout(f"{self.serial}: screencap: no answer")
         source.captures += 1
         return live_frame(self.serial, source.screens[self.serial])
+
+    async def open_video(self, fps: VideoFps) -> VideoStream:
+        """Its live frames as H.264 (host_agent.simulated_video), drawn at `fps()`."""
+        return simulated_video.open_stream(self._source, self.serial, fps)
 
     async def _act(self, action: str, **args: Any) -> None:
         started_monotonic, started_wall = time.monotonic(), time.time()

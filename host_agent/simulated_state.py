@@ -15,7 +15,7 @@ real APK is PhoneApps' to install, from its manifest), `settings get|put NAMESPA
 (run in turn until one fails). `/storage/emulated/0` is `/sdcard`, as on a phone. The
 other commands go to PhoneApps (`pm path`, an APK's `pm install`, …).
 
-A fault (SimulatedSource.apply_faults' `uninstall: "fail"`) makes every `pm uninstall`
+A fault (host_agent.simulated_faults' `uninstall: "fail"`) makes every `pm uninstall`
 answer `Failure [DELETE_FAILED_INTERNAL_ERROR]`.
 """
 
