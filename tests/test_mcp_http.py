@@ -31,10 +31,14 @@ from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm as Harness
 from tests.support.agent import cancel, get, running_agent, status_is
+from tests.support.apks import OLD, ApkFile, apk_cache, old_apk
 from tests.support.certs import self_signed
+from tests.support.library import library, upload_app
 from tests.test_mcp_server import PNG_MAGIC, _content, _error
 
 ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["apk_cache", "old_apk"]
 
 
 @contextlib.asynccontextmanager
@@ -356,6 +360,44 @@ async def test_parallel_calls_on_two_sessions_of_one_client_each_get_their_own_a
         said = _error(await mcp.call_tool("tap", {"x": 1, "y": 1, "session": ids[0]}))
         assert said.endswith(f"session {ids[0]} is over: session {ids[0]} done (10 actions)")
         _content(await mcp.call_tool("close_session", {}))
+
+
+async def test_an_agent_installs_an_app_of_the_library_and_is_told_its_lease_was_lost(
+    farm: Harness, old_apk: ApkFile, tmp_path: Path
+) -> None:
+    """THEN over HTTP, open_session with an app of the farm's library answers once it is
+    on the phone, install_app installs it again mid-session (an app the library lacks is
+    a tool error, the session going on); once the session's lease expires under it, its
+    action in flight and every later one are tool errors saying the lease was lost, and
+    no other session is opened behind the agent's back."""
+    await upload_app(library(farm, await farm.token(Role.CLIENT)), old_apk.data)
+    token = await farm.token(Role.CLIENT)
+    async with (
+        running_agent(farm, SimulatedSource(2, delay=0.01), app_cache_dir=tmp_path),
+        amc_mcp_http(farm) as (url, _),
+        agent(url, token) as mcp,
+        asyncio.timeout(90),
+    ):
+        (opened,) = _content(await mcp.call_tool("open_session", {"apps": [OLD.package]}))
+        assert opened.text.endswith(f", {OLD.package} installed"), opened.text
+        task_id = opened.text.split()[1]
+        installed = await mcp.call_tool("install_app", {"app": OLD.sha256})
+        assert _content(installed)[0].text.startswith(f"install {OLD.sha256}: ok\ninstalled")
+        assert _meta(installed)["amc/step"] == 1
+        said = _error(await mcp.call_tool("install_app", {"app": "com.example.none"}))
+        assert "install com.example.none failed: " in said, said
+        (attempt,) = await farm.attempts(task_id)
+        await farm.expire_now(str(attempt["lease_id"]))
+        waiting = {"text": "never on the screen", "timeout": 45}
+        for tool, arguments in (("wait_for", waiting), ("tap", {"x": 1, "y": 1})):
+            said = _error(await mcp.call_tool(tool, arguments))
+            assert "session ended: failed: lease lost: " in said, said
+            assert said.endswith("open_session to get a phone again"), said
+    await status_is(farm, task_id, "failed")
+    assert farm.db is not None
+    assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 1
+    ended = await get(await farm.client(), task_id)
+    assert ended.result.error.startswith("lease lost: "), ended.result.error
 
 
 async def test_a_sessionless_client_keeps_its_sessions_by_its_token(farm: Harness) -> None:
