@@ -20,7 +20,10 @@ chose, about how long it takes) and runs, in this order:
  11 screen     live screens of --screen-phones simulated phones: frames captured with
                nobody watching, frames/s to one viewer, click-to-frame latency through a
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
- 13 mcp        --mcp-clients MCP clients (in --mcp-processes processes) on one `amc mcp
+ 13 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
+               round trips through it beside the same straight to the phone on the same
+               adb server, and a push of --adb-push-mb MB on each path
+ 14 mcp        --mcp-clients MCP clients (in --mcp-processes processes) on one `amc mcp
                --http`, each its own session on its own simulated phone, --mcp-actions taps
                each ~--mcp-think s apart: answers lost or crossed, round trip beside the
                client library's, CPU per tap
@@ -84,6 +87,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lib import (
+    adb_door,
     ceiling,
     deep,
     fleet,
@@ -206,6 +210,9 @@ class Run:
             if "screen" in a.only:
                 async with self.workload("screen"):
                     await self.screens()
+            if "adb" in a.only:
+                async with self.workload("adb"):
+                    await self.adb_doors()
             if "mcp" in a.only:
                 async with self.workload("mcp"):
                     await self.mcp()
@@ -358,6 +365,12 @@ class Run:
         )
         self.results["screen"] = await screen.run(st, opts, say)
 
+    async def adb_doors(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
+        self.results["adb"] = await adb_door.run(st, opts, say)
     async def mcp(self) -> None:
         a, st = self.args, self.stack
         if st.control_plane is None:
@@ -535,7 +548,14 @@ def main(argv: list[str] | None = None) -> int:
     ok = not errors and all(
         doc["results"].get(key, {}).get("verified", True)
         for key in (
-            *("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session", "screen"),
+            "lifecycle",
+            "lifecycle_single",
+            "fleet",
+            "deep",
+            "flood",
+            "session",
+            "screen",
+            "adb",
             "mcp",
         )
     )

@@ -44,7 +44,7 @@ from bench_lib.stats import summarize
 
 HOST = "mcp-host"
 POOL = "mcp"
-WORKLOAD = "13 mcp"
+WORKLOAD = "14 mcp"
 # The most p50 the MCP server may add to an action, ms.
 TARGET_MS = 5.0
 STEP_PATIENCE = 600.0
