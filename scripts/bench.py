@@ -371,6 +371,7 @@ class Run:
             await st.start_control_plane()
         opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
         self.results["adb"] = await adb_door.run(st, opts, say)
+
     async def mcp(self) -> None:
         a, st = self.args, self.stack
         if st.control_plane is None:

@@ -286,14 +286,7 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         seconds = a.screen_idle_seconds + 2 * a.screen_seconds + a.screen_clicks * 0.3 + 8
         out.append(("screen", f"{a.screen_phones} phones, {a.screen_seconds:g} s windows",
                     seconds))  # fmt: skip
-    if "adb" in only:
-        seconds = 15 + a.adb_shells * 2 * 0.03 + a.adb_push_mb * 4 / 50
-        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
-                    seconds))  # fmt: skip
-    if "mcp" in only:
-        seconds = 2 * (a.mcp_clients / 10 + a.mcp_actions * a.mcp_think * 1.5) + 15
-        out.append(("mcp", f"{a.mcp_clients} MCP clients x {a.mcp_actions} taps, and through"
-                    " the client library", seconds))  # fmt: skip
+    out.extend(_doors(a))
     if "fleet" in only:
         runs = [f"{n:,}" for n in a.fleet_hosts]
         seconds = sum(_fleet_run(a, n, True) for n in a.fleet_hosts)
@@ -321,6 +314,20 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         out.append(("renewal", "again, after every other workload", renewal))
     if "peer" in only and not a.no_peer:
         out.append(("peer", f"pgqueuer, {a.peer_jobs:,} jobs x {a.reps}", 20 + 25 * a.reps))
+    return out
+
+
+def _doors(a: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """The plan's steps for the doors onto a leased phone: adb, then MCP."""
+    out: list[tuple[str, str, float]] = []
+    if "adb" in a.only:
+        seconds = 15 + a.adb_shells * 2 * 0.03 + a.adb_push_mb * 4 / 50
+        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
+                    seconds))  # fmt: skip
+    if "mcp" in a.only:
+        seconds = 2 * (a.mcp_clients / 10 + a.mcp_actions * a.mcp_think * 1.5) + 15
+        out.append(("mcp", f"{a.mcp_clients} MCP clients x {a.mcp_actions} taps, and through"
+                    " the client library", seconds))  # fmt: skip
     return out
 
 
