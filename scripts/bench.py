@@ -23,12 +23,16 @@ chose, about how long it takes) and runs, in this order:
  13 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
                round trips through it beside the same straight to the phone on the same
                adb server, and a push of --adb-push-mb MB on each path
- 14 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
+ 14 mcp        --mcp-clients MCP clients (in --mcp-processes processes) on one `amc mcp
+               --http`, each its own session on its own simulated phone, --mcp-actions taps
+               each ~--mcp-think s apart: answers lost or crossed, round trip beside the
+               client library's, CPU per tap
+ 15 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
                (a host agent's --emulator pool; snapshot load --episodes-load s): each
                session from the pool's snapshot, 20 taps, closed, for --episodes-seconds:
                episodes/hour/emulator beside the ideal, lease-to-first-action, AMC's own
                part of each reset between leases (the reset less the load)
- 15 install    a --install-mb MB APK onto --install-phones simulated phones of
+ 16 install    a --install-mb MB APK onto --install-phones simulated phones of
                --install-hosts hosts at once: bytes the control plane sent (the APK's size
                times the hosts, never the phones), each install's time
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
@@ -100,6 +104,7 @@ from bench_lib import (
     install,
     latency,
     lifecycle,
+    mcp_agents,
     options,
     peer,
     pgstats,
@@ -218,12 +223,10 @@ class Run:
             if "adb" in a.only:
                 async with self.workload("adb"):
                     await self.adb_doors()
-            if "episodes" in a.only:
-                async with self.workload("episodes"):
-                    await self.episodes()
-            if "install" in a.only:
-                async with self.workload("install"):
-                    await self.install()
+            if "mcp" in a.only:
+                async with self.workload("mcp"):
+                    await self.mcp()
+            await self.phone_state_workloads()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
                     self.stop_amc()
@@ -379,6 +382,20 @@ class Run:
             await st.start_control_plane()
         opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
         self.results["adb"] = await adb_door.run(st, opts, say)
+
+    async def mcp(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = mcp_agents.Options(a.mcp_clients, a.mcp_actions, a.mcp_think, a.mcp_processes)
+        self.results["mcp"] = await mcp_agents.run(st, opts, say)
+
+    async def phone_state_workloads(self) -> None:
+        """The workloads of a phone's state: emulator pools, the app library's installs."""
+        for key, run in (("episodes", self.episodes), ("install", self.install)):
+            if key in self.args.only:
+                async with self.workload(key):
+                    await run()
 
     async def episodes(self) -> None:
         a, st = self.args, self.stack
@@ -572,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             "session",
             "screen",
             "adb",
+            "mcp",
             "episodes",
             "install",
         )

@@ -383,10 +383,10 @@ def test_episodes_targets_are_judged_as_issue_38_sets_them() -> None:
         "open_to_first_action_ms": summary(1500.0, 2500.0),
         "reset_overhead_ms": summary(100.0, 301.0),
     }
-    rows = [r for r in report.rows({"episodes": episodes}) if r.workload == "14 episodes"]
+    rows = [r for r in report.rows({"episodes": episodes}) if r.workload == "15 episodes"]
     assert [r.met for r in rows] == [True, True, None, False]
     episodes["reset_overhead_ms"] = {"n": 0}
-    rows = [r for r in report.rows({"episodes": episodes}) if r.workload == "14 episodes"]
+    rows = [r for r in report.rows({"episodes": episodes}) if r.workload == "15 episodes"]
     assert rows[-1].met is None and rows[-1].value == "-"
 
 
@@ -402,8 +402,8 @@ def test_install_is_judged_by_the_bytes_sent_per_host_not_per_phone() -> None:
         "install_ms": {"n": 100, "p50": 900.0, "p99": 2000.0, "max": 2100.0},
         "installed": 100,
     }
-    rows = [r for r in report.rows({"install": install}) if r.workload == "15 install"]
+    rows = [r for r in report.rows({"install": install}) if r.workload == "16 install"]
     assert [r.met for r in rows] == [True, True]
     install |= {"sent_bytes": 6 * (50 << 20), "sent_times_apk": 6.0, "installed": 99}
-    rows = [r for r in report.rows({"install": install}) if r.workload == "15 install"]
+    rows = [r for r in report.rows({"install": install}) if r.workload == "16 install"]
     assert [r.met for r in rows] == [False, False]

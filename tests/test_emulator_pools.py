@@ -20,7 +20,6 @@ import pytest
 
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_client import Farm as Client
-from amc_client.mcp_server import PhoneLender
 from amc_testing.emulators import install_double, make_avd
 from control_plane.domain import Role
 from host_agent.clean_profile import Profiles
@@ -30,8 +29,6 @@ from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import cancel, get, running_agent, status_is, submit
 from tests.support.emulators import AVD, EmulatorWorld
 from tests.test_cli import Cli, amc
-from tests.test_mcp_server import _content, _error
-from tests.test_mcp_server import agent as mcp_agent
 
 __all__ = ["amc"]
 
@@ -129,29 +126,6 @@ async def test_a_session_from_a_snapshot_starts_there_and_the_emulator_is_reset_
     reasons = await cleaning_events(farm, FIRST)
     assert all(r.startswith("snapshot (") for r in reasons), reasons
     assert not world.read_events("killed")  # reset, never restarted
-
-
-async def test_an_mcp_agent_opens_a_session_from_a_snapshot_and_an_unknown_one_is_one_line(
-    farm: Farm, world: EmulatorWorld
-) -> None:
-    """THEN the MCP tool open_session with a start_snapshot no emulator has is a one-line
-    tool error naming it, with nothing queued; with one the emulator has, the session opens
-    on it with that snapshot loaded before the first action."""
-    token = await farm.token(Role.CLIENT)
-    async with running(farm, world), Client(farm.address, token=token) as client:
-        await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
-        lender = PhoneLender(client, EMULATOR, idle_timeout=30)
-        async with mcp_agent(lender) as mcp:
-            said = _error(await mcp.call_tool("open_session", {"start_snapshot": "nope"}))
-            assert "no emulator of the farm has a snapshot named nope" in said, said
-            assert farm.db is not None
-            assert await farm.db.fetchval("SELECT count(*) FROM tasks") == 0
-            loads = len(world.read_events("loaded"))
-            opening = {"labels": EMULATOR, "start_snapshot": "login_screen"}
-            (opened,) = _content(await mcp.call_tool("open_session", opening))
-            assert FIRST in opened.text
-            assert [e["snapshot"] for e in world.read_events("loaded")][loads:] == ["login_screen"]
-            _content(await mcp.call_tool("close_session", {}))
 
 
 async def test_a_snapshot_no_host_has_is_refused_at_submit_and_nothing_is_queued(
