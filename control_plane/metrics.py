@@ -196,6 +196,11 @@ GC_PAUSE = Histogram(
     ["generation"],
     buckets=LATENCY,
 )
+POOL_WAIT = Histogram(
+    "amc_database_pool_wait_seconds",
+    "How long a statement waited for a connection of the replica's database pool",
+    buckets=LATENCY,
+)
 LOOP_LAG = Histogram(
     "amc_event_loop_lag_seconds",
     "How late the replica's event loop ran a timer, read every 0.25 s (see heap.py)",

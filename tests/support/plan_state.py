@@ -27,9 +27,11 @@ is what it says, not what autoanalyze made of it meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -73,6 +75,10 @@ class OneConnection:
 
     async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
         return await self.conn.fetchrow(query, *args)
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
+        yield self.conn
 
 
 def store_on(conn: asyncpg.Connection) -> Store:
