@@ -99,9 +99,11 @@ CREATE TABLE IF NOT EXISTS devices (
     cordoned     boolean NOT NULL DEFAULT false,
     -- Its health as its host's probes last saw it (reported only when it changes): only a
     -- 'ready' device takes work; the facts behind it are NULL until a probe reads them.
+    -- 'cleaning': its host cleans it between leases (set with the lease's end when the
+    -- host asks, amc_cleaning).
     condition    text NOT NULL DEFAULT 'ready' CHECK (condition IN
                    ('ready', 'charging_hold', 'too_hot', 'unresponsive', 'booting',
-                    'recovering', 'quarantined', 'offline', 'low_storage')),
+                    'recovering', 'quarantined', 'offline', 'low_storage', 'cleaning')),
     condition_reason    text NOT NULL DEFAULT '',
     battery_percent     integer,
     temperature_celsius real,
@@ -291,9 +293,10 @@ CREATE TABLE IF NOT EXISTS host_events (
     serial     text,
     -- recovery: the host's own, as its phone is quarantined, recovered or not (the host
     -- is the actor; set_device_health). release: an operator took a device out of
-    -- quarantine (Admin.ReleaseDevice).
+    -- quarantine (Admin.ReleaseDevice). cleaning: the host's own, a step of its clean of a
+    -- phone between leases (set_device_health).
     kind       text NOT NULL CHECK (kind IN ('cordon', 'uncordon', 'drain', 'remove',
-                                             'recovery', 'release')),
+                                             'recovery', 'release', 'cleaning')),
     actor      text NOT NULL,
     actor_name text NOT NULL DEFAULT '',
     reason     text NOT NULL DEFAULT '',
@@ -392,8 +395,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     step_index   integer NOT NULL,
     action_index integer NOT NULL,
     step_name    text NOT NULL,
-    kind         text NOT NULL CHECK (kind IN ('screenshot', 'ui_dump', 'screen_recording',
-                                              'pulled_file')),
+    kind         text NOT NULL CHECK (kind IN
+        ('screenshot', 'ui_dump', 'screen_recording', 'screen_video', 'pulled_file')),
     size_bytes   bigint NOT NULL CHECK (size_bytes >= 0),
     sha256       bytea NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),

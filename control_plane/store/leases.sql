@@ -212,11 +212,13 @@ BEGIN
 END $$;
 
 -- report: assigned/dispatched -> done | failed | cancelled, by the current attempt's live
--- lease only, from its own host (p_host NULL: auth is off, any caller).
+-- lease only, from its own host (p_host NULL: auth is off, any caller). p_cleans: the host
+-- cleans the phone before it takes work again, so the device freed is 'cleaning' (with
+-- the result, never idle and ready in between) until its host reports it again.
 -- code: recorded | repeated | different | stale | foreign | no_cancel
 CREATE OR REPLACE FUNCTION amc_report(p_host text, p_task uuid, p_attempt integer,
                                       p_lease uuid, p_outcome text, p_result bytea,
-                                      p_error text)
+                                      p_error text, p_cleans boolean DEFAULT false)
 RETURNS TABLE (code text, task tasks, att_cancel_requested_at timestamptz,
                att_cancel_delivered_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -244,7 +246,12 @@ BEGIN
         UPDATE attempts att SET state = p_outcome, outcome = p_outcome, reported_at = now(),
                                ended_at = now()
         WHERE att.lease_id = p_lease;
-        UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = p_task;
+        -- One row version for the report: freed, and cleaning when its host cleans it.
+        UPDATE devices dv SET task_id = NULL, updated_at = now(),
+            condition = CASE WHEN p_cleans THEN 'cleaning' ELSE dv.condition END,
+            condition_reason = CASE WHEN p_cleans THEN 'after task ' || p_task
+                                    ELSE dv.condition_reason END
+        WHERE dv.task_id = p_task;
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (p_task, p_attempt, 'report', t.status, p_outcome, p_error);
         PERFORM amc_offer_capped(t.fairness_key);
@@ -253,6 +260,18 @@ BEGIN
     RETURN QUERY SELECT v_code, tk, a.cancel_requested_at, a.cancel_delivered_at
                  FROM tasks tk WHERE tk.task_id = p_task;
 END $$;
+
+-- A device whose lease ended on a host that cleans it between leases: 'cleaning' after
+-- task p_task, until the host reports its condition (ReportDeviceHealth: ready once the
+-- clean passed). The condition is still only ever what the host said: it asked for this
+-- with the lease's end (ReportResultRequest.cleans, ReleaseLeaseRequest.cleans). A give-back
+-- (amc_give_back) calls it; amc_report does the same in the UPDATE that frees the device.
+CREATE OR REPLACE FUNCTION amc_cleaning(p_host text, p_serial text, p_task uuid)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE devices dv SET condition = 'cleaning', condition_reason = 'after task ' || p_task
+    WHERE dv.host_id = p_host AND dv.serial = p_serial
+$$;
 
 -- -- statements ------------------------------------------------------------------------
 
@@ -289,16 +308,18 @@ SELECT k.task_id FROM amc_keep_steps($1::uuid[], $2::integer[], $3::integer[], $
 -- task_id order (the lock order); `ord` says which result a row answers. A task that does
 -- not exist comes back with code NULL.
 -- att_started_at: when the attempt was acknowledged (or assigned), for the run-time metric;
--- read from the statement's snapshot, so as it was before the report.
+-- read from the statement's snapshot, so as it was before the report. $8: per result, its
+-- host cleans the phone next (amc_report's p_cleans).
 SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at,
        (SELECT COALESCE(a.acknowledged_at, a.created_at) FROM attempts a
         WHERE a.task_id = r.task_id AND a.attempt = r.attempt) AS att_started_at
 FROM (SELECT * FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[], $6::bytea[],
-                           $7::text[])
-          WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error, ord)
+                           $7::text[], $8::boolean[])
+          WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error, cleans,
+                                ord)
       ORDER BY u.task_id, u.ord) r
 LEFT JOIN LATERAL amc_report($1, r.task_id, r.attempt, r.lease_id, r.outcome, r.result,
-                             r.error) x ON true;
+                             r.error, r.cleans) x ON true;
 
 -- name: mark_cancel_delivered
 UPDATE attempts SET cancel_delivered_at = COALESCE(cancel_delivered_at, now())

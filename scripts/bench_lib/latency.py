@@ -254,6 +254,8 @@ def read_actions(path: Path) -> dict[str, list[dict[str, Any]]]:
         return by_serial
     for line in path.read_text().splitlines():
         record = json.loads(line)
+        if record["action"] == "clean":  # the host's clean between leases, not a task's
+            continue
         by_serial.setdefault(record["serial"], []).append(record)
     return by_serial
 
