@@ -278,3 +278,40 @@ def test_steps_past_what_a_replica_keeps_waiting_are_dropped_and_counted(
     assert (len(taken), len(waiting)) == (2, 0)
     waiting.give_back(taken)
     assert len(waiting) == 2
+
+
+async def test_a_host_moving_its_stream_loses_no_step_sent_to_the_replica_it_left(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A step answered by replica A waits in A's memory; the host's next renewal, with the
+    next step, goes to replica B (its connection moved): a watcher on B sees both, in
+    order, within the write period."""
+    settings = Settings(lease_ttl=timedelta(seconds=15))
+    async with farm_with_replicas(database_url, tmp_path, settings) as (farm, replicas):
+        first, second = replicas
+        token = await farm.token(Role.HOST, "h1")
+        on_first = HostClient("h1", _clients_at(farm, first.address, token))
+        await on_first.register("s1")
+        client = _clients_at(farm, second.address, await farm.token(Role.CLIENT))
+        spec = workflow_spec(login=[tap()], search=[wait_action(1)], pay=[tap()])
+        task = await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=spec))
+        a = await on_first.acquire_one("s1")
+        await on_first.renew(a.lease_id)
+        await renew_with(on_first, [a.lease_id], progress(a.lease_id, step(0, "login")))
+        on_second = HostClient("h1", _clients_at(farm, second.address, token))
+        on_second.seq = on_first.seq
+        answer = await renew_with(on_second, [a.lease_id], progress(a.lease_id, step(1, "search")))
+        assert answer.leases[0].result == lease_pb2.RENEWAL_RESULT_RENEWED
+
+        async def both() -> bool:
+            got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task.task_id))
+            return [s.name for s in got.progress.steps] == ["login", "search"]
+
+        await eventually(both, timeout=SHOWN_WITHIN, what="both steps on the second replica")
+        assert farm.db is not None
+        rows = await farm.db.fetch(
+            "SELECT attempt, step_index FROM attempt_steps WHERE task_id = $1::uuid"
+            " ORDER BY step_index",
+            task.task_id,
+        )
+        assert [(r["attempt"], r["step_index"]) for r in rows] == [(1, 0), (1, 1)]
