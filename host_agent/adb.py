@@ -30,6 +30,7 @@ import structlog
 
 from host_agent import adb_files
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
+from host_agent.adb_server_door import AdbServerDoor
 from host_agent.baselines import Baselines
 from host_agent.clean_profile import CleanProfile
 from host_agent.cleaning import ShellCleaner
@@ -342,6 +343,10 @@ class AdbSource:
 
     def device(self, serial: str) -> AdbDevice:
         return AdbDevice(self._client, serial, self._call_timeout, self.links)
+
+    def door(self, serial: str) -> AdbServerDoor:
+        """The phone's adb services for an adb door (host_agent.adb_door)."""
+        return AdbServerDoor(self._client, self.device(serial), self._call_timeout)
 
     async def reconnect_device(self, serial: str) -> None:
         """The recovery ladder's `adb reconnect`: the adb server drops its connection to

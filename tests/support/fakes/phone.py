@@ -10,7 +10,11 @@
 * ``uiautomator dump <path>`` (writes `ui_xml` to a fake file) and ``cat <path>``
 * ``screencap -p`` (the PNG, after `screencap_prefix` so drivers must trim; with `screen`
   set, a live frame showing where the last ``input tap`` landed)
-* ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``
+* ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``,
+  ``export …`` (nothing) and ``exec CMD`` (runs CMD)
+* ``logcat`` (`log`, host_agent.simulated_logcat: a believable log, followed a line a
+  second; ``-d`` and ``-t N`` print it once, ``-c`` clears it), as the adb client's
+  ``adb logcat`` sends it (``export ANDROID_LOG_TAGS="''"; exec logcat …``)
 * compound commands joined by ``;``, ``&&`` and ``||`` (tokenised with `shlex`, so
   quoting and backslash escapes behave as in ``sh``)
 * its package manager (`apps`, host_agent.simulated_apps, sharing `files`): ``pm list
@@ -33,7 +37,6 @@ Three ways to run a command, all recording it in `commands`:
 from __future__ import annotations
 
 import asyncio
-import shlex
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -41,11 +44,11 @@ from dataclasses import dataclass, field
 # One PNG writer for the simulator and the fakes; re-exported for tests.
 from host_agent.screen import PNG_SIGNATURE
 from host_agent.simulated_apps import PhoneApps
+from host_agent.simulated_door import split_commands
+from host_agent.simulated_logcat import TICK, PhoneLog, logcat_args
 from host_agent.simulated_screen import LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
-
-_OPERATORS = frozenset({";", "&&", "||"})
 
 DEFAULT_PROPS: dict[str, str] = {
     "ro.product.model": "Pixel Fake",
@@ -110,6 +113,7 @@ class FakePhone:
 
     def __post_init__(self) -> None:
         self.props.setdefault("ro.serialno", self.serial)
+        self.log = PhoneLog(self.serial)
         sdk = self.props.get("ro.build.version.sdk", "34")
         self.apps = PhoneApps(int(sdk) if sdk.isdigit() else 34, files=self.files)
 
@@ -141,14 +145,20 @@ class FakePhone:
         """Run `command` lazily: output chunks and pauses, in order."""
         self.commands.append((time.monotonic(), command))
         status = 0
-        for operator, argv in _split_commands(command):
+        for operator, argv in split_commands(command):
             if (operator == "&&" and status != 0) or (operator == "||" and status == 0):
                 continue
             if argv[:1] == ["exit"]:
                 return
             self.executed.append((time.monotonic(), argv))
+            if argv[:1] == ["exec"]:
+                argv = argv[1:]  # the shell becomes the command: the same, for a fake
             if argv[:1] == ["sleep"]:
                 yield Sleep(float(argv[1]) if len(argv) > 1 else 0.0)
+                status = 0
+                continue
+            if argv[:1] == ["logcat"]:
+                yield from self._logcat(argv[1:])
                 status = 0
                 continue
             status, output = self._run_simple(argv, status)
@@ -177,7 +187,7 @@ class FakePhone:
             return 0, (" ".join(words) + "\n").encode()
         if name == "input" and self.screen is not None:
             self._input(argv[1:])
-        if name in ("true", "input", "am", "monkey"):
+        if name in ("true", "input", "am", "monkey", "export"):
             return 0, b""
         if name == "false":
             return 1, b""
@@ -201,6 +211,23 @@ class FakePhone:
                 return 0, self.screencap_prefix + live_frame(self.serial, self.screen)
             return 0, self.screencap_prefix + self.png
         return 127, f"/system/bin/sh: {name}: inaccessible or not found\n".encode()
+
+    def _logcat(self, argv: list[str]) -> Iterator[bytes | Sleep]:
+        """The phone's log (host_agent.simulated_logcat, as a simulated phone's): printed,
+        then followed (a line a second) unless `-d` or `-t N` asked for it once."""
+        asked = logcat_args(argv)
+        if asked.clear:
+            self.log.clear()
+            return
+        lines, seen = self.log.since(0)
+        if asked.tail is not None:
+            lines = lines[-asked.tail :] if asked.tail else []
+        yield "".join(lines).encode()
+        while not (asked.dump or asked.tail is not None):
+            yield Sleep(TICK)
+            self.log.tick()
+            lines, seen = self.log.since(seen)
+            yield "".join(lines).encode()
 
     def _input(self, args: list[str]) -> None:
         """What an `input` command does to the live screen."""
@@ -245,21 +272,3 @@ class FakePhone:
                 out += f"cat: {path}: No such file or directory\n".encode()
                 status = 1
         return status, out
-
-
-def _split_commands(command: str) -> list[tuple[str, list[str]]]:
-    """[(operator before it, argv)] for each simple command; the first gets ';'."""
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split = True
-    result: list[tuple[str, list[str]]] = []
-    operator, argv = ";", list[str]()
-    for token in lexer:
-        if token in _OPERATORS:
-            if argv:
-                result.append((operator, argv))
-            operator, argv = token, []
-        else:
-            argv.append(token)
-    if argv:
-        result.append((operator, argv))
-    return result
