@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from amc.v1 import task_pb2
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from tests.support import Farm, actions_spec, seconds
+from tests.support.agent import submit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -756,6 +758,100 @@ def test_cleans_that_passed_between_leases_break_no_invariant_12() -> None:
     ]
     reports = [cleaning.Record("h1/sim-0", t + 2.2, True, "")]
     assert cleaning.check(cleans, tapped, attempts, reports).violations == []
+
+
+@pytest.mark.parametrize(
+    ("reasons", "cleans"),
+    [
+        (["uninstall failed (4.0 s): timed out"], ["uninstall failed (4.0 s): timed out"]),
+        (
+            ["uninstall failed (4.0 s): hung", "uninstall (0 ms): x", "files (0 ms): y"],
+            ["uninstall failed (4.0 s): hung", ""],
+        ),
+        (
+            ["uninstall (0 ms): x", "files (0 ms): y", "uninstall (1 ms): x", "files (0 ms): y"],
+            ["", ""],
+        ),
+        (
+            ["uninstall (0 ms): x", "files failed (2 ms): rm -rf: exit 1"],
+            ["files failed (2 ms): rm -rf: exit 1"],
+        ),
+        (
+            ["uninstall (0 ms): x", "uninstall failed (4.0 s): hung"],
+            ["", "uninstall failed (4.0 s): hung"],
+        ),
+    ],
+    ids=["one-failed", "failed-then-passed", "two-passed", "failed-late", "passed-then-failed"],
+)
+def test_one_reports_cleans_are_told_apart_by_their_steps(
+    reasons: list[str], cleans: list[str]
+) -> None:
+    assert cleaning.split_cleans(reasons) == cleans
+
+
+def clean_step(name: str, detail: str, took: float, ok: bool = True) -> lease_pb2.CleanStep:
+    return lease_pb2.CleanStep(name=name, detail=detail, took=seconds(took), ok=ok)
+
+
+async def test_a_failed_clean_and_the_passing_one_after_it_in_one_report_break_no_invariant_12(
+    farm: Farm,
+) -> None:
+    """GIVEN a phone whose clean failed (quarantined, reported), whose next clean failed too
+    and the one after passed while the database was away, so that both reached the
+    database in the one report the host sent once it was back (as chaos-h2/sim-2's did)
+    WHEN the phone is leased after that report
+    THEN invariant 12, read from the database as the chaos run reads it, sees three cleans
+    (failed, failed, passed) and no lease after a failed clean."""
+    host = await farm.host("h1", "s1")
+
+    async def report(condition: int, *steps: lease_pb2.CleanStep, reason: str = "") -> None:
+        device = lease_pb2.DeviceHealth(
+            serial="s1", condition=condition, reason=reason, cleaned=steps
+        )
+        await host.c.lease.ReportDeviceHealth(
+            lease_pb2.ReportDeviceHealthRequest(host_id=host.host_id, devices=[device])
+        )
+
+    timed_out = "timed out: the clean ran past its 4s"
+    t0 = time.time()
+    await report(
+        scheduler_pb2.DEVICE_CONDITION_QUARANTINED,
+        clean_step("uninstall", timed_out, 4.0, ok=False),
+        reason=f"clean failed: uninstall: {timed_out}",
+    )
+    t1 = time.time()
+    await report(
+        scheduler_pb2.DEVICE_CONDITION_READY,
+        clean_step("uninstall", timed_out, 4.0, ok=False),
+        clean_step("uninstall", "nothing to remove", 0.0),
+        clean_step("files", "nothing to remove", 0.0),
+    )
+    t2 = time.time()
+    task = await submit(await farm.client(), actions_spec())
+    assert (await host.acquire_one("s1")).task_id == task
+    # The clean commands as the phone's action log has them: the first clean's before its
+    # report, the second's and the third's before the report that carried both.
+    cleans = [
+        Action("h1", "s1", "clean", t0 - 4.0, t0, "cancelled"),
+        Action("h1", "s1", "clean", t1, t1 + (t2 - t1) / 3, "cancelled"),
+        Action("h1", "s1", "clean", t1 + (t2 - t1) / 2, t1 + (t2 - t1) / 2, "ok"),
+    ]
+    assert farm.db is not None
+    rows = await farm.db.fetch(
+        "SELECT task_id, attempt, host_id, device_serial,"
+        " extract(epoch FROM created_at)::float8 AS created_at FROM attempts"
+    )
+    attempts = {(str(r["task_id"]), r["attempt"]): dict(r) for r in rows}
+    assert len(attempts) == 1
+    reported = await cleaning.records(farm.dsn)
+    verdict = cleaning.check(cleans, [], attempts, reported)
+    assert verdict.violations == []
+    assert [(r.passed, r.failed_step) for r in reported] == [
+        (False, f"uninstall failed (4.0 s): {timed_out}"),
+        (False, f"uninstall failed (4.0 s): {timed_out}"),
+        (True, ""),
+    ]
+    assert (verdict.stats["cleans failed"], verdict.stats["cleans passed"]) == (2, 1)
 
 
 def test_a_door_past_its_lease_or_its_session_breaks_invariant_13(tmp_path: Path) -> None:
