@@ -14,10 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
-from tests.support import Farm, actions_spec, seconds
-from tests.support.agent import submit
+from control_plane.embedded import EmbeddedPostgres
+from host_agent.clean_profile import parse
+from host_agent.recovery import RecoverySettings
+from host_agent.simulated import SimulatedSource
+from tests.conftest import FAST
+from tests.support import Farm, actions_spec, eventually, seconds, tap
+from tests.support.agent import running_agent, status_is, submit
+from tests.test_cleaning import cleaned_once
+from tests.test_database_outage import own_database
+from tests.test_device_health import is_in, on
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -31,6 +40,7 @@ from chaos_lib.specs import random_plan  # noqa: E402
 from chaos_lib.workload import Submitted  # noqa: E402
 
 KINDS = FARM_KINDS + phones.KINDS + cleaning.KINDS
+__all__ = ["own_database"]  # a fixture
 
 
 @pytest.mark.timeout(260)
@@ -852,6 +862,85 @@ async def test_a_failed_clean_and_the_passing_one_after_it_in_one_report_break_n
         (True, ""),
     ]
     assert (verdict.stats["cleans failed"], verdict.stats["cleans passed"]) == (2, 1)
+
+
+async def test_a_real_agents_cleans_reported_after_a_database_outage_break_no_invariant_12(
+    own_database: EmbeddedPostgres,
+) -> None:
+    """GIVEN the real agent on a simulated phone whose cleans hang: its clean after a task
+    fails and quarantines it (reported), the database goes away, the ladder's next clean
+    fails too, the phone answers again and the clean after the ladder's next step passes
+    WHEN the database is back (the agent's report carries both cleans) and a task waiting
+    for the phone starts
+    THEN the phone was leased only after that report, and invariant 12, read from the
+    database and the phone's action log, sees the three cleans and no violation."""
+    farm = Farm(own_database.url, FAST)
+    await farm.start()
+    try:
+        source = SimulatedSource(1, delay=0.01)
+        source.boot_time = 0.1
+        settings = {
+            "clean_profile": parse({"defaults": {"timeout": "500ms"}}),
+            "probe_interval": 0.5,
+            "recovery": RecoverySettings(failures=3, backoff=1.0, boot_timeout=2.0),
+        }
+        client = await farm.client()
+
+        def refused_reports() -> float:
+            return (
+                REGISTRY.get_sample_value(
+                    "amc_rpc_requests_total",
+                    {"method": "Lease/ReportDeviceHealth", "code": "UNAVAILABLE"},
+                )
+                or 0.0
+            )
+
+        def hung() -> int:
+            return sum(1 for c in source.cleans if c.outcome != "ok")
+
+        async with running_agent(farm, source, **settings) as agent:
+            await cleaned_once(farm, agent)
+            source.hang_cleans("sim-0")
+            first = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+            await status_is(farm, first, "done")
+            await eventually(lambda: is_in(farm, "sim-0", "quarantined"), what="quarantined")
+            waiting = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+            own_database.stop("immediate")
+            await eventually(lambda: hung() >= 2, timeout=20, what="the ladder's clean failed")
+            source.hang_cleans("sim-0", hung=False)
+            await eventually(
+                lambda: agent.recovery.outcomes == [("sim-0", True)],
+                timeout=20,
+                what="the ladder's end, its clean passed",
+            )
+            # Two reports refused since: the second was made after the passing clean (one
+            # at a time), so the report that goes through carries both cleans.
+            refused = refused_reports()
+            await eventually(lambda: refused_reports() >= refused + 2, what="two reports refused")
+            own_database.start()
+            await farm.reconnect_db()
+            await status_is(farm, waiting, "done", within=30)
+        assert farm.db is not None
+        rows = await farm.db.fetch(
+            "SELECT task_id, attempt, host_id, device_serial,"
+            " extract(epoch FROM created_at)::float8 AS created_at FROM attempts"
+        )
+        attempts = {(str(r["task_id"]), r["attempt"]): dict(r) for r in rows}
+        reported = [r for r in await cleaning.records(farm.dsn) if r.phone == "host-1/sim-0"]
+        cleans = [
+            Action("host-1", c.serial, "clean", c.started_wall, c.ended_wall, c.outcome)
+            for c in source.cleans
+        ]
+        verdict = cleaning.check(cleans, [], attempts, reported)
+        assert verdict.violations == []
+        at = sorted({r.at for r in reported if not r.passed})
+        assert len(at) == 2, reported  # the first failure, then the report after the outage
+        together = [r.passed for r in reported if r.at == at[-1]]
+        assert together == [False, True], reported
+        started = next(a["created_at"] for (t, _), a in attempts.items() if t == waiting)
+        assert started > at[-1]
+    finally:
+        await farm.stop()
 
 
 def test_a_door_past_its_lease_or_its_session_breaks_invariant_13(tmp_path: Path) -> None:
