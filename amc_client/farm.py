@@ -19,7 +19,7 @@ from amc_client.errors import AmcClientError
 from amc_client.opening import DEFAULT_QUEUE_TIMEOUT, open_phone
 from amc_client.phone import TERMINAL, Phone
 from amc_client.retry import DEFAULT_RETRY, Reach, Retry, transient
-from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port
+from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port, with_token
 
 __all__ = ["DEFAULT_QUEUE_TIMEOUT", "TERMINAL", "Farm"]
 
@@ -30,6 +30,10 @@ class Farm:
     Calls that are safe to repeat (get, cancel, submit with its request id, a watch that
     resumes) are tried again on transient errors (UNAVAILABLE: a replica restarting, a
     reset connection) within `retry`'s budget; others propagate as grpc.aio.AioRpcError.
+
+    `channel`: a channel of the caller's to the control plane (the address, `ca_file` and
+    `tls` are then unused), which the Farm neither opens nor closes; the token is still
+    sent on each of its calls. Several Farms, one per token, may share one connection so.
     """
 
     def __init__(
@@ -40,16 +44,21 @@ class Farm:
         ca_file: str | Path | None = None,
         tls: bool = False,
         retry: Retry = DEFAULT_RETRY,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self._address = with_default_port(address, DEFAULT_PORT)
         self._token, self._ca_file, self._tls = token, ca_file, tls
         self.retry = retry
+        self._shared = channel
         self._reach = Reach(self._address)
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
 
     async def __aenter__(self) -> Farm:
-        self._channel = aio_channel(self._address, self._token, self._ca_file, tls=self._tls)
+        if self._shared is not None:
+            self._channel = with_token(self._shared, self._token)
+        else:
+            self._channel = aio_channel(self._address, self._token, self._ca_file, tls=self._tls)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         return self
 
@@ -59,7 +68,7 @@ class Farm:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if self._channel is not None:
+        if self._channel is not None and self._shared is None:
             await self._channel.close()
         self._channel = self._stub = None
 

@@ -65,6 +65,9 @@ class Settings:
     # Live screens one token may watch at once on one replica (WatchScreen calls and the
     # console's screen sockets); past it a watch is refused RESOURCE_EXHAUSTED.
     max_viewers_per_token: int = 32
+    # Thumbnails (WatchScreenRequest.thumbnail: the console's Farm page) one token may
+    # watch at once on one replica, apart from its viewers; past it RESOURCE_EXHAUSTED.
+    max_thumbnails_per_token: int = 1000
     # The origins (scheme://host[:port]) the console is reached at besides its own address
     # as a request names it (behind a proxy that rewrites Host): the console's WebSockets
     # accept a page of these.

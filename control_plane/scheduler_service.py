@@ -117,7 +117,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         await check_references(self.store, specs)
         who = principal()
         news = [_new_task(r, who.team) for r in requests]
-        submitted = await self.store.tasks.submit_many(who.caller, news)
+        submitted = await self.store.tasks.submit_many(who.caller, news, name=who.name)
         self.effects.submitted([task for task, created in submitted if created])
         return submitted
 
@@ -131,6 +131,14 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def _read(self, task_id: TaskId) -> Task:
         """The task, with its pending reason if it is queued (one statement)."""
         return await pending.read(self.store, task_id, self.settings.lease_ttl)
+
+    async def _read_many(self, ids: list[uuid.UUID]) -> list[Task]:
+        """Tasks by id, newest first: each running one with its progress (one statement),
+        the queued ones then given their reasons as a page of ListTasks is (one more)."""
+        ttl = self.settings.lease_ttl
+        found = await self.store.tasks.read_tasks([TaskId(i) for i in ids], ttl, explain=False)
+        tasks = sorted((r.task for r in found), key=lambda t: (t.created_at, t.task_id))
+        return await pending.with_reasons(self.store, tasks[::-1], ttl)
 
     @rpc
     async def ListTaskEvents(
@@ -157,6 +165,10 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.ListTasksRequest, context: Context
     ) -> scheduler_pb2.ListTasksResponse:
         statuses, host_id = validate.list_tasks(request)
+        if ids := validate.listed_ids(request):
+            return scheduler_pb2.ListTasksResponse(
+                tasks=[task_to_pb(t) for t in await self._read_many(ids)]
+            )
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         after = decode_page_token(request.page_token)
         labels, pattern = validate.task_search(request)

@@ -158,6 +158,11 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- An interactive session's task (Scheduler.OpenSession): never requeued, whatever
     -- ended its attempt; counted against its caller's open sessions.
     session             boolean NOT NULL DEFAULT false,
+    -- The caller's token's name when it submitted the task ('': none): who people read.
+    caller_name         text NOT NULL DEFAULT '',
+    -- An operator's maintenance session: it may take its phone (selector_serial on the host
+    -- its host_id label names) while the phone or its host is cordoned or drained.
+    maintenance         boolean NOT NULL DEFAULT false,
     UNIQUE (caller, request_id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
@@ -200,6 +205,10 @@ CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
 -- indexed count when a session opens; other tasks are never in it).
 CREATE INDEX IF NOT EXISTS tasks_open_sessions ON tasks (caller)
     WHERE session AND status IN ('queued', 'assigned', 'dispatched');
+-- Maintenance sessions queued, by their phone: what every Acquire looks up first (empty but
+-- for the few seconds such a session waits for its host to ask for work).
+CREATE INDEX IF NOT EXISTS tasks_maintenance ON tasks (selector_serial)
+    WHERE status = 'queued' AND maintenance AND selector_serial IS NOT NULL;
 -- Retention: terminal tasks by when they finished, oldest first (control_plane/retention.py
 -- deletes them in batches from this end). Tasks in flight are not in it.
 CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at)

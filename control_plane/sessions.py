@@ -32,13 +32,15 @@ from typing import Any
 import structlog
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.device_selector import HOST_LABEL
 from control_plane import validate
 from control_plane.convert import task_to_pb
-from control_plane.domain import NewTask, Principal, Task, TaskId
+from control_plane.domain import NewTask, Principal, Role, Task, TaskId
 from control_plane.errors import (
     AmcError,
     FailedPrecondition,
     InvalidArgument,
+    PermissionDenied,
     SessionLimit,
     Unavailable,
 )
@@ -69,7 +71,8 @@ def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
 
 
 def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
-    spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb))
+    session = task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb, maintenance=o.maintenance)
+    spec = task_pb2.TaskSpec(session=session)
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)
     spec.apps.extend(o.apps)
@@ -84,6 +87,7 @@ def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
         queue_timeout=o.queue_timeout.ToTimedelta() if o.HasField("queue_timeout") else None,
         deadline=o.max_duration.ToTimedelta() if o.HasField("max_duration") else None,
         fairness_key=o.fairness_key or team,
+        maintenance=o.maintenance,
     )
 
 
@@ -151,11 +155,15 @@ class ClientSession:
         )
         o = validate.session_open(first)
         who = principal()
+        if o.maintenance and who.role not in (None, Role.OPERATOR):
+            raise PermissionDenied(
+                f"role '{who.role}' may not open a maintenance session: it is for operators"
+            )
         store, hub = self._svc.store, self._svc.hub
         await self._within_limit(who)
         await check_references(store, [("open", task_pb2.TaskSpec(apps=o.apps))])
         task, created = await store.tasks.submit(
-            who.caller, new_session_task(o, who.team), relay=hub.replica
+            who.caller, new_session_task(o, who.team), name=who.name, relay=hub.replica
         )
         if not created:
             yield _response(await self._opened_before(task, o.request_id))
@@ -164,6 +172,10 @@ class ClientSession:
         relay = hub.sessions.open(task.task_id)
         relay.owner, relay.adb = who.caller, o.adb
         self._svc.effects.submitted([task])
+        if o.maintenance:
+            # Its phone (cordoned, or of a drained host) has no parked Acquire indexed under
+            # it: the host's Acquires look again.
+            hub.devices_freed({o.selector.labels[HOST_LABEL]})
         log.info("session opened", task_id=str(task.task_id))
         idle = o.idle_timeout.ToTimedelta().total_seconds()
         pump = asyncio.create_task(relay.pump(requests))

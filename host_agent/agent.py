@@ -36,12 +36,13 @@ runners stop at the next step boundary and those leases are given back with Rele
 cuts the grace period short.
 
 Drain from the centre (`amc hosts drain`: a push on the renewal stream, see
-`LeaseKeeper`): no new Acquire while it holds, running tasks finish and report as usual,
-and the agent stays connected, idle, instead of exiting (a unit with Restart= would only
-start it again); the control plane's uncordon ends it and the agent takes work again. The
-control plane gives a drained (cordoned) host no work in any case: this only spares it
-the Acquires. Reports and releases run shielded and are awaited before
-`run()` returns, so a cancellation cannot lose them half-way.
+`LeaseKeeper`): running tasks finish and report as usual, and the agent stays connected
+instead of exiting (a unit with Restart= would only start it again); the control plane's
+uncordon ends it. Its idle phones stay offered: the control plane gives a drained
+(cordoned) host no queued work, only an operator's maintenance session on one of its
+phones (SessionOpen.maintenance: to look at a phone of a host taken out of service).
+Reports and releases run shielded and are awaited before `run()` returns, so a
+cancellation cannot lose them half-way.
 """
 
 from __future__ import annotations
@@ -220,7 +221,8 @@ class Agent:
         self.drained_by_centre = drain
         if drain:
             self._log.info(
-                "drain requested by the control plane: finishing running tasks, taking no new work",
+                "drain requested by the control plane: finishing running tasks, taking no new"
+                " work but an operator's maintenance session",
                 running=len(self._busy),
             )
         else:
@@ -311,10 +313,9 @@ class Agent:
     # -- taking work -----------------------------------------------------------------------
 
     def _idle_serials(self) -> list[str]:
-        """The phones to offer (ready: not leased, cleaning or quarantined): none while
-        the control plane drains this host."""
-        if self.drained_by_centre:
-            return []
+        """The phones to offer: the ready ones (not leased, cleaning or quarantined), also
+        while the control plane drains this host (it then gives them an operator's
+        maintenance session, nothing else)."""
         ready = self.life.stage
         return [s for s in self._registration.online() if ready(s) is Stage.READY]
 

@@ -27,6 +27,9 @@ from google.protobuf import duration_pb2
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common.action_table import KEEPS, Action, ActionError, InstallApp, from_message
 from amc_common.statuses import Outcome
+from amc_common.steps import default_name
+from amc_common.steps import label as step_label
+from amc_common.steps import number as step_number
 from host_agent.devices import AttachedDevice
 from host_agent.fencing import Timing
 from host_agent.health import Condition, Health
@@ -218,8 +221,8 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
 
 
 def _step_from_proto(index: int, pb: task_pb2.WorkflowStep) -> WorkflowStep:
-    name = pb.name or f"step {index}"
-    actions = _actions_from_proto(pb.actions, where=f"workflow step {index} {name!r}, ")
+    name = pb.name or default_name(index)
+    actions = _actions_from_proto(pb.actions, where=f"workflow {step_label(index, name)}, ")
     return WorkflowStep(name=name, actions=actions, continue_on_error=pb.continue_on_error)
 
 
@@ -229,7 +232,7 @@ def _actions_from_proto(pbs: Iterable[task_pb2.Action], where: str) -> tuple[Act
         try:
             actions.append(action_from_proto(pb))
         except InvalidSpec as exc:
-            raise InvalidSpec(f"{where}action {i}: {exc}") from exc
+            raise InvalidSpec(f"{where}action {step_number(i)}: {exc}") from exc
     return tuple(actions)
 
 

@@ -23,6 +23,10 @@ chose, about how long it takes) and runs, in this order:
  13 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
                round trips through it beside the same straight to the phone on the same
                adb server, and a push of --adb-push-mb MB on each path
+ 14 mcp        --mcp-clients MCP clients (in --mcp-processes processes) on one `amc mcp
+               --http`, each its own session on its own simulated phone, --mcp-actions taps
+               each ~--mcp-think s apart: answers lost or crossed, round trip beside the
+               client library's, CPU per tap
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
@@ -90,6 +94,7 @@ from bench_lib import (
     flood,
     latency,
     lifecycle,
+    mcp_agents,
     options,
     peer,
     pgstats,
@@ -208,6 +213,9 @@ class Run:
             if "adb" in a.only:
                 async with self.workload("adb"):
                     await self.adb_doors()
+            if "mcp" in a.only:
+                async with self.workload("mcp"):
+                    await self.mcp()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
                     self.stop_amc()
@@ -363,6 +371,13 @@ class Run:
             await st.start_control_plane()
         opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
         self.results["adb"] = await adb_door.run(st, opts, say)
+
+    async def mcp(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = mcp_agents.Options(a.mcp_clients, a.mcp_actions, a.mcp_think, a.mcp_processes)
+        self.results["mcp"] = await mcp_agents.run(st, opts, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -542,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             "session",
             "screen",
             "adb",
+            "mcp",
         )
     )
     return 0 if ok else 1

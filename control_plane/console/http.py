@@ -2,10 +2,11 @@
 
 - `/`, `/queue`, `/tasks`, `/tasks/<id>`, `/hosts/<id>`: one page (static/index.html,
   given the task statuses it needs: STATUSES) whose script draws the view the path names.
-- `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Host
-  page: GetHost, for its operator events, and CordonHost, UncordonHost, DrainHost and
-  ReleaseDevice, for its buttons; and ListFairShares, for the Queue page's fairness keys;
-  and `/api/amc.v1.Library/<Method>` for the Apps page): the JSON mapping of the services. The
+- `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Farm
+  and Host pages: GetHost, for its operator events, and CordonHost, UncordonHost,
+  DrainHost, CordonDevice, UncordonDevice and ReleaseDevice, for their buttons; and
+  ListFairShares and SetFairShare, for the Queue page's fairness keys; and
+  `/api/amc.v1.Library/<Method>` for the Apps page): the JSON mapping of the services. The
   body is the request message in proto JSON; the call goes to the very servicer method the
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
   messages); the answer is the response message in proto JSON, with `<field>_text` beside
@@ -20,19 +21,21 @@
   interactive session, for operators (control_plane.console.control); `/control` its page.
 - `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live
   screen, one binary message per frame (control_plane.console.screen: the layout).
+- `GET /api/thumbnails`: one WebSocket of many phones' thumbnails, a frame every few
+  seconds each, for the Farm and Host pages (control_plane.console.thumbnails).
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed
   (control_plane.console.events).
+- `/favicon.ico`: the console's icon (static/favicon.ico).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import ssl
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import structlog
@@ -41,12 +44,11 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from amc.v1 import scheduler_pb2
 from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
-from control_plane.console import library, screen
+from control_plane.console import artifacts, library, screen, thumbnails
 from control_plane.console.calls import (
     CallContext,
     Refused,
@@ -79,11 +81,21 @@ METHODS = frozenset(
     }
 )
 ADMIN = AdminService.DESCRIPTOR
-# The Admin methods a page may call: the Host page's read and its buttons (operator
-# role, as over gRPC; each recorded as a host event with the caller and the reason), and
-# the Queue page's fairness keys.
+# The Admin methods a page may call: the Host page's read, the Farm and Host pages'
+# buttons (operator role, as over gRPC; each recorded as a host event with the caller and
+# the reason), and the Queue page's fairness keys and their shares (recorded likewise).
 ADMIN_METHODS = frozenset(
-    {"GetHost", "CordonHost", "UncordonHost", "DrainHost", "ReleaseDevice", "ListFairShares"}
+    {
+        "GetHost",
+        "CordonHost",
+        "UncordonHost",
+        "DrainHost",
+        "CordonDevice",
+        "UncordonDevice",
+        "ReleaseDevice",
+        "ListFairShares",
+        "SetFairShare",
+    }
 )
 LIBRARY = LibraryService.DESCRIPTOR
 # The Library methods the Apps page calls (its upload is /api/library/<what>).
@@ -105,8 +117,6 @@ HTTP_STATUS = {
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 # Screenshots and recordings are fetched with the token and shown from blob: URLs.
 BLOBS = "img-src 'self' blob:; media-src 'self' blob:;"
-# A kept file's name when saved, by its content type.
-EXTENSIONS = {"image/png": "png", "image/apng": "png", "video/mp4": "mp4", "application/xml": "xml"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": f"default-src 'self'; {BLOBS} frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -124,6 +134,13 @@ STATUSES = json.dumps(
     }
 )
 SELECTOR = "amc.v1.DeviceSelector"
+# What static/ serves, by the file's extension.
+ASSET_TYPES = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".ico": "image/vnd.microsoft.icon",
+}
 
 
 def _refusal(code: grpc.StatusCode, message: str) -> web.Response:
@@ -163,11 +180,13 @@ class Console:
         for path in PAGES:
             app.router.add_get(path, self.page)
         app.router.add_get("/static/{name}", self.asset)
+        app.router.add_get("/favicon.ico", self.favicon)
         app.router.add_post("/api/library/{what}", self.upload)
         app.router.add_post("/api/{service}/{method}", self.call)
         app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
         app.router.add_get("/api/screen", self.screen)
+        app.router.add_get("/api/thumbnails", self.thumbnails)
         app.router.add_get("/api/control", self.control)
         return app
 
@@ -229,16 +248,18 @@ class Console:
     async def asset(self, request: web.Request) -> web.StreamResponse:
         return await self._file(request.match_info["name"])
 
+    async def favicon(self, request: web.Request) -> web.StreamResponse:
+        return await self._file("favicon.ico")
+
     async def _file(self, name: str) -> web.StreamResponse:
-        types = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
-        kind = next((t for ext, t in types.items() if name.endswith(ext)), None)
+        kind = next((t for ext, t in ASSET_TYPES.items() if name.endswith(ext)), None)
         item = self.static.joinpath(name)
         if kind is None or "/" in name or not item.is_file():
             raise web.HTTPNotFound()
         return web.Response(
             body=item.read_bytes(),
             content_type=kind,
-            charset="utf-8",
+            charset="utf-8" if kind.startswith("text/") else None,
             headers={"Cache-Control": "no-cache"},
         )
 
@@ -276,55 +297,8 @@ class Console:
         return web.json_response(_selector_texts(answer, _to_json(answer)))
 
     async def artifact(self, request: web.Request) -> web.StreamResponse:
-        """The artifact's bytes as the servicer's GetArtifact streams them: refusals (no
-        token, a role that may not, a malformed id, NOT_FOUND) come before the first byte
-        and are answered like the API's; the SHA-256 is checked before the last chunk goes
-        out, and a mismatch cuts the connection, so a browser never takes a wrong file
-        as whole."""
-        get = scheduler_pb2.GetArtifactRequest(
-            task_id=request.match_info["task_id"], artifact_id=request.match_info["artifact_id"]
-        )
-        # The servicer's own stream (@rpc: the same auth and errors), with the console's
-        # context in place of grpc.aio's; an async generator, closed below.
-        context: Any = CallContext(request.headers.get("Authorization"))
-        messages = cast(
-            AsyncGenerator[scheduler_pb2.GetArtifactResponse, None],
-            self.scheduler.GetArtifact(get, context),
-        )
-        try:
-            artifact = (await anext(messages)).artifact
-        except Refused as exc:
-            return _refusal(exc.code, exc.message)
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": artifact.content_type or "application/octet-stream",
-                "Content-Disposition": f'inline; filename="{_file_name(artifact)}"',
-                "X-Amc-Sha256": artifact.sha256,
-                "Cache-Control": "no-store",
-                **SECURITY_HEADERS,
-            }
-        )
-        response.content_length = artifact.size_bytes
-        digest = hashlib.sha256()
-        held = b""
-        try:
-            await response.prepare(request)
-            async for message in messages:
-                if held:
-                    await response.write(held)
-                held = message.chunk
-                digest.update(held)
-        except (Refused, ConnectionError) as exc:
-            log.warning("artifact not sent whole", artifact_id=artifact.artifact_id, error=str(exc))
-            return _cut(request, response)
-        finally:
-            await messages.aclose()
-        if digest.hexdigest() != artifact.sha256:
-            log.error("artifact bytes do not match their sha256", artifact_id=artifact.artifact_id)
-            return _cut(request, response)
-        await response.write(held)
-        await response.write_eof()
-        return response
+        """A kept file's bytes (control_plane.console.artifacts)."""
+        return await artifacts.serve(self.scheduler, request, _refusal, SECURITY_HEADERS)
 
     async def control(self, request: web.Request) -> web.StreamResponse:
         """A refusal before the socket opens is answered like the API's."""
@@ -342,6 +316,12 @@ class Console:
             return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
         return await screen.serve(self.scheduler, request, _refusal)
 
+    async def thumbnails(self, request: web.Request) -> web.StreamResponse:
+        """Many phones' thumbnails (control_plane.console.thumbnails)."""
+        if (origin := foreign_origin(request, self.origins)) is not None:
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
+        return await thumbnails.serve(self.scheduler, self.auth, request, _refusal)
+
     async def events(self, request: web.Request) -> web.StreamResponse:
         caller = CallContext(request.headers.get("Authorization"))
         try:
@@ -352,19 +332,6 @@ class Console:
         # Host ids are for those who may see the farm.
         hosts = who.role in (None, Role.OPERATOR)
         return await self._events.serve(request, hosts=hosts, headers=SECURITY_HEADERS)
-
-
-def _file_name(artifact: Any) -> str:
-    extension = EXTENSIONS.get(artifact.content_type, "bin")
-    return f"{artifact.kind}-{artifact.artifact_id}.{extension}"
-
-
-def _cut(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
-    """End a response whose head is sent but whose body cannot be completed: close the
-    connection short of its Content-Length, which the browser sees as a failed fetch."""
-    if request.transport is not None:
-        request.transport.abort()
-    return response
 
 
 def _selector_texts(message: Message, document: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ WORKLOADS = (
     "session",
     "screen",
     "adb",
+    "mcp",
     "fleet",
     "deep",
     "flood",
@@ -184,6 +185,10 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     )
     p.add_argument("--adb-shells", type=int, default=100, help="adb: shell round trips each")
     p.add_argument("--adb-push-mb", type=int, default=100, help="adb: the push's size, MB")
+    p.add_argument("--mcp-clients", type=int, default=100, help="mcp: MCP clients (and phones)")
+    p.add_argument("--mcp-actions", type=int, default=20, help="mcp: taps of each client")
+    p.add_argument("--mcp-think", type=float, default=0.5, help="mcp: mean s between taps")
+    p.add_argument("--mcp-processes", type=int, default=4, help="mcp: processes of agents")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -214,6 +219,7 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
         args.screen_clicks = 5
         args.adb_shells, args.adb_push_mb = 10, 10
+        args.mcp_clients, args.mcp_actions, args.mcp_think, args.mcp_processes = 10, 5, 0.2, 2
         args.plans_history, args.plans_hosts = 5000, 200
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
@@ -280,10 +286,7 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         seconds = a.screen_idle_seconds + 2 * a.screen_seconds + a.screen_clicks * 0.3 + 8
         out.append(("screen", f"{a.screen_phones} phones, {a.screen_seconds:g} s windows",
                     seconds))  # fmt: skip
-    if "adb" in only:
-        seconds = 15 + a.adb_shells * 2 * 0.03 + a.adb_push_mb * 4 / 50
-        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
-                    seconds))  # fmt: skip
+    out.extend(_doors(a))
     if "fleet" in only:
         runs = [f"{n:,}" for n in a.fleet_hosts]
         seconds = sum(_fleet_run(a, n, True) for n in a.fleet_hosts)
@@ -311,6 +314,20 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         out.append(("renewal", "again, after every other workload", renewal))
     if "peer" in only and not a.no_peer:
         out.append(("peer", f"pgqueuer, {a.peer_jobs:,} jobs x {a.reps}", 20 + 25 * a.reps))
+    return out
+
+
+def _doors(a: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """The plan's steps for the doors onto a leased phone: adb, then MCP."""
+    out: list[tuple[str, str, float]] = []
+    if "adb" in a.only:
+        seconds = 15 + a.adb_shells * 2 * 0.03 + a.adb_push_mb * 4 / 50
+        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
+                    seconds))  # fmt: skip
+    if "mcp" in a.only:
+        seconds = 2 * (a.mcp_clients / 10 + a.mcp_actions * a.mcp_think * 1.5) + 15
+        out.append(("mcp", f"{a.mcp_clients} MCP clients x {a.mcp_actions} taps, and through"
+                    " the client library", seconds))  # fmt: skip
     return out
 
 

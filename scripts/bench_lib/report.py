@@ -65,6 +65,12 @@ def _at_most(summary: dict[str, Any], p50: float, p99: float) -> bool | None:
     return bool(summary["p50"] <= p50 and summary["p99"] <= p99)
 
 
+def _mcp_rows(results: dict[str, Any] | None) -> list[Row]:
+    from bench_lib import mcp_agents  # it uses this module's rows and figures
+
+    return mcp_agents.rows(results)
+
+
 def rows(results: dict[str, Any]) -> list[Row]:
     """The table of what ran so far. A section whose results are partial (its workload
     failed midway) says so in a row of its own instead of taking the table with it."""
@@ -83,6 +89,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("11 screen", lambda: _screen_rows(results.get("screen"))),
         ("12 plans", lambda: _plans_rows(results.get("plans"))),
         ("13 adb door", lambda: _adb_rows(results.get("adb"))),
+        ("14 mcp", lambda: _mcp_rows(results.get("mcp"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:
