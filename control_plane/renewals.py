@@ -155,11 +155,10 @@ class RenewalStream:
                 continue
             canonical.append(spelled[raw])
         ttl = self.service.settings.lease_ttl
-        steps = steps_from_pb(request.steps)
-        renewals = (
-            await self.store.leases.renew(host_id, canonical, ttl, steps) if canonical else []
-        )
-        self.service.effects.renewed(host_id, len(request.lease_ids), renewals, steps)
+        renewals = await self.store.leases.renew(host_id, canonical, ttl) if canonical else []
+        self.service.effects.renewed(host_id, len(request.lease_ids), renewals)
+        if request.steps:  # those of the leases renewed wait for the replica's bulk write
+            self.service.hub.progress.add(renewals, steps_from_pb(request.steps))
         by_id = {str(r.lease_id): r for r in renewals}
         response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
         add = response.leases.add

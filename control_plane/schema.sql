@@ -267,8 +267,9 @@ CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 
 CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at)
     WHERE state = 'active' AND deadline_at IS NOT NULL;
 
--- A running attempt's steps as they ended (issue 27.8): each StepResult message its host
--- sent with a renewal of the attempt's live lease (amc_renew), kept with the attempt. What
+-- A running attempt's steps as they ended: each StepResult message its host sent with a
+-- renewal of the attempt's live lease, written in bulk by the replica holding the host's
+-- stream (amc_keep_steps, control_plane/progress.py), kept with the attempt. What
 -- GetTask and WatchTask show while the task runs; the terminal report's result stays the
 -- record (and the only thing shown once the task ends). Deleted with the task (retention).
 CREATE TABLE IF NOT EXISTS attempt_steps (

@@ -437,6 +437,7 @@ class Run:
             condition_churn=a.fleet_condition_churn,
             busy_timeout=a.fleet_busy_timeout,
             churn_window_hosts=a.fleet_churn_window_hosts,
+            profile=a.profile,
         )
 
     async def fleet(self) -> None:
