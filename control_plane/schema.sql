@@ -62,8 +62,13 @@ CREATE TABLE IF NOT EXISTS hosts (
     -- told over its renewal stream to finish its tasks and take no more. Who did it and
     -- why are in host_events.
     cordoned      boolean NOT NULL DEFAULT false,
-    draining      boolean NOT NULL DEFAULT false
+    draining      boolean NOT NULL DEFAULT false,
+    -- The emulator snapshots its devices can load (their `snapshot/<name>` labels, as its
+    -- last registration listed them): a task that starts from a snapshot no host has is
+    -- refused at submit (one lookup in the GIN index below).
+    snapshots     text[] NOT NULL DEFAULT '{}'
 );
+CREATE INDEX IF NOT EXISTS hosts_snapshots ON hosts USING gin (snapshots);
 
 CREATE TABLE IF NOT EXISTS replicas (
     replica_id text PRIMARY KEY,
@@ -262,8 +267,9 @@ CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 
 CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at)
     WHERE state = 'active' AND deadline_at IS NOT NULL;
 
--- A running attempt's steps as they ended (issue 27.8): each StepResult message its host
--- sent with a renewal of the attempt's live lease (amc_renew), kept with the attempt. What
+-- A running attempt's steps as they ended: each StepResult message its host sent with a
+-- renewal of the attempt's live lease, written in bulk by the replica holding the host's
+-- stream (amc_keep_steps, control_plane/progress.py), kept with the attempt. What
 -- GetTask and WatchTask show while the task runs; the terminal report's result stays the
 -- record (and the only thing shown once the task ends). Deleted with the task (retention).
 CREATE TABLE IF NOT EXISTS attempt_steps (

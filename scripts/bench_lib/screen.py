@@ -44,7 +44,7 @@ from bench_lib import promtext, screen_video
 from bench_lib.stack import AgentSpec, Stack, cpu_seconds
 from bench_lib.stats import summarize
 
-HOST = "screen-host"
+HOST = screen_video.HOST
 POOL = screen_video.POOL
 TAP_RGB = (230, 20, 20)
 SCREEN_SCALE = 3  # the simulated phones' frames are drawn at a third of 1080 x 2400

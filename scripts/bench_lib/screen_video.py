@@ -30,9 +30,7 @@ from bench_lib.stack import Stack, cpu_seconds
 from bench_lib.stats import summarize
 
 HOST = "screen-host"
-# Its phones' pool (bench_lib.screen.POOL): other agents' simulated phones have the same
-# serials, and a session asked for by serial alone may take another agent's.
-POOL = "screens"
+POOL = "screens"  # the pool label of the workload's host (bench_lib.screen)
 SCREEN_SCALE = 3
 
 
@@ -114,6 +112,8 @@ async def _viewers(
 
 async def _session(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> Any:
     call: Any = stub.OpenSession()
+    # That phone of this workload's host: other workloads' agents may still run beside it,
+    # with simulated phones of the same serials.
     selector = task_pb2.DeviceSelector(serial=serial, labels={"pool": POOL})
     idle = scheduler_pb2.SessionOpen(selector=selector)
     idle.idle_timeout.FromSeconds(120)
