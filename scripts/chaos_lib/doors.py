@@ -15,7 +15,10 @@ What is held against the evidence (`check`, invariant 13: a door never outlives 
 - at the client: the door hung up on its adb client (the device went offline) no later
   than DOOR_BOUND after its session's task ended;
 - its session ended as asked, or for a stop that is not a cancellation (as invariant 9
-  says of sessions), and the door's exit code says that end.
+  says of sessions), and the door's exit code says that end. The run's end kills the
+  doors still in use (their sessions abandoned); a door whose end was asked just before
+  is given DOOR_BOUND to exit by itself first, so a SIGKILL of the harness's own is never
+  read as the exit code of a door that was stopped or cancelled.
 """
 
 from __future__ import annotations
