@@ -1041,5 +1041,6 @@ async def test_a_door_whose_end_was_asked_as_the_run_ended_exits_with_its_sessio
         status = await status_is(farm, record.task_id, *doors.EXIT_FOR)
         ev = await evidence.load(farm.dsn, {}, {})
     asked = {"close": "done", "cancel": "cancelled"}[plan]
+    assert record.at_run_end  # the run's end came while the door was taking its end
     assert (status, record.exit_code) == (asked, doors.EXIT_FOR[asked])
     assert doors.check(ev, {}, [record])[0] == []

@@ -74,6 +74,7 @@ class DoorRecord:
     detail: str = ""
     hung_up_at: float | None = None  # when the door hung up on its adb client
     exit_code: int | None = None
+    at_run_end: bool = False  # its end was asked as the run's end cut the wait for it short
 
 
 class DoorLoad:
@@ -147,6 +148,9 @@ class DoorLoad:
                 await client.shell(f"echo {i}", within=20)
                 record.commands += 1
             await self._end(record, door, client)
+        except asyncio.CancelledError:
+            record.at_run_end = record.did in ASKED and door.returncode is None
+            raise
         finally:
             record.exit_code = await _exit_code(record, door)
             if client is not None:
@@ -255,6 +259,7 @@ def check(
         "door_streams_on_phones": len(streams),
         "latest_write_after_lease_end_s": round(latest, 3),
         "latest_hang_up_after_task_end_s": round(hung_up_late, 3),
+        "asked_as_the_run_ended": sum(1 for d in doors if d.at_run_end),
     }
     return violations, figures
 
