@@ -175,6 +175,7 @@ class Farm:
         metadata: Mapping[str, str] | None = None,
         on_wait: Callable[[task_pb2.Task], None] | None = None,
         apps: Sequence[str | task_pb2.InstallApp] = (),
+        start_snapshot: str = "",
     ) -> Phone:
         """The phone of a new session, once its host joined; end it with `close()` (done)
         or `abandon()` (failed, "session abandoned"). For a holder that outlives a block
@@ -186,6 +187,7 @@ class Farm:
             priority=priority,
             metadata=dict(metadata or {}),
             apps=install_apps(apps),
+            start_snapshot=start_snapshot,
         )
         if max_duration is not None:
             opening.max_duration.CopyFrom(seconds(max_duration))
@@ -215,6 +217,7 @@ class Farm:
         metadata: Mapping[str, str] | None = None,
         on_wait: Callable[[task_pb2.Task], None] | None = None,
         apps: Sequence[str | task_pb2.InstallApp] = (),
+        start_snapshot: str = "",
     ) -> AsyncIterator[Phone]:
         """A phone of one's own until the block ends (the task ends done).
 
@@ -228,8 +231,10 @@ class Farm:
         installed before the first action, as the session's step 0 "apps" (an app id or a
         package name, replacing an installed copy; an InstallApp for other flags): one
         the library lacks is refused NOT_FOUND, a failed install raises SessionRefused,
-        and the time they take is not counted in `queue_timeout`. An exception out of the
-        block abandons the session (the task ends failed, "session abandoned")."""
+        and the time they take is not counted in `queue_timeout`. `start_snapshot`: the
+        emulator snapshot the session starts from (a phone of a host's emulator pool that
+        has it; a name no host has is refused NOT_FOUND). An exception out of the block
+        abandons the session (the task ends failed, "session abandoned")."""
         phone = await self.open_session(
             labels=labels,
             serial=serial,
@@ -241,6 +246,7 @@ class Farm:
             metadata=metadata,
             on_wait=on_wait,
             apps=apps,
+            start_snapshot=start_snapshot,
         )
         try:
             yield phone

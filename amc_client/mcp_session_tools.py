@@ -76,6 +76,13 @@ def register(server: MCPServer, lending: Lending, *, limit: int, idle_timeout: f
         grant_permissions: Annotated[
             bool, Field(description="Grant those apps every runtime permission they ask for.")
         ] = False,
+        snapshot: Annotated[
+            str,
+            Field(
+                description="Start from this snapshot: an emulator of the farm loads it"
+                " before the first action (e.g. login_screen); one no emulator has is refused."
+            ),
+        ] = "",
     ) -> str:
         with tool_errors("open_session"):
             wanted = [
@@ -84,12 +91,18 @@ def register(server: MCPServer, lending: Lending, *, limit: int, idle_timeout: f
             ]
             sessions = await lending.client(ctx)
             phone, opened = await sessions.open(
-                labels, serial, queue_timeout, client=client_name(ctx), apps=actions.apps(wanted)
+                labels,
+                serial,
+                queue_timeout,
+                client=client_name(ctx),
+                apps=actions.apps(wanted),
+                start_snapshot=snapshot,
             )
         if not opened:
             return f"session {phone.task_id} is open already on phone {phone.serial}"
         installed = f", {', '.join(apps)} installed" if apps else ""
-        return f"session {phone.task_id} on phone {phone.serial}{installed}"
+        loaded = f", from snapshot {snapshot}" if snapshot else ""
+        return f"session {phone.task_id} on phone {phone.serial}{loaded}{installed}"
 
     @server.tool()
     async def close_session(ctx: Context, session: Session = "") -> str:

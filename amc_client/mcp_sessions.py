@@ -56,6 +56,18 @@ class Defaults:
     implicit: bool = False
 
 
+@dataclass(frozen=True)
+class _Opening:
+    """What one open_session asked for."""
+
+    labels: Mapping[str, str] | None
+    serial: str
+    queue_timeout: float | None
+    client: str
+    apps: Sequence[task_pb2.InstallApp]
+    start_snapshot: str
+
+
 class NoSession(AmcClientError):
     """No session to act on: none open, an id that is not the client's, or several open
     and none named."""
@@ -98,9 +110,11 @@ class ClientSessions:
         *,
         client: str = "",
         apps: Sequence[task_pb2.InstallApp] = (),
+        start_snapshot: str = "",
     ) -> tuple[Phone, bool]:
-        """A new session's phone, with `apps` installed first; True when this call opened
-        it. With a limit of 1, the open session's (False) if there is one."""
+        """A new session's phone, with `apps` installed first (on an emulator loaded from
+        `start_snapshot` first); True when this call opened it. With a limit of 1, the
+        open session's (False) if there is one."""
         async with self._changed:
             while True:
                 self._check_gone()
@@ -116,19 +130,13 @@ class ClientSessions:
                     )
                 await self._changed.wait()  # an opening under way may fail: see then
             self._opening += 1
-        return await self._opened(labels, serial, queue_timeout, client, apps), True
+        opening = _Opening(labels, serial, queue_timeout, client, apps, start_snapshot)
+        return await self._opened(opening), True
 
-    async def _opened(
-        self,
-        labels: Mapping[str, str] | None,
-        serial: str,
-        queue_timeout: float | None,
-        client: str,
-        apps: Sequence[task_pb2.InstallApp],
-    ) -> Phone:
+    async def _opened(self, opening: _Opening) -> Phone:
         phone = None
         try:
-            phone = await self._open_phone(labels, serial, queue_timeout, client, apps)
+            phone = await self._open_phone(opening)
         finally:
             async with self._changed:
                 self._opening -= 1
@@ -141,15 +149,8 @@ class ClientSessions:
                     self._held[phone.task_id] = phone
         return phone
 
-    async def _open_phone(
-        self,
-        labels: Mapping[str, str] | None,
-        serial: str,
-        queue_timeout: float | None,
-        client: str,
-        apps: Sequence[task_pb2.InstallApp],
-    ) -> Phone:
-        d = self.defaults
+    async def _open_phone(self, o: _Opening) -> Phone:
+        d, labels, serial, client = self.defaults, o.labels, o.serial, o.client
         chosen = dict(labels or {}) if labels or serial else dict(d.labels)
         metadata = {"control": CONTROL}
         if client:
@@ -158,10 +159,11 @@ class ClientSessions:
             labels=chosen,
             serial=serial or ("" if labels else d.serial),
             idle_timeout=d.idle_timeout,
-            queue_timeout=d.queue_timeout if queue_timeout is None else queue_timeout,
+            queue_timeout=d.queue_timeout if o.queue_timeout is None else o.queue_timeout,
             metadata=metadata,
             on_wait=_refuse_unmatched,
-            apps=apps,
+            apps=o.apps,
+            start_snapshot=o.start_snapshot,
         )
 
     async def phone(self, session: str = "", client: str = "") -> Phone:
@@ -188,7 +190,7 @@ class ClientSessions:
                     await self._changed.wait()  # the first session is opening: take it
                     continue
                 self._opening += 1
-            return await self._opened(None, "", None, client, ())
+            return await self._opened(_Opening(None, "", None, client, (), ""))
 
     def _named(self, session: str) -> Phone:
         phone = self._held.get(session.strip())

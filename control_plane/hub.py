@@ -29,6 +29,7 @@ from control_plane.domain import (
     TaskId,
 )
 from control_plane.frames import Screens
+from control_plane.pool_hints import PoolHints
 from control_plane.presence import Presence
 from control_plane.progress import Progress
 from control_plane.rendezvous import Sessions
@@ -65,6 +66,9 @@ class Hub:
         # The tasks whose screens are watched here, each task's current attempt read once
         # for all its watches here, again when it changes (control_plane.screen_tasks).
         self.following = Following(self.watch)
+        # The emulator pools of the hosts whose streams are here, told how many tasks wait
+        # for them (control_plane.pool_hints).
+        self.pools = PoolHints()
         # The steps of running tasks this replica was sent, until written (progress.py).
         self.progress = Progress()
         # Set when the replica shuts down: long polls and streams end at once, so that

@@ -110,6 +110,12 @@ class RenewalStream:
                         self._want_screen(outbox, drain)
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
+                if request.pools:  # the host's emulator pools: told what waits for them
+                    push = functools.partial(_wanted_push, outbox=outbox, drain=drain)
+                    told = self.service.hub.pools.told(
+                        host_id, validate_lease.pools(request.pools), push
+                    )
+                    stack.enter_context(told)
                 outbox.put_nowait(await self._answer(host_id, request))
         finally:
             outbox.put_nowait(None)
@@ -321,6 +327,12 @@ def _release_push(serial: str, drain: bool) -> lease_pb2.RenewLeasesResponse:
 def _screen_push(drain: bool) -> lease_pb2.RenewLeasesResponse:
     """The pushed message (no leases) that asks the host to open its ScreenFrames call."""
     return lease_pb2.RenewLeasesResponse(push=True, drain=drain, screen_wanted=True)
+
+
+def _wanted_push(wanted: dict[str, int], outbox: Outbox, drain: StreamDrain) -> None:
+    """Tells the host how many tasks wait for each of its emulator pools (a push, no leases)."""
+    counts = [lease_pb2.PoolWanted(pool=p, tasks=n) for p, n in sorted(wanted.items())]
+    outbox.put_nowait(lease_pb2.RenewLeasesResponse(push=True, drain=drain.told, wanted=counts))
 
 
 def _drain_push(drain: bool) -> lease_pb2.RenewLeasesResponse:

@@ -28,6 +28,7 @@ from control_plane.library import check_references
 from control_plane.rpc import Context, TaskServicer, conversation, principal, rpc
 from control_plane.screens import ScreenWatch
 from control_plane.sessions import ClientSession
+from control_plane.snapshots import check_snapshots, selector_labels
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -79,7 +80,7 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest, team: str = "") -> NewTa
         spec=request.spec.SerializeToString(deterministic=True),
         request_id=request.request_id or None,
         selector_serial=request.selector.serial or None,
-        selector_labels=dict(request.selector.labels),
+        selector_labels=selector_labels(request.selector.labels, request.spec.start_snapshot),
         priority=request.priority,
         max_attempts=request.max_attempts or DEFAULT_MAX_ATTEMPTS,
         metadata=dict(request.metadata),
@@ -112,9 +113,11 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, requests: Sequence[scheduler_pb2.SubmitTaskRequest], batch: bool = False
     ) -> list[tuple[Task, bool]]:
         """Queue the tasks asked for, as the caller (one statement); (task, created) each.
-        What their specs name of the app library must be there (NOT_FOUND otherwise)."""
+        What their specs name of the app library must be there, and the snapshots they
+        start from on some host (NOT_FOUND otherwise)."""
         specs = [(f"tasks[{i}].spec" if batch else "spec", r.spec) for i, r in enumerate(requests)]
         await check_references(self.store, specs)
+        await check_snapshots(self.store, specs)
         who = principal()
         news = [_new_task(r, who.team) for r in requests]
         submitted = await self.store.tasks.submit_many(who.caller, news, name=who.name)

@@ -62,8 +62,13 @@ CREATE TABLE IF NOT EXISTS hosts (
     -- told over its renewal stream to finish its tasks and take no more. Who did it and
     -- why are in host_events.
     cordoned      boolean NOT NULL DEFAULT false,
-    draining      boolean NOT NULL DEFAULT false
+    draining      boolean NOT NULL DEFAULT false,
+    -- The emulator snapshots its devices can load (their `snapshot/<name>` labels, as its
+    -- last registration listed them): a task that starts from a snapshot no host has is
+    -- refused at submit (one lookup in the GIN index below).
+    snapshots     text[] NOT NULL DEFAULT '{}'
 );
+CREATE INDEX IF NOT EXISTS hosts_snapshots ON hosts USING gin (snapshots);
 
 CREATE TABLE IF NOT EXISTS replicas (
     replica_id text PRIMARY KEY,

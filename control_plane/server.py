@@ -34,6 +34,7 @@ from control_plane.library import PostgresLibrary
 from control_plane.library_service import LibraryService
 from control_plane.listener import Listener
 from control_plane.peers import Peers
+from control_plane.pool_hints import keep_pools_told
 from control_plane.progress import keep_progress_written, write_once
 from control_plane.queue_stats import keep_queue_counted
 from control_plane.retention import keep_retention, span_text
@@ -249,6 +250,7 @@ class ControlPlane:
                 ),
                 keep_retention(self.store, self.settings),
                 keep_queue_counted(self.store, self.settings),
+                keep_pools_told(self.store, self.hub.pools),
                 keep_progress_written(self.store, self.hub, self.settings),
                 self._watch_database(),
                 self.hub.send_outbox(self.store.notifications.notify),

@@ -48,6 +48,7 @@ from control_plane.library import check_references
 from control_plane.lifecycle import TaskStatus
 from control_plane.rendezvous import HOST_GONE, Relay
 from control_plane.rpc import TaskServicer, check_decoded, code_for, first_message, principal
+from control_plane.snapshots import check_snapshots, selector_labels
 
 log = structlog.get_logger(__name__)
 
@@ -76,11 +77,12 @@ def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)
     spec.apps.extend(o.apps)
+    spec.start_snapshot = o.start_snapshot
     return NewTask(
         spec=spec.SerializeToString(deterministic=True),
         request_id=o.request_id or None,
         selector_serial=o.selector.serial or None,
-        selector_labels=dict(o.selector.labels),
+        selector_labels=selector_labels(o.selector.labels, o.start_snapshot),
         priority=o.priority,
         max_attempts=1,
         metadata=dict(o.metadata),
@@ -161,7 +163,9 @@ class ClientSession:
             )
         store, hub = self._svc.store, self._svc.hub
         await self._within_limit(who)
-        await check_references(store, [("open", task_pb2.TaskSpec(apps=o.apps))])
+        opened = task_pb2.TaskSpec(apps=o.apps, start_snapshot=o.start_snapshot)
+        await check_references(store, [("open", opened)])
+        await check_snapshots(store, [("open", opened)])
         task, created = await store.tasks.submit(
             who.caller, new_session_task(o, who.team), name=who.name, relay=hub.replica
         )

@@ -23,7 +23,7 @@ from amc_common.action_table import MAX_COORD as MAX_COORD
 from amc_common.action_table import MAX_SECONDS as MAX_SECONDS
 from amc_common.action_table import MAX_STRING
 from amc_common.action_table import MAX_TEXT as MAX_TEXT
-from amc_common.device_selector import HOST_LABEL
+from amc_common.device_selector import HOST_LABEL, SNAPSHOT_NAME
 from control_plane.convert import STATUS_FROM_PB
 from control_plane.errors import InvalidArgument
 from control_plane.lifecycle import TaskStatus
@@ -178,6 +178,15 @@ def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
     if s.HasField("record_screen"):
         screen_recording(s.record_screen, f"{field}.record_screen")
     apps(s.apps, f"{field}.apps")
+    start_snapshot(s.start_snapshot, f"{field}.start_snapshot")
+
+
+def start_snapshot(value: str, field: str) -> None:
+    """An emulator snapshot's name, when set: one word, as the emulator console takes it."""
+    if value and not SNAPSHOT_NAME.fullmatch(value):
+        raise InvalidArgument(
+            field, "not a snapshot name: letters, digits, '.', '_', '-', at most 64"
+        )
 
 
 def apps(items: Sequence[task_pb2.InstallApp], field: str) -> None:
@@ -354,6 +363,7 @@ def session_open(req: scheduler_pb2.OpenSessionRequest) -> scheduler_pb2.Session
     identifier(o.request_id, "open.request_id", required=False)
     if o.HasField("record_screen"):
         screen_recording(o.record_screen, "open.record_screen")
+    start_snapshot(o.start_snapshot, "open.start_snapshot")
     apps(o.apps, "open.apps")
     if o.maintenance and not (o.selector.serial and set(o.selector.labels) == {HOST_LABEL}):
         raise InvalidArgument(

@@ -56,7 +56,7 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
 from amc_common.systemd import Notifier
-from host_agent import metrics
+from host_agent import devices, metrics
 from host_agent.app_cache import AppCache
 from host_agent.config import AgentSettings, app_cache_dir
 from host_agent.device_life import DeviceLife, Stage
@@ -133,7 +133,7 @@ class Agent:
         # Each phone's stage (ready, leased, cleaning, quarantined): its cleans, and its
         # quarantine and recovery ladder (self.recovery).
         self.life = DeviceLife(
-            source, settings, self.health, self._changed, self._registration.labels, self._vacate
+            source, settings, self.health, self._changed, self._registration, self._vacate
         )
         self.recovery = self.life.recovery
         self.health.overrides = self.life.overrides
@@ -178,6 +178,7 @@ class Agent:
             on_screen=self.screens.want,
             channel=self._channel,
             may_move=self.screens.closed,
+            pools=devices.pools(self._source),
         )
         cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
         self._tools = Tools(
@@ -199,6 +200,7 @@ class Agent:
                     group.create_task(self.health.run(self._registration.online), name="probes"),
                     group.create_task(self._watchdog_loop(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
+                    group.create_task(devices.pools(self._source).run(self.life), name="pools"),
                 ]
                 await self._offering.run(
                     self._idle_serials,
@@ -297,13 +299,13 @@ class Agent:
 
     # -- health ----------------------------------------------------------------------------
 
-    async def _vacate(self, serial: str) -> None:
-        """Before the ladder disturbs `serial`: stop the task it runs, if any, and return
-        once the worker has given its lease back (as device_lost)."""
+    async def _vacate(self, serial: str, reason: StopReason, why: str) -> None:
+        """Before the ladder disturbs `serial` (or a lost emulator is started again): stop
+        the task it runs, if any, and return once the worker has given its lease back."""
         while (work := self._busy.get(serial)) is not None:
             lease = self._leases.get(serial)
             if lease is not None:
-                lease.stop(StopReason.QUARANTINED, "device quarantined: stopping its task")
+                lease.stop(reason, why)
             await asyncio.wait([work])
 
     async def _send_health(self, changed: list[tuple[str, Health]]) -> None:

@@ -27,8 +27,9 @@ task reported) or conflicted is dropped: the terminal report is the record.
 
 A push with no leases carries the host's drain from the
 centre, handed to `on_drain`, the devices an operator released from quarantine, handed
-to `on_release`, and a viewer's wish for the host's screen call (`screen_wanted`), handed
-to `on_screen`.
+to `on_release`, a viewer's wish for the host's screen call (`screen_wanted`), handed
+to `on_screen`, and how many tasks wait for each of the host's emulator pools (`wanted`,
+handed to `pools.want`; the pools are told in each stream's first request).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from host_agent import metrics
+from host_agent.devices import NO_POOLS, Pools
 from host_agent.fencing import HeldLease, LeaseAnswer, RenewalResult, Timing
 from host_agent.retry import FATAL_CODES, retrying
 from host_agent.stop_token import Stopped, StopReason
@@ -74,6 +76,7 @@ class LeaseKeeper:
         on_screen: Callable[[], None] | None = None,
         channel: grpc.aio.Channel | None = None,
         may_move: Callable[[], Awaitable[None]] | None = None,
+        pools: Pools = NO_POOLS,
     ) -> None:
         self._stub = stub
         # The stub's channel: when the connection under the stream is left (the control
@@ -89,6 +92,7 @@ class LeaseKeeper:
         self._on_release = on_release or (lambda _serial: None)
         # Told that a viewer waits for one of the host's phones: open the ScreenFrames call.
         self._on_screen = on_screen or (lambda: None)
+        self._pools = pools
         self._host_id = host_id
         self.timing = timing
         self._max_backoff = max_backoff
@@ -223,7 +227,7 @@ class LeaseKeeper:
             self._wake.clear()
             full = time.monotonic() >= next_full
             if self._held or not opened:
-                await self._send(call, full)
+                await self._send(call, full, first=not opened)
                 opened = True
             if full:
                 next_full = time.monotonic() + self.timing.interval
@@ -231,7 +235,9 @@ class LeaseKeeper:
                 async with asyncio.timeout(max(0.0, next_full - time.monotonic())):
                     await self._wake.wait()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall[Any, Any], full: bool = True) -> None:
+    async def _send(
+        self, call: grpc.aio.StreamStreamCall[Any, Any], full: bool = True, first: bool = False
+    ) -> None:
         seq = next(self._seq)
         lease_ids = [
             lease_id
@@ -252,6 +258,10 @@ class LeaseKeeper:
                     lease_pb2.StepProgress(lease_id=i, step=step)
                     for i, done in steps.items()
                     for step in done
+                ],
+                pools=[
+                    lease_pb2.EmulatorPool(name=name, labels=labels)
+                    for name, labels in (self._pools.advertised() if first else [])
                 ],
             )
         )
@@ -285,6 +295,8 @@ class LeaseKeeper:
                 self._on_release(serial)
             if response.screen_wanted:
                 self._on_screen()
+            if response.wanted:
+                self._pools.want({w.pool: w.tasks for w in response.wanted})
             for state in response.leases:
                 if (lease := self._held.get(state.lease_id)) and state.cancel_pending:
                     self._cancel(lease, "push")

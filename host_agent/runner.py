@@ -70,6 +70,7 @@ def outcome_for(all_steps_ran: bool, failed: bool, stop_reason: StopReason | Non
             | StopReason.DEADLINE
             | StopReason.ABANDONED
             | StopReason.QUARANTINED
+            | StopReason.DEVICE_LOST
         ):
             # A task stopped for a quarantine is given back (worker.py); a session, whose
             # client is attached to this phone, ends failed.

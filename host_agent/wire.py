@@ -26,6 +26,7 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common.action_table import KEEPS, Action, ActionError, InstallApp, from_message
+from amc_common.device_selector import SNAPSHOT_NAME
 from amc_common.statuses import Outcome
 from amc_common.steps import default_name
 from amc_common.steps import label as step_label
@@ -206,14 +207,17 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
     kind = pb.WhichOneof("kind")
     installs = (task_pb2.Action(install_app=app) for app in pb.apps)
     apps = tuple(a for a in _actions_from_proto(installs, "apps: ") if isinstance(a, InstallApp))
+    start = pb.start_snapshot
+    if start and not SNAPSHOT_NAME.fullmatch(start):
+        raise InvalidSpec(f"start_snapshot: not a snapshot name: {start!r}")
     match kind:
         case "actions":
-            return ActionList(_actions_from_proto(pb.actions.actions, where=""), apps)
+            return ActionList(_actions_from_proto(pb.actions.actions, where=""), apps, start)
         case "workflow":
             steps = tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps))
-            return Workflow(steps, apps)
+            return Workflow(steps, apps, start)
         case "session":
-            return Session(apps, adb=pb.session.adb)
+            return Session(apps, start_snapshot=start, adb=pb.session.adb)
         case None:
             raise InvalidSpec("task spec has neither actions nor a workflow")
         case _:

@@ -27,6 +27,14 @@ chose, about how long it takes) and runs, in this order:
                --http`, each its own session on its own simulated phone, --mcp-actions taps
                each ~--mcp-think s apart: answers lost or crossed, round trip beside the
                client library's, CPU per tap
+ 15 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
+               (a host agent's --emulator pool; snapshot load --episodes-load s): each
+               session from the pool's snapshot, 20 taps, closed, for --episodes-seconds:
+               episodes/hour/emulator beside the ideal, lease-to-first-action, AMC's own
+               part of each reset between leases (the reset less the load)
+ 16 install    a --install-mb MB APK onto --install-phones simulated phones of
+               --install-hosts hosts at once: bytes the control plane sent (the APK's size
+               times the hosts, never the phones), each install's time
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
@@ -90,8 +98,10 @@ from bench_lib import (
     adb_door,
     ceiling,
     deep,
+    episodes,
     fleet,
     flood,
+    install,
     latency,
     lifecycle,
     mcp_agents,
@@ -216,6 +226,7 @@ class Run:
             if "mcp" in a.only:
                 async with self.workload("mcp"):
                     await self.mcp()
+            await self.phone_state_workloads()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
                     self.stop_amc()
@@ -378,6 +389,27 @@ class Run:
             await st.start_control_plane()
         opts = mcp_agents.Options(a.mcp_clients, a.mcp_actions, a.mcp_think, a.mcp_processes)
         self.results["mcp"] = await mcp_agents.run(st, opts, say)
+
+    async def phone_state_workloads(self) -> None:
+        """The workloads of a phone's state: emulator pools, the app library's installs."""
+        for key, run in (("episodes", self.episodes), ("install", self.install)):
+            if key in self.args.only:
+                async with self.workload(key):
+                    await run()
+
+    async def episodes(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = episodes.Options(a.episodes_emulators, a.episodes_seconds, a.episodes_load)
+        self.results["episodes"] = await episodes.run(st, opts, say)
+
+    async def install(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = install.Options(a.install_mb, a.install_phones, a.install_hosts)
+        self.results["install"] = await install.run(st, opts, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -559,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
             "screen",
             "adb",
             "mcp",
+            "episodes",
+            "install",
         )
     )
     return 0 if ok else 1

@@ -26,6 +26,8 @@ WORKLOADS = (
     "screen",
     "adb",
     "mcp",
+    "episodes",
+    "install",
     "fleet",
     "deep",
     "flood",
@@ -169,6 +171,18 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     )
     p.add_argument("--screen-clicks", type=int, default=50, help="screen: taps timed to a frame")
     p.add_argument(
+        "--episodes-emulators", type=int, default=20, help="episodes: emulator doubles in the pool"
+    )
+    p.add_argument(
+        "--episodes-seconds", type=float, default=60.0, help="episodes: the measured window"
+    )
+    p.add_argument(
+        "--episodes-load", type=float, default=0.6, help="episodes: a snapshot load's seconds"
+    )
+    p.add_argument("--install-mb", type=int, default=50, help="install: the APK's size, MB")
+    p.add_argument("--install-phones", type=int, default=100, help="install: phones")
+    p.add_argument("--install-hosts", type=int, default=5, help="install: hosts they are on")
+    p.add_argument(
         "--plans-history",
         type=int,
         default=1_000_000,
@@ -220,6 +234,8 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         args.screen_clicks = 5
         args.adb_shells, args.adb_push_mb = 10, 10
         args.mcp_clients, args.mcp_actions, args.mcp_think, args.mcp_processes = 10, 5, 0.2, 2
+        args.episodes_emulators, args.episodes_seconds = 4, 5.0
+        args.install_mb, args.install_phones, args.install_hosts = 5, 10, 2
         args.plans_history, args.plans_hosts = 5000, 200
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
@@ -287,6 +303,7 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         out.append(("screen", f"{a.screen_phones} phones, {a.screen_seconds:g} s windows",
                     seconds))  # fmt: skip
     out.extend(_doors(a))
+    out += _farm_state_plans(a, only)
     if "fleet" in only:
         runs = [f"{n:,}" for n in a.fleet_hosts]
         seconds = sum(_fleet_run(a, n, True) for n in a.fleet_hosts)
@@ -328,6 +345,20 @@ def _doors(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         seconds = 2 * (a.mcp_clients / 10 + a.mcp_actions * a.mcp_think * 1.5) + 15
         out.append(("mcp", f"{a.mcp_clients} MCP clients x {a.mcp_actions} taps, and through"
                     " the client library", seconds))  # fmt: skip
+    return out
+
+
+def _farm_state_plans(a: argparse.Namespace, only: set[str]) -> list[tuple[str, str, float]]:
+    """The plan's lines for the workloads of a phone's state: emulator pools, installs."""
+    out: list[tuple[str, str, float]] = []
+    if "episodes" in only:
+        seconds = a.episodes_seconds + 15 + a.episodes_emulators * 0.5
+        out.append(("episodes", f"{a.episodes_emulators} emulator doubles, sessions of 20"
+                    f" taps for {a.episodes_seconds:g} s", seconds))  # fmt: skip
+    if "install" in only:
+        seconds = 20 + a.install_phones * a.install_mb / 100
+        out.append(("install", f"a {a.install_mb} MB APK onto {a.install_phones} phones of"
+                    f" {a.install_hosts} hosts", seconds))  # fmt: skip
     return out
 
 

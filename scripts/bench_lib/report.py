@@ -90,6 +90,8 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("12 plans", lambda: _plans_rows(results.get("plans"))),
         ("13 adb door", lambda: _adb_rows(results.get("adb"))),
         ("14 mcp", lambda: _mcp_rows(results.get("mcp"))),
+        ("15 episodes", lambda: _episodes_rows(results.get("episodes"))),
+        ("16 install", lambda: _install_rows(results.get("install"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:
@@ -893,3 +895,66 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
     part = path.with_name(path.name + ".part")
     part.write_text(json.dumps(document, indent=2, default=str) + "\n")
     os.replace(part, path)
+
+
+def _episodes_rows(ep: dict[str, Any] | None) -> list[Row]:
+    """Issue 38's targets for emulator pools: episodes near the ideal, a warm start under a
+    second, AMC's own part of a reset under 100 / 300 ms."""
+    if not ep:
+        return []
+    n, load = ep["emulators"], ep["load_seconds"]
+    first, overhead = ep["lease_to_first_action_ms"], ep["reset_overhead_ms"]
+    return [
+        Row(
+            "15 episodes",
+            f"{n} emulators (load {load:g} s): episodes/hour/emulator (ideal)",
+            f"{_num(ep['episodes_per_hour_per_emulator'])}"
+            f" ({_num(ep['ideal_per_hour_per_emulator'])}, {ep['efficiency']:.0%};"
+            f" n={ep['episodes']})",
+            ">= 95 % of the ideal",
+            ep["efficiency"] >= 0.95,
+        ),
+        Row(
+            "15 episodes",
+            "  lease -> first action answered, ms",
+            pcts(first),
+            "p50 <= 1000",
+            first["p50"] <= 1000 if first.get("n") else None,
+        ),
+        Row(
+            "15 episodes",
+            "  session opened -> first action (waits for a reset), ms",
+            pcts(ep["open_to_first_action_ms"]),
+        ),
+        Row(
+            "15 episodes",
+            "  AMC's part of a reset (lease end -> ready, less the load), ms",
+            pcts(overhead),
+            "p50 <= 100, p99 <= 300",
+            _at_most(overhead, 100, 300),
+        ),
+    ]
+
+
+def _install_rows(ins: dict[str, Any] | None) -> list[Row]:
+    """Issue 38: one APK onto many phones moves over the network once per host."""
+    if not ins:
+        return []
+    mb, phones, hosts = ins["apk_bytes"] / (1 << 20), ins["phones"], ins["hosts"]
+    times = ins["sent_times_apk"]
+    return [
+        Row(
+            "16 install",
+            f"a {mb:.0f} MB APK onto {phones} phones of {hosts} hosts: sent by the control plane",
+            f"{ins['sent_bytes'] / (1 << 20):,.0f} MB = {times:.2f}x the APK",
+            f"{hosts}x, never {phones}x",
+            round(times, 2) == hosts,
+        ),
+        Row(
+            "16 install",
+            "  each install, lease -> done, ms",
+            pcts(ins["install_ms"]),
+            f"{ins['installed']} of {phones} installed",
+            ins["installed"] == phones,
+        ),
+    ]
