@@ -4,6 +4,8 @@ trusted in a long run."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -17,6 +19,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
 from host_agent.clean_profile import parse
 from host_agent.recovery import RecoverySettings
@@ -31,7 +34,7 @@ from tests.test_device_health import is_in, on
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib import cleaning, doors, phones, screens  # noqa: E402
+from chaos_lib import cleaning, doors, evidence, phones, screens  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
@@ -1007,3 +1010,37 @@ def test_a_door_past_its_lease_or_its_session_breaks_invariant_13(tmp_path: Path
         "a door's session failed for a reason that is not a stop"
     ]
     assert NAMES[13].startswith("adb doors")
+
+
+@pytest.mark.parametrize("plan", ["close", "cancel"])
+async def test_a_door_whose_end_was_asked_as_the_run_ended_exits_with_its_sessions_end(
+    farm: Farm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plan: str
+) -> None:
+    """THEN the run's end (the harness cancels its door clients) does not kill a door that
+    was just stopped or whose session was just cancelled: the real `amc adb` exits by
+    itself with its session's end, and invariant 13 holds on the farm's own evidence."""
+    monkeypatch.setattr(doors, "ENDINGS", {plan: 1.0})
+    token = await farm.token(Role.CLIENT)
+    load = doors.DoorLoad([farm.address], token, random.Random(1), tmp_path, 1)
+    async with running_agent(farm, SimulatedSource(1), labels={"pool": "agents"}):
+        running = asyncio.create_task(load.run_forever())
+        try:
+            await eventually(
+                lambda: load.records and load.records[0].did in doors.ASKED,
+                timeout=60,
+                interval=0.005,
+                what="the door's end to be asked",
+            )
+        finally:
+            load.stop()
+            running.cancel()  # as the run ends, at once
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        await load.close()
+        record = load.records[0]
+        status = await status_is(farm, record.task_id, *doors.EXIT_FOR)
+        ev = await evidence.load(farm.dsn, {}, {})
+    asked = {"close": "done", "cancel": "cancelled"}[plan]
+    assert record.at_run_end  # the run's end came while the door was taking its end
+    assert (status, record.exit_code) == (asked, doors.EXIT_FOR[asked])
+    assert doors.check(ev, {}, [record])[0] == []

@@ -48,9 +48,7 @@ async def test_an_agent_opens_a_session_from_a_snapshot_and_an_unknown_one_is_re
             assert "nope" in refused and "snapshot" in refused, refused
             assert await farm.db.fetchval("SELECT count(*) FROM tasks") == tasks_before
             loads_before = len(world.read_events("loaded"))
-            (opened,) = _content(
-                await mcp.call_tool("open_session", {"snapshot": "login_screen"})
-            )
+            (opened,) = _content(await mcp.call_tool("open_session", {"snapshot": "login_screen"}))
             assert opened.text.startswith("session "), opened.text
             assert opened.text.endswith(f"on phone {FIRST}, from snapshot login_screen")
             loaded = [e["snapshot"] for e in world.read_events("loaded")][loads_before:]
