@@ -265,7 +265,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     @conversation
     def OpenSession(self, context: Context) -> ClientSession:
         """A session's client side: its actions down to the host, their answers back."""
-        return ClientSession(self, self._read)
+        return ClientSession(self, self._read, context)
 
     @conversation
     def AdbStreams(self, context: Context) -> ClientDoor:

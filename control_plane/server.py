@@ -41,6 +41,7 @@ from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
 from control_plane.rpc_metrics import RpcMetrics, label
 from control_plane.scheduler_service import SchedulerService
+from control_plane.session_wire import CODECS
 from control_plane.store import Store, migrate
 from control_plane.sweep import sweep_expired
 
@@ -191,9 +192,8 @@ class ControlPlane:
         methods = [*rpc_methods(), *STANDARD_METHODS]
         metrics.create_rpc_series([label(m) for m in methods])
         record_build("control-plane")
-        server = grpc.aio.server(
-            options=server_options(self.settings), interceptors=[RpcMetrics(methods), DecodeGuard()]
-        )
+        interceptors = [RpcMetrics(methods), DecodeGuard(CODECS)]
+        server = grpc.aio.server(options=server_options(self.settings), interceptors=interceptors)
         # What every servicer works with; where the tasks' kept files and the app library's
         # bytes are kept is chosen here.
         parts = (

@@ -139,7 +139,7 @@ def action(a: task_pb2.Action, field: str) -> None:
     """One action, against its definition in amc_common.action_table (which the host agent and
     the CLI read too)."""
     try:
-        action_table.from_message(a)
+        action_table.check(a)
     except action_table.ActionError as exc:
         raise InvalidArgument(f"{field}.{exc.field}" if exc.field else field, exc.problem) from None
 

@@ -15,7 +15,8 @@ chose, about how long it takes) and runs, in this order:
   3 cancel     --trials cancels of running tasks (10 ms steps): -> runner stopped -> cancelled
  10 session    --session-sizes concurrent interactive sessions on simulated phones (0 ms),
                taps back to back for --session-seconds: round trip through AMC beside the
-               same taps straight to a phone, actions/s, CPU per action; then
+               same taps straight to a phone, actions/s, CPU per action; the same paced
+               at --session-rate taps/s per session (where sizes x rate <= 1,000/s); then
                --session-starts opens on an idle phone one after another
  11 screen     live screens of --screen-phones simulated phones: frames captured with
                nobody watching, frames/s to one viewer, click-to-frame latency through a
@@ -364,8 +365,8 @@ class Run:
         if st.control_plane is None:
             await st.start_control_plane()
         sizes = tuple(int(n) for n in a.session_sizes.split(",") if n.strip())
-        opts = session.Options(sizes, a.session_seconds, a.session_starts)
-        self.results["session"] = await session.run(st, opts, say)
+        opts = session.Options(sizes, a.session_seconds, a.session_starts, a.session_rate)
+        self.results["session"] = await session.run(st, opts, say, self.profiled)
 
     async def screens(self) -> None:
         a, st = self.args, self.stack
@@ -485,8 +486,7 @@ class Run:
             for rep in range(a.reps):
                 say(f"lifecycle {rep + 1}/{a.reps}: {a.tasks} tasks, {how}")
                 opts = lifecycle.Options(a.tasks, a.concurrency, batch)
-                first = rep == 0 and key == "lifecycle"
-                profile = self.profiled("lifecycle", "drain-0", 120) if first else _nothing()
+                profile = self.profiled(key, "drain-0", 120) if rep == 0 else _nothing()
                 async with self.phase(f"{key} {rep + 1}"), profile:
                     reps.append(await lifecycle.run_once(self.stack, client, db, clock, opts))
                 say(f"  {reps[-1]['tasks_per_s']:.0f} tasks/s, verified={reps[-1]['verified']}")

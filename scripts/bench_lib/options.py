@@ -164,6 +164,9 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     )
     p.add_argument("--session-seconds", type=float, default=10.0, help="session: each window")
     p.add_argument("--session-starts", type=int, default=50, help="session: starts measured")
+    p.add_argument(
+        "--session-rate", type=float, default=10.0, help="session: paced windows' taps/s each"
+    )
     p.add_argument("--screen-phones", type=int, default=20, help="screen: phones (and viewers)")
     p.add_argument("--screen-seconds", type=float, default=10.0, help="screen: each window")
     p.add_argument(
@@ -295,8 +298,11 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
                     (a.trials + a.warmup) * 0.1 * 2))  # fmt: skip
     if "session" in only:
         sizes = [s for s in str(a.session_sizes).split(",") if s.strip()]
-        seconds = len(sizes) * (a.session_seconds + 5) + a.session_starts * 0.1 + 10
-        out.append(("session", f"{a.session_sizes} sessions, {a.session_seconds:g} s each;"
+        paced = [s for s in sizes if a.session_rate and int(s) * a.session_rate <= 1000]
+        windows = len(sizes) + len(paced)
+        seconds = windows * (a.session_seconds + 5) + a.session_starts * 0.1 + 10
+        out.append(("session", f"{a.session_sizes} sessions, {a.session_seconds:g} s each"
+                    f" (paced at {a.session_rate:g}/s each: {','.join(paced) or 'none'});"
                     f" {a.session_starts} starts", seconds))  # fmt: skip
     if "screen" in only:
         seconds = a.screen_idle_seconds + 2 * a.screen_seconds + a.screen_clicks * 0.3 + 8
