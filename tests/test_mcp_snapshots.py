@@ -5,9 +5,6 @@ error that queues nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("mcp")
@@ -17,17 +14,10 @@ from amc_client.mcp_server import ClientSessions, Defaults
 from control_plane.domain import Role
 from tests.support import Farm, eventually
 from tests.support.emulators import EmulatorWorld
-from tests.test_emulator_pools import EMULATOR, FIRST, ready, running
+from tests.test_emulator_pools import EMULATOR, FIRST, ready, running, world
 from tests.test_mcp_server import _content, _error, agent
 
-
-@pytest.fixture
-async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[EmulatorWorld]:
-    made = await EmulatorWorld.make(tmp_path, monkeypatch)
-    try:
-        yield made
-    finally:
-        await made.close()
+__all__ = ["world"]  # the emulator pools' fixture, used here too
 
 
 async def test_an_agent_opens_a_session_from_a_snapshot_and_an_unknown_one_is_refused(
