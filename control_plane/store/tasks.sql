@@ -62,15 +62,16 @@ END $$;
 -- its selector and fairness key ($12; '' for the default) with its fair tag: the key's
 -- base at its priority (amc_fair_base) plus 1/weight per task of the batch. A session's
 -- ($13 set: the replica holding its client's call) is marked one (tasks.session), and an
--- operator's maintenance session ($14) so. $15: the caller's token's name.
+-- operator's maintenance session ($14) so. Each row's caller ($1) and caller's token's
+-- name ($15) are its own: a group commit writes several callers' tasks in one statement.
 WITH req AS (
     SELECT r.*, COALESCE(NULLIF(r.key, ''), 'default') AS fairness_key
-    FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
+    FROM unnest($1::text[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
                 $7::integer[], $8::integer[], $9::jsonb[], $10::interval[],
-                $11::interval[], $12::text[], $14::boolean[])
-        WITH ORDINALITY AS r (task_id, request_id, spec, selector_serial, selector_labels,
-                              priority, max_attempts, metadata, queue_timeout, deadline, key,
-                              maintenance, ord)
+                $11::interval[], $12::text[], $14::boolean[], $15::text[])
+        WITH ORDINALITY AS r (caller, task_id, request_id, spec, selector_serial,
+                              selector_labels, priority, max_attempts, metadata,
+                              queue_timeout, deadline, key, maintenance, caller_name, ord)
 ), grp AS (
     SELECT d.*, amc_queue_group(d.serial, d.selector_labels, d.fairness_key) AS group_id
     FROM (SELECT DISTINCT COALESCE(selector_serial, '') AS serial, selector_labels,
@@ -86,7 +87,7 @@ WITH req AS (
                        selector_labels, priority, max_attempts, metadata, created_at, updated_at,
                        queue_timeout, deadline, queue_deadline, group_id, fairness_key,
                        fair_tag, session, maintenance)
-    SELECT r.task_id, $1, $15, r.request_id, 'queued', r.spec, r.selector_serial,
+    SELECT r.task_id, r.caller, r.caller_name, r.request_id, 'queued', r.spec, r.selector_serial,
            r.selector_labels,
            r.priority, r.max_attempts, r.metadata,
            now() + (r.ord - 1) * interval '1 microsecond', now(),
@@ -112,7 +113,9 @@ WITH req AS (
 SELECT * FROM ins;
 
 -- name: tasks_by_request
-SELECT * FROM tasks WHERE caller = $1 AND request_id = ANY ($2::text[]);
+-- The tasks of (caller $1[i], request id $2[i]) pairs, by the key's unique index.
+SELECT tk.* FROM unnest($1::text[], $2::text[]) AS r (caller, request_id)
+JOIN tasks tk ON tk.caller = r.caller AND tk.request_id = r.request_id;
 
 -- name: open_sessions
 -- The caller's sessions queued or running (tasks_open_sessions).
