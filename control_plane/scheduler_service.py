@@ -201,8 +201,8 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         validate.reason(request.reason)
-        code, task = await self.store.tasks.cancel(task_id, request.reason)
-        self.effects.cancelled(code, task)
+        code, task, notice = await self.store.tasks.cancel(task_id, request.reason)
+        self.effects.cancelled(code, task, notice)
         return task_to_pb(task)
 
     @rpc

@@ -11,6 +11,7 @@ from typing import Any
 from control_plane import errors
 from control_plane.domain import (
     AttemptInfo,
+    CancelNotice,
     DeviceMatch,
     KeyCap,
     LeaseId,
@@ -161,8 +162,12 @@ class Tasks(Aggregate):
         )
         return [task(r) for r in rows]
 
-    async def cancel(self, task_id: TaskId, reason: str) -> tuple[CancelCode, Task]:
-        """Returns (code, task); code is CANCELLED, REQUESTED or UNCHANGED (else it raises)."""
+    async def cancel(
+        self, task_id: TaskId, reason: str
+    ) -> tuple[CancelCode, Task, CancelNotice | None]:
+        """Returns (code, task, notice); code is CANCELLED, REQUESTED or UNCHANGED (else it
+        raises). A REQUESTED one's notice is for the host's stream: sent after the commit
+        (Effects.cancelled), none is sent by the transaction."""
         row = await self._db.fetchrow("cancel_task", task_id, reason)
         assert row is not None
         code = CancelCode(row["code"])
@@ -173,7 +178,16 @@ class Tasks(Aggregate):
             raise errors.TaskAlreadyTerminal(
                 f"task {task_id} is already {cancelled.status}; a finished task cannot be cancelled"
             )
-        return code, cancelled
+        notice = None
+        if code is CancelCode.REQUESTED and cancelled.host_id is not None:
+            notice = CancelNotice(
+                cancelled.host_id,
+                LeaseId(row["cancel_lease"]),
+                cancelled.task_id,
+                cancelled.attempt,
+                row["cancel_epoch"],
+            )
+        return code, cancelled, notice
 
     async def time_out_queued(self, limit: int = 100) -> list[Task]:
         """Fail up to `limit` queued tasks whose queue timeout ran out (one statement)."""

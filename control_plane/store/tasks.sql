@@ -10,7 +10,9 @@
 -- -- functions --------------------------------------------------------------------------
 
 -- cancel: queued -> cancelled at once; assigned/dispatched -> a durable request on the
--- current attempt (pushed to the host's stream); repeated -> no-op; done/failed -> refused.
+-- current attempt (pushed to the host's stream by the notification the control plane sends
+-- after the commit; the host's next renewal answers it too); repeated -> no-op;
+-- done/failed -> refused.
 -- code: cancelled | requested | unchanged | terminal | not_found
 CREATE OR REPLACE FUNCTION amc_cancel(p_task uuid, p_reason text)
 RETURNS TABLE (code text, task tasks)
@@ -42,8 +44,6 @@ BEGIN
         RETURNING att.host_id, att.lease_id INTO a;
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (p_task, t.attempt, 'cancel_requested', t.status, t.status, p_reason);
-        PERFORM pg_notify('amc_cancel', a.host_id || ' ' || a.lease_id || ' ' || p_task
-                                        || ' ' || t.attempt || ' ' || extract(epoch FROM now()));
         v_code := 'requested';
     ELSIF t.status IN ('done', 'failed') THEN
         v_code := 'terminal';
@@ -157,7 +157,15 @@ ORDER BY created_at DESC, task_id DESC
 LIMIT $5;
 
 -- name: cancel_task
-SELECT code, (task).* FROM amc_cancel($1, $2);
+-- A cancel; a requested one (the task in flight) with its attempt's lease (by the key of
+-- attempts) and when, for the notification the control plane sends after the commit: a
+-- NOTIFY in the transaction would hold the notification queue's lock through the WAL flush,
+-- one cancel after another.
+SELECT c.code, (c.task).*, a.lease_id AS cancel_lease,
+       extract(epoch FROM now())::float8 AS cancel_epoch
+FROM amc_cancel($1, $2) c
+LEFT JOIN attempts a ON c.code = 'requested' AND a.task_id = (c.task).task_id
+                    AND a.attempt = (c.task).attempt;
 
 -- name: read_tasks
 -- Tasks $1 as one snapshot sees them (issue 27: read apart, a phone that took a task after
