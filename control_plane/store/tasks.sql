@@ -161,11 +161,13 @@ LIMIT $5;
 -- attempts) and when, for the notification the control plane sends after the commit: a
 -- NOTIFY in the transaction would hold the notification queue's lock through the WAL flush,
 -- one cancel after another.
-SELECT c.code, (c.task).*, a.lease_id AS cancel_lease,
+SELECT c.code, (c.task).*,
+       CASE WHEN c.code = 'requested' THEN
+           (SELECT a.lease_id FROM attempts a
+            WHERE a.task_id = (c.task).task_id AND a.attempt = (c.task).attempt)
+       END AS cancel_lease,
        extract(epoch FROM now())::float8 AS cancel_epoch
-FROM amc_cancel($1, $2) c
-LEFT JOIN attempts a ON c.code = 'requested' AND a.task_id = (c.task).task_id
-                    AND a.attempt = (c.task).attempt;
+FROM amc_cancel($1, $2) c;
 
 -- name: read_tasks
 -- Tasks $1 as one snapshot sees them (issue 27: read apart, a phone that took a task after
