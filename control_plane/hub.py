@@ -106,8 +106,10 @@ class Hub:
 
     def cancel_requested(self, notice: CancelNotice) -> None:
         """After committing a cancellation request of a running task: pushed onto its
-        host's renewal stream, here or on the replica holding it."""
-        self.publish(
+        host's renewal stream, here or on the replica holding it, when the notification
+        comes back (every replica hears it once, this one too: acted on here at once as
+        well, it would be pushed twice)."""
+        self._send(
             "amc_cancel",
             f"{notice.host_id} {notice.lease_id} {notice.task_id} {notice.attempt} "
             f"{notice.requested_epoch!r}",
