@@ -47,11 +47,25 @@ class GroupCommit(Generic[I, R]):
     `write(items)`, answering each item in order), its own result returned or its own
     error raised."""
 
-    def __init__(self, write: Write[I, R], max_group: int = MAX_GROUP) -> None:
+    def __init__(
+        self,
+        write: Write[I, R],
+        max_group: int = MAX_GROUP,
+        *,
+        in_flight: int = 1,
+        size: Callable[[I], int] = lambda _: 1,
+        max_size: int = MAX_GROUP,
+    ) -> None:
+        """`in_flight`: statements in flight at once (a call finding fewer goes at once);
+        a group holds at most `max_group` calls, and items of at most `max_size` in all
+        by `size` (one item more than that when it alone is bigger)."""
         self._write = write
         self._max = max_group
+        self._in_flight = in_flight
+        self._size = size
+        self._max_size = max_size
         self._waiting: list[_Call[I, R]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()
         # Groups written, and items in them (the tests', and the operator's, way to see
         # that calls are grouped).
         self.groups = 0
@@ -60,8 +74,10 @@ class GroupCommit(Generic[I, R]):
     async def __call__(self, item: I) -> R:
         call: _Call[I, R] = _Call(item)
         self._waiting.append(call)
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._run())
+        if len(self._writers) < self._in_flight:
+            writer = asyncio.create_task(self._run())
+            self._writers.add(writer)
+            writer.add_done_callback(self._writers.discard)
         # A caller that goes away leaves its item in the group: as with a statement of its
         # own in flight, it may be written all the same.
         return await asyncio.shield(call.answer)
@@ -69,14 +85,23 @@ class GroupCommit(Generic[I, R]):
     async def _run(self) -> None:
         try:
             while self._waiting:
-                group = self._waiting[: self._max]
-                del self._waiting[: self._max]
-                await self._group(group)
-        finally:
-            self._writer = None
-            for call in self._waiting:  # cancelled (the replica stopping) with calls waiting
+                await self._group(self._next_group())
+        except asyncio.CancelledError:
+            for call in self._waiting:  # the replica stopping with calls waiting
                 _answer(call, errors.Unavailable("control plane shutting down; retry"))
             self._waiting.clear()
+            raise
+
+    def _next_group(self) -> list[_Call[I, R]]:
+        n, size = 0, 0
+        while n < min(self._max, len(self._waiting)):
+            size += self._size(self._waiting[n].item)
+            if n and size > self._max_size:
+                break
+            n += 1
+        group = self._waiting[:n]
+        del self._waiting[:n]
+        return group
 
     async def _group(self, group: list[_Call[I, R]]) -> None:
         self.groups += 1
