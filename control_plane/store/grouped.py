@@ -75,9 +75,7 @@ class GroupCommit(Generic[I, R]):
         call: _Call[I, R] = _Call(item)
         self._waiting.append(call)
         if len(self._writers) < self._in_flight:
-            writer = asyncio.create_task(self._run())
-            self._writers.add(writer)
-            writer.add_done_callback(self._writers.discard)
+            self._writers.add(asyncio.create_task(self._run()))
         # A caller that goes away leaves its item in the group: as with a statement of its
         # own in flight, it may be written all the same.
         return await asyncio.shield(call.answer)
@@ -91,6 +89,13 @@ class GroupCommit(Generic[I, R]):
                 _answer(call, errors.Unavailable("control plane shutting down; retry"))
             self._waiting.clear()
             raise
+        finally:
+            # Not counted from the moment nothing waits (no await in between): a call
+            # arriving next starts a writer. (A done callback would come a loop turn late,
+            # and a call arriving in between would wait for the next one.)
+            writer = asyncio.current_task()
+            assert writer is not None
+            self._writers.discard(writer)
 
     def _next_group(self) -> list[_Call[I, R]]:
         n, size = 0, 0
