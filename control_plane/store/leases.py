@@ -24,10 +24,13 @@ from control_plane.store.grouped import GroupCommit
 from control_plane.store.rows import columns, expiry, task, uuid_or_none
 
 # Renewal statements in flight at once on a replica (PostgreSQL works on both of a small
-# machine's cores), and the leases one renewal statement holds at most (a host's 1,000 and
-# another's): the renewals arriving meanwhile go as the next group.
+# machine's cores), and the leases one grouped statement holds at most: the renewals
+# arriving meanwhile go as the next group. A renewal of GROUPED_BELOW leases or more goes
+# alone, as its own statement at once: its commit is shared by its leases already, and
+# hosts of many phones renewing back to back keep PostgreSQL's backends busy side by side.
 RENEWALS_IN_FLIGHT = 2
 RENEWAL_GROUP_LEASES = 2_000
+GROUPED_BELOW = 100
 
 
 class Leases(Aggregate):
@@ -85,7 +88,10 @@ class Leases(Aggregate):
     ) -> list[Renewal]:
         """As renew(), written with the other hosts' renewals arriving on this replica
         meanwhile (a group commit, store/grouped.py: one statement, one commit); answered
-        after the commit with this host's leases' own outcomes."""
+        after the commit with this host's leases' own outcomes. One of GROUPED_BELOW
+        leases or more is its own statement."""
+        if len(lease_ids) >= GROUPED_BELOW:
+            return await self.renew(host_id, lease_ids, ttl)
         return await self._renewals((host_id, lease_ids, ttl))
 
     async def _renew_hosts(
