@@ -113,9 +113,11 @@ WITH req AS (
 SELECT * FROM ins;
 
 -- name: tasks_by_request
--- The tasks of (caller $1[i], request id $2[i]) pairs, by the key's unique index.
+-- The tasks of (caller $1[i], request id $2[i]) pairs, each by a probe of the key's
+-- unique index (a LATERAL ... LIMIT 1 a pair: no join whose plan rests on row estimates).
 SELECT tk.* FROM unnest($1::text[], $2::text[]) AS r (caller, request_id)
-JOIN tasks tk ON tk.caller = r.caller AND tk.request_id = r.request_id;
+CROSS JOIN LATERAL (SELECT * FROM tasks t
+                    WHERE t.caller = r.caller AND t.request_id = r.request_id LIMIT 1) tk;
 
 -- name: open_sessions
 -- The caller's sessions queued or running (tasks_open_sessions).
