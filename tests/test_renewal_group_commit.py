@@ -86,3 +86,26 @@ async def test_forty_hosts_renewing_together_take_far_fewer_than_forty_commits(
     finally:
         for s in streams:
             await s.close()
+
+
+async def test_two_renewals_of_one_host_in_a_group_each_answer_their_own_leases(
+    farm: Farm,
+) -> None:
+    """A host renewing on two streams at once (one reconnecting): each renewal is
+    answered with the leases it asked about, not the other's."""
+    client = await farm.client()
+    for _ in range(3):
+        await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec()))
+    one = await farm.host("h0", "s1", "s2")
+    other = await farm.host("h1", "s1")
+    l1, l2 = (await one.acquire_one("s1")).lease_id, (await one.acquire_one("s2")).lease_id
+    l3 = (await other.acquire_one("s1")).lease_id
+    assert farm.plane is not None
+    leases = farm.plane.store.leases
+    ttl = farm.settings.lease_ttl
+    answers = await asyncio.gather(
+        leases.renew_grouped("h0", [l1], ttl),
+        leases.renew_grouped("h0", [l2, l3], ttl),
+        leases.renew_grouped("h1", [l3], ttl),
+    )
+    assert [[str(r.lease_id) for r in a] for a in answers] == [[l1], [l2], [l3]]
