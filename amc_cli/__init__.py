@@ -2,7 +2,7 @@
 
 __main__           entry point: runs the app, turns every failure into one line and an exit code
 app                the root command: connection flags, --version; adds the command groups
-commands/          the commands, a typer app per group: tasks, agents, tokens, hosts, devices,
+commands/          the commands, a typer app per group: tasks, logs, agents, tokens, hosts, devices,
                    queue, apps (and files)
 options            what the commands share: the connection, --output, --reason, KEY=VALUE flags
 client             a synchronous gRPC client with the bearer token on every call

@@ -16,6 +16,10 @@ from typing import BinaryIO
 from amc.v1 import task_pb2
 from amc_cli.errors import BadInput, CliError, ExitCode
 
+# What a run keeps with its last step besides its actions' files: its screen recording
+# and its phone's log. A step named without --action means its actions' file, if it has one.
+RUN_FILES = frozenset({"screen_recording", "logcat"})
+
 
 def choose(
     artifacts: list[task_pb2.Artifact],
@@ -25,7 +29,9 @@ def choose(
     action: int | None,
 ) -> task_pb2.Artifact:
     """The one artifact `step` (an index or a name) names: of `attempt` (default: the
-    latest attempt that kept one there) and `action` (needed when the step kept several)."""
+    latest attempt that kept one there) and `action` (needed when the step kept several;
+    without it, the run's recording and log kept with the last step yield to its actions'
+    file)."""
     matching = [a for a in artifacts if _step_is(a, step)]
     if attempt is not None:
         matching = [a for a in matching if a.attempt == attempt]
@@ -34,6 +40,8 @@ def choose(
         matching = [a for a in matching if a.attempt == latest]
     if action is not None:
         matching = [a for a in matching if a.action_index == action]
+    elif len(matching) > 1 and any(a.kind not in RUN_FILES for a in matching):
+        matching = [a for a in matching if a.kind not in RUN_FILES]
     if not matching:
         kept = ", ".join(sorted({f"{a.step_index} {a.step_name!r}" for a in artifacts}))
         where = f"; steps with artifacts: {kept}" if kept else "; it has none"

@@ -267,13 +267,15 @@ Action: TypeAlias = (
 )
 
 # The kinds of files a task keeps (artifacts) -> their content type: what an action saw (a
-# screenshot, a UI dump), a file pulled from the phone, or the task's screen recording
-# (TaskSpec.record_screen: an animated PNG).
+# screenshot, a UI dump), a file pulled from the phone, the task's screen recording
+# (TaskSpec.record_screen: an animated PNG), or the attempt's phone log (logcat's text,
+# gzipped).
 KEEPS: dict[str, str] = {
     "screenshot": "image/png",
     "ui_dump": "application/xml",
     "screen_recording": "image/apng",
     "pulled_file": "application/octet-stream",
+    "logcat": "application/gzip",
 }
 
 # kind -> class, in the oneof's order.

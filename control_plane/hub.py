@@ -20,6 +20,7 @@ from control_plane.domain import (
     CancelNotice,
     DrainNotice,
     LeaseId,
+    LogsNotice,
     Notice,
     ReleaseNotice,
     ScreenNotice,
@@ -27,6 +28,7 @@ from control_plane.domain import (
     TaskId,
 )
 from control_plane.frames import Screens
+from control_plane.log_tails import Tails
 from control_plane.presence import Presence
 from control_plane.rendezvous import Sessions
 from control_plane.screen_tasks import Following
@@ -52,6 +54,9 @@ class Hub:
         # The tasks whose screens are watched here, each task's current attempt read once
         # for all its watches here, again when it changes (control_plane.screen_tasks).
         self.following = Following(self.watch)
+        # Attempts' logs followed on this replica and the hosts' log feeds
+        # (control_plane.logs); a host asked for its feed is asked on its streams here.
+        self.tails = Tails(lambda host_id: self._push(LogsNotice(host_id)))
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False
@@ -157,6 +162,7 @@ class Hub:
         self.closing = True
         self.closed.set()
         self.screens.close()
+        self.tails.close()
         self.dispatcher.close()
         self.wake_all()
         for callbacks in list(self._streams.values()):

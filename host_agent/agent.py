@@ -13,6 +13,7 @@ for each assignment it is given.
          ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
          ├─ Screencaster.run()     the ScreenFrames call, opened when the renewal stream
          │                         asks (a viewer waits): watched phones' frames (screencast.py)
+         ├─ LogFeed.run()          the LogLines call, likewise: followed runs' log lines
          ├─ Offering.run()         Acquire long polls covering every idle phone but the
          │                         quarantined (offering.py; one refused as unregistered:
          │                         register again, ask again)
@@ -61,6 +62,7 @@ from host_agent.fencing import HeldLease, Timing
 from host_agent.health import Health, HealthMonitor, Reading, probe
 from host_agent.leases import LeaseKeeper
 from host_agent.library import HostLibrary
+from host_agent.log_feed import LogFeed
 from host_agent.offering import Offering
 from host_agent.recovery import Recovery
 from host_agent.registration import CALL_TIMEOUT, Registration
@@ -96,8 +98,11 @@ class Agent:
         self._log = log.bind(host_id=settings.host_id)
         self._registration = Registration(settings, source, self._stub, self._registered, self._log)
         self.keeper: LeaseKeeper | None = None
-        # The live screens (set once registered).
+        # The live screens and the live tails of the runs' logs (set once registered).
         self.screens: Screencaster | None = None
+        self.logs = LogFeed(
+            self._stub, settings.host_id, settings.log_linger, lambda k: k in self._running.values()
+        )
         self.finished: deque[Finished] = deque(maxlen=FINISHED_KEPT)
         self.registered = asyncio.Event()
         self._busy: dict[str, asyncio.Task[None]] = {}
@@ -174,8 +179,9 @@ class Agent:
             on_drain=self._drain_from_centre,
             on_release=self.recovery.release,
             on_screen=self.screens.want,
+            on_logs=self.logs.want,
             channel=self._channel,
-            may_move=self.screens.closed,
+            may_move=self._calls_closed,
         )
         cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
         self._tools = Tools(
@@ -187,6 +193,7 @@ class Agent:
             self._final,
             self.screens,
             HostLibrary(self._stub, cache),
+            self.logs,
         )
         self._notifier.ready(self._status())
         try:
@@ -197,6 +204,7 @@ class Agent:
                     group.create_task(self.health.run(self._registration.online), name="probes"),
                     group.create_task(self._watchdog_loop(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
+                    group.create_task(self.logs.run(), name="live logs"),
                 ]
                 await self._offering.run(
                     self._idle_serials,
@@ -211,6 +219,10 @@ class Agent:
             await self.recovery.close()
             await self._final.wait()
         self._log.info("host agent stopped")
+
+    async def _calls_closed(self) -> None:
+        assert self.screens is not None
+        await asyncio.gather(self.screens.closed(), self.logs.closed())
 
     def _drain_from_centre(self, drain: bool) -> None:
         if drain == self.drained_by_centre:

@@ -55,6 +55,10 @@ class AgentSettings:
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
+    # Each run's phone log (host_agent.logcat): at most this many bytes kept (compressed;
+    # 0: none kept), and how long the LogLines call stays open with nothing followed.
+    logcat_max_bytes: int = 4 << 20
+    log_linger: float = 30.0
     # The app library's files (APKs, files to push) kept on this host (host_agent.app_cache):
     # where (None: app_cache_dir()'s default) and how many bytes at most.
     app_cache_dir: Path | None = None

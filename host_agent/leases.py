@@ -27,8 +27,8 @@ task reported) or conflicted is dropped: the terminal report is the record.
 
 A push with no leases carries the host's drain from the
 centre, handed to `on_drain`, the devices an operator released from quarantine, handed
-to `on_release`, and a viewer's wish for the host's screen call (`screen_wanted`), handed
-to `on_screen`.
+to `on_release`, a viewer's wish for the host's screen call (`screen_wanted`), handed
+to `on_screen`, and a reader's for its log call (`logs_wanted`), to `on_logs`.
 """
 
 from __future__ import annotations
@@ -72,14 +72,15 @@ class LeaseKeeper:
         on_drain: Callable[[bool], None] | None = None,
         on_release: Callable[[str], None] | None = None,
         on_screen: Callable[[], None] | None = None,
+        on_logs: Callable[[], None] | None = None,
         channel: grpc.aio.Channel | None = None,
         may_move: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._stub = stub
         # The stub's channel: when the connection under the stream is left (the control
         # plane's replica aged it out), the stream moves to the channel's next connection,
-        # once `may_move` returns (the live screens' call, open on the old connection too,
-        # has ended: the stream and the call stay on one replica).
+        # once `may_move` returns (the live screens' and logs' calls, open on the old one too,
+        # have ended: the stream and the calls stay on one replica).
         self._channel = channel
         self._may_move = may_move
         # Told of the control plane's drain (True) or its end (False); False also when a
@@ -89,6 +90,8 @@ class LeaseKeeper:
         self._on_release = on_release or (lambda _serial: None)
         # Told that a viewer waits for one of the host's phones: open the ScreenFrames call.
         self._on_screen = on_screen or (lambda: None)
+        # Told that a reader follows one of the host's attempts' logs: open LogLines.
+        self._on_logs = on_logs or (lambda: None)
         self._host_id = host_id
         self.timing = timing
         self._max_backoff = max_backoff
@@ -285,6 +288,8 @@ class LeaseKeeper:
                 self._on_release(serial)
             if response.screen_wanted:
                 self._on_screen()
+            if response.logs_wanted:
+                self._on_logs()
             for state in response.leases:
                 if (lease := self._held.get(state.lease_id)) and state.cancel_pending:
                     self._cancel(lease, "push")
@@ -370,7 +375,7 @@ async def _connection_left(channel: grpc.aio.Channel | None) -> None:
     replica that took over a dead one's spread out again. A connection that dropped is
     left too: its stream breaks as well, and whichever is seen first reopens it. Without a
     channel (tests that pass a bare stub) it never returns. (The keeper then also waits for
-    `may_move`: the live screens' call, if open, ends first.)"""
+    `may_move`: the live screens' and logs' calls, if open, end first.)"""
     if channel is None:
         await asyncio.Event().wait()
         return

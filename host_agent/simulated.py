@@ -3,8 +3,10 @@
 `SimulatedSource(count)` offers ``sim-0 … sim-{count-1}``, all online. Every action
 waits `delay` seconds (cancellable) and then succeeds. Each action, finished or not, is
 recorded as an `ActionRecord` in `SimulatedSource.actions` and, when `action_log` is a
-path, appended to it as one flushed JSON line, so a test can check from outside that
-two attempts never drove the same phone at the same time.
+path, appended to it as one flushed JSON line (host_agent.simulated_actions). Each phone
+has a log (host_agent.simulated_logcat) where what is done on it is written as Android
+writes it, which the agent keeps for each run (`clear_log`, `follow_log`, `mark_log`: not
+actions, so not in the action log).
 
 `unplug(serial)` takes a phone away (calls raise `DeviceLost`, an action in flight is
 interrupted, `inventory()` omits it); `plug(serial)` brings it back.
@@ -32,12 +34,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from host_agent.devices import AttachedDevice, CommandFailed, DeviceLost, DeviceTimeout, ShellResult
+from host_agent.simulated_actions import ActionRecord, Recorder
 from host_agent.simulated_apps import PhoneApps
 from host_agent.simulated_body import (
     PROBE_COMMANDS,
@@ -48,39 +50,10 @@ from host_agent.simulated_body import (
     probe_answer,
     shell_answer,
 )
+from host_agent.simulated_logcat import PhoneLog
 from host_agent.simulated_screen import PHONE_SIZE, UI_XML, LiveScreen, live_frame, screenshot_png
 
 __all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource"]
-
-
-@dataclass(frozen=True)
-class ActionRecord:
-    serial: str
-    action: str
-    args: dict[str, Any]
-    started_monotonic: float
-    ended_monotonic: float
-    started_wall: float
-    ended_wall: float
-    # "ok", "lost" or "cancelled" (which is also how a caller's timeout looks from here).
-    outcome: str
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-
-@dataclass
-class _Recorder:
-    log_path: Path | None
-    records: list[ActionRecord] = field(default_factory=list)
-
-    def add(self, record: ActionRecord) -> None:
-        self.records.append(record)
-        if self.log_path is not None:
-            # Open, write, close per line: several sources (processes) may share the file.
-            with self.log_path.open("a", encoding="utf-8") as log:
-                log.write(record.to_json() + "\n")
-                log.flush()
 
 
 class SimulatedSource:
@@ -100,7 +73,7 @@ class SimulatedSource:
         self.call_timeout = 30.0
         self.serials = [f"{prefix}{i}" for i in range(count)]
         self.bodies: dict[str, Body] = {s: Body() for s in self.serials}
-        self._recorder = _Recorder(Path(action_log) if action_log is not None else None)
+        self._recorder = Recorder(Path(action_log) if action_log is not None else None)
         # Set when a phone is unplugged; replaced by a fresh one when it comes back.
         self._unplugged: dict[str, asyncio.Event] = {s: asyncio.Event() for s in self.serials}
         self._in_flight: dict[str, int] = dict.fromkeys(self.serials, 0)
@@ -115,6 +88,8 @@ class SimulatedSource:
         # Each phone's packages and files (host_agent.simulated_apps).
         sdk = int(SIMULATED_PROPS["ro.build.version.sdk"])
         self.apps: dict[str, PhoneApps] = {s: PhoneApps(sdk) for s in self.serials}
+        # Each phone's log (host_agent.simulated_logcat).
+        self.logs: dict[str, PhoneLog] = {s: PhoneLog(s) for s in self.serials}
 
     @property
     def actions(self) -> list[ActionRecord]:
@@ -242,6 +217,10 @@ class SimulatedSource:
             raise DeviceLost(f"device lost: {serial} was unplugged during the probe")
         return probe_answer(body, self.booted(serial), command)
 
+    def unplugged(self, serial: str) -> asyncio.Event:
+        """Set when the phone is unplugged (its current plug-in's)."""
+        return self._unplugged[serial]
+
     def is_plugged(self, serial: str) -> bool:
         event = self._unplugged.get(serial)
         return event is not None and not event.is_set()
@@ -294,6 +273,7 @@ class SimulatedDevice:
         except TimeoutError:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
         answered = self._source.apps[self.serial].answer(command)
+        answered = answered or self._source.logs[self.serial].answer(command)
         return ShellResult(*answered) if answered else shell_answer(command)
 
     async def tap(self, x: int, y: int) -> None:
@@ -355,6 +335,21 @@ class SimulatedDevice:
         source.captures += 1
         return live_frame(self.serial, source.screens[self.serial])
 
+    async def clear_log(self, timeout: float) -> None:
+        self._log().clear()
+
+    def follow_log(self) -> AsyncIterator[bytes]:
+        return self._log().follow(self._source.unplugged(self.serial))
+
+    async def mark_log(self, tag: str, message: str, timeout: float) -> None:
+        self._log().write("I", tag, message)
+
+    def _log(self) -> PhoneLog:
+        """The phone's log (not an action: neither logged nor timed as one)."""
+        if not self._source.is_plugged(self.serial):
+            raise DeviceLost(f"device lost: {self.serial} is not attached")
+        return self._source.logs[self.serial]
+
     async def _act(self, action: str, **args: Any) -> None:
         started_monotonic, started_wall = time.monotonic(), time.time()
         outcome = "cancelled"  # also what a timeout from the caller looks like here
@@ -362,6 +357,7 @@ class SimulatedDevice:
             await self._source.pause(self.serial)
             outcome = "ok"
             self._source.screens[self.serial].saw(action, args)
+            self._source.logs[self.serial].saw(action, args)
         except DeviceLost:
             outcome = "lost"
             raise

@@ -1,7 +1,8 @@
 """The `amc` commands, one module per group, each a Typer app that amc_cli.app adds to the
-root command (tasks and agents without a name: their commands sit at the top level).
+root command (tasks, logs and agents without a name: their commands sit at the top level).
 
 tasks     submit, get, list, cancel, watch; artifacts, artifact
+logs      a task's phone log (amc logs TASK --follow)
 agents    mcp
 tokens    amc tokens create, list, revoke
 hosts     amc hosts; cordon, uncordon, drain, show, remove

@@ -20,6 +20,7 @@
   interactive session, for operators (control_plane.console.control); `/control` its page.
 - `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live
   screen, one binary message per frame (control_plane.console.screen: the layout).
+- `GET /api/logs/<task_id>`: a task's phone log as JSON lines (control_plane.console.logs).
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed
   (control_plane.console.events).
@@ -46,7 +47,7 @@ from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
-from control_plane.console import library, screen
+from control_plane.console import library, logs, screen
 from control_plane.console.calls import (
     CallContext,
     Refused,
@@ -165,6 +166,7 @@ class Console:
         app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
         app.router.add_get("/api/screen", self.screen)
+        app.router.add_get("/api/logs/{task_id}", logs.route(self.scheduler, _refusal))
         app.router.add_get("/api/control", self.control)
         return app
 

@@ -17,6 +17,10 @@
   packages``, ``pm install PATH``, ``pm uninstall``, ``pm path``, ``rm -f``, and an install
   from stdin (``cmd package install -S SIZE``, `stdin_command`) of an APK whose manifest
   it reads; pushes and pulls land in `files` (the servers' ``sync:``)
+* its log (`log`, host_agent.simulated_logcat, as a simulated phone's): ``logcat -c``,
+  ``logcat -d``, ``logcat`` streamed (`stream_shell`: until the stream is closed), ``log
+  [-p P] [-t TAG] MESSAGE``, ``am crash PACKAGE`` (a FATAL EXCEPTION block); ``input``,
+  ``am start``, ``monkey -p`` and ``am force-stop`` are logged as Android logs them
 
 Anything else prints ``/system/bin/sh: <cmd>: inaccessible or not found`` and exits 127.
 `failures` lets a test make a command fail: a key is matched as a prefix of the
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 # One PNG writer for the simulator and the fakes; re-exported for tests.
 from host_agent.screen import PNG_SIGNATURE
 from host_agent.simulated_apps import PhoneApps
+from host_agent.simulated_logcat import PhoneLog
 from host_agent.simulated_screen import LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
@@ -112,6 +117,7 @@ class FakePhone:
         self.props.setdefault("ro.serialno", self.serial)
         sdk = self.props.get("ro.build.version.sdk", "34")
         self.apps = PhoneApps(int(sdk) if sdk.isdigit() else 34, files=self.files)
+        self.log = PhoneLog(self.serial)
 
     def stdin_command(self, command: str, data: bytes) -> bytes:
         """What `command` (adb's exec:) prints when given `data` on stdin."""
@@ -131,6 +137,11 @@ class FakePhone:
         return b"".join([chunk async for chunk in self.stream_shell(command)])
 
     async def stream_shell(self, command: str) -> AsyncIterator[bytes]:
+        if _follows_log(command):
+            self.commands.append((time.monotonic(), command))
+            async for chunk in self.log.follow():
+                yield chunk
+            return
         for step in self.iter_shell(command):
             if isinstance(step, Sleep):
                 await asyncio.sleep(step.seconds)
@@ -168,7 +179,30 @@ class FakePhone:
         managed = self.apps.shell(argv)
         if managed is not None:
             return managed[0], managed[1].encode()
+        logged = self.log.answer(shlex.join(argv))
+        if logged is not None:
+            return logged[0], logged[1].encode()
+        self._logged(argv)
         return self._run_builtin(argv, last_status)
+
+    def _logged(self, argv: list[str]) -> None:
+        """What a command done on the phone writes into its log."""
+        args = argv[1:]
+        if argv[0] == "input" and args[:1] == ["tap"] and len(args) >= 3:
+            self.log.saw("tap", {"x": args[1], "y": args[2]})
+        elif argv[0] == "input" and args[:1] == ["swipe"] and len(args) >= 5:
+            self.log.saw("swipe", dict(zip(("x1", "y1", "x2", "y2"), args[1:5], strict=True)))
+        elif argv[0] == "input" and args[:1] == ["keyevent"] and args[1:2] and args[1].isdigit():
+            self.log.saw("key", {"keycode": args[1]})
+        elif argv[0] == "input" and args[:1] == ["text"]:
+            self.log.saw("input_text", {"text": " ".join(args[1:])})
+        elif argv[:2] == ["am", "start"] and "-n" in args:
+            package, _, activity = args[args.index("-n") + 1].partition("/")
+            self.log.launched(package, activity)
+        elif argv[0] == "monkey" and "-p" in args:
+            self.log.launched(args[args.index("-p") + 1], "")
+        elif argv[:2] == ["am", "force-stop"] and len(args) == 2:
+            self.log.stopped(args[1])
 
     def _run_builtin(self, argv: list[str], last_status: int) -> tuple[int, bytes]:
         name = argv[0]
@@ -245,6 +279,12 @@ class FakePhone:
                 out += f"cat: {path}: No such file or directory\n".encode()
                 status = 1
         return status, out
+
+
+def _follows_log(command: str) -> bool:
+    """`logcat` without -d or -c: it follows the log until it is stopped."""
+    words = command.split()
+    return words[:1] == ["logcat"] and "-d" not in words and "-c" not in words
 
 
 def _split_commands(command: str) -> list[tuple[str, list[str]]]:
