@@ -5,8 +5,9 @@ from amc_common.statuses import Outcome
 from host_agent.__main__ import RECONNECT
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
+from host_agent.clean_profile import CleanProfile, Profiles
 from host_agent.config import AgentSettings
-from host_agent.flags import duration
+from host_agent.flag_values import duration
 from host_agent.reporting import ResultBatcher
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.retry import RetryPolicy
@@ -18,7 +19,9 @@ __all__ = [
     "AdbSource",
     "Agent",
     "AgentSettings",
+    "CleanProfile",
     "Outcome",
+    "Profiles",
     "ResultBatcher",
     "RetryPolicy",
     "RunResult",

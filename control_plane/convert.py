@@ -19,6 +19,7 @@ from control_plane.domain import (
     ArtifactInfo,
     Assignment,
     AttemptInfo,
+    CleanStep,
     DeviceHealth,
     DeviceInfo,
     FairShare,
@@ -214,6 +215,7 @@ def report_from_pb(r: lease_pb2.ReportResultRequest) -> Report:
         OUTCOME_FROM_PB[r.outcome],
         r.result.SerializeToString(deterministic=True),
         r.result.error,
+        r.cleans,
     )
 
 
@@ -237,6 +239,10 @@ def health_from_pb(h: lease_pb2.DeviceHealth) -> DeviceHealth:
         h.battery_percent if h.HasField("battery_percent") else None,
         h.temperature_celsius if h.HasField("temperature_celsius") else None,
         h.charging if h.HasField("charging") else None,
+        cleaned=tuple(
+            CleanStep(s.name, s.detail, s.took.ToTimedelta().total_seconds(), s.ok)
+            for s in h.cleaned
+        ),
     )
 
 

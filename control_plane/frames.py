@@ -1,6 +1,12 @@
 """Phones watched on this replica and the hosts' screen feeds here, wire-free (the hub
 holds one `Screens`; control_plane.screens puts it on the wire). A frame is whatever the
-host sent (an amc.v1.ScreenFrame): here only its `serial` and `host_id` are read.
+host sent (an amc.v1.ScreenFrame): here only its `serial`, `host_id`, its kind (a still
+image, or a frame of the H.264 stream, control_plane.video) and its checks are read.
+
+A phone's screen holds its latest still frame and its stream's frames since the latest
+key frame (`video.Gop`); a viewer takes still images (the latest when it is ready) or the
+stream (every frame in order, skipping to a newer key frame when it fell behind), as it
+asked (`Viewer.codec`), and the host is told which kinds each phone's viewers take.
 
 A host opens its feed only when asked (`want`, which the hub pushes onto the host's renewal
 streams here): when a viewer here waits for one of its phones with no feed here (`ask`),
@@ -17,14 +23,28 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from control_plane.video import H264, Gop, RateGate, check_frame, is_video
+
 # A frame as it came (amc.v1.ScreenFrame), passed on as it is.
 Frame = Any
+# A viewer of the stream that joins gets the frames since the latest key frame at once if
+# they are at most this many (else it waits for a key frame, asked for); one that falls
+# this many frames behind has a key frame asked for, to skip to.
+JOIN_BURST = 30
+LAG_FRAMES = 60
 
 
 @dataclasses.dataclass(eq=False)
 class Viewer:
     max_fps: int
+    # video.IMAGE or video.H264.
+    codec: str = "image"
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    # A viewer of the stream: the number of the stream's next frame it is due (None: not
+    # started, it starts at the latest key frame), and whether it waits for the next key
+    # frame (it may not decode what comes before one).
+    position: int | None = None
+    awaiting_key: bool = False
 
 
 class Screen:
@@ -34,18 +54,40 @@ class Screen:
         self.host_id = host_id
         self.serial = serial
         self.viewers: set[Viewer] = set()
+        # The latest still frame, and the stream's frames since its latest key frame.
         self.frame: Frame | None = None
-        # The relay from the replica holding the host's feed, when that is another one.
-        self.source: asyncio.Task[None] | None = None
+        self.gop = Gop()
+        # A frame of the stream has come: its viewers take no still frames.
+        self.streams = False
+        # The relays from the replica holding the host's feed, when that is another one,
+        # one per kind its viewers here take (video.IMAGE, video.H264).
+        self.sources: dict[str, asyncio.Task[None]] = {}
         # Why no frame will come any more (the relay was lost).
         self.lost: str | None = None
+        # What the host may send for this phone a second.
+        self.gate = RateGate()
+
+    @property
+    def source(self) -> asyncio.Task[None] | None:
+        """A relay of this phone, if it is relayed here."""
+        return next(iter(self.sources.values()), None)
 
     @property
     def fps(self) -> int:
         return max((v.max_fps for v in self.viewers), default=0)
 
+    def takes(self, codec: str) -> bool:
+        return any(v.codec == codec for v in self.viewers)
+
     def put(self, frame: Frame) -> None:
-        self.frame = frame
+        if is_video(frame):
+            self.streams = True
+            if not self.gop.add(frame):
+                return
+        else:
+            self.frame = frame
+            if not self.takes("image"):
+                self.streams = False  # still frames for the stream's viewers: it has none
         for viewer in self.viewers:
             viewer.ready.set()
 
@@ -60,6 +102,8 @@ class Feed:
 
     def __init__(self) -> None:
         self.changed = asyncio.Event()
+        # Phones whose stream's viewers here want a key frame soon, not yet told.
+        self.key_frames: set[str] = set()
 
 
 class Screens:
@@ -89,21 +133,27 @@ class Screens:
     def viewers(self) -> int:
         return sum(len(s.viewers) for s in self._screens.values())
 
-    def watched(self, host_id: str) -> list[tuple[str, int]]:
-        """The host's phones watched here, with the frame rate asked for, by serial."""
+    def watched(self, host_id: str) -> list[tuple[str, int, bool, bool]]:
+        """The host's phones watched here, by serial: the frame rate asked for, and whether
+        their viewers take still images, the stream."""
         return sorted(
-            (s.serial, s.fps)
+            (s.serial, s.fps, s.takes("image"), s.takes(H264))
             for (host, _), s in self._screens.items()
             if host == host_id and s.viewers and s.source is None
         )
 
     @contextlib.contextmanager
-    def watch(self, host_id: str, serial: str, max_fps: int) -> Iterator[tuple[Screen, Viewer]]:
+    def watch(
+        self, host_id: str, serial: str, max_fps: int, codec: str = "image"
+    ) -> Iterator[tuple[Screen, Viewer]]:
         key = (host_id, serial)
         screen = self._screens.get(key)
         if screen is None:
             screen = self._screens[key] = Screen(host_id, serial)
-        viewer = Viewer(max_fps)
+        viewer = Viewer(max_fps, codec)
+        if codec == H264 and screen.gop.broken:
+            # No stream yet (or broken): the viewer starts at its next key frame, whenever.
+            viewer.position, viewer.awaiting_key = screen.gop.end, True
         screen.viewers.add(viewer)
         self._tell(host_id)
         try:
@@ -112,13 +162,13 @@ class Screens:
             screen.viewers.discard(viewer)
             if not screen.viewers and self._screens.get(key) is screen:
                 del self._screens[key]
-                if screen.source is not None:
-                    screen.source.cancel()
+                for source in screen.sources.values():
+                    source.cancel()
             self._tell(host_id)
 
-    def relaying(self, screen: Screen, source: asyncio.Task[None]) -> None:
-        """The screen's frames come from `source` (a relay), not from a feed here."""
-        screen.source = source
+    def relaying(self, screen: Screen, codec: str, source: asyncio.Task[None]) -> None:
+        """The screen's frames of a kind come from `source` (a relay), not a feed here."""
+        screen.sources[codec] = source
         self._tell(screen.host_id)
 
     @contextlib.contextmanager
@@ -136,20 +186,66 @@ class Screens:
                 del self._feeds[host_id]
                 self.ask(host_id)  # a viewer still waiting: the host opens it again
 
+    def want_key_frame(self, screen: Screen) -> None:
+        """Asks the phone's host for a key frame soon (a viewer of its stream here cannot
+        go on without one); a relayed phone's is asked for where its host is."""
+        feed = self._feeds.get(screen.host_id)
+        if feed is not None and screen.source is None and screen.serial not in feed.key_frames:
+            feed.key_frames.add(screen.serial)
+            feed.changed.set()
+
+    def next_of_stream(self, screen: Screen, viewer: Viewer) -> Frame | None:
+        """The stream's frame the viewer is sent next, if it has one. A viewer that joins
+        starts at the latest key frame, or (that group long already, or broken) waits for
+        the next one, asked of the host; one that falls LAG_FRAMES behind has the host
+        asked for a key frame to skip to."""
+        gop = screen.gop
+        if viewer.position is None:
+            if gop.broken or len(gop.frames) > JOIN_BURST:
+                self.await_key_frame(screen, viewer)
+            else:
+                viewer.position = gop.base
+        assert viewer.position is not None
+        if gop.end - viewer.position > LAG_FRAMES and not viewer.awaiting_key:
+            self.want_key_frame(screen)
+        while True:
+            frame, viewer.position = gop.at(viewer.position)
+            if frame is None or frame.key_frame or not viewer.awaiting_key:
+                break
+        if frame is not None:
+            viewer.awaiting_key = False
+        return frame
+
+    def await_key_frame(self, screen: Screen, viewer: Viewer) -> None:
+        viewer.position, viewer.awaiting_key = screen.gop.end, True
+        self.want_key_frame(screen)
+
     def has_feed(self, host_id: str) -> bool:
         return host_id in self._feeds
 
     def current(self, host_id: str, feed: Feed) -> bool:
         return self._feeds.get(host_id) is feed and not self.closing
 
-    def deliver(self, host_id: str, frame: Frame) -> bool:
-        """A host's frame to its phone's viewers here; False when nobody here watches it."""
+    def deliver(self, host_id: str, frame: Frame) -> str:
+        """A host's frame to its phone's viewers here; what became of it: "received",
+        "unwatched" (nobody here watches it), "over_rate" (past what the host may send
+        for a phone a second) or "malformed" (a frame of the stream that cannot be passed
+        on: control_plane.video.check_frame). A dropped frame of the stream has the
+        frames after it wait for a key frame."""
         screen = self._screens.get((host_id, frame.serial))
         if screen is None or screen.source is not None:
-            return False
+            return "unwatched"
+        video = is_video(frame)
+        if not screen.gate.admit(len(frame.data)):
+            if video:
+                screen.gop.lose()
+            return "over_rate"
+        if video and check_frame(frame) is not None:
+            screen.gop.lose()
+            return "malformed"
         frame.host_id = host_id
         screen.put(frame)
-        return True
+        return "received"
 
     def close(self) -> None:
         self.closing = True

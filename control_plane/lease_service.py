@@ -202,13 +202,17 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
         validate.reason(request.reason)
         if request.device_lost:
             ended = await self.store.leases.device_lost(
-                principal().host_id, lease_id, request.reason, self.settings.infra_retries
+                principal().host_id,
+                lease_id,
+                request.reason,
+                self.settings.infra_retries,
+                request.cleans,
             )
             if ended:
                 self.effects.ended(Event.DEVICE_LOST, [ended])
             return lease_pb2.ReleaseLeaseResponse()
         ended = await self.store.leases.release(
-            principal().host_id, lease_id, request.reason or "released by host"
+            principal().host_id, lease_id, request.reason or "released by host", request.cleans
         )
         if ended:
             self.effects.ended(Event.RELEASED, [ended])

@@ -156,3 +156,5 @@ class HostEventKind(enum.StrEnum):
     RELEASE = "release"
     # Not an operator's: a host's recovery ladder quarantining or bringing back a device.
     RECOVERY = "recovery"
+    # Not an operator's either: a step of a host's clean of a device between leases.
+    CLEANING = "cleaning"

@@ -214,8 +214,16 @@ RETENTION_BATCH = Histogram(
 )
 # What retention deletes: finished tasks with their attempts, events and artifacts; hosts
 # with their devices.
-RETENTION_KINDS = ("tasks", "attempts", "task_events", "artifacts", "hosts", "devices")
-RETENTION_BATCHES = ("tasks", "hosts")
+RETENTION_KINDS = (
+    "tasks",
+    "attempts",
+    "task_events",
+    "artifacts",
+    "hosts",
+    "devices",
+    "cleaning_events",
+)
+RETENTION_BATCHES = ("tasks", "hosts", "cleaning_events")
 
 ARTIFACT_UPLOADS = Counter(
     "amc_artifact_uploads_total",
@@ -291,13 +299,26 @@ def _at_zero(metric: Counter | Gauge | Histogram, *labels: Iterable[str]) -> Non
         metric.labels(*values)
 
 
-SCREEN_FRAME_RESULTS = ("received", "unwatched", "relayed", "sent")
+SCREEN_FRAME_RESULTS = (
+    "received",
+    "unwatched",
+    "relayed",
+    "sent",
+    "malformed",
+    "over_rate",
+    "awaiting_key_frame",
+    "gop_too_big",
+    "skipped_to_key_frame",
+)
 SCREEN_FRAMES = Counter(
     "amc_screen_frames_total",
     "Screen frames: received from this replica's hosts for a phone watched here, or for"
     " one no longer watched (unwatched: dropped), relayed from another replica, sent to"
     " a viewer, or kept from a task's viewer (other_attempt: captured while its phone ran"
-    " another attempt)",
+    " another attempt); of a stream (H.264), dropped as malformed (cut short, not Annex B,"
+    " a key frame without its codec), over_rate (past what a phone's host may send a"
+    " second), awaiting_key_frame (after one was dropped), gop_too_big, or a viewer's"
+    " frames skipped_to_key_frame (it fell behind)",
     ["result"],
 )
 SCREEN_VIEWERS = Gauge(

@@ -82,12 +82,15 @@ def explain(serial: str | None, labels: dict[str, str], m: DeviceMatch) -> str:
 
 
 def _others(m: DeviceMatch, *, with_held: bool) -> str:
-    """` (1 held, 2 offline, 1 cordoned, 1 on a drained host)`: what keeps the matching
-    devices that are not named first; '' when nothing does."""
+    """` (1 cleaning, 1 held, 2 offline, 1 cordoned, 1 on a drained host)`: what keeps the
+    matching devices that are not named first (a phone its host cleans between leases is
+    as good as busy, and said so); '' when nothing does."""
+    cleaning = dict(m.held_by).get("cleaning", 0) if with_held else 0
     parts = [
         _plural(n, one, many)
         for n, one, many in (
-            (m.held if with_held else 0, "held", "held"),
+            (cleaning, "cleaning", "cleaning"),
+            (m.held - cleaning if with_held else 0, "held", "held"),
             (m.offline, "offline", "offline"),
             (m.cordoned + m.host_cordoned, "cordoned", "cordoned"),
             (m.host_draining, "on a drained host", "on drained hosts"),
@@ -108,6 +111,7 @@ HELD_AS = {
     "quarantined": "quarantined",
     "offline": "offline (its host's probe)",
     "low_storage": "low on storage",
+    "cleaning": "cleaning (between leases)",
 }
 
 

@@ -1,7 +1,8 @@
 """Retention: what a farm no longer needs, deleted in the background of every replica.
 
 - Finished tasks (done, failed, cancelled) whose `finished_at` is older than
-  `--task-retention` go, with their attempts, events and artifacts.
+  `--task-retention` go, with their attempts, events and artifacts; so do the `cleaning`
+  host events (a few per lease: the steps of the hosts' cleans) older than that.
 - Hosts not seen for `--forget-hosts-after` that hold no lease go, with their devices, as
   `amc hosts remove` would remove them (an event in the host's history says retention did
   it, and why).
@@ -75,6 +76,11 @@ async def retain(store: Store, settings: Settings) -> Removed:
         keep = settings.task_retention
         removed += await _batches(
             "tasks", lambda limit: store.retention.delete_old_tasks(keep, limit), settings
+        )
+        removed += await _batches(
+            "cleaning_events",
+            lambda limit: store.retention.delete_old_cleaning_events(keep, limit),
+            settings,
         )
     if settings.forget_hosts_after is not None:
         unseen = settings.forget_hosts_after

@@ -99,9 +99,11 @@ CREATE TABLE IF NOT EXISTS devices (
     cordoned     boolean NOT NULL DEFAULT false,
     -- Its health as its host's probes last saw it (reported only when it changes): only a
     -- 'ready' device takes work; the facts behind it are NULL until a probe reads them.
+    -- 'cleaning': its host cleans it between leases (set with the lease's end when the
+    -- host asks, amc_cleaning).
     condition    text NOT NULL DEFAULT 'ready' CHECK (condition IN
                    ('ready', 'charging_hold', 'too_hot', 'unresponsive', 'booting',
-                    'recovering', 'quarantined', 'offline', 'low_storage')),
+                    'recovering', 'quarantined', 'offline', 'low_storage', 'cleaning')),
     condition_reason    text NOT NULL DEFAULT '',
     battery_percent     integer,
     temperature_celsius real,
@@ -160,23 +162,37 @@ CREATE TABLE IF NOT EXISTS tasks (
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
         autovacuum_vacuum_cost_limit = 2000);
+-- The partial indexes of the tasks in flight each name their first column in their
+-- predicate (`group_id IS NOT NULL`, ...), a column that is never NULL in those rows: only a
+-- statement that asks for that column's value can use the index, or one that says
+-- `group_id IS NOT NULL` itself to read it whole (group_id may be NULL in a table's rows;
+-- for a NOT NULL column such as priority PostgreSQL drops that clause as always true, and
+-- only a statement asking for a value can use the index). Several partial indexes share a
+-- status predicate; with statistics that say none of their rows exist (a burst of work
+-- since the last ANALYZE, or none yet) the planner takes a whole one for the cheapest way
+-- to anything with that status: every running task read for each lease renewed, every
+-- queued task for each Acquire. tests/test_query_plans.py holds the hot statements to
+-- their keys.
+--
 -- The queue, one stretch per group in the order the group hands work out: Acquire reads
 -- the heads of the groups its devices match, never the tasks of groups they do not.
 CREATE INDEX IF NOT EXISTS tasks_dispatch
     ON tasks (group_id, priority DESC, fair_tag, created_at, task_id)
-    WHERE status = 'queued';
+    WHERE status = 'queued' AND group_id IS NOT NULL;
 -- A key's queued tasks by tag: where its next task's tag starts (amc_fair_base).
--- (Its predicate names fairness_key so that the planner, with statistics that do not know
--- of a burst of submits yet, cannot take it for the cheapest way to a group's head.)
 CREATE INDEX IF NOT EXISTS tasks_fair_queue ON tasks (fairness_key, priority, fair_tag)
     WHERE status = 'queued' AND fairness_key IS NOT NULL;
 -- The tasks running, by group: a group with none queued or running may be forgotten
--- (amc_forget_queue_groups); a key's running count for its cap.
+-- (amc_forget_queue_groups); the running tasks counted (the gauges, ListFairShares).
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (group_id)
-    WHERE status IN ('assigned', 'dispatched');
+    WHERE status IN ('assigned', 'dispatched') AND group_id IS NOT NULL;
+-- The tasks running, by fairness key: how many phones a key with a cap holds (amc_acquire,
+-- acquire_offered, read_tasks).
+CREATE INDEX IF NOT EXISTS tasks_running_keys ON tasks (fairness_key)
+    WHERE status IN ('assigned', 'dispatched') AND fairness_key IS NOT NULL;
 -- The tasks running, by tag: the frontier of service (amc_fair_frontier).
 CREATE INDEX IF NOT EXISTS tasks_running_tags ON tasks (priority, fair_tag)
-    WHERE status IN ('assigned', 'dispatched');
+    WHERE status IN ('assigned', 'dispatched') AND priority IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tasks_listing ON tasks (created_at DESC, task_id DESC);
 CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
     WHERE host_id IS NOT NULL;
@@ -229,12 +245,10 @@ CREATE TABLE IF NOT EXISTS attempts (
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01,
         autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000);
--- The live attempts: the expiry sweep scans them (same predicate), renewals check them.
+-- The live attempts, by host (its leases counted for a cordon or a removal); the expiry
+-- sweep reads them whole. No hot statement names an attempt's state in its WHERE (they
+-- reach attempts by lease and ask the row), so none can read it whole instead.
 CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 'active';
--- The leases a host has not acknowledged yet. No longer read: amc_renew locks the tasks of
--- every lease it renews (issue 21.2); kept until a migration drops it.
-CREATE INDEX IF NOT EXISTS attempts_unacknowledged ON attempts (host_id)
-    WHERE state = 'active' AND acknowledged_at IS NULL;
 -- Live attempts with a deadline, by when it passes: what the overrun sweep reads.
 CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at)
     WHERE state = 'active' AND deadline_at IS NOT NULL;
@@ -279,9 +293,10 @@ CREATE TABLE IF NOT EXISTS host_events (
     serial     text,
     -- recovery: the host's own, as its phone is quarantined, recovered or not (the host
     -- is the actor; set_device_health). release: an operator took a device out of
-    -- quarantine (Admin.ReleaseDevice).
+    -- quarantine (Admin.ReleaseDevice). cleaning: the host's own, a step of its clean of a
+    -- phone between leases (set_device_health).
     kind       text NOT NULL CHECK (kind IN ('cordon', 'uncordon', 'drain', 'remove',
-                                             'recovery', 'release')),
+                                             'recovery', 'release', 'cleaning')),
     actor      text NOT NULL,
     actor_name text NOT NULL DEFAULT '',
     reason     text NOT NULL DEFAULT '',
@@ -380,8 +395,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     step_index   integer NOT NULL,
     action_index integer NOT NULL,
     step_name    text NOT NULL,
-    kind         text NOT NULL CHECK (kind IN ('screenshot', 'ui_dump', 'screen_recording',
-                                              'pulled_file', 'logcat')),
+    kind         text NOT NULL CHECK (kind IN
+        ('screenshot', 'ui_dump', 'screen_recording', 'screen_video', 'pulled_file', 'logcat')),
     size_bytes   bigint NOT NULL CHECK (size_bytes >= 0),
     sha256       bytea NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),

@@ -55,6 +55,7 @@ from control_plane.errors import (
 from control_plane.frames import Screen, Screens, Viewer
 from control_plane.rpc import TaskServicer, check_decoded, first_message, principal
 from control_plane.screen_tasks import RUNNING, Attempt, Followed
+from control_plane.video import CODECS, H264, IMAGE, check_frame
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +75,7 @@ class Target:
     host_id: str
     serial: str
     max_fps: int
+    codec: str = IMAGE
 
 
 def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
@@ -81,17 +83,22 @@ def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
     fps = request.max_fps or DEFAULT_FPS
     if not 1 <= fps <= MAX_FPS:
         raise InvalidArgument("max_fps", f"must be 1 to {MAX_FPS} (0: {DEFAULT_FPS})")
+    codec = request.codec or IMAGE
+    if codec not in CODECS:
+        raise InvalidArgument(
+            "codec", f"{request.codec[:40]!r} is not one of: {', '.join(CODECS)} ('': image)"
+        )
     if request.task_id:
         if request.host_id or request.serial:
             raise InvalidArgument(
                 "task_id", "name a task, or a device (host_id and serial), not both"
             )
-        return Target(validate.task_id(request.task_id), "", "", fps)
+        return Target(validate.task_id(request.task_id), "", "", fps, codec)
     if not request.host_id and not request.serial:
         raise InvalidArgument("task_id", "required: a task, or a device (host_id and serial)")
     host_id = validate.identifier(request.host_id, "host_id")
     serial = validate.identifier(request.serial, "serial")
-    return Target(None, host_id, serial, fps)
+    return Target(None, host_id, serial, fps, codec)
 
 
 class ScreenWatch:
@@ -150,16 +157,20 @@ class ScreenWatch:
                 read = svc.store.replicas.screen_attempt
                 followed = stack.enter_context(hub.following.follow(want.task_id, read, every))
                 followed.join(bound)
-            screen, viewer = stack.enter_context(screens.watch(host_id, serial, want.max_fps))
-            if not relayed and not here and elsewhere and screen.source is None:
+            screen, viewer = stack.enter_context(
+                screens.watch(host_id, serial, want.max_fps, want.codec)
+            )
+            if not relayed and not here and elsewhere and want.codec not in screen.sources:
                 relay = asyncio.get_running_loop().create_task(
-                    self._relay(screen, str(source["address"]), want.max_fps)
+                    self._relay(screen, str(source["address"]), want.max_fps, want.codec)
                 )
-                screens.relaying(screen, relay)
+                screens.relaying(screen, want.codec, relay)
             # No feed here yet: the host's renewal stream here asks it to open one.
             screens.ask(host_id)
             await context.send_initial_metadata(())
-            log.info("screen watched", host_id=host_id, serial=serial, relayed=relayed)
+            log.info(
+                "screen watched", host_id=host_id, serial=serial, relayed=relayed, codec=want.codec
+            )
             metrics.SCREEN_VIEWERS.inc()
             try:
                 async for frame in self._frames(screen, viewer, followed, bound):
@@ -170,9 +181,12 @@ class ScreenWatch:
     async def _frames(
         self, screen: Screen, viewer: Viewer, followed: Followed | None, bound: Attempt | None
     ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
-        """The latest frame whenever there is a newer one, at most max_fps a second; a
-        task's watch sends a frame only while its attempt is the task's current one
-        (`followed`, checked before each frame), and ends when it is not."""
+        """A viewer of still images: the latest frame whenever there is a newer one, at
+        most max_fps a second. A viewer of the stream: its every frame in order from the
+        latest key frame on (a skip to a newer key frame when it fell behind), or the
+        latest still frame while the phone has no stream. A task's watch sends a frame
+        only while its attempt is the task's current one (`followed`, checked before each
+        frame), and ends when it is not."""
         hub = self._svc.hub
         loop = asyncio.get_running_loop()
         interval = 1.0 / viewer.max_fps
@@ -196,18 +210,25 @@ class ScreenWatch:
                             await _either(viewer.ready, settled)  # or the replica stopping
                     viewer.ready.clear()
                     continue
+            if viewer.codec == H264 and screen.streams:
+                frame = hub.screens.next_of_stream(screen, viewer)
+                if frame is None:
+                    await self._wait(screen, viewer, settled)
+                elif (
+                    followed is not None
+                    and bound is not None
+                    and not _during(frame, followed, bound)
+                ):
+                    # Never sent; the frames after it need it: on from the next key frame.
+                    hub.screens.await_key_frame(screen, viewer)
+                    metrics.SCREEN_FRAMES.labels("other_attempt").inc()
+                else:
+                    metrics.SCREEN_FRAMES.labels("sent").inc()
+                    yield frame
+                continue
             frame = screen.frame
             if frame is None or frame is sent:
-                try:
-                    async with asyncio.timeout(STALE):
-                        await _either(viewer.ready, settled)
-                except TimeoutError:
-                    if screen.source is None and not hub.screens.has_feed(screen.host_id):
-                        # The host left this replica (gone, or reconnected elsewhere).
-                        raise Unavailable(
-                            f"host {screen.host_id} is no longer connected here: watch again"
-                        ) from None
-                viewer.ready.clear()
+                await self._wait(screen, viewer, settled)
                 continue
             if followed is not None and bound is not None and not _during(frame, followed, bound):
                 sent = frame  # its host says the phone ran another attempt: never sent
@@ -221,15 +242,30 @@ class ScreenWatch:
             metrics.SCREEN_FRAMES.labels("sent").inc()
             yield frame
 
-    async def _relay(self, screen: Screen, address: str, fps: int) -> None:
-        """The phone's frames from the replica holding its host's feed, into `screen`: a
-        device watch as this replica (its proof, not a viewer's credentials)."""
+    async def _wait(self, screen: Screen, viewer: Viewer, settled: asyncio.Event | None) -> None:
+        """Until the screen has something new for the viewer (or the task changed); a
+        viewer whose phone's host left this replica is told to watch again."""
+        try:
+            async with asyncio.timeout(STALE):
+                await _either(viewer.ready, settled)
+        except TimeoutError:
+            if screen.source is None and not self._svc.hub.screens.has_feed(screen.host_id):
+                # The host left this replica (gone, or reconnected elsewhere).
+                raise Unavailable(
+                    f"host {screen.host_id} is no longer connected here: watch again"
+                ) from None
+        viewer.ready.clear()
+
+    async def _relay(self, screen: Screen, address: str, fps: int, codec: str) -> None:
+        """The phone's frames (of what `codec` takes) from the replica holding its host's
+        feed, into `screen`: a device watch as this replica (its proof, not a viewer's
+        credentials)."""
         metadata = [
             ("authorization", self._svc.auth.replica_proof()),
             (RELAYED_BY, self._svc.hub.replica),
         ]
         request = scheduler_pb2.WatchScreenRequest(
-            host_id=screen.host_id, serial=screen.serial, max_fps=fps
+            host_id=screen.host_id, serial=screen.serial, max_fps=fps, codec=codec
         )
         call = self._svc.peers.scheduler(address).WatchScreen(request, metadata=metadata)
         log.info("screen relayed", host_id=screen.host_id, serial=screen.serial, to=address)
@@ -308,16 +344,21 @@ class HostFeed:
         screens = self._svc.hub.screens
         with screens.feed(host_id) as feed:
             pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))
-            told: list[tuple[str, int]] | None = None
+            told: list[tuple[str, int, bool, bool]] | None = None
             metrics.SCREEN_FEEDS.inc()
             try:
                 while screens.current(host_id, feed) and not pump.done():
                     feed.changed.clear()
                     watched = screens.watched(host_id)
-                    if watched != told:
-                        told = watched
+                    if watched != told or feed.key_frames:
+                        told, keys = watched, sorted(feed.key_frames)
+                        feed.key_frames.clear()
                         yield lease_pb2.ScreenFramesResponse(
-                            watched=[lease_pb2.ScreenWatch(serial=s, max_fps=f) for s, f in watched]
+                            watched=[
+                                lease_pb2.ScreenWatch(serial=s, max_fps=f, images=i, video=v)
+                                for s, f, i, v in watched
+                            ],
+                            key_frames=keys,
                         )
                     changed = asyncio.ensure_future(feed.changed.wait())
                     try:
@@ -330,9 +371,18 @@ class HostFeed:
 
     async def _frames(self, host_id: str, requests: AsyncIterator[Any]) -> None:
         screens = self._svc.hub.screens
+        warned = False
         with contextlib.suppress(Exception):  # the host left: its call ends here
             async for request in requests:
                 if request.WhichOneof("part") != "frame":
                     return
-                delivered = screens.deliver(host_id, request.frame)
-                metrics.SCREEN_FRAMES.labels("received" if delivered else "unwatched").inc()
+                result = screens.deliver(host_id, request.frame)
+                metrics.SCREEN_FRAMES.labels(result).inc()
+                if result == "malformed" and not warned:
+                    warned = True  # once per call: a broken host sends many
+                    log.warning(
+                        "a host's frame could not be passed on",
+                        host_id=host_id,
+                        serial=request.frame.serial,
+                        why=check_frame(request.frame),
+                    )

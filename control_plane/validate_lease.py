@@ -90,6 +90,24 @@ def device_health(items: Sequence[lease_pb2.DeviceHealth], field: str = "devices
             raise InvalidArgument(f"{where}.battery_percent", "must be between 0 and 100")
         if h.HasField("temperature_celsius") and not -100 <= h.temperature_celsius <= 200:
             raise InvalidArgument(f"{where}.temperature_celsius", "must be between -100 and 200")
+        clean_steps(h.cleaned, f"{where}.cleaned")
+
+
+# The steps of one clean a report may carry (a clean has five at most; an emulator's one).
+MAX_CLEAN_STEPS = 20
+MAX_STEP_NAME = 64
+
+
+def clean_steps(steps: Sequence[lease_pb2.CleanStep], field: str) -> None:
+    """A device's clean steps: named, one line each, a duration from 0 to a day."""
+    for where, step in each(steps, field, MAX_CLEAN_STEPS, "steps"):
+        text(step.name, f"{where}.name", required=True, limit=MAX_STEP_NAME)
+        printable(step.name, f"{where}.name")
+        text(step.detail, f"{where}.detail", limit=MAX_VALUE)
+        printable(step.detail, f"{where}.detail")
+        took = step.took.seconds + step.took.nanos / 1e9
+        if not 0 <= took <= 86400:
+            raise InvalidArgument(f"{where}.took", "must be between 0 and 1 day")
 
 
 OUTCOMES = (lease_pb2.OUTCOME_DONE, lease_pb2.OUTCOME_FAILED, lease_pb2.OUTCOME_CANCELLED)

@@ -86,7 +86,7 @@ async def serve(config: Config) -> int:
         systemd=notifier.enabled,
     )
     faults = (
-        asyncio.create_task(source.follow_faults(config.sim_faults))
+        asyncio.create_task(source.faults.follow(config.sim_faults))
         if isinstance(source, SimulatedSource) and config.sim_faults
         else None
     )
@@ -155,7 +155,13 @@ def _device_source(config: Config) -> DeviceSource:
         )
         source.call_timeout = config.adb_timeout  # a hung phone's calls time out as adb's
         return source
-    return AdbSource(config.adb_host, config.adb_port, call_timeout=config.adb_timeout)
+    return AdbSource(
+        config.adb_host,
+        config.adb_port,
+        call_timeout=config.adb_timeout,
+        scrcpy_server=config.scrcpy_server,
+        video_max_fps=config.agent.screen_video_max_fps,
+    )
 
 
 if __name__ == "__main__":

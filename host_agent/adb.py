@@ -7,6 +7,10 @@ The adb host protocol itself (framing, deadlines, error mapping, the one import 
 ``shell()`` and ``screencap()`` are not used: output is decoded leniently here, and a
 screenshot is read over ``exec-out`` (no pty, so no newline rewriting).
 
+Where scrcpy's server runs for a phone (host_agent.scrcpy_link: while its stream is
+watched or recorded, or a session holds it), taps, swipes, keys and text go through its
+control socket; elsewhere, or when that fails, through `input`. Each says which ran it.
+
 Exit codes come from a marker: ``<command>; echo <marker>$?``. A reply without the
 marker means the connection ended before the command did; the adb server is then asked
 whether the phone is still there to tell `DeviceLost` from a dropped connection.
@@ -19,18 +23,27 @@ import contextlib
 import re
 import shlex
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+
+import structlog
 
 from host_agent import adb_files
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
+from host_agent.baselines import Baselines
+from host_agent.clean_profile import CleanProfile
+from host_agent.cleaning import ShellCleaner
 from host_agent.devices import (
     AttachedDevice,
     CommandFailed,
     DeviceError,
     DeviceLost,
+    InputPath,
     ShellResult,
+    VideoFps,
 )
+from host_agent.scrcpy_link import Link, Links, ScrcpyVideo, ServerJar
 from host_agent.screen import PNG_SIGNATURE
 
 __all__ = [
@@ -41,6 +54,8 @@ __all__ = [
     "parse_devices_l",
     "parse_getprop",
 ]
+
+log = structlog.get_logger(__name__)
 
 DEFAULT_CALL_TIMEOUT = 30.0
 UI_DUMP_PATH = "/sdcard/amc_window_dump.xml"
@@ -153,10 +168,13 @@ def _raise_if_reported(command: str, output: str, needles: tuple[str, ...]) -> N
 class AdbDevice:
     """One phone behind the adb server. Each call opens its own connection."""
 
-    def __init__(self, client: ClientAsync, serial: str, call_timeout: float):
+    def __init__(
+        self, client: ClientAsync, serial: str, call_timeout: float, links: Links | None = None
+    ):
         self.serial = serial
         self._client = client
         self._call_timeout = call_timeout
+        self._links = links or Links(client, None, 30)
 
     # -- Device protocol ---------------------------------------------------------------
 
@@ -170,19 +188,62 @@ class AdbDevice:
             code, output = await self._run("shell", command)
         return ShellResult(code, output.decode("utf-8", errors="replace"))
 
-    async def tap(self, x: int, y: int) -> None:
+    async def tap(self, x: int, y: int) -> InputPath:
+        if await self._control(lambda link: link.tap(x, y)):
+            return "control"
         await self._action(f"input tap {int(x)} {int(y)}")
+        return "input"
 
-    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None:
+    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> InputPath:
+        if await self._control(lambda link: link.swipe(x1, y1, x2, y2, duration_ms)):
+            return "control"
         points = " ".join(str(int(v)) for v in (x1, y1, x2, y2, duration_ms))
         await self._action(f"input swipe {points}")
+        return "input"
 
-    async def input_text(self, text: str) -> None:
+    async def input_text(self, text: str) -> InputPath:
+        escaped = escape_input_text(text) if text else ""  # the same text either way
+        if text and await self._control(lambda link: link.text(text)):
+            return "control"
         if text:
-            await self._action(f"input text {escape_input_text(text)}")
+            await self._action(f"input text {escaped}")
+        return "input"
 
-    async def key(self, keycode: int) -> None:
+    async def key(self, keycode: int) -> InputPath:
+        if await self._control(lambda link: link.key(keycode)):
+            return "control"
         await self._action(f"input keyevent {int(keycode)}")
+        return "input"
+
+    async def _control(self, act: Callable[[Link], Awaitable[None]]) -> bool:
+        """Done through scrcpy's control socket, if its server runs for this phone."""
+        link = self._links.running(self.serial)
+        if link is None:
+            return False
+        try:
+            await act(link)
+        except DeviceError as exc:
+            log.info("scrcpy control failed: input instead", device=self.serial, error=str(exc))
+            return False
+        return True
+
+    async def open_video(self, fps: VideoFps) -> ScrcpyVideo:
+        """The phone's H.264 stream from scrcpy's server (at the host's frame rate: the
+        server's is set as it starts); VideoUnavailable without one configured."""
+        return await ScrcpyVideo(self._links, self.serial).open()
+
+    @asynccontextmanager
+    async def hold_control(self) -> AsyncIterator[bool]:
+        """scrcpy's server kept running for the block (a session: its input goes through
+        the control socket); False when it has none or it could not start."""
+        held = AsyncExitStack()
+        try:
+            if self._links.jar is not None:
+                await held.enter_async_context(self._links.hold(self.serial))
+        except DeviceError as exc:
+            log.info("scrcpy did not start: input instead", device=self.serial, error=str(exc))
+        async with held:
+            yield self._links.running(self.serial) is not None
 
     async def launch_app(self, package: str, activity: str) -> None:
         if activity:
@@ -288,9 +349,13 @@ class AdbSource:
         host: str = "127.0.0.1",
         port: int = 5037,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        scrcpy_server: ServerJar | None = None,
+        video_max_fps: int = 30,
     ):
         self._client = ClientAsync(host=host, port=port)
         self._call_timeout = call_timeout
+        # scrcpy's servers running on the phones (none without a server configured).
+        self.links = Links(self._client, scrcpy_server, video_max_fps)
 
     async def inventory(self) -> list[AttachedDevice]:
         """Every device adb lists; online ones are described from one `getprop` each."""
@@ -301,7 +366,7 @@ class AdbSource:
         return [info for task in tasks if (info := task.result()) is not None]
 
     def device(self, serial: str) -> AdbDevice:
-        return AdbDevice(self._client, serial, self._call_timeout)
+        return AdbDevice(self._client, serial, self._call_timeout, self.links)
 
     async def reconnect_device(self, serial: str) -> None:
         """The recovery ladder's `adb reconnect`: the adb server drops its connection to
@@ -333,6 +398,10 @@ class AdbSource:
         async with guard(serial, "reboot", self._call_timeout):
             async with device_session(self._client, serial) as phone:
                 await phone.request("reboot:")
+
+    def cleaner(self, serial: str, profile: CleanProfile, baselines: Baselines) -> ShellCleaner:
+        """A phone over adb is cleaned by shell commands (host_agent.cleaning)."""
+        return ShellCleaner(self.device(serial), profile, baselines, self.reboot_device)
 
     async def close(self) -> None:
         """Nothing to release: every call opens and closes its own connection."""

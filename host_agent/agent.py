@@ -15,10 +15,12 @@ for each assignment it is given.
          │                         asks (a viewer waits): watched phones' frames (screencast.py)
          ├─ LogFeed.run()          the LogLines call, likewise: followed runs' log lines
          ├─ Offering.run()         Acquire long polls covering every idle phone but the
-         │                         quarantined (offering.py; one refused as unregistered:
-         │                         register again, ask again)
+         │                         withheld: quarantined or cleaning (offering.py; one
+         │                         refused as unregistered: register again, ask again)
          └─ _work() per assignment: a Worker (worker.py): acknowledge (first renewal) → run
-                                    → report or release → forget; then the books here
+                                    → report or release → forget; then the books here,
+                                    and the phone's clean (device_life.py) before it is
+                                    offered again
 
 Messages become domain values (and back) in wire.py; this module and the worker see
 the domain `HeldAssignment`, not `lease_pb2.Assignment`.
@@ -57,14 +59,14 @@ from amc_common.systemd import Notifier
 from host_agent import metrics
 from host_agent.app_cache import AppCache
 from host_agent.config import AgentSettings, app_cache_dir
+from host_agent.device_life import DeviceLife, Stage
 from host_agent.devices import DeviceSource
 from host_agent.fencing import HeldLease, Timing
-from host_agent.health import Health, HealthMonitor, Reading, probe
+from host_agent.health import Health, HealthMonitor
 from host_agent.leases import LeaseKeeper
 from host_agent.library import HostLibrary
 from host_agent.log_feed import LogFeed
 from host_agent.offering import Offering
-from host_agent.recovery import Recovery
 from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.screencast import Screencaster
@@ -132,15 +134,13 @@ class Agent:
             timeout=settings.probe_timeout,
             thresholds=settings.thresholds,
         )
-        self.recovery = Recovery(
-            self._probe_one,
-            self._hold_changed,
-            reconnect=getattr(source, "reconnect_device", None),
-            reboot=getattr(source, "reboot_device", None),
-            vacate=self._vacate,
-            settings=settings.recovery,
+        # Each phone's stage (ready, leased, cleaning, quarantined): its cleans, and its
+        # quarantine and recovery ladder (self.recovery).
+        self.life = DeviceLife(
+            source, settings, self.health, self._changed, self._registration.labels, self._vacate
         )
-        self.health.overrides = self.recovery.held
+        self.recovery = self.life.recovery
+        self.health.overrides = self.life.overrides
         self.health.on_failure = self.recovery.failure
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -171,13 +171,14 @@ class Agent:
             self.settings.screen_max_rate,
             self.settings.screen_linger,
             self._running.get,
+            self.settings.screen_video_max_fps,
         )
         keeper = self.keeper = LeaseKeeper(
             self._stub,
             self.settings.host_id,
             timing,
             on_drain=self._drain_from_centre,
-            on_release=self.recovery.release,
+            on_release=self.life.release,
             on_screen=self.screens.want,
             on_logs=self.logs.want,
             channel=self._channel,
@@ -208,7 +209,7 @@ class Agent:
                 ]
                 await self._offering.run(
                     self._idle_serials,
-                    lambda: self.recovery.held,
+                    self.life.withheld,
                     lambda received_at, found: self._start_all(group, found, received_at),
                     lambda: self._draining.tripped,
                 )
@@ -216,6 +217,7 @@ class Agent:
                 for task in background:
                     task.cancel()
         finally:
+            await self.life.close()
             await self.recovery.close()
             await self._final.wait()
         self._log.info("host agent stopped")
@@ -294,6 +296,8 @@ class Agent:
             if serial in listed and serial not in self._seen:
                 self.recovery.adopt(serial, recorded)
         self._seen |= listed
+        # Seen for the first time: cleaned (its baseline recorded) before its first lease.
+        self.life.seen(sorted(listed))
         # A registration may have made the devices anew (a host forgotten and back): the
         # next probe round tells the control plane every condition again.
         self.health.forget_told()
@@ -302,15 +306,6 @@ class Agent:
         self._notifier.status(self._status())
 
     # -- health ----------------------------------------------------------------------------
-
-    async def _probe_one(self, serial: str) -> Reading:
-        return await probe(self._source.device(serial), self.settings.probe_timeout)
-
-    def _hold_changed(self, serial: str) -> asyncio.Task[None]:
-        """The ladder took `serial` in or out of service: offered (or not) at once, and
-        its condition told now."""
-        self._changed.set()
-        return self.health.tell_soon(serial)
 
     async def _vacate(self, serial: str) -> None:
         """Before the ladder disturbs `serial`: stop the task it runs, if any, and return
@@ -328,10 +323,12 @@ class Agent:
     # -- taking work -----------------------------------------------------------------------
 
     def _idle_serials(self) -> list[str]:
-        """The phones to offer: none while the control plane drains this host."""
+        """The phones to offer (ready: not leased, cleaning or quarantined): none while
+        the control plane drains this host."""
         if self.drained_by_centre:
             return []
-        return [s for s in self._registration.online() if s not in self._busy]
+        ready = self.life.stage
+        return [s for s in self._registration.online() if ready(s) is Stage.READY]
 
     def _start_all(
         self, group: asyncio.TaskGroup, found: list[HeldAssignment], received_at: float
@@ -355,19 +352,21 @@ class Agent:
                 )
             )
             return
-        if (held := self.recovery.held.get(a.device_serial)) is not None:
+        if (stage := self.life.stage(a.device_serial)) is not Stage.READY:
             # Offered before it was held (the control plane had not heard): never run.
             self._log.warning(
-                "assignment for a quarantined device; giving it back",
+                f"assignment for a {stage.value} device; giving it back",
                 device=a.device_serial,
                 task_id=a.task_id,
             )
-            why = f"host: device quarantined before the task started: {held.reason}"
+            held = self.life.overrides.get(a.device_serial)
+            why = f"host: device {stage.value} before the task started: {held and held.reason}"
             group.create_task(
                 self._final.run(release_lease(self._stub, a.lease_id, why, device_lost=True))
             )
             return
-        worker = Worker(self._tools, a, lease)
+        self.life.leased(a.device_serial)
+        worker = Worker(self._tools, a, lease, cleans=self.life.cleans(a.device_serial))
         self._running[a.device_serial] = (a.task_id, a.attempt)
         self._leases[a.device_serial] = lease
         self._busy[a.device_serial] = group.create_task(
@@ -376,14 +375,20 @@ class Agent:
         self._notifier.status(self._status())
 
     async def _work(self, worker: Worker) -> None:
-        """One worker's run, and the books: what finished, the metric, the busy device."""
+        """One worker's run, and the books: what finished, the metric, the busy device,
+        the phone's clean (or, not cleaned, its probe) before it is offered again."""
+        a, ended = worker.assignment, False
         try:
             finished = await worker.run()
             self.finished.append(finished)
             outcome = finished.result.outcome.name.lower() if finished.result else "none"
             metrics.TASKS.labels(how=finished.ending.value, outcome=outcome).inc()
-            if finished.result is not None and finished.result.device_lost:
+            lost = finished.result is not None and finished.result.device_lost
+            if finished.result is not None and lost:
                 self.recovery.failure(finished.device, finished.result.error)
+            self.life.lease_ended(a.device_serial, a.task_id, lost)
+            ended = True
+            if lost and not self.life.cleans(a.device_serial):
                 # Probed (and its condition told) before it is offered again: the task it
                 # gave back must not come straight back to it while it does not answer.
                 await self.health.recheck(finished.device)
@@ -391,6 +396,8 @@ class Agent:
                 # A failed run may mean the phone went away: look before offering it again.
                 await self._registration.refresh()
         finally:
+            if not ended:
+                self.life.lease_ended(a.device_serial, a.task_id, False)
             self._running.pop(worker.assignment.device_serial, None)
             self._leases.pop(worker.assignment.device_serial, None)
             self._busy.pop(worker.assignment.device_serial, None)

@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from host_agent.clean_profile import Profiles
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
+from host_agent.scrcpy_link import ServerJar
 
 DEFAULT_CONTROL_PLANE = "127.0.0.1:50051"
 DEFAULT_ADB = "127.0.0.1:5037"
@@ -52,6 +54,8 @@ class AgentSettings:
     screen_max_fps: int = 12
     screen_max_rate: int = 4 << 20
     screen_record_max_bytes: int = 8 << 20
+    # A phone's H.264 stream (host_agent.videocast): at most this many frames a second.
+    screen_video_max_fps: int = 30
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
@@ -59,6 +63,10 @@ class AgentSettings:
     # 0: none kept), and how long the LogLines call stays open with nothing followed.
     logcat_max_bytes: int = 4 << 20
     log_linger: float = 30.0
+    # How phones are cleaned between leases (host_agent.clean_profile), and the file that
+    # keeps their baselines across restarts (None: memory only; host_agent.baselines).
+    clean_profile: Profiles = field(default_factory=Profiles)
+    clean_baselines: Path | None = None
     # The app library's files (APKs, files to push) kept on this host (host_agent.app_cache):
     # where (None: app_cache_dir()'s default) and how many bytes at most.
     app_cache_dir: Path | None = None
@@ -88,10 +96,12 @@ class Config:
     adb_host: str = "127.0.0.1"
     adb_port: int = 5037
     adb_timeout: float = 30.0
+    # scrcpy's server for real phones' streams and input (host_agent.scrcpy_link), checked.
+    scrcpy_server: ServerJar | None = None
     simulated_devices: int = 0
     sim_delay: float = 0.2
     action_log: Path | None = None
-    # Simulated phones' faults, set from outside (SimulatedSource.follow_faults).
+    # Simulated phones' faults, set from outside (host_agent.simulated_faults).
     sim_faults: Path | None = None
     log_format: str = "auto"
     log_level: str = "INFO"

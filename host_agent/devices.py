@@ -3,6 +3,13 @@
 Two implementations: `host_agent.adb` (a real adb server via pure-python-adb) and
 `host_agent.simulated` (no phone at all). The runner only sees these types.
 
+A source also says how each of its phones is cleaned between leases (`cleaner`): the one
+seam where device kinds differ in what a clean is. A phone over adb (real or simulated) is
+cleaned by shell commands (host_agent.cleaning.ShellCleaner: uninstall, clear, files,
+settings, reboot); an emulator's source would clean by loading its snapshot, a step of
+its own, without a branch anywhere else (host_agent.device_life runs whatever steps it
+is given, times them, reports them and quarantines a phone whose clean fails).
+
 Errors::
 
     DeviceError             any failure talking to a device
@@ -11,7 +18,9 @@ Errors::
     │                       as gone for the task (host_agent.executor raises it)
     ├── DeviceTimeout       a call took longer than its deadline
     ├── SourceUnreachable   the device source (the adb server) cannot be reached
-    └── CommandFailed       the device answered, but the command did not succeed
+    ├── CommandFailed       the device answered, but the command did not succeed
+    ├── VideoUnavailable    this phone has no H.264 stream here (its still frames serve)
+    └── CleanFailed         a step of a clean between leases did not succeed
 
 DeviceLost ends a run as an infrastructure failure, not the task's: the task is given back
 to run on another phone (host_agent.worker).
@@ -19,10 +28,15 @@ to run on another phone (host_agent.worker).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from host_agent.baselines import Baselines
+    from host_agent.clean_profile import CleanProfile
+    from host_agent.h264 import VideoPacket
 
 
 class DeviceError(Exception):
@@ -47,6 +61,20 @@ class DeviceTimeout(DeviceError):
 
 class CommandFailed(DeviceError):
     """The command ran but failed."""
+
+
+class VideoUnavailable(DeviceError):
+    """The phone has no H.264 stream here (no scrcpy server configured or able to start,
+    no PyAV for a simulated phone): its viewers get still frames."""
+
+
+# Which way an input action reached a real phone: scrcpy's control socket ("control") or
+# the `input` command ("input"). A simulated phone says nothing.
+InputPath = Literal["control", "input"]
+
+
+class CleanFailed(DeviceError):
+    """A step of a clean between leases failed (what it said is the message)."""
 
 
 @dataclass(frozen=True)
@@ -78,13 +106,16 @@ class Device(Protocol):
 
     async def shell(self, command: str, timeout: float) -> ShellResult: ...
 
-    async def tap(self, x: int, y: int) -> None: ...
+    # The input actions say which way they reached the phone (None: not said).
+    async def tap(self, x: int, y: int) -> InputPath | None: ...
 
-    async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None: ...
+    async def swipe(
+        self, x1: int, y1: int, x2: int, y2: int, duration_ms: int
+    ) -> InputPath | None: ...
 
-    async def input_text(self, text: str) -> None: ...
+    async def input_text(self, text: str) -> InputPath | None: ...
 
-    async def key(self, keycode: int) -> None: ...
+    async def key(self, keycode: int) -> InputPath | None: ...
 
     async def launch_app(self, package: str, activity: str) -> None: ...
 
@@ -131,11 +162,61 @@ class PhoneLogs(Protocol):
         ...
 
 
+class VideoStream(Protocol):
+    """A phone's screen as H.264 (`open_video` of a driver that has one)."""
+
+    async def next(self) -> VideoPacket:
+        """The next encoded frame; DeviceError when the stream broke."""
+        ...
+
+    def want_key_frame(self) -> None:
+        """Ask for a key frame soon (a viewer fell behind, a recording starts)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+# A driver with a stream also has `async open_video(fps: Callable[[], int]) -> VideoStream`
+# (`fps()`: the frame rate wanted now), which raises VideoUnavailable when this phone has
+# none; host_agent.screencast looks for it.
+VideoFps = Callable[[], int]
+
+
+# One step of a clean: runs it, and returns what it did (one line), or raises a DeviceError
+# (CleanFailed) saying why it failed.
+CleanStepRun = Callable[[], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class CleanedStep:
+    """A step of a clean as it ended: what it did or why it failed, how long it took."""
+
+    name: str
+    detail: str
+    seconds: float
+    ok: bool
+
+
+class Cleaner(Protocol):
+    """How one phone is brought back to its baseline between leases, its kind's way."""
+
+    def steps(self, *, first: bool, reboot: bool) -> list[tuple[str, CleanStepRun]]:
+        """The clean's steps, in order, by name. `first`: the host agent sees the phone for
+        the first time (its baseline is recorded if it has none); `reboot`: its profile's
+        every-N-leases reboot is due."""
+        ...
+
+
 class DeviceSource(Protocol):
     """The phones attached to this host."""
 
     async def inventory(self) -> list[AttachedDevice]: ...
 
     def device(self, serial: str) -> Device: ...
+
+    def cleaner(self, serial: str, profile: CleanProfile, baselines: Baselines) -> Cleaner:
+        """How `serial` is cleaned between leases, as `profile` asks, against its
+        baseline in `baselines`."""
+        ...
 
     async def close(self) -> None: ...

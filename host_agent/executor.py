@@ -59,6 +59,7 @@ from host_agent.devices import (
     DeviceLost,
     DeviceTimeout,
     DeviceUnresponsive,
+    InputPath,
     SourceUnreachable,
 )
 from host_agent.results import Kept, cut
@@ -165,14 +166,15 @@ async def _dispatch(
 ) -> StepOutput:
     match action:
         case Tap():
-            await device.tap(action.x, action.y)
+            return _input(await device.tap(action.x, action.y))
         case Swipe():
             duration_ms = round(action.duration * 1000)
-            await device.swipe(action.x1, action.y1, action.x2, action.y2, duration_ms)
+            path = await device.swipe(action.x1, action.y1, action.x2, action.y2, duration_ms)
+            return _input(path)
         case InputText():
-            await device.input_text(action.text)
+            return _input(await device.input_text(action.text))
         case Key():
-            await device.key(action.keycode)
+            return _input(await device.key(action.keycode))
         case LaunchApp():
             await device.launch_app(action.package, action.activity)
         case StopApp():
@@ -196,6 +198,12 @@ async def _dispatch(
         case _:
             assert_never(action)
     return _OK
+
+
+def _input(path: InputPath | None) -> StepOutput:
+    """An input action done: its step's data says which way it reached the phone
+    (`input`: "control", scrcpy's control socket; "input", the `input` command)."""
+    return _OK if path is None else StepOutput(ok=True, data={"input": path})
 
 
 async def _library_action(
@@ -248,10 +256,9 @@ async def _tap_on(selector: UiSelector, device: Device, token: StopToken) -> Ste
         return StepOutput.failed(f"element {selector} has no usable bounds: {node.get('bounds')!r}")
     token.raise_if_tripped()  # the dump took a while: do not tap for a stopped task
     x, y = centre
-    await device.tap(x, y)
-    return StepOutput(
-        ok=True, output=f"tapped {selector} at ({x}, {y})", data={"x": str(x), "y": str(y)}
-    )
+    path = await device.tap(x, y)
+    data = {"x": str(x), "y": str(y)} | ({"input": path} if path else {})
+    return StepOutput(ok=True, output=f"tapped {selector} at ({x}, {y})", data=data)
 
 
 async def _assert_visible(selector: UiSelector, device: Device, token: StopToken) -> StepOutput:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from amc_common import durations
 from amc_common.channel import read_token
 from amc_common.command_line import OneLineParser
 from amc_common.version import version_line
+from host_agent import baselines, clean_profile
 from host_agent.config import (
     DEFAULT_ADB,
     DEFAULT_CONTROL_PLANE,
@@ -30,116 +30,28 @@ from host_agent.config import (
     Config,
     ConfigError,
 )
+from host_agent.flag_values import (
+    address,
+    address_text,
+    celsius,
+    count,
+    duration,
+    label,
+    labels_list,
+    log_format,
+    log_level,
+    percent,
+    size,
+)
 from host_agent.health import Thresholds
 from host_agent.log_store import MIN_BYTES
 from host_agent.recovery import RecoverySettings
+from host_agent.scrcpy_link import jar_flag
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 _Settings = TypeVar("_Settings", bound="DataclassInstance")
-
-
-# -- value parsers (argparse turns ValueError into "invalid … value") ----------------------
-
-
-def duration(text: str) -> float:
-    """Seconds, 0 or more, in the grammar every program shares; whether 0 is allowed is
-    the flag's (_check_positive)."""
-    return durations.zero_or_more(text)
-
-
-def address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(text)
-    return host.strip("[]"), int(port)
-
-
-address.__name__ = "host:port"  # argparse names the parser in its error message
-
-
-def address_text(text: str) -> str:
-    address(text)
-    return text
-
-
-address_text.__name__ = "host:port"
-
-
-def label(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(text)
-    return key.strip(), value.strip()
-
-
-label.__name__ = "KEY=VALUE"
-
-
-def labels_list(text: str) -> dict[str, str]:
-    return dict(label(item) for item in text.split(",") if item.strip())
-
-
-labels_list.__name__ = "comma-separated key=value list"
-
-
-def count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-def percent(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 100:
-        raise ValueError(text)
-    return value
-
-
-percent.__name__ = "percentage (0 to 100)"
-
-
-def celsius(text: str) -> float:
-    value = float(text)
-    if not -50 <= value <= 150:
-        raise ValueError(text)
-    return value
-
-
-celsius.__name__ = "temperature in °C (-50 to 150)"
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB)\s*$", re.IGNORECASE)
-
-
-def size(text: str) -> int:
-    """Bytes, from a size in MB or GB (powers of 1024): 500MB, 1.5GB."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(text)
-    return int(float(match[1]) * (1 << (30 if match[2].upper() == "GB" else 20)))
-
-
-size.__name__ = "size (e.g. 500MB, 2GB)"
-
-
-def log_format(text: str) -> str:
-    if text not in ("auto", "console", "json"):
-        raise ValueError(text)
-    return text
-
-
-log_format.__name__ = "log format (auto, console, json)"
-
-
-def log_level(text: str) -> str:
-    if text.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ValueError(text)
-    return text.upper()
-
-
-log_level.__name__ = "log level"
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -196,6 +108,12 @@ _PROBES: list[_Option] = [
      "first pause of the recovery ladder (doubling)"),
     ("--boot-timeout", "AMC_BOOT_TIMEOUT", "2m", duration, "how long a reboot may take"),
 ]
+_CLEANING: list[_Option] = [
+    ("--clean-profile", "AMC_CLEAN_PROFILE", None, str,
+     "YAML file: how phones are cleaned between leases, by pool (docs/operations.md)"),
+    ("--clean-baselines", "AMC_CLEAN_BASELINES", None, str,
+     "JSON file keeping each phone's baseline (packages, files) across restarts"),
+]
 _SCREEN: list[_Option] = [
     ("--screen-max-fps", "AMC_SCREEN_MAX_FPS", "12", count,
      "live screen: most frames a second captured per phone"),
@@ -203,6 +121,10 @@ _SCREEN: list[_Option] = [
      "live screen: most bytes a second sent per phone"),
     ("--screen-record-max-bytes", "AMC_SCREEN_RECORD_MAX_BYTES", "8MB", size,
      "a task's screen recording: most bytes kept (under the control plane's artifact limit)"),
+    ("--screen-video-max-fps", "AMC_SCREEN_VIDEO_MAX_FPS", "30", count,
+     "live screen as H.264: most frames a second streamed per phone"),
+    ("--scrcpy-server", "AMC_SCRCPY_SERVER", None, jar_flag,
+     "scrcpy-server v3.3.4: real phones' H.264 and input through it (unset: screencap)"),
 ]
 _LOGS: list[_Option] = [
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
@@ -225,6 +147,7 @@ _GROUPS: list[tuple[str, list[_Option]]] = [
     ("tasks", _TASKS),
     ("a phone's health: when it is held from tasks", _HELD),
     ("a phone's health: probes, quarantine and recovery", _PROBES),
+    ("cleaning between leases", _CLEANING),
     ("live screen and recordings", _SCREEN),
     ("logs and metrics", _LOGS),
     ("simulated phones (no adb: for trying the farm out and for tests)", _SIMULATED),
@@ -321,6 +244,8 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
             backoff=args.recovery_backoff,
             boot_timeout=args.boot_timeout,
         ),
+        clean_profile=_profiles(args.clean_profile),
+        clean_baselines=_baselines(args.clean_baselines),
     )
     if args.battery_resume < args.battery_low:
         raise ConfigError("--battery-resume must be at least --battery-low")
@@ -368,8 +293,9 @@ def _check_positive(args: argparse.Namespace) -> None:
     for name in names:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    if not 1 <= args.screen_max_fps <= 30:
-        raise ConfigError("--screen-max-fps must be 1 to 30")
+    for flag, most in (("screen_max_fps", 30), ("screen_video_max_fps", 60)):
+        if not 1 <= getattr(args, flag) <= most:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be 1 to {most}")
     if args.screen_max_rate <= 0:
         raise ConfigError("--screen-max-rate must be positive")
     if 0 < args.logcat_max_bytes < MIN_BYTES:
@@ -389,6 +315,27 @@ def _token(token_file: str | None, env: Mapping[str, str]) -> str:
             "(or --insecure for a control plane without authentication)"
         )
     return token
+
+
+def _profiles(path: str | None) -> clean_profile.Profiles:
+    """The cleaning profile file, read and checked now (the defaults without one)."""
+    if not path:
+        return clean_profile.Profiles()
+    try:
+        return clean_profile.load(Path(path))
+    except clean_profile.ProfileError as exc:
+        raise ConfigError(f"--clean-profile: {exc}") from None
+
+
+def _baselines(path: str | None) -> Path | None:
+    """The baselines file, if given: one that exists is read now, to refuse a bad one."""
+    if not path:
+        return None
+    try:
+        baselines.Baselines(Path(path))
+    except baselines.BaselineError as exc:
+        raise ConfigError(f"--clean-baselines: {exc}") from None
+    return Path(path)
 
 
 def _existing(path: str | None, flag: str) -> Path | None:

@@ -28,13 +28,13 @@ import enum
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import structlog
 
 from host_agent import metrics
-from host_agent.devices import Device, DeviceError, DeviceLost, DeviceTimeout
+from host_agent.devices import CleanedStep, Device, DeviceError, DeviceLost, DeviceTimeout
 from host_agent.retry import retrying
 
 log = structlog.get_logger(__name__)
@@ -58,6 +58,7 @@ class Condition(enum.Enum):
     QUARANTINED = "quarantined"
     OFFLINE = "offline"
     LOW_STORAGE = "low_storage"
+    CLEANING = "cleaning"
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,16 @@ class Reading:
 
 @dataclass(frozen=True)
 class Health:
-    """A phone's condition, why, and the facts behind it."""
+    """A phone's condition, why, and the facts behind it; `cleaned`: the steps of a clean
+    between leases that ended since the last report, sent with it (not part of what
+    changed)."""
 
     condition: Condition
     reason: str = ""
     battery_percent: int | None = None
     temperature_celsius: float | None = None
     charging: bool | None = None
+    cleaned: tuple[CleanedStep, ...] = ()
 
     def worth_sending(self, last: Health | None) -> bool:
         """Changed enough since `last` (what the control plane was told) to tell it again."""
@@ -235,9 +239,11 @@ class HealthMonitor:
         # What the last probe found, and what the control plane was last told.
         self.health: dict[str, Health] = {}
         self._told: dict[str, Health] = {}
-        # Phones whose condition is set elsewhere (quarantined, recovering: recovery.py):
-        # not probed, reported as they are here.
-        self.overrides: dict[str, Health] = {}
+        # Phones whose condition is set elsewhere (quarantined, recovering: recovery.py;
+        # cleaning: device_life.py): not probed, reported as they are here.
+        self.overrides: Mapping[str, Health] = {}
+        # The steps of cleans that ended, by phone, to send with its next report.
+        self._cleaned: dict[str, list[CleanedStep]] = {}
         # Called when a probe finds a phone newly unresponsive: an infrastructure failure.
         self.on_failure: Callable[[str, str], None] = lambda serial, why: None
         self._telling: set[asyncio.Task[None]] = set()
@@ -276,6 +282,13 @@ class HealthMonitor:
         except Exception as exc:
             log.warning("device conditions refused; sent again next round", error=str(exc))
             self._unsent.clear()
+
+    def cleaned(self, serial: str, steps: Sequence[CleanedStep]) -> None:
+        """A clean of `serial` ended with `steps`: its next report carries them, and is
+        sent whether its condition changed or not (the control plane set it `cleaning` as
+        the lease ended, unknown to the host)."""
+        self._cleaned.setdefault(serial, []).extend(steps)
+        self._told.pop(serial, None)
 
     def tell_soon(self, serial: str) -> asyncio.Task[None]:
         """`serial`'s override changed: send it now, not at the next round (a phone whose
@@ -335,7 +348,12 @@ class HealthMonitor:
     async def _tell_changed(self) -> None:
         async with self._tell_lock:
             now = {**self.health, **self.overrides}
-            changed = [(s, h) for s, h in now.items() if h.worth_sending(self._told.get(s))]
+            cleaned = {s: tuple(steps) for s, steps in self._cleaned.items() if s in now}
+            changed = [
+                (s, replace(h, cleaned=cleaned.get(s, ())))
+                for s, h in now.items()
+                if s in cleaned or h.worth_sending(self._told.get(s))
+            ]
             if changed:
                 try:
                     await self._send(changed)
@@ -343,6 +361,10 @@ class HealthMonitor:
                     self._unsent.set()
                     raise
                 self._told.update(changed)
+                for serial, steps in cleaned.items():
+                    del self._cleaned[serial][: len(steps)]
+                    if not self._cleaned[serial]:
+                        del self._cleaned[serial]
             self._unsent.clear()
 
     async def _probe(self, serial: str) -> Health:

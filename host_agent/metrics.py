@@ -92,6 +92,13 @@ RECOVERIES = Counter(
     "Recovery ladders run, by result: recovered (back in service) or failed (left quarantined)",
     ["result"],
 )
+CLEAN_SECONDS = Histogram(
+    "amc_agent_clean_seconds",
+    "How long each clean between leases took, by result: passed, or failed (the phone was"
+    " quarantined)",
+    ["result"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
 PROBE_SECONDS = Histogram(
     "amc_agent_probe_seconds",
     "How long a health probe's responsiveness round trip took",
@@ -109,7 +116,9 @@ DEVICE_ERROR_KINDS = (
     "DeviceTimeout",
     "SourceUnreachable",
     "CommandFailed",
+    "CleanFailed",
     "UnsupportedText",
+    "VideoUnavailable",
 )
 CANCEL_VIAS = ("push", "renewal")
 ARTIFACT_RESULTS = ("stored", "failed", "timeout")
@@ -143,11 +152,12 @@ SCREEN_FRAMES_JPEG = Counter(
     "amc_agent_screen_frames_jpeg_total",
     "Live-screen frames over the control plane's message size sent as JPEG instead",
 )
-SCREEN_DROP_REASONS = ("superseded", "too_large")
+SCREEN_DROP_REASONS = ("superseded", "too_large", "behind")
 SCREEN_FRAMES_DROPPED = Counter(
     "amc_agent_screen_frames_dropped_total",
-    "Live-screen frames not sent: superseded (a newer one came before it could go) or"
-    " too_large (over the control plane's message size, and no JPEG: Pillow missing)",
+    "Live-screen frames not sent: superseded (a newer one came before it could go),"
+    " too_large (over the control plane's message size, and no JPEG: Pillow missing) or"
+    " behind (a stream's frames piled up: dropped up to its next key frame)",
     ["reason"],
 )
 
@@ -187,6 +197,8 @@ def create_series() -> None:
         CONDITIONS.labels(condition)
     for result in ("recovered", "failed"):
         RECOVERIES.labels(result)
+    for result in ("passed", "failed"):
+        CLEAN_SECONDS.labels(result)
     for result in LIBRARY_RESULTS:
         LIBRARY_FILES.labels(result)
 

@@ -1,5 +1,7 @@
-"""A task's recording of its phone's screen (TaskSpec.record_screen), kept as one artifact
-of kind "screen_recording": an animated PNG (APNG), which a browser plays as an image.
+"""A task's recording of its phone's screen (TaskSpec.record_screen), kept as one artifact:
+an MP4 of the phone's H.264 stream where it has one (kind "screen_video":
+host_agent.recording_mp4), else an animated PNG of its still frames (kind
+"screen_recording"), which a browser plays as an image (`Recorder` takes either).
 
 The frames come from the live screens' capture loop (host_agent.screencast: one capture per
 phone for the recording and any viewers together), at most `fps` a second while the task
@@ -20,6 +22,9 @@ import struct
 import zlib
 
 from amc.v1 import scheduler_pb2
+from host_agent import video_encoder
+from host_agent.h264 import MIME
+from host_agent.recording_mp4 import VideoRecording
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # What a run's recording is kept with: its last step, at an action index no action of a
@@ -33,6 +38,9 @@ class Settings:
     fps: int
     max_frames: int
     max_bytes: int
+
+
+SCREEN_RECORDING, SCREEN_VIDEO = "screen_recording", "screen_video"
 
 
 def settings_from(fps: int, max_frames: int, max_bytes: int) -> Settings:
@@ -115,3 +123,33 @@ class Recording:
                     seq += 1
         out.append(_chunk(b"IEND", b""))
         return b"".join(out)
+
+
+class Recorder:
+    """A task's recording, whichever the phone gives: its stream's frames (when PyAV is
+    here to mux them: `video`) kept as an MP4 of at most `max_frames / fps` seconds, or
+    its still frames as an APNG of at most `max_frames` frames; both at most `max_bytes`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.video = video_encoder.available()
+        self._apng = Recording(settings)
+        self._mp4 = VideoRecording(settings.max_frames / settings.fps, settings.max_bytes)
+
+    def add(self, frame: scheduler_pb2.ScreenFrame) -> None:
+        if frame.mime == MIME:
+            self._mp4.add(frame)
+        else:
+            self._apng.add(frame)
+
+    def kept(self) -> tuple[str, bytes, str] | None:
+        """(kind, file, what it holds), or None without frames."""
+        if self._mp4.frames:
+            data = self._mp4.mp4()
+            if data is not None:
+                held = f"{self._mp4.frames} video frames, {self._mp4.skipped} left out"
+                return SCREEN_VIDEO, data, held
+        data = self._apng.apng()
+        if data is None:
+            return None
+        return SCREEN_RECORDING, data, f"{self._apng.frames} frames, {self._apng.skipped} left out"

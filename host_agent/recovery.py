@@ -4,13 +4,15 @@ is taken out of service and the host tries to bring it back.
     Recovery.failure(serial, why)     an infrastructure failure (its run lost the phone, a
      │                                probe found it unresponsive); K of them within the
      │                                window (3 in 10 minutes by default) quarantine it
+    Recovery.quarantine(serial, why)  at once (its clean between leases failed)
      └─ the ladder, in a task of its own, each step reported as the phone's condition (and
         so recorded by the control plane as a `recovery` event of this host):
           1. reconnect: probe it again (a read: a task running on the phone goes on)
           2. `adb reconnect` (when the source can)
           3. reboot, and wait for sys.boot_completed (at most `boot_timeout`)
-          4. probe: ready → back in service (the failures forgotten); otherwise it stays
-             quarantined, for an operator
+          after each: answering and booted, and `settle` passes (the clean it owes, if
+          it owes one: host_agent.device_life) → back in service (the failures
+          forgotten); otherwise, after the last, it stays quarantined, for an operator
         with a pause between steps that doubles (`backoff`), one ladder at a time per phone.
 
 A held phone (quarantined or recovering) takes no new work: the host offers it in no
@@ -75,6 +77,7 @@ class Recovery:
         reconnect: Step | None = None,
         reboot: Step | None = None,
         vacate: Step | None = None,
+        settle: Callable[[str], Awaitable[bool]] | None = None,
         settings: RecoverySettings | None = None,
     ) -> None:
         self._probe = probe
@@ -83,6 +86,8 @@ class Recovery:
         self._reboot = reboot
         # Returns once the phone holds no lease (its task stopped and given back).
         self._vacate = vacate
+        # After a step, the phone answering: whether it may take work again (its clean).
+        self._settle = settle
         self.settings = settings or RecoverySettings()
         self._failures: dict[str, deque[float]] = {}
         # The phones this module holds, and the condition to report for each.
@@ -101,10 +106,17 @@ class Recovery:
             seen.popleft()
         log.info("infrastructure failure", device=serial, why=why, count=len(seen))
         if len(seen) >= self.settings.failures:
-            reason = f"{len(seen)} infrastructure failures in {self.settings.window:g}s: {why}"
-            self._hold(serial, Condition.QUARANTINED, reason)
-            metrics.QUARANTINES.inc()
-            self._ladders[serial] = asyncio.ensure_future(self._ladder(serial))
+            self.quarantine(
+                serial, f"{len(seen)} infrastructure failures in {self.settings.window:g}s: {why}"
+            )
+
+    def quarantine(self, serial: str, why: str) -> None:
+        """Take `serial` out of service now, for `why`, and start its ladder."""
+        if serial in self.held:
+            return
+        self._hold(serial, Condition.QUARANTINED, why)
+        metrics.QUARANTINES.inc()
+        self._ladders[serial] = asyncio.ensure_future(self._ladder(serial))
 
     def adopt(self, serial: str, recorded: Health) -> None:
         """The control plane records `serial` as quarantined or recovering (`recorded`, as
@@ -181,7 +193,7 @@ class Recovery:
         return recovered
 
     async def _try(self, serial: str, name: str, action: Step | None) -> bool:
-        """Run one step, then see whether the phone answers and has booted."""
+        """Run one step, then see whether the phone answers, has booted and settles."""
         try:
             if action is not None:
                 await action(serial)
@@ -189,7 +201,7 @@ class Recovery:
             while True:
                 try:
                     if (await self._probe(serial)).boot_completed:
-                        return True
+                        return self._settle is None or await self._settle(serial)
                 except DeviceError:
                     pass
                 if time.monotonic() >= deadline:

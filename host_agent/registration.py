@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from amc.v1 import lease_pb2_grpc
+from amc_common.device_selector import HOST_LABEL
 from host_agent import metrics
 from host_agent.config import AgentSettings
 from host_agent.devices import AttachedDevice, DeviceError, DeviceSource
@@ -47,6 +48,18 @@ class Registration:
     def online(self) -> list[str]:
         """The serials of the phones online (state "device") as last registered."""
         return [d.serial for d in self.inventory if d.state == "device"]
+
+    def labels(self, serial: str) -> dict[str, str]:
+        """The labels a task's selector matches on `serial`, made as the control plane
+        makes them (the host's, then the phone's facts and own labels, then host_id): what
+        a cleaning profile's pool matches."""
+        host = {**self.settings.labels}
+        for d in self.inventory:
+            if d.serial == serial:
+                facts = {"model": d.model, "manufacturer": d.manufacturer, "abi": d.abi}
+                facts["sdk"] = str(d.sdk) if d.sdk else ""
+                host |= {k: v for k, v in facts.items() if v} | d.labels
+        return host | {HOST_LABEL: self.settings.host_id}
 
     async def until_accepted(self) -> Timing:
         async for attempt in retrying("registration", self.log):

@@ -72,12 +72,14 @@ async def release_lease(
     policy: RetryPolicy = RELEASE_POLICY,
     *,
     device_lost: bool = False,
+    cleans: bool = False,
 ) -> Delivery[lease_pb2.ReleaseLeaseResponse]:
     """Give a lease back so its task is requeued now rather than when the lease runs out
-    (`device_lost`: because its phone was lost, which is not the task's failure)."""
+    (`device_lost`: because its phone was lost, which is not the task's failure; `cleans`:
+    the host cleans the phone next, so the control plane marks it `cleaning`)."""
     bound = log.bind(lease_id=lease_id)
     request = lease_pb2.ReleaseLeaseRequest(
-        lease_id=lease_id, reason=reason, device_lost=device_lost
+        lease_id=lease_id, reason=reason, device_lost=device_lost, cleans=cleans
     )
     delivery = await call_with_retries(
         lambda timeout: stub.ReleaseLease(request, timeout=timeout), policy, bound, "release"

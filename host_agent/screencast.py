@@ -6,22 +6,26 @@ of its phones), keeps it while any phone is watched (opened again after a pause 
 breaks meanwhile), and closes it once none has been watched for `linger` (SCREEN_LINGER,
 30 s: a viewer flipping between phones does not reopen it each time); an idle host holds
 no call. An old control plane that never asks gets no call: no live screen until it is
-upgraded. The control plane sends the set of this host's phones watched (with the frame
-rate asked); each watched phone gets a capture loop: `screencap -p` over adb (a simulated
-phone draws its live frame), at most `screen_max_fps` frames a second and
-`screen_max_rate` bytes a second (a large frame waits longer before the next), whatever
-the viewers ask. A phone no longer watched stops being captured at once; with nobody
-watching, nothing is captured (amc_agent_screen_captures_total stays put).
+upgraded. The control plane sends the set of this host's phones watched, with the frame
+rate asked and whether its viewers take still images, the H.264 stream, or both.
 
-Frames go up latest-first: each phone has one slot, a newer frame replaces one not yet
-sent (amc_agent_screen_frames_dropped_total{reason="superseded"}), and the sender writes
-one frame at a time, so a slow link costs frames, never a queue, and never delays the
-renewal stream (another call). A frame over MAX_FRAME_BYTES (the control plane takes
-messages up to 1 MiB) is sent as a JPEG when Pillow is installed (the `jpeg` extra; a
-real phone's full-size PNG can be 1-3 MB), else not at all. Simulated phones' frames
-(~15 KB PNGs, smaller than as JPEGs) go as they are.
+Each watched phone gets one capture of each kind asked: still frames (`screencap -p` over
+adb, a simulated phone's drawing), at most `screen_max_fps` a second and `screen_max_rate`
+bytes a second (a large frame waits longer before the next), whatever the viewers ask;
+and its stream (host_agent.videocast: scrcpy's server on a real phone, PyAV's encoder on
+a simulated one), at most `video_max_fps` frames a second. A phone without a stream here
+(VideoUnavailable) is sent still frames for its stream's viewers too. A phone no longer
+watched stops being captured at once; with nobody watching, nothing is captured
+(amc_agent_screen_captures_total stays put).
 
-Local watchers (`watch()`: a task's screen recording) share the same capture loop: one
+Still frames go up latest-first: each phone has one slot, a newer frame replaces one not
+yet sent (amc_agent_screen_frames_dropped_total{reason="superseded"}); a stream's frames
+go in order, bounded (videocast.VideoQueue: past its bound, dropped up to the next key
+frame, reason "behind"). The sender writes one frame at a time, so a slow link costs
+frames, never a growing queue, and never delays the renewal stream (another call). A still
+frame too large to send becomes a JPEG (host_agent.stills).
+
+Local watchers (`watch()`: a task's screen recording) share the same captures: one
 capture per phone for the viewers and the recording together; they need no call open.
 Capturing is not an action: it is not in the task's steps or the simulated phones' action
 log, and it does not wait for the phone's running action. Each frame says which task
@@ -35,8 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import struct
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
@@ -44,65 +47,37 @@ import grpc
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
-from host_agent import metrics
-from host_agent.devices import Device, DeviceError
+from host_agent import metrics, videocast
+from host_agent.devices import Device, DeviceError, VideoStream
+from host_agent.stills import MAX_FRAME_BYTES, smaller, still_frame
+from host_agent.videocast import VideoQueue
 
 log = structlog.get_logger(__name__)
 
-# The control plane's largest message is 1 MiB: a frame and its few fields must fit.
-MAX_FRAME_BYTES = (1 << 20) - 4096
 # How long one capture may take before it counts as failed; the pause after a failure.
 CAPTURE_TIMEOUT = 10.0
 FAILURE_PAUSE = 1.0
 RECONNECT_FIRST, RECONNECT_MOST = 0.5, 10.0
 # How long the call stays open with no phone watched before it is closed.
 SCREEN_LINGER = 30.0
-# A frame over MAX_FRAME_BYTES (a real phone's full-size PNG can be 1-3 MB) is sent as a
-# JPEG of this quality instead, when Pillow is installed (~130-300 KB at 1080 x 2400).
-JPEG_QUALITY = 80
 # A frame to a local watcher: what a recording takes.
 Sink = Callable[[scheduler_pb2.ScreenFrame], None]
 # The task attempt a phone (by serial) runs now, or None.
 Running = Callable[[str], tuple[str, int] | None]
+IMAGES, VIDEO = "images", "video"
 
 
-def image_size(data: bytes) -> tuple[int, int, str]:
-    """Width, height and MIME type of a PNG or JPEG (0, 0 and PNG when unreadable)."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
-        width, height = struct.unpack(">II", data[16:24])
-        return width, height, "image/png"
-    if data[:2] == b"\xff\xd8":
-        at = 2
-        while at + 9 < len(data):
-            if data[at] != 0xFF:
-                break
-            marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
-            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-                height, width = struct.unpack(">HH", data[at + 5 : at + 9])
-                return width, height, "image/jpeg"
-            at += 2 + length
-        return 0, 0, "image/jpeg"
-    return 0, 0, "image/png"
+@dataclasses.dataclass(frozen=True)
+class Want:
+    """What a phone's viewers (or a local watcher) take: its frame rate, and which kinds."""
 
-
-def to_jpeg(image: bytes, quality: int = JPEG_QUALITY) -> bytes | None:
-    """`image` (a PNG) as a JPEG, or None without Pillow (the `jpeg` extra) or when it
-    cannot be read."""
-    try:
-        from PIL import Image
-    except ImportError:
-        return None
-    try:
-        with Image.open(io.BytesIO(image)) as picture:
-            out = io.BytesIO()
-            picture.convert("RGB").save(out, "JPEG", quality=quality)
-            return out.getvalue()
-    except (OSError, ValueError):
-        return None
+    fps: int
+    images: bool = True
+    video: bool = False
 
 
 class Screencaster:
-    """The host's live screens: the ScreenFrames call, one capture loop per watched phone."""
+    """The host's live screens: the ScreenFrames call, the captures of the watched phones."""
 
     def __init__(
         self,
@@ -113,6 +88,7 @@ class Screencaster:
         max_rate: int,
         linger: float = SCREEN_LINGER,
         running: Running = lambda _serial: None,
+        video_max_fps: int = 30,
     ) -> None:
         self._stub = stub
         # Which task attempt each phone runs: every frame says it (ScreenFrame.running).
@@ -128,21 +104,31 @@ class Screencaster:
         self._host_id = host_id
         self._device = device
         self._max_fps = max_fps
+        self._video_max_fps = video_max_fps
         self._max_rate = max_rate
-        # What the control plane asked for (serial -> fps), and the local watchers.
-        self._watched: dict[str, int] = {}
-        self._sinks: dict[str, dict[int, tuple[int, Sink]]] = {}
-        self._loops: dict[str, asyncio.Task[None]] = {}
+        # What the control plane asked for, and the local watchers.
+        self._watched: dict[str, Want] = {}
+        self._sinks: dict[str, dict[int, tuple[Want, Sink]]] = {}
+        # One capture per phone and kind (IMAGES, VIDEO).
+        self._loops: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Phones with no stream here: their stream's viewers get still frames.
+        self._no_video: set[str] = set()
+        self._streams: dict[str, VideoStream] = {}
         self._seq: dict[str, int] = {}
-        # The newest frame of each phone not sent yet, and a wake-up for the sender.
+        # The newest still frame of each phone not sent yet, each phone's stream in order,
+        # and a wake-up for the sender.
         self._outbox: dict[str, scheduler_pb2.ScreenFrame] = {}
+        self._video: dict[str, VideoQueue] = {}
         self._ready = asyncio.Event()
         self._next_sink = 0
-        self._said_no_jpeg = False
 
     @property
     def capturing(self) -> frozenset[str]:
-        return frozenset(self._loops)
+        return frozenset(serial for serial, _ in self._loops)
+
+    def captures(self, serial: str) -> frozenset[str]:
+        """The kinds of capture running for a phone (IMAGES, VIDEO)."""
+        return frozenset(kind for s, kind in self._loops if s == serial)
 
     async def closed(self) -> None:
         """Returns when no ScreenFrames call is open (at once if none is). The renewal stream
@@ -206,7 +192,10 @@ class Screencaster:
                 if message is grpc.aio.EOF:
                     return False
                 self.calling = True
-                self._set_watched({w.serial: w.max_fps for w in message.watched})
+                self._set_watched({w.serial: _want_of(w) for w in message.watched})
+                for serial in message.key_frames:
+                    if (stream := self._streams.get(serial)) is not None:
+                        stream.want_key_frame()
         finally:
             self.calling = False
             self._closed.set()
@@ -215,16 +204,13 @@ class Screencaster:
             call.cancel()
 
     async def _send(self, call: grpc.aio.StreamStreamCall[object, object]) -> None:
-        """Each phone's newest frame, one write at a time, until a write fails: then the
-        call is over, and its read (in `_call`) says why."""
+        """Each phone's newest still frame and its stream's frames in order, one write at a
+        time, until a write fails: then the call is over, and its read (in `_call`) says
+        why."""
         while True:
             await self._ready.wait()
             self._ready.clear()
-            while self._outbox:
-                serial = next(iter(self._outbox))
-                frame = self._outbox.pop(serial)
-                if serial not in self._watched:
-                    continue
+            while frame := self._next_out():
                 try:
                     await call.write(lease_pb2.ScreenFramesRequest(frame=frame))
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
@@ -232,23 +218,46 @@ class Screencaster:
                 metrics.SCREEN_FRAMES_SENT.inc()
                 metrics.SCREEN_BYTES_SENT.inc(len(frame.data))
 
-    def _set_watched(self, watched: dict[str, int]) -> None:
+    def _next_out(self) -> scheduler_pb2.ScreenFrame | None:
+        """The next frame to send: a stream's first (so they are not held up behind still
+        frames), else a still one; phones taken in turn."""
+        for serial in list(self._video):
+            queue = self._video[serial]
+            frame = queue.pop()
+            if frame is not None:
+                self._video[serial] = self._video.pop(serial)  # to the back: phones in turn
+                return frame
+        while self._outbox:
+            serial = next(iter(self._outbox))
+            frame = self._outbox.pop(serial)
+            if serial in self._watched:
+                return frame
+        return None
+
+    def _set_watched(self, watched: dict[str, Want]) -> None:
         if watched != self._watched:
             log.info("phones watched", serials=sorted(watched))
         self._watched = watched
         for serial in list(self._outbox):
             if serial not in watched:
                 del self._outbox[serial]
+        for serial in list(self._video):
+            if serial not in watched or not watched[serial].video:
+                del self._video[serial]
         self._sync()
 
     @contextlib.contextmanager
-    def watch(self, serial: str, fps: int, sink: Sink) -> Iterator[None]:
+    def watch(self, serial: str, fps: int, sink: Sink, video: bool = False) -> Iterator[None]:
         """`sink` is given each frame of `serial` captured meanwhile (at most `fps` a
-        second of them are captured for it)."""
+        second of them are captured for it): the stream's when `video` and the phone has
+        one, else still frames."""
         self._next_sink += 1
         key = self._next_sink
-        self._sinks.setdefault(serial, {})[key] = (fps, sink)
+        self._sinks.setdefault(serial, {})[key] = (Want(fps, not video, video), sink)
         self._sync()
+        stream = self._streams.get(serial)
+        if video and stream is not None:
+            stream.want_key_frame()  # a recording starts at a key frame
         try:
             yield
         finally:
@@ -258,23 +267,89 @@ class Screencaster:
                 self._sinks.pop(serial, None)
             self._sync()
 
-    def _fps(self, serial: str) -> int:
-        asked = max(
-            [self._watched.get(serial, 0), *(f for f, _ in self._sinks.get(serial, {}).values())]
-        )
-        return max(1, min(self._max_fps, asked))
+    def _wants(self, serial: str) -> list[Want]:
+        wants = [w for w, _ in self._sinks.get(serial, {}).values()]
+        if serial in self._watched:
+            wants.append(self._watched[serial])
+        return wants
+
+    def _fps(self, serial: str, kind: str) -> int:
+        wants = self._wants(serial)
+        most = self._video_max_fps if kind == VIDEO else self._max_fps
+        if kind == VIDEO:
+            asked = max([w.fps for w in wants if w.video], default=1)
+        else:
+            asked = max([w.fps for w in wants if self._takes_images(serial, w)], default=1)
+        return max(1, min(most, asked))
+
+    def _takes_images(self, serial: str, want: Want) -> bool:
+        return want.images or (want.video and serial in self._no_video)
 
     def _sync(self) -> None:
-        wanted = set(self._watched) | set(self._sinks)
-        for serial in [s for s in self._loops if s not in wanted]:
-            self._loops.pop(serial).cancel()
-        for serial in wanted - set(self._loops):
-            self._loops[serial] = asyncio.get_running_loop().create_task(
-                self._capture(serial), name=f"screen {serial}"
+        needed: set[tuple[str, str]] = set()
+        for serial in set(self._watched) | set(self._sinks):
+            wants = self._wants(serial)
+            if any(w.video for w in wants) and serial not in self._no_video:
+                needed.add((serial, VIDEO))
+            if any(self._takes_images(serial, w) for w in wants):
+                needed.add((serial, IMAGES))
+        for key in [k for k in self._loops if k not in needed]:
+            self._loops.pop(key).cancel()
+        for serial in {s for s, _ in self._loops} | self._no_video:
+            if serial not in self._watched and serial not in self._sinks:
+                self._no_video.discard(serial)  # tried again when next watched
+        loop = asyncio.get_running_loop()
+        for serial, kind in needed - set(self._loops):
+            run = self._stream if kind == VIDEO else self._capture
+            self._loops[(serial, kind)] = loop.create_task(
+                run(serial), name=f"screen {kind} {serial}"
             )
 
+    async def _stream(self, serial: str) -> None:
+        """The phone's stream until it is no longer watched; still frames instead when it
+        has none here."""
+        device = self._device(serial)
+        while True:
+            try:
+                stream = await videocast.open_stream(device, lambda: self._fps(serial, VIDEO))
+            except DeviceError as exc:  # none here (VideoUnavailable), or it did not start
+                log.info("no video stream: still frames instead", device=serial, why=str(exc))
+                self._no_video.add(serial)
+                self._loops.pop((serial, VIDEO), None)
+                self._sync()
+                return
+            self._streams[serial] = stream
+            try:
+                first = self._seq.get(serial, 0)
+                await videocast.stream_frames(
+                    device, stream, self._running, self._deliver_video, first
+                )
+            except DeviceError as exc:
+                metrics.SCREEN_CAPTURE_FAILURES.inc()
+                log.info("video stream broke", device=serial, error=str(exc))
+            finally:
+                if self._streams.get(serial) is stream:
+                    del self._streams[serial]
+                await stream.close()
+            await asyncio.sleep(FAILURE_PAUSE)
+
+    def _deliver_video(self, frame: scheduler_pb2.ScreenFrame) -> None:
+        serial = frame.serial
+        self._seq[serial] = frame.seq
+        watched = self._watched.get(serial)
+        if watched is not None and watched.video:
+            queue = self._video.setdefault(serial, VideoQueue())
+            if not queue.put(frame):
+                stream = self._streams.get(serial)
+                if stream is not None:
+                    stream.want_key_frame()
+            self._ready.set()
+        for want, sink in list(self._sinks.get(serial, {}).values()):
+            if want.video:
+                sink(frame)
+
     async def _capture(self, serial: str) -> None:
-        """Frames of `serial` until it is no longer watched."""
+        """Still frames of `serial` until it is no longer watched."""
         device = self._device(serial)
         capture = getattr(device, "screen_frame", None) or device.screenshot
         clock = asyncio.get_running_loop()
@@ -291,55 +366,21 @@ class Screencaster:
                 continue
             metrics.SCREEN_CAPTURES.inc()
             self._seq[serial] = seq = self._seq.get(serial, 0) + 1
-            width, height, mime = image_size(data)
-            # A frame's width and height are the phone's screen in its own pixels (what a
-            # tap's coordinates are in): a phone whose frames are drawn smaller says so.
-            screen_size = getattr(device, "screen_size", None)
-            if screen_size is not None:
-                width, height = screen_size()
             # The attempt the phone ran all through the capture (none if it changed).
             during = before if self._running(serial) == before else None
-            task_id, attempt = during or ("", 0)
-            frame = scheduler_pb2.ScreenFrame(
-                serial=serial,
-                seq=seq,
-                width=width,
-                height=height,
-                mime=mime,
-                captured_at_ms=int(time.time() * 1000),
-                data=data,
-                running=scheduler_pb2.FrameTask(task_id=task_id, attempt=attempt),
-            )
+            frame = still_frame(device, seq, data, during)
             if serial in self._watched and len(data) > MAX_FRAME_BYTES:
-                frame = await self._smaller(frame)
+                frame = await smaller(frame)
             self._offer(serial, frame)
-            for _, sink in list(self._sinks.get(serial, {}).values()):
-                sink(frame)
-            interval = max(1.0 / self._fps(serial), len(data) / self._max_rate)
+            for want, sink in list(self._sinks.get(serial, {}).values()):
+                if self._takes_images(serial, want):
+                    sink(frame)
+            interval = max(1.0 / self._fps(serial, IMAGES), len(data) / self._max_rate)
             await asyncio.sleep(max(0.0, started + interval - clock.time()))
 
-    async def _smaller(self, frame: scheduler_pb2.ScreenFrame) -> scheduler_pb2.ScreenFrame:
-        """A frame too large to send, as a JPEG (Pillow, off the event loop); as it is
-        when Pillow is not installed or cannot read it (then `_offer` drops it)."""
-        data = await asyncio.to_thread(to_jpeg, frame.data)
-        if data is None:
-            if not self._said_no_jpeg:
-                self._said_no_jpeg = True
-                log.warning(
-                    "a screen frame is over 1 MiB and Pillow is not installed: such frames"
-                    " are not sent (pip install 'agentic-mobile-control[jpeg]')",
-                    device=frame.serial,
-                    size=len(frame.data),
-                )
-            return frame
-        metrics.SCREEN_FRAMES_JPEG.inc()
-        smaller = scheduler_pb2.ScreenFrame()
-        smaller.CopyFrom(frame)
-        smaller.data, smaller.mime = data, "image/jpeg"
-        return smaller
-
     def _offer(self, serial: str, frame: scheduler_pb2.ScreenFrame) -> None:
-        if serial not in self._watched:
+        watched = self._watched.get(serial)
+        if watched is None or not self._takes_images(serial, watched):
             return
         if len(frame.data) > MAX_FRAME_BYTES:
             metrics.SCREEN_FRAMES_DROPPED.labels("too_large").inc()
@@ -348,3 +389,10 @@ class Screencaster:
             metrics.SCREEN_FRAMES_DROPPED.labels("superseded").inc()
         self._outbox[serial] = frame
         self._ready.set()
+
+
+def _want_of(watch: lease_pb2.ScreenWatch) -> Want:
+    """A phone as the control plane lists it (neither kind named: an older control plane,
+    which takes still frames)."""
+    images = watch.images or not watch.video
+    return Want(watch.max_fps, images, watch.video)

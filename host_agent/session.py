@@ -26,6 +26,7 @@ task's history has them all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 from typing import Any
@@ -43,8 +44,8 @@ from host_agent.fencing import HeldLease
 from host_agent.install import Library
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.runner import APPS_STEP, Marks, StepRunner, outcome_for
-from host_agent.screencast import image_size
 from host_agent.spec import InvalidSpec
+from host_agent.stills import image_size
 from host_agent.stop_token import Stopped, StopReason, StopToken
 from host_agent.wire import action_from_proto, step_to_proto
 
@@ -163,6 +164,10 @@ async def run_session(
     relay = _Relay(call, token)
     reader: asyncio.Task[None] | None = None
     screen = _ScreenSize(device)
+    # scrcpy's server held for the session where the phone has one (host_agent.adb): its
+    # input goes through the control socket once it is up, through `input` until then.
+    held = contextlib.AsyncExitStack()
+    holding = asyncio.create_task(_hold_control(device, held))
     try:
         join = lease_pb2.SessionJoin(
             task_id=lease.task_id, attempt=lease.attempt, lease_id=lease.lease_id
@@ -193,6 +198,16 @@ async def run_session(
         call.cancel()
         if reader is not None:
             reader.cancel()
+        holding.cancel()
+        with contextlib.suppress(BaseException):
+            await holding
+        await held.aclose()
+
+
+async def _hold_control(device: Device, held: contextlib.AsyncExitStack) -> None:
+    hold = getattr(device, "hold_control", None)
+    if hold is not None:
+        await held.enter_async_context(hold())
 
 
 async def _send(call: Any, request: lease_pb2.SessionActionsRequest) -> None:

@@ -3,7 +3,7 @@
 `SimulatedSource(count)` offers ``sim-0 … sim-{count-1}``, all online. Every action
 waits `delay` seconds (cancellable) and then succeeds. Each action, finished or not, is
 recorded as an `ActionRecord` in `SimulatedSource.actions` and, when `action_log` is a
-path, appended to it as one flushed JSON line (host_agent.simulated_actions). Each phone
+path, appended to it as one flushed JSON line (host_agent.simulated_log). Each phone
 has a log (host_agent.simulated_logcat) where what is done on it is written as Android
 writes it, which the agent keeps for each run (`clear_log`, `follow_log`, `mark_log`: not
 actions, so not in the action log).
@@ -22,36 +22,50 @@ probe's reads (`getprop sys.boot_completed`, `dumpsys battery`, `df /data`) are 
 from the body at once and are not actions: they are not in the action log. What its
 screenshots and live frames show is drawn by host_agent.simulated_screen.
 
-`follow_faults(path)` (the agent's `--sim-faults`) applies faults set from outside (a
-chaos run, a demo) from a JSON file, whenever it changes: per serial, `unplugged` (true),
-`hung` ("reboot" or "reconnect": what cures it), `booting` (seconds from now) and
-`temperature` (°C). A phone whose entry changed gets its new entry; what the entry no
-longer says is undone (plugged, answering, booted, room temperature).
+Each phone keeps packages, files and settings (`PhoneState`, host_agent.simulated_state),
+which a task's shell actions change and the host's clean between leases restores
+(`cleaner`: the shell cleaner, its commands taking `clean_delay` each and logged as
+`clean` actions, apart from `actions`, in `cleans`).
+
+Faults are also set from outside (a chaos run, a demo: `faults`, the agent's
+`--sim-faults`, host_agent.simulated_faults).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from host_agent.devices import AttachedDevice, CommandFailed, DeviceLost, DeviceTimeout, ShellResult
-from host_agent.simulated_actions import ActionRecord, Recorder
+from host_agent import simulated_video
+from host_agent.baselines import Baselines
+from host_agent.clean_profile import CleanProfile
+from host_agent.cleaning import ShellCleaner
+from host_agent.devices import (
+    AttachedDevice,
+    CommandFailed,
+    DeviceLost,
+    DeviceTimeout,
+    ShellResult,
+    VideoFps,
+    VideoStream,
+)
 from host_agent.simulated_apps import PhoneApps
 from host_agent.simulated_body import (
     PROBE_COMMANDS,
-    ROOM_TEMPERATURE,
     SIMULATED_PROPS,
     Body,
     Physics,
     probe_answer,
     shell_answer,
 )
+from host_agent.simulated_faults import Faults
+from host_agent.simulated_log import ActionRecord, Recorder
 from host_agent.simulated_logcat import PhoneLog
 from host_agent.simulated_screen import PHONE_SIZE, UI_XML, LiveScreen, live_frame, screenshot_png
+from host_agent.simulated_state import PhoneState
 
 __all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource"]
 
@@ -77,23 +91,34 @@ class SimulatedSource:
         # Set when a phone is unplugged; replaced by a fresh one when it comes back.
         self._unplugged: dict[str, asyncio.Event] = {s: asyncio.Event() for s in self.serials}
         self._in_flight: dict[str, int] = dict.fromkeys(self.serials, 0)
-        # The faults last applied from outside (follow_faults), by serial.
-        self._faults: dict[str, dict[str, Any]] = {}
+        # Faults set from outside (host_agent.simulated_faults: the agent's --sim-faults).
+        self.faults = Faults(self)
         # What each phone's live frames show; how many frames were captured in all.
         self.screens: dict[str, LiveScreen] = {s: LiveScreen() for s in self.serials}
         self.captures = 0
+        # Whether the phones have an H.264 stream (host_agent.simulated_video; PyAV too).
+        self.video = True
         # The recovery ladder's steps that disturbed a phone: (serial, "reconnect" or
         # "reboot", time.time() when asked).
         self.recovery_steps: list[tuple[str, str, float]] = []
-        # Each phone's packages and files (host_agent.simulated_apps).
+        # Each phone's packages and files (host_agent.simulated_apps), and the rest of what
+        # a clean restores (host_agent.simulated_state); how long a clean's command takes.
         sdk = int(SIMULATED_PROPS["ro.build.version.sdk"])
         self.apps: dict[str, PhoneApps] = {s: PhoneApps(sdk) for s in self.serials}
         # Each phone's log (host_agent.simulated_logcat).
         self.logs: dict[str, PhoneLog] = {s: PhoneLog(s) for s in self.serials}
+        self.states: dict[str, PhoneState] = {s: PhoneState(self.apps[s]) for s in self.serials}
+        self.clean_delay = 0.0
+        self._clean_hangs: set[str] = set()
 
     @property
     def actions(self) -> list[ActionRecord]:
         return self._recorder.records
+
+    @property
+    def cleans(self) -> list[ActionRecord]:
+        """The commands of the cleans between leases (`clean` actions), in order."""
+        return self._recorder.cleans
 
     async def inventory(self) -> list[AttachedDevice]:
         return [
@@ -112,6 +137,15 @@ class SimulatedSource:
 
     def device(self, serial: str) -> SimulatedDevice:
         return SimulatedDevice(self, serial)
+
+    def cleaner(self, serial: str, profile: CleanProfile, baselines: Baselines) -> ShellCleaner:
+        """Cleaned by shell commands, as a phone over adb is (its commands logged apart)."""
+        device = SimulatedDevice(self, serial, cleaning=True)
+        return ShellCleaner(device, profile, baselines, self.reboot_device)
+
+    def hang_cleans(self, serial: str, hung: bool = True) -> None:
+        """From now on a clean's commands on `serial` never answer (until unplugged)."""
+        (self._clean_hangs.add if hung else self._clean_hangs.discard)(serial)
 
     async def close(self) -> None:
         """Nothing to release: the log file is opened per line."""
@@ -163,46 +197,6 @@ class SimulatedSource:
             raise DeviceLost(f"device lost: {serial} is not attached")
         self.reboot(serial, self.boot_time)
 
-    def apply_faults(self, faults: Mapping[str, Mapping[str, Any]]) -> None:
-        """Each phone whose entry changed gets it; what its entry no longer says is undone."""
-        for serial in self.serials:
-            new, old = dict(faults.get(serial, {})), self._faults.get(serial, {})
-            if new == old:
-                continue
-            if new.get("unplugged"):
-                self.unplug(serial)
-            elif not self.is_plugged(serial):
-                self.plug(serial)
-            if new.get("hung") or old.get("hung"):
-                self.hang(serial, bool(new.get("hung")), str(new.get("hung") or "reboot"))
-            body = self.body(serial)
-            if "booting" in new:
-                body.booting_until = time.monotonic() + float(new["booting"])
-            elif "booting" in old:
-                body.booting_until = 0.0
-            if "temperature" in new:
-                body.temperature = float(new["temperature"])
-            elif "temperature" in old:
-                body.temperature = ROOM_TEMPERATURE
-            self._faults[serial] = new
-
-    async def follow_faults(self, path: Path, every: float = 0.2) -> None:
-        """Apply the faults in `path` (JSON: serial -> fault) whenever the file changes."""
-        seen: tuple[int, int] | None = None
-        while True:
-            seen = self._faults_changed(path, seen)
-            await asyncio.sleep(every)
-
-    def _faults_changed(self, path: Path, seen: tuple[int, int] | None) -> tuple[int, int] | None:
-        """Apply `path` if it changed since `seen` (its mtime and size); what it is now."""
-        try:
-            stat = path.stat()
-            if (stat.st_mtime_ns, stat.st_size) != seen:
-                self.apply_faults(json.loads(path.read_text("utf-8") or "{}"))
-            return (stat.st_mtime_ns, stat.st_size)
-        except (OSError, ValueError, TypeError, AttributeError):
-            return None  # absent, or half written: read it again
-
     def booted(self, serial: str) -> bool:
         return time.monotonic() >= self.body(serial).booting_until
 
@@ -235,17 +229,21 @@ class SimulatedSource:
     def record(self, record: ActionRecord) -> None:
         self._recorder.add(record)
 
-    async def pause(self, serial: str) -> None:
-        """Wait `delay` seconds as a phone would; DeviceLost if unplugged meanwhile."""
+    async def pause(self, serial: str, cleaning: bool = False) -> None:
+        """Wait `delay` seconds (`clean_delay` for a clean's command) as a phone would;
+        DeviceLost if unplugged meanwhile."""
         unplugged = self._unplugged.get(serial)
         if unplugged is None or unplugged.is_set():
             raise DeviceLost(f"device lost: {serial} is not attached")
         body = self.body(serial)
         if not self.booted(serial):
             raise DeviceLost(f"device lost: {serial} is rebooting")
+        took = self.clean_delay if cleaning else self.delay
+        if cleaning and serial in self._clean_hangs:
+            took = float("inf")  # until the caller gives up, or the phone is unplugged
         self._in_flight[serial] += 1
         try:
-            async with asyncio.timeout(self.call_timeout if body.hung else self.delay):
+            async with asyncio.timeout(self.call_timeout if body.hung else took):
                 await unplugged.wait()
         except TimeoutError:
             if body.hung:
@@ -258,23 +256,26 @@ class SimulatedSource:
 
 
 class SimulatedDevice:
-    """One simulated phone; every method goes through `_act` for timing and the log."""
+    """One simulated phone; every method goes through `_act` for timing and the log
+    (`cleaning`: the device a clean between leases drives, its commands `clean` actions)."""
 
-    def __init__(self, source: SimulatedSource, serial: str):
+    def __init__(self, source: SimulatedSource, serial: str, cleaning: bool = False):
         self.serial = serial
         self._source = source
+        self._cleaning = cleaning
 
     async def shell(self, command: str, timeout: float) -> ShellResult:
         try:
             async with asyncio.timeout(timeout):
                 if command in PROBE_COMMANDS:
                     return await self._source.probe_read(self.serial, command)
-                await self._act("shell", command=command)
+                await self._act("clean" if self._cleaning else "shell", command=command)
         except TimeoutError:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
-        answered = self._source.apps[self.serial].answer(command)
-        answered = answered or self._source.logs[self.serial].answer(command)
-        return ShellResult(*answered) if answered else shell_answer(command)
+        answered = self._source.states[self.serial].answer(command)
+        if answered is None:
+            answered = self._source.logs[self.serial].answer(command)
+        return ShellResult(*answered) if answered is not None else shell_answer(command)
 
     async def tap(self, x: int, y: int) -> None:
         await self._act("tap", x=x, y=y)
@@ -349,12 +350,15 @@ class SimulatedDevice:
         if not self._source.is_plugged(self.serial):
             raise DeviceLost(f"device lost: {self.serial} is not attached")
         return self._source.logs[self.serial]
+    async def open_video(self, fps: VideoFps) -> VideoStream:
+        """Its live frames as H.264 (host_agent.simulated_video), drawn at `fps()`."""
+        return simulated_video.open_stream(self._source, self.serial, fps)
 
     async def _act(self, action: str, **args: Any) -> None:
         started_monotonic, started_wall = time.monotonic(), time.time()
         outcome = "cancelled"  # also what a timeout from the caller looks like here
         try:
-            await self._source.pause(self.serial)
+            await self._source.pause(self.serial, self._cleaning)
             outcome = "ok"
             self._source.screens[self.serial].saw(action, args)
             self._source.logs[self.serial].saw(action, args)

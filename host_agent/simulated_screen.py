@@ -95,6 +95,21 @@ def live_frame(serial: str, screen: LiveScreen) -> bytes:
     Only the panel changes from frame to frame: the rows above it are compressed once per
     tap place (`_Upper`), and each frame compresses the panel's rows after them (a copy of
     the compressor's state), so a frame costs ~1 ms instead of ~4."""
+    upper, panel = _next_frame(serial, screen)
+    width, height = SCREENSHOT_SIZE
+    compressor = upper.compressor.copy()
+    idat = upper.compressed + compressor.compress(panel.scanlines()) + compressor.flush()
+    return png_file(width, height, idat)
+
+
+def live_pixels(serial: str, screen: LiveScreen) -> bytes:
+    """The same live frame as `live_frame`, as its RGB pixels (for a video encoder)."""
+    upper, panel = _next_frame(serial, screen)
+    return upper.pixels + bytes(panel.pixels)
+
+
+def _next_frame(serial: str, screen: LiveScreen) -> tuple[_Upper, Canvas]:
+    """The next frame's rows above the panel and its panel, drawn."""
     screen.frames += 1
     width, height = SCREENSHOT_SIZE
     upper = screen.upper
@@ -108,9 +123,7 @@ def live_frame(serial: str, screen: LiveScreen) -> bytes:
     panel.text(8, 54, f"actions {screen.actions}", _INK)
     panel.text(8, 78, f"frame {screen.frames}", _INK)
     _mark(panel, screen.tap, -PANEL_TOP)
-    compressor = upper.compressor.copy()
-    idat = upper.compressed + compressor.compress(panel.scanlines()) + compressor.flush()
-    return png_file(width, height, idat)
+    return upper, panel
 
 
 # The live frame's panel: its rows from here to the bottom.
@@ -133,6 +146,8 @@ class _Upper:
     compressed: bytes
     compressor: Any  # zlib's compressor object, copied for each frame
     panel: bytes
+    # The rows above the panel, as RGB pixels.
+    pixels: bytes
 
     @staticmethod
     def drawn(serial: str, tap: tuple[int, int] | None) -> _Upper:
@@ -141,7 +156,10 @@ class _Upper:
         compressor = zlib.compressobj(1)
         compressed = compressor.compress(canvas.scanlines(0, PANEL_TOP))
         stride = canvas.width * 3
-        return _Upper(tap, compressed, compressor, bytes(canvas.pixels[PANEL_TOP * stride :]))
+        rows = PANEL_TOP * stride
+        return _Upper(
+            tap, compressed, compressor, bytes(canvas.pixels[rows:]), bytes(canvas.pixels[:rows])
+        )
 
 
 @functools.cache

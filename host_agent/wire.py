@@ -36,6 +36,8 @@ from host_agent.spec import ActionList, InvalidSpec, Session, TaskSpec, Workflow
 # The control plane's limits on registered text (validate.py there); longer is cut here
 # rather than have one odd phone make every registration fail.
 _MAX_TEXT, _MAX_LABEL = 128, 1024
+# What a clean step's detail may say (validate_lease's MAX_VALUE there).
+_MAX_DETAIL = 1024
 
 _DEVICE_STATES = {
     "device": scheduler_pb2.DEVICE_STATE_DEVICE,
@@ -104,6 +106,12 @@ def _one_line(text: str, limit: int) -> str:
     return _BREAKS.sub(" ", text).strip()[:limit]
 
 
+def _duration(seconds: float) -> duration_pb2.Duration:
+    took = duration_pb2.Duration()
+    took.FromNanoseconds(round(max(0.0, seconds) * 1e9))
+    return took
+
+
 def register_request(
     host_id: str, labels: Mapping[str, str], inventory: Iterable[AttachedDevice]
 ) -> lease_pb2.RegisterHostRequest:
@@ -127,6 +135,15 @@ def health_request(
                 battery_percent=h.battery_percent,
                 temperature_celsius=h.temperature_celsius,
                 charging=h.charging,
+                cleaned=[
+                    lease_pb2.CleanStep(
+                        name=step.name,
+                        detail=_one_line(step.detail, _MAX_DETAIL),
+                        took=_duration(step.seconds),
+                        ok=step.ok,
+                    )
+                    for step in h.cleaned
+                ],
             )
             for serial, h in changed
         ],
@@ -281,9 +298,10 @@ def result_to_proto(result: RunResult) -> task_pb2.TaskResult:
 
 
 def report_request(
-    result: RunResult, *, task_id: str, attempt: int, lease_id: str
+    result: RunResult, *, task_id: str, attempt: int, lease_id: str, cleans: bool = False
 ) -> lease_pb2.ReportResultRequest:
-    """The ReportResult request for `result`; build it once and resend that same message."""
+    """The ReportResult request for `result`; build it once and resend that same message.
+    `cleans`: the host cleans the phone next (the control plane marks it `cleaning`)."""
     pb = result_to_proto(result)
     for step in pb.steps:
         for artifact in step.artifacts:
@@ -294,4 +312,5 @@ def report_request(
         lease_id=lease_id,
         outcome=outcome_to_proto(result.outcome),
         result=pb,
+        cleans=cleans,
     )

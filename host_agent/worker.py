@@ -30,7 +30,7 @@ from host_agent.install import Library
 from host_agent.leases import LeaseKeeper
 from host_agent.log_feed import LogFeed
 from host_agent.logcat import Capture
-from host_agent.recording import Recording
+from host_agent.recording import Recorder
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Kept, RunResult
 from host_agent.retry import Delivery, RetryPolicy
@@ -42,7 +42,6 @@ from host_agent.stop_token import StopReason, StopToken
 from host_agent.wire import HeldAssignment, report_request, step_to_proto
 
 log = structlog.get_logger(__name__)
-SCREEN_RECORDING = "screen_recording"
 
 
 class Ending(enum.Enum):
@@ -87,10 +86,15 @@ class Tools:
 class Worker:
     """Runs one assignment under its lease; `run()` once."""
 
-    def __init__(self, tools: Tools, assignment: HeldAssignment, lease: HeldLease) -> None:
+    def __init__(
+        self, tools: Tools, assignment: HeldAssignment, lease: HeldLease, *, cleans: bool = False
+    ) -> None:
         self._tools = tools
         self.assignment = assignment
         self.lease = lease
+        # The host cleans the phone after the lease: its report or release says so, and the
+        # control plane marks the device `cleaning` as the lease ends (host_agent.device_life).
+        self._cleans = cleans
         self._log = log.bind(host_id=tools.settings.host_id)
         # time.monotonic() when the run must have ended (the task's deadline), if it has one.
         self._run_ends: float | None = None
@@ -159,7 +163,13 @@ class Worker:
             result = await artifact_upload.upload_kept(
                 self._tools.stub, result, self.lease, budget, late
             )
-        request = report_request(result, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
+        request = report_request(
+            result,
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            cleans=self._cleans,
+        )
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
         delivery = await final.run(self._tools.results.report(request, policy))
         return self._finished(Ending.REPORTED, result, delivery)
@@ -204,21 +214,21 @@ class Worker:
         )
         return result
 
-    def _recording(self) -> Recording | None:
+    def _recording(self) -> Recorder | None:
         asked = self.assignment.record_screen
         if asked is None or self._tools.screens is None:
             return None
         fps, frames = asked
         limit = self._tools.settings.screen_record_max_bytes
-        return Recording(recording.settings_from(fps, frames, limit))
+        return Recorder(recording.settings_from(fps, frames, limit))
 
     @contextlib.contextmanager
-    def _recorded(self, kept: Recording | None) -> Iterator[None]:
+    def _recorded(self, kept: Recorder | None) -> Iterator[None]:
         if kept is None or self._tools.screens is None:
             yield
             return
         serial = self.assignment.device_serial
-        with self._tools.screens.watch(serial, kept.settings.fps, kept.add):
+        with self._tools.screens.watch(serial, kept.settings.fps, kept.add, video=kept.video):
             yield
 
     @contextlib.contextmanager
@@ -283,7 +293,12 @@ class Worker:
     async def _release(self, why: str, *, device_lost: bool = False) -> Delivery[Any]:
         policy = RetryPolicy(total=self._tools.settings.release_timeout)
         return await release_lease(
-            self._tools.stub, self.lease.lease_id, f"host: {why}", policy, device_lost=device_lost
+            self._tools.stub,
+            self.lease.lease_id,
+            f"host: {why}",
+            policy,
+            device_lost=device_lost,
+            cleans=self._cleans,
         )
 
     def _finished(
@@ -295,16 +310,16 @@ class Worker:
         return Finished(self.lease, self.assignment.device_serial, ending, result, delivery)
 
 
-def _with_recording(result: RunResult, kept: Recording) -> RunResult:
+def _with_recording(result: RunResult, kept: Recorder) -> RunResult:
     """The run's screen recording kept with its last step (to be uploaded with its files)."""
-    data = kept.apng()
-    if data is None or not result.steps:
+    recorded = kept.kept()
+    if recorded is None or not result.steps:
         return result
+    kind, data, held = recorded
     last = result.steps[-1]
-    note = {"screen_recording": f"{kept.frames} frames, {kept.skipped} left out"}
     last = dataclasses.replace(
         last,
-        kept=(*last.kept, Kept(SCREEN_RECORDING, data, recording.ACTION_INDEX)),
-        data={**last.data, **note},
+        kept=(*last.kept, Kept(kind, data, recording.ACTION_INDEX)),
+        data={**last.data, kind: held},
     )
     return dataclasses.replace(result, steps=(*result.steps[:-1], last))

@@ -21,15 +21,18 @@ faults (scripts/chaos_lib/faults.py): replica kill -9 + restart, agent kill -9 +
 agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown + start, one
 host's connections cut beyond the TTL, a fleet process (a row of hosts) kill -9 + restart
 or SIGSTOP + SIGCONT, an agent's phone unplugged mid-run, hung, boot-looping or too hot
-(chaos_lib/phones.py), and on the database: PostgreSQL runs as a primary and a synchronous
-streaming standby (the replicas' URL names both), and fails over (primary killed, standby
-promoted, old primary rewound to follow it), has random backends terminated, an idle
-transaction held open, its connection slots filled. All through, the replicas age client
-connections out every 20 s (--max-connection-age), so every host's renewal stream moves to
-a new connection again and again under the faults. Then it quiesces (no new faults,
-everything up, nothing in flight), checks the invariants (chaos_lib/invariants.py;
-the seventh, dispatch liveness, in chaos_lib/dispatch.py; the eighth, no acknowledged
-transition lost, across the failovers; the tenth, phone faults, in chaos_lib/phones.py)
+(chaos_lib/phones.py), a phone's cleans between leases hanging or failing at `pm uninstall`
+(chaos_lib/cleaning.py), and on the database: PostgreSQL runs as a primary and a
+synchronous streaming standby (the replicas' URL names both), and fails over (primary
+killed, standby promoted, old primary rewound to follow it), has random backends
+terminated, an idle transaction held open, its connection slots filled. All through, the
+replicas age client connections out every 20 s (--max-connection-age), so every host's
+renewal stream moves to a new connection again and again under the faults. Then it quiesces
+(no new faults, everything up, nothing in flight), checks the invariants
+(chaos_lib/invariants.py; the seventh, dispatch liveness, in chaos_lib/dispatch.py; the
+eighth, no acknowledged transition lost, across the failovers; the tenth, phone faults, in
+chaos_lib/phones.py; the twelfth, no lease on a phone whose last clean failed, in
+chaos_lib/cleaning.py)
 from PostgreSQL, the agents' logs and the fleet's
 record of its Acquire calls, writes chaos-results.json (with the time to serve after each
 failover) and prints a table. `--hosts 0`: no fleet (the run as it was before it, the
@@ -66,7 +69,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_lib import evidence, faults, phones, recovery, report, screens, soak
+from chaos_lib import cleaning, evidence, faults, phones, recovery, report, screens, soak
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
@@ -105,7 +108,7 @@ def _gap(text: str) -> tuple[float, float]:
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    known = faults.KINDS + phones.KINDS
+    known = faults.KINDS + phones.KINDS + cleaning.KINDS
     if unknown := [k for k in kinds if k not in known]:
         raise argparse.ArgumentTypeError(
             f"no fault kind {', '.join(unknown)}; the kinds: {', '.join(known)}"
@@ -390,7 +393,9 @@ class ChaosRun:
         """Invariant 10: each phone that had a fault, ready again (released if its host
         left it quarantined), is given a task pinned to it."""
         operator = self.injector.operator
-        hit = sorted({f.target for f in self.injector.faults if f.kind in phones.KINDS})
+        hit = sorted(
+            {f.target for f in self.injector.faults if f.kind in phones.KINDS + cleaning.KINDS}
+        )
         pinned = {}
         for target in hit:
             host, serial = target.split("/", 1)
@@ -465,6 +470,10 @@ class ChaosRun:
             ev, self.screens.frames, self.screens.watches, self.workload.tasks
         )
         violations += [Violation(11, check, detail) for check, detail in watched]
+        cleans = cleaning.check(
+            ev.cleans, ev.actions, ev.attempts, await cleaning.records(farm.dsn)
+        )
+        violations += [Violation(12, check, detail) for check, detail in cleans.violations]
         recovery.measure(injector.faults, ev)
         self._harness_problems()
         counts = injector.counts()
@@ -506,6 +515,7 @@ class ChaosRun:
             "dispatch": dispatch.summary(sum(1 for v in violations if v.invariant == 7)),
             "recovery": recovery.summary(injector.faults, kinds),
             "phones": phones.summary(injector.faults, verdict),
+            "cleaning": cleaning.summary(injector.faults, cleans),
             "failovers": [
                 {"at": f.started_at, "error": f.error}
                 | {k: v for k, v in f.detail.items() if k.endswith("_s")}

@@ -191,6 +191,9 @@ class HostAgentCommand(_Command):
     recovery_backoff: float | None = _duration()
     boot_timeout: float | None = _duration()
     sim_faults: Path | None = None
+    # Cleaning between leases: the profile file and where baselines are kept.
+    clean_profile: Path | None = None
+    clean_baselines: Path | None = None
     # The app library's files kept on this host: where, and how many bytes at most.
     app_cache_dir: Path | None = None
     app_cache_size: int | None = field(default=None, metadata={"render": megabytes})

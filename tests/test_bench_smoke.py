@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,26 +17,47 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_lib import deep, fleet, flood, peer, promtext, report, stats  # noqa: E402
 
+BENCH = [sys.executable, str(ROOT / "scripts" / "bench.py")]
 
-@pytest.mark.timeout(250)
+
+@pytest.mark.timeout(620)
 def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) -> None:
-    """THEN the table is printed and bench-results.json holds every AMC workload."""
+    """THEN the plan is printed first, the table last, and bench-results.json holds every
+    workload (the renewal twice: first, and after all the others), with the CPU each unit
+    of work cost beside its latencies."""
     out = tmp_path / "bench-results.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
+        [*BENCH, "--quick", "--out", str(out)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.startswith("bench: the plan: about "), done.stderr[:300]
     assert "1 lifecycle" in done.stdout and "5 ceiling" in done.stdout
     assert "7 fleet 10x4, 2 replicas" in done.stdout
+    assert "4 renewal, first, fresh database" in done.stdout
+    assert "4 renewal, after every other workload" in done.stdout
     doc = json.loads(out.read_text())
+    assert doc["complete"] is True and [p["workload"] for p in doc["plan"]][-1] == "renewal"
     results = doc["results"]
     assert set(results) >= {
         "ceiling", "lifecycle", "latency", "renewal", "ratios", "fleet", "deep", "flood",
-        "session", "screen",
+        "session", "screen", "plans", "renewal_after_all",
     }  # fmt: skip
+    assert "errors" not in results
+    # Both renewal windows ran on 1,000 leases, then every task was reported done.
+    for key in ("renewal", "renewal_after_all"):
+        renewal = results[key]
+        assert renewal["renewals_per_s"] > 0 and renewal["conflicts"] == 0
+        assert renewal["reported_done"] == renewal["leases"] == 1000
+        assert set(renewal["cpu_us_per_renewal"]) == {"control_plane", "postgres", "load_client"}
+    assert results["plans"]["problems"] == [] and len(results["plans"]["states"]) == 4
+    # CPU per unit of work beside each latency: per task, per cancelled task, per action.
+    for fig in (
+        results["lifecycle"]["cpu_ms_per_task"]["control_plane"]["median"],
+        results["latency"]["pickup"]["cpu_ms_per_task"]["postgres"],
+        results["latency"]["cancel"]["cpu_ms_per_task"]["agent"],
+        results["session"]["windows"][0]["postgres_cpu_us_per_action"],
+    ):
+        assert fig > 0
     screen = results["screen"]
     assert screen["verified"] is True and screen["idle"]["frames_captured"] == 0
     assert screen["clicks"]["click_to_frame_ms"]["n"] == 5  # after 3 warm-up taps
@@ -77,6 +100,9 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
             churn["control_plane_cores"] - run["idle"]["control_plane_cores"]
         )
         assert run["errors"]["health_errors"] == 0
+        # The busy phones' steps alone: what a step result costs (with its renewals).
+        assert run["busy"]["busy_running"] == run["busy"]["busy_phones"] == 30
+        assert run["load_not_reached"] == [] and "steps_per_s" in run["steps"]
     assert results["fleet"]["targets"]["windows_cover_two_repolls"] is True
     assert results["fleet"]["settings"]["condition_churn_per_min"] == 1.0
     assert "condition changes / min" in done.stdout
@@ -103,6 +129,74 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert fl["b_pickup_ms"]["n"] == fl["b_submitted"] == 15
     assert fl["check"]["a"]["retried"] == 0 and fl["a_done_in_window"] > 0
     assert "8 deep 10x4, deep db" in done.stdout and "9 flood" in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_workload_that_fails_keeps_the_rows_before_it_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """GIVEN a peer that fails after a while, THEN while it runs bench-results.json already
+    holds the ceiling's rows (written when that workload ended), and at the end the run
+    is complete: the ceiling's rows, the peer's error, exit code 1."""
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    script = peers / "run-pgqueuer"
+    script.write_text("#!/bin/sh\nsleep 3\necho 'no pgqueuer here' >&2\nexit 3\n")
+    script.chmod(0o755)
+    out = tmp_path / "bench-results.json"
+    argv = [*BENCH, "--only", "ceiling,peer", "--pgbench-seconds", "1", "--peer-dir", str(peers)]
+    with subprocess.Popen(
+        [*argv, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        during = eventually_read(out, lambda d: "ceiling" in d["results"], proc)
+        stdout, stderr = proc.communicate(timeout=240)
+    assert during["complete"] is False and during["results"]["ceiling"]["tps_1_client"]
+    assert proc.returncode == 1, stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True
+    assert doc["results"]["ceiling"] == during["results"]["ceiling"]
+    assert "failed (3)" in doc["results"]["errors"]["peer"]
+    assert "no pgqueuer here" in doc["results"]["errors"]["peer"]
+    assert "5 ceiling" in stdout and "peer failed" in stderr
+
+
+def eventually_read(
+    path: Path, ready: Any, proc: subprocess.Popen[str], within: float = 200.0
+) -> dict[str, Any]:
+    """The results file once `ready` says so of it (polled; the run must still be going)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before the file said so"
+        if path.exists():
+            doc: dict[str, Any] = json.loads(path.read_text())
+            if ready(doc):
+                return doc
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never said so within {within:.0f}s")
+
+
+@pytest.mark.timeout(400)
+def test_a_load_not_reached_is_recorded_and_the_run_goes_on(tmp_path: Path) -> None:
+    """GIVEN busy phones that may not take any time to start, THEN each fleet run says how
+    far they got ("load not reached", in the table too), goes on through its submit window
+    (every task done and checked), and its targets are not judged."""
+    out = tmp_path / "bench-results.json"
+    done = subprocess.run(
+        [*BENCH, "--quick", "--only", "fleet", "--fleet-busy-timeout", "0", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out.read_text())["results"]["fleet"]["runs"]
+    assert [(r["hosts"], r["replicas"]) for r in runs] == [(10, 1), (10, 2)]
+    for run in runs:
+        (line,) = run["load_not_reached"]
+        assert line.startswith("busy phones: ") and line.endswith(" of 30 running after 0 s")
+        assert run["busy"]["busy_running"] < 30 == run["busy"]["busy_phones"]
+        assert run["verified"] is True and run["submit"]["done"] == run["submit"]["tasks"] == 60
+        assert fleet.find(runs, run["hosts"], run["replicas"]) is None  # not judged
+    assert done.stdout.count("LOAD NOT REACHED") == 2
 
 
 def _fleet_run(

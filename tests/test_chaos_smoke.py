@@ -20,7 +20,7 @@ from amc.v1 import task_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib import phones, screens  # noqa: E402
+from chaos_lib import cleaning, phones, screens  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
@@ -28,7 +28,7 @@ from chaos_lib.invariants import NAMES, Checks  # noqa: E402
 from chaos_lib.specs import random_plan  # noqa: E402
 from chaos_lib.workload import Submitted  # noqa: E402
 
-KINDS = FARM_KINDS + phones.KINDS
+KINDS = FARM_KINDS + phones.KINDS + cleaning.KINDS
 
 
 @pytest.mark.timeout(260)
@@ -702,3 +702,55 @@ def test_a_task_viewer_sent_a_frame_of_another_attempt_breaks_invariant_11() -> 
         "a watched task's steps are not its spec's",
         "a watched task's phone did other than its plan's actions",
     ]
+
+
+def test_a_lease_after_a_failed_clean_and_a_task_during_a_clean_break_invariant_12() -> None:
+    """THEN an attempt created after a phone's clean failed (from its last command's end,
+    before the report) and before its next passing clean is a violation, one after the
+    passing clean is not; a task action overlapping a clean command of its phone is one."""
+    t = 1_000_000.0
+    cleans = [
+        Action("h1", "sim-0", "clean", t + 1.0, t + 1.2, "ok"),
+        Action("h1", "sim-0", "clean", t + 1.2, t + 5.2, "cancelled"),  # hung: timed out
+        Action("h1", "sim-0", "clean", t + 20.0, t + 20.1, "ok"),
+    ]
+    reports = [
+        cleaning.Record("h1/sim-0", t + 5.5, False, "uninstall failed (4.0 s): timed out"),
+        cleaning.Record("h1/sim-0", t + 20.3, True, ""),
+    ]
+    attempts = {
+        ("early", 1): {"host_id": "h1", "device_serial": "sim-0", "created_at": t + 0.5},
+        ("between", 1): {"host_id": "h1", "device_serial": "sim-0", "created_at": t + 5.3},
+        ("held", 1): {"host_id": "h1", "device_serial": "sim-0", "created_at": t + 9.0},
+        ("after", 1): {"host_id": "h1", "device_serial": "sim-0", "created_at": t + 21.0},
+    }
+    during = Action("h1", "sim-0", "tap", t + 20.05, t + 20.2, "ok")
+    verdict = cleaning.check(cleans, [during], attempts, reports)
+    leases = [d["lease_started_at"] for c, d in verdict.violations if c.startswith("a lease")]
+    assert leases == [t + 5.3, t + 9.0]
+    acted = [d for c, d in verdict.violations if c.startswith("a task acted")]
+    assert acted == [
+        {
+            "phone": "h1/sim-0",
+            "action": "tap",
+            "acted": [t + 20.05, t + 20.2],
+            "clean_command": [t + 20.0, t + 20.1],
+        }
+    ]
+    assert verdict.stats["cleans failed"] == 1 and verdict.stats["cleans passed"] == 1
+    assert NAMES[12].startswith("cleaning")
+
+
+def test_cleans_that_passed_between_leases_break_no_invariant_12() -> None:
+    t = 1_000_000.0
+    cleans = [Action("h1", "sim-0", "clean", t + 2.0, t + 2.1, "ok")]
+    attempts = {
+        ("a", 1): {"host_id": "h1", "device_serial": "sim-0", "created_at": t},
+        ("b", 1): {"host_id": "h1", "device_serial": "sim-0", "created_at": t + 3.0},
+    }
+    tapped = [
+        Action("h1", "sim-0", "tap", t + 0.1, t + 1.9, "ok"),
+        Action("h1", "sim-0", "tap", t + 3.1, t + 3.2, "ok"),
+    ]
+    reports = [cleaning.Record("h1/sim-0", t + 2.2, True, "")]
+    assert cleaning.check(cleans, tapped, attempts, reports).violations == []

@@ -248,8 +248,8 @@ async def test_an_idle_console_control_session_ends_and_frees_the_phone(
 async def test_console_control_with_record_keeps_the_sessions_screen_recording(
     farm: Farm, http: aiohttp.ClientSession
 ) -> None:
-    """THEN a session opened with record=1 keeps a recording of the phone's screen (an
-    animated PNG) with its last step once it ends."""
+    """THEN a session opened with record=1 keeps a recording of the phone's screen (an MP4
+    of its stream) with its last step once it ends."""
     token = await farm.token(Role.OPERATOR)
     async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
         ws = await http.ws_connect(control_url(farm, record="1"), protocols=offered(token))
@@ -262,7 +262,7 @@ async def test_console_control_with_record_keeps_the_sessions_screen_recording(
     client = await farm.client()
     got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task["task_id"]))
     kept = [(a.kind, a.content_type) for s in got.result.steps for a in s.artifacts]
-    assert kept == [("logcat", "application/gzip"), ("screen_recording", "image/apng")]
+    assert kept == [("logcat", "application/gzip"), ("screen_video", "video/mp4")]
 
 
 FIELDS = st.sampled_from(["x", "y", "x1", "y1", "x2", "y2", "duration_ms", "text"])

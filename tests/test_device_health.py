@@ -133,7 +133,7 @@ async def test_simulated_phones_take_their_faults_from_a_file_when_it_changes(
     source = SimulatedSource(4, delay=0.01)
     source.call_timeout = 0.2
     path = tmp_path / "faults.json"
-    follower = asyncio.create_task(source.follow_faults(path, every=0.02))
+    follower = asyncio.create_task(source.faults.follow(path, every=0.02))
     try:
         path.write_text(
             json.dumps(

@@ -18,6 +18,7 @@ import pytest
 from amc_common.channel import aio_channel
 from control_plane.server import ControlPlane
 from host_agent.agent import Agent
+from host_agent.clean_profile import Profiles
 from host_agent.simulated import SimulatedSource
 from tests.support import eventually
 from tests.support.agent import TEST_SETTINGS
@@ -55,7 +56,9 @@ async def farm_like_make_run(database_url: str, phones: int) -> AsyncIterator[st
     await plane.start()
     address = f"127.0.0.1:{plane.port}"
     channel = aio_channel(address)
-    agent = Agent(replace(TEST_SETTINGS, host_id="local"), SimulatedSource(phones), channel)
+    # As `make run`'s agent: its phones cleaned between leases (the product's default).
+    settings = replace(TEST_SETTINGS, host_id="local", clean_profile=Profiles())
+    agent = Agent(settings, SimulatedSource(phones), channel)
     running = asyncio.create_task(agent.run())
     try:
         await eventually(lambda: agent.registered.is_set() or running.done(), what="the agent")

@@ -557,9 +557,14 @@ async def _feed(call: Any, payloads: list[bytes]) -> Reply:
         if await call.read() is grpc.aio.EOF:
             return Reply(await call.code(), await call.details() or "", answers)
         answers += 1
-        for payload in payloads[1:]:
-            await call.write(payload)
-        await call.done_writing()
+        try:
+            for payload in payloads[1:]:
+                await call.write(payload)
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # The server ended the call (refused a frame) before this write: its status is
+            # the call's, not the failed write's ("Internal error from Core").
+            return Reply(await call.code(), await call.details() or "", answers)
         while await call.read() is not grpc.aio.EOF:
             answers += 1
     except grpc.aio.AioRpcError as exc:

@@ -235,8 +235,10 @@ def test_the_environment_file_example_names_every_variable_and_each_value_parses
     missing = named - {"AMC_TOKEN"} - set(settings)
     assert not missing, f"not in the example: {missing}"
     settings.pop("AMC_INSECURE")  # with a token below: both are shown, one is meant
-    settings.pop("AMC_TOKEN_FILE")  # the unit's credential and the CA: files of the host
+    settings.pop("AMC_TOKEN_FILE")  # the unit's credential, the CA, scrcpy: host files
     settings.pop("AMC_CA")
+    settings.pop("AMC_SCRCPY_SERVER")
+    settings.pop("AMC_CLEAN_PROFILE")  # the example's is scripts/examples/clean-profile.yaml
     config = parse([], env={**settings, "AMC_TOKEN": "t"})
     assert config.metrics_listen == settings["AMC_METRICS_LISTEN"]
     # The example's health settings are the defaults, as its comments say.

@@ -108,6 +108,8 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
     token_file.write_text("from-the-file\n")
     ca = tmp_path / "ca.pem"
     ca.write_text("")
+    profile = tmp_path / "clean.yaml"
+    profile.write_text("defaults: {reboot_every: 7}\n")
     command = HostAgentCommand(
         control_plane="127.0.0.1:7001",
         host_id="h1",
@@ -136,6 +138,8 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
         recovery_backoff=0.25,
         boot_timeout=30,
         sim_faults=tmp_path / "faults.json",
+        clean_profile=profile,
+        clean_baselines=tmp_path / "baselines.json",
         app_cache_dir=tmp_path / "apps",
         app_cache_size=(3 << 30) + 12345,
     )
@@ -160,6 +164,9 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
     assert (agent.recovery.backoff, agent.recovery.boot_timeout) == (0.25, 30.0)
     assert (agent.drain_timeout, agent.inventory_interval, agent.acquire_wait) == (0.0, 2.5, 5.0)
     assert (agent.report_timeout, agent.shell_timeout) == (30.0, 7.0)
+    assert agent.clean_profile.defaults.reboot_every == 7
+    assert agent.clean_profile.path == profile
+    assert agent.clean_baselines == tmp_path / "baselines.json"
     assert (agent.app_cache_dir, agent.app_cache_size) == (tmp_path / "apps", (3 << 30) + 12345)
     assert (config.metrics_listen, config.log_format, config.log_level) == (
         "127.0.0.1:9465",

@@ -523,10 +523,12 @@ def apng_frames(data: bytes) -> tuple[int, int]:
 async def test_a_task_that_asks_for_a_recording_keeps_its_screen_as_an_animated_png(
     farm: Farm,
 ) -> None:
-    """THEN the task's artifacts hold one screen_recording (image/apng) of its phone, within
-    its frame bound, and with nobody watching nothing is sent up for it."""
+    """THEN the task's artifacts hold one screen_recording (image/apng) of its phone (one
+    without a video stream), within its frame bound, and with nobody watching nothing is
+    sent up for it."""
     client = await farm.client()
     source = SimulatedSource(1, delay=0.01)
+    source.video = False
     async with running_agent(farm, source) as agent:
         spec = actions_spec(tap(540, 1200), wait_action(1.5), tap(300, 600))
         spec.record_screen.CopyFrom(task_pb2.ScreenRecording(fps=5, max_frames=4))
@@ -566,7 +568,8 @@ async def test_a_recording_asked_for_badly_is_refused(farm: Farm) -> None:
 
 
 async def test_a_session_that_asks_for_a_recording_keeps_one(farm: Farm) -> None:
-    """THEN a session opened with record_screen ends with a screen_recording artifact."""
+    """THEN a session opened with record_screen ends with a screen_recording artifact (an
+    MP4 of its phone's stream: kind screen_video)."""
     client = await farm.client()
     async with running_agent(farm, SimulatedSource(1, delay=0.01)):
         call = client.scheduler.OpenSession()
@@ -584,7 +587,7 @@ async def test_a_session_that_asks_for_a_recording_keeps_one(farm: Farm) -> None
     listed = await client.scheduler.ListArtifacts(
         scheduler_pb2.ListArtifactsRequest(task_id=task.task_id)
     )
-    assert [a.kind for a in listed.artifacts] == ["logcat", "screen_recording"]
+    assert [a.kind for a in listed.artifacts] == ["logcat", "screen_video"]
 
 
 async def test_a_phone_over_adb_is_watched_through_screencap_and_shows_a_tap(

@@ -42,6 +42,8 @@ async def test_a_token_watching_its_limit_of_screens_is_refused_one_more(farm: F
     operator, other = await farm.operator(), await farm.operator()
     request = scheduler_pb2.WatchScreenRequest(host_id=HOST, serial=SERIAL)
     async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        hub = farm.plane.hub
+        await eventually(lambda: hub.connected(HOST), what="the host's renewal stream")
         calls = [operator.scheduler.WatchScreen(request) for _ in range(3)]
         for call in calls:
             assert (await asyncio.wait_for(call.read(), 20)).serial == SERIAL
@@ -55,7 +57,6 @@ async def test_a_token_watching_its_limit_of_screens_is_refused_one_more(farm: F
         elsewhere = other.scheduler.WatchScreen(request)
         assert (await asyncio.wait_for(elsewhere.read(), 20)).serial == SERIAL
         calls.pop().cancel()
-        hub = farm.plane.hub
         await eventually(lambda: hub.screens.viewers() == 3, what="the closed watch to go")
         again = operator.scheduler.WatchScreen(request)
         assert (await asyncio.wait_for(again.read(), 20)).serial == SERIAL

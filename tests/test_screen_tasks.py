@@ -268,6 +268,9 @@ async def test_the_agent_says_which_attempt_each_frame_was_captured_during(farm:
     while it runs one."""
     operator, client = await farm.operator(), await farm.client()
     async with running_agent(farm, SimulatedSource(1, delay=0.01)):
+        assert farm.plane is not None
+        hub = farm.plane.hub
+        await eventually(lambda: hub.connected(HOST), what="the host's renewal stream")
         call = operator.scheduler.WatchScreen(
             scheduler_pb2.WatchScreenRequest(host_id=HOST, serial="sim-0")
         )

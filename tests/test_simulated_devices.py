@@ -235,7 +235,7 @@ async def test_ui_dump_is_uiautomator_xml_with_a_confirm_button() -> None:
         ("echo hello world", ShellResult(0, "hello world\n")),
         ("getprop ro.product.model", ShellResult(0, "Simulated\n")),
         ("false", ShellResult(1, "")),
-        ("pm clear com.example", ShellResult(0, "")),
+        ("input keyevent 3", ShellResult(0, "")),
     ],
 )
 async def test_shell_answers_plausibly(command: str, expected: ShellResult) -> None:

@@ -104,9 +104,12 @@ HTTP_STATUS = {
     grpc.StatusCode.DATA_LOSS: 422,
 }
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+# Screenshots and recordings are fetched with the token and shown from blob: URLs.
+BLOBS = "img-src 'self' blob:; media-src 'self' blob:;"
+# A kept file's name when saved, by its content type.
+EXTENSIONS = {"image/png": "png", "image/apng": "png", "video/mp4": "mp4", "application/xml": "xml"}
 SECURITY_HEADERS = {
-    # Screenshots are fetched with the token and shown from blob: URLs.
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob:; frame-ancestors 'none'",
+    "Content-Security-Policy": f"default-src 'self'; {BLOBS} frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -354,9 +357,7 @@ class Console:
 
 
 def _file_name(artifact: Any) -> str:
-    extension = {"image/png": "png", "image/apng": "png", "application/xml": "xml"}.get(
-        artifact.content_type, "bin"
-    )
+    extension = EXTENSIONS.get(artifact.content_type, "bin")
     return f"{artifact.kind}-{artifact.artifact_id}.{extension}"
 
 

@@ -4,6 +4,9 @@
     GET /api/screen?task_id=T              a running task's phone (its submitter's team,
                                            operators; a Control session: operators)
     optional &max_fps=N                    1 to 30 (default 10)
+    optional &codec=image|h264             still images (default), or the phone's H.264
+                                           stream where its host has one (see
+                                           WatchScreenRequest.codec)
 
 Authorization as for the other /api routes: the `Authorization` header, or (a browser
 cannot set headers on a WebSocket) the token offered as the subprotocol
@@ -18,17 +21,23 @@ routes answer, and no WebSocket. Once upgraded, every frame is one BINARY messag
 
     4 bytes   N, the header's length, big-endian unsigned
     N bytes   the header, UTF-8 JSON: {"seq": int, "width": int, "height": int,
-              "mime": "image/png" | "image/jpeg", "captured_at_ms": int,
-              "host_id": str, "serial": str}
-    the rest  the image's bytes (a whole PNG or JPEG file)
+              "mime": "image/png" | "image/jpeg" | "video/h264", "captured_at_ms": int,
+              "host_id": str, "serial": str}; a frame of the stream adds
+              "key_frame": bool, "pts_us": int, and on a key frame "video":
+              {"codec": "avc1.…", "coded_width": int, "coded_height": int}
+    the rest  the image's bytes (a whole PNG or JPEG file), or the frame's H.264 access
+              unit (Annex B; a key frame with its SPS and PPS): what WebCodecs'
+              VideoDecoder takes as an EncodedVideoChunk
 
 `width` and `height` are the phone's screen in its own pixels, the coordinates a tap takes:
 the image may be smaller (a simulated phone's is drawn at a third), so a click on it is
 scaled by width / the image's own width.
 
-A viewer that reads slower than frames come gets the latest frame when it is ready for
-one (frames in between are dropped, never queued). Closing the socket stops watching
-(when the phone's last viewer leaves, its host stops capturing it). The server closes it
+A viewer of still images that reads slower than frames come gets the latest frame when
+it is ready for one (frames in between are dropped, never queued); a viewer of the stream
+gets every frame in order, and one that falls behind skips to the next key frame. Closing
+the socket stops watching (when the phone's last viewer leaves, its host stops capturing
+it). The server closes it
 with code 1000 when a watched task finished, or 1011 and the reason after an error
 (UNAVAILABLE: the host left the replica, a relay was lost, the replica is stopping;
 ABORTED: the task moved to another phone, or waits for one; either way open it again).
@@ -51,6 +60,7 @@ from aiohttp import WSCloseCode, web
 from amc.v1 import scheduler_pb2
 from control_plane.console.calls import SUBPROTOCOL, CallContext, Refused, socket_authorization
 from control_plane.scheduler_service import SchedulerService
+from control_plane.video import MIME
 
 log = structlog.get_logger(__name__)
 
@@ -70,19 +80,25 @@ class WatchContext(CallContext):
 
 
 def frame_message(frame: scheduler_pb2.ScreenFrame) -> bytes:
-    """One frame as its WebSocket message: length, JSON header, image."""
-    header = json.dumps(
-        {
-            "seq": frame.seq,
-            "width": frame.width,
-            "height": frame.height,
-            "mime": frame.mime,
-            "captured_at_ms": frame.captured_at_ms,
-            "host_id": frame.host_id,
-            "serial": frame.serial,
-        },
-        separators=(",", ":"),
-    ).encode()
+    """One frame as its WebSocket message: length, JSON header, image or access unit."""
+    fields: dict[str, Any] = {
+        "seq": frame.seq,
+        "width": frame.width,
+        "height": frame.height,
+        "mime": frame.mime,
+        "captured_at_ms": frame.captured_at_ms,
+        "host_id": frame.host_id,
+        "serial": frame.serial,
+    }
+    if frame.mime == MIME:
+        fields["key_frame"], fields["pts_us"] = frame.key_frame, frame.pts_us
+        if frame.HasField("video"):
+            fields["video"] = {
+                "codec": frame.video.codec,
+                "coded_width": frame.video.coded_width,
+                "coded_height": frame.video.coded_height,
+            }
+    header = json.dumps(fields, separators=(",", ":")).encode()
     return struct.pack(">I", len(header)) + header + frame.data
 
 
@@ -95,6 +111,7 @@ def _request(query: Any) -> scheduler_pb2.WatchScreenRequest:
         host_id=query.get("host_id", ""),
         serial=query.get("serial", ""),
         max_fps=int(fps),
+        codec=query.get("codec", "")[:40],
     )
 
 

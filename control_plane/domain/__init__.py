@@ -6,7 +6,7 @@ messages): the store never needs their insides."""
 from __future__ import annotations
 
 from control_plane.domain.artifacts import ArtifactFile, ArtifactId, ArtifactInfo, NewArtifact
-from control_plane.domain.hosts import DeviceHealth, DeviceInfo, HostEvent, HostInfo
+from control_plane.domain.hosts import CleanStep, DeviceHealth, DeviceInfo, HostEvent, HostInfo
 from control_plane.domain.leases import (
     Acquired,
     Assignment,
@@ -63,6 +63,7 @@ __all__ = [
     "AttemptInfo",
     "Blob",
     "CancelNotice",
+    "CleanStep",
     "DeviceHealth",
     "DeviceInfo",
     "DeviceMatch",

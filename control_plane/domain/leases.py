@@ -60,6 +60,8 @@ class Report:
     outcome: Outcome
     result: bytes
     error: str
+    # Its host cleans the phone next: the device's condition becomes `cleaning` with it.
+    cleans: bool = False
 
 
 @dataclass(frozen=True)

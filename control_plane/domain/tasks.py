@@ -140,6 +140,8 @@ class Removed:
     artifacts: int = 0
     hosts: int = 0
     devices: int = 0
+    # Host events a host writes per lease (the steps of its cleans between leases).
+    cleaning_events: int = 0
 
     def __add__(self, other: Removed) -> Removed:
         return Removed(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))

@@ -60,6 +60,8 @@ class Hosts(Aggregate):
                 "temperature_celsius",
                 "charging",
             ),
+            [h.serial for h in health for _ in h.cleaned],
+            [step.event_reason() for h in health for step in h.cleaned],
         )
         return int(row["freed"]) if row is not None else 0
 

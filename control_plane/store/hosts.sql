@@ -143,7 +143,9 @@ ORDER BY h.host_id;
 -- batch. `freed`: how many turned ready from another condition (the host's parked
 -- Acquires should look again); a ready phone whose facts moved frees nothing.
 -- A device quarantined, recovering, or leaving those is a `recovery` host event, the host
--- its actor (the rows as they were before this statement: `was`).
+-- its actor (the rows as they were before this statement: `was`). The steps of the cleans
+-- that ended ($8, $9: each step's device and its event's reason, in order) are `cleaning`
+-- events, before the device's `recovery` event (a failed clean quarantines it).
 WITH h AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int[], $6::real[],
                          $7::bool[])
@@ -152,11 +154,18 @@ WITH h AS (
     SELECT d.serial, d.condition FROM devices d JOIN h USING (serial) WHERE d.host_id = $1
 ), ev AS (
     INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
-    SELECT $1, h.serial, 'recovery', $1, 'host agent',
-           h.condition || CASE WHEN h.reason <> '' THEN ': ' || h.reason ELSE '' END
-    FROM h JOIN was USING (serial)
-    WHERE h.condition IN ('quarantined', 'recovering')
-       OR was.condition IN ('quarantined', 'recovering')
+    SELECT $1, e.serial, e.kind, $1, 'host agent', e.reason
+    FROM (SELECT c.serial, 'cleaning' AS kind, c.reason, c.ord
+          FROM unnest($8::text[], $9::text[]) WITH ORDINALITY AS c (serial, reason, ord)
+          JOIN was USING (serial)
+          UNION ALL
+          SELECT h.serial, 'recovery',
+                 h.condition || CASE WHEN h.reason <> '' THEN ': ' || h.reason ELSE '' END,
+                 1000000
+          FROM h JOIN was USING (serial)
+          WHERE h.condition IN ('quarantined', 'recovering')
+             OR was.condition IN ('quarantined', 'recovering')) e
+    ORDER BY e.ord
 ), u AS (
     UPDATE devices d SET condition = h.condition, condition_reason = h.reason,
                          battery_percent = h.battery, temperature_celsius = h.temperature,

@@ -51,6 +51,7 @@ DECLARE
     v_again boolean;
     v_looks integer;
     v_cands uuid[];
+    v_task uuid;
     v_asked integer;
     v_groups bigint[];
     v_keys text[];
@@ -93,8 +94,8 @@ BEGIN
         -- own: its snapshot comes after them).
         FOR t IN
             SELECT f.fairness_key, f.max_devices - (
-                       SELECT count(*) FROM queue_groups q JOIN tasks tk ON tk.group_id = q.group_id
-                       WHERE q.fairness_key = f.fairness_key
+                       SELECT count(*) FROM tasks tk
+                       WHERE tk.fairness_key = f.fairness_key
                          AND tk.status IN ('assigned', 'dispatched')) AS left_over
             FROM fair_shares f
             WHERE f.fairness_key = ANY (v_capped) AND f.max_devices IS NOT NULL
@@ -140,28 +141,26 @@ BEGIN
                 ORDER BY h.priority DESC, h.fair_tag, h.created_at, h.task_id
                 LIMIT cardinality(v_free) + 2);
             EXIT WHEN cardinality(v_cands) = 0;
-            -- Then as many of them as there are devices, locked in one statement (SKIP
-            -- LOCKED: one another Acquire holds is passed over), in queue order.
+            -- Then as many of them as there are devices, each locked by its key (SKIP
+            -- LOCKED: one another Acquire holds is passed over), in queue order. Whether it
+            -- is still queued, and its key still under its cap, is asked of the row once
+            -- locked: a status in the statement lets the planner read the partial indexes of
+            -- queued tasks whole (every queued task, for each Acquire) when statistics say
+            -- nothing is queued, as they do until autoanalyze comes round after a burst.
             v_again := cardinality(v_cands) = cardinality(v_free) + 2;
             v_asked := LEAST(cardinality(v_cands), cardinality(v_free));
             v_count := 0;
-            FOR t IN
+            FOREACH v_task IN ARRAY v_cands LOOP
+                EXIT WHEN v_count >= v_asked OR cardinality(v_free) = 0;
                 SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at,
-                       tk.selector_labels, tk.selector_serial, tk.fairness_key
-                FROM tasks tk
-                WHERE tk.task_id = ANY (v_cands) AND tk.status = 'queued'
-                  AND tk.fairness_key <> ALL (v_blocked)
-                ORDER BY tk.priority DESC, tk.fair_tag, tk.created_at, tk.task_id
-                LIMIT cardinality(v_free)
-                FOR UPDATE SKIP LOCKED
-            LOOP
+                       tk.selector_labels, tk.selector_serial, tk.fairness_key, tk.status
+                INTO t
+                FROM tasks tk WHERE tk.task_id = v_task
+                FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+                CONTINUE WHEN t.status <> 'queued' OR t.fairness_key = ANY (v_blocked);
                 v_count := v_count + 1;
                 v_seen := v_seen || t.task_id;
-                IF cardinality(v_free) = 0 OR t.fairness_key = ANY (v_blocked) THEN
-                    -- No device left, or its key reached its cap in this Acquire.
-                    v_again := true;
-                    CONTINUE;
-                END IF;
                 v_serial := CASE WHEN t.selector_serial IS NULL THEN v_free[1]
                                  WHEN t.selector_serial = ANY (v_free) THEN t.selector_serial
                             END;
@@ -258,18 +257,20 @@ FROM amc_acquire($1, $2, $3) a;
 -- (lease_service). A task whose fairness key is at its cap was passed over for that, not
 -- for a lock: it is not listed (the offer is dropped; the key's queued tasks are offered
 -- again when its cap is raised). Still one statement; the extra rows are primary-key
--- lookups, and a count of a capped key's running tasks (at most its cap).
+-- lookups (one per offered task, its status asked of the row: amc_acquire says why), and
+-- a count of a capped key's running tasks (at most its cap).
 SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline,
        NULL::uuid AS queued
 FROM amc_acquire($1, $2, $3) a
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, tk.task_id
-FROM tasks tk
-WHERE tk.task_id = ANY ($4::uuid[]) AND tk.status = 'queued'
+FROM unnest($4::uuid[]) o (task_id)
+CROSS JOIN LATERAL (SELECT t.task_id, t.status, t.fairness_key FROM tasks t
+                    WHERE t.task_id = o.task_id LIMIT 1) tk
+WHERE tk.status = 'queued'
   AND NOT EXISTS (
       SELECT 1 FROM fair_shares f
       WHERE f.fairness_key = tk.fairness_key AND f.max_devices IS NOT NULL
-        AND f.max_devices <= (SELECT count(*) FROM queue_groups q
-                              JOIN tasks r ON r.group_id = q.group_id
-                              WHERE q.fairness_key = f.fairness_key
+        AND f.max_devices <= (SELECT count(*) FROM tasks r
+                              WHERE r.fairness_key = f.fairness_key
                                 AND r.status IN ('assigned', 'dispatched')));

@@ -112,21 +112,27 @@ END $$;
 -- once, as an expiry would (amc_leave_attempt). Only by the lease's own host (p_host NULL:
 -- auth is off, any caller).
 -- code: released | ended (its attempt had ended already: nothing to do) | foreign (no
--- such lease for this host)
-CREATE OR REPLACE FUNCTION amc_release(p_host text, p_lease uuid, p_reason text)
+-- such lease for this host). p_cleans: as amc_report's.
+CREATE OR REPLACE FUNCTION amc_release(p_host text, p_lease uuid, p_reason text,
+                                       p_cleans boolean DEFAULT false)
 RETURNS TABLE (code text, task_id uuid, attempt integer, lease_id uuid, host_id text,
                to_status text, selector_serial text, selector_labels jsonb)
 LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM amc_give_back(p_host, p_lease, 'released', p_reason, 0);
+    RETURN QUERY SELECT * FROM amc_give_back(p_host, p_lease, 'released', p_reason, 0,
+                                             p_cleans);
 END $$;
 
 -- A lease given back (amc_release, or p_how 'device_lost': its phone was lost mid-run,
 -- the attempt ends released and the task is requeued within p_budget infrastructure
 -- retries, see amc_leave_attempt). The attempt is read, then its task locked, then the
--- attempt ended (the lock order). Codes as amc_release's.
+-- attempt read again and ended (the lock order). Codes as amc_release's; p_cleans as
+-- amc_report's (only for a lease that ends here). The attempt is reached by its lease alone
+-- and its state asked of the row: a state in the WHERE lets the planner read
+-- attempts_by_host whole when statistics say no attempt is active.
 CREATE OR REPLACE FUNCTION amc_give_back(p_host text, p_lease uuid, p_how text,
-                                         p_reason text, p_budget integer)
+                                         p_reason text, p_budget integer,
+                                         p_cleans boolean DEFAULT false)
 RETURNS TABLE (code text, task_id uuid, attempt integer, lease_id uuid, host_id text,
                to_status text, selector_serial text, selector_labels jsonb)
 LANGUAGE plpgsql AS $$
@@ -142,20 +148,26 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO t FROM tasks tk WHERE tk.task_id = a.task_id FOR UPDATE;
-    UPDATE attempts att SET state = 'released', ended_at = now()
-    WHERE att.lease_id = p_lease AND att.state = 'active'
-    RETURNING att.cancel_requested_at INTO v_cancel;
-    IF NOT FOUND THEN
+    -- As it is now that its task is held (every change of an attempt's state holds its task
+    -- first): it stays so until this commits.
+    SELECT * INTO a FROM attempts att WHERE att.lease_id = p_lease;
+    IF a.state <> 'active' THEN
         code := 'ended';
         RETURN NEXT;
         RETURN;
     END IF;
+    UPDATE attempts att SET state = 'released', ended_at = now()
+    WHERE att.lease_id = p_lease
+    RETURNING att.cancel_requested_at INTO v_cancel;
     code := 'released';
     task_id := a.task_id;
     attempt := a.attempt;
     lease_id := a.lease_id;
     host_id := a.host_id;
     to_status := amc_leave_attempt(t, v_cancel IS NOT NULL, p_how, p_reason, p_budget);
+    IF p_cleans THEN
+        PERFORM amc_cleaning(a.host_id, a.device_serial, a.task_id);
+    END IF;
     selector_serial := t.selector_serial;
     selector_labels := t.selector_labels;
     RETURN NEXT;
@@ -164,15 +176,15 @@ END $$;
 -- -- statements ------------------------------------------------------------------------
 
 -- name: release_lease
--- The host ($1; NULL: any) gives the lease back. With the task's selector: a requeued task
--- is offered to the hosts that can take it.
-SELECT * FROM amc_release($1, $2, $3);
+-- The host ($1; NULL: any) gives the lease back ($4: it cleans the phone next). With the
+-- task's selector: a requeued task is offered to the hosts that can take it.
+SELECT * FROM amc_release($1, $2, $3, $4);
 
 -- name: device_lost
 -- The host ($1; NULL: any) gives the lease back because its phone was lost mid-run ($3:
 -- what it saw): requeued within $4 infrastructure retries (amc_leave_attempt). As
--- release_lease otherwise.
-SELECT * FROM amc_give_back($1, $2, 'device_lost', $3, $4);
+-- release_lease otherwise ($5: it cleans the phone next).
+SELECT * FROM amc_give_back($1, $2, 'device_lost', $3, $4, $5);
 
 -- name: expire_leases
 SELECT * FROM amc_expire($1);

@@ -93,7 +93,9 @@ class Leases(Aggregate):
         rows = await self._db.fetch(
             "report_results",
             host_id,
-            *columns(reports, "task_id", "attempt", "lease_id", "outcome", "result", "error"),
+            *columns(
+                reports, "task_id", "attempt", "lease_id", "outcome", "result", "error", "cleans"
+            ),
         )
         # A task that does not exist answers no row: not one of its attempts, so foreign.
         answers: list[Recorded | errors.AmcError] = [
@@ -118,9 +120,12 @@ class Leases(Aggregate):
     async def mark_cancel_delivered(self, lease_id: LeaseId) -> None:
         await self._db.fetch("mark_cancel_delivered", lease_id)
 
-    async def release(self, host_id: str | None, lease_id: LeaseId, reason: str) -> Expiry | None:
-        """End the lease now, as its host (None: any); None if its attempt had ended."""
-        row = await self._db.fetchrow("release_lease", host_id, lease_id, reason)
+    async def release(
+        self, host_id: str | None, lease_id: LeaseId, reason: str, cleans: bool = False
+    ) -> Expiry | None:
+        """End the lease now, as its host (None: any); None if its attempt had ended.
+        `cleans`: the host cleans the phone next (its condition becomes `cleaning`)."""
+        row = await self._db.fetchrow("release_lease", host_id, lease_id, reason, cleans)
         assert row is not None
         code = ReleaseCode(row["code"])
         if code is ReleaseCode.FOREIGN:
@@ -128,11 +133,12 @@ class Leases(Aggregate):
         return expiry(row) if code is ReleaseCode.RELEASED else None
 
     async def device_lost(
-        self, host_id: str | None, lease_id: LeaseId, detail: str, budget: int
+        self, host_id: str | None, lease_id: LeaseId, detail: str, budget: int, cleans: bool = False
     ) -> Expiry | None:
         """End the lease now because its phone was lost: the task is requeued within
-        `budget` infrastructure retries; None if its attempt had ended."""
-        row = await self._db.fetchrow("device_lost", host_id, lease_id, detail, budget)
+        `budget` infrastructure retries; None if its attempt had ended. `cleans` as
+        release's."""
+        row = await self._db.fetchrow("device_lost", host_id, lease_id, detail, budget, cleans)
         assert row is not None
         code = ReleaseCode(row["code"])
         if code is ReleaseCode.FOREIGN:

@@ -10,79 +10,111 @@
 -- -- functions --------------------------------------------------------------------------
 
 -- Renews the host's live leases among p_leases; the first renewal acknowledges the
--- assignment (assigned -> dispatched). Leases not renewed come back with task_id NULL: a
--- conflict. Columns in the order of domain.Renewal's fields.
+-- assignment (assigned -> dispatched). A row per lease renewed, in the order of
+-- domain.Renewal's fields; a lease asked about and not renewed is a conflict.
 --
 -- The lock order: the tasks of the leases first, in task_id order, FOR NO KEY UPDATE (what
 -- the acknowledgement's UPDATE takes anyway: it excludes every other transition of the
 -- task and lets foreign-key checks by), and only then their attempts. (A renewal that
 -- changed the attempt rows alone, in whatever order the plan met them, deadlocked with a
--- batched report or the deadline sweep: issue 21.2.) A task that moved on while the
--- renewal waited for it is rechecked by PostgreSQL and not held, so its attempt is not
--- renewed; an attempt changed meanwhile (a cancel request) is renewed as it is now.
+-- batched report or the deadline sweep.) A task that moved on while the renewal waited
+-- for it (reported, expired, requeued) is seen as it is now and not held, so its attempt is
+-- not renewed; an attempt changed meanwhile (a cancel request) is renewed as it is now.
 --
--- What is held goes from one statement to the next in arrays, each statement reaching its
--- rows through a key (= ANY of an array): no join whose plan rests on row estimates. (One
--- statement joining the attempts to the held tasks in a CTE, estimated at one row, was
--- planned as a rescan of the CTE per attempt when statistics were stale: quadratic in the
--- batch, 1 s for a host's 1,000 leases, renewals 122,200/s -> 11,000/s.)
--- With the renewal, the steps that ended ($4 leases, $5 indexes, $6 StepResult messages;
--- issue 27.8): kept for the leases it renews only, under their tasks' locks, so a step of a
--- stale attempt, or one that comes after the terminal report, is never kept; a step sent
--- twice is kept once.
+-- Every row is reached by its key alone, one index probe per key (a LATERAL ... LIMIT 1 per
+-- lease and per task, then = ANY of the held leases), and what a row must be (the host's,
+-- active, not expired, running) is asked of the row once read: a state or status in a
+-- statement's WHERE lets the planner read a partial index (attempts_by_host,
+-- tasks_running, tasks_running_tags) whole when statistics say it is empty, and they say
+-- so until autoanalyze comes round after a burst of work (every running task read once
+-- per lease renewed: 0.9 s for a host's 1,000 leases, renewals 116,000/s -> 13,000/s).
+-- Nor is there a join whose plan rests on row estimates. (One statement joining the
+-- attempts to the held tasks in a CTE, estimated at one row, was planned as a rescan of
+-- the CTE per attempt: quadratic in the batch.) tests/test_query_plans.py holds each
+-- statement to its keys, whatever the statistics say.
+-- With the renewal, the steps that ended ($4 leases, $5 indexes, $6 StepResult messages):
+-- kept for the leases it renews only, under their tasks' locks, so a step of a stale
+-- attempt, or one that comes after the terminal report, is never kept; a step sent twice
+-- is kept once.
 CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval,
                                      p_step_leases uuid[], p_step_indexes integer[],
                                      p_steps bytea[])
 RETURNS TABLE (lease_id uuid, cancel_pending boolean, task_id uuid, attempt integer,
                delivery_seconds double precision, acknowledged boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- One plan per statement, made once per connection and kept: a generic plan takes an array
+-- for ten keys, so it probes by key; a plan made for the call (a custom plan) knows a
+-- host's 1,000 leases and scans the whole attempts table instead while it is small. (No
+-- planning per call either.)
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
+    v_tasks uuid[];
+    v_attempts integer[];
+    v_live uuid[];
     v_leases uuid[];
+    v_held_tasks uuid[];
+    v_held_attempts integer[];
     v_acked uuid[];
     v_acked_tasks uuid[];
 BEGIN
+    -- The host's live attempts among the leases (no lock), in task_id order.
+    SELECT COALESCE(array_agg(a.task_id ORDER BY a.task_id), '{}'),
+           COALESCE(array_agg(a.attempt ORDER BY a.task_id), '{}'),
+           COALESCE(array_agg(a.lease_id ORDER BY a.task_id), '{}')
+    INTO v_tasks, v_attempts, v_live
+    FROM (SELECT DISTINCT unnest(p_leases)) l (lease_id)
+    CROSS JOIN LATERAL (
+        SELECT att.task_id, att.attempt, att.lease_id,
+               att.host_id = p_host AND att.state = 'active'
+               AND att.lease_expires_at > now() AS live
+        FROM attempts att WHERE att.lease_id = l.lease_id
+        LIMIT 1) a
+    WHERE a.live;
+
+    -- Their tasks, locked one by one in that order; held: still on that attempt, running.
     SELECT COALESCE(array_agg(h.lease_id), '{}'),
-           COALESCE(array_agg(h.lease_id) FILTER (WHERE h.status = 'assigned'), '{}'),
-           COALESCE(array_agg(h.task_id) FILTER (WHERE h.status = 'assigned'), '{}')
-    INTO v_leases, v_acked, v_acked_tasks
-    FROM (
-        SELECT tk.task_id, tk.status, att.lease_id FROM attempts att
-        JOIN tasks tk ON tk.task_id = att.task_id AND tk.attempt = att.attempt
-        WHERE att.lease_id = ANY (p_leases) AND att.host_id = p_host
-          AND att.state = 'active' AND att.lease_expires_at > now()
-          AND tk.status IN ('assigned', 'dispatched')
-        ORDER BY tk.task_id
-        FOR NO KEY UPDATE OF tk
-    ) h;
+           COALESCE(array_agg(h.task_id), '{}'),
+           COALESCE(array_agg(h.attempt), '{}'),
+           COALESCE(array_agg(h.lease_id) FILTER (WHERE tk.status = 'assigned'), '{}'),
+           COALESCE(array_agg(h.task_id) FILTER (WHERE tk.status = 'assigned'), '{}')
+    INTO v_leases, v_held_tasks, v_held_attempts, v_acked, v_acked_tasks
+    FROM unnest(v_tasks, v_attempts, v_live) h (task_id, attempt, lease_id)
+    CROSS JOIN LATERAL (
+        SELECT t.status, t.attempt FROM tasks t WHERE t.task_id = h.task_id
+        LIMIT 1
+        FOR NO KEY UPDATE) tk
+    WHERE tk.attempt = h.attempt AND tk.status IN ('assigned', 'dispatched');
 
     IF cardinality(p_steps) > 0 THEN
         INSERT INTO attempt_steps (task_id, attempt, step_index, step)
-        SELECT att.task_id, att.attempt, st.step_index, st.step
+        SELECT h.task_id, h.attempt, st.step_index, st.step
         FROM unnest(p_step_leases, p_step_indexes, p_steps) st (lease_id, step_index, step)
-        JOIN attempts att ON att.lease_id = st.lease_id
-        WHERE st.lease_id = ANY (v_leases)
+        JOIN unnest(v_leases, v_held_tasks, v_held_attempts) h (lease_id, task_id, attempt)
+            ON h.lease_id = st.lease_id
         ON CONFLICT DO NOTHING;
     END IF;
 
+    -- The acknowledgements: tasks held and seen assigned, so assigned still.
     IF cardinality(v_acked_tasks) > 0 THEN
         WITH acked AS (
             UPDATE tasks tk SET status = 'dispatched', updated_at = now()
-            WHERE tk.task_id = ANY (v_acked_tasks) AND tk.status = 'assigned'
+            WHERE tk.task_id = ANY (v_acked_tasks)
             RETURNING tk.task_id, tk.attempt
         )
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status)
         SELECT a.task_id, a.attempt, 'acknowledge', 'assigned', 'dispatched' FROM acked a;
     END IF;
 
+    -- The attempts of the tasks held: active and unexpired when read, and held since (every
+    -- change of an attempt's state holds its task first).
     RETURN QUERY
     WITH renewed AS (
-        -- Only the attempts of tasks held (their leases, found by lease_id: the host was
-        -- checked above and an attempt's host never changes).
         UPDATE attempts a SET
             lease_expires_at = now() + p_ttl,
             acknowledged_at = COALESCE(a.acknowledged_at, now()),
-            -- The run starts now: its deadline counts from here (one probe, and only for
-            -- an acknowledgement).
+            -- The run starts now: its deadline counts from here (one probe, and only for an
+            -- acknowledgement).
             deadline_at = CASE WHEN a.acknowledged_at IS NULL
                                THEN (SELECT now() + tk.deadline FROM tasks tk
                                      WHERE tk.task_id = a.task_id)
@@ -90,19 +122,14 @@ BEGIN
             cancel_delivered_at = COALESCE(a.cancel_delivered_at,
                                            CASE WHEN a.cancel_requested_at IS NOT NULL
                                                 THEN now() END)
-        WHERE a.lease_id = ANY (v_leases) AND a.state = 'active'
-          AND a.lease_expires_at > now()
-        RETURNING a.lease_id, a.task_id, a.attempt,
-                  a.cancel_requested_at IS NOT NULL AS cancel_pending,
-                  CASE WHEN a.cancel_delivered_at = now()
-                       THEN extract(epoch FROM now() - a.cancel_requested_at)::float8 END
-                       AS delivery_seconds
+        WHERE a.lease_id = ANY (v_leases)
+        RETURNING a.lease_id, a.cancel_requested_at IS NOT NULL AS cancel_pending, a.task_id,
+                  a.attempt, CASE WHEN a.cancel_delivered_at = now()
+                                  THEN extract(epoch FROM now() - a.cancel_requested_at)::float8
+                             END AS delivery_seconds,
+                  a.lease_id = ANY (v_acked) AS acknowledged
     )
-    SELECT req.lease_id, COALESCE(r.cancel_pending, false), r.task_id, r.attempt,
-           r.delivery_seconds, r.lease_id IS NOT NULL AND ack.lease_id IS NOT NULL
-    FROM (SELECT DISTINCT unnest(p_leases) AS lease_id) req
-    LEFT JOIN renewed r USING (lease_id)
-    LEFT JOIN unnest(v_acked) ack (lease_id) USING (lease_id);
+    SELECT r.* FROM renewed r;
 END $$;
 
 -- A phone freed from a task of key p_key: a key with a cap (fair_shares.max_devices) may be
@@ -149,11 +176,13 @@ BEGIN
 END $$;
 
 -- report: assigned/dispatched -> done | failed | cancelled, by the current attempt's live
--- lease only, from its own host (p_host NULL: auth is off, any caller).
+-- lease only, from its own host (p_host NULL: auth is off, any caller). p_cleans: the host
+-- cleans the phone before it takes work again, so the device freed is 'cleaning' (with
+-- the result, never idle and ready in between) until its host reports it again.
 -- code: recorded | repeated | different | stale | foreign | no_cancel
 CREATE OR REPLACE FUNCTION amc_report(p_host text, p_task uuid, p_attempt integer,
                                       p_lease uuid, p_outcome text, p_result bytea,
-                                      p_error text)
+                                      p_error text, p_cleans boolean DEFAULT false)
 RETURNS TABLE (code text, task tasks, att_cancel_requested_at timestamptz,
                att_cancel_delivered_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -181,7 +210,12 @@ BEGIN
         UPDATE attempts att SET state = p_outcome, outcome = p_outcome, reported_at = now(),
                                ended_at = now()
         WHERE att.lease_id = p_lease;
-        UPDATE devices dv SET task_id = NULL, updated_at = now() WHERE dv.task_id = p_task;
+        -- One row version for the report: freed, and cleaning when its host cleans it.
+        UPDATE devices dv SET task_id = NULL, updated_at = now(),
+            condition = CASE WHEN p_cleans THEN 'cleaning' ELSE dv.condition END,
+            condition_reason = CASE WHEN p_cleans THEN 'after task ' || p_task
+                                    ELSE dv.condition_reason END
+        WHERE dv.task_id = p_task;
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (p_task, p_attempt, 'report', t.status, p_outcome, p_error);
         PERFORM amc_offer_capped(t.fairness_key);
@@ -190,6 +224,18 @@ BEGIN
     RETURN QUERY SELECT v_code, tk, a.cancel_requested_at, a.cancel_delivered_at
                  FROM tasks tk WHERE tk.task_id = p_task;
 END $$;
+
+-- A device whose lease ended on a host that cleans it between leases: 'cleaning' after
+-- task p_task, until the host reports its condition (ReportDeviceHealth: ready once the
+-- clean passed). The condition is still only ever what the host said: it asked for this
+-- with the lease's end (ReportResultRequest.cleans, ReleaseLeaseRequest.cleans). A give-back
+-- (amc_give_back) calls it; amc_report does the same in the UPDATE that frees the device.
+CREATE OR REPLACE FUNCTION amc_cleaning(p_host text, p_serial text, p_task uuid)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE devices dv SET condition = 'cleaning', condition_reason = 'after task ' || p_task
+    WHERE dv.host_id = p_host AND dv.serial = p_serial
+$$;
 
 -- -- statements ------------------------------------------------------------------------
 
@@ -213,16 +259,18 @@ FROM amc_renew($1, $2::uuid[], $3, $4::uuid[], $5::integer[], $6::bytea[]) r;
 -- task_id order (the lock order); `ord` says which result a row answers. A task that does
 -- not exist comes back with code NULL.
 -- att_started_at: when the attempt was acknowledged (or assigned), for the run-time metric;
--- read from the statement's snapshot, so as it was before the report.
+-- read from the statement's snapshot, so as it was before the report. $8: per result, its
+-- host cleans the phone next (amc_report's p_cleans).
 SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at,
        (SELECT COALESCE(a.acknowledged_at, a.created_at) FROM attempts a
         WHERE a.task_id = r.task_id AND a.attempt = r.attempt) AS att_started_at
 FROM (SELECT * FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[], $6::bytea[],
-                           $7::text[])
-          WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error, ord)
+                           $7::text[], $8::boolean[])
+          WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error, cleans,
+                                ord)
       ORDER BY u.task_id, u.ord) r
 LEFT JOIN LATERAL amc_report($1, r.task_id, r.attempt, r.lease_id, r.outcome, r.result,
-                             r.error) x ON true;
+                             r.error, r.cleans) x ON true;
 
 -- name: mark_cancel_delivered
 UPDATE attempts SET cancel_delivered_at = COALESCE(cancel_delivered_at, now())

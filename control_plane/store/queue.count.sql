@@ -58,7 +58,7 @@ BEGIN
     RETURN QUERY
     WITH counted AS (
         SELECT tk.group_id, count(*)::integer AS n, min(tk.updated_at) AS oldest
-        FROM tasks tk WHERE tk.status = 'queued'
+        FROM tasks tk WHERE tk.status = 'queued' AND tk.group_id IS NOT NULL
         GROUP BY tk.group_id
     ), grp AS (
         SELECT q.group_id, q.selector_serial, q.selector_labels, COALESCE(c.n, 0) AS n,

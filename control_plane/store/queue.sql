@@ -170,7 +170,8 @@ WITH counted AS (
 ), running AS (
     SELECT q.fairness_key, count(*) AS running
     FROM tasks tk JOIN queue_groups q ON q.group_id = tk.group_id
-    WHERE tk.status IN ('assigned', 'dispatched') AND ($1::text IS NULL OR q.fairness_key = $1)
+    WHERE tk.status IN ('assigned', 'dispatched') AND tk.group_id IS NOT NULL
+      AND ($1::text IS NULL OR q.fairness_key = $1)
     GROUP BY q.fairness_key
 ), keys AS (
     SELECT fairness_key FROM fair_shares WHERE $1::text IS NULL OR fairness_key = $1
@@ -248,7 +249,8 @@ SELECT
                                           FROM queue_group_stats st))
             || COALESCE(jsonb_object_agg(status, n), '{}')
      FROM (SELECT status, count(*) AS n FROM tasks
-           WHERE status IN ('assigned', 'dispatched') GROUP BY status) s) AS tasks,
+           WHERE status IN ('assigned', 'dispatched') AND group_id IS NOT NULL
+           GROUP BY status) s) AS tasks,
     (SELECT count(*) FROM hosts h LEFT JOIN replicas r USING (replica_id)
      WHERE GREATEST(h.last_seen_at, r.seen_at) > now() - $1::interval) AS hosts_connected,
     (SELECT COALESCE(jsonb_agg(jsonb_build_object('state', state, 'busy', busy, 'n', n)), '[]')
@@ -278,7 +280,7 @@ SELECT
                  UNION ALL
                  SELECT q.fairness_key, 0, count(*), NULL
                  FROM tasks tk JOIN queue_groups q ON q.group_id = tk.group_id
-                 WHERE tk.status IN ('assigned', 'dispatched')
+                 WHERE tk.status IN ('assigned', 'dispatched') AND tk.group_id IS NOT NULL
                  GROUP BY q.fairness_key) k
            GROUP BY k.fairness_key) g) AS keys,
     (SELECT extract(epoch FROM now() - max(counted_at))::float8 FROM queue_group_stats)

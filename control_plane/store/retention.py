@@ -23,6 +23,14 @@ class Retention(Aggregate):
             artifacts=row["artifacts"],
         )
 
+    async def delete_old_cleaning_events(self, older_than: timedelta, limit: int) -> Removed:
+        """One batch: up to `limit` `cleaning` host events (the steps of the hosts' cleans
+        between leases) recorded more than `older_than` ago, oldest first. Nothing when
+        another replica is running a retention batch."""
+        row = await self._db.fetchrow("delete_old_cleaning_events", older_than, limit)
+        assert row is not None
+        return Removed(cleaning_events=row["cleaning_events"])
+
     async def forget_hosts(self, unseen_for: timedelta, limit: int, reason: str) -> Removed:
         """One batch: up to `limit` hosts not seen for `unseen_for` that hold no lease, with
         their devices, each recorded as removed by retention because `reason`. Nothing when

@@ -36,6 +36,22 @@ SELECT (SELECT count(*) FROM tasks_gone) AS tasks,
        (SELECT count(*) FROM events) AS task_events,
        (SELECT count(*) FROM artifacts_gone) AS artifacts;
 
+-- name: delete_old_cleaning_events
+-- Up to $2 `cleaning` host events recorded before now() - $1, oldest first: a host writes a
+-- few for every lease (its clean's steps), so they go with the tasks of their age. The other
+-- kinds (an operator's operations, quarantines) are a host's history and stay.
+WITH doomed AS (
+    SELECT event_id FROM host_events
+    WHERE kind = 'cleaning' AND at < now() - $1::interval
+      AND (SELECT pg_try_advisory_xact_lock(4279619, 1))
+    ORDER BY event_id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM host_events e USING doomed d WHERE e.event_id = d.event_id RETURNING 1
+)
+SELECT count(*) AS cleaning_events FROM gone;
+
 -- name: forget_hosts
 -- Up to $2 hosts last seen (as list_hosts decides it) before now() - $1 that hold no lease
 -- and no device, each removed as RemoveHost would (amc_remove_host: with its devices,

@@ -184,8 +184,8 @@ WITH tk AS MATERIALIZED (
     FROM sel
 ), cap AS (
     SELECT f.fairness_key, f.max_devices,
-           (SELECT count(*) FROM queue_groups q JOIN tasks t ON t.group_id = q.group_id
-            WHERE q.fairness_key = f.fairness_key AND t.status IN ('assigned', 'dispatched'))
+           (SELECT count(*) FROM tasks t
+            WHERE t.fairness_key = f.fairness_key AND t.status IN ('assigned', 'dispatched'))
                AS running
     FROM fair_shares f
     WHERE f.max_devices IS NOT NULL

@@ -71,31 +71,43 @@ class Options:
     history_days: float = 14.0
 
 
-async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict[str, Any]:
+async def run(
+    st: stack.Stack,
+    opt: Options,
+    say: Callable[[str], None],
+    out: dict[str, Any] | None = None,
+    saved: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Into `out` as it goes (`saved` after each step): a run that fails is recorded with
+    its error and the next one goes on."""
     dsn = await st.create_database(DATABASE)
-    out: dict[str, Any] = {
-        "settings": {
-            **fleet.settings(opt.fleet),
-            "hosts": opt.hosts,
-            "big_hosts": opt.big_hosts,
-            "queued": opt.queued,
-            "history": opt.history,
-            "selectors": opt.selectors,
-            "history_days": opt.history_days,
-            "history_chunk": HISTORY_CHUNK,
-            "churn_share": CHURN_SHARE,
-        },
-        "tables": {},
-        # When autovacuum and autoanalyze finished on a hot table during the deep runs,
-        # seconds after the backlog was in; and when each run's window began and ended.
-        "autovacuum_log": [],
-    }
+    out = {} if out is None else out
+    out.update(
+        {
+            "settings": {
+                **fleet.settings(opt.fleet),
+                "hosts": opt.hosts,
+                "big_hosts": opt.big_hosts,
+                "queued": opt.queued,
+                "history": opt.history,
+                "selectors": opt.selectors,
+                "history_days": opt.history_days,
+                "history_chunk": HISTORY_CHUNK,
+                "churn_share": CHURN_SHARE,
+            },
+            "tables": {},
+            # When autovacuum and autoanalyze finished on a hot table during the deep runs,
+            # seconds after the backlog was in; and when each run's window began and ended.
+            "autovacuum_log": [],
+        }
+    )
     runs: list[dict[str, Any]] = []
+    out["runs"] = runs
 
     async def one(label: str, hosts: int) -> None:
         say(f"deep: {label}, {hosts} hosts x {opt.fleet.devices} devices")
         began = time.time()
-        result = await fleet.run_one(
+        result = await fleet.run_one_kept(
             st, opt.fleet, hosts, 1, say, name=f"deep-{label}-{hosts}", dsn=dsn, prefix=PREFIX
         )
         result["database"] = label
@@ -103,11 +115,15 @@ async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict
         runs.append(result)
         fleet.say_run(result, say)
         out["tables"][f"after {label} {hosts}"] = await pgstats.table_stats(dsn)
+        out["targets"] = judge(runs, opt, out.get("backlog", {}).get("reads"))
+        out["verified"] = all(r.get("verified") for r in runs)
+        saved()
 
     await one("empty", opt.hosts)
     say(f"deep: history, {opt.history:,} finished tasks by bulk SQL (no VACUUM, no ANALYZE)")
     out["history"] = await load_history(dsn, opt, say)
     out["tables"]["after history"] = await pgstats.table_stats(dsn)
+    saved()
     say(f"deep: backlog, {opt.queued:,} tasks for racks no host has, SubmitTasks x 500")
     out["backlog"] = await load_backlog(st, dsn, opt)
     say(
@@ -115,6 +131,7 @@ async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict
         f" ({out['backlog']['per_s']:,.0f}/s)"
     )
     out["tables"]["before deep runs"] = await pgstats.table_stats(dsn)
+    saved()
     backlog_in = time.time()
     watch = asyncio.ensure_future(watch_autovacuum(dsn, backlog_in, out["autovacuum_log"]))
     try:
@@ -124,9 +141,8 @@ async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict
     finally:
         watch.cancel()
     out["backlog"]["still_queued"] = await count_backlog(dsn)
-    out["runs"] = runs
     out["targets"] = judge(runs, opt, out["backlog"].get("reads"))
-    out["verified"] = all(r["verified"] for r in runs)
+    out["verified"] = all(r.get("verified") for r in runs)
     return out
 
 
@@ -161,8 +177,9 @@ async def watch_autovacuum(dsn: str, since: float, log: list[dict[str, Any]]) ->
 
 
 def find(runs: list[dict[str, Any]], database: str, hosts: int) -> dict[str, Any] | None:
+    """That run, if it ran whole (one that failed or did not reach its load is not judged)."""
     for r in runs:
-        if r["database"] == database and r["hosts"] == hosts:
+        if r["database"] == database and r["hosts"] == hosts and fleet.judged(r):
             return r
     return None
 

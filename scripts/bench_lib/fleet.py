@@ -75,6 +75,25 @@ class Options:
     step_every: float = 3.0
     # Issue 22: share of the phones changing condition a minute (0: none).
     condition_churn: float = 0.01
+    # How long the busy phones may take to all run (None: 120 s + 10 ms per phone); past
+    # it the load is not reached, said so, and the run goes on with those that run.
+    busy_timeout: float | None = None
+    # The idle window with the condition changes from this many hosts on (its target is
+    # judged at IDLE_HOSTS); below, the changes start without a window of their own.
+    churn_window_hosts: int = 5000
+    # A window of the busy phones' steps alone (CPU per step result) before the submit one.
+    steps_window: bool = True
+
+
+# fleet_load's bounds: a probe round of the churning phones, the busy phones' cancels.
+PROBE_ROUND = 10.0
+FREE_TIMEOUT = 120.0
+
+
+def busy_timeout(opt: Options, hosts: int) -> float:
+    if opt.busy_timeout is not None:
+        return opt.busy_timeout
+    return 120 + hosts * (opt.devices - 1) / 100 if opt.step_every > 0 else 0.0
 
 
 def repoll_period(opt: Options) -> float:
@@ -82,20 +101,44 @@ def repoll_period(opt: Options) -> float:
     return max(opt.acquire_wait, opt.short_wait if opt.short_wait_share > 0 else 0.0)
 
 
-async def run(st: stack.Stack, opt: Options, say: Callable[[str], None]) -> dict[str, Any]:
-    runs = []
+async def run(
+    st: stack.Stack,
+    opt: Options,
+    say: Callable[[str], None],
+    out: dict[str, Any] | None = None,
+    saved: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Each run in turn, into `out` (the run's results, kept as they come: `saved` is called
+    after each run). A run that fails is recorded with its error and the next one goes on."""
+    out = {} if out is None else out
+    runs: list[dict[str, Any]] = []
+    out.update(settings=settings(opt), runs=runs)
     plan = [(n, 1) for n in opt.hosts] + ([(opt.replica_hosts, 2)] if opt.replica_hosts else [])
     for hosts, replicas in plan:
         say(f"fleet: {hosts} hosts x {opt.devices} devices on {replicas} replica(s)")
-        result = await run_one(st, opt, hosts, replicas, say)
+        result = await run_one_kept(st, opt, hosts, replicas, say)
         runs.append(result)
         say_run(result, say)
-    return {
-        "settings": settings(opt),
-        "runs": runs,
-        "targets": judge(runs),
-        "verified": all(r["verified"] for r in runs),
-    }
+        out.update(targets=judge(runs), verified=all(r.get("verified") for r in runs))
+        saved()
+    return out
+
+
+async def run_one_kept(
+    st: stack.Stack, opt: Options, hosts: int, replicas: int, say: Callable[[str], None], **kw: Any
+) -> dict[str, Any]:
+    """run_one, or what is known of the run that failed: its size and its error."""
+    try:
+        return await run_one(st, opt, hosts, replicas, say, **kw)
+    except Exception as exc:  # recorded; the workload goes on
+        return {
+            "name": kw.get("name") or f"fleet-{hosts}x{replicas}",
+            "hosts": hosts,
+            "replicas": replicas,
+            "devices_per_host": opt.devices,
+            "verified": False,
+            "error": f"{type(exc).__name__}: {exc}"[:2000],
+        }
 
 
 def settings(opt: Options) -> dict[str, Any]:
@@ -115,6 +158,11 @@ def settings(opt: Options) -> dict[str, Any]:
 
 
 def say_run(result: dict[str, Any], say: Callable[[str], None]) -> None:
+    for line in result.get("load_not_reached", []):
+        say(f"  load not reached: {line}")
+    if "submit" not in result:
+        say(f"  failed: {result.get('error', 'no result')[:300]}")
+        return
     sub = result["submit"]
     nan = float("nan")
     say(
@@ -172,16 +220,26 @@ async def run_one(
             "--short-wait-share", str(opt.short_wait_share),
             "--step-every", str(opt.step_every),
             "--condition-churn", str(opt.condition_churn),
+            "--busy-timeout", str(busy_timeout(opt, hosts)),
+            *([] if hosts >= opt.churn_window_hosts else ["--no-churn-window"]),
+            *([] if opt.steps_window else ["--no-steps-window"]),
             "--prefix", prefix or f"{name}-{int(time.time())}",
         ]  # fmt: skip
-        # Connecting, idle, submitting, draining, closing, each bounded in the client.
-        limit = 180 + hosts / 20 + opt.idle_seconds + opt.seconds + opt.drain_timeout
+        # Connecting, idle, busy phones, submitting, draining, closing: each bounded in the
+        # client (this bound only catches a client that hangs).
+        limit = (
+            240 + hosts / 20 + 3 * opt.idle_seconds + 2 * PROBE_ROUND + busy_timeout(opt, hosts)
+            + opt.seconds + 2 * opt.drain_timeout + FREE_TIMEOUT
+        )  # fmt: skip
         result = await _load(argv, st.root / f"{name}-load.log", limit, started, say)
     finally:
         for r in started:
             r.child.stop()
-    connected = result["idle"]["control_plane_rss_bytes"]
     result["name"] = name
+    if "submit" not in result:  # a phase failed: what the load client had, and its error
+        result.setdefault("verified", False)
+        return result
+    connected = result["idle"]["control_plane_rss_bytes"]
     result["repoll_period_s"] = repoll_period(opt)
     result["acquire_wait_s"], result["short_wait_s"] = opt.acquire_wait, opt.short_wait
     result["control_plane_rss_baseline_bytes"] = baseline
@@ -245,10 +303,16 @@ async def _load(
 
 
 def find(runs: list[dict[str, Any]], hosts: int, replicas: int) -> dict[str, Any] | None:
+    """The run of that size, if it ran whole (a run that failed, or did not reach its load,
+    is not judged)."""
     for r in runs:
-        if r["hosts"] == hosts and r["replicas"] == replicas:
+        if r["hosts"] == hosts and r["replicas"] == replicas and judged(r):
             return r
     return None
+
+
+def judged(run: dict[str, Any]) -> bool:
+    return "submit" in run and not run.get("load_not_reached")
 
 
 def pickup_met(run: dict[str, Any]) -> bool | None:

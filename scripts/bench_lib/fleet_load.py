@@ -281,6 +281,9 @@ class Fleet:
         self.started_at = 0.0  # when every host opened its stream and parked, together
         self.short: set[int] = set()  # the hosts whose Acquire waits --short-wait
         self.busy_ids: list[str] = []  # the busy phones' tasks (--step-every)
+        # What the load did not reach (each a line saying how far it got): the run goes on
+        # and its result says so.
+        self.not_reached: list[str] = []
 
     def on_assigned(self, task_id: str, at: float) -> None:
         self.assigned.setdefault(task_id, at)
@@ -338,9 +341,11 @@ class Fleet:
             if all(w >= e and s >= e for w, s, e in zip(waiting, streams, expected, strict=True)):
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"not all hosts parked: acquires {waiting}, streams {streams} of {expected}"
+                self.not_reached.append(
+                    f"hosts parked: acquires {waiting}, streams {streams} of {expected}"
                 )
+                progress(f"load not reached: {self.not_reached[-1]}; the run goes on")
+                break
             await asyncio.sleep(0.2)
         return {
             "register_s": registered,
@@ -388,8 +393,11 @@ class Fleet:
             "screen_calls": self.counters.screen_calls,
             "loop_lag_ms": summarize(lag.lags_ms),
         }
-        if self.args.condition_churn > 0:
+        if self.args.condition_churn > 0 and self.args.churn_window:
             out["churn"] = await self.idle_churn(out)
+        elif self.args.condition_churn > 0:  # the changes run on, unmeasured while idle
+            for host in self.hosts:
+                host.churn(self.args.condition_churn)
         return out
 
     async def listen_again(self) -> dict[str, Any]:
@@ -506,12 +514,41 @@ class Fleet:
                 self.busy_ids += [t.task_id for t in answer.tasks]
         finally:
             await channel.close()
-        deadline = time.monotonic() + 120 + len(requests) / 100
+        deadline = time.monotonic() + a.busy_timeout
         while self.counters.busy < len(requests):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"busy phones: {self.counters.busy} of {len(requests)} run")
+                self.not_reached.append(
+                    f"busy phones: {self.counters.busy} of {len(requests)} running after"
+                    f" {time.monotonic() - started:.0f} s"
+                )
+                progress(f"load not reached: {self.not_reached[-1]}; the run goes on")
+                break
             await asyncio.sleep(0.2)
-        return {"busy_phones": len(requests), "occupy_s": time.monotonic() - started}
+        return {
+            "busy_phones": len(requests),
+            "busy_running": self.counters.busy,
+            "occupy_s": time.monotonic() - started,
+        }
+
+    async def steps_window(self, idle: dict[str, Any]) -> dict[str, Any]:
+        """The busy phones sending their steps, nothing submitted, for as long as the idle
+        window: the CPU a step result costs (with the renewals it rides on, of leases held
+        meanwhile), against the idle window's."""
+        self.counters.phase = "steps"
+        await asyncio.sleep(SETTLE)
+        sent = self.counters.steps_sent
+        before = self.usage()
+        await asyncio.sleep(self.args.idle_seconds)
+        after = self.usage()
+        steps = self.counters.steps_sent - sent
+        usage = after.cores_since(before)
+        wall = usage["wall_s"]
+        out: dict[str, Any] = {**usage, "steps": steps, "steps_per_s": steps / wall}
+        for proc in ("control_plane", "postgres"):
+            added = usage[f"{proc}_cores"] - idle[f"{proc}_cores"]
+            out[f"{proc}_cores_added"] = added
+            out[f"{proc}_cpu_us_per_step"] = added * wall * 1e6 / steps if steps else None
+        return out
 
     async def free(self) -> dict[str, Any]:
         """Cancel the busy tasks; until every busy phone reported its task cancelled."""
@@ -696,13 +733,25 @@ class Fleet:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's result; if a phase fails, what the phases before it found, and the error
+    (the caller keeps the run's rows and goes on)."""
     fleet = Fleet(args)
     out: dict[str, Any] = {
         "hosts": args.hosts,
         "devices_per_host": args.devices,
         "replicas": len(fleet.addresses),
         "hosts_per_channel": args.hosts_per_channel,
+        "load_not_reached": fleet.not_reached,
     }
+    try:
+        await phases(fleet, args, out)
+    except Exception as exc:  # the result says what failed; the caller goes on
+        out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        progress(f"failed: {out['error'][:300]}")
+    return out
+
+
+async def phases(fleet: Fleet, args: argparse.Namespace, out: dict[str, Any]) -> None:
     try:
         out["connect"] = await fleet.connect()
         # Thousands of hosts' objects live to the end: keep the collector from walking them
@@ -729,7 +778,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         )
         if args.step_every > 0:
             out["busy"] = await fleet.occupy()
-            progress(f"{out['busy']['busy_phones']} busy phones, a step every {args.step_every:g}s")
+            progress(
+                f"{out['busy']['busy_running']} of {out['busy']['busy_phones']} busy phones,"
+                f" a step every {args.step_every:g}s"
+            )
+            if args.steps_window:
+                out["steps"] = await fleet.steps_window(out["idle"])
+                per = out["steps"]["control_plane_cpu_us_per_step"]
+                progress(
+                    f"steps: {out['steps']['steps_per_s']:.0f}/s; CPU per step result:"
+                    f" control plane {per or 0:.0f} us (with the renewals they ride on)"
+                )
         steps_before = fleet.counters.steps_sent
         out["submit"] = await fleet.submit()
         out["submit"]["steps_sent"] = fleet.counters.steps_sent - steps_before
@@ -739,13 +798,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             out["busy"].update(await fleet.free())
         task_ids = out["submit"].pop("task_ids")
         out.update(await fleet.verify(task_ids))
+    finally:
         errors = dict(vars(fleet.counters))
         errors["failed_after_s"] = summarize(errors["failed_after_s"])
         out["errors"] = {**errors, "total": fleet.counters.total()}
-    finally:
         progress("closing the hosts")
         await fleet.close()
-    return out
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -770,6 +828,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--step-every", type=float, default=0.0, help="busy phones' step period, s (0: none)"
+    )
+    p.add_argument(
+        "--no-churn-window",
+        dest="churn_window",
+        action="store_false",
+        help="the condition changes start after the idle window without a window of their own",
+    )
+    p.add_argument(
+        "--no-steps-window",
+        dest="steps_window",
+        action="store_false",
+        help="no window of the busy phones' steps alone before the submit window",
+    )
+    p.add_argument(
+        "--busy-timeout",
+        type=float,
+        default=120.0,
+        help="how long the busy phones may take to all run; past it: load not reached",
     )
     p.add_argument(
         "--condition-churn",

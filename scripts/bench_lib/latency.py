@@ -254,6 +254,8 @@ def read_actions(path: Path) -> dict[str, list[dict[str, Any]]]:
         return by_serial
     for line in path.read_text().splitlines():
         record = json.loads(line)
+        if record["action"] == "clean":  # the host's clean between leases, not a task's
+            continue
         by_serial.setdefault(record["serial"], []).append(record)
     return by_serial
 
@@ -271,18 +273,27 @@ def _last_end(records: list[dict[str, Any]], after: float, before: float) -> flo
 async def run(
     st: stack.Stack, client: Client, db: Db, clock: Clock, trials: int, warmup: int
 ) -> dict[str, Any]:
+    cpu0 = stack.cpu_now(st, (HOST,))
     pickup = await pickup_trials(client, trials, warmup)
+    cpu1 = stack.cpu_now(st, (HOST,))
     before = await promtext.scrape(st.metrics_url)
     cancel, void = await cancel_trials(client, trials, warmup)
     after = await promtext.scrape(st.metrics_url)
+    cpu2 = stack.cpu_now(st, (HOST,))
     actions = read_actions(st.action_logs[HOST])
     times = await db.attempt_times([t.task_id for t in pickup + cancel])
     return {
         "trials": trials,
-        "pickup": pickup_figures(pickup, times, clock, actions),
+        # CPU per task of each kind (its warm-ups and, for cancel, void trials included:
+        # they are tasks too).
+        "pickup": {
+            **pickup_figures(pickup, times, clock, actions),
+            "cpu_ms_per_task": stack.per_unit(cpu0, cpu1, trials + warmup),
+        },
         "cancel": {
             "void_trials": void,
             **cancel_figures(cancel, times, clock, actions),
             "metrics": metrics_split(before, after),
+            "cpu_ms_per_task": stack.per_unit(cpu1, cpu2, trials + warmup + void),
         },
     }

@@ -76,6 +76,10 @@ async def run_once(st: stack.Stack, client: Client, db: Db, clock: Clock, opt: O
         "check": {k: v for k, v in check.items() if isinstance(v, int)},
         "cost": pgstats.per_item(before, after, opt.tasks),
         "cpu_cores": {k: (cpu1[k] - cpu0[k]) / wall for k in cpu0},
+        "cpu_ms_per_task": {
+            k: (cpu1[k] - cpu0[k]) * 1e3 / opt.tasks
+            for k in ("control_plane", "agents", "postgres")
+        },
     }
 
 
@@ -129,6 +133,10 @@ def aggregate(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "wal_bytes_per_task": cost("wal_bytes_per_task"),
         "cpu_cores": {
             k: over_reps([r["cpu_cores"][k] for r in reps]) for k in reps[0]["cpu_cores"]
+        },
+        "cpu_ms_per_task": {
+            k: over_reps([r["cpu_ms_per_task"][k] for r in reps])
+            for k in reps[0]["cpu_ms_per_task"]
         },
         "reps": reps,
     }

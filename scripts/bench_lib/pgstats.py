@@ -152,3 +152,13 @@ async def table_stats(dsn: str, tables: Sequence[str] = HOT_TABLES) -> dict[str,
     finally:
         await conn.close()
     return {r["relname"]: {k: v for k, v in dict(r).items() if k != "relname"} for r in rows}
+
+
+async def checkpoint(dsn: str) -> None:
+    """Everything written so far flushed to the data files (a bulk load's writes are then
+    not flushed under the next workload's measure)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CHECKPOINT", timeout=600)
+    finally:
+        await conn.close()

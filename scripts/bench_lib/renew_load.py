@@ -8,9 +8,11 @@ Set-up: RegisterHost with up to 1000 devices per fake host (pool=renew); one tas
 queued through SubmitTasks in batches of 500; then Acquire (wait 0) until each host holds a
 lease per device, through the API like a real host. Then every host keeps one stream with
 one request in flight (or one per --interval seconds), each request naming all of its
-leases. Prints one JSON line: renewals answered RENEWED per second, round-trip times of the
-requests, the measured window (CLOCK_MONOTONIC, so the parent can read the control plane's
-CPU over it).
+leases. At the end every task is reported done (ReportResults, a host's results in one
+call), as a host whose tasks ended would: the workload leaves finished tasks behind, not
+leases that run out later under another workload. Prints one JSON line: renewals
+answered RENEWED per second, round-trip times of the requests, the measured window
+(CLOCK_MONOTONIC, so the parent can read the control plane's CPU over it).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_testing.host import Outcome, RunResult, StepResult, StepStatus, report_request
 from bench_lib.client import Client, bounded, key_actions
 from bench_lib.stats import summarize
 
@@ -91,8 +95,8 @@ async def queue_tasks(client: Client, count: int) -> None:
     await bounded([batch(n) for n in sizes], 4)
 
 
-async def acquire_all(client: Client, host_id: str, devices: int) -> list[str]:
-    held: dict[str, str] = {}
+async def acquire_all(client: Client, host_id: str, devices: int) -> list[lease_pb2.Assignment]:
+    held: dict[str, lease_pb2.Assignment] = {}
     while len(held) < devices:
         idle = [f"r{i}" for i in range(devices) if f"r{i}" not in held]
         answer = await client.lease.Acquire(
@@ -100,8 +104,26 @@ async def acquire_all(client: Client, host_id: str, devices: int) -> list[str]:
         )
         if not answer.assignments:
             raise RuntimeError(f"{host_id}: no work for {len(idle)} idle devices")
-        held.update((a.device_serial, a.lease_id) for a in answer.assignments)
+        held.update((a.device_serial, a) for a in answer.assignments)
     return list(held.values())
+
+
+async def report_done(client: Client, held: list[lease_pb2.Assignment]) -> int:
+    """Every task of `held` reported done in one ReportResults; how many were recorded."""
+    step = StepResult(0, "key", StepStatus.OK, datetime.now(UTC), timedelta(0))
+    request = lease_pb2.ReportResultsRequest(
+        results=[
+            report_request(
+                RunResult(Outcome.DONE, "", (step,)),
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+            )
+            for a in held
+        ]
+    )
+    answer = await client.lease.ReportResults(request, timeout=120)
+    return sum(1 for a in answer.answers if a.code == 0)
 
 
 async def renew_loop(
@@ -147,10 +169,13 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         tally = Tally(start + args.warmup, start + args.warmup + args.seconds)
         await asyncio.gather(
             *(
-                renew_loop(client, h, ids, tally.measure_to, args.interval, tally)
-                for h, ids in zip(hosts, held, strict=True)
+                renew_loop(
+                    client, h, [a.lease_id for a in mine], tally.measure_to, args.interval, tally
+                )
+                for h, mine in zip(hosts, held, strict=True)
             )
         )
+        reported = sum(await asyncio.gather(*(report_done(client, mine) for mine in held)))
     finally:
         await client.close()
     per_second = [tally.per_second.get(s, 0) for s in range(int(args.seconds))]
@@ -165,6 +190,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "requests": tally.requests,
         "rtt_ms": summarize(tally.rtt_ms),
         "conflicts": tally.conflicts,
+        "reported_done": reported,
     }
 
 

@@ -91,9 +91,15 @@ async def run(
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     after = await promtext.scrape(st.metrics_url)
     result["usage"] = _usage(samples, *result["window"])
-    renewed = "amc_renewals_total"
-    result["server_renewals"] = promtext.value(after, renewed, result="renewed") - (
-        promtext.value(before, renewed, result="renewed")
+    renewed = result["renewals_per_s"]
+    result["cpu_us_per_renewal"] = {
+        proc: result["usage"][f"{proc}_cores"] * 1e6 / renewed
+        for proc in ("control_plane", "postgres", "load_client")
+        if renewed and f"{proc}_cores" in result["usage"]
+    }
+    counter = "amc_renewals_total"
+    result["server_renewals"] = promtext.value(after, counter, result="renewed") - (
+        promtext.value(before, counter, result="renewed")
     )
     return result
 

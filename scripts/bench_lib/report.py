@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -65,17 +66,67 @@ def _at_most(summary: dict[str, Any], p50: float, p99: float) -> bool | None:
 
 
 def rows(results: dict[str, Any]) -> list[Row]:
+    """The table of what ran so far. A section whose results are partial (its workload
+    failed midway) says so in a row of its own instead of taking the table with it."""
+    sections: list[tuple[str, Callable[[], list[Row]]]] = [
+        ("1 lifecycle", lambda: _lifecycle_rows(results)),
+        ("2 pickup / 3 cancel", lambda: _latency_rows(results.get("latency"))),
+        ("4 renewal", lambda: _renewal_rows(results.get("renewal"), "first, fresh database")),
+        ("4 renewal", lambda: _renewal_rows(
+            results.get("renewal_after_all"), "after every other workload", final=True)),
+        ("5 ceiling", lambda: _ceiling_rows(results)),
+        ("6 peer", lambda: _peer_rows(results)),
+        ("7 fleet", lambda: _fleet_rows(results.get("fleet"))),
+        ("8 deep", lambda: _deep_rows(results.get("deep"))),
+        ("9 flood", lambda: _flood_rows(results.get("flood"))),
+        ("10 session", lambda: _session_rows(results.get("session"), results.get("latency"))),
+        ("11 screen", lambda: _screen_rows(results.get("screen"))),
+        ("12 plans", lambda: _plans_rows(results.get("plans"))),
+    ]  # fmt: skip
     out: list[Row] = []
-    out += _lifecycle_rows(results)
-    out += _latency_rows(results.get("latency"))
-    out += _renewal_rows(results.get("renewal"))
-    out += _ceiling_rows(results)
-    out += _peer_rows(results)
-    out += _fleet_rows(results.get("fleet"))
-    out += _deep_rows(results.get("deep"))
-    out += _flood_rows(results.get("flood"))
-    out += _session_rows(results.get("session"), results.get("latency"))
-    out += _screen_rows(results.get("screen"))
+    for name, make in sections:
+        try:
+            out += make()
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            out.append(
+                Row(name, "rows of partial results not shown", f"{type(exc).__name__}: {exc}")
+            )
+    for key, message in results.get("errors", {}).items():
+        out.append(Row("failed", key, message.splitlines()[0][:200], "", False))
+    return out
+
+
+def _cpu(figures: dict[str, Any], procs: tuple[str, ...], digits: int = 2) -> str:
+    """CPU per unit, one figure per process (a per-repetition figure: its median)."""
+
+    def one(value: Any) -> str:
+        return _num(value.get("median") if isinstance(value, dict) else value, digits)
+
+    return " / ".join(one(figures.get(p)) for p in procs)
+
+
+def _plans_rows(pl: dict[str, Any] | None) -> list[Row]:
+    """The hot statements' plans in every state: how many plans were checked, and each
+    problem found (none: met)."""
+    if not pl:
+        return []
+    checked = sum(
+        m["statements"] for probes in pl["states"].values() for p in probes.values()
+        for m in p.values()
+    )  # fmt: skip
+    problems = pl["problems"]
+    out = [
+        Row(
+            "12 plans",
+            f"hot statements' plans: {len(pl['states'])} states x custom/generic,"
+            f" {pl['history']:,} finished tasks",
+            f"{checked:,} plans checked; {len(problems)} problems"
+            f" ({pl['seconds'].get('total', 0):.0f} s)",
+            "0 problems",
+            not problems,
+        )
+    ]
+    out += [Row("12 plans", "  problem", p[:200]) for p in problems[:20]]
     return out
 
 
@@ -118,6 +169,14 @@ def _screen_rows(sc: dict[str, Any] | None) -> list[Row]:
             many["cp_cores"] <= 0.3 if n == 20 else None,
         ),
         Row("11 screen", f"{n} viewers: frames/s in all", _num(many["frames_per_s"])),
+        Row(
+            "11 screen",
+            f"  {n} viewers: CPU us per frame relayed: control plane / agent",
+            " / ".join(
+                _num(many[k] * 1e6 / many["frames_per_s"] if many["frames_per_s"] else None)
+                for k in ("cp_cores", "agent_cores")
+            ),
+        ),
         *_watched_task_row(sc.get("task_watched")),
     ]
 
@@ -180,8 +239,9 @@ def _session_rows(se: dict[str, Any] | None, lat: dict[str, Any] | None) -> list
         out.append(
             Row(
                 "10 session",
-                f"{n} sessions: CPU per action, control plane / agent, us",
-                f"{_num(w['cp_cpu_us_per_action'])} / {_num(w['agent_cpu_us_per_action'])}",
+                f"{n} sessions: CPU us per relayed action: control plane / agent / PostgreSQL",
+                f"{_num(w['cp_cpu_us_per_action'])} / {_num(w['agent_cpu_us_per_action'])}"
+                f" / {_num(w.get('postgres_cpu_us_per_action'))}",
             )
         )
     start = se.get("start_ms", {})
@@ -194,6 +254,13 @@ def _session_rows(se: dict[str, Any] | None, lat: dict[str, Any] | None) -> list
             pcts(start),
             "" if bound is None else f"p50 <= {bound:.1f} (pickup + 2)",
             None if bound is None or not start.get("n") else start["p50"] <= bound,
+        )
+    )
+    out.append(
+        Row(
+            "10 session",
+            "  CPU ms per session opened and closed: control plane / PostgreSQL / agent",
+            _cpu(se.get("start_cpu_ms_per_session", {}), PROCS_AGENT, 3),
         )
     )
     return out
@@ -231,6 +298,11 @@ def _lifecycle_rows(results: dict[str, Any]) -> list[Row]:
                 spread(lc["cpu_cores"][k], 2) for k in ("control_plane", "agents", "postgres")
             ),
         ),
+        Row(
+            "1 lifecycle",
+            "  CPU ms per task: control plane / agents / PostgreSQL",
+            _cpu(lc.get("cpu_ms_per_task", {}), ("control_plane", "agents", "postgres"), 3),
+        ),
     ]
     single = results.get("lifecycle_single")
     if single:
@@ -246,6 +318,11 @@ def _lifecycle_rows(results: dict[str, Any]) -> list[Row]:
                 ("yes" if single["verified"] else "NO")
                 + f"; {spread(single['commits_per_task'], 2)}"
                 f" ({spread(single['wal_fsyncs_per_task'], 2)})",
+            ),
+            Row(
+                "1 lifecycle",
+                "  CPU ms per task: control plane / agents / PostgreSQL",
+                _cpu(single.get("cpu_ms_per_task", {}), ("control_plane", "agents", "postgres"), 3),
             ),
         ]
     return out
@@ -286,6 +363,8 @@ def _latency_rows(lat: dict[str, Any] | None) -> list[Row]:
         Row("2 pickup", "submit -> first action on device, ms", pcts(first)),
         Row("2 pickup", "  p50s: ->queued + ->assigned + ->dispatched + ->action",
             _chain(p["chain"], PICKUP_CHAIN)),
+        Row("2 pickup", "  CPU ms per task: control plane / PostgreSQL / agent",
+            _cpu(p.get("cpu_ms_per_task", {}), PROCS_AGENT, 3)),
         Row("3 cancel", "CancelTask returned -> runner stopped (10 ms steps), ms",
             pcts(stopped), target, _at_most(stopped, 5, 20)),
         Row("3 cancel", "CancelTask returned -> caller sees cancelled, ms", pcts(cancelled)),
@@ -296,34 +375,57 @@ def _latency_rows(lat: dict[str, Any] | None) -> list[Row]:
             _hist(m["requested_to_delivered_ms"])),
         Row("3 cancel", "  metrics: delivered -> cancelled report, ms",
             _hist(m["delivered_to_stopped_ms"])),
+        Row("3 cancel", "  CPU ms per cancelled task: control plane / PostgreSQL / agent",
+            _cpu(c.get("cpu_ms_per_task", {}), PROCS_AGENT, 3)),
     ]  # fmt: skip
 
 
-def _renewal_rows(rn: dict[str, Any] | None) -> list[Row]:
+PROCS_AGENT = ("control_plane", "postgres", "agent")
+
+
+# The renewal after every other workload: its rate, and a round trip well inside a lease.
+RENEWALS_PER_S, RENEWAL_P99_MS = 50_000, 1000.0
+
+
+def _renewal_rows(rn: dict[str, Any] | None, when: str, final: bool = False) -> list[Row]:
     if not rn:
         return []
     per_s = rn["per_second_summary"]
     usage = rn.get("usage", {})
     rss = usage.get("control_plane_rss_mb", {})
+    rtt = rn["rtt_ms"]
+    name = f"4 renewal, {when}"
     return [
         Row(
-            "4 renewal",
+            name,
             f"renewals/s, {rn['leases']} leases on {rn['hosts']} streams",
             f"{_num(rn['renewals_per_s'])}  (1-s windows: min {_num(per_s.get('min'))},"
             f" p50 {_num(per_s.get('p50'))}, max {_num(per_s.get('max'))})",
-            ">= 50,000/s",
-            rn["renewals_per_s"] >= 50_000,
+            f">= {RENEWALS_PER_S:,}/s",
+            rn["renewals_per_s"] >= RENEWALS_PER_S,
         ),
-        Row("4 renewal", "request round trip (one batch per host), ms", pcts(rn["rtt_ms"])),
         Row(
-            "4 renewal",
-            "CPU cores: control plane / PostgreSQL / load client",
+            name,
+            "request round trip (one batch per host), ms",
+            pcts(rtt),
+            f"p99 <= {RENEWAL_P99_MS:,.0f}" if final else "",
+            bool(rtt.get("n") and rtt["p99"] <= RENEWAL_P99_MS) if final else None,
+        ),
+        Row(
+            name,
+            "  CPU us per renewal: control plane / PostgreSQL / load client",
+            _cpu(rn.get("cpu_us_per_renewal", {}), ("control_plane", "postgres", "load_client")),
+        ),
+        Row(
+            name,
+            "  CPU cores: control plane / PostgreSQL / load client; machine",
             " / ".join(
                 _num(usage.get(k), 2)
                 for k in ("control_plane_cores", "postgres_cores", "load_client_cores")
-            ),
+            )
+            + f"; {_num(usage.get('machine_busy_cores'), 2)} busy",
         ),
-        Row("4 renewal", "control-plane RSS, MB", f"max {_num(rss.get('max'))}"),
+        Row(name, "  control-plane RSS, MB", f"max {_num(rss.get('max'))}"),
     ]
 
 
@@ -390,11 +492,15 @@ def _fleet_rows(fl: dict[str, Any] | None) -> list[Row]:
     out: list[Row] = []
     for run in fl["runs"]:
         n, replicas = run["hosts"], run["replicas"]
-        sub, idle = run["submit"], run["idle"]
         name = f"7 fleet {n:,}x{run['devices_per_host']}" + (
             f", {replicas} replicas" if replicas > 1 else ""
         )
-        at_target = n == fleet.TARGET_HOSTS
+        out += _not_reached_rows(name, run)
+        if "submit" not in run:
+            continue
+        sub, idle = run["submit"], run["idle"]
+        # A run that did not reach its load is shown, not judged.
+        at_target = n == fleet.TARGET_HOSTS and fleet.judged(run)
         incomplete = "" if sub["done"] == sub["tasks"] else f"; only {sub['done']} done"
         out.append(
             Row(
@@ -421,7 +527,8 @@ def _fleet_rows(fl: dict[str, Any] | None) -> list[Row]:
                 cpu_ok,
             )
         )
-        at_idle = n == fleet.IDLE_HOSTS and replicas == 1
+        out += _steps_rows(name, run)
+        at_idle = n == fleet.IDLE_HOSTS and replicas == 1 and fleet.judged(run)
         per_host_kb = run["control_plane_rss_per_host_bytes"] / 1024
         out.append(
             Row(
@@ -481,6 +588,34 @@ def _fleet_rows(fl: dict[str, Any] | None) -> list[Row]:
     return out
 
 
+def _not_reached_rows(name: str, run: dict[str, Any]) -> list[Row]:
+    """A run that failed, or whose load was not reached: how far it got (its other rows,
+    if any, are not judged)."""
+    out = [
+        Row(name, "LOAD NOT REACHED", line, "", False) for line in run.get("load_not_reached", [])
+    ]
+    if run.get("error"):
+        out.append(Row(name, "failed", run["error"].splitlines()[0][:200], "", False))
+    return out
+
+
+def _steps_rows(name: str, run: dict[str, Any]) -> list[Row]:
+    """The busy phones' step progress alone (no task submitted): what a step result costs,
+    with the renewals of the busy leases it rides on, over the idle window's CPU."""
+    st = run.get("steps")
+    if not st:
+        return []
+    return [
+        Row(
+            name,
+            f"  step progress alone: {st['steps_per_s']:,.0f} step results/s; CPU us per step"
+            " result (with its leases' renewals): control plane / PostgreSQL",
+            f"{_num(st.get('control_plane_cpu_us_per_step'))}"
+            f" / {_num(st.get('postgres_cpu_us_per_step'))}",
+        )
+    ]
+
+
 def _pressure(usage: dict[str, Any]) -> str:
     """Linux PSI over the window: how long some task waited for a CPU, or for I/O."""
     if "cpu_some_pressure" not in usage:
@@ -531,7 +666,7 @@ def _repoll_rows(name: str, run: dict[str, Any]) -> list[Row]:
 def _deep_rows(dp: dict[str, Any] | None) -> list[Row]:
     if not dp:
         return []
-    from bench_lib import deep
+    from bench_lib import deep, fleet
 
     settings = dp["settings"]
     empty = deep.find(dp["runs"], "empty", settings["hosts"])
@@ -560,20 +695,24 @@ def _deep_rows(dp: dict[str, Any] | None) -> list[Row]:
                         else ""
                     ),
                     f"p99 <= {deep.READ_P99_MS:g}",
-                    dp["targets"].get("deep_reads_p99"),
+                    dp.get("targets", {}).get("deep_reads_p99"),
                 )
             )
     for run in dp["runs"]:
         n = run["hosts"]
-        sub = run["submit"]
         name = f"8 deep {n:,}x{run['devices_per_host']}, {run['database']} db"
-        is_deep = run["database"] == "deep"
+        out += _not_reached_rows(name, run)
+        if "submit" not in run:
+            continue
+        sub = run["submit"]
+        is_deep = run["database"] == "deep" and fleet.judged(run)
         target, met = "", None
         if is_deep and n == settings["hosts"]:
             target = f"p50 <= {deep.PICKUP_P50_MS:g}, p99 <= {deep.PICKUP_P99_MS:g}"
-            met = dp["targets"]["deep_pickup"]
+            met = dp.get("targets", {}).get("deep_pickup")
         elif is_deep and n == settings["big_hosts"]:
-            target, met = f"p99 <= {deep.BIG_P99_MS:g}", dp["targets"]["deep_big_pickup_p99"]
+            target = f"p99 <= {deep.BIG_P99_MS:g}"
+            met = dp.get("targets", {}).get("deep_big_pickup_p99")
         incomplete = "" if sub["done"] == sub["tasks"] else f"; only {sub['done']} done"
         out.append(
             Row(
@@ -592,7 +731,7 @@ def _deep_rows(dp: dict[str, Any] | None) -> list[Row]:
                 ratio = deep.cpu_ratio(run, empty, proc)
                 value += f" ({ratio:.2f}x the empty db)"
                 target = f"<= {deep.CPU_GROWTH:g}x empty"
-                met = dp["targets"][f"deep_{proc}_cpu_per_task"]
+                met = dp.get("targets", {}).get(f"deep_{proc}_cpu_per_task")
             if proc == "postgres" and "postgres_autovacuum_cpu_s" in sub:
                 value += (
                     f"; {_num(sub['postgres_cpu_ms_per_task_excluding_autovacuum'], 2)} without"
@@ -734,5 +873,9 @@ def _git(root: Path, *args: str) -> str:
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Written whole, then renamed over the last one: a reader (or a run stopped mid-write)
+    finds the previous rows or the new ones, never half a file."""
     document = {"written_at": datetime.now(UTC).isoformat(), **document}
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    os.replace(part, path)

@@ -14,6 +14,8 @@ One host agent with --screen-phones simulated phones (actions answer at once) se
   landed): p50 (target <= 150 ms) and p99. The tap's own round trip is reported beside it.
 - 20 viewers: one viewer of each of the phones for --screen-seconds: the control plane's
   CPU (cores; target <= 0.3) and the agent's, frames a second in all.
+- video (bench_lib.screen_video): the phones' H.264 stream beside their PNG frames, 1 and
+  10 viewers of one phone, click to decoded pixel.
 - a task watched: a task of TASK_TAPS taps (each with a 10-ms wait) on one phone, run
   alternately with nobody watching and with three viewers reading its frames and one that
   never reads (a slow viewer), RUNS times each: its run time (from `dispatched` to `done`,
@@ -38,7 +40,7 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_testing.database import free_port
-from bench_lib import promtext
+from bench_lib import promtext, screen_video
 from bench_lib.stack import AgentSpec, Stack, cpu_seconds
 from bench_lib.stats import summarize
 
@@ -70,6 +72,12 @@ def _pixel(png: bytes, x: int, y: int) -> tuple[int, ...]:
     stride = 1 + 3 * width
     row = zlib.decompressobj().decompress(bytes(idat), (y + 1) * stride)[y * stride :]
     return tuple(row[1 + 3 * x : 4 + 3 * x])
+
+
+def _phone(serial: str) -> task_pb2.DeviceSelector:
+    """That phone of this workload's host: other agents' simulated phones have the same
+    serials (the other workloads' agents may still run beside it)."""
+    return task_pb2.DeviceSelector(serial=serial, labels={"pool": POOL})
 
 
 def _watch(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> Any:
@@ -129,9 +137,7 @@ async def _session(stub: scheduler_pb2_grpc.SchedulerStub) -> Any:
     call: Any = stub.OpenSession()
     await call.write(
         scheduler_pb2.OpenSessionRequest(
-            open=scheduler_pb2.SessionOpen(
-                selector=task_pb2.DeviceSelector(serial="sim-0"), idle_timeout=_seconds(120)
-            )
+            open=scheduler_pb2.SessionOpen(selector=_phone("sim-0"), idle_timeout=_seconds(120))
         )
     )
     while True:
@@ -227,9 +233,7 @@ async def _task_seconds(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> 
     wait = task_pb2.Action(wait=task_pb2.Wait(duration=_seconds(0.01)))
     spec = task_pb2.TaskSpec(actions=task_pb2.ActionList(actions=[tap, wait] * TASK_TAPS))
     task = await stub.SubmitTask(
-        scheduler_pb2.SubmitTaskRequest(
-            spec=spec, selector=task_pb2.DeviceSelector(serial=serial), max_attempts=1
-        ),
+        scheduler_pb2.SubmitTaskRequest(spec=spec, selector=_phone(serial), max_attempts=1),
         timeout=30,
     )
     started: float | None = None
@@ -296,6 +300,7 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
         say(f"screen: {options.phones} viewers of {options.phones} phones, {options.seconds:g}s")
         out["many"] = await _many(stack, stub, options.phones, options.seconds)
         say(f"  control plane {out['many']['cp_cores']:.3f} cores")
+        out["video"] = await screen_video.run(stack, stub, options.seconds, options.clicks, say)
         say(f"screen: a task of {TASK_TAPS} taps, alone and watched by 4 (one slow), x{RUNS}")
         out["task_watched"] = t = await _task_watched(stub)
         say(

@@ -21,7 +21,7 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_testing.host import SimulatedSource
-from bench_lib.stack import AgentSpec, Stack, cpu_seconds
+from bench_lib.stack import AgentSpec, Stack, cpu_now, cpu_seconds, per_unit, tree_cpu_seconds
 from bench_lib.stats import summarize
 
 HOST = "session-host"
@@ -113,13 +113,14 @@ async def _window(
     calls = [c for c, _ in await asyncio.gather(*(_open(stub) for _ in range(n)))]
     assert stack.control_plane is not None
     cp, agent = stack.control_plane.pid, stack.agents[HOST].pid
-    cpu0 = (cpu_seconds(cp), cpu_seconds(agent))
+    pm = stack.postmaster_pid() or 0
+    cpu0 = (cpu_seconds(cp), cpu_seconds(agent), tree_cpu_seconds(pm))
     rtts: list[float] = []
     started = time.perf_counter()
     until = started + seconds
     await asyncio.gather(*(_taps(c, until, rtts) for c in calls))
     elapsed = time.perf_counter() - started
-    cpu1 = (cpu_seconds(cp), cpu_seconds(agent))
+    cpu1 = (cpu_seconds(cp), cpu_seconds(agent), tree_cpu_seconds(pm))
     ended = await asyncio.gather(*(_close(c) for c in calls))
     direct = await _direct(n, min(seconds, 3.0))
     through = summarize(rtts)
@@ -133,6 +134,7 @@ async def _window(
         "relay_ms": {k: through[k] - alone[k] for k in ("p50", "p99")},
         "cp_cpu_us_per_action": (cpu1[0] - cpu0[0]) / max(1, len(rtts)) * 1e6,
         "agent_cpu_us_per_action": (cpu1[1] - cpu0[1]) / max(1, len(rtts)) * 1e6,
+        "postgres_cpu_us_per_action": (cpu1[2] - cpu0[2]) / max(1, len(rtts)) * 1e6,
         "verified": all(s == task_pb2.TASK_STATUS_DONE for s in ended),
     }
 
@@ -154,11 +156,14 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
             out["windows"].append(window)
         say(f"session: {options.starts} starts on an idle phone, one after another")
         starts = []
+        cpu0 = cpu_now(stack, (HOST,))
         for _ in range(options.starts):
             call, took = await _open(stub)
             starts.append(took * 1000)
             await _close(call)
         out["start_ms"] = summarize(starts)
+        # Each start is a session opened and closed (a task submitted, run, reported).
+        out["start_cpu_ms_per_session"] = per_unit(cpu0, cpu_now(stack, (HOST,)), len(starts))
     finally:
         await channel.close()
         child = stack.agents.pop(HOST, None)

@@ -116,6 +116,27 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def cpu_now(st: Stack, agents: tuple[str, ...] = ()) -> dict[str, float]:
+    """CPU seconds so far of the control plane, PostgreSQL (its whole tree) and the named
+    agents (together): read before and after a window, per_unit() says what a unit of work
+    in it cost each."""
+    pm = st.postmaster_pid()
+    out = {
+        "control_plane": cpu_seconds(st.control_plane.pid) if st.control_plane else 0.0,
+        "postgres": tree_cpu_seconds(pm) if pm else 0.0,
+    }
+    if agents:
+        out["agent"] = sum(cpu_seconds(st.agents[h].pid) for h in agents if h in st.agents)
+    return out
+
+
+def per_unit(
+    before: dict[str, float], after: dict[str, float], units: int, scale: float = 1e3
+) -> dict[str, float]:
+    """CPU per unit of work by process, in ms (scale 1e3) or us (1e6)."""
+    return {k: (after[k] - before[k]) * scale / units for k in before} if units else {}
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds all cores spent busy since boot (every process, ours or not)."""
     t = psutil.cpu_times()

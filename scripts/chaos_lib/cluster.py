@@ -229,6 +229,8 @@ class AgentProc(_Faultable):
     starts: int = 0
     # Its phones' faults (chaos_lib/phones.py), read by the agent when the file changes.
     sim_faults: Path | None = None
+    # How its phones are cleaned between leases (chaos_lib/cleaning.py: a short timeout).
+    clean_profile: Path | None = None
 
     def spawn(self) -> None:
         command = HostAgentCommand(
@@ -252,6 +254,7 @@ class AgentProc(_Faultable):
             quarantine_window=phones.QUARANTINE_WINDOW,
             recovery_backoff=phones.RECOVERY_BACKOFF,
             boot_timeout=phones.BOOT_TIMEOUT,
+            clean_profile=self.clean_profile,
         )
         self.proc = _spawn(command.argv(), self.log, command.env())
         self.frozen = False

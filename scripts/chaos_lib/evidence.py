@@ -121,6 +121,9 @@ class Evidence:
     # Every artifact stored: task_id, attempt, created_at, size_bytes, and whether its
     # chunks add up to exactly its bytes (`whole`: same length and sha256).
     artifacts: list[dict[str, Any]] = field(default_factory=list)
+    # The commands of the hosts' cleans between leases (`clean` in the action logs), apart
+    # from `actions`, which are the tasks' (chaos_lib/cleaning.py).
+    cleans: list[Action] = field(default_factory=list)
 
     def attempts_of(self, task_id: str) -> list[dict[str, Any]]:
         return sorted(
@@ -149,12 +152,14 @@ async def load(
     for e in events:
         by_task[str(e["task_id"])].append(_row(e))
     agent_events, unparsed = _agent_events(agent_logs)
+    logged = _actions(action_logs)
     evidence = Evidence(
         tasks={str(t["task_id"]): _row(t) for t in tasks},
         attempts={(str(a["task_id"]), a["attempt"]): _row(a) for a in attempts},
         events=dict(by_task),
         devices=[_row(d) for d in devices],
-        actions=_actions(action_logs),
+        actions=[a for a in logged if a.action != "clean"],
+        cleans=[a for a in logged if a.action == "clean"],
         agent_events=agent_events,
         unparsed_log_lines=unparsed,
         acquires=_acquires(acquire_logs or []),

@@ -16,6 +16,7 @@ import grpc
 
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from amc_common.channel import with_token
+from chaos_lib import cleaning
 from chaos_lib.cluster import ROOT, AgentProc, FleetProc, Postgres, Replica, health
 from chaos_lib.phones import PhoneFaults
 from chaos_lib.proxy import ProxyHub
@@ -131,6 +132,7 @@ class Farm:
             )
         await asyncio.gather(*(r.start() for r in self.replicas))
         self.proxies = ProxyHub()
+        profile = cleaning.write_profile(c.workdir)
         for i in range(c.agents):
             host = f"chaos-h{i}"
             proxy = self.proxies.add(host, [r.port for r in self.replicas])
@@ -143,6 +145,7 @@ class Farm:
                 log=c.workdir / f"agent-{host}.log",
                 token_file=c.workdir / f"token-{host}",
                 sim_faults=c.workdir / f"phone-faults-{host}.json",
+                clean_profile=profile,
             )
             agent.spawn()
             self.agents.append(agent)

@@ -20,6 +20,9 @@ and never both replicas down together (the farm is meant to survive one at a tim
                    are refused: pools that grow, the LISTEN connection's reconnect)
     phone_*        a phone of an agent unplugged (mid-run), hung, boot-looping or too hot,
                    then well again (chaos_lib/phones.py)
+    clean_*        a phone's cleans between leases hang, or fail at `pm uninstall` (a
+                   phone running a task where one does), then well again
+                   (chaos_lib/cleaning.py)
 
 The fleet kinds run only when there is a fleet (`--hosts`).
 """
@@ -36,7 +39,7 @@ from typing import Any
 
 import asyncpg
 
-from chaos_lib import phones
+from chaos_lib import cleaning, phones
 from chaos_lib.farm import Farm
 from chaos_lib.proxy import CUT_MODES
 
@@ -69,7 +72,7 @@ HOST_KINDS = ("agent_kill", "agent_freeze", "proxy_cut", "fleet_kill", "fleet_fr
 
 def kinds_for(farm: Farm) -> tuple[str, ...]:
     kinds = KINDS if farm.fleet else tuple(k for k in KINDS if k not in FLEET_KINDS)
-    return kinds + (phones.KINDS if farm.phone_faults is not None else ())
+    return kinds + (phones.KINDS + cleaning.KINDS if farm.phone_faults is not None else ())
 
 
 @dataclass
@@ -159,7 +162,7 @@ class Injector:
 
     def _target(self, kind: str) -> str | None:
         farm = self.farm
-        if kind in phones.KINDS:
+        if kind in phones.KINDS or kind in cleaning.KINDS:
             free = self._free_phones()
             return self.rng.choice(free) if free else None
         if kind == "replica_kill":
@@ -222,16 +225,19 @@ class Injector:
 
     async def _phone_fault(self, fault: Fault) -> None:
         assert self.farm.phone_faults is not None and self.operator is not None
-        if fault.kind == "phone_unplug":  # mid-run, where a phone of those free runs a task
+        mid_run = fault.kind == "phone_unplug" or fault.kind in cleaning.KINDS
+        if mid_run:  # where a phone of those free runs a task (a clean follows it)
             free = [fault.target, *self._free_phones()]
-            chosen = await phones.pick(fault.kind, free, self.operator, self.rng)
+            chosen = await phones.pick("phone_unplug", free, self.operator, self.rng)
             if chosen is not None and chosen != fault.target:
                 self.busy.discard(fault.target)
                 fault.target = chosen
                 self.busy.add(chosen)
-        await phones.inject(fault, self.farm.phone_faults, self.operator, self.rng)
+        inject = cleaning.inject if fault.kind in cleaning.KINDS else phones.inject
+        await inject(fault, self.farm.phone_faults, self.operator, self.rng)
 
     _phone_unplug = _phone_hang = _phone_reboot_loop = _phone_overheat = _phone_fault
+    _clean_hang = _clean_uninstall_fail = _phone_fault
 
     async def _replica_kill(self, fault: Fault) -> None:
         replica = next(r for r in self.farm.replicas if r.name == fault.target)

@@ -32,7 +32,10 @@
    11  live screens (chaos_lib/screens.py): a task's viewer is sent only frames captured
        while its phone ran that task's attempt (never before it began, never once the
        phone was given to another attempt), its watch ends within the re-read bound of
-       its attempt's end, and watching changes no task's steps or actions
+       its attempt's end, a viewer of the H.264 stream gets a key frame first and after
+       every gap, and watching changes no task's steps or actions
+   12  cleaning (chaos_lib/cleaning.py): no lease starts on a phone between a failed clean
+       and the next one that passed, and no task acts on a phone while it is cleaned
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
@@ -69,6 +72,7 @@ NAMES = {
     9: "sessions end as the spec says",
     10: "phone faults: infrastructure retries, sick phones idle, recovered ones at work",
     11: "live screens: a task's viewer sees only its attempt's phone; watching changes nothing",
+    12: "cleaning: no lease on a phone whose last clean failed, no task during a clean",
 }
 TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).

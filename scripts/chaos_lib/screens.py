@@ -16,6 +16,10 @@ for a few seconds, then picks another running task. What each saw is kept for in
 - a task's watch ended soon after its attempt did: no frame reached a viewer later than
   the watched task's re-read bound (watch_refresh 5 s, +20 % jitter) after its attempt
   ended, with NOTICE_SLACK for the harness's own event loop under load.
+- a viewer of the stream (half the watches ask codec "h264") can decode what it was sent:
+  its first frame of the stream in a watch is a key frame, and so is every one after a
+  gap in the phone's frame numbers (a viewer that fell behind, or a frame held back as
+  another attempt's, goes on from a key frame, never mid-group).
 - watching changed nothing of a task: a watched task that ended done has exactly its
   spec's steps, and its phone's action log exactly its plan's device actions for that
   attempt (a capture is no action; the leases are invariants 4 and 6's, for every task).
@@ -45,6 +49,7 @@ from chaos_lib.workload import Submitted
 REFRESH_BOUND = 5.0 * 1.2
 # Seconds for the frame's way to the harness and its event loop under load.
 NOTICE_SLACK = 5.0
+CODECS = ("image", "h264")
 RUNNING = "SELECT task_id::text FROM tasks WHERE status = 'dispatched' ORDER BY random() LIMIT 1"
 
 
@@ -60,6 +65,10 @@ class FrameSeen:
     received_at: float  # the harness's clock (the same machine's)
     # What the frame says the phone ran during its capture; None: it says nothing.
     running: tuple[str, int] | None
+    # Which watch it came on (an index of ScreenLoad.watches), its kind, a key frame.
+    watch: int = -1
+    mime: str = "image/png"
+    key_frame: bool = False
 
 
 @dataclass
@@ -72,6 +81,8 @@ class WatchRecord:
     code: str = "stopped"
     detail: str = ""
     frames: int = 0
+    # "image" or "h264" (WatchScreenRequest.codec).
+    codec: str = "image"
 
 
 @dataclass
@@ -112,7 +123,7 @@ class ScreenLoad:
                 continue
             until = time.monotonic() + self.rng.uniform(3.0, 12.0)
             while not self._stopping.is_set() and time.monotonic() < until:
-                record = WatchRecord(task_id, time.time())
+                record = WatchRecord(task_id, time.time(), codec=self.rng.choice(CODECS))
                 self.watches.append(record)
                 await self._watch(record, until)
                 if record.code not in ("ABORTED", "FAILED_PRECONDITION", "UNAVAILABLE"):
@@ -133,9 +144,11 @@ class ScreenLoad:
 
     async def _watch(self, record: WatchRecord, until: float) -> None:
         fps = self.rng.choice([2, 5, 10])
-        call = self._stub.WatchScreen(
-            scheduler_pb2.WatchScreenRequest(task_id=record.task_id, max_fps=fps)
+        request = scheduler_pb2.WatchScreenRequest(
+            task_id=record.task_id, max_fps=fps, codec=record.codec
         )
+        call = self._stub.WatchScreen(request)
+        index = len(self.watches) - 1
         try:
             async with asyncio.timeout(max(0.1, until - time.monotonic())):
                 async for frame in call:
@@ -154,6 +167,9 @@ class ScreenLoad:
                             frame.captured_at_ms / 1000,
                             time.time(),
                             running,
+                            index,
+                            frame.mime,
+                            frame.key_frame,
                         )
                     )
             record.code = "OK"
@@ -209,10 +225,12 @@ def check(
             )
         if ended is not None:
             lateness = max(lateness, f.received_at - ended)
+    violations += _decodable(frames, stats)
     violations += _nothing_changed(ev, watches, submitted, stats)
     ends = Counter(w.code for w in watches)
     figures = {
         "watches": len(watches),
+        "stream_watches": sum(1 for w in watches if w.codec == "h264"),
         "tasks_watched": len({w.task_id for w in watches}),
         "frames": len(frames),
         "watches_by_end": dict(sorted(ends.items())),
@@ -223,6 +241,26 @@ def check(
         **{k: v for k, v in sorted(stats.items())},
     }
     return violations, figures
+
+
+def _decodable(frames: list[FrameSeen], stats: Counter[str]) -> list[tuple[str, dict[str, Any]]]:
+    """A viewer of the stream was sent a key frame first and after every gap."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    last: dict[int, int] = {}  # watch -> the seq of its last frame of the stream
+    for f in frames:
+        if f.mime != "video/h264":
+            continue
+        stats["frames of the stream"] += 1
+        before = last.get(f.watch)
+        last[f.watch] = f.seq
+        if before is not None and f.seq == before + 1:
+            continue
+        if before is not None:
+            stats["skips to a key frame"] += 1
+        if not f.key_frame:
+            where = {"task_id": f.task_id, "seq": f.seq, "after": before}
+            out.append(("a stream's viewer was sent a frame it cannot decode", where))
+    return out
 
 
 def _nothing_changed(

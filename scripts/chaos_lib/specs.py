@@ -4,7 +4,8 @@ Every spec ends with a step that touches the device, so "cancel just before the 
 has a boundary to aim at (screenshots and UI dumps among the actions: their files are
 uploaded as artifacts before each report); a few fail on purpose (a shell command exiting
 1), some take several lease renewals (a long wait), and step timings vary with random
-waits.
+waits. Half the shell actions install a package (and leave its file), for the clean after
+the lease to remove.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def _device_action(rng: random.Random) -> task_pb2.Action:
             return a(launch_app=task_pb2.LaunchApp(package="com.amc.simulated"))
         case "stop_app":
             return a(stop_app=task_pb2.StopApp(package="com.amc.simulated"))
+        case "shell" if rng.random() < 0.5:
+            # Leaves a package and a file for the clean after the lease to remove.
+            apk = f"/data/local/tmp/com.chaos.left{rng.randrange(5)}.apk"
+            return a(shell=task_pb2.Shell(command=f"touch {apk} && pm install -r {apk}"))
         case "shell":
             return a(shell=task_pb2.Shell(command=f"echo {rng.randrange(10**6)}"))
         case "ui_dump":

@@ -175,6 +175,8 @@ class ActionTail:
         for line in lines:
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
+                if record["action"] == "clean":  # a clean between leases, no task's
+                    continue
                 key = (host, record["serial"])
                 self.starts.setdefault(key, []).append(record["started_wall"])
 

@@ -17,6 +17,7 @@ from amc_common.systemd import Notifier
 from control_plane.config import Settings
 from control_plane.domain import Role
 from host_agent.agent import Agent
+from host_agent.clean_profile import CleanProfile, Profiles
 from host_agent.config import AgentSettings
 from host_agent.devices import DeviceSource
 from host_agent.worker import Finished
@@ -29,6 +30,11 @@ SHORT_TTL = Settings(
     watch_refresh=timedelta(seconds=1),
 )
 
+# Phones are not cleaned between leases here (the product's default cleans them): a test
+# of something else sees a phone offered again as soon as its lease ends, and no clean's
+# events or commands. The tests of cleaning (tests/test_cleaning*.py) turn it on.
+NO_CLEANING = Profiles(defaults=CleanProfile(enabled=False))
+
 TEST_SETTINGS = AgentSettings(
     host_id="host-1",
     drain_timeout=0.5,
@@ -36,6 +42,7 @@ TEST_SETTINGS = AgentSettings(
     acquire_wait=2.0,
     report_timeout=5.0,
     shell_timeout=10.0,
+    clean_profile=NO_CLEANING,
 )
 
 

@@ -57,6 +57,7 @@ function fillArtifact(id) {
 function fillBox(box, { url, sha256 }) {
   for (const link of box.querySelectorAll("a")) link.href = url;
   for (const img of box.querySelectorAll("img")) img.src = url;
+  for (const video of box.querySelectorAll("video")) video.src = url;
   if (sha256) {
     box.dataset.checked = sha256;
     box.querySelector(".checked").textContent = " ✓ checked";
@@ -68,13 +69,20 @@ function fillBox(box, { url, sha256 }) {
 export const keptFiles = (s) => (s.artifacts || []).filter((a) => !isRecording(a) && a.kind !== "logcat");
 
 export function artifactView(a) {
-  const image = (a.content_type || "").startsWith("image/");
-  const name = `${a.kind}-${a.artifact_id}.${image ? "png" : "xml"}`;
+  const type = a.content_type || "";
+  const image = type.startsWith("image/");
+  const video = type.startsWith("video/");
+  const name = `${a.kind}-${a.artifact_id}.${image ? "png" : video ? "mp4" : "xml"}`;
   const shown = image
     ? h("a", { class: "thumb", target: "_blank", title: "open full size" },
       h("img", { alt: `${a.kind} of step ${a.step_name || a.step_index}` }))
-    : h("span", {}, h("a", { class: "open", target: "_blank" }, `${a.kind} XML`), " · ",
-      h("a", { class: "save", download: name }, "save"));
+    : video
+      ? h("span", { class: "video" },
+        h("video", { class: "recording", controls: "", muted: "", playsinline: "", preload: "auto",
+          "aria-label": `${a.kind} of step ${a.step_name || a.step_index}` }),
+        h("a", { class: "save", download: name }, "save"))
+      : h("span", {}, h("a", { class: "open", target: "_blank" }, `${a.kind} XML`), " · ",
+        h("a", { class: "save", download: name }, "save"));
   const box = h("div", { class: "artifact", "data-artifact": a.artifact_id, "data-kind": a.kind },
     shown,
     h("div", { class: "artifact-facts" }, `${a.kind} · ${size(a.size_bytes)} · sha256 `,
@@ -87,12 +95,13 @@ export function artifactView(a) {
 
 // -- a task's screen recording ---------------------------------------------------------------
 
-// A task whose spec asks for it keeps a recording of its phone's screen, an animated PNG
-// the browser plays as an image, with its run's last step: the Task page shows it in a
+// A task whose spec asks for it keeps a recording of its phone's screen with its run's
+// last step, an MP4 of the phone's H.264 stream played in a <video>, or (a phone without a
+// stream) an animated PNG the browser plays as an image: the Task page shows it in a
 // section of its own (and not again among that step's kept files).
-const RECORDING_KIND = "screen_recording";
+const RECORDING_KINDS = new Set(["screen_recording", "screen_video"]);
 
-const isRecording = (a) => a.kind === RECORDING_KIND;
+const isRecording = (a) => RECORDING_KINDS.has(a.kind);
 
 export function recordingSection(task, steps) {
   if (!task.spec || !task.spec.record_screen) return [];

@@ -47,13 +47,33 @@ const REOPEN_FOR_MS = 60_000;
 const TRIED_AGAIN = new Set(["UNAVAILABLE", "FAILED_PRECONDITION"]);
 const REOPENED_ON_CLOSE = ["UNAVAILABLE", "ABORTED"];
 
+// The phone's H.264 stream is asked for where this browser decodes it (WebCodecs'
+// VideoDecoder: Chromium, Safari 16.4+, Firefox 130+; only on https or localhost, where a
+// page is a secure context), still images elsewhere, and once a decoder failed.
+const PROBE_CODEC = "avc1.42c01f";
+// A decoder this many frames behind watches again (from a key frame).
+const MOST_QUEUED = 30;
+let h264 = null;
+
+export function decodesH264() {
+  if (typeof VideoDecoder === "undefined") return Promise.resolve(false);
+  if (h264 === null) {
+    h264 = VideoDecoder.isConfigSupported({ codec: PROBE_CODEC, optimizeForLatency: true })
+      .then((answer) => answer.supported === true, () => false);
+  }
+  return h264;
+}
+
 // A phone's live screen on a canvas whose pixels are the phone's: a frame's header gives
 // the phone's width and height in its own pixels (the coordinates a tap takes), and its
-// image, whatever its own size, is drawn scaled to them. The newest frame wins and one is
-// decoded at a time, so a slow page skips frames instead of falling behind. `query` says
-// which phone (host_id and serial, or task_id).
+// picture, whatever its own size, is drawn scaled to them. Still images: the newest frame
+// wins and one is decoded at a time, so a slow page skips frames instead of falling
+// behind. The stream: every frame decoded in order, from a key frame on (one after a gap;
+// a decoder far behind watches again).
+// `query` says which phone (host_id and serial, or task_id).
 export class LiveScreen {
   constructor(query) {
+    this.query = query;
     this.path = `/api/screen?${query}`;
     this.canvas = h("canvas", { class: "screen", width: 360, height: 800, "aria-label": "live screen" });
     this.state = h("div", { class: "screen-state muted" }, "connecting…");
@@ -66,10 +86,27 @@ export class LiveScreen {
     this.lostAt = null;
     this.tries = 0;
     this.timer = null;
+    // The stream's decoder, what it was set up for, and the headers of the frames in it.
+    this.decoder = null;
+    // Why the stream is not watched (its decoder failed), or false.
+    this.noVideo = false;
+    this.headers = new Map();
+    this.lastSeq = null;
+    this.awaitKey = true;
   }
 
   start() {
-    const socket = openSocket(this.path);
+    decodesH264().then((yes) => {
+      if (!this.stopped) this.open(yes && !this.noVideo ? "h264" : "image");
+    });
+  }
+
+  open(codec) {
+    this.closeDecoder();
+    // The stream at 30 frames a second unless asked otherwise: its frames between changes
+    // are a few hundred bytes, and a tap shows sooner.
+    const fps = codec === "h264" && !this.path.includes("max_fps=") ? "&max_fps=30" : "";
+    const socket = openSocket(`${this.path}&codec=${codec}${fps}`);
     socket.binaryType = "arraybuffer";
     let opened = false;
     socket.onopen = () => {
@@ -80,7 +117,8 @@ export class LiveScreen {
     };
     socket.onmessage = (event) => this.take(event.data);
     socket.onclose = async (event) => {
-      if (this.stopped) return;
+      if (this.stopped || this.socket !== socket) return;
+      this.closeDecoder(); // no late picture of this watch over what is said next
       if (!opened) {
         const err = await refusalOf(this.path, "the live screen could not be opened");
         const why = `${err.code}: ${err.message}`;
@@ -112,6 +150,7 @@ export class LiveScreen {
   stop() {
     this.stopped = true;
     clearTimeout(this.timer);
+    this.closeDecoder();
     if (this.socket) this.socket.close(1000);
   }
 
@@ -120,13 +159,102 @@ export class LiveScreen {
     this.state.textContent = text;
   }
 
-  // A message: 4 bytes of header length (big-endian), the JSON header, the image.
+  // A message: 4 bytes of header length (big-endian), the JSON header, the image or the
+  // stream's frame.
   take(data) {
     if (!(data instanceof ArrayBuffer) || data.byteLength < 4) return;
     const length = new DataView(data).getUint32(0);
     const header = JSON.parse(new TextDecoder().decode(new Uint8Array(data, 4, length)));
+    if (header.mime === "video/h264") {
+      this.decodeVideo(header, new Uint8Array(data, 4 + length));
+      return;
+    }
     this.pending = { header, image: new Blob([new Uint8Array(data, 4 + length)], { type: header.mime }) };
     if (!this.drawing) this.draw();
+  }
+
+  // -- the stream (WebCodecs) --------------------------------------------------------------
+
+  decodeVideo(header, bytes) {
+    const params = header.video;
+    if (params && (!this.decoder || this.decoder.codec !== params.codec)) {
+      this.closeDecoder();
+      const decoder = new VideoDecoder({
+        output: (picture) => this.show(picture),
+        error: (err) => this.videoFailed(err),
+      });
+      decoder.configure({
+        codec: params.codec, codedWidth: params.coded_width, codedHeight: params.coded_height,
+        optimizeForLatency: true,
+      });
+      this.decoder = { decoder, codec: params.codec };
+    }
+    const gap = this.lastSeq !== null && header.seq !== this.lastSeq + 1;
+    this.lastSeq = header.seq;
+    if (!this.decoder || this.decoder.decoder.state !== "configured") return;
+    if (this.decoder.decoder.decodeQueueSize > MOST_QUEUED) {
+      // Far behind: a new watch starts at a key frame (the host is asked for one).
+      this.watchAgain();
+      return;
+    }
+    if (gap) this.awaitKey = true;
+    if (this.awaitKey && !header.key_frame) return;
+    this.awaitKey = false;
+    this.headers.set(header.pts_us, header);
+    this.decoder.decoder.decode(new EncodedVideoChunk({
+      type: header.key_frame ? "key" : "delta", timestamp: header.pts_us, data: bytes,
+    }));
+  }
+
+  // A decoded picture, drawn at the phone's size.
+  show(picture) {
+    const header = this.headers.get(picture.timestamp);
+    for (const at of this.headers.keys()) {
+      if (at > picture.timestamp) break;
+      this.headers.delete(at);
+    }
+    if (header && !this.stopped) {
+      this.paint(picture, header);
+      this.canvas.dataset.codec = "h264";
+    }
+    picture.close();
+  }
+
+  watchAgain() {
+    const socket = this.socket;
+    this.socket = null;
+    if (socket) socket.close(1000);
+    this.open("h264");
+  }
+
+  videoFailed(err) {
+    this.closeDecoder();
+    if (this.stopped) return;
+    this.noVideo = `H.264 could not be decoded here (${err.message})`;
+    this.say(`the H.264 stream could not be decoded (${err.message}): still images instead`, true);
+    if (this.socket) this.socket.close(1000);
+    this.socket = null;
+    this.open("image");
+  }
+
+  closeDecoder() {
+    if (this.decoder && this.decoder.decoder.state !== "closed") this.decoder.decoder.close();
+    this.decoder = null;
+    this.headers.clear();
+    this.lastSeq = null;
+    this.awaitKey = true;
+  }
+
+  // A picture (an ImageBitmap or a VideoFrame) on the canvas, at the phone's size.
+  paint(picture, header) {
+    if (this.canvas.width !== header.width) this.canvas.width = header.width;
+    if (this.canvas.height !== header.height) this.canvas.height = header.height;
+    this.canvas.getContext("2d").drawImage(picture, 0, 0, header.width, header.height);
+    this.canvas.dataset.seq = header.seq;
+    this.canvas.dataset.phone = `${header.host_id}/${header.serial}`;
+    const kind = header.mime === "video/h264" ? " · H.264" : "";
+    const fallback = this.noVideo ? ` · still images: ${this.noVideo}` : "";
+    this.say(`frame ${header.seq} · ${header.width} × ${header.height} · captured ${when(new Date(header.captured_at_ms).toISOString())}${kind}${fallback}`);
   }
 
   async draw() {
@@ -136,13 +264,9 @@ export class LiveScreen {
       this.pending = null;
       try {
         const bitmap = await createImageBitmap(image);
-        if (this.canvas.width !== header.width) this.canvas.width = header.width;
-        if (this.canvas.height !== header.height) this.canvas.height = header.height;
-        this.canvas.getContext("2d").drawImage(bitmap, 0, 0, header.width, header.height);
+        this.paint(bitmap, header);
+        this.canvas.dataset.codec = "image";
         bitmap.close();
-        this.canvas.dataset.seq = header.seq;
-        this.canvas.dataset.phone = `${header.host_id}/${header.serial}`;
-        this.say(`frame ${header.seq} · ${header.width} × ${header.height} · captured ${when(new Date(header.captured_at_ms).toISOString())}`);
       } catch (err) {
         this.say(`a frame could not be shown: ${err.message}`, true);
       }

@@ -18,6 +18,8 @@ followed by four hex digits and a message. Supported requests:
 * ``sync:`` (after a transport) → ``OKAY``, then the sync protocol (tests.support.fakes.sync:
   STAT, SEND, RECV, QUIT) on the phone's files
 * ``reboot:`` (after a transport) → ``OKAY``, the phone boots for its `boot_time`, close
+* ``localabstract:<name>`` (after a transport): a socket of the phone's, served by a phone
+  that has them (tests.support.fakes.scrcpy_server.ScrcpyPhone), refused otherwise
 * ``host-serial:<serial>:reconnect`` → ``OKAY`` + ``"reconnecting <serial> [device]\n"``
   (counted in `reconnects`), or ``OKAY`` + why not (as adb answers), then close
 
@@ -232,6 +234,10 @@ class FakeAdbServer:
             else:
                 self.reconnects[serial] = self.reconnects.get(serial, 0) + 1
                 await self._okay_with_data(conn, f"reconnecting {serial} [{state}]\n")
+        elif payload.startswith("localabstract:") and (
+            serve := getattr(self._phones.get(conn.record.serial or ""), "serve", None)
+        ):
+            await serve(payload, conn.reader, conn.writer)
         elif payload == "reboot:" and conn.record.serial in self._phones:
             # adb answers OKAY and the phone restarts (it stays listed here, booting).
             self._phones[conn.record.serial].reboot()

@@ -1,6 +1,7 @@
-"""What was done on simulated phones (host_agent.simulated): one record per action, kept
-in memory and, when a path is given, appended to a JSON-lines file as it ends, so a test
-can check from outside that two attempts never drove the same phone at the same time."""
+"""The action log of simulated phones: each action they were asked for (a clean's commands
+as `clean` actions), kept in memory and appended as one JSON line to a file that several
+processes may share, so a test or a chaos run can tell from outside what drove which phone
+when."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ActionRecord:
+    """One action a simulated phone was asked for, when and how it ended."""
+
     serial: str
     action: str
     args: dict[str, Any]
@@ -28,11 +31,15 @@ class ActionRecord:
 
 @dataclass
 class Recorder:
+    """The actions (and, apart, a clean's commands) in memory, each also appended to the
+    action log file when there is one."""
+
     log_path: Path | None
     records: list[ActionRecord] = field(default_factory=list)
+    cleans: list[ActionRecord] = field(default_factory=list)
 
     def add(self, record: ActionRecord) -> None:
-        self.records.append(record)
+        (self.cleans if record.action == "clean" else self.records).append(record)
         if self.log_path is not None:
             # Open, write, close per line: several sources (processes) may share the file.
             with self.log_path.open("a", encoding="utf-8") as log:
