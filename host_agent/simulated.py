@@ -350,6 +350,7 @@ class SimulatedDevice:
         if not self._source.is_plugged(self.serial):
             raise DeviceLost(f"device lost: {self.serial} is not attached")
         return self._source.logs[self.serial]
+
     async def open_video(self, fps: VideoFps) -> VideoStream:
         """Its live frames as H.264 (host_agent.simulated_video), drawn at `fps()`."""
         return simulated_video.open_stream(self._source, self.serial, fps)

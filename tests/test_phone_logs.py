@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import grpc
 import pytest
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_client import Farm as Library
 from amc_common import logcat
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
@@ -214,6 +217,7 @@ BAD = grpc.StatusCode.INVALID_ARGUMENT
     ("fields", "code", "words"),
     [
         ({"task_id": "nope"}, grpc.StatusCode.INVALID_ARGUMENT, "task_id"),
+        ({"task_id": str(uuid.UUID(int=7))}, grpc.StatusCode.NOT_FOUND, "not found"),
         (
             {"min_level": "loud"},
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -356,3 +360,40 @@ async def test_a_report_with_too_many_warnings_on_a_step_is_refused_naming_it(
     await host.c.lease.ReportResult(report(20))
     steps = (await get(client, task_id)).result.steps
     assert list(steps[0].warnings) == [f"w{i}" for i in range(20)]
+
+
+async def test_the_client_library_follows_a_sessions_log_and_refuses_bad_input(
+    farm: Farm,
+) -> None:
+    """THEN amc_client's `Farm.logs(follow=True)` of a session gets its lines as the phone
+    writes them (the crash an action caused, each action's marks) and ends when the session
+    closes; `level="E"` afterwards keeps the crash and the marks only; a bad level is
+    INVALID_ARGUMENT naming it and a task that does not exist NOT_FOUND."""
+    token = await farm.token(Role.CLIENT)
+    async with (
+        running_agent(farm, SimulatedSource(1)),
+        Library(farm.address, token=token) as library,
+    ):
+        async with library.session() as phone:
+            following = asyncio.ensure_future(_lines(library.logs(phone.task_id, follow=True)))
+            await phone.launch_app(APP)
+            await phone.shell(f"am crash {APP}")
+            await phone.tap(5, 6)
+        seen = await asyncio.wait_for(following, 30)
+        errors = await _lines(library.logs(phone.task_id, level="E"))
+        with pytest.raises(grpc.aio.AioRpcError) as bad_level:
+            await _lines(library.logs(phone.task_id, level="loud"))
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await _lines(library.logs(str(uuid.UUID(int=7))))
+    assert any("FATAL EXCEPTION" in x for x in seen)
+    assert any("step 3 'tap' ended: ok" in x for x in seen)
+    entries = [e for x in errors if (e := logcat.parse(x))]
+    assert {e.level for e in entries if e.tag != logcat.MARK_TAG} <= {"E", "F"}
+    assert any("FATAL EXCEPTION" in x for x in errors) and len(errors) < len(seen)
+    assert bad_level.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "min_level: 'loud' is not a log priority" in (bad_level.value.details() or "")
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def _lines(lines: AsyncIterator[str]) -> list[str]:
+    return [x async for x in lines]
