@@ -51,6 +51,9 @@ STEP_SETTLE = 1.0
 SETTLE = 2.0
 # Lines kept in memory for a live tail's start.
 RECENT = 1000
+# A line longer than this (bytes) is cut there, the rest a line of its own: logd's own
+# lines are at most about 4 KB, and what a phone sends with no newline is held within it.
+MAX_LINE = 8 * 1024
 MAX_WARNINGS = 10
 # Told of the lines read: the number of the first (lines count from 1) and the lines.
 Listener = Callable[[int, list[str]], None]
@@ -138,13 +141,16 @@ class Capture:
             async for chunk in self._device.follow_log():
                 lines = (partial + chunk).split(b"\n")
                 partial = lines.pop()
-                self._take([x.rstrip(b"\r").decode("utf-8", "replace") for x in lines])
+                if len(partial) >= MAX_LINE:
+                    lines.append(partial)
+                    partial = b""
+                self._take([_text(cut) for x in lines for cut in _cut(x)])
         except DeviceError as exc:
             log.info("phone log ended", device=self._serial, error=str(exc))
         except Exception:
             log.exception("phone log reader failed", device=self._serial)
         if partial:
-            self._take([partial.decode("utf-8", "replace")])
+            self._take([_text(partial)])
         for waiter in self._awaited.values():
             if not waiter.done():
                 waiter.set_result(None)
@@ -242,3 +248,14 @@ def capture_for(device: object, serial: str, max_bytes: int) -> Capture | None:
     if max_bytes <= 0 or not isinstance(device, PhoneLogs):
         return None
     return Capture(device, serial, max_bytes)
+
+
+def _cut(line: bytes) -> list[bytes]:
+    """A line read, in pieces of MAX_LINE bytes at most."""
+    if len(line) <= MAX_LINE:
+        return [line]
+    return [line[i : i + MAX_LINE] for i in range(0, len(line), MAX_LINE)]
+
+
+def _text(line: bytes) -> str:
+    return line.rstrip(b"\r").decode("utf-8", "replace")

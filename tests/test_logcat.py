@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import random
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -19,7 +20,7 @@ from control_plane.log_hosts import Gunzip
 from control_plane.log_tails import Tails
 from host_agent.devices import DeviceLost
 from host_agent.log_store import BLOCK, LogStore
-from host_agent.logcat import MAX_WARNINGS, Capture, capture_for
+from host_agent.logcat import MAX_LINE, MAX_WARNINGS, Capture, capture_for
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.simulated import SimulatedSource
 from host_agent.simulated_logcat import PhoneLog
@@ -235,6 +236,37 @@ async def test_a_phone_that_goes_mid_run_gets_its_marks_written_by_the_host() ->
     assert entry is not None and entry.pid == 0
     with pytest.raises(DeviceLost):
         await source.device("sim-0").mark_log("amc", "x", 1.0)
+
+
+class EndlessLine:
+    """A phone whose log sends bytes with no newline in 1 KB chunks, then one short line."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    async def clear_log(self, timeout: float) -> None:
+        pass
+
+    async def follow_log(self) -> AsyncIterator[bytes]:
+        for _ in range(self.size // 1024):
+            yield b"x" * 1024
+        yield b"\nshort\n"
+
+    async def mark_log(self, tag: str, message: str, timeout: float) -> None:
+        raise DeviceLost("no marks here")
+
+
+async def test_a_line_with_no_end_is_cut_so_the_reader_holds_at_most_max_line() -> None:
+    """THEN 100 KB with no newline is read as lines of MAX_LINE bytes at most, nothing of
+    it lost, and the line after it is read as it is."""
+    capture = capture_for(EndlessLine(100 * 1024), "endless", 1 << 20)
+    assert capture is not None
+    await capture.start()
+    await eventually(lambda: capture.recent and capture.recent[-1] == "short", what="the end")
+    cut = list(capture.recent)[:-1]
+    assert max(len(x) for x in cut) <= MAX_LINE
+    assert sum(len(x) for x in cut) == 100 * 1024
+    capture.close()
 
 
 def test_a_device_without_a_log_or_a_bound_of_0_is_not_captured() -> None:
