@@ -1,11 +1,16 @@
 """The Task page's Log tab in a real browser (Playwright on the system's Chromium), against
 a real control plane and a real host agent on simulated phones: a finished task's kept
 log with its step marks and its crash standing out, filtered by priority and tag; a
-running task's log followed live; another team's task refused."""
+running task's log followed live; another team's task refused; and the route under the
+tab refusing bad input with the gRPC code and message."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
+
+import aiohttp
+import pytest
 
 from amc_common import logcat
 from control_plane.admin_service import create_token
@@ -13,6 +18,7 @@ from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, tap, wait_action
 from tests.support.agent import finished, running_agent, status_is, submit
+from tests.support.console import console_url
 from tests.test_console import SEEN, browser, farm, open_page, pytestmark
 from tests.test_phone_logs import crashing_spec, launch
 
@@ -100,3 +106,36 @@ async def test_another_teams_task_log_is_refused_in_the_tab(farm: Farm, browser:
     await state.wait_for()
     assert "only its team and operators may read its phone's log" in await state.inner_text()
     assert await shown(page) == []
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "code", "words"),
+    [
+        ("?level=loud", 400, "INVALID_ARGUMENT", "min_level: 'loud' is not a log priority"),
+        ("?tag=a:b", 400, "INVALID_ARGUMENT", "tags: 'a:b' is not a log tag"),
+        ("?attempt=x", 400, "INVALID_ARGUMENT", "attempt: must be 0 (the latest) or more"),
+        ("?attempt=3", 404, "NOT_FOUND", "has no attempt 3"),
+        ("", 409, "FAILED_PRECONDITION", "has not run yet"),
+    ],
+)
+async def test_the_log_route_refuses_bad_input_with_the_grpc_code_and_message(
+    farm: Farm, query: str, status: int, code: str, words: str
+) -> None:
+    """THEN `GET /api/logs/<task>` answers a bad filter or attempt, an attempt the task
+    never had and a queued task's log as StreamLogs does (its code, its one-line message,
+    the matching HTTP status), a task that does not exist NOT_FOUND, and changes nothing."""
+    token = await farm.token(Role.OPERATOR)
+    queued = await submit(await farm.client(), actions_spec(tap()))
+    before = await farm.snapshot()
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        url = console_url(farm, f"/api/logs/{queued}{query}")
+        async with http.get(url, headers=headers) as response:
+            got, answer = response.status, await response.json()
+        unknown = console_url(farm, f"/api/logs/{uuid.UUID(int=7)}")
+        async with http.get(unknown, headers=headers) as response:
+            missing = response.status, (await response.json())["code"]
+    assert (got, answer["code"]) == (status, code), answer
+    assert words in answer["message"] and "\n" not in answer["message"]
+    assert missing == (404, "NOT_FOUND")
+    assert await farm.snapshot() == before

@@ -15,11 +15,11 @@ is there for the next), against a farm the test provides (`address` stands in fo
   line after what differs from run to run is made alike: ids (by order of first
   appearance, so an id used again in a later command, of this block or a later one,
   stands for the same task), times, step durations, digests, a phone log's size, and the
-  widths of table rules and padding. A live follow's progress lines (a time and `queued`, `assigned` or
-  `dispatched`; a step of the running task, done or running) come as fast as the farm
-  moves, so one the document shows may be missing from a run, and the `waiting:` reason of
-  a queued line is of its moment; every other line the run printed must be the document's,
-  in its order.
+  widths of table rules and padding. A live follow's progress lines (a time and `queued`,
+  `assigned` or `dispatched`; a step of the running task, done or running) come as fast as
+  the farm moves, so one the document shows may be missing from a run, and the `waiting:`
+  reason of a queued line is of its moment; every other line the run printed must be the
+  document's, in its order.
 """
 
 from __future__ import annotations
