@@ -19,7 +19,6 @@ whether the phone is still there to tell `DeviceLost` from a dropped connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import shlex
 import uuid
@@ -30,6 +29,7 @@ from pathlib import Path
 import structlog
 
 from host_agent import adb_files
+from host_agent.adb_logcat import AdbPhoneLog
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
 from host_agent.baselines import Baselines
 from host_agent.clean_profile import CleanProfile
@@ -165,7 +165,7 @@ def _raise_if_reported(command: str, output: str, needles: tuple[str, ...]) -> N
 # -- the driver ----------------------------------------------------------------------------
 
 
-class AdbDevice:
+class AdbDevice(AdbPhoneLog):
     """One phone behind the adb server. Each call opens its own connection."""
 
     def __init__(
@@ -281,30 +281,6 @@ class AdbDevice:
     async def pull(self, remote: str, limit: int, timeout: float) -> bytes:
         async with guard(self.serial, f"pull of {remote}", timeout):
             return await adb_files.pull(self._client, self.serial, remote, limit)
-
-    # -- its log (host_agent.devices.PhoneLogs) -----------------------------------------
-
-    async def clear_log(self, timeout: float) -> None:
-        await self._logged("logcat -c", timeout)
-
-    async def follow_log(self) -> AsyncIterator[bytes]:
-        """`logcat -v threadtime` on a connection of its own, read until it ends (the phone
-        gone) or the caller stops reading (the connection is closed: logcat ends)."""
-        async with contextlib.AsyncExitStack() as stack:
-            async with guard(self.serial, "logcat", self._call_timeout):
-                phone = await stack.enter_async_context(device_session(self._client, self.serial))
-                await phone.request("shell:logcat -v threadtime")
-            while chunk := await phone.read_some():
-                yield chunk
-
-    async def mark_log(self, tag: str, message: str, timeout: float) -> None:
-        await self._logged(f"log -p i -t {shlex.quote(tag)} {shlex.quote(message)}", timeout)
-
-    async def _logged(self, command: str, timeout: float) -> None:
-        async with guard(self.serial, f"`{command}`", timeout):
-            code, raw = await self._run("shell", command)
-        if code != 0:
-            raise CommandFailed(f"`{command}` exited {code}: {raw[:200]!r}")
 
     # -- internals ---------------------------------------------------------------------
 

@@ -100,17 +100,16 @@ class Agent:
         self._log = log.bind(host_id=settings.host_id)
         self._registration = Registration(settings, source, self._stub, self._registered, self._log)
         self.keeper: LeaseKeeper | None = None
-        # The live screens and the live tails of the runs' logs (set once registered).
+        # The live screens (set once registered).
         self.screens: Screencaster | None = None
-        self.logs = LogFeed(
-            self._stub, settings.host_id, settings.log_linger, lambda k: k in self._running.values()
-        )
         self.finished: deque[Finished] = deque(maxlen=FINISHED_KEPT)
         self.registered = asyncio.Event()
         self._busy: dict[str, asyncio.Task[None]] = {}
         # The task attempt each busy phone runs (serial -> (task_id, attempt)): said with
         # each of its screen frames, and cleared before the phone is offered again.
         self._running: dict[str, tuple[str, int]] = {}
+        # The live tails of the runs' logs (host_agent.log_feed).
+        self.logs = LogFeed(self._stub, settings.host_id, settings.log_linger, self._running)
         # The lease of each busy phone's task (its token stops it for the ladder).
         self._leases: dict[str, HeldLease] = {}
         # Every phone a registration of this process listed: the control plane's record
@@ -182,7 +181,7 @@ class Agent:
             on_screen=self.screens.want,
             on_logs=self.logs.want,
             channel=self._channel,
-            may_move=self._calls_closed,
+            may_move=(self.screens.closed, self.logs.closed),
         )
         cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
         self._tools = Tools(
@@ -221,10 +220,6 @@ class Agent:
             await self.recovery.close()
             await self._final.wait()
         self._log.info("host agent stopped")
-
-    async def _calls_closed(self) -> None:
-        assert self.screens is not None
-        await asyncio.gather(self.screens.closed(), self.logs.closed())
 
     def _drain_from_centre(self, drain: bool) -> None:
         if drain == self.drained_by_centre:

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -74,13 +74,13 @@ class LeaseKeeper:
         on_screen: Callable[[], None] | None = None,
         on_logs: Callable[[], None] | None = None,
         channel: grpc.aio.Channel | None = None,
-        may_move: Callable[[], Awaitable[None]] | None = None,
+        may_move: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
         self._stub = stub
         # The stub's channel: when the connection under the stream is left (the control
         # plane's replica aged it out), the stream moves to the channel's next connection,
-        # once `may_move` returns (the live screens' and logs' calls, open on the old one too,
-        # have ended: the stream and the calls stay on one replica).
+        # once each of `may_move` returns (the live screens' and logs' calls, open on the old
+        # one too, have ended: the stream and the calls stay on one replica).
         self._channel = channel
         self._may_move = may_move
         # Told of the control plane's drain (True) or its end (False); False also when a
@@ -211,8 +211,7 @@ class LeaseKeeper:
         """Returns when the stream should move: its connection is going away, and
         `may_move` allows it."""
         await _connection_left(self._channel)
-        if self._may_move is not None:
-            await self._may_move()
+        await asyncio.gather(*(may_move() for may_move in self._may_move))
 
     async def _send_every_interval(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
         # A wake-up (a new lease) sends only the leases still waiting for their first

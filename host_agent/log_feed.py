@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -64,7 +64,7 @@ class LogFeed:
         stub: lease_pb2_grpc.LeaseStub,
         host_id: str,
         linger: float = LOG_LINGER,
-        running: Callable[[Key], bool] = lambda _key: False,
+        running: Mapping[str, Key] | None = None,
     ) -> None:
         self._stub = stub
         self._host_id = host_id
@@ -73,8 +73,9 @@ class LogFeed:
         self._closed = asyncio.Event()
         self._closed.set()
         self.calling = False
-        # Whether the agent runs the attempt (its capture may not be attached yet).
-        self._running = running
+        # The attempt each busy phone runs (serial -> key): an attempt there may not have
+        # its capture attached yet.
+        self._running: Mapping[str, Key] = running if running is not None else {}
         self._captures: dict[Key, Capture | None] = {}
         self._followed: set[Key] = set()
         self._outbox: dict[Key, _Pending] = {}
@@ -135,7 +136,7 @@ class LogFeed:
                 "this host keeps no log of this phone (--logcat-max-bytes 0, or none to read)"
             )
             self._outbox[key] = _Pending(1, [note], backlog=1, ended=True)
-        elif self._running(key):
+        elif key in self._running.values():
             self._outbox[key] = _Pending(1)
         else:
             self._outbox[key] = _Pending(1, ended=True)

@@ -11,15 +11,14 @@
   messages); the answer is the response message in proto JSON, with `<field>_text` beside
   each DeviceSelector (the control plane's text of it: the page formats no selector), or
   `{"code", "message"}` with the HTTP status of the gRPC code.
-- `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes (a screenshot's PNG, a
-  ui_dump's XML), read through the servicer's own GetArtifact (the same roles and errors),
-  with its content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent.
+- `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes, through the servicer's
+  own GetArtifact, its SHA-256 checked as it is sent (control_plane.console.artifacts).
 - `POST /api/library/apps` (and `/files`): the Apps page's upload, the file's bytes as the
   body, streamed into the servicer's own UploadApp (control_plane.console.library).
 - `GET /api/control?host_id=H&serial=S`: a WebSocket driving one idle phone in an
   interactive session, for operators (control_plane.console.control); `/control` its page.
-- `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live
-  screen, one binary message per frame (control_plane.console.screen: the layout).
+- `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live screen, one
+  binary message per frame (control_plane.console.screen: the layout).
 - `GET /api/logs/<task_id>`: a task's phone log as JSON lines (control_plane.console.logs).
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed
@@ -28,12 +27,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import ssl
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import structlog
@@ -42,12 +40,11 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from amc.v1 import scheduler_pb2
 from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
-from control_plane.console import library, logs, screen
+from control_plane.console import artifacts, library, logs, screen
 from control_plane.console.calls import (
     CallContext,
     Refused,
@@ -106,8 +103,6 @@ HTTP_STATUS = {
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 # Screenshots and recordings are fetched with the token and shown from blob: URLs.
 BLOBS = "img-src 'self' blob:; media-src 'self' blob:;"
-# A kept file's name when saved, by its content type.
-EXTENSIONS = {"image/png": "png", "image/apng": "png", "video/mp4": "mp4", "application/xml": "xml"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": f"default-src 'self'; {BLOBS} frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -166,7 +161,8 @@ class Console:
         app.router.add_get("/static/{name}", self.asset)
         app.router.add_post("/api/library/{what}", self.upload)
         app.router.add_post("/api/{service}/{method}", self.call)
-        app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
+        kept = artifacts.route(self.scheduler, _refusal, SECURITY_HEADERS)
+        app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", kept)
         app.router.add_get("/api/events", self.events)
         app.router.add_get("/api/screen", self.screen)
         app.router.add_get("/api/logs/{task_id}", logs.route(self.scheduler, _refusal))
@@ -277,57 +273,6 @@ class Console:
             return _refusal(exc.code, exc.message)
         return web.json_response(_selector_texts(answer, _to_json(answer)))
 
-    async def artifact(self, request: web.Request) -> web.StreamResponse:
-        """The artifact's bytes as the servicer's GetArtifact streams them: refusals (no
-        token, a role that may not, a malformed id, NOT_FOUND) come before the first byte
-        and are answered like the API's; the SHA-256 is checked before the last chunk goes
-        out, and a mismatch cuts the connection, so a browser never takes a wrong file
-        as whole."""
-        get = scheduler_pb2.GetArtifactRequest(
-            task_id=request.match_info["task_id"], artifact_id=request.match_info["artifact_id"]
-        )
-        # The servicer's own stream (@rpc: the same auth and errors), with the console's
-        # context in place of grpc.aio's; an async generator, closed below.
-        context: Any = CallContext(request.headers.get("Authorization"))
-        messages = cast(
-            AsyncGenerator[scheduler_pb2.GetArtifactResponse, None],
-            self.scheduler.GetArtifact(get, context),
-        )
-        try:
-            artifact = (await anext(messages)).artifact
-        except Refused as exc:
-            return _refusal(exc.code, exc.message)
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": artifact.content_type or "application/octet-stream",
-                "Content-Disposition": f'inline; filename="{_file_name(artifact)}"',
-                "X-Amc-Sha256": artifact.sha256,
-                "Cache-Control": "no-store",
-                **SECURITY_HEADERS,
-            }
-        )
-        response.content_length = artifact.size_bytes
-        digest = hashlib.sha256()
-        held = b""
-        try:
-            await response.prepare(request)
-            async for message in messages:
-                if held:
-                    await response.write(held)
-                held = message.chunk
-                digest.update(held)
-        except (Refused, ConnectionError) as exc:
-            log.warning("artifact not sent whole", artifact_id=artifact.artifact_id, error=str(exc))
-            return _cut(request, response)
-        finally:
-            await messages.aclose()
-        if digest.hexdigest() != artifact.sha256:
-            log.error("artifact bytes do not match their sha256", artifact_id=artifact.artifact_id)
-            return _cut(request, response)
-        await response.write(held)
-        await response.write_eof()
-        return response
-
     async def control(self, request: web.Request) -> web.StreamResponse:
         """A refusal before the socket opens is answered like the API's."""
         if (origin := foreign_origin(request, self.origins)) is not None:
@@ -354,19 +299,6 @@ class Console:
         # Host ids are for those who may see the farm.
         hosts = who.role in (None, Role.OPERATOR)
         return await self._events.serve(request, hosts=hosts, headers=SECURITY_HEADERS)
-
-
-def _file_name(artifact: Any) -> str:
-    extension = EXTENSIONS.get(artifact.content_type, "bin")
-    return f"{artifact.kind}-{artifact.artifact_id}.{extension}"
-
-
-def _cut(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
-    """End a response whose head is sent but whose body cannot be completed: close the
-    connection short of its Content-Length, which the browser sees as a failed fetch."""
-    if request.transport is not None:
-        request.transport.abort()
-    return response
 
 
 def _selector_texts(message: Message, document: dict[str, Any]) -> dict[str, Any]:
