@@ -16,7 +16,7 @@ BUF := $(VENV)/bin/buf
 # no cycles. Not the `suspicious` or style categories: on this code they flag taste
 # (`on<event>` handlers, helpers nested where they are used) or misread an async loop.
 
-.PHONY: help setup tools protos run test lint dist bench chaos soak fuzz clean
+.PHONY: help setup tools protos run test lint dist bench chaos soak fuzz api-docs clean
 
 help:
 	@echo "make run    - embedded PostgreSQL + control plane + a host agent (local farm)"
@@ -30,6 +30,7 @@ help:
 	@echo "make chaos  - DURATION s (180) of random faults on 3 agents + HOSTS (60) fleet hosts; 12 invariants"
 	@echo "make soak   - chaos at 500 fleet hosts for 30 min (DURATION=); RSS and pickup p99 per 5 min"
 	@echo "make fuzz   - 100,000 fuzzed requests across every RPC"
+	@echo "make api-docs - the client library's API pages (docs/api/) from its docstrings, by pdoc"
 	@echo "make clean  - remove the virtualenv, the generated code and the build output"
 	@echo "make help   - this list"
 
@@ -95,6 +96,9 @@ SOAK_DURATION ?= 1800
 SOAK_HOSTS ?= 500
 soak: setup
 	$(PY) scripts/chaos.py --duration $(if $(filter command line,$(origin DURATION)),$(DURATION),$(SOAK_DURATION)) --hosts $(SOAK_HOSTS) --hosts-per-proc 50 --lease-ttl 15 --fault-gap 10,30 --soak-window 300 --max-connection-age 300 --output soak-results.json $(ARGS)
+
+api-docs: setup
+	$(PY) scripts/api_docs.py
 
 clean:
 	rm -rf $(VENV) amc .pytest_cache build dist *.egg-info

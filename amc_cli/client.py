@@ -33,6 +33,7 @@ from tenacity import (
 from amc.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_cli import diagnose
 from amc_cli.errors import BadInput, rpc_failed
+from amc_common import unreachable
 from amc_common.channel import CHANNEL_OPTIONS
 
 R = TypeVar("R")
@@ -96,30 +97,6 @@ def _unavailable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
 
 
-# Why a connection could not be made, by what gRPC's details say (lower case), in words
-# that stay the same from one try to the next.
-_CONNECT_FAILURES = (
-    ("connection refused", "connection refused"),
-    ("socket closed", "connections closed as they open"),
-    ("reset by peer", "connections closed as they open"),
-    ("http/2", "it does not speak gRPC"),
-    ("handshake", "the TLS handshake failed"),
-    ("ssl", "the TLS handshake failed"),
-    ("timed out", "connecting timed out"),
-    ("timeout", "connecting timed out"),
-    ("dns", "the name does not resolve"),
-)
-
-
-def _state(exc: BaseException | None) -> str:
-    """What is wrong: why no connection could be made, or what the control plane said."""
-    details = " ".join((exc.details() or "").split()) if isinstance(exc, grpc.Call) else ""
-    low = details.lower()
-    if "failed to connect" in low:
-        return next((words for key, words in _CONNECT_FAILURES if key in low), "cannot connect")
-    return details or "unavailable"
-
-
 class Client:
     def __init__(self, target: Target, on_retry: Callable[[str], None] | None = None) -> None:
         self.target = target
@@ -162,7 +139,7 @@ class Client:
         told: list[str] = []
 
         def before_sleep(attempt: RetryCallState) -> None:
-            state = _state(attempt.outcome.exception() if attempt.outcome else None)
+            state = unreachable.state(attempt.outcome.exception() if attempt.outcome else None)
             if told and told[-1] == state:
                 return
             again = "still unavailable" if told else "unavailable"

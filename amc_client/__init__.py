@@ -11,20 +11,25 @@
         done = await farm.wait(task.task_id)
 
 Modules:
-    farm        Farm: the connection, submit / get / wait / watch / cancel, session()
-    opening     opening a session: told why it waits, bounded by its queue timeout
-    phone       Phone: one interactive session's actions (Scheduler.OpenSession)
-    actions     builders of the amc.v1.Action messages, checked with the action table
-    errors      the exceptions it raises
-    retry       which errors are tried again, and how
-    mcp_server  an MCP server lending a phone to AI agents (needs the `mcp` extra), with
-                mcp_tools (its tools), mcp_lender (its one session), mcp_text (what it says)
+
+- `farm`: `Farm`, the connection: submit / get / wait / watch / cancel, session()
+- `opening`: opening a session, told why it waits, bounded by its queue timeout
+- `phone`: `Phone`, one interactive session's actions (Scheduler.OpenSession)
+- `actions`: builders of the amc.v1.Action messages, checked with the action table
+- `errors`: the exceptions it raises
+- `retry`: which errors are tried again, and how
+- `mcp_server`: an MCP server lending a phone to AI agents (needs the `mcp` extra), with
+  `mcp_tools` (its tools), `mcp_lender` (its one session), `mcp_text` (what it says)
+
+Its API pages, made from these docstrings by pdoc: docs/api/amc_client.html
+(`make api-docs` writes them again).
 """
 
 from amc_client.errors import (
     ActionFailed,
     ActionRefused,
     AmcClientError,
+    FarmUnreachable,
     NoPhone,
     SessionCancelled,
     SessionDeadline,
@@ -41,6 +46,7 @@ __all__ = [
     "ActionRefused",
     "AmcClientError",
     "Farm",
+    "FarmUnreachable",
     "NoPhone",
     "Phone",
     "SessionCancelled",

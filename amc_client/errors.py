@@ -1,6 +1,7 @@
 """What amc_client raises.
 
     AmcClientError
+    ├── FarmUnreachable         nothing answers at the farm's address, and nothing ever did
     ├── SessionRefused          the session never got its phone (refused, or its task ended first)
     │   └── NoPhone             no phone took it within its queue timeout (why: the last reason)
     ├── SessionEnded            the session is over; `reason` says why in one line
@@ -26,6 +27,18 @@ from amc.v1 import task_pb2
 
 class AmcClientError(Exception):
     """Something amc_client could not do."""
+
+
+class FarmUnreachable(AmcClientError):
+    """No connection could be made to an address that has never answered this Farm (a
+    wrong address or port, a control plane not started): raised at the first try, not
+    after the retry budget. One that answered before is tried again as any transient
+    error is (a replica restarting)."""
+
+    def __init__(self, address: str, why: str) -> None:
+        hint = ": is it running, and is the address right?" if why == "connection refused" else ""
+        super().__init__(f"cannot reach the control plane at {address}: {why}{hint}")
+        self.address, self.why = address, why
 
 
 class SessionRefused(AmcClientError):

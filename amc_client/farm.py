@@ -18,7 +18,7 @@ from amc_client.actions import seconds
 from amc_client.errors import AmcClientError
 from amc_client.opening import DEFAULT_QUEUE_TIMEOUT, open_phone
 from amc_client.phone import TERMINAL, Phone
-from amc_client.retry import DEFAULT_RETRY, Retry, transient
+from amc_client.retry import DEFAULT_RETRY, Reach, Retry, transient
 from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port
 
 __all__ = ["DEFAULT_QUEUE_TIMEOUT", "TERMINAL", "Farm"]
@@ -44,6 +44,7 @@ class Farm:
         self._address = with_default_port(address, DEFAULT_PORT)
         self._token, self._ca_file, self._tls = token, ca_file, tls
         self.retry = retry
+        self._reach = Reach(self._address)
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
 
@@ -102,18 +103,24 @@ class Farm:
             request.queue_timeout.CopyFrom(seconds(queue_timeout))
         if deadline is not None:
             request.deadline.CopyFrom(seconds(deadline))
-        task: task_pb2.Task = await self.retry.call(lambda: self.scheduler.SubmitTask(request))
+        task: task_pb2.Task = await self.retry.call(
+            lambda: self.scheduler.SubmitTask(request), self._reach
+        )
         return task
 
     async def get(self, task_id: str) -> task_pb2.Task:
         request = scheduler_pb2.GetTaskRequest(task_id=task_id)
-        task: task_pb2.Task = await self.retry.call(lambda: self.scheduler.GetTask(request))
+        task: task_pb2.Task = await self.retry.call(
+            lambda: self.scheduler.GetTask(request), self._reach
+        )
         return task
 
     async def cancel(self, task_id: str, reason: str = "") -> task_pb2.Task:
         """Ask for the task's cancellation (repeating it is harmless)."""
         request = scheduler_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
-        task: task_pb2.Task = await self.retry.call(lambda: self.scheduler.CancelTask(request))
+        task: task_pb2.Task = await self.retry.call(
+            lambda: self.scheduler.CancelTask(request), self._reach
+        )
         return task
 
     async def watch(self, task_id: str) -> AsyncIterator[task_pb2.Task]:
@@ -131,6 +138,7 @@ class Farm:
                     if task.status in TERMINAL:
                         return
             except grpc.aio.AioRpcError as exc:
+                self._reach.heard(exc)
                 if not transient(exc):
                     raise
                 await asyncio.sleep(self.retry.first)
@@ -203,6 +211,7 @@ class Farm:
             self.scheduler,
             self.retry,
             opening,
+            reach=self._reach,
             queue_timeout=queue_timeout,
             on_wait=on_wait,
             finished=lambda task_id: self.wait(task_id),

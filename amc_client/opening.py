@@ -37,7 +37,7 @@ import grpc
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_client.errors import NoPhone, SessionRefused
 from amc_client.phone import TERMINAL, Phone, TaskReader, hang_up
-from amc_client.retry import Retry
+from amc_client.retry import Reach, Retry
 from amc_common.channel import write_unless_ended
 
 log = logging.getLogger("amc_client")
@@ -74,12 +74,13 @@ async def open_phone(
     queue_timeout: float | None,
     on_wait: OnWait | None,
     finished: TaskReader,
+    reach: Reach | None = None,
 ) -> Phone:
     """The phone of a new session, once its host joined. `opening.request_id` is set here
     when it is not, and kept for every try."""
     if not opening.request_id:
         opening.request_id = uuid.uuid4().hex
-    call, task = await _first_answer(stub, retry, opening)
+    call, task = await _first_answer(stub, retry, opening, reach)
     waiting = _Waiting(on_wait, queue_timeout)
     limit = None if queue_timeout is None else queue_timeout + SWEEP_GRACE
     # Read apart from the wait for it: cancelling a grpc.aio read cancels the whole call.
@@ -116,7 +117,10 @@ async def _queued(stub: scheduler_pb2_grpc.SchedulerStub, task_id: str) -> bool:
 
 
 async def _first_answer(
-    stub: scheduler_pb2_grpc.SchedulerStub, retry: Retry, opening: scheduler_pb2.SessionOpen
+    stub: scheduler_pb2_grpc.SchedulerStub,
+    retry: Retry,
+    opening: scheduler_pb2.SessionOpen,
+    reach: Reach | None = None,
 ) -> tuple[Any, task_pb2.Task]:
     """The call and its first answer, the opening sent again (with its request id) after a
     transient failure; a try after the first that finds the session opened before raises
@@ -150,7 +154,7 @@ async def _first_answer(
                 raise SessionRefused(_lost(response.task.task_id, _said(response.task)))
             return call, response.task
 
-    return await retry.call(attempt)
+    return await retry.call(attempt, reach)
 
 
 async def _opened_before(

@@ -12,6 +12,9 @@ from typing import TypeVar
 
 import grpc
 
+from amc_client.errors import FarmUnreachable
+from amc_common.unreachable import connect_failure
+
 T = TypeVar("T")
 
 TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -26,18 +29,44 @@ class Retry:
     first: float = 0.2
     most: float = 5.0
 
-    async def call(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        """`attempt()`, again after each transient error until the budget is spent."""
+    async def call(self, attempt: Callable[[], Awaitable[T]], reach: Reach | None = None) -> T:
+        """`attempt()`, again after each transient error until the budget is spent; with
+        `reach`, a connection refused by an address that never answered raises
+        FarmUnreachable at once."""
         until = time.monotonic() + self.total
         pause = self.first
         while True:
             try:
-                return await attempt()
+                result = await attempt()
             except grpc.aio.AioRpcError as exc:
+                if reach is not None:
+                    reach.heard(exc)
                 if not transient(exc) or time.monotonic() + pause > until:
                     raise
+            else:
+                if reach is not None:
+                    reach.answered = True
+                return result
             await asyncio.sleep(pause * random.uniform(0.5, 1.0))
             pause = min(pause * 2, self.most)
+
+
+@dataclass
+class Reach:
+    """Whether the control plane at `address` has answered yet: until it has, a failure to
+    connect is a wrong address (or a control plane not started), said at once."""
+
+    address: str
+    answered: bool = False
+
+    def heard(self, exc: grpc.aio.AioRpcError) -> None:
+        """Note a failed call: FarmUnreachable when it could not connect and nothing here
+        ever answered; anything the control plane said itself counts as an answer."""
+        why = connect_failure(exc)
+        if why is None:
+            self.answered = True
+        elif not self.answered:
+            raise FarmUnreachable(self.address, why) from None
 
 
 def transient(exc: grpc.aio.AioRpcError) -> bool:

@@ -169,7 +169,10 @@ class Run:
         try:
             yield
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
+            # Where in the bench's own code it failed: a bare TimeoutError says nothing else.
+            ours = [f for f in traceback.extract_tb(exc.__traceback__) if "/scripts/" in f.filename]
+            where = f" at {Path(ours[-1].filename).name}:{ours[-1].lineno}" if ours else ""
+            message = f"{type(exc).__name__}{where}: {exc}"
             self.results.setdefault("errors", {})[key] = message[:3000]
             (self.work / f"error-{key}.txt").write_text(traceback.format_exc())
             say(f"{key} failed ({message[:300]}); its rows so far are kept, the run goes on")

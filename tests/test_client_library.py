@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import uuid
 from dataclasses import replace
@@ -19,6 +20,7 @@ from amc_client import (
     ActionFailed,
     ActionRefused,
     Farm,
+    FarmUnreachable,
     NoPhone,
     SessionCancelled,
     SessionDeadline,
@@ -508,3 +510,56 @@ async def test_transient_errors_are_tried_again_within_the_budget() -> None:
 
     with pytest.raises(grpc.aio.AioRpcError):
         await Retry(total=0.05, first=0.02).call(down)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_farm_at_an_address_nothing_listens_on_fails_at_once_in_one_line() -> None:
+    """THEN each call of a Farm whose address refuses connections and never answered (a
+    wrong port, a control plane not started) raises FarmUnreachable within 2 s, in one
+    line naming the address; it is not tried again for the retry budget's 30 s."""
+    address = f"127.0.0.1:{_closed_port()}"
+    async with Farm(address) as client:
+        for call in (
+            lambda: client.get(str(uuid.uuid4())),
+            lambda: client.submit([tap(1, 2)]),
+            lambda: client.wait(str(uuid.uuid4())),
+            lambda: client.open_session(),
+        ):
+            started = time.monotonic()
+            with pytest.raises(FarmUnreachable) as refused:
+                await call()
+            assert time.monotonic() - started < 2.0
+            said = str(refused.value)
+            assert "\n" not in said
+            assert said == (
+                f"cannot reach the control plane at {address}: connection refused:"
+                " is it running, and is the address right?"
+            )
+
+
+async def test_a_farm_that_answered_before_is_tried_again_while_its_address_refuses(
+    farm: Harness,
+) -> None:
+    """THEN once the control plane answered (even NOT_FOUND), a call made while its
+    address refuses connections (a replica restarting) is tried again within the retry
+    budget and returns its answer when connections are taken again."""
+    assert farm.plane is not None
+    token = await farm.token(Role.CLIENT)
+    async with (
+        TcpProxy("127.0.0.1", farm.plane.port) as proxy,
+        Farm(proxy.address, token=token, retry=Retry(total=20, first=0.05)) as client,
+    ):
+        task = await client.submit([wait(0.01)], labels={"rack": "nowhere"})
+        proxy.cut(refuse=True)
+        getting = asyncio.create_task(client.get(task.task_id))
+        await eventually(lambda: proxy.refused >= 2, timeout=10)
+        assert not getting.done()
+        proxy.heal()
+        got = await asyncio.wait_for(getting, 20)
+        assert got.task_id == task.task_id
+        assert got.status == task_pb2.TASK_STATUS_QUEUED

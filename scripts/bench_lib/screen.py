@@ -168,6 +168,7 @@ async def _clicks(stub: scheduler_pb2_grpc.SchedulerStub, clicks: int) -> dict[s
             shown = wanted.get("shown")
             if shown is None or shown.done() or at <= wanted["sent"]:
                 continue
+            wanted["frames"] += 1
             if _pixel(frame.data, *wanted["where"]) == TAP_RGB:
                 shown.set_result(at)
 
@@ -181,7 +182,8 @@ async def _clicks(stub: scheduler_pb2_grpc.SchedulerStub, clicks: int) -> dict[s
             await asyncio.sleep(random.uniform(0, 0.2))
             shown: asyncio.Future[float] = loop.create_future()
             sent = time.perf_counter()
-            wanted.update(where=(x // SCREEN_SCALE, y // SCREEN_SCALE), sent=sent, shown=shown)
+            where = (x // SCREEN_SCALE, y // SCREEN_SCALE)
+            wanted.update(where=where, sent=sent, shown=shown, frames=0)
             tap = task_pb2.Action(tap=task_pb2.Tap(x=x, y=y))
             await session.write(
                 scheduler_pb2.OpenSessionRequest(action=task_pb2.SessionAction(action=tap))
@@ -190,7 +192,7 @@ async def _clicks(stub: scheduler_pb2_grpc.SchedulerStub, clicks: int) -> dict[s
             tap_rtt.append((time.perf_counter() - sent) * 1000)
             if answer is grpc.aio.EOF or not answer.HasField("step"):
                 raise RuntimeError("the session ended during the clicks")
-            to_frame.append((await asyncio.wait_for(shown, 10) - sent) * 1000)
+            to_frame.append((await screen_video.tap_shown(shown, reader, wanted) - sent) * 1000)
     finally:
         reader.cancel()
         viewer.cancel()

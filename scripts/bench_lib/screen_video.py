@@ -122,6 +122,30 @@ async def _session(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> Any:
             return call
 
 
+# How long a tap's mark may take to show on a viewer's frames before the run says so.
+SHOWN_WITHIN = 10.0
+
+
+async def tap_shown(
+    shown: asyncio.Future[float], reader: asyncio.Task[None], wanted: dict[str, Any]
+) -> float:
+    """When the tap's mark was first seen; a reader that failed raises its error, and a
+    mark not seen in SHOWN_WITHIN says where it was due and how many frames came since."""
+    done, _ = await asyncio.wait(
+        {shown, reader}, timeout=SHOWN_WITHIN, return_when=asyncio.FIRST_COMPLETED
+    )
+    if shown in done:
+        return shown.result()
+    if reader in done:
+        reader.result()
+        raise RuntimeError("the watch ended during the clicks")
+    raise TimeoutError(
+        f"no frame showed the tap's mark at {wanted['where']} within {SHOWN_WITHIN:g} s"
+        f" ({wanted['frames']} frames came after the tap, {wanted.get('undecodable', 0)}"
+        " of them undecodable)"
+    )
+
+
 def _red(picture: Any, x: int, y: int) -> bool:
     plane = picture.planes[0]
     at = y * plane.line_size + 3 * x
@@ -140,10 +164,17 @@ async def _clicks(stub: scheduler_pb2_grpc.SchedulerStub, clicks: int) -> dict[s
     async def read() -> None:
         while True:
             frame = await _stream_frame(viewer)
-            pictures = decoder.decode(av.Packet(frame.data))
+            try:
+                pictures = decoder.decode(av.Packet(frame.data))
+            except av.error.FFmpegError:  # a frame the decoder cannot take: the next key frame
+                wanted["undecodable"] = wanted.get("undecodable", 0) + 1
+                continue
             at = time.perf_counter()
             shown = wanted.get("shown")
-            if not pictures or shown is None or shown.done() or at <= wanted["sent"]:
+            if shown is None or shown.done() or at <= wanted["sent"]:
+                continue
+            wanted["frames"] += 1
+            if not pictures:
                 continue
             if _red(pictures[-1].reformat(format="rgb24"), *wanted["where"]):
                 shown.set_result(at)
@@ -157,14 +188,15 @@ async def _clicks(stub: scheduler_pb2_grpc.SchedulerStub, clicks: int) -> dict[s
             await asyncio.sleep(random.uniform(0, 0.2))
             shown: asyncio.Future[float] = loop.create_future()
             sent = time.perf_counter()
-            wanted.update(where=(x // SCREEN_SCALE, y // SCREEN_SCALE), sent=sent, shown=shown)
+            where = (x // SCREEN_SCALE, y // SCREEN_SCALE)
+            wanted.update(where=where, sent=sent, shown=shown, frames=0)
             tap = task_pb2.Action(tap=task_pb2.Tap(x=x, y=y))
             await session.write(
                 scheduler_pb2.OpenSessionRequest(action=task_pb2.SessionAction(action=tap))
             )
             if (answer := await session.read()) is grpc.aio.EOF or not answer.HasField("step"):
                 raise RuntimeError("the session ended during the clicks")
-            to_pixel.append((await asyncio.wait_for(shown, 10) - sent) * 1000)
+            to_pixel.append((await tap_shown(shown, reader, wanted) - sent) * 1000)
     finally:
         reader.cancel()
         viewer.cancel()
