@@ -167,14 +167,19 @@ class Farm:
         session's, is waited for). `attempt`: 0 for the latest; `level`: only lines of that
         priority or higher (V, D, I, W, E, F); `tags`: only lines of those tags. Errors
         propagate as grpc.aio.AioRpcError (INVALID_ARGUMENT: a bad filter; NOT_FOUND: no
-        such task). Not resumed after a transient error, as its lines carry no number to
-        resume from: a follow cut short (UNAVAILABLE) is followed again by the caller."""
+        such task), or FarmUnreachable for an address that never answered. Not resumed
+        after a transient error, as its lines carry no number to resume from: a follow
+        cut short (UNAVAILABLE) is followed again by the caller."""
         request = scheduler_pb2.StreamLogsRequest(
             task_id=task_id, attempt=attempt, follow=follow, min_level=level, tags=list(tags)
         )
-        async for message in self.scheduler.StreamLogs(request):
-            for line in message.lines:
-                yield line
+        try:
+            async for message in self.scheduler.StreamLogs(request):
+                for line in message.lines:
+                    yield line
+        except grpc.aio.AioRpcError as exc:
+            self._reach.heard(exc)
+            raise
 
     # -- sessions ---------------------------------------------------------------------------
 
