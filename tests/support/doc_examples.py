@@ -39,8 +39,9 @@ UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 ISO_TIME = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)")
 STEP_TIME = re.compile(r"\b\d+(?:m\d\d)?\.\ds\b")
 DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
-# A phone log's size (in `amc artifacts`): its times and the system's chatter differ.
-LOG_SIZE = re.compile(r"(│ logcat +│ +)\d+")
+# A phone log's size (in `amc artifacts`, and `amc get`'s line for it): its times and the
+# system's chatter differ.
+LOG_SIZE = re.compile(r"(│ logcat +│ +|kept logcat, )\d+")
 RULES = re.compile(r"([━─═])\1+")
 
 
