@@ -2,11 +2,12 @@
 holds one `Tails`; control_plane.logs puts it on the wire).
 
 Each attempt followed here has one `Tail` for all its readers: its recent lines in a ring
-(RING), numbered as its host numbers them, fed by the host's LogLines call here (`deliver`)
-or by a relay from the replica holding the host's call; each reader keeps its own place in
-the ring and is woken when lines come. A reader that falls more than a ring behind is told
-how many lines it missed; a repeat (the host sends what a new call's followers need again)
-is dropped, a gap is said. Nothing is held for an attempt nobody follows here.
+(RING lines and RING_CHARS characters at most), numbered as its host numbers them, fed by
+the host's LogLines call here (`deliver`) or by a relay from the replica holding the host's
+call; each reader keeps its own place in the ring and is woken when lines come. A reader
+that falls more than a ring behind is told how many lines it missed; a repeat (the host
+sends what a new call's followers need again) is dropped, a gap is said. Nothing is held
+for an attempt nobody follows here.
 
 A host opens its feed only when asked (`ask`, which the hub pushes onto the host's renewal
 streams here as `logs_wanted`): when a reader here follows one of its attempts with no feed
@@ -23,8 +24,10 @@ from itertools import islice
 
 from amc_common.logcat import divider
 
-# Lines kept per followed attempt.
+# Lines kept per followed attempt, and characters: the ring holds at most both (a host's
+# lines are at most 16 K characters each, control_plane.log_hosts).
 RING = 5000
+RING_CHARS = 4 << 20
 # An attempt: (task id, attempt number).
 Key = tuple[str, int]
 
@@ -35,7 +38,8 @@ class Tail:
     def __init__(self, host_id: str, key: Key) -> None:
         self.host_id = host_id
         self.key = key
-        self.lines: deque[str] = deque(maxlen=RING)
+        self.lines: deque[str] = deque()
+        self._chars = 0
         # The number of the next line here (the ring's last is `next - 1`; notes count),
         # and of the host's next line (its numbering: a gap or a repeat is told by it).
         self.next = 1
@@ -75,7 +79,10 @@ class Tail:
 
     def _add(self, lines: list[str]) -> None:
         self.lines.extend(lines)
+        self._chars += sum(len(x) for x in lines)
         self.next += len(lines)
+        while len(self.lines) > RING or (self._chars > RING_CHARS and len(self.lines) > 1):
+            self._chars -= len(self.lines.popleft())
 
     def fail(self, why: str) -> None:
         self.lost = why

@@ -17,7 +17,7 @@ import pytest
 from amc_common import logcat
 from amc_common.statuses import Outcome
 from control_plane.log_hosts import Gunzip
-from control_plane.log_tails import Tails
+from control_plane.log_tails import RING_CHARS, Tails
 from host_agent.devices import DeviceLost
 from host_agent.log_store import BLOCK, LogStore
 from host_agent.logcat import MAX_LINE, MAX_WARNINGS, Capture, capture_for
@@ -296,6 +296,21 @@ def test_a_tail_numbers_its_lines_drops_repeats_and_says_gaps() -> None:
         assert "lines skipped: this reader fell behind" in lines[0] and lines[-1] == "x5999"
         assert tails.followed("h") == [("t", 1)]
     assert tails.followed("h") == []
+
+
+def test_a_tails_ring_holds_at_most_its_characters_whatever_its_lines_length() -> None:
+    """THEN 1,000 lines of 16 K characters (what a host's batch may carry) leave the
+    ring within RING_CHARS, its newest lines kept, and a reader from the start is told
+    how many it missed."""
+    tails = Tails()
+    with tails.follow("h", ("t", 1)) as (tail, _):
+        start = tail.first
+        for i in range(1000):
+            tail.put(0, [f"{i:04d}" + "x" * (16 * 1024 - 4)])
+        assert sum(len(x) for x in tail.lines) <= RING_CHARS
+        assert tail.lines[-1].startswith("0999") and len(tail.lines) < 1000
+        lines, _ = tail.read(start)
+        assert f"{1000 - len(tail.lines)} lines skipped" in lines[0]
 
 
 def test_a_kept_log_of_several_members_reads_back_line_by_line_in_chunks() -> None:
