@@ -10,8 +10,9 @@ followed one the agent sends what its capture holds in memory (host_agent.logcat
 RECENT last lines), the batch that ends them `caught_up`, then each line as it is read,
 and `ended` once the attempt's capture closes (at once for an attempt it does not run).
 Lines wait in one outbox per followed attempt and are written one batch at a time (at most
-BATCH_LINES lines or BATCH_BYTES bytes); past MAX_PENDING lines waiting the oldest go (the
-next batch's `first_seq` says how many: the control plane notes the gap). Nothing is sent,
+BATCH_LINES lines or BATCH_BYTES bytes); past MAX_PENDING lines or MAX_PENDING_CHARS
+characters waiting the oldest go (the next batch's `first_seq` says how many: the control
+plane notes the gap). Nothing is sent,
 or held, for an attempt nobody follows: following costs the host a call and the lines, not
 following costs nothing.
 """
@@ -39,6 +40,7 @@ RECONNECT_FIRST, RECONNECT_MOST = 0.5, 10.0
 BATCH_LINES = 1000
 BATCH_BYTES = 256 * 1024
 MAX_PENDING = 20_000
+MAX_PENDING_CHARS = 4 << 20
 # An attempt: (task id, attempt number).
 Key = tuple[str, int]
 
@@ -54,6 +56,11 @@ class _Pending:
     backlog: int = 0
     catching_up: bool = True
     ended: bool = False
+    # The characters of `lines`.
+    chars: int = 0
+
+    def __post_init__(self) -> None:
+        self.chars = sum(len(x) for x in self.lines)
 
 
 class LogFeed:
@@ -149,8 +156,13 @@ class LogFeed:
         if pending is None:
             pending = self._outbox[key] = _Pending(first, catching_up=False)
         pending.lines += lines
-        if len(pending.lines) > MAX_PENDING:
-            drop = len(pending.lines) - MAX_PENDING
+        pending.chars += sum(len(x) for x in lines)
+        drop = max(0, len(pending.lines) - MAX_PENDING)
+        pending.chars -= sum(len(x) for x in pending.lines[:drop])
+        while pending.chars > MAX_PENDING_CHARS and drop < len(pending.lines) - 1:
+            pending.chars -= len(pending.lines[drop])
+            drop += 1
+        if drop:
             del pending.lines[:drop]
             pending.first_seq += drop
             pending.backlog = max(0, pending.backlog - drop)
@@ -175,6 +187,7 @@ class LogFeed:
                 break
             count += 1
         lines, pending.lines = pending.lines[:count], pending.lines[count:]
+        pending.chars -= sum(len(x) for x in lines)
         batch = lease_pb2.LogBatch(
             task_id=key[0], attempt=key[1], first_seq=pending.first_seq, lines=lines
         )

@@ -11,6 +11,7 @@ import gzip
 import random
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 
@@ -19,6 +20,7 @@ from amc_common.statuses import Outcome
 from control_plane.log_hosts import Gunzip
 from control_plane.log_tails import RING_CHARS, Tails
 from host_agent.devices import DeviceLost
+from host_agent.log_feed import MAX_PENDING_CHARS, LogFeed
 from host_agent.log_store import BLOCK, LogStore
 from host_agent.logcat import MAX_LINE, MAX_WARNINGS, Capture, capture_for
 from host_agent.results import RunResult, StepResult, StepStatus
@@ -323,3 +325,26 @@ def test_a_kept_log_of_several_members_reads_back_line_by_line_in_chunks() -> No
     assert lines == text.splitlines()
     errors = Gunzip().lines(data, logcat.Filter("E"))
     assert len(errors) == 2500
+
+
+async def test_a_followed_attempts_lines_waiting_on_the_host_stay_within_their_characters() -> None:
+    """GIVEN an attempt followed while its lines cannot go up (no call open) WHEN its phone
+    logs 1,000 lines of 8,000 characters THEN the lines waiting for it stay within
+    MAX_PENDING_CHARS, the newest kept, numbered from where the oldest left out end."""
+    source = SimulatedSource(1)
+    capture = capture_for(source.device("sim-0"), "sim-0", 1 << 20)
+    assert capture is not None
+    feed = LogFeed(cast(Any, None), "host-1")
+    key = ("t", 1)
+    feed._set_followed({key})
+    with feed.attach(*key, capture):
+        await capture.start()
+        for i in range(1000):
+            source.logs["sim-0"].write("I", "Big", f"{i:04d}" + "x" * 7996)
+        last = "0999" + "x" * 7996
+        await eventually(lambda: bool(capture.recent) and capture.recent[-1].endswith(last))
+        waiting = feed._outbox[key]
+        assert sum(len(x) for x in waiting.lines) == waiting.chars <= MAX_PENDING_CHARS
+        assert waiting.lines[-1].endswith(last)
+        assert waiting.first_seq == capture.seq - len(waiting.lines) + 1 > 1
+        capture.close()
