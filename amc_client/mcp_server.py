@@ -195,19 +195,7 @@ def within(text: str, low: float, high: float) -> float:
     """A duration in every AMC program's grammar (amc_common.durations: `30s`, `5m`,
     `1m30s`, `90`) from `low` to `high` seconds, as seconds; argparse's ArgumentTypeError of
     one line, in the grammar's words, for anything else (the caller names the flag)."""
-    span = durations.above_zero(text)
-    if not low <= span <= high:
-        raise argparse.ArgumentTypeError(
-            f"{text.strip()!r} is out of range ({_span(low)} to {_span(high)})"
-        )
-    return span
-
-
-def _span(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+    return durations.within(text, low, high)
 
 
 def _label(text: str) -> tuple[str, str]:

@@ -122,6 +122,25 @@ def above_zero(text: str) -> float:
     return value
 
 
+def within(text: str, low: float, high: float) -> float:
+    """A time from `low` to `high` seconds, as seconds; ArgumentTypeError of one line, in
+    the grammar's words, for anything else (the caller names the flag)."""
+    span = above_zero(text)
+    if not low <= span <= high:
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} is out of range ({span_text(low)} to {span_text(high)})"
+        )
+    return span
+
+
+def span_text(seconds: float) -> str:
+    """A whole number of days, hours or minutes as such (`7d`, `1h`), else seconds."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def zero_or_more(text: str) -> float:
     """A time in seconds, 0 or more (0: none, or off, as the flag says)."""
     try:

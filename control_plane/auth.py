@@ -57,6 +57,10 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Scheduler/GetArtifact": CLIENTS,
     "/amc.v1.Scheduler/OpenSession": CLIENTS,
     "/amc.v1.Lease/SessionActions": HOSTS,
+    # A session's adb door: its own session's (checked in the call); which services a
+    # client may open there is judged in the call too (amc_common.adb_services).
+    "/amc.v1.Scheduler/AdbStreams": CLIENTS,
+    "/amc.v1.Lease/AdbStreams": HOSTS,
     # By task for clients; by device for operators only (checked in the call).
     "/amc.v1.Scheduler/WatchScreen": CLIENTS,
     "/amc.v1.Lease/ScreenFrames": HOSTS,

@@ -18,6 +18,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, library_pb2, task_pb2
 from control_plane import metrics, validate, validate_lease, validate_library
+from control_plane.adb_door_hosts import HostDoor
 from control_plane.artifacts import UploadMemory
 from control_plane.auth import check_host
 from control_plane.convert import (
@@ -60,6 +61,11 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     def SessionActions(self, context: Context) -> HostSession:
         """A session's actions, relayed to the host from the session's client."""
         return HostSession(self, context)
+
+    @conversation
+    def AdbStreams(self, context: Context) -> HostDoor:
+        """A session's adb door: the streams its client opens, on the host's phone."""
+        return HostDoor(self, context)
 
     @conversation
     def ScreenFrames(self, context: Context) -> HostFeed:

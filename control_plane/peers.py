@@ -1,6 +1,7 @@
 """Channels to the other replicas of the farm (`Peers`), for the calls a replica relays to
 the one that holds the other end: a session's host call to its client's replica
-(control_plane.session_hosts, with the host's credentials: `RelayedCall`), a phone's
+(control_plane.session_hosts, with the host's credentials: `RelayedCall`), an adb door's
+calls to the same replica (control_plane.adb_doors, with their caller's), a phone's
 screen from the replica holding its host's feed (control_plane.screens, made as the
 replica: control_plane.auth)."""
 
@@ -42,6 +43,11 @@ class Peers:
 
     def lease(self, address: str) -> lease_pb2_grpc.LeaseStub:
         return lease_pb2_grpc.LeaseStub(self._channel(address))
+
+    def doors(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
+        """For an adb door's client call relayed to the replica holding its session: the
+        channel the sessions' host calls take (bulk bytes: its window grows as it likes)."""
+        return scheduler_pb2_grpc.SchedulerStub(self._channel(address))
 
     def scheduler(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
         """For a screen's frames relayed from the replica holding its host's feed: a

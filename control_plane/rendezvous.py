@@ -40,6 +40,15 @@ class Relay:
         self.host_gone = asyncio.Event()
         # The host was told how the client left.
         self.ended = False
+        # Whose session it is (the caller that opened it), whether it is an adb door, and
+        # the door once either of its calls came (control_plane.adb_doors); the door's use
+        # (streams open now, when it last carried a frame: loop time) keeps the session
+        # from its idle timeout as actions do.
+        self.owner = ""
+        self.adb = False
+        self.door: Any = None
+        self.door_streams = 0
+        self.door_used = 0.0
 
     async def pump(self, requests: AsyncIterator[Any]) -> None:
         """The client's messages into `from_client`, each once the one before was answered,
@@ -61,6 +70,15 @@ class Relay:
         except Exception as exc:
             self.client_done = True
             self.from_client.put_nowait(exc)
+
+    def idle_left(self, idle: float) -> float:
+        """Seconds left of an `idle` timeout that actions alone would have run out: all of
+        it while the door has a stream open, else what is left since it last carried one."""
+        if self.door_streams:
+            return idle
+        if not self.door_used:
+            return 0.0
+        return self.door_used + idle - asyncio.get_running_loop().time()
 
     def answered(self) -> None:
         """The client's last message is answered: its next one may be read."""

@@ -106,6 +106,22 @@ def code_for(exc: errors.AmcError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def relayed_error(code: grpc.StatusCode, details: str) -> errors.AmcError:
+    """What another replica refused a relayed call with, as the domain error it mapped
+    (CODES read backwards), so the caller reads the far replica's own answer."""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        field, _, problem = details.partition(": ")
+        return (
+            errors.InvalidArgument(field, problem)
+            if problem
+            else errors.InvalidArgument("request", details)
+        )
+    for cls, mapped in CODES:
+        if mapped == code:
+            return cls(details)
+    return errors.Unavailable(details)
+
+
 def principal() -> Principal:
     return principal_var.get()
 

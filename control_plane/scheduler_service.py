@@ -12,6 +12,7 @@ import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from control_plane import logs, pending, validate
+from control_plane.adb_doors import ClientDoor
 from control_plane.convert import (
     artifact_to_pb,
     attempt_to_pb,
@@ -252,6 +253,11 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     def OpenSession(self, context: Context) -> ClientSession:
         """A session's client side: its actions down to the host, their answers back."""
         return ClientSession(self, self._read)
+
+    @conversation
+    def AdbStreams(self, context: Context) -> ClientDoor:
+        """A session's adb door: its streams carried to the phone's host and back."""
+        return ClientDoor(self, context)
 
     @rpc
     async def WatchScreen(

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
@@ -37,13 +37,21 @@ from control_plane.errors import (
 from control_plane.lifecycle import TaskStatus
 from control_plane.peers import RelayedCall
 from control_plane.rendezvous import HOST_GONE, Relay
-from control_plane.rpc import first_message, principal
+from control_plane.rpc import TaskServicer, first_message, principal
 
 log = structlog.get_logger(__name__)
 
 CLIENT_GONE = "the session's client is no longer connected"
 # Metadata of a host's call relayed by another replica (that replica's id): never relayed on.
 RELAYED_BY = "amc-session-relayed-by"
+
+
+class Joining(Protocol):
+    """What a host's join names: a SessionJoin, or an adb door's AdbDoorJoin."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
 
 
 async def _forward(requests: AsyncIterator[Any], call: Any) -> None:
@@ -64,7 +72,7 @@ class HostSession(RelayedCall):
             requests, "join", "required: the first message joins the session"
         )
         join = validate_lease.session_join(first)
-        task_id, where = await self._check(join)
+        task_id, where = await check_join(self._svc, join)
         relay = self._svc.hub.sessions.join(task_id)
         if relay is None:
             if self.relayed:
@@ -119,26 +127,6 @@ class HostSession(RelayedCall):
                 forward.cancel()
             call.cancel()
 
-    async def _check(self, join: lease_pb2.SessionJoin) -> tuple[TaskId, SessionRelay | None]:
-        """The session's task, if `join` names this host's live lease of it, and where
-        its client's call is held."""
-        task_id, lease_id = TaskId(uuid.UUID(join.task_id)), uuid.UUID(join.lease_id)
-        settings = self._svc.settings
-        found = await self._svc.store.replicas.session_join(task_id, lease_id, settings.lease_ttl)
-        if found is None:
-            raise TaskNotFound(f"no task {task_id}")
-        who = principal()  # a host token acts as its own host only (auth off: any host)
-        if found.attempt is not None and who.role is Role.HOST and found.host_id != who.host_id:
-            raise NotLeaseHolder(f"lease {lease_id} is another host's")
-        if not found.session:
-            raise FailedPrecondition(f"task {task_id} is not a session")
-        running = found.status in (TaskStatus.ASSIGNED, TaskStatus.DISPATCHED)
-        if found.attempt is None or not found.live or not running:
-            raise LeaseNotCurrent(f"lease {lease_id} is not the live lease of task {task_id}")
-        if found.attempt != join.attempt or found.task_attempt != found.attempt:
-            raise LeaseNotCurrent(f"attempt {join.attempt} is not task {task_id}'s current one")
-        return task_id, found.relay
-
     async def _steps(self, requests: AsyncIterator[Any], relay: Relay) -> None:
         try:
             async for request in requests:
@@ -155,3 +143,25 @@ class HostSession(RelayedCall):
             log.info("session host call ended", error=str(exc))
         finally:
             relay.host_left()
+
+
+async def check_join(service: TaskServicer, join: Joining) -> tuple[TaskId, SessionRelay | None]:
+    """The session's task, if `join` names the calling host's live lease of it, and where
+    its client's call is held (one statement: replicas.sql session_join). A session's
+    SessionActions and its adb door's Lease.AdbStreams are joined alike."""
+    task_id, lease_id = TaskId(uuid.UUID(join.task_id)), uuid.UUID(join.lease_id)
+    settings = service.settings
+    found = await service.store.replicas.session_join(task_id, lease_id, settings.lease_ttl)
+    if found is None:
+        raise TaskNotFound(f"no task {task_id}")
+    who = principal()  # a host token acts as its own host only (auth off: any host)
+    if found.attempt is not None and who.role is Role.HOST and found.host_id != who.host_id:
+        raise NotLeaseHolder(f"lease {lease_id} is another host's")
+    if not found.session:
+        raise FailedPrecondition(f"task {task_id} is not a session")
+    running = found.status in (TaskStatus.ASSIGNED, TaskStatus.DISPATCHED)
+    if found.attempt is None or not found.live or not running:
+        raise LeaseNotCurrent(f"lease {lease_id} is not the live lease of task {task_id}")
+    if found.attempt != join.attempt or found.task_attempt != found.attempt:
+        raise LeaseNotCurrent(f"attempt {join.attempt} is not task {task_id}'s current one")
+    return task_id, found.relay

@@ -57,6 +57,7 @@ _RANDOM = random.Random()
 # vanished client) before it takes the end for a close: gRPC delivers the two apart, the
 # cancellation within 17 ms in 60 tries on loopback, most within 0.1 ms.
 CLOSE_GRACE = 0.1
+_IDLE = object()
 NO_PHONE_YET = "the session has no phone yet: send actions once a response's task is DISPATCHED"
 
 
@@ -68,7 +69,7 @@ def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
 
 
 def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
-    spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=o.idle_timeout))
+    spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb))
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)
     spec.apps.extend(o.apps)
@@ -100,6 +101,18 @@ async def _first(*aws: Awaitable[Any], timeout: float | None) -> tuple[int, Any]
         if f in done:
             return index, f.result()
     return None
+
+
+async def _next(relay: Relay, idle: float) -> Any:
+    """The client's next message; _IDLE once neither an action nor the session's adb door
+    (Relay.idle_left) came for `idle` seconds."""
+    wait = idle
+    while wait > 0:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                return await relay.from_client.get()
+        wait = relay.idle_left(idle)
+    return _IDLE
 
 
 def _response(task: Task) -> scheduler_pb2.OpenSessionResponse:
@@ -149,6 +162,7 @@ class ClientSession:
             return
         # Before anything can assign it: no await between the commit and this line.
         relay = hub.sessions.open(task.task_id)
+        relay.owner, relay.adb = who.caller, o.adb
         self._svc.effects.submitted([task])
         log.info("session opened", task_id=str(task.task_id))
         idle = o.idle_timeout.ToTimedelta().total_seconds()
@@ -263,10 +277,8 @@ class ClientSession:
         """Each client message to the host as an action, each step back, until either
         side ends; a message that is no action is refused, and the session goes on."""
         while True:
-            try:
-                async with asyncio.timeout(idle):
-                    item = await relay.from_client.get()
-            except TimeoutError:
+            item = await _next(relay, idle)
+            if item is _IDLE:
                 log.info("session idle: ended", task_id=str(relay.task_id), idle=idle)
                 end_session(relay, lease_pb2.SESSION_END_IDLE)
                 return

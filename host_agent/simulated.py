@@ -37,7 +37,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from host_agent import simulated_video
 from host_agent.baselines import Baselines
@@ -66,6 +66,9 @@ from host_agent.simulated_log import ActionRecord, Recorder
 from host_agent.simulated_logcat import PhoneLog
 from host_agent.simulated_screen import PHONE_SIZE, UI_XML, LiveScreen, live_frame, screenshot_png
 from host_agent.simulated_state import PhoneState
+
+if TYPE_CHECKING:
+    from host_agent.simulated_door import SimulatedDoor
 
 __all__ = ["ActionRecord", "SimulatedDevice", "SimulatedSource"]
 
@@ -222,6 +225,12 @@ class SimulatedSource:
     def in_flight(self, serial: str) -> int:
         """How many actions are running on `serial` right now."""
         return self._in_flight.get(serial, 0)
+
+    def door(self, serial: str) -> SimulatedDoor:
+        """The phone's adb services, for an adb door (host_agent.simulated_door)."""
+        from host_agent.simulated_door import SimulatedDoor  # which builds on this module
+
+        return SimulatedDoor(self, serial)
 
     def actions_for(self, serial: str) -> list[ActionRecord]:
         return [record for record in self.actions if record.serial == serial]

@@ -1,18 +1,24 @@
 """A simulated phone's log (what logd holds): believable `logcat -v threadtime` lines for
-a simulated phone (host_agent.simulated) and the tests' fake phone behind the adb wire.
+a simulated phone (host_agent.simulated, and `adb logcat` through its door:
+host_agent.simulated_door) and the tests' fake phone behind the adb wire, one log per
+phone whoever reads it.
 
-The system chatters (a few lines a second from ActivityManager, BatteryService, Wi-Fi,
-SurfaceFlinger, … at several priorities, made up when the log is next read or written, so
-an idle phone costs nothing until then); what is done on the phone is logged as Android
-logs it: a launch (`START u0 {…}`, `Start proc`, `Displayed`), a stop (`Force stopping`),
-taps, swipes, keys and typed text as input events. A crash on demand: `am crash PACKAGE`
-(Android's own command) writes AndroidRuntime's `FATAL EXCEPTION` block and the process's
-death; `log -p e -t ActivityManager 'ANR in …'` writes an ANR line, as `log` writes any
-line on a phone.
+It begins with a few lines of the phone's boot; then the system chatters (a few lines a
+second from ActivityManager, BatteryService, Wi-Fi, SurfaceFlinger, … at several
+priorities, made up when the log is next read or written, so an idle phone costs nothing
+until then; a log made with `chatter=0` has no system lines at all, its boot's neither);
+what is done on the phone is logged as Android logs it: a launch (`START u0 {…}`, `Start
+proc`, `Displayed`), a stop (`Force stopping`), taps, swipes, keys and typed text as input
+events. A crash on demand: `am crash PACKAGE` (Android's own command) writes
+AndroidRuntime's `FATAL EXCEPTION` block and the process's death; `log -p e -t
+ActivityManager 'ANR in …'` writes an ANR line, as `log` writes any line on a phone.
 
-Commands answered (`answer`): `logcat -c` (clear), `logcat -d …` (the log so far), `log
-[-p P] [-t TAG] MESSAGE`, `am crash PACKAGE`; `follow()` is `logcat -v threadtime` without
--d: what the log holds, then each line as it is written, until the phone is unplugged.
+Commands answered (`answer`): `logcat -c` (clear), `logcat -d` and `logcat -t N` (the log
+so far, its last N lines), `log [-p P] [-t TAG] MESSAGE`, `am crash PACKAGE`; `follow()`
+is `logcat` without -d, -c or -t: what the log holds, then each line as it is written,
+until the phone is unplugged. `logcat_command` finds logcat in a command line as the adb
+client sends it (`export ANDROID_LOG_TAGS="''"; exec logcat -d`), `logcat_args` reads its
+options (others are taken and ignored).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import shlex
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from itertools import islice
 
 from amc_common.logcat import LEVELS
@@ -34,6 +41,23 @@ CHATTER_PER_SECOND = 3.0
 # After a long quiet spell, at most this many chatter lines are made up at once.
 MOST_CHATTER = 200
 _SYSTEM_PID = 1402
+# The phone booted this long before its log was made.
+_UP = 60.0
+# (tag, priority, message): the boot's lines, 0.7 s apart.
+_BOOT: tuple[tuple[str, str, str], ...] = (
+    ("SystemServer", "I", "Entered the Android system server!"),
+    ("ActivityManager", "I", "System now ready"),
+    ("WindowManager", "I", "Screen frozen for +153ms due to Window{a1b2c3 u0 StatusBar}"),
+    ("ConnectivityService", "D", "NetworkAgentInfo [WIFI () - 100] validation passed"),
+    ("PackageManager", "I", "Finished scanning system apps"),
+    (
+        "ActivityTaskManager",
+        "I",
+        "START u0 {act=android.intent.action.MAIN"
+        " cat=[android.intent.category.HOME] cmp=com.android.launcher3/.Launcher} from uid 0",
+    ),
+    ("BootReceiver", "I", "Copying audit failures to DropBox"),
+)
 
 # (tag, priority, message): the system's own lines, picked at random.
 CHATTER: tuple[tuple[str, str, str], ...] = (
@@ -88,6 +112,12 @@ class PhoneLog:
         self._chatted_at = clock()
         # Running apps: package -> pid.
         self.running: dict[str, int] = {}
+        if chatter > 0:
+            booted = self._chatted_at - _UP
+            for i, (tag, priority, text) in enumerate(_BOOT):
+                self._add(
+                    threadtime(booted + i * 0.7, _SYSTEM_PID, _SYSTEM_PID, priority, tag, text)
+                )
 
     # -- writing ------------------------------------------------------------------------
 
@@ -128,10 +158,11 @@ class PhoneLog:
 
     # -- reading ------------------------------------------------------------------------
 
-    def dump(self) -> str:
-        """`logcat -d`: what the log holds now."""
+    def dump(self, last: int | None = None) -> str:
+        """`logcat -d`: what the log holds now (`logcat -t N`: its `last` lines)."""
         self._chat()
-        return "".join(f"{x}\n" for x in self._lines)
+        kept = len(self._lines) if last is None else min(max(last, 0), len(self._lines))
+        return "".join(f"{x}\n" for x in islice(self._lines, len(self._lines) - kept, None))
 
     async def follow(self, gone: asyncio.Event | None = None) -> AsyncIterator[bytes]:
         """`logcat`: what the log holds, then each line as it is written, until `gone`
@@ -238,10 +269,11 @@ class PhoneLog:
         except ValueError:
             return None
         if argv[:1] == ["logcat"]:
-            if "-c" in argv[1:]:
+            asked = logcat_args(argv[1:])
+            if asked.clear:
                 self.clear()
                 return 0, ""
-            return 0, self.dump()
+            return 0, self.dump(asked.tail)
         if argv[:1] == ["log"]:
             return self._log(argv[1:])
         if argv[:2] == ["am", "crash"] and len(argv) == 3:
@@ -262,3 +294,47 @@ class PhoneLog:
             return 1, "usage: log [-p priorityChar] [-t tag] message\n"
         self.write(priority, tag, " ".join(args), pid=_SYSTEM_PID + 3000)
         return 0, ""
+
+
+@dataclass(frozen=True)
+class LogcatArgs:
+    dump: bool = False  # print what there is, then exit
+    clear: bool = False
+    tail: int | None = None  # only the last N lines (then exit)
+
+    @property
+    def follows(self) -> bool:
+        """Whether it follows the log until stopped (no -d, -c or -t)."""
+        return not (self.dump or self.clear or self.tail is not None)
+
+
+def logcat_args(argv: list[str]) -> LogcatArgs:
+    """What `logcat ARGS` asks (argv without `logcat`)."""
+    dump = clear = False
+    tail = None
+    words = iter(argv)
+    for word in words:
+        if word == "-d":
+            dump = True
+        elif word == "-c":
+            clear = True
+        elif word in ("-t", "-T"):
+            value = next(words, "")
+            tail = int(value) if value.isdigit() else None
+        elif word.startswith("-t") and word[2:].isdigit():
+            tail = int(word[2:])
+    return LogcatArgs(dump, clear, tail)
+
+
+def logcat_command(command: str) -> list[str] | None:
+    """The arguments of a shell command line that runs logcat as the adb client sends it
+    (`export ANDROID_LOG_TAGS="''"; exec logcat -d`), or None when it runs something else."""
+    try:
+        last = shlex.split(command.split(";")[-1])
+    except ValueError:
+        return None
+    if last[:1] == ["exec"]:
+        last = last[1:]
+    if last[:1] in (["logcat"], ["/system/bin/logcat"]):
+        return last[1:]
+    return None

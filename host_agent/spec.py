@@ -47,10 +47,12 @@ class Workflow:
 
 @dataclass(frozen=True)
 class Session:
-    """An interactive session (host_agent.session): its actions arrive one at a time."""
+    """An interactive session (host_agent.session): its actions arrive one at a time; an
+    adb door's (`adb`) serves the phone's adb streams too (host_agent.adb_door)."""
 
     kind: ClassVar[str] = "session"
     apps: tuple[InstallApp, ...] = ()
+    adb: bool = False
 
 
 TaskSpec: TypeAlias = ActionList | Workflow | Session

@@ -210,7 +210,7 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
             steps = tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps))
             return Workflow(steps, apps)
         case "session":
-            return Session(apps)
+            return Session(apps, adb=pb.session.adb)
         case None:
             raise InvalidSpec("task spec has neither actions nor a workflow")
         case _:

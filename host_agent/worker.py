@@ -23,6 +23,7 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
 from host_agent import artifact_upload, logcat, recording
+from host_agent.adb_door import door_served
 from host_agent.config import AgentSettings
 from host_agent.devices import Device, DeviceSource
 from host_agent.fencing import HeldLease, RenewalResult
@@ -248,8 +249,9 @@ class Worker:
             options = SessionSettings(
                 settings.shell_timeout, settings.upload_timeout, library, marks
             )
-            stub = self._tools.stub
-            return await run_session(stub, self.lease, device, token, options, spec.apps)
+            stub, source = self._tools.stub, self._tools.source
+            async with door_served(stub, self.lease, source, device.serial, spec.adb):
+                return await run_session(stub, self.lease, device, token, options, spec.apps)
         # Each step as it ends goes with the lease's next renewal (progress).
         lease_id, keeper = self.lease.lease_id, self._tools.keeper
         return await run(

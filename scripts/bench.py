@@ -20,6 +20,9 @@ chose, about how long it takes) and runs, in this order:
  11 screen     live screens of --screen-phones simulated phones: frames captured with
                nobody watching, frames/s to one viewer, click-to-frame latency through a
                session (--screen-clicks taps), control-plane CPU of one viewer per phone
+ 13 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
+               round trips through it beside the same straight to the phone on the same
+               adb server, and a push of --adb-push-mb MB on each path
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
@@ -80,6 +83,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_lib import (
+    adb_door,
     ceiling,
     deep,
     fleet,
@@ -201,6 +205,9 @@ class Run:
             if "screen" in a.only:
                 async with self.workload("screen"):
                     await self.screens()
+            if "adb" in a.only:
+                async with self.workload("adb"):
+                    await self.adb_doors()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
                     self.stop_amc()
@@ -349,6 +356,13 @@ class Run:
             a.screen_phones, a.screen_seconds, a.screen_idle_seconds, a.screen_clicks
         )
         self.results["screen"] = await screen.run(st, opts, say)
+
+    async def adb_doors(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
+        self.results["adb"] = await adb_door.run(st, opts, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -519,7 +533,16 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{key} failed: {message[:300]}")
     ok = not errors and all(
         doc["results"].get(key, {}).get("verified", True)
-        for key in ("lifecycle", "lifecycle_single", "fleet", "deep", "flood", "session", "screen")
+        for key in (
+            "lifecycle",
+            "lifecycle_single",
+            "fleet",
+            "deep",
+            "flood",
+            "session",
+            "screen",
+            "adb",
+        )
     )
     return 0 if ok else 1
 

@@ -10,7 +10,9 @@ processes would not fit two cores: chaos_lib/fleet.py), and a client that keeps 
 workflows, with selectors aimed at the fleet (none, the pool, a row, one rack, one serial),
 as two teams (fairness keys team-a and team-b, weights 1 and 2 in fair_shares), and
 cancels about a third of them at random moments, beside a few interactive sessions on the
-agents' phones (chaos_lib/sessions.py: closed, cancelled or abandoned; invariant 9), and a
+agents' phones (chaos_lib/sessions.py: closed, cancelled or abandoned; invariant 9), a few
+adb doors on them (`amc adb` driven by the harness's own adb client, stopped, cancelled or
+killed: chaos_lib/doors.py; invariant 13: a door never outlives its lease), and a
 few live-screen viewers watching running tasks by task_id through the replicas, some
 relayed between them, following a task that moves (chaos_lib/screens.py; invariant 11). Before
 the faults it queues a backlog of
@@ -69,8 +71,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_lib import cleaning, evidence, faults, phones, recovery, report, screens, soak
+from chaos_lib import cleaning, doors, evidence, faults, phones, recovery, report, screens, soak
 from chaos_lib.dispatch import DispatchCheck, fault_windows
+from chaos_lib.doors import DoorLoad
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
 from chaos_lib.invariants import Checks, Violation, grouped
@@ -195,6 +198,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=3,
         help="interactive sessions kept open at once on the agents' phones (0: none)",
+    )
+    p.add_argument(
+        "--doors",
+        type=int,
+        default=2,
+        help="adb doors (`amc adb`) kept open at once on the agents' phones (0: none)",
     )
     p.add_argument(
         "--viewers",
@@ -328,6 +337,13 @@ class ChaosRun:
             random.Random(self.args.seed + 23),  # the workload's draws stay the seed's
             self.args.sessions,
         )
+        self.doors = DoorLoad(
+            [r.address for r in self.farm.replicas],
+            self.farm.client_token,
+            random.Random(self.args.seed + 39),
+            self.config.workdir,
+            self.args.doors,
+        )
         self.screens = ScreenLoad(
             [r.address for r in self.farm.replicas],
             self.farm.client_token,
@@ -373,6 +389,7 @@ class ChaosRun:
         submitting = asyncio.create_task(self.workload.submit_forever())
         sessions = asyncio.create_task(self.sessions.run_forever())
         viewing = asyncio.create_task(self.screens.run_forever())
+        opening = asyncio.create_task(self.doors.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
         try:
             await asyncio.sleep(self.args.warmup)  # faults find work in flight from the start
@@ -385,6 +402,8 @@ class ChaosRun:
             sessions.cancel()  # the open ones are abandoned: they end failed
             self.screens.stop()
             viewing.cancel()
+            self.doors.stop()
+            opening.cancel()  # the open ones' doors are killed: their sessions abandoned
             watching.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
         self.pinned = await self._phones_back()
@@ -429,6 +448,7 @@ class ChaosRun:
         await self.workload.close()
         await self.sessions.close()
         await self.screens.close()
+        await self.doors.close()
         await self.monitor.close()
 
     async def check(self) -> dict[str, Any]:
@@ -470,6 +490,8 @@ class ChaosRun:
             ev, self.screens.frames, self.screens.watches, self.workload.tasks
         )
         violations += [Violation(11, check, detail) for check, detail in watched]
+        opened, door_figures = doors.check(ev, farm.action_logs(), self.doors.records)
+        violations += [Violation(13, check, detail) for check, detail in opened]
         cleans = cleaning.check(
             ev.cleans, ev.actions, ev.attempts, await cleaning.records(farm.dsn)
         )
@@ -524,6 +546,7 @@ class ChaosRun:
             ],
             "sessions": self.sessions.counts(),
             "screens": viewed,
+            "doors": door_figures | {"ends": self.doors.counts(), "broken": self.doors.broken()},
             "session_errors": self.sessions.errors(),
             "clients": {
                 "submit_retries": self.workload.counters.submit_retries,

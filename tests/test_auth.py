@@ -15,7 +15,15 @@ from typing import Any
 import grpc
 import pytest
 
-from amc.v1 import admin_pb2, lease_pb2, library_pb2, library_pb2_grpc, scheduler_pb2, task_pb2
+from amc.v1 import (
+    adb_pb2,
+    admin_pb2,
+    lease_pb2,
+    library_pb2,
+    library_pb2_grpc,
+    scheduler_pb2,
+    task_pb2,
+)
 from control_plane.domain import Role
 from control_plane.server import ControlPlane, rpc_methods
 from tests.support import Clients, Farm, actions_spec, device, seconds
@@ -159,6 +167,34 @@ async def session_actions(c: Clients, w: World, own: bool) -> object:
     call = c.lease.SessionActions()
     join = lease_pb2.SessionJoin(task_id=lease.task_id, attempt=1, lease_id=lease.lease_id)
     await first_write(call, lease_pb2.SessionActionsRequest(join=join))
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+    return OK
+
+
+async def adb_streams(c: Clients, w: World, own: bool) -> object:
+    """Past authorization, the world's task is no session: FAILED_PRECONDITION means it
+    was let in."""
+    call = c.scheduler.AdbStreams()
+    opening = adb_pb2.AdbStreamsRequest(open=adb_pb2.AdbDoorOpen(task_id=w.task_id))
+    await first_write(call, opening)
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+    return OK
+
+
+async def host_adb_streams(c: Clients, w: World, own: bool) -> object:
+    """As session_actions: past the lease's owner, the own lease's task is no session."""
+    lease = lease_of(w, own)
+    call = c.lease.AdbStreams()
+    join = adb_pb2.AdbDoorJoin(task_id=lease.task_id, attempt=1, lease_id=lease.lease_id)
+    await first_write(call, adb_pb2.LeaseAdbStreamsRequest(join=join))
     try:
         await call.read()
     except grpc.aio.AioRpcError as exc:
@@ -386,6 +422,8 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Scheduler/GetArtifact": get_artifact,
     "/amc.v1.Scheduler/OpenSession": open_session,
     "/amc.v1.Lease/SessionActions": session_actions,
+    "/amc.v1.Scheduler/AdbStreams": adb_streams,
+    "/amc.v1.Lease/AdbStreams": host_adb_streams,
     "/amc.v1.Scheduler/WatchScreen": watch_screen,
     "/amc.v1.Lease/ScreenFrames": screen_frames,
     "/amc.v1.Scheduler/StreamLogs": stream_logs,
@@ -449,6 +487,7 @@ def expected(method: str, caller: str) -> object:
             "ReleaseLease": ABORTED,
             "UploadArtifact": DENIED,
             "SessionActions": DENIED,
+            "AdbStreams": DENIED,
             "ScreenFrames": DENIED,
             "LogLines": DENIED,
             # Any host may find an app and fetch library bytes: they are no host's own.

@@ -20,7 +20,7 @@ from amc.v1 import task_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib import cleaning, phones, screens  # noqa: E402
+from chaos_lib import cleaning, doors, phones, screens  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
@@ -68,6 +68,8 @@ def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: P
     assert results["phones"]["details"]["phones back at work after their faults"] >= 1
     # Live screens: tasks watched through the faults (invariant 11 held above).
     assert results["screens"]["frames"] > 0 and results["screens"]["tasks_watched"] > 0
+    # adb doors: opened and used through the faults (invariant 13 held above).
+    assert results["doors"]["opened"] > 0 and results["doors"]["door_streams_on_phones"] > 0
 
 
 def test_phone_fault_checks_catch_a_sick_phone_given_work_and_a_spent_budget() -> None:
@@ -754,3 +756,69 @@ def test_cleans_that_passed_between_leases_break_no_invariant_12() -> None:
     ]
     reports = [cleaning.Record("h1/sim-0", t + 2.2, True, "")]
     assert cleaning.check(cleans, tapped, attempts, reports).violations == []
+
+
+def test_a_door_past_its_lease_or_its_session_breaks_invariant_13(tmp_path: Path) -> None:
+    """THEN invariant 13: a door's streams opened and written within their attempt's lease
+    are clean, and so is a door stopped (done), cancelled or killed (failed) that hung up
+    at its session's end; a stream written after the lease ended or after the host's token
+    tripped, one on a phone outside any attempt, a door that hung up long after its
+    session ended or never did, and a session ended otherwise than its door asked each
+    break it."""
+    ours = _attempt("t1", 1, "h1", T0, T0 + 10)
+    log = tmp_path / "h1.jsonl"
+
+    def stream(opened: float, written: float | None, serial: str = "sim-0") -> str:
+        args = {"service": "shell:echo 1", "written_until": written}
+        return json.dumps({"action": "adb", "serial": serial, "started_wall": opened, "args": args})
+
+    def task(status: str, error: str = "") -> dict[str, Any]:
+        return {
+            "status": status,
+            "error": error,
+            "finished_at": T0 + 10,
+            "metadata": {"door": "adb"},
+        }
+
+    def door(plan: str, did: str, exit_code: int, hung_up: float | None = T0 + 10.1) -> Any:
+        return doors.DoorRecord(plan, "r", "t1", True, 2, did, "", hung_up, exit_code)
+
+    ev = Evidence(
+        tasks={"t1": task("done")}, attempts={("t1", 1): ours}, events={}, devices=[],
+        actions=[], agent_events=[],
+    )  # fmt: skip
+    log.write_text(stream(T0 + 1, T0 + 9.99) + "\n" + stream(T0 + 2, None) + "\n")
+    closed = door("close", "closed", 0)
+    assert doors.check(ev, {"h1": log}, [closed])[0] == []
+    ev.tasks["t1"] = task("failed", "session abandoned")
+    assert doors.check(ev, {"h1": log}, [door("abandon", "killed", -9)])[0] == []
+    ev.tasks["t1"] = task("cancelled")
+    assert doors.check(ev, {"h1": log}, [door("cancel", "cancel_acked", 9)])[0] == []
+
+    ev.tasks["t1"] = task("done")
+    late = "a door wrote to a phone after its lease ended (or its host's token tripped)"
+    log.write_text(stream(T0 + 1, T0 + 10.5) + "\n")
+    assert [c for c, _ in doors.check(ev, {"h1": log}, [closed])[0]] == [late]
+    ev.trips[("t1", 1)] = (T0 + 5, "cancelled")
+    log.write_text(stream(T0 + 1, T0 + 6) + "\n")
+    assert [c for c, _ in doors.check(ev, {"h1": log}, [closed])[0]] == [late]
+    del ev.trips[("t1", 1)]
+    log.write_text(stream(T0 - 1, None) + "\n")
+    assert [c for c, _ in doors.check(ev, {"h1": log}, [closed])[0]] == [
+        "a door's stream on a phone outside any attempt"
+    ]
+
+    log.write_text("")
+    broken = {
+        "a door outlived its session's end": door("close", "closed", 0, T0 + 10 + 6),
+        "a door never hung up on its adb client": door("close", "closed", 0, None),
+        "a door's session done though its door was not stopped": door("cancel", "cancel_acked", 9),
+    }
+    for check, bad in broken.items():
+        found = [c for c, _ in doors.check(ev, {"h1": log}, [bad])[0]]
+        assert check in found, (check, found)
+    ev.tasks["t1"] = task("failed", "step 1: `false` exited 1")
+    assert [c for c, _ in doors.check(ev, {"h1": log}, [door("abandon", "killed", -9)])[0]] == [
+        "a door's session failed for a reason that is not a stop"
+    ]
+    assert NAMES[13].startswith("adb doors")

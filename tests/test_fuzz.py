@@ -50,7 +50,15 @@ from hypothesis import strategies as st
 
 import control_plane.server
 import control_plane.sweep
-from amc.v1 import admin_pb2, lease_pb2, library_pb2, library_pb2_grpc, scheduler_pb2, task_pb2
+from amc.v1 import (
+    adb_pb2,
+    admin_pb2,
+    lease_pb2,
+    library_pb2,
+    library_pb2_grpc,
+    scheduler_pb2,
+    task_pb2,
+)
 from control_plane import validate
 from control_plane.config import Settings
 from control_plane.domain import Role
@@ -1106,6 +1114,22 @@ def templates(w: World) -> dict[str, list[message.Message]]:
             )
             for a in w.leases[:2]
         ],
+        "/amc.v1.Scheduler/AdbStreams": [
+            adb_pb2.AdbStreamsRequest(open=adb_pb2.AdbDoorOpen(task_id=t)) for t in w.tasks[:2]
+        ]
+        + [adb_pb2.AdbStreamsRequest(frame=adb_pb2.AdbFrame(stream=1, open="shell:ls"))],
+        "/amc.v1.Lease/AdbStreams": [
+            adb_pb2.LeaseAdbStreamsRequest(
+                join=adb_pb2.AdbDoorJoin(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    phone=adb_pb2.AdbPhone(model="Fuzz", features=["cmd"]),
+                )
+            )
+            for a in w.leases[:2]
+        ]
+        + [adb_pb2.LeaseAdbStreamsRequest(frame=adb_pb2.AdbFrame(stream=1, data=b"x"))],
     }
 
 

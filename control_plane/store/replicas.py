@@ -44,6 +44,19 @@ class Replicas(Aggregate):
             relay=relay,
         )
 
+    async def session_relay(
+        self, task_id: TaskId, within: timedelta
+    ) -> tuple[bool, str, SessionRelay | None] | None:
+        """Whether the task is a session, who opened it, and where its client's call is
+        held (replicas.sql session_relay); None: no such task."""
+        row = await self._db.fetchrow("session_relay", task_id, within)
+        if row is None:
+            return None
+        relay = None
+        if row["replica_id"] is not None:
+            relay = SessionRelay(row["replica_id"], row["address"], row["alive"])
+        return bool(row["session"]), str(row["caller"]), relay
+
     async def screen_source(
         self, task_id: uuid.UUID | None, host_id: str, serial: str, within: timedelta
     ) -> dict[str, Any] | None:

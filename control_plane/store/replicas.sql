@@ -46,6 +46,18 @@ LEFT JOIN session_relays s ON s.task_id = t.task_id
 LEFT JOIN replicas r ON r.replica_id = s.replica_id
 WHERE t.task_id = $1;
 
+-- name: session_relay
+-- Where session $1's client call is held, for a call of its client that reached another
+-- replica (an adb door's streams): whether the task is a session, who opened it, the
+-- replica holding its call, that replica's address and whether it heartbeat within $2.
+-- No row: no such task.
+SELECT t.session, t.caller, s.replica_id, r.address,
+       COALESCE(r.seen_at > now() - $2::interval, false) AS alive
+FROM tasks t
+LEFT JOIN session_relays s ON s.task_id = t.task_id
+LEFT JOIN replicas r ON r.replica_id = s.replica_id
+WHERE t.task_id = $1;
+
 -- name: screen_source
 -- Where a phone to watch is: a task's ($1, or NULL) phone as its live attempt holds it,
 -- else the device $2/$3; whether it is known; its host's replica, that replica's address

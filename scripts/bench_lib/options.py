@@ -24,6 +24,7 @@ WORKLOADS = (
     "cancel",
     "session",
     "screen",
+    "adb",
     "fleet",
     "deep",
     "flood",
@@ -181,6 +182,8 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         help=f"the {BIG_HOSTS:,}-host rows too: a fleet run and a deep run at that size"
         " (10 minutes more on 2 cores at best: they need the machine to keep 15,000 phones busy)",
     )
+    p.add_argument("--adb-shells", type=int, default=100, help="adb: shell round trips each")
+    p.add_argument("--adb-push-mb", type=int, default=100, help="adb: the push's size, MB")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -210,6 +213,7 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         args.session_sizes, args.session_seconds, args.session_starts = "1,10", 2.0, 5
         args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
         args.screen_clicks = 5
+        args.adb_shells, args.adb_push_mb = 10, 10
         args.plans_history, args.plans_hosts = 5000, 200
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
@@ -275,6 +279,10 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
     if "screen" in only:
         seconds = a.screen_idle_seconds + 2 * a.screen_seconds + a.screen_clicks * 0.3 + 8
         out.append(("screen", f"{a.screen_phones} phones, {a.screen_seconds:g} s windows",
+                    seconds))  # fmt: skip
+    if "adb" in only:
+        seconds = 15 + a.adb_shells * 2 * 0.03 + a.adb_push_mb * 4 / 50
+        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
                     seconds))  # fmt: skip
     if "fleet" in only:
         runs = [f"{n:,}" for n in a.fleet_hosts]

@@ -82,6 +82,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("10 session", lambda: _session_rows(results.get("session"), results.get("latency"))),
         ("11 screen", lambda: _screen_rows(results.get("screen"))),
         ("12 plans", lambda: _plans_rows(results.get("plans"))),
+        ("13 adb door", lambda: _adb_rows(results.get("adb"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:
@@ -128,6 +129,12 @@ def _plans_rows(pl: dict[str, Any] | None) -> list[Row]:
     ]
     out += [Row("12 plans", "  problem", p[:200]) for p in problems[:20]]
     return out
+
+
+def _adb_rows(adb: dict[str, Any] | None) -> list[Row]:
+    from bench_lib import adb_door  # which builds its rows from this module's
+
+    return adb_door.rows(adb)
 
 
 def _screen_rows(sc: dict[str, Any] | None) -> list[Row]:

@@ -122,7 +122,8 @@ class Evidence:
     # chunks add up to exactly its bytes (`whole`: same length and sha256).
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     # The commands of the hosts' cleans between leases (`clean` in the action logs), apart
-    # from `actions`, which are the tasks' (chaos_lib/cleaning.py).
+    # from `actions`, which are the tasks' (chaos_lib/cleaning.py); an adb door's streams
+    # (`adb`) are in neither: invariant 13 reads them (chaos_lib/doors.py).
     cleans: list[Action] = field(default_factory=list)
 
     def attempts_of(self, task_id: str) -> list[dict[str, Any]]:
@@ -158,7 +159,7 @@ async def load(
         attempts={(str(a["task_id"]), a["attempt"]): _row(a) for a in attempts},
         events=dict(by_task),
         devices=[_row(d) for d in devices],
-        actions=[a for a in logged if a.action != "clean"],
+        actions=[a for a in logged if a.action not in ("clean", "adb")],
         cleans=[a for a in logged if a.action == "clean"],
         agent_events=agent_events,
         unparsed_log_lines=unparsed,

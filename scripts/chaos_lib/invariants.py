@@ -36,6 +36,10 @@
        every gap, and watching changes no task's steps or actions
    12  cleaning (chaos_lib/cleaning.py): no lease starts on a phone between a failed clean
        and the next one that passed, and no task acts on a phone while it is cleaned
+   13  adb doors (chaos_lib/doors.py): a door never outlives its lease: no byte written to
+       a phone and no stream opened there after its attempt's lease ended or its host's
+       token tripped, and the door hangs up on its adb client within a bound of its
+       session's end, which is the one asked for (or a stop that is not a cancellation)
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
@@ -73,6 +77,7 @@ NAMES = {
     10: "phone faults: infrastructure retries, sick phones idle, recovered ones at work",
     11: "live screens: a task's viewer sees only its attempt's phone; watching changes nothing",
     12: "cleaning: no lease on a phone whose last clean failed, no task during a clean",
+    13: "adb doors: a door never outlives its lease",
 }
 TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).
@@ -155,8 +160,8 @@ class Checks:
         ev = self.evidence
         records = {r.task_id: r for r in self.sessions if r.task_id}
         for task_id, t in ev.tasks.items():
-            if not _is_session(t):
-                continue
+            if "session" not in (t["metadata"] or {}):
+                continue  # a door's session is invariant 13's (chaos_lib/doors.py)
             status, error = t["status"], t["error"]
             r = records.get(task_id)
             did = r.did if r is not None else ""
@@ -739,5 +744,7 @@ def grouped(violations: list[Violation]) -> dict[str, dict[str, Any]]:
 
 
 def _is_session(t: dict[str, Any]) -> bool:
-    """A session's task (chaos_lib/sessions.py marks each in its metadata)."""
-    return "session" in (t["metadata"] or {})
+    """A session's task (chaos_lib/sessions.py marks each in its metadata, `amc adb` its
+    door's)."""
+    metadata = t["metadata"] or {}
+    return "session" in metadata or "door" in metadata

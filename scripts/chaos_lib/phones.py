@@ -281,8 +281,9 @@ def _budget(
     for task_id, t in tasks.items():
         if t.get("infra_retries"):
             verdict.stats["tasks requeued after a lost phone"] += 1
-        if t["status"] != "failed" or "session" in (t.get("metadata") or {}):
-            continue  # a session's end is invariant 9's
+        metadata = t.get("metadata") or {}
+        if t["status"] != "failed" or "session" in metadata or "door" in metadata:
+            continue  # a session's end is invariant 9's, a door's 13's
         end = next(
             (e for e in reversed(events.get(task_id, [])) if e["to_status"] == "failed"), None
         )

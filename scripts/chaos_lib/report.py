@@ -111,6 +111,7 @@ def table(results: dict[str, Any]) -> str:
         *_workload_lines(results.get("config") or {}),
         *_dispatch_lines(results.get("dispatch") or {}),
         *_screen_lines(results.get("screens") or {}),
+        *_door_lines(results.get("doors") or {}),
         "",
         f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
     ]
@@ -140,6 +141,18 @@ def _screen_lines(v: dict[str, Any]) -> list[str]:
     return [
         f"screens    {v['watches']} watches of {v['tasks_watched']} tasks, {v['frames']} frames,"
         f" {v.get('relays_between_replicas', 0)} relays between replicas  (ended: {ends})"
+    ]
+
+
+def _door_lines(v: dict[str, Any]) -> list[str]:
+    if not v.get("doors"):
+        return []
+    ends = "  ".join(f"{k} {n}" for k, n in v.get("ends", {}).items())
+    return [
+        f"adb doors  {v['doors']} doors, {v['opened']} opened, {v['door_streams_on_phones']}"
+        f" streams on phones; last write {v['latest_write_after_lease_end_s']}s after a lease"
+        f" end, hung up {v['latest_hang_up_after_task_end_s']}s after a session's end at most"
+        f"  (ended: {ends})"
     ]
 
 

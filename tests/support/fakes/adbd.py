@@ -16,8 +16,9 @@ with ``magic == command ^ 0xffffffff``, followed by ``data_length`` bytes.
 Services ``shell:``, ``exec:`` and ``exec-out:`` run the command on a `FakePhone` (an
 ``exec:`` that announces a stdin size, ``cmd package install -S N``, reads N bytes of the
 server's WRTEs first); ``sync:`` speaks the sync protocol on the phone's files
-(tests.support.fakes.sync); anything else (``reboot:``, …) is refused with
-``CLSE(0, their_id)``.
+(tests.support.fakes.sync); ``tcp:7`` echoes what it is sent (the phone's echo port, as a
+simulated phone's, so that ``adb forward`` has something to reach); anything else
+(``reboot:``, …) is refused with ``CLSE(0, their_id)``.
 `wedged`: the transport hangs (OPENs go unanswered, as over a stuck USB link) until the
 server connects again (`adb reconnect`), which clears it.
 We do not advertise ``shell_v2`` so the server uses plain ``shell:``, the service our
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self, cast
 
+from host_agent.simulated_door import ECHO_PORT
 from tests.support.fakes.phone import FakePhone
 from tests.support.fakes.sync import serve_sync, stdin_size
 
@@ -319,7 +321,7 @@ class _Session:
         if self.adbd.wedged:
             log.info("adbd %s: wedged, not answering %r", self.peer, service)
             return
-        command = "" if service.startswith("sync:") else _command_of(service)
+        command = "" if service.startswith(("sync:", ECHO_PORT)) else _command_of(service)
         if command is None:
             log.info("adbd %s: refusing service %r", self.peer, service)
             await self.send(Message(A_CLSE, 0, remote_id))
@@ -358,6 +360,10 @@ class _Session:
         try:
             if stream.service.startswith("sync:"):
                 await self._serve_sync(stream)
+                return
+            if stream.service == ECHO_PORT:
+                while chunk := await stream.stdin.read(self.max_payload):
+                    await self._write(stream, chunk)
                 return
             if (size := stdin_size(command)) is not None:
                 data = await stream.stdin.readexactly(size)

@@ -10,7 +10,8 @@
 * ``uiautomator dump <path>`` (writes `ui_xml` to a fake file) and ``cat <path>``
 * ``screencap -p`` (the PNG, after `screencap_prefix` so drivers must trim; with `screen`
   set, a live frame showing where the last ``input tap`` landed)
-* ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``
+* ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``,
+  ``export …`` (nothing) and ``exec CMD`` (runs CMD)
 * compound commands joined by ``;``, ``&&`` and ``||`` (tokenised with `shlex`, so
   quoting and backslash escapes behave as in ``sh``)
 * its package manager (`apps`, host_agent.simulated_apps, sharing `files`): ``pm list
@@ -18,9 +19,11 @@
   from stdin (``cmd package install -S SIZE``, `stdin_command`) of an APK whose manifest
   it reads; pushes and pulls land in `files` (the servers' ``sync:``)
 * its log (`log`, host_agent.simulated_logcat, as a simulated phone's): ``logcat -c``,
-  ``logcat -d``, ``logcat`` streamed (`stream_shell`: until the stream is closed), ``log
-  [-p P] [-t TAG] MESSAGE``, ``am crash PACKAGE`` (a FATAL EXCEPTION block); ``input``,
-  ``am start``, ``monkey -p`` and ``am force-stop`` are logged as Android logs them
+  ``logcat -d``, ``logcat -t N``, ``logcat`` streamed (`stream_shell`: until the stream
+  is closed), also as the adb client's ``adb logcat`` sends it (``export
+  ANDROID_LOG_TAGS="''"; exec logcat …``); ``log [-p P] [-t TAG] MESSAGE``, ``am crash
+  PACKAGE`` (a FATAL EXCEPTION block); ``input``, ``am start``, ``monkey -p`` and ``am
+  force-stop`` are logged as Android logs them
 
 Anything else prints ``/system/bin/sh: <cmd>: inaccessible or not found`` and exits 127.
 `failures` lets a test make a command fail: a key is matched as a prefix of the
@@ -45,12 +48,11 @@ from dataclasses import dataclass, field
 # One PNG writer for the simulator and the fakes; re-exported for tests.
 from host_agent.screen import PNG_SIGNATURE
 from host_agent.simulated_apps import PhoneApps
-from host_agent.simulated_logcat import PhoneLog
+from host_agent.simulated_door import split_commands
+from host_agent.simulated_logcat import PhoneLog, logcat_args, logcat_command
 from host_agent.simulated_screen import LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
-
-_OPERATORS = frozenset({";", "&&", "||"})
 
 DEFAULT_PROPS: dict[str, str] = {
     "ro.product.model": "Pixel Fake",
@@ -137,7 +139,8 @@ class FakePhone:
         return b"".join([chunk async for chunk in self.stream_shell(command)])
 
     async def stream_shell(self, command: str) -> AsyncIterator[bytes]:
-        if _follows_log(command):
+        argv = logcat_command(command)
+        if argv is not None and logcat_args(argv).follows:
             self.commands.append((time.monotonic(), command))
             async for chunk in self.log.follow():
                 yield chunk
@@ -152,12 +155,14 @@ class FakePhone:
         """Run `command` lazily: output chunks and pauses, in order."""
         self.commands.append((time.monotonic(), command))
         status = 0
-        for operator, argv in _split_commands(command):
+        for operator, argv in split_commands(command):
             if (operator == "&&" and status != 0) or (operator == "||" and status == 0):
                 continue
             if argv[:1] == ["exit"]:
                 return
             self.executed.append((time.monotonic(), argv))
+            if argv[:1] == ["exec"]:
+                argv = argv[1:]  # the shell becomes the command: the same, for a fake
             if argv[:1] == ["sleep"]:
                 yield Sleep(float(argv[1]) if len(argv) > 1 else 0.0)
                 status = 0
@@ -211,7 +216,7 @@ class FakePhone:
             return 0, (" ".join(words) + "\n").encode()
         if name == "input" and self.screen is not None:
             self._input(argv[1:])
-        if name in ("true", "input", "am", "monkey"):
+        if name in ("true", "input", "am", "monkey", "export"):
             return 0, b""
         if name == "false":
             return 1, b""
@@ -279,27 +284,3 @@ class FakePhone:
                 out += f"cat: {path}: No such file or directory\n".encode()
                 status = 1
         return status, out
-
-
-def _follows_log(command: str) -> bool:
-    """`logcat` without -d or -c: it follows the log until it is stopped."""
-    words = command.split()
-    return words[:1] == ["logcat"] and "-d" not in words and "-c" not in words
-
-
-def _split_commands(command: str) -> list[tuple[str, list[str]]]:
-    """[(operator before it, argv)] for each simple command; the first gets ';'."""
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split = True
-    result: list[tuple[str, list[str]]] = []
-    operator, argv = ";", list[str]()
-    for token in lexer:
-        if token in _OPERATORS:
-            if argv:
-                result.append((operator, argv))
-            operator, argv = token, []
-        else:
-            argv.append(token)
-    if argv:
-        result.append((operator, argv))
-    return result
