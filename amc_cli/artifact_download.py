@@ -15,6 +15,9 @@ from typing import BinaryIO
 
 from amc.v1 import task_pb2
 from amc_cli.errors import BadInput, CliError, ExitCode
+from amc_common.steps import index_of
+from amc_common.steps import label as step_label
+from amc_common.steps import number as step_number
 
 # What a run keeps with its last step besides its actions' files: its screen recording
 # and its phone's log. A step named without --action means its actions' file, if it has one.
@@ -28,10 +31,10 @@ def choose(
     attempt: int | None,
     action: int | None,
 ) -> task_pb2.Artifact:
-    """The one artifact `step` (an index or a name) names: of `attempt` (default: the
-    latest attempt that kept one there) and `action` (needed when the step kept several;
-    without it, the run's recording and log kept with the last step yield to its actions'
-    file)."""
+    """The one artifact `step` (a step's number, from 1, or its name) names: of `attempt`
+    (default: the latest attempt that kept one there) and `action` (its place in the step,
+    from 1: needed when the step kept several; without it, the run's recording and log
+    kept with the last step yield to its actions' file)."""
     matching = [a for a in artifacts if _step_is(a, step)]
     if attempt is not None:
         matching = [a for a in matching if a.attempt == attempt]
@@ -39,23 +42,26 @@ def choose(
         latest = max(a.attempt for a in matching)
         matching = [a for a in matching if a.attempt == latest]
     if action is not None:
-        matching = [a for a in matching if a.action_index == action]
+        matching = [a for a in matching if step_number(a.action_index) == action]
     elif len(matching) > 1 and any(a.kind not in RUN_FILES for a in matching):
         matching = [a for a in matching if a.kind not in RUN_FILES]
     if not matching:
-        kept = ", ".join(sorted({f"{a.step_index} {a.step_name!r}" for a in artifacts}))
+        kept = ", ".join(
+            step_label(i, name)
+            for i, name in sorted({(a.step_index, a.step_name) for a in artifacts})
+        )
         where = f"; steps with artifacts: {kept}" if kept else "; it has none"
         raise CliError(
             f"task {task_id} has no artifact for step {step!r}{where}", ExitCode.NOT_FOUND
         )
     if len(matching) > 1:
-        which = ", ".join(f"--action {a.action_index} ({a.kind})" for a in matching)
+        which = ", ".join(f"--action {step_number(a.action_index)} ({a.kind})" for a in matching)
         raise BadInput(f"step {step!r} kept {len(matching)} artifacts; choose one: {which}")
     return matching[0]
 
 
 def _step_is(artifact: task_pb2.Artifact, step: str) -> bool:
-    return step == artifact.step_name or (step.isdigit() and int(step) == artifact.step_index)
+    return step == artifact.step_name or index_of(step) == artifact.step_index
 
 
 def write(artifact: task_pb2.Artifact, chunks: Iterator[bytes], target: str) -> int:

@@ -26,6 +26,8 @@ from amc_cli.render import (
     when,
     where,
 )
+from amc_common.steps import label as step_label
+from amc_common.steps import number as step_number
 
 STEP_STYLE = {"ok": "green", "failed": "red", "skipped": "dim", "cancelled": "magenta"}
 
@@ -101,7 +103,7 @@ def steps_table(task: task_pb2.Task, out: Console | None = None) -> None:
             line = f"kept {kept.kind}, {kept.size_bytes} bytes (amc artifact)"
             detail.append(f"{chr(10) if detail else ''}{line}", style="cyan")
         table.add_row(
-            str(step.index),
+            str(step_number(step.index)),
             Text(step.name),
             Text(name, style=style),
             seconds(step.duration) if step.HasField("duration") else "-",
@@ -193,7 +195,7 @@ def step_lines(task: task_pb2.Task, before: task_pb2.Task | None) -> list[Text]:
     lines = []
     for step in p.steps[len(old.steps) :]:
         status = step_status(step)
-        line = Text(f"  step {step.index + 1}/{p.step_count} ")
+        line = Text(f"  {step_label(step.index, count=p.step_count)} ")
         line.append(step.name, style="bold")
         line.append(f"  {status}", style=STEP_STYLE.get(status, ""))
         line.append(f" in {seconds(step.duration)}")
@@ -208,7 +210,7 @@ def step_lines(task: task_pb2.Task, before: task_pb2.Task | None) -> list[Text]:
         old.running_name,
         old.running_since,
     ):
-        line = Text(f"  step {p.running_index + 1}/{p.step_count} ")
+        line = Text(f"  {step_label(p.running_index, count=p.step_count)} ")
         line.append(p.running_name, style="bold")
         line.append(f"  running for {running_for(p.running_since)}", style="blue")
         lines.append(line)
@@ -219,7 +221,7 @@ def progress_summary(p: task_pb2.TaskProgress) -> Text:
     """`2 of 5 steps done; running step 3 checkout for 4.2s`."""
     text = Text(f"{len(p.steps)} of {p.step_count} steps done")
     if p.HasField("running_since"):
-        text.append(f"; running step {p.running_index + 1} ")
+        text.append(f"; running step {step_number(p.running_index)} ")
         text.append(p.running_name, style="bold")
         text.append(f" for {running_for(p.running_since)}")
     return text
@@ -267,9 +269,9 @@ def artifacts_table(artifacts: list[task_pb2.Artifact]) -> None:
     for a in artifacts:
         table.add_row(
             str(a.attempt),
-            str(a.step_index),
+            str(step_number(a.step_index)),
             Text(a.step_name),
-            str(a.action_index),
+            str(step_number(a.action_index)),
             a.kind,
             str(a.size_bytes),
             a.sha256,

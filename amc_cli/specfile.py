@@ -22,6 +22,8 @@ the one field that must be given.
 
 `apps:` (beside `actions:` or `workflow:`) lists apps of the library to install before the
 first action, each a package, an app id, or a mapping as install_app takes.
+`start_snapshot:` names the emulator snapshot the task starts from (one word: letters,
+digits, `.`, `_`, `-`): it then waits for an emulator that has it, which loads it first.
 
 The document is normalised against the message descriptors (names checked, durations
 turned into proto JSON, scalars coerced) and then handed to `json_format.ParseDict`. Each
@@ -47,6 +49,7 @@ from amc_cli.errors import SpecError
 from amc_cli.specdoc import Doc, parse, read
 from amc_cli.specvalues import describe, scalar, suggest
 from amc_common.action_table import FIELDS, ActionError, from_message
+from amc_common.device_selector import SNAPSHOT_NAME
 from amc_common.durations import parse_duration
 
 _TOP_LEVEL = [
@@ -62,6 +65,7 @@ _TOP_LEVEL = [
     "deadline",
     "fairness_key",
     "apps",
+    "start_snapshot",
 ]
 
 
@@ -141,9 +145,12 @@ class _Builder:
         out: dict[str, Any] = {}
         spec: dict[str, Any] = {}
         apps: list[Any] = []
+        spec_fields: dict[str, Any] = {}
         for key, value in data.items():
             if key == "apps":
                 apps = self.apps(value, data, key)
+            elif key == "start_snapshot":
+                spec_fields["start_snapshot"] = self.snapshot(value, data, key)
             elif key == "actions":
                 spec["actions"] = {"actions": self.field(value, _ACTIONS, key, data, key)}
             elif key == "workflow":
@@ -161,11 +168,18 @@ class _Builder:
         if len(spec) != 1:
             problem = "set actions or workflow, not both" if spec else "no actions or workflow"
             raise self.fail(data, None, data, "", problem)
-        out["spec"] = {**spec, "apps": apps} if apps else spec
+        out["spec"] = {**spec, "apps": apps, **spec_fields} if apps else {**spec, **spec_fields}
         try:
             return json_format.ParseDict(out, scheduler_pb2.SubmitTaskRequest())
         except json_format.ParseError as exc:
             raise SpecError(self.doc.source, None, " ".join(str(exc).split())) from None
+
+    def snapshot(self, value: Any, parent: Any, key: Hashable) -> str:
+        """An emulator snapshot's name, as the emulator console takes it."""
+        if not isinstance(value, str) or not SNAPSHOT_NAME.fullmatch(value):
+            problem = "not a snapshot name: letters, digits, '.', '_', '-', at most 64"
+            raise self.fail(parent, key, value, str(key), problem)
+        return value
 
     def message(self, value: Any, desc: Descriptor, path: str, parent: Any, key: Hashable) -> Any:
         if desc.full_name == "google.protobuf.Duration":

@@ -18,8 +18,10 @@ Modules:
 - `actions`: builders of the amc.v1.Action messages, checked with the action table
 - `errors`: the exceptions it raises
 - `retry`: which errors are tried again, and how
-- `mcp_server`: an MCP server lending a phone to AI agents (needs the `mcp` extra), with
-  `mcp_tools` (its tools), `mcp_lender` (its one session), `mcp_text` (what it says)
+- `mcp_server`: an MCP server lending phones to AI agents (needs the `mcp` extra), on stdio
+  (`mcp_stdio`) or streamable HTTP (`mcp_http`, `mcp_clients`), with its tools
+  (`mcp_session_tools`, `mcp_tools`), each client's sessions (`mcp_sessions`) and what
+  they say (`mcp_phones`, `mcp_text`)
 
 Its API pages, made from these docstrings by pdoc: docs/api/amc_client.html
 (`make api-docs` writes them again).

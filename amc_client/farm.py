@@ -19,7 +19,7 @@ from amc_client.errors import AmcClientError
 from amc_client.opening import DEFAULT_QUEUE_TIMEOUT, open_phone
 from amc_client.phone import TERMINAL, Phone
 from amc_client.retry import DEFAULT_RETRY, Reach, Retry, transient
-from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port
+from amc_common.channel import DEFAULT_PORT, aio_channel, with_default_port, with_token
 
 __all__ = ["DEFAULT_QUEUE_TIMEOUT", "TERMINAL", "Farm"]
 
@@ -30,6 +30,10 @@ class Farm:
     Calls that are safe to repeat (get, cancel, submit with its request id, a watch that
     resumes) are tried again on transient errors (UNAVAILABLE: a replica restarting, a
     reset connection) within `retry`'s budget; others propagate as grpc.aio.AioRpcError.
+
+    `channel`: a channel of the caller's to the control plane (the address, `ca_file` and
+    `tls` are then unused), which the Farm neither opens nor closes; the token is still
+    sent on each of its calls. Several Farms, one per token, may share one connection so.
     """
 
     def __init__(
@@ -40,16 +44,21 @@ class Farm:
         ca_file: str | Path | None = None,
         tls: bool = False,
         retry: Retry = DEFAULT_RETRY,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self._address = with_default_port(address, DEFAULT_PORT)
         self._token, self._ca_file, self._tls = token, ca_file, tls
         self.retry = retry
+        self._shared = channel
         self._reach = Reach(self._address)
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
 
     async def __aenter__(self) -> Farm:
-        self._channel = aio_channel(self._address, self._token, self._ca_file, tls=self._tls)
+        if self._shared is not None:
+            self._channel = with_token(self._shared, self._token)
+        else:
+            self._channel = aio_channel(self._address, self._token, self._ca_file, tls=self._tls)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         return self
 
@@ -59,7 +68,7 @@ class Farm:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if self._channel is not None:
+        if self._channel is not None and self._shared is None:
             await self._channel.close()
         self._channel = self._stub = None
 
@@ -196,6 +205,7 @@ class Farm:
         metadata: Mapping[str, str] | None = None,
         on_wait: Callable[[task_pb2.Task], None] | None = None,
         apps: Sequence[str | task_pb2.InstallApp] = (),
+        start_snapshot: str = "",
     ) -> Phone:
         """The phone of a new session, once its host joined; end it with `close()` (done)
         or `abandon()` (failed, "session abandoned"). For a holder that outlives a block
@@ -207,6 +217,7 @@ class Farm:
             priority=priority,
             metadata=dict(metadata or {}),
             apps=install_apps(apps),
+            start_snapshot=start_snapshot,
         )
         if max_duration is not None:
             opening.max_duration.CopyFrom(seconds(max_duration))
@@ -236,6 +247,7 @@ class Farm:
         metadata: Mapping[str, str] | None = None,
         on_wait: Callable[[task_pb2.Task], None] | None = None,
         apps: Sequence[str | task_pb2.InstallApp] = (),
+        start_snapshot: str = "",
     ) -> AsyncIterator[Phone]:
         """A phone of one's own until the block ends (the task ends done).
 
@@ -249,8 +261,10 @@ class Farm:
         installed before the first action, as the session's step 0 "apps" (an app id or a
         package name, replacing an installed copy; an InstallApp for other flags): one
         the library lacks is refused NOT_FOUND, a failed install raises SessionRefused,
-        and the time they take is not counted in `queue_timeout`. An exception out of the
-        block abandons the session (the task ends failed, "session abandoned")."""
+        and the time they take is not counted in `queue_timeout`. `start_snapshot`: the
+        emulator snapshot the session starts from (a phone of a host's emulator pool that
+        has it; a name no host has is refused NOT_FOUND). An exception out of the block
+        abandons the session (the task ends failed, "session abandoned")."""
         phone = await self.open_session(
             labels=labels,
             serial=serial,
@@ -262,6 +276,7 @@ class Farm:
             metadata=metadata,
             on_wait=on_wait,
             apps=apps,
+            start_snapshot=start_snapshot,
         )
         try:
             yield phone

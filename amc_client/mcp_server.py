@@ -1,25 +1,32 @@
-"""An MCP server that lends AI agents phones of the farm: tools list_phones, open_session,
-screenshot (a PNG image and its size against the screen's), ui_dump (compact, or the full
-XML), tap, tap_element (a UI selector), swipe, type_text, press_key (a key name or number),
-launch_app, stop_app, install_app, wait_for and close_session, over one interactive session
-(Scheduler.OpenSession) at a time. Needs the `mcp` extra (`pip install
-agentic-mobile-control[mcp]`); the rest of amc_client does not.
+"""An MCP server that lends AI agents phones of the farm: tools list_phones (free, busy,
+held or offline, and why), open_session, screenshot (a PNG image and its size against the
+screen's), ui_dump (compact, or the full XML), tap, tap_element (a UI selector), swipe,
+type_text, press_key (a key name or number), launch_app, stop_app, install_app, wait_for
+and close_session, each on an interactive session (Scheduler.OpenSession) of the calling
+agent's. Needs the `mcp` extra (`pip install agentic-mobile-control[mcp]`); the rest of
+amc_client does not.
 
     amc --addr amc.example:50051 --token-file token mcp --label model="Pixel 8"
+    amc --addr amc.example:50051 mcp --http 127.0.0.1:8765
     python -m amc_client.mcp_server --address amc.example:50051 --token-file token
 
-speak MCP on stdin/stdout. The tools are amc_client.mcp_tools (what each says, and how a
-failure is a tool error of one line), the session amc_client.mcp_lender's (one at a time,
-never replaced behind the agent's back). The session is opened by open_session (or the
-first action) with the MCP client's name in its metadata; close_session ends it done, and
-one the agent forgets ends failed after its idle timeout.
+The first two speak MCP on stdin/stdout, for the one agent that started the server; with
+--http, the streamable-HTTP transport at http://127.0.0.1:8765/mcp, for many agents, each
+with its own bearer token (amc_client.mcp_http, amc_client.mcp_clients). The tools are
+amc_client.mcp_session_tools and amc_client.mcp_tools (what each says and costs, and how a
+failure is a tool error of one line); an agent's sessions are amc_client.mcp_sessions'
+(named by their id, never replaced behind the agent's back). A session is opened by
+open_session (over stdio, also by the first action) with the MCP client's name in its
+metadata; close_session ends it done, and one the agent forgets ends failed after its idle
+timeout.
 
-How the server ends: when its stdin closes. An MCP client that shuts down closes the
+How the stdio server ends: when its stdin closes. An MCP client that shuts down closes the
 server's stdin and reads its stdout until the server exits (the spec's shutdown); one that
 crashed or was killed closed both, so the server tells the two apart by whether anyone
 still reads its stdout: a clean leave ends the open session done, a vanished client's
 ends failed, "session abandoned", as a gRPC client's that vanishes does. Either way the
-server exits 0, saying nothing (a vanished client's session: one line on stderr).
+server exits 0, saying nothing (a vanished client's session: one line on stderr). The HTTP
+server runs until SIGINT or SIGTERM; how it tells a client left: amc_client.mcp_clients.
 """
 
 from __future__ import annotations
@@ -28,8 +35,8 @@ import argparse
 import contextlib
 import functools
 import os
-import select
-import signal
+import socket
+import ssl
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,19 +45,33 @@ from typing import NoReturn, TypeVar
 import anyio
 from mcp.server.mcpserver import MCPServer
 
-from amc.v1 import task_pb2
-from amc_client.farm import Farm
-from amc_client.mcp_lender import PhoneLender
-from amc_client.mcp_text import compact_ui, phones_text
-from amc_client.mcp_tools import register
+from amc_client import mcp_http, mcp_session_tools, mcp_stdio, mcp_tools
+from amc_client.mcp_clients import RECONNECT_GRACE, HttpClients
+from amc_client.mcp_http import HttpOptions, http_options
+from amc_client.mcp_phones import phones_text
+from amc_client.mcp_sessions import ClientSessions, Defaults
+from amc_client.mcp_stdio import OneClient
+from amc_client.mcp_text import compact_ui
+from amc_client.mcp_tools import Lending
 from amc_common import durations
-from amc_common.channel import read_token
+from amc_common.channel import aio_channel, read_token
 from amc_common.command_line import OneLineParser
 from amc_common.version import version
 
 T = TypeVar("T")
 
-__all__ = ["PhoneLender", "build_server", "compact_ui", "main", "phones_text", "run", "serve"]
+__all__ = [
+    "ClientSessions",
+    "Defaults",
+    "HttpOptions",
+    "OneClient",
+    "build_server",
+    "compact_ui",
+    "main",
+    "phones_text",
+    "run",
+    "serve",
+]
 
 # The control plane's range for a session's idle timeout (SessionOpen.idle_timeout).
 IDLE = (1.0, 3600.0)
@@ -59,29 +80,34 @@ DEFAULT_IDLE_TIMEOUT = 300.0
 # MCP client gives up on it (60 s in most clients).
 DEFAULT_QUEUE_TIMEOUT = 30.0
 QUEUE = (1.0, 30 * 86400.0)
-# After stdin closed, how long the server watches for its stdout's reader to be gone too
-# (a client's death closes both at once) before it takes the leave for a clean one.
-LEFT_GRACE = 0.1
-# How long a clean leave waits for the session to close (after the action running, if
-# any): the MCP SDK's client sends SIGKILL 4 s after it closed the server's stdin.
-CLOSE_PATIENCE = 3.5
+# Sessions a client may hold at once unless told: a stdio server's one agent one (as it
+# always had), each agent of an HTTP server a few (phones side by side).
+SESSIONS_STDIO = 1
+SESSIONS_HTTP = 4
+SESSIONS = (1, 100)
+GRACE = (1.0, 3600.0)
 
 INSTRUCTIONS = (
-    "Drive one Android phone of the farm: list_phones, open_session (with apps of the "
-    "farm's library installed first, if asked), look (screenshot, ui_dump), then act (tap, "
-    "tap_element, swipe, type_text, press_key, launch_app, stop_app, install_app, "
-    "wait_for); close_session when done. Coordinates are the screen's pixels, "
-    "as ui_dump's centres are; a screenshot says how its image maps onto them. A session "
-    "that ended (idle, cancelled, its phone lost) stays ended: open_session again."
+    "Drive Android phones of the farm: list_phones, open_session (with apps of the "
+    "farm's library installed first, if asked; it answers the session's id), look "
+    "(screenshot, ui_dump), then act (tap, tap_element, swipe, type_text, press_key, "
+    "launch_app, stop_app, install_app, wait_for), each on the session named by `session` "
+    "(left out: your one open session); close_session when done. Coordinates are the "
+    "screen's pixels, as ui_dump's centres are; a screenshot says how its image maps onto "
+    "them. A session that ended (idle, cancelled, its phone lost) stays ended: "
+    "open_session again."
 )
 
 
-def build_server(lender: PhoneLender) -> MCPServer:
-    """The MCP server whose tools act on `lender`'s phone."""
+def build_server(lending: Lending, defaults: Defaults) -> MCPServer:
+    """The MCP server whose tools act on the sessions of `lending`'s clients."""
     server: MCPServer = MCPServer(
         "amc-phone", version=version(), instructions=INSTRUCTIONS, log_level="WARNING"
     )
-    register(server, lender)
+    mcp_session_tools.register(
+        server, lending, limit=defaults.limit, idle_timeout=defaults.idle_timeout
+    )
+    mcp_tools.register(server, lending)
     return server
 
 
@@ -91,63 +117,64 @@ async def serve(
     token: str | None = None,
     ca_file: str | Path | None = None,
     tls: bool = False,
-    labels: Mapping[str, str] | None = None,
-    serial: str = "",
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    queue_timeout: float | None = DEFAULT_QUEUE_TIMEOUT,
+    defaults: Defaults | None = None,
 ) -> None:
-    """Serve MCP on stdin/stdout until the agent closes it; the open session ends done, or
-    abandoned when the agent vanished."""
-    reader = os.dup(sys.stdout.fileno())  # our own hold on the pipe the client reads
+    """Serve MCP on stdin/stdout (amc_client.mcp_stdio) until the agent closes it; the open
+    session ends done, or abandoned when the agent vanished."""
+    await mcp_stdio.serve(
+        build_server,
+        address,
+        token=token,
+        ca_file=ca_file,
+        tls=tls,
+        defaults=defaults or Defaults(implicit=True),
+    )
+
+
+async def serve_http(
+    address: str,
+    http: HttpOptions,
+    *,
+    ca_file: str | Path | None = None,
+    tls: bool = False,
+    defaults: Defaults | None = None,
+) -> None:
+    """Serve MCP over streamable HTTP (amc_client.mcp_http) until SIGINT or SIGTERM: each
+    client's sessions opened with its own bearer token."""
+    defaults = defaults or Defaults(limit=SESSIONS_HTTP)
+    listening = _listening(http)
+    channel = aio_channel(address, None, ca_file, tls=tls)
     try:
-        async with Farm(address, token=token, ca_file=ca_file, tls=tls) as farm:
-            lender = PhoneLender(farm, labels, idle_timeout, serial, queue_timeout)
-            vanished = False
-            try:
-                await build_server(lender).run_stdio_async()
-            except* (BrokenPipeError, ConnectionResetError, anyio.BrokenResourceError):
-                vanished = True  # an answer could not be written: no one reads
-            if vanished or await anyio.to_thread.run_sync(_reader_gone, reader, LEFT_GRACE):
-                _said_abandoned(lender.abandon(), "the MCP client left without closing")
-            else:
-                await _close(lender)
+        clients = HttpClients(address, channel, defaults, http.reconnect_grace)
+        await mcp_http.serve(
+            build_server(clients, defaults),
+            clients,
+            channel,
+            listening,
+            origins=http.origins,
+            cert_file=http.cert_file,
+            key_file=http.key_file,
+            idle_timeout=defaults.idle_timeout,
+        )
     finally:
-        os.close(reader)
+        await channel.close()
 
 
-async def _close(lender: PhoneLender) -> None:
-    """End the session done, for a client that left as the MCP shutdown says: it closed
-    our stdin, waits a moment, then sends SIGTERM and, a moment later, SIGKILL. A SIGTERM
-    does not cut the close short (the session would be abandoned); a close that outlasts
-    CLOSE_PATIENCE (an action still running on the phone) gives up and abandons it."""
-    phone = lender.phone
-    previous = None
-    with contextlib.suppress(ValueError):  # only the main thread handles signals
-        previous = signal.signal(signal.SIGTERM, lambda number, frame: None)
+def _listening(http: HttpOptions) -> socket.socket:
+    """The socket to serve on, and the TLS files checked; a one-line exit if not."""
+    host, port = http.listen
+    if http.cert_file or http.key_file:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                http.cert_file or "", http.key_file
+            )
+        except (OSError, ssl.SSLError) as exc:
+            raise SystemExit(f"amc mcp: --http-cert/--http-key: {exc.strerror or exc}") from None
     try:
-        with anyio.move_on_after(CLOSE_PATIENCE) as waited:
-            await lender.close()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    if waited.cancelled_caught and phone is not None:
-        phone.abandon()
-        _said_abandoned(phone.task, "its session did not close in time")
-
-
-def _said_abandoned(task: task_pb2.Task | None, why: str) -> None:
-    if task is not None:
-        print(f"amc mcp: {why}; session {task.task_id} abandoned", file=sys.stderr)
-
-
-def _reader_gone(fd: int, within: float) -> bool:
-    """Whether the read end of the pipe (or socket) `fd` writes to is closed, within
-    `within` seconds: poll reports POLLERR (POLLHUP for a socket) for it, asked or not."""
-    if not hasattr(select, "poll"):
-        return False
-    poller = select.poll()
-    poller.register(fd, 0)
-    return bool(poller.poll(within * 1000))
+        return mcp_http.listen_on(host, port)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise SystemExit(f"amc mcp: cannot listen on {host}:{port}: {why}") from None
 
 
 def run(
@@ -160,29 +187,35 @@ def run(
     serial: str = "",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     queue_timeout: float | None = DEFAULT_QUEUE_TIMEOUT,
+    sessions_per_client: int | None = None,
+    http: HttpOptions | None = None,
 ) -> NoReturn:
-    """`serve` from synchronous code (a command line), then the process's end (exit 0,
-    `exit_served`)."""
-    anyio.run(
-        functools.partial(
-            serve,
-            address,
-            token=token,
-            ca_file=ca_file,
-            tls=tls,
-            labels=labels,
-            serial=serial,
-            idle_timeout=idle_timeout,
-            queue_timeout=queue_timeout,
-        )
+    """`serve` (stdio) or `serve_http` (`http` given) from synchronous code (a command
+    line), then the process's end (exit 0, `exit_served`)."""
+    defaults = Defaults(
+        labels=dict(labels or {}),
+        serial=serial,
+        idle_timeout=idle_timeout,
+        queue_timeout=queue_timeout,
+        limit=sessions_per_client or (SESSIONS_HTTP if http else SESSIONS_STDIO),
+        implicit=http is None,
     )
+    if http is not None:
+        serving = functools.partial(
+            serve_http, address, http, ca_file=ca_file, tls=tls, defaults=defaults
+        )
+    else:
+        serving = functools.partial(
+            serve, address, token=token, ca_file=ca_file, tls=tls, defaults=defaults
+        )
+    anyio.run(serving)
     exit_served()
 
 
 def exit_served() -> NoReturn:
     """End the process once it served (exit 0): at once, since finalizing the MCP
     SDK's modules takes about a second, which the MCP client's shutdown (SIGTERM 2 s after
-    it closed our stdin) may not give. Nothing is left to do: the session is over."""
+    it closed our stdin) may not give. Nothing is left to do: the sessions are over."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -220,8 +253,9 @@ def _typed(read: Callable[[str], T]) -> Callable[[str], T]:
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(
         prog="amc-mcp",
-        description="Serve MCP on stdin/stdout: an AI agent drives phones of an AMC farm"
-        " through interactive sessions (the same server as `amc mcp`).",
+        description="Serve MCP on stdin/stdout (or over HTTP for many agents, --http): AI"
+        " agents drive phones of an AMC farm through interactive sessions (the same server"
+        " as `amc mcp`).",
     )
     parser.add_argument("--address", required=True)
     parser.add_argument("--token")
@@ -251,11 +285,25 @@ def main(argv: list[str] | None = None) -> None:
         metavar="DURATION",
         help=f"how long open_session waits for a free phone (default 30s). {durations.GRAMMAR}",
     )
+    parser.add_argument(
+        "--sessions-per-client",
+        type=_typed(sessions_per_client),
+        metavar="N",
+        help=f"sessions an agent may hold at once (default {SESSIONS_STDIO}; with --http"
+        f" {SESSIONS_HTTP})",
+    )
+    _http_flags(parser)
     args = parser.parse_args(argv)
     try:
         token = read_token(args.token, args.token_file)
     except OSError as exc:
         parser.error(f"argument --token-file: {exc.strerror or exc}: {args.token_file}")
+    try:
+        http = http_options(
+            args.http, args.allow_origin, args.http_cert, args.http_key, args.reconnect_grace
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     with contextlib.suppress(KeyboardInterrupt):
         run(
             args.address,
@@ -266,7 +314,42 @@ def main(argv: list[str] | None = None) -> None:
             serial=args.serial,
             idle_timeout=args.idle_timeout,
             queue_timeout=args.queue_timeout,
+            sessions_per_client=args.sessions_per_client,
+            http=http,
         )
+
+
+def _http_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--http",
+        metavar="[HOST:]PORT",
+        help="serve MCP's streamable HTTP at http://HOST:PORT/mcp (HOST 127.0.0.1 unless"
+        " given) instead of stdio: each client with its own bearer token (its AMC token)",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin whose requests are taken (repeatable; none by default)",
+    )
+    parser.add_argument("--http-cert", metavar="FILE", help="serve HTTPS with this certificate")
+    parser.add_argument("--http-key", metavar="FILE", help="and this private key")
+    parser.add_argument(
+        "--reconnect-grace",
+        type=functools.partial(within, low=GRACE[0], high=GRACE[1]),
+        default=RECONNECT_GRACE,
+        metavar="DURATION",
+        help="how long a client whose event stream dropped has to come back before its"
+        " sessions are abandoned (1s to 1h; default 10s)",
+    )
+
+
+def sessions_per_client(text: str) -> int:
+    """`--sessions-per-client`: a whole number from 1 to 100."""
+    if not text.strip().isdigit() or not SESSIONS[0] <= int(text) <= SESSIONS[1]:
+        raise ValueError(f"expected a number from {SESSIONS[0]} to {SESSIONS[1]}, got {text!r}")
+    return int(text)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,12 @@
-"""What the MCP server's tools say, as text for a model: the farm's phones, a session's end,
-a UI dump cut to what can be acted on, and the screen's size beside a screenshot's."""
+"""What the MCP server's tools say, as text for a model: a session's end, a UI dump cut to
+what can be acted on, and the screen's size beside a screenshot's."""
 
 from __future__ import annotations
 
 import struct
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping
 
-import grpc
-
-from amc.v1 import scheduler_pb2, task_pb2
-from amc_client.farm import Farm
+from amc.v1 import task_pb2
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -25,32 +21,6 @@ def said(task: task_pb2.Task | None) -> str:
         why = task.cancel_reason
     error = f": {why}" if why else ""
     return f"session {task.task_id} {status}{error} ({len(task.result.steps)} actions)"
-
-
-def condition(device: scheduler_pb2.Device) -> str:
-    name: str = scheduler_pb2.DeviceCondition.Name(device.condition)
-    return name.removeprefix("DEVICE_CONDITION_").lower().replace("unspecified", "ready")
-
-
-async def phones_text(farm: Farm, labels: Mapping[str, str] | None = None) -> str:
-    """The farm's online phones (matching `labels`), one line each: serial, model, free or
-    busy, condition, labels. Listing hosts takes an operator token."""
-    try:
-        hosts = (await farm.scheduler.ListHosts(scheduler_pb2.ListHostsRequest())).hosts
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
-            return "listing phones needs an operator token; open_session with labels instead"
-        raise
-    lines = []
-    for host in hosts:
-        for d in host.devices:
-            wanted = all(d.labels.get(k) == v for k, v in (labels or {}).items())
-            if not (host.connected and d.state == scheduler_pb2.DEVICE_STATE_DEVICE and wanted):
-                continue
-            use = f"busy ({d.task_id})" if d.task_id else "free"
-            tags = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
-            lines.append(f"{d.serial}  model={d.model}  {use}  {condition(d)}  {tags}")
-    return "\n".join(lines) or "no phone is online" + (" with those labels" if labels else "")
 
 
 def compact_ui(xml: str) -> str:

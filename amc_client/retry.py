@@ -17,7 +17,8 @@ from amc_common.unreachable import connect_failure
 
 T = TypeVar("T")
 
-TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# A tuple, not a set: its order is what the API page prints, the same on every run.
+TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ people read it, written once for the control plane and the CLI."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 ANY = "any device"
@@ -10,6 +11,17 @@ ANY = "any device"
 # host only (every first emulator is emulator-5554), so a serial with this label names one
 # phone of the farm.
 HOST_LABEL = "host_id"
+# An emulator carries `snapshot/<name>=yes` for each snapshot it can load; a task that
+# starts from a snapshot (TaskSpec.start_snapshot) asks for that label.
+SNAPSHOT_LABEL = "snapshot/"
+SNAPSHOT_YES = "yes"
+# A snapshot's name as the emulator console takes it (`avd snapshot load NAME`): one word.
+SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def snapshot_label(name: str) -> str:
+    """The label of the emulators that can load snapshot `name`."""
+    return SNAPSHOT_LABEL + name
 
 
 def describe(

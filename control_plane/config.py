@@ -49,6 +49,10 @@ class Settings:
     # How often the queue is counted for GetQueue, ListFairShares and the queue's metrics
     # (at most: a deep queue's count stretches it; control_plane/queue_stats.py).
     queue_count_every: timedelta = timedelta(seconds=5)
+    # How often a replica writes the step progress its renewal streams were sent, in one
+    # statement for all its hosts (control_plane/progress.py): a step shows on every
+    # replica within one renew interval (the agent sends it with its next renewal) and this.
+    progress_every: timedelta = timedelta(seconds=1)
     # A client's connection is asked to go (HTTP/2 GOAWAY) this long after it opened, give
     # or take gRPC's 10 % jitter; its calls go on, new ones take a new connection (None:
     # never). Host agents move their renewal stream with it (host_agent.leases), so the
@@ -65,6 +69,9 @@ class Settings:
     # Live screens one token may watch at once on one replica (WatchScreen calls and the
     # console's screen sockets); past it a watch is refused RESOURCE_EXHAUSTED.
     max_viewers_per_token: int = 32
+    # Thumbnails (WatchScreenRequest.thumbnail: the console's Farm page) one token may
+    # watch at once on one replica, apart from its viewers; past it RESOURCE_EXHAUSTED.
+    max_thumbnails_per_token: int = 1000
     # The origins (scheme://host[:port]) the console is reached at besides its own address
     # as a request names it (behind a proxy that rewrites Host): the console's WebSockets
     # accept a page of these.

@@ -14,6 +14,7 @@ from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from amc_common.action_table import KEEPS
 from amc_common.device_conditions import CONDITIONS
 from amc_common.device_selector import HOST_LABEL
+from amc_common.steps import default_name
 from control_plane.domain import (
     Act,
     ArtifactInfo,
@@ -114,6 +115,7 @@ def task_to_pb(task: Task) -> task_pb2.Task:
         **_times(task, "created_at", "updated_at", "cancel_requested_at", "finished_at"),
         pending_reason=task.pending_reason,
         fairness_key=task.fairness_key,
+        submitted_by=task.submitted_by,
     )
     if task.queue_timeout is not None:
         pb.queue_timeout.FromTimedelta(task.queue_timeout)
@@ -139,7 +141,8 @@ def _progress_to_pb(pb: task_pb2.Task, progress: Progress) -> None:
     steps: list[tuple[str, bool]] = []  # (name, continue_on_error)
     if spec.HasField("workflow"):
         steps = [
-            (s.name or f"step {i}", s.continue_on_error) for i, s in enumerate(spec.workflow.steps)
+            (s.name or default_name(i), s.continue_on_error)
+            for i, s in enumerate(spec.workflow.steps)
         ]
     elif spec.HasField("actions"):
         steps = [(a.WhichOneof("kind") or "", False) for a in spec.actions.actions]

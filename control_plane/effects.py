@@ -20,7 +20,6 @@ from control_plane.domain import (
     Recorded,
     Renewal,
     Report,
-    StepProgress,
     Task,
     TaskId,
 )
@@ -132,23 +131,9 @@ class Effects:
                 device=a.device_serial,
             )
 
-    def renewed(
-        self,
-        host_id: str,
-        asked: int,
-        renewals: Sequence[Renewal],
-        steps: Sequence[StepProgress] = (),
-    ) -> None:
-        """A renewal answered: acknowledgements among it, cancels it delivered, and the
-        steps it kept (those of the leases it renewed: their tasks' watchers look again)."""
-        if steps:
-            renewed = {str(r.lease_id): r.task_id for r in renewals}
-            kept = {renewed[s.lease_id] for s in steps if s.lease_id in renewed}
-            for task_id in kept:
-                self.hub.task_changed(task_id)
-            n = sum(1 for s in steps if s.lease_id in renewed)
-            metrics.STEP_PROGRESS.labels("kept").inc(n)
-            metrics.STEP_PROGRESS.labels("refused").inc(len(steps) - n)
+    def renewed(self, host_id: str, asked: int, renewals: Sequence[Renewal]) -> None:
+        """A renewal answered: acknowledgements among it, cancels it delivered. (The steps
+        it carried are the hub's progress to write: control_plane/progress.py.)"""
         for r in renewals:
             if r.acknowledged:
                 self.hub.task_changed(r.task_id)

@@ -6,6 +6,7 @@
     │   ├── TaskNotFound
     │   ├── ArtifactNotFound
     │   ├── LibraryItemNotFound  no such app or file in the library
+    │   ├── SnapshotNotFound     no host's emulators have that snapshot
     │   ├── HostNotFound
     │   ├── DeviceNotFound
     │   └── FairnessKeyNotFound
@@ -164,6 +165,10 @@ class ArtifactNotFound(NotFound):
 
 class LibraryItemNotFound(NotFound):
     """The app library has no such app or file."""
+
+
+class SnapshotNotFound(NotFound):
+    """No emulator of the farm has that snapshot."""
 
 
 class LeaseNotCurrent(FailedPrecondition):

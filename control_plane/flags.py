@@ -143,6 +143,9 @@ SERVE_FLAGS: list[Flag] = [
     ("--max-viewers-per-token", "AMC_MAX_VIEWERS_PER_TOKEN", "32", count,
      "live screens one token may watch at once on one replica (gRPC and the console);"
      " past it a watch is refused RESOURCE_EXHAUSTED"),
+    ("--max-thumbnails-per-token", "AMC_MAX_THUMBNAILS_PER_TOKEN", "1000", count,
+     "phones' thumbnails (a frame every few seconds: the console's Farm page) one token may"
+     " watch at once on one replica, apart from its live screens"),
     ("--console-origin", "AMC_CONSOLE_ORIGIN", "", origins,
      "the console's public origin(s) behind a proxy that rewrites Host, comma-separated"
      " (https://amc.example.com): its live screens' WebSockets accept pages of them; a"
@@ -236,6 +239,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_app_bytes=args.max_app_size,
         max_connection_age=args.max_connection_age,
         max_viewers_per_token=args.max_viewers_per_token,
+        max_thumbnails_per_token=args.max_thumbnails_per_token,
         console_origins=args.console_origin,
         max_sessions_per_token=args.max_sessions_per_token,
     )

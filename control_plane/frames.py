@@ -11,6 +11,12 @@ asked (`Viewer.codec`), and the host is told which kinds each phone's viewers ta
 A host opens its feed only when asked (`want`, which the hub pushes onto the host's renewal
 streams here): when a viewer here waits for one of its phones with no feed here (`ask`),
 and again when its feed ends while a viewer here still waits for one.
+
+A thumbnail's viewer (the console's Farm page) asks for no frame rate: a phone watched by
+thumbnails alone is captured once per THUMBNAIL_EVERY seconds at most, and a host's phones
+watched so share HOST_THUMBNAILS frames a second (a host with more of them sends each less
+often), so a wall of a farm's phones costs each host a few captures a second whatever its
+size. A viewer at its own rate on the same phone has the phone captured at that rate.
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ Frame = Any
 # this many frames behind has a key frame asked for, to skip to.
 JOIN_BURST = 30
 LAG_FRAMES = 60
+# A phone watched by thumbnails alone: one frame per this many seconds at most; and the
+# frames a second a host's phones watched so share.
+THUMBNAIL_EVERY = 3.0
+HOST_THUMBNAILS = 4.0
+
+
+def thumbnail_interval(phones: int) -> float:
+    """Seconds between two thumbnails of each of `phones` phones of one host."""
+    return max(THUMBNAIL_EVERY, phones / HOST_THUMBNAILS)
 
 
 @dataclasses.dataclass(eq=False)
@@ -39,6 +54,8 @@ class Viewer:
     max_fps: int
     # video.IMAGE or video.H264.
     codec: str = "image"
+    # A thumbnail's viewer (still images): no rate of its own (max_fps 0).
+    thumbnail: bool = False
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     # A viewer of the stream: the number of the stream's next frame it is due (None: not
     # started, it starts at the latest key frame), and whether it waits for the next key
@@ -60,8 +77,10 @@ class Screen:
         # A frame of the stream has come: its viewers take no still frames.
         self.streams = False
         # The relays from the replica holding the host's feed, when that is another one,
-        # one per kind its viewers here take (video.IMAGE, video.H264).
+        # one per kind its viewers here take (video.IMAGE, video.H264), and the rate each
+        # asks there (`rate(codec)` when it was started: 0 for thumbnails).
         self.sources: dict[str, asyncio.Task[None]] = {}
+        self.source_fps: dict[str, int] = {}
         # Why no frame will come any more (the relay was lost).
         self.lost: str | None = None
         # What the host may send for this phone a second.
@@ -74,7 +93,12 @@ class Screen:
 
     @property
     def fps(self) -> int:
-        return max((v.max_fps for v in self.viewers), default=0)
+        """The highest frame rate its viewers asked for; 0: thumbnails only."""
+        return max((v.max_fps for v in self.viewers if not v.thumbnail), default=0)
+
+    def rate(self, codec: str) -> int:
+        """The highest frame rate its viewers of `codec` asked for; 0: thumbnails only."""
+        return max((v.max_fps for v in self.viewers if v.codec == codec), default=0)
 
     def takes(self, codec: str) -> bool:
         return any(v.codec == codec for v in self.viewers)
@@ -113,8 +137,10 @@ class Screens:
         self._screens: dict[tuple[str, str], Screen] = {}
         self._feeds: dict[str, Feed] = {}
         self.closing = False
-        # The viewers here of each token (control_plane.screens holds them to its limit).
+        # The viewers here of each token, and its thumbnails (control_plane.screens holds
+        # them to their limits).
         self.by_token: Counter[uuid.UUID] = Counter()
+        self.thumbnails_by_token: Counter[uuid.UUID] = Counter()
         # Asks a host (by id) to open its feed here.
         self._want = want
 
@@ -133,24 +159,33 @@ class Screens:
     def viewers(self) -> int:
         return sum(len(s.viewers) for s in self._screens.values())
 
-    def watched(self, host_id: str) -> list[tuple[str, int, bool, bool]]:
-        """The host's phones watched here, by serial: the frame rate asked for, and whether
-        their viewers take still images, the stream."""
-        return sorted(
-            (s.serial, s.fps, s.takes("image"), s.takes(H264))
+    def watched(self, host_id: str) -> list[tuple[str, int, bool, bool, int]]:
+        """The host's phones watched here, by serial: the frame rate asked for (1 for a
+        phone watched by thumbnails alone), whether their viewers take still images, the
+        stream, and when their still images are thumbnails alone (its viewers of the stream
+        aside), the milliseconds between two of them (its share of the host's thumbnails),
+        else 0."""
+        screens = [
+            s
             for (host, _), s in self._screens.items()
             if host == host_id and s.viewers and s.source is None
+        ]
+        thumbnails = {s for s in screens if s.takes("image") and not s.rate("image")}
+        every = round(1000 * thumbnail_interval(len(thumbnails)))
+        return sorted(
+            (s.serial, s.fps or 1, s.takes("image"), s.takes(H264), every * (s in thumbnails))
+            for s in screens
         )
 
     @contextlib.contextmanager
     def watch(
-        self, host_id: str, serial: str, max_fps: int, codec: str = "image"
+        self, host_id: str, serial: str, max_fps: int, codec: str = "image", thumbnail: bool = False
     ) -> Iterator[tuple[Screen, Viewer]]:
         key = (host_id, serial)
         screen = self._screens.get(key)
         if screen is None:
             screen = self._screens[key] = Screen(host_id, serial)
-        viewer = Viewer(max_fps, codec)
+        viewer = Viewer(0 if thumbnail else max_fps, codec, thumbnail)
         if codec == H264 and screen.gop.broken:
             # No stream yet (or broken): the viewer starts at its next key frame, whenever.
             viewer.position, viewer.awaiting_key = screen.gop.end, True
@@ -166,9 +201,15 @@ class Screens:
                     source.cancel()
             self._tell(host_id)
 
-    def relaying(self, screen: Screen, codec: str, source: asyncio.Task[None]) -> None:
-        """The screen's frames of a kind come from `source` (a relay), not a feed here."""
-        screen.sources[codec] = source
+    def relaying(self, screen: Screen, codec: str, source: asyncio.Task[None] | None) -> None:
+        """The screen's frames of a kind come from `source` (a relay asking the rate its
+        viewers of that kind want), not a feed here; a relay of that kind asking another
+        rate, or no longer wanted (None), is ended."""
+        old = screen.sources.pop(codec, None)
+        if old is not None and old is not source:
+            old.cancel()
+        if source is not None:
+            screen.sources[codec], screen.source_fps[codec] = source, screen.rate(codec)
         self._tell(screen.host_id)
 
     @contextlib.contextmanager

@@ -1,9 +1,11 @@
 """One replica's side of LISTEN/NOTIFY: hands queued work and freed phones to the
 wake-up protocol (control_plane.dispatch, which owns the parked Acquires), pushes recorded
-cancellations, drains and releases to the renewal streams this replica holds, and tells
-watchers that a task changed. NOTIFY reaches every replica, so whichever holds a host's
-stream or parked Acquire acts on it; what a replica missed while it was not listening is
-read again (control_plane.listener) and pushed (`restate`)."""
+cancellations, drains and releases to the renewal streams this replica holds, holds the
+step progress they were sent until it is written (control_plane.progress), and tells
+watchers that a task changed (amc_progress: many tasks' steps at once). NOTIFY reaches
+every replica, so whichever holds a host's stream or parked Acquire acts on it; what a
+replica missed while it was not listening is read again (control_plane.listener) and
+pushed (`restate`)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ from control_plane.domain import (
 )
 from control_plane.frames import Screens
 from control_plane.log_tails import Tails
+from control_plane.pool_hints import PoolHints
 from control_plane.presence import Presence
+from control_plane.progress import Progress
 from control_plane.rendezvous import Sessions
 from control_plane.screen_tasks import Following
 
@@ -37,7 +41,17 @@ log = structlog.get_logger(__name__)
 
 OUTBOX_LIMIT = 10_000
 OUTBOX_RETRY = 0.2
-CHANNELS = ("amc_queued", "amc_cancel", "amc_task", "amc_freed", "amc_drain", "amc_release")
+CHANNELS = (
+    "amc_queued",
+    "amc_cancel",
+    "amc_task",
+    "amc_progress",
+    "amc_freed",
+    "amc_drain",
+    "amc_release",
+)
+# Task ids per amc_progress notification (a payload holds up to 8,000 bytes).
+PROGRESS_CHUNK = 180
 # Called with a notice to push, or with None when the replica is closing the stream.
 PushCallback = Callable[[Notice | None], None]
 
@@ -57,6 +71,11 @@ class Hub:
         # Attempts' logs followed on this replica and the hosts' log feeds
         # (control_plane.logs); a host asked for its feed is asked on its streams here.
         self.tails = Tails(lambda host_id: self._push(LogsNotice(host_id)))
+        # The emulator pools of the hosts whose streams are here, told how many tasks wait
+        # for them (control_plane.pool_hints).
+        self.pools = PoolHints()
+        # The steps of running tasks this replica was sent, until written (progress.py).
+        self.progress = Progress()
         # Set when the replica shuts down: long polls and streams end at once, so that
         # clients reconnect to another replica instead of waiting out the grace period.
         self.closing = False
@@ -83,6 +102,12 @@ class Hub:
     def task_changed(self, task_id: uuid.UUID | str) -> None:
         """After committing a transition of the task (its watchers re-read it)."""
         self.publish("amc_task", str(task_id))
+
+    def progress_kept(self, task_ids: list[TaskId]) -> None:
+        """After writing steps of these running tasks: their watchers, here and on the other
+        replicas, read them again (one notification per PROGRESS_CHUNK tasks)."""
+        for i in range(0, len(task_ids), PROGRESS_CHUNK):
+            self.publish("amc_progress", " ".join(map(str, task_ids[i : i + PROGRESS_CHUNK])))
 
     def queued(self, offers: list[Offer]) -> None:
         """After committing tasks into the queue: offered here at once, and to the other
@@ -144,6 +169,15 @@ class Hub:
             self.dispatcher.wake_host(payload)
         elif channel == "amc_task":
             self._wake_watchers(payload)
+        elif channel == "amc_progress":
+            # Listeners hear each task as changed (amc_task), as they heard each step.
+            tasks = payload.split()
+            for task_id in tasks:
+                self._wake_watchers(task_id)
+            for listener in list(self._listeners):
+                for task_id in tasks:
+                    listener("amc_task", task_id)
+            return
         elif channel == "amc_drain":
             self._push_drain(payload)
         elif channel == "amc_release":

@@ -38,7 +38,7 @@ from control_plane.lifecycle import Event
 from control_plane.log_hosts import HostLogs
 from control_plane.renewals import RenewalStream
 from control_plane.rpc import Context, TaskServicer, code_for, conversation, principal, rpc
-from control_plane.screens import HostFeed
+from control_plane.screen_feed import HostFeed
 from control_plane.session_hosts import HostSession
 from control_plane.uploads import upload
 

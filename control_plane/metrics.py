@@ -58,8 +58,10 @@ RENEWAL_BATCH = Histogram(
 )
 STEP_PROGRESS = Counter(
     "amc_step_progress_total",
-    "Steps of running tasks sent with renewals: kept (a lease the renewal renewed), or"
-    " refused (a stale attempt's, or a lease not renewed)",
+    "Steps of running tasks sent with renewals: kept (of a lease the renewal renewed:"
+    " written with the replica's next bulk write unless its task ended first), refused (a"
+    " stale attempt's, or a lease not renewed), or dropped (too many waiting for a write"
+    " while the database was away)",
     ["result"],
 )
 HOSTS_CONNECTED = Gauge(
@@ -196,6 +198,11 @@ GC_PAUSE = Histogram(
     ["generation"],
     buckets=LATENCY,
 )
+POOL_WAIT = Histogram(
+    "amc_database_pool_wait_seconds",
+    "How long a statement waited for a connection of the replica's database pool",
+    buckets=LATENCY,
+)
 LOOP_LAG = Histogram(
     "amc_event_loop_lag_seconds",
     "How late the replica's event loop ran a timer, read every 0.25 s (see heap.py)",
@@ -288,6 +295,7 @@ OFFER_RESULTS = ("woken", "unmatched")
 # unanswered: the database was away (the lease was not renewed; its deadline stands).
 RENEWAL_RESULTS = ("renewed", "conflict", "unanswered")
 CANCEL_PATHS = ("push", "renewal")
+STEP_RESULTS = ("kept", "refused", "dropped")
 # An ended lease requeues its task, or cancels it (a cancel was pending), or fails it
 # (no attempts left).
 EXPIRED_TO = (TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED)
@@ -352,6 +360,7 @@ def create_series() -> None:
     _at_zero(TASKS, LIVE_STATUSES)
     _at_zero(OFFERS, OFFER_RESULTS)
     _at_zero(RENEWALS, RENEWAL_RESULTS)
+    _at_zero(STEP_PROGRESS, STEP_RESULTS)
     _at_zero(CANCEL_DELIVERY, CANCEL_PATHS)
     _at_zero(EXPIRED, EXPIRED_TO)
     _at_zero(DEVICES, DEVICE_STATES, DEVICE_USES)

@@ -7,7 +7,7 @@ replica: control_plane.auth)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -42,7 +42,17 @@ class Peers:
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def lease(self, address: str) -> lease_pb2_grpc.LeaseStub:
+        """For an adb door's host call forwarded to the replica holding its client."""
         return lease_pb2_grpc.LeaseStub(self._channel(address))
+
+    def raw_stream(
+        self, address: str, method: str, serializer: Callable[[Any], bytes]
+    ) -> grpc.aio.StreamStreamMultiCallable[Any, bytes]:
+        """A bidirectional-streaming `method` of the replica at `address` whose requests
+        are written by `serializer` and whose responses are read as their bytes."""
+        return self._channel(address).stream_stream(
+            method, request_serializer=serializer, response_deserializer=None
+        )
 
     def doors(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
         """For an adb door's client call relayed to the replica holding its session: the

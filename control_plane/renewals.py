@@ -117,6 +117,12 @@ class RenewalStream:
                         self._want_logs(outbox, drain)
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
+                if request.pools:  # the host's emulator pools: told what waits for them
+                    push = functools.partial(_wanted_push, outbox=outbox, drain=drain)
+                    told = self.service.hub.pools.told(
+                        host_id, validate_lease.pools(request.pools), push
+                    )
+                    stack.enter_context(told)
                 outbox.put_nowait(await self._answer(host_id, request))
         finally:
             outbox.put_nowait(None)
@@ -156,11 +162,10 @@ class RenewalStream:
                 continue
             canonical.append(spelled[raw])
         ttl = self.service.settings.lease_ttl
-        steps = steps_from_pb(request.steps)
-        renewals = (
-            await self.store.leases.renew(host_id, canonical, ttl, steps) if canonical else []
-        )
-        self.service.effects.renewed(host_id, len(request.lease_ids), renewals, steps)
+        renewals = await self.store.leases.renew(host_id, canonical, ttl) if canonical else []
+        self.service.effects.renewed(host_id, len(request.lease_ids), renewals)
+        if request.steps:  # those of the leases renewed wait for the replica's bulk write
+            self.service.hub.progress.add(renewals, steps_from_pb(request.steps))
         by_id = {str(r.lease_id): r for r in renewals}
         response = lease_pb2.RenewLeasesResponse(seq=request.seq, valid_for=duration(ttl))
         add = response.leases.add
@@ -339,6 +344,12 @@ def _release_push(serial: str, drain: bool) -> lease_pb2.RenewLeasesResponse:
 def _screen_push(drain: bool) -> lease_pb2.RenewLeasesResponse:
     """The pushed message (no leases) that asks the host to open its ScreenFrames call."""
     return lease_pb2.RenewLeasesResponse(push=True, drain=drain, screen_wanted=True)
+
+
+def _wanted_push(wanted: dict[str, int], outbox: Outbox, drain: StreamDrain) -> None:
+    """Tells the host how many tasks wait for each of its emulator pools (a push, no leases)."""
+    counts = [lease_pb2.PoolWanted(pool=p, tasks=n) for p, n in sorted(wanted.items())]
+    outbox.put_nowait(lease_pb2.RenewLeasesResponse(push=True, drain=drain.told, wanted=counts))
 
 
 def _drain_push(drain: bool) -> lease_pb2.RenewLeasesResponse:

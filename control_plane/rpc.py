@@ -7,7 +7,7 @@ import contextvars
 import functools
 import importlib
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import grpc
@@ -80,13 +80,22 @@ def _safe(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] 
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):
-    """Parse failures of our own services' requests become `Undecodable` values."""
+    """Parse failures of our own services' requests become `Undecodable` values; `codecs`
+    (by method: a request deserializer and a response serializer, each None for the
+    generated one) replace how some methods' messages are read and written."""
+
+    def __init__(self, codecs: Mapping[str, tuple[Any, Any]] | None = None) -> None:
+        self._codecs = dict(codecs or {})
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = await continuation(details)
         if handler is None or not details.method.startswith("/amc.v1."):
             return handler
-        return handler._replace(request_deserializer=_safe(handler.request_deserializer))
+        parse, write = self._codecs.get(details.method, (None, None))
+        return handler._replace(
+            request_deserializer=_safe(parse or handler.request_deserializer),
+            response_serializer=write or handler.response_serializer,
+        )
 
 
 principal_var: contextvars.ContextVar[Principal] = contextvars.ContextVar(

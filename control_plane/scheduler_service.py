@@ -28,6 +28,7 @@ from control_plane.library import check_references
 from control_plane.rpc import Context, TaskServicer, conversation, principal, rpc
 from control_plane.screens import ScreenWatch
 from control_plane.sessions import ClientSession
+from control_plane.snapshots import check_snapshots, selector_labels
 
 log = structlog.get_logger(__name__)
 DEFAULT_PAGE = 50
@@ -79,7 +80,7 @@ def _new_task(request: scheduler_pb2.SubmitTaskRequest, team: str = "") -> NewTa
         spec=request.spec.SerializeToString(deterministic=True),
         request_id=request.request_id or None,
         selector_serial=request.selector.serial or None,
-        selector_labels=dict(request.selector.labels),
+        selector_labels=selector_labels(request.selector.labels, request.spec.start_snapshot),
         priority=request.priority,
         max_attempts=request.max_attempts or DEFAULT_MAX_ATTEMPTS,
         metadata=dict(request.metadata),
@@ -112,12 +113,14 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, requests: Sequence[scheduler_pb2.SubmitTaskRequest], batch: bool = False
     ) -> list[tuple[Task, bool]]:
         """Queue the tasks asked for, as the caller (one statement); (task, created) each.
-        What their specs name of the app library must be there (NOT_FOUND otherwise)."""
+        What their specs name of the app library must be there, and the snapshots they
+        start from on some host (NOT_FOUND otherwise)."""
         specs = [(f"tasks[{i}].spec" if batch else "spec", r.spec) for i, r in enumerate(requests)]
         await check_references(self.store, specs)
+        await check_snapshots(self.store, specs)
         who = principal()
         news = [_new_task(r, who.team) for r in requests]
-        submitted = await self.store.tasks.submit_many(who.caller, news)
+        submitted = await self.store.tasks.submit_many(who.caller, news, name=who.name)
         self.effects.submitted([task for task, created in submitted if created])
         return submitted
 
@@ -131,6 +134,14 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     async def _read(self, task_id: TaskId) -> Task:
         """The task, with its pending reason if it is queued (one statement)."""
         return await pending.read(self.store, task_id, self.settings.lease_ttl)
+
+    async def _read_many(self, ids: list[uuid.UUID]) -> list[Task]:
+        """Tasks by id, newest first: each running one with its progress (one statement),
+        the queued ones then given their reasons as a page of ListTasks is (one more)."""
+        ttl = self.settings.lease_ttl
+        found = await self.store.tasks.read_tasks([TaskId(i) for i in ids], ttl, explain=False)
+        tasks = sorted((r.task for r in found), key=lambda t: (t.created_at, t.task_id))
+        return await pending.with_reasons(self.store, tasks[::-1], ttl)
 
     @rpc
     async def ListTaskEvents(
@@ -157,6 +168,10 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.ListTasksRequest, context: Context
     ) -> scheduler_pb2.ListTasksResponse:
         statuses, host_id = validate.list_tasks(request)
+        if ids := validate.listed_ids(request):
+            return scheduler_pb2.ListTasksResponse(
+                tasks=[task_to_pb(t) for t in await self._read_many(ids)]
+            )
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         after = decode_page_token(request.page_token)
         labels, pattern = validate.task_search(request)
@@ -252,7 +267,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     @conversation
     def OpenSession(self, context: Context) -> ClientSession:
         """A session's client side: its actions down to the host, their answers back."""
-        return ClientSession(self, self._read)
+        return ClientSession(self, self._read, context)
 
     @conversation
     def AdbStreams(self, context: Context) -> ClientDoor:

@@ -62,8 +62,13 @@ CREATE TABLE IF NOT EXISTS hosts (
     -- told over its renewal stream to finish its tasks and take no more. Who did it and
     -- why are in host_events.
     cordoned      boolean NOT NULL DEFAULT false,
-    draining      boolean NOT NULL DEFAULT false
+    draining      boolean NOT NULL DEFAULT false,
+    -- The emulator snapshots its devices can load (their `snapshot/<name>` labels, as its
+    -- last registration listed them): a task that starts from a snapshot no host has is
+    -- refused at submit (one lookup in the GIN index below).
+    snapshots     text[] NOT NULL DEFAULT '{}'
 );
+CREATE INDEX IF NOT EXISTS hosts_snapshots ON hosts USING gin (snapshots);
 
 CREATE TABLE IF NOT EXISTS replicas (
     replica_id text PRIMARY KEY,
@@ -158,6 +163,11 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- An interactive session's task (Scheduler.OpenSession): never requeued, whatever
     -- ended its attempt; counted against its caller's open sessions.
     session             boolean NOT NULL DEFAULT false,
+    -- The caller's token's name when it submitted the task ('': none): who people read.
+    caller_name         text NOT NULL DEFAULT '',
+    -- An operator's maintenance session: it may take its phone (selector_serial on the host
+    -- its host_id label names) while the phone or its host is cordoned or drained.
+    maintenance         boolean NOT NULL DEFAULT false,
     UNIQUE (caller, request_id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
@@ -200,6 +210,10 @@ CREATE INDEX IF NOT EXISTS tasks_by_host ON tasks (host_id, created_at DESC)
 -- indexed count when a session opens; other tasks are never in it).
 CREATE INDEX IF NOT EXISTS tasks_open_sessions ON tasks (caller)
     WHERE session AND status IN ('queued', 'assigned', 'dispatched');
+-- Maintenance sessions queued, by their phone: what every Acquire looks up first (empty but
+-- for the few seconds such a session waits for its host to ask for work).
+CREATE INDEX IF NOT EXISTS tasks_maintenance ON tasks (selector_serial)
+    WHERE status = 'queued' AND maintenance AND selector_serial IS NOT NULL;
 -- Retention: terminal tasks by when they finished, oldest first (control_plane/retention.py
 -- deletes them in batches from this end). Tasks in flight are not in it.
 CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at)
@@ -253,8 +267,9 @@ CREATE INDEX IF NOT EXISTS attempts_by_host ON attempts (host_id) WHERE state = 
 CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at)
     WHERE state = 'active' AND deadline_at IS NOT NULL;
 
--- A running attempt's steps as they ended (issue 27.8): each StepResult message its host
--- sent with a renewal of the attempt's live lease (amc_renew), kept with the attempt. What
+-- A running attempt's steps as they ended: each StepResult message its host sent with a
+-- renewal of the attempt's live lease, written in bulk by the replica holding the host's
+-- stream (amc_keep_steps, control_plane/progress.py), kept with the attempt. What
 -- GetTask and WatchTask show while the task runs; the terminal report's result stays the
 -- record (and the only thing shown once the task ends). Deleted with the task (retention).
 CREATE TABLE IF NOT EXISTS attempt_steps (

@@ -7,25 +7,30 @@
 A host opens its `Lease.ScreenFrames` call only when asked: a viewer waiting here for one
 of its phones with no feed here has `screen_wanted` pushed onto the host's renewal stream
 here (`Screens.ask`; again when the feed ends while a viewer waits, and when the stream
-opens while one waits), and the host closes the call a while after nothing is watched.
-The replica keeps the call as the host's feed and sends it the set of the host's phones
-watched on this replica (each at the highest frame rate its viewers asked for) whenever
-that set changes: the host captures those phones and nothing else. Each frame it sends
-replaces the phone's latest frame (`Screen.frame`) and wakes its viewers; a viewer takes
-the latest frame when it is ready for one, so a slow viewer skips frames (the latest
-wins) and no frame ever queues.
+opens while one waits), and the host closes the call a while after nothing is watched. The
+replica keeps the call as the host's feed (control_plane.screen_feed) and sends it the set
+of the host's phones watched on this replica (each at the highest frame rate its viewers
+asked for) whenever that set changes: the host captures those phones and nothing else. Each
+frame it sends replaces the phone's latest frame (`Screen.frame`) and wakes its viewers; a
+viewer takes the latest frame when it is ready for one, so a slow viewer skips frames (the
+latest wins) and no frame ever queues.
 
 A viewer whose phone's host is connected to another replica (`hosts.replica_id`, and that
 replica's advertised address) is served by one relay per phone on this replica: a
 `Scheduler.WatchScreen` call to that replica over `Peers`, a device watch made as this
 replica (control_plane.auth's replica proof, never a viewer's credentials: viewers are
-authorized here, where they watch), whose frames feed the local `Screen` as a host's
-would. That replica counts the relay as one viewer: the phone is captured once for every
-viewer on every replica. A relayed call is never relayed on. No database work per frame;
-one read when a watch starts (where the phone's host is, and the task's phone for a
-task's watch), and a task's watch is bound to that attempt (control_plane.screen_tasks).
-Each token may hold `max_viewers_per_token` watches on a replica. Watching touches
-nothing of a task: no lease, step or action.
+authorized here, where they watch), whose frames feed the local `Screen` as a host's would.
+That replica counts the relay as one viewer: the phone is captured once for every viewer on
+every replica. A relayed call is never relayed on. No database work per frame; one read
+when a watch starts (where the phone's host is, and the task's phone for a task's watch),
+and a task's watch is bound to that attempt (control_plane.screen_tasks). Each token may
+hold `max_viewers_per_token` watches on a replica, and apart from them
+`max_thumbnails_per_token` thumbnails (a frame every few seconds at most:
+control_plane.frames has the host's budget for them). A relay asks the rate its phone's
+viewers here want (one relay per kind they take: still images, the stream; a thumbnail is a
+still image), and is started again when that changes (a Control page opened on a phone a
+wall of thumbnails watches, and closed). Watching touches nothing of a task: no lease, step
+or action.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ from typing import Any
 import grpc
 import structlog
 
-from amc.v1 import lease_pb2, scheduler_pb2
+from amc.v1 import scheduler_pb2
 from control_plane import metrics, screen_tasks, validate
+from control_plane.config import Settings
 from control_plane.domain import Principal, Role
 from control_plane.errors import (
     DeviceNotFound,
@@ -52,10 +58,10 @@ from control_plane.errors import (
     TooManyViewers,
     Unavailable,
 )
-from control_plane.frames import Screen, Screens, Viewer
-from control_plane.rpc import TaskServicer, check_decoded, first_message, principal
+from control_plane.frames import THUMBNAIL_EVERY, Screen, Screens, Viewer
+from control_plane.rpc import TaskServicer, check_decoded, principal
 from control_plane.screen_tasks import RUNNING, Attempt, Followed
-from control_plane.video import CODECS, H264, IMAGE, check_frame
+from control_plane.video import CODECS, H264, IMAGE
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +82,7 @@ class Target:
     serial: str
     max_fps: int
     codec: str = IMAGE
+    thumbnail: bool = False
 
 
 def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
@@ -88,17 +95,23 @@ def target(request: scheduler_pb2.WatchScreenRequest) -> Target:
         raise InvalidArgument(
             "codec", f"{request.codec[:40]!r} is not one of: {', '.join(CODECS)} ('': image)"
         )
+    if request.thumbnail:
+        if request.max_fps:
+            raise InvalidArgument("max_fps", "a thumbnail has no frame rate of its own: 0")
+        if codec != IMAGE:
+            raise InvalidArgument("codec", "a thumbnail is a still image: '' or 'image'")
+        fps = 0
     if request.task_id:
         if request.host_id or request.serial:
             raise InvalidArgument(
                 "task_id", "name a task, or a device (host_id and serial), not both"
             )
-        return Target(validate.task_id(request.task_id), "", "", fps, codec)
+        return Target(validate.task_id(request.task_id), "", "", fps, codec, request.thumbnail)
     if not request.host_id and not request.serial:
         raise InvalidArgument("task_id", "required: a task, or a device (host_id and serial)")
     host_id = validate.identifier(request.host_id, "host_id")
     serial = validate.identifier(request.serial, "serial")
-    return Target(None, host_id, serial, fps, codec)
+    return Target(None, host_id, serial, fps, codec, request.thumbnail)
 
 
 class ScreenWatch:
@@ -149,22 +162,16 @@ class ScreenWatch:
         if not here and not elsewhere and not relayed:
             if source["replica_id"] is None or not source["alive"]:
                 raise FailedPrecondition(f"host {host_id} is not connected")
+        address = str(source["address"]) if not relayed and not here and elsewhere else None
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_admitted(screens, who, settings.max_viewers_per_token))
+            stack.enter_context(_admitted(screens, who, settings, want.thumbnail))
             followed: Followed | None = None
             if bound is not None and want.task_id is not None:
                 every = settings.watch_refresh.total_seconds()
                 read = svc.store.replicas.screen_attempt
                 followed = stack.enter_context(hub.following.follow(want.task_id, read, every))
                 followed.join(bound)
-            screen, viewer = stack.enter_context(
-                screens.watch(host_id, serial, want.max_fps, want.codec)
-            )
-            if not relayed and not here and elsewhere and want.codec not in screen.sources:
-                relay = asyncio.get_running_loop().create_task(
-                    self._relay(screen, str(source["address"]), want.max_fps, want.codec)
-                )
-                screens.relaying(screen, want.codec, relay)
+            screen, viewer = stack.enter_context(self._watching(host_id, serial, want, address))
             # No feed here yet: the host's renewal stream here asks it to open one.
             screens.ask(host_id)
             await context.send_initial_metadata(())
@@ -189,7 +196,7 @@ class ScreenWatch:
         frame), and ends when it is not."""
         hub = self._svc.hub
         loop = asyncio.get_running_loop()
-        interval = 1.0 / viewer.max_fps
+        interval = THUMBNAIL_EVERY if viewer.thumbnail else 1.0 / viewer.max_fps
         # A task's watch starts with the first frame that comes after it was bound: the
         # one the phone's screen holds may be older than the task's attempt.
         sent: scheduler_pb2.ScreenFrame | None = screen.frame if followed else None
@@ -256,16 +263,59 @@ class ScreenWatch:
                 ) from None
         viewer.ready.clear()
 
+    @contextlib.contextmanager
+    def _watching(
+        self, host_id: str, serial: str, want: Target, address: str | None
+    ) -> Iterator[tuple[Screen, Viewer]]:
+        """A viewer of the phone here (`address`: the replica its frames are relayed from,
+        None when they come from a feed here), whose relay, if any, asks what the phone's
+        viewers here want, the viewer counted in and, once it left, out."""
+        screens = self._svc.hub.screens
+        watch = screens.watch(host_id, serial, want.max_fps, want.codec, want.thumbnail)
+        with watch as (screen, viewer):
+            self._relayed_as_wanted(screen, address)
+            try:
+                yield screen, viewer
+            finally:
+                screen.viewers.discard(viewer)
+                if not screens.closing:
+                    self._relayed_as_wanted(screen, address)
+
+    def _relayed_as_wanted(self, screen: Screen, address: str | None) -> None:
+        """A screen whose frames come from another replica (`address`) has a relay per kind
+        its viewers here take, asking the rate they want: started, started again when that
+        changed (a viewer came or went), ended when none takes its kind. None: its frames
+        come from a feed here."""
+        if address is None or not screen.viewers:
+            return
+        for codec in CODECS:
+            wanted = screen.takes(codec)
+            if not wanted and codec not in screen.sources:
+                continue
+            fps = screen.rate(codec)
+            if wanted and codec in screen.sources and screen.source_fps[codec] == fps:
+                continue
+            relay = (
+                asyncio.get_running_loop().create_task(self._relay(screen, address, fps, codec))
+                if wanted
+                else None
+            )
+            self._svc.hub.screens.relaying(screen, codec, relay)
+
     async def _relay(self, screen: Screen, address: str, fps: int, codec: str) -> None:
         """The phone's frames (of what `codec` takes) from the replica holding its host's
         feed, into `screen`: a device watch as this replica (its proof, not a viewer's
-        credentials)."""
+        credentials), at `fps`, or as a thumbnail when 0."""
         metadata = [
             ("authorization", self._svc.auth.replica_proof()),
             (RELAYED_BY, self._svc.hub.replica),
         ]
         request = scheduler_pb2.WatchScreenRequest(
-            host_id=screen.host_id, serial=screen.serial, max_fps=fps, codec=codec
+            host_id=screen.host_id,
+            serial=screen.serial,
+            max_fps=fps,
+            codec=codec,
+            thumbnail=not fps,
         )
         call = self._svc.peers.scheduler(address).WatchScreen(request, metadata=metadata)
         log.info("screen relayed", host_id=screen.host_id, serial=screen.serial, to=address)
@@ -293,25 +343,31 @@ def _during(frame: scheduler_pb2.ScreenFrame, followed: Followed, bound: Attempt
 
 
 @contextlib.contextmanager
-def _admitted(screens: Screens, who: Principal, limit: int) -> Iterator[None]:
-    """One more viewer of the caller's token on this replica, up to `limit` (a replica's
-    relays and callers without a token are not counted)."""
+def _admitted(
+    screens: Screens, who: Principal, settings: Settings, thumbnail: bool
+) -> Iterator[None]:
+    """One more viewer of the caller's token on this replica, up to its limit (a
+    thumbnail: one more of its thumbnails, up to theirs); a replica's relays and callers
+    without a token are not counted."""
     token = who.token_id
     if token is None or who.replica:
         yield
         return
-    if screens.by_token[token] >= limit:
+    counted = screens.thumbnails_by_token if thumbnail else screens.by_token
+    limit = settings.max_thumbnails_per_token if thumbnail else settings.max_viewers_per_token
+    if counted[token] >= limit:
+        what, flag = ("thumbnails", "thumbnails") if thumbnail else ("screens", "viewers")
         raise TooManyViewers(
-            f"this token watches {screens.by_token[token]} screens on this replica, its limit"
-            f" (--max-viewers-per-token {limit}): close one first"
+            f"this token watches {counted[token]} {what} on this replica, its limit"
+            f" (--max-{flag}-per-token {limit}): close one first"
         )
-    screens.by_token[token] += 1
+    counted[token] += 1
     try:
         yield
     finally:
-        screens.by_token[token] -= 1
-        if not screens.by_token[token]:
-            del screens.by_token[token]
+        counted[token] -= 1
+        if not counted[token]:
+            del counted[token]
 
 
 async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:
@@ -325,64 +381,3 @@ async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:
     finally:
         for w in waits:
             w.cancel()
-
-
-class HostFeed:
-    """A host's ScreenFrames call: the phones to capture down, their frames up."""
-
-    def __init__(self, service: TaskServicer) -> None:
-        self._svc = service
-
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        first = await first_message(
-            requests, "host_id", "required: the first message names the host"
-        )
-        host_id = validate.identifier(first.host_id, "host_id")
-        who = principal()
-        if who.role is Role.HOST and who.host_id != host_id:
-            raise PermissionDenied(f"this token acts for host {who.host_id}, not {host_id}")
-        screens = self._svc.hub.screens
-        with screens.feed(host_id) as feed:
-            pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))
-            told: list[tuple[str, int, bool, bool]] | None = None
-            metrics.SCREEN_FEEDS.inc()
-            try:
-                while screens.current(host_id, feed) and not pump.done():
-                    feed.changed.clear()
-                    watched = screens.watched(host_id)
-                    if watched != told or feed.key_frames:
-                        told, keys = watched, sorted(feed.key_frames)
-                        feed.key_frames.clear()
-                        yield lease_pb2.ScreenFramesResponse(
-                            watched=[
-                                lease_pb2.ScreenWatch(serial=s, max_fps=f, images=i, video=v)
-                                for s, f, i, v in watched
-                            ],
-                            key_frames=keys,
-                        )
-                    changed = asyncio.ensure_future(feed.changed.wait())
-                    try:
-                        await asyncio.wait([pump, changed], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        changed.cancel()
-            finally:
-                metrics.SCREEN_FEEDS.dec()
-                pump.cancel()
-
-    async def _frames(self, host_id: str, requests: AsyncIterator[Any]) -> None:
-        screens = self._svc.hub.screens
-        warned = False
-        with contextlib.suppress(Exception):  # the host left: its call ends here
-            async for request in requests:
-                if request.WhichOneof("part") != "frame":
-                    return
-                result = screens.deliver(host_id, request.frame)
-                metrics.SCREEN_FRAMES.labels(result).inc()
-                if result == "malformed" and not warned:
-                    warned = True  # once per call: a broken host sends many
-                    log.warning(
-                        "a host's frame could not be passed on",
-                        host_id=host_id,
-                        serial=request.frame.serial,
-                        why=check_frame(request.frame),
-                    )

@@ -34,11 +34,14 @@ from control_plane.library import PostgresLibrary
 from control_plane.library_service import LibraryService
 from control_plane.listener import Listener
 from control_plane.peers import Peers
+from control_plane.pool_hints import keep_pools_told
+from control_plane.progress import keep_progress_written, write_once
 from control_plane.queue_stats import keep_queue_counted
 from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
 from control_plane.rpc_metrics import RpcMetrics, label
 from control_plane.scheduler_service import SchedulerService
+from control_plane.session_wire import CODECS
 from control_plane.store import Store, migrate
 from control_plane.sweep import sweep_expired
 
@@ -189,9 +192,8 @@ class ControlPlane:
         methods = [*rpc_methods(), *STANDARD_METHODS]
         metrics.create_rpc_series([label(m) for m in methods])
         record_build("control-plane")
-        server = grpc.aio.server(
-            options=server_options(self.settings), interceptors=[RpcMetrics(methods), DecodeGuard()]
-        )
+        interceptors = [RpcMetrics(methods), DecodeGuard(CODECS)]
+        server = grpc.aio.server(options=server_options(self.settings), interceptors=interceptors)
         # What every servicer works with; where the tasks' kept files and the app library's
         # bytes are kept is chosen here.
         parts = (
@@ -248,6 +250,8 @@ class ControlPlane:
                 ),
                 keep_retention(self.store, self.settings),
                 keep_queue_counted(self.store, self.settings),
+                keep_pools_told(self.store, self.hub.pools),
+                keep_progress_written(self.store, self.hub, self.settings),
                 self._watch_database(),
                 self.hub.send_outbox(self.store.notifications.notify),
                 self.hub.presence.write(
@@ -296,6 +300,9 @@ class ControlPlane:
             for task in stuck:
                 log.warning("background loop did not stop", loop=task.get_name())
         if self._store is not None:
+            # The step progress sent since the last write, written before the pool closes.
+            with contextlib.suppress(errors.AmcError, TimeoutError):
+                await asyncio.wait_for(write_once(self._store, self.hub), 2.0)
             with contextlib.suppress(errors.AmcError, TimeoutError):
                 await asyncio.wait_for(self._store.replicas.replica_gone(self.hub.replica), 2.0)
             await self._store.close()

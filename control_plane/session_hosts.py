@@ -23,7 +23,6 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
-from amc.v1 import lease_pb2
 from amc_common.channel import write_unless_ended
 from control_plane import validate_lease
 from control_plane.domain import Role, SessionRelay, TaskId
@@ -36,8 +35,9 @@ from control_plane.errors import (
 )
 from control_plane.lifecycle import TaskStatus
 from control_plane.peers import RelayedCall
-from control_plane.rendezvous import HOST_GONE, Relay
-from control_plane.rpc import TaskServicer, first_message, principal
+from control_plane.rendezvous import HOST_GONE, Writer
+from control_plane.rpc import Context, TaskServicer, first_message, principal
+from control_plane.session_wire import SESSION_ACTIONS, RawStep, as_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -62,36 +62,57 @@ async def _forward(requests: AsyncIterator[Any], call: Any) -> None:
         await call.done_writing()
 
 
+async def _steps(requests: AsyncIterator[Any]) -> AsyncIterator[RawStep]:
+    """The host's steps, as their bytes, read one for each action sent; they end with the
+    host's call, or with a message that is no step."""
+    try:
+        async for request in requests:
+            if not isinstance(request, RawStep):
+                log.warning("session host sent something other than a step; ending")
+                return
+            yield request
+    except Exception as exc:
+        log.info("session host call ended", error=str(exc))
+
+
 class HostSession(RelayedCall):
-    """The host's side of one session: one SessionActions call."""
+    """The host's side of one session: one SessionActions call. It writes on its call
+    itself (the client's actions come from the task reading the client's call), so it
+    yields nothing."""
 
     RELAYED_BY = RELAYED_BY
 
+    def __init__(self, service: TaskServicer, context: Context) -> None:
+        super().__init__(service, context)
+        self._out = Writer(context)
+
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        await self._serve(requests)
+        return
+        yield  # an async generator, as every conversation
+
+    async def _serve(self, requests: AsyncIterator[Any]) -> None:
         first = await first_message(
             requests, "join", "required: the first message joins the session"
         )
         join = validate_lease.session_join(first)
         task_id, where = await check_join(self._svc, join)
-        relay = self._svc.hub.sessions.join(task_id)
+        relay = self._svc.hub.sessions.join(task_id, self._out, _steps(requests))
         if relay is None:
             if self.relayed:
                 raise Unavailable(CLIENT_GONE)  # relayed here already: never on again
-            async for response in self._relayed(task_id, where, first, requests):
-                yield response
+            await self._relayed(task_id, where, first, requests)
             return
         log.info("session joined", task_id=join.task_id, lease_id=join.lease_id)
-        pump = asyncio.create_task(self._steps(requests, relay))
         try:
-            while (message := await relay.to_host.get()) is not HOST_GONE:
-                yield message
-                if message.WhichOneof("part") == "end":
-                    # Until the host ends its call (it stops at once), a lease TTL at most.
-                    ttl = self._svc.settings.lease_ttl.total_seconds()
-                    await asyncio.wait({pump}, timeout=ttl)
-                    return
+            # Each action is written, and its step read, by the task reading the client's
+            # call; here, how the client left, then until the host ends its call (it
+            # stops at once, cancelling it), a lease TTL at most.
+            message = await relay.to_host.get()
+            if message is not HOST_GONE:
+                await self._out.write(message)
+                await asyncio.sleep(self._svc.settings.lease_ttl.total_seconds())
         finally:
-            pump.cancel()
             relay.host_left()
 
     async def _relayed(
@@ -100,15 +121,17 @@ class HostSession(RelayedCall):
         where: SessionRelay | None,
         first: Any,
         requests: AsyncIterator[Any],
-    ) -> AsyncIterator[Any]:
-        """The host's call forwarded to the replica holding its client's call, as is."""
+    ) -> None:
+        """The host's call forwarded to the replica holding its client's call, as is: its
+        messages' bytes both ways."""
         hub = self._svc.hub
         if where is None or where.replica_id == hub.replica or not where.address:
             raise Unavailable(CLIENT_GONE)
         if not where.alive:
             raise Unavailable(f"{CLIENT_GONE}: its replica ({where.address}) is gone")
         metadata = self.forwarded()
-        call = self._peers.lease(where.address).SessionActions(metadata=metadata)
+        method = self._peers.raw_stream(where.address, SESSION_ACTIONS, as_bytes)
+        call = method(metadata=metadata)
         forward: asyncio.Task[None] | None = None
         log.info("session relayed", task_id=str(task_id), to=where.address)
         try:
@@ -116,7 +139,8 @@ class HostSession(RelayedCall):
             await write_unless_ended(call, first)
             forward = asyncio.create_task(_forward(requests, call))
             while (message := await call.read()) is not grpc.aio.EOF:
-                yield message
+                if not await self._out.write(message):
+                    return
         except grpc.aio.AioRpcError as exc:
             raise Unavailable(
                 f"session relay lost: the replica holding its client ({where.address}) "
@@ -126,23 +150,6 @@ class HostSession(RelayedCall):
             if forward is not None:
                 forward.cancel()
             call.cancel()
-
-    async def _steps(self, requests: AsyncIterator[Any], relay: Relay) -> None:
-        try:
-            async for request in requests:
-                if isinstance(request, lease_pb2.SessionActionsRequest) and request.HasField(
-                    "step"
-                ):
-                    relay.from_host.put_nowait(request.step)
-                else:
-                    log.warning("session host sent something other than a step; ending")
-                    return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.info("session host call ended", error=str(exc))
-        finally:
-            relay.host_left()
 
 
 async def check_join(service: TaskServicer, join: Joining) -> tuple[TaskId, SessionRelay | None]:

@@ -1,30 +1,34 @@
 """Interactive sessions: a client's `Scheduler.OpenSession` stream, paired with its host's
 `Lease.SessionActions` call (control_plane.session_hosts).
 
-A session is a task of the `session` kind (one attempt: a session cannot be rerun on
-another phone behind its client's back). Its client's stream queues it and follows it
-until its host joins; then each client message is relayed to the host as one action and
-the host's step is relayed back. The two calls meet in the hub's `Sessions`
-(control_plane.rendezvous) of the client's replica, by task id: the client's side
-registers before the task can be assigned, and the task is submitted with the replica's
-id (session_relays). No database work per action.
+A session is a task of the `session` kind (one attempt: a session cannot be rerun on another
+phone behind its client's back). Its client's stream queues it and follows it until its host
+joins; then each client message is relayed to the host as one action and the host's step is
+relayed back. The two calls meet in the hub's `Sessions` (control_plane.rendezvous) of the
+client's replica, by task id: the client's side registers before the task can be assigned,
+and the task is submitted with the replica's id (session_relays). No database work per
+action.
 
 One action at a time: the client's next message is read only once the one before was
-answered, so actions sent without waiting are run in order, each answered in turn, and
-what is not read yet waits in the client's call (gRPC's flow control), never in this
-replica. A message that is not a valid action is answered `refused` (its code and one
-line) and the session goes on. The task's end is always the host's report (or the
-sweep's), never this module's: the relay tells the host how its client left, and ends
-the host's call when the task stops running (the sweep expired its lease). The client's
-last response is the finished task; its stream then ends OK once the client closed its
-side, cancelled, or sent anything more, or after the idle timeout: a client that writes
-after the end still reads the end rather than a write refused by gRPC.
+answered, so actions sent without waiting are run in order, each answered in turn, and what
+is not read yet waits in the client's call (gRPC's flow control), never in this replica.
+Once the host joined, the task reading the client's call relays each message itself: the
+action written to the host's call, its step read and written to the client's as the bytes
+the host sent (control_plane.rendezvous, control_plane.session_wire: no queue, no task, no
+re-encoding of the step). A message that is not a valid action is answered `refused` (its
+code and one line) and the session goes on. The task's end is always the host's report (or
+the sweep's), never this module's: the relay tells the host how its client left, and ends
+the host's call when the task stops running (the sweep expired its lease). The client's last
+response is the finished task; its stream then ends OK once the client closed its side,
+cancelled, or sent anything more, or after the idle timeout: a client that writes after the
+end still reads the end rather than a write refused by gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -32,20 +36,29 @@ from typing import Any
 import structlog
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.device_selector import HOST_LABEL
 from control_plane import validate
 from control_plane.convert import task_to_pb
-from control_plane.domain import NewTask, Principal, Task, TaskId
+from control_plane.domain import NewTask, Principal, Role, Task, TaskId
 from control_plane.errors import (
     AmcError,
     FailedPrecondition,
     InvalidArgument,
+    PermissionDenied,
     SessionLimit,
     Unavailable,
 )
 from control_plane.library import check_references
 from control_plane.lifecycle import TaskStatus
-from control_plane.rendezvous import HOST_GONE, Relay
-from control_plane.rpc import TaskServicer, check_decoded, code_for, first_message, principal
+from control_plane.rendezvous import HOST_GONE, IDLE, Relay, Writer
+from control_plane.rpc import (
+    Context,
+    TaskServicer,
+    first_message,
+    principal,
+)
+from control_plane.session_wire import Queued, client_action, refused, relay_action
+from control_plane.snapshots import check_snapshots, selector_labels
 
 log = structlog.get_logger(__name__)
 
@@ -57,8 +70,11 @@ _RANDOM = random.Random()
 # vanished client) before it takes the end for a close: gRPC delivers the two apart, the
 # cancellation within 17 ms in 60 tries on loopback, most within 0.1 ms.
 CLOSE_GRACE = 0.1
-_IDLE = object()
 NO_PHONE_YET = "the session has no phone yet: send actions once a response's task is DISPATCHED"
+
+
+class ClientGone(Exception):
+    """The client's call is over: a write to it found it ended."""
 
 
 def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
@@ -69,21 +85,24 @@ def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
 
 
 def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
-    spec = task_pb2.TaskSpec(session=task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb))
+    session = task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb, maintenance=o.maintenance)
+    spec = task_pb2.TaskSpec(session=session)
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)
     spec.apps.extend(o.apps)
+    spec.start_snapshot = o.start_snapshot
     return NewTask(
         spec=spec.SerializeToString(deterministic=True),
         request_id=o.request_id or None,
         selector_serial=o.selector.serial or None,
-        selector_labels=dict(o.selector.labels),
+        selector_labels=selector_labels(o.selector.labels, o.start_snapshot),
         priority=o.priority,
         max_attempts=1,
         metadata=dict(o.metadata),
         queue_timeout=o.queue_timeout.ToTimedelta() if o.HasField("queue_timeout") else None,
         deadline=o.max_duration.ToTimedelta() if o.HasField("max_duration") else None,
         fairness_key=o.fairness_key or team,
+        maintenance=o.maintenance,
     )
 
 
@@ -103,33 +122,14 @@ async def _first(*aws: Awaitable[Any], timeout: float | None) -> tuple[int, Any]
     return None
 
 
-async def _next(relay: Relay, idle: float) -> Any:
-    """The client's next message; _IDLE once neither an action nor the session's adb door
-    (Relay.idle_left) came for `idle` seconds."""
-    wait = idle
-    while wait > 0:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait):
-                return await relay.from_client.get()
-        wait = relay.idle_left(idle)
-    return _IDLE
-
-
 def _response(task: Task) -> scheduler_pb2.OpenSessionResponse:
     return scheduler_pb2.OpenSessionResponse(task=task_to_pb(task))
 
 
-def _refused(exc: AmcError) -> scheduler_pb2.OpenSessionResponse:
-    code: int = code_for(exc).value[0]
-    return scheduler_pb2.OpenSessionResponse(
-        refused=scheduler_pb2.ActionRefused(code=code, message=exc.message)
-    )
-
-
-def _action(message: Any) -> task_pb2.SessionAction:
-    """A client's later message as the action it must be (InvalidArgument if it is not)."""
-    check_decoded(message)
-    return validate.session_action(message)
+def _joined_as_read(relay: Relay, task: Task, changed: asyncio.Event) -> bool:
+    """The host joined after `task` was read DISPATCHED, and nothing changed since: the
+    join checked its lease live after that read, so it is told as read (no read again)."""
+    return relay.joined.is_set() and task.status is TaskStatus.DISPATCHED and not changed.is_set()
 
 
 def _is_session(task: Task) -> bool:
@@ -140,42 +140,75 @@ def _is_session(task: Task) -> bool:
 class ClientSession:
     """The client's side of one session: one OpenSession call."""
 
-    def __init__(self, service: TaskServicer, read: Reader) -> None:
+    def __init__(self, service: TaskServicer, read: Reader, context: Context) -> None:
         self._svc = service
         self._read = read
+        self._context = context
         self._finished = False
+        self._out: Writer = Writer(context)
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """Over gRPC the session writes on its call itself (relayed steps as their bytes),
+        so this yields nothing; called in process (the console: a context with no
+        `write`), its responses are yielded."""
+        if hasattr(self._context, "write"):
+            await self._serve(requests)
+            return
+        queued = Queued()
+        self._out = Writer(queued)
+        serving = asyncio.create_task(self._serve(requests))
+        try:
+            async for response in queued.until(serving):
+                yield response
+        finally:
+            serving.cancel()
+        serving.result()
+
+    async def _send(self, response: Any) -> None:
+        if not await self._out.write(response):
+            raise ClientGone
+
+    async def _serve(self, requests: AsyncIterator[Any]) -> None:
         first = await first_message(
             requests, "open", "required: the first message asks for the phone"
         )
         o = validate.session_open(first)
         who = principal()
+        if o.maintenance and who.role not in (None, Role.OPERATOR):
+            raise PermissionDenied(
+                f"role '{who.role}' may not open a maintenance session: it is for operators"
+            )
         store, hub = self._svc.store, self._svc.hub
         await self._within_limit(who)
-        await check_references(store, [("open", task_pb2.TaskSpec(apps=o.apps))])
+        opened = task_pb2.TaskSpec(apps=o.apps, start_snapshot=o.start_snapshot)
+        await check_references(store, [("open", opened)])
+        await check_snapshots(store, [("open", opened)])
         task, created = await store.tasks.submit(
-            who.caller, new_session_task(o, who.team), relay=hub.replica
+            who.caller, new_session_task(o, who.team), name=who.name, relay=hub.replica
         )
         if not created:
-            yield _response(await self._opened_before(task, o.request_id))
+            await self._send(_response(await self._opened_before(task, o.request_id)))
             return
         # Before anything can assign it: no await between the commit and this line.
-        relay = hub.sessions.open(task.task_id)
+        relay = hub.sessions.open(task.task_id, self._out)
         relay.owner, relay.adb = who.caller, o.adb
         self._svc.effects.submitted([task])
+        if o.maintenance:
+            # Its phone (cordoned, or of a drained host) has no parked Acquire indexed under
+            # it: the host's Acquires look again.
+            hub.devices_freed({o.selector.labels[HOST_LABEL]})
         log.info("session opened", task_id=str(task.task_id))
         idle = o.idle_timeout.ToTimedelta().total_seconds()
         pump = asyncio.create_task(relay.pump(requests))
         try:
             with hub.watch(task.task_id) as changed:
-                async for response in self._until_joined(task.task_id, relay, changed):
-                    yield response
+                await self._until_joined(task.task_id, relay, changed)
                 if not self._finished:
-                    async for response in self._joined(relay, changed, idle):
-                        yield response
+                    await self._joined(relay, changed, idle)
             hub.sessions.close(task.task_id)  # over: no host joins it any more
             await self._linger(relay, idle)
+        except ClientGone:
+            pass  # its call ended: abandoned, as one cancelled
         except AmcError:
             # Refused mid-call: withdrawn before the refusal is answered.
             if not relay.joined.is_set():
@@ -183,7 +216,9 @@ class ClientSession:
                 await self._cancel(task.task_id, "session abandoned: refused before it started")
             raise
         finally:
-            pump.cancel()
+            # Never mid-write (the call's next write would find it in flight): a pump
+            # handing an action on ends by itself, its call being over.
+            relay.stop_pump(pump)
             hub.sessions.close(task.task_id)
             if not self._finished:
                 self._abandon(relay)
@@ -215,9 +250,7 @@ class ClientSession:
         self._finished = True
         return task
 
-    async def _until_joined(
-        self, task_id: TaskId, relay: Relay, changed: asyncio.Event
-    ) -> AsyncIterator[scheduler_pb2.OpenSessionResponse]:
+    async def _until_joined(self, task_id: TaskId, relay: Relay, changed: asyncio.Event) -> None:
         """The task as it changes, until its host joined (or it finished); an action sent
         meanwhile is refused (FAILED_PRECONDITION), and the session goes on waiting."""
         refresh = self._svc.settings.watch_refresh.total_seconds()
@@ -229,7 +262,7 @@ class ClientSession:
                 # Dispatched is said once the host joined: then actions can be sent.
                 ready = relay.joined.is_set() or task.status is not TaskStatus.DISPATCHED
                 if task != last and ready:
-                    yield _response(task)
+                    await self._send(_response(task))
                     last = task
                 if task.status.terminal:
                     self._finished = True
@@ -242,6 +275,13 @@ class ClientSession:
             if not relay.joined.is_set():
                 waits.append(relay.joined.wait())
             got = await _first(*waits, timeout=refresh)
+            if (
+                not closed
+                and (got is None or got[0] != 0)
+                and _joined_as_read(relay, task, changed)
+            ):
+                await self._send(_response(task))
+                return
             read = True
             if got is None or closed or got[0] != 0 or got[1] is HOST_GONE:
                 continue
@@ -251,63 +291,34 @@ class ClientSession:
                 continue
             read = False  # a refusal changes nothing to read again
             try:
-                _action(got[1])
+                client_action(got[1])
                 raise FailedPrecondition(NO_PHONE_YET)
             except AmcError as exc:
-                yield _refused(exc)
+                await self._send(refused(exc))
             relay.answered()
 
-    async def _joined(
-        self, relay: Relay, changed: asyncio.Event, idle: float
-    ) -> AsyncIterator[scheduler_pb2.OpenSessionResponse]:
+    async def _joined(self, relay: Relay, changed: asyncio.Event, idle: float) -> None:
         """The session's actions and steps, then its finished task."""
         watch = asyncio.create_task(self._watch_task(relay, changed))
         try:
-            async for response in self._relay(relay, idle):
-                yield response
+            how = await relay.relay(functools.partial(relay_action, relay), idle)
         finally:
             watch.cancel()
+        if how is IDLE:
+            log.info("session idle: ended", task_id=str(relay.task_id), idle=idle)
+            end_session(relay, lease_pb2.SESSION_END_IDLE)
+        elif how is None:
+            # A client that vanished (its call cancelled) may look like one that closed
+            # its side: the end of its messages comes first, the cancellation of this
+            # call a moment later. Only a close that outlives the moment is a close.
+            await asyncio.sleep(CLOSE_GRACE)
+            end_session(relay, lease_pb2.SESSION_END_CLOSED)
+        elif isinstance(how, BaseException):
+            end_session(relay, lease_pb2.SESSION_END_ABANDONED)
+        # HOST_GONE: the host stopped (cancelled, lease lost, deadline); its report ends it.
         task = await self._terminal(TaskId(relay.task_id), changed)
         self._finished = True
-        yield _response(task)
-
-    async def _relay(
-        self, relay: Relay, idle: float
-    ) -> AsyncIterator[scheduler_pb2.OpenSessionResponse]:
-        """Each client message to the host as an action, each step back, until either
-        side ends; a message that is no action is refused, and the session goes on."""
-        while True:
-            item = await _next(relay, idle)
-            if item is _IDLE:
-                log.info("session idle: ended", task_id=str(relay.task_id), idle=idle)
-                end_session(relay, lease_pb2.SESSION_END_IDLE)
-                return
-            if item is HOST_GONE:
-                return  # the host stopped: cancelled, lease lost, deadline
-            if item is None:
-                # A client that vanished (its call cancelled) may look like one that closed
-                # its side: the end of its messages comes first, the cancellation of this
-                # call a moment later. Only a close that outlives the moment is a close.
-                await asyncio.sleep(CLOSE_GRACE)
-                end_session(relay, lease_pb2.SESSION_END_CLOSED)
-                return
-            if isinstance(item, BaseException):
-                end_session(relay, lease_pb2.SESSION_END_ABANDONED)
-                return
-            try:
-                action = _action(item)
-            except AmcError as exc:
-                yield _refused(exc)
-                relay.answered()
-                continue
-            if relay.host_gone.is_set():
-                return  # answered by the session's end
-            relay.to_host.put_nowait(lease_pb2.SessionActionsResponse(action=action))
-            step = await relay.from_host.get()
-            if step is None:
-                return
-            yield scheduler_pb2.OpenSessionResponse(step=step)
-            relay.answered()
+        await self._send(_response(task))
 
     async def _watch_task(self, relay: Relay, changed: asyncio.Event) -> None:
         """Ends the relay once its task no longer runs (the sweep expired its lease, a

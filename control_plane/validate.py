@@ -23,6 +23,7 @@ from amc_common.action_table import MAX_COORD as MAX_COORD
 from amc_common.action_table import MAX_SECONDS as MAX_SECONDS
 from amc_common.action_table import MAX_STRING
 from amc_common.action_table import MAX_TEXT as MAX_TEXT
+from amc_common.device_selector import HOST_LABEL, SNAPSHOT_NAME
 from control_plane.convert import STATUS_FROM_PB
 from control_plane.errors import InvalidArgument
 from control_plane.lifecycle import TaskStatus
@@ -138,7 +139,7 @@ def action(a: task_pb2.Action, field: str) -> None:
     """One action, against its definition in amc_common.action_table (which the host agent and
     the CLI read too)."""
     try:
-        action_table.from_message(a)
+        action_table.check(a)
     except action_table.ActionError as exc:
         raise InvalidArgument(f"{field}.{exc.field}" if exc.field else field, exc.problem) from None
 
@@ -177,6 +178,15 @@ def spec(s: task_pb2.TaskSpec, field: str = "spec") -> None:
     if s.HasField("record_screen"):
         screen_recording(s.record_screen, f"{field}.record_screen")
     apps(s.apps, f"{field}.apps")
+    start_snapshot(s.start_snapshot, f"{field}.start_snapshot")
+
+
+def start_snapshot(value: str, field: str) -> None:
+    """An emulator snapshot's name, when set: one word, as the emulator console takes it."""
+    if value and not SNAPSHOT_NAME.fullmatch(value):
+        raise InvalidArgument(
+            field, "not a snapshot name: letters, digits, '.', '_', '-', at most 64"
+        )
 
 
 def apps(items: Sequence[task_pb2.InstallApp], field: str) -> None:
@@ -290,6 +300,21 @@ def list_tasks(req: scheduler_pb2.ListTasksRequest) -> tuple[list[TaskStatus], s
     return statuses, host_id
 
 
+MAX_TASK_IDS = 500
+
+
+def listed_ids(req: scheduler_pb2.ListTasksRequest) -> list[uuid.UUID]:
+    """ListTasks' `task_ids` (none: the filters' listing), alone."""
+    if not req.task_ids:
+        return []
+    if len(req.task_ids) > MAX_TASK_IDS:
+        raise InvalidArgument("task_ids", f"at most {MAX_TASK_IDS}")
+    filtered = req.statuses or req.host_id or req.selector_labels or req.text or req.page_token
+    if filtered:
+        raise InvalidArgument("task_ids", "tasks by id alone: no filter or page_token with it")
+    return [task_id(t, f"task_ids[{i}]") for i, t in enumerate(req.task_ids)]
+
+
 def task_search(req: scheduler_pb2.ListTasksRequest) -> tuple[dict[str, str], str]:
     """ListTasks' search: the selector labels a task must carry, and its text as a LIKE
     pattern."""
@@ -338,7 +363,14 @@ def session_open(req: scheduler_pb2.OpenSessionRequest) -> scheduler_pb2.Session
     identifier(o.request_id, "open.request_id", required=False)
     if o.HasField("record_screen"):
         screen_recording(o.record_screen, "open.record_screen")
+    start_snapshot(o.start_snapshot, "open.start_snapshot")
     apps(o.apps, "open.apps")
+    if o.maintenance and not (o.selector.serial and set(o.selector.labels) == {HOST_LABEL}):
+        raise InvalidArgument(
+            "open.maintenance",
+            f"a maintenance session names one phone: selector.serial and the {HOST_LABEL}"
+            " label, and nothing else",
+        )
     return o
 
 

@@ -77,6 +77,17 @@ def device(d: lease_pb2.DeviceInfo, field: str) -> None:
     string_map(dict(d.labels), f"{field}.labels")
 
 
+MAX_POOLS = 32
+
+
+def pools(items: Sequence[lease_pb2.EmulatorPool]) -> list[tuple[str, dict[str, str]]]:
+    """A host's emulator pools (RenewLeasesRequest.pools): named, with their labels."""
+    return [
+        (identifier(p.name, f"{where}.name"), string_map(dict(p.labels), f"{where}.labels"))
+        for where, p in each(items, "pools", MAX_POOLS, "pools")
+    ]
+
+
 def device_health(items: Sequence[lease_pb2.DeviceHealth], field: str = "devices") -> None:
     """The conditions ReportDeviceHealth takes: known conditions, plausible facts."""
     for where, h in each(items, field, MAX_DEVICES, "devices"):

@@ -28,11 +28,13 @@ import structlog
 from amc_common import logs
 from amc_common.build import record_build
 from amc_common.channel import aio_channel
+from amc_common.device_selector import HOST_LABEL
 from amc_common.systemd import Notifier
 from host_agent.adb import AdbSource
 from host_agent.agent import Agent
 from host_agent.config import Config
 from host_agent.devices import DeviceSource
+from host_agent.emulator import EmulatorSource
 from host_agent.flags import parse
 from host_agent.simulated import SimulatedSource
 
@@ -83,6 +85,7 @@ async def serve(config: Config) -> int:
             if config.simulated_devices
             else f"adb at {config.adb_host}:{config.adb_port}"
         ),
+        emulator_pools=[p.name for p in config.emulators.pools] if config.emulators else None,
         systemd=notifier.enabled,
     )
     faults = (
@@ -155,13 +158,17 @@ def _device_source(config: Config) -> DeviceSource:
         )
         source.call_timeout = config.adb_timeout  # a hung phone's calls time out as adb's
         return source
-    return AdbSource(
+    adb = AdbSource(
         config.adb_host,
         config.adb_port,
         call_timeout=config.adb_timeout,
         scrcpy_server=config.scrcpy_server,
         video_max_fps=config.agent.screen_video_max_fps,
     )
+    if config.emulators is None:
+        return adb
+    agent = config.agent
+    return EmulatorSource(adb, config.emulators, {**agent.labels, HOST_LABEL: agent.host_id})
 
 
 if __name__ == "__main__":

@@ -37,12 +37,13 @@ runners stop at the next step boundary and those leases are given back with Rele
 cuts the grace period short.
 
 Drain from the centre (`amc hosts drain`: a push on the renewal stream, see
-`LeaseKeeper`): no new Acquire while it holds, running tasks finish and report as usual,
-and the agent stays connected, idle, instead of exiting (a unit with Restart= would only
-start it again); the control plane's uncordon ends it and the agent takes work again. The
-control plane gives a drained (cordoned) host no work in any case: this only spares it
-the Acquires. Reports and releases run shielded and are awaited before
-`run()` returns, so a cancellation cannot lose them half-way.
+`LeaseKeeper`): running tasks finish and report as usual, and the agent stays connected
+instead of exiting (a unit with Restart= would only start it again); the control plane's
+uncordon ends it. Its idle phones stay offered: the control plane gives a drained
+(cordoned) host no queued work, only an operator's maintenance session on one of its
+phones (SessionOpen.maintenance: to look at a phone of a host taken out of service).
+Reports and releases run shielded and are awaited before `run()` returns, so a
+cancellation cannot lose them half-way.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
 from amc_common.systemd import Notifier
-from host_agent import metrics
+from host_agent import devices, metrics
 from host_agent.app_cache import AppCache
 from host_agent.config import AgentSettings, app_cache_dir
 from host_agent.device_life import DeviceLife, Stage
@@ -136,7 +137,7 @@ class Agent:
         # Each phone's stage (ready, leased, cleaning, quarantined): its cleans, and its
         # quarantine and recovery ladder (self.recovery).
         self.life = DeviceLife(
-            source, settings, self.health, self._changed, self._registration.labels, self._vacate
+            source, settings, self.health, self._changed, self._registration, self._vacate
         )
         self.recovery = self.life.recovery
         self.health.overrides = self.life.overrides
@@ -182,6 +183,7 @@ class Agent:
             on_logs=self.logs.want,
             channel=self._channel,
             may_move=(self.screens.closed, self.logs.closed),
+            pools=devices.pools(self._source),
         )
         cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
         self._tools = Tools(
@@ -205,6 +207,7 @@ class Agent:
                     group.create_task(self._watchdog_loop(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
                     group.create_task(self.logs.run(), name="live logs"),
+                    group.create_task(devices.pools(self._source).run(self.life), name="pools"),
                 ]
                 await self._offering.run(
                     self._idle_serials,
@@ -227,7 +230,8 @@ class Agent:
         self.drained_by_centre = drain
         if drain:
             self._log.info(
-                "drain requested by the control plane: finishing running tasks, taking no new work",
+                "drain requested by the control plane: finishing running tasks, taking no new"
+                " work but an operator's maintenance session",
                 running=len(self._busy),
             )
         else:
@@ -302,13 +306,13 @@ class Agent:
 
     # -- health ----------------------------------------------------------------------------
 
-    async def _vacate(self, serial: str) -> None:
-        """Before the ladder disturbs `serial`: stop the task it runs, if any, and return
-        once the worker has given its lease back (as device_lost)."""
+    async def _vacate(self, serial: str, reason: StopReason, why: str) -> None:
+        """Before the ladder disturbs `serial` (or a lost emulator is started again): stop
+        the task it runs, if any, and return once the worker has given its lease back."""
         while (work := self._busy.get(serial)) is not None:
             lease = self._leases.get(serial)
             if lease is not None:
-                lease.stop(StopReason.QUARANTINED, "device quarantined: stopping its task")
+                lease.stop(reason, why)
             await asyncio.wait([work])
 
     async def _send_health(self, changed: list[tuple[str, Health]]) -> None:
@@ -318,10 +322,9 @@ class Agent:
     # -- taking work -----------------------------------------------------------------------
 
     def _idle_serials(self) -> list[str]:
-        """The phones to offer (ready: not leased, cleaning or quarantined): none while
-        the control plane drains this host."""
-        if self.drained_by_centre:
-            return []
+        """The phones to offer: the ready ones (not leased, cleaning or quarantined), also
+        while the control plane drains this host (it then gives them an operator's
+        maintenance session, nothing else)."""
         ready = self.life.stage
         return [s for s in self._registration.online() if ready(s) is Stage.READY]
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from host_agent.clean_profile import Profiles
+from host_agent.emulator_config import EmulatorSettings
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
 from host_agent.scrcpy_link import ServerJar
@@ -103,6 +104,8 @@ class Config:
     action_log: Path | None = None
     # Simulated phones' faults, set from outside (host_agent.simulated_faults).
     sim_faults: Path | None = None
+    # The emulators this host runs (--emulator, --emulator-pools; host_agent.emulator).
+    emulators: EmulatorSettings | None = None
     log_format: str = "auto"
     log_level: str = "INFO"
     metrics_listen: str | None = None

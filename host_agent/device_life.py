@@ -12,6 +12,15 @@ quarantined on the way (the recovery ladder, an operator's release).
                 recovery): infrastructure failures, or a     each step followed by the
                 clean that failed                            clean it owes (`settle`);
                                                              an operator releases it
+    RETIRED     its pool stopped it (an emulator idle past   a new instance answers as
+                its pool's idle period: host_agent.          its serial (`fresh`): it
+                emulator_pool), from READY only              is cleaned first (SEEN)
+
+The phones a host runs itself (an emulator pool) ask this module as their `PoolHost`
+(host_agent.devices): `ready`, `retire`, `fresh`, and `lost` for one whose process died
+(its task stopped and given back as device_lost first, then it waits for the new instance
+to answer and is cleaned, as any phone lost mid-lease is); `broken` for one that would not
+start again (quarantined: the ladder's reboot starts it afresh, its clean follows).
 
 MOVES is the cycle's table (READY, LEASED, CLEANING); a quarantine lies over it: a held
 phone keeps its place in the cycle (a leased one has its task stopped first, by the
@@ -32,7 +41,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Protocol
 
 import structlog
 
@@ -42,12 +52,25 @@ from host_agent.clean_profile import CleanProfile
 from host_agent.config import AgentSettings
 from host_agent.devices import CleanedStep, DeviceError, DeviceSource
 from host_agent.health import Condition, Health, HealthMonitor, Reading, probe
-from host_agent.recovery import Recovery, Step
+from host_agent.recovery import Recovery
+from host_agent.stop_token import StopReason
 
 log = structlog.get_logger(__name__)
 
 # How long a phone that was lost is waited for between looks, at most.
 ANSWER_POLL_CAP = 10.0
+QUARANTINE_STOP = "device quarantined: stopping its task"
+# Stops a phone's task (if it runs one) for a reason, and returns once its lease is given
+# back (the agent's).
+Vacate = Callable[[str, StopReason, str], Awaitable[None]]
+
+
+class Registered(Protocol):
+    """What the phones' life asks of their registration (host_agent.registration)."""
+
+    def labels(self, serial: str) -> Mapping[str, str]: ...
+
+    async def refresh(self) -> None: ...
 
 
 class Stage(enum.Enum):
@@ -55,6 +78,7 @@ class Stage(enum.Enum):
     LEASED = "leased"
     CLEANING = "cleaning"
     QUARANTINED = "quarantined"
+    RETIRED = "retired"
 
 
 class Move(enum.Enum):
@@ -63,6 +87,8 @@ class Move(enum.Enum):
     END = "end"  # its lease ended, whatever its outcome
     PASSED = "passed"  # its clean passed
     RELEASED = "released"  # an operator released it (it cleans first if it owes a clean)
+    RETIRE = "retire"  # its pool stops it (host_agent.emulator_pool)
+    LOST = "lost"  # it went away while ready (its process died): cleaned once it answers
 
 
 # The cycle; a quarantine lies over it (see the module docstring).
@@ -74,6 +100,9 @@ MOVES: dict[tuple[Stage, Move], Stage] = {
     (Stage.CLEANING, Move.RELEASED): Stage.CLEANING,
     (Stage.READY, Move.RELEASED): Stage.READY,
     (Stage.LEASED, Move.RELEASED): Stage.LEASED,
+    (Stage.READY, Move.RETIRE): Stage.RETIRED,
+    (Stage.RETIRED, Move.SEEN): Stage.CLEANING,
+    (Stage.READY, Move.LOST): Stage.CLEANING,
 }
 
 
@@ -86,27 +115,30 @@ class DeviceLife:
         settings: AgentSettings,
         health: HealthMonitor,
         changed: asyncio.Event,
-        labels: Callable[[str], Mapping[str, str]],
-        vacate: Step,
+        registration: Registered,
+        vacate: Vacate,
     ) -> None:
-        """`changed` is set when a phone may have become offerable or not; `labels` are a
-        phone's (its pool's match); `vacate` returns once a phone's task is stopped and its
-        lease given back (before the ladder reconnects or reboots it)."""
+        """`changed` is set when a phone may have become offerable or not; `registration`
+        knows a phone's labels (its pool's match) and registers the phones again; `vacate`
+        returns once a phone's task is stopped (for the reason given) and its lease given
+        back (before the ladder reconnects or reboots it, or a lost emulator restarts)."""
         self._source = source
         self.profiles = settings.clean_profile
         self._baselines = Baselines(settings.clean_baselines)
         self._health = health
         self._changed = changed
-        self._labels = labels
+        self._labels = registration.labels
         self.recovery = Recovery(
             self._probe,
             self._hold_changed,
             reconnect=getattr(source, "reconnect_device", None),
             reboot=getattr(source, "reboot_device", None),
-            vacate=vacate,
+            vacate=lambda serial: vacate(serial, StopReason.QUARANTINED, QUARANTINE_STOP),
             settle=self.settle,
             settings=settings.recovery,
         )
+        self._vacate = vacate
+        self._refresh = registration.refresh
         self._stages: dict[str, Stage] = {}
         self._why: dict[str, str] = {}  # why a phone is cleaning (its condition's reason)
         self._failure: dict[str, str] = {}  # what its last clean failed at
@@ -123,9 +155,9 @@ class DeviceLife:
         return self._stages.get(serial, Stage.READY)
 
     def withheld(self) -> set[str]:
-        """The phones no Acquire may offer (quarantined, or owing a clean)."""
-        cleaning = {s for s, stage in self._stages.items() if stage is Stage.CLEANING}
-        return set(self.recovery.held) | cleaning
+        """The phones no Acquire may offer (quarantined, owing a clean, or retired)."""
+        out = {s for s, stage in self._stages.items() if stage in (Stage.CLEANING, Stage.RETIRED)}
+        return set(self.recovery.held) | out
 
     def profile(self, serial: str) -> CleanProfile:
         return self.profiles.for_device(serial, self._labels(serial))
@@ -170,6 +202,42 @@ class DeviceLife:
         self._move(serial, Move.RELEASED)
         if owes:
             self._start(serial, wait=False)
+
+    # -- a pool's phones (PoolHost) -------------------------------------------------------
+
+    def ready(self, serial: str) -> bool:
+        return self.stage(serial) is Stage.READY
+
+    def retire(self, serial: str) -> bool:
+        if self.stage(serial) is not Stage.READY:
+            return False
+        self._move(serial, Move.RETIRE)
+        self._changed.set()
+        return True
+
+    def fresh(self, serial: str) -> None:
+        self._stages.setdefault(serial, Stage.RETIRED)
+        if self._own(serial) is not Stage.RETIRED:
+            return
+        if not self.cleans(serial):
+            self._stages[serial] = Stage.READY
+            return
+        self._first.add(serial)
+        self._move(serial, Move.SEEN, "before its first lease: a new emulator", wait=True)
+
+    async def lost(self, serial: str, why: str) -> None:
+        own = self._own(serial)
+        if own is Stage.LEASED:  # its lease ends given back: cleaned once it answers
+            await self._vacate(serial, StopReason.DEVICE_LOST, f"device lost: {why}")
+        elif own is Stage.READY and serial not in self.recovery.held:
+            self._move(serial, Move.LOST, f"its emulator starts again: {why}", wait=True)
+            self._changed.set()
+
+    def broken(self, serial: str, why: str) -> None:
+        self.recovery.quarantine(serial, why)
+
+    async def changed(self) -> None:
+        await self._refresh()
 
     async def settle(self, serial: str) -> bool:
         """The recovery ladder's question after a step (the phone answers again): may it
@@ -307,7 +375,12 @@ class _Overrides(Mapping[str, Health]):
     def __iter__(self) -> Iterator[str]:
         held = self._life.recovery.held
         yield from held
-        yield from (s for s in self._life.withheld() if s not in held)
+        yield from (s for s in self._life.withheld() if s not in held and s in self)
+
+    def __contains__(self, serial: object) -> bool:
+        return serial in self._life.recovery.held or (
+            isinstance(serial, str) and self._life.cleaning_reason(serial) is not None
+        )
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -6,9 +6,13 @@ Two implementations: `host_agent.adb` (a real adb server via pure-python-adb) an
 A source also says how each of its phones is cleaned between leases (`cleaner`): the one
 seam where device kinds differ in what a clean is. A phone over adb (real or simulated) is
 cleaned by shell commands (host_agent.cleaning.ShellCleaner: uninstall, clear, files,
-settings, reboot); an emulator's source would clean by loading its snapshot, a step of
-its own, without a branch anywhere else (host_agent.device_life runs whatever steps it
-is given, times them, reports them and quarantines a phone whose clean fails).
+settings, reboot); an emulator the host runs (host_agent.emulator) by loading its
+snapshot, a step of its own, without a branch anywhere else (host_agent.device_life runs
+whatever steps it is given, times them, reports them and quarantines a phone whose clean
+fails). Likewise a source's optional `prepare` (before a lease's first action: an emulator
+loads the snapshot the task starts from) and `pools` (the phones the host starts and stops
+itself: an emulator pool), asked through this module's `prepare` and `pools`, which stand
+in for a source without them (a phone over adb, a simulated one).
 
 Errors::
 
@@ -28,7 +32,7 @@ to run on another phone (host_agent.worker).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -207,6 +211,70 @@ class Cleaner(Protocol):
         ...
 
 
+class PoolHost(Protocol):
+    """What a pool of phones the host runs itself (host_agent.emulator_pool) asks of the
+    phones' life on the host (host_agent.device_life.DeviceLife)."""
+
+    def ready(self, serial: str) -> bool:
+        """Whether `serial` waits for work (ready: not leased, cleaning or quarantined)."""
+        ...
+
+    def retire(self, serial: str) -> bool:
+        """Take a ready `serial` out of service for good, to stop it; False if it is not
+        ready (a lease, a clean or the ladder has it)."""
+        ...
+
+    async def lost(self, serial: str, why: str) -> None:
+        """`serial`'s process died: returns once its task, if any, is stopped and its
+        lease given back (device_lost); it is cleaned before it takes work again."""
+        ...
+
+    def broken(self, serial: str, why: str) -> None:
+        """`serial` would not start again: quarantined, its recovery ladder (whose reboot
+        starts it afresh) brings it back or leaves it for an operator."""
+        ...
+
+    def fresh(self, serial: str) -> None:
+        """A new instance answers as `serial` (a retired one's serial again, or its first):
+        cleaned before its first lease."""
+        ...
+
+    async def changed(self) -> None:
+        """The phones listed changed: register them again now."""
+        ...
+
+
+class Pools(Protocol):
+    """The phones a host starts and stops itself, by pool (emulators)."""
+
+    def advertised(self) -> list[tuple[str, dict[str, str]]]:
+        """Each pool's name and the labels its phones carry (a selector's view)."""
+        ...
+
+    def want(self, wanted: Mapping[str, int]) -> None:
+        """How many queued tasks each pool's phones would take (the control plane's hint)."""
+        ...
+
+    async def run(self, host: PoolHost) -> None:
+        """Keep the pools (until cancelled)."""
+        ...
+
+
+class _NoPools:
+    def advertised(self) -> list[tuple[str, dict[str, str]]]:
+        return []
+
+    def want(self, wanted: Mapping[str, int]) -> None:
+        pass
+
+    async def run(self, host: PoolHost) -> None:
+        pass
+
+
+# The pools of a source whose phones come and go by themselves.
+NO_POOLS: Pools = _NoPools()
+
+
 class DeviceSource(Protocol):
     """The phones attached to this host."""
 
@@ -220,3 +288,23 @@ class DeviceSource(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def prepare(source: DeviceSource, serial: str, snapshot: str) -> str:
+    """Before a lease's first action: the phone brought to `snapshot` (the task's
+    start_snapshot; "" for none) by its source's `prepare`, if it has one (an emulator's);
+    what was done ("" nothing). CommandFailed for a phone that has no snapshots, DeviceLost
+    for one that could not be brought there."""
+    own: Callable[[str, str], Awaitable[str]] | None = getattr(source, "prepare", None)
+    if own is not None:
+        return await own(serial, snapshot)
+    if snapshot:
+        raise CommandFailed(f"cannot start from snapshot {snapshot!r}: not an emulator")
+    return ""
+
+
+def pools(source: DeviceSource) -> Pools:
+    """The phones `source` starts and stops itself (its `pools()`, if it has one; else
+    NO_POOLS: its phones come and go by themselves)."""
+    own: Callable[[], Pools] | None = getattr(source, "pools", None)
+    return own() if own is not None else NO_POOLS

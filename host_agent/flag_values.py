@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from amc_common import durations
+from host_agent.emulator_config import Budget
 
 
 def duration(text: str) -> float:
@@ -105,3 +106,26 @@ def log_level(text: str) -> str:
 
 
 log_level.__name__ = "log level"
+
+
+def budget(text: str) -> Budget:
+    """What one emulator takes of the host: CPUS,MEMORY (`2,2GB`, `0.5,512MB`)."""
+    cpus, sep, memory = text.partition(",")
+    if not sep or float(cpus) <= 0:
+        raise ValueError(text)
+    return Budget(float(cpus), size(memory))
+
+
+budget.__name__ = "emulator budget (CPUS,MEMORY: e.g. 2,2GB)"
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """FIRST-LAST console ports (even, 1024 to 65534)."""
+    first, sep, last = text.partition("-")
+    low, high = int(first), int(last)
+    if not sep or not 1024 <= low <= high <= 65534:
+        raise ValueError(text)
+    return low, high
+
+
+port_range.__name__ = "port range (FIRST-LAST, e.g. 5554-5682)"

@@ -22,7 +22,7 @@ from amc_common import durations
 from amc_common.channel import read_token
 from amc_common.command_line import OneLineParser
 from amc_common.version import version_line
-from host_agent import baselines, clean_profile
+from host_agent import baselines, clean_profile, emulator_config
 from host_agent.config import (
     DEFAULT_ADB,
     DEFAULT_CONTROL_PLANE,
@@ -30,9 +30,11 @@ from host_agent.config import (
     Config,
     ConfigError,
 )
+from host_agent.emulator_config import EmulatorSettings
 from host_agent.flag_values import (
     address,
     address_text,
+    budget,
     celsius,
     count,
     duration,
@@ -41,6 +43,7 @@ from host_agent.flag_values import (
     log_format,
     log_level,
     percent,
+    port_range,
     size,
 )
 from host_agent.health import Thresholds
@@ -131,6 +134,22 @@ _LOGS: list[_Option] = [
     ("--log-level", "AMC_LOG_LEVEL", "INFO", log_level, "DEBUG, INFO, WARNING or ERROR"),
     ("--metrics-listen", "AMC_METRICS_LISTEN", None, address_text, "host:port for /metrics"),
 ]
+_EMULATORS: list[_Option] = [
+    ("--emulator-pools", "AMC_EMULATOR_POOLS", None, str,
+     "YAML file of emulator pools (docs/operations.md), besides --emulator"),
+    ("--emulator-binary", "AMC_EMULATOR_BINARY", None, str,
+     "the emulator program (default: $ANDROID_HOME/emulator/emulator, else PATH's)"),
+    ("--emulator-budget", "AMC_EMULATOR_BUDGET", "2,2GB", budget,
+     "what one emulator takes of the host: CPUS,MEMORY"),
+    ("--emulator-idle", "AMC_EMULATOR_IDLE", "5m", duration,
+     "an emulator idle this long, above its pool's minimum, is stopped"),
+    ("--emulator-ports", "AMC_EMULATOR_PORTS", "5554-5682", port_range,
+     "the console ports emulators take (even; adb on the next)"),
+    ("--emulator-boot-timeout", "AMC_EMULATOR_BOOT_TIMEOUT", "5m", duration,
+     "how long an emulator may take to start"),
+    ("--emulator-load-timeout", "AMC_EMULATOR_LOAD_TIMEOUT", "1m", duration,
+     "how long a snapshot load may take"),
+]
 _SIMULATED: list[_Option] = [
     ("--simulated-devices", "AMC_SIMULATED_DEVICES", "0", count, "N simulated phones, no adb"),
     ("--sim-delay", "AMC_SIM_DELAY", "0.2s", duration, "how long a simulated action takes"),
@@ -149,6 +168,7 @@ _GROUPS: list[tuple[str, list[_Option]]] = [
     ("a phone's health: probes, quarantine and recovery", _PROBES),
     ("cleaning between leases", _CLEANING),
     ("live screen and recordings", _SCREEN),
+    ("emulators the host runs (a pool per AVD)", _EMULATORS),
     ("logs and metrics", _LOGS),
     ("simulated phones (no adb: for trying the farm out and for tests)", _SIMULATED),
 ]
@@ -166,6 +186,8 @@ _METAVARS: dict[Callable[[str], Any], str] = {
     log_format: "FORMAT",
     log_level: "LEVEL",
     Path: "DIR",
+    budget: "CPUS,MEMORY",
+    port_range: "FIRST-LAST",
 }
 
 
@@ -207,6 +229,13 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a host label, repeatable [$AMC_LABELS, comma-separated]",
+    )
+    sections["emulators the host runs (a pool per AVD)"].add_argument(
+        "--emulator",
+        action="append",
+        default=[],
+        metavar="AVD[@SNAPSHOT]:MIN:MAX",
+        help="an emulator pool, repeatable [$AMC_EMULATORS, comma-separated]",
     )
     sections["logs and metrics"].add_argument(
         "--debug",
@@ -264,7 +293,30 @@ def _config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         adb_port=adb_port,
         action_log=Path(args.action_log) if args.action_log else None,
         sim_faults=Path(args.sim_faults) if args.sim_faults else None,
+        emulators=_emulators(args, env, adb_host, adb_port),
     )
+
+
+def _emulators(
+    args: argparse.Namespace, env: Mapping[str, str], adb_host: str, adb_port: int
+) -> EmulatorSettings | None:
+    """The emulator pools, read against their AVDs and the host's size now."""
+    flags = [*filter(None, env.get("AMC_EMULATORS", "").split(",")), *args.emulator]
+    try:
+        return emulator_config.settings(
+            flags,
+            Path(args.emulator_pools) if args.emulator_pools else None,
+            Path(args.emulator_binary) if args.emulator_binary else None,
+            env,
+            (adb_host, adb_port),
+            budget=args.emulator_budget,
+            idle=args.emulator_idle,
+            ports=args.emulator_ports,
+            boot_timeout=args.emulator_boot_timeout,
+            load_timeout=args.emulator_load_timeout,
+        )
+    except emulator_config.PoolError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _from_flags(cls: type[_Settings], args: argparse.Namespace, **given: Any) -> _Settings:

@@ -28,7 +28,9 @@ task reported) or conflicted is dropped: the terminal report is the record.
 A push with no leases carries the host's drain from the
 centre, handed to `on_drain`, the devices an operator released from quarantine, handed
 to `on_release`, a viewer's wish for the host's screen call (`screen_wanted`), handed
-to `on_screen`, and a reader's for its log call (`logs_wanted`), to `on_logs`.
+to `on_screen`, a reader's for its log call (`logs_wanted`), to `on_logs`, and how many
+tasks wait for each of the host's emulator pools (`wanted`, handed to `pools.want`;
+the pools are told in each stream's first request).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from host_agent import metrics
+from host_agent.devices import NO_POOLS, Pools
 from host_agent.fencing import HeldLease, LeaseAnswer, RenewalResult, Timing
 from host_agent.retry import FATAL_CODES, retrying
 from host_agent.stop_token import Stopped, StopReason
@@ -75,6 +78,7 @@ class LeaseKeeper:
         on_logs: Callable[[], None] | None = None,
         channel: grpc.aio.Channel | None = None,
         may_move: Sequence[Callable[[], Awaitable[None]]] = (),
+        pools: Pools = NO_POOLS,
     ) -> None:
         self._stub = stub
         # The stub's channel: when the connection under the stream is left (the control
@@ -92,6 +96,7 @@ class LeaseKeeper:
         self._on_screen = on_screen or (lambda: None)
         # Told that a reader follows one of the host's attempts' logs: open LogLines.
         self._on_logs = on_logs or (lambda: None)
+        self._pools = pools
         self._host_id = host_id
         self.timing = timing
         self._max_backoff = max_backoff
@@ -225,7 +230,7 @@ class LeaseKeeper:
             self._wake.clear()
             full = time.monotonic() >= next_full
             if self._held or not opened:
-                await self._send(call, full)
+                await self._send(call, full, first=not opened)
                 opened = True
             if full:
                 next_full = time.monotonic() + self.timing.interval
@@ -233,7 +238,9 @@ class LeaseKeeper:
                 async with asyncio.timeout(max(0.0, next_full - time.monotonic())):
                     await self._wake.wait()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall[Any, Any], full: bool = True) -> None:
+    async def _send(
+        self, call: grpc.aio.StreamStreamCall[Any, Any], full: bool = True, first: bool = False
+    ) -> None:
         seq = next(self._seq)
         lease_ids = [
             lease_id
@@ -254,6 +261,10 @@ class LeaseKeeper:
                     lease_pb2.StepProgress(lease_id=i, step=step)
                     for i, done in steps.items()
                     for step in done
+                ],
+                pools=[
+                    lease_pb2.EmulatorPool(name=name, labels=labels)
+                    for name, labels in (self._pools.advertised() if first else [])
                 ],
             )
         )
@@ -289,6 +300,8 @@ class LeaseKeeper:
                 self._on_screen()
             if response.logs_wanted:
                 self._on_logs()
+            if response.wanted:
+                self._pools.want({w.pool: w.tasks for w in response.wanted})
             for state in response.leases:
                 if (lease := self._held.get(state.lease_id)) and state.cancel_pending:
                     self._cancel(lease, "push")

@@ -119,6 +119,8 @@ DEVICE_ERROR_KINDS = (
     "CleanFailed",
     "UnsupportedText",
     "VideoUnavailable",
+    "DoorRefused",
+    "ConsoleError",
 )
 CANCEL_VIAS = ("push", "renewal")
 ARTIFACT_RESULTS = ("stored", "failed", "timeout")

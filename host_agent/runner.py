@@ -20,6 +20,8 @@ import structlog
 
 from amc_common.action_table import Action, InstallApp
 from amc_common.statuses import Outcome
+from amc_common.steps import label as step_label
+from amc_common.steps import number as step_number
 from host_agent.devices import Device, DeviceLost
 from host_agent.executor import POLL_INTERVAL, StepOutput, describe_device_error, execute
 from host_agent.install import Library
@@ -77,6 +79,7 @@ def outcome_for(all_steps_ran: bool, failed: bool, stop_reason: StopReason | Non
             | StopReason.DEADLINE
             | StopReason.ABANDONED
             | StopReason.QUARANTINED
+            | StopReason.DEVICE_LOST
         ):
             # A task stopped for a quarantine is given back (worker.py); a session, whose
             # client is attached to this phone, ends failed.
@@ -164,7 +167,7 @@ class _StepLoop:
         halt: _Halt | None = None
         for index, step in enumerate(steps):
             if self.token.reason is not None:
-                halt = _stopped(self.token.reason, f"stopped before step {index} {step.name!r}")
+                halt = _stopped(self.token.reason, f"stopped before {step_label(index, step.name)}")
                 break
             result, halt = await self._run_step(index, step)
             results.append(result)
@@ -187,7 +190,11 @@ class _StepLoop:
             end = await self._run_action(action)
             outputs.append(end.output)
             if not end.output.ok:
-                where = f"action {position} ({action.kind}): " if len(step.actions) > 1 else ""
+                where = (
+                    f"action {step_number(position)} ({action.kind}): "
+                    if len(step.actions) > 1
+                    else ""
+                )
                 error = where + end.output.error
                 halt = _halt_for(end, index, step, error)
                 cancelled = end.stop_reason is StopReason.CANCELLED
@@ -274,12 +281,14 @@ def _stopped(reason: StopReason, where: str) -> _Halt:
 def _halt_for(end: _ActionEnd, index: int, step: _Step, error: str) -> _Halt | None:
     """Whether (and why) a failed action ends the whole run."""
     if end.stop_reason is not None:
-        return _stopped(end.stop_reason, f"interrupted during step {index} {step.name!r}")
+        return _stopped(end.stop_reason, f"interrupted during {step_label(index, step.name)}")
     if step.continue_on_error and not end.device_lost:
         return None
     # A lost device ends the run even under continue_on_error: nothing else can run on it.
     return _Halt(
-        f"step {index} {step.name!r} failed: {error}", failed=True, device_lost=end.device_lost
+        f"{step_label(index, step.name)} failed: {error}",
+        failed=True,
+        device_lost=end.device_lost,
     )
 
 

@@ -7,7 +7,8 @@ breaks meanwhile), and closes it once none has been watched for `linger` (SCREEN
 30 s: a viewer flipping between phones does not reopen it each time); an idle host holds
 no call. An old control plane that never asks gets no call: no live screen until it is
 upgraded. The control plane sends the set of this host's phones watched, with the frame
-rate asked and whether its viewers take still images, the H.264 stream, or both.
+rate asked (a phone watched by thumbnails alone: once per `interval_ms`, a few seconds) and
+whether its viewers take still images, the H.264 stream, or both.
 
 Each watched phone gets one capture of each kind asked: still frames (`screencap -p` over
 adb, a simulated phone's drawing), at most `screen_max_fps` a second and `screen_max_rate`
@@ -39,9 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import grpc
 import structlog
@@ -49,6 +50,7 @@ import structlog
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
 from host_agent import metrics, videocast
 from host_agent.devices import Device, DeviceError, VideoStream
+from host_agent.screen_wants import Pace, Want, want_of
 from host_agent.stills import MAX_FRAME_BYTES, smaller, still_frame
 from host_agent.videocast import VideoQueue
 
@@ -65,15 +67,6 @@ Sink = Callable[[scheduler_pb2.ScreenFrame], None]
 # The task attempt a phone (by serial) runs now, or None.
 Running = Callable[[str], tuple[str, int] | None]
 IMAGES, VIDEO = "images", "video"
-
-
-@dataclasses.dataclass(frozen=True)
-class Want:
-    """What a phone's viewers (or a local watcher) take: its frame rate, and which kinds."""
-
-    fps: int
-    images: bool = True
-    video: bool = False
 
 
 class Screencaster:
@@ -106,7 +99,8 @@ class Screencaster:
         self._max_fps = max_fps
         self._video_max_fps = video_max_fps
         self._max_rate = max_rate
-        # What the control plane asked for, and the local watchers.
+        # What the control plane asked for (a thumbnail's rate below one frame a second),
+        # and the local watchers.
         self._watched: dict[str, Want] = {}
         self._sinks: dict[str, dict[int, tuple[Want, Sink]]] = {}
         # One capture per phone and kind (IMAGES, VIDEO).
@@ -120,6 +114,9 @@ class Screencaster:
         self._outbox: dict[str, scheduler_pb2.ScreenFrame] = {}
         self._video: dict[str, VideoQueue] = {}
         self._ready = asyncio.Event()
+        # Each phone's still captures wait for their next at its rate, read again when what
+        # is watched changed.
+        self._pace = Pace()
         self._next_sink = 0
 
     @property
@@ -192,7 +189,7 @@ class Screencaster:
                 if message is grpc.aio.EOF:
                     return False
                 self.calling = True
-                self._set_watched({w.serial: _want_of(w) for w in message.watched})
+                self._set_watched({w.serial: want_of(w) for w in message.watched})
                 for serial in message.key_frames:
                     if (stream := self._streams.get(serial)) is not None:
                         stream.want_key_frame()
@@ -273,14 +270,21 @@ class Screencaster:
             wants.append(self._watched[serial])
         return wants
 
-    def _fps(self, serial: str, kind: str) -> int:
+    def _fps(self, serial: str, kind: str) -> float:
+        """Frames a second to capture of a kind: the most its viewers ask, within the
+        host's bound (a phone watched by thumbnails alone: less than one)."""
         wants = self._wants(serial)
-        most = self._video_max_fps if kind == VIDEO else self._max_fps
         if kind == VIDEO:
             asked = max([w.fps for w in wants if w.video], default=1)
-        else:
-            asked = max([w.fps for w in wants if self._takes_images(serial, w)], default=1)
-        return max(1, min(most, asked))
+            return max(1, min(self._video_max_fps, round(asked)))
+        no_video = serial in self._no_video
+        stills = [w.still_fps(no_video) for w in wants if self._takes_images(serial, w)]
+        asked = max(stills, default=1)
+        return min(self._max_fps, asked) if asked > 0 else 1.0
+
+    def _interval(self, serial: str, size: int) -> float:
+        """Seconds from a still capture of `size` bytes to the next (its rate, the byte rate)."""
+        return max(1.0 / self._fps(serial, IMAGES), size / self._max_rate)
 
     def _takes_images(self, serial: str, want: Want) -> bool:
         return want.images or (want.video and serial in self._no_video)
@@ -304,6 +308,7 @@ class Screencaster:
             self._loops[(serial, kind)] = loop.create_task(
                 run(serial), name=f"screen {kind} {serial}"
             )
+        self._pace.changed({s for s, kind in self._loops if kind == IMAGES})
 
     async def _stream(self, serial: str) -> None:
         """The phone's stream until it is no longer watched; still frames instead when it
@@ -311,7 +316,7 @@ class Screencaster:
         device = self._device(serial)
         while True:
             try:
-                stream = await videocast.open_stream(device, lambda: self._fps(serial, VIDEO))
+                stream = await videocast.open_stream(device, lambda: int(self._fps(serial, VIDEO)))
             except DeviceError as exc:  # none here (VideoUnavailable), or it did not start
                 log.info("no video stream: still frames instead", device=serial, why=str(exc))
                 self._no_video.add(serial)
@@ -375,8 +380,7 @@ class Screencaster:
             for want, sink in list(self._sinks.get(serial, {}).values()):
                 if self._takes_images(serial, want):
                     sink(frame)
-            interval = max(1.0 / self._fps(serial, IMAGES), len(data) / self._max_rate)
-            await asyncio.sleep(max(0.0, started + interval - clock.time()))
+            await self._pace.until_due(serial, started, partial(self._interval, serial, len(data)))
 
     def _offer(self, serial: str, frame: scheduler_pb2.ScreenFrame) -> None:
         watched = self._watched.get(serial)
@@ -389,10 +393,3 @@ class Screencaster:
             metrics.SCREEN_FRAMES_DROPPED.labels("superseded").inc()
         self._outbox[serial] = frame
         self._ready.set()
-
-
-def _want_of(watch: lease_pb2.ScreenWatch) -> Want:
-    """A phone as the control plane lists it (neither kind named: an older control plane,
-    which takes still frames)."""
-    images = watch.images or not watch.video
-    return Want(watch.max_fps, images, watch.video)

@@ -38,6 +38,7 @@ from amc.v1 import lease_pb2, lease_pb2_grpc, task_pb2
 from amc_common.action_table import Action, InstallApp, Screenshot, UiDump
 from amc_common.channel import write_unless_ended
 from amc_common.statuses import Outcome
+from amc_common.steps import label as step_label
 from host_agent import artifact_upload
 from host_agent.devices import Device, DeviceError
 from host_agent.fencing import HeldLease
@@ -187,7 +188,7 @@ async def run_session(
             steps.append(answer.step)
             await _send(call, lease_pb2.SessionActionsRequest(step=answer.pb))
             if halted is not None:
-                return _stopped(halted, steps, f"during step {step.index} {step.name!r}")
+                return _stopped(halted, steps, f"during {step_label(step.index, step.name)}")
             if lost:
                 return RunResult(Outcome.FAILED, f"device lost: {step.error}", tuple(steps))
     except Stopped as stop:

@@ -26,6 +26,8 @@ class ActionList:
     actions: tuple[Action, ...]
     # Installed before the first action (TaskSpec.apps), as a step of their own.
     apps: tuple[InstallApp, ...] = ()
+    # The emulator snapshot the task starts from (TaskSpec.start_snapshot; "": none).
+    start_snapshot: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Workflow:
     kind: ClassVar[str] = "workflow"
     steps: tuple[WorkflowStep, ...]
     apps: tuple[InstallApp, ...] = ()
+    start_snapshot: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Session:
 
     kind: ClassVar[str] = "session"
     apps: tuple[InstallApp, ...] = ()
+    start_snapshot: str = ""
     adb: bool = False
 
 

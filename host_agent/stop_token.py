@@ -40,11 +40,14 @@ class StopReason(enum.Enum):
     # The phone was quarantined and does not answer: its task stops before the recovery
     # ladder reconnects or reboots it, and the lease is given back as device_lost.
     QUARANTINED = "quarantined"
+    # The phone went away under the task (an emulator's process died): given back as
+    # device_lost, whatever the task's kind.
+    DEVICE_LOST = "device_lost"
 
     @property
     def label(self) -> str:
         """Words for error messages: "cancelled", "lease lost", "host shutting down",
-        "deadline exceeded", "session abandoned", "device quarantined"."""
+        "deadline exceeded", "session abandoned", "device quarantined", "device lost"."""
         match self:
             case StopReason.CANCELLED:
                 return "cancelled"
@@ -58,6 +61,8 @@ class StopReason(enum.Enum):
                 return "session abandoned"
             case StopReason.QUARANTINED:
                 return "device quarantined"
+            case StopReason.DEVICE_LOST:
+                return "device lost"
             case _:
                 assert_never(self)
 

@@ -26,7 +26,11 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common.action_table import KEEPS, Action, ActionError, InstallApp, from_message
+from amc_common.device_selector import SNAPSHOT_NAME
 from amc_common.statuses import Outcome
+from amc_common.steps import default_name
+from amc_common.steps import label as step_label
+from amc_common.steps import number as step_number
 from host_agent.devices import AttachedDevice
 from host_agent.fencing import Timing
 from host_agent.health import Condition, Health
@@ -203,14 +207,17 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
     kind = pb.WhichOneof("kind")
     installs = (task_pb2.Action(install_app=app) for app in pb.apps)
     apps = tuple(a for a in _actions_from_proto(installs, "apps: ") if isinstance(a, InstallApp))
+    start = pb.start_snapshot
+    if start and not SNAPSHOT_NAME.fullmatch(start):
+        raise InvalidSpec(f"start_snapshot: not a snapshot name: {start!r}")
     match kind:
         case "actions":
-            return ActionList(_actions_from_proto(pb.actions.actions, where=""), apps)
+            return ActionList(_actions_from_proto(pb.actions.actions, where=""), apps, start)
         case "workflow":
             steps = tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps))
-            return Workflow(steps, apps)
+            return Workflow(steps, apps, start)
         case "session":
-            return Session(apps, adb=pb.session.adb)
+            return Session(apps, start_snapshot=start, adb=pb.session.adb)
         case None:
             raise InvalidSpec("task spec has neither actions nor a workflow")
         case _:
@@ -218,8 +225,8 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
 
 
 def _step_from_proto(index: int, pb: task_pb2.WorkflowStep) -> WorkflowStep:
-    name = pb.name or f"step {index}"
-    actions = _actions_from_proto(pb.actions, where=f"workflow step {index} {name!r}, ")
+    name = pb.name or default_name(index)
+    actions = _actions_from_proto(pb.actions, where=f"workflow {step_label(index, name)}, ")
     return WorkflowStep(name=name, actions=actions, continue_on_error=pb.continue_on_error)
 
 
@@ -229,7 +236,7 @@ def _actions_from_proto(pbs: Iterable[task_pb2.Action], where: str) -> tuple[Act
         try:
             actions.append(action_from_proto(pb))
         except InvalidSpec as exc:
-            raise InvalidSpec(f"{where}action {i}: {exc}") from exc
+            raise InvalidSpec(f"{where}action {step_number(i)}: {exc}") from exc
     return tuple(actions)
 
 

@@ -22,10 +22,10 @@ import structlog
 
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
-from host_agent import artifact_upload, logcat, recording
+from host_agent import artifact_upload, devices, logcat, recording
 from host_agent.adb_door import door_served
 from host_agent.config import AgentSettings
-from host_agent.devices import Device, DeviceSource
+from host_agent.devices import Device, DeviceError, DeviceLost, DeviceSource
 from host_agent.fencing import HeldLease, RenewalResult
 from host_agent.install import Library
 from host_agent.leases import LeaseKeeper
@@ -137,11 +137,15 @@ class Worker:
         if result.stop_reason is StopReason.SHUTDOWN:
             delivery = await final.run(self._release(StopReason.SHUTDOWN.label))
             return self._finished(Ending.RELEASED, result, delivery)
-        if result.stop_reason is StopReason.QUARANTINED and not isinstance(a.spec, Session):
-            # Stopped so that the recovery ladder may reconnect or reboot the phone: given
-            # back as a lost phone's task is. (A session ends failed: its client is
-            # attached to this phone, and is told.)
-            self._log.warning("device quarantined; giving the task back", error=result.error)
+        quarantined = result.stop_reason is StopReason.QUARANTINED
+        if result.stop_reason is StopReason.DEVICE_LOST or (
+            quarantined and not isinstance(a.spec, Session)
+        ):
+            # Stopped so that the recovery ladder may reconnect or reboot the phone (or
+            # because the phone went away): given back as a lost phone's task is. (A session
+            # stopped for a quarantine ends failed: its client is attached to this phone.)
+            said = "device quarantined" if quarantined else "device lost"
+            self._log.warning(f"{said}; giving the task back", error=result.error)
             delivery = await final.run(self._release(result.error, device_lost=True))
             return self._finished(Ending.RELEASED, result, delivery)
         if result.device_lost and result.stop_reason is None:
@@ -245,6 +249,9 @@ class Worker:
     ) -> RunResult:
         settings = self._tools.settings
         library = self._tools.library
+        failed = await self._prepare(spec.start_snapshot)
+        if failed is not None:
+            return failed
         if isinstance(spec, Session):
             options = SessionSettings(
                 settings.shell_timeout, settings.upload_timeout, library, marks
@@ -263,6 +270,21 @@ class Worker:
             library=library,
             marks=marks,
         )
+
+    async def _prepare(self, snapshot: str) -> RunResult | None:
+        """The phone brought to the snapshot the task starts from (an emulator's: its
+        source's `prepare`) before the first action; a failure ends the run (a phone that
+        could not be brought there is given back as lost)."""
+        try:
+            done = await devices.prepare(
+                self._tools.source, self.assignment.device_serial, snapshot
+            )
+        except DeviceError as exc:
+            error = f"start snapshot {snapshot}: {exc}"
+            return RunResult(Outcome.FAILED, error, (), device_lost=isinstance(exc, DeviceLost))
+        if done:
+            self._log.info("phone prepared", did=done)
+        return None
 
     def _deadline_passed(self) -> None:
         a = self.assignment

@@ -15,7 +15,8 @@ chose, about how long it takes) and runs, in this order:
   3 cancel     --trials cancels of running tasks (10 ms steps): -> runner stopped -> cancelled
  10 session    --session-sizes concurrent interactive sessions on simulated phones (0 ms),
                taps back to back for --session-seconds: round trip through AMC beside the
-               same taps straight to a phone, actions/s, CPU per action; then
+               same taps straight to a phone, actions/s, CPU per action; the same paced
+               at --session-rate taps/s per session (where sizes x rate <= 1,000/s); then
                --session-starts opens on an idle phone one after another
  11 screen     live screens of --screen-phones simulated phones: frames captured with
                nobody watching, frames/s to one viewer, click-to-frame latency through a
@@ -23,6 +24,18 @@ chose, about how long it takes) and runs, in this order:
  13 adb        an adb door (`amc adb`) with the real adb client: --adb-shells `adb shell`
                round trips through it beside the same straight to the phone on the same
                adb server, and a push of --adb-push-mb MB on each path
+ 14 mcp        --mcp-clients MCP clients (in --mcp-processes processes) on one `amc mcp
+               --http`, each its own session on its own simulated phone, --mcp-actions taps
+               each ~--mcp-think s apart: answers lost or crossed, round trip beside the
+               client library's, CPU per tap
+ 15 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
+               (a host agent's --emulator pool; snapshot load --episodes-load s): each
+               session from the pool's snapshot, 20 taps, closed, for --episodes-seconds:
+               episodes/hour/emulator beside the ideal, lease-to-first-action, AMC's own
+               part of each reset between leases (the reset less the load)
+ 16 install    a --install-mb MB APK onto --install-phones simulated phones of
+               --install-hosts hosts at once: bytes the control plane sent (the APK's size
+               times the hosts, never the phones), each install's time
   7 fleet      --fleet-hosts N hosts x 4 devices (one rack each) in one load process, tasks at
                --fleet-rate/s for --fleet-seconds, each for a random rack: pickup, CPU per
                task, RSS per connected host, idle CPU; N each on a fresh control plane, then
@@ -86,10 +99,13 @@ from bench_lib import (
     adb_door,
     ceiling,
     deep,
+    episodes,
     fleet,
     flood,
+    install,
     latency,
     lifecycle,
+    mcp_agents,
     options,
     peer,
     pgstats,
@@ -208,6 +224,10 @@ class Run:
             if "adb" in a.only:
                 async with self.workload("adb"):
                     await self.adb_doors()
+            if "mcp" in a.only:
+                async with self.workload("mcp"):
+                    await self.mcp()
+            await self.phone_state_workloads()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
                     self.stop_amc()
@@ -345,8 +365,8 @@ class Run:
         if st.control_plane is None:
             await st.start_control_plane()
         sizes = tuple(int(n) for n in a.session_sizes.split(",") if n.strip())
-        opts = session.Options(sizes, a.session_seconds, a.session_starts)
-        self.results["session"] = await session.run(st, opts, say)
+        opts = session.Options(sizes, a.session_seconds, a.session_starts, a.session_rate)
+        self.results["session"] = await session.run(st, opts, say, self.profiled)
 
     async def screens(self) -> None:
         a, st = self.args, self.stack
@@ -363,6 +383,34 @@ class Run:
             await st.start_control_plane()
         opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
         self.results["adb"] = await adb_door.run(st, opts, say)
+
+    async def mcp(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = mcp_agents.Options(a.mcp_clients, a.mcp_actions, a.mcp_think, a.mcp_processes)
+        self.results["mcp"] = await mcp_agents.run(st, opts, say)
+
+    async def phone_state_workloads(self) -> None:
+        """The workloads of a phone's state: emulator pools, the app library's installs."""
+        for key, run in (("episodes", self.episodes), ("install", self.install)):
+            if key in self.args.only:
+                async with self.workload(key):
+                    await run()
+
+    async def episodes(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = episodes.Options(a.episodes_emulators, a.episodes_seconds, a.episodes_load)
+        self.results["episodes"] = await episodes.run(st, opts, say)
+
+    async def install(self) -> None:
+        a, st = self.args, self.stack
+        if st.control_plane is None:
+            await st.start_control_plane()
+        opts = install.Options(a.install_mb, a.install_phones, a.install_hosts)
+        self.results["install"] = await install.run(st, opts, say)
 
     def stop_amc(self) -> None:
         """The fleet's, deep's and flood's control planes alone on the machine: the other
@@ -390,6 +438,7 @@ class Run:
             condition_churn=a.fleet_condition_churn,
             busy_timeout=a.fleet_busy_timeout,
             churn_window_hosts=a.fleet_churn_window_hosts,
+            profile=a.profile,
         )
 
     async def fleet(self) -> None:
@@ -437,8 +486,7 @@ class Run:
             for rep in range(a.reps):
                 say(f"lifecycle {rep + 1}/{a.reps}: {a.tasks} tasks, {how}")
                 opts = lifecycle.Options(a.tasks, a.concurrency, batch)
-                first = rep == 0 and key == "lifecycle"
-                profile = self.profiled("lifecycle", "drain-0", 120) if first else _nothing()
+                profile = self.profiled(key, "drain-0", 120) if rep == 0 else _nothing()
                 async with self.phase(f"{key} {rep + 1}"), profile:
                     reps.append(await lifecycle.run_once(self.stack, client, db, clock, opts))
                 say(f"  {reps[-1]['tasks_per_s']:.0f} tasks/s, verified={reps[-1]['verified']}")
@@ -542,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
             "session",
             "screen",
             "adb",
+            "mcp",
+            "episodes",
+            "install",
         )
     )
     return 0 if ok else 1

@@ -389,7 +389,7 @@ class ChaosRun:
         submitting = asyncio.create_task(self.workload.submit_forever())
         sessions = asyncio.create_task(self.sessions.run_forever())
         viewing = asyncio.create_task(self.screens.run_forever())
-        opening = asyncio.create_task(self.doors.run_forever())
+        opening = self._opening = asyncio.create_task(self.doors.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
         try:
             await asyncio.sleep(self.args.warmup)  # faults find work in flight from the start
@@ -403,7 +403,9 @@ class ChaosRun:
             self.screens.stop()
             viewing.cancel()
             self.doors.stop()
-            opening.cancel()  # the open ones' doors are killed: their sessions abandoned
+            # The open ones' doors are killed (their sessions abandoned); one whose end was
+            # asked is given its bound to take it first (the quiesce waits for them).
+            opening.cancel()
             watching.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
         self.pinned = await self._phones_back()
@@ -438,6 +440,7 @@ class ChaosRun:
             self.problems.append(
                 f"not settled within {self.args.quiesce_timeout:.0f}s: {self.monitor.counts}"
             )
+        await asyncio.wait({self._opening}, timeout=doors.DOOR_BOUND + 5)
         await asyncio.sleep(0.5)
         codes = await self.farm.stop()
         self.problems += [

@@ -99,6 +99,7 @@ FAST = Settings(
     sweep_interval=timedelta(seconds=0.05),
     watch_refresh=timedelta(seconds=1),
     queue_count_every=timedelta(seconds=0.2),
+    progress_every=timedelta(seconds=0.05),
 )
 
 

@@ -206,7 +206,7 @@ def _host(pb: task_pb2.Action) -> object:
     try:
         spec = spec_from_proto(actions_spec(pb))
     except InvalidSpec as err:
-        return str(err).removeprefix("action 0: ")
+        return str(err).removeprefix("action 1: ")
     assert isinstance(spec, ActionList)
     return spec.actions[0]
 

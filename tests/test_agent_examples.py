@@ -64,7 +64,8 @@ async def test_the_readmes_mcp_configuration_starts_amc_mcp_for_an_agent(address
     whose tools list the farm's phone and lend it: a tap, then close_session ends the
     session done."""
     mcp = pytest.importorskip("mcp")
-    (block,) = [b for b in fences(ROOT / "README.md", "json") if "mcpServers" in b]
+    # The stdio entry (the HTTP one, beside it, names a URL: tests/test_mcp_http.py's).
+    (block,) = [b for b in fences(ROOT / "README.md", "json") if '"command"' in b]
     (server,) = json.loads(block)["mcpServers"].values()
     assert server["command"] == "amc"
     args = [address if a == MAKE_RUN_ADDRESS else a for a in server["args"]]
@@ -79,10 +80,12 @@ async def test_the_readmes_mcp_configuration_starts_amc_mcp_for_an_agent(address
         await agent.initialize()
         while True:  # the host counts as connected once its stream's opening is written
             listed = await agent.call_tool("list_phones", {})
-            if listed.content[0].text != "no phone is online":
+            if not listed.content[0].text.startswith("no phone"):
                 break
             await asyncio.sleep(0.05)
-        assert listed.content[0].text.startswith("sim-0  model=Simulated  free")
+        head, phone = listed.content[0].text.splitlines()
+        assert head == "1 phone: 1 free"
+        assert phone.startswith("sim-0  free  ") and "model=Simulated" in phone, phone
         tapped = await agent.call_tool("tap", {"x": 10, "y": 20})
         assert tapped.content[0].text == "tap 10,20: ok"
         closed = await agent.call_tool("close_session", {})

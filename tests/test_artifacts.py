@@ -192,8 +192,10 @@ async def test_login_workflow_screenshot_is_retrievable_with_amc_artifact(
     wrote = await amc("artifact", task_id, "evidence", "-o", str(out))
     assert wrote.code == 0, wrote.err
     assert out.read_bytes() == png
-    by_index = await amc("artifact", task_id, "2", "-o", str(tmp_path / "two.png"))
-    assert by_index.code == 0 and (tmp_path / "two.png").read_bytes() == png
+    # The third step, numbered from 1 as every listing numbers it (its index is 2).
+    assert f"wrote screenshot of step 3 (evidence), {len(png)} bytes" in wrote.err
+    by_number = await amc("artifact", task_id, "3", "-o", str(tmp_path / "three.png"))
+    assert by_number.code == 0 and (tmp_path / "three.png").read_bytes() == png
 
     proc = await amc.start("artifact", task_id, "evidence", "-o", "-")
     stdout, _ = await asyncio.wait_for(proc.communicate(), 60)
@@ -213,7 +215,7 @@ async def test_amc_artifact_for_a_step_without_one_is_one_line_and_exit_3(
     run = await amc("artifact", task_id, "touch", "-o", str(out))
     assert run.code == 3
     assert "no artifact for step 'touch'" in run.assert_one_error_line()
-    assert "1 'capture'" in run.err
+    assert "steps with artifacts: step 2 (capture)" in run.err
     assert not out.exists()
     into_a_folder = await amc("artifact", task_id, "capture", "-o", str(tmp_path))
     assert into_a_folder.code == 2
@@ -232,8 +234,8 @@ async def test_amc_artifact_asks_which_when_a_step_kept_several(farm: Farm, tmp_
     amc = Cli(farm.address, await farm.token(Role.CLIENT))
     run = await amc("artifact", task_id, "both", "-o", str(tmp_path / "f"))
     assert run.code == 2
-    assert "--action 0 (ui_dump), --action 1 (screenshot)" in run.assert_one_error_line()
-    run = await amc("artifact", task_id, "both", "--action", "0", "-o", str(tmp_path / "f"))
+    assert "--action 1 (ui_dump), --action 2 (screenshot)" in run.assert_one_error_line()
+    run = await amc("artifact", task_id, "both", "--action", "1", "-o", str(tmp_path / "f"))
     assert run.code == 0 and (tmp_path / "f").read_bytes() == UI_XML.encode()
 
 

@@ -64,7 +64,9 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert screen["many"]["viewers"] == 4 and screen["many"]["frames_per_s"] > 0
     assert "11 screen" in done.stdout
     assert results["session"]["verified"] is True
-    assert [w["sessions"] for w in results["session"]["windows"]] == [1, 10]
+    # Each size back to back, then paced (10/s each: 1 and 10 sessions are under 1,000/s).
+    windows = [(w["sessions"], w["rate"]) for w in results["session"]["windows"]]
+    assert windows == [(1, 0.0), (1, 10.0), (10, 0.0), (10, 10.0)]
     assert results["session"]["start_ms"]["n"] == 5
     assert "10 session" in done.stdout
     assert results["lifecycle"]["verified"] is True
@@ -362,3 +364,48 @@ def test_percentile_is_a_measured_value() -> None:
     """THEN p50 and p99 are nearest-rank values of the sample."""
     s = stats.summarize([float(i) for i in range(1, 101)])
     assert (s["p50"], s["p99"], s["max"]) == (50.0, 99.0, 100.0)
+
+
+def test_episodes_targets_are_judged_as_issue_38_sets_them() -> None:
+    """THEN the episodes rows hold episodes to 95 % of the ideal, lease-to-first-action p50
+    to 1 s, and AMC's part of a reset to p50 100 / p99 300 ms; a figure with no samples is
+    not judged."""
+
+    def summary(p50: float, p99: float) -> dict[str, float]:
+        return {"n": 10, "p50": p50, "p99": p99, "max": p99}
+
+    episodes = {
+        "emulators": 20,
+        "load_seconds": 0.6,
+        "episodes": 500,
+        "episodes_per_hour_per_emulator": 1900.0,
+        "ideal_per_hour_per_emulator": 2000.0,
+        "efficiency": 0.95,
+        "lease_to_first_action_ms": summary(900.0, 2000.0),
+        "open_to_first_action_ms": summary(1500.0, 2500.0),
+        "reset_overhead_ms": summary(100.0, 301.0),
+    }
+    rows = [r for r in report.rows({"episodes": episodes}) if r.workload == "15 episodes"]
+    assert [r.met for r in rows] == [True, True, None, False]
+    episodes["reset_overhead_ms"] = {"n": 0}
+    rows = [r for r in report.rows({"episodes": episodes}) if r.workload == "15 episodes"]
+    assert rows[-1].met is None and rows[-1].value == "-"
+
+
+def test_install_is_judged_by_the_bytes_sent_per_host_not_per_phone() -> None:
+    """THEN the install row is met when the control plane sent the APK once per host, not
+    when it sent it more often, and the second when every phone installed it."""
+    install = {
+        "apk_bytes": 50 << 20,
+        "phones": 100,
+        "hosts": 5,
+        "sent_bytes": 5 * (50 << 20),
+        "sent_times_apk": 5.0,
+        "install_ms": {"n": 100, "p50": 900.0, "p99": 2000.0, "max": 2100.0},
+        "installed": 100,
+    }
+    rows = [r for r in report.rows({"install": install}) if r.workload == "16 install"]
+    assert [r.met for r in rows] == [True, True]
+    install |= {"sent_bytes": 6 * (50 << 20), "sent_times_apk": 6.0, "installed": 99}
+    rows = [r for r in report.rows({"install": install}) if r.workload == "16 install"]
+    assert [r.met for r in rows] == [False, False]

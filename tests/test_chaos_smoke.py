@@ -4,6 +4,8 @@ trusted in a long run."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -14,13 +16,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
-from amc.v1 import task_pb2
+from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from control_plane.domain import Role
+from control_plane.embedded import EmbeddedPostgres
+from host_agent.clean_profile import parse
+from host_agent.recovery import RecoverySettings
+from host_agent.simulated import SimulatedSource
+from tests.conftest import FAST
+from tests.support import Farm, actions_spec, eventually, seconds, tap
+from tests.support.agent import running_agent, status_is, submit
+from tests.test_cleaning import cleaned_once
+from tests.test_database_outage import own_database
+from tests.test_device_health import is_in, on
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib import cleaning, doors, phones, screens  # noqa: E402
+from chaos_lib import cleaning, doors, evidence, phones, screens  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
@@ -29,6 +43,7 @@ from chaos_lib.specs import random_plan  # noqa: E402
 from chaos_lib.workload import Submitted  # noqa: E402
 
 KINDS = FARM_KINDS + phones.KINDS + cleaning.KINDS
+__all__ = ["own_database"]  # a fixture
 
 
 @pytest.mark.timeout(260)
@@ -758,6 +773,179 @@ def test_cleans_that_passed_between_leases_break_no_invariant_12() -> None:
     assert cleaning.check(cleans, tapped, attempts, reports).violations == []
 
 
+@pytest.mark.parametrize(
+    ("reasons", "cleans"),
+    [
+        (["uninstall failed (4.0 s): timed out"], ["uninstall failed (4.0 s): timed out"]),
+        (
+            ["uninstall failed (4.0 s): hung", "uninstall (0 ms): x", "files (0 ms): y"],
+            ["uninstall failed (4.0 s): hung", ""],
+        ),
+        (
+            ["uninstall (0 ms): x", "files (0 ms): y", "uninstall (1 ms): x", "files (0 ms): y"],
+            ["", ""],
+        ),
+        (
+            ["uninstall (0 ms): x", "files failed (2 ms): rm -rf: exit 1"],
+            ["files failed (2 ms): rm -rf: exit 1"],
+        ),
+        (
+            ["uninstall (0 ms): x", "uninstall failed (4.0 s): hung"],
+            ["", "uninstall failed (4.0 s): hung"],
+        ),
+    ],
+    ids=["one-failed", "failed-then-passed", "two-passed", "failed-late", "passed-then-failed"],
+)
+def test_one_reports_cleans_are_told_apart_by_their_steps(
+    reasons: list[str], cleans: list[str]
+) -> None:
+    assert cleaning.split_cleans(reasons) == cleans
+
+
+def clean_step(name: str, detail: str, took: float, ok: bool = True) -> lease_pb2.CleanStep:
+    return lease_pb2.CleanStep(name=name, detail=detail, took=seconds(took), ok=ok)
+
+
+async def test_a_failed_clean_and_the_passing_one_after_it_in_one_report_break_no_invariant_12(
+    farm: Farm,
+) -> None:
+    """GIVEN a phone whose clean failed (quarantined, reported), whose next clean failed too
+    and the one after passed while the database was away, so that both reached the
+    database in the one report the host sent once it was back (as chaos-h2/sim-2's did)
+    WHEN the phone is leased after that report
+    THEN invariant 12, read from the database as the chaos run reads it, sees three cleans
+    (failed, failed, passed) and no lease after a failed clean."""
+    host = await farm.host("h1", "s1")
+
+    async def report(condition: int, *steps: lease_pb2.CleanStep, reason: str = "") -> None:
+        device = lease_pb2.DeviceHealth(
+            serial="s1", condition=condition, reason=reason, cleaned=steps
+        )
+        await host.c.lease.ReportDeviceHealth(
+            lease_pb2.ReportDeviceHealthRequest(host_id=host.host_id, devices=[device])
+        )
+
+    timed_out = "timed out: the clean ran past its 4s"
+    t0 = time.time()
+    await report(
+        scheduler_pb2.DEVICE_CONDITION_QUARANTINED,
+        clean_step("uninstall", timed_out, 4.0, ok=False),
+        reason=f"clean failed: uninstall: {timed_out}",
+    )
+    t1 = time.time()
+    await report(
+        scheduler_pb2.DEVICE_CONDITION_READY,
+        clean_step("uninstall", timed_out, 4.0, ok=False),
+        clean_step("uninstall", "nothing to remove", 0.0),
+        clean_step("files", "nothing to remove", 0.0),
+    )
+    t2 = time.time()
+    task = await submit(await farm.client(), actions_spec())
+    assert (await host.acquire_one("s1")).task_id == task
+    # The clean commands as the phone's action log has them: the first clean's before its
+    # report, the second's and the third's before the report that carried both.
+    cleans = [
+        Action("h1", "s1", "clean", t0 - 4.0, t0, "cancelled"),
+        Action("h1", "s1", "clean", t1, t1 + (t2 - t1) / 3, "cancelled"),
+        Action("h1", "s1", "clean", t1 + (t2 - t1) / 2, t1 + (t2 - t1) / 2, "ok"),
+    ]
+    assert farm.db is not None
+    rows = await farm.db.fetch(
+        "SELECT task_id, attempt, host_id, device_serial,"
+        " extract(epoch FROM created_at)::float8 AS created_at FROM attempts"
+    )
+    attempts = {(str(r["task_id"]), r["attempt"]): dict(r) for r in rows}
+    assert len(attempts) == 1
+    reported = await cleaning.records(farm.dsn)
+    verdict = cleaning.check(cleans, [], attempts, reported)
+    assert verdict.violations == []
+    assert [(r.passed, r.failed_step) for r in reported] == [
+        (False, f"uninstall failed (4.0 s): {timed_out}"),
+        (False, f"uninstall failed (4.0 s): {timed_out}"),
+        (True, ""),
+    ]
+    assert (verdict.stats["cleans failed"], verdict.stats["cleans passed"]) == (2, 1)
+
+
+async def test_a_real_agents_cleans_reported_after_a_database_outage_break_no_invariant_12(
+    own_database: EmbeddedPostgres,
+) -> None:
+    """GIVEN the real agent on a simulated phone whose cleans hang: its clean after a task
+    fails and quarantines it (reported), the database goes away, the ladder's next clean
+    fails too, the phone answers again and the clean after the ladder's next step passes
+    WHEN the database is back (the agent's report carries both cleans) and a task waiting
+    for the phone starts
+    THEN the phone was leased only after that report, and invariant 12, read from the
+    database and the phone's action log, sees the three cleans and no violation."""
+    farm = Farm(own_database.url, FAST)
+    await farm.start()
+    try:
+        source = SimulatedSource(1, delay=0.01)
+        source.boot_time = 0.1
+        settings = {
+            "clean_profile": parse({"defaults": {"timeout": "500ms"}}),
+            "probe_interval": 0.5,
+            "recovery": RecoverySettings(failures=3, backoff=1.0, boot_timeout=2.0),
+        }
+        client = await farm.client()
+
+        def refused_reports() -> float:
+            return (
+                REGISTRY.get_sample_value(
+                    "amc_rpc_requests_total",
+                    {"method": "Lease/ReportDeviceHealth", "code": "UNAVAILABLE"},
+                )
+                or 0.0
+            )
+
+        def hung() -> int:
+            return sum(1 for c in source.cleans if c.outcome != "ok")
+
+        async with running_agent(farm, source, **settings) as agent:
+            await cleaned_once(farm, agent)
+            source.hang_cleans("sim-0")
+            first = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+            await status_is(farm, first, "done")
+            await eventually(lambda: is_in(farm, "sim-0", "quarantined"), what="quarantined")
+            waiting = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+            own_database.stop("immediate")
+            await eventually(lambda: hung() >= 2, timeout=20, what="the ladder's clean failed")
+            source.hang_cleans("sim-0", hung=False)
+            await eventually(
+                lambda: agent.recovery.outcomes == [("sim-0", True)],
+                timeout=20,
+                what="the ladder's end, its clean passed",
+            )
+            # Two reports refused since: the second was made after the passing clean (one
+            # at a time), so the report that goes through carries both cleans.
+            refused = refused_reports()
+            await eventually(lambda: refused_reports() >= refused + 2, what="two reports refused")
+            own_database.start()
+            await farm.reconnect_db()
+            await status_is(farm, waiting, "done", within=30)
+        assert farm.db is not None
+        rows = await farm.db.fetch(
+            "SELECT task_id, attempt, host_id, device_serial,"
+            " extract(epoch FROM created_at)::float8 AS created_at FROM attempts"
+        )
+        attempts = {(str(r["task_id"]), r["attempt"]): dict(r) for r in rows}
+        reported = [r for r in await cleaning.records(farm.dsn) if r.phone == "host-1/sim-0"]
+        cleans = [
+            Action("host-1", c.serial, "clean", c.started_wall, c.ended_wall, c.outcome)
+            for c in source.cleans
+        ]
+        verdict = cleaning.check(cleans, [], attempts, reported)
+        assert verdict.violations == []
+        at = sorted({r.at for r in reported if not r.passed})
+        assert len(at) == 2, reported  # the first failure, then the report after the outage
+        together = [r.passed for r in reported if r.at == at[-1]]
+        assert together == [False, True], reported
+        started = next(a["created_at"] for (t, _), a in attempts.items() if t == waiting)
+        assert started > at[-1]
+    finally:
+        await farm.stop()
+
+
 def test_a_door_past_its_lease_or_its_session_breaks_invariant_13(tmp_path: Path) -> None:
     """THEN invariant 13: a door's streams opened and written within their attempt's lease
     are clean, and so is a door stopped (done), cancelled or killed (failed) that hung up
@@ -822,3 +1010,37 @@ def test_a_door_past_its_lease_or_its_session_breaks_invariant_13(tmp_path: Path
         "a door's session failed for a reason that is not a stop"
     ]
     assert NAMES[13].startswith("adb doors")
+
+
+@pytest.mark.parametrize("plan", ["close", "cancel"])
+async def test_a_door_whose_end_was_asked_as_the_run_ended_exits_with_its_sessions_end(
+    farm: Farm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plan: str
+) -> None:
+    """THEN the run's end (the harness cancels its door clients) does not kill a door that
+    was just stopped or whose session was just cancelled: the real `amc adb` exits by
+    itself with its session's end, and invariant 13 holds on the farm's own evidence."""
+    monkeypatch.setattr(doors, "ENDINGS", {plan: 1.0})
+    token = await farm.token(Role.CLIENT)
+    load = doors.DoorLoad([farm.address], token, random.Random(1), tmp_path, 1)
+    async with running_agent(farm, SimulatedSource(1), labels={"pool": "agents"}):
+        running = asyncio.create_task(load.run_forever())
+        try:
+            await eventually(
+                lambda: load.records and load.records[0].did in doors.ASKED,
+                timeout=60,
+                interval=0.005,
+                what="the door's end to be asked",
+            )
+        finally:
+            load.stop()
+            running.cancel()  # as the run ends, at once
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        await load.close()
+        record = load.records[0]
+        status = await status_is(farm, record.task_id, *doors.EXIT_FOR)
+        ev = await evidence.load(farm.dsn, {}, {})
+    asked = {"close": "done", "cancel": "cancelled"}[plan]
+    assert record.at_run_end  # the run's end came while the door was taking its end
+    assert (status, record.exit_code) == (asked, doors.EXIT_FOR[asked])
+    assert doors.check(ev, {}, [record])[0] == []

@@ -131,8 +131,7 @@ async def test_an_agent_opens_a_session_with_apps_and_installs_one_through_mcp(
     install_app installs one mid-session; an app the library lacks and one that is no app
     are tool errors of one line, the session going on."""
     pytest.importorskip("mcp")
-    from amc_client.mcp_lender import PhoneLender
-    from tests.test_mcp_server import _content, _error, agent
+    from tests.test_mcp_server import _content, _error, agent, lender
 
     await uploaded(farm, old_apk)
     token = await farm.token(Role.CLIENT)
@@ -141,8 +140,7 @@ async def test_an_agent_opens_a_session_with_apps_and_installs_one_through_mcp(
         running_agent(farm, source, app_cache_dir=tmp_path),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp:
+        async with agent(lender(client)) as mcp:
             said = _error(await mcp.call_tool("open_session", {"apps": ["not an app!"]}))
             assert "open_session refused: apps[0].app: must be an app id" in said, said
             (opened,) = _content(

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from amc.v1 import scheduler_pb2, task_pb2
+from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
 from amc_cli.specfile import load_request
+from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
 from host_agent.simulated_screen import UI_XML, screenshot_png
-from tests.support import Farm, actions_spec, eventually, seconds, tap, wait_action
+from tests.support import Farm, actions_spec, eventually, seconds, tap, wait_action, workflow_spec
 from tests.support.agent import running_agent, status_is
 from tests.support.console import console_farm, console_url
 from tests.test_cli import EXAMPLES
@@ -72,30 +73,67 @@ async def loads(page: Any) -> int:
     return int(await page.evaluate("performance.getEntriesByType('navigation').length"))
 
 
-async def test_console_farm_page_lists_the_simulated_hosts_devices(
+async def test_console_farm_page_is_a_wall_of_phones_with_thumbnails_and_a_busy_phones_task(
     farm: Farm, browser: Any
 ) -> None:
-    """Behind the token form, the Farm page shows the host with a `connected` badge and
-    when it was last seen (in its state cell, not the task column), each simulated phone
-    online and idle, and the counts."""
-    source = SimulatedSource(2, prefix="pixel-")
+    """Behind the token form, the Farm page shows the host with a `connected` badge and when
+    it was last seen, and each simulated phone as a card with its live thumbnail and its
+    state in a word: the busy one its running step, for how long, who submitted it and a
+    Watch button; a cordoned one a maintenance Control; the idle one Control; the counts."""
+    source = SimulatedSource(3, prefix="pixel-", delay=0.01)
+    assert farm.plane is not None
+    _, token = await create_token(farm.plane.store, Role.CLIENT, None, "nightly-ci")
     async with running_agent(farm, source, host_id="rack1-host"):
+        op = await farm.operator()
+        await op.admin.CordonDevice(
+            admin_pb2.CordonDeviceRequest(serial="pixel-2", reason="cracked screen")
+        )
+        busy = await farm.clients(token).scheduler.SubmitTask(
+            scheduler_pb2.SubmitTaskRequest(
+                spec=workflow_spec(login=[tap()], soak=[wait_action(120)]),
+                selector=task_pb2.DeviceSelector(serial="pixel-0"),
+            )
+        )
         page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
-        for serial in source.serials:
-            row = page.locator(f"tr[data-serial='{serial}']")
-            await row.wait_for()
-            assert "device" in await row.inner_text()
-        host = page.locator("tr[data-host='rack1-host']")
-        state = host.locator("td.host-state")
+        cards = {
+            serial: page.locator(f".phone[data-serial='{serial}']") for serial in source.serials
+        }
+        await cards["pixel-0"].locator(".running-what", has_text="step 2/2 (soak)").wait_for()
+        running = cards["pixel-0"].locator(".running")
+        assert await running.locator(".submitter").inner_text() == "nightly-ci"
+        assert await running.locator(".elapsed").inner_text() != ""
+        watch = running.get_by_role("link", name="Watch")
+        assert await watch.get_attribute("href") == f"/tasks/{busy.task_id}?watch=1"
+        words = {s: await c.locator(".badge.state").inner_text() for s, c in cards.items()}
+        assert words == {"pixel-0": "busy", "pixel-1": "ready", "pixel-2": "cordoned"}
+        assert await cards["pixel-1"].locator("a.control-link").inner_text() == "Control"
+        maintenance = cards["pixel-2"].locator("a.control-link.maintenance")
+        assert await maintenance.get_attribute("href") == (
+            "/control?host_id=rack1-host&serial=pixel-2&maintenance=1"
+        )
+        assert await cards["pixel-0"].locator("a.control-link").count() == 0
+        # Each phone's thumbnail: a picture of its screen, by one socket for the page.
+        for card in cards.values():
+            await card.locator("img.thumb").wait_for()
+        host = page.locator("section[data-host='rack1-host']")
+        state = host.locator(".host-state")
         assert await state.locator(".badge").all_inner_texts() == ["connected"]
-        assert (await state.locator(".seen").inner_text()).startswith("last seen 20")
-        assert "last seen" not in await host.locator("td").last.inner_text()  # the task column
-        assert await page.locator("#devices-online b").inner_text() == "2"
-        assert await page.locator("#devices-cordoned b").inner_text() == "0"
+        assert (await host.locator(".seen").inner_text()).startswith("last seen 20")
+        assert await page.locator("#devices-online b").inner_text() == "3"
+        assert await page.locator("#devices-busy b").inner_text() == "1"
+        assert await page.locator("#devices-ready b").inner_text() == "1"
+        assert await page.locator("#devices-cordoned b").inner_text() == "1"
         assert await page.locator("#hosts-connected b").inner_text() == "1 / 1"
         await page.locator("#live.on").wait_for()
         await page.screenshot(path=str(DOCS / "console-farm.png"), full_page=True)
+        # Watch: the busy phone's task, its screen watched at once.
+        await watch.click()
+        await page.locator("#task-status", has_text="dispatched").wait_for()
+        await page.wait_for_function(
+            "() => Number(document.querySelector('#watch canvas.screen')?.dataset.seq) > 0"
+        )
         assert page.errors == []
+        await op.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=busy.task_id))
 
 
 async def test_console_task_submitted_through_grpc_appears_and_reaches_done_without_reload(
@@ -159,8 +197,9 @@ async def test_console_task_page_shows_the_queue_timeout_and_the_deadline(
 async def test_console_cancel_on_the_task_page_ends_a_running_task_cancelled(
     farm: Farm, browser: Any
 ) -> None:
-    """Cancel with a reason on the Task page of a running task: the page shows it
-    `cancelled` without a reload, and the database has the task cancelled with that reason."""
+    """Cancel on the Task page of a running task asks for confirmation and a reason; then
+    the page shows it `cancelled` without a reload, and the database has the task cancelled
+    with that reason."""
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source, host_id="rack1-host"):
         client = await farm.client()
@@ -176,8 +215,15 @@ async def test_console_cancel_on_the_task_page_ends_a_running_task_cancelled(
         await page.locator("#task-status", has_text="dispatched").wait_for()
         await page.locator("#live.on").wait_for()
         before = await loads(page)
-        await page.get_by_label("cancel reason").fill("wrong build")
+        # It asks first, and wants a reason; "Keep it running" leaves it be.
         await page.get_by_role("button", name="Cancel task").click()
+        await page.get_by_role("button", name="Keep it running").click()
+        await page.get_by_role("button", name="Cancel task").click()
+        await page.get_by_role("button", name="Yes, cancel it").click()
+        await page.locator("#cancel-message", has_text="say why").wait_for()
+        assert await farm.status(task.task_id) == "dispatched"
+        await page.get_by_label("cancel reason").fill("wrong build")
+        await page.get_by_role("button", name="Yes, cancel it").click()
         await page.locator("#task-status", has_text="cancelled").wait_for()
         assert await loads(page) == before
         row = await farm.task_row(task.task_id)

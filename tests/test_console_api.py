@@ -67,7 +67,7 @@ async def test_console_api_calls_the_scheduler_with_its_messages_in_json(
     proto JSON of the Task, as gRPC would."""
     token = await farm.token(Role.CLIENT)
     # As proto JSON writes it with every field: the list of apps to install first, empty.
-    spec = {"actions": {"actions": [{"tap": {"x": 1, "y": 2}}]}, "apps": []}
+    spec = {"actions": {"actions": [{"tap": {"x": 1, "y": 2}}]}, "apps": [], "start_snapshot": ""}
     status, task = await api(
         http, farm, "SubmitTask", {"spec": spec, "selector": {"labels": {"rack": "a"}}}, token=token
     )

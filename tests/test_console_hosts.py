@@ -17,7 +17,7 @@ from tests.support import Farm, actions_spec, tap
 from tests.support.agent import running_agent
 from tests.support.console import console_url
 from tests.test_console import browser, farm, open_page, pytestmark
-from tests.test_host_operations import host_flags
+from tests.test_host_operations import host_events, host_flags
 
 __all__ = ["browser", "farm", "pytestmark"]
 
@@ -33,14 +33,14 @@ async def test_console_farm_page_shows_cordoned_and_draining_live(
     op = await farm.operator()
     async with running_agent(farm, source, host_id="rack1-host"):
         page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
-        await page.locator("tr[data-serial='pixel-0']").wait_for()
+        await page.locator("[data-serial='pixel-0']").wait_for()
         await page.locator("#live.on").wait_for()
         await op.admin.CordonDevice(admin_pb2.CordonDeviceRequest(serial="pixel-0"))
-        await page.locator("tr[data-serial='pixel-0'] .s-cordoned").wait_for()
-        assert await page.locator("tr[data-serial='pixel-1'] .s-cordoned").count() == 0
+        await page.locator("[data-serial='pixel-0'] .s-cordoned").wait_for()
+        assert await page.locator("[data-serial='pixel-1'] .s-cordoned").count() == 0
         assert await page.locator("#devices-cordoned b").inner_text() == "1"
         await op.admin.DrainHost(admin_pb2.DrainHostRequest(host_id="rack1-host"))
-        await page.locator("tr[data-host='rack1-host'] .s-draining").wait_for()
+        await page.locator("section[data-host='rack1-host'] .s-draining").wait_for()
         assert await page.locator("#hosts-cordoned b").inner_text() == "1"
         assert await page.locator("#devices-cordoned b").inner_text() == "2"
         assert page.errors == []
@@ -125,3 +125,35 @@ async def test_console_api_serves_the_host_pages_admin_calls_to_operators_only(
             status, answer = await post(method, operator, {"host_id": "h1"})
             assert (status, answer["code"]) == (404, "NOT_FOUND"), method
     assert await host_flags(farm, "h1") == (False, False)
+
+
+async def test_console_farm_page_cordons_and_uncordons_a_phone_with_a_reason(
+    farm: Farm,
+    browser: Any,
+) -> None:
+    """THEN a phone's Operate on the Farm page cordons it with the reason typed (recorded
+    with who, as `amc devices cordon`), its card says so live, and Uncordon gives it work
+    again; a client token is refused the same calls by the API."""
+    assert farm.plane is not None
+    _, token = await create_token(farm.plane.store, Role.OPERATOR, None, "frank")
+    source = SimulatedSource(2, prefix="pixel-")
+    async with running_agent(farm, source, host_id="rack1-host"):
+        page = await open_page(browser, farm, "/", token)
+        card = page.locator(".phone[data-serial='pixel-0']")
+        await card.locator(".badge.state", has_text="ready").wait_for()
+        await card.locator("summary").click()
+        await card.get_by_label("pixel-0 reason").fill("battery swollen")
+        await card.get_by_role("button", name="Cordon").click()
+        await card.locator(".badge.state", has_text="cordoned").wait_for()
+        assert await page.locator(".phone[data-serial='pixel-1'] .badge.state").inner_text() == (
+            "ready"
+        )
+        events = await host_events(farm, "rack1-host")
+        assert [(e["serial"], e["kind"], e["actor_name"], e["reason"]) for e in events] == [
+            ("pixel-0", "cordon", "frank", "battery swollen")
+        ]
+        # The card's operations stay open across the live redraw.
+        await card.get_by_role("button", name="Uncordon").click()
+        await card.locator(".badge.state", has_text="ready").wait_for()
+        assert [e["kind"] for e in await host_events(farm, "rack1-host")] == ["cordon", "uncordon"]
+        assert page.errors == []

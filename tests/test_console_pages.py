@@ -91,7 +91,17 @@ async def test_console_finished_task_hides_empty_fields_and_rounds_step_duration
     page = await open_page(browser, farm, f"/tasks/{task.task_id}", await farm.token(Role.CLIENT))
     await page.locator("#task-status", has_text="done").wait_for()
     fields = await page.locator("dl.grid dt").all_inner_texts()
-    assert fields == ["status", "where", "selector", "priority", "created", "updated", "finished"]
+    assert fields == [
+        "status",
+        "what",
+        "submitted by",
+        "where",
+        "selector",
+        "priority",
+        "created",
+        "updated",
+        "finished",
+    ]
     assert "-" not in await page.locator("dl.grid dd").all_inner_texts()
     took = await page.locator("table.steps tbody tr td:nth-child(4)").all_inner_texts()
     assert took == [cli_seconds(s.duration) for s in done.result.steps], took

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
+from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from tests.support import Farm, actions_spec
 from tests.test_console import browser, farm, loads, open_page, pytestmark
@@ -73,3 +74,73 @@ async def test_console_queue_page_is_refused_to_a_client_token_as_grpc_would(
     await refusal.wait_for()
     assert "role 'client' may not call GetQueue" in await refusal.inner_text()
     assert page.errors == []
+
+
+async def test_console_queue_page_sets_a_keys_share_with_the_checks_amc_queue_set_makes(
+    farm: Farm, browser: Any
+) -> None:
+    """THEN an operator sets qa's weight and cap on the Queue page (SetFairShare, recorded
+    with who and why), then takes the cap away; a cap with "no cap", or nothing at all, is
+    refused as `amc queue set` refuses it, and a weight out of range as the control plane
+    does; a new key's share is set from the form below the table. Nothing refused changes
+    anything."""
+    assert farm.plane is not None
+    _, token = await create_token(farm.plane.store, Role.OPERATOR, None, "dora")
+    client = await farm.client()
+    await client.scheduler.SubmitTask(_task("qa"))
+    page = await open_page(browser, farm, "/queue", token)
+    row = page.locator("tr[data-key='qa']")
+    await row.wait_for()
+    await row.get_by_text("Edit").click()
+    form = row.locator("form.share")
+    message = form.locator(".share-message")
+
+    await form.get_by_label("qa cap").fill("4")
+    await form.get_by_label("qa no-cap").check()
+    await form.get_by_role("button", name="Set").click()
+    await message.filter(has_text="give a cap or no cap, not both").wait_for()
+    await form.get_by_label("qa no-cap").uncheck()
+    await form.get_by_label("qa cap").fill("")
+    await form.get_by_role("button", name="Set").click()
+    await message.filter(has_text="nothing to set").wait_for()
+    await form.get_by_label("qa weight").fill("5000")
+    await form.get_by_role("button", name="Set").click()
+    await message.filter(has_text="weight: must be between 1 and 1000").wait_for()
+    assert await _share(farm, "qa") is None
+
+    await form.get_by_label("qa weight").fill("3")
+    await form.get_by_label("qa cap").fill("4")
+    await form.get_by_label("qa reason").fill("release week")
+    await form.get_by_role("button", name="Set").click()
+    await row.locator("td.cap", has_text="4").wait_for()
+    assert (await _cells(page, "qa"))[3:5] == ["4", "3"]
+    assert await _share(farm, "qa") == (3, 4)
+    await row.get_by_text("Edit").click()
+    await form.get_by_label("qa no-cap").check()
+    await form.get_by_role("button", name="Set").click()
+    await row.locator("td.cap", has_text="-").wait_for()
+    assert await _share(farm, "qa") == (3, None)
+
+    new = page.locator("form.share[data-share='new']")
+    await new.get_by_label("new key").fill("ml")
+    await new.get_by_label("new weight").fill("2")
+    await new.get_by_role("button", name="Set").click()
+    await page.locator("tr[data-key='ml'] td.weight", has_text="2").wait_for()
+    assert farm.db is not None
+    events = await farm.db.fetch(
+        "SELECT fairness_key, actor_name, reason FROM fair_share_events ORDER BY event_id"
+    )
+    assert [tuple(e) for e in events] == [
+        ("qa", "dora", "release week"),
+        ("qa", "dora", ""),
+        ("ml", "dora", ""),
+    ]
+    assert page.errors == []
+
+
+async def _share(farm: Farm, key: str) -> tuple[int, int | None] | None:
+    assert farm.db is not None
+    row = await farm.db.fetchrow(
+        "SELECT weight, max_devices FROM fair_shares WHERE fairness_key = $1", key
+    )
+    return None if row is None else (row["weight"], row["max_devices"])

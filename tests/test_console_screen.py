@@ -53,7 +53,7 @@ async def test_console_control_click_taps_the_phone_where_it_lands_and_the_next_
     source = SimulatedSource(2, delay=0.01)
     async with running_agent(farm, source, host_id=HOST):
         page = await open_page(browser, farm, "/", await farm.token(Role.OPERATOR))
-        row = page.locator("tr[data-serial='sim-0']")
+        row = page.locator(".phone[data-serial='sim-0']")
         await row.get_by_role("link", name="Control").click()
         status = page.locator("#control-status")
         await status.filter(has_text="Controlling sim-0").wait_for()
@@ -87,8 +87,6 @@ async def test_console_control_click_taps_the_phone_where_it_lands_and_the_next_
         await page.get_by_label("text to type").fill("hello")
         await page.get_by_role("button", name="Type").click()
         await log.filter(has_text='type "hello" → ok').wait_for()
-        await frame_after(page, await frame_after(page, 0))
-        await page.screenshot(path=str(DOCS / "console-control.png"), full_page=True)
 
         await page.get_by_role("button", name="End session").click()
         await status_is(farm, task_id, "done")
@@ -147,25 +145,30 @@ async def test_console_control_of_a_busy_phone_or_by_a_client_is_refused_clearly
         await page.locator(".refusal").wait_for()
         assert await page.locator("a.control-link").count() == 0
         await page.goto(console_url(farm, path))
-        await (
-            page.locator("#control-status [role=alert]")
-            .filter(has_text="PERMISSION_DENIED: role 'client' may not control a phone")
-            .wait_for()
-        )
+        refused = page.locator("#control-refusal [role=alert]")
+        await refused.filter(has_text="Your token may not control phones").wait_for()
+        assert "role 'client' may not control a phone" in await refused.inner_text()
+        assert "PERMISSION_DENIED" not in await page.locator("main").inner_text()
 
         operator = await open_page(browser, farm, f"/hosts/{HOST}", await farm.token(Role.OPERATOR))
-        idle = operator.locator("tr[data-serial='sim-1'] a.control-link")
+        idle = operator.locator(".phone[data-serial='sim-1'] a.control-link")
         await idle.wait_for()
         assert await idle.get_attribute("href") == f"/control?host_id={HOST}&serial=sim-1"
-        busy_row = operator.locator("tr[data-serial='sim-0']")
+        busy_row = operator.locator(".phone[data-serial='sim-0']")
         await busy_row.get_by_role("link", name=busy.task_id).wait_for()
         assert await busy_row.locator("a.control-link").count() == 0
         await operator.goto(console_url(farm, path))
-        await (
-            operator.locator("#control-status [role=alert]")
-            .filter(has_text=f"FAILED_PRECONDITION: phone 'sim-0' is busy with task {busy.task_id}")
-            .wait_for()
-        )
+        # Said in words, with the task that holds the phone to watch; no screen, no End
+        # session, no gRPC code's name.
+        refused = operator.locator("#control-refusal [role=alert]")
+        await refused.filter(has_text="This phone cannot be controlled now").wait_for()
+        assert f"phone 'sim-0' is busy with task {busy.task_id}" in await refused.inner_text()
+        watch = refused.get_by_role("link", name="Watch its task")
+        await watch.wait_for()
+        assert await watch.get_attribute("href") == f"/tasks/{busy.task_id}?watch=1"
+        assert not await operator.locator("canvas.screen").is_visible()
+        assert not await operator.get_by_role("button", name="End session").is_visible()
+        assert "FAILED_PRECONDITION" not in await operator.locator("main").inner_text()
         tasks = await client.scheduler.ListTasks(scheduler_pb2.ListTasksRequest())
         assert [t.task_id for t in tasks.tasks] == [busy.task_id]
         assert page.errors == [] and operator.errors == []

@@ -49,8 +49,8 @@ async def control_page(browser: Any, farm: Farm, script: str | None = None) -> A
     await page.goto(console_url(farm, "/"))
     await page.get_by_label("token").fill(await farm.token(Role.OPERATOR))
     await page.get_by_role("button", name="Use token").click()
-    row = page.locator("tr[data-serial='sim-0']")
-    await row.get_by_role("link", name="Control").click()
+    card = page.locator(".phone[data-serial='sim-0']")
+    await card.get_by_role("link", name="Control", exact=True).click()
     await page.locator("#control-status").filter(has_text="Controlling sim-0").wait_for()
     return page
 

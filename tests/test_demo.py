@@ -79,7 +79,7 @@ async def test_the_demo_runs_to_its_end_and_leaves_nothing_behind(
         out, _ = await proc.communicate()
     text = out.decode()
     assert proc.returncode == 0, text
-    assert "wrote screenshot of step 2" in text, text
+    assert "wrote screenshot of step 3 (evidence)" in text, text
     assert "watch ended with exit code 9 (9: cancelled)" in text, text
     assert list(tmp.iterdir()) == []
     assert of_session(proc.pid) == []

@@ -54,8 +54,10 @@ async def _run_one_at_a_time(host: HostClient, serial: str, count: int) -> list[
     return order
 
 
-async def _rows_one_acquire_reads(db: asyncpg.Connection, host_id: str, serial: str) -> int:
-    """Rows of the queue one Acquire of `host_id` that takes one task reads: the entries of
+async def _rows_one_acquire_reads(
+    db: asyncpg.Connection, host_id: str, serial: str, takes: int = 1
+) -> int:
+    """Rows of the queue one Acquire of `host_id` that takes `takes` tasks reads: the entries of
     the queue's index (tasks_dispatch) and the rows of any sequential scan of `tasks`, as
     PostgreSQL counts them for its transaction (the counter after it less the counter before
     it: the counter also holds what earlier transactions of the connection read until they
@@ -75,7 +77,7 @@ async def _rows_one_acquire_reads(db: asyncpg.Connection, host_id: str, serial: 
         )
     finally:
         await tx.rollback()
-    assert taken == 1
+    assert taken == takes
     return int(read)
 
 
@@ -107,6 +109,32 @@ async def test_an_acquire_reads_no_task_its_devices_cannot_take(farm: Farm) -> N
     # index ends): tens, then and now (44 and 50 seen under load, 2 on a quiet machine).
     # Reading the backlog would be 3,000 at least.
     assert empty < 300 and deep < 300, (empty, deep)
+
+
+async def test_a_repoll_that_finds_nothing_reads_none_of_the_tasks_its_phones_cannot_take(
+    farm: Farm,
+) -> None:
+    """THEN an Acquire whose idle phones match nothing queued (a host's re-poll over a deep
+    queue) reads as many of the queue's rows with 4,000 tasks queued for racks no host has,
+    half of them naming a label its phones have, as with none: what a re-poll costs does
+    not grow with the backlog, so polling more often costs more re-polls, not more rows."""
+    for i in range(1, 4):
+        await farm.host(f"h{i}", f"s{i}", rack=f"r{i}", pool="fleet")
+    assert farm.db is not None
+    await farm.db.execute("ANALYZE tasks")
+    await _rows_one_acquire_reads(farm.db, "h2", "s2", takes=0)
+    empty = await _rows_one_acquire_reads(farm.db, "h1", "s1", takes=0)
+    client = await farm.client()
+    backlog = [_task(rack=f"nowhere-{i % 97}", pool="fleet") for i in range(2000)]
+    backlog += [_task(rack=f"nowhere-{i % 97}") for i in range(2000)]
+    await _submit(client, *backlog)
+    await farm.db.execute("ANALYZE tasks")  # plans made anew, on statistics with the backlog
+    await _rows_one_acquire_reads(farm.db, "h3", "s3", takes=0)
+    deep = await _rows_one_acquire_reads(farm.db, "h1", "s1", takes=0)
+    # Planning the session's statements reads tens at most (see above); reading the
+    # backlog, or the groups' heads, would be thousands or 194 at least.
+    assert empty < 100 and deep < 100, (empty, deep)
+    assert await farm.db.fetchval("SELECT count(*) FROM tasks WHERE status = 'queued'") == 4000
 
 
 async def test_a_flood_of_one_key_delays_another_keys_task_by_about_one_task(farm: Farm) -> None:

@@ -137,6 +137,10 @@ async def test_sigterm_with_nothing_running_exits_0_promptly(farm: Farm, tmp_pat
         ["--cool-again", "warm"],
         ["--battery-low", "101"],
         ["--storage-low", "1TB"],
+        ["--emulator", "Pixel_8"],
+        ["--emulator", "No_Such_AVD:1:2"],
+        ["--emulator-budget", "lots"],
+        ["--emulator-ports", "5555-5554"],
     ],
 )
 def test_bad_flags_exit_2_with_one_line(
@@ -239,6 +243,8 @@ def test_the_environment_file_example_names_every_variable_and_each_value_parses
     settings.pop("AMC_CA")
     settings.pop("AMC_SCRCPY_SERVER")
     settings.pop("AMC_CLEAN_PROFILE")  # the example's is scripts/examples/clean-profile.yaml
+    for emulators in ("AMC_EMULATORS", "AMC_EMULATOR_POOLS", "AMC_EMULATOR_BINARY"):
+        settings.pop(emulators)  # an AVD, a pool file, the SDK: host files (tests below)
     config = parse([], env={**settings, "AMC_TOKEN": "t"})
     assert config.metrics_listen == settings["AMC_METRICS_LISTEN"]
     # The example's health settings are the defaults, as its comments say.

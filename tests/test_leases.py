@@ -2,6 +2,7 @@
 
 import asyncio
 
+import asyncpg
 import grpc
 import pytest
 
@@ -420,6 +421,53 @@ async def test_concurrent_acquires_for_one_device_reserve_it_once(farm: Farm) ->
                 await client.scheduler.CancelTask(
                     scheduler_pb2.CancelTaskRequest(task_id=t.task_id)
                 )
+
+
+async def test_an_acquire_whose_phone_another_acquire_took_takes_the_next_idle_one(
+    farm: Farm,
+) -> None:
+    """GIVEN an Acquire of s1 and s2 that locked a task and waits for s1, which an Acquire
+    of s1 alone reserved and has not committed yet, and the other queued tasks held by
+    other Acquires, WHEN the one of s1 commits, THEN the waiting Acquire reserves s2 for
+    its task rather than leave s2 idle with that task still queued."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    tasks = [await submit(client) for _ in range(4)]
+    first, _, third, fourth = (t.task_id for t in tasks)
+    holder = await asyncpg.connect(farm.dsn)  # other Acquires' tasks, locked
+    taker = await asyncpg.connect(farm.dsn)  # an Acquire of s1 alone, not committed
+    try:
+        holding = holder.transaction()
+        await holding.start()
+        await holder.execute(
+            "SELECT 1 FROM tasks WHERE task_id = ANY($1::uuid[]) FOR NO KEY UPDATE",
+            [third, fourth],
+        )
+        taking = taker.transaction()
+        await taking.start()
+        took = await taker.fetch(
+            "SELECT task_id FROM amc_acquire('h1', '{s1}', interval '60 seconds')"
+            " WHERE task_id IS NOT NULL"
+        )
+        assert [str(r["task_id"]) for r in took] == [first]
+        racing = asyncio.create_task(host.acquire("s1", "s2", wait=0))
+        assert farm.db is not None
+        db = farm.db
+
+        async def waits_for_s1() -> bool:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            return bool(await db.fetchval(query))
+
+        await eventually(waits_for_s1, what="the racing Acquire to wait for s1")
+        await taking.commit()
+        handed = await asyncio.wait_for(racing, 10)
+        assert [a.device_serial for a in handed] == ["s2"], handed
+        row = await db.fetchrow("SELECT task_id FROM devices WHERE serial = 's2'")
+        assert str(row["task_id"]) == handed[0].task_id
+        await holding.rollback()
+    finally:
+        await holder.close()
+        await taker.close()
 
 
 async def test_stopping_a_replica_returns_parked_acquires_at_once(farm: Farm) -> None:

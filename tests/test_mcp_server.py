@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from mcp_types import Implementation
 
 from amc.v1 import task_pb2
 from amc_client import Farm
-from amc_client.mcp_server import PhoneLender, build_server, compact_ui
+from amc_client.mcp_server import ClientSessions, Defaults, OneClient, build_server, compact_ui
 from amc_common.version import version
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
@@ -47,9 +48,16 @@ def _error(result: Any) -> str:
     return str(said.text)
 
 
-def agent(lender: PhoneLender) -> Client:
+def lender(farm: Farm, idle_timeout: float = 30) -> ClientSessions:
+    """A stdio server's one client's sessions, on simulated phones by default."""
+    defaults = Defaults({"model": "Simulated"}, idle_timeout=idle_timeout, implicit=True)
+    return ClientSessions(farm, defaults)
+
+
+def agent(sessions: ClientSessions) -> Client:
     """The SDK's client on the server's JSON-RPC loop, over in-memory streams."""
-    return Client(build_server(lender), mode="legacy", client_info=AGENT)
+    server = build_server(OneClient(sessions), sessions.defaults)
+    return Client(server, mode="legacy", client_info=AGENT)
 
 
 async def _tasks(farm: Harness) -> int:
@@ -67,8 +75,8 @@ async def test_an_agent_taps_looks_and_closes_through_mcp_tools(farm: Harness) -
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp:
+        sessions = lender(client)
+        async with agent(sessions) as mcp:
             assert mcp.server_info is not None and mcp.server_info.version == version() != ""
             (said,) = _content(await mcp.call_tool("tap", {"x": 100, "y": 200}))
             assert said.text == "tap 100,200: ok"
@@ -79,8 +87,8 @@ async def test_an_agent_taps_looks_and_closes_through_mcp_tools(farm: Harness) -
             assert base64.b64decode(image.data).startswith(PNG_MAGIC)
             assert note.text.startswith("screenshot 360x800 of a 1080x2400 screen;")
             assert note.text.endswith("multiply a point on this image by 3")
-            assert lender.phone is not None
-            task_id = lender.phone.task_id
+            (phone,) = sessions.held
+            task_id = phone.task_id
             (closed,) = _content(await mcp.call_tool("close_session", {}))
             assert closed.text == f"session {task_id} done (3 actions)"
     task = await get(await farm.client(), task_id)
@@ -97,8 +105,8 @@ async def test_a_sessions_first_screenshot_says_the_screens_size(farm: Harness) 
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp:
+        sessions = lender(client)
+        async with agent(sessions) as mcp:
             _, note = _content(await mcp.call_tool("screenshot", {}))
             _content(await mcp.call_tool("close_session", {}))
     assert note.text.startswith("screenshot 360x800 of a 1080x2400 screen;"), note.text
@@ -115,8 +123,8 @@ async def test_tool_calls_at_once_share_one_session_and_each_gets_its_own_answer
         running_agent(farm, SimulatedSource(2, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp, asyncio.timeout(30):
+        sessions = lender(client)
+        async with agent(sessions) as mcp, asyncio.timeout(30):
             first = await asyncio.gather(
                 mcp.call_tool("tap", {"x": 1, "y": 1}), mcp.call_tool("tap", {"x": 2, "y": 2})
             )
@@ -132,8 +140,8 @@ async def test_tool_calls_at_once_share_one_session_and_each_gets_its_own_answer
             assert "<hierarchy" in _content(dump)[0].text
             assert _content(tapped)[0].text == "tap 3,3: ok"
             assert _content(pressed)[0].text.startswith("tap 'OK': ok")
-            assert lender.phone is not None
-            task_id = lender.phone.task_id
+            (phone,) = sessions.held
+            task_id = phone.task_id
             _content(await mcp.call_tool("close_session", {}))
     assert await _tasks(farm) == 1
     task = await get(await farm.client(), task_id)
@@ -153,8 +161,8 @@ async def test_a_bad_argument_is_a_one_line_tool_error_and_the_session_goes_on(
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp:
+        sessions = lender(client)
+        async with agent(sessions) as mcp:
             _content(await mcp.call_tool("tap", {"x": 5, "y": 5}))
             said = _error(await mcp.call_tool("tap", {"x": -1, "y": 5}))
             assert said.endswith("tap.x: must be between 0 and 100000 (nothing ran)"), said
@@ -168,8 +176,8 @@ async def test_a_bad_argument_is_a_one_line_tool_error_and_the_session_goes_on(
             assert ok.text == "tap 5,6: ok"
             (pressed,) = _content(await mcp.call_tool("press_key", {"key": "ENTER"}))
             assert pressed.text == "key ENTER: ok"
-            assert lender.phone is not None
-            task_id = lender.phone.task_id
+            (phone,) = sessions.held
+            task_id = phone.task_id
             (closed,) = _content(await mcp.call_tool("close_session", {}))
             assert closed.text == f"session {task_id} done (4 actions)"
     assert await _tasks(farm) == 1
@@ -189,8 +197,8 @@ async def test_an_ended_session_is_said_and_never_replaced_behind_the_agents_bac
         running_agent(farm, SimulatedSource(2, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp:
+        sessions = lender(client)
+        async with agent(sessions) as mcp:
             (opened,) = _content(await mcp.call_tool("open_session", {}))
             task_id = opened.text.split()[1]
             _content(await mcp.call_tool("tap", {"x": 5, "y": 5}))
@@ -218,8 +226,8 @@ async def test_an_idle_session_is_said_to_have_timed_out(farm: Harness) -> None:
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=1)
-        async with agent(lender) as mcp:
+        sessions = lender(client, idle_timeout=1)
+        async with agent(sessions) as mcp:
             (opened,) = _content(await mcp.call_tool("open_session", {}))
             await status_is(farm, opened.text.split()[1], "failed")
             said = _error(await mcp.call_tool("tap", {"x": 5, "y": 5}))
@@ -240,8 +248,8 @@ async def test_a_session_no_phone_can_take_is_refused_at_once_and_a_busy_one_wai
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp:
+        sessions = lender(client)
+        async with agent(sessions) as mcp:
             async with asyncio.timeout(5):
                 said = _error(await mcp.call_tool("open_session", {"labels": {"model": "Nope"}}))
             assert said.endswith(
@@ -270,8 +278,8 @@ async def test_every_tool_and_parameter_is_described_and_wait_for_is_bounded(
         running_agent(farm, SimulatedSource(1, delay=0.01)),
         Farm(farm.address, token=token) as client,
     ):
-        lender = PhoneLender(client, {"model": "Simulated"}, idle_timeout=30)
-        async with agent(lender) as mcp:
+        sessions = lender(client)
+        async with agent(sessions) as mcp:
             tools = (await mcp.list_tools()).tools
             assert {t.name for t in tools} >= {"wait_for", "press_key", "open_session"}
             for tool in tools:
@@ -321,10 +329,12 @@ async def test_amc_mcp_serves_an_agent_over_stdio_listing_phones_and_driving_one
             assert {"list_phones", "open_session", "screenshot", "tap", "close_session"} <= tools
             while True:  # the host counts as connected once its stream's opening is written
                 (phones,) = _content(await session.call_tool("list_phones", {}))
-                if phones.text != "no phone is online":
+                if "offline" not in phones.text and "registered" not in phones.text:
                     break
                 await asyncio.sleep(0.05)
-            assert phones.text.startswith("sim-0  model=Simulated  free  ready")
+            count, line = phones.text.splitlines()
+            assert count == "1 phone: 1 free"
+            assert line.startswith("sim-0  free  abi="), line
             (opened,) = _content(await session.call_tool("open_session", {}))
             assert opened.text.startswith("session ") and opened.text.endswith("on phone sim-0")
             task_id = opened.text.split()[1]
@@ -461,13 +471,58 @@ async def test_a_crashed_client_abandons_its_session(farm: Harness, tmp_path: Pa
             ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--queue-timeout", "500ms"],
             "amc: error: --queue-timeout: '500ms' is out of range (1s to 30d)",
         ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--http", "0.0.0.0:8765"],
+            "amc: error: --http: serving beyond this machine (0.0.0.0) needs --http-cert and"
+            " --http-key (agents' tokens must not cross a network in clear)",
+        ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--allow-origin", "http://a:1"],
+            "amc: error: --allow-origin goes with --http",
+        ),
+        (
+            ["-m", "amc_client.mcp_server", "--address", "127.0.0.1:1", "--http", "1:99999"],
+            "amc-mcp: error: --http: expected [HOST:]PORT with PORT 0 to 65535, got '1:99999'"
+            " (see --help)",
+        ),
+        (
+            [
+                *("-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--http", "8765"),
+                *("--allow-origin", "localhost:6274"),
+            ],
+            "amc: error: --allow-origin: expected an origin such as http://localhost:6274, got"
+            " 'localhost:6274'",
+        ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--sessions-per-client", "0"],
+            "amc: error: --sessions-per-client: expected a number from 1 to 100, got '0'",
+        ),
+        (
+            ["-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--reconnect-grace", "0s"],
+            "amc: error: --reconnect-grace: '0s' must be above 0 (e.g. 15s, 1m30s, 1h)",
+        ),
     ],
-    ids=["label", "nan", "too-long", "amc-nan", "amc-zero", "amc-too-short"],
+    ids=[
+        "label",
+        "nan",
+        "too-long",
+        "amc-nan",
+        "amc-zero",
+        "amc-too-short",
+        "http-beyond-loopback-in-clear",
+        "origin-without-http",
+        "http-bad-port",
+        "origin-not-an-origin",
+        "no-sessions",
+        "no-grace",
+    ],
 )
 def test_a_bad_flag_is_refused_in_one_line_naming_it(command: list[str], said: str) -> None:
-    """THEN the server's command line (and `amc mcp`'s) refuses a label without `=` and an
-    idle timeout that is not a duration from 1s to 1h with one line naming the flag (in the
-    duration grammar's words, as every program's), exit 2, and serves nothing."""
+    """THEN the server's command line (and `amc mcp`'s) refuses a label without `=`, an
+    idle timeout that is not a duration from 1s to 1h (in the duration grammar's words, as
+    every program's), HTTP beyond loopback without TLS, a port or an origin that is none,
+    HTTP's flags without --http, and no sessions, with one line naming the flag, exit 2,
+    and serves nothing."""
     done = subprocess.run(
         [sys.executable, *command], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
@@ -489,3 +544,19 @@ def test_the_compact_ui_tree_keeps_what_can_be_acted_on_with_its_centre() -> Non
         '    desc="Next" Button clickable @(200,350)',
     ]
     assert compact_ui("not xml") == "not xml"
+
+
+def test_a_port_in_use_is_said_in_one_line(tmp_path: Path) -> None:
+    """THEN `amc mcp --http` on a port another program holds exits 1 saying so in one line,
+    before it reaches for the farm."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "amc_cli", "--addr", "127.0.0.1:1", "mcp", "--http", str(port)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+    said = f"amc mcp: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert (done.returncode, done.stderr, done.stdout) == (1, said, "")

@@ -190,7 +190,13 @@ async def _tapped(port: int) -> bool:
 
 def test_every_device_error_kind_has_its_series() -> None:
     """The kinds created at start-up are the DeviceError classes there are."""
-    for module in ("host_agent.adb", "host_agent.simulated"):  # their subclasses count too
+    # Their subclasses count too: the sources', the adb door's and the emulator console's.
+    for module in (
+        "host_agent.adb",
+        "host_agent.simulated",
+        "host_agent.adb_door",
+        "host_agent.emulator_console",
+    ):
         importlib.import_module(module)
 
     def names(cls: type) -> set[str]:

@@ -105,7 +105,7 @@ async def test_renewal_response_signals_a_pending_cancellation_stops_at_next_bou
     assert [(c.method, c.args) for c in device.calls] == [("tap", (1, 1)), ("tap", (2, 2))]
     assert statuses(result) == [StepStatus.OK] * 2 + [StepStatus.SKIPPED] * 3
     assert result.outcome is Outcome.CANCELLED
-    assert result.error == "cancelled: stopped before step 2 'key'"
+    assert result.error == "cancelled: stopped before step 3 (key)"
     assert result.stop_reason is StopReason.CANCELLED
 
 
@@ -120,7 +120,7 @@ async def test_renewal_response_signals_a_pending_cancellation_the_same_way_as_l
     (cancelled, cancelled_calls), (lost, lost_calls) = runs.values()
     assert cancelled_calls == lost_calls == ["tap", "tap"]
     assert statuses(cancelled) == statuses(lost)
-    assert lost.error == "lease lost: stopped before step 2 'key'"
+    assert lost.error == "lease lost: stopped before step 3 (key)"
 
 
 async def test_stop_triggered_by_cancellation_reports_cancelled() -> None:
@@ -134,7 +134,7 @@ async def test_stop_triggered_by_cancellation_reports_cancelled() -> None:
     assert device.methods() == ["tap", "tap", "key"]
     request = report_request(result, task_id="t-1", attempt=1, lease_id="l-1")
     assert request.outcome == lease_pb2.OUTCOME_CANCELLED
-    assert request.result.error == "cancelled: stopped before step 3 'swipe'"
+    assert request.result.error == "cancelled: stopped before step 4 (swipe)"
 
 
 async def test_stop_triggered_by_lease_loss_reports_failed_not_cancelled() -> None:
@@ -185,7 +185,7 @@ async def test_stop_triggered_by_cancellation_or_lease_loss_in_a_workflow(
     assert device.methods() == ["launch_app"]
     assert statuses(result) == [StepStatus.OK, StepStatus.SKIPPED]
     assert result.outcome is outcome
-    assert result.error == f"{reason.label}: stopped before step 1 'login'"
+    assert result.error == f"{reason.label}: stopped before step 2 (login)"
     assert outcome_to_proto(result.outcome) == report
 
 
@@ -232,7 +232,7 @@ async def test_shutdown_stop_reports_failed() -> None:
     device = FakeDevice(on_call=trip_on(token, StopReason.SHUTDOWN, "tap"))
     result = await run_fast(ActionList(FIVE_STEPS), device, token)
     assert result.outcome is Outcome.FAILED
-    assert result.error == "host shutting down: stopped before step 1 'tap'"
+    assert result.error == "host shutting down: stopped before step 2 (tap)"
 
 
 async def test_token_tripped_before_the_run_touches_nothing() -> None:
@@ -244,7 +244,7 @@ async def test_token_tripped_before_the_run_touches_nothing() -> None:
     assert statuses(result) == [StepStatus.SKIPPED] * 5
     assert all(s.started_at is None for s in result.steps)
     assert result.outcome is Outcome.CANCELLED
-    assert result.error == "cancelled: stopped before step 0 'tap'"
+    assert result.error == "cancelled: stopped before step 1 (tap)"
 
 
 # --- interruptible actions -------------------------------------------------------------------
@@ -264,7 +264,7 @@ async def test_wait_is_interrupted_promptly_when_the_token_trips() -> None:
     assert statuses(result) == [StepStatus.OK, StepStatus.CANCELLED, StepStatus.SKIPPED]
     assert result.steps[1].error == "interrupted: cancelled"
     assert result.outcome is Outcome.CANCELLED
-    assert result.error == "cancelled: interrupted during step 1 'wait'"
+    assert result.error == "cancelled: interrupted during step 2 (wait)"
 
 
 async def test_wait_for_is_interrupted_promptly_when_the_token_trips() -> None:
@@ -282,7 +282,7 @@ async def test_wait_for_is_interrupted_promptly_when_the_token_trips() -> None:
     assert device.count("tap") == 0
     assert result.steps[0].status is StepStatus.FAILED
     assert result.outcome is Outcome.FAILED
-    assert result.error == "lease lost: interrupted during step 0 'wait_for'"
+    assert result.error == "lease lost: interrupted during step 1 (wait_for)"
 
 
 async def test_shell_is_interrupted_promptly_when_the_token_trips() -> None:
@@ -331,7 +331,7 @@ async def test_task_runner_stops_at_the_first_failed_action() -> None:
     result = await TaskRunner(device, StopToken()).run(spec)
 
     assert result.outcome is Outcome.FAILED
-    assert result.error == "step 1 'tap_on' failed: element not found: text='OK'"
+    assert result.error == "step 2 (tap_on) failed: element not found: text='OK'"
     assert statuses(result) == [StepStatus.OK, StepStatus.FAILED, StepStatus.SKIPPED]
     assert device.methods() == ["tap", "ui_dump"]
 
@@ -351,7 +351,7 @@ async def test_device_lost_mid_step_fails_the_run_with_device_lost() -> None:
     assert result.steps[2].status is StepStatus.FAILED
     assert result.steps[2].error == "device lost: fake-1 is offline"
     assert result.outcome is Outcome.FAILED
-    assert result.error == "step 2 'key' failed: device lost: fake-1 is offline"
+    assert result.error == "step 3 (key) failed: device lost: fake-1 is offline"
 
 
 async def test_unexpected_driver_exception_fails_the_run_instead_of_escaping() -> None:
@@ -400,7 +400,7 @@ async def test_workflow_failed_step_without_continue_on_error_stops_the_run() ->
     result = await WorkflowRunner(device, StopToken()).run(workflow)
 
     assert result.outcome is Outcome.FAILED
-    assert result.error == "step 0 'login' failed: action 0 (tap_on): element not found: text='OK'"
+    assert result.error == "step 1 (login) failed: action 1 (tap_on): element not found: text='OK'"
     assert statuses(result) == [StepStatus.FAILED, StepStatus.SKIPPED]
     assert device.methods() == ["ui_dump"]
 
@@ -434,10 +434,10 @@ async def test_workflow_checks_the_token_before_every_action_inside_a_step() -> 
 
     assert device.methods() == ["ui_dump", "tap"]
     assert result.steps[0].status is StepStatus.CANCELLED
-    assert result.steps[0].error == "action 1 (input_text): interrupted: cancelled"
+    assert result.steps[0].error == "action 2 (input_text): interrupted: cancelled"
     assert result.steps[1].status is StepStatus.SKIPPED
     assert result.outcome is Outcome.CANCELLED
-    assert result.error == "cancelled: interrupted during step 0 'login'"
+    assert result.error == "cancelled: interrupted during step 1 (login)"
 
 
 async def test_workflow_step_collects_output_and_data_of_its_actions() -> None:

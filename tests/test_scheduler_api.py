@@ -7,6 +7,8 @@ import grpc
 import pytest
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from control_plane.admin_service import create_token
+from control_plane.domain import Role
 from tests.support import Farm, actions_spec, eventually, seconds, tap, workflow_spec
 
 
@@ -353,3 +355,58 @@ async def test_register_host_rejects_bad_inventories(farm: Farm) -> None:
             )
         )
     assert (err.value.details() or "").startswith("devices[0].serial")
+
+
+async def test_a_task_says_who_submitted_it_by_its_tokens_name_else_its_id(farm: Farm) -> None:
+    """THEN Task.submitted_by is the submitting token's name (SubmitTask's answer, GetTask,
+    ListTasks, CancelTask alike), or the token's id when it has none."""
+    assert farm.plane is not None
+    _, named = await create_token(farm.plane.store, Role.CLIENT, None, "ci-nightly")
+    info, unnamed = await create_token(farm.plane.store, Role.CLIENT, None, "")
+    by_name = await farm.clients(named).scheduler.SubmitTask(submit_request())
+    by_id = await farm.clients(unnamed).scheduler.SubmitTask(submit_request())
+    assert (by_name.submitted_by, by_id.submitted_by) == ("ci-nightly", str(info.token_id))
+    reader = await farm.client()
+    got = await reader.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=by_name.task_id))
+    listed = await reader.scheduler.ListTasks(scheduler_pb2.ListTasksRequest())
+    assert got.submitted_by == "ci-nightly"
+    assert {t.task_id: t.submitted_by for t in listed.tasks} == {
+        by_name.task_id: "ci-nightly",
+        by_id.task_id: str(info.token_id),
+    }
+    cancelled = await reader.scheduler.CancelTask(
+        scheduler_pb2.CancelTaskRequest(task_id=by_name.task_id, reason="test")
+    )
+    assert cancelled.submitted_by == "ci-nightly"
+
+
+async def test_list_tasks_by_id_reads_them_as_get_task_does_with_a_running_ones_progress(
+    farm: Farm,
+) -> None:
+    """THEN ListTasks' task_ids answers those tasks (an unknown id left out), newest first,
+    a running one with its progress and a queued one with its reason; ids with a filter, a
+    malformed id or more than 500 are INVALID_ARGUMENT naming task_ids."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1")
+    running = await client.scheduler.SubmitTask(submit_request(spec=workflow_spec(a=[tap()])))
+    a = await host.acquire_one("s1")
+    await host.renew(a.lease_id)
+    queued = await client.scheduler.SubmitTask(
+        submit_request(selector=task_pb2.DeviceSelector(serial="nowhere"))
+    )
+    unknown = "00000000-0000-4000-8000-000000000000"
+    got = await client.scheduler.ListTasks(
+        scheduler_pb2.ListTasksRequest(task_ids=[running.task_id, unknown, queued.task_id])
+    )
+    assert [t.task_id for t in got.tasks] == [queued.task_id, running.task_id]
+    assert got.tasks[1].progress.running_name == "a"
+    assert got.tasks[0].pending_reason == "no registered device matches serial=nowhere"
+    for bad, field in [
+        ({"task_ids": [running.task_id], "host_id": "h1"}, "task_ids"),
+        ({"task_ids": [running.task_id, "nope"]}, "task_ids[1]"),
+        ({"task_ids": [unknown] * 501}, "task_ids"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await client.scheduler.ListTasks(scheduler_pb2.ListTasksRequest(**bad))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (caught.value.details() or "").startswith(field)

@@ -276,6 +276,9 @@ async def test_a_slow_viewer_misses_frames_and_slows_nobody(farm: Farm) -> None:
     operator, client = await farm.operator(), await farm.client()
     source = SimulatedSource(1, delay=0.01)
     async with running_agent(farm, source) as agent:
+        assert farm.plane is not None
+        hub = farm.plane.hub
+        await eventually(lambda: hub.connected(HOST), what="the host's renewal stream")
         # A viewer whose transport window stays small (no BDP probing): a few frames.
         channel = aio_channel(
             farm.address, await farm.token(Role.OPERATOR), options=[("grpc.http2.bdp_probe", 0)]

@@ -14,6 +14,7 @@ import pytest
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc
 from amc_common.channel import aio_channel
 from control_plane.domain import Role
+from host_agent import metrics as agent_metrics
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import running_agent, status_is, submit
@@ -135,3 +136,33 @@ async def test_a_token_never_passes_as_a_replica(farm: Farm) -> None:
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         await bare.close()
+
+
+async def test_a_relay_asks_the_rate_its_phones_viewers_want_as_they_come_and_go(
+    database_url: str, tmp_path: Path
+) -> None:
+    """GIVEN the phone's host on replica B and a thumbnail of it watched on A (its relay at
+    a thumbnail's rate) WHEN a live viewer on A joins THEN its frames come at a live rate
+    (the relay was opened again at its rate) WHEN it leaves THEN the host goes back to a
+    thumbnail's captures."""
+    async with farm_with_replicas(database_url, tmp_path) as (farm, (near, far)):
+        token = await farm.token(Role.OPERATOR)
+        async with running_agent(farm, SimulatedSource(1, delay=0.01), address=far.address):
+            thumb = await watch_from(
+                stub(farm, near, token), host_id=HOST, serial=SERIAL, thumbnail=True
+            )
+            live = stub(farm, near, token).WatchScreen(
+                scheduler_pb2.WatchScreenRequest(host_id=HOST, serial=SERIAL, max_fps=10)
+            )
+            await first_frame(live)
+            started = asyncio.get_running_loop().time()
+            seqs = await frames_go_on(live, 10)
+            # Ten frames within a couple of seconds: not a thumbnail's one per 3 s.
+            assert asyncio.get_running_loop().time() - started < 3.0, seqs
+            live.cancel()
+            await asyncio.sleep(1.0)  # the relay opened again at a thumbnail's rate
+            captured = agent_metrics.SCREEN_CAPTURES._value.get()
+            await asyncio.sleep(6.5)
+            assert agent_metrics.SCREEN_CAPTURES._value.get() - captured <= 3
+            assert (await first_frame(thumb, 10)).serial == SERIAL
+            thumb.cancel()

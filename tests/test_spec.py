@@ -136,7 +136,7 @@ def test_workflow_converts_with_names_and_continue_on_error() -> None:
     assert spec_from_proto(pb) == Workflow(
         (
             WorkflowStep("open", (LaunchApp("com.x"),)),
-            WorkflowStep("step 1", (Key(4),), continue_on_error=True),
+            WorkflowStep("step 2", (Key(4),), continue_on_error=True),
         )
     )
 
@@ -147,39 +147,39 @@ def test_workflow_converts_with_names_and_continue_on_error() -> None:
         (task_pb2.TaskSpec(), "task spec has neither actions nor a workflow"),
         (
             actions_spec(task_pb2.Action(tap=task_pb2.Tap()), task_pb2.Action()),
-            "action 1: empty action: set one of tap, tap_on, swipe, input_text, key, launch_app,"
+            "action 2: empty action: set one of tap, tap_on, swipe, input_text, key, launch_app,"
             " stop_app, shell, screenshot, wait, wait_for, assert_visible, ui_dump, install_app,"
             " uninstall_app, push_file, pull_file",
         ),
         (
             actions_spec(task_pb2.Action(tap_on=task_pb2.TapOn())),
-            "action 0: tap_on.selector: required: set one of text, resource_id, content_desc",
+            "action 1: tap_on.selector: required: set one of text, resource_id, content_desc",
         ),
         (
             actions_spec(
                 task_pb2.Action(tap_on=task_pb2.TapOn(selector=task_pb2.UiSelector(text="")))
             ),
-            "action 0: tap_on.selector.text: required",
+            "action 1: tap_on.selector.text: required",
         ),
         (
             actions_spec(task_pb2.Action(launch_app=task_pb2.LaunchApp())),
-            "action 0: launch_app.package: required",
+            "action 1: launch_app.package: required",
         ),
         (
             actions_spec(task_pb2.Action(shell=task_pb2.Shell())),
-            "action 0: shell.command: required",
+            "action 1: shell.command: required",
         ),
         (
             actions_spec(task_pb2.Action(wait=task_pb2.Wait())),
-            "action 0: wait.duration: required",
+            "action 1: wait.duration: required",
         ),
         (
             actions_spec(task_pb2.Action(wait=task_pb2.Wait(duration=secs(-1)))),
-            "action 0: wait.duration: must be a non-negative duration",
+            "action 1: wait.duration: must be a non-negative duration",
         ),
         (
             actions_spec(task_pb2.Action(tap=task_pb2.Tap(x=-5))),
-            "action 0: tap.x: must be between 0 and 100000",
+            "action 1: tap.x: must be between 0 and 100000",
         ),
         (
             task_pb2.TaskSpec(
@@ -187,7 +187,7 @@ def test_workflow_converts_with_names_and_continue_on_error() -> None:
                     steps=[task_pb2.WorkflowStep(name="login", actions=[task_pb2.Action()])]
                 )
             ),
-            "workflow step 0 'login', action 0: empty action: set one of tap, tap_on, swipe,"
+            "workflow step 1 (login), action 1: empty action: set one of tap, tap_on, swipe,"
             " input_text, key, launch_app, stop_app, shell, screenshot, wait, wait_for,"
             " assert_visible, ui_dump, install_app, uninstall_app, push_file, pull_file",
         ),
@@ -237,7 +237,7 @@ def test_result_to_proto_carries_every_step_field() -> None:
     started = datetime(2025, 1, 2, 3, 4, 5, 600000, tzinfo=UTC)
     result = RunResult(
         Outcome.CANCELLED,
-        "cancelled: stopped before step 2 'key'",
+        "cancelled: stopped before step 3 (key)",
         (
             StepResult(0, "tap", StepStatus.OK, started, timedelta(milliseconds=120)),
             StepResult(
@@ -257,7 +257,7 @@ def test_result_to_proto_carries_every_step_field() -> None:
 
     pb = result_to_proto(result)
 
-    assert pb.error == "cancelled: stopped before step 2 'key'"
+    assert pb.error == "cancelled: stopped before step 3 (key)"
     assert [s.status for s in pb.steps] == [
         task_pb2.STEP_STATUS_OK,
         task_pb2.STEP_STATUS_FAILED,

@@ -14,6 +14,7 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from control_plane.progress import write_once
 from tests.support import Farm, HostClient, eventually, tap, wait_action, workflow_spec
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -63,7 +64,17 @@ async def get(farm: Farm, task_id: str) -> task_pb2.Task:
     return await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
 
 
+async def written(farm: Farm) -> None:
+    """The replica's bulk write of the step progress it was sent, now: everything sent
+    before it is written (or refused) when it returns."""
+    assert farm.plane is not None
+    await write_once(farm.plane.store, farm.plane.hub)
+
+
 async def kept_steps(farm: Farm, task_id: str) -> list[tuple[int, int]]:
+    """The steps the database keeps for the task, once what the replica was sent is
+    written."""
+    await written(farm)
     assert farm.db is not None
     rows = await farm.db.fetch(
         "SELECT attempt, step_index FROM attempt_steps WHERE task_id = $1::uuid"
@@ -141,6 +152,7 @@ async def test_steps_of_a_lease_the_renewal_does_not_renew_are_refused(farm: Far
 async def test_a_late_step_after_the_terminal_report_changes_nothing(farm: Farm) -> None:
     host, task, a = await running_workflow(farm)
     await renew_with(host, [a.lease_id], progress(a.lease_id, step(0, "login")))
+    assert await kept_steps(farm, task.task_id) == [(1, 0)]
     await host.c.lease.ReportResult(
         lease_pb2.ReportResultRequest(
             task_id=a.task_id,

@@ -16,6 +16,7 @@ from amc_cli.follow import follow, outcome_exit
 from amc_cli.options import Output, OutputOpt, duration_option, int32_option
 from amc_cli.specfile import load_request, with_flags
 from amc_common import statuses
+from amc_common.steps import label as step_label
 
 app = typer.Typer(rich_markup_mode="markdown")
 TaskIdArg = Annotated[str, typer.Argument(metavar="ID", help="Task id.")]
@@ -265,7 +266,7 @@ def list_artifacts(ctx: typer.Context, task_id: TaskArg, output: OutputOpt = Out
 def get_artifact(
     ctx: typer.Context,
     task_id: TaskArg,
-    step: Annotated[str, typer.Argument(metavar="STEP", help="Step index or name.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="Step number (from 1) or name.")],
     output: Annotated[
         str,
         typer.Option("--output", "-o", metavar="FILE", help="Where to write it; - for stdout."),
@@ -276,7 +277,7 @@ def get_artifact(
     ] = None,
     action: Annotated[
         int | None,
-        typer.Option(help="The action inside the step, when it kept several.", min=0),
+        typer.Option(help="The action inside the step (from 1), when it kept several.", min=1),
     ] = None,
 ) -> None:
     """Write one file a step kept (a screenshot's PNG, a ui_dump's XML), its sha256
@@ -286,4 +287,5 @@ def get_artifact(
     chosen = artifact_download.choose(found, task_id, step, attempt, action)
     size = artifact_download.write(chosen, client.get_artifact(task_id, chosen.artifact_id), output)
     if output != "-":
-        render.note(f"wrote {chosen.kind} of step {chosen.step_index} ({size} bytes) to {output}")
+        step = step_label(chosen.step_index, chosen.step_name)
+        render.note(f"wrote {chosen.kind} of {step}, {size} bytes, to {output}")

@@ -1,12 +1,12 @@
-"""One kept file's bytes for the console: `GET /api/artifacts/<task_id>/<artifact_id>` (a
-screenshot's PNG, a UI dump's XML, a recording, a phone log's gzip), read through the
-servicer's own GetArtifact (the same roles and errors), with its content type, length and
-SHA-256 (`X-Amc-Sha256`), checked as it is sent."""
+"""A file a step kept, for the console: `GET /api/artifacts/<task_id>/<artifact_id>`, its
+bytes (a screenshot's PNG, a ui_dump's XML, a recording, a phone log's gzip) as the
+servicer's own GetArtifact streams them (the same roles, validation and errors), with its
+content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import structlog
@@ -17,7 +17,6 @@ from control_plane.console.calls import CallContext, Refused
 from control_plane.scheduler_service import SchedulerService
 
 log = structlog.get_logger(__name__)
-
 # A kept file's name when saved, by its content type.
 EXTENSIONS = {
     "image/png": "png",
@@ -28,26 +27,15 @@ EXTENSIONS = {
 }
 
 
-def route(
-    scheduler: SchedulerService, refusal: Any, headers: Mapping[str, str]
-) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The route's handler (`refusal(code, message)` makes the routes' JSON error reply;
-    `headers`: the console's security headers)."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        return await serve(scheduler, request, refusal, headers)
-
-    return handle
-
-
 async def serve(
-    scheduler: SchedulerService, request: web.Request, refusal: Any, headers: Mapping[str, str]
+    scheduler: SchedulerService, request: web.Request, refusal: Any, headers: dict[str, str]
 ) -> web.StreamResponse:
     """The artifact's bytes as the servicer's GetArtifact streams them: refusals (no
     token, a role that may not, a malformed id, NOT_FOUND) come before the first byte
-    and are answered like the API's; the SHA-256 is checked before the last chunk goes
-    out, and a mismatch cuts the connection, so a browser never takes a wrong file
-    as whole."""
+    and are answered like the API's (`refusal(code, message)`: the routes' JSON error
+    reply); the SHA-256 is checked before the last chunk goes out, and a mismatch cuts the
+    connection, so a browser never takes a wrong file as whole. `headers`: the console's
+    own, on the head written here."""
     get = scheduler_pb2.GetArtifactRequest(
         task_id=request.match_info["task_id"], artifact_id=request.match_info["artifact_id"]
     )

@@ -9,7 +9,9 @@ exist (NOT_FOUND), and the phone be online, ready, not cordoned, on a connected 
 takes work, and idle (FAILED_PRECONDITION). Nothing is created then. Query: `idle_timeout`
 (seconds, default 300): a session sent no action for that long ends ("idle timeout");
 `record=1`: the session keeps a recording of the screen (SessionOpen.record_screen, its
-defaults), shown on its Task page.
+defaults), shown on its Task page; `maintenance=1`: a maintenance session
+(SessionOpen.maintenance), which takes the phone although it or its host is cordoned or
+drained (still online, ready and idle): an operator's look at a phone out of service.
 
 The session asks for the phone by its serial and its host (the `host_id` label every
 device has: another host's phone of the same serial never takes it), with a short queue
@@ -18,14 +20,16 @@ submitter is the operator's token and its metadata says `control: console` and `
 <token name> (<token id>)`.
 
 Messages in (JSON text, one action each): `{"tap": {"x", "y"}}`, `{"swipe": {"x1", "y1",
-"x2", "y2", "duration_ms"?}}`, `{"type": {"text"}}`, `{"key": "BACK" | "HOME" |
-"APP_SWITCH"}`. Out: `{"task": Task}` as the session's task changes (queued, dispatched,
-finished: proto JSON), `{"step": StepResult, "action": what was asked, "screen": {"width",
-"height"}}` for each action (the screen: the phone's, in the pixels taps are in), and
-`{"error": {"code", "message"}}` for a message refused (the session goes on; nothing was sent
-to the phone) or for the session's own end by a refusal. Closing the socket ends the
-session as its client closing (done) and frees the phone; the server closes the socket once
-the task is finished (idle timeout, a cancel from elsewhere, a lost lease).
+"x2", "y2", "duration_ms"?}}`, `{"type": {"text"}}`, `{"key": NAME}` (one of KEYS: the
+page's buttons and the physical keyboard's keys), `{"rotate": "left" | "right"}` (a quarter
+turn, auto-rotation off: a shell step, `settings put system user_rotation`). Out:
+`{"task": Task}` as the session's task changes (queued, dispatched, finished: proto JSON),
+`{"step": StepResult, "action": what was asked, "screen": {"width", "height"}}` for each
+action (the screen: the phone's, in the pixels taps are in), and `{"error": {"code",
+"message"}}` for a message refused (the session goes on; nothing was sent to the phone) or
+for the session's own end by a refusal. Closing the socket ends the session as its client
+closing (done) and frees the phone; the server closes the socket once the task is finished
+(idle timeout, a cancel from elsewhere, a lost lease).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from google.protobuf.message import Message
 
 from amc.v1 import scheduler_pb2, task_pb2
 from amc_common.device_selector import HOST_LABEL
+from amc_common.keycodes import KEYCODES
 from control_plane import validate
 from control_plane.auth import Authenticator
 from control_plane.console.calls import SUBPROTOCOL, CallContext, Refused
@@ -67,8 +72,24 @@ _FINISHED = (
     task_pb2.TASK_STATUS_FAILED,
     task_pb2.TASK_STATUS_CANCELLED,
 )
-# Android KeyEvent codes of the page's buttons.
-KEYS = {"BACK": 4, "HOME": 3, "APP_SWITCH": 187}
+# The keys the page sends, by the names it sends (its buttons, and the computer's keys it
+# passes on); their codes are amc_common.keycodes', the one table of Android keys.
+KEYS = {
+    name: KEYCODES[name.lower()]
+    for name in (
+        "BACK", "HOME", "APP_SWITCH", "POWER", "VOLUME_UP", "VOLUME_DOWN", "ENTER", "DEL",
+        "FORWARD_DEL", "TAB", "ESCAPE", "DPAD_UP", "DPAD_DOWN", "DPAD_LEFT", "DPAD_RIGHT",
+        "MOVE_HOME", "MOVE_END",
+    )
+}  # fmt: skip
+# A quarter turn of the screen, auto-rotation off: `user_rotation` counts quarter turns
+# counter-clockwise (0 to 3), so left adds one and right three.
+ROTATE = (
+    "settings put system accelerometer_rotation 0;"
+    " r=$(settings get system user_rotation);"
+    " settings put system user_rotation $(( (${{r:-0}} + {turn}) % 4 ))"
+)
+TURNS = {"left": 1, "right": 3}
 DEFAULT_IDLE = 300.0
 # An idle phone is assigned at once; a phone taken between the check and the session's
 # submission fails the session ("queue timeout") instead of keeping the operator waiting.
@@ -86,6 +107,7 @@ class Target:
     serial: str
     idle: float
     record: bool
+    maintenance: bool = False
 
 
 class Controls:
@@ -121,9 +143,9 @@ class Controls:
         condition = device.health.condition if device.health else "ready"
         if not host.connected:
             why = f"host '{t.host_id}' is not connected"
-        elif host.draining or host.cordoned:
+        elif (host.draining or host.cordoned) and not t.maintenance:
             why = f"host '{t.host_id}' is {'draining' if host.draining else 'cordoned'}"
-        elif device.cordoned:
+        elif device.cordoned and not t.maintenance:
             why = f"phone '{t.serial}' is cordoned"
         elif device.state != "device":
             why = f"phone '{t.serial}' is {device.state}, not online"
@@ -150,7 +172,10 @@ def _target(query: Mapping[str, str]) -> Target:
     record = query.get("record", "0")
     if record not in ("0", "1"):
         raise InvalidArgument("record", "1 to keep a recording of the screen, else 0")
-    return Target(host_id, serial, idle, record == "1")
+    maintenance = query.get("maintenance", "0")
+    if maintenance not in ("0", "1"):
+        raise InvalidArgument("maintenance", "1 for a maintenance session, else 0")
+    return Target(host_id, serial, idle, record == "1", maintenance == "1")
 
 
 def _seconds(value: float) -> duration_pb2.Duration:
@@ -217,6 +242,7 @@ class Remote:
                 queue_timeout=_seconds(QUEUE_TIMEOUT),
                 metadata={CONTROL_KEY: CONTROL_VALUE, "operator": operator},
                 record_screen=task_pb2.ScreenRecording() if self._target.record else None,
+                maintenance=self._target.maintenance,
             )
         )
 
@@ -289,14 +315,21 @@ def parse_action(text: str) -> tuple[dict[str, Any], task_pb2.Action]:
         message = json.loads(text)
     except ValueError:
         raise InvalidArgument("message", "not JSON") from None
-    kinds = ("tap", "swipe", "type", "key")
+    kinds = ("tap", "swipe", "type", "key", "rotate")
     if not isinstance(message, dict) or len(message) != 1 or next(iter(message)) not in kinds:
-        raise InvalidArgument("message", "one of tap, swipe, type or key, as an object's one key")
+        raise InvalidArgument(
+            "message", "one of tap, swipe, type, key or rotate, as an object's one key"
+        )
     kind, value = next(iter(message.items()))
     if kind == "key":
         if not isinstance(value, str) or value not in KEYS:
             raise InvalidArgument("key", f"one of {', '.join(KEYS)}")
         return {"key": value}, task_pb2.Action(key=task_pb2.Key(keycode=KEYS[value]))
+    if kind == "rotate":
+        if not isinstance(value, str) or value not in TURNS:
+            raise InvalidArgument("rotate", "left or right")
+        command = ROTATE.format(turn=TURNS[value])
+        return {"rotate": value}, task_pb2.Action(shell=task_pb2.Shell(command=command))
     if not isinstance(value, dict):
         raise InvalidArgument(kind, "an object")
     if kind == "type":

@@ -2,10 +2,11 @@
 
 - `/`, `/queue`, `/tasks`, `/tasks/<id>`, `/hosts/<id>`: one page (static/index.html,
   given the task statuses it needs: STATUSES) whose script draws the view the path names.
-- `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Host
-  page: GetHost, for its operator events, and CordonHost, UncordonHost, DrainHost and
-  ReleaseDevice, for its buttons; and ListFairShares, for the Queue page's fairness keys;
-  and `/api/amc.v1.Library/<Method>` for the Apps page): the JSON mapping of the services. The
+- `POST /api/amc.v1.Scheduler/<Method>` (and `/api/amc.v1.Admin/<Method>` for the Farm
+  and Host pages: GetHost, for its operator events, and CordonHost, UncordonHost,
+  DrainHost, CordonDevice, UncordonDevice and ReleaseDevice, for their buttons; and
+  ListFairShares and SetFairShare, for the Queue page's fairness keys; and
+  `/api/amc.v1.Library/<Method>` for the Apps page): the JSON mapping of the services. The
   body is the request message in proto JSON; the call goes to the very servicer method the
   gRPC server calls (`@rpc`: the same authentication, roles, validation and error
   messages); the answer is the response message in proto JSON, with `<field>_text` beside
@@ -17,12 +18,15 @@
   body, streamed into the servicer's own UploadApp (control_plane.console.library).
 - `GET /api/control?host_id=H&serial=S`: a WebSocket driving one idle phone in an
   interactive session, for operators (control_plane.console.control); `/control` its page.
-- `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live screen, one
-  binary message per frame (control_plane.console.screen: the layout).
+- `GET /api/screen?host_id=H&serial=S` or `?task_id=T`: a WebSocket of a phone's live
+  screen, one binary message per frame (control_plane.console.screen: the layout).
+- `GET /api/thumbnails`: one WebSocket of many phones' thumbnails, a frame every few
+  seconds each, for the Farm and Host pages (control_plane.console.thumbnails).
 - `GET /api/logs/<task_id>`: a task's phone log as JSON lines (control_plane.console.logs).
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed
   (control_plane.console.events).
+- `/favicon.ico`: the console's icon (static/favicon.ico).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
-from control_plane.console import artifacts, library, logs, screen
+from control_plane.console import artifacts, library, logs, screen, thumbnails
 from control_plane.console.calls import (
     CallContext,
     Refused,
@@ -77,11 +81,21 @@ METHODS = frozenset(
     }
 )
 ADMIN = AdminService.DESCRIPTOR
-# The Admin methods a page may call: the Host page's read and its buttons (operator
-# role, as over gRPC; each recorded as a host event with the caller and the reason), and
-# the Queue page's fairness keys.
+# The Admin methods a page may call: the Host page's read, the Farm and Host pages'
+# buttons (operator role, as over gRPC; each recorded as a host event with the caller and
+# the reason), and the Queue page's fairness keys and their shares (recorded likewise).
 ADMIN_METHODS = frozenset(
-    {"GetHost", "CordonHost", "UncordonHost", "DrainHost", "ReleaseDevice", "ListFairShares"}
+    {
+        "GetHost",
+        "CordonHost",
+        "UncordonHost",
+        "DrainHost",
+        "CordonDevice",
+        "UncordonDevice",
+        "ReleaseDevice",
+        "ListFairShares",
+        "SetFairShare",
+    }
 )
 LIBRARY = LibraryService.DESCRIPTOR
 # The Library methods the Apps page calls (its upload is /api/library/<what>).
@@ -120,6 +134,13 @@ STATUSES = json.dumps(
     }
 )
 SELECTOR = "amc.v1.DeviceSelector"
+# What static/ serves, by the file's extension.
+ASSET_TYPES = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".ico": "image/vnd.microsoft.icon",
+}
 
 
 def _refusal(code: grpc.StatusCode, message: str) -> web.Response:
@@ -159,12 +180,13 @@ class Console:
         for path in PAGES:
             app.router.add_get(path, self.page)
         app.router.add_get("/static/{name}", self.asset)
+        app.router.add_get("/favicon.ico", self.favicon)
         app.router.add_post("/api/library/{what}", self.upload)
         app.router.add_post("/api/{service}/{method}", self.call)
-        kept = artifacts.route(self.scheduler, _refusal, SECURITY_HEADERS)
-        app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", kept)
+        app.router.add_get("/api/artifacts/{task_id}/{artifact_id}", self.artifact)
         app.router.add_get("/api/events", self.events)
         app.router.add_get("/api/screen", self.screen)
+        app.router.add_get("/api/thumbnails", self.thumbnails)
         app.router.add_get("/api/logs/{task_id}", logs.route(self.scheduler, _refusal))
         app.router.add_get("/api/control", self.control)
         return app
@@ -227,16 +249,18 @@ class Console:
     async def asset(self, request: web.Request) -> web.StreamResponse:
         return await self._file(request.match_info["name"])
 
+    async def favicon(self, request: web.Request) -> web.StreamResponse:
+        return await self._file("favicon.ico")
+
     async def _file(self, name: str) -> web.StreamResponse:
-        types = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
-        kind = next((t for ext, t in types.items() if name.endswith(ext)), None)
+        kind = next((t for ext, t in ASSET_TYPES.items() if name.endswith(ext)), None)
         item = self.static.joinpath(name)
         if kind is None or "/" in name or not item.is_file():
             raise web.HTTPNotFound()
         return web.Response(
             body=item.read_bytes(),
             content_type=kind,
-            charset="utf-8",
+            charset="utf-8" if kind.startswith("text/") else None,
             headers={"Cache-Control": "no-cache"},
         )
 
@@ -273,6 +297,10 @@ class Console:
             return _refusal(exc.code, exc.message)
         return web.json_response(_selector_texts(answer, _to_json(answer)))
 
+    async def artifact(self, request: web.Request) -> web.StreamResponse:
+        """A kept file's bytes (control_plane.console.artifacts)."""
+        return await artifacts.serve(self.scheduler, request, _refusal, SECURITY_HEADERS)
+
     async def control(self, request: web.Request) -> web.StreamResponse:
         """A refusal before the socket opens is answered like the API's."""
         if (origin := foreign_origin(request, self.origins)) is not None:
@@ -288,6 +316,12 @@ class Console:
         if (origin := foreign_origin(request, self.origins)) is not None:
             return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
         return await screen.serve(self.scheduler, request, _refusal)
+
+    async def thumbnails(self, request: web.Request) -> web.StreamResponse:
+        """Many phones' thumbnails (control_plane.console.thumbnails)."""
+        if (origin := foreign_origin(request, self.origins)) is not None:
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED, f"not from this console: {origin}")
+        return await thumbnails.serve(self.scheduler, self.auth, request, _refusal)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         caller = CallContext(request.headers.get("Authorization"))

@@ -29,6 +29,9 @@ class NewTask:
     deadline: timedelta | None = None
     # Whose share of the phones it counts in; "": the default key ('default').
     fairness_key: str = ""
+    # An operator's maintenance session: it may take its cordoned phone (or a drained
+    # host's).
+    maintenance: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class Task:
     # A running task's current attempt so far, as GetTask and WatchTask read it; None
     # otherwise (and once the task ends: its result is the record).
     progress: Progress | None = None
+    # Who submitted it, as people read it: its token's name, else the token's id.
+    submitted_by: str = ""
 
 
 @dataclass(frozen=True)

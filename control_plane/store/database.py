@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -18,7 +19,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from control_plane import errors
+from control_plane import errors, metrics
 from control_plane.store.schema import apply
 from control_plane.store.sql import QUERIES as Q
 
@@ -157,10 +158,24 @@ class Database:
             self.pool.terminate()
 
     async def fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
-        return await self.checked(lambda: self.pool.fetch(Q[name], *args))
+        return await self.checked(lambda: self._on_connection(_fetch, Q[name], args))
 
     async def fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
-        return await self.checked(lambda: self.pool.fetchrow(Q[name], *args))
+        return await self.checked(lambda: self._on_connection(_fetchrow, Q[name], args))
+
+    async def _on_connection(
+        self,
+        call: Callable[[asyncpg.Connection, str, tuple[Any, ...]], Awaitable[T]],
+        query: str,
+        args: tuple[Any, ...],
+    ) -> T:
+        """One statement on a connection of the pool; how long it waited for one is
+        amc_database_pool_wait_seconds (a pool too small for the load, or statements that
+        hold their connections long, show there first)."""
+        asked = time.monotonic()
+        async with self.pool.acquire() as conn:
+            metrics.POOL_WAIT.observe(time.monotonic() - asked)
+            return await call(conn, query, args)
 
     async def checked(self, operation: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -188,6 +203,14 @@ class Database:
             await self.drop_connections()
             raise errors.DatabaseUnavailable()
         self.reconnecting = False
+
+
+async def _fetch(conn: asyncpg.Connection, query: str, args: tuple[Any, ...]) -> Any:
+    return await conn.fetch(query, *args)
+
+
+async def _fetchrow(conn: asyncpg.Connection, query: str, args: tuple[Any, ...]) -> Any:
+    return await conn.fetchrow(query, *args)
 
 
 class Aggregate:

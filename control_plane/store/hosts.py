@@ -9,6 +9,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from amc_common.device_selector import SNAPSHOT_LABEL
 from control_plane import errors
 from control_plane.domain import (
     CancelNotice,
@@ -38,8 +39,14 @@ class Hosts(Aggregate):
             labels,
             *columns(devices, "serial", "state", "model", "manufacturer", "sdk", "abi"),
             [json.dumps(d.labels) for d in devices],
+            sorted({k.removeprefix(SNAPSHOT_LABEL) for d in devices for k in _snapshots(d)}),
         )
         return [DeviceHealth(r["serial"], r["condition"], r["condition_reason"]) for r in rows]
+
+    async def known_snapshots(self, names: list[str]) -> set[str]:
+        """Those of `names` that some host's emulators can load."""
+        rows = await self._db.fetch("known_snapshots", names)
+        return {r["name"] for r in rows}
 
     async def host_registered(self, host_id: str) -> bool:
         row = await self._db.fetchrow("host_registered", host_id)
@@ -242,3 +249,8 @@ def _device(d: dict[str, Any]) -> DeviceInfo:
             when(d.get("probed_at")),
         ),
     )
+
+
+def _snapshots(device: DeviceInfo) -> list[str]:
+    """The `snapshot/<name>` labels of a device: the snapshots it can load."""
+    return [k for k in device.labels if k.startswith(SNAPSHOT_LABEL) and k != SNAPSHOT_LABEL]

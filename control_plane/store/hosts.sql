@@ -79,17 +79,18 @@ END $$;
 -- -- statements ------------------------------------------------------------------------
 
 -- name: register_host
--- The host, its devices ($3..$9 are parallel arrays, one element per device; labels as
--- JSON text), and the devices it no longer lists marked gone: one statement. The host row
+-- The host (with $10, the snapshots its devices can load), its devices ($3..$9 are
+-- parallel arrays, one element per device; labels as JSON text), and the devices it no
+-- longer lists marked gone: one statement. The host row
 -- first (the lock order: both device writes read `host`, so it is written before them):
 -- a removal of the host, which locks it and then deletes its devices, comes wholly before
 -- or after (the registration then recreates it). Returns the listed devices held
 -- quarantined or recovering (as the statement found them; a device new here is ready): an
 -- agent that has just started holds them until an operator releases them.
 WITH host AS (
-    INSERT INTO hosts (host_id, labels) VALUES ($1, $2)
+    INSERT INTO hosts (host_id, labels, snapshots) VALUES ($1, $2, $10)
     ON CONFLICT (host_id) DO UPDATE SET labels = EXCLUDED.labels, last_seen_at = now(),
-                                        registered_at = now()
+                                        registered_at = now(), snapshots = EXCLUDED.snapshots
     RETURNING host_id
 ), listed AS (
     INSERT INTO devices (host_id, serial, state, model, manufacturer, sdk, abi, labels)
@@ -111,6 +112,13 @@ FROM devices d
 WHERE d.host_id = $1 AND d.serial = ANY ($3::text[])
   AND d.condition IN ('quarantined', 'recovering')
 ORDER BY d.serial;
+
+-- name: known_snapshots
+-- Which of the snapshot names $1 some host's devices can load (hosts_snapshots: an index
+-- lookup, whatever the farm's size).
+SELECT DISTINCT s.name
+FROM hosts h, unnest(h.snapshots) AS s (name)
+WHERE h.snapshots && $1::text[] AND s.name = ANY ($1::text[]);
 
 -- name: host_registered
 -- Asked when an Acquire found none of the devices it offered: is the host there at all?

@@ -8,6 +8,26 @@
 
 -- -- functions --------------------------------------------------------------------------
 
+-- A task taken by a device of the host: queued -> assigned, its attempt with its lease (the
+-- id returned), and the event. The caller has locked the task and reserved the device.
+CREATE OR REPLACE FUNCTION amc_assign(p_task uuid, p_attempt integer, p_host text,
+                                      p_serial text, p_ttl interval)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_lease uuid := gen_random_uuid();
+BEGIN
+    UPDATE tasks tk SET status = 'assigned', attempt = p_attempt, host_id = p_host,
+                        device_serial = p_serial, updated_at = now()
+    WHERE tk.task_id = p_task;
+    INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_serial, state,
+                          lease_expires_at)
+    VALUES (p_task, p_attempt, v_lease, p_host, p_serial, 'active', now() + p_ttl);
+    INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
+    VALUES (p_task, p_attempt, 'assign', 'queued', 'assigned', p_host || '/' || p_serial);
+    RETURN v_lease;
+END $$;
+
 -- assign: queued -> assigned, for up to one task per idle device of the host; then the
 -- host's devices still idle (labels set, task_id NULL), for the replica's index of parked
 -- Acquires (control_plane/dispatch.py).
@@ -18,8 +38,10 @@
 -- device and a few more; each is then locked (SKIP LOCKED: a task another Acquire holds is
 -- passed over, and only the tasks taken are locked), and reserves a device of the group
 -- (its own serial if it names one) with an UPDATE whose conditions PostgreSQL rechecks on
--- the latest row version (another Acquire or a re-registration may have changed it). A
--- task passed over stays queued; the devices left get another look (a few at most). An
+-- the latest row version (another Acquire or a re-registration may have changed it; then
+-- the next device left, serials ascending, so no device stays idle while the task for it
+-- is held by an Acquire that lost its first device to another). A task passed over stays
+-- queued; the devices left get another look (a few at most). An
 -- Acquire that finds nothing writes nothing and locks nothing.
 --
 -- Fair shares' caps: a key with a cap (fair_shares.max_devices) is counted once per
@@ -39,6 +61,12 @@
 -- locked (FOR KEY SHARE) once there is a device to reserve, and cordoned is read again
 -- then: a cordon, drain or removal that commits first leaves this Acquire nothing, and one
 -- that comes later waits for it and counts its leases (issue 21.4).
+--
+-- Maintenance sessions come first: an operator's session marked so (tasks.maintenance)
+-- takes the phone it names (its serial, on the host its host_id label names) when that
+-- phone is offered, online, idle and ready, whatever cordons it or its host (a drained
+-- host's agent still offers its idle phones, for these alone). One probe of the
+-- tasks_maintenance index, empty but while such a session waits; no cap, no fair tag.
 CREATE OR REPLACE FUNCTION amc_acquire(p_host text, p_serials text[], p_ttl interval)
 RETURNS TABLE (task_id uuid, attempt integer, lease_id uuid, device_serial text, spec bytea,
                queued_seconds double precision, labels jsonb)
@@ -63,6 +91,35 @@ DECLARE
     v_host_held boolean := false;
     v_cordoned boolean;
 BEGIN
+    FOR t IN
+        SELECT tk.task_id, tk.attempt + 1 AS next_attempt, tk.spec, tk.updated_at,
+               tk.selector_serial
+        FROM tasks tk
+        WHERE tk.status = 'queued' AND tk.maintenance
+          AND tk.selector_serial = ANY (p_serials)
+          AND tk.selector_labels ->> 'host_id' = p_host
+        ORDER BY tk.created_at, tk.task_id
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        IF NOT v_host_held THEN
+            PERFORM 1 FROM hosts h WHERE h.host_id = p_host FOR KEY SHARE;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
+            v_host_held := true;
+        END IF;
+        UPDATE devices dv SET task_id = t.task_id, updated_at = now()
+        WHERE dv.host_id = p_host AND dv.serial = t.selector_serial
+          AND dv.state = 'device' AND dv.task_id IS NULL AND dv.condition = 'ready';
+        CONTINUE WHEN NOT FOUND;
+        task_id := t.task_id;
+        attempt := t.next_attempt;
+        device_serial := t.selector_serial;
+        spec := t.spec;
+        queued_seconds := extract(epoch FROM clock_timestamp() - t.updated_at);
+        lease_id := amc_assign(t.task_id, t.next_attempt, p_host, t.selector_serial, p_ttl);
+        RETURN NEXT;
+    END LOOP;
     IF EXISTS (SELECT 1 FROM hosts h WHERE h.host_id = p_host AND h.cordoned) THEN
         RETURN;
     END IF;
@@ -183,15 +240,23 @@ BEGIN
                     END IF;
                     v_host_held := true;
                 END IF;
-                v_free := array_remove(v_free, v_serial);
-                UPDATE devices dv SET task_id = t.task_id, updated_at = now()
-                WHERE dv.host_id = p_host AND dv.serial = v_serial
-                  AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
-                  AND dv.condition = 'ready'
-                  AND dv.labels @> t.selector_labels;
-                IF NOT FOUND THEN
+                LOOP
+                    v_free := array_remove(v_free, v_serial);
+                    UPDATE devices dv SET task_id = t.task_id, updated_at = now()
+                    WHERE dv.host_id = p_host AND dv.serial = v_serial
+                      AND dv.state = 'device' AND dv.task_id IS NULL AND NOT dv.cordoned
+                      AND dv.condition = 'ready'
+                      AND dv.labels @> t.selector_labels;
+                    EXIT WHEN FOUND;
                     -- Taken or changed meanwhile (so not this Acquire's any more): the
-                    -- task stays queued.
+                    -- task, locked, tries the next device left (serials ascending, as
+                    -- every Acquire reserves them), else stays queued. Leaving it queued
+                    -- at once would leave a device idle while the tasks for it are held
+                    -- by Acquires that lost their first device to one another.
+                    v_serial := CASE WHEN t.selector_serial IS NULL THEN v_free[1] END;
+                    EXIT WHEN v_serial IS NULL;
+                END LOOP;
+                IF v_serial IS NULL THEN
                     v_again := true;
                     CONTINUE;
                 END IF;
@@ -204,21 +269,10 @@ BEGIN
                 END IF;
                 task_id := t.task_id;
                 attempt := t.next_attempt;
-                lease_id := gen_random_uuid();
                 device_serial := v_serial;
                 spec := t.spec;
                 queued_seconds := extract(epoch FROM clock_timestamp() - t.updated_at);
-                UPDATE tasks tk SET status = 'assigned', attempt = t.next_attempt,
-                                    host_id = p_host, device_serial = v_serial,
-                                    updated_at = now()
-                WHERE tk.task_id = t.task_id;
-                INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_serial, state,
-                                      lease_expires_at)
-                VALUES (t.task_id, t.next_attempt, lease_id, p_host, v_serial, 'active',
-                        now() + p_ttl);
-                INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
-                VALUES (t.task_id, t.next_attempt, 'assign', 'queued', 'assigned',
-                        p_host || '/' || v_serial);
+                lease_id := amc_assign(t.task_id, t.next_attempt, p_host, v_serial, p_ttl);
                 RETURN NEXT;
             END LOOP;
             -- Fewer locked than asked: every candidate was looked at, and some were held by

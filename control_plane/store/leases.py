@@ -16,7 +16,6 @@ from control_plane.domain import (
     Recorded,
     Renewal,
     Report,
-    StepProgress,
     TaskId,
 )
 from control_plane.lifecycle import ReleaseCode, ReportCode
@@ -57,26 +56,20 @@ class Leases(Aggregate):
             queued,
         )
 
-    async def renew(
-        self,
-        host_id: str,
-        lease_ids: list[str],
-        ttl: timedelta,
-        steps: Sequence[StepProgress] = (),
-    ) -> list[Renewal]:
+    async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
         """The leases renewed (`lease_ids` as text: as the hosts send them); any other lease
-        asked about is a conflict. `steps` are kept for the leases renewed only (one
-        statement either way)."""
-        rows = await self._db.fetch(
-            "renew_leases",
-            host_id,
-            lease_ids,
-            ttl,
-            [s.lease_id for s in steps],
-            [s.index for s in steps],
-            [s.step for s in steps],
-        )
+        asked about is a conflict."""
+        rows = await self._db.fetch("renew_leases", host_id, lease_ids, ttl)
         return [Renewal._make(r) for r in rows if r["task_id"] is not None]
+
+    async def keep_steps(
+        self, task_ids: list[TaskId], attempts: list[int], indexes: list[int], steps: list[bytes]
+    ) -> list[TaskId]:
+        """Steps of running attempts, a column per field, written in one statement (the
+        replica's bulk write of step progress): each kept if its attempt is its task's
+        current one and running, once; the tasks that had one kept."""
+        rows = await self._db.fetch("keep_steps", task_ids, attempts, indexes, steps)
+        return [TaskId(r["task_id"]) for r in rows]
 
     async def report(self, host_id: str | None, report: Report) -> Recorded:
         """The answer's code is RECORDED or REPEATED; refusals raise."""

@@ -32,13 +32,9 @@
 -- attempts to the held tasks in a CTE, estimated at one row, was planned as a rescan of
 -- the CTE per attempt: quadratic in the batch.) tests/test_query_plans.py holds each
 -- statement to its keys, whatever the statistics say.
--- With the renewal, the steps that ended ($4 leases, $5 indexes, $6 StepResult messages):
--- kept for the leases it renews only, under their tasks' locks, so a step of a stale
--- attempt, or one that comes after the terminal report, is never kept; a step sent twice
--- is kept once.
-CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval,
-                                     p_step_leases uuid[], p_step_indexes integer[],
-                                     p_steps bytea[])
+-- The steps a renewal carries are not written here: the replica keeps those of the leases
+-- renewed and writes them in bulk (keep_steps, control_plane/progress.py).
+CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval)
 RETURNS TABLE (lease_id uuid, cancel_pending boolean, task_id uuid, attempt integer,
                delivery_seconds double precision, acknowledged boolean)
 LANGUAGE plpgsql
@@ -53,8 +49,6 @@ DECLARE
     v_attempts integer[];
     v_live uuid[];
     v_leases uuid[];
-    v_held_tasks uuid[];
-    v_held_attempts integer[];
     v_acked uuid[];
     v_acked_tasks uuid[];
 BEGIN
@@ -74,26 +68,15 @@ BEGIN
 
     -- Their tasks, locked one by one in that order; held: still on that attempt, running.
     SELECT COALESCE(array_agg(h.lease_id), '{}'),
-           COALESCE(array_agg(h.task_id), '{}'),
-           COALESCE(array_agg(h.attempt), '{}'),
            COALESCE(array_agg(h.lease_id) FILTER (WHERE tk.status = 'assigned'), '{}'),
            COALESCE(array_agg(h.task_id) FILTER (WHERE tk.status = 'assigned'), '{}')
-    INTO v_leases, v_held_tasks, v_held_attempts, v_acked, v_acked_tasks
+    INTO v_leases, v_acked, v_acked_tasks
     FROM unnest(v_tasks, v_attempts, v_live) h (task_id, attempt, lease_id)
     CROSS JOIN LATERAL (
         SELECT t.status, t.attempt FROM tasks t WHERE t.task_id = h.task_id
         LIMIT 1
         FOR NO KEY UPDATE) tk
     WHERE tk.attempt = h.attempt AND tk.status IN ('assigned', 'dispatched');
-
-    IF cardinality(p_steps) > 0 THEN
-        INSERT INTO attempt_steps (task_id, attempt, step_index, step)
-        SELECT h.task_id, h.attempt, st.step_index, st.step
-        FROM unnest(p_step_leases, p_step_indexes, p_steps) st (lease_id, step_index, step)
-        JOIN unnest(v_leases, v_held_tasks, v_held_attempts) h (lease_id, task_id, attempt)
-            ON h.lease_id = st.lease_id
-        ON CONFLICT DO NOTHING;
-    END IF;
 
     -- The acknowledgements: tasks held and seen assigned, so assigned still.
     IF cardinality(v_acked_tasks) > 0 THEN
@@ -130,6 +113,59 @@ BEGIN
                   a.lease_id = ANY (v_acked) AS acknowledged
     )
     SELECT r.* FROM renewed r;
+END $$;
+
+-- A replica's bulk write of step progress (keep_steps below says which steps are kept):
+-- the tasks with a step kept, once each. A plain INSERT of the steps not kept yet, each
+-- probed by its key first: an INSERT ... ON CONFLICT inserts speculatively, a third WAL
+-- record per row besides the heap's and the index's. A step may still be kept meanwhile
+-- by another transaction (two replicas writing the step a host sent again after moving
+-- its stream): the write is then made again with ON CONFLICT DO NOTHING (one
+-- subtransaction per bulk write, not per step).
+CREATE OR REPLACE FUNCTION amc_keep_steps(p_tasks uuid[], p_attempts integer[],
+                                          p_indexes integer[], p_steps bytea[])
+RETURNS TABLE (task_id uuid)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_kept uuid[];
+BEGIN
+    -- Progress is not the record: its commit does not wait for the WAL flush.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    BEGIN
+        WITH kept AS (
+            INSERT INTO attempt_steps (task_id, attempt, step_index, step)
+            SELECT st.task_id, st.attempt, st.step_index, st.step
+            FROM unnest(p_tasks, p_attempts, p_indexes, p_steps)
+                st (task_id, attempt, step_index, step)
+            CROSS JOIN LATERAL (
+                SELECT t.status, t.attempt FROM tasks t WHERE t.task_id = st.task_id
+                LIMIT 1) tk
+            LEFT JOIN LATERAL (
+                SELECT true AS found FROM attempt_steps s
+                WHERE s.task_id = st.task_id AND s.attempt = st.attempt
+                  AND s.step_index = st.step_index
+                LIMIT 1) k ON true
+            WHERE tk.attempt = st.attempt AND tk.status IN ('assigned', 'dispatched')
+              AND k.found IS NULL
+            RETURNING attempt_steps.task_id
+        )
+        SELECT COALESCE(array_agg(DISTINCT kept.task_id), '{}') INTO v_kept FROM kept;
+    EXCEPTION WHEN unique_violation THEN
+        WITH kept AS (
+            INSERT INTO attempt_steps (task_id, attempt, step_index, step)
+            SELECT st.task_id, st.attempt, st.step_index, st.step
+            FROM unnest(p_tasks, p_attempts, p_indexes, p_steps)
+                st (task_id, attempt, step_index, step)
+            CROSS JOIN LATERAL (
+                SELECT t.status, t.attempt FROM tasks t WHERE t.task_id = st.task_id
+                LIMIT 1) tk
+            WHERE tk.attempt = st.attempt AND tk.status IN ('assigned', 'dispatched')
+            ON CONFLICT DO NOTHING
+            RETURNING attempt_steps.task_id
+        )
+        SELECT COALESCE(array_agg(DISTINCT kept.task_id), '{}') INTO v_kept FROM kept;
+    END;
+    RETURN QUERY SELECT unnest(v_kept);
 END $$;
 
 -- A phone freed from a task of key p_key: a key with a cap (fair_shares.max_devices) may be
@@ -252,7 +288,20 @@ SELECT r.*,
             WHERE e.task_id = r.task_id::uuid AND e.to_status = 'queued'
             ORDER BY e.event_id DESC LIMIT 1)
        END AS pickup_seconds
-FROM amc_renew($1, $2::uuid[], $3, $4::uuid[], $5::integer[], $6::bytea[]) r;
+FROM amc_renew($1, $2::uuid[], $3) r;
+
+-- name: keep_steps
+-- A replica's bulk write of step progress (control_plane/progress.py): the steps of running
+-- attempts its renewal streams were sent since its last write ($1 tasks, $2 attempts,
+-- $3 indexes, $4 StepResult messages; a step sent twice is kept once). Each is kept only if
+-- its attempt is its task's current one and the task runs, as this statement reads them:
+-- its lease was renewed when it came, and a step of a task that ended since (its report
+-- came first) is not kept. Reached by key (a probe of tasks and of attempt_steps per
+-- step: amc_keep_steps). No lock is taken: a report committing meanwhile may leave a step
+-- beside its ended task, which nothing shows (a task's steps are read only while it runs)
+-- and retention deletes with it. Progress is not the record: the commit does not wait for
+-- its WAL flush. The tasks with a step kept, once each (their watchers are told).
+SELECT k.task_id FROM amc_keep_steps($1::uuid[], $2::integer[], $3::integer[], $4::bytea[]) k;
 
 -- name: report_results
 -- One result or several, in one transaction: each as amc_report() alone would take it, in

@@ -36,6 +36,7 @@ def task(row: asyncpg.Record | dict[str, Any]) -> Task:
         selector_labels=row["selector_labels"] or {},
         metadata=row["metadata"] or {},
         result=bytes(row["result"]) if row["result"] is not None else None,
+        submitted_by=row["caller_name"] or row["caller"],
         **as_is(row, *_TASK_COLUMNS),
     )
 

@@ -28,18 +28,19 @@ from control_plane.store.rows import columns, task, when, with_progress
 
 class Tasks(Aggregate):
     async def submit(
-        self, caller: str, new: NewTask, *, relay: str | None = None
+        self, caller: str, new: NewTask, *, name: str = "", relay: str | None = None
     ) -> tuple[Task, bool]:
         """Queue a task; returns (task, created). An existing request_id returns its task.
         `relay`: a session's, the replica holding its client's call (session_relays)."""
-        (answer,) = await self.submit_many(caller, [new], relay=relay)
+        (answer,) = await self.submit_many(caller, [new], name=name, relay=relay)
         return answer
 
     async def submit_many(
-        self, caller: str, news: list[NewTask], *, relay: str | None = None
+        self, caller: str, news: list[NewTask], *, name: str = "", relay: str | None = None
     ) -> list[tuple[Task, bool]]:
         """Queue tasks with one statement (so all or none), in order; (task, created) for
-        each, in order. An existing request_id returns its task."""
+        each, in order. An existing request_id returns its task. `name`: the caller's
+        token's name, kept with the tasks (Task.submitted_by)."""
         ids = [uuid.uuid4() for _ in news]
         rows = await self._db.fetch(
             "submit_tasks",
@@ -59,6 +60,8 @@ class Tasks(Aggregate):
                 "fairness_key",
             ),
             relay,
+            [new.maintenance for new in news],
+            name,
         )
         created = {row["task_id"]: task(row) for row in rows}
         existing: dict[str, Task] = {}
@@ -142,13 +145,13 @@ class Tasks(Aggregate):
         return [task(r) for r in await self._db.fetch("time_out_queued", limit)]
 
     async def read_tasks(
-        self, task_ids: Sequence[TaskId], connected_within: timedelta
+        self, task_ids: Sequence[TaskId], connected_within: timedelta, *, explain: bool = True
     ) -> list[TaskRead]:
         """The tasks (those that exist): each running one with its progress, each queued
-        one with the devices its selector matches, by what keeps them from it, and its
-        key's cap. One statement, so one snapshot (a phone that took the task is never
-        counted busy with it)."""
-        rows = await self._db.fetch("read_tasks", list(task_ids), connected_within)
+        one (unless not `explain`) with the devices its selector matches, by what keeps
+        them from it, and its key's cap. One statement, so one snapshot (a phone that took
+        the task is never counted busy with it)."""
+        rows = await self._db.fetch("read_tasks", list(task_ids), connected_within, explain)
         return [
             TaskRead(
                 with_progress(r),

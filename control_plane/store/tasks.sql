@@ -61,15 +61,16 @@ END $$;
 -- apart, so equal priorities run in batch order. Each task goes into the queue group of
 -- its selector and fairness key ($12; '' for the default) with its fair tag: the key's
 -- base at its priority (amc_fair_base) plus 1/weight per task of the batch. A session's
--- ($13 set: the replica holding its client's call) is marked one (tasks.session).
+-- ($13 set: the replica holding its client's call) is marked one (tasks.session), and an
+-- operator's maintenance session ($14) so. $15: the caller's token's name.
 WITH req AS (
     SELECT r.*, COALESCE(NULLIF(r.key, ''), 'default') AS fairness_key
     FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
                 $7::integer[], $8::integer[], $9::jsonb[], $10::interval[],
-                $11::interval[], $12::text[])
+                $11::interval[], $12::text[], $14::boolean[])
         WITH ORDINALITY AS r (task_id, request_id, spec, selector_serial, selector_labels,
                               priority, max_attempts, metadata, queue_timeout, deadline, key,
-                              ord)
+                              maintenance, ord)
 ), grp AS (
     SELECT d.*, amc_queue_group(d.serial, d.selector_labels, d.fairness_key) AS group_id
     FROM (SELECT DISTINCT COALESCE(selector_serial, '') AS serial, selector_labels,
@@ -81,17 +82,18 @@ WITH req AS (
                      WHERE f.fairness_key = k.fairness_key), 1) AS weight
     FROM (SELECT DISTINCT fairness_key, priority FROM req) k
 ), ins AS (
-    INSERT INTO tasks (task_id, caller, request_id, status, spec, selector_serial,
+    INSERT INTO tasks (task_id, caller, caller_name, request_id, status, spec, selector_serial,
                        selector_labels, priority, max_attempts, metadata, created_at, updated_at,
                        queue_timeout, deadline, queue_deadline, group_id, fairness_key,
-                       fair_tag, session)
-    SELECT r.task_id, $1, r.request_id, 'queued', r.spec, r.selector_serial, r.selector_labels,
+                       fair_tag, session, maintenance)
+    SELECT r.task_id, $1, $15, r.request_id, 'queued', r.spec, r.selector_serial,
+           r.selector_labels,
            r.priority, r.max_attempts, r.metadata,
            now() + (r.ord - 1) * interval '1 microsecond', now(),
            r.queue_timeout, r.deadline, now() + r.queue_timeout, g.group_id, r.fairness_key,
            b.base + (row_number() OVER (PARTITION BY r.fairness_key, r.priority ORDER BY r.ord))
                     / b.weight::double precision,
-           $13::text IS NOT NULL
+           $13::text IS NOT NULL, r.maintenance
     FROM req r
     JOIN grp g ON g.serial = COALESCE(r.selector_serial, '')
                AND g.selector_labels = r.selector_labels AND g.fairness_key = r.fairness_key
@@ -164,11 +166,11 @@ SELECT code, (task).* FROM amc_cancel($1, $2);
 -- devices, of amc_device_use, with hosts connected within $2: what GetQueue's counts are
 -- made of too); and its fairness key's cap with the tasks running under it, counted as
 -- amc_acquire counts them (cap_*; NULL: no cap). One scan of the devices per distinct
--- selector of the queued tasks.
+-- selector of the queued tasks; none when $3 is false (the queued ones then unexplained).
 WITH tk AS MATERIALIZED (
     SELECT * FROM tasks WHERE task_id = ANY ($1::uuid[])
 ), sel AS (
-    SELECT DISTINCT selector_serial, selector_labels FROM tk WHERE status = 'queued'
+    SELECT DISTINCT selector_serial, selector_labels FROM tk WHERE status = 'queued' AND $3
 ), m AS (
     SELECT sel.selector_serial, sel.selector_labels,
            (SELECT COALESCE(jsonb_object_agg(u.use, u.n), '{}')
@@ -188,7 +190,7 @@ WITH tk AS MATERIALIZED (
             WHERE t.fairness_key = f.fairness_key AND t.status IN ('assigned', 'dispatched'))
                AS running
     FROM fair_shares f
-    WHERE f.max_devices IS NOT NULL
+    WHERE f.max_devices IS NOT NULL AND $3
       AND f.fairness_key IN (SELECT fairness_key FROM tk WHERE status = 'queued')
 )
 SELECT tk.*, m.devices AS m_devices,

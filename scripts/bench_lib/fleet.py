@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import stack
+from bench_lib import profiling, stack
 
 HERE = Path(__file__).resolve().parent
 BASELINE_SETTLE = 1.0  # after the replicas serve, before their RSS baseline
@@ -83,6 +83,9 @@ class Options:
     churn_window_hosts: int = 5000
     # A window of the busy phones' steps alone (CPU per step result) before the submit one.
     steps_window: bool = True
+    # --profile: py-spy of the replicas, PostgreSQL's wait events and its statements over
+    # each run's submit window (profiling costs throughput: not the run's figures).
+    profile: bool = False
 
 
 # fleet_load's bounds: a probe round of the churning phones, the busy phones' cancels.
@@ -231,7 +234,8 @@ async def run_one(
             240 + hosts / 20 + 3 * opt.idle_seconds + 2 * PROBE_ROUND + busy_timeout(opt, hosts)
             + opt.seconds + 2 * opt.drain_timeout + FREE_TIMEOUT
         )  # fmt: skip
-        result = await _load(argv, st.root / f"{name}-load.log", limit, started, say)
+        profile = _Profile(st, name, started, opt.seconds) if opt.profile else None
+        result = await _load(argv, st.root / f"{name}-load.log", limit, started, say, profile)
     finally:
         for r in started:
             r.child.stop()
@@ -260,6 +264,7 @@ async def _load(
     limit: float,
     replicas: list[stack.Replica],
     say: Callable[[str], None],
+    profile: _Profile | None = None,
 ) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -285,8 +290,12 @@ async def _load(
             lines.append(line)
             if not line.startswith("{"):
                 say(f"  {line}")
+            if profile is not None:
+                await profile.heard(line)
         await asyncio.wait_for(proc.wait(), 30)
     finally:
+        if profile is not None:
+            await profile.finish()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
@@ -296,7 +305,46 @@ async def _load(
         tail = err.decode(errors="replace")[-3000:]
         raise RuntimeError(f"fleet load client failed ({proc.returncode}):\n{tail}")
     result: dict[str, Any] = json.loads(lines[-1])
+    if profile is not None:
+        result["profile"] = profile.found
     return result
+
+
+class _Profile:
+    """--profile over a run's submit window: from the load client's "submit window" line to
+    its "closing the hosts" one."""
+
+    def __init__(
+        self, st: stack.Stack, name: str, replicas: list[stack.Replica], seconds: float
+    ) -> None:
+        self.st, self.name, self.replicas, self.seconds = st, name, replicas, seconds
+        self.found: dict[str, Any] = {}
+        self._recordings: list[profiling.Recording] = []
+        self._waits: profiling.WaitSampler | None = None
+
+    async def heard(self, line: str) -> None:
+        if line.startswith("submit window") and self._waits is None:
+            await profiling.reset_statements(self.st.dsn)
+            self._recordings = [
+                await profiling.start(
+                    f"{self.name}-{k}", r.child.pid, self.st.root, self.seconds + 30
+                )
+                for k, r in enumerate(self.replicas)
+            ]
+            self._waits = profiling.WaitSampler(self.st.dsn)
+            await self._waits.__aenter__()
+        elif line.startswith("closing the hosts"):
+            await self.finish()
+
+    async def finish(self) -> None:
+        if self._waits is None or self.found:
+            return
+        await self._waits.__aexit__(None, None, None)
+        self.found = {
+            "py_spy": {r.name: await profiling.finish(r) for r in self._recordings},
+            "statements": await profiling.top_statements(self.st.dsn, 25),
+            "postgres_waits": self._waits.summary(25),
+        }
 
 
 # -- targets -------------------------------------------------------------------------------

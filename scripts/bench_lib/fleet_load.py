@@ -260,6 +260,20 @@ def metric_deltas(before: list[promtext.Samples], after: list[promtext.Samples])
         out[f"gc_generation_{generation}"] = {"n": count, "s": total, "max_s_bound": worst}
         gc_max = max(gc_max, worst)
     out["gc_pause_max_s_upper_bound"] = gc_max
+    # What the replicas waited for: a connection of their database pool, their event loop
+    # (summed over the replicas; ms).
+    for name, key in (
+        ("amc_database_pool_wait_seconds", "pool_wait_ms"),
+        ("amc_event_loop_lag_seconds", "loop_lag_ms"),
+    ):
+        h = [promtext.histogram(b, a, name) for b, a in zip(before, after, strict=True)]
+        count, total = sum(x.count for x in h), sum(x.total for x in h)
+        out[key] = {
+            "n": count,
+            "mean": total * 1e3 / count if count else 0.0,
+            "p99": max((x.quantile(0.99) for x in h if x.count), default=0.0) * 1e3,
+            "total_s": total,
+        }
     return out
 
 
@@ -625,6 +639,7 @@ class Fleet:
             calls: list[asyncio.Task[None]] = []
             sampler = asyncio.ensure_future(sample_rss())
             metrics_before = await scrape_all(self.urls)
+            progress(f"submit window: {count} tasks at {a.rate:g}/s")
             before = self.usage()
             start = before.at
             with LagProbe() as lag, AutovacuumMeter(a.pg_pid) as autovacuum:

@@ -82,8 +82,8 @@ async def _pause() -> None:
 # -- pickup --------------------------------------------------------------------------------
 
 
-async def pickup_trials(client: Client, trials: int, warmup: int) -> list[Trial]:
-    request = submit_request(key_actions(1), POOL)
+async def pickup_trials(client: Client, trials: int, warmup: int, pool: str = POOL) -> list[Trial]:
+    request = submit_request(key_actions(1), pool)
     done: list[Trial] = []
     for i in range(warmup + trials):
         t0 = time.monotonic()

@@ -25,6 +25,9 @@ WORKLOADS = (
     "session",
     "screen",
     "adb",
+    "mcp",
+    "episodes",
+    "install",
     "fleet",
     "deep",
     "flood",
@@ -161,12 +164,27 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     )
     p.add_argument("--session-seconds", type=float, default=10.0, help="session: each window")
     p.add_argument("--session-starts", type=int, default=50, help="session: starts measured")
+    p.add_argument(
+        "--session-rate", type=float, default=10.0, help="session: paced windows' taps/s each"
+    )
     p.add_argument("--screen-phones", type=int, default=20, help="screen: phones (and viewers)")
     p.add_argument("--screen-seconds", type=float, default=10.0, help="screen: each window")
     p.add_argument(
         "--screen-idle-seconds", type=float, default=10.0, help="screen: nobody watching for"
     )
     p.add_argument("--screen-clicks", type=int, default=50, help="screen: taps timed to a frame")
+    p.add_argument(
+        "--episodes-emulators", type=int, default=20, help="episodes: emulator doubles in the pool"
+    )
+    p.add_argument(
+        "--episodes-seconds", type=float, default=60.0, help="episodes: the measured window"
+    )
+    p.add_argument(
+        "--episodes-load", type=float, default=0.6, help="episodes: a snapshot load's seconds"
+    )
+    p.add_argument("--install-mb", type=int, default=50, help="install: the APK's size, MB")
+    p.add_argument("--install-phones", type=int, default=100, help="install: phones")
+    p.add_argument("--install-hosts", type=int, default=5, help="install: hosts they are on")
     p.add_argument(
         "--plans-history",
         type=int,
@@ -184,6 +202,10 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     )
     p.add_argument("--adb-shells", type=int, default=100, help="adb: shell round trips each")
     p.add_argument("--adb-push-mb", type=int, default=100, help="adb: the push's size, MB")
+    p.add_argument("--mcp-clients", type=int, default=100, help="mcp: MCP clients (and phones)")
+    p.add_argument("--mcp-actions", type=int, default=20, help="mcp: taps of each client")
+    p.add_argument("--mcp-think", type=float, default=0.5, help="mcp: mean s between taps")
+    p.add_argument("--mcp-processes", type=int, default=4, help="mcp: processes of agents")
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -214,6 +236,9 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         args.screen_phones, args.screen_seconds, args.screen_idle_seconds = 4, 2.0, 2.0
         args.screen_clicks = 5
         args.adb_shells, args.adb_push_mb = 10, 10
+        args.mcp_clients, args.mcp_actions, args.mcp_think, args.mcp_processes = 10, 5, 0.2, 2
+        args.episodes_emulators, args.episodes_seconds = 4, 5.0
+        args.install_mb, args.install_phones, args.install_hosts = 5, 10, 2
         args.plans_history, args.plans_hosts = 5000, 200
     if args.fleet_seconds is None:
         args.fleet_seconds = 2 * max(args.fleet_acquire_wait, args.fleet_short_wait)
@@ -273,17 +298,18 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
                     (a.trials + a.warmup) * 0.1 * 2))  # fmt: skip
     if "session" in only:
         sizes = [s for s in str(a.session_sizes).split(",") if s.strip()]
-        seconds = len(sizes) * (a.session_seconds + 5) + a.session_starts * 0.1 + 10
-        out.append(("session", f"{a.session_sizes} sessions, {a.session_seconds:g} s each;"
+        paced = [s for s in sizes if a.session_rate and int(s) * a.session_rate <= 1000]
+        windows = len(sizes) + len(paced)
+        seconds = windows * (a.session_seconds + 5) + a.session_starts * 0.1 + 10
+        out.append(("session", f"{a.session_sizes} sessions, {a.session_seconds:g} s each"
+                    f" (paced at {a.session_rate:g}/s each: {','.join(paced) or 'none'});"
                     f" {a.session_starts} starts", seconds))  # fmt: skip
     if "screen" in only:
         seconds = a.screen_idle_seconds + 2 * a.screen_seconds + a.screen_clicks * 0.3 + 8
         out.append(("screen", f"{a.screen_phones} phones, {a.screen_seconds:g} s windows",
                     seconds))  # fmt: skip
-    if "adb" in only:
-        seconds = 15 + a.adb_shells * 2 * 0.03 + a.adb_push_mb * 4 / 50
-        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
-                    seconds))  # fmt: skip
+    out.extend(_doors(a))
+    out += _farm_state_plans(a, only)
     if "fleet" in only:
         runs = [f"{n:,}" for n in a.fleet_hosts]
         seconds = sum(_fleet_run(a, n, True) for n in a.fleet_hosts)
@@ -311,6 +337,34 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         out.append(("renewal", "again, after every other workload", renewal))
     if "peer" in only and not a.no_peer:
         out.append(("peer", f"pgqueuer, {a.peer_jobs:,} jobs x {a.reps}", 20 + 25 * a.reps))
+    return out
+
+
+def _doors(a: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """The plan's steps for the doors onto a leased phone: adb, then MCP."""
+    out: list[tuple[str, str, float]] = []
+    if "adb" in a.only:
+        seconds = 15 + a.adb_shells * 2 * 0.03 + a.adb_push_mb * 4 / 50
+        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
+                    seconds))  # fmt: skip
+    if "mcp" in a.only:
+        seconds = 2 * (a.mcp_clients / 10 + a.mcp_actions * a.mcp_think * 1.5) + 15
+        out.append(("mcp", f"{a.mcp_clients} MCP clients x {a.mcp_actions} taps, and through"
+                    " the client library", seconds))  # fmt: skip
+    return out
+
+
+def _farm_state_plans(a: argparse.Namespace, only: set[str]) -> list[tuple[str, str, float]]:
+    """The plan's lines for the workloads of a phone's state: emulator pools, installs."""
+    out: list[tuple[str, str, float]] = []
+    if "episodes" in only:
+        seconds = a.episodes_seconds + 15 + a.episodes_emulators * 0.5
+        out.append(("episodes", f"{a.episodes_emulators} emulator doubles, sessions of 20"
+                    f" taps for {a.episodes_seconds:g} s", seconds))  # fmt: skip
+    if "install" in only:
+        seconds = 20 + a.install_phones * a.install_mb / 100
+        out.append(("install", f"a {a.install_mb} MB APK onto {a.install_phones} phones of"
+                    f" {a.install_hosts} hosts", seconds))  # fmt: skip
     return out
 
 

@@ -44,8 +44,8 @@ from bench_lib import promtext, screen_video
 from bench_lib.stack import AgentSpec, Stack, cpu_seconds
 from bench_lib.stats import summarize
 
-HOST = "screen-host"
-POOL = "screens"
+HOST = screen_video.HOST
+POOL = screen_video.POOL
 TAP_RGB = (230, 20, 20)
 SCREEN_SCALE = 3  # the simulated phones' frames are drawn at a third of 1080 x 2400
 TASK_TAPS = 100  # each followed by a 10-ms wait: a run of about a second

@@ -30,6 +30,7 @@ from bench_lib.stack import Stack, cpu_seconds
 from bench_lib.stats import summarize
 
 HOST = "screen-host"
+POOL = "screens"  # the pool label of the workload's host (bench_lib.screen)
 SCREEN_SCALE = 3
 
 
@@ -111,7 +112,10 @@ async def _viewers(
 
 async def _session(stub: scheduler_pb2_grpc.SchedulerStub, serial: str) -> Any:
     call: Any = stub.OpenSession()
-    idle = scheduler_pb2.SessionOpen(selector=task_pb2.DeviceSelector(serial=serial))
+    # That phone of this workload's host: other workloads' agents may still run beside it,
+    # with simulated phones of the same serials.
+    selector = task_pb2.DeviceSelector(serial=serial, labels={"pool": POOL})
+    idle = scheduler_pb2.SessionOpen(selector=selector)
     idle.idle_timeout.FromSeconds(120)
     await call.write(scheduler_pb2.OpenSessionRequest(open=idle))
     while True:

@@ -20,14 +20,22 @@ agents' `time.time()`, one clock on this machine):
        with one `at`), failed if a step failed; the failure is counted from the end of the
        phone's last clean command before that report (the host withdraws the phone then,
        before the report is sent), and an attempt created after it and before the next
-       passing report breaks the invariant
+       passing clean's report breaks the invariant. One report may carry several cleans
+       (those that ended while the reports were refused, the database away): they are
+       told apart by their steps, in order (a failed step ends its clean; a step whose
+       name the clean already had begins the next one), so a failed clean followed by one
+       that passed, in one report, leaves the phone clean from that report on
     b  no task action on a phone while a clean of it runs (the action logs' `clean`
        commands against the task actions of the same phone)
 
 What this cannot see: a clean that failed and whose report never reached the database
 (its agent killed in between) is not in the evidence; its phone is cleaned again by the
 next agent process before its first lease, whose report is. A clean whose commands were
-never logged (one cut short before its first command) dates its failure by its report.
+never logged (one cut short before its first command) dates its failure by its report. A
+failed clean that is not the last of its report is dated as that report's last clean (the
+commands do not say which clean they were of), so a lease between two cleans of one report
+would go unseen (the control plane leases a phone only after a report that says it is
+ready, and that report carries every clean before it).
 """
 
 from __future__ import annotations
@@ -108,11 +116,30 @@ async def records(dsn: str) -> list[Record]:
     grouped: dict[tuple[str, float], list[str]] = defaultdict(list)
     for r in rows:
         grouped[(phones.target(r["host_id"], r["serial"]), r["at"])].append(r["reason"])
-    made = []
-    for (phone, at), reasons in grouped.items():
-        failed = [reason for reason in reasons if " failed (" in reason.split(":", 1)[0]]
-        made.append(Record(phone, at, not failed, failed[0] if failed else ""))
-    return sorted(made, key=lambda r: r.at)
+    made = [
+        Record(phone, at, not failed, failed)
+        for (phone, at), reasons in grouped.items()
+        for failed in split_cleans(reasons)
+    ]
+    return sorted(made, key=lambda r: r.at)  # stable: one report's cleans stay in order
+
+
+def split_cleans(reasons: list[str]) -> list[str]:
+    """The cleans of one report's steps (their events' reasons, in order), each as the
+    reason of the step it failed at, "" if it passed: a failed step ends its clean, and a
+    step whose name its clean already had begins the next one."""
+    cleans: list[str] = []
+    names: set[str] = set()
+    for reason in reasons:
+        head = reason.split(":", 1)[0]
+        name = head.split(" ", 1)[0]
+        if not cleans or cleans[-1] or name in names:  # none yet, the last failed, or anew
+            cleans.append("")
+            names = set()
+        names.add(name)
+        if " failed (" in head:
+            cleans[-1] = reason
+    return cleans
 
 
 def check(

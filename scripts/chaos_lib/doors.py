@@ -15,7 +15,10 @@ What is held against the evidence (`check`, invariant 13: a door never outlives 
 - at the client: the door hung up on its adb client (the device went offline) no later
   than DOOR_BOUND after its session's task ended;
 - its session ended as asked, or for a stop that is not a cancellation (as invariant 9
-  says of sessions), and the door's exit code says that end.
+  says of sessions), and the door's exit code says that end. The run's end kills the
+  doors still in use (their sessions abandoned); a door whose end was asked just before
+  is given DOOR_BOUND to exit by itself first, so a SIGKILL of the harness's own is never
+  read as the exit code of a door that was stopped or cancelled.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ DOOR_BOUND = 5.0
 # How late a phone's write may be logged against a trip or lease end (the log's clock).
 SLACK = 0.05
 EXIT_FOR = {"done": 0, "failed": 8, "cancelled": 9}
+# The ends the harness asked of a door (its exit code must then say its session's end).
+ASKED = ("closed", "cancel_acked")
 ROOT = Path(__file__).resolve().parents[2]
 _CONNECT = re.compile(r"^adb connect (127\.0\.0\.1:\d+)$")
 _SESSION = re.compile(r"is yours: session ([0-9a-f-]{36})")
@@ -63,10 +68,13 @@ class DoorRecord:
     task_id: str = ""
     opened: bool = False
     commands: int = 0
-    did: str = ""  # closed, cancel_acked, killed; or broken (`detail` says how)
+    # closed, cancelling (its CancelTask unanswered), cancel_acked, killed; or broken
+    # (`detail` says how)
+    did: str = ""
     detail: str = ""
     hung_up_at: float | None = None  # when the door hung up on its adb client
     exit_code: int | None = None
+    at_run_end: bool = False  # its end was asked as the run's end cut the wait for it short
 
 
 class DoorLoad:
@@ -140,10 +148,11 @@ class DoorLoad:
                 await client.shell(f"echo {i}", within=20)
                 record.commands += 1
             await self._end(record, door, client)
+        except asyncio.CancelledError:
+            record.at_run_end = record.did in ASKED and door.returncode is None
+            raise
         finally:
-            if door.returncode is None:
-                door.kill()
-            record.exit_code = await door.wait()
+            record.exit_code = await _exit_code(record, door)
             if client is not None:
                 with contextlib.suppress(TimeoutError):
                     await client.wait_closed(within=DOOR_BOUND)
@@ -159,6 +168,7 @@ class DoorLoad:
             await client.open("shell:sleep 30")
             await asyncio.sleep(self.rng.uniform(0.05, 0.5))
             request = scheduler_pb2.CancelTaskRequest(task_id=record.task_id, reason="chaos: door")
+            record.did = "cancelling"  # the cancel may land though its answer never comes
             await self._stub.CancelTask(request, timeout=10)
             record.did = "cancel_acked"
         else:
@@ -166,6 +176,20 @@ class DoorLoad:
             record.did = "killed"
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(door.wait(), 30)
+
+
+async def _exit_code(record: DoorRecord, door: Any) -> int:
+    """The door's exit code. One whose end was asked (stopped, or its session cancelled)
+    is given DOOR_BOUND to take it even where the run's end cut the wait for it short
+    (the harness cancels its clients then): only a door that outlives that, or one still
+    in use, is killed, so a -9 after an asked end says the door did not exit with it."""
+    if door.returncode is None and record.did in ASKED:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(door.wait(), DOOR_BOUND)
+    if door.returncode is None:
+        door.kill()
+    code: int = await door.wait()
+    return code
 
 
 async def _address(stdout: Any) -> str:
@@ -235,6 +259,7 @@ def check(
         "door_streams_on_phones": len(streams),
         "latest_write_after_lease_end_s": round(latest, 3),
         "latest_hang_up_after_task_end_s": round(hung_up_late, 3),
+        "asked_as_the_run_ended": sum(1 for d in doors if d.at_run_end),
     }
     return violations, figures
 
@@ -254,13 +279,13 @@ def _door(ev: Evidence, d: DoorRecord) -> list[tuple[str, dict[str, Any]]]:
         return out
     if status == "done" and d.did != "closed":
         out.append(("a door's session done though its door was not stopped", where))
-    if status == "cancelled" and d.did != "cancel_acked":
+    if status == "cancelled" and d.did not in ("cancel_acked", "cancelling"):
         out.append(("a door's session cancelled though nobody cancelled it", where))
     if status == "failed" and not error.startswith(OTHER_FAILURES):
         out.append(("a door's session failed for a reason that is not a stop", where))
     if d.did == "killed" and status == "done":
         out.append(("a killed door's session ended done", where))
-    if d.did in ("closed", "cancel_acked") and d.exit_code not in (EXIT_FOR[status], 5):
+    if d.did in ASKED and d.exit_code not in (EXIT_FOR[status], 5):
         out.append(("a door's exit code is not its session's end", where | {"exit": d.exit_code}))
     if d.opened and d.hung_up_at is None:
         out.append(("a door never hung up on its adb client", where))

@@ -152,6 +152,7 @@ def _door_lines(v: dict[str, Any]) -> list[str]:
         f"adb doors  {v['doors']} doors, {v['opened']} opened, {v['door_streams_on_phones']}"
         f" streams on phones; last write {v['latest_write_after_lease_end_s']}s after a lease"
         f" end, hung up {v['latest_hang_up_after_task_end_s']}s after a session's end at most"
+        f"; {v.get('asked_as_the_run_ended', 0)} stopped or cancelled as the run ended"
         f"  (ended: {ends})"
     ]
 

@@ -27,16 +27,18 @@ is what it says, not what autoanalyze made of it meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
-from control_plane.domain import Assignment, DeviceInfo, NewTask, StepProgress
+from control_plane.domain import Assignment, DeviceInfo, NewTask
 from control_plane.store import Store
 from control_plane.store.database import Database
 
@@ -73,6 +75,10 @@ class OneConnection:
 
     async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
         return await self.conn.fetchrow(query, *args)
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
+        yield self.conn
 
 
 def store_on(conn: asyncpg.Connection) -> Store:
@@ -169,8 +175,12 @@ async def build_live(conn: asyncpg.Connection, prefix: str, hosts: int = HOSTS) 
     for host, held in live.leases.items():
         if host in {live.host(i) for i in range(hosts - UNACKED, hosts)}:
             continue  # assigned, not acknowledged yet
-        steps = [StepProgress(str(a.lease_id), 0, STEP) for a in held if host != live.big]
-        await st.leases.renew(host, [str(a.lease_id) for a in held], LEASE_TTL, steps)
+        await st.leases.renew(host, [str(a.lease_id) for a in held], LEASE_TTL)
+        if host != live.big:  # a step kept of each running task, as the replicas write them
+            await st.leases.keep_steps(
+                [a.task_id for a in held], [a.attempt for a in held], [0] * len(held),
+                [STEP] * len(held),
+            )  # fmt: skip
     backlog = [
         NewTask(SPEC, selector_labels={"rack": f"{prefix}-absent{k % SELECTORS:03d}"})
         for k in range(BACKLOG)

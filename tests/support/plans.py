@@ -43,7 +43,7 @@ from typing import Any
 
 import asyncpg
 
-from control_plane.domain import LeaseId, NewTask, Report, StepProgress, TaskId
+from control_plane.domain import LeaseId, NewTask, Report, TaskId
 from control_plane.lifecycle import Outcome
 from control_plane.store import Store, migrate
 from tests.support import plan_state
@@ -105,11 +105,23 @@ def _acquire(host: Callable[[Live], str], offer: bool = False) -> Callable[[Stor
     return call
 
 
-def _renew(host: Callable[[Live], str], steps: bool = False) -> Callable[[Store, Live], Any]:
+def _renew(host: Callable[[Live], str]) -> Callable[[Store, Live], Any]:
     def call(s: Store, lv: Live) -> Awaitable[object]:
         held = lv.leases[host(lv)]
-        progress = [StepProgress(str(a.lease_id), 1, STEP) for a in held] if steps else []
-        return s.leases.renew(host(lv), _ids(held), LEASE_TTL, progress)
+        return s.leases.renew(host(lv), _ids(held), LEASE_TTL)
+
+    return call
+
+
+def _keep_steps(host: Callable[[Live], str]) -> Callable[[Store, Live], Any]:
+    """A replica's bulk write of step progress: a step of each of the host's leases."""
+
+    def call(s: Store, lv: Live) -> Awaitable[object]:
+        held = lv.leases[host(lv)]
+        return s.leases.keep_steps(
+            [TaskId(a.task_id) for a in held], [a.attempt for a in held], [1] * len(held),
+            [STEP] * len(held),
+        )  # fmt: skip
 
     return call
 
@@ -153,9 +165,11 @@ PROBES = (
           ("FROM queue_groups q",)),
     Probe("acquire, woken by an offer", _acquire(lambda lv: lv.waiting(5), offer=True),
           (ASSIGNS, "FROM unnest($4::uuid[])")),
-    Probe("renew, 3 leases with a step each (step progress)",
-          _renew(lambda lv: lv.busy(0), steps=True),
-          ("INSERT INTO attempt_steps", "UPDATE attempts a SET")),
+    Probe("renew, 3 leases", _renew(lambda lv: lv.busy(0)), ("UPDATE attempts a SET",)),
+    Probe("step progress: a bulk write, 3 steps", _keep_steps(lambda lv: lv.busy(0)),
+          ("INSERT INTO attempt_steps",)),
+    Probe("step progress: a bulk write, 1,000 steps", _keep_steps(lambda lv: lv.big),
+          ("INSERT INTO attempt_steps",)),
     Probe("renew, an acknowledgement", _renew(lambda lv: lv.unacked),
           ("SET status = 'dispatched'", "FROM task_events e")),
     Probe("renew, 1,000 leases of one host", _renew(lambda lv: lv.big),

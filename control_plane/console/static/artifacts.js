@@ -2,7 +2,7 @@
 // send it), checked, and shown from blob: URLs; and a task's screen recording.
 
 import { ARTIFACT_API, TERMINAL, authHeaders } from "./api.js";
-import { h, main, size, statusOf } from "./dom.js";
+import { h, main, size, statusOf, stepLabel } from "./dom.js";
 
 // artifact id -> {url: its blob: URL, sha256: as computed here, or ""} once fetched
 // (artifacts never change); the fetches under way.
@@ -75,11 +75,11 @@ export function artifactView(a) {
   const name = `${a.kind}-${a.artifact_id}.${image ? "png" : video ? "mp4" : "xml"}`;
   const shown = image
     ? h("a", { class: "thumb", target: "_blank", title: "open full size" },
-      h("img", { alt: `${a.kind} of step ${a.step_name || a.step_index}` }))
+      h("img", { alt: `${a.kind} of ${stepLabel(a.step_index, a.step_name)}` }))
     : video
       ? h("span", { class: "video" },
         h("video", { class: "recording", controls: "", muted: "", playsinline: "", preload: "auto",
-          "aria-label": `${a.kind} of step ${a.step_name || a.step_index}` }),
+          "aria-label": `${a.kind} of ${stepLabel(a.step_index, a.step_name)}` }),
         h("a", { class: "save", download: name }, "save"))
       : h("span", {}, h("a", { class: "open", target: "_blank" }, `${a.kind} XML`), " · ",
         h("a", { class: "save", download: name }, "save"));

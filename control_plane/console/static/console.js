@@ -6,15 +6,20 @@
 //
 //   dom.js        rendering helpers (elements, badges, links, times, durations, sizes)
 //   shell.js      routing, reading and redrawing the view, sign-in, errors
-//   farm.js       the Farm and Host pages        queue.js   the Queue page
-//   tasks.js      the Tasks and Task pages       control.js the Control page
+//   offline.js    the page greyed out, its actions off, while the control plane is gone
+//   farm.js       the Farm page (the wall)       host.js    the Host page
+//   phones.js     a phone's card: state, task, Control, operations
+//   thumbnails.js the phones' small live pictures, over one socket
+//   queue.js      the Queue page                 tasks.js   the Tasks and Task pages
+//   control.js    the Control page               keyboard.js the Control page's keys
 //   screen.js     a phone's live screen, and the Task page's Watch screen
 //   log.js        the Task page's Log tab (the phone's log: kept, or followed live)
 //   apps.js       the Apps page (the app library: its apps, an upload, removals)
 
 import { Apps } from "./apps.js";
 import { Control, stopScreens } from "./control.js";
-import { Farm, Host } from "./farm.js";
+import { Farm } from "./farm.js";
+import { Host } from "./host.js";
 import { Queue } from "./queue.js";
 import { start } from "./shell.js";
 import { Task, Tasks } from "./tasks.js";

@@ -19,7 +19,10 @@ export function h(tag, attrs, ...children) {
 // The element a page draws into.
 export const main = () => document.getElementById("page");
 
-export const enumName = (prefix, value) => (value || "").replace(prefix, "").toLowerCase();
+// An enum value as proto JSON writes it, without its prefix, in lower case (a value this
+// page does not know, sent as its number by a newer control plane, as `#9`).
+export const enumName = (prefix, value) =>
+  typeof value === "number" ? `#${value}` : String(value || "").replace(prefix, "").toLowerCase();
 export const statusOf = (task) => enumName("TASK_STATUS_", task.status);
 export const badge = (name) => h("span", { class: `badge s-${name}` }, name || "-");
 export const taskLink = (id) => h("a", { class: "mono", href: `/tasks/${id}` }, id);
@@ -80,6 +83,44 @@ export function labels(map) {
   const entries = Object.entries(map || {}).sort();
   if (!entries.length) return h("span", { class: "muted" }, "-");
   return h("span", { class: "labels" }, entries.map(([k, v]) => h("span", {}, `${k}=${v}`)));
+}
+
+// A step as people read it, as `amc` writes it (amc_common/steps.py): numbered from 1 (the
+// wire's index is a position from 0), with its name: `step 3 (evidence)`, `step 3/5`.
+export const stepNumber = (index) => (index || 0) + 1;
+export function stepLabel(index, name, count) {
+  return `step ${stepNumber(index)}${count ? `/${count}` : ""}${name ? ` (${name})` : ""}`;
+}
+
+// What a task is, in a few words: its actions, its workflow's steps, or for a session who
+// opened it, from the metadata its opener gives it: the console's Control (`control:
+// console`, `operator`), an MCP client (`control: mcp`, `mcp_client`), or else a program
+// over the API (the client library, `amc_client`, or any gRPC client).
+export function taskWhat(task) {
+  const spec = task.spec || {};
+  if (!spec.session) return specSummary(spec);
+  const meta = task.metadata || {};
+  const by = task.submitted_by ? ` (${task.submitted_by})` : "";
+  let what = `session opened over the API${by}`;
+  if (meta.control === "console") what = `console Control session${meta.operator ? ` of ${meta.operator}` : by}`;
+  else if (meta.control === "mcp") what = `MCP session of ${meta.mcp_client || "an MCP client"}${by}`;
+  return spec.session.maintenance ? `maintenance: ${what}` : what;
+}
+
+// Why a task is where it is, in one line: a failed task's error, a cancelled one's reason,
+// a queued one's wait; "" when there is nothing to say.
+export function taskWhy(task) {
+  const error = task.result && task.result.error;
+  if (error) return error;
+  if (task.cancel_requested_at) return `cancel: ${task.cancel_reason || "no reason given"}`;
+  return task.pending_reason || "";
+}
+
+// How long a task has taken from its submission: to its end, or so far.
+export function taskDuration(task) {
+  const end = task.finished_at ? new Date(task.finished_at).getTime() : Date.now();
+  const seconds = Math.max(0, (end - new Date(task.created_at).getTime()) / 1000);
+  return took(`${seconds}s`);
 }
 
 export function specSummary(spec) {

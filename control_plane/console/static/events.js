@@ -2,6 +2,7 @@
 // header, and the header's indicator of how the stream is.
 
 import { authHeaders } from "./api.js";
+import { setOffline } from "./offline.js";
 
 let liveRun = 0;
 let liveAbort = null;
@@ -20,6 +21,9 @@ export function setLive(state) {
   const el = document.getElementById("live");
   el.className = `live ${state}`;
   el.textContent = LIVE_TEXT[state];
+  // Offline greys the page out and turns its actions off; live again turns them back on.
+  if (state === "off") setOffline(true);
+  else if (state === "on" || state === "idle") setOffline(false);
 }
 
 export async function listen(onEvent, onConnect) {

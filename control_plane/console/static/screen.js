@@ -323,6 +323,8 @@ export function watchPanel(task) {
       h("span", { class: "muted" }, " the phone's screen, live; watching does not touch the task")),
     holder);
   watch = w;
+  // Opened from a Watch button (the Farm page's busy phone): watching at once.
+  if (new URLSearchParams(location.search).get("watch") === "1") button.click();
   return w.root;
 }
 

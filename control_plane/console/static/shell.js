@@ -1,12 +1,14 @@
 // The page around the views: which view the path names, reading and redrawing it when
 // the event stream says something it shows changed, the sign-in form, the token in the
 // header, and errors. A view is {nav, title(params), load(params), render(data, params),
-// wants(kind, data, params), every?}; console.js names them (`start`).
+// wants(kind, data, params), every?, leave?} (leave: what stops when it is left); console.js
+// names them (`start`).
 
 import { ApiError, TOKEN_KEY } from "./api.js";
 import { forgetArtifacts } from "./artifacts.js";
 import { h, main } from "./dom.js";
 import { listen, setLive, stopLive } from "./events.js";
+import { disableActions, isOffline, setOffline } from "./offline.js";
 
 export function showError(err) {
   const page = main();
@@ -55,6 +57,8 @@ function renderWho() {
 // -- routing and refreshing ------------------------------------------------------------------
 
 let current = null;
+// The view has drawn its data (not only "loading…" or an error) since it was routed to.
+let shown = false;
 let loading = false;
 let again = false;
 let timer = null;
@@ -95,7 +99,10 @@ export async function refresh() {
     const data = await view.load(params);
     if (current && current[0] === view) redraw(view.render(data, params).filter(Boolean));
   } catch (err) {
-    if (err instanceof ApiError) showError(err);
+    // Nobody answered: what the page shows stays, greyed out (offline.js), unless it has
+    // nothing to show yet.
+    if (err instanceof ApiError && err.status === 0 && shown) setOffline(true);
+    else if (err instanceof ApiError) showError(err);
     else showError(new ApiError(0, "INTERNAL", err.message));
   } finally {
     // The indicator follows the event stream, whatever this page's read said (a task
@@ -116,16 +123,23 @@ function redraw(nodes) {
   // What someone is typing survives a live update, in the input it was typed in.
   const typed = new Map();
   for (const el of main().querySelectorAll("input[name]")) {
-    if (el.value !== (el.getAttribute("value") || "")) typed.set(inputKey(el), el.value);
+    if (el.type === "checkbox") {
+      if (el.checked !== el.hasAttribute("checked")) typed.set(inputKey(el), el.checked);
+    } else if (el.value !== (el.getAttribute("value") || "")) {
+      typed.set(inputKey(el), el.value);
+    }
   }
   const active = document.activeElement;
   const focused = active && active.name && main().contains(active) ? inputKey(active) : null;
   main().replaceChildren(...nodes);
+  shown = true;
   for (const el of main().querySelectorAll("input[name]")) {
     const key = inputKey(el);
-    if (typed.has(key)) el.value = typed.get(key);
+    if (typed.has(key) && el.type === "checkbox") el.checked = typed.get(key);
+    else if (typed.has(key)) el.value = typed.get(key);
     if (key === focused) el.focus();
   }
+  if (isOffline()) disableActions();
 }
 
 function soon() {
@@ -157,6 +171,7 @@ export function route() {
   if (!current || current[0] !== view || current[1].id !== params.id) {
     forgetArtifacts();
     leave();
+    if (current && current[0].leave) current[0].leave();
   }
   current = [view, params];
   liveStarted = false;
@@ -164,6 +179,7 @@ export function route() {
   clearInterval(poll);
   poll = view.every ? setInterval(() => { if (current && current[0] === view) refresh(); }, view.every) : null;
   main().replaceChildren(h("p", { class: "muted" }, "loading…"));
+  shown = false;
   refresh();
 }
 

@@ -6,8 +6,8 @@
 import { STATUSES, TERMINAL, ApiError, call } from "./api.js";
 import { artifactView, keptFiles, recordingSection } from "./artifacts.js";
 import {
-  badge, elapsed, enumName, h, hostLink, labels, span, specSummary, statusOf, table, taskLink,
-  took, when,
+  badge, elapsed, enumName, h, hostLink, labels, span, statusOf, stepNumber, table, taskDuration,
+  taskLink, taskWhat, taskWhy, took, when,
 } from "./dom.js";
 import { logTab } from "./log.js";
 import { watchPanel } from "./screen.js";
@@ -51,7 +51,8 @@ export const Tasks = {
       h("option", { value: "" }, "any status"),
       STATUSES.map((s) => h("option", { value: s, selected: s === f.status }, s))),
     field("host", f.host, "host"), field("label", f.label, "label key=value"),
-    field("q", f.text, "id, request id or metadata"),
+    h("input", { name: "q", value: f.text, placeholder: "id, request id or metadata", size: 30,
+                 "aria-label": "id, request id or metadata" }),
     h("button", { type: "submit" }, "Filter"));
     const tasks = data.tasks || [];
     const rows = tasks.map((t) => h("tr", { "data-task": t.task_id },
@@ -59,15 +60,19 @@ export const Tasks = {
       h("td", { class: "status" }, badge(statusOf(t))),
       h("td", {}, `${t.attempt}/${t.max_attempts}`),
       h("td", {}, t.priority),
+      h("td", { class: "what" }, taskWhat(t)),
+      h("td", { class: "submitter" }, t.submitted_by || "-"),
       h("td", {}, t.host_id ? [hostLink(t.host_id), ` / ${t.device_serial}`] : "-"),
-      h("td", {}, when(t.created_at)),
-      h("td", {}, specSummary(t.spec))));
+      h("td", { class: "created" }, when(t.created_at)),
+      h("td", { class: "duration" }, TERMINAL.has(statusOf(t))
+        ? taskDuration(t) : h("span", { class: "elapsed", "data-since": t.created_at }, taskDuration(t))),
+      h("td", { class: `why ${statusOf(t) === "failed" ? "error-text" : ""}` }, taskWhy(t))));
     const pager = h("div", { class: "pager" },
       this.tokens.length > 1 ? h("button", { class: "plain", onclick: () => { this.tokens.pop(); refresh(); } }, "← newer") : null,
       data.next_page_token ? h("button", { class: "plain", onclick: () => { this.tokens.push(data.next_page_token); refresh(); } }, "older →") : null);
     return [
       h("h1", {}, "Tasks"), form,
-      tasks.length ? table(["task", "status", "attempt", "priority", "where", "created", "spec"], rows, { class: "tasks" })
+      tasks.length ? table(["task", "status", "attempt", "priority", "what", "submitted by", "where", "created", "duration", "reason / error"], rows, { class: "tasks" })
                    : h("p", { class: "muted" }, "No task matches."),
       pager,
     ];
@@ -94,6 +99,8 @@ export const Task = {
         ["status", [badge(status), task.attempt ? ` attempt ${task.attempt} of ${task.max_attempts}` : ""]],
         ["waiting", task.pending_reason || null],
         ["progress", !TERMINAL.has(status) && task.progress ? progressText(task.progress) : null],
+        ["what", taskWhat(task)],
+        ["submitted by", task.submitted_by || null],
         ["where", task.host_id ? [hostLink(task.host_id), ` / ${task.device_serial}`] : null],
         ["selector", task.selector_text],
         ["priority", task.priority],
@@ -124,7 +131,7 @@ export const Task = {
     const progress = !TERMINAL.has(status) && task.progress ? task.progress : null;
     const done = progress ? progress.steps || [] : (task.result && task.result.steps) || [];
     const steps = done.map((s) => h("tr", {},
-      h("td", {}, s.index || 0), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
+      h("td", {}, stepNumber(s.index)), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
       h("td", {}, took(s.duration)),
       h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
         (s.warnings || []).map((w) => h("div", { class: "step-warning" }, `warning: ${w}`)),
@@ -132,14 +139,16 @@ export const Task = {
         keptFiles(s).length ? h("div", { class: "artifacts" }, keptFiles(s).map(artifactView)) : "")));
     if (progress && progress.running_since) {
       steps.push(h("tr", { class: "running-step" },
-        h("td", {}, progress.running_index || 0), h("td", {}, progress.running_name),
+        h("td", {}, stepNumber(progress.running_index)), h("td", {}, progress.running_name),
         h("td", {}, badge("running")),
         h("td", {}, h("span", { class: "elapsed", "data-since": progress.running_since }, elapsed(progress.running_since))),
         h("td", { class: "muted" }, "running now")));
     }
     return [
       h("h1", {}, "Task ", h("span", { class: "mono" }, params.id), " ", h("span", { id: "task-status" }, badge(status))),
-      cancel, watchPanel(task), grid,
+      cancel,
+      // The phone's screen beside the task's details, not above them.
+      h("div", { class: "task-top" }, grid, watchPanel(task)),
       ...recordingSection(task, done),
       h("h2", {}, "Steps"),
       steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" })
@@ -162,7 +171,7 @@ export const Task = {
 function progressText(p) {
   const text = [`${(p.steps || []).length} of ${p.step_count || 0} steps done`];
   if (p.running_since) {
-    text.push(`; running step ${(p.running_index || 0) + 1} `, h("b", {}, p.running_name || ""), " for ",
+    text.push(`; running step ${stepNumber(p.running_index)} `, h("b", {}, p.running_name || ""), " for ",
       h("span", { class: "elapsed", "data-since": p.running_since }, elapsed(p.running_since)));
   }
   return h("span", {}, ...text);
@@ -173,13 +182,36 @@ setInterval(() => {
   for (const el of document.querySelectorAll(".elapsed[data-since]")) el.textContent = elapsed(el.dataset.since);
 }, 1000);
 
+// Cancel asks first: the button opens a confirmation that names the task and wants a reason
+// (recorded with the cancellation, as `amc cancel --reason`); only "Yes, cancel it" sends
+// CancelTask. The confirmation survives the page's live redraws (`confirming`).
+let confirming = null;
+
 function cancelForm(task) {
-  const reason = h("input", { name: "reason", placeholder: "reason", "aria-label": "cancel reason", size: 32 });
-  const message = h("span", { class: "muted", id: "cancel-message" },
-    task.cancel_requested_at ? "cancellation requested; the host stops at the next step" : "");
-  const button = h("button", { class: "danger", type: "submit" }, "Cancel task");
-  return reasonForm({ class: "inline", id: "cancel" }, { reason, button, message }, async (why) => {
-    await call("CancelTask", { task_id: task.task_id, reason: why });
-    return "cancellation requested";
-  });
+  const id = task.task_id;
+  if (task.cancel_requested_at) {
+    return h("p", { class: "muted", id: "cancel-message" },
+      "Cancellation requested; the host stops the task at its next step boundary.");
+  }
+  if (confirming !== id) {
+    return h("form", { class: "inline", id: "cancel", onsubmit: (event) => {
+      event.preventDefault();
+      confirming = id;
+      refresh();
+    } }, h("button", { class: "danger", type: "submit" }, "Cancel task"));
+  }
+  const reason = h("input", { name: "reason", placeholder: "why (recorded with it)", "aria-label": "cancel reason", size: 32 });
+  const message = h("span", { class: "muted", id: "cancel-message" });
+  const button = h("button", { class: "danger", type: "submit" }, "Yes, cancel it");
+  const keep = h("button", { type: "button", class: "plain", onclick: () => { confirming = null; refresh(); } }, "Keep it running");
+  const form = reasonForm({ class: "inline confirm", id: "cancel", role: "group", "aria-label": "confirm cancel" },
+    { reason, button, message }, async (why) => {
+      if (!why.trim()) throw new ApiError(400, "INVALID_ARGUMENT", "say why: the reason is recorded with the cancellation");
+      await call("CancelTask", { task_id: id, reason: why.trim() });
+      confirming = null;
+      return "cancellation requested";
+    });
+  form.prepend(h("b", {}, "Cancel this task?"), " Its host stops it at the next step boundary; it is not retried.");
+  form.append(keep);
+  return form;
 }

@@ -1,0 +1,85 @@
+"""A host's ScreenFrames call (its screen feed): the phones of the host watched on this
+replica and how (control_plane.frames.Screens.watched: a rate, still images or the stream,
+a thumbnail's share of the host's budget) sent down whenever that changes, with the key
+frames its viewers want; the host's frames up, to their viewers here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+
+from amc.v1 import lease_pb2
+from control_plane import metrics, validate
+from control_plane.domain import Role
+from control_plane.errors import PermissionDenied
+from control_plane.rpc import TaskServicer, first_message, principal
+from control_plane.video import check_frame
+
+log = structlog.get_logger(__name__)
+
+
+class HostFeed:
+    """A host's ScreenFrames call: the phones to capture down, their frames up."""
+
+    def __init__(self, service: TaskServicer) -> None:
+        self._svc = service
+
+    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        first = await first_message(
+            requests, "host_id", "required: the first message names the host"
+        )
+        host_id = validate.identifier(first.host_id, "host_id")
+        who = principal()
+        if who.role is Role.HOST and who.host_id != host_id:
+            raise PermissionDenied(f"this token acts for host {who.host_id}, not {host_id}")
+        screens = self._svc.hub.screens
+        with screens.feed(host_id) as feed:
+            pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))
+            told: list[tuple[str, int, bool, bool, int]] | None = None
+            metrics.SCREEN_FEEDS.inc()
+            try:
+                while screens.current(host_id, feed) and not pump.done():
+                    feed.changed.clear()
+                    watched = screens.watched(host_id)
+                    if watched != told or feed.key_frames:
+                        told, keys = watched, sorted(feed.key_frames)
+                        feed.key_frames.clear()
+                        yield lease_pb2.ScreenFramesResponse(
+                            watched=[
+                                lease_pb2.ScreenWatch(
+                                    serial=s, max_fps=f, images=i, video=v, interval_ms=ms
+                                )
+                                for s, f, i, v, ms in watched
+                            ],
+                            key_frames=keys,
+                        )
+                    changed = asyncio.ensure_future(feed.changed.wait())
+                    try:
+                        await asyncio.wait([pump, changed], return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        changed.cancel()
+            finally:
+                metrics.SCREEN_FEEDS.dec()
+                pump.cancel()
+
+    async def _frames(self, host_id: str, requests: AsyncIterator[Any]) -> None:
+        screens = self._svc.hub.screens
+        warned = False
+        with contextlib.suppress(Exception):  # the host left: its call ends here
+            async for request in requests:
+                if request.WhichOneof("part") != "frame":
+                    return
+                result = screens.deliver(host_id, request.frame)
+                metrics.SCREEN_FRAMES.labels(result).inc()
+                if result == "malformed" and not warned:
+                    warned = True  # once per call: a broken host sends many
+                    log.warning(
+                        "a host's frame could not be passed on",
+                        host_id=host_id,
+                        serial=request.frame.serial,
+                        why=check_frame(request.frame),
+                    )
