@@ -16,7 +16,10 @@ call to that replica, made as this replica (control_plane.auth's replica proof; 
 was authorized here), one per attempt followed here. A reader gets the tail's lines from
 its start (the host's recent lines, up to its RECENT) and, with `follow`, the new ones as
 they come, until the host says the attempt's log ended or the task says the attempt is over
-(the hub's `Following`, shared with the screens': one read per change of the task). No
+(the hub's `Following`, shared with the screens': one read per change of the task). A
+follow that got no line of the attempt from its host before the attempt ended (it ended
+before the host's call here opened: the host then says `ended` with none) is served the
+log the attempt kept, once the task says it is over. No
 database work per line: one read when a call starts, the task's reads while it is followed.
 Filters are applied here, to each reader's lines (step marks and notes always pass).
 """
@@ -58,6 +61,9 @@ BATCH_BYTES = 256 * 1024
 # for the host's last lines once the task says the attempt is over.
 CATCH_UP = 10.0
 ENDING = 2.0
+# How long a follow whose host had no line of the attempt waits for the task to say the
+# attempt is over, to serve the log it kept instead.
+KEPT_WAIT = 30.0
 # Seconds with no feed here and no relay (the host left this replica) before a reader is
 # told to follow again.
 STALE = 10.0
@@ -105,6 +111,8 @@ class LogRead:
 
     def __init__(self, service: TaskServicer) -> None:
         self._svc = service
+        # A line of the running attempt's came from its host (before any filter).
+        self._heard = False
 
     async def run(
         self, request: Any, context: Any
@@ -220,6 +228,14 @@ class LogRead:
             log.info("log followed", task_id=key[0], attempt=key[1], relayed=relayed)
             async for message in self._tail(want, tail, reader, followed, bound):
                 yield message
+            if followed is None or self._heard or not (tail.ended or _over(followed, bound)):
+                return
+            # The attempt ended before its host's call here could send a line of it (the
+            # host says `ended` with none, or said nothing): what it kept is the log.
+            if await _settled_over(followed, bound):
+                with contextlib.suppress(FailedPrecondition):
+                    async for message in self._kept(want, bound.attempt):
+                        yield message
 
     async def _tail(
         self,
@@ -242,6 +258,7 @@ class LogRead:
                 raise Unavailable(tail.lost)
             reader.clear()
             lines, cursor = tail.read(cursor) if tail.caught_up else ([], cursor)
+            self._heard = self._heard or bool(lines)
             if lines or (tail.caught_up and not caught):
                 for message in batches(want.filter.apply(lines), bound.attempt):
                     yield message
@@ -277,6 +294,17 @@ def _over(followed: Followed, bound: Attempt) -> bool:
         return followed.check(bound) == screen_tasks.FINISHED
     except TaskMoved:
         return True
+
+
+async def _settled_over(followed: Followed, bound: Attempt) -> bool:
+    """Whether the task says the attempt is over, waiting up to KEPT_WAIT for it to say so
+    (its host uploads the kept log before it reports the end)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(KEPT_WAIT):
+            while not _over(followed, bound):
+                await followed.settled.wait()
+            return True
+    return False
 
 
 async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:

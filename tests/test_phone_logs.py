@@ -22,6 +22,7 @@ from amc_common import logcat
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
+from host_agent.log_feed import LogFeed
 from host_agent.simulated import SimulatedSource
 from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import finished, get, running_agent, status_is, submit
@@ -322,6 +323,46 @@ async def test_a_follow_of_a_queued_task_waits_for_it_and_gets_its_log_from_the_
     async with running_agent(farm, SimulatedSource(1)):
         seen = await asyncio.wait_for(reading, 30)
         await status_is(farm, task_id, "done")
+    marks = [e.message for x in seen if (e := logcat.parse(x)) and e.tag == "amc"]
+    assert marks[0] == "step 1 'launch_app' began"
+    assert "step 2 'tap' ended: ok" in " ".join(marks)
+
+
+async def test_a_follow_whose_attempt_ended_before_its_host_opened_its_call_gets_the_kept_log(
+    farm: Farm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """THEN a follow of a running session whose host opens its live call only after the
+    attempt ended (the host then has no line to send and says `ended`) is served the log
+    the attempt kept, from its first step's mark to its last."""
+    asked = asyncio.Event()
+    deferred: list[LogFeed] = []
+
+    def want_later(feed: LogFeed) -> None:  # the host hears the wish, answers it later
+        deferred.append(feed)
+        asked.set()
+
+    monkeypatch.setattr(LogFeed, "want", want_later)
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1)) as agent:
+        call = client.scheduler.OpenSession()
+        await call.write(opening())
+        task = await dispatched(call)
+        for action in (launch(), tap(11, 22)):
+            await call.write(act(action))
+            await asyncio.wait_for(call.read(), 20)
+        follow = scheduler_pb2.StreamLogsRequest(task_id=task.task_id, follow=True)
+        reading = asyncio.ensure_future(read_all(client.scheduler.StreamLogs(follow)))
+        await asyncio.wait_for(asked.wait(), 20)  # followed while it runs
+        await call.done_writing()
+        while await asyncio.wait_for(call.read(), 20) is not grpc.aio.EOF:
+            pass
+        await finished(agent, task.task_id)
+        await status_is(farm, task.task_id, "done")
+        monkeypatch.undo()
+        deferred[0].want()  # the host's call opens now: the attempt is over on the host
+        seen = await asyncio.wait_for(reading, 30)
+    _, text = await kept_log(client, task.task_id)
+    assert seen == text.splitlines()
     marks = [e.message for x in seen if (e := logcat.parse(x)) and e.tag == "amc"]
     assert marks[0] == "step 1 'launch_app' began"
     assert "step 2 'tap' ended: ok" in " ".join(marks)
