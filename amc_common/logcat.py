@@ -8,16 +8,19 @@ A threadtime line::
 
     12-04 23:03:01.123  4242  4242 E AndroidRuntime: FATAL EXCEPTION: main
 
-(date, time, pid, tid, priority, tag padded to 8, `: `, message). A step mark is a line of
-tag `amc`, priority I, that the host agent writes into the phone's own log (`log -t amc`)
-as a step begins and ends, so it sits among the app's lines in the order the phone logged
-them: `step 2 'tap' began`, `step 2 'tap' ended: ok in 0.31s`. Its step number counts from
-1 (the index the wire carries is 0-based). logcat's own dividers (`--------- beginning of
-main`) and the agent's notes (`--------- amc: …`) are lines that are no log entry.
+(date, time, pid, tid, priority, tag padded to 8, `: `, message; with `-v usec` the time
+has microseconds, as the host agent reads it). A step mark is a line of tag `amc`,
+priority I, that the host agent puts into a run's kept log at the time (on the phone's
+clock) a step began and ended: `step 2 'tap' began`, `step 2 'tap' ended: ok in 0.31s`.
+Its step number counts from 1 (the index the wire carries is 0-based). logcat's own
+dividers (`--------- beginning of main`) and the agent's notes (`--------- amc: …`) are
+lines that are no log entry.
 """
 
 from __future__ import annotations
 
+import calendar
+import functools
 import re
 import time
 from collections.abc import Iterable
@@ -45,7 +48,7 @@ MAX_TAG = 128
 WARNING_CHARS = 300
 
 _LINE = re.compile(
-    r"^(?P<date>\d\d-\d\d) (?P<time>\d\d:\d\d:\d\d\.\d{3})\s+(?P<pid>\d+)\s+(?P<tid>\d+)"
+    r"^(?P<date>\d\d-\d\d) (?P<time>\d\d:\d\d:\d\d\.\d{3}(?:\d{3})?)\s+(?P<pid>\d+)\s+(?P<tid>\d+)"
     r" (?P<level>[VDIWEFAS]) (?P<tag>.*?)\s*: (?P<message>.*)$"
 )
 _MARK = re.compile(r"^step (?P<number>\d+) '(?P<name>.*)' (?P<edge>began|ended)\b")
@@ -55,7 +58,7 @@ _MARK = re.compile(r"^step (?P<number>\d+) '(?P<name>.*)' (?P<edge>began|ended)\
 class Entry:
     """A line of the log that is an entry (not a divider)."""
 
-    when: str  # "12-04 23:03:01.123", the phone's clock
+    when: str  # "12-04 23:03:01.123" (with `-v usec`: "….123456"), the phone's clock
     pid: int
     level: str
     tag: str
@@ -171,9 +174,48 @@ def divider(text: str) -> str:
     return f"{DIVIDER}amc: {text}"
 
 
-def line(when: float, pid: int, tid: int, priority: str, tag: str, message: str) -> str:
-    """A threadtime line for `when` (seconds since the epoch, this machine's local time):
+def line(
+    when: float,
+    pid: int,
+    tid: int,
+    priority: str,
+    tag: str,
+    message: str,
+    *,
+    usec: bool = False,
+    local: bool = True,
+) -> str:
+    """A threadtime line for `when` (seconds since the epoch, shown in this machine's local
+    time; `local=False`: a phone clock's reading as `seconds` gives it), its time to the
+    millisecond (`usec`: to the microsecond, as `logcat -v threadtime -v usec` writes it):
     what a simulated phone writes, and a mark the agent writes itself."""
-    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(when))
-    millis = int(when * 1000) % 1000
-    return f"{stamp}.{millis:03d} {pid:5d} {tid:5d} {priority} {tag:<8}: {message}"
+    whole = int(when // 1)
+    stamp = _second(whole, local)
+    fraction = f"{int((when - whole) * 1e6):06d}" if usec else f"{int((when - whole) * 1e3):03d}"
+    return f"{stamp}.{fraction} {pid:5d} {tid:5d} {priority} {tag:<8}: {message}"
+
+
+@functools.lru_cache(maxsize=16)
+def _second(whole: int, local: bool) -> str:
+    """ "MM-DD HH:MM:SS" of a second since the epoch (lines come many to a second)."""
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(whole) if local else time.gmtime(whole))
+
+
+def seconds(when: str, near: float) -> float | None:
+    """An entry's time (`Entry.when`: the phone's clock, with no year) as seconds on a
+    scale of its own (its fields read as UTC), in the year that puts it nearest `near`
+    (on that scale); None for a time that is none."""
+    try:
+        day, clock = when.split(" ")
+        month, mday = (int(x) for x in day.split("-"))
+        hms, fraction = clock.split(".")
+        hour, minute, second = (int(x) for x in hms.split(":"))
+        year = time.gmtime(near).tm_year
+        found = [
+            calendar.timegm((y, month, mday, hour, minute, second, 0, 0, 0))
+            + int(fraction) / 10.0 ** len(fraction)
+            for y in (year - 1, year, year + 1)
+        ]
+    except ValueError:
+        return None
+    return min(found, key=lambda x: abs(x - near))

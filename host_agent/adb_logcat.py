@@ -1,6 +1,6 @@
 """A phone's log behind the adb server (host_agent.devices.PhoneLogs for AdbDevice):
-`logcat -c` to empty it, `logcat -v threadtime` read on a connection of its own for as
-long as the run lasts, and `log -p i -t TAG MESSAGE` to write a line into it."""
+`logcat -c` to empty it, `logcat -v threadtime -v usec` read on a connection of its own
+for as long as the run lasts, and `log -p i -t TAG MESSAGE` to write a line into it."""
 
 from __future__ import annotations
 
@@ -27,12 +27,13 @@ class AdbPhoneLog:
         await self._logged("logcat -c", timeout)
 
     async def follow_log(self) -> AsyncIterator[bytes]:
-        """`logcat -v threadtime` on a connection of its own, read until it ends (the phone
-        gone) or the caller stops reading (the connection is closed: logcat ends)."""
+        """`logcat -v threadtime -v usec` (times to the microsecond: Android 7 and later)
+        on a connection of its own, read until it ends (the phone gone) or the caller stops
+        reading (the connection is closed: logcat ends)."""
         async with contextlib.AsyncExitStack() as stack:
             async with guard(self.serial, "logcat", self._call_timeout):
                 phone = await stack.enter_async_context(device_session(self._client, self.serial))
-                await phone.request("shell:logcat -v threadtime")
+                await phone.request("shell:logcat -v threadtime -v usec")
             while chunk := await phone.read_some():
                 yield chunk
 

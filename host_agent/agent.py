@@ -10,7 +10,7 @@ for each assignment it is given.
          │                         change (registration.py)
          ├─ HealthMonitor.run()    every phone probed every `probe_interval`; conditions
          │                         that changed sent in one ReportDeviceHealth (health.py)
-         ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
+         ├─ Notifier.pings()       WATCHDOG=1 pings, if systemd asked for them
          ├─ Screencaster.run()     the ScreenFrames call, opened when the renewal stream
          │                         asks (a viewer waits): watched phones' frames (screencast.py)
          ├─ LogFeed.run()          the LogLines call, likewise: followed runs' log lines
@@ -204,7 +204,7 @@ class Agent:
                     group.create_task(keeper.run(), name="renewal stream"),
                     group.create_task(self._registration.refresh_loop(), name="inventory"),
                     group.create_task(self.health.run(self._registration.online), name="probes"),
-                    group.create_task(self._watchdog_loop(), name="watchdog"),
+                    group.create_task(self._notifier.pings(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
                     group.create_task(self.logs.run(), name="live logs"),
                     group.create_task(devices.pools(self._source).run(self.life), name="pools"),
@@ -270,14 +270,6 @@ class Agent:
             all_done.cancel()
             hurry.cancel()
             await asyncio.gather(all_done, hurry, return_exceptions=True)
-
-    async def _watchdog_loop(self) -> None:
-        interval = self._notifier.watchdog_interval
-        if interval is None:
-            return
-        while True:
-            self._notifier.watchdog()
-            await asyncio.sleep(interval)
 
     def _status(self) -> str:
         online = len(self._registration.online())

@@ -157,8 +157,8 @@ class PhoneLogs(Protocol):
         ...
 
     def follow_log(self) -> AsyncIterator[bytes]:
-        """`logcat -v threadtime`: what the log holds, then what is written to it as it
-        is, until the phone goes (or the reader stops reading)."""
+        """`logcat -v threadtime -v usec`: what the log holds, then what is written to it
+        as it is, until the phone goes (or the reader stops reading)."""
         ...
 
     async def mark_log(self, tag: str, message: str, timeout: float) -> None:

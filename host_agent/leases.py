@@ -51,6 +51,7 @@ from host_agent.devices import NO_POOLS, Pools
 from host_agent.fencing import HeldLease, LeaseAnswer, RenewalResult, Timing
 from host_agent.retry import FATAL_CODES, retrying
 from host_agent.stop_token import Stopped, StopReason
+from host_agent.stream_move import time_to_move
 
 log = structlog.get_logger(__name__)
 # A lease whose first renewal went unanswered (the control plane's database away) is asked
@@ -195,7 +196,7 @@ class LeaseKeeper:
             if not broken and self._answered:
                 log.info("renewal stream moving to a new connection", leases=len(self._held))
                 metrics.STREAM_MOVES.inc()
-                return  # at once, on the channel's next connection (see _connection_left)
+                return  # at once, on the channel's next connection (see host_agent.stream_move)
             error = (
                 _stream_error(next(iter(broken)))
                 if broken
@@ -215,8 +216,7 @@ class LeaseKeeper:
     async def _time_to_move(self) -> None:
         """Returns when the stream should move: its connection is going away, and
         `may_move` allows it."""
-        await _connection_left(self._channel)
-        await asyncio.gather(*(may_move() for may_move in self._may_move))
+        await time_to_move(self._channel, self._may_move)
 
     async def _send_every_interval(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
         # A wake-up (a new lease) sends only the leases still waiting for their first
@@ -375,27 +375,6 @@ def _stream_error(task: asyncio.Future[None]) -> StreamBroken:
         # replica died): the stream is gone, so reconnect like any other break.
         return StreamBroken(f"the renewal stream had ended: {exc}")
     raise exc
-
-
-async def _connection_left(channel: grpc.aio.Channel | None) -> None:
-    """Returns when the channel, once READY, leaves READY: its connection is going away.
-
-    A replica ends each connection after `--max-connection-age` with an HTTP/2 GOAWAY:
-    calls open on it go on, new ones open a new connection, which a load balancer may give
-    to another replica. A renewal stream lives for good, so it would stay on the aged
-    connection (and its replica) for ever; the keeper moves it instead, and the hosts of a
-    replica that took over a dead one's spread out again. A connection that dropped is
-    left too: its stream breaks as well, and whichever is seen first reopens it. Without a
-    channel (tests that pass a bare stub) it never returns. (The keeper then also waits for
-    `may_move`: the live screens' and logs' calls, if open, end first.)"""
-    if channel is None:
-        await asyncio.Event().wait()
-        return
-    ready = grpc.ChannelConnectivity.READY
-    while (state := channel.get_state()) is not ready:
-        await channel.wait_for_state_change(state)
-    # Any change from READY, however short (another call may reconnect at once).
-    await channel.wait_for_state_change(ready)
 
 
 async def _cancel_all(*tasks: asyncio.Future[None]) -> None:

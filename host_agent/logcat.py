@@ -1,21 +1,26 @@
 """A run's phone log (logcat), kept for its attempt: cleared as the run starts, read as the
-phone writes it (`logcat -v threadtime`, streamed), marked where each step begins and ends,
-the lines that flag a step kept as that step's warnings, bounded and compressed
+phone writes it (`logcat -v threadtime -v usec`, streamed), marked where each step begins
+and ends, the lines that flag a step kept as that step's warnings, bounded and compressed
 (host_agent.log_store), and kept as the attempt's artifact of kind "logcat" with its last
 step (a gzip file, uploaded with the run's other files before the report). Its recent
 lines go to the live tail while someone follows the attempt (host_agent.log_feed).
 
-Step marks are written into the phone's own log (`log -p i -t amc 'step 2 'tap' began'`)
-before a step's first action and after its last one, so they sit among the app's lines in
-the order the phone logged them, whatever the stream's delay: a line belongs to the step
-whose beginning last came before it (a line after a step's end and before the next one's
-beginning is still that step's: an app that crashes a moment after a tap). A mark the phone
-did not take (a phone gone, a hung one: each mark waits MARK_TIMEOUT at most) is written
-into the kept log by the agent instead, with pid 0. Warnings (amc_common.logcat.warning_of:
-`FATAL EXCEPTION`, `ANR in`) are said on their step's result: a step's end waits (up to
-STEP_SETTLE) until the stream has read its end mark back, so its progress, and a session's
-answer, carry what was logged during it; the report has all of them (the run's end waits
-up to SETTLE for a last mark). At most MAX_WARNINGS per step, then how many more.
+Steps are marked by the phone's clock, with nothing written on the phone per step: as the
+run starts the agent writes one line into the phone's log (`log -p i -t amc 'run began'`)
+and reads it back, which tells the phone's clock against its own (the line's time less the
+midpoint of the write's round trip; up to CLOCK_TRIES lines when the round trip is slow,
+the quickest one's). A step's beginning and end are then times on the
+phone's clock, and their marks (`step 2 'tap' began`, `… ended: ok in 0.31s`, pid 0) go into
+the kept log before the first line stamped after them (or after MARK_FLUSH when none comes).
+A line belongs to the step whose beginning last came before the line's time (a line after a
+step's end and before the next one's beginning is still that step's: an app that crashes a
+moment after a tap; one before the first step, the first step's). When the phone took no
+first line (it is gone or hung: MARK_TIMEOUT, SETTLE), lines go to the step begun last when
+they are read, and marks in as they are made. Warnings (amc_common.logcat.warning_of:
+`FATAL EXCEPTION`, `ANR in`) are on their step: a step's progress, and a session's answer,
+carry those read by its end (no step waits for the stream); the report carries every one on
+its own step, once the stream has read back a last line written as the run ends (SETTLE at
+most). At most MAX_WARNINGS per step, then how many more.
 
 A phone that has no log to give (a device without `PhoneLogs`) or --logcat-max-bytes 0:
 nothing is captured. A run with no step keeps no log (nothing to keep it with).
@@ -24,8 +29,10 @@ nothing is captured. A run with no step keeps no log (nothing to keep it with).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +42,7 @@ import structlog
 from amc_common import logcat
 from host_agent import metrics
 from host_agent.devices import DeviceError, PhoneLogs
+from host_agent.log_clock import PhoneClock
 from host_agent.log_store import LogStore
 from host_agent.results import Kept, RunResult, StepResult
 
@@ -46,9 +54,14 @@ KIND = "logcat"
 ACTION_INDEX = 998
 MARK_TIMEOUT = 2.0
 CLEAR_TIMEOUT = 5.0
-# How long a step's end, and the run's, wait for the stream to read back their mark.
-STEP_SETTLE = 1.0
+# How long the run's start and its end wait for the stream to read back their mark.
 SETTLE = 2.0
+# A step's mark no line stamped later has followed goes into the log after this long.
+MARK_FLUSH = 1.0
+# The phone's clock is read from up to this many lines written, the one whose write was
+# answered soonest (a write answered within CLOCK_GOOD seconds ends the tries).
+CLOCK_TRIES = 3
+CLOCK_GOOD = 0.002
 # Lines kept in memory for a live tail's start.
 RECENT = 1000
 # A line longer than this (bytes) is cut there, the rest a line of its own: logd's own
@@ -71,8 +84,17 @@ class Capture:
         # The number of the last line read (0: none yet).
         self.seq = 0
         self.listeners: set[Listener] = set()
-        # The step the lines read now belong to (the last one begun), and the warnings of
-        # each step; those read before any step began go to the first one.
+        # The phone's clock, learnt as the run starts; not known when the phone took no
+        # line then (lines then go to the step begun last when they are read).
+        self.clock = PhoneClock()
+        # The steps begun, on the phone's clock (seconds, logcat.seconds' scale): the
+        # lines stamped from one on are its, until the next.
+        self._starts: list[float] = []
+        self._indexes: list[int] = []
+        # Marks not in the log yet (phone time, agent time, line): each goes in before the
+        # first line stamped after it, or after MARK_FLUSH.
+        self._marks: deque[tuple[float, float, str]] = deque()
+        self._flush: asyncio.TimerHandle | None = None
         self._step: int | None = None
         self._early: list[str] = []
         self._warnings: dict[int, list[str]] = {}
@@ -80,13 +102,14 @@ class Capture:
         # The last crash flagged (its pid, its list, its place): the next line names its app.
         self._last_crash: tuple[int, list[str], int] | None = None
         self._reader: asyncio.Task[None] | None = None
-        # A mark written, waited for until the reader reads it.
-        self._awaited: dict[str, asyncio.Future[None]] = {}
+        # A line written on the phone, waited for until the reader reads it (its entry).
+        self._awaited: dict[str, asyncio.Future[logcat.Entry | None]] = {}
         self.cleared = True
         self.closed = asyncio.Event()
 
     async def start(self) -> None:
-        """The phone's log emptied (what came before is another run's), then read."""
+        """The phone's log emptied (what came before is another run's), then read; one
+        mark written on the phone and read back tells its clock against the agent's."""
         try:
             await self._device.clear_log(CLEAR_TIMEOUT)
         except DeviceError as exc:
@@ -95,38 +118,89 @@ class Capture:
         self._reader = asyncio.get_running_loop().create_task(
             self._read(), name=f"logcat {self._serial}"
         )
+        for i in range(CLOCK_TRIES):
+            before = time.monotonic()
+            entry, after = await self._written("run began" if not i else f"clock {i + 1}")
+            if entry is None or (phone := self.clock.stamp(entry.when)) is None:
+                break
+            self.clock.learn(before, after, phone)
+            if after - before <= CLOCK_GOOD:
+                break
 
     # -- marks (host_agent.runner's Marks) ------------------------------------------------
 
     async def began(self, index: int, name: str) -> None:
-        await self._mark(logcat.began(index, name))
+        """From now on (the phone's clock) the lines are step `index`'s; its mark is put
+        into the log, nothing is written on the phone."""
+        self._step = index
+        at = self._mark(logcat.began(index, name))
+        if at is not None:
+            self._starts.append(at)
+            self._indexes.append(index)
+        for early in self._early:  # read before any step began: the first one's
+            self._flag(index, early)
+        self._early = []
 
     async def ended(self, step: StepResult) -> StepResult:
-        """The step with its warnings, once the stream has caught up with its end mark
-        (STEP_SETTLE at most: its progress, and a session's answer, say what was read by
-        then; the report has all)."""
+        """The step with the warnings read by now (its progress, and a session's answer,
+        say those; a line read later is on the step in the report)."""
         seconds = step.duration.total_seconds()
-        message = logcat.ended(step.index, step.name, step.status.value, seconds)
-        await self._mark(message, STEP_SETTLE)
-        return dataclasses.replace(step, warnings=self.warnings(step.index))
+        self._mark(logcat.ended(step.index, step.name, step.status.value, seconds))
+        found = self.warnings(step.index)
+        return dataclasses.replace(step, warnings=found) if found else step
 
-    async def _mark(self, message: str, settle: float = 0.0) -> None:
-        """A mark written into the phone's log (and, with `settle`, read back from its
-        stream, that long at most); into the kept log by the agent if the phone took none."""
+    def _mark(self, message: str) -> float | None:
+        """A mark at this moment, put into the log at its place on the phone's clock (its
+        time; None when the phone's clock is not known: then at once, on the agent's)."""
+        now, at = time.monotonic(), self.clock.now()
+        if at is None or self._reader is None or self._reader.done():
+            self._take([logcat.line(time.time(), 0, 0, "I", logcat.MARK_TAG, message)])
+            return None
+        line = logcat.line(at, 0, 0, "I", logcat.MARK_TAG, message, usec=True, local=False)
+        self._marks.append((at, now, line))
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(MARK_FLUSH, self._flush_due)
+        return at
+
+    def _flush_due(self) -> None:
+        """The marks no later line has followed for MARK_FLUSH go into the log."""
+        self._flush = None
+        due, out = time.monotonic() - MARK_FLUSH, []
+        while self._marks and self._marks[0][1] <= due:
+            out.append(self._marks.popleft()[2])
+        self._put(out)
+        if self._marks:
+            self._flush = asyncio.get_running_loop().call_later(MARK_FLUSH, self._flush_due)
+
+    def _marks_until(self, at: float = math.inf) -> list[str]:
+        """The marks waiting up to `at` on the phone's clock (all of them), taken."""
+        out = []
+        while self._marks and self._marks[0][0] <= at:
+            out.append(self._marks.popleft()[2])
+        return out
+
+    async def _written(
+        self, message: str, settle: float = SETTLE
+    ) -> tuple[logcat.Entry | None, float]:
+        """A line written into the phone's log and read back from its stream (`settle` at
+        most): its entry (None when the phone did not take it in time: then it is written
+        into the kept log by the agent instead, with pid 0), and when the write was
+        answered (time.monotonic)."""
         if self._reader is not None and not self._reader.done():
             waiter = self._awaited[message] = asyncio.get_running_loop().create_future()
             try:
                 await self._device.mark_log(logcat.MARK_TAG, message, MARK_TIMEOUT)
-                if settle:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(waiter), settle)
-                return
+                answered = time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    return await asyncio.wait_for(asyncio.shield(waiter), settle), answered
+                return None, answered
             except DeviceError as exc:
-                log.info("step mark not written on the phone", device=self._serial, error=str(exc))
+                log.info("mark not written on the phone", device=self._serial, error=str(exc))
             finally:
                 self._awaited.pop(message, None)
-        # Written here instead: the phone's own order is not known, the agent's is.
-        self._take([logcat.line(time.time(), 0, 0, "I", logcat.MARK_TAG, message)])
+        line = logcat.line(time.time(), 0, 0, "I", logcat.MARK_TAG, message)
+        self._take([*self._marks_until(), line])  # the marks came before
+        return None, time.monotonic()
 
     def warnings(self, index: int) -> tuple[str, ...]:
         found = self._warnings.get(index, [])
@@ -144,16 +218,30 @@ class Capture:
                 if len(partial) >= MAX_LINE:
                     lines.append(partial)
                     partial = b""
-                self._take([_text(cut) for x in lines for cut in _cut(x)])
+                self._put([_text(cut) for x in lines for cut in _cut(x)])
         except DeviceError as exc:
             log.info("phone log ended", device=self._serial, error=str(exc))
         except Exception:
             log.exception("phone log reader failed", device=self._serial)
         if partial:
-            self._take([_text(partial)])
+            self._put([_text(partial)])
+        self._take(self._marks_until())  # no line will follow them now
         for waiter in self._awaited.values():
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _put(self, lines: list[str]) -> None:
+        """Lines read from the phone, each after the marks stamped before it."""
+        if not self._marks:
+            self._take(lines)
+            return
+        out: list[str] = []
+        for text in lines:
+            at = self.clock.stamp(text) if self._marks else None
+            if at is not None:
+                out += self._marks_until(at)
+            out.append(text)
+        self._take(out)
 
     def _take(self, lines: list[str]) -> None:
         if not lines:
@@ -163,26 +251,28 @@ class Capture:
             self.seq += 1
             self.store.add(text)
             self.recent.append(text)
-            entry = logcat.parse(text)
-            if entry is not None:
-                self._heed(entry)
+            if self._awaited or self._last_crash or _flags(text):  # else nothing to heed
+                entry = logcat.parse(text)
+                if entry is not None:
+                    self._heed(entry)
         metrics.LOGCAT_LINES.inc(len(lines))
         for listener in list(self.listeners):
             listener(first, lines)
+
+    def _owner(self, entry: logcat.Entry) -> int | None:
+        """The step a line is of: the one begun last before its time on the phone's clock
+        (before any: the first); by when it is read when that clock is not known."""
+        at = self.clock.stamp(entry.when) if self._starts else None
+        if at is None:
+            return self._step
+        found = bisect.bisect_right(self._starts, at)
+        return self._indexes[max(found - 1, 0)]
 
     def _heed(self, entry: logcat.Entry) -> None:
         if entry.tag == logcat.MARK_TAG:
             waiter = self._awaited.pop(entry.message, None)
             if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-        mark = logcat.mark_of(entry)
-        if mark is not None:
-            index, began = mark
-            if began and (self._step is None or index >= self._step):
-                if self._step is None:
-                    for early in self._early:
-                        self._flag(index, early)
-                self._step = index
+                waiter.set_result(entry)
             return
         crash, self._last_crash = self._last_crash, None
         if crash is not None and entry.pid == crash[0] and entry.message.startswith("Process: "):
@@ -191,9 +281,10 @@ class Capture:
         warning = logcat.warning_of(entry)
         if warning is None:
             return
-        found = self._early if self._step is None else self._warnings.setdefault(self._step, [])
-        if self._step is not None and len(found) >= MAX_WARNINGS:
-            self._more[self._step] = self._more.get(self._step, 0) + 1
+        step = self._owner(entry)
+        found = self._early if step is None else self._warnings.setdefault(step, [])
+        if step is not None and len(found) >= MAX_WARNINGS:
+            self._more[step] = self._more.get(step, 0) + 1
             return
         found.append(warning)
         if "FATAL EXCEPTION" in warning:
@@ -231,14 +322,19 @@ class Capture:
         return dataclasses.replace(result, steps=tuple(steps))
 
     async def _settle(self) -> None:
-        """Until the reader has read a last mark written now (SETTLE at most)."""
+        """Until the reader has read a last mark written now (SETTLE at most); the marks
+        still waiting go in before it (or after it when it did not come)."""
         if self._reader is not None and not self._reader.done():
-            await self._mark(f"run ended ({self.seq} lines read)", SETTLE)
+            await self._written(f"run ended ({self.seq} lines read)", SETTLE)
+        self._take(self._marks_until())
 
     def close(self) -> None:
         """Stop reading (the phone's logcat ends with its connection)."""
         if self._reader is not None:
             self._reader.cancel()
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         self.closed.set()
 
 
@@ -255,6 +351,11 @@ def _cut(line: bytes) -> list[bytes]:
     if len(line) <= MAX_LINE:
         return [line]
     return [line[i : i + MAX_LINE] for i in range(0, len(line), MAX_LINE)]
+
+
+def _flags(text: str) -> bool:
+    """Whether a line may flag a step (logcat.warning_of), looked at cheaply."""
+    return "FATAL EXCEPTION" in text or "ANR in " in text
 
 
 def _text(line: bytes) -> str:

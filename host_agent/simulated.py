@@ -349,7 +349,7 @@ class SimulatedDevice:
         self._log().clear()
 
     def follow_log(self) -> AsyncIterator[bytes]:
-        return self._log().follow(self._source.unplugged(self.serial))
+        return self._log().follow(self._source.unplugged(self.serial), usec=True)
 
     async def mark_log(self, tag: str, message: str, timeout: float) -> None:
         self._log().write("I", tag, message)

@@ -191,9 +191,9 @@ class SimulatedDoor:
         if asked.clear:
             log.clear()
         elif not asked.follows:
-            await pipe.emit(log.dump(asked.tail).encode())
+            await pipe.emit(log.dump(asked.tail, asked.usec).encode())
         elif self._source.is_plugged(self.serial):
-            async for chunk in log.follow(self._source.unplugged(self.serial)):
+            async for chunk in log.follow(self._source.unplugged(self.serial), asked.usec):
                 await pipe.emit(chunk)
 
     async def _interactive(self, pipe: Pipe) -> None:

@@ -14,8 +14,9 @@ AndroidRuntime's `FATAL EXCEPTION` block and the process's death; `log -p e -t
 ActivityManager 'ANR in …'` writes an ANR line, as `log` writes any line on a phone.
 
 Commands answered (`answer`): `logcat -c` (clear), `logcat -d` and `logcat -t N` (the log
-so far, its last N lines), `log [-p P] [-t TAG] MESSAGE`, `am crash PACKAGE`; `follow()`
-is `logcat` without -d, -c or -t: what the log holds, then each line as it is written,
+so far, its last N lines; `-v usec`: times to the microsecond, as the agent reads them),
+`log [-p P] [-t TAG] MESSAGE`, `am crash PACKAGE`; `follow()` is `logcat` without -d, -c
+or -t: what the log holds, then each line as it is written,
 until the phone is unplugged. `logcat_command` finds logcat in a command line as the adb
 client sends it (`export ANDROID_LOG_TAGS="''"; exec logcat -d`), `logcat_args` reads its
 options (others are taken and ignored).
@@ -28,7 +29,7 @@ import random
 import shlex
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -93,6 +94,15 @@ _CRASH_TRACE = (
 _KEYS = {3: "HOME", 4: "BACK", 24: "VOLUME_UP", 25: "VOLUME_DOWN", 26: "POWER", 66: "ENTER"}
 
 
+# A line logd holds: its time (seconds since the epoch), pid (= tid), priority, tag, message.
+_Entry = tuple[float, int, str, str, str]
+
+
+def _text(entries: Iterable[_Entry], usec: bool) -> str:
+    """Entries as `logcat -v threadtime` prints them (`usec`: with `-v usec`)."""
+    return "".join(f"{threadtime(t, p, p, v, g, m, usec=usec)}\n" for t, p, v, g, m in entries)
+
+
 class PhoneLog:
     """One phone's log buffer. `clock` is the phone's wall clock (time.time)."""
 
@@ -105,7 +115,7 @@ class PhoneLog:
         self._clock = clock
         self._chatter = chatter
         self._random = random.Random(serial)
-        self._lines: deque[str] = deque(maxlen=CAPACITY)
+        self._lines: deque[_Entry] = deque(maxlen=CAPACITY)
         # The number of the next line written (lines count from 0 since the phone began).
         self._next = 0
         self._changed = asyncio.Event()
@@ -115,18 +125,16 @@ class PhoneLog:
         if chatter > 0:
             booted = self._chatted_at - _UP
             for i, (tag, priority, text) in enumerate(_BOOT):
-                self._add(
-                    threadtime(booted + i * 0.7, _SYSTEM_PID, _SYSTEM_PID, priority, tag, text)
-                )
+                self._add(booted + i * 0.7, _SYSTEM_PID, priority, tag, text)
 
     # -- writing ------------------------------------------------------------------------
 
     def write(self, priority: str, tag: str, message: str, pid: int = _SYSTEM_PID) -> None:
         self._chat()
-        self._add(threadtime(self._clock(), pid, pid, priority, tag, message))
+        self._add(self._clock(), pid, priority, tag, message)
 
-    def _add(self, text: str) -> None:
-        self._lines.append(text)
+    def _add(self, when: float, pid: int, priority: str, tag: str, message: str) -> None:
+        self._lines.append((when, pid, priority, tag, message))
         self._next += 1
         self._changed.set()
 
@@ -150,7 +158,7 @@ class PhoneLog:
             }
             when = start + (self._chatted_at - start) * (i + 1) / min(due, MOST_CHATTER)
             pid = _SYSTEM_PID if tag != "chatty" else facts["pid"]
-            self._add(threadtime(when, pid, pid, priority, tag, text.format(**facts)))
+            self._add(when, pid, priority, tag, text.format(**facts))
 
     def clear(self) -> None:
         self._chat()
@@ -158,15 +166,18 @@ class PhoneLog:
 
     # -- reading ------------------------------------------------------------------------
 
-    def dump(self, last: int | None = None) -> str:
-        """`logcat -d`: what the log holds now (`logcat -t N`: its `last` lines)."""
+    def dump(self, last: int | None = None, usec: bool = False) -> str:
+        """`logcat -d`: what the log holds now (`logcat -t N`: its `last` lines; `usec`:
+        `-v usec`, times to the microsecond)."""
         self._chat()
         kept = len(self._lines) if last is None else min(max(last, 0), len(self._lines))
-        return "".join(f"{x}\n" for x in islice(self._lines, len(self._lines) - kept, None))
+        return _text(islice(self._lines, len(self._lines) - kept, None), usec)
 
-    async def follow(self, gone: asyncio.Event | None = None) -> AsyncIterator[bytes]:
+    async def follow(
+        self, gone: asyncio.Event | None = None, usec: bool = False
+    ) -> AsyncIterator[bytes]:
         """`logcat`: what the log holds, then each line as it is written, until `gone`
-        (the phone unplugged) is set."""
+        (the phone unplugged) is set (`usec`: `-v usec`, times to the microsecond)."""
         self._chat()
         cursor = self._next - len(self._lines)
         while gone is None or not gone.is_set():
@@ -175,7 +186,7 @@ class PhoneLog:
             if cursor < self._next:
                 fresh = list(islice(reversed(self._lines), self._next - cursor))[::-1]
                 cursor = self._next
-                yield "".join(f"{x}\n" for x in fresh).encode()
+                yield _text(fresh, usec).encode()
                 continue
             self._changed.clear()
             wait = asyncio.ensure_future(self._changed.wait())
@@ -273,7 +284,7 @@ class PhoneLog:
             if asked.clear:
                 self.clear()
                 return 0, ""
-            return 0, self.dump(asked.tail)
+            return 0, self.dump(asked.tail, asked.usec)
         if argv[:1] == ["log"]:
             return self._log(argv[1:])
         if argv[:2] == ["am", "crash"] and len(argv) == 3:
@@ -301,6 +312,7 @@ class LogcatArgs:
     dump: bool = False  # print what there is, then exit
     clear: bool = False
     tail: int | None = None  # only the last N lines (then exit)
+    usec: bool = False  # `-v usec`: times to the microsecond
 
     @property
     def follows(self) -> bool:
@@ -310,11 +322,13 @@ class LogcatArgs:
 
 def logcat_args(argv: list[str]) -> LogcatArgs:
     """What `logcat ARGS` asks (argv without `logcat`)."""
-    dump = clear = False
+    dump = clear = usec = False
     tail = None
     words = iter(argv)
     for word in words:
-        if word == "-d":
+        if word == "-v":
+            usec = usec or next(words, "") == "usec"
+        elif word == "-d":
             dump = True
         elif word == "-c":
             clear = True
@@ -323,7 +337,7 @@ def logcat_args(argv: list[str]) -> LogcatArgs:
             tail = int(value) if value.isdigit() else None
         elif word.startswith("-t") and word[2:].isdigit():
             tail = int(word[2:])
-    return LogcatArgs(dump, clear, tail)
+    return LogcatArgs(dump, clear, tail, usec)
 
 
 def logcat_command(command: str) -> list[str] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import random
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any, cast
@@ -22,7 +23,7 @@ from control_plane.log_tails import RING_CHARS, Tails
 from host_agent.devices import DeviceLost
 from host_agent.log_feed import MAX_PENDING_CHARS, LogFeed
 from host_agent.log_store import BLOCK, LogStore
-from host_agent.logcat import MAX_LINE, MAX_WARNINGS, Capture, capture_for
+from host_agent.logcat import MAX_LINE, MAX_WARNINGS, SETTLE, Capture, capture_for
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.simulated import SimulatedSource
 from host_agent.simulated_logcat import PhoneLog
@@ -221,21 +222,27 @@ async def test_lines_belong_to_the_step_begun_last_and_early_ones_to_the_first()
     assert "run ended" in text and text.index("step 2 'shell' began") < text.index("ANR in")
 
 
-async def test_a_phone_that_goes_mid_run_gets_its_marks_written_by_the_host() -> None:
-    """THEN once the phone is unplugged the marks go into the kept log with pid 0 and the
-    run ends without waiting on it."""
+async def test_a_phone_that_goes_mid_run_still_gets_its_marks_and_its_run_ends_at_once() -> None:
+    """THEN once the phone is unplugged (its stream ends) the step's marks still go into
+    the kept log, written by the agent (pid 0), and the run's end does not wait on it."""
     source = SimulatedSource(1)
     capture = capture_for(source.device("sim-0"), "sim-0", 1 << 20)
     assert capture is not None
     await capture.start()
     await capture.began(0, "tap")
     source.unplug("sim-0")
-    await capture.ended(step(0))
-    text = "\n".join(capture.recent)
-    assert "step 1 'tap' ended" in text
-    host_mark = next(x for x in capture.recent if "ended" in x)
-    entry = logcat.parse(host_mark)
-    assert entry is not None and entry.pid == 0
+    ended = await capture.ended(step(0))
+    started = time.monotonic()
+    result = await capture.finish(RunResult(Outcome.DONE, "", (ended,)))
+    assert time.monotonic() - started < SETTLE
+    text = gzip.decompress(result.steps[0].kept[0].data).decode()
+    marks = [e for x in text.splitlines() if (e := logcat.parse(x)) and e.tag == "amc"]
+    assert [m.message for m in marks][:3] == [
+        "run began",
+        "step 1 'tap' began",
+        "step 1 'tap' ended: ok in 0.10s",
+    ]
+    assert [m.pid for m in marks[1:]] == [0] * (len(marks) - 1)
     with pytest.raises(DeviceLost):
         await source.device("sim-0").mark_log("amc", "x", 1.0)
 
@@ -265,7 +272,7 @@ async def test_a_line_with_no_end_is_cut_so_the_reader_holds_at_most_max_line() 
     assert capture is not None
     await capture.start()
     await eventually(lambda: capture.recent and capture.recent[-1] == "short", what="the end")
-    cut = list(capture.recent)[:-1]
+    cut = [x for x in capture.recent if x.startswith("x")]  # not the agent's "run began"
     assert max(len(x) for x in cut) <= MAX_LINE
     assert sum(len(x) for x in cut) == 100 * 1024
     capture.close()

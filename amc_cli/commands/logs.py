@@ -1,7 +1,7 @@
 """`amc logs TASK`: a task's phone log (Scheduler.StreamLogs) — the log an ended attempt
 kept, or the running attempt's live tail, `--follow`ed as the phone writes it; filtered by
-priority and tag on the control plane; printed as logcat prints it (`-v threadtime`), with
-the lines that mark each step's beginning and end."""
+priority and tag on the control plane; printed as logcat prints it (`-v threadtime -v
+usec`), with the lines that mark each step's beginning and end."""
 
 from __future__ import annotations
 

@@ -140,9 +140,9 @@ class FakePhone:
 
     async def stream_shell(self, command: str) -> AsyncIterator[bytes]:
         argv = logcat_command(command)
-        if argv is not None and logcat_args(argv).follows:
+        if argv is not None and (asked := logcat_args(argv)).follows:
             self.commands.append((time.monotonic(), command))
-            async for chunk in self.log.follow():
+            async for chunk in self.log.follow(usec=asked.usec):
                 yield chunk
             return
         for step in self.iter_shell(command):
