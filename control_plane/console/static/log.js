@@ -12,7 +12,7 @@ import { h, statusOf } from "./dom.js";
 // Lines shown at most (the oldest go): the whole kept log is `amc logs`' or `amc artifact`'s.
 const MOST_LINES = 5000;
 const LEVELS = ["V", "D", "I", "W", "E", "F"];
-const ENTRY = /^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\s+\d+\s+\d+ ([VDIWEFA]) (.*?)\s*: (.*)$/;
+const ENTRY = /^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}(?:\d{3})?\s+\d+\s+\d+ ([VDIWEFA]) (.*?)\s*: (.*)$/;
 const FLAGGED = /^\s*(FATAL EXCEPTION|ANR in )/;
 
 // The tab of the task shown: {taskId, root, ...} (one at a time).
