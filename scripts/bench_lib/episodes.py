@@ -41,6 +41,7 @@ PORTS = "5600-5682"
 TAP = scheduler_pb2.OpenSessionRequest(
     action=task_pb2.SessionAction(action=task_pb2.Action(tap=task_pb2.Tap(x=10, y=20)))
 )
+CLOSE = scheduler_pb2.OpenSessionRequest(close=scheduler_pb2.SessionClose())
 TARGET_OVERHEAD_MS = (100.0, 300.0)
 TARGET_FIRST_ACTION_P50_S = 1.0
 TARGET_EFFICIENCY = 0.95
@@ -104,6 +105,7 @@ async def _episode(stub: scheduler_pb2_grpc.SchedulerStub) -> Episode:
         if i == 0:
             first, first_wall = time.perf_counter(), time.time()
     actions_done = time.perf_counter()
+    await call.write(CLOSE)
     await call.done_writing()
     status = 0
     while (response := await call.read()) is not grpc.aio.EOF:
