@@ -4,13 +4,13 @@ every HINT_EVERY seconds, while a renewal stream there told of pools, the replic
 queue as last counted (the `queue_groups` statement, GetQueue's) and matches each stream's
 pools against the queued selectors in memory.
 
-An embedded PostgreSQL in a throw-away directory, filled as scripts/queue_scale.py does
-(--queued tasks over --selectors selectors x --keys fairness keys, a fleet of --hosts hosts),
-the queue counted once; then the statement's p50 / p99 over --calls reads, and the matching's
-CPU (one `PoolHints.update`, p50 over --rounds) with 10, 100 and --hosts streams each
-telling one pool (an emulator pool's labels, its host's among them), with --selectors of
-the queue's selectors naming emulators (a snapshot) and the rest phones (a model). No
-gRPC: the two parts of the loop, each timed alone.
+An embedded PostgreSQL in a throw-away directory, --queued tasks over --selectors selectors
+x --keys fairness keys (written with SQL, as scripts/queue_scale.py does), the queue counted
+once; then the statement's p50 / p99 over --calls reads, and the matching's CPU (one
+`update` of the replica's hints, p50 over --rounds) with 10, 100 and --hosts streams each
+telling one pool (an emulator pool's labels, its host's among them); half the queue's
+selectors name an emulator snapshot, half a phone model. No gRPC: the loop's two parts,
+each timed alone, on an in-process control plane.
 
     .venv/bin/python scripts/pool_hints_cost.py --hosts 1000
 """
@@ -36,8 +36,9 @@ from queue_scale import BATCH, QUEUED, quantiles, workdir
 
 from amc_testing.database import EmbeddedPostgres
 from amc_testing.plane import ControlPlane, Settings, migrate
-from control_plane.pool_hints import GROUPS, PoolHints
 
+# The groups the hints read (control_plane.pool_hints.GROUPS).
+GROUPS = 10_000
 # Half the selectors ask for an emulator of a snapshot (with its rack), half for a model
 # (distinct up to 400 selectors).
 FILL = """
@@ -93,7 +94,7 @@ async def main(args: argparse.Namespace) -> None:
             took.append(time.perf_counter() - started)
         print(f"the statement (queue_groups, {len(read):,} rows)   {quantiles(took)}")
         for hosts in sorted({10, 100, args.hosts}):
-            hints = PoolHints()
+            hints = plane.hub.pools  # the replica's own, as its renewal streams use it
             pushed: list[dict[str, int]] = []
             streams = contextlib.ExitStack()
             for i in range(hosts):

@@ -21,8 +21,7 @@ from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
-from host_agent.devices import DeviceLost, DeviceTimeout
-from host_agent.devices import ShellResult
+from host_agent.devices import DeviceLost, DeviceTimeout, ShellResult
 from host_agent.health import Condition, Health, Thresholds, judge
 from host_agent.probe import Reading, parse_battery, parse_df, probe
 from host_agent.recovery import Recovery, RecoverySettings
