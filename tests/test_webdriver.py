@@ -132,6 +132,17 @@ async def test_a_session_no_phone_takes_within_its_queue_timeout_is_not_created_
     assert await farm.device_holder(HOST, "sim-0") is None
 
 
+async def test_a_host_without_appium_is_given_no_webdriver_session(farm: Farm) -> None:
+    """THEN the session waits for a phone labelled appium=yes (a host with --appium), and
+    the one phone, of a host without, is never taken."""
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(farm, SimulatedSource(1, delay=0.01), host_id=HOST):
+        with pytest.raises(SessionNotCreatedException) as caught:
+            await asyncio.to_thread(connect, hub(farm), token, **{"amc:queueTimeout": 1})
+    assert "queue timeout" in caught.value.msg and "appium=yes" in caught.value.msg
+    assert await farm.db.fetchval("SELECT count(*) FROM attempts") == 0  # type: ignore[union-attr]
+
+
 async def test_a_cancelled_session_answers_invalid_session_id_and_its_appium_session_is_gone(
     farm: Farm, agent: Agent
 ) -> None:

@@ -12,7 +12,9 @@ says; so is an `amc:` name AMC does not know. What AMC reads:
   first command, as a session's `apps`); not passed to Appium. Any other `appium:`
   capability goes to Appium as given (`appium:automationName`, `appium:appPackage`, ...).
 - `appium:udid`: the phone's serial; `appium:deviceName`: its `model` label; `amc:labels`:
-  an object of labels the phone must have. Together they are the session's selector.
+  an object of labels the phone must have. Together they are the session's selector,
+  with `appium=yes`: the label of a host that runs Appium (the host agent's `--appium`;
+  not added to a maintenance session's, which names one phone and nothing else).
 - `amc:queueTimeout` (seconds, default 300): how long the request waits for a phone;
   `amc:idleTimeout` (seconds, 1 to 3600, default 60, as Appium's newCommandTimeout): a
   session sent no command for that long ends; `amc:priority` (a whole number).
@@ -28,6 +30,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common.device_selector import APPIUM_LABEL, APPIUM_YES
 from control_plane.errors import InvalidArgument
 
 STANDARD = frozenset({
@@ -123,6 +126,8 @@ def _session(caps: dict[str, Any]) -> NewSession:
     if not isinstance(maintenance, bool):
         raise InvalidArgument("amc:maintenance", "true or false")
     opening.maintenance = maintenance
+    if not maintenance:  # (a maintenance session names its phone, and nothing else)
+        opening.selector.labels[APPIUM_LABEL] = APPIUM_YES  # a host running Appium (--appium)
     app = _text(caps, "appium:app")
     if app:
         opening.apps.append(task_pb2.InstallApp(app=app, replace=True, grant_permissions=True))
