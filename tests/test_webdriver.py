@@ -6,6 +6,7 @@ task, lease and phone read in the database."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,16 +20,20 @@ from appium.webdriver.common.appiumby import AppiumBy
 from selenium.common.exceptions import InvalidSessionIdException, SessionNotCreatedException
 from selenium.webdriver.remote.client_config import AuthType
 
-from amc.v1 import scheduler_pb2
+from amc.v1 import scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from host_agent.agent import Agent
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, eventually
 from tests.support.agent import running_agent, status_is
+from tests.support.apks import ApkFile, apk_cache, old_apk  # noqa: F401 (fixtures)
 from tests.support.appium import appium_program, fake_caps  # noqa: F401 (a fixture)
 from tests.support.console import console_farm, console_url
+from tests.support.doc_examples import fences
+from tests.support.library import library, upload_app
 
 HOST = "wd-host"
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -252,3 +257,36 @@ async def test_tokens_reach_only_their_own_sessions_and_a_client_no_maintenance_
     assert (status, value["error"]) == (404, "invalid session id")
     assert "Hello, farm" in await asyncio.to_thread(lambda: driver.page_source)
     await asyncio.to_thread(driver.quit)
+
+
+async def test_the_readme_webdriver_example_runs_as_written(
+    farm: Farm,
+    agent: Agent,
+    old_apk: ApkFile,  # noqa: F811
+) -> None:
+    """THEN README.md's Appium example, given this farm's address, a client token and the
+    names of the fake driver and the test's app, installs the app from the library first,
+    clicks, prints the session and ends it done."""
+    operator = await farm.token(Role.OPERATOR)
+    app = await upload_app(library(farm, operator), old_apk.data)
+    (block,) = [b for b in fences(ROOT / "README.md", "python") if "webdriver.Remote(" in b]
+    token = await farm.token(Role.CLIENT)
+    code = (
+        block.replace("http://127.0.0.1:8080/wd/hub", hub(farm))
+        .replace('"amc_…"', repr(token))
+        .replace('"UiAutomator2"', '"Fake"')
+        .replace('"com.example.app"', repr(app.package))
+        .replace('{"model": "Pixel 7"}', '{"model": "Simulated"}')
+        .replace('"Log in"', '"go"')
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    task_id, _ = out.decode().split(" ", 1)
+    assert await farm.status(task_id) == "done"
+    client = await farm.client()
+    got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+    assert [s.name for s in got.result.steps][:2] == ["apps", "webdriver"]
+    assert got.result.steps[0].status == task_pb2.STEP_STATUS_OK
