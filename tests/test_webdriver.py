@@ -100,6 +100,8 @@ async def test_a_webdriver_session_drives_the_phone_through_appium_and_delete_fr
     await asyncio.to_thread(driver.quit)
     assert await farm.status(task_id) == "done"
     assert [a["state"] for a in await farm.attempts(task_id)] == ["done"]
+    status, value = await w3c(farm, "GET", f"/session/{task_id}/source", token)
+    assert (status, value["error"]) == (404, "invalid session id")
     assert await farm.device_holder(HOST, "sim-0") is None
     assert await appium_sessions(agent) == []
     client = await farm.client()
@@ -290,3 +292,23 @@ async def test_the_readme_webdriver_example_runs_as_written(
     got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
     assert [s.name for s in got.result.steps][:2] == ["apps", "webdriver"]
     assert got.result.steps[0].status == task_pb2.STEP_STATUS_OK
+
+
+async def test_a_client_that_leaves_while_its_session_waits_withdraws_it(
+    farm: Farm, agent: Agent
+) -> None:
+    token = await farm.token(Role.CLIENT)
+    body = new_session(**{"amc:labels": {"rack": "nowhere"}, "amc:queueTimeout": 60})
+    asking = asyncio.create_task(w3c(farm, "POST", "/session", token, body))
+    assert farm.db is not None
+    task_id = await eventually(
+        lambda: farm.db.fetchval("SELECT task_id::text FROM tasks"), what="the session queued"
+    )
+    asking.cancel()
+    await status_is(farm, task_id, "cancelled")
+
+
+async def test_what_is_no_webdriver_command_is_answered_unknown_command(farm: Farm) -> None:
+    token = await farm.token(Role.CLIENT)
+    status, value = await w3c(farm, "GET", "/sessions", token)
+    assert (status, value["error"]) == (404, "unknown command")

@@ -13,7 +13,8 @@ Routes, under `/wd/hub` (Selenium Grid's, Appium 1's) and at the root (Appium 2'
   (host_agent.webdriver) and Appium's answer is the client's, its session id replaced by
   the farm's: the session's task id. A session that is not had within `amc:queueTimeout`
   is answered `session not created` with the reason it waited; Appium's own refusal is
-  passed on, and the farm's session closed.
+  passed on, and the farm's session closed. A client that leaves while its session waits
+  (its connection closed, looked at every second) withdraws it.
 - **Commands**: one at a time per session (each a step of the task), carried as the
   session's actions (SessionAction.webdriver) through its relay to the host; Appium's
   status and body are the answer. Only the token that made a session reaches it.
@@ -49,6 +50,8 @@ PREFIXES = ("", "/wd/hub")
 MAX_BODY = 3 << 20
 # How long DELETE waits for the session's task to be finished (its phone freed).
 END_WAIT = 10.0
+# How often a new-session request waiting in the queue looks whether its client left.
+LOOK_EVERY = 1.0
 _FINISHED = (
     task_pb2.TASK_STATUS_DONE,
     task_pb2.TASK_STATUS_FAILED,
@@ -158,6 +161,10 @@ class WebDriver:
             app.router.add_get(f"{prefix}/status", self.status)
             app.router.add_post(f"{prefix}/session", self.new_session)
             app.router.add_route("*", prefix + "/session/{id}{tail:(/.*)?}", self.command)
+        app.router.add_route("*", "/wd/hub/{tail:.*}", self.unknown)
+
+    async def unknown(self, request: web.Request) -> web.Response:
+        return w3c_error("unknown command", f"no WebDriver command at {request.path}")
 
     async def status(self, request: web.Request) -> web.Response:
         return web.json_response({"value": {"ready": True, "message": "AMC's WebDriver endpoint"}})
@@ -176,9 +183,12 @@ class WebDriver:
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         try:
-            await session.dispatched.wait()
+            while not await _within(session.dispatched.wait(), LOOK_EVERY):
+                if _gone(request):  # the client left while its session waited: withdrawn
+                    session.close()
+                    return w3c_error("session not created", "the client left")
         except asyncio.CancelledError:
-            session.close()  # the client left while its session waited: withdrawn
+            session.close()
             raise
         if session.refused is not None:
             return _refusal(session.refused.code, session.refused.message)
@@ -201,6 +211,9 @@ class WebDriver:
         if reply.status != 200:
             session.close()
             return _passed_on(reply)
+        if _gone(request):  # nobody to tell the session's id: it ends at once
+            session.close()
+            return w3c_error("session not created", "the client left")
         self.sessions[session.id] = session
         reader.add_done_callback(lambda _: self.sessions.pop(session.id, None))
         return web.json_response(document)
@@ -246,6 +259,20 @@ async def _body(request: web.Request) -> bytes:
         if len(data) > MAX_BODY:
             raise InvalidArgument("body", f"more than {MAX_BODY >> 20} MiB")
     return bytes(data)
+
+
+async def _within(aw: Any, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(aw, seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _gone(request: web.Request) -> bool:
+    """The client's connection is closed (it stopped waiting for its new session)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _who(request: web.Request) -> tuple[CallContext, Any]:
