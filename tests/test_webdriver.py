@@ -312,3 +312,26 @@ async def test_what_is_no_webdriver_command_is_answered_unknown_command(farm: Fa
     token = await farm.token(Role.CLIENT)
     status, value = await w3c(farm, "GET", "/sessions", token)
     assert (status, value["error"]) == (404, "unknown command")
+
+
+async def test_a_lost_lease_ends_the_webdriver_session_and_its_appium_session(
+    farm: Farm, agent: Agent
+) -> None:
+    """THEN once the sweep expires the session's lease, the task is failed ("lease lost"),
+    the next command is `invalid session id`, and the host deletes Appium's session: a
+    WebDriver session never outlives its lease."""
+    token = await farm.token(Role.CLIENT)
+    driver = await asyncio.to_thread(connect, hub(farm), token)
+    task_id = driver.session_id
+    assert len(await appium_sessions(agent)) == 1
+    (attempt,) = await farm.attempts(task_id)
+    await farm.expire_now(str(attempt["lease_id"]))
+    await status_is(farm, task_id, "failed")
+    assert (await farm.task_row(task_id))["error"] == "lease lost: it expired"
+    with pytest.raises(InvalidSessionIdException):
+        await asyncio.to_thread(lambda: driver.page_source)
+
+    async def appium_session_gone() -> bool:
+        return await appium_sessions(agent) == []
+
+    await eventually(appium_session_gone, what="Appium's session deleted")
