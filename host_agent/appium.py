@@ -3,7 +3,10 @@ on demand (`--appium PATH`) on a port of its own and kept for the phone's later 
 
 A server listens on 127.0.0.1 only, on a port the system picks free when it starts; it is
 ready once its `/status` answers. A server that exited (or never became ready) is started
-again for the next session. All of them stop with the agent (SIGTERM, then SIGKILL).
+again for the next session. All of them stop with the agent (SIGTERM, then SIGKILL), and
+on Linux a server is also told by the kernel when the agent dies without stopping it
+(PR_SET_PDEATHSIG: a killed agent leaves no Appium server, and so no Appium session,
+behind it to drive a phone it no longer holds).
 
 `--appium-caps` are capabilities the host puts over every client's (the operator's word
 on what this host's Appium needs, e.g. a driver's own settings); the phone's serial as
@@ -14,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
+import signal
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +51,12 @@ class AppiumSettings:
 def servers(path: str | None, caps: Mapping[str, Any]) -> AppiumServers | None:
     """The host's Appium servers, with --appium; None without."""
     return AppiumServers(AppiumSettings(path, caps)) if path else None
+
+
+def _die_with_parent() -> None:
+    """In the child before it runs Appium: SIGTERM when the agent dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -100,6 +112,7 @@ class AppiumServers:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise AppiumError(f"--appium {self.settings.path}: {exc.strerror or exc}") from None

@@ -6,6 +6,7 @@ task, lease and phone read in the database."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from amc.v1 import scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from host_agent.agent import Agent
 from host_agent.simulated import SimulatedSource
+from scripts.launch import HostAgentCommand
 from tests.support import Farm, eventually
 from tests.support.agent import running_agent, status_is
 from tests.support.apks import ApkFile, apk_cache, old_apk  # noqa: F401 (fixtures)
@@ -31,6 +33,7 @@ from tests.support.appium import appium_program, fake_caps  # noqa: F401 (a fixt
 from tests.support.console import console_farm, console_url
 from tests.support.doc_examples import fences
 from tests.support.library import library, upload_app
+from tests.test_host_agent_process import agent_process, log_events
 
 HOST = "wd-host"
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,3 +338,44 @@ async def test_a_lost_lease_ends_the_webdriver_session_and_its_appium_session(
         return await appium_sessions(agent) == []
 
     await eventually(appium_session_gone, what="Appium's session deleted")
+
+
+async def test_a_killed_agent_leaves_no_appium_server_behind(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """THEN the Appium server the agent started for the phone (its session open) stops
+    when the agent is killed (SIGKILL: no clean-up of its own), so no Appium session is
+    left to drive a phone the agent no longer holds."""
+    token = tmp_path / "host.token"
+    token.write_text(await farm.token(Role.HOST, HOST) + "\n")
+    log = tmp_path / "agent.log"
+    command = HostAgentCommand(
+        farm.address,
+        HOST,
+        token_file=token,
+        simulated_devices=1,
+        sim_delay=0.01,
+        log_format="json",
+        appium=appium_program,
+        appium_caps=json.dumps(fake_caps(appium_program)),
+    )
+    client = await farm.token(Role.CLIENT)
+    async with agent_process(command, log) as proc:
+        await asyncio.to_thread(connect, hub(farm), client)
+        (started,) = [e for e in log_events(log) if e.get("event") == "appium server started"]
+        status_url = f"http://127.0.0.1:{started['port']}/status"
+        async with aiohttp.ClientSession() as http, http.get(status_url) as answer:
+            assert answer.status == 200
+        proc.kill()
+        await proc.wait()
+
+    async def stopped() -> bool:
+        try:
+            async with aiohttp.ClientSession() as http, http.get(status_url):
+                return False
+        except aiohttp.ClientConnectionError:
+            return True
+
+    await eventually(stopped, what="the Appium server stopped")
