@@ -29,6 +29,9 @@ from host_agent.stop_token import StopToken
 log = structlog.get_logger(__name__)
 STEP = "webdriver"
 DELETE_TIMEOUT = 10.0
+# The most of Appium's answer a step carries: the control plane takes at most 1 MiB a
+# message from a host, and the step's other fields need a little of it.
+MAX_REPLY = (1 << 20) - (16 << 10)
 
 
 def w3c_error(status: int, error: str, message: str) -> task_pb2.WebDriverReply:
@@ -113,9 +116,12 @@ class WebDriverSession:
                 method, url, data=body if method == "POST" else None, headers=headers
             ) as answer:
                 data = await answer.read()
-                return task_pb2.WebDriverReply(status=answer.status, body=data)
         except (aiohttp.ClientError, OSError) as exc:
             return w3c_error(500, "unknown error", f"Appium did not answer: {exc}")
+        if len(data) > MAX_REPLY:  # refused here: sent, it would break the session's relay
+            why = f"Appium's answer is {len(data)} bytes, more than the {MAX_REPLY} a farm carries"
+            return w3c_error(500, "unknown error", why)
+        return task_pb2.WebDriverReply(status=answer.status, body=data)
 
     async def close(self) -> None:
         """Delete the Appium session if it is still open (the farm's session ended)."""

@@ -18,7 +18,11 @@ from appium import webdriver
 from appium.options.common.base import AppiumOptions
 from appium.webdriver.client_config import AppiumClientConfig
 from appium.webdriver.common.appiumby import AppiumBy
-from selenium.common.exceptions import InvalidSessionIdException, SessionNotCreatedException
+from selenium.common.exceptions import (
+    InvalidSessionIdException,
+    SessionNotCreatedException,
+    WebDriverException,
+)
 from selenium.webdriver.remote.client_config import AuthType
 
 from amc.v1 import scheduler_pb2, task_pb2
@@ -379,3 +383,37 @@ async def test_a_killed_agent_leaves_no_appium_server_behind(
             return True
 
     await eventually(stopped, what="the Appium server stopped")
+
+
+async def test_a_screenshot_crosses_the_farm_as_appium_took_it(farm: Farm, agent: Agent) -> None:
+    token = await farm.token(Role.CLIENT)
+    driver = await asyncio.to_thread(connect, hub(farm), token)
+    png = await asyncio.to_thread(driver.get_screenshot_as_png)
+    assert png.startswith(b"\x89PNG") and len(png) > 100_000
+    await asyncio.to_thread(driver.quit)
+
+
+async def test_an_answer_too_big_for_the_farm_is_an_error_and_the_session_goes_on(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """THEN a page source of more than a MiB (what a host's message may carry) is answered
+    W3C's `unknown error` saying so, and the session's next command still works."""
+    big = tmp_path / "big-app.xml"
+    items = "".join(f'<MockListItem id="i{n}">{"x" * 1000}</MockListItem>' for n in range(1200))
+    big.write_text(f'<app><MockButton id="go">Go</MockButton>{items}</app>')
+    caps = {**fake_caps(appium_program), "appium:app": str(big)}
+    source = SimulatedSource(1, delay=0.01)
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(
+        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+    ):
+        driver = await asyncio.to_thread(connect, hub(farm), token)
+        with pytest.raises(WebDriverException) as caught:
+            await asyncio.to_thread(lambda: driver.page_source)
+        assert "bytes, more than the" in caught.value.msg
+        button = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "go")
+        await asyncio.to_thread(button.click)
+        await asyncio.to_thread(driver.quit)
+        assert await farm.status(driver.session_id) == "done"

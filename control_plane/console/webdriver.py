@@ -235,7 +235,7 @@ class WebDriver:
         reply = await session.command(command)
         if reply is None:
             why = session.task.result.error if session.task is not None else ""
-            return w3c_error("invalid session id", f"session {session_id} ended {why}".strip())
+            return w3c_error("invalid session id", f"session {session_id} ended: {why or 'over'}")
         if request.method == "DELETE" and not tail:
             session.close()
             self.sessions.pop(session_id, None)
