@@ -32,7 +32,7 @@ from typing import Any
 
 import aiohttp
 
-from amc_testing.appium import NAME, fake_caps, install
+from amc_testing.appium import NAME, Unreachable, fake_caps, install
 from amc_testing.database import free_port
 from bench_lib.report import Row, pcts
 from bench_lib.stack import AGENT_TOKEN, Stack, cpu_seconds, spawn
@@ -102,7 +102,11 @@ async def _appium(stack: Stack, program: Path, http: aiohttp.ClientSession) -> A
 
 async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     say(f"webdriver: Appium and its fake driver (npm, once) in {CACHE}")
-    program = await asyncio.to_thread(install, CACHE)
+    try:
+        program = await asyncio.to_thread(install, CACHE)
+    except Unreachable as exc:
+        say(f"webdriver: skipped: {exc}")
+        return {"skipped": str(exc)}
     port = free_port()
     replica = await stack.start_replica(
         "control-plane-webdriver", stack.lease_ttl, http_listen=f"127.0.0.1:{port}"
@@ -201,6 +205,8 @@ REQUEST_OVERHEAD_MS = 3.0
 def rows(wd: dict[str, Any] | None) -> list[Row]:
     if not wd:
         return []
+    if "skipped" in wd:
+        return [Row("17 webdriver", "skipped", wd["skipped"][:200])]
     name, over = "17 webdriver", wd["request_overhead_ms"]
     cpu = " / ".join(f"{n} {us:.0f}" for n, us in wd["request_cpu_us"].items())
     return [
