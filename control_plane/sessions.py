@@ -86,7 +86,9 @@ def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
 
 
 def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
-    session = task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb, maintenance=o.maintenance)
+    session = task_pb2.Session(
+        idle_timeout=o.idle_timeout, adb=o.adb, maintenance=o.maintenance, webdriver=o.webdriver
+    )
     spec = task_pb2.TaskSpec(session=session)
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)

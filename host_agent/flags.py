@@ -35,6 +35,7 @@ from host_agent.flag_values import (
     address,
     address_text,
     budget,
+    capabilities,
     celsius,
     count,
     duration,
@@ -129,6 +130,10 @@ _SCREEN: list[_Option] = [
     ("--scrcpy-server", "AMC_SCRCPY_SERVER", None, jar_flag,
      "scrcpy-server v3.3.4: real phones' H.264 and input through it (unset: screencap)"),
 ]
+_WEBDRIVER: list[_Option] = [
+    ("--appium", "AMC_APPIUM", None, str, "the appium program: a WebDriver session's server"),
+    ("--appium-caps", "AMC_APPIUM_CAPS", "{}", capabilities, "JSON: caps over every client's"),
+]
 _LOGS: list[_Option] = [
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
     ("--log-level", "AMC_LOG_LEVEL", "INFO", log_level, "DEBUG, INFO, WARNING or ERROR"),
@@ -169,6 +174,7 @@ _GROUPS: list[tuple[str, list[_Option]]] = [
     ("cleaning between leases", _CLEANING),
     ("live screen and recordings", _SCREEN),
     ("emulators the host runs (a pool per AVD)", _EMULATORS),
+    ("WebDriver sessions (one Appium server per phone, started on demand)", _WEBDRIVER),
     ("logs and metrics", _LOGS),
     ("simulated phones (no adb: for trying the farm out and for tests)", _SIMULATED),
 ]
@@ -187,6 +193,7 @@ _METAVARS: dict[Callable[[str], Any], str] = {
     log_level: "LEVEL",
     Path: "DIR",
     budget: "CPUS,MEMORY",
+    capabilities: "JSON",
     port_range: "FIRST-LAST",
 }
 
