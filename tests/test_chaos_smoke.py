@@ -1066,7 +1066,9 @@ def _emulator_events(t: float) -> list[dict[str, Any]]:
     ]
 
 
-def _attempt(task: str, attempt: int, serial: str, made: float, ended: float, state: str) -> Any:
+def _emulator_attempt(
+    task: str, attempt: int, serial: str, made: float, ended: float, state: str
+) -> Any:
     return {
         "task_id": task,
         "attempt": attempt,
@@ -1085,8 +1087,8 @@ def test_a_task_whose_emulator_died_is_given_back_and_done_or_breaks_invariant_1
     t = 1_000_000.0
     ok = "ok"
     attempts = {
-        (ok, 1): _attempt(ok, 1, "emulator-5660", t + 5, t + 10.1, "released"),
-        (ok, 2): _attempt(ok, 2, "emulator-5662", t + 11, t + 13, "done"),
+        (ok, 1): _emulator_attempt(ok, 1, "emulator-5660", t + 5, t + 10.1, "released"),
+        (ok, 2): _emulator_attempt(ok, 2, "emulator-5662", t + 11, t + 13, "done"),
     }
     tasks: dict[str, dict[str, Any]] = {
         ok: {"status": "done", "cancel_requested_at": None, "metadata": {}}
@@ -1150,6 +1152,6 @@ def test_an_emulators_failed_clean_is_dated_by_the_double_for_invariant_12() -> 
     ]
     phone = f"{emulators.HOST}/emulator-5660"
     reports = [cleaning.Record(phone, t + 3.0, False, "snapshot failed (2.0 s): did not start")]
-    attempts = {("x", 1): _attempt("x", 1, "emulator-5660", t + 2.5, t + 4, "done")}
+    attempts = {("x", 1): _emulator_attempt("x", 1, "emulator-5660", t + 2.5, t + 4, "done")}
     verdict = cleaning.check(commands, [], attempts, reports)
     assert [d["lease_started_at"] for _, d in verdict.violations] == [t + 2.5]
