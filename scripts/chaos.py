@@ -27,13 +27,14 @@ or SIGSTOP + SIGCONT, an agent's phone unplugged mid-run, hung, boot-looping or 
 (chaos_lib/cleaning.py), an emulator of the pool of one more agent (`chaos-e0`, emulator
 doubles with `--emulator`, reset between leases from a snapshot; tasks and sessions start
 from one) dying during a snapshot load (its reset's or a task's), a load failing or hanging,
-a start that never boots (chaos_lib/emulators.py), and on the database: PostgreSQL runs
-as a primary and a synchronous streaming standby (the replicas' URL names both), and fails
-over (primary killed, standby promoted, old primary rewound to follow it), has random
-backends terminated, an idle transaction held open, its connection slots filled. All through, the
-replicas age client connections out every 20 s (--max-connection-age), so every host's
-renewal stream moves to a new connection again and again under the faults. Then it quiesces
-(no new faults, everything up, nothing in flight), checks the invariants
+a start that never boots, its agent killed (chaos_lib/emulators.py), and on the database:
+PostgreSQL runs as a primary and a synchronous streaming standby (the replicas' URL names
+both), and fails over (primary killed, standby promoted, old primary rewound to follow
+it), has random backends terminated, an idle transaction held open, its connection slots
+filled. All through, the replicas age client connections out every 20 s
+(--max-connection-age), so every host's renewal stream moves to a new connection again and
+again under the faults. Then it quiesces (no new faults, everything up, nothing in flight),
+checks the invariants
 (chaos_lib/invariants.py; the seventh, dispatch liveness, in chaos_lib/dispatch.py; the
 eighth, no acknowledged transition lost, across the failovers; the tenth, phone faults, in
 chaos_lib/phones.py; the twelfth, no lease on a phone whose last clean failed, in

@@ -16,6 +16,8 @@ as soon as the double's events file shows it fired, FIRE_WITHIN at most):
                           one): its task is given back as device_lost
     emu_load_fails        a load answers `KO:` (the reset's or a task's)
     emu_load_hang         a load never answers: it fails at --emulator-load-timeout
+    emu_agent_kill        the emulator host's agent killed (SIGKILL) and started again: its
+                          instances, in sessions of their own, outlive it
     emu_boot_fails        the reset's load fails and the start that follows exits before
                           it boots (as a start does whose disk cannot be opened), and so
                           does every start until its recovery ladder leaves it to an
@@ -23,7 +25,8 @@ as soon as the double's events file shows it fired, FIRE_WITHIN at most):
                           quarantined; after the fault, an operator releases it
 
 After each, the instance is seen ready again (released by the operator if its ladder left
-it waiting for one), as the phone faults' phones are.
+it waiting for one), as the phone faults' phones are; after emu_agent_kill, the pool's
+minimum of new instances.
 
 Invariant 14 (from the database and the double's events file), beside invariant 12 (no
 lease on a phone whose last clean failed: chaos_lib/cleaning.py, which reads every host's
@@ -39,8 +42,10 @@ double's events, see `clean_commands`):
        emu_boot_fails: within RESTART_BOUND of the fault's end)
     c  the pool kept its minimum: once MIN instances had registered, the instances alive
        (between a `registered` event and their process's end) were below MIN no longer
-       than RESTART_BOUND at a time, but while an emu_boot_fails fault kept one down, and
-       MIN of them were ready at the quiesce
+       than RESTART_BOUND at a time, but while an emu_boot_fails fault kept one down or
+       its agent was away (emu_agent_kill), and MIN of them were ready at the quiesce
+    d  the instances a killed agent left running were stopped (their `killed` event)
+       within LEFTOVER_BOUND of its start again, not kept beside its new ones
 """
 
 from __future__ import annotations
@@ -92,7 +97,9 @@ KINDS = (
     "emu_load_fails",
     "emu_load_hang",
     "emu_boot_fails",
+    "emu_agent_kill",
 )
+LEFTOVER_BOUND = 30.0
 # What each fault writes for its instance, and the event of the double that says it fired.
 ENTRIES: dict[str, tuple[dict[str, Any], str]] = {
     "emu_die_in_load": ({"die_in_load": True, "only": BOOT}, "died"),
@@ -366,6 +373,17 @@ async def _fired(
     return None
 
 
+async def pool_back(world: EmulatorWorld, dsn: str, since: float, within: float) -> int:
+    """After the agent started again: MIN new instances registered with adb, then ready."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        fresh = [e for e in world.read_events() if e["event"] == "registered" and e["at"] > since]
+        if len(fresh) >= MIN:
+            return await pool_ready(dsn, max(0.0, deadline - time.monotonic()))
+        await asyncio.sleep(0.2)
+    return 0
+
+
 async def pool_ready(dsn: str, within: float) -> int:
     """Waits (at the quiesce) until MIN of the pool's instances are ready; how many are."""
     deadline = time.monotonic() + within
@@ -478,9 +496,10 @@ def check(
     downs = [
         (f.started_at, (f.recovered_at or f.healed_at or run_ended) + RESTART_BOUND)
         for f in faults
-        if f.kind == "emu_boot_fails"
+        if f.kind in ("emu_boot_fails", "emu_agent_kill")
     ]
     _started_afresh(events, downs, run_ended, verdict)
+    _leftovers_stopped(events, faults, verdict)
     _kept_minimum(events, downs, run_ended, verdict)
     verdict.stats["instances ready at the quiesce"] = ready_at_end
     if ready_at_end < MIN:
@@ -536,6 +555,36 @@ def _given_back(
                 verdict.violations.append(("a task whose emulator died did not end done", detail))
             else:
                 verdict.stats[f"tasks given back as device_lost, then {t['status']}"] += 1
+
+
+def _leftovers_stopped(
+    events: list[dict[str, Any]], faults: list[Any], verdict: EmulatorVerdict
+) -> None:
+    for f in faults:
+        if f.kind != "emu_agent_kill" or f.healed_at is None:
+            continue
+        alive: dict[int, str] = {}
+        for e in events:
+            if e["at"] > f.started_at:
+                break
+            if e["event"] == "registered":
+                alive[e["pid"]] = e["serial"]
+            elif e["event"] in ("died", "killed"):
+                alive.pop(e["pid"], None)
+        for pid, serial in alive.items():
+            ended = [
+                e["at"] for e in events if e["pid"] == pid and e["event"] in ("died", "killed")
+            ]
+            verdict.stats["instances a killed agent left running"] += 1
+            if not ended or ended[0] > f.healed_at + LEFTOVER_BOUND:
+                verdict.violations.append(
+                    (
+                        "an emulator a killed agent left running was not stopped",
+                        {"serial": serial, "pid": pid, "agent_back_at": f.healed_at},
+                    )
+                )
+            else:
+                verdict.stats["of those stopped by the agent started again"] += 1
 
 
 def _alive(events: list[dict[str, Any]]) -> list[tuple[float, int]]:

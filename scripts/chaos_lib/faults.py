@@ -24,8 +24,9 @@ and never both replicas down together (the farm is meant to survive one at a tim
                    phone running a task where one does), then well again
                    (chaos_lib/cleaning.py)
     emu_*          an emulator of the pool dies during its reset's load or a task's, a load
-                   fails or hangs, a start never boots (chaos_lib/emulators.py); two at
-                   most at once, on different instances
+                   fails or hangs, a start never boots, the pool's agent is killed
+                   (chaos_lib/emulators.py); two at most at once, on different instances,
+                   and none while its agent is killed
 
 The fleet kinds run only when there is a fleet (`--hosts`), the emulator kinds when there
 is an emulator pool.
@@ -170,8 +171,13 @@ class Injector:
     def _target(self, kind: str) -> str | None:
         farm = self.farm
         if kind in emulators.KINDS:
-            # A slot (its instance is drawn when the fault begins: emulators.pick).
+            # A slot (its instance is drawn when the fault begins: emulators.pick); the
+            # agent's kill only while no other emulator fault runs, and none during it.
             slots = [f"{emulators.HOST}/fault-{n}" for n in range(2)]
+            if emulators.HOST in self.busy:
+                return None
+            if kind == "emu_agent_kill":
+                return None if self.busy.intersection(slots) else emulators.HOST
             free = [slot for slot in slots if slot not in self.busy]
             return free[0] if free else None
         if kind in phones.KINDS or kind in cleaning.KINDS:
@@ -258,6 +264,27 @@ class Injector:
 
     _emu_die_in_load = _emu_die_in_task_load = _emu_load_fails = _emulator_fault
     _emu_load_hang = _emu_boot_fails = _emulator_fault
+
+    async def _emu_agent_kill(self, fault: Fault) -> None:
+        """The emulator host's agent SIGKILLed (its instances outlive it), started again."""
+        agent = self.farm.emulator_agent
+        assert agent is not None
+        agent.kill()
+        self._host_cut_off(fault.target)
+        await asyncio.sleep(self.rng.uniform(0.5, 2.5))
+        agent.spawn()
+        fault.healed_at = time.time()
+        world = self.farm.emulator_world
+        assert world is not None
+        ready = await emulators.pool_back(
+            world, self.farm.dsn, fault.healed_at, emulators.READY_WITHIN
+        )
+        fault.detail["fired"] = True
+        if ready >= emulators.MIN:
+            fault.recovered_at = time.time()
+            fault.detail["ready_again_s"] = round(fault.recovered_at - fault.healed_at, 3)
+        else:
+            fault.error = f"the pool not at its minimum within {emulators.READY_WITHIN:g}s"
 
     async def _replica_kill(self, fault: Fault) -> None:
         replica = next(r for r in self.farm.replicas if r.name == fault.target)

@@ -44,7 +44,8 @@
        given back as device_lost and ends done; an emulator that died, or whose reset's
        load failed or hung, is started afresh within a bound; the pool is below its
        minimum no longer than that bound (but while a start that never boots keeps one
-       down) and at its minimum at the quiesce
+       down, or its agent is away) and at its minimum at the quiesce; the instances a
+       killed agent left running are stopped when it starts again
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
