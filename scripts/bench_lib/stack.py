@@ -235,10 +235,13 @@ class Stack:
         self.control_plane = replica.child
         self.address, self.metrics_url = replica.address, replica.metrics_url
 
-    async def start_replica(self, name: str, lease_ttl: float, dsn: str = "") -> Replica:
+    async def start_replica(
+        self, name: str, lease_ttl: float, dsn: str = "", http_listen: str | None = None
+    ) -> Replica:
         """One more control-plane process on this stack's database, or on `dsn` (another
         database of the same server; migrated on start), not stopped by stop(): the caller
-        stops it. Serving when this returns. Its log is `<name>.log`."""
+        stops it. Serving when this returns. Its log is `<name>.log`. With `http_listen`,
+        it serves the console (and the WebDriver endpoint) there too."""
         port, mport = free_port(), free_port()
         address = f"127.0.0.1:{port}"
         command = ControlPlaneCommand(
@@ -248,6 +251,7 @@ class Stack:
             lease_ttl=lease_ttl,
             metrics_listen=f"127.0.0.1:{mport}",
             log_format=self.log_format,
+            http_listen=http_listen,
         )
         child = spawn(name, command.argv(), self.root / f"{name}.log", self._env(command))
         try:
