@@ -23,6 +23,7 @@ from control_plane import screens
 from control_plane.config import Settings
 from control_plane.console.screen import frame_message
 from control_plane.domain import Role
+from control_plane.frames import Patience
 from host_agent.adb import AdbSource
 from host_agent.screen import Canvas
 from host_agent.simulated import SimulatedSource
@@ -660,3 +661,19 @@ async def test_watch_screen_and_screen_frames_are_served_through_reflection(farm
     ):
         described = await run(GRPCURL, "-plaintext", farm.address, "describe", method)
         assert shape in described, described
+
+
+async def test_a_viewer_s_patience_runs_out_only_on_a_wait_that_lasted_its_seconds() -> None:
+    """THEN waits shorter than the patience, however many, never run out (the timer is
+    not reset by each), and one that lasts it runs out and wakes its viewer."""
+    ready = asyncio.Event()
+    with Patience(ready, 0.3) as patience:
+        for _ in range(8):  # 0.4 s of short waits, beyond the first timer
+            patience.begin()
+            await asyncio.sleep(0.05)
+            assert not patience.end() and not ready.is_set()
+        patience.begin()
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(ready.wait(), 2.0)
+        waited = asyncio.get_running_loop().time() - started
+        assert patience.end() and 0.25 <= waited < 1.0
