@@ -8,7 +8,12 @@ beside its still frames (PNG), on the same agent and phones as bench_lib.screen.
   by default: their bytes a second at the stream's rate are bytes a frame times it).
 - 1 and 10 viewers of one phone's stream: frames a second each viewer gets, the control
   plane's CPU (cores) and per frame relayed, and the ratio of 10's cores to 1's (one
-  capture, one relay: target <= 1.2).
+  capture, one relay: target <= 1.2); beside them a window with nobody watching (the
+  control plane's own work: its agent's renewals and the rest), so that what one viewer
+  and each further viewer add can be told apart (the cost of one message written to one
+  viewer's call: per viewer-frame, 10 viewers' cores less 1's over the frames the 9 more
+  were sent); and, for that cost, its floor: a bare grpc.aio server streaming the same
+  bytes to 1 and 10 calls (bench_lib.grpc_floor).
 - click to changed pixel: a session taps at a new place each time while a viewer of the
   stream decodes it (PyAV, as a browser's VideoDecoder would): from sending the tap to
   the first decoded picture whose pixel there is the tap's red, p50 and p99.
@@ -26,6 +31,7 @@ import av
 import grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from bench_lib import grpc_floor
 from bench_lib.stack import Stack, cpu_seconds
 from bench_lib.stats import summarize
 
@@ -96,6 +102,8 @@ async def _viewers(
         await asyncio.gather(
             *(_read_for(c, started + seconds, n, True) for c, n in zip(calls, counts, strict=True))
         )
+        if not calls:  # nobody watching: the window alone
+            await asyncio.sleep(seconds)
         elapsed = time.perf_counter() - started
         cores = (cpu_seconds(cp) - cpu0) / elapsed
     finally:
@@ -225,13 +233,30 @@ async def run(
         f" kB/s; png {p['png']['frames_per_s']:.1f} frames/s,"
         f" {p['png']['bytes_per_frame'] / 1e3:.1f} kB a frame ({p['h264_to_png_bytes']:.3f}x)"
     )
+    idle = await _viewers(stack, stub, 0, seconds)
     one = await _viewers(stack, stub, 1, seconds)
     ten = await _viewers(stack, stub, 10, seconds)
-    out["viewers"] = {"one": one, "ten": ten, "cores_ratio": ten["cp_cores"] / one["cp_cores"]}
+    # What each of the 9 further viewers costs per frame it is sent.
+    further = sum(ten["frames_per_s_each"][1:])
+    out["viewers"] = {
+        "idle": idle,
+        "one": one,
+        "ten": ten,
+        "cores_ratio": ten["cp_cores"] / one["cp_cores"],
+        "cp_us_per_further_viewer_frame": (ten["cp_cores"] - one["cp_cores"]) / further * 1e6,
+    }
+    v = out["viewers"]
     say(
-        f"  1 viewer: cp {one['cp_cores']:.3f} cores; 10 viewers: cp {ten['cp_cores']:.3f}"
-        f" cores ({out['viewers']['cores_ratio']:.2f}x),"
-        f" {min(ten['frames_per_s_each']):.1f} frames/s the slowest"
+        f"  nobody watching: cp {idle['cp_cores']:.3f} cores; 1 viewer: {one['cp_cores']:.3f};"
+        f" 10 viewers: {ten['cp_cores']:.3f} ({v['cores_ratio']:.2f}x),"
+        f" {min(ten['frames_per_s_each']):.1f} frames/s the slowest;"
+        f" {v['cp_us_per_further_viewer_frame']:.0f} us a frame to each further viewer"
+    )
+    out["grpc_floor"] = floor = await grpc_floor.measure(seconds)
+    say(
+        f"  bare grpc.aio server, same bytes at {grpc_floor.FPS}/s: 1 call {floor['one_cores']:.3f}"
+        f" cores, 10 calls {floor['ten_cores']:.3f}: {floor['us_per_message']:.0f} us a further"
+        " call's message"
     )
     out["clicks"] = await _clicks(stub, clicks)
     c = out["clicks"]["click_to_decoded_pixel_ms"]
