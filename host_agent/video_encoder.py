@@ -8,8 +8,8 @@ behind, or a recording that starts), each key frame with its SPS and PPS in-band
 preset is veryfast, not ultrafast: ultrafast leaves out the intra analysis that text on
 flat colours needs, and its key frames of a phone's screen are twice veryfast's (~30 kB
 against ~16 kB at 360 x 800), its P-frames a fifth bigger, for no less encoding time
-(~2 ms a frame either way; docs/performance.md). Without PyAV (`available()` is False) a simulated phone has no stream and its
-viewers are sent still images.
+(~2 ms a frame either way; docs/performance.md). Without PyAV (`available()` is False)
+a simulated phone has no stream and its viewers are sent still images.
 """
 
 from __future__ import annotations
