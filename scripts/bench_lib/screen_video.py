@@ -13,7 +13,8 @@ beside its still frames (PNG), on the same agent and phones as bench_lib.screen.
   and each further viewer add can be told apart (the cost of one message written to one
   viewer's call: per viewer-frame, 10 viewers' cores less 1's over the frames the 9 more
   were sent); and, for that cost, its floor: a bare grpc.aio server streaming the same
-  bytes to 1 and 10 calls (bench_lib.grpc_floor).
+  bytes to 1 and 10 calls, and receiving them on one stream as a host sends a phone's
+  frames (bench_lib.grpc_floor).
 - click to changed pixel: a session taps at a new place each time while a viewer of the
   stream decodes it (PyAV, as a browser's VideoDecoder would): from sending the tap to
   the first decoded picture whose pixel there is the tap's red, p50 and p99.
@@ -256,7 +257,8 @@ async def run(
     say(
         f"  bare grpc.aio server, same bytes at {grpc_floor.FPS}/s: 1 call {floor['one_cores']:.3f}"
         f" cores, 10 calls {floor['ten_cores']:.3f}: {floor['us_per_message']:.0f} us a further"
-        " call's message"
+        f" call's message; receiving one stream {floor['receiving_cores']:.3f} cores,"
+        f" {floor['us_per_message_received']:.0f} us a message"
     )
     out["clicks"] = await _clicks(stub, clicks)
     c = out["clicks"]["click_to_decoded_pixel_ms"]
