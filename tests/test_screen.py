@@ -436,6 +436,12 @@ async def test_the_console_streams_a_phone_screen_over_a_websocket(database_url:
                     header, image = parse_message(message.data)
                     assert (header["host_id"], header["serial"]) == (HOST, SERIAL)
                     assert header["mime"] == "image/png" and image.startswith(b"\x89PNG")
+                assert farm.plane is not None and farm.plane.hub.screens.viewers() == 1
+            # The page closed its socket: its viewer is gone from the replica.
+            await eventually(
+                lambda: farm.plane is not None and farm.plane.hub.screens.viewers() == 0,
+                what="the closed socket's viewer to leave",
+            )
             # A running task's phone: frames until the task ends, then a normal close.
             client = farm.clients(await farm.token(Role.CLIENT))
             task_id = await submit(client, actions_spec(tap(), wait_action(1.0), tap()))
