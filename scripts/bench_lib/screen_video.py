@@ -15,6 +15,10 @@ beside its still frames (PNG), on the same agent and phones as bench_lib.screen.
   were sent); and, for that cost, its floor: a bare grpc.aio server streaming the same
   bytes to 1 and 10 calls, and receiving them on one stream as a host sends a phone's
   frames (bench_lib.grpc_floor).
+- 1 and 10 viewers of the same stream through the console's socket (`/api/screen`,
+  codec h264, 30 frames a second: what a browser's page reads), the same figures: a
+  console viewer is sent a WebSocket message on the event loop's own socket, no gRPC
+  message.
 - click to changed pixel: a session taps at a new place each time while a viewer of the
   stream decodes it (PyAV, as a browser's VideoDecoder would): from sending the tap to
   the first decoded picture whose pixel there is the tap's red, p50 and p99.
@@ -23,11 +27,13 @@ beside its still frames (PNG), on the same agent and phones as bench_lib.screen.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import av
 import grpc
 
@@ -116,6 +122,49 @@ async def _viewers(
         "frames_per_s_each": [len(n) / elapsed for n in counts],
         "cp_cores": cores,
         "cp_cpu_us_per_frame_relayed": cores * elapsed / max(1, frames) * 1e6,
+    }
+
+
+async def _socket_frame(socket: Any) -> int:
+    """The size of the next frame of the stream on a console socket (still images before
+    the stream's first are skipped)."""
+    while True:
+        message = await socket.receive()
+        if message.type != aiohttp.WSMsgType.BINARY:
+            raise RuntimeError(f"a console socket ended during the window: {message.extra}")
+        data: bytes = message.data
+        length = int.from_bytes(data[:4], "big")
+        if json.loads(data[4 : 4 + length])["mime"] == "video/h264":
+            return len(data) - 4 - length
+
+
+async def _console_viewers(stack: Stack, count: int, seconds: float) -> dict[str, Any]:
+    """`count` console sockets on one phone's stream: the control plane's cores."""
+    url = f"{stack.console_url}/api/screen?host_id={HOST}&serial=sim-3&codec=h264&max_fps=30"
+    assert stack.control_plane is not None
+    cp = stack.control_plane.pid
+    async with aiohttp.ClientSession() as http:
+        sockets = [await http.ws_connect(url, protocols=("amc.v1",)) for _ in range(count)]
+        try:
+            await asyncio.gather(*(_socket_frame(s) for s in sockets))
+            await asyncio.sleep(1.0)
+            cpu0, started = cpu_seconds(cp), time.perf_counter()
+            counts: list[list[int]] = [[] for _ in sockets]
+
+            async def read(socket: Any, sizes: list[int]) -> None:
+                while time.perf_counter() < started + seconds:
+                    sizes.append(await _socket_frame(socket))
+
+            await asyncio.gather(*(read(s, n) for s, n in zip(sockets, counts, strict=True)))
+            elapsed = time.perf_counter() - started
+            cores = (cpu_seconds(cp) - cpu0) / elapsed
+        finally:
+            for socket in sockets:
+                await socket.close()
+    return {
+        "viewers": count,
+        "frames_per_s_each": [len(n) / elapsed for n in counts],
+        "cp_cores": cores,
     }
 
 
@@ -260,6 +309,24 @@ async def run(
         f" call's message; receiving one stream {floor['receiving_cores']:.3f} cores,"
         f" {floor['us_per_message_received']:.0f} us a message"
     )
+    if stack.console_url:
+        one_page = await _console_viewers(stack, 1, seconds)
+        ten_pages = await _console_viewers(stack, 10, seconds)
+        further = sum(ten_pages["frames_per_s_each"][1:])
+        out["console_viewers"] = c = {
+            "one": one_page,
+            "ten": ten_pages,
+            "cores_ratio": ten_pages["cp_cores"] / one_page["cp_cores"],
+            "cp_us_per_further_viewer_frame": (ten_pages["cp_cores"] - one_page["cp_cores"])
+            / further
+            * 1e6,
+        }
+        say(
+            f"  console sockets: 1 viewer cp {one_page['cp_cores']:.3f} cores; 10 viewers"
+            f" {ten_pages['cp_cores']:.3f} ({c['cores_ratio']:.2f}x),"
+            f" {min(ten_pages['frames_per_s_each']):.1f} frames/s the slowest;"
+            f" {c['cp_us_per_further_viewer_frame']:.0f} us a frame to each further viewer"
+        )
     out["clicks"] = await _clicks(stub, clicks)
     c = out["clicks"]["click_to_decoded_pixel_ms"]
     say(f"  click to decoded pixel p50 {c['p50']:.0f} ms, p99 {c['p99']:.0f} ms")
