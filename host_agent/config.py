@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from host_agent.clean_profile import Profiles
 from host_agent.emulator_config import EmulatorSettings
@@ -60,6 +61,10 @@ class AgentSettings:
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
+    # Each run's phone log (host_agent.logcat): at most this many bytes kept (compressed;
+    # 0: none kept), and how long the LogLines call stays open with nothing followed.
+    logcat_max_bytes: int = 4 << 20
+    log_linger: float = 30.0
     # How phones are cleaned between leases (host_agent.clean_profile), and the file that
     # keeps their baselines across restarts (None: memory only; host_agent.baselines).
     clean_profile: Profiles = field(default_factory=Profiles)
@@ -68,6 +73,10 @@ class AgentSettings:
     # where (None: app_cache_dir()'s default) and how many bytes at most.
     app_cache_dir: Path | None = None
     app_cache_size: int = 2 << 30
+    # WebDriver sessions (host_agent.appium): the `appium` program (None: none here) and
+    # the capabilities put over every client's.
+    appium: str | None = None
+    appium_caps: Mapping[str, Any] = field(default_factory=dict)
 
 
 def app_cache_dir(settings: AgentSettings, env: Mapping[str, str] = os.environ) -> Path:

@@ -35,6 +35,7 @@ from host_agent.flag_values import (
     address,
     address_text,
     budget,
+    capabilities,
     celsius,
     count,
     duration,
@@ -47,6 +48,7 @@ from host_agent.flag_values import (
     size,
 )
 from host_agent.health import Thresholds
+from host_agent.log_store import MIN_BYTES
 from host_agent.recovery import RecoverySettings
 from host_agent.scrcpy_link import jar_flag
 
@@ -89,6 +91,8 @@ _TASKS: list[_Option] = [
      " $CACHE_DIRECTORY/apps, else ~/.cache/amc-host-agent/apps)"),
     ("--app-cache-size", "AMC_APP_CACHE_SIZE", "2GB", size,
      "most bytes of the app library kept on this host (least recently used out)"),
+    ("--logcat-max-bytes", "AMC_LOGCAT_MAX_BYTES", "4MB", size,
+     "each run's phone log: most bytes kept, compressed (its start and end; 0: none kept)"),
 ]
 _HELD: list[_Option] = [
     ("--battery-low", "AMC_BATTERY_LOW", "20", percent, "hold a phone below this battery %"),
@@ -125,6 +129,10 @@ _SCREEN: list[_Option] = [
      "live screen as H.264: most frames a second streamed per phone"),
     ("--scrcpy-server", "AMC_SCRCPY_SERVER", None, jar_flag,
      "scrcpy-server v3.3.4: real phones' H.264 and input through it (unset: screencap)"),
+]
+_WEBDRIVER: list[_Option] = [
+    ("--appium", "AMC_APPIUM", None, str, "the appium program: a WebDriver session's server"),
+    ("--appium-caps", "AMC_APPIUM_CAPS", "{}", capabilities, "JSON: caps over every client's"),
 ]
 _LOGS: list[_Option] = [
     ("--log-format", "AMC_LOG_FORMAT", "auto", log_format, "auto, console or json"),
@@ -166,6 +174,7 @@ _GROUPS: list[tuple[str, list[_Option]]] = [
     ("cleaning between leases", _CLEANING),
     ("live screen and recordings", _SCREEN),
     ("emulators the host runs (a pool per AVD)", _EMULATORS),
+    ("WebDriver sessions (one Appium server per phone, started on demand)", _WEBDRIVER),
     ("logs and metrics", _LOGS),
     ("simulated phones (no adb: for trying the farm out and for tests)", _SIMULATED),
 ]
@@ -184,6 +193,7 @@ _METAVARS: dict[Callable[[str], Any], str] = {
     log_level: "LEVEL",
     Path: "DIR",
     budget: "CPUS,MEMORY",
+    capabilities: "JSON",
     port_range: "FIRST-LAST",
 }
 
@@ -347,6 +357,8 @@ def _check_positive(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')} must be 1 to {most}")
     if args.screen_max_rate <= 0:
         raise ConfigError("--screen-max-rate must be positive")
+    if 0 < args.logcat_max_bytes < MIN_BYTES:
+        raise ConfigError(f"--logcat-max-bytes must be 0 (none kept) or {MIN_BYTES} or more")
     if not args.host_id:
         raise ConfigError("--host-id is empty")
 

@@ -217,7 +217,8 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
             steps = tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps))
             return Workflow(steps, apps, start)
         case "session":
-            return Session(apps, start_snapshot=start, adb=pb.session.adb)
+            session = pb.session
+            return Session(apps, start, adb=session.adb, webdriver=session.webdriver)
         case None:
             raise InvalidSpec("task spec has neither actions nor a workflow")
         case _:
@@ -291,6 +292,7 @@ def step_to_proto(step: StepResult) -> task_pb2.StepResult:
             )
             for a in step.artifacts
         ],
+        warnings=step.warnings,
     )
     if step.started_at is not None:
         pb.started_at.FromDatetime(step.started_at)

@@ -71,6 +71,12 @@ def _mcp_rows(results: dict[str, Any] | None) -> list[Row]:
     return mcp_agents.rows(results)
 
 
+def _webdriver_rows(results: dict[str, Any] | None) -> list[Row]:
+    from bench_lib import webdriver  # it uses this module's rows and figures
+
+    return webdriver.rows(results)
+
+
 def rows(results: dict[str, Any]) -> list[Row]:
     """The table of what ran so far. A section whose results are partial (its workload
     failed midway) says so in a row of its own instead of taking the table with it."""
@@ -92,6 +98,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("14 mcp", lambda: _mcp_rows(results.get("mcp"))),
         ("15 episodes", lambda: _episodes_rows(results.get("episodes"))),
         ("16 install", lambda: _install_rows(results.get("install"))),
+        ("17 webdriver", lambda: _webdriver_rows(results.get("webdriver"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:
@@ -956,7 +963,19 @@ def _episodes_rows(ep: dict[str, Any] | None) -> list[Row]:
             "p50 <= 100, p99 <= 300",
             _at_most(overhead, 100, 300),
         ),
+        *_episode_cpu(ep),
     ]
+
+
+def _episode_cpu(ep: dict[str, Any]) -> list[Row]:
+    """The CPU an episode cost (AMC's processes, the doubles apart), with the load."""
+    cpu, load = ep.get("cpu_ms_per_episode"), ep.get("load_average")
+    if not cpu:
+        return []
+    said = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in cpu.items())
+    if load:
+        said += f" (load average {load[0]:.1f})"
+    return [Row("15 episodes", "  CPU ms per episode", said)]
 
 
 def _install_rows(ins: dict[str, Any] | None) -> list[Row]:

@@ -234,29 +234,29 @@ class Stack:
     # control plane ------------------------------------------------------------------------
 
     async def start_control_plane(self) -> None:
-        replica = await self.start_replica("control-plane", self.lease_ttl, console=True)
+        console = f"127.0.0.1:{free_port()}"
+        replica = await self.start_replica("control-plane", self.lease_ttl, http_listen=console)
         self.control_plane = replica.child
         self.address, self.metrics_url = replica.address, replica.metrics_url
         self.console_url = replica.console_url
 
     async def start_replica(
-        self, name: str, lease_ttl: float, dsn: str = "", console: bool = False
+        self, name: str, lease_ttl: float, dsn: str = "", http_listen: str | None = None
     ) -> Replica:
         """One more control-plane process on this stack's database, or on `dsn` (another
         database of the same server; migrated on start), not stopped by stop(): the caller
-        stops it. Serving when this returns. Its log is `<name>.log`. `console`: it serves
-        the web console too."""
+        stops it. Serving when this returns. Its log is `<name>.log`. With `http_listen`,
+        it serves the console (and the WebDriver endpoint) there too."""
         port, mport = free_port(), free_port()
         address = f"127.0.0.1:{port}"
-        console_url = f"http://127.0.0.1:{free_port()}" if console else ""
         command = ControlPlaneCommand(
             listen=address,
             database_url=dsn or self.dsn,
             insecure=True,
             lease_ttl=lease_ttl,
             metrics_listen=f"127.0.0.1:{mport}",
-            http_listen=console_url.removeprefix("http://") or None,
             log_format=self.log_format,
+            http_listen=http_listen,
         )
         child = spawn(name, command.argv(), self.root / f"{name}.log", self._env(command))
         try:
@@ -264,6 +264,7 @@ class Stack:
         except BaseException:
             child.stop()
             raise
+        console_url = f"http://{http_listen}" if http_listen else ""
         return Replica(child, address, f"http://127.0.0.1:{mport}/metrics", console_url)
 
     # host agents --------------------------------------------------------------------------
