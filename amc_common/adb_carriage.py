@@ -18,10 +18,12 @@ from collections.abc import Callable
 
 from amc.v1 import adb_pb2
 
-# Bytes of a stream a side may have sent and not had acknowledged.
-WINDOW = 2 << 20
-# The most one data frame carries (the control plane takes messages of up to 1 MiB).
-CHUNK = 512 * 1024
+# The most one data frame carries: below 128 KiB, so that the control plane, which relays
+# it, recycles its blocks in its heap (control_plane.allocator); a larger frame was a
+# fresh mapping there, faulted in page by page, for each copy of it.
+CHUNK = 96 * 1024
+# Bytes of a stream a side may have sent and not had acknowledged (whole frames).
+WINDOW = 24 * CHUNK
 # A receiver acknowledges what it delivered once it adds up to this: a frame each way per
 # chunk would double the frames a bulk transfer costs every process on its way.
 ACK_EVERY = WINDOW // 4
