@@ -19,7 +19,7 @@ faulted in page by page, zeroed, and unmapped when freed, so a block that is one
 every page of it each time. gRPC reads a socket into blocks of 64 KiB and a page, and an
 adb door relays its streams' bytes in frames below 128 KiB (amc_common.adb_carriage.CHUNK):
 these are recycled in the heap. At 64 KiB each of them was a mapping, and a push through
-a door cost the replica 5.7 ms of CPU a MB, four fifths of it the kernel's (1.8 ms now).
+a door cost the replica 5.7 ms of CPU a MB, four fifths of it the kernel's (about 2 ms now).
 The heap's free top is given back beyond 1 MiB, not at every free of a block near it.
 
 With two arenas, a threshold fixed at 64 KiB and a trim threshold of 128 KiB (the same as
