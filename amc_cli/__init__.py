@@ -2,8 +2,8 @@
 
 __main__           entry point: runs the app, turns every failure into one line and an exit code
 app                the root command: connection flags, --version; adds the command groups
-commands/          the commands, a typer app per group: tasks, agents, adb, tokens, hosts,
-                   devices, queue, apps (and files)
+commands/          the commands, a typer app per group: tasks, logs, agents, adb, tokens,
+                   hosts, devices, queue, apps (and files)
 options            what the commands share: the connection, --output, --reason, KEY=VALUE flags
 client             a synchronous gRPC client with the bearer token on every call
 specfile           task-spec files (YAML/JSON) -> SubmitTaskRequest, walked beside the messages

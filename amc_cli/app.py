@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperOption
 
-from amc_cli.commands import adb, agents, apps, devices, hosts, queue, tasks, tokens
+from amc_cli.commands import adb, agents, apps, devices, hosts, logs, queue, tasks, tokens
 from amc_cli.errors import EXIT_CODES_HELP, BadInput
 from amc_cli.options import Connection, duration, positive_seconds
 from amc_common import durations
@@ -32,6 +32,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(tasks.app)
+app.add_typer(logs.app)
 app.add_typer(agents.app)
 app.add_typer(adb.app)
 app.add_typer(tokens.app, name="tokens")

@@ -19,6 +19,10 @@ from amc_common.steps import index_of
 from amc_common.steps import label as step_label
 from amc_common.steps import number as step_number
 
+# What a run keeps with its last step besides its actions' files: its screen recording
+# and its phone's log. A step named without --action means its actions' file, if it has one.
+RUN_FILES = frozenset({"screen_recording", "logcat"})
+
 
 def choose(
     artifacts: list[task_pb2.Artifact],
@@ -29,7 +33,8 @@ def choose(
 ) -> task_pb2.Artifact:
     """The one artifact `step` (a step's number, from 1, or its name) names: of `attempt`
     (default: the latest attempt that kept one there) and `action` (its place in the step,
-    from 1: needed when the step kept several)."""
+    from 1: needed when the step kept several; without it, the run's recording and log
+    kept with the last step yield to its actions' file)."""
     matching = [a for a in artifacts if _step_is(a, step)]
     if attempt is not None:
         matching = [a for a in matching if a.attempt == attempt]
@@ -38,6 +43,8 @@ def choose(
         matching = [a for a in matching if a.attempt == latest]
     if action is not None:
         matching = [a for a in matching if step_number(a.action_index) == action]
+    elif len(matching) > 1 and any(a.kind not in RUN_FILES for a in matching):
+        matching = [a for a in matching if a.kind not in RUN_FILES]
     if not matching:
         kept = ", ".join(
             step_label(i, name)

@@ -263,6 +263,18 @@ class Client:
         except grpc.RpcError as exc:
             raise self.failed(exc, "get artifact") from None
 
+    def stream_logs(
+        self, task_id: str, attempt: int, follow: bool, level: str, tags: list[str]
+    ) -> Iterator[scheduler_pb2.StreamLogsResponse]:
+        """A task's phone log, message by message; no deadline (a follow lasts as long as
+        the attempt). Raises grpc.RpcError as is."""
+        request = scheduler_pb2.StreamLogsRequest(
+            task_id=task_id, attempt=attempt, follow=follow, min_level=level, tags=tags
+        )
+        for message in self._scheduler.StreamLogs(request, metadata=self._metadata):
+            self._heard()
+            yield message
+
     def list_hosts(self) -> scheduler_pb2.ListHostsResponse:
         return self._call("list hosts", self._scheduler.ListHosts, scheduler_pb2.ListHostsRequest())
 

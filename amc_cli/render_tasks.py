@@ -95,6 +95,8 @@ def steps_table(task: task_pb2.Task, out: Console | None = None) -> None:
             if detail:
                 detail.append("\n")
             detail.append(step.error, style="red")
+        for warning in step.warnings:  # flagged in the phone's log (amc logs)
+            detail.append(f"{chr(10) if detail else ''}warning: {warning}", style="yellow")
         for key, value in sorted(step.data.items()):
             detail.append(f"{chr(10) if detail else ''}{key}={value}", style="dim")
         for kept in step.artifacts:
@@ -199,6 +201,8 @@ def step_lines(task: task_pb2.Task, before: task_pb2.Task | None) -> list[Text]:
         line.append(f" in {seconds(step.duration)}")
         if step.error:
             line.append(f"  {step.error}", style="red")
+        for warning in step.warnings:
+            line.append(f"\n    warning: {warning}", style="yellow")
         lines.append(line)
     running = (p.running_index, p.running_name, p.running_since)
     if p.HasField("running_since") and running != (

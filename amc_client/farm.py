@@ -1,5 +1,5 @@
-"""The connection to a farm: ordinary tasks (submit, get, wait, watch, cancel) and
-interactive sessions (`session`)."""
+"""The connection to a farm: ordinary tasks (submit, get, wait, watch, cancel), interactive
+sessions (`session`) and their phones' logs (`logs`)."""
 
 from __future__ import annotations
 
@@ -159,6 +159,36 @@ class Farm:
                 if task.status in TERMINAL:
                     return task
         raise AmcClientError(f"the watch of task {task_id} ended before it finished")
+
+    async def logs(
+        self,
+        task_id: str,
+        *,
+        attempt: int = 0,
+        follow: bool = False,
+        level: str = "",
+        tags: Sequence[str] = (),
+    ) -> AsyncIterator[str]:
+        """A task's phone log, line by line as logcat writes it (`-v threadtime`), with the
+        lines marking where each step began and ended (Scheduler.StreamLogs): the log an
+        ended attempt kept, or the running attempt's lines so far; with `follow`, each
+        line as the phone writes it until the attempt ends (a task still queued, or a
+        session's, is waited for). `attempt`: 0 for the latest; `level`: only lines of that
+        priority or higher (V, D, I, W, E, F); `tags`: only lines of those tags. Errors
+        propagate as grpc.aio.AioRpcError (INVALID_ARGUMENT: a bad filter; NOT_FOUND: no
+        such task), or FarmUnreachable for an address that never answered. Not resumed
+        after a transient error, as its lines carry no number to resume from: a follow
+        cut short (UNAVAILABLE) is followed again by the caller."""
+        request = scheduler_pb2.StreamLogsRequest(
+            task_id=task_id, attempt=attempt, follow=follow, min_level=level, tags=list(tags)
+        )
+        try:
+            async for message in self.scheduler.StreamLogs(request):
+                for line in message.lines:
+                    yield line
+        except grpc.aio.AioRpcError as exc:
+            self._reach.heard(exc)
+            raise
 
     # -- sessions ---------------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
-"""An MCP server that lends AI agents phones of the farm: tools list_phones (free, busy,
-held or offline, and why), open_session, screenshot (a PNG image and its size against the
+"""An MCP server that lends AI agents phones of the farm: tools list_phones (free, busy, held
+or offline, and why), open_session, screenshot (a PNG image and its size against the
 screen's), ui_dump (compact, or the full XML), tap, tap_element (a UI selector), swipe,
-type_text, press_key (a key name or number), launch_app, stop_app, install_app, wait_for
-and close_session, each on an interactive session (Scheduler.OpenSession) of the calling
-agent's. Needs the `mcp` extra (`pip install agentic-mobile-control[mcp]`); the rest of
-amc_client does not.
+type_text, press_key (a key name or number), launch_app, stop_app, install_app, wait_for,
+read_log (the phone's recent log lines) and close_session, each on an interactive session
+(Scheduler.OpenSession) of the calling agent's. Needs the `mcp` extra (`pip install
+agentic-mobile-control[mcp]`); the rest of amc_client does not.
 
     amc --addr amc.example:50051 --token-file token mcp --label model="Pixel 8"
     amc --addr amc.example:50051 mcp --http 127.0.0.1:8765
@@ -13,12 +13,12 @@ amc_client does not.
 The first two speak MCP on stdin/stdout, for the one agent that started the server; with
 --http, the streamable-HTTP transport at http://127.0.0.1:8765/mcp, for many agents, each
 with its own bearer token (amc_client.mcp_http, amc_client.mcp_clients). The tools are
-amc_client.mcp_session_tools and amc_client.mcp_tools (what each says and costs, and how a
-failure is a tool error of one line); an agent's sessions are amc_client.mcp_sessions'
-(named by their id, never replaced behind the agent's back). A session is opened by
-open_session (over stdio, also by the first action) with the MCP client's name in its
-metadata; close_session ends it done, and one the agent forgets ends failed after its idle
-timeout.
+amc_client.mcp_session_tools, amc_client.mcp_tools and amc_client.mcp_log (what each says
+and costs, and how a failure is a tool error of one line); an agent's sessions are
+amc_client.mcp_sessions' (named by their id, never replaced behind the agent's back). A
+session is opened by open_session (over stdio, also by the first action) with the MCP
+client's name in its metadata; close_session ends it done, and one the agent forgets ends
+failed after its idle timeout.
 
 How the stdio server ends: when its stdin closes. An MCP client that shuts down closes the
 server's stdin and reads its stdout until the server exits (the spec's shutdown); one that
@@ -45,7 +45,7 @@ from typing import NoReturn, TypeVar
 import anyio
 from mcp.server.mcpserver import MCPServer
 
-from amc_client import mcp_http, mcp_session_tools, mcp_stdio, mcp_tools
+from amc_client import mcp_http, mcp_log, mcp_session_tools, mcp_stdio, mcp_tools
 from amc_client.mcp_clients import RECONNECT_GRACE, HttpClients
 from amc_client.mcp_http import HttpOptions, http_options
 from amc_client.mcp_phones import phones_text
@@ -108,6 +108,7 @@ def build_server(lending: Lending, defaults: Defaults) -> MCPServer:
         server, lending, limit=defaults.limit, idle_timeout=defaults.idle_timeout
     )
     mcp_tools.register(server, lending)
+    mcp_log.register(server, lending)
     return server
 
 

@@ -43,6 +43,8 @@ from amc_common import statuses
 from amc_common.channel import write_unless_ended
 
 _EOF: Any = grpc.aio.EOF
+# A client's close of its session, said (OpenSessionRequest.close).
+CLOSE = scheduler_pb2.OpenSessionRequest(close=scheduler_pb2.SessionClose())
 TERMINAL = statuses.numbers(statuses.TERMINAL, task_pb2.TaskStatus)
 # The bounds of a UI dump's first node: the whole screen when it starts at its corner.
 _FIRST_BOUNDS = re.compile(r'bounds="\[(-?\d+),(-?\d+)\]\[(\d+),(\d+)\]"')
@@ -268,6 +270,9 @@ class Phone:
             with contextlib.suppress(
                 grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError
             ):
+                # Said, so the phone is freed at once (the end of the messages alone is
+                # taken for a close only after a grace: it might be a vanished client's).
+                await self._call.write(CLOSE)
                 await self._call.done_writing()
             try:
                 # No action is in flight: the next response is the finished task.

@@ -269,15 +269,16 @@ Action: TypeAlias = (
 )
 
 # The kinds of files a task keeps (artifacts) -> their content type: what an action saw (a
-# screenshot, a UI dump), a file pulled from the phone, or the task's screen recording
+# screenshot, a UI dump), a file pulled from the phone, the task's screen recording
 # (TaskSpec.record_screen: an MP4 of the phone's H.264 stream where it has one, else an
-# animated PNG).
+# animated PNG), or the attempt's phone log (logcat's text, gzipped).
 KEEPS: dict[str, str] = {
     "screenshot": "image/png",
     "ui_dump": "application/xml",
     "screen_recording": "image/apng",
     "pulled_file": "application/octet-stream",
     "screen_video": "video/mp4",
+    "logcat": "application/gzip",
 }
 
 # kind -> class, in the oneof's order.

@@ -10,6 +10,7 @@ $NOTIFY_SOCKET) every call is a no-op.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Mapping
@@ -66,6 +67,15 @@ class Notifier:
 
     def watchdog(self) -> bool:
         return self.notify("WATCHDOG=1")
+
+    async def pings(self) -> None:
+        """WATCHDOG=1 from the event loop, if systemd asked for it (WatchdogSec=): a loop
+        that stands still stops pinging, and systemd restarts the process."""
+        if self.watchdog_interval is None:
+            return
+        while True:
+            self.watchdog()
+            await asyncio.sleep(self.watchdog_interval)
 
     def close(self) -> None:
         if self._socket is not None:

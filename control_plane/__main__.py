@@ -80,7 +80,7 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
     notifier.ready(
         f"serving on {args.listen}" + (f", console on {args.http_listen}" * bool(args.http_listen))
     )
-    watchdog = asyncio.create_task(_watchdog(notifier))
+    watchdog = asyncio.create_task(notifier.pings())
     stopping = asyncio.create_task(stop.wait())
     crashed = asyncio.create_task(plane.crashed.wait())
     await asyncio.wait([stopping, crashed], return_when=asyncio.FIRST_COMPLETED)
@@ -92,16 +92,6 @@ async def serve(args: argparse.Namespace, dsn: str) -> None:
     notifier.close()
     if plane.crashed.is_set():
         raise SystemExit(1)
-
-
-async def _watchdog(notifier: Notifier) -> None:
-    """WATCHDOG=1 from the event loop, if systemd asked for it (WatchdogSec=): a loop that
-    stands still stops pinging, and systemd restarts the replica."""
-    if notifier.watchdog_interval is None:
-        return
-    while True:
-        notifier.watchdog()
-        await asyncio.sleep(notifier.watchdog_interval)
 
 
 async def create_token(args: argparse.Namespace, dsn: str, database: str) -> None:

@@ -9,7 +9,8 @@ A replica relaying a call to another proves it is one with `authorization: Repli
 <secret>` (REPLICA_SCHEME): the secret every replica of the farm reads from the database
 at start-up (`replica_secret`), which no token holds. It is accepted on the calls a
 replica relays (REPLICA_METHODS: a screen's frames from the replica holding the phone's
-host) and on no other; the viewer was authorized where it watches.
+host, a running attempt's log lines likewise) and on no other; the viewer (the reader)
+was authorized where it watches.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ POLICY: dict[str, frozenset[Role]] = {
     # By task for clients; by device for operators only (checked in the call).
     "/amc.v1.Scheduler/WatchScreen": CLIENTS,
     "/amc.v1.Lease/ScreenFrames": HOSTS,
+    # A task's phone log: its team's and operators' (checked in the call).
+    "/amc.v1.Scheduler/StreamLogs": CLIENTS,
+    "/amc.v1.Lease/LogLines": HOSTS,
     "/amc.v1.Admin/CordonHost": OPERATORS,
     "/amc.v1.Admin/UncordonHost": OPERATORS,
     "/amc.v1.Admin/CordonDevice": OPERATORS,
@@ -87,8 +91,9 @@ POLICY: dict[str, frozenset[Role]] = {
     "/amc.v1.Lease/FetchFile": HOSTS,
 }
 
-# What a replica's proof may call (it watches a phone by device for its own viewers).
-REPLICA_METHODS = frozenset({"/amc.v1.Scheduler/WatchScreen"})
+# What a replica's proof may call (it watches a phone by device, or follows an attempt's
+# log, for its own viewers and readers).
+REPLICA_METHODS = frozenset({"/amc.v1.Scheduler/WatchScreen", "/amc.v1.Scheduler/StreamLogs"})
 REPLICA_SCHEME = "Replica"
 REPLICA = Principal(role=Role.OPERATOR, name="replica", replica=True)
 
@@ -202,7 +207,9 @@ class Authenticator:
         if not self._replica_secret or not hmac.compare_digest(proof, self._replica_secret):
             raise errors.Unauthenticated("not this farm's replica credential")
         if method not in REPLICA_METHODS:
-            raise errors.PermissionDenied("a replica's credential is for relayed screens only")
+            raise errors.PermissionDenied(
+                "a replica's credential is for relayed screens and logs only"
+            )
         return REPLICA
 
     async def _lookup(self, token_id: uuid.UUID) -> TokenInfo | None:

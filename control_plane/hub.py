@@ -22,6 +22,7 @@ from control_plane.domain import (
     CancelNotice,
     DrainNotice,
     LeaseId,
+    LogsNotice,
     Notice,
     ReleaseNotice,
     ScreenNotice,
@@ -29,6 +30,7 @@ from control_plane.domain import (
     TaskId,
 )
 from control_plane.frames import Screens
+from control_plane.log_tails import Tails
 from control_plane.pool_hints import PoolHints
 from control_plane.presence import Presence
 from control_plane.progress import Progress
@@ -66,6 +68,9 @@ class Hub:
         # The tasks whose screens are watched here, each task's current attempt read once
         # for all its watches here, again when it changes (control_plane.screen_tasks).
         self.following = Following(self.watch)
+        # Attempts' logs followed on this replica and the hosts' log feeds
+        # (control_plane.logs); a host asked for its feed is asked on its streams here.
+        self.tails = Tails(lambda host_id: self._push(LogsNotice(host_id)))
         # The emulator pools of the hosts whose streams are here, told how many tasks wait
         # for them (control_plane.pool_hints).
         self.pools = PoolHints()
@@ -191,6 +196,7 @@ class Hub:
         self.closing = True
         self.closed.set()
         self.screens.close()
+        self.tails.close()
         self.dispatcher.close()
         self.wake_all()
         for callbacks in list(self._streams.values()):

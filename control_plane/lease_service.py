@@ -1,7 +1,8 @@
 """amc.v1.Lease: the host agents' side — register, acquire, renew, report, release.
 An Acquire waits in the wake-up protocol (control_plane.dispatch); the renewal stream is
 control_plane.renewals, an upload control_plane.uploads, a session's host side
-control_plane.sessions, a screen feed control_plane.screens, and a library app's bytes
+control_plane.sessions, a screen feed control_plane.screens, a log feed
+control_plane.log_hosts, and a library app's bytes
 control_plane.library."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from control_plane.errors import AmcError, HostNotRegistered
 from control_plane.library import fetch
 from control_plane.library_service import app_to_pb
 from control_plane.lifecycle import Event
+from control_plane.log_hosts import HostLogs
 from control_plane.renewals import RenewalStream
 from control_plane.rpc import Context, TaskServicer, code_for, conversation, principal, rpc
 from control_plane.screen_feed import HostFeed
@@ -69,6 +71,11 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     def ScreenFrames(self, context: Context) -> HostFeed:
         """Its phones' live screens: which to capture down, their frames up."""
         return HostFeed(self)
+
+    @conversation
+    def LogLines(self, context: Context) -> HostLogs:
+        """Its followed attempts' log lines: which attempts down, their lines up."""
+        return HostLogs(self)
 
     @functools.cached_property
     def _upload_memory(self) -> UploadMemory:

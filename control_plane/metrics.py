@@ -337,6 +337,20 @@ SCREEN_FEEDS = Gauge(
     "Hosts' ScreenFrames calls open on this replica (a host opens one only while a viewer"
     " wants one of its phones)",
 )
+LOG_LINE_RESULTS = ("received", "unfollowed", "relayed")
+LOG_LINES = Counter(
+    "amc_log_lines_total",
+    "Lines of running attempts' phone logs: received from this replica's hosts for an"
+    " attempt followed here, or for one no longer followed (unfollowed: dropped), or"
+    " relayed from another replica",
+    ["result"],
+)
+LOG_READERS = Gauge("amc_log_readers", "StreamLogs calls open on this replica (relays too)")
+LOG_FEEDS = Gauge(
+    "amc_log_feeds",
+    "Hosts' LogLines calls open on this replica (a host opens one only while an attempt"
+    " of its phones is followed)",
+)
 
 
 def create_series() -> None:
@@ -369,6 +383,7 @@ def create_series() -> None:
     _at_zero(LIBRARY_UPLOADS, ("app", "file"), LIBRARY_UPLOAD_RESULTS)
     _at_zero(LIBRARY_FETCHES, ("sent", "cut"))
     _at_zero(SCREEN_FRAMES, SCREEN_FRAME_RESULTS)
+    _at_zero(LOG_LINES, LOG_LINE_RESULTS)
 
 
 def create_rpc_series(methods: list[str]) -> None:

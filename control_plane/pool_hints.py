@@ -9,8 +9,10 @@ labels match (and that name no serial), less the idle phones that match each gro
 no idle phone of the farm takes. A host tells its pools in the first request of each
 stream (RenewLeasesRequest.pools). The cost: one read of the small stats table (a row per
 selector with tasks queued, never the backlog) per replica every HINT_EVERY seconds,
-jittered, and only while a stream here told of pools; the matching is in memory. No
-database work per task, per host or per renewal.
+jittered, and only while a stream here told of pools; the matching is in memory, each
+pool compared only with the groups indexed under its own labels (`Wants`), so it grows
+with the streams' pools, not with pools x queued selectors (scripts/pool_hints_cost.py).
+No database work per task, per host or per renewal.
 """
 
 from __future__ import annotations
@@ -47,6 +49,42 @@ def wanted(labels: Mapping[str, str], groups: Sequence[QueueWait]) -> int:
     )
 
 
+class Wants:
+    """The queue's groups that want phones, indexed for `wanted` by pools: each group under
+    the one of its labels fewest groups have (a pool without that label cannot match it),
+    so a pool is compared with the groups under its own labels, not with every group; the
+    same labels are counted once a round."""
+
+    def __init__(self, groups: Sequence[QueueWait]) -> None:
+        wanting = [(g, g.count - g.match.idle) for g in groups if g.serial is None]
+        wanting = [(g, n) for g, n in wanting if n > 0]
+        often: dict[tuple[str, str], int] = {}
+        for g, _ in wanting:
+            for item in g.labels.items():
+                often[item] = often.get(item, 0) + 1
+        self._anywhere = sum(n for g, n in wanting if not g.labels)
+        self._under: dict[tuple[str, str], list[tuple[Mapping[str, str], int]]] = {}
+        for g, n in wanting:
+            if g.labels:
+                anchor = min(g.labels.items(), key=lambda item: (often[item], item))
+                self._under.setdefault(anchor, []).append((g.labels, n))
+        self._seen: dict[frozenset[tuple[str, str]], int] = {}
+
+    def wanted(self, labels: Mapping[str, str]) -> int:
+        """As `wanted(labels, groups)`."""
+        key = frozenset(labels.items())
+        found = self._seen.get(key)
+        if found is None:
+            found = self._anywhere + sum(
+                n
+                for item in labels.items()
+                for wants, n in self._under.get(item, ())
+                if all(labels.get(k) == v for k, v in wants.items())
+            )
+            self._seen[key] = found
+        return found
+
+
 @dataclass
 class _Told:
     host_id: str
@@ -80,8 +118,9 @@ class PoolHints:
 
     def update(self, groups: Sequence[QueueWait]) -> None:
         """The queue as counted now: each stream whose counts changed is told them."""
+        wants = Wants(groups)
         for told in list(self._told.values()):
-            counts = {name: wanted(labels, groups) for name, labels in told.pools}
+            counts = {name: wants.wanted(labels) for name, labels in told.pools}
             if counts != told.last and (told.last or any(counts.values())):
                 told.last = counts
                 told.push(counts)

@@ -89,6 +89,8 @@ class Relay:
         self.sent = 0
         self.answers = 0
         self.client_done = False
+        # The client said `close` (sessions.py): its end is a close, with no grace.
+        self.said_close = False
         self._room = asyncio.Event()
         self._room.set()
         self.joined = asyncio.Event()

@@ -1,6 +1,7 @@
 """A host's `Lease.RenewLeases` stream: its renewals answered in order, and what the
 replica pushes onto it between them (a cancellation, a drain or its end, a released
-device, a viewer waiting for the host's screen feed, the replica closing; and what those
+device, a viewer waiting for the host's screen feed or a reader for its log feed, the
+replica closing; and what those
 notices would have pushed, read from the database as the stream opens and after its
 replica's LISTEN connection reconnected: a StreamState)."""
 
@@ -23,6 +24,7 @@ from control_plane.convert import duration, steps_from_pb
 from control_plane.domain import (
     CancelNotice,
     DrainNotice,
+    LogsNotice,
     Notice,
     ReleaseNotice,
     ScreenNotice,
@@ -55,6 +57,7 @@ class RenewalStream:
         # A screen_wanted push waits in the outbox: however many viewers ask meanwhile,
         # one is enough (the outbox stays bounded while the host reads slowly).
         self._screen_pending = False
+        self._logs_pending = False
 
     async def run(
         self, requests: AsyncIterator[lease_pb2.RenewLeasesRequest]
@@ -68,6 +71,8 @@ class RenewalStream:
                         raise Unavailable("control plane shutting down; reconnect")
                     if response.screen_wanted:
                         self._screen_pending = False
+                    if response.logs_wanted:
+                        self._logs_pending = False
                     yield response
                 await reader
             finally:
@@ -108,6 +113,8 @@ class RenewalStream:
                     self._pending(state, outbox, drain, cancels=False)
                     if self.service.hub.screens.wanted(host_id):  # a viewer waits here
                         self._want_screen(outbox, drain)
+                    if self.service.hub.tails.wanted(host_id):  # a reader follows here
+                        self._want_logs(outbox, drain)
                 elif host_id != bound:
                     raise InvalidArgument("host_id", f"this stream belongs to host '{bound}'")
                 if request.pools:  # the host's emulator pools: told what waits for them
@@ -182,17 +189,19 @@ class RenewalStream:
         outbox: Outbox,
         drain: StreamDrain,
     ) -> None:
-        """What hub.close() (None), a cancel, a drain, a release, a screen wanted or a
-        stream's state read again does to a stream: a drain notice has the stream read the
-        host's drain again (StreamDrain), the others go on its outbox (a release or a
-        screen wanted with the drain the agent was last told, so that an agent reading any
-        push without leases as its drain state reads it right)."""
+        """What hub.close() (None), a cancel, a drain, a release, a screen or logs wanted
+        or a stream's state read again does to a stream: a drain notice has the stream
+        read the host's drain again (StreamDrain), the others go on its outbox (a release
+        or a screen or logs wanted with the drain the agent was last told, so that an agent
+        reading any push without leases as its drain state reads it right)."""
         if notice is None:
             outbox.put_nowait(CLOSING)
         elif isinstance(notice, DrainNotice):
             drain.changed()
         elif isinstance(notice, ScreenNotice):
             self._want_screen(outbox, drain)
+        elif isinstance(notice, LogsNotice):
+            self._want_logs(outbox, drain)
         elif isinstance(notice, ReleaseNotice):
             outbox.put_nowait(_release_push(notice.serial, drain.told))
         elif isinstance(notice, StreamState):
@@ -229,6 +238,14 @@ class RenewalStream:
         if not self._screen_pending:
             self._screen_pending = True
             outbox.put_nowait(_screen_push(drain.told))
+
+    def _want_logs(self, outbox: Outbox, drain: StreamDrain) -> None:
+        """Ask the host for its log feed, unless an ask waits in the outbox already."""
+        if not self._logs_pending:
+            self._logs_pending = True
+            outbox.put_nowait(
+                lease_pb2.RenewLeasesResponse(push=True, drain=drain.told, logs_wanted=True)
+            )
 
 
 class StreamDrain:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import structlog
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from control_plane import pending, validate
+from control_plane import logs, pending, validate
 from control_plane.adb_doors import ClientDoor
 from control_plane.convert import (
     artifact_to_pb,
@@ -258,6 +258,8 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> AsyncIterator[scheduler_pb2.GetArtifactResponse]:
         task_id, artifact_id = validate.get_artifact(request)
         artifact = await self.artifacts.get(TaskId(task_id), ArtifactId(artifact_id))
+        if artifact.kind == logs.KIND:  # a phone's log: read as StreamLogs reads it
+            await logs.LogRead(self).authorize(task_id)
         yield scheduler_pb2.GetArtifactResponse(artifact=artifact_to_pb(artifact))
         async for chunk in self.artifacts.read(artifact):
             yield scheduler_pb2.GetArtifactResponse(chunk=chunk)
@@ -279,3 +281,10 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         watch = ScreenWatch(self)
         async for frame in watch.run(request, context):
             yield frame
+
+    @rpc
+    async def StreamLogs(
+        self, request: scheduler_pb2.StreamLogsRequest, context: Context
+    ) -> AsyncIterator[scheduler_pb2.StreamLogsResponse]:
+        async for message in logs.LogRead(self).run(request, context):
+            yield message

@@ -411,7 +411,7 @@ CREATE TABLE IF NOT EXISTS artifacts (
     action_index integer NOT NULL,
     step_name    text NOT NULL,
     kind         text NOT NULL CHECK (kind IN
-        ('screenshot', 'ui_dump', 'screen_recording', 'screen_video', 'pulled_file')),
+        ('screenshot', 'ui_dump', 'screen_recording', 'screen_video', 'pulled_file', 'logcat')),
     size_bytes   bigint NOT NULL CHECK (size_bytes >= 0),
     sha256       bytea NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),

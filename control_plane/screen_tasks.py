@@ -43,14 +43,16 @@ RETRY = 1.0
 CONTROL_KEY, CONTROL_VALUE = "control", "console"
 
 
-def authorize(who: Principal, task_id: uuid.UUID, source: dict[str, Any]) -> None:
-    """May `who` watch the task's screen (`source`: screen_source's row)? Else
-    PermissionDenied."""
+def authorize(
+    who: Principal, task_id: uuid.UUID, source: dict[str, Any], what: str = "watch its screen"
+) -> None:
+    """May `who` watch the task's screen, or read its phone's log (`what`), by the same
+    rule (`source`: screen_source's row)? Else PermissionDenied."""
     if who.role is None or who.role is Role.OPERATOR:
         return
     if source["control"] == CONTROL_VALUE:
         raise PermissionDenied(
-            f"task {task_id} is an operator's Control session: only operators may watch it"
+            f"task {task_id} is an operator's Control session: only operators may {what}"
         )
     if who.token_id is not None and str(who.token_id) == source["caller"]:
         return
@@ -58,7 +60,7 @@ def authorize(who: Principal, task_id: uuid.UUID, source: dict[str, Any]) -> Non
         return
     raise PermissionDenied(
         f"task {task_id} was submitted by a token of another team: only its team and"
-        " operators may watch its screen"
+        f" operators may {what}"
     )
 
 

@@ -99,6 +99,18 @@ def refused(exc: AmcError) -> scheduler_pb2.OpenSessionResponse:
     )
 
 
+async def until_close(requests: AsyncIterator[Any], relay: Relay) -> AsyncIterator[Any]:
+    """A client's messages up to its `close` (not passed on: `relay.said_close` is set, and
+    their end follows at once), or their end."""
+    async for message in requests:
+        if isinstance(message, scheduler_pb2.OpenSessionRequest) and (
+            message.WhichOneof("part") == "close"
+        ):
+            relay.said_close = True
+            return
+        yield message
+
+
 def client_action(message: Any) -> task_pb2.SessionAction:
     """A client's later message as the action it must be (InvalidArgument if it is not)."""
     check_decoded(message)

@@ -18,7 +18,8 @@ the host sent (control_plane.rendezvous, control_plane.session_wire: no queue, n
 re-encoding of the step). A message that is not a valid action is answered `refused` (its
 code and one line) and the session goes on. The task's end is always the host's report (or
 the sweep's), never this module's: the relay tells the host how its client left, and ends
-the host's call when the task stops running (the sweep expired its lease). The client's last
+the host's call when the task stops running (the sweep expired its lease). A client's
+`close` ends it as closing its side does, but at once (no CLOSE_GRACE). The client's last
 response is the finished task; its stream then ends OK once the client closed its side,
 cancelled, or sent anything more, or after the idle timeout: a client that writes after the
 end still reads the end rather than a write refused by gRPC.
@@ -57,7 +58,7 @@ from control_plane.rpc import (
     first_message,
     principal,
 )
-from control_plane.session_wire import Queued, client_action, refused, relay_action
+from control_plane.session_wire import Queued, client_action, refused, relay_action, until_close
 from control_plane.snapshots import check_snapshots, selector_labels
 
 log = structlog.get_logger(__name__)
@@ -199,7 +200,7 @@ class ClientSession:
             hub.devices_freed({o.selector.labels[HOST_LABEL]})
         log.info("session opened", task_id=str(task.task_id))
         idle = o.idle_timeout.ToTimedelta().total_seconds()
-        pump = asyncio.create_task(relay.pump(requests))
+        pump = asyncio.create_task(relay.pump(until_close(requests, relay)))
         try:
             with hub.watch(task.task_id) as changed:
                 await self._until_joined(task.task_id, relay, changed)
@@ -310,8 +311,10 @@ class ClientSession:
         elif how is None:
             # A client that vanished (its call cancelled) may look like one that closed
             # its side: the end of its messages comes first, the cancellation of this
-            # call a moment later. Only a close that outlives the moment is a close.
-            await asyncio.sleep(CLOSE_GRACE)
+            # call a moment later. Only a close that outlives the moment is a close; one
+            # the client said (`close`) is one at once.
+            if not relay.said_close:
+                await asyncio.sleep(CLOSE_GRACE)
             end_session(relay, lease_pb2.SESSION_END_CLOSED)
         elif isinstance(how, BaseException):
             end_session(relay, lease_pb2.SESSION_END_ABANDONED)

@@ -45,10 +45,21 @@ def each(items: Sequence[T], field: str, most: int, what: str) -> Iterator[tuple
         yield f"{field}[{i}]", item
 
 
+# A step's warnings (lines of the phone's log): at most this many, each this long.
+MAX_WARNINGS, MAX_WARNING = 20, 1024
+
+
 def result(r: task_pb2.TaskResult, field: str = "result") -> None:
     if r.ByteSize() > MAX_SPEC_BYTES:
         raise InvalidArgument(field, f"larger than {MAX_SPEC_BYTES} bytes")
     text(r.error, f"{field}.error", limit=MAX_TEXT)
+    for i, step in enumerate(r.steps):
+        warnings(step, f"{field}.steps[{i}]")
+
+
+def warnings(step: task_pb2.StepResult, field: str) -> None:
+    for where, warning in each(step.warnings, f"{field}.warnings", MAX_WARNINGS, "warnings"):
+        text(warning, where, limit=MAX_WARNING)
 
 
 def serials(values: object, field: str) -> list[str]:
@@ -158,6 +169,7 @@ def step_progress(items: Sequence[lease_pb2.StepProgress], field: str = "steps")
         if p.step.ByteSize() > MAX_STEP_BYTES:
             raise InvalidArgument(f"{where}.step", f"larger than {MAX_STEP_BYTES} bytes")
         text(p.step.error, f"{where}.step.error", limit=MAX_TEXT)
+        warnings(p.step, f"{where}.step")
 
 
 # An upload's chunks: at most this much each (gRPC's own message limit is 4 MiB).

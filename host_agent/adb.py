@@ -29,6 +29,8 @@ from pathlib import Path
 import structlog
 
 from host_agent import adb_files
+from host_agent.adb_listing import info_from_props, parse_devices_l, parse_getprop
+from host_agent.adb_logcat import AdbPhoneLog
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
 from host_agent.adb_server_door import AdbServerDoor
 from host_agent.baselines import Baselines
@@ -51,8 +53,6 @@ __all__ = [
     "AdbSource",
     "UnsupportedText",
     "escape_input_text",
-    "parse_devices_l",
-    "parse_getprop",
 ]
 
 log = structlog.get_logger(__name__)
@@ -70,46 +70,6 @@ class UnsupportedText(DeviceError, ValueError):
 
 
 # -- parsing -------------------------------------------------------------------------------
-
-
-def parse_devices_l(listing: str) -> list[tuple[str, str, dict[str, str]]]:
-    """`host:devices-l` lines → (serial, state, {"product": …, "transport_id": …})."""
-    entries = []
-    for line in listing.splitlines():
-        words = line.split()
-        if len(words) < 2:
-            continue
-        labels = dict(w.split(":", 1) for w in words[2:] if ":" in w)
-        entries.append((words[0], words[1], labels))
-    return entries
-
-
-_PROP_LINE = re.compile(r"^\[(?P<key>[^\]]*)\]: \[(?P<value>.*)\]$")
-
-
-def parse_getprop(output: str) -> dict[str, str]:
-    """`getprop` output (``[key]: [value]`` per line) → dict; multi-line values are cut."""
-    props = {}
-    for line in output.splitlines():
-        match = _PROP_LINE.match(line.strip())
-        if match:
-            props[match["key"]] = match["value"]
-    return props
-
-
-def _info_from_props(
-    serial: str, state: str, props: dict[str, str], labels: dict[str, str]
-) -> AttachedDevice:
-    sdk = props.get("ro.build.version.sdk", "")
-    return AttachedDevice(
-        serial=serial,
-        state=state,
-        model=props.get("ro.product.model", ""),
-        manufacturer=props.get("ro.product.manufacturer", ""),
-        sdk=int(sdk) if sdk.isdigit() else 0,
-        abi=props.get("ro.product.cpu.abi", ""),
-        labels=labels,
-    )
 
 
 def _split_exit_marker(raw: bytes, marker: bytes) -> tuple[int, bytes] | None:
@@ -165,7 +125,7 @@ def _raise_if_reported(command: str, output: str, needles: tuple[str, ...]) -> N
 # -- the driver ----------------------------------------------------------------------------
 
 
-class AdbDevice:
+class AdbDevice(AdbPhoneLog):
     """One phone behind the adb server. Each call opens its own connection."""
 
     def __init__(
@@ -397,4 +357,4 @@ class AdbSource:
             return None  # unplugged between the listing and getprop
         except DeviceError as exc:
             return AttachedDevice(serial=serial, state=state, labels={**labels, "error": str(exc)})
-        return _info_from_props(serial, state, parse_getprop(result.output), labels)
+        return info_from_props(serial, state, parse_getprop(result.output), labels)

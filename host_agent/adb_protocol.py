@@ -120,6 +120,13 @@ class Session:
                 data += chunk
         return bytes(data)
 
+    async def read_some(self) -> bytes:
+        """What has arrived (up to READ_SIZE bytes), waiting for some; b"" once the server
+        closed or reset the connection."""
+        with suppress(ConnectionError):
+            return await self._reader.read(READ_SIZE)
+        return b""
+
     def close(self) -> None:
         # Synchronous on purpose: it must also work while a cancellation unwinds.
         writer = self._conn.writer

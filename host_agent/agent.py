@@ -10,9 +10,10 @@ for each assignment it is given.
          │                         change (registration.py)
          ├─ HealthMonitor.run()    every phone probed every `probe_interval`; conditions
          │                         that changed sent in one ReportDeviceHealth (health.py)
-         ├─ _watchdog_loop()       WATCHDOG=1 pings, if systemd asked for them
+         ├─ Notifier.pings()       WATCHDOG=1 pings, if systemd asked for them
          ├─ Screencaster.run()     the ScreenFrames call, opened when the renewal stream
          │                         asks (a viewer waits): watched phones' frames (screencast.py)
+         ├─ LogFeed.run()          the LogLines call, likewise: followed runs' log lines
          ├─ Offering.run()         Acquire long polls covering every idle phone but the
          │                         withheld: quarantined or cleaning (offering.py; one
          │                         refused as unregistered: register again, ask again)
@@ -65,6 +66,7 @@ from host_agent.fencing import HeldLease, Timing
 from host_agent.health import Health, HealthMonitor
 from host_agent.leases import LeaseKeeper
 from host_agent.library import HostLibrary
+from host_agent.log_feed import LogFeed
 from host_agent.offering import Offering
 from host_agent.registration import CALL_TIMEOUT, Registration
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
@@ -107,6 +109,8 @@ class Agent:
         # The task attempt each busy phone runs (serial -> (task_id, attempt)): said with
         # each of its screen frames, and cleared before the phone is offered again.
         self._running: dict[str, tuple[str, int]] = {}
+        # The live tails of the runs' logs (host_agent.log_feed).
+        self.logs = LogFeed(self._stub, settings.host_id, settings.log_linger, self._running)
         # The lease of each busy phone's task (its token stops it for the ladder).
         self._leases: dict[str, HeldLease] = {}
         # Every phone a registration of this process listed: the control plane's record
@@ -176,8 +180,9 @@ class Agent:
             on_drain=self._drain_from_centre,
             on_release=self.life.release,
             on_screen=self.screens.want,
+            on_logs=self.logs.want,
             channel=self._channel,
-            may_move=self.screens.closed,
+            may_move=(self.screens.closed, self.logs.closed),
             pools=devices.pools(self._source),
         )
         cache = AppCache(app_cache_dir(self.settings), self.settings.app_cache_size)
@@ -190,6 +195,7 @@ class Agent:
             self._final,
             self.screens,
             HostLibrary(self._stub, cache),
+            self.logs,
         )
         self._notifier.ready(self._status())
         try:
@@ -198,8 +204,9 @@ class Agent:
                     group.create_task(keeper.run(), name="renewal stream"),
                     group.create_task(self._registration.refresh_loop(), name="inventory"),
                     group.create_task(self.health.run(self._registration.online), name="probes"),
-                    group.create_task(self._watchdog_loop(), name="watchdog"),
+                    group.create_task(self._notifier.pings(), name="watchdog"),
                     group.create_task(self.screens.run(), name="live screens"),
+                    group.create_task(self.logs.run(), name="live logs"),
                     group.create_task(devices.pools(self._source).run(self.life), name="pools"),
                 ]
                 await self._offering.run(
@@ -263,14 +270,6 @@ class Agent:
             all_done.cancel()
             hurry.cancel()
             await asyncio.gather(all_done, hurry, return_exceptions=True)
-
-    async def _watchdog_loop(self) -> None:
-        interval = self._notifier.watchdog_interval
-        if interval is None:
-            return
-        while True:
-            self._notifier.watchdog()
-            await asyncio.sleep(interval)
 
     def _status(self) -> str:
         online = len(self._registration.online())

@@ -60,6 +60,10 @@ class AgentSettings:
     # How long the ScreenFrames call stays open with no phone watched (no flag: tests
     # shorten it); host_agent.screencast.SCREEN_LINGER.
     screen_linger: float = 30.0
+    # Each run's phone log (host_agent.logcat): at most this many bytes kept (compressed;
+    # 0: none kept), and how long the LogLines call stays open with nothing followed.
+    logcat_max_bytes: int = 4 << 20
+    log_linger: float = 30.0
     # How phones are cleaned between leases (host_agent.clean_profile), and the file that
     # keeps their baselines across restarts (None: memory only; host_agent.baselines).
     clean_profile: Profiles = field(default_factory=Profiles)

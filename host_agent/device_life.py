@@ -33,7 +33,10 @@ whose last clean did not pass, on either side.
 A clean is its source's `Cleaner` (host_agent.devices: a phone over adb is cleaned by shell
 commands, an emulator would load a snapshot), as the phone's pool's profile asks
 (host_agent.clean_profile), run under the profile's timeout; each step is timed and told to
-the control plane with the phone's next report (a `cleaning` host event each).
+the control plane with the phone's next report (a `cleaning` host event each). A clean that
+passed is told at once, `ready`: its steps had the phone answer, so its last probe's facts
+(battery, temperature, storage, when read in the last two probe intervals) stand for a new
+probe (HealthMonitor.tell_soon); one that failed is quarantined, as before.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ from host_agent.baselines import Baselines
 from host_agent.clean_profile import CleanProfile
 from host_agent.config import AgentSettings
 from host_agent.devices import CleanedStep, DeviceError, DeviceSource
-from host_agent.health import Condition, Health, HealthMonitor, Reading, probe
+from host_agent.health import Condition, Health, HealthMonitor
+from host_agent.probe import Reading, probe
 from host_agent.recovery import Recovery
 from host_agent.stop_token import StopReason
 
@@ -347,7 +351,9 @@ class DeviceLife:
             self._leases[serial] = 0
         self._move(serial, Move.PASSED)
         if serial not in self.recovery.held:  # else the ladder tells it, as it lets go
-            await self._health.tell_soon(serial)
+            # Its steps had it answer: told ready now, on its last probe's reading when
+            # that is recent (no second probe); a clean of no steps saw nothing of it.
+            await self._health.tell_soon(serial, answered=began if done else None)
             self._changed.set()
         return True
 

@@ -32,10 +32,10 @@ to run on another phone (host_agent.worker).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from host_agent.baselines import Baselines
@@ -144,6 +144,25 @@ class Device(Protocol):
 
     async def pull(self, remote: str, limit: int, timeout: float) -> bytes:
         """`adb pull`: the file at `remote`; CommandFailed if it is over `limit` bytes."""
+        ...
+
+
+@runtime_checkable
+class PhoneLogs(Protocol):
+    """A phone whose log (logcat) the agent keeps for each run (host_agent.logcat): an adb
+    phone and a simulated one. Not actions: they are not in a task's steps."""
+
+    async def clear_log(self, timeout: float) -> None:
+        """`logcat -c`: the log emptied."""
+        ...
+
+    def follow_log(self) -> AsyncIterator[bytes]:
+        """`logcat -v threadtime -v usec`: what the log holds, then what is written to it
+        as it is, until the phone goes (or the reader stops reading)."""
+        ...
+
+    async def mark_log(self, tag: str, message: str, timeout: float) -> None:
+        """`log -p i -t TAG MESSAGE`: a line written into the phone's own log."""
         ...
 
 

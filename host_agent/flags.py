@@ -47,6 +47,7 @@ from host_agent.flag_values import (
     size,
 )
 from host_agent.health import Thresholds
+from host_agent.log_store import MIN_BYTES
 from host_agent.recovery import RecoverySettings
 from host_agent.scrcpy_link import jar_flag
 
@@ -89,6 +90,8 @@ _TASKS: list[_Option] = [
      " $CACHE_DIRECTORY/apps, else ~/.cache/amc-host-agent/apps)"),
     ("--app-cache-size", "AMC_APP_CACHE_SIZE", "2GB", size,
      "most bytes of the app library kept on this host (least recently used out)"),
+    ("--logcat-max-bytes", "AMC_LOGCAT_MAX_BYTES", "4MB", size,
+     "each run's phone log: most bytes kept, compressed (its start and end; 0: none kept)"),
 ]
 _HELD: list[_Option] = [
     ("--battery-low", "AMC_BATTERY_LOW", "20", percent, "hold a phone below this battery %"),
@@ -347,6 +350,8 @@ def _check_positive(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')} must be 1 to {most}")
     if args.screen_max_rate <= 0:
         raise ConfigError("--screen-max-rate must be positive")
+    if 0 < args.logcat_max_bytes < MIN_BYTES:
+        raise ConfigError(f"--logcat-max-bytes must be 0 (none kept) or {MIN_BYTES} or more")
     if not args.host_id:
         raise ConfigError("--host-id is empty")
 

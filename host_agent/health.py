@@ -3,10 +3,10 @@ plane when it changes.
 
     HealthMonitor.run()        every `interval` (jittered, each host's first round at a random
      │                         offset, so hosts started together do not probe together)
-     ├─ probe() per phone      at once, each bounded by `timeout`: `getprop sys.boot_completed`
-     │                         (its round trip is the responsiveness check), `dumpsys battery`,
-     │                         `df /data`; reads only, so a phone running a task is probed
-     │                         too (cheap and safe: no action of the task is touched)
+     ├─ probe() per phone      at once, each bounded by `timeout` (host_agent.probe: three
+     │                         reads sent together); reads only, so a phone running a task
+     │                         is probed too (cheap and safe: no action of the task is
+     │                         touched)
      ├─ judge()                the condition, with hysteresis (held below `battery_low` %
      │                         until `battery_resume` %, above `too_hot` °C until below
      │                         `cool_again` °C, with less free storage than `storage_low`
@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import enum
 import random
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -34,7 +33,8 @@ from dataclasses import dataclass, replace
 import structlog
 
 from host_agent import metrics
-from host_agent.devices import CleanedStep, Device, DeviceError, DeviceLost, DeviceTimeout
+from host_agent.devices import CleanedStep, Device, DeviceError, DeviceLost
+from host_agent.probe import Reading, probe
 from host_agent.retry import retrying
 
 log = structlog.get_logger(__name__)
@@ -46,6 +46,9 @@ TEMPERATURE_STEP = 2.0
 # through (or the next round sends what changed anyway).
 RESEND_AFTER = 0.2
 RESEND_CAP = 5.0
+# A phone that just answered (its clean passed) is told with its last probe's reading when
+# that found it booted at most this many probe intervals before (else it is probed first).
+READING_KEPT = 2
 
 
 class Condition(enum.Enum):
@@ -76,18 +79,6 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """What one probe saw (None: not read)."""
-
-    boot_completed: bool
-    battery_percent: int | None = None
-    temperature_celsius: float | None = None
-    charging: bool | None = None
-    free_bytes: int | None = None
-    round_trip: float = 0.0
-
-
-@dataclass(frozen=True)
 class Health:
     """A phone's condition, why, and the facts behind it; `cleaned`: the steps of a clean
     between leases that ended since the last report, sent with it (not part of what
@@ -113,56 +104,6 @@ def _moved(now: float | None, then: float | None, step: float) -> bool:
     if now is None or then is None:
         return now is not then
     return abs(now - then) >= step
-
-
-# -- reading ---------------------------------------------------------------------------------
-
-_FIELD = re.compile(r"^\s*([A-Za-z ]+):\s*(\S+)\s*$", re.MULTILINE)
-
-
-def parse_battery(text: str) -> tuple[int | None, float | None, bool | None]:
-    """Level (%), temperature (°C) and charging from `dumpsys battery`."""
-    fields = {k.strip().lower(): v for k, v in _FIELD.findall(text)}
-    level = scale = None
-    if fields.get("level", "").lstrip("-").isdigit():
-        level = int(fields["level"])
-        scale = int(fields["scale"]) if fields.get("scale", "").isdigit() else 100
-        level = max(0, min(100, round(level * 100 / scale))) if scale > 0 else None
-    temperature = None
-    if fields.get("temperature", "").lstrip("-").isdigit():
-        temperature = int(fields["temperature"]) / 10  # tenths of a degree
-    powered = [v == "true" for k, v in fields.items() if k.endswith(" powered")]
-    charging = None
-    if powered or "status" in fields:
-        charging = any(powered) or fields.get("status") == "2"  # 2: BATTERY_STATUS_CHARGING
-    return level, temperature, charging
-
-
-def parse_df(text: str) -> int | None:
-    """Bytes available on the filesystem `df` listed last (1K blocks)."""
-    lines = [line.split() for line in text.strip().splitlines()[1:]]
-    for parts in reversed(lines):
-        if len(parts) >= 4 and parts[3].isdigit():
-            return int(parts[3]) * 1024
-    return None
-
-
-async def probe(device: Device, timeout: float) -> Reading:
-    """Read a phone's health, in at most `timeout` seconds (DeviceTimeout past it)."""
-    try:
-        async with asyncio.timeout(timeout):
-            started = time.monotonic()
-            boot = await device.shell("getprop sys.boot_completed", timeout)
-            round_trip = time.monotonic() - started
-            metrics.PROBE_SECONDS.observe(round_trip)
-            if boot.output.strip() != "1":
-                return Reading(boot_completed=False, round_trip=round_trip)
-            battery = await device.shell("dumpsys battery", timeout)
-            level, temperature, charging = parse_battery(battery.output)
-            df = await device.shell("df /data", timeout)
-    except TimeoutError:
-        raise DeviceTimeout(f"{device.serial}: no answer to a probe in {timeout:g}s") from None
-    return Reading(True, level, temperature, charging, parse_df(df.output), round_trip)
 
 
 def judge(last: Health | None, seen: Reading | DeviceError, t: Thresholds) -> Health:
@@ -236,8 +177,10 @@ class HealthMonitor:
         self.interval = interval
         self.timeout = timeout
         self.thresholds = thresholds or Thresholds()
-        # What the last probe found, and what the control plane was last told.
+        # What the last probe found (and when: time.monotonic()), and what the control
+        # plane was last told.
         self.health: dict[str, Health] = {}
+        self._read_at: dict[str, float] = {}
         self._told: dict[str, Health] = {}
         # Phones whose condition is set elsewhere (quarantined, recovering: recovery.py;
         # cleaning: device_life.py): not probed, reported as they are here.
@@ -290,26 +233,38 @@ class HealthMonitor:
         self._cleaned.setdefault(serial, []).extend(steps)
         self._told.pop(serial, None)
 
-    def tell_soon(self, serial: str) -> asyncio.Task[None]:
+    def tell_soon(self, serial: str, *, answered: float | None = None) -> asyncio.Task[None]:
         """`serial`'s override changed: send it now, not at the next round (a phone whose
-        override ended is probed first, so what is sent is what it is now). The sending, to
-        wait for."""
-        task = asyncio.ensure_future(self.recheck(serial))
+        override ended is probed first, so what is sent is what it is now). `answered`:
+        the phone just answered (a clean that passed, begun at that time.monotonic()), so
+        a probe that found it booted within READING_KEPT intervals before stands for a new
+        one. The sending, to wait for."""
+        task = asyncio.ensure_future(self.recheck(serial, answered=answered))
         self._telling.add(task)
         task.add_done_callback(self._telling.discard)
         return task
 
-    async def recheck(self, serial: str) -> None:
-        """Probe `serial` now (unless an override holds it) and send what changed."""
-        if serial not in self.overrides:
+    async def recheck(self, serial: str, *, answered: float | None = None) -> None:
+        """Probe `serial` now (unless an override holds it, or it `answered` since a
+        reading that stands: tell_soon) and send what changed."""
+        if serial not in self.overrides and not self._stands(serial, answered):
             self.health[serial] = await self._probe(serial)
         await self.tell()
+
+    def _stands(self, serial: str, answered: float | None) -> bool:
+        last, at = self.health.get(serial), self._read_at.get(serial)
+        if answered is None or last is None or at is None:
+            return False
+        if last.condition in (Condition.UNRESPONSIVE, Condition.OFFLINE, Condition.BOOTING):
+            return False
+        return at >= answered - READING_KEPT * self.interval
 
     async def round(self, serials: Sequence[str]) -> None:
         """Probe every phone in `serials` at once; send what changed."""
         gone = set(self.health) - set(serials) - set(self.overrides)
         for serial in gone:
             del self.health[serial]
+            self._read_at.pop(serial, None)
             self._told.pop(serial, None)
         probed = [s for s in serials if s not in self.overrides]
         found = await asyncio.gather(*(self._probe(s) for s in probed))
@@ -372,4 +327,5 @@ class HealthMonitor:
             seen: Reading | DeviceError = await probe(self._devices(serial), self.timeout)
         except DeviceError as exc:
             seen = exc
+        self._read_at[serial] = time.monotonic()
         return judge(self.health.get(serial), seen, self.thresholds)

@@ -28,8 +28,9 @@ task reported) or conflicted is dropped: the terminal report is the record.
 A push with no leases carries the host's drain from the
 centre, handed to `on_drain`, the devices an operator released from quarantine, handed
 to `on_release`, a viewer's wish for the host's screen call (`screen_wanted`), handed
-to `on_screen`, and how many tasks wait for each of the host's emulator pools (`wanted`,
-handed to `pools.want`; the pools are told in each stream's first request).
+to `on_screen`, a reader's for its log call (`logs_wanted`), to `on_logs`, and how many
+tasks wait for each of the host's emulator pools (`wanted`, handed to `pools.want`;
+the pools are told in each stream's first request).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -50,6 +51,7 @@ from host_agent.devices import NO_POOLS, Pools
 from host_agent.fencing import HeldLease, LeaseAnswer, RenewalResult, Timing
 from host_agent.retry import FATAL_CODES, retrying
 from host_agent.stop_token import Stopped, StopReason
+from host_agent.stream_move import time_to_move
 
 log = structlog.get_logger(__name__)
 # A lease whose first renewal went unanswered (the control plane's database away) is asked
@@ -74,15 +76,16 @@ class LeaseKeeper:
         on_drain: Callable[[bool], None] | None = None,
         on_release: Callable[[str], None] | None = None,
         on_screen: Callable[[], None] | None = None,
+        on_logs: Callable[[], None] | None = None,
         channel: grpc.aio.Channel | None = None,
-        may_move: Callable[[], Awaitable[None]] | None = None,
+        may_move: Sequence[Callable[[], Awaitable[None]]] = (),
         pools: Pools = NO_POOLS,
     ) -> None:
         self._stub = stub
         # The stub's channel: when the connection under the stream is left (the control
         # plane's replica aged it out), the stream moves to the channel's next connection,
-        # once `may_move` returns (the live screens' call, open on the old connection too,
-        # has ended: the stream and the call stay on one replica).
+        # once each of `may_move` returns (the live screens' and logs' calls, open on the old
+        # one too, have ended: the stream and the calls stay on one replica).
         self._channel = channel
         self._may_move = may_move
         # Told of the control plane's drain (True) or its end (False); False also when a
@@ -92,6 +95,8 @@ class LeaseKeeper:
         self._on_release = on_release or (lambda _serial: None)
         # Told that a viewer waits for one of the host's phones: open the ScreenFrames call.
         self._on_screen = on_screen or (lambda: None)
+        # Told that a reader follows one of the host's attempts' logs: open LogLines.
+        self._on_logs = on_logs or (lambda: None)
         self._pools = pools
         self._host_id = host_id
         self.timing = timing
@@ -191,7 +196,7 @@ class LeaseKeeper:
             if not broken and self._answered:
                 log.info("renewal stream moving to a new connection", leases=len(self._held))
                 metrics.STREAM_MOVES.inc()
-                return  # at once, on the channel's next connection (see _connection_left)
+                return  # at once, on the channel's next connection (see host_agent.stream_move)
             error = (
                 _stream_error(next(iter(broken)))
                 if broken
@@ -211,9 +216,7 @@ class LeaseKeeper:
     async def _time_to_move(self) -> None:
         """Returns when the stream should move: its connection is going away, and
         `may_move` allows it."""
-        await _connection_left(self._channel)
-        if self._may_move is not None:
-            await self._may_move()
+        await time_to_move(self._channel, self._may_move)
 
     async def _send_every_interval(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
         # A wake-up (a new lease) sends only the leases still waiting for their first
@@ -295,6 +298,8 @@ class LeaseKeeper:
                 self._on_release(serial)
             if response.screen_wanted:
                 self._on_screen()
+            if response.logs_wanted:
+                self._on_logs()
             if response.wanted:
                 self._pools.want({w.pool: w.tasks for w in response.wanted})
             for state in response.leases:
@@ -370,27 +375,6 @@ def _stream_error(task: asyncio.Future[None]) -> StreamBroken:
         # replica died): the stream is gone, so reconnect like any other break.
         return StreamBroken(f"the renewal stream had ended: {exc}")
     raise exc
-
-
-async def _connection_left(channel: grpc.aio.Channel | None) -> None:
-    """Returns when the channel, once READY, leaves READY: its connection is going away.
-
-    A replica ends each connection after `--max-connection-age` with an HTTP/2 GOAWAY:
-    calls open on it go on, new ones open a new connection, which a load balancer may give
-    to another replica. A renewal stream lives for good, so it would stay on the aged
-    connection (and its replica) for ever; the keeper moves it instead, and the hosts of a
-    replica that took over a dead one's spread out again. A connection that dropped is
-    left too: its stream breaks as well, and whichever is seen first reopens it. Without a
-    channel (tests that pass a bare stub) it never returns. (The keeper then also waits for
-    `may_move`: the live screens' call, if open, ends first.)"""
-    if channel is None:
-        await asyncio.Event().wait()
-        return
-    ready = grpc.ChannelConnectivity.READY
-    while (state := channel.get_state()) is not ready:
-        await channel.wait_for_state_change(state)
-    # Any change from READY, however short (another call may reconnect at once).
-    await channel.wait_for_state_change(ready)
 
 
 async def _cancel_all(*tasks: asyncio.Future[None]) -> None:

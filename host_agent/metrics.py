@@ -59,6 +59,16 @@ ARTIFACT_UPLOADS = Counter(
     ["result"],
 )
 ARTIFACT_BYTES = Counter("amc_agent_artifact_bytes_total", "Bytes of kept files uploaded")
+LOGCAT_LINES = Counter(
+    "amc_agent_logcat_lines_total",
+    "Lines of the phones' logs read for the runs (host_agent.logcat)",
+)
+LOGCAT_BYTES_KEPT = Counter(
+    "amc_agent_logcat_bytes_kept_total", "Bytes of the runs' kept logs (compressed), before upload"
+)
+LOG_LINES_SENT = Counter(
+    "amc_agent_log_lines_sent_total", "Lines of followed runs' logs sent up (the live tail)"
+)
 # Per phone: a host has a few, so a label per device is cheap here (the control plane
 # aggregates instead).
 BATTERY = Gauge(

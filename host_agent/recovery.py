@@ -42,7 +42,8 @@ import structlog
 
 from host_agent import metrics
 from host_agent.devices import DeviceError
-from host_agent.health import Condition, Health, Reading
+from host_agent.health import Condition, Health
+from host_agent.probe import Reading
 
 log = structlog.get_logger(__name__)
 

@@ -68,6 +68,9 @@ class StepResult:
     kept: tuple[Kept, ...] = ()
     # Those the control plane stored.
     artifacts: tuple[StoredArtifact, ...] = ()
+    # Lines of the phone's log that flag this step (host_agent.logcat: an app's crash,
+    # an ANR), as logcat wrote them.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

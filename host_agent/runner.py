@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import assert_never
+from typing import Any, Protocol, assert_never
 
 import structlog
 
@@ -48,6 +48,15 @@ log = structlog.get_logger(__name__)
 
 # Told of each step that ran, as it ends (the agent sends it as progress).
 OnStep = Callable[[StepResult], None]
+
+
+class Marks(Protocol):
+    """Told as each step begins and ends (host_agent.logcat's capture marks the phone's
+    log there); `ended` answers the step as it is reported (with its warnings)."""
+
+    async def began(self, index: int, name: str) -> None: ...
+
+    async def ended(self, step: StepResult) -> StepResult: ...
 
 
 def outcome_for(all_steps_ran: bool, failed: bool, stop_reason: StopReason | None) -> Outcome:
@@ -91,18 +100,24 @@ async def run(
     poll_interval: float = POLL_INTERVAL,
     on_step: OnStep | None = None,
     library: Library | None = None,
+    marks: Marks | None = None,
 ) -> RunResult:
     """Run `spec` with the runner its kind calls for; `on_step` is told of each step that
-    ran as it ends (progress; the result returned is the record). The spec's apps are
-    installed first, as a step of their own ("apps"), with `library`."""
-    options = {"shell_default_timeout": shell_default_timeout, "poll_interval": poll_interval}
+    ran as it ends (progress; the result returned is the record), `marks` as each begins
+    and ends. The spec's apps are installed first, as a step of their own ("apps"), with
+    `library`."""
+    options: dict[str, Any] = {
+        "shell_default_timeout": shell_default_timeout,
+        "poll_interval": poll_interval,
+        "on_step": on_step,
+        "library": library,
+        "marks": marks,
+    }
     match spec:
         case ActionList():
-            actions = TaskRunner(device, token, **options, on_step=on_step, library=library)
-            return await actions.run(spec)
+            return await TaskRunner(device, token, **options).run(spec)
         case Workflow():
-            steps = WorkflowRunner(device, token, **options, on_step=on_step, library=library)
-            return await steps.run(spec)
+            return await WorkflowRunner(device, token, **options).run(spec)
         case Session():
             raise ValueError("a session runs through host_agent.session, not run()")
         case _:
@@ -145,6 +160,7 @@ class _StepLoop:
     on_step: OnStep | None = None
     # The app library, for install_app, push_file and a spec's apps (None: they fail).
     library: Library | None = None
+    marks: Marks | None = None
 
     async def _run_steps(self, steps: Sequence[_Step]) -> RunResult:
         results: list[StepResult] = []
@@ -165,6 +181,8 @@ class _StepLoop:
         return _result(halt, tuple(results))
 
     async def _run_step(self, index: int, step: _Step) -> tuple[StepResult, _Halt | None]:
+        if self.marks is not None:
+            await self.marks.began(index, step.name)
         started_at, started = datetime.now(UTC), time.monotonic()
         outputs: list[StepOutput] = []
         error, halt, cancelled = "", None, False
@@ -185,6 +203,8 @@ class _StepLoop:
         result = _step_result(index, step.name, started_at, duration, outputs, error)
         if cancelled:
             result = dataclasses.replace(result, status=StepStatus.CANCELLED)
+        if self.marks is not None:
+            result = await self.marks.ended(result)
         return result, halt
 
     async def _run_action(self, action: Action) -> _ActionEnd:

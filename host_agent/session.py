@@ -44,7 +44,7 @@ from host_agent.devices import Device, DeviceError
 from host_agent.fencing import HeldLease
 from host_agent.install import Library
 from host_agent.results import RunResult, StepResult, StepStatus
-from host_agent.runner import APPS_STEP, StepRunner, outcome_for
+from host_agent.runner import APPS_STEP, Marks, StepRunner, outcome_for
 from host_agent.spec import InvalidSpec
 from host_agent.stills import image_size
 from host_agent.stop_token import Stopped, StopReason, StopToken
@@ -65,6 +65,8 @@ class SessionSettings:
     upload_timeout: float
     # The app library, for the install_app and push_file actions a session sends.
     library: Library | None = None
+    # Told as each step begins and ends (the phone's log is marked there: host_agent.logcat).
+    marks: Marks | None = None
 
 
 class _Relay:
@@ -143,7 +145,11 @@ async def run_session(
     if token.reason is not None:
         return _stopped(token.reason, steps, "before the session started")
     runner = StepRunner(
-        device, token, shell_default_timeout=settings.shell_timeout, library=settings.library
+        device,
+        token,
+        shell_default_timeout=settings.shell_timeout,
+        library=settings.library,
+        marks=settings.marks,
     )
     if apps:
         step, halted, lost = await runner.run_step(0, APPS_STEP, apps)

@@ -3,8 +3,10 @@
 `SimulatedSource(count)` offers ``sim-0 … sim-{count-1}``, all online. Every action
 waits `delay` seconds (cancellable) and then succeeds. Each action, finished or not, is
 recorded as an `ActionRecord` in `SimulatedSource.actions` and, when `action_log` is a
-path, appended to it as one flushed JSON line, so a test can check from outside that
-two attempts never drove the same phone at the same time.
+path, appended to it as one flushed JSON line (host_agent.simulated_log). Each phone
+has a log (host_agent.simulated_logcat) where what is done on it is written as Android
+writes it, which the agent keeps for each run (`clear_log`, `follow_log`, `mark_log`: not
+actions, so not in the action log).
 
 `unplug(serial)` takes a phone away (calls raise `DeviceLost`, an action in flight is
 interrupted, `inventory()` omits it); `plug(serial)` brings it back.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +63,7 @@ from host_agent.simulated_body import (
 )
 from host_agent.simulated_faults import Faults
 from host_agent.simulated_log import ActionRecord, Recorder
+from host_agent.simulated_logcat import PhoneLog
 from host_agent.simulated_screen import PHONE_SIZE, UI_XML, LiveScreen, live_frame, screenshot_png
 from host_agent.simulated_state import PhoneState
 
@@ -104,6 +108,8 @@ class SimulatedSource:
         # a clean restores (host_agent.simulated_state); how long a clean's command takes.
         sdk = int(SIMULATED_PROPS["ro.build.version.sdk"])
         self.apps: dict[str, PhoneApps] = {s: PhoneApps(sdk) for s in self.serials}
+        # Each phone's log (host_agent.simulated_logcat).
+        self.logs: dict[str, PhoneLog] = {s: PhoneLog(s) for s in self.serials}
         self.states: dict[str, PhoneState] = {s: PhoneState(self.apps[s]) for s in self.serials}
         self.clean_delay = 0.0
         self._clean_hangs: set[str] = set()
@@ -208,6 +214,10 @@ class SimulatedSource:
             raise DeviceLost(f"device lost: {serial} was unplugged during the probe")
         return probe_answer(body, self.booted(serial), command)
 
+    def unplugged(self, serial: str) -> asyncio.Event:
+        """Set when the phone is unplugged (its current plug-in's)."""
+        return self._unplugged[serial]
+
     def is_plugged(self, serial: str) -> bool:
         event = self._unplugged.get(serial)
         return event is not None and not event.is_set()
@@ -272,6 +282,8 @@ class SimulatedDevice:
         except TimeoutError:
             raise DeviceTimeout(f"{self.serial}: shell `{command}` timed out") from None
         answered = self._source.states[self.serial].answer(command)
+        if answered is None:
+            answered = self._source.logs[self.serial].answer(command)
         return ShellResult(*answered) if answered is not None else shell_answer(command)
 
     async def tap(self, x: int, y: int) -> None:
@@ -333,6 +345,21 @@ class SimulatedDevice:
         source.captures += 1
         return live_frame(self.serial, source.screens[self.serial])
 
+    async def clear_log(self, timeout: float) -> None:
+        self._log().clear()
+
+    def follow_log(self) -> AsyncIterator[bytes]:
+        return self._log().follow(self._source.unplugged(self.serial), usec=True)
+
+    async def mark_log(self, tag: str, message: str, timeout: float) -> None:
+        self._log().write("I", tag, message)
+
+    def _log(self) -> PhoneLog:
+        """The phone's log (not an action: neither logged nor timed as one)."""
+        if not self._source.is_plugged(self.serial):
+            raise DeviceLost(f"device lost: {self.serial} is not attached")
+        return self._source.logs[self.serial]
+
     async def open_video(self, fps: VideoFps) -> VideoStream:
         """Its live frames as H.264 (host_agent.simulated_video), drawn at `fps()`."""
         return simulated_video.open_stream(self._source, self.serial, fps)
@@ -344,6 +371,7 @@ class SimulatedDevice:
             await self._source.pause(self.serial, self._cleaning)
             outcome = "ok"
             self._source.screens[self.serial].saw(action, args)
+            self._source.logs[self.serial].saw(action, args)
         except DeviceLost:
             outcome = "lost"
             raise

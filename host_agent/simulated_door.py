@@ -5,11 +5,11 @@ answers them.
 
 * `shell:CMD`, `exec:CMD`, `exec-out:CMD`: the phone's shell answers each simple command
   of the line (`;`, `&&`, `||`; `echo` with `$?`; the others SimulatedDevice.shell, an
-  action of the phone, timed and logged); `sleep N` sleeps; `logcat` prints the
-  phone's log and follows it (host_agent.simulated_logcat); an install from stdin (`cmd
-  package install -S N`, what `adb install` sends) reads the APK and installs it
-  (host_agent.simulated_apps). `shell:` alone is an interactive shell: a prompt, the
-  line typed echoed, each line run when it ends (`exit` or ^D leaves).
+  action of the phone, timed and logged); `sleep N` sleeps; `logcat` prints the phone's
+  log, the one its runs keep (host_agent.simulated_logcat), and follows it; an install
+  from stdin (`cmd package install -S N`, what `adb install` sends) reads the APK and
+  installs it (host_agent.simulated_apps). `shell:` alone is an interactive shell: a
+  prompt, the line typed echoed, each line run when it ends (`exit` or ^D leaves).
 * `sync:`: push, pull, stat and list on the phone's files (host_agent.simulated_sync).
 * `tcp:7`: the phone's echo port (RFC 862), so that `adb forward` has something to reach.
 
@@ -25,7 +25,6 @@ import asyncio
 import re
 import shlex
 import time
-import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -34,7 +33,7 @@ from host_agent.adb_door import DoorConnection, DoorRefused
 from host_agent.devices import DeviceError
 from host_agent.simulated import ActionRecord, SimulatedSource
 from host_agent.simulated_body import SIMULATED_PROPS
-from host_agent.simulated_logcat import TICK, PhoneLog, logcat_args, logcat_command
+from host_agent.simulated_logcat import logcat_args, logcat_command
 from host_agent.simulated_sync import serve_sync, stdin_size
 
 ECHO_PORT = "tcp:7"
@@ -42,15 +41,6 @@ _OPERATORS = frozenset({";", "&&", "||"})
 _SLEEP = re.compile(r"^\s*sleep\s+(\d+(?:\.\d+)?)\s*$")
 _OUT_CHUNKS = 8
 _SHELL_TIMEOUT = 60.0
-_logs: weakref.WeakKeyDictionary[SimulatedSource, dict[str, PhoneLog]] = weakref.WeakKeyDictionary()
-
-
-def phone_log(source: SimulatedSource, serial: str) -> PhoneLog:
-    """The phone's log, made at its first read."""
-    logs = _logs.setdefault(source, {})
-    if serial not in logs:
-        logs[serial] = PhoneLog(serial)
-    return logs[serial]
 
 
 class Pipe:
@@ -195,21 +185,16 @@ class SimulatedDoor:
         return out
 
     async def _logcat(self, argv: list[str], pipe: Pipe) -> None:
-        log, asked = phone_log(self._source, self.serial), logcat_args(argv)
+        """The phone's log, the one its runs keep (SimulatedSource.logs): printed, or
+        followed until the phone is unplugged or the door closes the stream."""
+        log, asked = self._source.logs[self.serial], logcat_args(argv)
         if asked.clear:
             log.clear()
-            return
-        lines, seen = log.since(0)
-        if asked.tail is not None:
-            lines = lines[-asked.tail :] if asked.tail else []
-        await pipe.emit("".join(lines).encode())
-        if asked.dump or asked.tail is not None:
-            return
-        while self._source.is_plugged(self.serial):
-            await asyncio.sleep(TICK)
-            log.tick()
-            lines, seen = log.since(seen)
-            await pipe.emit("".join(lines).encode())
+        elif not asked.follows:
+            await pipe.emit(log.dump(asked.tail, asked.usec).encode())
+        elif self._source.is_plugged(self.serial):
+            async for chunk in log.follow(self._source.unplugged(self.serial), asked.usec):
+                await pipe.emit(chunk)
 
     async def _interactive(self, pipe: Pipe) -> None:
         prompt = f"{self.serial}:/ $ ".encode()

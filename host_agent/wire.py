@@ -291,6 +291,7 @@ def step_to_proto(step: StepResult) -> task_pb2.StepResult:
             )
             for a in step.artifacts
         ],
+        warnings=step.warnings,
     )
     if step.started_at is not None:
         pb.started_at.FromDatetime(step.started_at)

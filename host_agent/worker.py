@@ -22,13 +22,15 @@ import structlog
 
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
-from host_agent import artifact_upload, devices, recording
+from host_agent import artifact_upload, devices, logcat, recording
 from host_agent.adb_door import door_served
 from host_agent.config import AgentSettings
 from host_agent.devices import Device, DeviceError, DeviceLost, DeviceSource
 from host_agent.fencing import HeldLease, RenewalResult
 from host_agent.install import Library
 from host_agent.leases import LeaseKeeper
+from host_agent.log_feed import LogFeed
+from host_agent.logcat import Capture
 from host_agent.recording import Recorder
 from host_agent.reporting import FinalCalls, ResultBatcher, release_lease
 from host_agent.results import Kept, RunResult
@@ -78,6 +80,8 @@ class Tools:
     screens: Screencaster | None = None
     # The app library, for install_app, push_file and a spec's apps (None: they fail).
     library: Library | None = None
+    # The live tails of the runs' logs (None: no live tail; the logs are kept all the same).
+    logs: LogFeed | None = None
 
 
 class Worker:
@@ -192,11 +196,19 @@ class Worker:
             token.trip_at(self._run_ends, StopReason.DEADLINE, self._deadline_passed)
         device = self._tools.source.device(self.assignment.device_serial)
         kept = self._recording()
+        # The phone's log, kept for the attempt (host_agent.logcat), its lines followed live.
+        capture = logcat.capture_for(device, device.serial, self._tools.settings.logcat_max_bytes)
         try:
-            with self._recorded(kept):
-                result = await self._run(spec, device, token)
+            with self._recorded(kept), self._followed(capture):
+                if capture is not None:
+                    await capture.start()
+                result = await self._run(spec, device, token, capture)
+                if capture is not None:
+                    result = await capture.finish(result)
         finally:
             token.disarm(StopReason.DEADLINE)
+            if capture is not None:
+                capture.close()
         if kept is not None:
             result = _with_recording(result, kept)
         self._log.info(
@@ -224,14 +236,26 @@ class Worker:
         with self._tools.screens.watch(serial, kept.settings.fps, kept.add, video=kept.video):
             yield
 
-    async def _run(self, spec: TaskSpec, device: Device, token: StopToken) -> RunResult:
+    @contextlib.contextmanager
+    def _followed(self, capture: Capture | None) -> Iterator[None]:
+        if self._tools.logs is None:
+            yield
+            return
+        with self._tools.logs.attach(self.assignment.task_id, self.assignment.attempt, capture):
+            yield
+
+    async def _run(
+        self, spec: TaskSpec, device: Device, token: StopToken, marks: Capture | None
+    ) -> RunResult:
         settings = self._tools.settings
         library = self._tools.library
         failed = await self._prepare(spec.start_snapshot)
         if failed is not None:
             return failed
         if isinstance(spec, Session):
-            options = SessionSettings(settings.shell_timeout, settings.upload_timeout, library)
+            options = SessionSettings(
+                settings.shell_timeout, settings.upload_timeout, library, marks
+            )
             stub, source = self._tools.stub, self._tools.source
             async with door_served(stub, self.lease, source, device.serial, spec.adb):
                 return await run_session(stub, self.lease, device, token, options, spec.apps)
@@ -244,6 +268,7 @@ class Worker:
             shell_default_timeout=settings.shell_timeout,
             on_step=lambda step: keeper.progress(lease_id, step_to_proto(step)),
             library=library,
+            marks=marks,
         )
 
     async def _prepare(self, snapshot: str) -> RunResult | None:

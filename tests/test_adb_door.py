@@ -83,8 +83,11 @@ async def test_shell_push_pull_install_and_logcat_through_a_door_reach_the_phone
             installed = await user_adb.adb("-s", a, "install", str(old_apk.path), within=60)
             assert b"Success" in installed.stdout, installed
             assert OLD.package in phone.phone.apps.packages
+            # The phone's one log, the run's: a line written through the door is in it.
+            await user_adb.shell(a, "log -p w -t DoorUser 'written through the door'")
             log = await user_adb.adb("-s", a, "logcat", "-d")
-            assert b"ActivityManager" in log.stdout
+            assert b" W DoorUser: written through the door\n" in log.stdout, log
+            assert " W DoorUser: written through the door" in phone.phone.log.dump()
             assert await d.stop() == 0
         task_id = await _only_task(farm)
         assert await farm.status(task_id) == "done"
@@ -262,8 +265,12 @@ async def test_an_adb_server_without_the_users_key_stays_unauthorized(
             assert await user_adb.shell(d.address, "echo me") == b"me\n"
             assert await d.stop() == 0
             assert "not trusted" in d.said()
-    # The agent's own commands carry its exit-code marker; the door's user's, "echo me".
-    assert [s for s in phone.adbd.services if "AMC_EXIT_" not in s] == ["shell:echo me"]
+    # The agent's own commands carry its exit-code marker, its read of the run's log is
+    # `logcat -v threadtime` (host_agent.adb_logcat); the door's user's, "echo me".
+    ours = ("AMC_EXIT_", "shell:logcat -v threadtime")
+    assert [s for s in phone.adbd.services if not s.startswith(ours[1]) and ours[0] not in s] == [
+        "shell:echo me"
+    ]
 
 
 async def _only_task(farm: Farm) -> str:

@@ -60,8 +60,11 @@ async def test_adb_works_on_a_simulated_phone_through_its_door(
             installed = await user_adb.adb("-s", a, "install", str(old_apk.path), within=60)
             assert b"Success" in installed.stdout, installed
             assert OLD.package in source.apps["sim-0"].packages
+            # The phone's one log, the run's: a line written through the door is in it.
+            await user_adb.shell(a, "log -p w -t DoorUser 'written through the door'")
             log = await user_adb.adb("-s", a, "logcat", "-d")
-            assert b" I ActivityManager: System now ready" in log.stdout, log
+            assert b" W DoorUser: written through the door\n" in log.stdout, log
+            assert " W DoorUser: written through the door" in source.logs["sim-0"].dump()
             local = _free_port()
             await user_adb.adb("-s", a, "forward", f"tcp:{local}", "tcp:7")
             reader, writer = await asyncio.open_connection("127.0.0.1", local)
@@ -83,7 +86,8 @@ async def test_an_open_stream_keeps_a_door_from_its_idle_timeout_and_then_it_idl
     8 (failed)."""
     token = await farm.token(Role.CLIENT)
     key = AdbClientKey()
-    async with running_agent(farm, SimulatedSource(1)):
+    source = SimulatedSource(1)
+    async with running_agent(farm, source):
         args = ("--adb-key", str(key.write(tmp_path / "k")), "--idle-timeout", "2s")
         async with door(farm.address, token, *args) as d:
             client = AdbClient(key)
@@ -92,7 +96,9 @@ async def test_an_open_stream_keeps_a_door_from_its_idle_timeout_and_then_it_idl
             task_id = await _only_task(farm)
             await asyncio.sleep(3.5)  # longer than the idle timeout, a stream open throughout
             assert await farm.status(task_id) == "dispatched"
-            assert b"SystemServer" in following.received
+            source.logs["sim-0"].write("I", "Followed", "a line the phone wrote")
+            said = b" I Followed: a line the phone wrote\n"
+            assert said in await following.read_until(said, within=20)
             following.close()
             await client.wait_closed(within=20)
             assert await d.wait() == 8

@@ -66,10 +66,12 @@ async def fetch(client: Clients, task_id: str, artifact_id: str) -> tuple[task_p
 
 
 async def listed(client: Clients, task_id: str) -> list[task_pb2.Artifact]:
+    """The files the steps' actions kept (not the run's phone log, kept with its last
+    step: test_phone_logs)."""
     answer = await client.scheduler.ListArtifacts(
         scheduler_pb2.ListArtifactsRequest(task_id=task_id)
     )
-    return list(answer.artifacts)
+    return [a for a in answer.artifacts if a.kind != "logcat"]
 
 
 # -- the host agent keeps them ----------------------------------------------------------------
@@ -98,7 +100,8 @@ async def test_a_screenshot_and_a_ui_dump_are_kept_and_read_back_byte_for_byte(
     assert (xml, png) == (UI_XML.encode(), shot)
     assert xml_info == found[0] and png_info == found[1]
     steps = (await get(client, task_id)).result.steps
-    assert [a.artifact_id for s in steps for a in s.artifacts] == [a.artifact_id for a in found]
+    kept = [a.artifact_id for s in steps for a in s.artifacts if a.kind != "logcat"]
+    assert kept == [a.artifact_id for a in found]
     assert steps[1].artifacts[0].task_id == task_id and steps[1].artifacts[0].attempt == 1
     assert "artifact_error" not in steps[1].data
 
@@ -177,7 +180,8 @@ async def test_login_workflow_screenshot_is_retrievable_with_amc_artifact(
 
     listing = await amc("artifacts", task_id, "-o", "json")
     assert listing.code == 0, listing.err
-    (entry,) = listing.json()["artifacts"]
+    entry, log = listing.json()["artifacts"]
+    assert (log["step_index"], log["kind"]) == (2, "logcat")  # the run's phone log
     assert (entry["step_index"], entry["step_name"], entry["kind"]) == (2, "evidence", "screenshot")
     assert (int(entry["size_bytes"]), entry["sha256"]) == (len(png), sha(png))
 

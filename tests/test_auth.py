@@ -235,6 +235,37 @@ async def screen_frames(c: Clients, w: World, own: bool) -> object:
     return OK
 
 
+async def stream_logs(c: Clients, w: World, own: bool) -> object:
+    """Let in: past the role's authorization a task's log is checked (the world's task is
+    another client's: PERMISSION_DENIED naming whose log it is, test_phone_logs; it has no
+    log to read: FAILED_PRECONDITION), or lines come."""
+    call = c.scheduler.StreamLogs(scheduler_pb2.StreamLogsRequest(task_id=w.task_id))
+    try:
+        await asyncio.wait_for(call.read(), 2)
+    except TimeoutError:
+        pass
+    except grpc.aio.AioRpcError as exc:
+        theirs = "only its team and operators" in (exc.details() or "")
+        if exc.code() == grpc.StatusCode.PERMISSION_DENIED and theirs:
+            return OK
+        if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
+            raise
+    finally:
+        call.cancel()
+    return OK
+
+
+async def log_lines(c: Clients, w: World, own: bool) -> object:
+    """Let in: the first answer is the (empty) set of the host's attempts followed."""
+    call = c.lease.LogLines()
+    await first_write(call, lease_pb2.LogLinesRequest(host_id=host_id(own)))
+    try:
+        await asyncio.wait_for(call.read(), 10)
+    finally:
+        call.cancel()
+    return OK
+
+
 def host_id(own: bool) -> str:
     return "A" if own else "B"
 
@@ -395,6 +426,8 @@ CALLS: dict[str, Call] = {
     "/amc.v1.Lease/AdbStreams": host_adb_streams,
     "/amc.v1.Scheduler/WatchScreen": watch_screen,
     "/amc.v1.Lease/ScreenFrames": screen_frames,
+    "/amc.v1.Scheduler/StreamLogs": stream_logs,
+    "/amc.v1.Lease/LogLines": log_lines,
     "/amc.v1.Admin/CordonHost": lambda c, w, own: c.admin.CordonHost(
         admin_pb2.CordonHostRequest(host_id="C")
     ),
@@ -456,6 +489,7 @@ def expected(method: str, caller: str) -> object:
             "SessionActions": DENIED,
             "AdbStreams": DENIED,
             "ScreenFrames": DENIED,
+            "LogLines": DENIED,
             # Any host may find an app and fetch library bytes: they are no host's own.
             "FindApp": OK,
             "FetchFile": OK,

@@ -28,7 +28,7 @@ from tests.support.apks import ApkFile, apk_cache, old_apk
 from tests.support.fakes.adb_server import FakeAdbServer
 from tests.support.fakes.phone import DEFAULT_PROPS, FakePhone
 from tests.support.library import library, upload_app, upload_file
-from tests.test_device_health import condition_of, is_in, on
+from tests.test_device_health import SlowProbes, condition_of, is_in, on
 from tests.test_host_operations import host_events
 
 DISPATCHED = task_pb2.TASK_STATUS_DISPATCHED
@@ -158,6 +158,34 @@ async def test_a_phone_shows_cleaning_from_its_tasks_end_until_its_clean_passed(
         begun = attempt["created_at"].timestamp()
         assert max(r.ended_wall for r in cleans if r.started_wall < begun) <= begun
         await eventually(lambda: is_in(farm, "sim-0", "ready"), what="cleaned after it too")
+
+
+async def test_a_phone_whose_clean_passed_is_ready_without_waiting_for_another_probe(
+    farm: Farm,
+) -> None:
+    """The clean's steps had the phone answer, so its report (`ready`, with the steps) goes
+    at once on its last probe's reading: though a probe of it now takes 3 s, the phone is
+    ready well within that of its clean's last command."""
+    source = SlowProbes(1, delay=0.01)
+    client = await farm.client()
+    async with running_agent(farm, source, **cleaning_settings(probe_interval=5.0)) as agent:
+        await cleaned_once(farm, agent)
+        assert "sim-0" in agent.health.health  # the reading told with its first clean
+        source.probe_delay = 3.0
+        task = await submit(client, actions_spec(tap()), selector=on("sim-0"))
+        await status_is(farm, task, "done")
+        assert farm.db is not None
+        sql = (
+            "SELECT extract(epoch FROM e.at) FROM host_events e, attempts a"
+            " WHERE a.task_id = $1 AND e.serial = 'sim-0' AND e.kind = 'cleaning'"
+            " AND e.at >= a.ended_at ORDER BY e.event_id DESC LIMIT 1"
+        )
+        told = await eventually(
+            lambda: farm.db.fetchval(sql, uuid.UUID(task)), what="the clean after the task told"
+        )
+        assert await is_in(farm, "sim-0", "ready")
+        last = max(r.ended_wall for r in source.cleans if r.serial == "sim-0")
+    assert float(told) - last < 2.0, f"told {float(told) - last:.2f}s after the clean"
 
 
 async def test_a_clean_that_fails_quarantines_the_phone_and_it_gets_no_lease(farm: Farm) -> None:

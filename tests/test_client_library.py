@@ -8,6 +8,7 @@ import contextlib
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -529,6 +530,7 @@ async def test_a_farm_at_an_address_nothing_listens_on_fails_at_once_in_one_line
             lambda: client.submit([tap(1, 2)]),
             lambda: client.wait(str(uuid.uuid4())),
             lambda: client.open_session(),
+            lambda: _read_all(client.logs(str(uuid.uuid4()))),
         ):
             started = time.monotonic()
             with pytest.raises(FarmUnreachable) as refused:
@@ -540,6 +542,10 @@ async def test_a_farm_at_an_address_nothing_listens_on_fails_at_once_in_one_line
                 f"cannot reach the control plane at {address}: connection refused:"
                 " is it running, and is the address right?"
             )
+
+
+async def _read_all(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines]
 
 
 async def test_a_farm_that_answered_before_is_tried_again_while_its_address_refuses(

@@ -337,8 +337,10 @@ async def test_console_bad_input_gets_the_apis_message_on_the_page(
 
 
 async def _artifacts(client: Any, task_id: str) -> list[task_pb2.Artifact]:
+    """The files its steps' actions kept (not the run's phone log: test_console_log)."""
     request = scheduler_pb2.ListArtifactsRequest(task_id=task_id)
-    return list((await client.scheduler.ListArtifacts(request)).artifacts)
+    found = (await client.scheduler.ListArtifacts(request)).artifacts
+    return [a for a in found if a.kind != "logcat"]
 
 
 async def _artifact_bytes(client: Any, task_id: str, artifact_id: str) -> bytes:

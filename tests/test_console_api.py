@@ -320,7 +320,8 @@ async def test_console_serves_an_artifact_as_getartifact_does_with_its_type_size
         task_id = await submit(client, actions_spec(screenshot, ui_dump))
         await status_is(farm, task_id, "done")
     kept = await client.scheduler.ListArtifacts(A.ListArtifactsRequest(task_id=task_id))
-    png, xml = kept.artifacts
+    png, xml, log = kept.artifacts
+    assert log.kind == "logcat"  # the run's phone log, kept with its last step
     for token in (await farm.token(Role.CLIENT), await farm.token(Role.OPERATOR)):
         headers = {"Authorization": f"Bearer {token}"}
         for artifact, body, kind in (
@@ -371,7 +372,7 @@ async def test_console_does_not_pass_off_damaged_artifact_bytes_as_whole(
         )
         await status_is(farm, task_id, "done")
     listing = await client.scheduler.ListArtifacts(A.ListArtifactsRequest(task_id=task_id))
-    (png,) = listing.artifacts
+    png, _log = listing.artifacts
     assert farm.db is not None
     await farm.db.execute(
         "UPDATE artifact_chunks SET data = overlay(data placing '\\x00'::bytea from 20)"

@@ -263,7 +263,7 @@ async def test_console_control_with_record_keeps_the_sessions_screen_recording(
     client = await farm.client()
     got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task["task_id"]))
     kept = [(a.kind, a.content_type) for s in got.result.steps for a in s.artifacts]
-    assert kept == [("screen_video", "video/mp4")]
+    assert kept == [("logcat", "application/gzip"), ("screen_video", "video/mp4")]
 
 
 FIELDS = st.sampled_from(["x", "y", "x1", "y1", "x2", "y2", "duration_ms", "text"])

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -19,17 +21,9 @@ from amc.v1 import admin_pb2, lease_pb2, scheduler_pb2, task_pb2
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
-from host_agent.devices import DeviceLost, DeviceTimeout
-from host_agent.health import (
-    Condition,
-    Health,
-    Reading,
-    Thresholds,
-    judge,
-    parse_battery,
-    parse_df,
-    probe,
-)
+from host_agent.devices import DeviceLost, DeviceTimeout, ShellResult
+from host_agent.health import Condition, Health, Thresholds, judge
+from host_agent.probe import Reading, parse_battery, parse_df, probe
 from host_agent.recovery import Recovery, RecoverySettings
 from host_agent.simulated import SimulatedSource
 from host_agent.simulated_body import Physics, battery_text
@@ -99,6 +93,43 @@ def test_facts_that_moved_enough_are_worth_sending_again() -> None:
     assert Health(Condition.READY, "", 75, 31.0, True).worth_sending(told)
     assert Health(Condition.READY, "", 80, 32.0, True).worth_sending(told)
     assert Health(Condition.TOO_HOT, "x", 80, 30.0, True).worth_sending(told)
+
+
+class SlowProbes(SimulatedSource):
+    """Simulated phones whose every probe read takes `probe_delay` seconds (the reads are
+    recorded, with when they began: time.monotonic())."""
+
+    probe_delay = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.probe_reads: list[tuple[str, str, float]] = []
+
+    async def probe_read(self, serial: str, command: str) -> ShellResult:
+        self.probe_reads.append((serial, command, time.monotonic()))
+        await asyncio.sleep(self.probe_delay)
+        return await super().probe_read(serial, command)
+
+
+async def test_a_probes_three_reads_are_sent_at_once() -> None:
+    """`getprop`, `dumpsys battery` and `df` go together: a probe of a phone whose every
+    read takes 1 s takes about 1 s, not 3; a phone not booted is still `booting` (not
+    failed by the other reads)."""
+    source = SlowProbes(1, delay=0.01)
+    source.probe_delay = 1.0
+    began = time.monotonic()
+    seen = await probe(source.device("sim-0"), 5.0)
+    took = time.monotonic() - began
+    assert seen.boot_completed and seen.battery_percent == 100 and seen.free_bytes
+    assert sorted(c for _, c, _ in source.probe_reads) == [
+        "df /data",
+        "dumpsys battery",
+        "getprop sys.boot_completed",
+    ]
+    assert took < 1.8, f"the reads went one after another: {took:.2f}s"
+    source.probe_delay = 0.0
+    source.reboot("sim-0", boot_time=0.5)
+    assert not (await probe(source.device("sim-0"), 1.0)).boot_completed
 
 
 async def test_simulated_phones_answer_probes_drain_heat_hang_and_boot() -> None:

@@ -362,6 +362,36 @@ async def test_parallel_calls_on_two_sessions_of_one_client_each_get_their_own_a
         _content(await mcp.call_tool("close_session", {}))
 
 
+async def test_an_agent_over_http_reads_its_sessions_phone_log_and_not_another_agents(
+    farm: Harness,
+) -> None:
+    """THEN over HTTP (the same tool table as stdio) read_log answers the newest lines of
+    the agent's session's phone log with its step marks; another agent naming that session
+    is refused as for any tool, reading nothing."""
+    token, other = await farm.token(Role.CLIENT), await farm.token(Role.CLIENT)
+    async with (
+        running_agent(farm, SimulatedSource(1, delay=0.01)),
+        amc_mcp_http(farm) as (url, _),
+        agent(url, token) as mcp,
+        agent(url, other, name="other") as stranger,
+        asyncio.timeout(60),
+    ):
+        (opened,) = _content(await mcp.call_tool("open_session", {}))
+        session = opened.text.split()[1]
+        _content(await mcp.call_tool("tap", {"x": 7, "y": 8}))
+        while True:  # the mark goes in with the tap's own lines, as the host reads them
+            answer = await mcp.call_tool("read_log", {"lines": 100, "tags": ["amc"]})
+            (log,) = _content(answer)
+            if " I amc     : step 1 'tap' began" in log.text:
+                break
+            await asyncio.sleep(0.05)
+        assert _meta(answer) == {"amc/session": session, "amc/phone": "sim-0"}
+        assert log.text.splitlines()[0].endswith(f"(session {session} on phone sim-0)")
+        said = _error(await stranger.call_tool("read_log", {"session": session}))
+        assert f"no session '{session}' of yours" in said, said
+        _content(await mcp.call_tool("close_session", {}))
+
+
 async def test_an_agent_installs_an_app_of_the_library_and_is_told_its_lease_was_lost(
     farm: Harness, old_apk: ApkFile, tmp_path: Path
 ) -> None:

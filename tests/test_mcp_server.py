@@ -22,7 +22,10 @@ from mcp_types import Implementation
 
 from amc.v1 import task_pb2
 from amc_client import Farm
+from amc_client.mcp_log import LINE_CHARS, MAX_CHARS, shown
 from amc_client.mcp_server import ClientSessions, Defaults, OneClient, build_server, compact_ui
+from amc_client.phone import Phone
+from amc_common import logcat
 from amc_common.version import version
 from control_plane.domain import Role
 from host_agent.simulated import SimulatedSource
@@ -295,6 +298,82 @@ async def test_every_tool_and_parameter_is_described_and_wait_for_is_bounded(
             said = _error(await mcp.call_tool("wait_for", {"text": "OK", "timeout": 3600}))
             assert "wait_for.timeout: at most 50 s here" in said
             _content(await mcp.call_tool("close_session", {}))
+
+
+async def test_read_log_gives_the_sessions_newest_phone_log_lines_filtered_and_bounded(
+    farm: Harness,
+) -> None:
+    """THEN read_log with no session open is a tool error and opens none; on a session it
+    answers the newest lines of its phone's log oldest first, the step marks among them
+    and a crash the app had by itself; level and tags filter (the marks always pass),
+    `lines` bounds the count; it adds no step; a bad argument is a one-line tool error
+    naming it; the crash, between two actions, is the first one's warning."""
+    token = await farm.token(Role.CLIENT)
+    source = SimulatedSource(1, delay=0.01)
+    async with running_agent(farm, source), Farm(farm.address, token=token) as client:
+        sessions = lender(client)
+        async with agent(sessions) as mcp:
+            said = _error(await mcp.call_tool("read_log", {}))
+            assert said.endswith(": no session is open: open_session first"), said
+            assert await _tasks(farm) == 0
+            _content(await mcp.call_tool("launch_app", {"package": "com.example.shop"}))
+            source.logs["sim-0"].crash("com.example.shop")  # the app dies by itself
+            _content(await mcp.call_tool("tap", {"x": 5, "y": 6}))
+            async with asyncio.timeout(20):
+                while True:  # the marks go in with the actions' own lines, as they are read
+                    (log,) = _content(await mcp.call_tool("read_log", {"lines": 500}))
+                    if "step 2 'tap' began" in log.text and "FATAL EXCEPTION" in log.text:
+                        break
+                    await asyncio.sleep(0.05)
+            head, *lines = log.text.splitlines()
+            assert head.startswith(f"{len(lines)} lines of the phone's log (session ")
+            marks = [e.message for x in lines if (e := logcat.parse(x)) and e.tag == "amc"]
+            assert {"step 1 'launch_app' began", "step 2 'tap' began"} <= set(marks), marks
+            assert any("E AndroidRuntime: FATAL EXCEPTION: main" in x for x in lines)
+            args = {"level": "error", "tags": ["AndroidRuntime"]}
+            (errors,) = _content(await mcp.call_tool("read_log", args))
+            entries = [logcat.parse(x) for x in errors.text.splitlines()[1:]]
+            assert all(
+                e is not None and (e.tag == "amc" or (e.tag, e.level) == ("AndroidRuntime", "E"))
+                for e in entries
+            ), errors.text
+            assert any(e is not None and e.message == "FATAL EXCEPTION: main" for e in entries)
+            (two,) = _content(await mcp.call_tool("read_log", {"lines": 2}))
+            assert len(two.text.splitlines()) == 3 and two.text.startswith("2 lines of ")
+            for wrong, says in (
+                ({"lines": 0}, "lines: 0 is not 1 to 500"),
+                ({"lines": 501}, "lines: 501 is not 1 to 500"),
+                ({"level": "loud"}, "level: 'loud' is not a log priority"),
+                ({"tags": ["a:b"]}, "tags: 'a:b' is not a log tag"),
+            ):
+                said = _error(await mcp.call_tool("read_log", wrong))
+                assert f"read_log refused: {says}" in said, said
+            said = _error(await mcp.call_tool("read_log", {"session": "nope"}))
+            assert "no session 'nope' of yours" in said, said
+            (closed,) = _content(await mcp.call_tool("close_session", {}))
+            assert closed.text.endswith("done (2 actions)"), closed.text
+            task_id = closed.text.split()[1]
+    steps = (await get(await farm.client(), task_id)).result.steps
+    assert [s.name for s in steps] == ["launch_app", "tap"]
+    assert "FATAL EXCEPTION" in steps[0].warnings[0] and not steps[1].warnings
+
+
+def test_read_logs_answer_stays_within_its_characters_newest_kept() -> None:
+    """THEN a line past LINE_CHARS is cut, and past MAX_CHARS in all the oldest lines go,
+    said in the first line."""
+    phone = Phone.__new__(Phone)  # only its task's id and phone are read
+    phone.task = task_pb2.Task(task_id="t-1", device_serial="sim-0")
+    lines = [f"{i:05d} " + "x" * 1000 for i in range(100)]
+    head, *kept = shown(lines, phone).splitlines()
+    assert all(len(x) <= LINE_CHARS for x in kept) and kept[-1].startswith("00099 ")
+    assert sum(len(x) + 1 for x in kept) <= MAX_CHARS < sum(len(x) + 1 for x in kept) + 401
+    assert head == (
+        f"{len(kept)} lines of the phone's log (session t-1 on phone sim-0);"
+        f" {100 - len(kept)} older left out (at most 16,000 characters)"
+    )
+    assert shown([], phone) == "no line of the phone's log (session t-1 on phone sim-0)" + (
+        " passes the filters yet"
+    )
 
 
 def _amc_mcp(farm: Harness, token: str, rc_file: Path) -> StdioServerParameters:

@@ -590,7 +590,7 @@ async def test_a_session_that_asks_for_a_recording_keeps_one(farm: Farm) -> None
     listed = await client.scheduler.ListArtifacts(
         scheduler_pb2.ListArtifactsRequest(task_id=task.task_id)
     )
-    assert [a.kind for a in listed.artifacts] == ["screen_video"]
+    assert [a.kind for a in listed.artifacts] == ["logcat", "screen_video"]
 
 
 async def test_a_phone_over_adb_is_watched_through_screencap_and_shows_a_tap(

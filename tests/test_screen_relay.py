@@ -129,7 +129,7 @@ async def test_a_token_never_passes_as_a_replica(farm: Farm) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await scheduler.ListTasks(scheduler_pb2.ListTasksRequest(), metadata=proof)
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "relayed screens only" in (caught.value.details() or "")
+        assert "relayed screens and logs only" in (caught.value.details() or "")
         # The farm's proof may watch by device (the phone is unknown here: NOT_FOUND).
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await first_frame(scheduler.WatchScreen(by_device, metadata=proof))

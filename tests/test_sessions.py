@@ -21,6 +21,7 @@ from tests.support.agent import cancel, get, running_agent, short_ttl_farm, stat
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 OK = task_pb2.STEP_STATUS_OK
 DISPATCHED = task_pb2.TASK_STATUS_DISPATCHED
+DONE = task_pb2.TASK_STATUS_DONE
 
 
 def opening(idle: float = 10.0, **fields: Any) -> scheduler_pb2.OpenSessionRequest:
@@ -88,7 +89,8 @@ async def test_a_session_taps_and_observes_and_closing_it_ends_the_task_done(far
     listed = await client.scheduler.ListArtifacts(
         scheduler_pb2.ListArtifactsRequest(task_id=task.task_id)
     )
-    assert len(listed.artifacts) == 2
+    # The two observations kept, and the session's phone log (kept with its last step).
+    assert sorted(a.kind for a in listed.artifacts) == ["logcat", "screenshot", "ui_dump"]
 
 
 async def test_a_session_reports_its_task_while_it_waits_with_the_pending_reason(
@@ -156,6 +158,27 @@ async def test_a_client_that_cancels_its_call_is_never_taken_for_one_that_closed
             await status_is(farm, task_ids[-1], "failed", "done")
     errors = [(await get(client, t)).result.error for t in task_ids]
     assert errors == ["session abandoned"] * 10
+
+
+async def test_a_client_that_says_close_has_its_session_ended_done_at_once(farm: Farm) -> None:
+    """THEN a `close` after an answered action is answered by the finished task, done (no
+    grace, as a mere end of the client's messages waits, in case it is a vanished
+    client's), and the stream then ends OK with the client's side still open."""
+    client = await farm.client()
+    async with running_agent(farm, SimulatedSource(1, delay=0.0)):
+        call = client.scheduler.OpenSession()
+        await call.write(opening())
+        task = await dispatched(call)
+        await call.write(act(tap(1, 2)))
+        assert (await asyncio.wait_for(call.read(), 20)).step.step.status == OK
+        await call.write(scheduler_pb2.OpenSessionRequest(close=scheduler_pb2.SessionClose()))
+        response = await asyncio.wait_for(call.read(), 20)
+        assert response.HasField("task"), response
+        assert (response.task.task_id, response.task.status) == (task.task_id, DONE)
+        assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+    steps = (await get(client, task.task_id)).result.steps
+    assert [(s.name, s.status) for s in steps] == [("tap", OK)]
 
 
 async def test_cancel_task_mid_session_ends_it_cancelled_at_the_next_action_boundary(

@@ -1,7 +1,9 @@
 """The `amc` commands, one module per group, each a Typer app that amc_cli.app adds to the
-root command (tasks, agents and adb without a name: their commands sit at the top level).
+root command (tasks, logs, agents and adb without a name: their commands sit at the top
+level).
 
 tasks     submit, get, list, cancel, watch; artifacts, artifact
+logs      a task's phone log (amc logs TASK --follow)
 agents    mcp
 adb       adb (a phone on a local port for the adb client)
 tokens    amc tokens create, list, revoke

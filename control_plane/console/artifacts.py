@@ -1,7 +1,7 @@
 """A file a step kept, for the console: `GET /api/artifacts/<task_id>/<artifact_id>`, its
-bytes (a screenshot's PNG, a ui_dump's XML) as the servicer's own GetArtifact streams them
-(the same roles, validation and errors), with its content type, length and SHA-256
-(`X-Amc-Sha256`), checked as it is sent."""
+bytes (a screenshot's PNG, a ui_dump's XML, a recording, a phone log's gzip) as the
+servicer's own GetArtifact streams them (the same roles, validation and errors), with its
+content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent."""
 
 from __future__ import annotations
 
@@ -18,7 +18,13 @@ from control_plane.scheduler_service import SchedulerService
 
 log = structlog.get_logger(__name__)
 # A kept file's name when saved, by its content type.
-EXTENSIONS = {"image/png": "png", "image/apng": "png", "video/mp4": "mp4", "application/xml": "xml"}
+EXTENSIONS = {
+    "image/png": "png",
+    "image/apng": "png",
+    "video/mp4": "mp4",
+    "application/xml": "xml",
+    "application/gzip": "gz",
+}
 
 
 async def serve(

@@ -12,9 +12,8 @@
   messages); the answer is the response message in proto JSON, with `<field>_text` beside
   each DeviceSelector (the control plane's text of it: the page formats no selector), or
   `{"code", "message"}` with the HTTP status of the gRPC code.
-- `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes (a screenshot's PNG, a
-  ui_dump's XML), read through the servicer's own GetArtifact (the same roles and errors),
-  with its content type, length and SHA-256 (`X-Amc-Sha256`), checked as it is sent.
+- `GET /api/artifacts/<task_id>/<artifact_id>`: one artifact's bytes, through the servicer's
+  own GetArtifact, its SHA-256 checked as it is sent (control_plane.console.artifacts).
 - `POST /api/library/apps` (and `/files`): the Apps page's upload, the file's bytes as the
   body, streamed into the servicer's own UploadApp (control_plane.console.library).
 - `GET /api/control?host_id=H&serial=S`: a WebSocket driving one idle phone in an
@@ -23,6 +22,7 @@
   screen, one binary message per frame (control_plane.console.screen: the layout).
 - `GET /api/thumbnails`: one WebSocket of many phones' thumbnails, a frame every few
   seconds each, for the Farm and Host pages (control_plane.console.thumbnails).
+- `GET /api/logs/<task_id>`: a task's phone log as JSON lines (control_plane.console.logs).
 - `GET /api/events`: server-sent events from the replica's notification hub (task
   changed, host freed, work queued), coalesced per browser; pages re-read what changed
   (control_plane.console.events).
@@ -48,7 +48,7 @@ from amc_common.device_selector import describe
 from control_plane import errors
 from control_plane.admin_service import AdminService
 from control_plane.auth import Authenticator, authorize
-from control_plane.console import artifacts, library, screen, thumbnails
+from control_plane.console import artifacts, library, logs, screen, thumbnails
 from control_plane.console.calls import (
     CallContext,
     Refused,
@@ -187,6 +187,7 @@ class Console:
         app.router.add_get("/api/events", self.events)
         app.router.add_get("/api/screen", self.screen)
         app.router.add_get("/api/thumbnails", self.thumbnails)
+        app.router.add_get("/api/logs/{task_id}", logs.route(self.scheduler, _refusal))
         app.router.add_get("/api/control", self.control)
         return app
 

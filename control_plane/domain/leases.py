@@ -139,6 +139,12 @@ class ScreenNotice(HostNotice):
 
 
 @dataclass(frozen=True)
+class LogsNotice(HostNotice):
+    """A reader on this replica follows one of the host's attempts' logs and the host has
+    no LogLines call here: its stream asks it to open one (control_plane.logs)."""
+
+
+@dataclass(frozen=True)
 class StreamState(HostNotice):
     """What the database says a host's renewal stream should have been pushed, read when
     the stream opens and after its replica's LISTEN connection reconnected (notices sent
@@ -152,4 +158,4 @@ class StreamState(HostNotice):
 
 
 # Every notice a host's renewal stream may be pushed (one home for the union).
-Notice = CancelNotice | DrainNotice | ReleaseNotice | ScreenNotice | StreamState
+Notice = CancelNotice | DrainNotice | LogsNotice | ReleaseNotice | ScreenNotice | StreamState

@@ -28,7 +28,7 @@ from google.protobuf import duration_pb2
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_testing.emulators import AdbServer, install_double, make_avd
 from bench_lib.pgstats import Db
-from bench_lib.stack import AGENT_TOKEN, Stack, spawn
+from bench_lib.stack import AGENT_TOKEN, Stack, cpu_now, spawn, tree_cpu_seconds
 from bench_lib.stats import summarize
 from scripts.launch import HostAgentCommand
 
@@ -41,6 +41,7 @@ PORTS = "5600-5682"
 TAP = scheduler_pb2.OpenSessionRequest(
     action=task_pb2.SessionAction(action=task_pb2.Action(tap=task_pb2.Tap(x=10, y=20)))
 )
+CLOSE = scheduler_pb2.OpenSessionRequest(close=scheduler_pb2.SessionClose())
 TARGET_OVERHEAD_MS = (100.0, 300.0)
 TARGET_FIRST_ACTION_P50_S = 1.0
 TARGET_EFFICIENCY = 0.95
@@ -104,6 +105,7 @@ async def _episode(stub: scheduler_pb2_grpc.SchedulerStub) -> Episode:
         if i == 0:
             first, first_wall = time.perf_counter(), time.time()
     actions_done = time.perf_counter()
+    await call.write(CLOSE)
     await call.done_writing()
     status = 0
     while (response := await call.read()) is not grpc.aio.EOF:
@@ -176,6 +178,14 @@ def _world(root: Path, load_seconds: float) -> dict[str, str]:
     }
 
 
+def _cpu(stack: Stack) -> dict[str, float]:
+    """CPU seconds so far: the control plane, PostgreSQL, the agent, and its doubles."""
+    out = cpu_now(stack, (HOST,))
+    agent = stack.agents.get(HOST)
+    out["doubles"] = tree_cpu_seconds(agent.pid) - out["agent"] if agent else 0.0
+    return out
+
+
 async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     n = options.emulators
     adb = AdbServer(stack.root / "emu-adb")
@@ -202,10 +212,13 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
         await _episode(stub)  # warm: the channel, the session path
         say(f"episodes: {n} clients, {ACTIONS} taps an episode, for {options.seconds:g}s")
         episodes: list[Episode] = []
+        before = _cpu(stack)
         started = time.perf_counter()
         until = started + options.seconds
         await asyncio.gather(*(_client(stub, until, episodes) for _ in range(n)))
         elapsed = time.perf_counter() - started
+        cpu = {k: v - before[k] for k, v in _cpu(stack).items()}
+        load = os.getloadavg()
         overheads = await _reset_overheads(db, [e.task_id for e in episodes], options.load_seconds)
         first_actions = await _lease_to_first_action(db, episodes)
     finally:
@@ -231,10 +244,16 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
             [(e.first_action - e.opened) * 1000 for e in episodes]
         ),
         "reset_overhead_ms": summarize(overheads),
+        # CPU ms an episode (the window's CPU over its episodes): AMC's processes, and the
+        # doubles (the phones' side: not AMC's); the load average as the window ended.
+        "cpu_ms_per_episode": {k: v * 1000 / max(1, len(episodes)) for k, v in cpu.items()},
+        "load_average": list(load),
         "verified": all(e.ok for e in episodes) and bool(episodes),
     }
     say(
         f"  {per_hour:,.0f} episodes/h per emulator ({out['efficiency']:.0%} of the ideal),"
-        f" reset overhead p50 {out['reset_overhead_ms'].get('p50', 0):.0f} ms"
+        f" reset overhead p50 {out['reset_overhead_ms'].get('p50', 0):.0f} ms; CPU ms/episode "
+        + ", ".join(f"{k} {v:.1f}" for k, v in out["cpu_ms_per_episode"].items())
+        + f"; load {load[0]:.1f}"
     )
     return out

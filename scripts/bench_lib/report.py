@@ -956,7 +956,19 @@ def _episodes_rows(ep: dict[str, Any] | None) -> list[Row]:
             "p50 <= 100, p99 <= 300",
             _at_most(overhead, 100, 300),
         ),
+        *_episode_cpu(ep),
     ]
+
+
+def _episode_cpu(ep: dict[str, Any]) -> list[Row]:
+    """The CPU an episode cost (AMC's processes, the doubles apart), with the load."""
+    cpu, load = ep.get("cpu_ms_per_episode"), ep.get("load_average")
+    if not cpu:
+        return []
+    said = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in cpu.items())
+    if load:
+        said += f" (load average {load[0]:.1f})"
+    return [Row("15 episodes", "  CPU ms per episode", said)]
 
 
 def _install_rows(ins: dict[str, Any] | None) -> list[Row]:

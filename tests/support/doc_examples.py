@@ -14,12 +14,12 @@ is there for the next), against a farm the test provides (`address` stands in fo
 - A `console` block: `$ command` lines, each followed by its whole output, compared line by
   line after what differs from run to run is made alike: ids (by order of first
   appearance, so an id used again in a later command, of this block or a later one,
-  stands for the same task), times, step durations, digests, and the widths of table
-  rules and padding. A live follow's progress lines (a time and `queued`, `assigned` or
-  `dispatched`; a step of the running task, done or running) come as fast as the farm
-  moves, so one the document shows may be missing from a run, and the `waiting:` reason of
-  a queued line is of its moment; every other line the run printed must be the document's,
-  in its order.
+  stands for the same task), times, step durations, digests, a phone log's size, and the
+  widths of table rules and padding. A live follow's progress lines (a time and `queued`,
+  `assigned` or `dispatched`; a step of the running task, done or running) come as fast as
+  the farm moves, so one the document shows may be missing from a run, and the `waiting:`
+  reason of a queued line is of its moment; every other line the run printed must be the
+  document's, in its order.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 ISO_TIME = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)")
 STEP_TIME = re.compile(r"\b\d+(?:m\d\d)?\.\ds\b")
 DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+# A phone log's size (in `amc artifacts`, and `amc get`'s line for it): its times and the
+# system's chatter differ.
+LOG_SIZE = re.compile(r"(│ logcat +│ +|kept logcat, )\d+")
 RULES = re.compile(r"([━─═])\1+")
 
 
@@ -216,6 +219,7 @@ class Alike:
         text = ISO_TIME.sub("<time>", text)
         text = STEP_TIME.sub("<took>", text)
         text = DIGEST.sub("<sha256>", text)
+        text = LOG_SIZE.sub(r"\1<size>", text)
         text = RULES.sub(r"\1", text)
         return " ".join(text.split())
 

@@ -64,8 +64,9 @@ function fillBox(box, { url, sha256 }) {
   }
 }
 
-// A step's kept files but the screen recording (shown in a section of its own, below).
-export const keptFiles = (s) => (s.artifacts || []).filter((a) => !isRecording(a));
+// A step's kept files but the screen recording (shown in a section of its own, below) and
+// the run's phone log (the Log tab's: log.js).
+export const keptFiles = (s) => (s.artifacts || []).filter((a) => !isRecording(a) && a.kind !== "logcat");
 
 export function artifactView(a) {
   const type = a.content_type || "";

@@ -13,6 +13,7 @@
 //   queue.js      the Queue page                 tasks.js   the Tasks and Task pages
 //   control.js    the Control page               keyboard.js the Control page's keys
 //   screen.js     a phone's live screen, and the Task page's Watch screen
+//   log.js        the Task page's Log tab (the phone's log: kept, or followed live)
 //   apps.js       the Apps page (the app library: its apps, an upload, removals)
 
 import { Apps } from "./apps.js";

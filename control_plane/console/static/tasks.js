@@ -1,6 +1,7 @@
 // The Tasks page (filtered by status, host, selector label and text; paged) and the Task
 // page (/tasks/<id>: spec, progress, attempts, events, step results with the files the
-// steps kept, the screen recording, Watch screen and a Cancel button with a reason).
+// steps kept, the screen recording, Watch screen, the Log tab (log.js) and a Cancel button
+// with a reason).
 
 import { STATUSES, TERMINAL, ApiError, call } from "./api.js";
 import { artifactView, keptFiles, recordingSection } from "./artifacts.js";
@@ -8,6 +9,7 @@ import {
   badge, elapsed, enumName, h, hostLink, labels, span, statusOf, stepNumber, table, taskDuration,
   taskLink, taskWhat, taskWhy, took, when,
 } from "./dom.js";
+import { logTab } from "./log.js";
 import { watchPanel } from "./screen.js";
 import { reasonForm, refresh, route } from "./shell.js";
 
@@ -132,6 +134,7 @@ export const Task = {
       h("td", {}, stepNumber(s.index)), h("td", {}, s.name), h("td", {}, badge(enumName("STEP_STATUS_", s.status))),
       h("td", {}, took(s.duration)),
       h("td", {}, s.output ? h("pre", {}, s.output) : "", s.error ? h("pre", { class: "error-text" }, s.error) : "",
+        (s.warnings || []).map((w) => h("div", { class: "step-warning" }, `warning: ${w}`)),
         Object.keys(s.data || {}).length ? labels(s.data) : "",
         keptFiles(s).length ? h("div", { class: "artifacts" }, keptFiles(s).map(artifactView)) : "")));
     if (progress && progress.running_since) {
@@ -150,6 +153,7 @@ export const Task = {
       h("h2", {}, "Steps"),
       steps.length ? table(["#", "step", "status", "took", "output / error / kept files"], steps, { class: "steps" })
                    : h("p", { class: "muted" }, progress ? "No step has ended yet." : "No step results yet."),
+      logTab(task),
       h("h2", {}, "Attempts"),
       attempts.length ? table(["#", "host", "device", "lease", "assigned", "acknowledged", "ended", "how"], attempts, { class: "attempts" })
                       : h("p", { class: "muted" }, "Never assigned."),

@@ -12,15 +12,18 @@
   set, a live frame showing where the last ``input tap`` landed)
 * ``echo ...`` with ``$?`` expanded, ``true``, ``false``, ``exit N``, ``sleep N``,
   ``export …`` (nothing) and ``exec CMD`` (runs CMD)
-* ``logcat`` (`log`, host_agent.simulated_logcat: a believable log, followed a line a
-  second; ``-d`` and ``-t N`` print it once, ``-c`` clears it), as the adb client's
-  ``adb logcat`` sends it (``export ANDROID_LOG_TAGS="''"; exec logcat …``)
 * compound commands joined by ``;``, ``&&`` and ``||`` (tokenised with `shlex`, so
   quoting and backslash escapes behave as in ``sh``)
 * its package manager (`apps`, host_agent.simulated_apps, sharing `files`): ``pm list
   packages``, ``pm install PATH``, ``pm uninstall``, ``pm path``, ``rm -f``, and an install
   from stdin (``cmd package install -S SIZE``, `stdin_command`) of an APK whose manifest
   it reads; pushes and pulls land in `files` (the servers' ``sync:``)
+* its log (`log`, host_agent.simulated_logcat, as a simulated phone's): ``logcat -c``,
+  ``logcat -d``, ``logcat -t N``, ``logcat`` streamed (`stream_shell`: until the stream
+  is closed), also as the adb client's ``adb logcat`` sends it (``export
+  ANDROID_LOG_TAGS="''"; exec logcat …``); ``log [-p P] [-t TAG] MESSAGE``, ``am crash
+  PACKAGE`` (a FATAL EXCEPTION block); ``input``, ``am start``, ``monkey -p`` and ``am
+  force-stop`` are logged as Android logs them
 
 Anything else prints ``/system/bin/sh: <cmd>: inaccessible or not found`` and exits 127.
 `failures` lets a test make a command fail: a key is matched as a prefix of the
@@ -37,6 +40,7 @@ Three ways to run a command, all recording it in `commands`:
 from __future__ import annotations
 
 import asyncio
+import shlex
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 from host_agent.screen import PNG_SIGNATURE
 from host_agent.simulated_apps import PhoneApps
 from host_agent.simulated_door import split_commands
-from host_agent.simulated_logcat import TICK, PhoneLog, logcat_args
+from host_agent.simulated_logcat import PhoneLog, logcat_args, logcat_command
 from host_agent.simulated_screen import LiveScreen, live_frame, make_png
 
 __all__ = ["PNG_SIGNATURE", "FakePhone", "Sleep", "make_png"]
@@ -113,9 +117,9 @@ class FakePhone:
 
     def __post_init__(self) -> None:
         self.props.setdefault("ro.serialno", self.serial)
-        self.log = PhoneLog(self.serial)
         sdk = self.props.get("ro.build.version.sdk", "34")
         self.apps = PhoneApps(int(sdk) if sdk.isdigit() else 34, files=self.files)
+        self.log = PhoneLog(self.serial)
 
     def stdin_command(self, command: str, data: bytes) -> bytes:
         """What `command` (adb's exec:) prints when given `data` on stdin."""
@@ -135,6 +139,12 @@ class FakePhone:
         return b"".join([chunk async for chunk in self.stream_shell(command)])
 
     async def stream_shell(self, command: str) -> AsyncIterator[bytes]:
+        argv = logcat_command(command)
+        if argv is not None and (asked := logcat_args(argv)).follows:
+            self.commands.append((time.monotonic(), command))
+            async for chunk in self.log.follow(usec=asked.usec):
+                yield chunk
+            return
         for step in self.iter_shell(command):
             if isinstance(step, Sleep):
                 await asyncio.sleep(step.seconds)
@@ -157,10 +167,6 @@ class FakePhone:
                 yield Sleep(float(argv[1]) if len(argv) > 1 else 0.0)
                 status = 0
                 continue
-            if argv[:1] == ["logcat"]:
-                yield from self._logcat(argv[1:])
-                status = 0
-                continue
             status, output = self._run_simple(argv, status)
             yield output
 
@@ -178,7 +184,30 @@ class FakePhone:
         managed = self.apps.shell(argv)
         if managed is not None:
             return managed[0], managed[1].encode()
+        logged = self.log.answer(shlex.join(argv))
+        if logged is not None:
+            return logged[0], logged[1].encode()
+        self._logged(argv)
         return self._run_builtin(argv, last_status)
+
+    def _logged(self, argv: list[str]) -> None:
+        """What a command done on the phone writes into its log."""
+        args = argv[1:]
+        if argv[0] == "input" and args[:1] == ["tap"] and len(args) >= 3:
+            self.log.saw("tap", {"x": args[1], "y": args[2]})
+        elif argv[0] == "input" and args[:1] == ["swipe"] and len(args) >= 5:
+            self.log.saw("swipe", dict(zip(("x1", "y1", "x2", "y2"), args[1:5], strict=True)))
+        elif argv[0] == "input" and args[:1] == ["keyevent"] and args[1:2] and args[1].isdigit():
+            self.log.saw("key", {"keycode": args[1]})
+        elif argv[0] == "input" and args[:1] == ["text"]:
+            self.log.saw("input_text", {"text": " ".join(args[1:])})
+        elif argv[:2] == ["am", "start"] and "-n" in args:
+            package, _, activity = args[args.index("-n") + 1].partition("/")
+            self.log.launched(package, activity)
+        elif argv[0] == "monkey" and "-p" in args:
+            self.log.launched(args[args.index("-p") + 1], "")
+        elif argv[:2] == ["am", "force-stop"] and len(args) == 2:
+            self.log.stopped(args[1])
 
     def _run_builtin(self, argv: list[str], last_status: int) -> tuple[int, bytes]:
         name = argv[0]
@@ -211,23 +240,6 @@ class FakePhone:
                 return 0, self.screencap_prefix + live_frame(self.serial, self.screen)
             return 0, self.screencap_prefix + self.png
         return 127, f"/system/bin/sh: {name}: inaccessible or not found\n".encode()
-
-    def _logcat(self, argv: list[str]) -> Iterator[bytes | Sleep]:
-        """The phone's log (host_agent.simulated_logcat, as a simulated phone's): printed,
-        then followed (a line a second) unless `-d` or `-t N` asked for it once."""
-        asked = logcat_args(argv)
-        if asked.clear:
-            self.log.clear()
-            return
-        lines, seen = self.log.since(0)
-        if asked.tail is not None:
-            lines = lines[-asked.tail :] if asked.tail else []
-        yield "".join(lines).encode()
-        while not (asked.dump or asked.tail is not None):
-            yield Sleep(TICK)
-            self.log.tick()
-            lines, seen = self.log.since(seen)
-            yield "".join(lines).encode()
 
     def _input(self, args: list[str]) -> None:
         """What an `input` command does to the live screen."""

@@ -1,0 +1,47 @@
+"""A phone's log behind the adb server (host_agent.devices.PhoneLogs for AdbDevice):
+`logcat -c` to empty it, `logcat -v threadtime -v usec` read on a connection of its own
+for as long as the run lasts, and `log -p i -t TAG MESSAGE` to write a line into it."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from collections.abc import AsyncIterator
+
+from host_agent.adb_protocol import ClientAsync, device_session, guard
+from host_agent.devices import CommandFailed
+
+
+class AdbPhoneLog:
+    """The log commands of a phone behind the adb server; AdbDevice has them."""
+
+    serial: str
+    _client: ClientAsync
+    _call_timeout: float
+
+    async def _run(self, service: str, command: str) -> tuple[int, bytes]:
+        """(exit code, raw output) of a command, under the caller's guard (AdbDevice's)."""
+        raise NotImplementedError
+
+    async def clear_log(self, timeout: float) -> None:
+        await self._logged("logcat -c", timeout)
+
+    async def follow_log(self) -> AsyncIterator[bytes]:
+        """`logcat -v threadtime -v usec` (times to the microsecond: Android 7 and later)
+        on a connection of its own, read until it ends (the phone gone) or the caller stops
+        reading (the connection is closed: logcat ends)."""
+        async with contextlib.AsyncExitStack() as stack:
+            async with guard(self.serial, "logcat", self._call_timeout):
+                phone = await stack.enter_async_context(device_session(self._client, self.serial))
+                await phone.request("shell:logcat -v threadtime -v usec")
+            while chunk := await phone.read_some():
+                yield chunk
+
+    async def mark_log(self, tag: str, message: str, timeout: float) -> None:
+        await self._logged(f"log -p i -t {shlex.quote(tag)} {shlex.quote(message)}", timeout)
+
+    async def _logged(self, command: str, timeout: float) -> None:
+        async with guard(self.serial, f"`{command}`", timeout):
+            code, raw = await self._run("shell", command)
+        if code != 0:
+            raise CommandFailed(f"`{command}` exited {code}: {raw[:200]!r}")

@@ -1,0 +1,362 @@
+"""A run's phone log (logcat), kept for its attempt: cleared as the run starts, read as the
+phone writes it (`logcat -v threadtime -v usec`, streamed), marked where each step begins
+and ends, the lines that flag a step kept as that step's warnings, bounded and compressed
+(host_agent.log_store), and kept as the attempt's artifact of kind "logcat" with its last
+step (a gzip file, uploaded with the run's other files before the report). Its recent
+lines go to the live tail while someone follows the attempt (host_agent.log_feed).
+
+Steps are marked by the phone's clock, with nothing written on the phone per step: as the
+run starts the agent writes one line into the phone's log (`log -p i -t amc 'run began'`)
+and reads it back, which tells the phone's clock against its own (the line's time less the
+midpoint of the write's round trip; up to CLOCK_TRIES lines when the round trip is slow,
+the quickest one's). A step's beginning and end are then times on the
+phone's clock, and their marks (`step 2 'tap' began`, `… ended: ok in 0.31s`, pid 0) go into
+the kept log before the first line stamped after them (or after MARK_FLUSH when none comes).
+A line belongs to the step whose beginning last came before the line's time (a line after a
+step's end and before the next one's beginning is still that step's: an app that crashes a
+moment after a tap; one before the first step, the first step's). When the phone took no
+first line (it is gone or hung: MARK_TIMEOUT, SETTLE), lines go to the step begun last when
+they are read, and marks in as they are made. Warnings (amc_common.logcat.warning_of:
+`FATAL EXCEPTION`, `ANR in`) are on their step: a step's progress, and a session's answer,
+carry those read by its end (no step waits for the stream); the report carries every one on
+its own step, once the stream has read back a last line written as the run ends (SETTLE at
+most). At most MAX_WARNINGS per step, then how many more.
+
+A phone that has no log to give (a device without `PhoneLogs`) or --logcat-max-bytes 0:
+nothing is captured. A run with no step keeps no log (nothing to keep it with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import dataclasses
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+import structlog
+
+from amc_common import logcat
+from host_agent import metrics
+from host_agent.devices import DeviceError, PhoneLogs
+from host_agent.log_clock import PhoneClock
+from host_agent.log_store import LogStore
+from host_agent.results import Kept, RunResult, StepResult
+
+log = structlog.get_logger(__name__)
+
+KIND = "logcat"
+# The run's log is kept with its last step at an action index no action reaches (the
+# screen recording has 999).
+ACTION_INDEX = 998
+MARK_TIMEOUT = 2.0
+CLEAR_TIMEOUT = 5.0
+# How long the run's start and its end wait for the stream to read back their mark.
+SETTLE = 2.0
+# A step's mark no line stamped later has followed goes into the log after this long.
+MARK_FLUSH = 1.0
+# The phone's clock is read from up to this many lines written, the one whose write was
+# answered soonest (a write answered within CLOCK_GOOD seconds ends the tries).
+CLOCK_TRIES = 3
+CLOCK_GOOD = 0.002
+# Lines kept in memory for a live tail's start.
+RECENT = 1000
+# A line longer than this (bytes) is cut there, the rest a line of its own: logd's own
+# lines are at most about 4 KB, and what a phone sends with no newline is held within it.
+MAX_LINE = 8 * 1024
+MAX_WARNINGS = 10
+# Told of the lines read: the number of the first (lines count from 1) and the lines.
+Listener = Callable[[int, list[str]], None]
+
+
+class Capture:
+    """One attempt's log. `start()`, marks as the steps go, then `finish()` (or `close()`
+    alone, when the run keeps nothing)."""
+
+    def __init__(self, device: PhoneLogs, serial: str, max_bytes: int) -> None:
+        self._device = device
+        self._serial = serial
+        self.store = LogStore(max_bytes)
+        self.recent: deque[str] = deque(maxlen=RECENT)
+        # The number of the last line read (0: none yet).
+        self.seq = 0
+        self.listeners: set[Listener] = set()
+        # The phone's clock, learnt as the run starts; not known when the phone took no
+        # line then (lines then go to the step begun last when they are read).
+        self.clock = PhoneClock()
+        # The steps begun, on the phone's clock (seconds, logcat.seconds' scale): the
+        # lines stamped from one on are its, until the next.
+        self._starts: list[float] = []
+        self._indexes: list[int] = []
+        # Marks not in the log yet (phone time, agent time, line): each goes in before the
+        # first line stamped after it, or after MARK_FLUSH.
+        self._marks: deque[tuple[float, float, str]] = deque()
+        self._flush: asyncio.TimerHandle | None = None
+        self._step: int | None = None
+        self._early: list[str] = []
+        self._warnings: dict[int, list[str]] = {}
+        self._more: dict[int, int] = {}
+        # The last crash flagged (its pid, its list, its place): the next line names its app.
+        self._last_crash: tuple[int, list[str], int] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        # A line written on the phone, waited for until the reader reads it (its entry).
+        self._awaited: dict[str, asyncio.Future[logcat.Entry | None]] = {}
+        self.cleared = True
+        self.closed = asyncio.Event()
+
+    async def start(self) -> None:
+        """The phone's log emptied (what came before is another run's), then read; one
+        mark written on the phone and read back tells its clock against the agent's."""
+        try:
+            await self._device.clear_log(CLEAR_TIMEOUT)
+        except DeviceError as exc:
+            self.cleared = False
+            log.info("phone log not cleared", device=self._serial, error=str(exc))
+        self._reader = asyncio.get_running_loop().create_task(
+            self._read(), name=f"logcat {self._serial}"
+        )
+        for i in range(CLOCK_TRIES):
+            before = time.monotonic()
+            entry, after = await self._written("run began" if not i else f"clock {i + 1}")
+            if entry is None or (phone := self.clock.stamp(entry.when)) is None:
+                break
+            self.clock.learn(before, after, phone)
+            if after - before <= CLOCK_GOOD:
+                break
+
+    # -- marks (host_agent.runner's Marks) ------------------------------------------------
+
+    async def began(self, index: int, name: str) -> None:
+        """From now on (the phone's clock) the lines are step `index`'s; its mark is put
+        into the log, nothing is written on the phone."""
+        self._step = index
+        at = self._mark(logcat.began(index, name))
+        if at is not None:
+            self._starts.append(at)
+            self._indexes.append(index)
+        for early in self._early:  # read before any step began: the first one's
+            self._flag(index, early)
+        self._early = []
+
+    async def ended(self, step: StepResult) -> StepResult:
+        """The step with the warnings read by now (its progress, and a session's answer,
+        say those; a line read later is on the step in the report)."""
+        seconds = step.duration.total_seconds()
+        self._mark(logcat.ended(step.index, step.name, step.status.value, seconds))
+        found = self.warnings(step.index)
+        return dataclasses.replace(step, warnings=found) if found else step
+
+    def _mark(self, message: str) -> float | None:
+        """A mark at this moment, put into the log at its place on the phone's clock (its
+        time; None when the phone's clock is not known: then at once, on the agent's)."""
+        now, at = time.monotonic(), self.clock.now()
+        if at is None or self._reader is None or self._reader.done():
+            self._take([logcat.line(time.time(), 0, 0, "I", logcat.MARK_TAG, message)])
+            return None
+        line = logcat.line(at, 0, 0, "I", logcat.MARK_TAG, message, usec=True, local=False)
+        self._marks.append((at, now, line))
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(MARK_FLUSH, self._flush_due)
+        return at
+
+    def _flush_due(self) -> None:
+        """The marks no later line has followed for MARK_FLUSH go into the log."""
+        self._flush = None
+        due, out = time.monotonic() - MARK_FLUSH, []
+        while self._marks and self._marks[0][1] <= due:
+            out.append(self._marks.popleft()[2])
+        self._put(out)
+        if self._marks:
+            self._flush = asyncio.get_running_loop().call_later(MARK_FLUSH, self._flush_due)
+
+    def _marks_until(self, at: float = math.inf) -> list[str]:
+        """The marks waiting up to `at` on the phone's clock (all of them), taken."""
+        out = []
+        while self._marks and self._marks[0][0] <= at:
+            out.append(self._marks.popleft()[2])
+        return out
+
+    async def _written(
+        self, message: str, settle: float = SETTLE
+    ) -> tuple[logcat.Entry | None, float]:
+        """A line written into the phone's log and read back from its stream (`settle` at
+        most): its entry (None when the phone did not take it in time: then it is written
+        into the kept log by the agent instead, with pid 0), and when the write was
+        answered (time.monotonic)."""
+        if self._reader is not None and not self._reader.done():
+            waiter = self._awaited[message] = asyncio.get_running_loop().create_future()
+            try:
+                await self._device.mark_log(logcat.MARK_TAG, message, MARK_TIMEOUT)
+                answered = time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    return await asyncio.wait_for(asyncio.shield(waiter), settle), answered
+                return None, answered
+            except DeviceError as exc:
+                log.info("mark not written on the phone", device=self._serial, error=str(exc))
+            finally:
+                self._awaited.pop(message, None)
+        line = logcat.line(time.time(), 0, 0, "I", logcat.MARK_TAG, message)
+        self._take([*self._marks_until(), line])  # the marks came before
+        return None, time.monotonic()
+
+    def warnings(self, index: int) -> tuple[str, ...]:
+        found = self._warnings.get(index, [])
+        more = self._more.get(index, 0)
+        return (*found, f"… and {more} more") if more else tuple(found)
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        partial = b""
+        try:
+            async for chunk in self._device.follow_log():
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                if len(partial) >= MAX_LINE:
+                    lines.append(partial)
+                    partial = b""
+                self._put([_text(cut) for x in lines for cut in _cut(x)])
+        except DeviceError as exc:
+            log.info("phone log ended", device=self._serial, error=str(exc))
+        except Exception:
+            log.exception("phone log reader failed", device=self._serial)
+        if partial:
+            self._put([_text(partial)])
+        self._take(self._marks_until())  # no line will follow them now
+        for waiter in self._awaited.values():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _put(self, lines: list[str]) -> None:
+        """Lines read from the phone, each after the marks stamped before it."""
+        if not self._marks:
+            self._take(lines)
+            return
+        out: list[str] = []
+        for text in lines:
+            at = self.clock.stamp(text) if self._marks else None
+            if at is not None:
+                out += self._marks_until(at)
+            out.append(text)
+        self._take(out)
+
+    def _take(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        first = self.seq + 1
+        for text in lines:
+            self.seq += 1
+            self.store.add(text)
+            self.recent.append(text)
+            if self._awaited or self._last_crash or _flags(text):  # else nothing to heed
+                entry = logcat.parse(text)
+                if entry is not None:
+                    self._heed(entry)
+        metrics.LOGCAT_LINES.inc(len(lines))
+        for listener in list(self.listeners):
+            listener(first, lines)
+
+    def _owner(self, entry: logcat.Entry) -> int | None:
+        """The step a line is of: the one begun last before its time on the phone's clock
+        (before any: the first); by when it is read when that clock is not known."""
+        at = self.clock.stamp(entry.when) if self._starts else None
+        if at is None:
+            return self._step
+        found = bisect.bisect_right(self._starts, at)
+        return self._indexes[max(found - 1, 0)]
+
+    def _heed(self, entry: logcat.Entry) -> None:
+        if entry.tag == logcat.MARK_TAG:
+            waiter = self._awaited.pop(entry.message, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(entry)
+            return
+        crash, self._last_crash = self._last_crash, None
+        if crash is not None and entry.pid == crash[0] and entry.message.startswith("Process: "):
+            found, at = crash[1], crash[2]  # which app it was: the next line says
+            found[at] = f"{found[at]} ({entry.message})"[: logcat.WARNING_CHARS]
+        warning = logcat.warning_of(entry)
+        if warning is None:
+            return
+        step = self._owner(entry)
+        found = self._early if step is None else self._warnings.setdefault(step, [])
+        if step is not None and len(found) >= MAX_WARNINGS:
+            self._more[step] = self._more.get(step, 0) + 1
+            return
+        found.append(warning)
+        if "FATAL EXCEPTION" in warning:
+            self._last_crash = (entry.pid, found, len(found) - 1)
+
+    def _flag(self, index: int, warning: str) -> None:
+        found = self._warnings.setdefault(index, [])
+        if len(found) < MAX_WARNINGS:
+            found.append(warning)
+        else:
+            self._more[index] = self._more.get(index, 0) + 1
+
+    # -- the end --------------------------------------------------------------------------
+
+    async def finish(self, result: RunResult) -> RunResult:
+        """The run's result with each step's warnings and the log kept with its last step
+        (to be uploaded with its files), once the stream has caught up with a last mark."""
+        await self._settle()
+        self.close()
+        if not result.steps:
+            return result
+        steps = [dataclasses.replace(s, warnings=self.warnings(s.index)) for s in result.steps]
+        data = self.store.gzip()
+        metrics.LOGCAT_BYTES_KEPT.inc(len(data))
+        # Said only when the log is not all it might be.
+        said = [f"{self.store.left_out} of its lines left out"] if self.store.left_out else []
+        said += [] if self.cleared else ["the phone's log could not be cleared first"]
+        facts = {"logcat": "; ".join(said)} if said else {}
+        last = steps[-1]
+        steps[-1] = dataclasses.replace(
+            last,
+            kept=(*last.kept, Kept(KIND, data, ACTION_INDEX)),
+            data={**last.data, **facts},
+        )
+        return dataclasses.replace(result, steps=tuple(steps))
+
+    async def _settle(self) -> None:
+        """Until the reader has read a last mark written now (SETTLE at most); the marks
+        still waiting go in before it (or after it when it did not come)."""
+        if self._reader is not None and not self._reader.done():
+            await self._written(f"run ended ({self.seq} lines read)", SETTLE)
+        self._take(self._marks_until())
+
+    def close(self) -> None:
+        """Stop reading (the phone's logcat ends with its connection)."""
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        self.closed.set()
+
+
+def capture_for(device: object, serial: str, max_bytes: int) -> Capture | None:
+    """A capture of `device`'s log, or None when it has none to give or the agent keeps
+    none (max_bytes 0)."""
+    if max_bytes <= 0 or not isinstance(device, PhoneLogs):
+        return None
+    return Capture(device, serial, max_bytes)
+
+
+def _cut(line: bytes) -> list[bytes]:
+    """A line read, in pieces of MAX_LINE bytes at most."""
+    if len(line) <= MAX_LINE:
+        return [line]
+    return [line[i : i + MAX_LINE] for i in range(0, len(line), MAX_LINE)]
+
+
+def _flags(text: str) -> bool:
+    """Whether a line may flag a step (logcat.warning_of), looked at cheaply."""
+    return "FATAL EXCEPTION" in text or "ANR in " in text
+
+
+def _text(line: bytes) -> str:
+    return line.rstrip(b"\r").decode("utf-8", "replace")
