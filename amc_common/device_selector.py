@@ -15,6 +15,10 @@ HOST_LABEL = "host_id"
 # starts from a snapshot (TaskSpec.start_snapshot) asks for that label.
 SNAPSHOT_LABEL = "snapshot/"
 SNAPSHOT_YES = "yes"
+# A host agent that runs Appium for WebDriver sessions (--appium) carries `appium=yes` on
+# its phones; a WebDriver session asks for that label.
+APPIUM_LABEL = "appium"
+APPIUM_YES = "yes"
 # A snapshot's name as the emulator console takes it (`avd snapshot load NAME`): one word.
 SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 

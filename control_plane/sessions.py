@@ -86,7 +86,9 @@ def end_session(relay: Relay, how: lease_pb2.SessionEnd) -> None:
 
 
 def new_session_task(o: scheduler_pb2.SessionOpen, team: str) -> NewTask:
-    session = task_pb2.Session(idle_timeout=o.idle_timeout, adb=o.adb, maintenance=o.maintenance)
+    session = task_pb2.Session(
+        idle_timeout=o.idle_timeout, adb=o.adb, maintenance=o.maintenance, webdriver=o.webdriver
+    )
     spec = task_pb2.TaskSpec(session=session)
     if o.HasField("record_screen"):
         spec.record_screen.CopyFrom(o.record_screen)
@@ -371,8 +373,8 @@ class ClientSession:
                         return
 
     async def _cancel(self, task_id: TaskId, reason: str) -> None:
-        code, task = await self._svc.store.tasks.cancel(task_id, reason)
-        self._svc.effects.cancelled(code, task)
+        code, task, notice = await self._svc.store.tasks.cancel(task_id, reason)
+        self._svc.effects.cancelled(code, task, notice)
 
     def _abandon(self, relay: Relay) -> None:
         """The call ended before the task did: the client vanished, or was refused."""

@@ -378,7 +378,21 @@ def session_action(req: scheduler_pb2.OpenSessionRequest) -> task_pb2.SessionAct
     """A later message of an OpenSession stream: one action."""
     if req.WhichOneof("part") != "action":
         raise InvalidArgument("open", "only the first message asks for the phone")
+    if req.action.HasField("webdriver"):
+        if req.action.HasField("action"):
+            raise InvalidArgument("action.webdriver", "a WebDriver command stands alone")
+        webdriver_command(req.action.webdriver)
+        return req.action
     if not req.action.HasField("action"):
         raise InvalidArgument("action.action", "required")
     action(req.action.action, "action.action")
     return req.action
+
+
+def webdriver_command(c: task_pb2.WebDriverCommand) -> None:
+    """A WebDriver command: GET, POST or DELETE, and a path under the session."""
+    if c.method not in ("GET", "POST", "DELETE"):
+        raise InvalidArgument("action.webdriver.method", "GET, POST or DELETE")
+    parts = c.path.split("/")
+    if (c.path and parts[0]) or len(c.path) > 2048 or {".", ".."} & set(parts):
+        raise InvalidArgument("action.webdriver.path", "empty, or a command's path from '/'")

@@ -57,7 +57,7 @@ import structlog
 from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
 from amc_common.systemd import Notifier
-from host_agent import devices, metrics
+from host_agent import appium, devices, metrics
 from host_agent.app_cache import AppCache
 from host_agent.config import AgentSettings, app_cache_dir
 from host_agent.device_life import DeviceLife, Stage
@@ -196,6 +196,7 @@ class Agent:
             self.screens,
             HostLibrary(self._stub, cache),
             self.logs,
+            appium.servers(self.settings.appium, self.settings.appium_caps),
         )
         self._notifier.ready(self._status())
         try:
@@ -222,6 +223,8 @@ class Agent:
             await self.life.close()
             await self.recovery.close()
             await self._final.wait()
+            if self._tools.appium is not None:
+                await self._tools.appium.close()
         self._log.info("host agent stopped")
 
     def _drain_from_centre(self, drain: bool) -> None:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from host_agent.clean_profile import Profiles
 from host_agent.emulator_config import EmulatorSettings
@@ -72,6 +73,10 @@ class AgentSettings:
     # where (None: app_cache_dir()'s default) and how many bytes at most.
     app_cache_dir: Path | None = None
     app_cache_size: int = 2 << 30
+    # WebDriver sessions (host_agent.appium): the `appium` program (None: none here) and
+    # the capabilities put over every client's.
+    appium: str | None = None
+    appium_caps: Mapping[str, Any] = field(default_factory=dict)
 
 
 def app_cache_dir(settings: AgentSettings, env: Mapping[str, str] = os.environ) -> Path:

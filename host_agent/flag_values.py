@@ -3,7 +3,9 @@ becomes "invalid … value", naming the parser), and the names --help shows for 
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 from amc_common import durations
 from host_agent.emulator_config import Budget
@@ -129,3 +131,11 @@ def port_range(text: str) -> tuple[int, int]:
 
 
 port_range.__name__ = "port range (FIRST-LAST, e.g. 5554-5682)"
+
+
+def capabilities(text: str) -> dict[str, Any]:
+    """A JSON object of WebDriver capabilities (--appium-caps)."""
+    caps = json.loads(text)
+    if not isinstance(caps, dict):
+        raise ValueError("a JSON object of capabilities")
+    return caps

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from amc.v1 import lease_pb2_grpc
-from amc_common.device_selector import HOST_LABEL
+from amc_common.device_selector import APPIUM_LABEL, APPIUM_YES, HOST_LABEL
 from host_agent import metrics
 from host_agent.config import AgentSettings
 from host_agent.devices import AttachedDevice, DeviceError, DeviceSource
@@ -53,7 +53,7 @@ class Registration:
         """The labels a task's selector matches on `serial`, made as the control plane
         makes them (the host's, then the phone's facts and own labels, then host_id): what
         a cleaning profile's pool matches."""
-        host = {**self.settings.labels}
+        host = _host_labels(self.settings)
         for d in self.inventory:
             if d.serial == serial:
                 facts = {"model": d.model, "manufacturer": d.manufacturer, "abi": d.abi}
@@ -98,7 +98,7 @@ class Registration:
 
     async def _register(self, inventory: tuple[AttachedDevice, ...]) -> Timing:
         settings = self.settings
-        request = register_request(settings.host_id, settings.labels, inventory)
+        request = register_request(settings.host_id, _host_labels(settings), inventory)
         response = await self.stub.RegisterHost(request, timeout=CALL_TIMEOUT)
         timing = timing_from_proto(response)
         self.inventory = inventory
@@ -121,3 +121,9 @@ class Registration:
             return ()
         metrics.inventory_read([d.state for d in inventory])
         return inventory
+
+
+def _host_labels(settings: AgentSettings) -> dict[str, str]:
+    """The host's labels, with `appium=yes` when it runs Appium for WebDriver sessions."""
+    extra = {APPIUM_LABEL: APPIUM_YES} if settings.appium else {}
+    return {**settings.labels, **extra}

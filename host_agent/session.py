@@ -48,6 +48,7 @@ from host_agent.runner import APPS_STEP, Marks, StepRunner, outcome_for
 from host_agent.spec import InvalidSpec
 from host_agent.stills import image_size
 from host_agent.stop_token import Stopped, StopReason, StopToken
+from host_agent.webdriver import WebDriverSession, w3c_error
 from host_agent.wire import action_from_proto, step_to_proto
 
 log = structlog.get_logger(__name__)
@@ -138,9 +139,11 @@ async def run_session(
     token: StopToken,
     settings: SessionSettings,
     apps: tuple[InstallApp, ...] = (),
+    webdriver: WebDriverSession | None = None,
 ) -> RunResult:
     """Run the session's actions until its client or the token ends it; its `apps` are
-    installed first, as step 0, before it joins."""
+    installed first, as step 0, before it joins. A WebDriver session's commands go to
+    `webdriver` (host_agent.webdriver)."""
     steps: list[StepResult] = []
     if token.reason is not None:
         return _stopped(token.reason, steps, "before the session started")
@@ -180,6 +183,9 @@ async def run_session(
             action = await token.race(relay.actions.get())
             if action is None:
                 return RunResult(Outcome.DONE, "", tuple(steps))
+            if action.HasField("webdriver"):
+                await _webdriver(call, webdriver, steps, action.webdriver)
+                continue
             step, halted, lost = await _step(runner, len(steps), action)
             if halted is StopReason.ABANDONED:  # nobody to answer
                 steps.append(dataclasses.replace(step, kept=()))
@@ -203,6 +209,24 @@ async def run_session(
         with contextlib.suppress(BaseException):
             await holding
         await held.aclose()
+
+
+async def _webdriver(
+    call: Any,
+    webdriver: WebDriverSession | None,
+    steps: list[StepResult],
+    command: task_pb2.WebDriverCommand,
+) -> None:
+    """A WebDriver command run as the session's next step, answered with Appium's reply."""
+    if webdriver is None:
+        error = "not a WebDriver session"
+        step = StepResult(len(steps), "webdriver", StepStatus.FAILED, error=error)
+        reply = w3c_error(400, "unknown command", error)
+    else:
+        step, reply = await webdriver.run(len(steps), command)
+    steps.append(step)
+    answered = task_pb2.SessionStep(step=step_to_proto(step), webdriver=reply)
+    await _send(call, lease_pb2.SessionActionsRequest(step=answered))
 
 
 async def _hold_control(device: Device, held: contextlib.AsyncExitStack) -> None:

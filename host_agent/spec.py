@@ -57,6 +57,8 @@ class Session:
     apps: tuple[InstallApp, ...] = ()
     start_snapshot: str = ""
     adb: bool = False
+    # A WebDriver session's (host_agent.webdriver): its commands go to the phone's Appium.
+    webdriver: bool = False
 
 
 TaskSpec: TypeAlias = ActionList | Workflow | Session

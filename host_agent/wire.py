@@ -217,7 +217,8 @@ def spec_from_proto(pb: task_pb2.TaskSpec) -> TaskSpec:
             steps = tuple(_step_from_proto(i, s) for i, s in enumerate(pb.workflow.steps))
             return Workflow(steps, apps, start)
         case "session":
-            return Session(apps, start_snapshot=start, adb=pb.session.adb)
+            session = pb.session
+            return Session(apps, start, adb=session.adb, webdriver=session.webdriver)
         case None:
             raise InvalidSpec("task spec has neither actions nor a workflow")
         case _:

@@ -24,6 +24,7 @@ from amc.v1 import lease_pb2_grpc
 from amc_common.statuses import Outcome
 from host_agent import artifact_upload, devices, logcat, recording
 from host_agent.adb_door import door_served
+from host_agent.appium import AppiumServers
 from host_agent.config import AgentSettings
 from host_agent.devices import Device, DeviceError, DeviceLost, DeviceSource
 from host_agent.fencing import HeldLease, RenewalResult
@@ -40,6 +41,7 @@ from host_agent.screencast import Screencaster
 from host_agent.session import SessionSettings, run_session
 from host_agent.spec import InvalidSpec, Session, TaskSpec
 from host_agent.stop_token import StopReason, StopToken
+from host_agent.webdriver import WebDriverSession
 from host_agent.wire import HeldAssignment, report_request, step_to_proto
 
 log = structlog.get_logger(__name__)
@@ -82,6 +84,8 @@ class Tools:
     library: Library | None = None
     # The live tails of the runs' logs (None: no live tail; the logs are kept all the same).
     logs: LogFeed | None = None
+    # The Appium servers of WebDriver sessions (None: no --appium; their sessions fail).
+    appium: AppiumServers | None = None
 
 
 class Worker:
@@ -257,8 +261,17 @@ class Worker:
                 settings.shell_timeout, settings.upload_timeout, library, marks
             )
             stub, source = self._tools.stub, self._tools.source
-            async with door_served(stub, self.lease, source, device.serial, spec.adb):
-                return await run_session(stub, self.lease, device, token, options, spec.apps)
+            wd = None
+            if spec.webdriver:
+                wd = WebDriverSession(self._tools.appium, device.serial, token)
+            try:
+                async with door_served(stub, self.lease, source, device.serial, spec.adb):
+                    return await run_session(
+                        stub, self.lease, device, token, options, spec.apps, wd
+                    )
+            finally:
+                if wd is not None:  # the Appium session deleted however the session ended
+                    await wd.close()
         # Each step as it ends goes with the lease's next renewal (progress).
         lease_id, keeper = self.lease.lease_id, self._tools.keeper
         return await run(

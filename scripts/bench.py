@@ -28,6 +28,10 @@ chose, about how long it takes) and runs, in this order:
                --http`, each its own session on its own simulated phone, --mcp-actions taps
                each ~--mcp-think s apart: answers lost or crossed, round trip beside the
                client library's, CPU per tap
+ 17 webdriver  the WebDriver endpoint (/wd/hub) with a real Appium and its fake driver:
+               --webdriver-sessions new sessions through the farm (queue, lease, Appium's
+               session) beside Appium's own, and --webdriver-requests GET /source through
+               it beside Appium straight: the farm's part of each, CPU per request
  15 episodes   agent-style sessions on a pool of --episodes-emulators emulator doubles
                (a host agent's --emulator pool; snapshot load --episodes-load s): each
                session from the pool's snapshot, 20 taps, closed, for --episodes-seconds:
@@ -115,6 +119,7 @@ from bench_lib import (
     report,
     screen,
     session,
+    webdriver,
 )
 from bench_lib.client import Client, Clock
 from bench_lib.pgstats import Db
@@ -227,6 +232,9 @@ class Run:
             if "mcp" in a.only:
                 async with self.workload("mcp"):
                     await self.mcp()
+            if "webdriver" in a.only:
+                async with self.workload("webdriver"):
+                    await self.webdriver()
             await self.phone_state_workloads()
             for key, run in (("fleet", self.fleet), ("deep", self.deep), ("flood", self.flood)):
                 if key in a.only:
@@ -390,6 +398,11 @@ class Run:
             await st.start_control_plane()
         opts = mcp_agents.Options(a.mcp_clients, a.mcp_actions, a.mcp_think, a.mcp_processes)
         self.results["mcp"] = await mcp_agents.run(st, opts, say)
+
+    async def webdriver(self) -> None:
+        a, st = self.args, self.stack
+        opts = webdriver.Options(a.webdriver_sessions, a.webdriver_requests)
+        self.results["webdriver"] = await webdriver.run(st, opts, say)
 
     async def phone_state_workloads(self) -> None:
         """The workloads of a phone's state: emulator pools, the app library's installs."""
@@ -591,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
             "screen",
             "adb",
             "mcp",
+            "webdriver",
             "episodes",
             "install",
         )

@@ -24,17 +24,21 @@ agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown + st
 host's connections cut beyond the TTL, a fleet process (a row of hosts) kill -9 + restart
 or SIGSTOP + SIGCONT, an agent's phone unplugged mid-run, hung, boot-looping or too hot
 (chaos_lib/phones.py), a phone's cleans between leases hanging or failing at `pm uninstall`
-(chaos_lib/cleaning.py), and on the database: PostgreSQL runs as a primary and a
-synchronous streaming standby (the replicas' URL names both), and fails over (primary
-killed, standby promoted, old primary rewound to follow it), has random backends
-terminated, an idle transaction held open, its connection slots filled. All through, the
-replicas age client connections out every 20 s (--max-connection-age), so every host's
-renewal stream moves to a new connection again and again under the faults. Then it quiesces
-(no new faults, everything up, nothing in flight), checks the invariants
+(chaos_lib/cleaning.py), an emulator of the pool of one more agent (`chaos-e0`, emulator
+doubles with `--emulator`, reset between leases from a snapshot; tasks and sessions start
+from one) dying during a snapshot load (its reset's or a task's), a load failing or hanging,
+a start that never boots, its agent killed (chaos_lib/emulators.py), and on the database:
+PostgreSQL runs as a primary and a synchronous streaming standby (the replicas' URL names
+both), and fails over (primary killed, standby promoted, old primary rewound to follow
+it), has random backends terminated, an idle transaction held open, its connection slots
+filled. All through, the replicas age client connections out every 20 s
+(--max-connection-age), so every host's renewal stream moves to a new connection again and
+again under the faults. Then it quiesces (no new faults, everything up, nothing in flight),
+checks the invariants
 (chaos_lib/invariants.py; the seventh, dispatch liveness, in chaos_lib/dispatch.py; the
 eighth, no acknowledged transition lost, across the failovers; the tenth, phone faults, in
 chaos_lib/phones.py; the twelfth, no lease on a phone whose last clean failed, in
-chaos_lib/cleaning.py)
+chaos_lib/cleaning.py; the fourteenth, emulator pools, in chaos_lib/emulators.py)
 from PostgreSQL, the agents' logs and the fleet's
 record of its Acquire calls, writes chaos-results.json (with the time to serve after each
 failover) and prints a table. `--hosts 0`: no fleet (the run as it was before it, the
@@ -71,9 +75,21 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_lib import cleaning, doors, evidence, faults, phones, recovery, report, screens, soak
+from chaos_lib import (
+    cleaning,
+    doors,
+    emulators,
+    evidence,
+    faults,
+    phones,
+    recovery,
+    report,
+    screens,
+    soak,
+)
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.doors import DoorLoad
+from chaos_lib.emulators import EmulatorLoad
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
 from chaos_lib.invariants import Checks, Violation, grouped
@@ -82,7 +98,7 @@ from chaos_lib.screens import ScreenLoad
 from chaos_lib.sessions import SessionLoad
 from chaos_lib.workload import ActionTail, Selectors, Workload
 
-from amc.v1 import admin_pb2, admin_pb2_grpc
+from amc.v1 import admin_pb2, admin_pb2_grpc, task_pb2
 from amc_common.channel import with_token
 from amc_testing.host import AgentSettings
 
@@ -111,7 +127,7 @@ def _gap(text: str) -> tuple[float, float]:
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    known = faults.KINDS + phones.KINDS + cleaning.KINDS
+    known = faults.KINDS + phones.KINDS + cleaning.KINDS + emulators.KINDS
     if unknown := [k for k in kinds if k not in known]:
         raise argparse.ArgumentTypeError(
             f"no fault kind {', '.join(unknown)}; the kinds: {', '.join(known)}"
@@ -153,6 +169,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"fleet hosts (default {DEFAULT_HOSTS}; {QUICK_HOSTS} with --quick; 0: no fleet)",
     )
     p.add_argument("--fleet-devices", type=int, default=3, help="simulated phones per fleet host")
+    p.add_argument(
+        "--no-emulators",
+        action="store_true",
+        help="no emulator pool (its agent, its tasks and sessions, the emu_* faults)",
+    )
     p.add_argument(
         "--hosts-per-proc",
         type=int,
@@ -298,8 +319,13 @@ class ChaosRun:
             fleet_acquire_wait=args.fleet_acquire_wait,
             fleet_nice=args.fleet_nice,
             max_connection_age=args.max_connection_age or None,
+            emulators=not args.no_emulators,
         )
         self.farm = Farm(self.config, self.rng)
+        self.emulator_load: EmulatorLoad | None = None
+        self.emulator_sessions: SessionLoad | None = None
+        self.emulators_ready = 0
+        self.run_ended = 0.0
         self.problems: list[str] = []
         self.began = time.monotonic()
         self.chaos_s = 0.0
@@ -372,6 +398,19 @@ class ChaosRun:
         self.injector.operator = phones.Operator(
             self.farm.dsn, [r.address for r in self.farm.replicas], self.farm.operator_token
         )
+        if self.farm.emulator_world is not None:
+            self.emulator_load = EmulatorLoad(
+                self.workload, self.farm.dsn, random.Random(self.args.seed + 51)
+            )
+            self.injector.pin_emulator = self.emulator_load.pin
+            self.emulator_sessions = SessionLoad(
+                [r.address for r in self.farm.replicas],
+                self.farm.client_token,
+                random.Random(self.args.seed + 52),
+                1 if self.args.sessions else 0,
+                selector=task_pb2.DeviceSelector(labels={"pool": emulators.POOL_LABEL}),
+                snapshots=(emulators.BOOT, emulators.APP),
+            )
         self.pinned: dict[str, str] = {}
 
     def _backlog(self) -> int | None:
@@ -391,6 +430,11 @@ class ChaosRun:
         viewing = asyncio.create_task(self.screens.run_forever())
         opening = self._opening = asyncio.create_task(self.doors.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
+        emulating = [
+            asyncio.create_task(load.run_forever())
+            for load in (self.emulator_load, self.emulator_sessions)
+            if load is not None
+        ]
         try:
             await asyncio.sleep(self.args.warmup)  # faults find work in flight from the start
             began = time.monotonic()
@@ -407,6 +451,10 @@ class ChaosRun:
             # asked is given its bound to take it first (the quiesce waits for them).
             opening.cancel()
             watching.cancel()
+            if self.emulator_sessions is not None:
+                self.emulator_sessions.stop()
+            for task in emulating:
+                task.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
         self.pinned = await self._phones_back()
 
@@ -430,6 +478,8 @@ class ChaosRun:
         fixed = await self.farm.ensure_up()
         if fixed:
             self.problems.append(f"still down at the quiesce: {fixed}")
+        if self.farm.emulator_world is not None:
+            self.emulators_ready = await emulators.pool_ready(self.farm.dsn, 60)
         await self.workload.wait_cancellers(30)
         await self.workload.resubmit_unacknowledged()
         await self.workload.cancel_backlog()
@@ -442,6 +492,7 @@ class ChaosRun:
             )
         await asyncio.wait({self._opening}, timeout=doors.DOOR_BOUND + 5)
         await asyncio.sleep(0.5)
+        self.run_ended = time.time()
         codes = await self.farm.stop()
         self.problems += [
             f"{name} exited with {rc} at the end"
@@ -450,6 +501,8 @@ class ChaosRun:
         ]
         await self.workload.close()
         await self.sessions.close()
+        if self.emulator_sessions is not None:
+            await self.emulator_sessions.close()
         await self.screens.close()
         await self.doors.close()
         await self.monitor.close()
@@ -482,7 +535,8 @@ class ChaosRun:
             farm.sim_delays(),
             self.config.lease_ttl,
             dispatch,
-            self.sessions.records,
+            self.sessions.records
+            + (self.emulator_sessions.records if self.emulator_sessions else []),
         )
         violations = checks.run(self.monitor.findings)
         verdict = await phones.check(
@@ -495,10 +549,26 @@ class ChaosRun:
         violations += [Violation(11, check, detail) for check, detail in watched]
         opened, door_figures = doors.check(ev, farm.action_logs(), self.doors.records)
         violations += [Violation(13, check, detail) for check, detail in opened]
+        world = farm.emulator_world
+        emulated = world.read_events() if world is not None else []
         cleans = cleaning.check(
-            ev.cleans, ev.actions, ev.attempts, await cleaning.records(farm.dsn)
+            ev.cleans + emulators.clean_commands(emulated),
+            ev.actions,
+            ev.attempts,
+            await cleaning.records(farm.dsn),
         )
         violations += [Violation(12, check, detail) for check, detail in cleans.violations]
+        pool = emulators.check(
+            emulated,
+            ev.tasks,
+            ev.attempts,
+            ev.events,
+            injector.faults,
+            self.emulators_ready,
+            self.run_ended,
+        )
+        if world is not None:
+            violations += [Violation(14, check, detail) for check, detail in pool.violations]
         recovery.measure(injector.faults, ev)
         self._harness_problems()
         counts = injector.counts()
@@ -541,6 +611,17 @@ class ChaosRun:
             "recovery": recovery.summary(injector.faults, kinds),
             "phones": phones.summary(injector.faults, verdict),
             "cleaning": cleaning.summary(injector.faults, cleans),
+            "emulators": (
+                emulators.summary(injector.faults, pool)
+                | {
+                    "tasks_by_start_snapshot": (
+                        self.emulator_load.counts() if self.emulator_load else {}
+                    ),
+                    "sessions": (self.emulator_sessions.counts() if self.emulator_sessions else {}),
+                }
+                if world is not None
+                else {}
+            ),
             "failovers": [
                 {"at": f.started_at, "error": f.error}
                 | {k: v for k, v in f.detail.items() if k.endswith("_s")}
@@ -574,6 +655,12 @@ class ChaosRun:
         self.problems += [
             f"{f.kind} on {f.target} failed: {f.error}" for f in self.injector.faults if f.error
         ]
+        unfired = sorted(
+            {f.kind for f in self.injector.faults if f.kind in emulators.KINDS}
+            - {f.kind for f in self.injector.faults if f.detail.get("fired")}
+        )
+        if unfired:
+            self.problems.append(f"emulator fault kinds that never fired: {unfired}")
         internal = self.workload.counters.unexpected.get("INTERNAL")
         if internal:
             self.problems.append(f"clients were answered INTERNAL {internal} times")

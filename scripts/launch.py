@@ -197,6 +197,10 @@ class HostAgentCommand(_Command):
     # The app library's files kept on this host: where, and how many bytes at most.
     app_cache_dir: Path | None = None
     app_cache_size: int | None = field(default=None, metadata={"render": megabytes})
+    # WebDriver sessions: the `appium` program, and the capabilities put over every client's
+    # (JSON).
+    appium: Path | None = None
+    appium_caps: str | None = None
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = inherited(base)

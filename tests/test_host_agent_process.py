@@ -20,7 +20,9 @@ import pytest
 from amc_common.systemd import Notifier, watchdog_interval
 from control_plane.domain import Role
 from host_agent.config import AgentSettings, Config
-from host_agent.flags import _GROUPS, duration, parse
+from host_agent.flag_table import GROUPS as _GROUPS
+from host_agent.flag_values import duration
+from host_agent.flags import parse
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
 from host_agent.simulated import SimulatedSource

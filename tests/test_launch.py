@@ -142,6 +142,8 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
         clean_baselines=tmp_path / "baselines.json",
         app_cache_dir=tmp_path / "apps",
         app_cache_size=(3 << 30) + 12345,
+        appium=tmp_path / "appium",
+        appium_caps='{"appium:adbExecTimeout": 60000}',
     )
     argv = command.argv()
     assert argv[0] == str(HOST_AGENT)
@@ -168,6 +170,8 @@ def test_every_host_agent_field_reaches_the_agents_config(tmp_path: Path) -> Non
     assert agent.clean_profile.path == profile
     assert agent.clean_baselines == tmp_path / "baselines.json"
     assert (agent.app_cache_dir, agent.app_cache_size) == (tmp_path / "apps", (3 << 30) + 12345)
+    assert agent.appium == str(tmp_path / "appium")
+    assert agent.appium_caps == {"appium:adbExecTimeout": 60000}
     assert (config.metrics_listen, config.log_format, config.log_level) == (
         "127.0.0.1:9465",
         "json",

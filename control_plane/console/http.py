@@ -27,6 +27,8 @@
   changed, host freed, work queued), coalesced per browser; pages re-read what changed
   (control_plane.console.events).
 - `/favicon.ico`: the console's icon (static/favicon.ico).
+- `/session`, `/wd/hub/session` and what is under them, `/status`: the WebDriver endpoint
+  (control_plane.console.webdriver).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from control_plane.console.calls import (
 )
 from control_plane.console.control import Controls
 from control_plane.console.events import Events
+from control_plane.console.webdriver import WebDriver
 from control_plane.domain import Role
 from control_plane.hub import Hub
 from control_plane.library_service import LibraryService
@@ -172,6 +175,7 @@ class Console:
         self._runner: web.AppRunner | None = None
         self._events = Events(hub)
         self.controls = Controls(scheduler, auth)
+        self.webdriver = WebDriver(scheduler, auth)
         self.origins = scheduler.settings.console_origins
         self.port = 0
 
@@ -189,6 +193,7 @@ class Console:
         app.router.add_get("/api/thumbnails", self.thumbnails)
         app.router.add_get("/api/logs/{task_id}", logs.route(self.scheduler, _refusal))
         app.router.add_get("/api/control", self.control)
+        self.webdriver.add_routes(app)
         return app
 
     async def start(self, listen: str, ssl_context: ssl.SSLContext | None = None) -> int:
@@ -209,6 +214,7 @@ class Console:
     async def stop(self) -> None:
         """After the hub closed: event streams end, then the server."""
         self._events.close()
+        await self.webdriver.close()
         if self._runner is not None:
             await self._runner.cleanup()
 

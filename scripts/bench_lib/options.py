@@ -26,6 +26,7 @@ WORKLOADS = (
     "screen",
     "adb",
     "mcp",
+    "webdriver",
     "episodes",
     "install",
     "fleet",
@@ -206,6 +207,12 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
     p.add_argument("--mcp-actions", type=int, default=20, help="mcp: taps of each client")
     p.add_argument("--mcp-think", type=float, default=0.5, help="mcp: mean s between taps")
     p.add_argument("--mcp-processes", type=int, default=4, help="mcp: processes of agents")
+    p.add_argument(
+        "--webdriver-sessions", type=int, default=20, help="webdriver: new sessions each way"
+    )
+    p.add_argument(
+        "--webdriver-requests", type=int, default=200, help="webdriver: requests each way"
+    )
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     p.add_argument("--workdir", type=Path, default=None, help="keep data, logs, profiles here")
@@ -237,6 +244,7 @@ def parse(argv: list[str], doc: str = "") -> argparse.Namespace:
         args.screen_clicks = 5
         args.adb_shells, args.adb_push_mb = 10, 10
         args.mcp_clients, args.mcp_actions, args.mcp_think, args.mcp_processes = 10, 5, 0.2, 2
+        args.webdriver_sessions, args.webdriver_requests = 3, 20
         args.episodes_emulators, args.episodes_seconds = 4, 5.0
         args.install_mb, args.install_phones, args.install_hosts = 5, 10, 2
         args.plans_history, args.plans_hosts = 5000, 200
@@ -351,6 +359,11 @@ def _doors(a: argparse.Namespace) -> list[tuple[str, str, float]]:
         seconds = 2 * (a.mcp_clients / 10 + a.mcp_actions * a.mcp_think * 1.5) + 15
         out.append(("mcp", f"{a.mcp_clients} MCP clients x {a.mcp_actions} taps, and through"
                     " the client library", seconds))  # fmt: skip
+    if "webdriver" in a.only:
+        seconds = 20 + a.webdriver_sessions * 2 * 0.3 + a.webdriver_requests * 2 * 0.01
+        out.append(("webdriver", f"{a.webdriver_sessions} WebDriver new sessions and"
+                    f" {a.webdriver_requests} requests each, direct and through the farm",
+                    seconds))  # fmt: skip
     return out
 
 

@@ -71,6 +71,12 @@ def _mcp_rows(results: dict[str, Any] | None) -> list[Row]:
     return mcp_agents.rows(results)
 
 
+def _webdriver_rows(results: dict[str, Any] | None) -> list[Row]:
+    from bench_lib import webdriver  # it uses this module's rows and figures
+
+    return webdriver.rows(results)
+
+
 def rows(results: dict[str, Any]) -> list[Row]:
     """The table of what ran so far. A section whose results are partial (its workload
     failed midway) says so in a row of its own instead of taking the table with it."""
@@ -92,6 +98,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("14 mcp", lambda: _mcp_rows(results.get("mcp"))),
         ("15 episodes", lambda: _episodes_rows(results.get("episodes"))),
         ("16 install", lambda: _install_rows(results.get("install"))),
+        ("17 webdriver", lambda: _webdriver_rows(results.get("webdriver"))),
     ]  # fmt: skip
     out: list[Row] = []
     for name, make in sections:

@@ -166,11 +166,13 @@ def pressure_seconds() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Replica:
-    """A control-plane process: where it serves gRPC and its metrics."""
+    """A control-plane process: where it serves gRPC, its metrics and its console ("": not
+    served)."""
 
     child: Child
     address: str
     metrics_url: str
+    console_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ class Stack:
     control_plane: Child | None = None
     address: str = ""
     metrics_url: str = ""
+    console_url: str = ""
     agents: dict[str, Child] = field(default_factory=dict)
     action_logs: dict[str, Path] = field(default_factory=dict)
 
@@ -231,14 +234,19 @@ class Stack:
     # control plane ------------------------------------------------------------------------
 
     async def start_control_plane(self) -> None:
-        replica = await self.start_replica("control-plane", self.lease_ttl)
+        console = f"127.0.0.1:{free_port()}"
+        replica = await self.start_replica("control-plane", self.lease_ttl, http_listen=console)
         self.control_plane = replica.child
         self.address, self.metrics_url = replica.address, replica.metrics_url
+        self.console_url = replica.console_url
 
-    async def start_replica(self, name: str, lease_ttl: float, dsn: str = "") -> Replica:
+    async def start_replica(
+        self, name: str, lease_ttl: float, dsn: str = "", http_listen: str | None = None
+    ) -> Replica:
         """One more control-plane process on this stack's database, or on `dsn` (another
         database of the same server; migrated on start), not stopped by stop(): the caller
-        stops it. Serving when this returns. Its log is `<name>.log`."""
+        stops it. Serving when this returns. Its log is `<name>.log`. With `http_listen`,
+        it serves the console (and the WebDriver endpoint) there too."""
         port, mport = free_port(), free_port()
         address = f"127.0.0.1:{port}"
         command = ControlPlaneCommand(
@@ -248,6 +256,7 @@ class Stack:
             lease_ttl=lease_ttl,
             metrics_listen=f"127.0.0.1:{mport}",
             log_format=self.log_format,
+            http_listen=http_listen,
         )
         child = spawn(name, command.argv(), self.root / f"{name}.log", self._env(command))
         try:
@@ -255,7 +264,8 @@ class Stack:
         except BaseException:
             child.stop()
             raise
-        return Replica(child, address, f"http://127.0.0.1:{mport}/metrics")
+        console_url = f"http://{http_listen}" if http_listen else ""
+        return Replica(child, address, f"http://127.0.0.1:{mport}/metrics", console_url)
 
     # host agents --------------------------------------------------------------------------
 

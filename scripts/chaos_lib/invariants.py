@@ -40,6 +40,12 @@
        a phone and no stream opened there after its attempt's lease ended or its host's
        token tripped, and the door hangs up on its adb client within a bound of its
        session's end, which is the one asked for (or a stop that is not a cancellation)
+   14  emulator pools (chaos_lib/emulators.py): a task whose emulator died under it is
+       given back as device_lost and ends done; an emulator that died, or whose reset's
+       load failed or hung, is started afresh within a bound; the pool is below its
+       minimum no longer than that bound (but while a start that never boots keeps one
+       down, or its agent is away) and at its minimum at the quiesce; the instances a
+       killed agent left running are stopped when it starts again
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
@@ -78,6 +84,7 @@ NAMES = {
     11: "live screens: a task's viewer sees only its attempt's phone; watching changes nothing",
     12: "cleaning: no lease on a phone whose last clean failed, no task during a clean",
     13: "adb doors: a door never outlives its lease",
+    14: "emulators: a dead one's task given back and done, restarted, pool at its minimum",
 }
 TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).

@@ -35,6 +35,8 @@ class Replica:
     retention_interval: float | None = None
     # Seconds; None: the binary's default.
     max_connection_age: float | None = None
+    # The console's (and WebDriver endpoint's) port; None: no HTTP.
+    http_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -57,6 +59,7 @@ class Replica:
             forget_hosts_after=self.forget_hosts_after,
             retention_interval=self.retention_interval,
             max_connection_age=self.max_connection_age,
+            http_listen=f"127.0.0.1:{self.http_port}" if self.http_port else None,
         )
         argv, env = command.argv(), command.env()
         if self.log:
