@@ -137,6 +137,7 @@ class Replica:
     insecure: bool
     max_connection_age: float | None = None
     port: int = field(default_factory=free_port)
+    http_port: int | None = None  # the console's (and WebDriver endpoint's) HTTP port
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -158,6 +159,7 @@ class Replica:
             grace=1,
             log_format="json",
             max_connection_age=self.max_connection_age,
+            http_listen=f"127.0.0.1:{self.http_port}" if self.http_port else None,
         )
         self.proc = _spawn(command.argv(), self.log, command.env())
         self.starts += 1
@@ -231,6 +233,9 @@ class AgentProc(_Faultable):
     sim_faults: Path | None = None
     # How its phones are cleaned between leases (chaos_lib/cleaning.py: a short timeout).
     clean_profile: Path | None = None
+    # WebDriver sessions (chaos_lib/webdriver.py): its `appium` and the caps over clients'.
+    appium: Path | None = None
+    appium_caps: str | None = None
 
     def spawn(self) -> None:
         command = HostAgentCommand(
@@ -255,6 +260,8 @@ class AgentProc(_Faultable):
             recovery_backoff=phones.RECOVERY_BACKOFF,
             boot_timeout=phones.BOOT_TIMEOUT,
             clean_profile=self.clean_profile,
+            appium=self.appium,
+            appium_caps=self.appium_caps,
         )
         self.proc = _spawn(command.argv(), self.log, command.env())
         self.frozen = False

@@ -40,6 +40,13 @@
        a phone and no stream opened there after its attempt's lease ended or its host's
        token tripped, and the door hangs up on its adb client within a bound of its
        session's end, which is the one asked for (or a stop that is not a cancellation)
+   14  WebDriver sessions (chaos_lib/webdriver.py): a session never outlives its lease: no
+       command reaches its Appium session on the host (Appium's own log) before the lease
+       of the attempt on its phone began or after it ended, but the DELETE that ends it; no
+       Appium server keeps a session at the run's end; every command answered OK to a
+       client was sent while its session's lease was live and before the client was told
+       the session ended; a DELETE answered OK found its phone free; and the session ended
+       as asked (or for a stop that is not a cancellation)
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
@@ -78,6 +85,7 @@ NAMES = {
     11: "live screens: a task's viewer sees only its attempt's phone; watching changes nothing",
     12: "cleaning: no lease on a phone whose last clean failed, no task during a clean",
     13: "adb doors: a door never outlives its lease",
+    14: "WebDriver sessions: a session never outlives its lease",
 }
 TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).
@@ -745,6 +753,6 @@ def grouped(violations: list[Violation]) -> dict[str, dict[str, Any]]:
 
 def _is_session(t: dict[str, Any]) -> bool:
     """A session's task (chaos_lib/sessions.py marks each in its metadata, `amc adb` its
-    door's)."""
+    door's, the WebDriver endpoint its sessions')."""
     metadata = t["metadata"] or {}
-    return "session" in metadata or "door" in metadata
+    return "session" in metadata or "door" in metadata or "webdriver" in metadata

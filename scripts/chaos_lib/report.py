@@ -112,6 +112,7 @@ def table(results: dict[str, Any]) -> str:
         *_dispatch_lines(results.get("dispatch") or {}),
         *_screen_lines(results.get("screens") or {}),
         *_door_lines(results.get("doors") or {}),
+        *_webdriver_lines(results.get("webdriver") or {}),
         "",
         f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
     ]
@@ -154,6 +155,21 @@ def _door_lines(v: dict[str, Any]) -> list[str]:
         f" end, hung up {v['latest_hang_up_after_task_end_s']}s after a session's end at most"
         f"; {v.get('asked_as_the_run_ended', 0)} stopped or cancelled as the run ended"
         f"  (ended: {ends})"
+    ]
+
+
+def _webdriver_lines(v: dict[str, Any]) -> list[str]:
+    if "skipped" in v:
+        return [f"webdriver  skipped: {v['skipped']}"]
+    if not v.get("sessions"):
+        return []
+    ends = "  ".join(f"{k} {n}" for k, n in v.get("ends", {}).items())
+    return [
+        f"webdriver  {v['sessions']} sessions, {v['created']} created,"
+        f" {v['commands_answered_ok']} commands answered OK; on the hosts"
+        f" {v['appium_sessions_on_hosts']} Appium sessions, {v['appium_commands_on_hosts']}"
+        f" commands, the last {v['latest_appium_command_after_lease_end_s']}s after a lease"
+        f" end at most  (ended: {ends})"
     ]
 
 
