@@ -255,12 +255,13 @@ class WebDriver:
         until = loop.time() + END_WAIT
         await _within(session.finished.wait(), END_WAIT)
         request = scheduler_pb2.GetTaskRequest(task_id=session.id)
+        servicer: Any = self.scheduler  # called in process, with the console's context
         while session.task is None or session.task.status not in _FINISHED:
             if loop.time() >= until:
                 return False
             await asyncio.sleep(END_READ)
             with contextlib.suppress(AmcError, Refused):
-                session.task = await self.scheduler.GetTask(request, context)
+                session.task = await servicer.GetTask(request, context)
         return True
 
     async def close(self) -> None:
