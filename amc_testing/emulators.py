@@ -104,3 +104,9 @@ class AdbServer:
             if self._process.returncode is None:
                 self._process.kill()
                 await self._process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, without waiting (a harness on its way out)."""
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()

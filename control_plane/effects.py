@@ -14,6 +14,7 @@ from control_plane import metrics
 from control_plane.dispatch import Offer
 from control_plane.domain import (
     Assignment,
+    CancelNotice,
     Expiry,
     FairShare,
     Principal,
@@ -174,8 +175,9 @@ class Effects:
             error=refusal.message,
         )
 
-    def cancelled(self, code: CancelCode, task: Task) -> None:
-        """A cancel answered: CANCELLED (it was queued), REQUESTED (the host is told) or
+    def cancelled(self, code: CancelCode, task: Task, notice: CancelNotice | None = None) -> None:
+        """A cancel answered: CANCELLED (it was queued), REQUESTED (the host is told: its
+        `notice` pushed onto the host's stream, here or on the replica holding it) or
         UNCHANGED (nothing new)."""
         match code:
             case CancelCode.CANCELLED:
@@ -188,6 +190,8 @@ class Effects:
                 raise ValueError(f"{code} is a refusal")
             case _:
                 assert_never(code)
+        if notice is not None:
+            self.hub.cancel_requested(notice)
         self.hub.task_changed(task.task_id)
         metrics.TRANSITIONS.labels(event, task.status).inc()
         log.info(

@@ -64,6 +64,44 @@ class Viewer:
     awaiting_key: bool = False
 
 
+class Patience:
+    """How long a viewer has waited for its next frame: `begin` and `end` around each
+    wait, and `end` says whether it lasted `seconds` (its `ready` is then set, which ends
+    the wait). One timer per viewer, moved on only when it fires: a viewer of a 30-frame
+    stream waits 30 times a second, and arming and cancelling a timeout each time cost it
+    more than the rest of its wait. Used as a context manager for the viewer's life."""
+
+    def __init__(self, ready: asyncio.Event, seconds: float) -> None:
+        self._ready, self._seconds = ready, seconds
+        self._loop = asyncio.get_running_loop()
+        self._since: float | None = None
+        self._out = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> Patience:
+        self._timer = self._loop.call_later(self._seconds, self._check)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def begin(self) -> None:
+        self._since, self._out = self._loop.time(), False
+
+    def end(self) -> bool:
+        """Whether the wait begun last lasted `seconds` (it ran out)."""
+        self._since = None
+        return self._out
+
+    def _check(self) -> None:
+        waited = 0.0 if self._since is None else self._loop.time() - self._since
+        if waited >= self._seconds:
+            self._out, waited = True, 0.0
+            self._ready.set()
+        self._timer = self._loop.call_later(self._seconds - waited, self._check)
+
+
 class Screen:
     """One phone watched on this replica: its viewers and its latest frame."""
 

@@ -109,6 +109,17 @@ class Hub:
         for i in range(0, len(task_ids), PROGRESS_CHUNK):
             self.publish("amc_progress", " ".join(map(str, task_ids[i : i + PROGRESS_CHUNK])))
 
+    def cancel_requested(self, notice: CancelNotice) -> None:
+        """After committing a cancellation request of a running task: pushed onto its
+        host's renewal stream, here or on the replica holding it, when the notification
+        comes back (every replica hears it once, this one too: acted on here at once as
+        well, it would be pushed twice)."""
+        self._send(
+            "amc_cancel",
+            f"{notice.host_id} {notice.lease_id} {notice.task_id} {notice.attempt} "
+            f"{notice.requested_epoch!r}",
+        )
+
     def queued(self, offers: list[Offer]) -> None:
         """After committing tasks into the queue: offered here at once, and to the other
         replicas' parked Acquires by one notification each (sent in one batch)."""

@@ -162,7 +162,9 @@ class RenewalStream:
                 continue
             canonical.append(spelled[raw])
         ttl = self.service.settings.lease_ttl
-        renewals = await self.store.leases.renew(host_id, canonical, ttl) if canonical else []
+        renewals = (
+            await self.store.leases.renew_grouped(host_id, canonical, ttl) if canonical else []
+        )
         self.service.effects.renewed(host_id, len(request.lease_ids), renewals)
         if request.steps:  # those of the leases renewed wait for the replica's bulk write
             self.service.hub.progress.add(renewals, steps_from_pb(request.steps))

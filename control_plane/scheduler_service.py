@@ -98,7 +98,7 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitTaskRequest, context: Context
     ) -> task_pb2.Task:
         validate.submit(request)
-        ((task, _),) = await self._submit([request])
+        ((task, _),) = await self._submit([request], grouped=True)
         return task_to_pb(task)
 
     @rpc
@@ -110,17 +110,25 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.SubmitTasksResponse(tasks=[task_to_pb(t) for t, _ in submitted])
 
     async def _submit(
-        self, requests: Sequence[scheduler_pb2.SubmitTaskRequest], batch: bool = False
+        self,
+        requests: Sequence[scheduler_pb2.SubmitTaskRequest],
+        batch: bool = False,
+        grouped: bool = False,
     ) -> list[tuple[Task, bool]]:
         """Queue the tasks asked for, as the caller (one statement); (task, created) each.
         What their specs name of the app library must be there, and the snapshots they
-        start from on some host (NOT_FOUND otherwise)."""
+        start from on some host (NOT_FOUND otherwise). `grouped` (one task): written with
+        the other SubmitTask calls on this replica meanwhile, one commit for them all."""
         specs = [(f"tasks[{i}].spec" if batch else "spec", r.spec) for i, r in enumerate(requests)]
         await check_references(self.store, specs)
         await check_snapshots(self.store, specs)
         who = principal()
         news = [_new_task(r, who.team) for r in requests]
-        submitted = await self.store.tasks.submit_many(who.caller, news, name=who.name)
+        if grouped:
+            (new,) = news
+            submitted = [await self.store.tasks.submit_grouped(who.caller, new, name=who.name)]
+        else:
+            submitted = await self.store.tasks.submit_many(who.caller, news, name=who.name)
         self.effects.submitted([task for task, created in submitted if created])
         return submitted
 
@@ -193,8 +201,8 @@ class SchedulerService(TaskServicer, scheduler_pb2_grpc.SchedulerServicer):
     ) -> task_pb2.Task:
         task_id = TaskId(validate.task_id(request.task_id))
         validate.reason(request.reason)
-        code, task = await self.store.tasks.cancel(task_id, request.reason)
-        self.effects.cancelled(code, task)
+        code, task, notice = await self.store.tasks.cancel(task_id, request.reason)
+        self.effects.cancelled(code, task, notice)
         return task_to_pb(task)
 
     @rpc

@@ -392,9 +392,9 @@ CREATE TABLE IF NOT EXISTS queue_group_stats (
 -- amc_release in leases.end.sql; amc_set_host_cordon and amc_remove_host in hosts.sql;
 -- amc_put_artifact in artifacts.sql; the queue's in queue.sql and queue.count.sql). The
 -- single-row ones (submit, the presence writes) are statements there.
--- NOTIFY happens after the commit (Hub.publish), except in amc_cancel and revoke_token (in
--- tokens.sql): a transaction that notifies holds a database-wide lock through its WAL
--- flush, and cancellations and revocations are rare.
+-- NOTIFY happens after the commit (Hub.publish; a cancel's by Hub.cancel_requested), except
+-- in revoke_token (in tokens.sql): a transaction that notifies holds a database-wide lock
+-- through its WAL flush, and revocations are rare.
 
 -- -- artifacts: files the steps kept (screenshots, UI dumps) -----------------------------
 --

@@ -21,6 +21,10 @@ from control_plane.video import check_frame
 
 log = structlog.get_logger(__name__)
 
+# What became of a host's frame (Screens.deliver), each series bound once: one is counted
+# for every frame a host sends.
+RESULTS = {r: metrics.SCREEN_FRAMES.labels(r) for r in ("received", "unwatched", "over_rate")}
+
 
 class HostFeed:
     """A host's ScreenFrames call: the phones to capture down, their frames up."""
@@ -74,7 +78,7 @@ class HostFeed:
                 if request.WhichOneof("part") != "frame":
                     return
                 result = screens.deliver(host_id, request.frame)
-                metrics.SCREEN_FRAMES.labels(result).inc()
+                (RESULTS.get(result) or metrics.SCREEN_FRAMES.labels(result)).inc()
                 if result == "malformed" and not warned:
                     warned = True  # once per call: a broken host sends many
                     log.warning(

@@ -58,7 +58,7 @@ from control_plane.errors import (
     TooManyViewers,
     Unavailable,
 )
-from control_plane.frames import THUMBNAIL_EVERY, Screen, Screens, Viewer
+from control_plane.frames import THUMBNAIL_EVERY, Patience, Screen, Screens, Viewer
 from control_plane.rpc import TaskServicer, check_decoded, principal
 from control_plane.screen_tasks import RUNNING, Attempt, Followed
 from control_plane.video import CODECS, H264, IMAGE
@@ -73,6 +73,8 @@ MAX_FPS = 30
 # Seconds a viewer waits for a frame without its phone's host connected here (no feed, no
 # relay) before it is told to watch again: the host may have reconnected elsewhere.
 STALE = 10.0
+# Counted for every frame sent to every viewer: the series bound once.
+SENT = metrics.SCREEN_FRAMES.labels("sent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +174,7 @@ class ScreenWatch:
                 followed = stack.enter_context(hub.following.follow(want.task_id, read, every))
                 followed.join(bound)
             screen, viewer = stack.enter_context(self._watching(host_id, serial, want, address))
+            patience = stack.enter_context(Patience(viewer.ready, STALE))
             # No feed here yet: the host's renewal stream here asks it to open one.
             screens.ask(host_id)
             await context.send_initial_metadata(())
@@ -180,13 +183,18 @@ class ScreenWatch:
             )
             metrics.SCREEN_VIEWERS.inc()
             try:
-                async for frame in self._frames(screen, viewer, followed, bound):
+                async for frame in self._frames(screen, viewer, followed, bound, patience):
                     yield frame
             finally:
                 metrics.SCREEN_VIEWERS.dec()
 
     async def _frames(
-        self, screen: Screen, viewer: Viewer, followed: Followed | None, bound: Attempt | None
+        self,
+        screen: Screen,
+        viewer: Viewer,
+        followed: Followed | None,
+        bound: Attempt | None,
+        patience: Patience,
     ) -> AsyncIterator[scheduler_pb2.ScreenFrame]:
         """A viewer of still images: the latest frame whenever there is a newer one, at
         most max_fps a second. A viewer of the stream: its every frame in order from the
@@ -220,7 +228,7 @@ class ScreenWatch:
             if viewer.codec == H264 and screen.streams:
                 frame = hub.screens.next_of_stream(screen, viewer)
                 if frame is None:
-                    await self._wait(screen, viewer, settled)
+                    await self._wait(screen, viewer, settled, patience)
                 elif (
                     followed is not None
                     and bound is not None
@@ -230,12 +238,12 @@ class ScreenWatch:
                     hub.screens.await_key_frame(screen, viewer)
                     metrics.SCREEN_FRAMES.labels("other_attempt").inc()
                 else:
-                    metrics.SCREEN_FRAMES.labels("sent").inc()
+                    SENT.inc()
                     yield frame
                 continue
             frame = screen.frame
             if frame is None or frame is sent:
-                await self._wait(screen, viewer, settled)
+                await self._wait(screen, viewer, settled, patience)
                 continue
             if followed is not None and bound is not None and not _during(frame, followed, bound):
                 sent = frame  # its host says the phone ran another attempt: never sent
@@ -246,16 +254,21 @@ class ScreenWatch:
                 await asyncio.sleep(wait)
                 continue  # the newest frame after the wait, checked again
             sent, sent_at = frame, loop.time()
-            metrics.SCREEN_FRAMES.labels("sent").inc()
+            SENT.inc()
             yield frame
 
-    async def _wait(self, screen: Screen, viewer: Viewer, settled: asyncio.Event | None) -> None:
+    async def _wait(
+        self, screen: Screen, viewer: Viewer, settled: asyncio.Event | None, patience: Patience
+    ) -> None:
         """Until the screen has something new for the viewer (or the task changed); a
-        viewer whose phone's host left this replica is told to watch again."""
+        viewer whose phone's host left this replica (nothing came for STALE seconds) is
+        told to watch again."""
+        patience.begin()
         try:
-            async with asyncio.timeout(STALE):
-                await _either(viewer.ready, settled)
-        except TimeoutError:
+            await _either(viewer.ready, settled)
+        finally:
+            out = patience.end()
+        if out:
             if screen.source is None and not self._svc.hub.screens.has_feed(screen.host_id):
                 # The host left this replica (gone, or reconnected elsewhere).
                 raise Unavailable(

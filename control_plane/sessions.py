@@ -373,8 +373,8 @@ class ClientSession:
                         return
 
     async def _cancel(self, task_id: TaskId, reason: str) -> None:
-        code, task = await self._svc.store.tasks.cancel(task_id, reason)
-        self._svc.effects.cancelled(code, task)
+        code, task, notice = await self._svc.store.tasks.cancel(task_id, reason)
+        self._svc.effects.cancelled(code, task, notice)
 
     def _abandon(self, relay: Relay) -> None:
         """The call ended before the task did: the client vanished, or was refused."""

@@ -62,7 +62,8 @@ class EmulatorSource:
         for device in await self._adb.inventory():
             instance = self.emulators.instance(device.serial)
             if instance is None:
-                listed.append(device)
+                if not self.emulators.on_our_ports(device.serial):  # not ours: a leftover
+                    listed.append(device)
             elif self.emulators.shown(device.serial):
                 labels = instance.pool.device_labels(instance.snapshots)
                 listed.append(replace(device, labels={**device.labels, **labels}))

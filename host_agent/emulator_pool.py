@@ -47,6 +47,7 @@ TICK = 1.0
 RETRY_CAP = 60.0
 EXIT_GRACE = 5.0
 CONSOLE_TIMEOUT = 10.0
+CONSOLE_PROBE = 2.0  # a leftover's console, asked its AVD's name at start
 ANSWER_POLL = 0.1
 
 
@@ -105,15 +106,22 @@ class Emulators:
         return self.instances.get(serial)
 
     def shown(self, serial: str) -> bool:
-        """Whether the phone is listed in the inventory (up, or restarting)."""
+        """Whether the phone is listed in the inventory (up, or restarting); an emulator on
+        the pools' ports that is not one of their instances never is (a leftover)."""
         found = self.instances.get(serial)
         return found is not None and found.state in ("up", "restarting", "down")
+
+    def on_our_ports(self, serial: str) -> bool:
+        port = serial.removeprefix("emulator-")
+        first, last = self.settings.ports
+        return port.isdigit() and first <= int(port) <= last
 
     async def run(self, host: PoolHost) -> None:
         """Keep the pools until cancelled; the instances run on until `close()` (the
         agent's cleans are cancelled first, so none fails for an instance stopped under it)."""
         self._host = host
         try:
+            await self._stop_leftovers()
             while True:
                 self._tick(host)
                 self._wake.clear()
@@ -142,6 +150,23 @@ class Emulators:
                         break
             elif len(mine) > pool.low:
                 self._retire_one(host, mine, now)
+
+    async def _stop_leftovers(self) -> None:
+        """Instances of the pools' AVDs that an earlier process of this agent left running
+        (killed hard, it could not stop them: they run in sessions of their own) are told
+        to `kill` before any instance starts: they would hold ports and memory the pools
+        count on, and be offered as phones no pool resets."""
+        avds = {pool.avd for pool in self.settings.pools}
+        first, last = self.settings.ports
+        for port in range(first + first % 2, last + 1, 2):
+            if _free(port):
+                continue
+            console = Console(port, self.settings.token_file)
+            with contextlib.suppress(DeviceError):
+                named = await console.command("avd name", CONSOLE_PROBE)
+                if named and named[0].strip() in avds:
+                    log.warning("emulator left running by an earlier agent: stopping it", port=port)
+                    await console.kill(CONSOLE_PROBE)
 
     def _retire_one(self, host: PoolHost, mine: list[Instance], now: float) -> None:
         idle = [i for i in mine if i.ready_since and now - i.ready_since >= self.settings.idle]

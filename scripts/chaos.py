@@ -14,7 +14,7 @@ agents' phones (chaos_lib/sessions.py: closed, cancelled or abandoned; invariant
 adb doors on them (`amc adb` driven by the harness's own adb client, stopped, cancelled or
 killed: chaos_lib/doors.py; invariant 13: a door never outlives its lease), a few
 WebDriver sessions through the replicas' WebDriver endpoint onto the agents' Appium
-(deleted, cancelled or abandoned: chaos_lib/webdriver.py; invariant 14: a session never
+(deleted, cancelled or abandoned: chaos_lib/webdriver.py; invariant 15: a session never
 outlives its lease; skipped, saying why, where Appium cannot be installed), and a
 few live-screen viewers watching running tasks by task_id through the replicas, some
 relayed between them, following a task that moves (chaos_lib/screens.py; invariant 11). Before
@@ -27,17 +27,21 @@ agent SIGSTOP beyond the lease TTL + SIGCONT, PostgreSQL immediate shutdown + st
 host's connections cut beyond the TTL, a fleet process (a row of hosts) kill -9 + restart
 or SIGSTOP + SIGCONT, an agent's phone unplugged mid-run, hung, boot-looping or too hot
 (chaos_lib/phones.py), a phone's cleans between leases hanging or failing at `pm uninstall`
-(chaos_lib/cleaning.py), and on the database: PostgreSQL runs as a primary and a
-synchronous streaming standby (the replicas' URL names both), and fails over (primary
-killed, standby promoted, old primary rewound to follow it), has random backends
-terminated, an idle transaction held open, its connection slots filled. All through, the
-replicas age client connections out every 20 s (--max-connection-age), so every host's
-renewal stream moves to a new connection again and again under the faults. Then it quiesces
-(no new faults, everything up, nothing in flight), checks the invariants
+(chaos_lib/cleaning.py), an emulator of the pool of one more agent (`chaos-e0`, emulator
+doubles with `--emulator`, reset between leases from a snapshot; tasks and sessions start
+from one) dying during a snapshot load (its reset's or a task's), a load failing or hanging,
+a start that never boots, its agent killed (chaos_lib/emulators.py), and on the database:
+PostgreSQL runs as a primary and a synchronous streaming standby (the replicas' URL names
+both), and fails over (primary killed, standby promoted, old primary rewound to follow
+it), has random backends terminated, an idle transaction held open, its connection slots
+filled. All through, the replicas age client connections out every 20 s
+(--max-connection-age), so every host's renewal stream moves to a new connection again and
+again under the faults. Then it quiesces (no new faults, everything up, nothing in flight),
+checks the invariants
 (chaos_lib/invariants.py; the seventh, dispatch liveness, in chaos_lib/dispatch.py; the
 eighth, no acknowledged transition lost, across the failovers; the tenth, phone faults, in
 chaos_lib/phones.py; the twelfth, no lease on a phone whose last clean failed, in
-chaos_lib/cleaning.py)
+chaos_lib/cleaning.py; the fourteenth, emulator pools, in chaos_lib/emulators.py)
 from PostgreSQL, the agents' logs and the fleet's
 record of its Acquire calls, writes chaos-results.json (with the time to serve after each
 failover) and prints a table. `--hosts 0`: no fleet (the run as it was before it, the
@@ -77,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos_lib import (
     cleaning,
     doors,
+    emulators,
     evidence,
     faults,
     phones,
@@ -89,6 +94,7 @@ from chaos_lib import (
 from chaos_lib.cluster import ROOT
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.doors import DoorLoad
+from chaos_lib.emulators import EmulatorLoad
 from chaos_lib.farm import Farm, FarmConfig
 from chaos_lib.faults import Injector
 from chaos_lib.invariants import Checks, Violation, grouped
@@ -97,7 +103,7 @@ from chaos_lib.screens import ScreenLoad
 from chaos_lib.sessions import SessionLoad
 from chaos_lib.workload import ActionTail, Selectors, Workload
 
-from amc.v1 import admin_pb2, admin_pb2_grpc
+from amc.v1 import admin_pb2, admin_pb2_grpc, task_pb2
 from amc_common.channel import with_token
 from amc_testing.host import AgentSettings
 
@@ -126,7 +132,7 @@ def _gap(text: str) -> tuple[float, float]:
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    known = faults.KINDS + phones.KINDS + cleaning.KINDS
+    known = faults.KINDS + phones.KINDS + cleaning.KINDS + emulators.KINDS
     if unknown := [k for k in kinds if k not in known]:
         raise argparse.ArgumentTypeError(
             f"no fault kind {', '.join(unknown)}; the kinds: {', '.join(known)}"
@@ -168,6 +174,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"fleet hosts (default {DEFAULT_HOSTS}; {QUICK_HOSTS} with --quick; 0: no fleet)",
     )
     p.add_argument("--fleet-devices", type=int, default=3, help="simulated phones per fleet host")
+    p.add_argument(
+        "--no-emulators",
+        action="store_true",
+        help="no emulator pool (its agent, its tasks and sessions, the emu_* faults)",
+    )
     p.add_argument(
         "--hosts-per-proc",
         type=int,
@@ -324,9 +335,14 @@ class ChaosRun:
             fleet_acquire_wait=args.fleet_acquire_wait,
             fleet_nice=args.fleet_nice,
             max_connection_age=args.max_connection_age or None,
+            emulators=not args.no_emulators,
             appium=appium,
         )
         self.farm = Farm(self.config, self.rng)
+        self.emulator_load: EmulatorLoad | None = None
+        self.emulator_sessions: SessionLoad | None = None
+        self.emulators_ready = 0
+        self.run_ended = 0.0
         self.problems: list[str] = []
         self.appium_left: list[Any] = []
         self.began = time.monotonic()
@@ -407,6 +423,19 @@ class ChaosRun:
         self.injector.operator = phones.Operator(
             self.farm.dsn, [r.address for r in self.farm.replicas], self.farm.operator_token
         )
+        if self.farm.emulator_world is not None:
+            self.emulator_load = EmulatorLoad(
+                self.workload, self.farm.dsn, random.Random(self.args.seed + 51)
+            )
+            self.injector.pin_emulator = self.emulator_load.pin
+            self.emulator_sessions = SessionLoad(
+                [r.address for r in self.farm.replicas],
+                self.farm.client_token,
+                random.Random(self.args.seed + 52),
+                1 if self.args.sessions else 0,
+                selector=task_pb2.DeviceSelector(labels={"pool": emulators.POOL_LABEL}),
+                snapshots=(emulators.BOOT, emulators.APP),
+            )
         self.pinned: dict[str, str] = {}
 
     def _backlog(self) -> int | None:
@@ -427,6 +456,11 @@ class ChaosRun:
         opening = self._opening = asyncio.create_task(self.doors.run_forever())
         self._driving = asyncio.create_task(self.webdriver.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
+        emulating = [
+            asyncio.create_task(load.run_forever())
+            for load in (self.emulator_load, self.emulator_sessions)
+            if load is not None
+        ]
         try:
             await asyncio.sleep(self.args.warmup)  # faults find work in flight from the start
             began = time.monotonic()
@@ -444,6 +478,10 @@ class ChaosRun:
             opening.cancel()
             self.webdriver.stop()  # the clients end what they began, then stop
             watching.cancel()
+            if self.emulator_sessions is not None:
+                self.emulator_sessions.stop()
+            for task in emulating:
+                task.cancel()
         say(f"faults done after {self.chaos_s:.0f}s: {self.injector.counts()}; quiescing")
         self.pinned = await self._phones_back()
 
@@ -467,6 +505,8 @@ class ChaosRun:
         fixed = await self.farm.ensure_up()
         if fixed:
             self.problems.append(f"still down at the quiesce: {fixed}")
+        if self.farm.emulator_world is not None:
+            self.emulators_ready = await emulators.pool_ready(self.farm.dsn, 60)
         await self.workload.wait_cancellers(30)
         await self.workload.resubmit_unacknowledged()
         await self.workload.cancel_backlog()
@@ -481,6 +521,7 @@ class ChaosRun:
         await asyncio.wait({self._driving}, timeout=webdriver.QUEUE_TIMEOUT + 30)
         self._driving.cancel()
         await asyncio.sleep(0.5)
+        self.run_ended = time.time()
         self.appium_left = await webdriver.left_open({a.host_id: a.log for a in self.farm.agents})
         codes = await self.farm.stop()
         self.problems += [
@@ -490,6 +531,8 @@ class ChaosRun:
         ]
         await self.workload.close()
         await self.sessions.close()
+        if self.emulator_sessions is not None:
+            await self.emulator_sessions.close()
         await self.screens.close()
         await self.doors.close()
         await self.webdriver.close()
@@ -523,7 +566,8 @@ class ChaosRun:
             farm.sim_delays(),
             self.config.lease_ttl,
             dispatch,
-            self.sessions.records,
+            self.sessions.records
+            + (self.emulator_sessions.records if self.emulator_sessions else []),
         )
         violations = checks.run(self.monitor.findings)
         verdict = await phones.check(
@@ -542,11 +586,27 @@ class ChaosRun:
         driven, wd_figures = webdriver.check(
             ev, wd_sessions, self.webdriver.records, self.appium_left
         )
-        violations += [Violation(14, check, detail) for check, detail in driven]
+        violations += [Violation(15, check, detail) for check, detail in driven]
+        world = farm.emulator_world
+        emulated = world.read_events() if world is not None else []
         cleans = cleaning.check(
-            ev.cleans, ev.actions, ev.attempts, await cleaning.records(farm.dsn)
+            ev.cleans + emulators.clean_commands(emulated),
+            ev.actions,
+            ev.attempts,
+            await cleaning.records(farm.dsn),
         )
         violations += [Violation(12, check, detail) for check, detail in cleans.violations]
+        pool = emulators.check(
+            emulated,
+            ev.tasks,
+            ev.attempts,
+            ev.events,
+            injector.faults,
+            self.emulators_ready,
+            self.run_ended,
+        )
+        if world is not None:
+            violations += [Violation(14, check, detail) for check, detail in pool.violations]
         recovery.measure(injector.faults, ev)
         self._harness_problems()
         counts = injector.counts()
@@ -589,6 +649,17 @@ class ChaosRun:
             "recovery": recovery.summary(injector.faults, kinds),
             "phones": phones.summary(injector.faults, verdict),
             "cleaning": cleaning.summary(injector.faults, cleans),
+            "emulators": (
+                emulators.summary(injector.faults, pool)
+                | {
+                    "tasks_by_start_snapshot": (
+                        self.emulator_load.counts() if self.emulator_load else {}
+                    ),
+                    "sessions": (self.emulator_sessions.counts() if self.emulator_sessions else {}),
+                }
+                if world is not None
+                else {}
+            ),
             "failovers": [
                 {"at": f.started_at, "error": f.error}
                 | {k: v for k, v in f.detail.items() if k.endswith("_s")}
@@ -627,6 +698,12 @@ class ChaosRun:
         self.problems += [
             f"{f.kind} on {f.target} failed: {f.error}" for f in self.injector.faults if f.error
         ]
+        unfired = sorted(
+            {f.kind for f in self.injector.faults if f.kind in emulators.KINDS}
+            - {f.kind for f in self.injector.faults if f.detail.get("fired")}
+        )
+        if unfired:
+            self.problems.append(f"emulator fault kinds that never fired: {unfired}")
         internal = self.workload.counters.unexpected.get("INTERNAL")
         if internal:
             self.problems.append(f"clients were answered INTERNAL {internal} times")

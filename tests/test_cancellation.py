@@ -2,6 +2,7 @@
 
 import asyncio
 
+import asyncpg
 import grpc
 import pytest
 
@@ -229,3 +230,34 @@ async def test_done_report_after_a_cancel_request_is_recorded_as_done(farm: Farm
 
 async def _is(farm: Farm, task_id: str, status: str) -> bool:
     return await farm.status(task_id) == status
+
+
+async def test_a_cancel_request_is_notified_after_its_commit_not_inside_its_transaction(
+    farm: Farm,
+) -> None:
+    """amc_cancel sends no NOTIFY (inside its transaction it would hold the notification
+    queue's lock through the WAL flush, one cancel after another); CancelTask's replica
+    sends it once committed, naming the host, lease, task and attempt."""
+    assert farm.db is not None
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    first, _ = await dispatched(farm, client, host, "s1")
+    second, a = await dispatched(farm, client, host, "s2")
+    heard: list[str] = []
+    listener = await asyncpg.connect(farm.dsn)
+    try:
+        await listener.add_listener("amc_cancel", lambda *args: heard.append(args[3]))
+        code = await farm.db.fetchval(
+            "SELECT code FROM amc_cancel($1::uuid, 'by hand')", first.task_id
+        )
+        assert code == "requested"
+        # Notifications arrive in commit order: a NOTIFY of the cancel would come first.
+        await farm.db.execute("NOTIFY amc_cancel, 'after'")
+        await eventually(lambda: "after" in heard, what="the notification sent after it")
+        assert heard == ["after"]
+        await cancel(client, second.task_id)
+        sent = await eventually(lambda: heard[1:], what="CancelTask's notification")
+        host_id, lease, task_id, attempt, _ = sent[0].split(" ")
+        assert (host_id, lease, task_id, attempt) == ("h1", a.lease_id, second.task_id, "1")
+    finally:
+        await listener.close()

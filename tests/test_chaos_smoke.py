@@ -34,15 +34,16 @@ from tests.test_device_health import is_in, on
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib import cleaning, doors, evidence, phones, screens, webdriver  # noqa: E402
+from chaos_lib import cleaning, doors, emulators, evidence, phones, screens, webdriver  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
+from chaos_lib.faults import Fault  # noqa: E402
 from chaos_lib.invariants import NAMES, Checks  # noqa: E402
 from chaos_lib.specs import random_plan  # noqa: E402
 from chaos_lib.workload import Submitted  # noqa: E402
 
-KINDS = FARM_KINDS + phones.KINDS + cleaning.KINDS
+KINDS = FARM_KINDS + phones.KINDS + cleaning.KINDS + emulators.KINDS
 __all__ = ["own_database"]  # a fixture
 
 
@@ -88,6 +89,12 @@ def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: P
     assert results["screens"]["frames"] > 0 and results["screens"]["tasks_watched"] > 0
     # adb doors: opened and used through the faults (invariant 13 held above).
     assert results["doors"]["opened"] > 0 and results["doors"]["door_streams_on_phones"] > 0
+    # Emulator pools: every emulator fault fired (invariants 12 and 14 held above), tasks
+    # and sessions started from both snapshots.
+    pool = results["emulators"]
+    assert set(pool["fired"]) == set(emulators.KINDS) and min(pool["fired"].values()) >= 1, pool
+    assert set(pool["tasks_by_start_snapshot"]) == {emulators.BOOT, emulators.APP}
+    assert pool["details"]["double: died"] >= 2 and pool["details"]["instances started afresh"]
 
 
 def test_phone_fault_checks_catch_a_sick_phone_given_work_and_a_spent_budget() -> None:
@@ -1049,8 +1056,136 @@ async def test_a_door_whose_end_was_asked_as_the_run_ended_exits_with_its_sessio
     assert doors.check(ev, {}, [record])[0] == []
 
 
-def test_a_webdriver_command_past_its_lease_or_its_end_breaks_invariant_14(tmp_path: Path) -> None:
-    """THEN invariant 14: Appium sessions whose commands came within their attempt's lease
+def _emulator_events(t: float) -> list[dict[str, Any]]:
+    """Two instances up from t; the first dies at t+10 under a task, starts afresh at t+12."""
+    e = emulators.BOOT
+    return [
+        {"at": t, "event": "registered", "serial": "emulator-5660", "pid": 1},
+        {"at": t, "event": "registered", "serial": "emulator-5662", "pid": 2},
+        {"at": t + 9.9, "event": "loading", "serial": "emulator-5660", "pid": 1, "snapshot": e},
+        {"at": t + 10.0, "event": "died", "serial": "emulator-5660", "pid": 1, "snapshot": e},
+        {"at": t + 12.0, "event": "registered", "serial": "emulator-5660", "pid": 3},
+    ]
+
+
+def _emulator_attempt(
+    task: str, attempt: int, serial: str, made: float, ended: float, state: str
+) -> Any:
+    return {
+        "task_id": task,
+        "attempt": attempt,
+        "host_id": emulators.HOST,
+        "device_serial": serial,
+        "created_at": made,
+        "ended_at": ended,
+        "state": state,
+    }
+
+
+def test_a_task_whose_emulator_died_is_given_back_and_done_or_breaks_invariant_14() -> None:
+    """THEN a task whose emulator died under its attempt, given back (released,
+    device_lost) and then done, is counted; one failed there, or not done after, breaks
+    it; a session failed there does not (invariant 9 judges it)."""
+    t = 1_000_000.0
+    ok = "ok"
+    attempts = {
+        (ok, 1): _emulator_attempt(ok, 1, "emulator-5660", t + 5, t + 10.1, "released"),
+        (ok, 2): _emulator_attempt(ok, 2, "emulator-5662", t + 11, t + 13, "done"),
+    }
+    tasks: dict[str, dict[str, Any]] = {
+        ok: {"status": "done", "cancel_requested_at": None, "metadata": {}}
+    }
+    lost = {ok: [{"kind": "device_lost", "attempt": 1}]}
+    events = _emulator_events(t)
+    verdict = emulators.check(events, tasks, attempts, lost, [], 2, t + 30)
+    assert verdict.violations == []
+    assert verdict.stats["tasks given back as device_lost, then done"] == 1
+    assert verdict.stats["instances started afresh"] == 1
+
+    failed = dict(tasks[ok], status="failed")
+    verdict = emulators.check(events, {ok: failed}, attempts, lost, [], 2, t + 30)
+    assert [c for c, _ in verdict.violations] == ["a task whose emulator died did not end done"]
+    reported = {(ok, 1): dict(attempts[(ok, 1)], state="failed")}
+    verdict = emulators.check(events, {ok: failed}, reported, {ok: []}, [], 2, t + 30)
+    assert [c for c, _ in verdict.violations] == [
+        "an attempt whose emulator died was not given back as device_lost"
+    ]
+    session = dict(failed, metadata={"session": "close"})
+    verdict = emulators.check(events, {ok: session}, attempts, lost, [], 2, t + 30)
+    assert verdict.violations == []
+    assert verdict.stats["sessions whose emulator died, then failed"] == 1
+
+
+def test_an_emulator_not_started_afresh_or_a_pool_below_its_minimum_breaks_invariant_14() -> None:
+    """THEN an instance that died and never registered again within the bound, and a pool
+    below its minimum past the bound, break it, unless a start that never boots was the
+    fault then (until its end); and a pool short at the quiesce breaks it."""
+    t = 1_000_000.0
+    events = _emulator_events(t)[:-1]  # never back
+    verdict = emulators.check(events, {}, {}, {}, [], 2, t + 60)
+    assert sorted(c for c, _ in verdict.violations) == [
+        "an emulator that died or whose load failed was not started afresh",
+        "the pool stayed below its minimum",
+    ]
+    assert verdict.longest_below_min_s == 50.0
+    down = Fault("emu_boot_fails", "chaos-e0/fault-0", t + 9, t + 40, t + 45)
+    late = [*events, {"at": t + 50, "event": "registered", "serial": "emulator-5660", "pid": 3}]
+    assert emulators.check(late, {}, {}, {}, [down], 2, t + 60).violations == []
+    short = emulators.check(late, {}, {}, {}, [down], 1, t + 60)
+    assert [c for c, _ in short.violations] == ["the pool was below its minimum at the quiesce"]
+
+
+def test_an_emulators_failed_clean_is_dated_by_the_double_for_invariant_12() -> None:
+    """THEN a lease on an emulator after its restart was refused (the double's event) and
+    before its failed clean's report breaks invariant 12: the emulator host keeps no action
+    log, so the double's loads and refused starts stand for its clean's commands."""
+    t = 1_000_000.0
+    events = [
+        {"at": t + 1.0, "event": "loading", "serial": "emulator-5660", "pid": 1,
+         "snapshot": emulators.BOOT},
+        {"at": t + 1.3, "event": "load_failed", "serial": "emulator-5660", "pid": 1,
+         "snapshot": emulators.BOOT},
+        {"at": t + 2.0, "event": "refused", "serial": "emulator-5660", "pid": 2},
+    ]  # fmt: skip
+    commands = emulators.clean_commands(events)
+    assert [(c.start, c.end, c.outcome) for c in commands] == [
+        (t + 1.0, t + 1.3, "load_failed"),
+        (t + 2.0, t + 2.0, "refused"),
+    ]
+    phone = f"{emulators.HOST}/emulator-5660"
+    reports = [cleaning.Record(phone, t + 3.0, False, "snapshot failed (2.0 s): did not start")]
+    attempts = {("x", 1): _emulator_attempt("x", 1, "emulator-5660", t + 2.5, t + 4, "done")}
+    verdict = cleaning.check(commands, [], attempts, reports)
+    assert [d["lease_started_at"] for _, d in verdict.violations] == [t + 2.5]
+
+
+def test_an_emulator_a_killed_agent_left_running_and_never_stopped_breaks_invariant_14() -> None:
+    """THEN after the emulator host's agent was killed and started again, an instance it
+    left running that was never stopped is a violation; one stopped within the bound, and
+    one started after the kill, are not."""
+    t = 1_000_000.0
+    kill = Fault("emu_agent_kill", emulators.HOST, t + 20, t + 22, t + 30)
+    events = [
+        {"at": t, "event": "registered", "serial": "emulator-5660", "pid": 1},
+        {"at": t, "event": "registered", "serial": "emulator-5662", "pid": 2},
+        {"at": t + 23, "event": "killed", "serial": "emulator-5660", "pid": 1},
+        {"at": t + 25, "event": "registered", "serial": "emulator-5664", "pid": 3},
+        {"at": t + 26, "event": "registered", "serial": "emulator-5666", "pid": 4},
+    ]
+    verdict = emulators.check(events, {}, {}, {}, [kill], 2, t + 60)
+    assert verdict.violations == [
+        (
+            "an emulator a killed agent left running was not stopped",
+            {"serial": "emulator-5662", "pid": 2, "agent_back_at": t + 22},
+        )
+    ]
+    assert verdict.stats["of those stopped by the agent started again"] == 1
+    stopped = [*events, {"at": t + 24, "event": "killed", "serial": "emulator-5662", "pid": 2}]
+    assert emulators.check(stopped, {}, {}, {}, [kill], 2, t + 60).violations == []
+
+
+def test_a_webdriver_command_past_its_lease_or_its_end_breaks_invariant_15(tmp_path: Path) -> None:
+    """THEN invariant 15: Appium sessions whose commands came within their attempt's lease
     (and the DELETE that ends one, after it) are clean, and so are clients' sessions
     deleted (done), cancelled or abandoned (failed) whose OK answers came within the lease;
     a command Appium served after the lease ended (read from Appium's own log), an Appium
@@ -1144,4 +1279,4 @@ def test_a_webdriver_command_past_its_lease_or_its_end_breaks_invariant_14(tmp_p
     assert found([client("abandon", "abandoned")]) == [
         "a WebDriver session failed for a reason that is not a stop"
     ]
-    assert NAMES[14].startswith("WebDriver sessions")
+    assert NAMES[15].startswith("WebDriver sessions")

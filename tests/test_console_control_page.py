@@ -83,6 +83,8 @@ async def test_console_control_page_fits_the_window_types_from_the_keyboard_and_
         await resolution.filter(has_text="1080 × 2400").wait_for()  # noqa: RUF001
         assert await facts.locator("dd[data-field='temperature']").inner_text() == "31 °C"
         await frame_after(page, await frame_after(page, 0))
+        # The README's picture is of the stream, decoded in the page.
+        assert await page.locator("canvas.screen").get_attribute("data-codec") == "h264"
         await page.screenshot(path=str(DOCS / "console-control.png"))
 
         async with page.expect_download() as saving:

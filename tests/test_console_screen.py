@@ -204,6 +204,8 @@ async def test_console_watching_a_running_task_changes_none_of_its_steps(
         first = await frame_after(page, 0)
         await frame_after(page, first + 2)  # several frames, across the page's redraws
         await page.locator("#live.on").wait_for()
+        # The README's picture is of the stream, decoded in the page.
+        assert await page.locator("canvas.screen").get_attribute("data-codec") == "h264"
         await page.screenshot(path=str(DOCS / "console-watch-screen.png"), full_page=True)
         after = [(r.action, r.args) for r in source.actions_for("sim-0") if r.action != "shell"]
         assert after == before == [("tap", {"x": 200, "y": 230})]

@@ -9,6 +9,7 @@ when idle; an unknown snapshot is refused at submit.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -209,6 +210,33 @@ async def test_an_emulator_whose_process_dies_gives_its_task_back_and_starts_afr
     attempts = await farm.attempts(task_id)
     assert len(attempts) == 2 and attempts[1]["device_serial"] == FIRST
     assert (await get(client, task_id)).status == task_pb2.TASK_STATUS_CANCELLED
+
+
+async def test_an_emulator_a_killed_agent_left_running_is_stopped_when_the_agent_starts(
+    farm: Farm, world: EmulatorWorld
+) -> None:
+    """THEN an instance of the pool's AVD on the pool's ports that an earlier agent process
+    left running (killed hard, it could not stop its emulators: they run in sessions of
+    their own) is stopped when the agent starts, so the host runs only its pool's own
+    instances and never offers the leftover as a phone of its own."""
+    leftover = "emulator-5602"
+    argv = ["-avd", AVD, "-read-only", "-no-window", "-port", "5602", "-no-snapshot-save"]
+    orphan = await asyncio.create_subprocess_exec(
+        str(world.root / "bin" / "emulator"), *argv, start_new_session=True
+    )
+    try:
+        await world.adb.wait_for_state(leftover, "device", within=30)
+        async with running(farm, world):
+            await eventually(lambda: ready(farm, FIRST), timeout=30, what="the pool's emulator")
+            await asyncio.wait_for(orphan.wait(), 30)
+            row = await device_row(farm, leftover)
+    finally:
+        if orphan.returncode is None:
+            orphan.kill()
+            await orphan.wait()
+    assert [e["serial"] for e in world.read_events("killed")] == [leftover]
+    assert row is None or row["state"] != "device" or row["condition"] != "ready"
+    assert [e["serial"] for e in world.read_events("started")] == [leftover, FIRST]
 
 
 async def cancel_wait(client: Any, task_id: str) -> None:

@@ -21,8 +21,10 @@ from amc.v1 import lease_pb2, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
 from control_plane import screens
 from control_plane.config import Settings
+from control_plane.console import screen as console_screen
 from control_plane.console.screen import frame_message
 from control_plane.domain import Role
+from control_plane.frames import Patience
 from host_agent.adb import AdbSource
 from host_agent.screen import Canvas
 from host_agent.simulated import SimulatedSource
@@ -404,6 +406,20 @@ def test_a_frame_message_is_length_header_and_image() -> None:
     assert image == b"\x89PNG-bytes"
 
 
+def test_a_frame_is_made_into_its_console_message_once_for_all_its_viewers() -> None:
+    """THEN every console viewer of a frame is sent the same bytes, made once (a frame's
+    JSON header costs ~17 us), while what is kept of them stays within its bounds."""
+    frames = [
+        scheduler_pb2.ScreenFrame(seq=n, mime="video/h264", data=b"\0\0\0\1" + b"p" * 100)
+        for n in range(1, 101)
+    ]
+    for frame in frames:
+        sent = [frame_message(frame) for _ in range(10)]
+        assert all(message is sent[0] for message in sent)
+        assert parse_message(sent[0])[0]["seq"] == frame.seq
+    assert len(console_screen._made) <= console_screen.MADE_MOST
+
+
 async def test_the_console_streams_a_phone_screen_over_a_websocket(database_url: str) -> None:
     """THEN /api/screen upgrades and sends binary frames in the documented layout, by
     device or by a running task (closed normally when it ends); bad input, a finished task
@@ -420,6 +436,12 @@ async def test_the_console_streams_a_phone_screen_over_a_websocket(database_url:
                     header, image = parse_message(message.data)
                     assert (header["host_id"], header["serial"]) == (HOST, SERIAL)
                     assert header["mime"] == "image/png" and image.startswith(b"\x89PNG")
+                assert farm.plane is not None and farm.plane.hub.screens.viewers() == 1
+            # The page closed its socket: its viewer is gone from the replica.
+            await eventually(
+                lambda: farm.plane is not None and farm.plane.hub.screens.viewers() == 0,
+                what="the closed socket's viewer to leave",
+            )
             # A running task's phone: frames until the task ends, then a normal close.
             client = farm.clients(await farm.token(Role.CLIENT))
             task_id = await submit(client, actions_spec(tap(), wait_action(1.0), tap()))
@@ -660,3 +682,19 @@ async def test_watch_screen_and_screen_frames_are_served_through_reflection(farm
     ):
         described = await run(GRPCURL, "-plaintext", farm.address, "describe", method)
         assert shape in described, described
+
+
+async def test_a_viewer_s_patience_runs_out_only_on_a_wait_that_lasted_its_seconds() -> None:
+    """THEN waits shorter than the patience, however many, never run out (the timer is
+    not reset by each), and one that lasts it runs out and wakes its viewer."""
+    ready = asyncio.Event()
+    with Patience(ready, 0.3) as patience:
+        for _ in range(8):  # 0.4 s of short waits, beyond the first timer
+            patience.begin()
+            await asyncio.sleep(0.05)
+            assert not patience.end() and not ready.is_set()
+        patience.begin()
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(ready.wait(), 2.0)
+        waited = asyncio.get_running_loop().time() - started
+        assert patience.end() and 0.25 <= waited < 1.0

@@ -415,13 +415,12 @@ def minute_recorded(fps: int) -> tuple[int, int]:
 
 def test_a_minute_of_screen_as_mp4_is_at_most_a_fifth_of_the_animated_png() -> None:
     """THEN a minute recorded with nobody watching (the stream at the recording's 2 frames
-    a second) is at most a fifth of the APNG of the same screens, and one watched at 30
-    frames a second all along at most a quarter (key frames of this text-heavy screen are
-    ~30 KB, twice its PNG; the figures are printed: docs/performance.md)."""
+    a second) and one watched at 30 frames a second all along are each at most a fifth of
+    the APNG of the same screens (the figures are printed: docs/performance.md)."""
     animated, alone = minute_recorded(2)
     _, watched = minute_recorded(30)
     print(f"60 s: APNG {animated} bytes; MP4 {alone} bytes at 2 fps, {watched} at 30 fps")
-    assert alone * 5 <= animated and watched * 4 <= animated
+    assert alone * 5 <= animated and watched * 5 <= animated
 
 
 async def test_a_viewer_joining_long_after_a_key_frame_waits_for_one_asked_of_the_host(

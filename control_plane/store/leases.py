@@ -19,11 +19,30 @@ from control_plane.domain import (
     TaskId,
 )
 from control_plane.lifecycle import ReleaseCode, ReportCode
-from control_plane.store.database import Aggregate
+from control_plane.store.database import Aggregate, Database
+from control_plane.store.grouped import GroupCommit
 from control_plane.store.rows import columns, expiry, task, uuid_or_none
+
+# Renewal statements in flight at once on a replica (PostgreSQL works on both of a small
+# machine's cores), and the leases one grouped statement holds at most: the renewals
+# arriving meanwhile go as the next group. A renewal of GROUPED_BELOW leases or more goes
+# alone, as its own statement at once: its commit is shared by its leases already, and
+# hosts of many phones renewing back to back keep PostgreSQL's backends busy side by side.
+RENEWALS_IN_FLIGHT = 2
+RENEWAL_GROUP_LEASES = 2_000
+GROUPED_BELOW = 100
 
 
 class Leases(Aggregate):
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._renewals: GroupCommit[tuple[str, list[str], timedelta], list[Renewal]] = GroupCommit(
+            self._renew_hosts,
+            in_flight=RENEWALS_IN_FLIGHT,
+            size=lambda item: len(item[1]),
+            max_size=RENEWAL_GROUP_LEASES,
+        )
+
     async def acquire(
         self, host_id: str, serials: list[str], ttl: timedelta, offered: Sequence[str] = ()
     ) -> Acquired:
@@ -59,8 +78,46 @@ class Leases(Aggregate):
     async def renew(self, host_id: str, lease_ids: list[str], ttl: timedelta) -> list[Renewal]:
         """The leases renewed (`lease_ids` as text: as the hosts send them); any other lease
         asked about is a conflict."""
-        rows = await self._db.fetch("renew_leases", host_id, lease_ids, ttl)
-        return [Renewal._make(r) for r in rows if r["task_id"] is not None]
+        (answer,) = await self._renew_hosts([(host_id, lease_ids, ttl)])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def renew_grouped(
+        self, host_id: str, lease_ids: list[str], ttl: timedelta
+    ) -> list[Renewal]:
+        """As renew(), written with the other hosts' renewals arriving on this replica
+        meanwhile (a group commit, store/grouped.py: one statement, one commit); answered
+        after the commit with this host's leases' own outcomes. One of GROUPED_BELOW
+        leases or more is its own statement."""
+        if len(lease_ids) >= GROUPED_BELOW:
+            return await self.renew(host_id, lease_ids, ttl)
+        return await self._renewals((host_id, lease_ids, ttl))
+
+    async def _renew_hosts(
+        self, items: Sequence[tuple[str, list[str], timedelta]]
+    ) -> list[list[Renewal] | Exception]:
+        """Renewals of (host, its leases, TTL) in one statement; each host's leases renewed."""
+        ttl = items[0][2]
+        if any(t != ttl for _, _, t in items):  # one TTL a statement
+            return [a for item in items for a in await self._renew_hosts([item])]
+        hosts = [h for h, leases, _ in items for _ in leases]
+        leases = [lease for _, ls, _ in items for lease in ls]
+        rows = await self._db.fetch("renew_leases", hosts, leases, ttl)
+        if len(items) == 1:
+            return [[Renewal._make(r[:7]) for r in rows]]
+        by_host: dict[str, list[Renewal]] = {}
+        for r in rows:
+            by_host.setdefault(r["host_id"], []).append(Renewal._make(r[:7]))
+        twice = len({h for h, _, _ in items}) < len(items)
+        out: list[list[Renewal] | Exception] = []
+        for host, asked, _ in items:
+            renewed = by_host.get(host, [])
+            if twice:  # a host with two renewals in the group: each its own leases
+                mine = set(asked)
+                renewed = [r for r in renewed if str(r.lease_id) in mine]
+            out.append(renewed)
+        return out
 
     async def keep_steps(
         self, task_ids: list[TaskId], attempts: list[int], indexes: list[int], steps: list[bytes]

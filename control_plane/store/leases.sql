@@ -9,9 +9,11 @@
 
 -- -- functions --------------------------------------------------------------------------
 
--- Renews the host's live leases among p_leases; the first renewal acknowledges the
--- assignment (assigned -> dispatched). A row per lease renewed, in the order of
--- domain.Renewal's fields; a lease asked about and not renewed is a conflict.
+-- Renews each lease of p_leases that is live and its host's, p_hosts[i] (several hosts'
+-- renewals in one statement: a replica groups those arriving together); the first renewal
+-- acknowledges the assignment (assigned -> dispatched). A row per lease renewed, in the
+-- order of domain.Renewal's fields, then the host; a lease asked about and not renewed is a
+-- conflict (another host's lease asked by this one too).
 --
 -- The lock order: the tasks of the leases first, in task_id order, FOR NO KEY UPDATE (what
 -- the acknowledgement's UPDATE takes anyway: it excludes every other transition of the
@@ -34,9 +36,9 @@
 -- statement to its keys, whatever the statistics say.
 -- The steps a renewal carries are not written here: the replica keeps those of the leases
 -- renewed and writes them in bulk (keep_steps, control_plane/progress.py).
-CREATE OR REPLACE FUNCTION amc_renew(p_host text, p_leases uuid[], p_ttl interval)
+CREATE OR REPLACE FUNCTION amc_renew(p_hosts text[], p_leases uuid[], p_ttl interval)
 RETURNS TABLE (lease_id uuid, cancel_pending boolean, task_id uuid, attempt integer,
-               delivery_seconds double precision, acknowledged boolean)
+               delivery_seconds double precision, acknowledged boolean, host_id text)
 LANGUAGE plpgsql
 -- One plan per statement, made once per connection and kept: a generic plan takes an array
 -- for ten keys, so it probes by key; a plan made for the call (a custom plan) knows a
@@ -52,15 +54,16 @@ DECLARE
     v_acked uuid[];
     v_acked_tasks uuid[];
 BEGIN
-    -- The host's live attempts among the leases (no lock), in task_id order.
+    -- The live attempts among the leases, each its asking host's (no lock), in task_id
+    -- order: the hosts' tasks together, so one lock order for the whole group.
     SELECT COALESCE(array_agg(a.task_id ORDER BY a.task_id), '{}'),
            COALESCE(array_agg(a.attempt ORDER BY a.task_id), '{}'),
            COALESCE(array_agg(a.lease_id ORDER BY a.task_id), '{}')
     INTO v_tasks, v_attempts, v_live
-    FROM (SELECT DISTINCT unnest(p_leases)) l (lease_id)
+    FROM (SELECT DISTINCT x.h, x.l FROM unnest(p_hosts, p_leases) x (h, l)) l (host_id, lease_id)
     CROSS JOIN LATERAL (
         SELECT att.task_id, att.attempt, att.lease_id,
-               att.host_id = p_host AND att.state = 'active'
+               att.host_id = l.host_id AND att.state = 'active'
                AND att.lease_expires_at > now() AS live
         FROM attempts att WHERE att.lease_id = l.lease_id
         LIMIT 1) a
@@ -110,7 +113,7 @@ BEGIN
                   a.attempt, CASE WHEN a.cancel_delivered_at = now()
                                   THEN extract(epoch FROM now() - a.cancel_requested_at)::float8
                              END AS delivery_seconds,
-                  a.lease_id = ANY (v_acked) AS acknowledged
+                  a.lease_id = ANY (v_acked) AS acknowledged, a.host_id
     )
     SELECT r.* FROM renewed r;
 END $$;
@@ -276,19 +279,19 @@ $$;
 -- -- statements ------------------------------------------------------------------------
 
 -- name: renew_leases
--- Renews the host's live leases among $2 (first renewal = acknowledgement); conflicts come
--- back with task_id NULL. Columns in the order of domain.Renewal's fields.
--- With it, the steps that ended ($4-$6: lease, index, StepResult; kept for the leases
--- renewed only, see amc_renew).
+-- Renews the live leases among $2 each of its host $1[i] (first renewal =
+-- acknowledgement): one host's renewal, or several hosts' grouped. A row per lease renewed,
+-- columns in the order of domain.Renewal's fields, then the lease's host.
 -- An acknowledgement also answers how long the task waited: from entering the queue (its
 -- last event to `queued`) to now (pickup_seconds; one index probe, acknowledgements only).
-SELECT r.*,
+SELECT r.lease_id, r.cancel_pending, r.task_id, r.attempt, r.delivery_seconds, r.acknowledged,
        CASE WHEN r.acknowledged THEN
            (SELECT extract(epoch FROM now() - e.at)::float8 FROM task_events e
             WHERE e.task_id = r.task_id::uuid AND e.to_status = 'queued'
             ORDER BY e.event_id DESC LIMIT 1)
-       END AS pickup_seconds
-FROM amc_renew($1, $2::uuid[], $3) r;
+       END AS pickup_seconds,
+       r.host_id
+FROM amc_renew($1::text[], $2::uuid[], $3) r;
 
 -- name: keep_steps
 -- A replica's bulk write of step progress (control_plane/progress.py): the steps of running

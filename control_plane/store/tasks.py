@@ -11,6 +11,7 @@ from typing import Any
 from control_plane import errors
 from control_plane.domain import (
     AttemptInfo,
+    CancelNotice,
     DeviceMatch,
     KeyCap,
     LeaseId,
@@ -22,11 +23,18 @@ from control_plane.domain import (
     TaskRead,
 )
 from control_plane.lifecycle import CancelCode, TaskStatus
-from control_plane.store.database import Aggregate
+from control_plane.store.database import Aggregate, Database
+from control_plane.store.grouped import GroupCommit
 from control_plane.store.rows import columns, task, when, with_progress
 
 
 class Tasks(Aggregate):
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._group: GroupCommit[tuple[str, str, NewTask], tuple[Task, bool]] = GroupCommit(
+            self._submit_rows
+        )
+
     async def submit(
         self, caller: str, new: NewTask, *, name: str = "", relay: str | None = None
     ) -> tuple[Task, bool]:
@@ -41,10 +49,30 @@ class Tasks(Aggregate):
         """Queue tasks with one statement (so all or none), in order; (task, created) for
         each, in order. An existing request_id returns its task. `name`: the caller's
         token's name, kept with the tasks (Task.submitted_by)."""
+        answers = await self._submit_rows([(caller, name, new) for new in news], relay)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return [a for a in answers if not isinstance(a, Exception)]
+
+    async def submit_grouped(
+        self, caller: str, new: NewTask, *, name: str = ""
+    ) -> tuple[Task, bool]:
+        """Queue one task, written with the others submitted on this replica meanwhile (a
+        group commit: store/grouped.py); answered after its commit, with its own task or
+        its own error."""
+        return await self._group((caller, name, new))
+
+    async def _submit_rows(
+        self, rows: Sequence[tuple[str, str, NewTask]], relay: str | None = None
+    ) -> list[tuple[Task, bool] | Exception]:
+        """Queue (caller, caller's token name, task) rows with one statement; each row's
+        (task, created), or its own error."""
+        news = [new for _, _, new in rows]
         ids = [uuid.uuid4() for _ in news]
-        rows = await self._db.fetch(
+        found = await self._db.fetch(
             "submit_tasks",
-            caller,
+            [caller for caller, _, _ in rows],
             ids,
             *columns(
                 news,
@@ -61,24 +89,32 @@ class Tasks(Aggregate):
             ),
             relay,
             [new.maintenance for new in news],
-            name,
+            [name for _, name, _ in rows],
         )
-        created = {row["task_id"]: task(row) for row in rows}
-        existing: dict[str, Task] = {}
+        created = {row["task_id"]: task(row) for row in found}
+        existing: dict[tuple[str, str], Task] = {}
         if len(created) < len(news):
             # Request ids used before (maybe by a call that committed since the statement's
-            # snapshot): the tasks they made.
-            again = [n.request_id for n in news if n.request_id is not None]
-            for row in await self._db.fetch("tasks_by_request", caller, again):
-                existing[row["request_id"]] = task(row)
-        out: list[tuple[Task, bool]] = []
-        for task_id, new in zip(ids, news, strict=True):
+            # snapshot, or by an earlier row of the same statement): the tasks they made.
+            keys = [
+                (c, n.request_id)
+                for (c, _, n), i in zip(rows, ids, strict=True)
+                if i not in created and n.request_id is not None
+            ]
+            for row in await self._db.fetch(
+                "tasks_by_request", [c for c, _ in keys], [r for _, r in keys]
+            ):
+                existing[row["caller"], row["request_id"]] = task(row)
+        out: list[tuple[Task, bool] | Exception] = []
+        for task_id, (caller, _, new) in zip(ids, rows, strict=True):
             if task_id in created:
                 out.append((created[task_id], True))
-            elif new.request_id in existing:
-                out.append((existing[new.request_id], False))
+            elif new.request_id is not None and (caller, new.request_id) in existing:
+                out.append((existing[caller, new.request_id], False))
             else:
-                raise errors.DatabaseUnavailable("request id is being created concurrently; retry")
+                out.append(
+                    errors.DatabaseUnavailable("request id is being created concurrently; retry")
+                )
         return out
 
     async def open_sessions(self, caller: str) -> int:
@@ -126,8 +162,12 @@ class Tasks(Aggregate):
         )
         return [task(r) for r in rows]
 
-    async def cancel(self, task_id: TaskId, reason: str) -> tuple[CancelCode, Task]:
-        """Returns (code, task); code is CANCELLED, REQUESTED or UNCHANGED (else it raises)."""
+    async def cancel(
+        self, task_id: TaskId, reason: str
+    ) -> tuple[CancelCode, Task, CancelNotice | None]:
+        """Returns (code, task, notice); code is CANCELLED, REQUESTED or UNCHANGED (else it
+        raises). A REQUESTED one's notice is for the host's stream: sent after the commit
+        (Effects.cancelled), none is sent by the transaction."""
         row = await self._db.fetchrow("cancel_task", task_id, reason)
         assert row is not None
         code = CancelCode(row["code"])
@@ -138,7 +178,16 @@ class Tasks(Aggregate):
             raise errors.TaskAlreadyTerminal(
                 f"task {task_id} is already {cancelled.status}; a finished task cannot be cancelled"
             )
-        return code, cancelled
+        notice = None
+        if code is CancelCode.REQUESTED and cancelled.host_id is not None:
+            notice = CancelNotice(
+                cancelled.host_id,
+                LeaseId(row["cancel_lease"]),
+                cancelled.task_id,
+                cancelled.attempt,
+                row["cancel_epoch"],
+            )
+        return code, cancelled, notice
 
     async def time_out_queued(self, limit: int = 100) -> list[Task]:
         """Fail up to `limit` queued tasks whose queue timeout ran out (one statement)."""

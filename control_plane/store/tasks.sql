@@ -10,7 +10,9 @@
 -- -- functions --------------------------------------------------------------------------
 
 -- cancel: queued -> cancelled at once; assigned/dispatched -> a durable request on the
--- current attempt (pushed to the host's stream); repeated -> no-op; done/failed -> refused.
+-- current attempt (pushed to the host's stream by the notification the control plane sends
+-- after the commit; the host's next renewal answers it too); repeated -> no-op;
+-- done/failed -> refused.
 -- code: cancelled | requested | unchanged | terminal | not_found
 CREATE OR REPLACE FUNCTION amc_cancel(p_task uuid, p_reason text)
 RETURNS TABLE (code text, task tasks)
@@ -42,8 +44,6 @@ BEGIN
         RETURNING att.host_id, att.lease_id INTO a;
         INSERT INTO task_events (task_id, attempt, kind, from_status, to_status, detail)
         VALUES (p_task, t.attempt, 'cancel_requested', t.status, t.status, p_reason);
-        PERFORM pg_notify('amc_cancel', a.host_id || ' ' || a.lease_id || ' ' || p_task
-                                        || ' ' || t.attempt || ' ' || extract(epoch FROM now()));
         v_code := 'requested';
     ELSIF t.status IN ('done', 'failed') THEN
         v_code := 'terminal';
@@ -62,15 +62,16 @@ END $$;
 -- its selector and fairness key ($12; '' for the default) with its fair tag: the key's
 -- base at its priority (amc_fair_base) plus 1/weight per task of the batch. A session's
 -- ($13 set: the replica holding its client's call) is marked one (tasks.session), and an
--- operator's maintenance session ($14) so. $15: the caller's token's name.
+-- operator's maintenance session ($14) so. Each row's caller ($1) and caller's token's
+-- name ($15) are its own: a group commit writes several callers' tasks in one statement.
 WITH req AS (
     SELECT r.*, COALESCE(NULLIF(r.key, ''), 'default') AS fairness_key
-    FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
+    FROM unnest($1::text[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::jsonb[],
                 $7::integer[], $8::integer[], $9::jsonb[], $10::interval[],
-                $11::interval[], $12::text[], $14::boolean[])
-        WITH ORDINALITY AS r (task_id, request_id, spec, selector_serial, selector_labels,
-                              priority, max_attempts, metadata, queue_timeout, deadline, key,
-                              maintenance, ord)
+                $11::interval[], $12::text[], $14::boolean[], $15::text[])
+        WITH ORDINALITY AS r (caller, task_id, request_id, spec, selector_serial,
+                              selector_labels, priority, max_attempts, metadata,
+                              queue_timeout, deadline, key, maintenance, caller_name, ord)
 ), grp AS (
     SELECT d.*, amc_queue_group(d.serial, d.selector_labels, d.fairness_key) AS group_id
     FROM (SELECT DISTINCT COALESCE(selector_serial, '') AS serial, selector_labels,
@@ -86,7 +87,7 @@ WITH req AS (
                        selector_labels, priority, max_attempts, metadata, created_at, updated_at,
                        queue_timeout, deadline, queue_deadline, group_id, fairness_key,
                        fair_tag, session, maintenance)
-    SELECT r.task_id, $1, $15, r.request_id, 'queued', r.spec, r.selector_serial,
+    SELECT r.task_id, r.caller, r.caller_name, r.request_id, 'queued', r.spec, r.selector_serial,
            r.selector_labels,
            r.priority, r.max_attempts, r.metadata,
            now() + (r.ord - 1) * interval '1 microsecond', now(),
@@ -112,7 +113,11 @@ WITH req AS (
 SELECT * FROM ins;
 
 -- name: tasks_by_request
-SELECT * FROM tasks WHERE caller = $1 AND request_id = ANY ($2::text[]);
+-- The tasks of (caller $1[i], request id $2[i]) pairs, each by a probe of the key's
+-- unique index (a LATERAL ... LIMIT 1 a pair: no join whose plan rests on row estimates).
+SELECT tk.* FROM unnest($1::text[], $2::text[]) AS r (caller, request_id)
+CROSS JOIN LATERAL (SELECT * FROM tasks t
+                    WHERE t.caller = r.caller AND t.request_id = r.request_id LIMIT 1) tk;
 
 -- name: open_sessions
 -- The caller's sessions queued or running (tasks_open_sessions).
@@ -154,7 +159,17 @@ ORDER BY created_at DESC, task_id DESC
 LIMIT $5;
 
 -- name: cancel_task
-SELECT code, (task).* FROM amc_cancel($1, $2);
+-- A cancel; a requested one (the task in flight) with its attempt's lease (by the key of
+-- attempts) and when, for the notification the control plane sends after the commit: a
+-- NOTIFY in the transaction would hold the notification queue's lock through the WAL flush,
+-- one cancel after another.
+SELECT c.code, (c.task).*,
+       CASE WHEN c.code = 'requested' THEN
+           (SELECT a.lease_id FROM attempts a
+            WHERE a.task_id = (c.task).task_id AND a.attempt = (c.task).attempt)
+       END AS cancel_lease,
+       extract(epoch FROM now())::float8 AS cancel_epoch
+FROM amc_cancel($1, $2) c;
 
 -- name: read_tasks
 -- Tasks $1 as one snapshot sees them (issue 27: read apart, a phone that took a task after

@@ -8,7 +8,17 @@ beside its still frames (PNG), on the same agent and phones as bench_lib.screen.
   by default: their bytes a second at the stream's rate are bytes a frame times it).
 - 1 and 10 viewers of one phone's stream: frames a second each viewer gets, the control
   plane's CPU (cores) and per frame relayed, and the ratio of 10's cores to 1's (one
-  capture, one relay: target <= 1.2).
+  capture, one relay: target <= 1.2); beside them a window with nobody watching (the
+  control plane's own work: its agent's renewals and the rest), so that what one viewer
+  and each further viewer add can be told apart (the cost of one message written to one
+  viewer's call: per viewer-frame, 10 viewers' cores less 1's over the frames the 9 more
+  were sent); and, for that cost, its floor: a bare grpc.aio server streaming the same
+  bytes to 1 and 10 calls, and receiving them on one stream as a host sends a phone's
+  frames (bench_lib.grpc_floor).
+- 1 and 10 viewers of the same stream through the console's socket (`/api/screen`,
+  codec h264, 30 frames a second: what a browser's page reads), the same figures: a
+  console viewer is sent a WebSocket message on the event loop's own socket, no gRPC
+  message.
 - click to changed pixel: a session taps at a new place each time while a viewer of the
   stream decodes it (PyAV, as a browser's VideoDecoder would): from sending the tap to
   the first decoded picture whose pixel there is the tap's red, p50 and p99.
@@ -17,15 +27,18 @@ beside its still frames (PNG), on the same agent and phones as bench_lib.screen.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import av
 import grpc
 
 from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from bench_lib import grpc_floor
 from bench_lib.stack import Stack, cpu_seconds
 from bench_lib.stats import summarize
 
@@ -96,6 +109,8 @@ async def _viewers(
         await asyncio.gather(
             *(_read_for(c, started + seconds, n, True) for c, n in zip(calls, counts, strict=True))
         )
+        if not calls:  # nobody watching: the window alone
+            await asyncio.sleep(seconds)
         elapsed = time.perf_counter() - started
         cores = (cpu_seconds(cp) - cpu0) / elapsed
     finally:
@@ -107,6 +122,49 @@ async def _viewers(
         "frames_per_s_each": [len(n) / elapsed for n in counts],
         "cp_cores": cores,
         "cp_cpu_us_per_frame_relayed": cores * elapsed / max(1, frames) * 1e6,
+    }
+
+
+async def _socket_frame(socket: Any) -> int:
+    """The size of the next frame of the stream on a console socket (still images before
+    the stream's first are skipped)."""
+    while True:
+        message = await socket.receive()
+        if message.type != aiohttp.WSMsgType.BINARY:
+            raise RuntimeError(f"a console socket ended during the window: {message.extra}")
+        data: bytes = message.data
+        length = int.from_bytes(data[:4], "big")
+        if json.loads(data[4 : 4 + length])["mime"] == "video/h264":
+            return len(data) - 4 - length
+
+
+async def _console_viewers(stack: Stack, count: int, seconds: float) -> dict[str, Any]:
+    """`count` console sockets on one phone's stream: the control plane's cores."""
+    url = f"{stack.console_url}/api/screen?host_id={HOST}&serial=sim-3&codec=h264&max_fps=30"
+    assert stack.control_plane is not None
+    cp = stack.control_plane.pid
+    async with aiohttp.ClientSession() as http:
+        sockets = [await http.ws_connect(url, protocols=("amc.v1",)) for _ in range(count)]
+        try:
+            await asyncio.gather(*(_socket_frame(s) for s in sockets))
+            await asyncio.sleep(1.0)
+            cpu0, started = cpu_seconds(cp), time.perf_counter()
+            counts: list[list[int]] = [[] for _ in sockets]
+
+            async def read(socket: Any, sizes: list[int]) -> None:
+                while time.perf_counter() < started + seconds:
+                    sizes.append(await _socket_frame(socket))
+
+            await asyncio.gather(*(read(s, n) for s, n in zip(sockets, counts, strict=True)))
+            elapsed = time.perf_counter() - started
+            cores = (cpu_seconds(cp) - cpu0) / elapsed
+        finally:
+            for socket in sockets:
+                await socket.close()
+    return {
+        "viewers": count,
+        "frames_per_s_each": [len(n) / elapsed for n in counts],
+        "cp_cores": cores,
     }
 
 
@@ -225,14 +283,50 @@ async def run(
         f" kB/s; png {p['png']['frames_per_s']:.1f} frames/s,"
         f" {p['png']['bytes_per_frame'] / 1e3:.1f} kB a frame ({p['h264_to_png_bytes']:.3f}x)"
     )
+    idle = await _viewers(stack, stub, 0, seconds)
     one = await _viewers(stack, stub, 1, seconds)
     ten = await _viewers(stack, stub, 10, seconds)
-    out["viewers"] = {"one": one, "ten": ten, "cores_ratio": ten["cp_cores"] / one["cp_cores"]}
+    # What each of the 9 further viewers costs per frame it is sent.
+    further = sum(ten["frames_per_s_each"][1:])
+    out["viewers"] = {
+        "idle": idle,
+        "one": one,
+        "ten": ten,
+        "cores_ratio": ten["cp_cores"] / one["cp_cores"],
+        "cp_us_per_further_viewer_frame": (ten["cp_cores"] - one["cp_cores"]) / further * 1e6,
+    }
+    v = out["viewers"]
     say(
-        f"  1 viewer: cp {one['cp_cores']:.3f} cores; 10 viewers: cp {ten['cp_cores']:.3f}"
-        f" cores ({out['viewers']['cores_ratio']:.2f}x),"
-        f" {min(ten['frames_per_s_each']):.1f} frames/s the slowest"
+        f"  nobody watching: cp {idle['cp_cores']:.3f} cores; 1 viewer: {one['cp_cores']:.3f};"
+        f" 10 viewers: {ten['cp_cores']:.3f} ({v['cores_ratio']:.2f}x),"
+        f" {min(ten['frames_per_s_each']):.1f} frames/s the slowest;"
+        f" {v['cp_us_per_further_viewer_frame']:.0f} us a frame to each further viewer"
     )
+    out["grpc_floor"] = floor = await grpc_floor.measure(seconds)
+    say(
+        f"  bare grpc.aio server, same bytes at {grpc_floor.FPS}/s: 1 call {floor['one_cores']:.3f}"
+        f" cores, 10 calls {floor['ten_cores']:.3f}: {floor['us_per_message']:.0f} us a further"
+        f" call's message; receiving one stream {floor['receiving_cores']:.3f} cores,"
+        f" {floor['us_per_message_received']:.0f} us a message"
+    )
+    if stack.console_url:
+        one_page = await _console_viewers(stack, 1, seconds)
+        ten_pages = await _console_viewers(stack, 10, seconds)
+        further = sum(ten_pages["frames_per_s_each"][1:])
+        out["console_viewers"] = c = {
+            "one": one_page,
+            "ten": ten_pages,
+            "cores_ratio": ten_pages["cp_cores"] / one_page["cp_cores"],
+            "cp_us_per_further_viewer_frame": (ten_pages["cp_cores"] - one_page["cp_cores"])
+            / further
+            * 1e6,
+        }
+        say(
+            f"  console sockets: 1 viewer cp {one_page['cp_cores']:.3f} cores; 10 viewers"
+            f" {ten_pages['cp_cores']:.3f} ({c['cores_ratio']:.2f}x),"
+            f" {min(ten_pages['frames_per_s_each']):.1f} frames/s the slowest;"
+            f" {c['cp_us_per_further_viewer_frame']:.0f} us a frame to each further viewer"
+        )
     out["clicks"] = await _clicks(stub, clicks)
     c = out["clicks"]["click_to_decoded_pixel_ms"]
     say(f"  click to decoded pixel p50 {c['p50']:.0f} ms, p99 {c['p99']:.0f} ms")

@@ -166,11 +166,13 @@ def pressure_seconds() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Replica:
-    """A control-plane process: where it serves gRPC and its metrics."""
+    """A control-plane process: where it serves gRPC, its metrics and its console ("": not
+    served)."""
 
     child: Child
     address: str
     metrics_url: str
+    console_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ class Stack:
     control_plane: Child | None = None
     address: str = ""
     metrics_url: str = ""
+    console_url: str = ""
     agents: dict[str, Child] = field(default_factory=dict)
     action_logs: dict[str, Path] = field(default_factory=dict)
 
@@ -231,9 +234,11 @@ class Stack:
     # control plane ------------------------------------------------------------------------
 
     async def start_control_plane(self) -> None:
-        replica = await self.start_replica("control-plane", self.lease_ttl)
+        console = f"127.0.0.1:{free_port()}"
+        replica = await self.start_replica("control-plane", self.lease_ttl, http_listen=console)
         self.control_plane = replica.child
         self.address, self.metrics_url = replica.address, replica.metrics_url
+        self.console_url = replica.console_url
 
     async def start_replica(
         self, name: str, lease_ttl: float, dsn: str = "", http_listen: str | None = None
@@ -259,7 +264,8 @@ class Stack:
         except BaseException:
             child.stop()
             raise
-        return Replica(child, address, f"http://127.0.0.1:{mport}/metrics")
+        console_url = f"http://{http_listen}" if http_listen else ""
+        return Replica(child, address, f"http://127.0.0.1:{mport}/metrics", console_url)
 
     # host agents --------------------------------------------------------------------------
 

@@ -233,19 +233,28 @@ class AgentProc(_Faultable):
     sim_faults: Path | None = None
     # How its phones are cleaned between leases (chaos_lib/cleaning.py: a short timeout).
     clean_profile: Path | None = None
+    # An agent of emulator pools (chaos_lib/emulators.py): no simulated phones, but those
+    # of the adb server at `adb`, its emulators started by flags `extra_args`, with the
+    # environment `extra_env` (the emulator double on PATH, its AVDs, its faults).
+    pool: str = "agents"
+    adb: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
     # WebDriver sessions (chaos_lib/webdriver.py): its `appium` and the caps over clients'.
     appium: Path | None = None
     appium_caps: str | None = None
 
     def spawn(self) -> None:
+        simulated = self.adb is None
         command = HostAgentCommand(
             control_plane=self.control_plane,
             host_id=self.host_id,
             token_file=self.token_file,
-            labels={"pool": "agents"},
-            simulated_devices=self.devices,
-            sim_delay=self.sim_delay,
-            action_log=self.action_log,
+            labels={"pool": self.pool},
+            adb=self.adb,
+            simulated_devices=self.devices if simulated else None,
+            sim_delay=self.sim_delay if simulated else None,
+            action_log=self.action_log if simulated else None,
             drain_timeout=5,
             acquire_wait=5,
             report_timeout=30,
@@ -263,7 +272,8 @@ class AgentProc(_Faultable):
             appium=self.appium,
             appium_caps=self.appium_caps,
         )
-        self.proc = _spawn(command.argv(), self.log, command.env())
+        argv = [*command.argv(), *self.extra_args]
+        self.proc = _spawn(argv, self.log, {**command.env(), **self.extra_env})
         self.frozen = False
         self.starts += 1
 

@@ -18,8 +18,9 @@ import grpc
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from amc_common.channel import with_token
 from amc_testing.database import free_port
-from chaos_lib import cleaning
+from chaos_lib import cleaning, emulators
 from chaos_lib.cluster import ROOT, AgentProc, FleetProc, Postgres, Replica, health
+from chaos_lib.emulators import EmulatorWorld
 from chaos_lib.phones import PhoneFaults
 from chaos_lib.proxy import ProxyHub
 from scripts.launch import CreateTokenCommand, TokenRole
@@ -51,13 +52,16 @@ class FarmConfig:
     # The replicas' --max-connection-age in seconds (None: theirs, 30 minutes); short (the
     # run's default), the agents' renewal streams move to new connections all through it.
     max_connection_age: float | None = None
+    # One more agent, of an emulator pool (chaos_lib/emulators.py).
+    emulators: bool = False
     # WebDriver sessions (chaos_lib/webdriver.py): the agents run this Appium, the replicas
     # serve HTTP (the WebDriver endpoint); None: neither.
     appium: Appium | None = None
 
     @property
     def devices_total(self) -> int:
-        return self.agents * self.devices + self.hosts * self.fleet_devices
+        pool = emulators.MIN if self.emulators else 0
+        return self.agents * self.devices + self.hosts * self.fleet_devices + pool
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ class Farm:
     client_token: str | None = None
     operator_token: str | None = None  # for Admin calls (the teams' fair shares)
     phone_faults: PhoneFaults | None = None  # the agents' phones' faults (phones.py)
+    emulator_world: EmulatorWorld | None = None
+    emulator_agent: AgentProc | None = None  # its host runs the emulator pool
 
     def __post_init__(self) -> None:
         self.pg = Postgres(self.config.workdir / "pgdata")
@@ -105,7 +111,12 @@ class Farm:
 
     def agent_logs(self) -> dict[str, Path]:
         """By process name (a fleet process's lines name their host_id)."""
-        return {a.host_id: a.log for a in self.agents} | {f.name: f.log for f in self.fleet}
+        return {a.host_id: a.log for a in self._all_agents} | {f.name: f.log for f in self.fleet}
+
+    @property
+    def _all_agents(self) -> list[AgentProc]:
+        """The agents, and the emulator pool's."""
+        return self.agents + ([self.emulator_agent] if self.emulator_agent else [])
 
     def acquire_logs(self) -> list[Path]:
         return [f.acquire_log for f in self.fleet]
@@ -163,7 +174,32 @@ class Farm:
         self.phone_faults = PhoneFaults(
             {a.host_id: a.sim_faults for a in self.agents if a.sim_faults is not None}
         )
+        await self._start_emulators()
         await self._start_fleet()
+
+    async def _start_emulators(self) -> None:
+        c = self.config
+        if not c.emulators:
+            return
+        assert self.proxies is not None
+        world = self.emulator_world = await EmulatorWorld.make(c.workdir)
+        host = emulators.HOST
+        proxy = self.proxies.add(host, [r.port for r in self.replicas])
+        agent = self.emulator_agent = AgentProc(
+            host_id=host,
+            control_plane=f"127.0.0.1:{proxy.port}",
+            devices=0,
+            sim_delay=0.0,
+            action_log=c.workdir / f"actions-{host}.jsonl",  # none: its phones are adb's
+            log=c.workdir / f"agent-{host}.log",
+            token_file=c.workdir / f"token-{host}",
+            clean_profile=emulators.write_profile(c.workdir),
+            pool=emulators.POOL_LABEL,
+            adb=world.adb_address,
+            extra_args=world.agent_args(),
+            extra_env=world.env,
+        )
+        agent.spawn()
 
     async def _start_fleet(self) -> None:
         c = self.config
@@ -258,12 +294,14 @@ class Farm:
             # The agent still wants a token; with authentication off any text will do.
             for i in range(c.agents):
                 (c.workdir / f"token-chaos-h{i}").write_text("insecure\n")
+            (c.workdir / f"token-{emulators.HOST}").write_text("insecure\n")
             return
         self.client_token = self._token("client")
         self.operator_token = self._token("operator")
-        for i in range(c.agents):
-            path = c.workdir / f"token-chaos-h{i}"
-            path.write_text(self._token("host", f"chaos-h{i}") + "\n")
+        hosts = [f"chaos-h{i}" for i in range(c.agents)]
+        for host in hosts + ([emulators.HOST] if c.emulators else []):
+            path = c.workdir / f"token-{host}"
+            path.write_text(self._token("host", host) + "\n")
             path.chmod(0o600)
 
     def _token(self, role: TokenRole, host_id: str | None = None) -> str:
@@ -314,7 +352,7 @@ class Farm:
             if proxy.mode is not None:
                 self.proxies.heal(name)
                 fixed.append(f"proxy {name}")
-        for agent in self.agents:
+        for agent in self._all_agents:
             if agent.frozen:
                 agent.thaw()
                 fixed.append(f"frozen {agent.host_id}")
@@ -339,7 +377,7 @@ class Farm:
         and bring it back."""
         while True:
             await asyncio.sleep(1.0)
-            for agent in self.agents:
+            for agent in self._all_agents:
                 if agent.host_id not in busy and not agent.alive:
                     problems.append(f"{agent.host_id} exited on its own ({_code(agent.proc)})")
                     agent.spawn()
@@ -356,10 +394,14 @@ class Farm:
         """Agents first (they drain and give leases back), then replicas, then the proxies.
         PostgreSQL stays up for the checks; `stop_database` ends it."""
         codes: dict[str, int | None] = {}
-        hosts: list[AgentProc | FleetProc] = [*self.agents, *self.fleet]
-        names = [a.host_id for a in self.agents] + [f.name for f in self.fleet]
+        hosts: list[AgentProc | FleetProc] = [*self._all_agents, *self.fleet]
+        names = [a.host_id for a in self._all_agents] + [f.name for f in self.fleet]
         results = await asyncio.gather(*(asyncio.to_thread(h.terminate) for h in hosts))
         codes.update(zip(names, results, strict=True))
+        if self.emulator_world is not None:
+            if left := self.emulator_world.kill_leftovers():
+                codes["emulators left running by their agent"] = len(left)
+            await self.emulator_world.close()
         results = await asyncio.gather(*(asyncio.to_thread(r.terminate) for r in self.replicas))
         codes.update({r.name: rc for r, rc in zip(self.replicas, results, strict=True)})
         if self.proxies is not None:
@@ -371,8 +413,11 @@ class Farm:
 
     def kill_everything(self) -> None:
         """Last resort on the way out (an error in the harness): leave nothing running."""
-        for agent in self.agents:
+        for agent in self._all_agents:
             agent.kill()
+        if self.emulator_world is not None:
+            self.emulator_world.kill_leftovers()
+            self.emulator_world.adb.kill()
         for proc in self.fleet:
             proc.kill()
         for replica in self.replicas:

@@ -23,8 +23,13 @@ and never both replicas down together (the farm is meant to survive one at a tim
     clean_*        a phone's cleans between leases hang, or fail at `pm uninstall` (a
                    phone running a task where one does), then well again
                    (chaos_lib/cleaning.py)
+    emu_*          an emulator of the pool dies during its reset's load or a task's, a load
+                   fails or hangs, a start never boots, the pool's agent is killed
+                   (chaos_lib/emulators.py); two at most at once, on different instances,
+                   and none while its agent is killed
 
-The fleet kinds run only when there is a fleet (`--hosts`).
+The fleet kinds run only when there is a fleet (`--hosts`), the emulator kinds when there
+is an emulator pool.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import Any
 
 import asyncpg
 
-from chaos_lib import cleaning, phones
+from chaos_lib import cleaning, emulators, phones
 from chaos_lib.farm import Farm
 from chaos_lib.proxy import CUT_MODES
 
@@ -72,7 +77,8 @@ HOST_KINDS = ("agent_kill", "agent_freeze", "proxy_cut", "fleet_kill", "fleet_fr
 
 def kinds_for(farm: Farm) -> tuple[str, ...]:
     kinds = KINDS if farm.fleet else tuple(k for k in KINDS if k not in FLEET_KINDS)
-    return kinds + (phones.KINDS + cleaning.KINDS if farm.phone_faults is not None else ())
+    kinds += phones.KINDS + cleaning.KINDS if farm.phone_faults is not None else ()
+    return kinds + (emulators.KINDS if farm.emulator_world is not None else ())
 
 
 @dataclass
@@ -119,6 +125,8 @@ class Injector:
         self.on_host_fault: Callable[[str], None] | None = None
         # Admin calls and reads for the phone faults (set by chaos.py).
         self.operator: phones.Operator | None = None
+        # Submits a task pinned to an emulator that starts from chaos_app (set by chaos.py).
+        self.pin_emulator: Callable[[str], Any] | None = None
 
     @property
     def ttl(self) -> float:
@@ -162,6 +170,16 @@ class Injector:
 
     def _target(self, kind: str) -> str | None:
         farm = self.farm
+        if kind in emulators.KINDS:
+            # A slot (its instance is drawn when the fault begins: emulators.pick); the
+            # agent's kill only while no other emulator fault runs, and none during it.
+            slots = [f"{emulators.HOST}/fault-{n}" for n in range(2)]
+            if emulators.HOST in self.busy:
+                return None
+            if kind == "emu_agent_kill":
+                return None if self.busy.intersection(slots) else emulators.HOST
+            free = [slot for slot in slots if slot not in self.busy]
+            return free[0] if free else None
         if kind in phones.KINDS or kind in cleaning.KINDS:
             free = self._free_phones()
             return self.rng.choice(free) if free else None
@@ -238,6 +256,35 @@ class Injector:
 
     _phone_unplug = _phone_hang = _phone_reboot_loop = _phone_overheat = _phone_fault
     _clean_hang = _clean_uninstall_fail = _phone_fault
+
+    async def _emulator_fault(self, fault: Fault) -> None:
+        world = self.farm.emulator_world
+        assert world is not None and self.operator is not None and self.pin_emulator
+        await emulators.inject(fault, world, self.operator, self.rng, self.pin_emulator)
+
+    _emu_die_in_load = _emu_die_in_task_load = _emu_load_fails = _emulator_fault
+    _emu_load_hang = _emu_boot_fails = _emulator_fault
+
+    async def _emu_agent_kill(self, fault: Fault) -> None:
+        """The emulator host's agent SIGKILLed (its instances outlive it), started again."""
+        agent = self.farm.emulator_agent
+        assert agent is not None
+        agent.kill()
+        self._host_cut_off(fault.target)
+        await asyncio.sleep(self.rng.uniform(0.5, 2.5))
+        agent.spawn()
+        fault.healed_at = time.time()
+        world = self.farm.emulator_world
+        assert world is not None
+        ready = await emulators.pool_back(
+            world, self.farm.dsn, fault.healed_at, emulators.READY_WITHIN
+        )
+        fault.detail["fired"] = True
+        if ready >= emulators.MIN:
+            fault.recovered_at = time.time()
+            fault.detail["ready_again_s"] = round(fault.recovered_at - fault.healed_at, 3)
+        else:
+            fault.error = f"the pool not at its minimum within {emulators.READY_WITHIN:g}s"
 
     async def _replica_kill(self, fault: Fault) -> None:
         replica = next(r for r in self.farm.replicas if r.name == fault.target)

@@ -40,7 +40,13 @@
        a phone and no stream opened there after its attempt's lease ended or its host's
        token tripped, and the door hangs up on its adb client within a bound of its
        session's end, which is the one asked for (or a stop that is not a cancellation)
-   14  WebDriver sessions (chaos_lib/webdriver.py): a session never outlives its lease: no
+   14  emulator pools (chaos_lib/emulators.py): a task whose emulator died under it is
+       given back as device_lost and ends done; an emulator that died, or whose reset's
+       load failed or hung, is started afresh within a bound; the pool is below its
+       minimum no longer than that bound (but while a start that never boots keeps one
+       down, or its agent is away) and at its minimum at the quiesce; the instances a
+       killed agent left running are stopped when it starts again
+   15  WebDriver sessions (chaos_lib/webdriver.py): a session never outlives its lease: no
        command reaches its Appium session on the host (Appium's own log) before the lease
        of the attempt on its phone began or after it ended, but the DELETE that ends it; no
        Appium server keeps a session at the run's end; every command answered OK to a
@@ -85,7 +91,8 @@ NAMES = {
     11: "live screens: a task's viewer sees only its attempt's phone; watching changes nothing",
     12: "cleaning: no lease on a phone whose last clean failed, no task during a clean",
     13: "adb doors: a door never outlives its lease",
-    14: "WebDriver sessions: a session never outlives its lease",
+    14: "emulators: a dead one's task given back and done, restarted, pool at its minimum",
+    15: "WebDriver sessions: a session never outlives its lease",
 }
 TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).

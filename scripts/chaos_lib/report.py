@@ -112,6 +112,7 @@ def table(results: dict[str, Any]) -> str:
         *_dispatch_lines(results.get("dispatch") or {}),
         *_screen_lines(results.get("screens") or {}),
         *_door_lines(results.get("doors") or {}),
+        *_emulator_lines(results.get("emulators") or {}),
         *_webdriver_lines(results.get("webdriver") or {}),
         "",
         f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
@@ -155,6 +156,26 @@ def _door_lines(v: dict[str, Any]) -> list[str]:
         f" end, hung up {v['latest_hang_up_after_task_end_s']}s after a session's end at most"
         f"; {v.get('asked_as_the_run_ended', 0)} stopped or cancelled as the run ended"
         f"  (ended: {ends})"
+    ]
+
+
+def _emulator_lines(v: dict[str, Any]) -> list[str]:
+    if not v.get("faults"):
+        return []
+    faults = "  ".join(f"{k} {n} ({v['fired'].get(k, 0)} fired)" for k, n in v["faults"].items())
+    d = v.get("details", {})
+    given_back = sum(n for k, n in d.items() if k.startswith("tasks given back as device_lost"))
+    under = d.get("deaths under a task's attempt", 0)
+    starts = "  ".join(f"{k} {n}" for k, n in v.get("tasks_by_start_snapshot", {}).items())
+    return [
+        f"emulators  faults: {faults}",
+        f"           tasks by start snapshot: {starts}; {d.get('double: loading', 0)} loads,"
+        f" {d.get('double: died', 0)} deaths ({under} under a task, {given_back} of those given"
+        f" back and done), {d.get('instances started afresh', 0)} started afresh,"
+        f" {d.get('double: refused to start', 0)} starts refused,"
+        f" {v.get('released_by_operator', 0)} released by the operator; below the pool's"
+        f" minimum {v.get('longest_below_min_s', 0):.1f}s at most;"
+        f" {d.get('instances ready at the quiesce', 0)} ready at the quiesce",
     ]
 
 

@@ -73,6 +73,10 @@ class SessionLoad:
     rng: random.Random
     concurrent: int = 3
     records: list[SessionRecord] = field(default_factory=list)
+    # Where the sessions run, and the snapshots they start from (one drawn per session;
+    # none: no start snapshot): the emulator pool's sessions (chaos_lib/emulators.py).
+    selector: task_pb2.DeviceSelector = field(default_factory=lambda: SELECTOR)
+    snapshots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Set by stop(): no client opens another session. (Cancelling run_forever's task
@@ -131,7 +135,8 @@ class SessionLoad:
         call: Any = self._stub.OpenSession()
         try:
             opening = scheduler_pb2.SessionOpen(
-                selector=SELECTOR,
+                selector=self.selector,
+                start_snapshot=self.rng.choice(self.snapshots) if self.snapshots else "",
                 idle_timeout=_seconds(IDLE_TIMEOUT),
                 max_duration=_seconds(MAX_DURATION),
                 metadata={"chaos": "1", "session": record.plan},

@@ -12,7 +12,7 @@ Each agent's `appium` is a script of the run's own (`program`) that starts that 
 with its log at info level, time-stamped to the millisecond, into a file per server: the
 host-side evidence of what Appium served, and when.
 
-What is held against the evidence (`check`, invariant 14: a WebDriver session never
+What is held against the evidence (`check`, invariant 15: a WebDriver session never
 outlives its lease):
 
 - on the host: no command reached an Appium session (the Appium log's `-->` line) before
@@ -338,13 +338,13 @@ async def left_open(agent_logs: dict[str, Path]) -> list[dict[str, Any]]:
     return out
 
 
-# -- invariant 14 ---------------------------------------------------------------------------
+# -- invariant 15 ---------------------------------------------------------------------------
 
 
 def check(
     ev: Evidence, sessions: list[AppiumSession], records: list[WdRecord], leftover: list[Any]
 ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
-    """Invariant 14's violations (check, detail) and its figures."""
+    """Invariant 15's violations (check, detail) and its figures."""
     violations: list[tuple[str, dict[str, Any]]] = []
     by_phone: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for att in ev.attempts.values():

@@ -366,6 +366,34 @@ class Workload:
         item.task_id, item.submitted_at = task.task_id, time.time()
         return item
 
+    async def submit_emulator(
+        self, snapshot: str, labels: dict[str, str], serial: str = ""
+    ) -> Submitted:
+        """A task for an emulator pool (`labels`; one instance of it with `serial`) that
+        starts from `snapshot`, never cancelled, with a plan that does not fail on purpose
+        and runs on the emulator's phone (no `touch`: a shell the double's phone lacks), so
+        that it ends done, after its emulator died under it too (invariant 14)."""
+        plan = random_plan(self._rng)
+        while plan.fails_on_purpose or "touch " in str(plan.spec):
+            plan = random_plan(self._rng)
+        item = Submitted(f"chaos-{self._prefix}-{len(self.tasks)}", plan, None, "emulator")
+        item.team = self._rng.choices(list(TEAMS), weights=list(TEAMS.values()))[0]
+        self.tasks.append(item)
+        spec = task_pb2.TaskSpec()
+        spec.CopyFrom(plan.spec)
+        spec.start_snapshot = snapshot
+        item.request = scheduler_pb2.SubmitTaskRequest(
+            request_id=item.request_id,
+            spec=spec,
+            selector=task_pb2.DeviceSelector(serial=serial, labels=labels),
+            max_attempts=3,
+            metadata={"chaos": "1", "moment": "", "selector": "emulator", "snapshot": snapshot},
+            fairness_key=item.team,
+        )
+        task = await self._submit(item.request)
+        item.task_id, item.submitted_at = task.task_id, time.time()
+        return item
+
     async def resubmit_unacknowledged(self) -> None:
         """After the run: learn the ids of submits whose answers never came (same request
         id, so nothing new is created if the first one did reach the database)."""

@@ -30,9 +30,12 @@ Its own knobs, in the environment (none of them the emulator's):
     AMC_FAKE_EMULATOR_FAULTS         a JSON file read at each load and at its start:
                                      {"<console port>" or "*": {"die_in_load": true} |
                                      {"load_fails": "why"} | {"hang_load": true} |
-                                     {"boot_fails": "why"} (exits 1 at its start)}
+                                     {"boot_fails": "why"} (exits 1 at its start)};
+                                     with "only": "NAME" beside them, the load faults
+                                     hit only the loads of snapshot NAME
     AMC_FAKE_EMULATOR_EVENTS         a file it appends one JSON line to per event (started,
-                                     registered, loaded, died, killed), with time.time()
+                                     registered, loading, loaded, load_failed, hung, died,
+                                     killed, refused: a start it refused), with time.time()
 """
 
 from __future__ import annotations
@@ -222,15 +225,20 @@ class FakeEmulator:
         if name not in self.kept:
             return f"snapshot '{name}' does not exist"
         fault = _fault(self.options.console)
+        if fault.get("only", name) != name:
+            fault = {}
         async with self.loading:
+            event("loading", self, snapshot=name)
             if fault.get("hang_load"):
+                event("hung", self, snapshot=name)
                 await asyncio.Event().wait()
             if fault.get("die_in_load"):
                 await asyncio.sleep(self.load_seconds / 2)
-                event("died", self, during=f"avd snapshot load {name}")
+                event("died", self, during=f"avd snapshot load {name}", snapshot=name)
                 os._exit(1)
             await asyncio.sleep(self.load_seconds)
             if fault.get("load_fails"):
+                event("load_failed", self, snapshot=name, why=str(fault["load_fails"]))
                 return str(fault["load_fails"])
             self.adbd.phone = self._phone(self.kept[name])
         event("loaded", self, snapshot=name)
@@ -261,11 +269,12 @@ def _fault(console: int) -> dict[str, object]:
     return found if isinstance(found, dict) else {}
 
 
-def event(kind: str, emulator: FakeEmulator, **more: object) -> None:
+def event(kind: str, emulator: FakeEmulator | str, **more: object) -> None:
     path = os.environ.get("AMC_FAKE_EMULATOR_EVENTS")
     if not path:
         return
-    line = {"at": time.time(), "event": kind, "serial": emulator.serial, "pid": os.getpid()}
+    serial = emulator if isinstance(emulator, str) else emulator.serial
+    line = {"at": time.time(), "event": kind, "serial": serial, "pid": os.getpid()}
     with open(path, "a") as out:
         out.write(json.dumps({**line, **more}) + "\n")
 
@@ -297,6 +306,7 @@ async def _main(argv: list[str]) -> int:
     options = parse(argv)
     avd = Avd.find(options.avd)
     if why := _fault(options.console).get("boot_fails"):
+        event("refused", f"emulator-{options.console}", why=str(why))
         raise Refused(f"{why}")
     _claim(avd, options)
     emulator = FakeEmulator(options, avd)
