@@ -1184,6 +1184,33 @@ def test_an_emulator_a_killed_agent_left_running_and_never_stopped_breaks_invari
     assert emulators.check(stopped, {}, {}, {}, [kill], 2, t + 60).violations == []
 
 
+async def test_chaos_runs_at_once_on_one_machine_hold_emulator_ports_and_tokens_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """THEN two chaos runs at once get emulator port ranges that do not meet (each slot
+    held until its run ends, then free for the next) and console tokens of their own: one
+    run's agent never takes the other's emulators for leftovers of its own and kills them,
+    nor starts its instances on their ports."""
+    first = await emulators.EmulatorWorld.make(tmp_path / "a")
+    try:
+        second = await emulators.EmulatorWorld.make(tmp_path / "b")
+        try:
+            (a_low, a_high), (b_low, b_high) = first.ports, second.ports
+            assert a_high < b_low or b_high < a_low, (first.ports, second.ports)
+            assert f"{b_low}-{b_high}" in second.agent_args()
+            token = ".emulator_console_auth_token"
+            assert (tmp_path / "a/emulators/home" / token).read_text() != (
+                tmp_path / "b/emulators/home" / token
+            ).read_text()
+        finally:
+            await second.close()
+        third = await emulators.EmulatorWorld.make(tmp_path / "c")
+        await third.close()
+        assert third.ports == second.ports  # given back when its run ended
+    finally:
+        await first.close()
+
+
 def test_a_webdriver_command_past_its_lease_or_its_end_breaks_invariant_15(tmp_path: Path) -> None:
     """THEN invariant 15: Appium sessions whose commands came within their attempt's lease
     (and the DELETE that ends one, after it) are clean, and so are clients' sessions
