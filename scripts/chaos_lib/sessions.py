@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from amc_common.channel import with_token
+from amc.v1 import scheduler_pb2, task_pb2
+from chaos_lib.clients import replicas
 
 ENDINGS = {"close": 0.6, "cancel": 0.2, "abandon": 0.2}
 # The endings a session may have for other reasons than its plan (the spec's rule: failed
@@ -83,10 +83,7 @@ class SessionLoad:
         # alone did not stop them: two quick chaos runs saw 79 sessions opened after it,
         # and never settled.)
         self._stopping = asyncio.Event()
-        target = "ipv4:" + ",".join(self.addresses)
-        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
-        self._channel = with_token(grpc.aio.insecure_channel(target, options=options), self.token)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._channel, self._stub = replicas(self.addresses, self.token)
 
     async def run_forever(self) -> None:
         await asyncio.gather(*(self._client() for _ in range(self.concurrent)))
