@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 
@@ -89,17 +89,20 @@ class HostFeeds(Generic[F]):
 
     async def serve(
         self,
-        host_id: str,
-        up: Coroutine[Any, Any, None],
+        requests: AsyncIterator[Any],
+        host: Callable[[AsyncIterator[Any]], Awaitable[str]],
+        up: Callable[[str, AsyncIterator[Any]], Coroutine[Any, Any, None]],
         gauge: Gauge,
         down: Callable[[Any, F], Any],
-    ) -> AsyncGenerator[Any, None]:
-        """The host's call: its feed here while it is the host's current one and `up` (which
-        takes the call's messages up) runs; `down(wants, feed)` sent down first and again
-        whenever what this replica wants of the host changes or the feed has something
-        pending. `gauge` counts the call while it is open."""
+    ) -> AsyncIterator[Any]:
+        """A host's call, its `requests` in: the host the call is for (`host`, from its
+        first requests), then its feed here while it is the host's current one and
+        `up(host_id, requests)` (which takes the rest up) runs; `down(wants, feed)` sent
+        down first and again whenever what this replica wants of the host changes or the
+        feed has something pending. `gauge` counts the call while it is open."""
+        host_id = await host(requests)
         with self.feed(host_id) as feed:
-            pump = asyncio.get_running_loop().create_task(up)
+            pump = asyncio.get_running_loop().create_task(up(host_id, requests))
             told: Sequence[object] | None = None
             gauge.inc()
             try:

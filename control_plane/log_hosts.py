@@ -44,13 +44,9 @@ class HostLogs:
     def __init__(self, service: TaskServicer) -> None:
         self._svc = service
 
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        host_id = await calling_host(requests)
-        lines = self._lines(host_id, requests)
-        call = self._svc.hub.tails.serve(host_id, lines, metrics.LOG_FEEDS, _followed)
-        async with contextlib.aclosing(call):
-            async for message in call:
-                yield message
+    def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        feeds = self._svc.hub.tails
+        return feeds.serve(requests, calling_host, self._lines, metrics.LOG_FEEDS, _followed)
 
     async def _lines(self, host_id: str, requests: AsyncIterator[Any]) -> None:
         tails = self._svc.hub.tails

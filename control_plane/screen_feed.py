@@ -30,13 +30,9 @@ class HostFeed:
     def __init__(self, service: TaskServicer) -> None:
         self._svc = service
 
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        host_id = await calling_host(requests)
-        frames = self._frames(host_id, requests)
-        call = self._svc.hub.screens.serve(host_id, frames, metrics.SCREEN_FEEDS, _watched)
-        async with contextlib.aclosing(call):
-            async for message in call:
-                yield message
+    def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        feeds = self._svc.hub.screens
+        return feeds.serve(requests, calling_host, self._frames, metrics.SCREEN_FEEDS, _watched)
 
     async def _frames(self, host_id: str, requests: AsyncIterator[Any]) -> None:
         screens = self._svc.hub.screens
