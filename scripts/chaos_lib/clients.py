@@ -1,8 +1,8 @@
 """The run's clients of the farm: their channel to the replicas (`replicas`: gRPC's round
-robin over the replicas' addresses, so about half the calls reach each, and the calls of a
-replica that died fail over to the other), and `ClientLoad`, a few clients of one kind at
-once (adb doors, WebDriver sessions), each opening one after another until stopped, with
-the end it planned for each drawn at random, every one's record kept and its end counted.
+robin over the replicas' addresses, so the calls are spread over them, without retries),
+and `ClientLoad`, a few clients of one kind at once (interactive sessions, adb doors,
+WebDriver sessions), each opening one after another until stopped, with the end it planned
+for each drawn at random, every one's record kept and its end counted.
 """
 
 from __future__ import annotations
@@ -45,10 +45,15 @@ class ClientLoad(Generic[R]):
     `_record`) until `stop`; one whose use fails with one of `FAILURES` is recorded broken."""
 
     FAILURES: tuple[type[BaseException], ...] = (OSError, TimeoutError, grpc.aio.AioRpcError)
+    # The seconds a client waits between two uses: drawn from this range.
+    PAUSE = (0.2, 1.0)
 
     def __init__(self, addresses: list[str], token: str | None, rng: random.Random, n: int):
         self.addresses, self.token, self.rng, self.concurrent = addresses, token, rng, n
         self.records: list[R] = []
+        # Set by stop(): no client opens another. (Cancelling run_forever's task alone did
+        # not stop them: two quick chaos runs saw 79 sessions opened after it, and never
+        # settled.)
         self._stopping = asyncio.Event()
         self._channel, self._stub = replicas(addresses, token)
 
@@ -56,22 +61,28 @@ class ClientLoad(Generic[R]):
         await asyncio.gather(*(self._client() for _ in range(self.concurrent)))
 
     def stop(self) -> None:
+        """No new uses from now on; the open ones go on to their planned end, or are
+        abandoned when run_forever's task is cancelled."""
         self._stopping.set()
 
     async def close(self) -> None:
         await self._channel.close()
 
     def counts(self) -> dict[str, int]:
-        """How many ended each way, by plan."""
+        """How many ended each way (`_ending`)."""
         out: dict[str, int] = {}
         for r in self.records:
-            key = f"{r.plan}: {r.did or 'unfinished'}"
+            key = self._ending(r)
             out[key] = out.get(key, 0) + 1
         return dict(sorted(out.items()))
 
     def plan(self, endings: dict[str, float]) -> str:
         """An end drawn at random, by the endings' weights."""
         return self.rng.choices(list(endings), weights=list(endings.values()))[0]
+
+    def _ending(self, record: R) -> str:
+        """How a use ended, as counted: its plan and what it did."""
+        return f"{record.plan}: {record.did or 'unfinished'}"
 
     def _record(self) -> R:
         raise NotImplementedError
@@ -86,6 +97,10 @@ class ClientLoad(Generic[R]):
             try:
                 await self._one(record)
             except self.FAILURES as exc:
-                record.did = record.did or "broken"
-                record.detail = record.detail or f"{type(exc).__name__}: {exc}"[:200]
-            await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+                self._broke(record, exc)
+            await asyncio.sleep(self.rng.uniform(*self.PAUSE))
+
+    def _broke(self, record: R, exc: BaseException) -> None:
+        """A use failed (one of `FAILURES`): it is broken, and how is said."""
+        record.did = record.did or "broken"
+        record.detail = record.detail or f"{type(exc).__name__}: {exc}"[:200]
