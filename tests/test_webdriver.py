@@ -6,7 +6,9 @@ task, lease and phone read in the database."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import secrets
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,11 +23,11 @@ from appium.webdriver.common.appiumby import AppiumBy
 from selenium.common.exceptions import (
     InvalidSessionIdException,
     SessionNotCreatedException,
-    WebDriverException,
 )
 from selenium.webdriver.remote.client_config import AuthType
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common.webdriver_body import MAX_BODY
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
 from host_agent.agent import Agent
@@ -78,14 +80,19 @@ def connect(url: str, token: str, **caps: Any) -> webdriver.Remote:
     return webdriver.Remote(url, options=options, client_config=config)
 
 
-async def appium_sessions(agent: Agent) -> list[Any]:
-    """The sessions the phone's Appium server has (Appium's own list)."""
+async def appium_get(agent: Agent, path: str) -> Any:
+    """The value of the phone's Appium server's answer to GET `path`, asked directly."""
     servers = agent._tools.appium if agent._tools is not None else None
     assert servers is not None
     url = await servers.url("sim-0")
-    async with servers.http.get(f"{url}/appium/sessions") as answer:
-        value: list[Any] = (await answer.json())["value"]
-        return value
+    async with servers.http.get(f"{url}{path}") as answer:
+        return (await answer.json())["value"]
+
+
+async def appium_sessions(agent: Agent) -> list[Any]:
+    """The sessions the phone's Appium server has (Appium's own list)."""
+    value: list[Any] = await appium_get(agent, "/appium/sessions")
+    return value
 
 
 async def test_a_webdriver_session_drives_the_phone_through_appium_and_delete_frees_it(
@@ -395,30 +402,123 @@ async def test_a_screenshot_crosses_the_farm_as_appium_took_it(farm: Farm, agent
     await asyncio.to_thread(driver.quit)
 
 
-async def test_an_answer_too_big_for_the_farm_is_an_error_and_the_session_goes_on(
+def big_app(tmp_path: Path, mib: int) -> Path:
+    """An app of the fake driver's whose page source is more than `mib` MiB, each item's
+    text its own (a part out of order or lost shows)."""
+    big = tmp_path / "big-app.xml"
+    items = "".join(
+        f'<MockListItem id="i{n}">{n:07d}{"x" * 1000}</MockListItem>' for n in range(mib * 1100)
+    )
+    big.write_text(f'<app><MockButton id="go">Go</MockButton>{items}<last/></app>')
+    return big
+
+
+async def steps_of(farm: Farm, task_id: str) -> list[str]:
+    client = await farm.client()
+    got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+    return [s.output for s in got.result.steps]
+
+
+async def test_a_page_source_of_several_mib_crosses_the_farm_whole(
     farm: Farm,
     appium_program: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """THEN a page source of more than a MiB (what a host's message may carry) is answered
-    W3C's `unknown error` saying so, and the session's next command still works."""
-    big = tmp_path / "big-app.xml"
-    items = "".join(f'<MockListItem id="i{n}">{"x" * 1000}</MockListItem>' for n in range(1200))
-    big.write_text(f'<app><MockButton id="go">Go</MockButton>{items}</app>')
-    caps = {**fake_caps(appium_program), "appium:app": str(big)}
+    """THEN a page source of more than 3 MiB (more than one message of a host's carries)
+    reaches the client as Appium gave it, as one step of the task, and the session goes
+    on."""
+    app = big_app(tmp_path, 3)
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    source = SimulatedSource(1, delay=0.01)
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(
+        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+    ) as agent:
+        driver = await asyncio.to_thread(connect, hub(farm), token)
+        page = await asyncio.to_thread(lambda: driver.page_source)
+        (appium_id,) = [s["id"] for s in await appium_sessions(agent)]
+        direct = await appium_get(agent, f"/session/{appium_id}/source")
+        assert len(page) > 3 << 20 and page == direct and "<last" in page
+        button = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "go")
+        await asyncio.to_thread(button.click)
+        await asyncio.to_thread(driver.quit)
+        assert await farm.status(driver.session_id) == "done"
+        assert await steps_of(farm, driver.session_id) == [
+            "POST / 200",
+            "GET /source 200",
+            "POST /element 200",
+            f"POST /element/{button.id}/click 200",
+            "DELETE / 200",
+        ]
+
+
+async def test_a_command_and_its_answer_of_several_mib_cross_the_farm_whole(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """THEN typing 2 MB of text into a field (the client sends it as a body of about 12
+    MB, as a `mobile: pushFile` of an app is a large body) reaches Appium whole, and
+    reading the field back brings the 2 MB back whole: each one step of the task."""
+    app = tmp_path / "input-app.xml"
+    app.write_text('<app><MockInputField id="field"/></app>')
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
     source = SimulatedSource(1, delay=0.01)
     token = await farm.token(Role.CLIENT)
     async with running_agent(
         farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
     ):
         driver = await asyncio.to_thread(connect, hub(farm), token)
-        with pytest.raises(WebDriverException) as caught:
-            await asyncio.to_thread(lambda: driver.page_source)
-        assert "bytes, more than the" in caught.value.msg
-        button = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "go")
-        await asyncio.to_thread(button.click)
+        field = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "field")
+        text = secrets.token_hex(1_000_000)
+        await asyncio.to_thread(field.send_keys, text)
+        assert await asyncio.to_thread(lambda: field.text) == text
         await asyncio.to_thread(driver.quit)
         assert await farm.status(driver.session_id) == "done"
+        assert await steps_of(farm, driver.session_id) == [
+            "POST / 200",
+            "POST /element 200",
+            f"POST /element/{field.id}/value 200",
+            f"GET /element/{field.id}/text 200",
+            "DELETE / 200",
+        ]
+
+
+async def test_a_command_over_the_farms_cap_is_refused_naming_its_size_and_changes_nothing(
+    farm: Farm, agent: Agent
+) -> None:
+    """THEN a command whose body is more than MAX_BODY is answered W3C's `invalid argument`
+    naming its size and the cap: Appium never sees it (what it holds is unchanged), no
+    step is recorded, and the session goes on."""
+    token = await farm.token(Role.CLIENT)
+    driver = await asyncio.to_thread(connect, hub(farm), token)
+    task_id = driver.session_id
+    await asyncio.to_thread(driver.execute_script, "fake: setThing", {"thing": "before"})
+    padding = b"x" * (MAX_BODY + 1 - len(b'{"script":"fake: setThing","args":[{"thing":""}]}'))
+    body = b'{"script":"fake: setThing","args":[{"thing":"' + padding + b'"}]}'
+    assert len(body) == MAX_BODY + 1
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            hub(farm, f"/wd/hub/session/{task_id}/execute/sync"),
+            data=io.BytesIO(body),
+            headers=headers,
+        ) as answer,
+    ):
+        status, value = answer.status, (await answer.json())["value"]
+    del body, padding
+    assert (status, value["error"]) == (400, "invalid argument"), value
+    assert f"{MAX_BODY + 1} bytes" in value["message"] and "64 MiB" in value["message"]
+    assert await asyncio.to_thread(driver.execute_script, "fake: getThing") == "before"
+    assert await farm.status(task_id) == "dispatched"
+    await asyncio.to_thread(driver.quit)
+    assert await steps_of(farm, task_id) == [
+        "POST / 200",
+        "POST /execute/sync 200",
+        "POST /execute/sync 200",
+        "DELETE / 200",
+    ]
 
 
 async def test_delete_is_answered_ok_only_once_the_sessions_end_is_recorded(
