@@ -27,7 +27,8 @@ from selenium.common.exceptions import (
 from selenium.webdriver.remote.client_config import AuthType
 
 from amc.v1 import scheduler_pb2, task_pb2
-from amc_common.webdriver_body import MAX_BODY
+from amc_common.webdriver_body import MAX_BODY, PART
+from control_plane.console.webdriver_caps import parse
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
 from host_agent.agent import Agent
@@ -42,6 +43,7 @@ from tests.support.doc_examples import fences
 from tests.support.library import library, upload_app
 from tests.test_database_outage import own_database  # noqa: F401 (a fixture)
 from tests.test_host_agent_process import agent_process, log_events
+from tests.test_sessions import dispatched, last_task
 
 HOST = "wd-host"
 ROOT = Path(__file__).resolve().parent.parent
@@ -482,6 +484,61 @@ async def test_a_command_and_its_answer_of_several_mib_cross_the_farm_whole(
             f"GET /element/{field.id}/text 200",
             "DELETE / 200",
         ]
+
+
+def wd(**fields: Any) -> scheduler_pb2.OpenSessionRequest:
+    command = task_pb2.WebDriverCommand(**fields)
+    return scheduler_pb2.OpenSessionRequest(action=task_pb2.SessionAction(webdriver=command))
+
+
+async def test_a_lease_that_ends_while_a_large_answer_crosses_ends_the_session_and_drops_it(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """GIVEN a WebDriver session (its OpenSession, as the endpoint speaks it) half way
+    through a page source of more than 3 MiB, carried part by part
+    WHEN its lease expires
+    THEN the next part is answered with the session's end (failed, "lease lost"), not a
+    part: nothing of the answer outlives the lease; the host drops what it held and
+    deletes the Appium session; and the phone's next session carries a large answer
+    whole."""
+    app = big_app(tmp_path, 3)
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    source = SimulatedSource(1, delay=0.01)
+    asked = parse(json.dumps(new_session(**{"appium:automationName": "Fake"})).encode())
+    async with running_agent(
+        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+    ) as agent:
+        client = await farm.client()
+        call = client.scheduler.OpenSession()
+        await call.write(scheduler_pb2.OpenSessionRequest(open=asked.open))
+        task = await dispatched(call)
+        await call.write(wd(method="POST", body=asked.appium_request()))
+        assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+        await call.write(wd(method="GET", path="/source"))
+        first = (await asyncio.wait_for(call.read(), 30)).step.webdriver
+        assert (first.status, len(first.body)) == (200, PART) and first.size > 3 << 20
+        await call.write(wd(rest=True))
+        second = (await asyncio.wait_for(call.read(), 30)).step
+        assert len(second.webdriver.body) == PART and not second.HasField("step")
+        (attempt,) = await farm.attempts(task.task_id)
+        await farm.expire_now(str(attempt["lease_id"]))
+        await status_is(farm, task.task_id, "failed")
+        await call.write(wd(rest=True))
+        final = await last_task(call)
+        assert final.status == task_pb2.TASK_STATUS_FAILED
+        assert final.result.error == "lease lost: it expired"
+
+        async def appium_session_gone() -> bool:
+            return await appium_sessions(agent) == []
+
+        await eventually(appium_session_gone, what="Appium's session deleted")
+        token = await farm.token(Role.CLIENT)
+        driver = await asyncio.to_thread(connect, hub(farm), token)
+        page = await asyncio.to_thread(lambda: driver.page_source)
+        assert len(page) > 3 << 20 and "<last" in page
+        await asyncio.to_thread(driver.quit)
 
 
 async def test_a_command_over_the_farms_cap_is_refused_naming_its_size_and_changes_nothing(
