@@ -499,10 +499,9 @@ async def test_a_lease_that_ends_while_a_large_answer_crosses_ends_the_session_a
     """GIVEN a WebDriver session (its OpenSession, as the endpoint speaks it) half way
     through a page source of more than 3 MiB, carried part by part
     WHEN its lease expires
-    THEN the next part is answered with the session's end (failed, "lease lost"), not a
-    part: nothing of the answer outlives the lease; the host drops what it held and
-    deletes the Appium session; and the phone's next session carries a large answer
-    whole."""
+    THEN the host's session ends (it drops what it held and deletes the Appium session),
+    the next ask for a part is answered with the session's end (failed, "lease lost"), not
+    a part, and the phone's next session carries a large answer whole."""
     app = big_app(tmp_path, 3)
     caps = {**fake_caps(appium_program), "appium:app": str(app)}
     source = SimulatedSource(1, delay=0.01)
@@ -525,15 +524,15 @@ async def test_a_lease_that_ends_while_a_large_answer_crosses_ends_the_session_a
         (attempt,) = await farm.attempts(task.task_id)
         await farm.expire_now(str(attempt["lease_id"]))
         await status_is(farm, task.task_id, "failed")
-        await call.write(wd(rest=True))
-        final = await last_task(call)
-        assert final.status == task_pb2.TASK_STATUS_FAILED
-        assert final.result.error == "lease lost: it expired"
 
         async def appium_session_gone() -> bool:
             return await appium_sessions(agent) == []
 
         await eventually(appium_session_gone, what="Appium's session deleted")
+        await call.write(wd(rest=True))
+        final = await last_task(call)
+        assert final.status == task_pb2.TASK_STATUS_FAILED
+        assert final.result.error == "lease lost: it expired"
         token = await farm.token(Role.CLIENT)
         driver = await asyncio.to_thread(connect, hub(farm), token)
         page = await asyncio.to_thread(lambda: driver.page_source)
