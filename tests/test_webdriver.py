@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from appium import webdriver
 from appium.options.common.base import AppiumOptions
@@ -538,6 +539,44 @@ async def test_a_lease_that_ends_while_a_large_answer_crosses_ends_the_session_a
         page = await asyncio.to_thread(lambda: driver.page_source)
         assert len(page) > 3 << 20 and "<last" in page
         await asyncio.to_thread(driver.quit)
+
+
+async def test_a_malformed_part_is_refused_naming_it_and_the_session_goes_on(
+    farm: Farm, agent: Agent
+) -> None:
+    """THEN a part that names a method, a rest with a body, or one both part and rest is
+    refused INVALID_ARGUMENT naming `action.webdriver`, reaches no host (no step), and
+    the session's next command is answered."""
+    asked = parse(json.dumps(new_session(**{"appium:automationName": "Fake"})).encode())
+    client = await farm.client()
+    call = client.scheduler.OpenSession()
+    await call.write(scheduler_pb2.OpenSessionRequest(open=asked.open))
+    task = await dispatched(call)
+    await call.write(wd(method="POST", body=asked.appium_request()))
+    assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+    for bad in (
+        {"part": True, "method": "GET", "body": b"x"},
+        {"rest": True, "body": b"x"},
+        {"part": True, "rest": True},
+    ):
+        await call.write(wd(**bad))
+        refused = (await asyncio.wait_for(call.read(), 30)).refused
+        assert refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], bad
+        assert refused.message.startswith("action.webdriver: "), refused.message
+    await call.write(wd(method="GET", path="/source"))
+    source = (await asyncio.wait_for(call.read(), 30)).step
+    assert source.webdriver.status == 200 and source.step.index == 1
+    await call.write(wd(method="DELETE"))
+    assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+    await call.done_writing()
+    final = await last_task(call)
+    assert final.status == task_pb2.TASK_STATUS_DONE
+    assert [s.output for s in final.result.steps] == [
+        "POST / 200",
+        "GET /source 200",
+        "DELETE / 200",
+    ]
+    assert final.task_id == task.task_id
 
 
 async def test_a_command_over_the_farms_cap_is_refused_naming_its_size_and_changes_nothing(
