@@ -24,14 +24,17 @@ from appium.webdriver.common.appiumby import AppiumBy
 from selenium.common.exceptions import (
     InvalidSessionIdException,
     SessionNotCreatedException,
+    WebDriverException,
 )
 from selenium.webdriver.remote.client_config import AuthType
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common import webdriver_body
 from amc_common.webdriver_body import MAX_BODY, PART
 from control_plane.console.webdriver_caps import parse
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
+from host_agent import webdriver as host_webdriver
 from host_agent.agent import Agent
 from host_agent.simulated import SimulatedSource
 from scripts.launch import HostAgentCommand
@@ -455,6 +458,36 @@ async def test_a_page_source_of_several_mib_crosses_the_farm_whole(
             f"POST /element/{button.id}/click 200",
             "DELETE / 200",
         ]
+
+
+async def test_an_answer_over_the_farms_cap_is_an_error_naming_it_and_the_session_goes_on(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN the farm's cap lowered to 2 MiB (64 MiB in earnest: an answer that large is
+    more than this machine's tests should make)
+    THEN a page source of more than 3 MiB is answered W3C's `unknown error` naming its
+    size and the cap, by the host, and the session's next command still works."""
+    monkeypatch.setattr(webdriver_body, "MAX_BODY", 2 << 20)
+    monkeypatch.setattr(host_webdriver, "MAX_BODY", 2 << 20)
+    app = big_app(tmp_path, 3)
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    source = SimulatedSource(1, delay=0.01)
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(
+        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+    ):
+        driver = await asyncio.to_thread(connect, hub(farm), token)
+        with pytest.raises(WebDriverException) as caught:
+            await asyncio.to_thread(lambda: driver.page_source)
+        assert "Appium's answer is" in caught.value.msg, caught.value.msg
+        assert "bytes, more than the 2 MiB (2097152 bytes)" in caught.value.msg
+        button = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "go")
+        await asyncio.to_thread(button.click)
+        await asyncio.to_thread(driver.quit)
+        assert await farm.status(driver.session_id) == "done"
 
 
 async def test_a_command_and_its_answer_of_several_mib_cross_the_farm_whole(
