@@ -23,8 +23,8 @@ class DoorLink:
     def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, task_id: str) -> None:
         self._stub, self.task_id = stub, task_id
         self._call: Any = None
-        self._outgoing: asyncio.Queue[adb_pb2.AdbFrame | None] = asyncio.Queue()
-        self._carriage = Carriage(self._outgoing.put_nowait)
+        self._outgoing: asyncio.Queue[adb_pb2.AdbStreamsRequest | None] = asyncio.Queue()
+        self._carriage = Carriage(self._outgoing.put_nowait, adb_pb2.AdbStreamsRequest)
         self._numbers = itertools.count(1)
         self._writer: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()
@@ -48,7 +48,7 @@ class DoorLink:
         if self.ended.is_set():
             carried.ended(self.why)
             return carried
-        self._carriage.send(adb_pb2.AdbFrame(stream=carried.number, open=service))
+        self._carriage.frame(carried.number, open=service)
         return carried
 
     async def run(self) -> str:
@@ -82,5 +82,5 @@ class DoorLink:
 
     async def _write(self) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            while (frame := await self._outgoing.get()) is not None:
-                await self._call.write(adb_pb2.AdbStreamsRequest(frame=frame))
+            while (message := await self._outgoing.get()) is not None:
+                await self._call.write(message)

@@ -8,6 +8,11 @@ The call's reader hands each frame to its stream at once and never waits for a s
 reader; what a stream holds unread is bounded by the window its sender keeps to. So the
 memory a door costs is the window times its open streams, on each side, and the control
 plane between them holds no backlog of its own (it relays frame for frame).
+
+A frame is built in place in the call's own message (`AdbStreamsRequest` at the door,
+`LeaseAdbStreamsRequest` at the host: each carries it as `frame`): an `AdbFrame` built
+first and then put into that message is copied, its bytes with it, which more than
+doubled what framing a stream's bytes cost the side sending them.
 """
 
 from __future__ import annotations
@@ -15,18 +20,23 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from amc.v1 import adb_pb2
 
-# Bytes of a stream a side may have sent and not had acknowledged.
-WINDOW = 2 << 20
-# The most one data frame carries (the control plane takes messages of up to 1 MiB).
-CHUNK = 512 * 1024
+# The most one data frame carries: below 128 KiB, so that the control plane, which relays
+# it, recycles its blocks in its heap (control_plane.allocator); a larger frame was a
+# fresh mapping there, faulted in page by page, for each copy of it.
+CHUNK = 96 * 1024
+# Bytes of a stream a side may have sent and not had acknowledged (whole frames).
+WINDOW = 24 * CHUNK
 # A receiver acknowledges what it delivered once it adds up to this: a frame each way per
 # chunk would double the frames a bulk transfer costs every process on its way.
 ACK_EVERY = WINDOW // 4
 
-Send = Callable[[adb_pb2.AdbFrame], None]
+# The call's messages (each holds one frame, as `frame`), and how one is put on the call.
+Message = adb_pb2.AdbStreamsRequest | adb_pb2.LeaseAdbStreamsRequest
+Send = Callable[[Any], None]
 
 
 class Carried:
@@ -67,7 +77,7 @@ class Carried:
                 return False
             self._unacked += len(chunk)
             self.sent += len(chunk)
-            self._carriage.send(adb_pb2.AdbFrame(stream=self.number, data=chunk))
+            self._carriage.frame(self.number, data=chunk)
         return not self.over
 
     async def recv(self) -> bytes | None:
@@ -85,12 +95,12 @@ class Carried:
         (told once they add up to ACK_EVERY, which a sender waiting for room has sent)."""
         self._delivered += count
         if self._delivered >= ACK_EVERY and not self.over:
-            self._carriage.send(adb_pb2.AdbFrame(stream=self.number, ack=self._delivered))
+            self._carriage.frame(self.number, ack=self._delivered)
             self._delivered = 0
 
     def accept(self) -> None:
         """Tell the other side the stream is open (the host's answer to `open`)."""
-        self._carriage.send(adb_pb2.AdbFrame(stream=self.number, opened=True))
+        self._carriage.frame(self.number, opened=True)
 
     def close(self, why: str = "") -> None:
         """End the stream from this side (once)."""
@@ -98,7 +108,7 @@ class Carried:
             self._forget()
             return
         self.closed = True
-        self._carriage.send(adb_pb2.AdbFrame(stream=self.number, close=why))
+        self._carriage.frame(self.number, close=why)
         self._wake()
         self._forget()
 
@@ -138,11 +148,22 @@ class Carried:
 
 
 class Carriage:
-    """The streams of one call, by number; `send` puts a frame on the call (in order)."""
+    """The streams of one call, by number; `send` puts a message of the call's kind
+    (`message`) on the call, in order."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, message: type[Message]) -> None:
         self.send = send
+        self._message = message
         self.streams: dict[int, Carried] = {}
+
+    def frame(self, stream: int, **part: Any) -> None:
+        """Send a frame of `stream` with its part (`data=…`, `ack=…`, `open=…`, …)."""
+        message = self._message()
+        frame = message.frame
+        frame.stream = stream
+        for name, value in part.items():
+            setattr(frame, name, value)
+        self.send(message)
 
     def stream(self, number: int) -> Carried:
         """A new stream of this number."""

@@ -23,10 +23,9 @@ import structlog
 from amc.v1 import lease_pb2, scheduler_pb2
 from amc_common import logcat
 from control_plane import metrics, validate
-from control_plane.domain import Role
-from control_plane.errors import InvalidArgument, PermissionDenied
+from control_plane.errors import InvalidArgument
 from control_plane.log_tails import Tail
-from control_plane.rpc import TaskServicer, first_message, principal
+from control_plane.rpc import TaskServicer, calling_host
 
 log = structlog.get_logger(__name__)
 
@@ -47,13 +46,7 @@ class HostLogs:
         self._svc = service
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        first = await first_message(
-            requests, "host_id", "required: the first message names the host"
-        )
-        host_id = validate.identifier(first.host_id, "host_id")
-        who = principal()
-        if who.role is Role.HOST and who.host_id != host_id:
-            raise PermissionDenied(f"this token acts for host {who.host_id}, not {host_id}")
+        host_id = await calling_host(requests)
         tails = self._svc.hub.tails
         with tails.feed(host_id) as feed:
             pump = asyncio.get_running_loop().create_task(self._lines(host_id, requests))

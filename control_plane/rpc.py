@@ -14,8 +14,8 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from control_plane import errors, metrics
-from control_plane.auth import Authenticator, authorize
+from control_plane import errors, metrics, validate
+from control_plane.auth import Authenticator, authorize, check_host
 from control_plane.domain import ANONYMOUS, Principal
 
 if TYPE_CHECKING:
@@ -64,6 +64,15 @@ async def first_message(requests: AsyncIterator[Any], part: str, missing: str) -
     if first.WhichOneof("part") != part:
         raise errors.InvalidArgument(part, missing)
     return first
+
+
+async def calling_host(requests: AsyncIterator[Any]) -> str:
+    """The host a host's call is for: its first message names it (the `host_id` part),
+    and a host token acts only as its own host."""
+    first = await first_message(requests, "host_id", "required: the first message names the host")
+    host_id = validate.identifier(first.host_id, "host_id")
+    check_host(principal(), host_id)
+    return host_id
 
 
 def _safe(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:

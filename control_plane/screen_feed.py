@@ -13,10 +13,8 @@ from typing import Any
 import structlog
 
 from amc.v1 import lease_pb2
-from control_plane import metrics, validate
-from control_plane.domain import Role
-from control_plane.errors import PermissionDenied
-from control_plane.rpc import TaskServicer, first_message, principal
+from control_plane import metrics
+from control_plane.rpc import TaskServicer, calling_host
 from control_plane.video import check_frame
 
 log = structlog.get_logger(__name__)
@@ -33,13 +31,7 @@ class HostFeed:
         self._svc = service
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        first = await first_message(
-            requests, "host_id", "required: the first message names the host"
-        )
-        host_id = validate.identifier(first.host_id, "host_id")
-        who = principal()
-        if who.role is Role.HOST and who.host_id != host_id:
-            raise PermissionDenied(f"this token acts for host {who.host_id}, not {host_id}")
+        host_id = await calling_host(requests)
         screens = self._svc.hub.screens
         with screens.feed(host_id) as feed:
             pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))

@@ -121,8 +121,8 @@ class _HostDoor:
     ) -> None:
         self._stub, self._lease, self._backend, self._token = stub, lease, backend, token
         self._call: Any = None
-        self._outgoing: asyncio.Queue[adb_pb2.AdbFrame] = asyncio.Queue()
-        self._carriage = Carriage(self._outgoing.put_nowait)
+        self._outgoing: asyncio.Queue[adb_pb2.LeaseAdbStreamsRequest] = asyncio.Queue()
+        self._carriage = Carriage(self._outgoing.put_nowait, adb_pb2.LeaseAdbStreamsRequest)
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[DoorConnection] = set()
 
@@ -153,8 +153,7 @@ class _HostDoor:
 
     async def _write(self) -> None:
         while True:
-            frame = await self._outgoing.get()
-            await self._call.write(adb_pb2.LeaseAdbStreamsRequest(frame=frame))
+            await self._call.write(await self._outgoing.get())
 
     async def _stream(self, carried: Carried, service: str) -> None:
         refused = never(service)

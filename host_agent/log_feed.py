@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -32,11 +31,11 @@ from amc.v1 import lease_pb2, lease_pb2_grpc
 from amc_common.logcat import divider
 from host_agent import metrics
 from host_agent.logcat import Capture
+from host_agent.on_demand_call import Call, OnDemandCall
 
 log = structlog.get_logger(__name__)
 
 LOG_LINGER = 30.0
-RECONNECT_FIRST, RECONNECT_MOST = 0.5, 10.0
 BATCH_LINES = 1000
 BATCH_BYTES = 256 * 1024
 MAX_PENDING = 20_000
@@ -63,8 +62,12 @@ class _Pending:
         self.chars = sum(len(x) for x in self.lines)
 
 
-class LogFeed:
+class LogFeed(OnDemandCall):
     """The host's LogLines call and the outboxes of its followed attempts."""
+
+    ABSENT = "the control plane has no live logs; not sending any"
+    ENDED = "log call ended"
+    LINGERED = "no log followed for the linger: log call closed"
 
     def __init__(
         self,
@@ -73,13 +76,9 @@ class LogFeed:
         linger: float = LOG_LINGER,
         running: Mapping[str, Key] | None = None,
     ) -> None:
+        super().__init__(linger)
         self._stub = stub
         self._host_id = host_id
-        self._linger = linger
-        self._wanted = asyncio.Event()
-        self._closed = asyncio.Event()
-        self._closed.set()
-        self.calling = False
         # The attempt each busy phone runs (serial -> key): an attempt there may not have
         # its capture attached yet.
         self._running: Mapping[str, Key] = running if running is not None else {}
@@ -91,15 +90,6 @@ class LogFeed:
     @property
     def followed(self) -> frozenset[Key]:
         return frozenset(self._followed)
-
-    def want(self) -> None:
-        """The control plane asks for the call: opened now, or as soon as the open one ends."""
-        self._wanted.set()
-
-    async def closed(self) -> None:
-        """Returns when no LogLines call is open (the renewal stream waits for it before it
-        moves to a new connection: the call and the stream stay on one replica)."""
-        await self._closed.wait()
 
     @contextlib.contextmanager
     def attach(self, task_id: str, attempt: int, capture: Capture | None) -> Iterator[None]:
@@ -206,58 +196,25 @@ class LogFeed:
 
     async def run(self) -> None:
         """The LogLines call, for the agent's life, whenever it is wanted."""
-        pause = RECONNECT_FIRST
-        while True:
-            await self._wanted.wait()
-            self._wanted.clear()
-            opened = time.monotonic()
-            lingered = False
-            try:
-                lingered = await self._call()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    log.info("the control plane has no live logs; not sending any")
-                    return
-                log.info("log call ended", code=exc.code().name, details=exc.details())
-            if not lingered and self._followed:
-                self._wanted.set()  # broken while followed: open it again
-            self._set_followed(set())
-            if lingered:
-                pause = RECONNECT_FIRST
-                continue
-            if time.monotonic() - opened > RECONNECT_MOST:
-                pause = RECONNECT_FIRST
-            await asyncio.sleep(pause)
-            pause = min(RECONNECT_MOST, pause * 2)
+        await self._keep()
 
-    async def _call(self) -> bool:
-        """One call, until it ends (False) or nothing has been followed for the linger
-        (True: closed here)."""
-        call = self._stub.LogLines()
-        sender: asyncio.Task[None] | None = None
-        self._closed.clear()
-        try:
-            await call.write(lease_pb2.LogLinesRequest(host_id=self._host_id))
-            sender = asyncio.get_running_loop().create_task(self._send(call))
-            while True:
-                try:
-                    async with asyncio.timeout(None if self._followed else self._linger):
-                        message = await call.read()
-                except TimeoutError:
-                    log.info("no log followed for the linger: log call closed")
-                    return True
-                if message is grpc.aio.EOF:
-                    return False
-                self.calling = True
-                self._set_followed({(f.task_id, f.attempt) for f in message.followed})
-        finally:
-            self.calling = False
-            self._closed.set()
-            if sender is not None:
-                sender.cancel()
-            call.cancel()
+    def _open(self) -> Call:
+        call: Call = self._stub.LogLines()
+        return call
 
-    async def _send(self, call: grpc.aio.StreamStreamCall[object, object]) -> None:
+    def _hello(self) -> lease_pb2.LogLinesRequest:
+        return lease_pb2.LogLinesRequest(host_id=self._host_id)
+
+    def _in_use(self) -> bool:
+        return bool(self._followed)
+
+    def _heard(self, message: lease_pb2.LogLinesResponse) -> None:
+        self._set_followed({(f.task_id, f.attempt) for f in message.followed})
+
+    def _forget(self) -> None:
+        self._set_followed(set())
+
+    async def _send(self, call: Call) -> None:
         """The outboxes' batches, one write at a time, until a write fails (the call is
         over; its read says why)."""
         while True:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -50,6 +49,7 @@ import structlog
 from amc.v1 import lease_pb2, lease_pb2_grpc, scheduler_pb2
 from host_agent import metrics, videocast
 from host_agent.devices import Device, DeviceError, VideoStream
+from host_agent.on_demand_call import Call, OnDemandCall
 from host_agent.screen_wants import Pace, Want, want_of
 from host_agent.stills import MAX_FRAME_BYTES, smaller, still_frame
 from host_agent.videocast import VideoQueue
@@ -59,7 +59,6 @@ log = structlog.get_logger(__name__)
 # How long one capture may take before it counts as failed; the pause after a failure.
 CAPTURE_TIMEOUT = 10.0
 FAILURE_PAUSE = 1.0
-RECONNECT_FIRST, RECONNECT_MOST = 0.5, 10.0
 # How long the call stays open with no phone watched before it is closed.
 SCREEN_LINGER = 30.0
 # A frame to a local watcher: what a recording takes.
@@ -69,8 +68,12 @@ Running = Callable[[str], tuple[str, int] | None]
 IMAGES, VIDEO = "images", "video"
 
 
-class Screencaster:
+class Screencaster(OnDemandCall):
     """The host's live screens: the ScreenFrames call, the captures of the watched phones."""
+
+    ABSENT = "the control plane has no live screens; not capturing"
+    ENDED = "screen call ended"
+    LINGERED = "no phone watched for the linger: screen call closed"
 
     def __init__(
         self,
@@ -83,17 +86,10 @@ class Screencaster:
         running: Running = lambda _serial: None,
         video_max_fps: int = 30,
     ) -> None:
+        super().__init__(linger)
         self._stub = stub
         # Which task attempt each phone runs: every frame says it (ScreenFrame.running).
         self._running = running
-        self._linger = linger
-        # Set when the control plane asks for the call (`want()`).
-        self._wanted = asyncio.Event()
-        # The call is open now (it has had its first answer).
-        self.calling = False
-        # Set while no call is open at all (`closed()`).
-        self._closed = asyncio.Event()
-        self._closed.set()
         self._host_id = host_id
         self._device = device
         self._max_fps = max_fps
@@ -127,80 +123,36 @@ class Screencaster:
         """The kinds of capture running for a phone (IMAGES, VIDEO)."""
         return frozenset(kind for s, kind in self._loops if s == serial)
 
-    async def closed(self) -> None:
-        """Returns when no ScreenFrames call is open (at once if none is). The renewal stream
-        waits for it before moving to a new connection: the call, open on the old one, and
-        the stream stay on one replica, where the host's viewers look for the feed."""
-        await self._closed.wait()
-
-    def want(self) -> None:
-        """The control plane asks for the call (a viewer waits for one of this host's
-        phones): opened now, or again as soon as the open one ends."""
-        self._wanted.set()
-
     async def run(self) -> None:
         """The ScreenFrames call, for the agent's life, whenever it is wanted: opened when
         asked, closed after the linger with nothing watched, reopened after a pause when
         it broke while a phone was watched."""
-        pause = RECONNECT_FIRST
         try:
-            while True:
-                await self._wanted.wait()
-                self._wanted.clear()
-                opened = time.monotonic()
-                lingered = False
-                try:
-                    lingered = await self._call()
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                        log.info("the control plane has no live screens; not capturing")
-                        return
-                    log.info("screen call ended", code=exc.code().name, details=exc.details())
-                if not lingered and self._watched:
-                    self._wanted.set()  # broken while watched: open it again
-                self._set_watched({})
-                if lingered:
-                    pause = RECONNECT_FIRST
-                    continue
-                if time.monotonic() - opened > RECONNECT_MOST:
-                    pause = RECONNECT_FIRST
-                await asyncio.sleep(pause)
-                pause = min(RECONNECT_MOST, pause * 2)
+            await self._keep()
         finally:
             for loop in self._loops.values():
                 loop.cancel()
 
-    async def _call(self) -> bool:
-        """One call, until it ends (False) or nothing has been watched for the linger
-        (True: closed here)."""
-        call = self._stub.ScreenFrames()
-        sender: asyncio.Task[None] | None = None
-        self._closed.clear()
-        try:
-            await call.write(lease_pb2.ScreenFramesRequest(host_id=self._host_id))
-            sender = asyncio.get_running_loop().create_task(self._send(call))
-            while True:
-                try:
-                    async with asyncio.timeout(None if self._watched else self._linger):
-                        message = await call.read()
-                except TimeoutError:
-                    log.info("no phone watched for the linger: screen call closed")
-                    return True
-                if message is grpc.aio.EOF:
-                    return False
-                self.calling = True
-                self._set_watched({w.serial: want_of(w) for w in message.watched})
-                for serial in message.key_frames:
-                    if (stream := self._streams.get(serial)) is not None:
-                        stream.want_key_frame()
-        finally:
-            self.calling = False
-            self._closed.set()
-            if sender is not None:
-                sender.cancel()
-            call.cancel()
+    def _open(self) -> Call:
+        call: Call = self._stub.ScreenFrames()
+        return call
 
-    async def _send(self, call: grpc.aio.StreamStreamCall[object, object]) -> None:
+    def _hello(self) -> lease_pb2.ScreenFramesRequest:
+        return lease_pb2.ScreenFramesRequest(host_id=self._host_id)
+
+    def _in_use(self) -> bool:
+        return bool(self._watched)
+
+    def _heard(self, message: lease_pb2.ScreenFramesResponse) -> None:
+        self._set_watched({w.serial: want_of(w) for w in message.watched})
+        for serial in message.key_frames:
+            if (stream := self._streams.get(serial)) is not None:
+                stream.want_key_frame()
+
+    def _forget(self) -> None:
+        self._set_watched({})
+
+    async def _send(self, call: Call) -> None:
         """Each phone's newest still frame and its stream's frames in order, one write at a
         time, until a write fails: then the call is over, and its read (in `_call`) says
         why."""

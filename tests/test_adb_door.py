@@ -138,6 +138,39 @@ async def test_a_cancel_mid_shell_takes_the_phone_offline_and_ends_the_session_c
         assert await status_is(farm, task_id, "cancelled") == "cancelled"
 
 
+async def test_a_cancel_mid_push_fails_the_push_and_the_file_never_reaches_the_phone(
+    farm: Farm, phone: Phone, user_adb: RealAdbServer, tmp_path: Path
+) -> None:
+    """GIVEN a push the phone stops reading mid-way, so that the door and every hop after
+    it hold bytes the door answered OKAY for and the phone never took, THEN a cancel fails
+    the push (never a success), the device goes offline, the door exits 9, and the phone
+    has no such file, even once it reads again what was on its way."""
+    token = await farm.token(Role.CLIENT)
+    client = farm.clients(token)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(32 * 1024 * 1024))
+    async with running_agent(farm, phone.source()):
+        async with door(farm.address, token, *door_args(user_adb)) as d:
+            await connected(user_adb, d.address)
+            pushing = asyncio.ensure_future(
+                user_adb.adb(
+                    "-s", d.address, "push", str(big), "/sdcard/big.bin", within=60, check=False
+                )
+            )
+            await _until(lambda: phone.adbd.received > 1024 * 1024, "the push to reach the phone")
+            phone.adbd.reading.clear()
+            task_id = await _only_task(farm)
+            await cancel(client, task_id)
+            pushed = await asyncio.wait_for(pushing, 30)
+            await offline(user_adb, d.address)
+            assert await d.wait() == 9
+            phone.adbd.reading.set()
+        assert await status_is(farm, task_id, "cancelled") == "cancelled"
+    assert pushed.returncode != 0, pushed
+    assert b"1 file pushed" not in pushed.stdout
+    assert "/sdcard/big.bin" not in phone.phone.files
+
+
 async def test_a_client_token_is_refused_what_is_for_operators_and_the_phone_never_sees_it(
     farm: Farm, phone: Phone, user_adb: RealAdbServer
 ) -> None:

@@ -126,7 +126,7 @@ async def test_a_stream_sends_no_more_than_its_window_before_an_ack() -> None:
     """THEN the sender waits once WINDOW bytes are unacknowledged, and goes on with the
     ack; another stream is not held up meanwhile."""
     sent: list[adb_pb2.AdbFrame] = []
-    carriage = Carriage(sent.append)
+    carriage = Carriage(lambda message: sent.append(message.frame), adb_pb2.AdbStreamsRequest)
     slow, other = carriage.stream(1), carriage.stream(2)
     sending = asyncio.ensure_future(slow.send(b"x" * (WINDOW + 1)))
     await asyncio.sleep(0.05)
@@ -139,7 +139,7 @@ async def test_a_stream_sends_no_more_than_its_window_before_an_ack() -> None:
 
 
 async def test_a_streams_end_reaches_its_reader_after_what_came_before() -> None:
-    carriage = Carriage(lambda frame: None)
+    carriage = Carriage(lambda message: None, adb_pb2.AdbStreamsRequest)
     carried = carriage.stream(1)
     carriage.deliver(adb_pb2.AdbFrame(stream=1, data=b"last words"))
     carriage.deliver(adb_pb2.AdbFrame(stream=1, close="done"))
@@ -175,7 +175,7 @@ async def test_no_byte_crosses_a_hosts_door_once_its_lease_is_over() -> None:
     (a process that woke from a freeze: its timer has not fired yet) THEN the host's door
     writes nothing to the phone and sends nothing of it, and the stream ends."""
     sent: list[adb_pb2.AdbFrame] = []
-    carriage = Carriage(sent.append)
+    carriage = Carriage(lambda message: sent.append(message.frame), adb_pb2.LeaseAdbStreamsRequest)
     carried = carriage.stream(1)
     carriage.deliver(adb_pb2.AdbFrame(stream=1, data=b"to the phone"))
     token = StopToken()

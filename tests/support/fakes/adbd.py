@@ -158,6 +158,11 @@ class FakeAdbd:
         self.services: list[str] = []
         # While set, services asked for are never answered; a new connection clears it.
         self.wedged = False
+        # Bytes the server wrote into streams; while `reading` is clear, the phone reads
+        # nothing more from its connections (as a phone whose storage stalls).
+        self.received = 0
+        self.reading = asyncio.Event()
+        self.reading.set()
         self._server: asyncio.Server | None = None
         self._sessions: set[_Session] = set()
         self._ids = itertools.count(1)
@@ -339,6 +344,8 @@ class _Session:
             stream.acked.set()
 
     async def _on_write(self, message: Message) -> None:
+        self.adbd.received += len(message.data)
+        await self.adbd.reading.wait()
         stream = self.streams.get(message.arg1)
         if stream is None:
             return
