@@ -76,6 +76,8 @@ __all__ = [
 # The control plane's range for a session's idle timeout (SessionOpen.idle_timeout).
 IDLE = (1.0, 3600.0)
 DEFAULT_IDLE_TIMEOUT = 300.0
+# The class of the MCP SDK's middleware that traces every message (OpenTelemetry).
+TRACING = "OpenTelemetryMiddleware"
 # How long open_session waits for a phone by default: a tool call must answer before the
 # MCP client gives up on it (60 s in most clients).
 DEFAULT_QUEUE_TIMEOUT = 30.0
@@ -109,7 +111,16 @@ def build_server(lending: Lending, defaults: Defaults) -> MCPServer:
     )
     mcp_tools.register(server, lending)
     mcp_log.register(server, lending)
+    untraced(server)
     return server
+
+
+def untraced(server: MCPServer) -> None:
+    """`server` without the SDK's tracing middleware, which opens an OpenTelemetry span
+    around every message: this product installs no OpenTelemetry exporter, so the spans go
+    nowhere, and opening them cost the HTTP server a few percent of its CPU per action.
+    The SDK documents the list's entries as removable."""
+    server.middleware[:] = [m for m in server.middleware if type(m).__name__ != TRACING]
 
 
 async def serve(

@@ -639,3 +639,27 @@ def test_a_port_in_use_is_said_in_one_line(tmp_path: Path) -> None:
         )
     said = f"amc mcp: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     assert (done.returncode, done.stderr, done.stdout) == (1, said, "")
+
+
+async def test_the_server_opens_no_tracing_span_per_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """THEN the messages an agent sends (initialize, tools/list) are answered without the
+    SDK's OpenTelemetry span around each: no exporter is installed, and the spans cost the
+    HTTP server CPU on every action."""
+    from mcp.server import _otel
+
+    spans: list[str] = []
+    real = _otel.otel_span
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        spans.append(str(kwargs.get("name", args[0] if args else "")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_otel, "otel_span", counted)
+    defaults = Defaults({"model": "Simulated"}, idle_timeout=30, implicit=True)
+    server = build_server(OneClient(ClientSessions(Farm("127.0.0.1:1"), defaults)), defaults)
+    async with Client(server, mode="legacy", client_info=AGENT) as mcp:
+        tools = (await mcp.list_tools()).tools
+    assert {t.name for t in tools} >= {"tap", "open_session"}
+    assert spans == []
