@@ -27,7 +27,7 @@ help:
 	@echo "make protos - regenerate the amc.v1 Python package from protos/"
 	@echo "make dist   - the wheel and the sdist into dist/"
 	@echo "make bench  - throughput and latency figures beside PostgreSQL's and pgqueuer's"
-	@echo "make chaos  - DURATION s (180) of random faults on 3 agents, an emulator pool + HOSTS (60) fleet hosts; 14 invariants"
+	@echo "make chaos  - DURATION s (180) of random faults on 3 agents, an emulator pool + HOSTS (60) fleet hosts; 15 invariants"
 	@echo "make soak   - chaos at 500 fleet hosts for 30 min (DURATION=); RSS and pickup p99 per 5 min"
 	@echo "make fuzz   - 100,000 fuzzed requests across every RPC"
 	@echo "make api-docs - the client library's API pages (docs/api/) from its docstrings, by pdoc"

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
-import signal
+import shutil
 import socket
 import sys
 import time
@@ -53,10 +52,18 @@ def servers(path: str | None, caps: Mapping[str, Any]) -> AppiumServers | None:
     return AppiumServers(AppiumSettings(path, caps)) if path else None
 
 
-def _die_with_parent() -> None:
-    """In the child before it runs Appium: SIGTERM when the agent dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+# Runs in a fresh interpreter (one thread) and becomes Appium: SIGTERM to it when the
+# agent dies (Linux's PR_SET_PDEATHSIG, kept across exec), given before the exec. Not in a
+# preexec_fn: a forked copy of the agent (gRPC's threads, their locks) calling into ctypes
+# before its exec could crash (SIGSEGV) or hang.
+_LAUNCH = """
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)  # the agent died before the signal was asked
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def _free_port() -> int:
@@ -103,8 +110,11 @@ class AppiumServers:
 
     async def _start(self, serial: str) -> _Server:
         port = _free_port()
-        argv = [self.settings.path, "--address", "127.0.0.1", "--port", str(port)]
-        argv += ["--log-level", "warn"]
+        program = shutil.which(self.settings.path)
+        if program is None:
+            raise AppiumError(f"--appium {self.settings.path}: no such executable program")
+        argv = [sys.executable, "-c", _LAUNCH, str(os.getpid()), program]
+        argv += ["--address", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -112,7 +122,6 @@ class AppiumServers:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise AppiumError(f"--appium {self.settings.path}: {exc.strerror or exc}") from None

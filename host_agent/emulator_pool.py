@@ -276,9 +276,12 @@ class Emulators:
     async def reset(self, serial: str, snapshot: str, *, heal: bool) -> str:
         """Load `snapshot` over the console and see the phone answer after it: what was
         done. A load that fails (or a phone that does not answer after it) starts the
-        instance afresh when `heal` (between leases), else raises DeviceLost."""
+        instance afresh when `heal` (between leases), else raises DeviceLost, at once while it
+        is started afresh (a restart after a death waits for the lease's task to end)."""
         instance = self._alive(serial)
         if instance.restarting is not None and not instance.restarting.done():
+            if not heal:  # a lease's load: its instance is started afresh under it
+                raise DeviceLost(f"device lost: {serial}: it is being started afresh")
             await asyncio.shield(instance.restarting)
         began = time.monotonic()
         try:

@@ -12,7 +12,10 @@ as two teams (fairness keys team-a and team-b, weights 1 and 2 in fair_shares), 
 cancels about a third of them at random moments, beside a few interactive sessions on the
 agents' phones (chaos_lib/sessions.py: closed, cancelled or abandoned; invariant 9), a few
 adb doors on them (`amc adb` driven by the harness's own adb client, stopped, cancelled or
-killed: chaos_lib/doors.py; invariant 13: a door never outlives its lease), and a
+killed: chaos_lib/doors.py; invariant 13: a door never outlives its lease), a few
+WebDriver sessions through the replicas' WebDriver endpoint onto the agents' Appium
+(deleted, cancelled or abandoned: chaos_lib/webdriver.py; invariant 15: a session never
+outlives its lease; skipped, saying why, where Appium cannot be installed), and a
 few live-screen viewers watching running tasks by task_id through the replicas, some
 relayed between them, following a task that moves (chaos_lib/screens.py; invariant 11). Before
 the faults it queues a backlog of
@@ -86,7 +89,9 @@ from chaos_lib import (
     report,
     screens,
     soak,
+    webdriver,
 )
+from chaos_lib.cluster import ROOT
 from chaos_lib.dispatch import DispatchCheck, fault_windows
 from chaos_lib.doors import DoorLoad
 from chaos_lib.emulators import EmulatorLoad
@@ -227,6 +232,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="adb doors (`amc adb`) kept open at once on the agents' phones (0: none)",
     )
     p.add_argument(
+        "--webdriver",
+        type=int,
+        default=2,
+        help="WebDriver sessions kept open at once on the agents' Appium (0: none)",
+    )
+    p.add_argument(
         "--viewers",
         type=int,
         default=3,
@@ -306,6 +317,11 @@ class ChaosRun:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
+        appium, self.webdriver_skipped = None, "--webdriver 0"
+        if args.webdriver:
+            appium, self.webdriver_skipped = webdriver.prepare(ROOT, workdir)
+            if appium is None:
+                say(f"no WebDriver sessions: Appium cannot be installed: {self.webdriver_skipped}")
         self.config = FarmConfig(
             workdir,
             args.replicas,
@@ -320,6 +336,7 @@ class ChaosRun:
             fleet_nice=args.fleet_nice,
             max_connection_age=args.max_connection_age or None,
             emulators=not args.no_emulators,
+            appium=appium,
         )
         self.farm = Farm(self.config, self.rng)
         self.emulator_load: EmulatorLoad | None = None
@@ -327,6 +344,7 @@ class ChaosRun:
         self.emulators_ready = 0
         self.run_ended = 0.0
         self.problems: list[str] = []
+        self.appium_left: list[Any] = []
         self.began = time.monotonic()
         self.chaos_s = 0.0
 
@@ -369,6 +387,13 @@ class ChaosRun:
             random.Random(self.args.seed + 39),
             self.config.workdir,
             self.args.doors,
+        )
+        self.webdriver = webdriver.WebDriverLoad(
+            [f"http://127.0.0.1:{r.http_port}/wd/hub" for r in self.farm.replicas],
+            [r.address for r in self.farm.replicas],
+            self.farm.client_token,
+            random.Random(self.args.seed + 14),
+            self.args.webdriver if self.config.appium else 0,
         )
         self.screens = ScreenLoad(
             [r.address for r in self.farm.replicas],
@@ -429,6 +454,7 @@ class ChaosRun:
         sessions = asyncio.create_task(self.sessions.run_forever())
         viewing = asyncio.create_task(self.screens.run_forever())
         opening = self._opening = asyncio.create_task(self.doors.run_forever())
+        self._driving = asyncio.create_task(self.webdriver.run_forever())
         watching = asyncio.create_task(self.farm.watch(self.injector.busy, self.problems))
         emulating = [
             asyncio.create_task(load.run_forever())
@@ -450,6 +476,7 @@ class ChaosRun:
             # The open ones' doors are killed (their sessions abandoned); one whose end was
             # asked is given its bound to take it first (the quiesce waits for them).
             opening.cancel()
+            self.webdriver.stop()  # the clients end what they began, then stop
             watching.cancel()
             if self.emulator_sessions is not None:
                 self.emulator_sessions.stop()
@@ -491,8 +518,11 @@ class ChaosRun:
                 f"not settled within {self.args.quiesce_timeout:.0f}s: {self.monitor.counts}"
             )
         await asyncio.wait({self._opening}, timeout=doors.DOOR_BOUND + 5)
+        await asyncio.wait({self._driving}, timeout=webdriver.QUEUE_TIMEOUT + 30)
+        self._driving.cancel()
         await asyncio.sleep(0.5)
         self.run_ended = time.time()
+        self.appium_left = await webdriver.left_open({a.host_id: a.log for a in self.farm.agents})
         codes = await self.farm.stop()
         self.problems += [
             f"{name} exited with {rc} at the end"
@@ -505,6 +535,7 @@ class ChaosRun:
             await self.emulator_sessions.close()
         await self.screens.close()
         await self.doors.close()
+        await self.webdriver.close()
         await self.monitor.close()
 
     async def check(self) -> dict[str, Any]:
@@ -549,6 +580,13 @@ class ChaosRun:
         violations += [Violation(11, check, detail) for check, detail in watched]
         opened, door_figures = doors.check(ev, farm.action_logs(), self.doors.records)
         violations += [Violation(13, check, detail) for check, detail in opened]
+        wd_sessions = (
+            webdriver.appium_sessions(self.config.appium.logs) if self.config.appium else []
+        )
+        driven, wd_figures = webdriver.check(
+            ev, wd_sessions, self.webdriver.records, self.appium_left
+        )
+        violations += [Violation(15, check, detail) for check, detail in driven]
         world = farm.emulator_world
         emulated = world.read_events() if world is not None else []
         cleans = cleaning.check(
@@ -631,6 +669,11 @@ class ChaosRun:
             "sessions": self.sessions.counts(),
             "screens": viewed,
             "doors": door_figures | {"ends": self.doors.counts(), "broken": self.doors.broken()},
+            "webdriver": (
+                wd_figures | {"ends": self.webdriver.counts(), "broken": self.webdriver.broken()}
+                if self.config.appium
+                else {"skipped": self.webdriver_skipped}
+            ),
             "session_errors": self.sessions.errors(),
             "clients": {
                 "submit_retries": self.workload.counters.submit_retries,

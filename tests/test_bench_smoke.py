@@ -55,9 +55,14 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
         results["lifecycle"]["cpu_ms_per_task"]["control_plane"]["median"],
         results["latency"]["pickup"]["cpu_ms_per_task"]["postgres"],
         results["latency"]["cancel"]["cpu_ms_per_task"]["agent"],
-        results["session"]["windows"][0]["postgres_cpu_us_per_action"],
+        results["session"]["windows"][0]["cp_cpu_us_per_action"],
+        results["session"]["windows"][0]["agent_cpu_us_per_action"],
     ):
         assert fig > 0
+    # A relayed action does no database work: PostgreSQL's share is reported, and may be
+    # nothing at all in a short window (its CPU is counted in 10-ms ticks).
+    for window in results["session"]["windows"]:
+        assert window["postgres_cpu_us_per_action"] >= 0
     screen = results["screen"]
     assert screen["verified"] is True and screen["idle"]["frames_captured"] == 0
     assert screen["clicks"]["click_to_frame_ms"]["n"] == 5  # after 3 warm-up taps

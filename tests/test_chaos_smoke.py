@@ -34,7 +34,7 @@ from tests.test_device_health import is_in, on
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from chaos_lib import cleaning, doors, emulators, evidence, phones, screens  # noqa: E402
+from chaos_lib import cleaning, doors, emulators, evidence, phones, screens, webdriver  # noqa: E402
 from chaos_lib.dispatch import DispatchCheck, FaultWindow  # noqa: E402
 from chaos_lib.evidence import AcquireCall, Action, AgentEvent, Evidence  # noqa: E402
 from chaos_lib.faults import KINDS as FARM_KINDS  # noqa: E402
@@ -75,6 +75,9 @@ def test_quick_chaos_run_injects_every_fault_and_breaks_no_invariant(tmp_path: P
     dispatch = results["dispatch"]
     assert dispatch["fleet_hosts"] > 0 and dispatch["details"]["fleet acquire calls: OK"] > 0
     assert set(dispatch["first_pickup_s"]) >= {"rack", "serial"}
+    # WebDriver sessions reached the agents' Appium (unless Appium could not be installed).
+    webdriver_ = results["webdriver"]
+    assert "skipped" in webdriver_ or webdriver_["appium_commands_on_hosts"] > 0, webdriver_
     broken = {n: v["examples"] for n, v in results["violations"].items() if v["count"]}
     assert not broken, json.dumps(broken, indent=1)
     assert results["summary"]["problems"] == []
@@ -1196,3 +1199,128 @@ def test_an_emulator_a_killed_agent_left_running_and_never_stopped_breaks_invari
     assert verdict.stats["of those stopped by the agent started again"] == 1
     stopped = [*events, {"at": t + 24, "event": "killed", "serial": "emulator-5662", "pid": 2}]
     assert emulators.check(stopped, {}, {}, {}, [kill], 2, t + 60).violations == []
+
+
+async def test_chaos_runs_at_once_on_one_machine_hold_emulator_ports_and_tokens_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """THEN two chaos runs at once get emulator port ranges that do not meet (each slot
+    held until its run ends, then free for the next) and console tokens of their own: one
+    run's agent never takes the other's emulators for leftovers of its own and kills them,
+    nor starts its instances on their ports."""
+    first = await emulators.EmulatorWorld.make(tmp_path / "a")
+    try:
+        second = await emulators.EmulatorWorld.make(tmp_path / "b")
+        try:
+            (a_low, a_high), (b_low, b_high) = first.ports, second.ports
+            assert a_high < b_low or b_high < a_low, (first.ports, second.ports)
+            assert f"{b_low}-{b_high}" in second.agent_args()
+            token = ".emulator_console_auth_token"
+            assert (tmp_path / "a/emulators/home" / token).read_text() != (
+                tmp_path / "b/emulators/home" / token
+            ).read_text()
+        finally:
+            await second.close()
+        third = await emulators.EmulatorWorld.make(tmp_path / "c")
+        await third.close()
+        assert third.ports == second.ports  # given back when its run ended
+    finally:
+        await first.close()
+
+
+def test_a_webdriver_command_past_its_lease_or_its_end_breaks_invariant_15(tmp_path: Path) -> None:
+    """THEN invariant 15: Appium sessions whose commands came within their attempt's lease
+    (and the DELETE that ends one, after it) are clean, and so are clients' sessions
+    deleted (done), cancelled or abandoned (failed) whose OK answers came within the lease;
+    a command Appium served after the lease ended (read from Appium's own log), an Appium
+    session on a phone outside any attempt or left open at the run's end, an OK answer to
+    a command sent after the lease ended or after the client was told the session ended, a
+    DELETE answered before the phone was free, and an end not asked for each break it."""
+    ours = _attempt("t1", 1, "h1", T0, T0 + 10)
+    logs = tmp_path / "appium-logs"
+    logs.mkdir()
+
+    def stamp(at: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) + f":{round(at % 1 * 1000):03d}"
+
+    sid = "2253c32d-01a8-4920-9d1d-70188d300328"
+
+    def appium_log(*calls: tuple[float, str]) -> None:
+        lines = [
+            f'{stamp(T0 + 0.5)} [HTTP] --> POST /session {{"capabilities":{{"alwaysMatch":'
+            f'{{"appium:udid":"sim-0"}}}}}}',
+            f"{stamp(T0 + 0.6)} [2253c32d][FakeDriver@d7ae] Session created with session id: {sid}",
+        ]
+        lines += [
+            f"{stamp(at)} [2253c32d][HTTP] --> {what.replace('SID', sid)} " for at, what in calls
+        ]
+        (logs / "h1-1234.log").write_text("\n".join(lines) + "\n")
+
+    def task(status: str, error: str = "") -> dict[str, Any]:
+        return {
+            "status": status,
+            "error": error,
+            "finished_at": T0 + 10,
+            "metadata": {"webdriver": "session"},
+        }
+
+    def client(plan: str, did: str, *commands: tuple[str, float, int]) -> Any:
+        record = webdriver.WdRecord(plan, "http://r", "t1", did=did)
+        record.commands = [webdriver.Command("POST", "", T0 - 1, T0 + 1, 200)]
+        for what, sent, status in commands:
+            method, _, path = what.partition(" ")
+            record.commands.append(webdriver.Command(method, path, sent, sent + 0.01, status))
+            if status == 404 and record.told_ended_at is None:
+                record.told_ended_at = sent + 0.01
+        return record
+
+    ev = Evidence(
+        tasks={"t1": task("done")}, attempts={("t1", 1): ours}, events={}, devices=[],
+        actions=[], agent_events=[],
+    )  # fmt: skip
+
+    def found(records: list[Any], leftover: list[Any] | None = None) -> list[str]:
+        sessions = webdriver.appium_sessions(logs)
+        return [c for c, _ in webdriver.check(ev, sessions, records, leftover or [])[0]]
+
+    appium_log((T0 + 2, "GET /session/SID/source"), (T0 + 11, "DELETE /session/SID"))
+    deleted = client(
+        "delete", "deleted", ("GET /source", T0 + 2, 200), ("DELETE ", T0 + 9.995, 200)
+    )
+    assert found([deleted]) == []
+    ev.tasks["t1"] = task("failed", "idle timeout")
+    assert found([client("abandon", "abandoned", ("GET /source", T0 + 12, 404))]) == []
+    ev.tasks["t1"] = task("cancelled")
+    assert found([client("cancel", "cancel_acked", ("GET /source", T0 + 2, 200))]) == []
+
+    ev.tasks["t1"] = task("done")
+    appium_log((T0 + 10.5, "GET /session/SID/source"))
+    assert found([]) == ["Appium served a command outside its session's lease"]
+    ev.attempts[("t1", 1)] = _attempt("t1", 1, "h1", T0 + 5, T0 + 10)
+    appium_log()
+    assert found([]) == ["an Appium session on a phone outside any attempt"]
+    ev.attempts[("t1", 1)] = ours
+    assert found([], [{"server": "h1/sim-0/4723", "session": sid}]) == [
+        "an Appium session left open after the run"
+    ]
+    broken = {
+        "a command was answered OK after its session's lease ended": client(
+            "delete", "deleted", ("GET /source", T0 + 10.5, 200)
+        ),
+        "a command was answered OK after the session was said ended": client(
+            "delete", "deleted", ("GET /source", T0 + 2, 404), ("GET /source", T0 + 3, 200)
+        ),
+        "DELETE answered before its session's phone was free": client(
+            "delete", "deleted", ("DELETE ", T0 + 8, 200)
+        ),
+        "a WebDriver session done though its client did not DELETE it": client(
+            "abandon", "abandoned"
+        ),
+    }
+    for check, bad in broken.items():
+        assert check in found([bad]), (check, found([bad]))
+    ev.tasks["t1"] = task("failed", "step 1: webdriver failed")
+    assert found([client("abandon", "abandoned")]) == [
+        "a WebDriver session failed for a reason that is not a stop"
+    ]
+    assert NAMES[15].startswith("WebDriver sessions")

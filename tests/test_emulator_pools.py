@@ -26,6 +26,7 @@ from amc_client import Farm as Client
 from amc_testing.emulators import install_double, make_avd
 from control_plane.domain import Role
 from host_agent.clean_profile import Profiles
+from host_agent.devices import DeviceLost
 from host_agent.flags import parse
 from host_agent.recovery import FAILED, RecoverySettings
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
@@ -212,6 +213,76 @@ async def test_an_emulator_whose_process_dies_gives_its_task_back_and_starts_afr
     attempts = await farm.attempts(task_id)
     assert len(attempts) == 2 and attempts[1]["device_serial"] == FIRST
     assert (await get(client, task_id)).status == task_pb2.TASK_STATUS_CANCELLED
+
+
+class LeaseOnIt:
+    """The phones' life as the pool sees it (host_agent.devices.PoolHost), with one lease
+    on the instance: as the agent's, `lost` returns only once that lease's task has ended."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[str] | None = None
+        self.lost_told = asyncio.Event()
+
+    def ready(self, serial: str) -> bool:
+        return self.task is None
+
+    def retire(self, serial: str) -> bool:
+        return False
+
+    async def lost(self, serial: str, why: str) -> None:
+        self.lost_told.set()
+        if self.task is not None:
+            await asyncio.wait([self.task])
+
+    def broken(self, serial: str, why: str) -> None:
+        pass
+
+    def fresh(self, serial: str) -> None:
+        pass
+
+    async def changed(self) -> None:
+        pass
+
+
+async def test_a_lease_whose_emulator_died_as_it_began_ends_device_lost_and_the_restart_goes_on(
+    world: EmulatorWorld,
+) -> None:
+    """THEN a lease that begins as its instance's process dies (the restart already waits
+    for that lease's task to end) does not wait for the restart to load its start snapshot:
+    its load fails at once as device lost, so the task ends, and the instance is started
+    afresh (no task and no restart left waiting on each other)."""
+    source = world.source(world.settings(world.pool(1, 1)))
+    pool = source.emulators
+    host = LeaseOnIt()
+    keeping = asyncio.create_task(pool.run(host))
+    try:
+
+        async def up() -> bool:
+            found = pool.instance(FIRST)
+            return found is not None and found.state == "up"
+
+        await eventually(up, timeout=30, what="the emulator")
+
+        async def lease_begins() -> str:
+            await host.lost_told.wait()
+            return await source.prepare(FIRST, "login_screen")
+
+        host.task = asyncio.create_task(lease_begins())
+        (first,) = world.read_events("started")
+        os.kill(first["pid"], signal.SIGKILL)
+        done, _ = await asyncio.wait([host.task], timeout=20)
+        assert done, "the lease's load still waits for the restart that waits for it"
+        with pytest.raises(DeviceLost):
+            host.task.result()
+        host.task = None
+        await eventually(up, timeout=30, what="the emulator started afresh")
+        assert len(world.read_events("started")) == 2
+    finally:
+        keeping.cancel()
+        await asyncio.gather(keeping, return_exceptions=True)
+        if host.task is not None:
+            host.task.cancel()
+            await asyncio.gather(host.task, return_exceptions=True)
 
 
 async def test_an_emulator_a_killed_agent_left_running_is_stopped_when_the_agent_starts(

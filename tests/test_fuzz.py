@@ -529,10 +529,11 @@ class World:
             except grpc.aio.AioRpcError as exc:
                 return Reply(exc.code(), exc.details() or "", 0)
             return Reply(grpc.StatusCode.OK, "", 1)
-        if method == "/amc.v1.Scheduler/WatchScreen":
-            # A watch taken sends its headers, then frames only when a host sends some.
+        if method in ("/amc.v1.Scheduler/WatchScreen", "/amc.v1.Scheduler/StreamLogs"):
+            # A watch (a follow) taken sends its headers, then frames (lines) only when a
+            # host sends some.
             return await _headers(make_call(payloads[0], timeout=CALL_TIMEOUT))
-        if method == "/amc.v1.Lease/ScreenFrames":
+        if method in ("/amc.v1.Lease/ScreenFrames", "/amc.v1.Lease/LogLines"):
             return await _feed(make_call(timeout=CALL_TIMEOUT), payloads)
         if not m.client_streaming:
             # WatchTask: the first state is enough; it would follow the task forever.
@@ -1092,6 +1093,16 @@ def templates(w: World) -> dict[str, list[message.Message]]:
             lease_pb2.ScreenFramesRequest(host_id="A"),
             lease_pb2.ScreenFramesRequest(
                 frame=scheduler_pb2.ScreenFrame(serial="A1", seq=1, mime="image/png", data=b"x")
+            ),
+        ],
+        "/amc.v1.Scheduler/StreamLogs": [
+            scheduler_pb2.StreamLogsRequest(task_id=w.tasks[0], min_level="E", tags=["amc"]),
+            scheduler_pb2.StreamLogsRequest(task_id=w.tasks[0], attempt=1, follow=True),
+        ],
+        "/amc.v1.Lease/LogLines": [
+            lease_pb2.LogLinesRequest(host_id="A"),
+            lease_pb2.LogLinesRequest(
+                batch=lease_pb2.LogBatch(task_id=w.tasks[0], attempt=1, first_seq=1, lines=["x"])
             ),
         ],
         "/amc.v1.Library/UploadApp": library_requests(library_pb2.UploadAppRequest),

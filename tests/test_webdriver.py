@@ -27,6 +27,7 @@ from selenium.webdriver.remote.client_config import AuthType
 
 from amc.v1 import scheduler_pb2, task_pb2
 from control_plane.domain import Role
+from control_plane.embedded import EmbeddedPostgres
 from host_agent.agent import Agent
 from host_agent.simulated import SimulatedSource
 from scripts.launch import HostAgentCommand
@@ -37,6 +38,7 @@ from tests.support.appium import appium_program, fake_caps  # noqa: F401 (a fixt
 from tests.support.console import console_farm, console_url
 from tests.support.doc_examples import fences
 from tests.support.library import library, upload_app
+from tests.test_database_outage import own_database  # noqa: F401 (a fixture)
 from tests.test_host_agent_process import agent_process, log_events
 
 HOST = "wd-host"
@@ -417,3 +419,40 @@ async def test_an_answer_too_big_for_the_farm_is_an_error_and_the_session_goes_o
         await asyncio.to_thread(button.click)
         await asyncio.to_thread(driver.quit)
         assert await farm.status(driver.session_id) == "done"
+
+
+async def test_delete_is_answered_ok_only_once_the_sessions_end_is_recorded(
+    own_database: EmbeddedPostgres,  # noqa: F811
+    appium_program: Path,  # noqa: F811
+) -> None:
+    """GIVEN a WebDriver session, and then its database gone
+    WHEN its client DELETEs it (Appium's session is deleted: the relay needs no database)
+    THEN the answer is not OK, since the session's end cannot be recorded and its phone is
+    not free, but `unknown error` saying so; once the database is back the task ends (done,
+    or failed where its lease expired meanwhile) and the phone is free."""
+    async with console_farm(own_database.url) as farm:
+        source = SimulatedSource(1, delay=0.01)
+        caps = fake_caps(appium_program)
+        async with running_agent(
+            farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+        ) as agent:
+            token = await farm.token(Role.CLIENT)
+            asked = new_session(**{"appium:automationName": "Fake", "amc:queueTimeout": 30})
+            status, value = await w3c(farm, "POST", "/session", token, asked)
+            assert status == 200, value
+            task_id = value["sessionId"]
+            assert len(await appium_sessions(agent)) == 1
+            own_database.stop("immediate")
+            status, value = await w3c(farm, "DELETE", f"/session/{task_id}", token)
+            assert (status, (value or {}).get("error")) == (500, "unknown error"), (status, value)
+            assert "its end is not recorded" in value["message"], value
+            assert await appium_sessions(agent) == []
+            own_database.start()
+            await farm.reconnect_db()
+            # Done, or failed where its lease expired while its report could not be recorded.
+            await status_is(farm, task_id, "done", "failed", within=30)
+
+            async def phone_free() -> bool:
+                return await farm.device_holder(HOST, "sim-0") is None
+
+            await eventually(phone_free, what="the phone free")

@@ -19,7 +19,8 @@ Routes, under `/wd/hub` (Selenium Grid's, Appium 1's) and at the root (Appium 2'
   session's actions (SessionAction.webdriver) through its relay to the host; Appium's
   status and body are the answer. Only the token that made a session reaches it.
 - **The end**: `DELETE /session/{id}` deletes the Appium session and closes the farm's
-  (done; the call answers once the task is finished, so the phone is free); the idle
+  (done; the call answers once the task is finished, so the phone is free, and answers
+  `unknown error` saying so where that end is not recorded within END_WAIT); the idle
   timeout, a cancel or a lost lease end it as any session (the host deletes the Appium
   session). A session unknown, ended, or of another token is answered `invalid session
   id` (404). Sessions live on the replica that made them: a balancer in front of
@@ -48,8 +49,10 @@ from control_plane.scheduler_service import SchedulerService
 
 PREFIXES = ("", "/wd/hub")
 MAX_BODY = 3 << 20
-# How long DELETE waits for the session's task to be finished (its phone freed).
+# How long DELETE waits for the session's task to be finished (its phone freed), and how
+# often it reads the task where the session's call ended without its end.
 END_WAIT = 10.0
+END_READ = 0.25
 # How often a new-session request waiting in the queue looks whether its client left.
 LOOK_EVERY = 1.0
 _FINISHED = (
@@ -239,9 +242,27 @@ class WebDriver:
         if request.method == "DELETE" and not tail:
             session.close()
             self.sessions.pop(session_id, None)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.finished.wait(), END_WAIT)
+            if not await self._ended(session, _who(request)[0]):
+                why = "its end is not recorded yet, so its phone may not be free"
+                return w3c_error("unknown error", f"session {session_id} closed, but {why}")
         return _passed_on(reply)
+
+    async def _ended(self, session: _Session, context: CallContext) -> bool:
+        """Whether the session's task is finished (its phone free) within END_WAIT: the
+        last answer of its OpenSession, or read again where that call ended without it (its
+        replica lost the database as the session closed, or the host's report is late)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + END_WAIT
+        await _within(session.finished.wait(), END_WAIT)
+        request = scheduler_pb2.GetTaskRequest(task_id=session.id)
+        servicer: Any = self.scheduler  # called in process, with the console's context
+        while session.task is None or session.task.status not in _FINISHED:
+            if loop.time() >= until:
+                return False
+            await asyncio.sleep(END_READ)
+            with contextlib.suppress(AmcError, Refused):
+                session.task = await servicer.GetTask(request, context)
+        return True
 
     async def close(self) -> None:
         """The replica's end: every session closed as its client closing."""

@@ -137,6 +137,7 @@ class Replica:
     insecure: bool
     max_connection_age: float | None = None
     port: int = field(default_factory=free_port)
+    http_port: int | None = None  # the console's (and WebDriver endpoint's) HTTP port
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -158,6 +159,7 @@ class Replica:
             grace=1,
             log_format="json",
             max_connection_age=self.max_connection_age,
+            http_listen=f"127.0.0.1:{self.http_port}" if self.http_port else None,
         )
         self.proc = _spawn(command.argv(), self.log, command.env())
         self.starts += 1
@@ -238,6 +240,9 @@ class AgentProc(_Faultable):
     adb: str | None = None
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # WebDriver sessions (chaos_lib/webdriver.py): its `appium` and the caps over clients'.
+    appium: Path | None = None
+    appium_caps: str | None = None
 
     def spawn(self) -> None:
         simulated = self.adb is None
@@ -264,6 +269,8 @@ class AgentProc(_Faultable):
             recovery_backoff=phones.RECOVERY_BACKOFF,
             boot_timeout=phones.BOOT_TIMEOUT,
             clean_profile=self.clean_profile,
+            appium=self.appium,
+            appium_caps=self.appium_caps,
         )
         argv = [*command.argv(), *self.extra_args]
         self.proc = _spawn(argv, self.log, {**command.env(), **self.extra_env})

@@ -55,10 +55,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import fcntl
 import json
 import os
 import random
+import secrets
 import signal
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -79,7 +82,9 @@ AVD = "Chaos_API_34"
 BOOT = "chaos_boot"  # the pool's snapshot: every reset loads it
 APP = "chaos_app"  # another a task may start from: loaded at its lease's start
 MIN, MAX = 2, 3
-PORTS = "5660-5682"
+# Its console/adb ports: one slot of these, held (an exclusive lock) for the run, so runs
+# at once on one machine never share a port; below the tests' and the bench's 5600-5682.
+PORT_SLOTS = ((5554, 5566), (5568, 5580), (5582, 5594))
 LOAD_SECONDS = 0.3
 BOOT_SECONDS = 0.3
 LOAD_TIMEOUT = 2.0  # --emulator-load-timeout: a hung load fails after it
@@ -127,8 +132,10 @@ class EmulatorWorld:
     faults: Path
     events: Path
     env: dict[str, str]
+    ports: tuple[int, int] = PORT_SLOTS[0]
     claimed: set[str] = field(default_factory=set)  # serials a fault is on
     _entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _slot: Any = None  # the open lock file of its ports' slot
 
     @classmethod
     async def make(cls, workdir: Path) -> EmulatorWorld:
@@ -137,10 +144,13 @@ class EmulatorWorld:
         home.mkdir(parents=True, exist_ok=True)
         make_avd(avds, AVD, snapshots=(BOOT, APP))
         install_double(bin_dir)
-        (home / ".emulator_console_auth_token").write_text("chaos-token")
+        # A token of its own: another run's agent cannot talk to (or kill) its emulators.
+        (home / ".emulator_console_auth_token").write_text(secrets.token_hex(8))
+        ports, slot = claim_ports()
         adb = AdbServer(root / "adb")
         await adb.start()
-        world = cls(root, adb, root / "faults.json", root / "events.jsonl", {})
+        world = cls(root, adb, root / "faults.json", root / "events.jsonl", {}, ports)
+        world._slot = slot
         world.env = {
             "HOME": str(home),
             "ANDROID_AVD_HOME": str(avds),
@@ -157,12 +167,11 @@ class EmulatorWorld:
     def adb_address(self) -> str:
         return f"127.0.0.1:{self.adb.port}"
 
-    @staticmethod
-    def agent_args() -> list[str]:
+    def agent_args(self) -> list[str]:
         return [
             "--emulator", f"{AVD}@{BOOT}:{MIN}:{MAX}",
             "--emulator-budget", "0.01,1MB",
-            "--emulator-ports", PORTS,
+            "--emulator-ports", "{}-{}".format(*self.ports),
             "--emulator-load-timeout", f"{LOAD_TIMEOUT:g}s",
             "--emulator-boot-timeout", f"{BOOT_TIMEOUT:g}s",
             "--emulator-idle", f"{IDLE:g}s",
@@ -203,6 +212,24 @@ class EmulatorWorld:
 
     async def close(self) -> None:
         await self.adb.stop()
+        if self._slot is not None:
+            self._slot.close()  # its lock goes with it
+
+
+def claim_ports() -> tuple[tuple[int, int], Any]:
+    """The first of PORT_SLOTS no other run on this machine holds, and its lock file (held
+    until closed, or until this process ends)."""
+    for first, last in PORT_SLOTS:
+        lock = open(Path(tempfile.gettempdir()) / f"amc-chaos-emulator-ports-{first}.lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        return (first, last), lock
+    raise RuntimeError(
+        f"every emulator port slot {PORT_SLOTS} is held by another chaos run on this machine"
+    )
 
 
 def _is_double(pid: int) -> bool:

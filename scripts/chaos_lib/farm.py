@@ -11,17 +11,22 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from amc.v1 import admin_pb2, admin_pb2_grpc
 from amc_common.channel import with_token
+from amc_testing.database import free_port
 from chaos_lib import cleaning, emulators
 from chaos_lib.cluster import ROOT, AgentProc, FleetProc, Postgres, Replica, health
 from chaos_lib.emulators import EmulatorWorld
 from chaos_lib.phones import PhoneFaults
 from chaos_lib.proxy import ProxyHub
 from scripts.launch import CreateTokenCommand, TokenRole
+
+if TYPE_CHECKING:
+    from chaos_lib.webdriver import Appium
 
 
 @dataclass
@@ -49,6 +54,9 @@ class FarmConfig:
     max_connection_age: float | None = None
     # One more agent, of an emulator pool (chaos_lib/emulators.py).
     emulators: bool = False
+    # WebDriver sessions (chaos_lib/webdriver.py): the agents run this Appium, the replicas
+    # serve HTTP (the WebDriver endpoint); None: neither.
+    appium: Appium | None = None
 
     @property
     def devices_total(self) -> int:
@@ -139,6 +147,7 @@ class Farm:
                     c.sweep_interval,
                     c.insecure,
                     max_connection_age=c.max_connection_age,
+                    http_port=free_port() if c.appium else None,
                 )
             )
         await asyncio.gather(*(r.start() for r in self.replicas))
@@ -157,6 +166,8 @@ class Farm:
                 token_file=c.workdir / f"token-{host}",
                 sim_faults=c.workdir / f"phone-faults-{host}.json",
                 clean_profile=profile,
+                appium=c.appium.program(host) if c.appium else None,
+                appium_caps=c.appium.caps if c.appium else None,
             )
             agent.spawn()
             self.agents.append(agent)

@@ -46,6 +46,13 @@
        minimum no longer than that bound (but while a start that never boots keeps one
        down, or its agent is away) and at its minimum at the quiesce; the instances a
        killed agent left running are stopped when it starts again
+   15  WebDriver sessions (chaos_lib/webdriver.py): a session never outlives its lease: no
+       command reaches its Appium session on the host (Appium's own log) before the lease
+       of the attempt on its phone began or after it ended, but the DELETE that ends it; no
+       Appium server keeps a session at the run's end; every command answered OK to a
+       client was sent while its session's lease was live and before the client was told
+       the session ended; a DELETE answered OK found its phone free; and the session ended
+       as asked (or for a stop that is not a cancellation)
 
 The action logs do not say which task an action was for, so an action is attributed to the
 attempt on its host and device that began last before it (one device runs one attempt at a
@@ -85,6 +92,7 @@ NAMES = {
     12: "cleaning: no lease on a phone whose last clean failed, no task during a clean",
     13: "adb doors: a door never outlives its lease",
     14: "emulators: a dead one's task given back and done, restarted, pool at its minimum",
+    15: "WebDriver sessions: a session never outlives its lease",
 }
 TERMINAL = statuses.TERMINAL
 # How a session's host reports the end of its relay (host_agent/session.py).
@@ -752,6 +760,6 @@ def grouped(violations: list[Violation]) -> dict[str, dict[str, Any]]:
 
 def _is_session(t: dict[str, Any]) -> bool:
     """A session's task (chaos_lib/sessions.py marks each in its metadata, `amc adb` its
-    door's)."""
+    door's, the WebDriver endpoint its sessions')."""
     metadata = t["metadata"] or {}
-    return "session" in metadata or "door" in metadata
+    return "session" in metadata or "door" in metadata or "webdriver" in metadata

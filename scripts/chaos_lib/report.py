@@ -113,6 +113,7 @@ def table(results: dict[str, Any]) -> str:
         *_screen_lines(results.get("screens") or {}),
         *_door_lines(results.get("doors") or {}),
         *_emulator_lines(results.get("emulators") or {}),
+        *_webdriver_lines(results.get("webdriver") or {}),
         "",
         f"{'fault':<14}{'n':>4}  recovery (s: min / median / max)",
     ]
@@ -175,6 +176,21 @@ def _emulator_lines(v: dict[str, Any]) -> list[str]:
         f" {v.get('released_by_operator', 0)} released by the operator; below the pool's"
         f" minimum {v.get('longest_below_min_s', 0):.1f}s at most;"
         f" {d.get('instances ready at the quiesce', 0)} ready at the quiesce",
+    ]
+
+
+def _webdriver_lines(v: dict[str, Any]) -> list[str]:
+    if "skipped" in v:
+        return [f"webdriver  skipped: {v['skipped']}"]
+    if not v.get("sessions"):
+        return []
+    ends = "  ".join(f"{k} {n}" for k, n in v.get("ends", {}).items())
+    return [
+        f"webdriver  {v['sessions']} sessions, {v['created']} created,"
+        f" {v['commands_answered_ok']} commands answered OK; on the hosts"
+        f" {v['appium_sessions_on_hosts']} Appium sessions, {v['appium_commands_on_hosts']}"
+        f" commands, the last {v['latest_appium_command_after_lease_end_s']}s after a lease"
+        f" end at most  (ended: {ends})"
     ]
 
 
