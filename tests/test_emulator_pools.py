@@ -132,6 +132,42 @@ async def test_a_session_from_a_snapshot_starts_there_and_the_emulator_is_reset_
     assert not world.read_events("killed")  # reset, never restarted
 
 
+def consoles_of(world: EmulatorWorld, pid: int) -> int:
+    """The console connections the instance of process `pid` accepted."""
+    return sum(1 for e in world.read_events("console") if e["pid"] == pid)
+
+
+async def test_an_emulators_resets_share_one_console_connection_and_a_new_process_gets_its_own(
+    farm: Farm, world: EmulatorWorld
+) -> None:
+    """THEN the console connection an instance's start opened (`avd snapshot list`) carries
+    its resets' loads and a task's start-snapshot load, with no new connection, banner and
+    `auth` for each; once its process dies, the instance started afresh is reached over a
+    connection of its own (the old one is never used for it) and its clean passes."""
+    token = await farm.token(Role.CLIENT)
+    async with running(farm, world), Client(farm.address, token=token) as client:
+        await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
+        (first,) = world.read_events("started")
+        for snapshot in ("default_boot", "login_screen", "default_boot"):
+            async with client.session(labels=EMULATOR, start_snapshot=snapshot) as phone:
+                await phone.shell("echo hi")
+            await eventually(lambda: ready(farm, FIRST), timeout=20, what="the reset")
+        loads = [e for e in world.read_events("loaded") if e["pid"] == first["pid"]]
+        assert len(loads) >= 4, loads  # its first clean, three resets and a task's load
+        assert consoles_of(world, first["pid"]) == 1
+        cleans = len(await cleaning_events(farm, FIRST))
+        os.kill(first["pid"], signal.SIGKILL)
+        await eventually(lambda: len(world.read_events("started")) == 2, timeout=30)
+        second = world.read_events("started")[1]
+
+        async def cleaned_again() -> bool:
+            return await ready(farm, FIRST) and len(await cleaning_events(farm, FIRST)) > cleans
+
+        await eventually(cleaned_again, timeout=30, what="the new instance's clean")
+        assert [e["pid"] for e in world.read_events("loaded")][-1] == second["pid"]
+        assert consoles_of(world, second["pid"]) == 1
+
+
 async def test_a_snapshot_no_host_has_is_refused_at_submit_and_nothing_is_queued(
     farm: Farm, world: EmulatorWorld
 ) -> None:
