@@ -10,8 +10,9 @@ The token is the contents of ~/.emulator_console_auth_token (the emulator's own 
 the home of the user it runs as, the agent's); an empty or missing file sends none. Lines
 end in CR LF; an answer ends at a line that is `OK` (or starts `OK:`, as `kill`'s does) or
 starts `KO:`. What was not tried on a real emulator: the exact words of its KO lines (the
-client takes any `KO:` line as the refusal, whatever it says) and how long it keeps a
-command waiting while a load runs (the caller's deadline bounds it).
+client takes any `KO:` line as the refusal, whatever it says), how long it keeps a
+command waiting while a load runs (the caller's deadline bounds it), and whether it ever
+closes an idle console connection (a kept one it closed is opened again).
 """
 
 from __future__ import annotations
