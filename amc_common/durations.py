@@ -111,12 +111,7 @@ def parse_duration(value: object) -> duration_pb2.Duration:
 
 def above_zero(text: str) -> float:
     """A time above 0, in seconds: `0`, negative, `nan` and `inf` are refused."""
-    try:
-        value = seconds(text)
-    except DurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(str(negative(text)))
+    value = zero_or_more(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"{text.strip()!r} must be above 0 ({EXAMPLES})")
     return value

@@ -8,9 +8,9 @@ key frame (`video.Gop`); a viewer takes still images (the latest when it is read
 stream (every frame in order, skipping to a newer key frame when it fell behind), as it
 asked (`Viewer.codec`), and the host is told which kinds each phone's viewers take.
 
-A host opens its feed only when asked (`want`, which the hub pushes onto the host's renewal
-streams here): when a viewer here waits for one of its phones with no feed here (`ask`),
-and again when its feed ends while a viewer here still waits for one.
+A host opens its feed only when asked (`want`, control_plane.host_feeds, which the hub pushes
+onto the host's renewal streams here): when a viewer here waits for one of its phones with no
+feed here (`ask`), and again when its feed ends while a viewer here still waits for one.
 
 A thumbnail's viewer (the console's Farm page) asks for no frame rate: a phone watched by
 thumbnails alone is captured once per THUMBNAIL_EVERY seconds at most, and a host's phones
@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from control_plane import host_feeds
 from control_plane.video import H264, Gop, RateGate, check_frame, is_video
 
 # A frame as it came (amc.v1.ScreenFrame), passed on as it is.
@@ -159,40 +160,29 @@ class Screen:
             viewer.ready.set()
 
 
-class Feed:
+class Feed(host_feeds.Feed):
     """A host's ScreenFrames call on this replica."""
 
     def __init__(self) -> None:
-        self.changed = asyncio.Event()
+        super().__init__()
         # Phones whose stream's viewers here want a key frame soon, not yet told.
         self.key_frames: set[str] = set()
 
+    def pending(self) -> bool:
+        return bool(self.key_frames)
 
-class Screens:
-    """This replica's watched phones and the hosts' feeds; wire-free."""
+
+class Screens(host_feeds.HostFeeds[Feed]):
+    """This replica's watched phones and the hosts' feeds (their ScreenFrames calls);
+    wire-free."""
 
     def __init__(self, want: Callable[[str], None] = lambda _host_id: None) -> None:
+        super().__init__(Feed, want)
         self._screens: dict[tuple[str, str], Screen] = {}
-        self._feeds: dict[str, Feed] = {}
-        self.closing = False
         # The viewers here of each token, and its thumbnails (control_plane.screens holds
         # them to their limits).
         self.by_token: Counter[uuid.UUID] = Counter()
         self.thumbnails_by_token: Counter[uuid.UUID] = Counter()
-        # Asks a host (by id) to open its feed here.
-        self._want = want
-
-    def feeds(self) -> int:
-        return len(self._feeds)
-
-    def wanted(self, host_id: str) -> bool:
-        """A viewer here waits for one of the host's phones, and the host has no feed here."""
-        return not self.closing and host_id not in self._feeds and bool(self.watched(host_id))
-
-    def ask(self, host_id: str) -> None:
-        """Asks the host to open its feed here, if a viewer here waits for it without one."""
-        if self.wanted(host_id):
-            self._want(host_id)
 
     def viewers(self) -> int:
         return sum(len(s.viewers) for s in self._screens.values())
@@ -214,6 +204,10 @@ class Screens:
             (s.serial, s.fps or 1, s.takes("image"), s.takes(H264), every * (s in thumbnails))
             for s in screens
         )
+
+    def wants(self, host_id: str) -> list[tuple[str, int, bool, bool, int]]:
+        """What this replica wants of the host's feed: its phones watched here, and how."""
+        return self.watched(host_id)
 
     @contextlib.contextmanager
     def watch(
@@ -250,21 +244,6 @@ class Screens:
             screen.sources[codec], screen.source_fps[codec] = source, screen.rate(codec)
         self._tell(screen.host_id)
 
-    @contextlib.contextmanager
-    def feed(self, host_id: str) -> Iterator[Feed]:
-        """The host's call: a newer one of the same host takes the older one's place."""
-        feed = Feed()
-        old = self._feeds.get(host_id)
-        self._feeds[host_id] = feed
-        if old is not None:
-            old.changed.set()
-        try:
-            yield feed
-        finally:
-            if self._feeds.get(host_id) is feed:
-                del self._feeds[host_id]
-                self.ask(host_id)  # a viewer still waiting: the host opens it again
-
     def want_key_frame(self, screen: Screen) -> None:
         """Asks the phone's host for a key frame soon (a viewer of its stream here cannot
         go on without one); a relayed phone's is asked for where its host is."""
@@ -299,12 +278,6 @@ class Screens:
         viewer.position, viewer.awaiting_key = screen.gop.end, True
         self.want_key_frame(screen)
 
-    def has_feed(self, host_id: str) -> bool:
-        return host_id in self._feeds
-
-    def current(self, host_id: str, feed: Feed) -> bool:
-        return self._feeds.get(host_id) is feed and not self.closing
-
     def deliver(self, host_id: str, frame: Frame) -> str:
         """A host's frame to its phone's viewers here; what became of it: "received",
         "unwatched" (nobody here watches it), "over_rate" (past what the host may send
@@ -327,14 +300,7 @@ class Screens:
         return "received"
 
     def close(self) -> None:
-        self.closing = True
-        for feed in self._feeds.values():
-            feed.changed.set()
+        super().close()
         for screen in self._screens.values():
             for viewer in screen.viewers:
                 viewer.ready.set()
-
-    def _tell(self, host_id: str) -> None:
-        feed = self._feeds.get(host_id)
-        if feed is not None:
-            feed.changed.set()

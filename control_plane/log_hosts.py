@@ -11,7 +11,6 @@ reader of the attempt here reads the one tail it feeds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import zlib
 from collections.abc import AsyncIterator
@@ -45,32 +44,9 @@ class HostLogs:
     def __init__(self, service: TaskServicer) -> None:
         self._svc = service
 
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        host_id = await calling_host(requests)
-        tails = self._svc.hub.tails
-        with tails.feed(host_id) as feed:
-            pump = asyncio.get_running_loop().create_task(self._lines(host_id, requests))
-            told: list[tuple[str, int]] | None = None
-            metrics.LOG_FEEDS.inc()
-            try:
-                while tails.current(host_id, feed) and not pump.done():
-                    feed.changed.clear()
-                    followed = tails.followed(host_id)
-                    if followed != told:
-                        told = followed
-                        yield lease_pb2.LogLinesResponse(
-                            followed=[
-                                lease_pb2.LogFollow(task_id=t, attempt=a) for t, a in followed
-                            ]
-                        )
-                    changed = asyncio.ensure_future(feed.changed.wait())
-                    try:
-                        await asyncio.wait([pump, changed], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        changed.cancel()
-            finally:
-                metrics.LOG_FEEDS.dec()
-                pump.cancel()
+    def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        feeds = self._svc.hub.tails
+        return feeds.serve(requests, calling_host, self._lines, metrics.LOG_FEEDS, _followed)
 
     async def _lines(self, host_id: str, requests: AsyncIterator[Any]) -> None:
         tails = self._svc.hub.tails
@@ -89,6 +65,12 @@ class HostLogs:
                     metrics.LOG_LINES.labels("received").inc(len(lines))
                 else:
                     metrics.LOG_LINES.labels("unfollowed").inc(len(lines))
+
+
+def _followed(followed: list[tuple[str, int]], _feed: object) -> lease_pb2.LogLinesResponse:
+    return lease_pb2.LogLinesResponse(
+        followed=[lease_pb2.LogFollow(task_id=t, attempt=a) for t, a in followed]
+    )
 
 
 def _checked(b: lease_pb2.LogBatch) -> tuple[str, int]:

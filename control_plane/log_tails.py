@@ -9,9 +9,9 @@ that falls more than a ring behind is told how many lines it missed; a repeat (t
 sends what a new call's followers need again) is dropped, a gap is said. Nothing is held
 for an attempt nobody follows here.
 
-A host opens its feed only when asked (`ask`, which the hub pushes onto the host's renewal
-streams here as `logs_wanted`): when a reader here follows one of its attempts with no feed
-here, and again when its feed ends while one still does.
+A host opens its feed only when asked (`ask`, control_plane.host_feeds, which the hub pushes
+onto the host's renewal streams here as `logs_wanted`): when a reader here follows one of its
+attempts with no feed here, and again when its feed ends while one still does.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 
 from amc_common.logcat import divider
+from control_plane.host_feeds import Feed, HostFeeds
 
 # Lines kept per followed attempt, and characters: the ring holds at most both (a host's
 # lines are at most 16 K characters each, control_plane.log_hosts).
@@ -104,27 +105,16 @@ class Tail:
             reader.set()
 
 
-class Feed:
-    """A host's LogLines call on this replica."""
-
-    def __init__(self) -> None:
-        self.changed = asyncio.Event()
-
-
-class Tails:
-    """This replica's followed attempts and the hosts' log feeds; wire-free."""
+class Tails(HostFeeds[Feed]):
+    """This replica's followed attempts and the hosts' log feeds (their LogLines calls);
+    wire-free."""
 
     def __init__(self, want: Callable[[str], None] = lambda _host_id: None) -> None:
+        super().__init__(Feed, want)
         self._tails: dict[Key, Tail] = {}
-        self._feeds: dict[str, Feed] = {}
-        self.closing = False
-        self._want = want
 
     def readers(self) -> int:
         return sum(len(t.readers) for t in self._tails.values())
-
-    def feeds(self) -> int:
-        return len(self._feeds)
 
     def followed(self, host_id: str) -> list[Key]:
         """The host's attempts followed here (not through a relay), in order."""
@@ -132,13 +122,9 @@ class Tails:
             k for k, t in self._tails.items() if t.host_id == host_id and t.source is None
         )
 
-    def wanted(self, host_id: str) -> bool:
-        """A reader here follows one of the host's attempts, and the host has no feed here."""
-        return not self.closing and host_id not in self._feeds and bool(self.followed(host_id))
-
-    def ask(self, host_id: str) -> None:
-        if self.wanted(host_id):
-            self._want(host_id)
+    def wants(self, host_id: str) -> list[Key]:
+        """What this replica wants of the host's feed: its attempts followed here."""
+        return self.followed(host_id)
 
     @contextlib.contextmanager
     def follow(self, host_id: str, key: Key) -> Iterator[tuple[Tail, asyncio.Event]]:
@@ -164,27 +150,6 @@ class Tails:
         tail.source = source
         self._tell(tail.host_id)
 
-    @contextlib.contextmanager
-    def feed(self, host_id: str) -> Iterator[Feed]:
-        """The host's call: a newer one of the same host takes the older one's place."""
-        feed = Feed()
-        old = self._feeds.get(host_id)
-        self._feeds[host_id] = feed
-        if old is not None:
-            old.changed.set()
-        try:
-            yield feed
-        finally:
-            if self._feeds.get(host_id) is feed:
-                del self._feeds[host_id]
-                self.ask(host_id)  # a reader still following: the host opens it again
-
-    def has_feed(self, host_id: str) -> bool:
-        return host_id in self._feeds
-
-    def current(self, host_id: str, feed: Feed) -> bool:
-        return self._feeds.get(host_id) is feed and not self.closing
-
     def deliver(
         self, host_id: str, key: Key, first_seq: int, lines: list[str], caught_up: bool, ended: bool
     ) -> bool:
@@ -196,13 +161,6 @@ class Tails:
         return True
 
     def close(self) -> None:
-        self.closing = True
-        for feed in self._feeds.values():
-            feed.changed.set()
+        super().close()
         for tail in self._tails.values():
             tail._wake()
-
-    def _tell(self, host_id: str) -> None:
-        feed = self._feeds.get(host_id)
-        if feed is not None:
-            feed.changed.set()

@@ -221,6 +221,8 @@ class LogRead:
                 followed.join(bound)
             key = (str(want.task_id), bound.attempt)
             tail, reader = stack.enter_context(tails.follow(host_id, key))
+            if followed is not None:
+                stack.enter_context(followed.waking(reader))  # a read of the task wakes it
             if not here and tail.source is None:
                 relay = log_hosts.relay(svc, tail, str(source["address"]))
                 tails.relaying(tail, asyncio.get_running_loop().create_task(relay))
@@ -282,10 +284,9 @@ class LogRead:
                     raise Unavailable(f"host {tail.host_id} is not connected here: follow again")
             else:
                 missing_since = None
-            settled = followed.settled if followed is not None else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(ENDING if over_at else 1.0):
-                    await _either(reader, settled)
+                    await reader.wait()  # new lines, or the task read again
 
 
 def _over(followed: Followed, bound: Attempt) -> bool:
@@ -305,14 +306,3 @@ async def _settled_over(followed: Followed, bound: Attempt) -> bool:
                 await followed.settled.wait()
             return True
     return False
-
-
-async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:
-    waits = [asyncio.ensure_future(ready.wait())]
-    if changed is not None:
-        waits.append(asyncio.ensure_future(changed.wait()))
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()

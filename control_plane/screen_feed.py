@@ -5,7 +5,6 @@ frames its viewers want; the host's frames up, to their viewers here."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +13,7 @@ import structlog
 
 from amc.v1 import lease_pb2
 from control_plane import metrics
+from control_plane.frames import Feed
 from control_plane.rpc import TaskServicer, calling_host
 from control_plane.video import check_frame
 
@@ -30,37 +30,9 @@ class HostFeed:
     def __init__(self, service: TaskServicer) -> None:
         self._svc = service
 
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        host_id = await calling_host(requests)
-        screens = self._svc.hub.screens
-        with screens.feed(host_id) as feed:
-            pump = asyncio.get_running_loop().create_task(self._frames(host_id, requests))
-            told: list[tuple[str, int, bool, bool, int]] | None = None
-            metrics.SCREEN_FEEDS.inc()
-            try:
-                while screens.current(host_id, feed) and not pump.done():
-                    feed.changed.clear()
-                    watched = screens.watched(host_id)
-                    if watched != told or feed.key_frames:
-                        told, keys = watched, sorted(feed.key_frames)
-                        feed.key_frames.clear()
-                        yield lease_pb2.ScreenFramesResponse(
-                            watched=[
-                                lease_pb2.ScreenWatch(
-                                    serial=s, max_fps=f, images=i, video=v, interval_ms=ms
-                                )
-                                for s, f, i, v, ms in watched
-                            ],
-                            key_frames=keys,
-                        )
-                    changed = asyncio.ensure_future(feed.changed.wait())
-                    try:
-                        await asyncio.wait([pump, changed], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        changed.cancel()
-            finally:
-                metrics.SCREEN_FEEDS.dec()
-                pump.cancel()
+    def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        feeds = self._svc.hub.screens
+        return feeds.serve(requests, calling_host, self._frames, metrics.SCREEN_FEEDS, _watched)
 
     async def _frames(self, host_id: str, requests: AsyncIterator[Any]) -> None:
         screens = self._svc.hub.screens
@@ -79,3 +51,18 @@ class HostFeed:
                         serial=request.frame.serial,
                         why=check_frame(request.frame),
                     )
+
+
+def _watched(
+    watched: list[tuple[str, int, bool, bool, int]], feed: Feed
+) -> lease_pb2.ScreenFramesResponse:
+    """The phones to capture, and the key frames wanted since the host was last told."""
+    keys = sorted(feed.key_frames)
+    feed.key_frames.clear()
+    return lease_pb2.ScreenFramesResponse(
+        watched=[
+            lease_pb2.ScreenWatch(serial=s, max_fps=f, images=i, video=v, interval_ms=ms)
+            for s, f, i, v, ms in watched
+        ],
+        key_frames=keys,
+    )

@@ -174,6 +174,8 @@ class ScreenWatch:
                 followed = stack.enter_context(hub.following.follow(want.task_id, read, every))
                 followed.join(bound)
             screen, viewer = stack.enter_context(self._watching(host_id, serial, want, address))
+            if followed is not None:
+                stack.enter_context(followed.waking(viewer.ready))  # a read wakes the viewer
             patience = stack.enter_context(Patience(viewer.ready, STALE))
             # No feed here yet: the host's renewal stream here asks it to open one.
             screens.ask(host_id)
@@ -214,21 +216,22 @@ class ScreenWatch:
                 raise Unavailable("control plane shutting down; watch again")
             if screen.lost is not None:
                 raise Unavailable(screen.lost)
-            settled = followed.settled if followed is not None else None
             if followed is not None and bound is not None:
                 verdict = followed.check(bound)
                 if verdict == screen_tasks.FINISHED:
                     return
-                if verdict == screen_tasks.WAIT and settled is not None:
+                if verdict == screen_tasks.WAIT:
+                    # Until the task's next read, a frame or the replica stopping: each
+                    # sets the viewer's `ready`.
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(STALE):
-                            await _either(viewer.ready, settled)  # or the replica stopping
+                            await viewer.ready.wait()
                     viewer.ready.clear()
                     continue
             if viewer.codec == H264 and screen.streams:
                 frame = hub.screens.next_of_stream(screen, viewer)
                 if frame is None:
-                    await self._wait(screen, viewer, settled, patience)
+                    await self._wait(screen, viewer, patience)
                 elif (
                     followed is not None
                     and bound is not None
@@ -243,7 +246,7 @@ class ScreenWatch:
                 continue
             frame = screen.frame
             if frame is None or frame is sent:
-                await self._wait(screen, viewer, settled, patience)
+                await self._wait(screen, viewer, patience)
                 continue
             if followed is not None and bound is not None and not _during(frame, followed, bound):
                 sent = frame  # its host says the phone ran another attempt: never sent
@@ -257,15 +260,13 @@ class ScreenWatch:
             SENT.inc()
             yield frame
 
-    async def _wait(
-        self, screen: Screen, viewer: Viewer, settled: asyncio.Event | None, patience: Patience
-    ) -> None:
-        """Until the screen has something new for the viewer (or the task changed); a
-        viewer whose phone's host left this replica (nothing came for STALE seconds) is
+    async def _wait(self, screen: Screen, viewer: Viewer, patience: Patience) -> None:
+        """Until the screen has something new for the viewer (or the task was read again);
+        a viewer whose phone's host left this replica (nothing came for STALE seconds) is
         told to watch again."""
         patience.begin()
         try:
-            await _either(viewer.ready, settled)
+            await viewer.ready.wait()
         finally:
             out = patience.end()
         if out:
@@ -381,16 +382,3 @@ def _admitted(
         counted[token] -= 1
         if not counted[token]:
             del counted[token]
-
-
-async def _either(ready: asyncio.Event, changed: asyncio.Event | None) -> None:
-    """Until `ready` or `changed` (when there is one) is set."""
-    if changed is None:
-        await ready.wait()
-        return
-    waits = [asyncio.ensure_future(ready.wait()), asyncio.ensure_future(changed.wait())]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()

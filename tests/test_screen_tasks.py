@@ -6,7 +6,9 @@ sees the phone's next task; who may watch a task's screen."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -17,7 +19,7 @@ from amc.v1 import lease_pb2, scheduler_pb2, scheduler_pb2_grpc, task_pb2
 from amc_common.channel import aio_channel
 from control_plane.admin_service import create_token
 from control_plane.domain import Role
-from control_plane.screen_tasks import CONTROL_KEY, CONTROL_VALUE
+from control_plane.screen_tasks import CONTROL_KEY, CONTROL_VALUE, Following
 from host_agent.simulated import SimulatedSource
 from tests.support import Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import running_agent, status_is, submit
@@ -294,3 +296,36 @@ async def test_the_agent_says_which_attempt_each_frame_was_captured_during(farm:
 
         await eventually(idle_again, what="a frame of the idle phone")
         call.cancel()
+
+
+async def test_a_tasks_viewer_is_woken_by_each_read_of_the_task_through_its_own_event() -> None:
+    """THEN a viewer's own event (the one a frame sets) is set after each read of the task it
+    watches, so the viewer waits on that one event for either (not on two: two tasks and an
+    `asyncio.wait` a frame); once the viewer left, a read no longer sets it."""
+    heard = asyncio.Event()
+
+    @contextlib.contextmanager
+    def hub_watch(_task_id: uuid.UUID) -> Iterator[asyncio.Event]:
+        yield heard
+
+    reads: list[uuid.UUID] = []
+
+    async def read(task_id: uuid.UUID) -> dict[str, Any]:
+        reads.append(task_id)
+        return {"attempt": 1, "host_id": "host-1", "serial": "sim-0", "task_status": "running"}
+
+    task_id, ready = uuid.uuid4(), asyncio.Event()
+    following = Following(hub_watch)
+    with following.follow(task_id, read, every=60.0) as followed:
+        with followed.waking(ready):
+            await asyncio.wait_for(ready.wait(), 10)  # the first read
+            assert reads == [task_id] and followed.sure
+            ready.clear()
+            heard.set()  # the hub heard the task change
+            await asyncio.wait_for(ready.wait(), 10)
+            assert len(reads) == 2
+        ready.clear()
+        heard.set()
+        await eventually(lambda: len(reads) == 3, what="the third read")
+        await asyncio.sleep(0)
+        assert not ready.is_set()

@@ -162,7 +162,12 @@ async def test_the_consoles_thumbnails_socket_sends_each_shown_phones_frames_and
             assert refused.status == 403
             assert "thumbnails are for operators" in (await refused.json())["message"]
         token = await farm.token(Role.OPERATOR)
-        socket = await http.ws_connect(url, protocols=("amc.v1", f"amc.bearer.{token}"))
+        socket = await http.ws_connect(
+            url,
+            protocols=("amc.v1", f"amc.bearer.{token}"),
+            compress=15,  # as a browser
+        )
+        assert socket.compress == 0  # images do not compress: no per-message deflate
         await socket.send_str("not json")
         assert "not JSON" in (await socket.receive_json(timeout=10))["error"]["message"]
         watch = [[HOST, "sim-0"], [HOST, "sim-1"], [HOST, "nowhere"]]

@@ -66,8 +66,8 @@ async def serve(
             )
     except errors.AmcError as exc:
         return cast(web.StreamResponse, refusal(code_for(exc), exc.message))
-    socket = web.WebSocketResponse(
-        protocols=(SUBPROTOCOL,), heartbeat=HEARTBEAT, max_msg_size=MAX_MESSAGE
+    socket = web.WebSocketResponse(  # images do not compress: no per-message deflate
+        protocols=(SUBPROTOCOL,), heartbeat=HEARTBEAT, max_msg_size=MAX_MESSAGE, compress=False
     )
     await socket.prepare(request)
     await Wall(scheduler, socket, authorization).run()

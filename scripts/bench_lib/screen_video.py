@@ -144,7 +144,9 @@ async def _console_viewers(stack: Stack, count: int, seconds: float) -> dict[str
     assert stack.control_plane is not None
     cp = stack.control_plane.pid
     async with aiohttp.ClientSession() as http:
-        sockets = [await http.ws_connect(url, protocols=("amc.v1",)) for _ in range(count)]
+        # Offering per-message deflate, as a browser does (the console declines it).
+        offer = {"protocols": ("amc.v1",), "compress": 15}
+        sockets = [await http.ws_connect(url, **offer) for _ in range(count)]
         try:
             await asyncio.gather(*(_socket_frame(s) for s in sockets))
             await asyncio.sleep(1.0)

@@ -36,12 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc
-from amc_common.channel import with_token
+from amc.v1 import scheduler_pb2
 from amc_testing.adb_client import AdbClient, AdbClientKey
-from chaos_lib.evidence import Evidence
+from chaos_lib.clients import ClientLoad
+from chaos_lib.evidence import Evidence, attempt_at
 from chaos_lib.invariants import _lease_end
 from chaos_lib.sessions import OTHER_FAILURES
 
@@ -77,51 +75,22 @@ class DoorRecord:
     at_run_end: bool = False  # its end was asked as the run's end cut the wait for it short
 
 
-class DoorLoad:
+class DoorLoad(ClientLoad[DoorRecord]):
+    FAILURES = (*ClientLoad.FAILURES, RuntimeError)
+
     def __init__(
         self, addresses: list[str], token: str | None, rng: random.Random, workdir: Path, n: int
     ) -> None:
-        self.addresses, self.token, self.rng, self.concurrent = addresses, token, rng, n
+        super().__init__(addresses, token, rng, n)
         self.key = AdbClientKey()
         self.key_file = self.key.write(workdir / "door-adbkey.pub")
-        self.records: list[DoorRecord] = []
-        self._stopping = asyncio.Event()
-        target = "ipv4:" + ",".join(addresses)
-        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
-        self._channel = with_token(grpc.aio.insecure_channel(target, options=options), token)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
-
-    async def run_forever(self) -> None:
-        await asyncio.gather(*(self._client() for _ in range(self.concurrent)))
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    async def close(self) -> None:
-        await self._channel.close()
 
     def broken(self) -> list[str]:
         """How the doors that broke broke (the first few), for the results."""
         return [f"{r.plan}: {r.detail}" for r in self.records if r.did == "broken"][:5]
 
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            key = f"{r.plan}: {r.did or 'unfinished'}"
-            out[key] = out.get(key, 0) + 1
-        return dict(sorted(out.items()))
-
-    async def _client(self) -> None:
-        while not self._stopping.is_set():
-            plan = self.rng.choices(list(ENDINGS), weights=list(ENDINGS.values()))[0]
-            record = DoorRecord(plan, self.rng.choice(self.addresses))
-            self.records.append(record)
-            try:
-                await self._one(record)
-            except (OSError, TimeoutError, grpc.aio.AioRpcError, RuntimeError) as exc:
-                record.did = record.did or "broken"
-                record.detail = record.detail or f"{type(exc).__name__}: {exc}"[:200]
-            await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+    def _record(self) -> DoorRecord:
+        return DoorRecord(self.plan(ENDINGS), self.rng.choice(self.addresses))
 
     async def _one(self, record: DoorRecord) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AMC_")}
@@ -226,14 +195,10 @@ def check(
     """Invariant 13's violations (check, detail) and its figures."""
     violations: list[tuple[str, dict[str, Any]]] = []
     streams = _streams(action_logs)
-    by_phone: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for att in ev.attempts.values():
-        by_phone.setdefault((att["host_id"], att["device_serial"]), []).append(att)
-    for atts in by_phone.values():
-        atts.sort(key=lambda a: a["created_at"])
+    by_phone = ev.by_phone()
     latest = 0.0
     for host, r in streams:
-        att = _attempt(by_phone.get((host, r["serial"]), []), r["started_wall"])
+        att = attempt_at(by_phone.get((host, r["serial"]), []), r["started_wall"])
         where = {"phone": f"{host}/{r['serial']}", "service": r["args"].get("service")}
         if att is None:
             violations.append(("a door's stream on a phone outside any attempt", where))
@@ -307,12 +272,3 @@ def _streams(action_logs: dict[str, Path]) -> list[tuple[str, dict[str, Any]]]:
                 if record.get("action") == "adb":
                     out.append((host, record))
     return out
-
-
-def _attempt(atts: list[dict[str, Any]], at: float) -> dict[str, Any] | None:
-    """The attempt on the phone that began last before `at`."""
-    found = None
-    for att in atts:
-        if float(att["created_at"]) <= at:
-            found = att
-    return found

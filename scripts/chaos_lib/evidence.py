@@ -131,6 +131,24 @@ class Evidence:
             (a for (t, _), a in self.attempts.items() if t == task_id), key=lambda a: a["attempt"]
         )
 
+    def by_phone(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """The attempts on each phone (host, serial), in the order they began."""
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for att in self.attempts.values():
+            out.setdefault((att["host_id"], att["device_serial"]), []).append(att)
+        for atts in out.values():
+            atts.sort(key=lambda a: a["created_at"])
+        return out
+
+
+def attempt_at(atts: list[dict[str, Any]], at: float) -> dict[str, Any] | None:
+    """The attempt of a phone's (in the order they began) that began last before `at`."""
+    found = None
+    for att in atts:
+        if float(att["created_at"]) <= at:
+            found = att
+    return found
+
 
 async def load(
     dsn: str,

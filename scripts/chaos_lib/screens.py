@@ -39,8 +39,8 @@ from typing import Any
 import asyncpg
 import grpc
 
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc
-from amc_common.channel import with_token
+from amc.v1 import scheduler_pb2
+from chaos_lib.clients import replicas
 from chaos_lib.evidence import Evidence, task_result
 from chaos_lib.workload import Submitted
 
@@ -97,10 +97,7 @@ class ScreenLoad:
 
     def __post_init__(self) -> None:
         self._stopping = asyncio.Event()
-        target = "ipv4:" + ",".join(self.addresses)
-        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
-        self._channel = with_token(grpc.aio.insecure_channel(target, options=options), self.token)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._channel, self._stub = replicas(self.addresses, self.token)
         self._db: asyncpg.Connection | None = None
 
     async def run_forever(self) -> None:

@@ -15,14 +15,14 @@ import asyncio
 import contextlib
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
-from amc_common.channel import with_token
+from amc.v1 import scheduler_pb2, task_pb2
+from chaos_lib.clients import ClientLoad
 
 ENDINGS = {"close": 0.6, "cancel": 0.2, "abandon": 0.2}
 # The endings a session may have for other reasons than its plan (the spec's rule: failed
@@ -66,45 +66,23 @@ class SessionRecord:
     cancel_acked_at: float | None = None  # wall clock when CancelTask answered
 
 
-@dataclass
-class SessionLoad:
-    addresses: list[str]
-    token: str | None
-    rng: random.Random
-    concurrent: int = 3
-    records: list[SessionRecord] = field(default_factory=list)
-    # Where the sessions run, and the snapshots they start from (one drawn per session;
-    # none: no start snapshot): the emulator pool's sessions (chaos_lib/emulators.py).
-    selector: task_pb2.DeviceSelector = field(default_factory=lambda: SELECTOR)
-    snapshots: tuple[str, ...] = ()
+class SessionLoad(ClientLoad[SessionRecord]):
+    FAILURES = (grpc.aio.AioRpcError, TimeoutError)
+    PAUSE = (0.1, 0.5)
 
-    def __post_init__(self) -> None:
-        # Set by stop(): no client opens another session. (Cancelling run_forever's task
-        # alone did not stop them: two quick chaos runs saw 79 sessions opened after it,
-        # and never settled.)
-        self._stopping = asyncio.Event()
-        target = "ipv4:" + ",".join(self.addresses)
-        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
-        self._channel = with_token(grpc.aio.insecure_channel(target, options=options), self.token)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
-
-    async def run_forever(self) -> None:
-        await asyncio.gather(*(self._client() for _ in range(self.concurrent)))
-
-    def stop(self) -> None:
-        """No new sessions from now on; the open ones go on to their planned end, or are
-        abandoned when run_forever's task is cancelled."""
-        self._stopping.set()
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            key = f"{r.plan}: {r.did or 'unfinished'}" + (f" {r.code}" if r.code else "")
-            out[key] = out.get(key, 0) + 1
-        return dict(sorted(out.items()))
+    def __init__(
+        self,
+        addresses: list[str],
+        token: str | None,
+        rng: random.Random,
+        concurrent: int = 3,
+        selector: task_pb2.DeviceSelector = SELECTOR,
+        snapshots: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(addresses, token, rng, concurrent)
+        # Where the sessions run, and the snapshots they start from (one drawn per session;
+        # none: no start snapshot): the emulator pool's sessions (chaos_lib/emulators.py).
+        self.selector, self.snapshots = selector, snapshots
 
     def errors(self) -> dict[str, int]:
         """How the sessions' streams failed, by code and details."""
@@ -115,21 +93,19 @@ class SessionLoad:
                 out[key] = out.get(key, 0) + 1
         return dict(sorted(out.items()))
 
-    async def _client(self) -> None:
-        while not self._stopping.is_set():
-            plan = self.rng.choices(list(ENDINGS), weights=list(ENDINGS.values()))[0]
-            record = SessionRecord(plan)
-            self.records.append(record)
-            try:
-                await self._one(record)
-            except grpc.aio.AioRpcError as exc:
-                record.did = record.did or "broken"
-                record.code = exc.code().name
-                record.detail = exc.details() or ""
-            except TimeoutError:
-                record.did = record.did or "broken"
-                record.code = "client timeout"
-            await asyncio.sleep(self.rng.uniform(0.1, 0.5))
+    def _ending(self, record: SessionRecord) -> str:
+        return super()._ending(record) + (f" {record.code}" if record.code else "")
+
+    def _record(self) -> SessionRecord:
+        return SessionRecord(self.plan(ENDINGS))
+
+    def _broke(self, record: SessionRecord, exc: BaseException) -> None:
+        record.did = record.did or "broken"
+        if isinstance(exc, grpc.aio.AioRpcError):
+            record.code = exc.code().name
+            record.detail = exc.details() or ""
+        else:
+            record.code = "client timeout"
 
     async def _one(self, record: SessionRecord) -> None:
         call: Any = self._stub.OpenSession()

@@ -122,12 +122,8 @@ def pickups(ev: Evidence) -> list[Pickup]:
     phone's previous attempt if that was later. The time a task spent queued behind busy
     phones is the farm's capacity, not dispatch: the run keeps more work queued than it
     has phones."""
-    by_phone: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for a in ev.attempts.values():
-        by_phone.setdefault((a["host_id"], a["device_serial"]), []).append(a)
     freed: dict[tuple[str, int], float | None] = {}
-    for mine in by_phone.values():
-        mine.sort(key=lambda a: a["created_at"])
+    for mine in ev.by_phone().values():
         freed[(str(mine[0]["task_id"]), mine[0]["attempt"])] = 0.0  # free since the start
         for before, a in itertools.pairwise(mine):
             freed[(str(a["task_id"]), a["attempt"])] = before["ended_at"] or before["reported_at"]

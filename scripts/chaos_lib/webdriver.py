@@ -44,11 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import grpc
 
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc
-from amc_common.channel import with_token
-from chaos_lib.evidence import Evidence
+from amc.v1 import scheduler_pb2
+from chaos_lib.clients import ClientLoad
+from chaos_lib.evidence import Evidence, attempt_at
 from chaos_lib.invariants import _lease_end
 from chaos_lib.sessions import OTHER_FAILURES
 
@@ -139,7 +138,9 @@ _CAPS = {
 }
 
 
-class WebDriverLoad:
+class WebDriverLoad(ClientLoad[WdRecord]):
+    FAILURES = (*ClientLoad.FAILURES, aiohttp.ClientError)
+
     def __init__(
         self,
         urls: list[str],
@@ -148,49 +149,22 @@ class WebDriverLoad:
         rng: random.Random,
         n: int,
     ) -> None:
-        self.urls, self.token, self.rng, self.concurrent = urls, token, rng, n
-        self.records: list[WdRecord] = []
-        self._stopping = asyncio.Event()
-        target = "ipv4:" + ",".join(addresses)
-        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
-        self._channel = with_token(grpc.aio.insecure_channel(target, options=options), token)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        super().__init__(addresses, token, rng, n)
+        self.urls = urls
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = aiohttp.ClientSession(
             headers=headers, timeout=aiohttp.ClientTimeout(total=QUEUE_TIMEOUT + 20)
         )
 
-    async def run_forever(self) -> None:
-        await asyncio.gather(*(self._client() for _ in range(self.concurrent)))
-
-    def stop(self) -> None:
-        self._stopping.set()
-
     async def close(self) -> None:
-        await self._channel.close()
+        await super().close()
         await self._http.close()
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            key = f"{r.plan}: {r.did or 'unfinished'}"
-            out[key] = out.get(key, 0) + 1
-        return dict(sorted(out.items()))
 
     def broken(self) -> list[str]:
         return [f"{r.plan}: {r.detail}" for r in self.records if r.detail][:5]
 
-    async def _client(self) -> None:
-        while not self._stopping.is_set():
-            plan = self.rng.choices(list(ENDINGS), weights=list(ENDINGS.values()))[0]
-            record = WdRecord(plan, self.rng.choice(self.urls))
-            self.records.append(record)
-            try:
-                await self._one(record)
-            except (OSError, TimeoutError, aiohttp.ClientError, grpc.aio.AioRpcError) as exc:
-                record.detail = record.detail or f"{type(exc).__name__}: {exc}"[:200]
-                record.did = record.did or "broken"
-            await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+    def _record(self) -> WdRecord:
+        return WdRecord(self.plan(ENDINGS), self.rng.choice(self.urls))
 
     async def _send(
         self, record: WdRecord, method: str, path: str, body: Any = None
@@ -346,15 +320,11 @@ def check(
 ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
     """Invariant 15's violations (check, detail) and its figures."""
     violations: list[tuple[str, dict[str, Any]]] = []
-    by_phone: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for att in ev.attempts.values():
-        by_phone.setdefault((att["host_id"], att["device_serial"]), []).append(att)
-    for atts in by_phone.values():
-        atts.sort(key=lambda a: a["created_at"])
+    by_phone = ev.by_phone()
     latest = float("-inf")
     calls = 0
     for s in sessions:
-        att = _attempt(by_phone.get((s.host, s.serial), []), s.created + SLACK)
+        att = attempt_at(by_phone.get((s.host, s.serial), []), s.created + SLACK)
         where = {"phone": f"{s.host}/{s.serial}", "appium_session": s.session}
         if att is None:
             violations.append(("an Appium session on a phone outside any attempt", where))
@@ -427,12 +397,3 @@ def _record(
     elif status == "failed" and not error.startswith(STOPS):
         out.append(("a WebDriver session failed for a reason that is not a stop", where))
     return out, late
-
-
-def _attempt(atts: list[dict[str, Any]], at: float) -> dict[str, Any] | None:
-    """The attempt on the phone that began last before `at`."""
-    found = None
-    for att in atts:
-        if float(att["created_at"]) <= at:
-            found = att
-    return found

@@ -36,10 +36,10 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import duration_pb2
 
-from amc.v1 import scheduler_pb2, scheduler_pb2_grpc, task_pb2
+from amc.v1 import scheduler_pb2, task_pb2
 from amc_common import statuses
-from amc_common.channel import with_token
 from amc_common.device_selector import HOST_LABEL
+from chaos_lib.clients import replicas
 from chaos_lib.farm import FleetHost
 from chaos_lib.specs import Plan, random_plan
 
@@ -196,10 +196,7 @@ class Workload:
         cancel_share: float = 1 / 3,
         selectors: Selectors | None = None,
     ) -> None:
-        target = "ipv4:" + ",".join(addresses)
-        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 0)]
-        self._channel = with_token(grpc.aio.insecure_channel(target, options=options), token)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._channel, self._stub = replicas(addresses, token)
         self._rng = rng
         self._tail = tail
         self._backlog = backlog
