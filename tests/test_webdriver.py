@@ -6,6 +6,7 @@ task, lease and phone read in the database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import secrets
@@ -60,13 +61,26 @@ async def farm(database_url: str) -> AsyncIterator[Farm]:
         yield f
 
 
+def input_app(folder: Path) -> Path:
+    """An app of the fake driver's with one text field (id `field`)."""
+    app = folder / "input-app.xml"
+    app.write_text('<app><MockInputField id="field"/></app>')
+    return app
+
+
+def on_appium(
+    farm: Farm, program: Path, app: Path | None = None
+) -> contextlib.AbstractAsyncContextManager[Agent]:
+    """A host agent with one simulated phone, driving it through the Appium of `program`
+    (with the fake driver's `app` in place of its default one)."""
+    caps = fake_caps(program) | ({"appium:app": str(app)} if app is not None else {})
+    source = SimulatedSource(1, delay=0.01)
+    return running_agent(farm, source, host_id=HOST, appium=str(program), appium_caps=caps)
+
+
 @pytest.fixture
 async def agent(farm: Farm, appium_program: Path) -> AsyncIterator[Agent]:  # noqa: F811
-    source = SimulatedSource(1, delay=0.01)
-    caps = fake_caps(appium_program)
-    async with running_agent(
-        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
-    ) as a:
+    async with on_appium(farm, appium_program) as a:
         yield a
 
 
@@ -436,12 +450,8 @@ async def test_a_page_source_of_several_mib_crosses_the_farm_whole(
     reaches the client as Appium gave it, as one step of the task, and the session goes
     on."""
     app = big_app(tmp_path, 3)
-    caps = {**fake_caps(appium_program), "appium:app": str(app)}
-    source = SimulatedSource(1, delay=0.01)
     token = await farm.token(Role.CLIENT)
-    async with running_agent(
-        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
-    ) as agent:
+    async with on_appium(farm, appium_program, app) as agent:
         driver = await asyncio.to_thread(connect, hub(farm), token)
         page = await asyncio.to_thread(lambda: driver.page_source)
         (appium_id,) = [s["id"] for s in await appium_sessions(agent)]
@@ -473,12 +483,8 @@ async def test_an_answer_over_the_farms_cap_is_an_error_naming_it_and_the_sessio
     monkeypatch.setattr(webdriver_body, "MAX_BODY", 2 << 20)
     monkeypatch.setattr(host_webdriver, "MAX_BODY", 2 << 20)
     app = big_app(tmp_path, 3)
-    caps = {**fake_caps(appium_program), "appium:app": str(app)}
-    source = SimulatedSource(1, delay=0.01)
     token = await farm.token(Role.CLIENT)
-    async with running_agent(
-        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
-    ):
+    async with on_appium(farm, appium_program, app):
         driver = await asyncio.to_thread(connect, hub(farm), token)
         with pytest.raises(WebDriverException) as caught:
             await asyncio.to_thread(lambda: driver.page_source)
@@ -498,14 +504,8 @@ async def test_a_command_and_its_answer_of_several_mib_cross_the_farm_whole(
     """THEN typing 2 MB of text into a field (the client sends it as a body of about 12
     MB, as a `mobile: pushFile` of an app is a large body) reaches Appium whole, and
     reading the field back brings the 2 MB back whole: each one step of the task."""
-    app = tmp_path / "input-app.xml"
-    app.write_text('<app><MockInputField id="field"/></app>')
-    caps = {**fake_caps(appium_program), "appium:app": str(app)}
-    source = SimulatedSource(1, delay=0.01)
     token = await farm.token(Role.CLIENT)
-    async with running_agent(
-        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
-    ):
+    async with on_appium(farm, appium_program, input_app(tmp_path)):
         driver = await asyncio.to_thread(connect, hub(farm), token)
         field = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "field")
         text = secrets.token_hex(1_000_000)
@@ -539,18 +539,8 @@ async def test_a_lease_that_ends_while_a_large_answer_crosses_ends_the_session_a
     the next ask for a part is answered with the session's end (failed, "lease lost"), not
     a part, and the phone's next session carries a large answer whole."""
     app = big_app(tmp_path, 3)
-    caps = {**fake_caps(appium_program), "appium:app": str(app)}
-    source = SimulatedSource(1, delay=0.01)
-    asked = parse(json.dumps(new_session(**{"appium:automationName": "Fake"})).encode())
-    async with running_agent(
-        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
-    ) as agent:
-        client = await farm.client()
-        call = client.scheduler.OpenSession()
-        await call.write(scheduler_pb2.OpenSessionRequest(open=asked.open))
-        task = await dispatched(call)
-        await call.write(wd(method="POST", body=asked.appium_request()))
-        assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+    async with on_appium(farm, appium_program, app) as agent:
+        call, task = await session_with_appium(farm)
         await call.write(wd(method="GET", path="/source"))
         first = (await asyncio.wait_for(call.read(), 30)).step.webdriver
         assert (first.status, len(first.body)) == (200, PART) and first.size > 3 << 20
@@ -576,12 +566,9 @@ async def test_a_lease_that_ends_while_a_large_answer_crosses_ends_the_session_a
         await asyncio.to_thread(driver.quit)
 
 
-async def test_a_malformed_part_is_refused_naming_it_and_the_session_goes_on(
-    farm: Farm, agent: Agent
-) -> None:
-    """THEN a part that names a method, a rest with a body, or one both part and rest is
-    refused INVALID_ARGUMENT naming `action.webdriver`, reaches no host (no step), and
-    the session's next command is answered."""
+async def session_with_appium(farm: Farm) -> tuple[Any, Any]:
+    """A WebDriver session opened as the endpoint opens one (its OpenSession call, then
+    Appium's new session through it): the call and its dispatched task."""
     asked = parse(json.dumps(new_session(**{"appium:automationName": "Fake"})).encode())
     client = await farm.client()
     call = client.scheduler.OpenSession()
@@ -589,6 +576,16 @@ async def test_a_malformed_part_is_refused_naming_it_and_the_session_goes_on(
     task = await dispatched(call)
     await call.write(wd(method="POST", body=asked.appium_request()))
     assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+    return call, task
+
+
+async def test_a_malformed_part_is_refused_naming_it_and_the_session_goes_on(
+    farm: Farm, agent: Agent
+) -> None:
+    """THEN a part that names a method, a rest with a body, or one both part and rest is
+    refused INVALID_ARGUMENT naming `action.webdriver`, reaches no host (no step), and
+    the session's next command is answered."""
+    call, task = await session_with_appium(farm)
     for bad in (
         {"part": True, "method": "GET", "body": b"x"},
         {"rest": True, "body": b"x"},

@@ -6,6 +6,7 @@ session never outlives its relay, nor its lease."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -24,7 +25,7 @@ from tests.support import Farm, eventually
 from tests.support.agent import running_agent, status_is
 from tests.support.appium import appium_program, fake_caps  # noqa: F401 (a fixture)
 from tests.support.replicas import Replica
-from tests.test_webdriver import HOST, appium_sessions, connect
+from tests.test_webdriver import HOST, appium_sessions, connect, input_app
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -55,17 +56,25 @@ async def agent(
     replicas: tuple[Farm, Replica, Replica],
     appium_program: Path,  # noqa: F811
 ) -> AsyncIterator[Agent]:
+    async with on_appium_behind(replicas, appium_program) as a:
+        yield a
+
+
+def on_appium_behind(
+    replicas: tuple[Farm, Replica, Replica], program: Path, app: Path | None = None
+) -> contextlib.AbstractAsyncContextManager[Agent]:
+    """A host agent streaming to the second replica, driving its simulated phone through
+    the Appium of `program` (with the fake driver's `app` in place of its default one)."""
     farm, _, host_side = replicas
-    caps = fake_caps(appium_program)
-    async with running_agent(
+    caps = fake_caps(program) | ({"appium:app": str(app)} if app is not None else {})
+    return running_agent(
         farm,
         SimulatedSource(1, delay=0.01),
         address=host_side.address,
         host_id=HOST,
-        appium=str(appium_program),
+        appium=str(program),
         appium_caps=caps,
-    ) as a:
-        yield a
+    )
 
 
 def hub(replica: Replica) -> str:
@@ -101,19 +110,9 @@ async def test_a_large_command_and_answer_cross_between_replicas_whole(
     """THEN with the host's relay on the other replica (whose calls between replicas take
     at most 2 MiB a message), typing 450 KB of text (a body of about 2.7 MB), then 1.5 MB
     (a body of about 9 MB), and reading each back (the last 1.5 MB) all cross whole."""
-    farm, endpoint, host_side = replicas
-    app = tmp_path / "input-app.xml"
-    app.write_text('<app><MockInputField id="field"/></app>')
-    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    farm, endpoint, _ = replicas
     token = await farm.token(Role.CLIENT)
-    async with running_agent(
-        farm,
-        SimulatedSource(1, delay=0.01),
-        address=host_side.address,
-        host_id=HOST,
-        appium=str(appium_program),
-        appium_caps=caps,
-    ):
+    async with on_appium_behind(replicas, appium_program, input_app(tmp_path)):
         driver = await asyncio.to_thread(connect, hub(endpoint), token)
         field = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "field")
         for size in (225_000, 750_000):
