@@ -62,7 +62,8 @@ def install(home: Path) -> Path:
     program = home / "appium"
     program.write_text(
         "#!/bin/sh\n"
-        f"APPIUM_HOME='{home}' exec '{node}' '{home / 'node_modules/appium/index.js'}'"
+        f"PATH='{node.parent}':\"$PATH\" APPIUM_HOME='{home}'"
+        f" exec '{node}' '{home / 'node_modules/appium/index.js'}'"
         " \"$@\" --allow-insecure '*:session_discovery'\n"
     )
     program.chmod(0o755)
@@ -91,6 +92,8 @@ def _npm_install(home: Path) -> None:
             f"@appium/fake-driver@{FAKE_DRIVER}",
         ],
         cwd=home,
+        # The packages' install scripts run `node`: the wheel's, where the machine has none.
+        env={**os.environ, "PATH": f"{node / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"},
         capture_output=True,
         text=True,
         timeout=900,

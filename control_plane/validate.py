@@ -24,6 +24,7 @@ from amc_common.action_table import MAX_SECONDS as MAX_SECONDS
 from amc_common.action_table import MAX_STRING
 from amc_common.action_table import MAX_TEXT as MAX_TEXT
 from amc_common.device_selector import HOST_LABEL, SNAPSHOT_NAME
+from control_plane import validate_webdriver
 from control_plane.convert import STATUS_FROM_PB
 from control_plane.errors import InvalidArgument
 from control_plane.lifecycle import TaskStatus
@@ -381,18 +382,9 @@ def session_action(req: scheduler_pb2.OpenSessionRequest) -> task_pb2.SessionAct
     if req.action.HasField("webdriver"):
         if req.action.HasField("action"):
             raise InvalidArgument("action.webdriver", "a WebDriver command stands alone")
-        webdriver_command(req.action.webdriver)
+        validate_webdriver.command(req.action.webdriver)
         return req.action
     if not req.action.HasField("action"):
         raise InvalidArgument("action.action", "required")
     action(req.action.action, "action.action")
     return req.action
-
-
-def webdriver_command(c: task_pb2.WebDriverCommand) -> None:
-    """A WebDriver command: GET, POST or DELETE, and a path under the session."""
-    if c.method not in ("GET", "POST", "DELETE"):
-        raise InvalidArgument("action.webdriver.method", "GET, POST or DELETE")
-    parts = c.path.split("/")
-    if (c.path and parts[0]) or len(c.path) > 2048 or {".", ".."} & set(parts):
-        raise InvalidArgument("action.webdriver.path", "empty, or a command's path from '/'")

@@ -217,15 +217,19 @@ async def _webdriver(
     steps: list[StepResult],
     command: task_pb2.WebDriverCommand,
 ) -> None:
-    """A WebDriver command run as the session's next step, answered with Appium's reply."""
+    """A WebDriver command run as the session's next step, answered with Appium's reply (a
+    part of a large body or answer is answered with no step of its own)."""
+    step: StepResult | None
     if webdriver is None:
         error = "not a WebDriver session"
         step = StepResult(len(steps), "webdriver", StepStatus.FAILED, error=error)
         reply = w3c_error(400, "unknown command", error)
     else:
-        step, reply = await webdriver.run(len(steps), command)
-    steps.append(step)
-    answered = task_pb2.SessionStep(step=step_to_proto(step), webdriver=reply)
+        step, reply = await webdriver.answer(len(steps), command)
+    answered = task_pb2.SessionStep(webdriver=reply)
+    if step is not None:
+        steps.append(step)
+        answered.step.CopyFrom(step_to_proto(step))
     await _send(call, lease_pb2.SessionActionsRequest(step=answered))
 
 

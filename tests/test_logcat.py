@@ -194,6 +194,15 @@ def step(index: int, name: str = "tap") -> StepResult:
     return StepResult(index, name, StepStatus.OK, duration=timedelta(seconds=0.1))
 
 
+async def beyond_the_clocks_reach(capture: Capture) -> None:
+    """Until more time passed than the phone's clock is known to (the round trip of the write
+    it was learnt from): a line written next is, on the phone's clock, on the far side of a
+    mark made before this (lines microseconds apart may fall on either side: a run under
+    load put an ANR written 10 us after a step began into the step before)."""
+    until = time.monotonic() + (capture.clock.spread or 0.0) + 0.001
+    await eventually(lambda: time.monotonic() >= until, interval=0.001, what="the clock's reach")
+
+
 async def test_lines_belong_to_the_step_begun_last_and_early_ones_to_the_first() -> None:
     """THEN a crash before any step is the first step's, one after a step's end and
     before the next began is still that step's, and a step keeps at most MAX_WARNINGS
@@ -208,7 +217,9 @@ async def test_lines_belong_to_the_step_begun_last_and_early_ones_to_the_first()
     await capture.began(0, "tap")
     first = await capture.ended(step(0))
     log.crash("com.after_end")  # after step 1 ended, before step 2 began
+    await beyond_the_clocks_reach(capture)
     await capture.began(1, "shell")
+    await beyond_the_clocks_reach(capture)
     for _ in range(MAX_WARNINGS + 2):
         log.write("E", "ActivityManager", "ANR in com.slow")
     second = await capture.ended(step(1, "shell"))

@@ -6,13 +6,16 @@ task, lease and phone read in the database."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import secrets
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from appium import webdriver
 from appium.options.common.base import AppiumOptions
@@ -26,8 +29,12 @@ from selenium.common.exceptions import (
 from selenium.webdriver.remote.client_config import AuthType
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common import webdriver_body
+from amc_common.webdriver_body import MAX_BODY, PART
+from control_plane.console.webdriver_caps import parse
 from control_plane.domain import Role
 from control_plane.embedded import EmbeddedPostgres
+from host_agent import webdriver as host_webdriver
 from host_agent.agent import Agent
 from host_agent.simulated import SimulatedSource
 from scripts.launch import HostAgentCommand
@@ -40,6 +47,7 @@ from tests.support.doc_examples import fences
 from tests.support.library import library, upload_app
 from tests.test_database_outage import own_database  # noqa: F401 (a fixture)
 from tests.test_host_agent_process import agent_process, log_events
+from tests.test_sessions import dispatched, last_task
 
 HOST = "wd-host"
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,14 +86,19 @@ def connect(url: str, token: str, **caps: Any) -> webdriver.Remote:
     return webdriver.Remote(url, options=options, client_config=config)
 
 
-async def appium_sessions(agent: Agent) -> list[Any]:
-    """The sessions the phone's Appium server has (Appium's own list)."""
+async def appium_get(agent: Agent, path: str) -> Any:
+    """The value of the phone's Appium server's answer to GET `path`, asked directly."""
     servers = agent._tools.appium if agent._tools is not None else None
     assert servers is not None
     url = await servers.url("sim-0")
-    async with servers.http.get(f"{url}/appium/sessions") as answer:
-        value: list[Any] = (await answer.json())["value"]
-        return value
+    async with servers.http.get(f"{url}{path}") as answer:
+        return (await answer.json())["value"]
+
+
+async def appium_sessions(agent: Agent) -> list[Any]:
+    """The sessions the phone's Appium server has (Appium's own list)."""
+    value: list[Any] = await appium_get(agent, "/appium/sessions")
+    return value
 
 
 async def test_a_webdriver_session_drives_the_phone_through_appium_and_delete_frees_it(
@@ -327,8 +340,10 @@ async def test_a_lost_lease_ends_the_webdriver_session_and_its_appium_session(
     farm: Farm, agent: Agent
 ) -> None:
     """THEN once the sweep expires the session's lease, the task is failed ("lease lost"),
-    the next command is `invalid session id`, and the host deletes Appium's session: a
-    WebDriver session never outlives its lease."""
+    the host deletes Appium's session, and the next command is `invalid session id`: a
+    WebDriver session never outlives its lease. (The relay learns of the sweep's end by
+    its notification, a moment after the commit: a lease made to expire in the database
+    while its host still renews it can take one more command in that moment.)"""
     token = await farm.token(Role.CLIENT)
     driver = await asyncio.to_thread(connect, hub(farm), token)
     task_id = driver.session_id
@@ -337,13 +352,13 @@ async def test_a_lost_lease_ends_the_webdriver_session_and_its_appium_session(
     await farm.expire_now(str(attempt["lease_id"]))
     await status_is(farm, task_id, "failed")
     assert (await farm.task_row(task_id))["error"] == "lease lost: it expired"
-    with pytest.raises(InvalidSessionIdException):
-        await asyncio.to_thread(lambda: driver.page_source)
 
     async def appium_session_gone() -> bool:
         return await appium_sessions(agent) == []
 
     await eventually(appium_session_gone, what="Appium's session deleted")
+    with pytest.raises(InvalidSessionIdException):
+        await asyncio.to_thread(lambda: driver.page_source)
 
 
 async def test_a_killed_agent_leaves_no_appium_server_behind(
@@ -395,17 +410,70 @@ async def test_a_screenshot_crosses_the_farm_as_appium_took_it(farm: Farm, agent
     await asyncio.to_thread(driver.quit)
 
 
-async def test_an_answer_too_big_for_the_farm_is_an_error_and_the_session_goes_on(
+def big_app(tmp_path: Path, mib: int) -> Path:
+    """An app of the fake driver's whose page source is more than `mib` MiB, each item's
+    text its own (a part out of order or lost shows)."""
+    big = tmp_path / "big-app.xml"
+    items = "".join(
+        f'<MockListItem id="i{n}">{n:07d}{"x" * 1000}</MockListItem>' for n in range(mib * 1100)
+    )
+    big.write_text(f'<app><MockButton id="go">Go</MockButton>{items}<last/></app>')
+    return big
+
+
+async def steps_of(farm: Farm, task_id: str) -> list[str]:
+    client = await farm.client()
+    got = await client.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id=task_id))
+    return [s.output for s in got.result.steps]
+
+
+async def test_a_page_source_of_several_mib_crosses_the_farm_whole(
     farm: Farm,
     appium_program: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """THEN a page source of more than a MiB (what a host's message may carry) is answered
-    W3C's `unknown error` saying so, and the session's next command still works."""
-    big = tmp_path / "big-app.xml"
-    items = "".join(f'<MockListItem id="i{n}">{"x" * 1000}</MockListItem>' for n in range(1200))
-    big.write_text(f'<app><MockButton id="go">Go</MockButton>{items}</app>')
-    caps = {**fake_caps(appium_program), "appium:app": str(big)}
+    """THEN a page source of more than 3 MiB (more than one message of a host's carries)
+    reaches the client as Appium gave it, as one step of the task, and the session goes
+    on."""
+    app = big_app(tmp_path, 3)
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    source = SimulatedSource(1, delay=0.01)
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(
+        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+    ) as agent:
+        driver = await asyncio.to_thread(connect, hub(farm), token)
+        page = await asyncio.to_thread(lambda: driver.page_source)
+        (appium_id,) = [s["id"] for s in await appium_sessions(agent)]
+        direct = await appium_get(agent, f"/session/{appium_id}/source")
+        assert len(page) > 3 << 20 and page == direct and "<last" in page
+        button = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "go")
+        await asyncio.to_thread(button.click)
+        await asyncio.to_thread(driver.quit)
+        assert await farm.status(driver.session_id) == "done"
+        assert await steps_of(farm, driver.session_id) == [
+            "POST / 200",
+            "GET /source 200",
+            "POST /element 200",
+            f"POST /element/{button.id}/click 200",
+            "DELETE / 200",
+        ]
+
+
+async def test_an_answer_over_the_farms_cap_is_an_error_naming_it_and_the_session_goes_on(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN the farm's cap lowered to 2 MiB (64 MiB in earnest: an answer that large is
+    more than this machine's tests should make)
+    THEN a page source of more than 3 MiB is answered W3C's `unknown error` naming its
+    size and the cap, by the host, and the session's next command still works."""
+    monkeypatch.setattr(webdriver_body, "MAX_BODY", 2 << 20)
+    monkeypatch.setattr(host_webdriver, "MAX_BODY", 2 << 20)
+    app = big_app(tmp_path, 3)
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
     source = SimulatedSource(1, delay=0.01)
     token = await farm.token(Role.CLIENT)
     async with running_agent(
@@ -414,11 +482,173 @@ async def test_an_answer_too_big_for_the_farm_is_an_error_and_the_session_goes_o
         driver = await asyncio.to_thread(connect, hub(farm), token)
         with pytest.raises(WebDriverException) as caught:
             await asyncio.to_thread(lambda: driver.page_source)
-        assert "bytes, more than the" in caught.value.msg
+        assert "Appium's answer is" in caught.value.msg, caught.value.msg
+        assert "bytes, more than the 2 MiB (2097152 bytes)" in caught.value.msg
         button = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "go")
         await asyncio.to_thread(button.click)
         await asyncio.to_thread(driver.quit)
         assert await farm.status(driver.session_id) == "done"
+
+
+async def test_a_command_and_its_answer_of_several_mib_cross_the_farm_whole(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """THEN typing 2 MB of text into a field (the client sends it as a body of about 12
+    MB, as a `mobile: pushFile` of an app is a large body) reaches Appium whole, and
+    reading the field back brings the 2 MB back whole: each one step of the task."""
+    app = tmp_path / "input-app.xml"
+    app.write_text('<app><MockInputField id="field"/></app>')
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    source = SimulatedSource(1, delay=0.01)
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(
+        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+    ):
+        driver = await asyncio.to_thread(connect, hub(farm), token)
+        field = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "field")
+        text = secrets.token_hex(1_000_000)
+        await asyncio.to_thread(field.send_keys, text)
+        assert await asyncio.to_thread(lambda: field.text) == text
+        await asyncio.to_thread(driver.quit)
+        assert await farm.status(driver.session_id) == "done"
+        assert await steps_of(farm, driver.session_id) == [
+            "POST / 200",
+            "POST /element 200",
+            f"POST /element/{field.id}/value 200",
+            f"GET /element/{field.id}/text 200",
+            "DELETE / 200",
+        ]
+
+
+def wd(**fields: Any) -> scheduler_pb2.OpenSessionRequest:
+    command = task_pb2.WebDriverCommand(**fields)
+    return scheduler_pb2.OpenSessionRequest(action=task_pb2.SessionAction(webdriver=command))
+
+
+async def test_a_lease_that_ends_while_a_large_answer_crosses_ends_the_session_and_drops_it(
+    farm: Farm,
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """GIVEN a WebDriver session (its OpenSession, as the endpoint speaks it) half way
+    through a page source of more than 3 MiB, carried part by part
+    WHEN its lease expires
+    THEN the host's session ends (it drops what it held and deletes the Appium session),
+    the next ask for a part is answered with the session's end (failed, "lease lost"), not
+    a part, and the phone's next session carries a large answer whole."""
+    app = big_app(tmp_path, 3)
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    source = SimulatedSource(1, delay=0.01)
+    asked = parse(json.dumps(new_session(**{"appium:automationName": "Fake"})).encode())
+    async with running_agent(
+        farm, source, host_id=HOST, appium=str(appium_program), appium_caps=caps
+    ) as agent:
+        client = await farm.client()
+        call = client.scheduler.OpenSession()
+        await call.write(scheduler_pb2.OpenSessionRequest(open=asked.open))
+        task = await dispatched(call)
+        await call.write(wd(method="POST", body=asked.appium_request()))
+        assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+        await call.write(wd(method="GET", path="/source"))
+        first = (await asyncio.wait_for(call.read(), 30)).step.webdriver
+        assert (first.status, len(first.body)) == (200, PART) and first.size > 3 << 20
+        await call.write(wd(rest=True))
+        second = (await asyncio.wait_for(call.read(), 30)).step
+        assert len(second.webdriver.body) == PART and not second.HasField("step")
+        (attempt,) = await farm.attempts(task.task_id)
+        await farm.expire_now(str(attempt["lease_id"]))
+        await status_is(farm, task.task_id, "failed")
+
+        async def appium_session_gone() -> bool:
+            return await appium_sessions(agent) == []
+
+        await eventually(appium_session_gone, what="Appium's session deleted")
+        await call.write(wd(rest=True))
+        final = await last_task(call)
+        assert final.status == task_pb2.TASK_STATUS_FAILED
+        assert final.result.error == "lease lost: it expired"
+        token = await farm.token(Role.CLIENT)
+        driver = await asyncio.to_thread(connect, hub(farm), token)
+        page = await asyncio.to_thread(lambda: driver.page_source)
+        assert len(page) > 3 << 20 and "<last" in page
+        await asyncio.to_thread(driver.quit)
+
+
+async def test_a_malformed_part_is_refused_naming_it_and_the_session_goes_on(
+    farm: Farm, agent: Agent
+) -> None:
+    """THEN a part that names a method, a rest with a body, or one both part and rest is
+    refused INVALID_ARGUMENT naming `action.webdriver`, reaches no host (no step), and
+    the session's next command is answered."""
+    asked = parse(json.dumps(new_session(**{"appium:automationName": "Fake"})).encode())
+    client = await farm.client()
+    call = client.scheduler.OpenSession()
+    await call.write(scheduler_pb2.OpenSessionRequest(open=asked.open))
+    task = await dispatched(call)
+    await call.write(wd(method="POST", body=asked.appium_request()))
+    assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+    for bad in (
+        {"part": True, "method": "GET", "body": b"x"},
+        {"rest": True, "body": b"x"},
+        {"part": True, "rest": True},
+    ):
+        await call.write(wd(**bad))
+        refused = (await asyncio.wait_for(call.read(), 30)).refused
+        assert refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], bad
+        assert refused.message.startswith("action.webdriver: "), refused.message
+    await call.write(wd(method="GET", path="/source"))
+    source = (await asyncio.wait_for(call.read(), 30)).step
+    assert source.webdriver.status == 200 and source.step.index == 1
+    await call.write(wd(method="DELETE"))
+    assert (await asyncio.wait_for(call.read(), 30)).step.webdriver.status == 200
+    await call.done_writing()
+    final = await last_task(call)
+    assert final.status == task_pb2.TASK_STATUS_DONE
+    assert [s.output for s in final.result.steps] == [
+        "POST / 200",
+        "GET /source 200",
+        "DELETE / 200",
+    ]
+    assert final.task_id == task.task_id
+
+
+async def test_a_command_over_the_farms_cap_is_refused_naming_its_size_and_changes_nothing(
+    farm: Farm, agent: Agent
+) -> None:
+    """THEN a command whose body is more than MAX_BODY is answered W3C's `invalid argument`
+    naming its size and the cap: Appium never sees it (what it holds is unchanged), no
+    step is recorded, and the session goes on."""
+    token = await farm.token(Role.CLIENT)
+    driver = await asyncio.to_thread(connect, hub(farm), token)
+    task_id = driver.session_id
+    await asyncio.to_thread(driver.execute_script, "fake: setThing", {"thing": "before"})
+    padding = b"x" * (MAX_BODY + 1 - len(b'{"script":"fake: setThing","args":[{"thing":""}]}'))
+    body = b'{"script":"fake: setThing","args":[{"thing":"' + padding + b'"}]}'
+    assert len(body) == MAX_BODY + 1
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            hub(farm, f"/wd/hub/session/{task_id}/execute/sync"),
+            data=io.BytesIO(body),
+            headers=headers,
+        ) as answer,
+    ):
+        status, value = answer.status, (await answer.json())["value"]
+    del body, padding
+    assert (status, value["error"]) == (400, "invalid argument"), value
+    assert f"{MAX_BODY + 1} bytes" in value["message"] and "64 MiB" in value["message"]
+    assert await asyncio.to_thread(driver.execute_script, "fake: getThing") == "before"
+    assert await farm.status(task_id) == "dispatched"
+    await asyncio.to_thread(driver.quit)
+    assert await steps_of(farm, task_id) == [
+        "POST / 200",
+        "POST /execute/sync 200",
+        "POST /execute/sync 200",
+        "DELETE / 200",
+    ]
 
 
 async def test_delete_is_answered_ok_only_once_the_sessions_end_is_recorded(

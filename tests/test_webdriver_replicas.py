@@ -6,6 +6,7 @@ session never outlives its relay, nor its lease."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -90,6 +91,38 @@ async def test_a_session_whose_host_reached_another_replica_carries_its_commands
     await asyncio.to_thread(driver.quit)
     assert await farm.status(driver.session_id) == "done"
     assert await appium_sessions(agent) == []
+
+
+async def test_a_large_command_and_answer_cross_between_replicas_whole(
+    replicas: tuple[Farm, Replica, Replica],
+    appium_program: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """THEN with the host's relay on the other replica (whose calls between replicas take
+    at most 2 MiB a message), typing 450 KB of text (a body of about 2.7 MB), then 1.5 MB
+    (a body of about 9 MB), and reading each back (the last 1.5 MB) all cross whole."""
+    farm, endpoint, host_side = replicas
+    app = tmp_path / "input-app.xml"
+    app.write_text('<app><MockInputField id="field"/></app>')
+    caps = {**fake_caps(appium_program), "appium:app": str(app)}
+    token = await farm.token(Role.CLIENT)
+    async with running_agent(
+        farm,
+        SimulatedSource(1, delay=0.01),
+        address=host_side.address,
+        host_id=HOST,
+        appium=str(appium_program),
+        appium_caps=caps,
+    ):
+        driver = await asyncio.to_thread(connect, hub(endpoint), token)
+        field = await asyncio.to_thread(driver.find_element, AppiumBy.ID, "field")
+        for size in (225_000, 750_000):
+            text = secrets.token_hex(size)
+            await asyncio.to_thread(field.clear)
+            await asyncio.to_thread(field.send_keys, text)
+            assert await asyncio.to_thread(lambda: field.text) == text
+        await asyncio.to_thread(driver.quit)
+        assert await farm.status(driver.session_id) == "done"
 
 
 async def test_the_death_of_the_hosts_replica_ends_the_session_and_its_appium_session(

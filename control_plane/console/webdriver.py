@@ -17,7 +17,11 @@ Routes, under `/wd/hub` (Selenium Grid's, Appium 1's) and at the root (Appium 2'
   (its connection closed, looked at every second) withdraws it.
 - **Commands**: one at a time per session (each a step of the task), carried as the
   session's actions (SessionAction.webdriver) through its relay to the host; Appium's
-  status and body are the answer. Only the token that made a session reaches it.
+  status and body are the answer. Only the token that made a session reaches it. A body
+  or an answer larger than one message crosses in parts, each an action and its step
+  (amc_common.webdriver_body), joined before the command runs and before the client is
+  answered, once; either is at most MAX_BODY (64 MiB): a larger request is answered
+  `invalid argument` naming its size and the cap, and nothing is sent.
 - **The end**: `DELETE /session/{id}` deletes the Appium session and closes the farm's
   (done; the call answers once the task is finished, so the phone is free, and answers
   `unknown error` saying so where that end is not recorded within END_WAIT); the idle
@@ -40,6 +44,7 @@ import grpc
 from aiohttp import web
 
 from amc.v1 import scheduler_pb2, task_pb2
+from amc_common.webdriver_body import MAX_BODY, parts, too_big
 from control_plane.auth import Authenticator
 from control_plane.console.calls import CallContext, Refused
 from control_plane.console.webdriver_caps import parse
@@ -48,7 +53,7 @@ from control_plane.rpc import code_for
 from control_plane.scheduler_service import SchedulerService
 
 PREFIXES = ("", "/wd/hub")
-MAX_BODY = 3 << 20
+READ_CHUNK = 1 << 16
 # How long DELETE waits for the session's task to be finished (its phone freed), and how
 # often it reads the task where the session's call ended without its end.
 END_WAIT = 10.0
@@ -125,24 +130,54 @@ class _Session:
             self.finished.set()
             self.requests.put_nowait(None)  # over: the session's stream ends
 
-    async def command(self, command: task_pb2.WebDriverCommand) -> task_pb2.WebDriverReply | None:
-        """The command's answer from Appium; None once the session is over."""
+    async def command(self, method: str, path: str, body: bytes) -> task_pb2.WebDriverReply | None:
+        """The command's answer from Appium, whole; None once the session is over. A body
+        larger than PART goes in parts first, and a larger answer is asked for part by
+        part: one command at a time, so a session holds at most one body and one answer."""
         async with self.turn:
+            pieces = parts(body)
+            last = next(pieces)
+            for piece in pieces:  # `last` was not the last: it goes as a part
+                reply = await self._exchange(task_pb2.WebDriverCommand(part=True, body=last))
+                if reply is None or reply.status:  # the session's end, or refused
+                    return reply
+                last = piece
+            command = task_pb2.WebDriverCommand(method=method, path=path, body=last)
+            reply = await self._exchange(command)
+            if reply is None or reply.size <= len(reply.body):
+                return reply
+            return await self._rest(reply)
+
+    async def _rest(self, first: task_pb2.WebDriverReply) -> task_pb2.WebDriverReply | None:
+        """A large answer whole: its first part, then the others asked for in turn."""
+        if first.size > MAX_BODY:
+            return _error(500, "unknown error", too_big("Appium's answer", first.size))
+        data = bytearray(first.body)
+        while len(data) < first.size:
+            reply = await self._exchange(task_pb2.WebDriverCommand(rest=True))
+            if reply is None or reply.status:
+                return reply
+            if not reply.body or len(data) + len(reply.body) > first.size:
+                return _error(500, "unknown error", "Appium's answer came back cut")
+            data += reply.body
+        return task_pb2.WebDriverReply(status=first.status, body=bytes(data))
+
+    async def _exchange(self, command: task_pb2.WebDriverCommand) -> task_pb2.WebDriverReply | None:
+        """One action of the session and its answer; None once the session is over."""
+        if self.finished.is_set():
+            return None
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.answers.append(answer)
+        action = task_pb2.SessionAction(webdriver=command)
+        self.requests.put_nowait(scheduler_pb2.OpenSessionRequest(action=action))
+        try:
+            response = await answer
+        except asyncio.CancelledError:
             if self.finished.is_set():
                 return None
-            answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            self.answers.append(answer)
-            action = task_pb2.SessionAction(webdriver=command)
-            self.requests.put_nowait(scheduler_pb2.OpenSessionRequest(action=action))
-            try:
-                response = await answer
-            except asyncio.CancelledError:
-                if self.finished.is_set():
-                    return None
-                raise
+            raise
         if response.HasField("refused"):
-            body = {"value": {"error": "invalid argument", "message": response.refused.message}}
-            return task_pb2.WebDriverReply(status=400, body=json.dumps(body).encode())
+            return _error(400, "invalid argument", response.refused.message)
         reply: task_pb2.WebDriverReply = response.step.webdriver
         return reply
 
@@ -201,8 +236,7 @@ class WebDriver:
             why = why or "the session ended"
             pending = f" (it waited: {session.pending})" if session.pending else ""
             return w3c_error("session not created", f"{why}{pending}")
-        create = task_pb2.WebDriverCommand(method="POST", body=asked.appium_request())
-        reply = await session.command(create)
+        reply = await session.command("POST", "", asked.appium_request())
         if reply is None:
             return w3c_error("session not created", "the session ended as it started")
         try:
@@ -234,8 +268,7 @@ class WebDriver:
             return w3c_error("invalid session id", f"no session {session_id} open for this token")
         if request.method not in ("GET", "POST", "DELETE"):
             return w3c_error("unknown method", f"{request.method} is no WebDriver method")
-        command = task_pb2.WebDriverCommand(method=request.method, path=tail, body=body)
-        reply = await session.command(command)
+        reply = await session.command(request.method, tail, body)
         if reply is None:
             why = session.task.result.error if session.task is not None else ""
             return w3c_error("invalid session id", f"session {session_id} ended: {why or 'over'}")
@@ -273,13 +306,22 @@ class WebDriver:
 
 
 async def _body(request: web.Request) -> bytes:
-    """The request's body, refused past MAX_BODY."""
+    """The request's body, refused past MAX_BODY (by its Content-Length before any of it
+    is read, where it says one)."""
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise InvalidArgument("body", too_big("the request's body", request.content_length))
     data = bytearray()
-    while chunk := await request.content.read(1 << 16):
+    while chunk := await request.content.read(READ_CHUNK):
         data += chunk
         if len(data) > MAX_BODY:
-            raise InvalidArgument("body", f"more than {MAX_BODY >> 20} MiB")
+            raise InvalidArgument("body", too_big("the request's body", None))
     return bytes(data)
+
+
+def _error(status: int, error: str, message: str) -> task_pb2.WebDriverReply:
+    """A W3C error answer as Appium's would come (no answer of Appium's to pass on)."""
+    body = {"value": {"error": error, "message": message, "stacktrace": ""}}
+    return task_pb2.WebDriverReply(status=status, body=json.dumps(body).encode())
 
 
 async def _within(aw: Any, seconds: float) -> bool:
