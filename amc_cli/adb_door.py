@@ -37,6 +37,8 @@ from amc_common.adb_device import DeviceStream, DeviceTransport
 log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
+# What an adb server's connection may hold unread: a packet of the largest payload.
+_READ_LIMIT = adb_transport.DOOR_PAYLOAD + adb_transport.HEADER.size
 
 
 class AdbDoor:
@@ -53,8 +55,10 @@ class AdbDoor:
 
     async def listen(self, host: str, port: int) -> int:
         """Bind the port (0: any free one) without taking connections yet; the port."""
+        # A whole packet of the largest payload is read without the reader pausing the
+        # socket (its default pauses past 128 KiB, some eight times a packet).
         self._server = await asyncio.start_server(
-            self._on_connection, host, port, start_serving=False
+            self._on_connection, host, port, start_serving=False, limit=_READ_LIMIT
         )
         return int(self._server.sockets[0].getsockname()[1])
 

@@ -24,12 +24,19 @@ from typing import Any
 
 from amc.v1 import adb_pb2
 
-# The most one data frame carries: below 128 KiB, so that the control plane, which relays
-# it, recycles its blocks in its heap (control_plane.allocator); a larger frame was a
-# fresh mapping there, faulted in page by page, for each copy of it.
-CHUNK = 96 * 1024
+# The most one data frame carries: as much as keeps the frame's message (and each copy
+# gRPC and protobuf make of it) below 128 KiB, the control plane's mmap threshold, so that
+# the control plane, which relays it, recycles its blocks in its heap
+# (control_plane.allocator); a larger frame was a fresh mapping there, faulted in page by
+# page, for each copy of it. Each message costs every process on the way a gRPC read or
+# write of its own, so no smaller than that either.
+CHUNK = 127 * 1024
 # Bytes of a stream a side may have sent and not had acknowledged (whole frames).
-WINDOW = 24 * CHUNK
+WINDOW = 20 * CHUNK
+# The most bytes `recv` joins from the frames waiting: what a side writes at once to the
+# adb server or client (one write there, one adb packet on its way, rather than a packet
+# per frame).
+JOINED = 1 << 20
 # A receiver acknowledges what it delivered once it adds up to this: a frame each way per
 # chunk would double the frames a bulk transfer costs every process on its way.
 ACK_EVERY = WINDOW // 4
@@ -81,14 +88,23 @@ class Carried:
         return not self.over
 
     async def recv(self) -> bytes | None:
-        """The next bytes the other side sent; None once it ended the stream (or this side
-        did). Acknowledge them with `ack` once delivered."""
-        while not self._inbox:
+        """The next bytes the other side sent, with those of the frames already waiting
+        behind them, up to JOINED; None once it ended the stream (or this side did).
+        Acknowledge them with `ack` once delivered."""
+        inbox = self._inbox
+        while not inbox:
             if self.over:
                 return None
             self._arrived.clear()
             await self._arrived.wait()
-        return self._inbox.popleft()
+        data = inbox.popleft()
+        if not inbox or len(data) + len(inbox[0]) > JOINED:
+            return data
+        parts, size = [data], len(data)
+        while inbox and size + len(inbox[0]) <= JOINED:
+            size += len(inbox[0])
+            parts.append(inbox.popleft())
+        return b"".join(parts)
 
     def ack(self, count: int) -> None:
         """`count` bytes received were delivered: the other side may send as many more

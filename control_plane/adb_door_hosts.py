@@ -18,8 +18,8 @@ from typing import Any
 import grpc
 import structlog
 
-from amc.v1 import adb_pb2
 from control_plane.adb_doors import RELAYED_BY, Door, door_of, relay_call, session_id
+from control_plane.adb_wire import HOST, relayed, to_host
 from control_plane.domain import SessionRelay, TaskId
 from control_plane.errors import FailedPrecondition, InvalidArgument, Unavailable
 from control_plane.peers import RelayedCall
@@ -58,7 +58,7 @@ class HostDoor(RelayedCall):
         pump = asyncio.create_task(_from_host(requests, door))
         try:
             while (frame := await door.to_host.get()) is not None:
-                yield adb_pb2.LeaseAdbStreamsResponse(frame=frame)
+                yield to_host(frame)
         finally:
             pump.cancel()
             door.end("its host left")
@@ -76,7 +76,7 @@ class HostDoor(RelayedCall):
             raise Unavailable(CLIENT_GONE)
         if not where.alive:
             raise Unavailable(f"{CLIENT_GONE}: its replica ({where.address}) is gone")
-        call = self._peers.lease(where.address).AdbStreams(metadata=self.forwarded())
+        call = self._peers.raw_stream(where.address, HOST, relayed)(metadata=self.forwarded())
         log.info("adb door relayed", task_id=str(task_id), to=where.address)
         try:
             async for response in relay_call(call, first, requests):

@@ -7,7 +7,8 @@ They meet in the session's `Relay` (control_plane.rendezvous).
 A door is its session's: opened by the token that opened the session (`SessionOpen.adb`),
 once the session is dispatched, and over when the session is (its host's call ended, the
 task no longer runs: `Relay.host_gone`), or when either of its calls ends. Frames are
-relayed as they come, one at a time each way through a short mailbox, so a side that
+relayed as they come (a data frame as the bytes it came in: control_plane.adb_wire), one
+at a time each way through a short mailbox, so a side that
 reads slowly holds the other back through gRPC's flow control and this replica holds no
 backlog; the streams' own windows (amc_common.adb_carriage) keep one stream from holding
 up another. What this replica judges: which services the caller's role may open
@@ -31,6 +32,7 @@ import structlog
 from amc.v1 import adb_pb2
 from amc_common import adb_services
 from amc_common.channel import write_unless_ended
+from control_plane.adb_wire import DOOR, Frame, relayed, to_client
 from control_plane.domain import Role, TaskId
 from control_plane.errors import (
     FailedPrecondition,
@@ -58,12 +60,12 @@ class Mailbox:
     closed, what it held is dropped and `get` says None."""
 
     def __init__(self, size: int) -> None:
-        self._items: deque[adb_pb2.AdbFrame] = deque()
+        self._items: deque[Frame] = deque()
         self._size = size
         self._changed = asyncio.Event()
         self.closed = False
 
-    async def put(self, frame: adb_pb2.AdbFrame) -> None:
+    async def put(self, frame: Frame) -> None:
         while len(self._items) >= self._size and not self.closed:
             self._changed.clear()
             await self._changed.wait()
@@ -71,7 +73,7 @@ class Mailbox:
             self._items.append(frame)
             self._changed.set()
 
-    async def get(self) -> adb_pb2.AdbFrame | None:
+    async def get(self) -> Frame | None:
         while not self._items:
             if self.closed:
                 return None
@@ -95,7 +97,7 @@ class Door:
         self.relay = relay
         self.to_host = Mailbox(MAILBOX)
         self.to_client = Mailbox(MAILBOX)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self.phone: asyncio.Future[adb_pb2.AdbPhone] = loop.create_future()
         self.client = self.host = False
         self.over = asyncio.Event()
@@ -121,7 +123,7 @@ class Door:
             self._follow.cancel()
         log.info("adb door closed", task_id=str(self.relay.task_id), why=why)
 
-    def used(self, frame: adb_pb2.AdbFrame) -> None:
+    def used(self, frame: Frame) -> None:
         """Count a frame's stream open or over, and the door as used now."""
         part = frame.WhichOneof("part")
         if part == "open":
@@ -129,7 +131,7 @@ class Door:
         elif part in ("close", "refused"):
             self.streams.discard(frame.stream)
         self.relay.door_streams = len(self.streams)
-        self.relay.door_used = asyncio.get_running_loop().time()
+        self.relay.door_used = self._loop.time()
 
 
 def door_of(relay: Relay) -> Door:
@@ -198,7 +200,7 @@ class ClientDoor(RelayedCall):
             operator = who.role is not Role.CLIENT
             pump = asyncio.create_task(_from_client(requests, door, operator))
             while (frame := await door.to_client.get()) is not None:
-                yield adb_pb2.AdbStreamsResponse(frame=frame)
+                yield to_client(frame)
         finally:
             if pump is not None:
                 pump.cancel()
@@ -241,7 +243,8 @@ class ClientDoor(RelayedCall):
         assert where is not None and where.address is not None
         if not where.alive:
             raise Unavailable(f"session {task_id}'s replica ({where.address}) is gone")
-        call = self._peers.doors(where.address).AdbStreams(metadata=self.forwarded())
+        method = self._peers.raw_stream(where.address, DOOR, relayed)
+        call = method(metadata=self.forwarded())
         log.info("adb door relayed", task_id=str(task_id), to=where.address)
         try:
             async for response in relay_call(call, first, requests):

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from amc.v1 import admin_pb2_grpc, lease_pb2_grpc, library_pb2_grpc, scheduler_pb2_grpc
 from amc_common.build import record_build
-from control_plane import allocator, auth, errors, metrics
+from control_plane import adb_wire, allocator, auth, errors, metrics, session_wire
 from control_plane.admin_service import AdminService
 from control_plane.artifacts import PostgresArtifacts
 from control_plane.config import Settings
@@ -41,7 +41,6 @@ from control_plane.retention import keep_retention, span_text
 from control_plane.rpc import DecodeGuard
 from control_plane.rpc_metrics import RpcMetrics, label
 from control_plane.scheduler_service import SchedulerService
-from control_plane.session_wire import CODECS
 from control_plane.store import Store, migrate
 from control_plane.sweep import sweep_expired
 
@@ -192,7 +191,8 @@ class ControlPlane:
         methods = [*rpc_methods(), *STANDARD_METHODS]
         metrics.create_rpc_series([label(m) for m in methods])
         record_build("control-plane")
-        interceptors = [RpcMetrics(methods), DecodeGuard(CODECS)]
+        codecs = {**session_wire.CODECS, **adb_wire.CODECS}
+        interceptors = [RpcMetrics(methods), DecodeGuard(codecs)]
         server = grpc.aio.server(options=server_options(self.settings), interceptors=interceptors)
         # What every servicer works with; where the tasks' kept files and the app library's
         # bytes are kept is chosen here.

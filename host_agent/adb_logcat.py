@@ -29,11 +29,13 @@ class AdbPhoneLog:
     async def follow_log(self) -> AsyncIterator[bytes]:
         """`logcat -v threadtime -v usec` (times to the microsecond: Android 7 and later)
         on a connection of its own, read until it ends (the phone gone) or the caller stops
-        reading (the connection is closed: logcat ends)."""
+        reading (the connection is closed: logcat ends). The OKAY is acknowledged at once
+        (`Session.ack_now`), else the log's first lines wait for the kernel's delayed ACK."""
         async with contextlib.AsyncExitStack() as stack:
             async with guard(self.serial, "logcat", self._call_timeout):
                 phone = await stack.enter_async_context(device_session(self._client, self.serial))
                 await phone.request("shell:logcat -v threadtime -v usec")
+            phone.ack_now()
             while chunk := await phone.read_some():
                 yield chunk
 

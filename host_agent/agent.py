@@ -359,7 +359,8 @@ class Agent:
             )
             return
         self.life.leased(a.device_serial)
-        worker = Worker(self._tools, a, lease, cleans=self.life.cleans(a.device_serial))
+        ran = self.life.when_run_over(a.device_serial, a.task_id)  # cleaned as it reports
+        worker = Worker(self._tools, a, lease, cleans=self.life.cleans(a.device_serial), ran=ran)
         self._running[a.device_serial] = (a.task_id, a.attempt)
         self._leases[a.device_serial] = lease
         self._busy[a.device_serial] = group.create_task(

@@ -36,7 +36,10 @@ commands, an emulator would load a snapshot), as the phone's pool's profile asks
 the control plane with the phone's next report (a `cleaning` host event each). A clean that
 passed is told at once, `ready`: its steps had the phone answer, so its last probe's facts
 (battery, temperature, storage, when read in the last two probe intervals) stand for a new
-probe (HealthMonitor.tell_soon); one that failed is quarantined, as before.
+probe (HealthMonitor.tell_soon); one that failed is quarantined, as before. A clean after a
+run that is reported starts as the report goes (`run_over`: an emulator's load and the
+report's round trip overlap), but its outcome (ready, or the quarantine) waits for the
+report's end (`lease_ended`), so the control plane hears the result first.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import structlog
@@ -54,7 +57,8 @@ from host_agent.baselines import Baselines
 from host_agent.clean_profile import CleanProfile
 from host_agent.config import AgentSettings
 from host_agent.devices import CleanedStep, DeviceError, DeviceSource
-from host_agent.health import Condition, Health, HealthMonitor
+from host_agent.health import HealthMonitor
+from host_agent.life_conditions import Overrides
 from host_agent.probe import Reading, probe
 from host_agent.recovery import Recovery
 from host_agent.stop_token import StopReason
@@ -149,7 +153,8 @@ class DeviceLife:
         self._first: set[str] = set()  # seen, and no clean of it has passed yet
         self._leases: dict[str, int] = {}  # leases since its last reboot
         self._cleans: dict[str, asyncio.Task[None]] = {}
-        self.overrides = _Overrides(self)
+        self._reported: dict[str, asyncio.Event] = {}  # set when its run's report is done
+        self.overrides = Overrides(self)
 
     # -- what the session asks ----------------------------------------------------------
 
@@ -187,9 +192,24 @@ class DeviceLife:
     def leased(self, serial: str) -> None:
         self._move(serial, Move.LEASE)
 
+    def when_run_over(self, serial: str, task_id: str) -> Callable[[], None] | None:
+        """What its worker calls as its run's report starts: the lease ends (its clean
+        starts) now, its clean's outcome waits for `lease_ended`. None: not cleaned."""
+        if not self.cleans(serial):
+            return None
+
+        def run_over() -> None:
+            self.lease_ended(serial, task_id, False)
+            self._reported[serial] = asyncio.Event()
+
+        return run_over
+
     def lease_ended(self, serial: str, task_id: str, lost: bool) -> None:
-        """Its lease ended (`lost`: given back as device_lost): cleaned next, before it is
-        offered again. Called before the session counts it idle."""
+        """Its lease ended (`lost`: given back as device_lost), its result's report done:
+        cleaned next, before it is offered again. Called before the session counts it idle."""
+        if (reported := self._reported.pop(serial, None)) is not None:
+            reported.set()  # ended as the report started (when_run_over)
+            return
         self._leases[serial] = self._leases.get(serial, 0) + 1
         if not self.cleans(serial):
             self._stages[serial] = Stage.READY
@@ -338,6 +358,8 @@ class DeviceLife:
             why = str(exc) or type(exc).__name__
             done.append(CleanedStep(name, why, time.monotonic() - step_began, False))
         took = time.monotonic() - began
+        if (reported := self._reported.get(serial)) is not None:
+            await reported.wait()  # the result is told before the phone's ready (or held)
         passed = all(step.ok for step in done)
         metrics.CLEAN_SECONDS.labels("passed" if passed else "failed").observe(took)
         self._health.cleaned(serial, done)
@@ -360,33 +382,3 @@ class DeviceLife:
     def cleaning_reason(self, serial: str) -> str | None:
         """Why `serial` is cleaning (its condition's reason); None when it is not."""
         return self._why.get(serial, "") if self._own(serial) is Stage.CLEANING else None
-
-
-class _Overrides(Mapping[str, Health]):
-    """The conditions DeviceLife sets, for the health monitor: a held phone's (the
-    ladder's), then a cleaning phone's `cleaning`."""
-
-    def __init__(self, life: DeviceLife) -> None:
-        self._life = life
-
-    def __getitem__(self, serial: str) -> Health:
-        held = self._life.recovery.held.get(serial)
-        if held is not None:
-            return held
-        reason = self._life.cleaning_reason(serial)
-        if reason is not None:
-            return Health(Condition.CLEANING, reason)
-        raise KeyError(serial)
-
-    def __iter__(self) -> Iterator[str]:
-        held = self._life.recovery.held
-        yield from held
-        yield from (s for s in self._life.withheld() if s not in held and s in self)
-
-    def __contains__(self, serial: object) -> bool:
-        return serial in self._life.recovery.held or (
-            isinstance(serial, str) and self._life.cleaning_reason(serial) is not None
-        )
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)

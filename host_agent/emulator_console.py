@@ -1,5 +1,6 @@
 """The Android emulator's console, as a client: the telnet protocol of
-developer.android.com/studio/run/emulator-console, one connection per command.
+developer.android.com/studio/run/emulator-console, one connection per command (`Console`),
+or one kept open for an instance's life (`KeptConsole`: its resets' loads).
 
     connect 127.0.0.1:<console port>  ← banner lines, then `OK`
     (the banner says "Authentication required")  → auth <token>  ← … `OK`
@@ -9,15 +10,17 @@ The token is the contents of ~/.emulator_console_auth_token (the emulator's own 
 the home of the user it runs as, the agent's); an empty or missing file sends none. Lines
 end in CR LF; an answer ends at a line that is `OK` (or starts `OK:`, as `kill`'s does) or
 starts `KO:`. What was not tried on a real emulator: the exact words of its KO lines (the
-client takes any `KO:` line as the refusal, whatever it says) and how long it keeps a
-command waiting while a load runs (the caller's deadline bounds it).
+client takes any `KO:` line as the refusal, whatever it says), how long it keeps a
+command waiting while a load runs (the caller's deadline bounds it), and whether it ever
+closes an idle console connection (a kept one it closed is opened again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from amc_common.device_selector import SNAPSHOT_NAME
@@ -54,7 +57,7 @@ def snapshot_tags(lines: list[str]) -> list[str]:
     return tags
 
 
-@dataclass(frozen=True)
+@dataclass
 class Console:
     """The console of the emulator listening on `port` (127.0.0.1)."""
 
@@ -65,30 +68,15 @@ class Console:
         """Send one command; the lines it answered before its `OK`. ConsoleError on a KO,
         DeviceLost when nothing listens, DeviceTimeout past `timeout`."""
         what = f"emulator console {self.port}: {line}"
-        try:
+        with _mapped(what, timeout):
             async with asyncio.timeout(timeout):
-                return await self._exchange(line, what)
-        except TimeoutError:
-            raise DeviceTimeout(f"{what}: no answer within {timeout:g}s") from None
-        except (ConnectionRefusedError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
-            raise DeviceLost(f"device lost: {what}: {exc or type(exc).__name__}") from None
-        except OSError as exc:
-            raise DeviceError(f"{what}: {exc}") from None
-
-    async def _exchange(self, line: str, what: str) -> list[str]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, limit=_MAX_LINE)
-        try:
-            banner = await _answer(reader, what)
-            if any("Authentication required" in b for b in banner):
-                token = read_token(self.token_file)
-                await _send(writer, f"auth {token}" if token else "auth")
-                await _answer(reader, f"{what} (auth)")
-            await _send(writer, line)
-            return await _answer(reader, what)
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+                reader, writer = await _open(self.port, self.token_file, what)
+                try:
+                    await _send(writer, line)
+                    return await _answer(reader, what)
+                finally:
+                    await _close(writer)
+        raise AssertionError("unreachable: _mapped raises")
 
     async def load(self, snapshot: str, timeout: float) -> None:
         """`avd snapshot load NAME`: the emulator is back in that snapshot's state."""
@@ -104,6 +92,91 @@ class Console:
 
     async def ping(self, timeout: float) -> None:
         await self.command("ping", timeout)
+
+
+@dataclass
+class KeptConsole(Console):
+    """The console of one instance (one emulator process) on one connection kept open
+    between commands, one command at a time: connecting, its banner and `auth` are paid
+    once, not at each reset's load. A connection the emulator closed while idle is opened
+    again; one that fails or times out in a command is dropped (the next opens a new one),
+    and the failure is the emulator's as for `Console` (DeviceLost when it dropped or
+    nothing listens). Its owner `close()`s it when the process goes, so a connection never
+    outlives the instance it was opened to."""
+
+    _link: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = field(
+        default=None, init=False, repr=False
+    )
+    _busy: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+
+    @property
+    def open(self) -> bool:
+        """Whether a connection is kept (and the emulator has not closed it)."""
+        return self._link is not None and not self._link[0].at_eof()
+
+    async def command(self, line: str, timeout: float) -> list[str]:
+        what = f"emulator console {self.port}: {line}"
+        async with self._busy:
+            with _mapped(what, timeout, self.close):
+                async with asyncio.timeout(timeout):
+                    if not self.open:
+                        self.close()  # none yet, or closed by the emulator while idle
+                    if self._link is None:
+                        self._link = await _open(self.port, self.token_file, what)
+                    reader, writer = self._link
+                    await _send(writer, line)
+                    return await _answer(reader, what)
+        raise AssertionError("unreachable: _mapped raises")
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._link[1].close()
+            self._link = None
+
+
+@contextlib.contextmanager
+def _mapped(what: str, timeout: float, drop: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """A command's failures as device errors; `drop` is called for any but a KO (the
+    connection is no longer in step with the console)."""
+    try:
+        yield
+    except ConsoleError:
+        raise
+    except TimeoutError:
+        drop()
+        raise DeviceTimeout(f"{what}: no answer within {timeout:g}s") from None
+    except (ConnectionRefusedError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
+        drop()
+        raise DeviceLost(f"device lost: {what}: {exc or type(exc).__name__}") from None
+    except OSError as exc:
+        drop()
+        raise DeviceError(f"{what}: {exc}") from None
+    except BaseException:  # cancelled mid-command: its answer may still come
+        drop()
+        raise
+
+
+async def _open(
+    port: int, token_file: Path | None, what: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the console, past its banner and `auth`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=_MAX_LINE)
+    try:
+        banner = await _answer(reader, what)
+        if any("Authentication required" in b for b in banner):
+            token = read_token(token_file)
+            await _send(writer, f"auth {token}" if token else "auth")
+            await _answer(reader, f"{what} (auth)")
+    except BaseException:
+        await _close(writer)
+        raise
+    return reader, writer
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
 
 
 def _name(value: str) -> str:

@@ -37,7 +37,7 @@ import structlog
 
 from host_agent.devices import DeviceError, DeviceLost, DeviceUnresponsive, PoolHost
 from host_agent.emulator_config import EmulatorSettings, PoolSpec, available_memory
-from host_agent.emulator_console import Console
+from host_agent.emulator_console import Console, KeptConsole
 
 log = structlog.get_logger(__name__)
 
@@ -55,11 +55,11 @@ ANSWER_POLL = 0.1
 class Instance:
     pool: PoolSpec
     port: int
+    console: KeptConsole  # its console's connection, kept while its process runs
     state: str = "starting"  # starting, up, restarting, down, retiring
     process: asyncio.subprocess.Process | None = None
     snapshots: tuple[str, ...] = ()
-    # The snapshot its last reset loaded, while no lease has begun on it since.
-    fresh_from: str | None = None
+    fresh_from: str | None = None  # what its last reset loaded, while no lease began since
     ready_since: float | None = None
     restarting: asyncio.Task[str] | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
@@ -185,7 +185,8 @@ class Emulators:
         if port is None:
             log.warning("no free console/adb port pair for an emulator", pool=pool.name)
             return False
-        instance = self.instances[f"emulator-{port}"] = Instance(pool, port)
+        console = KeptConsole(port, self.settings.token_file)
+        instance = self.instances[f"emulator-{port}"] = Instance(pool, port, console)
         self._spawn(self._bring_up(instance))
         return True
 
@@ -251,8 +252,7 @@ class Emulators:
                     await asyncio.sleep(ANSWER_POLL)
         except TimeoutError:
             raise DeviceUnresponsive(f"not booted within {s.boot_timeout:g}s") from None
-        console = Console(instance.port, s.token_file)
-        instance.snapshots = tuple(await console.snapshots(CONSOLE_TIMEOUT))
+        instance.snapshots = tuple(await instance.console.snapshots(CONSOLE_TIMEOUT))
         instance.fresh_from = pool.snapshot
 
     async def _follow(self, instance: Instance, process: asyncio.subprocess.Process) -> None:
@@ -300,8 +300,7 @@ class Emulators:
 
     async def _load(self, instance: Instance, snapshot: str) -> None:
         instance.fresh_from = None
-        console = Console(instance.port, self.settings.token_file)
-        await console.load(snapshot, self.settings.load_timeout)
+        await instance.console.load(snapshot, self.settings.load_timeout)
         if not await self._answers(instance.serial):
             raise DeviceUnresponsive(f"{instance.serial} did not answer after the load")
 
@@ -356,6 +355,7 @@ class Emulators:
 
     async def _kill(self, instance: Instance) -> None:
         """`kill` over its console, then SIGTERM, then SIGKILL, until its process is gone."""
+        instance.console.close()  # never carried over to the instance started next
         process = instance.process
         if process is None or process.returncode is not None:
             return

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import enum
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +92,13 @@ class Worker:
     """Runs one assignment under its lease; `run()` once."""
 
     def __init__(
-        self, tools: Tools, assignment: HeldAssignment, lease: HeldLease, *, cleans: bool = False
+        self,
+        tools: Tools,
+        assignment: HeldAssignment,
+        lease: HeldLease,
+        *,
+        cleans: bool = False,
+        ran: Callable[[], None] | None = None,
     ) -> None:
         self._tools = tools
         self.assignment = assignment
@@ -100,6 +106,9 @@ class Worker:
         # The host cleans the phone after the lease: its report or release says so, and the
         # control plane marks the device `cleaning` as the lease ends (host_agent.device_life).
         self._cleans = cleans
+        # Called once the run is over and its result is to be reported (the phone is no
+        # longer needed): its clean may start while the report goes (host_agent.agent).
+        self._ran = ran
         self._log = log.bind(host_id=tools.settings.host_id)
         # time.monotonic() when the run must have ended (the task's deadline), if it has one.
         self._run_ends: float | None = None
@@ -166,6 +175,8 @@ class Worker:
             # control plane applies its expiry rules; the FAILED report that follows is then
             # refused as stale, which is expected.
             await final.run(self._release(StopReason.LEASE_LOST.label))
+        if self._ran is not None and not result.device_lost:
+            self._ran()
         if result.stop_reason is not StopReason.LEASE_LOST:
             # Before the report, while the lease is live: after it, the lease is over.
             budget, late = self._upload_budget()

@@ -389,7 +389,7 @@ class Run:
         a, st = self.args, self.stack
         if st.control_plane is None:
             await st.start_control_plane()
-        opts = adb_door.Options(a.adb_shells, a.adb_push_mb)
+        opts = adb_door.Options(a.adb_shells, a.adb_push_mb, self.work if a.profile else None)
         self.results["adb"] = await adb_door.run(st, opts, say)
 
     async def mcp(self) -> None:

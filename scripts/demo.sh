@@ -2,6 +2,7 @@
 # A demo against a running farm (`make run` in another terminal): submit a workflow and
 # follow it to done and fetch its screenshot, then submit a long task, watch it, and cancel it mid-run.
 # Usage: scripts/demo.sh [FILE]      (AMC_ADDR / AMC_TOKEN as for `amc`)
+#   AMC_DEMO_PAUSE: seconds the long task runs before the demo cancels it (2)
 #   FILE: keep the workflow's screenshot there; without it the screenshot is fetched into a
 #   temporary folder, its size shown, and removed with the folder.
 # It leaves nothing behind, also when a step fails or it is interrupted (Ctrl-C): its
@@ -52,7 +53,7 @@ task=$running
 echo "submitted $task"
 "$amc" watch "$task" &
 watcher=$!
-sleep 2
+sleep "${AMC_DEMO_PAUSE:-2}"  # the long task runs this long before it is cancelled
 "$amc" cancel "$task" --reason "demo"
 running=""
 status=0

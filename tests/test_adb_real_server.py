@@ -12,6 +12,7 @@ import asyncio
 import importlib.util
 import os
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -189,6 +190,41 @@ async def test_host_agent_adb_source_drives_fake_phone_through_real_server(
 
     assert await device.screenshot() == phone.png
     assert "com.example:id/title" in await device.ui_dump()
+
+
+async def _line_read(stream: AsyncIterator[bytes], line: bytes) -> float:
+    """When (time.monotonic) the stream has read `line`."""
+    seen = b""
+    async with asyncio.timeout(10.0):
+        while line not in seen:
+            seen += await anext(stream)
+    return time.monotonic()
+
+
+async def test_a_followed_logs_lines_are_read_at_once_not_after_a_delayed_ack(
+    adb_server: RealAdbServer, adbd: FakeAdbd
+) -> None:
+    """THEN a new `logcat` stream reads the phone's log at once, and a line written while it
+    is open comes as soon as it is written: the agent acknowledges what it reads at once,
+    so the adb server's socket (Nagle) does not hold a small write back for the kernel's
+    delayed ACK of the one before (40 ms on Linux), which each run's log capture waited
+    for as it started and as it ended."""
+    device = AdbSource(adb_server.host, adb_server.port, call_timeout=10.0).device(adbd.address)
+    await device.mark_log("amc", "written before", 5.0)
+    first, then = [], []
+    for i in range(5):
+        stream = device.follow_log()
+        try:
+            began = time.monotonic()
+            first.append(await _line_read(stream, b"written before") - began)
+            began = time.monotonic()
+            await device.mark_log("amc", f"written while followed {i}", 5.0)
+            then.append(await _line_read(stream, f"followed {i}".encode()) - began)
+        finally:
+            await stream.aclose()
+    # The least of five: a slow moment of a loaded machine is not the wait looked for.
+    assert min(first) < 0.02, f"a new stream's first lines came after {min(first):.3f}s"
+    assert min(then) < 0.02, f"a line written came {min(then):.3f}s later"
 
 
 async def test_dropped_transport_comes_back_online(

@@ -13,7 +13,7 @@ import pytest
 from amc.v1 import adb_pb2
 from amc_common import adb_transport as t
 from amc_common.adb_auth import NotAKey, parse_key, read_keys, user_key_path
-from amc_common.adb_carriage import WINDOW, Carriage
+from amc_common.adb_carriage import CHUNK, JOINED, WINDOW, Carriage
 from amc_common.adb_services import never, refusal
 from amc_testing.adb_client import AdbClientKey
 from host_agent.adb_door import carry
@@ -136,6 +136,24 @@ async def test_a_stream_sends_no_more_than_its_window_before_an_ack() -> None:
     carriage.deliver(adb_pb2.AdbFrame(stream=1, ack=WINDOW))
     assert await asyncio.wait_for(sending, 5)
     assert sum(len(f.data) for f in sent if f.stream == 1) == WINDOW + 1
+
+
+async def test_frames_waiting_for_their_reader_are_read_as_one_up_to_joined() -> None:
+    """THEN what a stream's reader finds waiting is read at once, as one write's worth (one
+    packet to the adb server or client, not one per frame), never more than JOINED, and in
+    order; what it read is acknowledged whole."""
+    sent: list[adb_pb2.AdbFrame] = []
+    carriage = Carriage(lambda message: sent.append(message.frame), adb_pb2.AdbStreamsRequest)
+    carried = carriage.stream(1)
+    frames = [bytes([i]) * CHUNK for i in range(JOINED // CHUNK + 2)]
+    for data in frames:
+        carriage.deliver(adb_pb2.AdbFrame(stream=1, data=data))
+    first = await carried.recv()
+    assert first == b"".join(frames[: JOINED // CHUNK])
+    assert await carried.recv() == b"".join(frames[JOINED // CHUNK :])
+    assert first is not None
+    carried.ack(len(first))
+    assert [f.ack for f in sent] == [len(first)]
 
 
 async def test_a_streams_end_reaches_its_reader_after_what_came_before() -> None:

@@ -1057,8 +1057,9 @@ async def test_a_door_whose_end_was_asked_as_the_run_ended_exits_with_its_sessio
 
 
 def _emulator_events(t: float) -> list[dict[str, Any]]:
-    """Two instances up from t; the first dies at t+10 under a task, starts afresh at t+12."""
-    e = emulators.BOOT
+    """Two instances up from t; the first dies at t+10 under a task (in its load of the
+    snapshot it starts from), starts afresh at t+12."""
+    e = emulators.APP
     return [
         {"at": t, "event": "registered", "serial": "emulator-5660", "pid": 1},
         {"at": t, "event": "registered", "serial": "emulator-5662", "pid": 2},
@@ -1114,6 +1115,22 @@ def test_a_task_whose_emulator_died_is_given_back_and_done_or_breaks_invariant_1
     verdict = emulators.check(events, {ok: session}, attempts, lost, [], 2, t + 30)
     assert verdict.violations == []
     assert verdict.stats["sessions whose emulator died, then failed"] == 1
+
+
+def test_an_emulator_dying_in_its_reset_while_the_result_is_reported_keeps_invariant_14() -> None:
+    """THEN an instance that dies in a load of the pool's snapshot (a reset: it starts as
+    the lease's result is reported) while the control plane still has the attempt open is
+    a reset's death, not a task's: the attempt ended done breaks nothing."""
+    t = 1_000_000.0
+    events = [
+        dict(e, snapshot=emulators.BOOT) if e["event"] in ("loading", "died") else e
+        for e in _emulator_events(t)
+    ]
+    attempts = {("ok", 1): _emulator_attempt("ok", 1, "emulator-5660", t + 5, t + 10.1, "done")}
+    tasks = {"ok": {"status": "done", "cancel_requested_at": None, "metadata": {}}}
+    verdict = emulators.check(events, tasks, attempts, {"ok": []}, [], 2, t + 30)
+    assert verdict.violations == []
+    assert verdict.stats["deaths between leases (in a reset)"] == 1
 
 
 def test_an_emulator_not_started_afresh_or_a_pool_below_its_minimum_breaks_invariant_14() -> None:

@@ -330,9 +330,17 @@ async def test_a_phone_is_rebooted_after_every_nth_lease(farm: Farm) -> None:
             await eventually(lambda: agent.life.stage("sim-0") is Stage.READY, what="clean")
             assert len([s for s in source.recovery_steps if s[1] == "reboot"]) == n // 2
         assert reboots
-    steps = [e["reason"] for e in await host_events(farm, "host-1") if e["kind"] == "cleaning"]
-    assert len([s for s in steps if s.startswith("reboot (")]) == 2
-    assert all(s.endswith(": rebooted") for s in steps if s.startswith("reboot ("))
+
+        async def reboots_recorded() -> list[str]:
+            """The clean's steps as the control plane recorded them (the agent's phone is
+            ready before its report of them is written)."""
+            events = await host_events(farm, "host-1")
+            steps = [e["reason"] for e in events if e["kind"] == "cleaning"]
+            found = [s for s in steps if s.startswith("reboot (")]
+            return found if len(found) >= 2 else []
+
+        found = await eventually(reboots_recorded, what="both reboots recorded")
+    assert len(found) == 2 and all(s.endswith(": rebooted") for s in found)
 
 
 async def test_a_restarted_agent_cleans_against_the_baseline_it_recorded_before(

@@ -17,6 +17,10 @@ from tests.test_console import DOCS, browser, farm, open_page, pytestmark
 __all__ = ["apk_cache", "browser", "farm", "new_apk", "old_apk", "pytestmark"]
 
 
+# How long an upload through the page may take (its hash, its transfer, its manifest read).
+UPLOAD_MS = 60_000
+
+
 async def rows(farm: Farm) -> int:
     assert farm.db is not None
     return int(await farm.db.fetchval("SELECT count(*) FROM library_apps"))
@@ -31,7 +35,10 @@ async def test_the_apps_page_lists_uploads_and_removes_apps(
     await page.locator(f"tr[data-app='{NEW.sha256}']").wait_for()
     await page.get_by_label("APK file").set_input_files(str(old_apk.path))
     await page.get_by_role("button", name="Upload").click()
-    await page.locator("#upload-message", has_text="kept io.appium.settings 3.0.0").wait_for()
+    # The browser hashes the APK, uploads it and the control plane reads its manifest: more
+    # than the pages' usual 15 s on a loaded machine.
+    kept = page.locator("#upload-message", has_text="kept io.appium.settings 3.0.0")
+    await kept.wait_for(timeout=UPLOAD_MS)
     old = page.locator(f"tr[data-app='{OLD.sha256}']")
     await old.wait_for()
     cells = {
@@ -56,7 +63,7 @@ async def test_the_apps_page_lists_uploads_and_removes_apps(
         "#upload-message.error-text",
         has_text="INVALID_ARGUMENT: file: not an APK: not a ZIP archive; nothing was kept",
     )
-    await refusal.wait_for()
+    await refusal.wait_for(timeout=UPLOAD_MS)
     assert await rows(farm) == 2
 
     page.on("dialog", lambda dialog: dialog.accept())

@@ -30,16 +30,21 @@ async def address(database_url: str) -> AsyncIterator[str]:
         yield address
 
 
-async def start(address: str, tmp: Path, *args: str) -> asyncio.subprocess.Process:
+async def start(
+    address: str, tmp: Path, *args: str, pause: float | None = None
+) -> asyncio.subprocess.Process:
     """The demo in a session of its own, as a terminal's foreground job, its temporary
-    files under `tmp`."""
+    files under `tmp` (`pause`: seconds its long task runs before the demo cancels it)."""
+    env = environment(address) | {"TMPDIR": str(tmp)}
+    if pause is not None:
+        env["AMC_DEMO_PAUSE"] = str(pause)
     return await asyncio.create_subprocess_exec(
         "bash",
         str(DEMO),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        env=environment(address) | {"TMPDIR": str(tmp)},
+        env=env,
         start_new_session=True,
     )
 
@@ -110,7 +115,9 @@ async def test_a_demo_interrupted_mid_run_stops_its_watch_and_cancels_its_task(
     terminal's SIGINT), its long task is cancelled, and its temporary folder is gone."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = await start(address, tmp)
+    # The long task left running long enough for the interrupt to come while it runs,
+    # however slowly this test reads (under load it once came after the demo's own cancel).
+    proc = await start(address, tmp, pause=600)
     assert proc.stdout is not None
     seen: list[str] = []
     async with asyncio.timeout(120):

@@ -8,6 +8,7 @@ refuses; its command line is the emulator's.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from host_agent.devices import DeviceLost
-from host_agent.emulator_console import Console, ConsoleError, snapshot_tags
+from host_agent.emulator_console import Console, ConsoleError, KeptConsole, snapshot_tags
 from tests.support import eventually
 from tests.support.emulators import AVD, EmulatorWorld
 
@@ -123,6 +124,53 @@ async def test_kill_over_the_console_ends_the_emulator_and_adb_drops_it(
     await eventually(lambda: _gone(world), what="adb to drop the emulator")
     with pytest.raises(DeviceLost):
         await console(world).ping(timeout=5)
+
+
+async def test_a_kept_console_sends_its_commands_on_one_connection_until_its_emulator_dies(
+    world: EmulatorWorld, emulator: asyncio.subprocess.Process
+) -> None:
+    """THEN a kept console's commands, a KO among them, go on the one connection it opened
+    (banner and `auth` once); once the emulator's process is gone its next command is
+    DeviceLost, as a new connection's would be."""
+    kept = KeptConsole(PORT, world.root / "home" / ".emulator_console_auth_token")
+    try:
+        await kept.load("default_boot", timeout=10)
+        with pytest.raises(ConsoleError, match="does not exist"):
+            await kept.load("nope", timeout=10)
+        assert await kept.command("avd name", timeout=10) == [AVD]
+        assert [e["event"] for e in world.read_events("console")] == ["console"]
+        emulator.send_signal(signal.SIGKILL)
+        await emulator.wait()
+        with pytest.raises(DeviceLost):
+            await kept.ping(timeout=5)
+    finally:
+        kept.close()
+
+
+async def test_a_kept_console_connection_the_emulator_closed_while_idle_is_opened_again() -> None:
+    """THEN a command after the emulator closed the kept connection (it answered, then hung
+    up) goes on a new connection and is answered, not taken for the emulator's death."""
+    accepted = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        writer.write(b"Android Console: type 'help' for a list of commands\r\nOK\r\n")
+        await reader.readline()
+        writer.write(b"I am alive!\r\nOK\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    kept = KeptConsole(server.sockets[0].getsockname()[1])
+    try:
+        assert await kept.command("ping", timeout=5) == ["I am alive!"]
+        await eventually(lambda: not kept.open, what="the emulator to close it")
+        assert await kept.command("ping", timeout=5) == ["I am alive!"]
+        assert accepted == 2
+    finally:
+        kept.close()
+        server.close()
 
 
 async def _gone(world: EmulatorWorld) -> bool:

@@ -10,12 +10,14 @@ when idle; an unknown snapshot is refused at submit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import grpc
 import pytest
 
@@ -128,6 +130,42 @@ async def test_a_session_from_a_snapshot_starts_there_and_the_emulator_is_reset_
     reasons = await cleaning_events(farm, FIRST)
     assert all(r.startswith("snapshot (") for r in reasons), reasons
     assert not world.read_events("killed")  # reset, never restarted
+
+
+def consoles_of(world: EmulatorWorld, pid: int) -> int:
+    """The console connections the instance of process `pid` accepted."""
+    return sum(1 for e in world.read_events("console") if e["pid"] == pid)
+
+
+async def test_an_emulators_resets_share_one_console_connection_and_a_new_process_gets_its_own(
+    farm: Farm, world: EmulatorWorld
+) -> None:
+    """THEN the console connection an instance's start opened (`avd snapshot list`) carries
+    its resets' loads and a task's start-snapshot load, with no new connection, banner and
+    `auth` for each; once its process dies, the instance started afresh is reached over a
+    connection of its own (the old one is never used for it) and its clean passes."""
+    token = await farm.token(Role.CLIENT)
+    async with running(farm, world), Client(farm.address, token=token) as client:
+        await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
+        (first,) = world.read_events("started")
+        for snapshot in ("default_boot", "login_screen", "default_boot"):
+            async with client.session(labels=EMULATOR, start_snapshot=snapshot) as phone:
+                await phone.shell("echo hi")
+            await eventually(lambda: ready(farm, FIRST), timeout=20, what="the reset")
+        loads = [e for e in world.read_events("loaded") if e["pid"] == first["pid"]]
+        assert len(loads) >= 4, loads  # its first clean, three resets and a task's load
+        assert consoles_of(world, first["pid"]) == 1
+        cleans = len(await cleaning_events(farm, FIRST))
+        os.kill(first["pid"], signal.SIGKILL)
+        await eventually(lambda: len(world.read_events("started")) == 2, timeout=30)
+        second = world.read_events("started")[1]
+
+        async def cleaned_again() -> bool:
+            return await ready(farm, FIRST) and len(await cleaning_events(farm, FIRST)) > cleans
+
+        await eventually(cleaned_again, timeout=30, what="the new instance's clean")
+        assert [e["pid"] for e in world.read_events("loaded")][-1] == second["pid"]
+        assert consoles_of(world, second["pid"]) == 1
 
 
 async def test_a_snapshot_no_host_has_is_refused_at_submit_and_nothing_is_queued(
@@ -470,3 +508,42 @@ def test_the_emulator_flag_reads_its_pool_against_the_avd_and_refuses_one_larger
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("host-agent: error: --emulator: "), err
         assert says in err
+
+
+async def test_an_emulators_reset_load_runs_while_its_result_is_reported_and_it_is_ready_after(
+    farm: Farm, world: EmulatorWorld
+) -> None:
+    """THEN the snapshot load after a task starts as its result's report goes, not after
+    it: with the report held up (its task's row locked in PostgreSQL), the load happens
+    while the task is still running at the control plane, and the phone is told neither
+    clean nor ready until the report lands; then the task is done and the phone ready."""
+    client = await farm.client()
+    assert farm.db is not None
+    async with running(farm, world):
+        await eventually(lambda: ready(farm, FIRST), timeout=30, what="the emulator")
+        loads, cleans = len(world.read_events("loaded")), len(await cleaning_events(farm, FIRST))
+        task_id = await submit(client, actions_spec(wait_action(1.0)))
+        await status_is(farm, task_id, "dispatched", within=20)
+        held = await asyncpg.connect(farm.dsn)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(held.close)
+            await stack.enter_async_context(held.transaction())
+            await held.execute("SELECT 1 FROM tasks WHERE task_id = $1::uuid FOR UPDATE", task_id)
+            await eventually(
+                lambda: len(world.read_events("loaded")) > loads,
+                timeout=10,
+                what="the reset's load while the result's report waits",
+            )
+            await asyncio.sleep(0.5)  # a window in which nothing may say the phone is clean
+            assert await farm.status(task_id) == "dispatched"
+            assert len(await cleaning_events(farm, FIRST)) == cleans
+            assert (await device_row(farm, FIRST))["task_id"] is not None  # still leased
+        await status_is(farm, task_id, "done", within=20)
+        await eventually(
+            lambda: _cleaned_since(farm, cleans), timeout=20, what="the clean told after"
+        )
+        await eventually(lambda: ready(farm, FIRST), timeout=20, what="ready after the report")
+
+
+async def _cleaned_since(farm: Farm, before: int) -> bool:
+    return len(await cleaning_events(farm, FIRST)) > before

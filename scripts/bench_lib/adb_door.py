@@ -12,7 +12,9 @@ the same server:
 `adb shell echo` round trips, alternating direct and door (--adb-shells each), p50 and p99;
 then PUSHES pushes of --adb-push-mb MB on each path, direct and door in turn so that a
 change in the machine's load falls on both alike, MB/s (the best of each), with the CPU
-seconds each process spent on the door's pushes.
+seconds each process spent on the door's pushes (and its main thread's: its event loop).
+Under --profile, py-spy samples the door, the control plane and the agent during the
+door's pushes (`profile` in the results).
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import adbutils
+import psutil
 
 from amc_testing.adbd import SimulatedAdbd
 from amc_testing.database import free_port
 from amc_testing.host import SimulatedSource
+from bench_lib import profiling
 from bench_lib.report import Row, pcts
-from bench_lib.stack import AGENT_TOKEN, Stack, cpu_seconds, spawn
+from bench_lib.stack import AGENT_TOKEN, Stack, cpu_seconds, rss_bytes, spawn
 from bench_lib.stats import summarize
 from scripts.launch import HostAgentCommand
 
@@ -46,10 +50,16 @@ ROOT = Path(__file__).resolve().parents[2]
 _CONNECT = re.compile(r"^adb connect (127\.0\.0\.1:\d+)$")
 
 
+# The processes of AMC's own on a door's path, py-spy'd during its pushes under --profile.
+PROFILED = ("door", "control plane", "agent")
+
+
 @dataclass(frozen=True)
 class Options:
     shells: int = 100
     push_mb: int = 100
+    # A directory: py-spy each of PROFILED during the door's pushes (bench.py --profile).
+    profile: Path | None = None
 
 
 class Adb:
@@ -117,7 +127,9 @@ async def _adb_server(root: Path) -> AsyncIterator[Adb]:
 async def _door(stack: Stack, adb: Adb) -> AsyncIterator[tuple[str, int]]:
     """`amc adb` serving the pool's phone: its address and process id."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMC_")}
-    env.update(AMC_ADDR=stack.address, PYTHONPATH=str(ROOT))
+    # The measured copy of the packages (--pythonpath) first, as for the farm's processes.
+    paths = [str(stack.pythonpath)] if stack.pythonpath is not None else []
+    env.update(AMC_ADDR=stack.address, PYTHONPATH=os.pathsep.join([*paths, str(ROOT)]))
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -130,6 +142,7 @@ async def _door(stack: Stack, adb: Adb) -> AsyncIterator[tuple[str, int]]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env=env,
+        cwd=stack.root,  # not the checkout: `-m` puts the working directory first on its path
     )
     said: list[str] = []
     try:
@@ -171,23 +184,59 @@ async def _push(adb: Adb, serial: str, source: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _main_thread_seconds(pid: int) -> float:
+    """User + system CPU of a process's main thread (its event loop: gRPC's own threads
+    are the rest)."""
+    try:
+        found = [t for t in psutil.Process(pid).threads() if t.id == pid]
+    except psutil.Error:
+        return 0.0
+    return found[0].user_time + found[0].system_time if found else 0.0
+
+
+@dataclass
+class Pushed:
+    best: dict[str, float]  # MB/s of the better push on each path
+    cpu: dict[str, float]  # CPU seconds of each process over the door's pushes
+    main_thread: dict[str, float]  # the same, of its main thread
+    profile: dict[str, str]  # PROFILED's raw py-spy stacks over the door's pushes
+
+
 async def _pushes(
-    adb: Adb, serials: dict[str, str], source: Path, mb: int, pids: dict[str, int], tries: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """MB/s of the better of `tries` pushes on each path, direct and door in turn (so a
-    change in the machine's load falls on both alike), and each process's CPU seconds
-    over the door's pushes."""
-    best = {path: 0.0 for path in serials}
-    cpu = dict.fromkeys(pids, 0.0)
-    for _ in range(tries):
+    adb: Adb,
+    serials: dict[str, str],
+    source: Path,
+    mb: int,
+    pids: dict[str, int],
+    tries: int,
+    profile: Path | None,
+) -> Pushed:
+    """The better of `tries` pushes on each path, direct and door in turn (so a change in
+    the machine's load falls on both alike), and each process's CPU over the door's."""
+    out = Pushed({path: 0.0 for path in serials}, dict.fromkeys(pids, 0.0), {}, {})
+    out.main_thread = dict.fromkeys(pids, 0.0)
+    out.profile = dict.fromkeys(PROFILED, "")
+    for attempt in range(tries):
         for path, serial in serials.items():
+            recordings = []
+            if profile is not None and path == "door":
+                recordings = [
+                    await profiling.start(
+                        f"adb-{name}-{attempt}", pids[name], profile, 600, 250, native=True
+                    )
+                    for name in PROFILED
+                ]
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            main = {name: _main_thread_seconds(pid) for name, pid in pids.items()}
             seconds = await _push(adb, serial, source)
-            best[path] = max(best[path], mb / seconds)
+            out.best[path] = max(out.best[path], mb / seconds)
             if path == "door":
                 for name, pid in pids.items():
-                    cpu[name] += cpu_seconds(pid) - before[name]
-    return best, cpu
+                    out.cpu[name] += cpu_seconds(pid) - before[name]
+                    out.main_thread[name] += _main_thread_seconds(pid) - main[name]
+            for name, recording in zip(PROFILED, recordings, strict=False):
+                out.profile[name] += await profiling.finish_raw(recording)
+    return out
 
 
 async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dict[str, Any]:
@@ -204,7 +253,7 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
             log_format=stack.log_format,
         )
         log = stack.root / f"agent-{HOST}.log"
-        agent = spawn(f"host agent {HOST}", command.argv(), log, command.env())
+        agent = spawn(f"host agent {HOST}", command.argv(), log, stack.env_of(command))
         try:
             async with _door(stack, adb) as (door, door_pid):
                 await adb.connect(door)
@@ -222,17 +271,21 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
                     "adb server": adb.pid,
                     "phone (this process)": os.getpid(),
                 }
-                best, cpu = await _pushes(adb, serials, big, options.push_mb, pids, PUSHES)
-                direct_mbs, door_mbs = best["direct"], best["door"]
+                rss_before = rss_bytes(stack.control_plane.pid)
+                pushed = await _pushes(
+                    adb, serials, big, options.push_mb, pids, PUSHES, options.profile
+                )
+                rss_after = rss_bytes(stack.control_plane.pid)
+                direct_mbs, door_mbs = pushed.best["direct"], pushed.best["door"]
                 # Checked while the door's session holds the phone: its clean after the
                 # lease removes what was pushed.
-                pushed = source.apps["adb-phone-0"].files.get("/sdcard/bench.bin")
-                verified = pushed == big.read_bytes()
+                on_phone = source.apps["adb-phone-0"].files.get("/sdcard/bench.bin")
+                verified = on_phone == big.read_bytes()
                 big.unlink()
         finally:
             agent.stop()
     direct, through = summarize(times["direct"]), summarize(times["door"])
-    return {
+    result: dict[str, Any] = {
         "shell_direct_ms": direct,
         "shell_door_ms": through,
         "shell_overhead_ms": {k: through[k] - direct[k] for k in ("p50", "p99")},
@@ -241,11 +294,23 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
         "push_door_mb_s": door_mbs,
         "push_ratio": door_mbs / direct_mbs if direct_mbs else 0.0,
         # CPU seconds each process spent on the door's pushes (PUSHES of push_mb MB).
-        "push_door_cpu_s": cpu,
+        "push_door_cpu_s": pushed.cpu,
+        # The same, of each process's main thread (its event loop; the rest is gRPC's).
+        "push_door_main_thread_cpu_s": pushed.main_thread,
+        # CPU milliseconds each process spent per MB pushed through the door.
+        "push_door_cpu_ms_per_mb": {
+            name: 1000 * seconds / (PUSHES * options.push_mb)
+            for name, seconds in pushed.cpu.items()
+        },
         "pushes": PUSHES,
+        # The control plane's RSS before the pushes and after them, MB.
+        "control_plane_rss_mb": [rss_before / 1e6, rss_after / 1e6],
         # The phone holds exactly the bytes pushed through the door.
         "verified": verified,
     }
+    if options.profile is not None:
+        result["profile"] = {name: profiling.fold(raw) for name, raw in pushed.profile.items()}
+    return result
 
 
 # The targets: the door's round trip within 10 ms of a direct one at p50; a push

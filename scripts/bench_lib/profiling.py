@@ -39,11 +39,16 @@ class Recording:
     proc: asyncio.subprocess.Process
 
 
-async def start(name: str, pid: int, workdir: Path, seconds: float) -> Recording:
+async def start(
+    name: str, pid: int, workdir: Path, seconds: float, rate: int = 100, native: bool = False
+) -> Recording:
+    """py-spy recording `pid`; `native`: with C frames (gRPC's core, protobuf, malloc), which
+    py-spy reads only by pausing the process at each sample (it costs the process more)."""
     path = workdir / f"profile-{name}.txt"
+    extra = ["--native"] if native else ["--nonblocking"]
     proc = await asyncio.create_subprocess_exec(
         py_spy(), "record", "--pid", str(pid), "--format", "raw", "--output", str(path),
-        "--rate", "100", "--duration", str(max(1, round(seconds))), "--nonblocking",
+        "--rate", str(rate), "--duration", str(max(1, round(seconds))), *extra,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     return Recording(name, path, proc)
@@ -51,12 +56,18 @@ async def start(name: str, pid: int, workdir: Path, seconds: float) -> Recording
 
 async def finish(recording: Recording) -> dict[str, Any]:
     """Stop early if the workload ended first (SIGINT makes py-spy write what it has)."""
+    raw = await finish_raw(recording)
+    return fold(raw) if raw else {}
+
+
+async def finish_raw(recording: Recording) -> str:
+    """The recording's raw stacks ("" if none), stopped early if still running."""
     if recording.proc.returncode is None:
         recording.proc.send_signal(2)
     await recording.proc.wait()
     if not recording.path.exists():
-        return {}
-    return fold(recording.path.read_text())
+        return ""
+    return recording.path.read_text()
 
 
 def _frame(raw: str) -> str:

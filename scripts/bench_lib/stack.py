@@ -258,7 +258,7 @@ class Stack:
             log_format=self.log_format,
             http_listen=http_listen,
         )
-        child = spawn(name, command.argv(), self.root / f"{name}.log", self._env(command))
+        child = spawn(name, command.argv(), self.root / f"{name}.log", self.env_of(command))
         try:
             await wait_serving(address, child)
         except BaseException:
@@ -291,12 +291,14 @@ class Stack:
             f"host agent {spec.host_id}",
             command.argv(),
             self.root / f"agent-{spec.host_id}.log",
-            self._env(command),
+            self.env_of(command),
         )
         self.agents[spec.host_id] = child
         return child
 
-    def _env(self, command: ControlPlaneCommand | HostAgentCommand) -> dict[str, str]:
+    def env_of(self, command: ControlPlaneCommand | HostAgentCommand) -> dict[str, str]:
+        """A child's environment: the command's, with the measured copy of the packages
+        first on its PYTHONPATH (--pythonpath)."""
         env = command.env()
         if self.pythonpath is not None:
             rest = env.get("PYTHONPATH", "")

@@ -36,7 +36,9 @@ double's events, see `clean_commands`):
     a  a task whose emulator died under its attempt was given back (the attempt ended
        `released`, the task's event `device_lost`), not failed, and ended done (a
        session ends failed, "device lost", as invariant 9 wants: its client is attached
-       to that phone)
+       to that phone); a death in a load of the pool's snapshot is a reset's, after
+       the run, whose result stands even while it is still being reported (the host
+       agent starts the reset as the report goes)
     b  an instance that died, or whose load failed or hung, was started afresh: a new
        process of the same serial registered with adb within RESTART_BOUND (for
        emu_boot_fails: within RESTART_BOUND of the fault's end)
@@ -544,7 +546,19 @@ def _given_back(
     verdict: EmulatorVerdict,
 ) -> None:
     mine = [a for a in attempts.values() if a["host_id"] == HOST]
-    for died in (e for e in events if e["event"] == "died"):
+    loading: dict[str, str] = {}  # the snapshot each instance is loading, if any
+    for died in events:
+        if died["event"] == "loading":
+            loading[died["serial"]] = died.get("snapshot", "")
+        elif died["event"] in ("loaded", "load_failed", "killed", "registered"):
+            loading.pop(died["serial"], None)
+        if died["event"] != "died":
+            continue
+        if loading.pop(died["serial"], None) == BOOT:
+            # A reset's load (only a reset loads the pool's snapshot): after its lease's
+            # run, whose result stands, even while that result is still being reported.
+            verdict.stats["deaths between leases (in a reset)"] += 1
+            continue
         under = [
             a
             for a in mine

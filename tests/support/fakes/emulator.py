@@ -35,7 +35,8 @@ Its own knobs, in the environment (none of them the emulator's):
                                      hit only the loads of snapshot NAME
     AMC_FAKE_EMULATOR_EVENTS         a file it appends one JSON line to per event (started,
                                      registered, loading, loaded, load_failed, hung, died,
-                                     killed, refused: a start it refused), with time.time()
+                                     killed, refused: a start it refused; console: a console
+                                     connection accepted), with time.time()
 """
 
 from __future__ import annotations
@@ -255,6 +256,9 @@ class FakeEmulator:
     def kill(self) -> None:
         event("killed", self)
         self.ended.set()
+
+    def note(self, kind: str) -> None:
+        event(kind, self)
 
 
 def _fault(console: int) -> dict[str, object]:

@@ -66,6 +66,7 @@ class ConsoleServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._clients.add(writer)
+        self.emulator.note("console")  # a connection accepted
         expected = token()
         try:
             if expected:
