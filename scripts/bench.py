@@ -74,7 +74,7 @@ goes on with what it has (its targets are then not judged).
 --reps repeats lifecycle, ceiling and the peer's drains: each of their figures is reported
 as min / median / max over the repetitions. Pickup and cancel are --trials trials each (p50 /
 p99 over the trials); renewal is one window (with min / median / max over its 1-s slices).
-The default run fits in 30 minutes on a 2-core machine (27 there); --big adds the 5,000-host
+The default run fits in 30 minutes on a 2-core machine (at load 10-13); --big adds the 5,000-host
 fleet and deep runs (10 minutes more at best). --quick is a smoke run of a few minutes
 without the peer.
 Only some: `make bench ARGS='--only fleet'`, `--only deep,flood`. --profile adds py-spy and
@@ -471,6 +471,11 @@ class Run:
             queued=a.deep_queued,
             history=a.deep_history,
             selectors=a.deep_selectors,
+        )
+        # The fleet's run of the same load, if it ran, is the empty run (not run twice).
+        fleet_runs = self.results.get("fleet", {}).get("runs", [])
+        opts = dataclasses.replace(
+            opts, empty=deep.empty_from_fleet(fleet_runs, opts.fleet, a.deep_hosts)
         )
         self.results["deep"] = {}
         await deep.run(self.stack, opts, say, self.results["deep"], self.save)

@@ -3,6 +3,7 @@ is checked against a time: only that every workload ran and was accounted for.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_lib import deep, fleet, flood, peer, promtext, report, stats  # noqa: E402
+from bench_lib import deep, fleet, flood, options, peer, promtext, report, stats  # noqa: E402
 
 BENCH = [sys.executable, str(ROOT / "scripts" / "bench.py")]
 
@@ -417,3 +418,54 @@ def test_install_is_judged_by_the_bytes_sent_per_host_not_per_phone() -> None:
     install |= {"sent_bytes": 6 * (50 << 20), "sent_times_apk": 6.0, "installed": 99}
     rows = [r for r in report.rows({"install": install}) if r.workload == "16 install"]
     assert [r.met for r in rows] == [False, False]
+
+
+def _deep_load_run(hosts: int, replicas: int = 1, **more: Any) -> dict[str, Any]:
+    run = _fleet_run(hosts, replicas, (5.0, 12.0), 4.0)
+    run.update({"acquire_wait_s": 60.0, "short_wait_s": 10.0, **more})
+    run["submit"].update(tasks=2400, submit_schedule_s=120.0, window_s=120.0)
+    return run
+
+
+def test_deep_takes_the_fleets_run_of_its_load_as_its_empty_run() -> None:
+    """THEN the fleet's run of the deep hosts on one replica, with the deep runs' waits and
+    window and no condition-change window, is the deep workload's empty run; any other is
+    not, and the plan counts one fleet-sized run less for deep only when the fleet runs."""
+    load = fleet.Options(rate=20.0, seconds=120.0, acquire_wait=60.0, short_wait=10.0)
+    same = _deep_load_run(1000)
+    runs = [_deep_load_run(10), same, _deep_load_run(1000, replicas=2)]
+    assert deep.empty_from_fleet(runs, load, 1000) is same
+    assert deep.empty_from_fleet(runs, load, 5000) is None
+    assert deep.empty_from_fleet(runs[2:], load, 1000) is None  # two replicas
+    churned = _deep_load_run(1000)
+    churned["idle"]["churn"] = {"changes_per_min": 40.0}
+    assert deep.empty_from_fleet([churned], load, 1000) is None
+    assert deep.empty_from_fleet([_deep_load_run(1000, acquire_wait_s=30.0)], load, 1000) is None
+    shorter = dataclasses.replace(load, seconds=60.0)
+    assert deep.empty_from_fleet(runs, shorter, 1000) is None
+    # Its rows name where the empty run came from; the deep targets compare with it.
+    opt = deep.Options(fleet=load, hosts=1000, big_hosts=0)
+    reused = {**same, "database": "empty", "from_fleet": True}
+    deeper = {**_deep_load_run(1000), "database": "deep"}
+    assert deep.judge([reused, deeper], opt)["deep_control_plane_cpu_per_task"] is True
+    rows = report.rows(
+        {"deep": {"runs": [reused, deeper], "settings": {"hosts": 1000, "big_hosts": 0}}}
+    )
+    assert any(r.workload == "8 deep 1,000x4, empty db (the fleet's run)" for r in rows)
+    default = options.parse([])
+    assert options.deep_reuses_fleet_run(default)
+    alone = options.parse(["--only", "deep"])
+    assert not options.deep_reuses_fleet_run(alone)
+    deep_s = {w: s for w, _, s in options.plan(default)}["deep"]
+    assert {w: s for w, _, s in options.plan(alone)}["deep"] > deep_s + 120
+
+
+def test_the_default_plan_fits_the_bound_and_a_bigger_one_says_it_does_not() -> None:
+    """THEN the default run's plan is within the 30-minute bound with its sizes printed;
+    --big's plan says it is over."""
+    default = options.describe(options.parse([]))
+    minutes = float(default[0].split("about ")[1].split(" min")[0])
+    assert minutes <= options.BUDGET_MINUTES and "over the" not in default[0]
+    assert any("1,000,000 finished" in line for line in default)
+    big = options.describe(options.parse(["--big"]))
+    assert f"over the {options.BUDGET_MINUTES}-min bound" in big[0]

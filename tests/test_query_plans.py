@@ -11,7 +11,7 @@ them flip is the statistics (none yet, or taken when nothing was queued or runni
 generic plan's guess of ten keys per array, not the history's size. A small history is the
 stricter case where it matters at all: beside 1,000,000 finished tasks a full scan of a
 partial index costs the planner more, and fewer plans flipped there than at 10,000. The
-live work is AMC_PLAN_HOSTS hosts (300 unless set; make bench: 1,000): the old statements
+live work is AMC_PLAN_HOSTS hosts (300 unless set, as in make bench): the old statements
 flipped the same with 300 hosts as with 1,000 (102 and 103 problems).
 """
 

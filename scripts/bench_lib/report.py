@@ -747,6 +747,8 @@ def _deep_rows(dp: dict[str, Any] | None) -> list[Row]:
     for run in dp["runs"]:
         n = run["hosts"]
         name = f"8 deep {n:,}x{run['devices_per_host']}, {run['database']} db"
+        if run.get("from_fleet"):
+            name += " (the fleet's run)"
         out += _not_reached_rows(name, run)
         if "submit" not in run:
             continue
