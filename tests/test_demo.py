@@ -49,6 +49,11 @@ async def start(
     )
 
 
+def pausing(sid: int) -> bool:
+    """The demo of session `sid` sleeps through its pause (its `sleep` has started)."""
+    return any(found.endswith(" sleep") for found in of_session(sid))
+
+
 def of_session(sid: int) -> list[str]:
     """The processes still running in the demo's session."""
     found = []
@@ -120,14 +125,21 @@ async def test_a_demo_interrupted_mid_run_stops_its_watch_and_cancels_its_task(
     proc = await start(address, tmp, pause=600)
     assert proc.stdout is not None
     seen: list[str] = []
-    async with asyncio.timeout(120):
-        while not any(line.startswith("submitted ") for line in seen):
-            line = (await proc.stdout.readline()).decode()
-            assert line, seen
-            seen.append(line)
-    os.killpg(proc.pid, signal.SIGINT)
-    async with asyncio.timeout(60):
-        out, _ = await proc.communicate()
+    try:
+        async with asyncio.timeout(120):
+            while not any(line.startswith("submitted ") for line in seen):
+                line = (await proc.stdout.readline()).decode()
+                assert line, seen
+                seen.append(line)
+        # Interrupted in its pause, as a person would be: a SIGINT that came while the
+        # shell was starting the pause's `sleep` could be lost to the child before its exec.
+        await eventually(lambda: pausing(proc.pid), what="the demo's pause")
+        os.killpg(proc.pid, signal.SIGINT)
+        async with asyncio.timeout(60):
+            out, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:  # never leave the demo behind
+            os.killpg(proc.pid, signal.SIGKILL)
     text = "".join(seen) + out.decode()
     assert proc.returncode == 130, text
     assert of_session(proc.pid) == []
