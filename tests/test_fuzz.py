@@ -1205,7 +1205,12 @@ def check_one(w: World, method: str, caller: str, payloads: list[bytes]) -> None
 
     assert reply.code in ACCEPTABLE, what()
     if parsed[0] is None:
-        assert reply.code == grpc.StatusCode.INVALID_ARGUMENT, what()
+        # A later message over the receive limit may end the call first (gRPC refuses it
+        # before the first one's refusal is sent): either code names what is wrong.
+        over = any(len(p) > control_plane.server.MAX_MESSAGE for p in payloads[1:])
+        allowed = {grpc.StatusCode.INVALID_ARGUMENT}
+        allowed |= {grpc.StatusCode.RESOURCE_EXHAUSTED} if over else set()
+        assert reply.code in allowed, what()
     elif len(payloads[0]) < control_plane.server.MAX_MESSAGE:
         where = must_refuse(method, caller, parsed[0])
         assert where is None or reply.code == grpc.StatusCode.INVALID_ARGUMENT, (
@@ -1438,6 +1443,8 @@ def test_every_rpc_is_fuzzed() -> None:
 
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("method", rpc_methods())
+# A failing example of a MiB shown in full warns; the warning would hide the failure.
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
 async def test_fuzzed_requests_get_a_clean_answer_and_refusals_change_nothing(
     world: World, method: str
 ) -> None:
