@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from amc.v1 import admin_pb2, scheduler_pb2, task_pb2
 from control_plane.domain import Role
 from host_agent.adb import AdbSource
@@ -449,3 +451,41 @@ async def test_a_phone_behind_the_adb_server_is_cleaned_through_the_adb_wire(
             await status_is(farm, looks, "done", within=30)
     assert await outputs(farm, looks) == [""]
     assert f"pm uninstall {app.package}" in " ".join(wire_phone.shell_commands())
+
+
+async def test_a_phone_is_cleaned_once_its_result_is_recorded_not_while_it_is_reported(
+    farm: Farm,
+) -> None:
+    """THEN a phone the host does not run itself (not an emulator of its pool) is cleaned
+    after its result's report, not while the report goes (its few adb commands gain little
+    from overlapping the report, and its `cleaning` told apart from the report cost 4-5
+    commits a task): with the report held up (its task's row locked in PostgreSQL), the
+    phone stays leased on the agent; once the report lands it is cleaned and ready."""
+    source = SimulatedSource(1, delay=0.01)
+    client = await farm.client()
+    assert farm.db is not None
+    async with running_agent(farm, source, **cleaning_settings()) as agent:
+        await cleaned_once(farm, agent)
+        task_id = await submit(client, actions_spec(wait_action(1.0)))
+        await status_is(farm, task_id, "dispatched")
+        held = await asyncpg.connect(farm.dsn)
+        try:
+            async with held.transaction():
+                await held.execute(
+                    "SELECT 1 FROM tasks WHERE task_id = $1::uuid FOR UPDATE", task_id
+                )
+
+                async def reporting() -> bool:
+                    """The result's report waits for the row: the run is over."""
+                    waiting = await held.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )
+                    return bool(waiting)
+
+                await eventually(reporting, what="the result's report waiting for the row")
+                assert agent.life.stage("sim-0") is Stage.LEASED
+        finally:
+            await held.close()
+        await status_is(farm, task_id, "done")
+        await eventually(lambda: agent.life.stage("sim-0") is Stage.READY, what="cleaned")
