@@ -82,7 +82,9 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB)\s*$", re.IGNORECASE)
 
 
 def size(text: str) -> int:
-    """Bytes, from a size in MB or GB (powers of 1024): 500MB, 1.5GB."""
+    """Bytes, from a size in MB or GB (powers of 1024): 500MB, 1.5GB; 0 needs no unit."""
+    if text.strip() == "0":
+        return 0
     match = _SIZE.match(text)
     if match is None:
         raise ValueError(text)

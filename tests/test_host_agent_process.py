@@ -21,7 +21,7 @@ from amc_common.systemd import Notifier, watchdog_interval
 from control_plane.domain import Role
 from host_agent.config import AgentSettings, Config
 from host_agent.flag_table import GROUPS as _GROUPS
-from host_agent.flag_values import duration
+from host_agent.flag_values import duration, size
 from host_agent.flags import parse
 from host_agent.health import Thresholds
 from host_agent.recovery import RecoverySettings
@@ -305,6 +305,16 @@ def test_the_flags_defaults_are_the_settings_defaults() -> None:
 )
 def test_duration_values(text: str, seconds: float) -> None:
     assert duration(text) == pytest.approx(seconds)
+
+
+def test_a_size_of_0_needs_no_unit_and_others_do() -> None:
+    """`--logcat-max-bytes 0` (keep no phone log, as its help says) is taken; a size
+    other than 0 without MB or GB is refused."""
+    config = parse(["--logcat-max-bytes", "0"], env={"AMC_TOKEN": "t"})
+    assert config.agent.logcat_max_bytes == 0
+    assert size("1.5GB") == 3 << 29 and size("500MB") == 500 << 20
+    with pytest.raises(ValueError):
+        size("500")
 
 
 # -- systemd --------------------------------------------------------------------------------
