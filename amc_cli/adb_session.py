@@ -26,7 +26,7 @@ from amc_client import Farm
 from amc_client.actions import seconds
 from amc_client.errors import AmcClientError, SessionRefused, session_ended
 from amc_client.opening import open_phone
-from amc_client.phone import Phone
+from amc_client.phone import ENDING_PATIENCE, Phone
 from amc_common.adb_auth import AdbKey, read_keys, user_key_path
 
 HOST = "127.0.0.1"
@@ -103,7 +103,7 @@ async def _serve(
         serving.cancel()
         await door.close()
         await link.close()
-        return await _ended(phone, link.why, by_user, say)
+        return await _ended(farm, phone, link.why, by_user, say)
     except grpc.aio.AioRpcError as exc:
         if phone is not None:
             phone.abandon()
@@ -157,10 +157,12 @@ async def _open(farm: Farm, options: DoorOptions, say: Say, stop: asyncio.Event)
     return None
 
 
-async def _ended(phone: Phone, why: str, by_user: bool, say: Say) -> int:
+async def _ended(farm: Farm, phone: Phone, why: str, by_user: bool, say: Say) -> int:
     """Close the session (or read how the farm ended it); the exit code."""
     broken = why.startswith("the door's call ended")
-    if broken and not by_user:
+    if broken and not by_user and not await _finished(farm, phone.task_id):
+        # The door's call broke and the farm has not ended the session: abandoned. (A
+        # call that broke as the farm ended the session, a cancel say, is told as that.)
         phone.abandon()
         say(f"door closed: {why}; the session is abandoned")
         return ExitCode.UNAVAILABLE
@@ -174,3 +176,11 @@ async def _ended(phone: Phone, why: str, by_user: bool, say: Say) -> int:
     if task.status == task_pb2.TASK_STATUS_CANCELLED:
         return ExitCode.TASK_CANCELLED
     return ExitCode.TASK_FAILED
+
+
+async def _finished(farm: Farm, task_id: str) -> bool:
+    """Whether the session's task finished, or does within ENDING_PATIENCE s."""
+    with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError, AmcClientError):
+        await farm.wait(task_id, ENDING_PATIENCE)
+        return True
+    return False

@@ -163,7 +163,7 @@ async def test_a_cancel_mid_push_fails_the_push_and_the_file_never_reaches_the_p
             await cancel(client, task_id)
             pushed = await asyncio.wait_for(pushing, 30)
             await offline(user_adb, d.address)
-            assert await d.wait() == 9
+            assert await d.wait() == 9, d.said()
             phone.adbd.reading.set()
         assert await status_is(farm, task_id, "cancelled") == "cancelled"
     assert pushed.returncode != 0, pushed

@@ -249,13 +249,23 @@ class _EndedPhone:
     end the farm had recorded."""
 
     def __init__(self, task: task_pb2.Task) -> None:
-        self.task = task
+        self.task, self.task_id = task, task.task_id
 
     async def close(self) -> task_pb2.Task:
         return self.task
 
     def abandon(self) -> None:
         raise AssertionError("a session the farm ended is not abandoned")
+
+
+class _Recorded:
+    """The farm's word on the session: its task, finished as recorded."""
+
+    def __init__(self, task: task_pb2.Task) -> None:
+        self.task = task
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> task_pb2.Task:
+        return self.task
 
 
 @pytest.mark.parametrize(
@@ -274,5 +284,16 @@ async def test_a_door_its_user_stopped_exits_with_the_end_the_farm_recorded(
     task = task_pb2.Task(task_id="t", status=status, result=task_pb2.TaskResult(error=error))
     told: list[str] = []
     phone: Any = _EndedPhone(task)
-    assert await _ended(phone, "the door closed", True, told.append) == code
+    assert await _ended(_Recorded(task), phone, "the door closed", True, told.append) == code  # type: ignore[arg-type]
     assert said in told[0], told
+
+
+async def test_a_door_whose_call_broke_as_the_farm_ended_the_session_exits_with_that_end() -> None:
+    """THEN a door's call that broke as a cancel landed (its host's end came first) exits 9
+    and says the session was cancelled, not that it was abandoned."""
+    task = task_pb2.Task(task_id="t", status=task_pb2.TASK_STATUS_CANCELLED)
+    told: list[str] = []
+    phone: Any = _EndedPhone(task)
+    broke = "the door's call ended: CANCELLED: Received RST_STREAM"
+    assert await _ended(_Recorded(task), phone, broke, False, told.append) == 9  # type: ignore[arg-type]
+    assert "cancelled" in told[0], told

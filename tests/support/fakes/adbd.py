@@ -197,6 +197,9 @@ class FakeAdbd:
         self._port = int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        # A session waiting to read again ends too: a test that failed while `reading` was
+        # clear must not hang in its teardown.
+        self.reading.set()
         server, self._server = self._server, None
         if server is not None:
             server.close()
