@@ -31,7 +31,6 @@ from control_plane.domain import (
     NewArtifact,
     Progress,
     QueueWait,
-    Report,
     Role,
     StepProgress,
     Task,
@@ -206,19 +205,6 @@ def device_from_pb(
         state=DEVICE_STATE_FROM_PB.get(d.state, "offline"),
         labels=labels,
         **_same(d, *DEVICE_FACTS),
-    )
-
-
-def report_from_pb(r: lease_pb2.ReportResultRequest) -> Report:
-    """A result the gRPC edge has validated (validate_lease.report)."""
-    return Report(
-        TaskId(uuid.UUID(r.task_id)),
-        r.attempt,
-        LeaseId(uuid.UUID(r.lease_id)),
-        OUTCOME_FROM_PB[r.outcome],
-        r.result.SerializeToString(deterministic=True),
-        r.result.error,
-        r.cleans,
     )
 
 

@@ -160,6 +160,10 @@ class Effects:
             if answer.started_at and finished:
                 run = max(0.0, (finished - answer.started_at).total_seconds())
                 metrics.RUN_SECONDS.labels(str(report.outcome)).observe(run)
+            for kept in report.kept:
+                metrics.ARTIFACT_UPLOADS.labels("with_report").inc()
+                if kept.data:
+                    metrics.ARTIFACT_BYTES.labels("stored").inc(len(kept.data))
         log.info(
             f"result {answer.code}",
             **_attempt(report.task_id, report.attempt, report.lease_id, task.host_id or host_id),

@@ -17,7 +17,7 @@ from datetime import timedelta
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc, library_pb2, task_pb2
-from control_plane import metrics, validate, validate_lease, validate_library
+from control_plane import metrics, report_files, validate, validate_lease, validate_library
 from control_plane.adb_door_hosts import HostDoor
 from control_plane.artifacts import UploadMemory
 from control_plane.auth import check_host
@@ -27,7 +27,6 @@ from control_plane.convert import (
     duration,
     health_from_pb,
     held_to_pb,
-    report_from_pb,
     task_to_pb,
 )
 from control_plane.domain import Acquired, Assignment, LeaseId
@@ -37,6 +36,7 @@ from control_plane.library_service import app_to_pb
 from control_plane.lifecycle import Event
 from control_plane.log_hosts import HostLogs
 from control_plane.renewals import RenewalStream
+from control_plane.report_files import report_from_pb
 from control_plane.rpc import Context, TaskServicer, code_for, conversation, principal, rpc
 from control_plane.screen_feed import HostFeed
 from control_plane.session_hosts import HostSession
@@ -81,6 +81,11 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     def _upload_memory(self) -> UploadMemory:
         return UploadMemory(self.settings.max_upload_memory)
 
+    @functools.cached_property
+    def _kept_max(self) -> int:
+        """What the files a report carries may hold in all here."""
+        return report_files.kept_max_bytes(self.settings.max_artifact_bytes)
+
     def _host(self, host_id: str) -> str:
         validate.identifier(host_id, "host_id")
         check_host(principal(), host_id)
@@ -102,6 +107,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
             lease_ttl=duration(self.settings.lease_ttl),
             renew_interval=duration(self.settings.renew_every),
             quarantined=[held_to_pb(h) for h in held],
+            kept_max_bytes=self._kept_max,
         )
 
     @rpc
@@ -175,7 +181,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     async def ReportResult(
         self, request: lease_pb2.ReportResultRequest, context: Context
     ) -> task_pb2.Task:
-        validate_lease.report(request)
+        validate_lease.report(request, self._kept_max)
         report = report_from_pb(request)
         host_id = principal().host_id
         answer = await self.store.leases.report(host_id, report)
@@ -186,7 +192,7 @@ class LeaseService(TaskServicer, lease_pb2_grpc.LeaseServicer):
     async def ReportResults(
         self, request: lease_pb2.ReportResultsRequest, context: Context
     ) -> lease_pb2.ReportResultsResponse:
-        validate_lease.reports(request.results)
+        validate_lease.reports(request.results, self._kept_max)
         reports = [report_from_pb(r) for r in request.results]
         host_id = principal().host_id
         answers = await self.store.leases.report_many(host_id, reports) if reports else []

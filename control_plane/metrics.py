@@ -237,7 +237,7 @@ ARTIFACT_UPLOADS = Counter(
     "Artifact uploads answered, by result: stored, repeated (stored before), too_large,"
     " damaged (size or sha256 not as announced), refused (lease not current or another"
     " host's), invalid, busy (the replica held its upload memory budget already; the host"
-    " retries)",
+    " retries), with_report (a small file carried with its result and stored with it)",
     ["result"],
 )
 ARTIFACT_BYTES = Counter(
@@ -248,7 +248,9 @@ ARTIFACT_UPLOAD_MEMORY = Gauge(
     "Bytes the artifact uploads being received on this replica have reserved (at most its"
     " upload memory budget)",
 )
-ARTIFACT_RESULTS = ("stored", "repeated", "too_large", "damaged", "refused", "invalid", "busy")
+ARTIFACT_RESULTS = (
+    *("stored", "repeated", "too_large", "damaged", "refused", "invalid", "busy", "with_report"),
+)
 ARTIFACT_BYTE_RESULTS = ("stored", "refused")
 LIBRARY_UPLOADS = Counter(
     "amc_library_uploads_total",

@@ -14,6 +14,7 @@ from google.protobuf import duration_pb2
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from amc_common import action_table
 from amc_common.action_table import MAX_TEXT
+from control_plane import report_files
 from control_plane.errors import ArtifactTooLarge, InvalidArgument
 from control_plane.validate import (
     MAX_ACTIONS,
@@ -124,8 +125,9 @@ def clean_steps(steps: Sequence[lease_pb2.CleanStep], field: str) -> None:
 OUTCOMES = (lease_pb2.OUTCOME_DONE, lease_pb2.OUTCOME_FAILED, lease_pb2.OUTCOME_CANCELLED)
 
 
-def report(r: lease_pb2.ReportResultRequest, where: str = "") -> None:
-    """A result as ReportResult takes it; `where` prefixes the field names (in a batch)."""
+def report(r: lease_pb2.ReportResultRequest, kept_max: int, where: str = "") -> None:
+    """A result as ReportResult takes it, its files at most `kept_max` bytes in all;
+    `where` prefixes the field names (in a batch)."""
     task_id(r.task_id, f"{where}task_id")
     lease_id(r.lease_id, f"{where}lease_id")
     if r.attempt < 1:
@@ -135,11 +137,14 @@ def report(r: lease_pb2.ReportResultRequest, where: str = "") -> None:
             f"{where}outcome", "must be OUTCOME_DONE, OUTCOME_FAILED or OUTCOME_CANCELLED"
         )
     result(r.result, f"{where}result")
+    report_files.check(r, kept_max, where)
 
 
-def reports(items: Sequence[lease_pb2.ReportResultRequest], field: str = "results") -> None:
+def reports(
+    items: Sequence[lease_pb2.ReportResultRequest], kept_max: int, field: str = "results"
+) -> None:
     for where, r in each(items, field, MAX_REPORTS, "results"):
-        report(r, f"{where}.")
+        report(r, kept_max, f"{where}.")
 
 
 def devices(items: Sequence[lease_pb2.DeviceInfo], field: str = "devices") -> None:

@@ -30,6 +30,9 @@ log = structlog.get_logger(__name__)
 
 # Bytes per message of an upload.
 CHUNK = 256 * 1024
+# How many files one report may carry (ReportResultRequest.kept: the control plane's
+# limit; what they may hold in all, it says at registration).
+CARRIED_FILES = 16
 # What an upload is given at least, even when the budget is nearly spent: one try.
 MIN_TRY = 1.0
 
@@ -50,6 +53,33 @@ async def upload_kept(
     late = late or f"uploads took longer than {budget:g}s"
     steps = [await _upload_step(stub, step, lease, deadline, late) for step in result.steps]
     return dataclasses.replace(result, steps=tuple(steps))
+
+
+def carried(result: RunResult, budget: int) -> tuple[RunResult, list[lease_pb2.KeptFile]]:
+    """`result` less the kept files that go with its report instead of being uploaded
+    first (as many as fit in `budget` bytes, in step order: a run's phone log, mostly),
+    and those files. One upload call and transaction less a run, and the report still
+    batched with those of the host's other phones."""
+    left, files = budget, list[lease_pb2.KeptFile]()
+    steps = []
+    for step in result.steps:
+        kept = []
+        for k in step.kept:
+            if len(k.data) <= left and len(files) < CARRIED_FILES:
+                left -= len(k.data)
+                carry = lease_pb2.KeptFile(
+                    step_index=step.index, action_index=k.action_index, kind=k.kind, data=k.data
+                )
+                files.append(carry)
+            else:
+                kept.append(k)
+        steps.append(
+            step if len(kept) == len(step.kept) else dataclasses.replace(step, kept=tuple(kept))
+        )
+    if not files:
+        return result, files
+    metrics.ARTIFACT_UPLOADS.labels("with_report").inc(len(files))
+    return dataclasses.replace(result, steps=tuple(steps)), files
 
 
 async def upload_step(

@@ -41,6 +41,9 @@ class Timing:
 
     ttl: float
     interval: float
+    # What the small files a report carries may hold in all (ReportResultRequest.kept; 0:
+    # none, every kept file is uploaded first).
+    kept_max_bytes: int = 0
 
     @property
     def margin(self) -> float:

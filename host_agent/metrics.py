@@ -54,8 +54,9 @@ ADB_UP = Gauge(
 DEVICES = Gauge("amc_agent_devices", "Devices in the last inventory, by adb state", ["state"])
 ARTIFACT_UPLOADS = Counter(
     "amc_agent_artifact_uploads_total",
-    "Kept files (screenshots, UI dumps) by upload result: stored, failed (refused or"
-    " unreachable), timeout (the run's upload time was spent)",
+    "Kept files (screenshots, UI dumps, phone logs) by upload result: stored, failed"
+    " (refused or unreachable), timeout (the run's upload time was spent), with_report"
+    " (small enough to go with the run's report instead)",
     ["result"],
 )
 ARTIFACT_BYTES = Counter("amc_agent_artifact_bytes_total", "Bytes of kept files uploaded")
@@ -123,7 +124,7 @@ DEVICE_ERROR_KINDS = (
     "ConsoleError",
 )
 CANCEL_VIAS = ("push", "renewal")
-ARTIFACT_RESULTS = ("stored", "failed", "timeout")
+ARTIFACT_RESULTS = ("stored", "failed", "timeout", "with_report")
 DEVICE_STATES = ("device", "offline", "unauthorized", "other")
 # how, outcome: a report carries the run's outcome; a release follows a run that never
 # started (none) or one stopped by a shutdown (failed); a dropped lease ran nothing.

@@ -109,7 +109,17 @@ class FinalCalls:
 
 # A control plane answers at most this many results in one ReportResults call.
 MAX_BATCH = 1000
+# And takes a message of at most 1 MiB: a batch stops short of it (results carry the
+# small files of their runs, up to 64 KiB each); a result larger than this goes alone.
+MAX_BATCH_BYTES = 768 * 1024
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_EACH_ALONE = frozenset(
+    {
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
 
 
 class ResultBatcher:
@@ -134,14 +144,26 @@ class ResultBatcher:
 
     async def _send_waiting(self) -> None:
         while self._waiting:
-            batch = self._waiting[: self._max_batch]
-            del self._waiting[: len(batch)]
+            batch = self._next_batch()
             try:
                 await self._send(batch)
             except Exception as exc:  # never leave a caller waiting for ever
                 for p in batch:
                     if not p.delivered.done():
                         p.delivered.set_exception(exc)
+
+    def _next_batch(self) -> list[_Pending]:
+        """The waiting results that go next: up to MAX_BATCH_BYTES of them (one at least),
+        up to max_batch."""
+        size, n = 0, 0
+        for p in self._waiting[: self._max_batch]:
+            size += p.request.ByteSize()
+            if n and size > MAX_BATCH_BYTES:
+                break
+            n += 1
+        batch = self._waiting[:n]
+        del self._waiting[:n]
+        return batch
 
     async def _send(self, batch: list[_Pending]) -> None:
         if len(batch) == 1 or not self._batches:
@@ -160,9 +182,9 @@ class ResultBatcher:
             for p, answer in zip(batch, delivery.response.answers, strict=True):
                 p.delivered.set_result(_answered(p.request, answer, delivery.tries))
             return
-        if delivery.code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INVALID_ARGUMENT):
-            # No batches there, or one result spoils the batch: each on its own, for its
-            # own answer.
+        if delivery.code in _EACH_ALONE:
+            # No batches there, or one result spoils the batch (or makes it too large):
+            # each on its own, for its own answer.
             self._batches = delivery.code is not grpc.StatusCode.UNIMPLEMENTED
             await self._send_each(batch)
             return

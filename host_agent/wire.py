@@ -19,7 +19,7 @@ An action's fields, their defaults and limits are amc_common.action_table': an u
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from google.protobuf import duration_pb2
@@ -155,7 +155,11 @@ def health_request(
 
 
 def timing_from_proto(response: lease_pb2.RegisterHostResponse) -> Timing:
-    return Timing(ttl=seconds(response.lease_ttl), interval=seconds(response.renew_interval))
+    return Timing(
+        ttl=seconds(response.lease_ttl),
+        interval=seconds(response.renew_interval),
+        kept_max_bytes=response.kept_max_bytes,
+    )
 
 
 def held_from_proto(response: lease_pb2.RegisterHostResponse) -> list[tuple[str, Health]]:
@@ -306,10 +310,17 @@ def result_to_proto(result: RunResult) -> task_pb2.TaskResult:
 
 
 def report_request(
-    result: RunResult, *, task_id: str, attempt: int, lease_id: str, cleans: bool = False
+    result: RunResult,
+    *,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    cleans: bool = False,
+    kept: Sequence[lease_pb2.KeptFile] = (),
 ) -> lease_pb2.ReportResultRequest:
     """The ReportResult request for `result`; build it once and resend that same message.
-    `cleans`: the host cleans the phone next (the control plane marks it `cleaning`)."""
+    `cleans`: the host cleans the phone next (the control plane marks it `cleaning`);
+    `kept`: the small files carried with it (host_agent.artifact_upload.carried)."""
     pb = result_to_proto(result)
     for step in pb.steps:
         for artifact in step.artifacts:
@@ -321,4 +332,5 @@ def report_request(
         outcome=outcome_to_proto(result.outcome),
         result=pb,
         cleans=cleans,
+        kept=kept,
     )

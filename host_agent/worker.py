@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from amc.v1 import lease_pb2_grpc
+from amc.v1 import lease_pb2, lease_pb2_grpc
 from amc_common.statuses import Outcome
 from host_agent import artifact_upload, devices, logcat, recording
 from host_agent.adb_door import door_served
@@ -177,7 +177,11 @@ class Worker:
             await final.run(self._release(StopReason.LEASE_LOST.label))
         if self._ran is not None and not result.device_lost:
             self._ran()
+        carried: list[lease_pb2.KeptFile] = []
         if result.stop_reason is not StopReason.LEASE_LOST:
+            carried_bytes = self._tools.keeper.timing.kept_max_bytes
+            if carried_bytes > 0:
+                result, carried = artifact_upload.carried(result, carried_bytes)
             # Before the report, while the lease is live: after it, the lease is over.
             budget, late = self._upload_budget()
             result = await artifact_upload.upload_kept(
@@ -189,6 +193,7 @@ class Worker:
             attempt=a.attempt,
             lease_id=a.lease_id,
             cleans=self._cleans,
+            kept=carried,
         )
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
         delivery = await final.run(self._tools.results.report(request, policy))

@@ -143,17 +143,23 @@ async def test_a_refused_upload_marks_the_step_and_the_task_is_still_reported(
 
 
 async def test_uploads_are_bounded_by_the_upload_timeout_and_the_report_still_goes(
-    farm: Farm,
+    database_url: str,
 ) -> None:
     """THEN with no time left for uploads the task is reported at once, done, each kept
-    file marked not kept."""
-    client = await farm.client()
-    async with running_agent(farm, SimulatedSource(1, delay=0.01), upload_timeout=1e-9):
-        task_id = await submit(client, actions_spec(SCREENSHOT, UI_DUMP))
-        await status_is(farm, task_id, "done")
-    steps = (await get(client, task_id)).result.steps
-    assert all("took longer than" in s.data["artifact_error"] for s in steps)
-    assert await stored(farm) == (0, 0)
+    file marked not kept. (Artifacts of at most 16 bytes here, so none is small enough to
+    go with the report instead: tests/test_report_files.py has those.)"""
+    farm = Farm(database_url, dataclasses.replace(FAST, max_artifact_bytes=16))
+    await farm.start()
+    try:
+        client = await farm.client()
+        async with running_agent(farm, SimulatedSource(1, delay=0.01), upload_timeout=1e-9):
+            task_id = await submit(client, actions_spec(SCREENSHOT, UI_DUMP))
+            await status_is(farm, task_id, "done")
+        steps = (await get(client, task_id)).result.steps
+        assert all("took longer than" in s.data["artifact_error"] for s in steps)
+        assert await stored(farm) == (0, 0)
+    finally:
+        await farm.stop()
 
 
 # -- amc artifacts / amc artifact: the example workflow, with the agent as a process -----------

@@ -3,6 +3,7 @@ notices a replica pushes onto a host's renewal stream."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -62,6 +63,22 @@ class Report:
     error: str
     # Its host cleans the phone next: the device's condition becomes `cleaning` with it.
     cleans: bool = False
+    # Small files the run kept, stored with the result when it is recorded.
+    kept: tuple[KeptFile, ...] = ()
+
+
+@dataclass(frozen=True)
+class KeptFile:
+    """A file carried with a report (ReportResultRequest.kept), with the artifact id the
+    control plane gave it (listed in the result's step before the report is sent on)."""
+
+    artifact_id: uuid.UUID
+    step_index: int
+    action_index: int
+    step_name: str
+    kind: str
+    sha256: bytes
+    data: bytes
 
 
 @dataclass(frozen=True)

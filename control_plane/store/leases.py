@@ -140,11 +140,18 @@ class Leases(Aggregate):
     ) -> list[Recorded | errors.AmcError]:
         """Results applied in one transaction, each as if alone; per result, in order, the
         answer (code RECORDED or REPEATED) or the refusal."""
+        kept = [(i, k) for i, r in enumerate(reports, 1) for k in r.kept]
         rows = await self._db.fetch(
             "report_results",
             host_id,
             *columns(
                 reports, "task_id", "attempt", "lease_id", "outcome", "result", "error", "cleans"
+            ),
+            [i for i, _ in kept],
+            *columns(
+                [k for _, k in kept],
+                *("artifact_id", "step_index", "action_index", "step_name", "kind", "sha256"),
+                "data",
             ),
         )
         # A task that does not exist answers no row: not one of its attempts, so foreign.

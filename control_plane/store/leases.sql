@@ -313,16 +313,41 @@ SELECT k.task_id FROM amc_keep_steps($1::uuid[], $2::integer[], $3::integer[], $
 -- att_started_at: when the attempt was acknowledged (or assigned), for the run-time metric;
 -- read from the statement's snapshot, so as it was before the report. $8: per result, its
 -- host cleans the phone next (amc_report's p_cleans).
-SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at,
-       (SELECT COALESCE(a.acknowledged_at, a.created_at) FROM attempts a
-        WHERE a.task_id = r.task_id AND a.attempt = r.attempt) AS att_started_at
-FROM (SELECT * FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[], $6::bytea[],
-                           $7::text[], $8::boolean[])
-          WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error, cleans,
-                                ord)
-      ORDER BY u.task_id, u.ord) r
-LEFT JOIN LATERAL amc_report($1, r.task_id, r.attempt, r.lease_id, r.outcome, r.result,
-                             r.error, r.cleans) x ON true;
+-- $9..$16: the small files the results carry (control_plane/report_files.py), each with
+-- the `ord` of its result: kept as artifacts (one chunk each) of the results recorded
+-- here, none of a result refused or repeated. Its task's row is held already (FOR UPDATE,
+-- by amc_report), so no lock is taken out of order.
+WITH r AS MATERIALIZED (
+    SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at,
+           (SELECT COALESCE(a.acknowledged_at, a.created_at) FROM attempts a
+            WHERE a.task_id = r.task_id AND a.attempt = r.attempt) AS att_started_at
+    FROM (SELECT * FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[],
+                               $6::bytea[], $7::text[], $8::boolean[])
+              WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error,
+                                    cleans, ord)
+          ORDER BY u.task_id, u.ord) r
+    LEFT JOIN LATERAL amc_report($1, r.task_id, r.attempt, r.lease_id, r.outcome, r.result,
+                                 r.error, r.cleans) x ON true
+), kept AS (
+    SELECT k.*, r.task_id, r.attempt
+    FROM unnest($9::bigint[], $10::uuid[], $11::integer[], $12::integer[], $13::text[],
+                $14::text[], $15::bytea[], $16::bytea[])
+             AS k (ord, artifact_id, step_index, action_index, step_name, kind, sha256, data)
+    JOIN r ON r.ord = k.ord AND r.code = 'recorded'
+), stored AS (
+    INSERT INTO artifacts (artifact_id, task_id, attempt, step_index, action_index,
+                           step_name, kind, size_bytes, sha256)
+    SELECT artifact_id, task_id, attempt, step_index, action_index, step_name, kind,
+           octet_length(data), sha256
+    FROM kept
+    ON CONFLICT (task_id, attempt, step_index, action_index) DO NOTHING
+    RETURNING artifact_id
+), chunks AS (
+    INSERT INTO artifact_chunks (artifact_id, seq, data)
+    SELECT k.artifact_id, 0, k.data FROM kept k JOIN stored s USING (artifact_id)
+    WHERE octet_length(k.data) > 0
+)
+SELECT * FROM r;
 
 -- name: mark_cancel_delivered
 UPDATE attempts SET cancel_delivered_at = COALESCE(cancel_delivered_at, now())
