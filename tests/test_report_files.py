@@ -17,9 +17,9 @@ from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from host_agent.reporting import MAX_BATCH_BYTES, ResultBatcher
 from host_agent.simulated import SimulatedSource
 from tests.conftest import FAST
-from tests.support import Farm, HostClient, actions_spec
+from tests.support import Farm, actions_spec
 from tests.support.agent import get, running_agent, status_is, submit
-from tests.test_result_batches import Counting
+from tests.test_result_batches import Counting, _assigned
 
 SCREENSHOT = task_pb2.Action(screenshot=task_pb2.Screenshot())
 UI_DUMP = task_pb2.Action(ui_dump=task_pb2.UiDump())
@@ -43,17 +43,6 @@ async def _artifacts(farm: Farm, task_id: str) -> list[tuple[str, int, int, byte
         task_id,
     )
     return [(r["kind"], r["step_index"], r["action_index"], bytes(r["data"])) for r in rows]
-
-
-async def _leased(farm: Farm, n: int = 1) -> tuple[HostClient, list[lease_pb2.Assignment]]:
-    client = await farm.client()
-    serials = [f"s{i}" for i in range(n)]
-    host = await farm.host("h1", *serials)
-    for _ in range(n):
-        await client.scheduler.SubmitTask(scheduler_pb2.SubmitTaskRequest(spec=actions_spec()))
-    handed = await host.acquire(*serials, wait=5)
-    assert len(handed) == n
-    return host, handed
 
 
 def _report(a: lease_pb2.Assignment, *kept: lease_pb2.KeptFile) -> lease_pb2.ReportResultRequest:
@@ -133,7 +122,7 @@ async def test_registration_says_what_a_report_may_carry(database_url: str) -> N
 async def test_a_carried_file_is_stored_once_and_never_for_a_refused_report(farm: Farm) -> None:
     """THEN a report's file is stored with its result; the same report sent again (its
     answer lost) stores nothing more; a stale lease's report stores nothing."""
-    host, (a, b) = await _leased(farm, 2)
+    host, (a, b) = await _assigned(farm, 2)
     answer = await host.c.lease.ReportResult(_report(a, _log()))
     assert answer.status == task_pb2.TASK_STATUS_DONE
     (listed,) = answer.result.steps[0].artifacts
@@ -153,7 +142,7 @@ async def test_a_carried_file_is_stored_once_and_never_for_a_refused_report(farm
 async def test_files_of_a_batch_are_kept_with_their_own_results(farm: Farm) -> None:
     """THEN in one ReportResults, each recorded result keeps its own file, an empty one
     too, and the refused one's file is not kept."""
-    host, handed = await _leased(farm, 3)
+    host, handed = await _assigned(farm, 3)
     await farm.expire_now(handed[2].lease_id)
     files = [_log(data=b""), _log(data=LOG), _log(data=b"x" * 1000)]
     answer = await host.c.lease.ReportResults(
@@ -181,7 +170,7 @@ async def test_files_of_a_batch_are_kept_with_their_own_results(farm: Farm) -> N
 async def test_a_bad_carried_file_is_refused_naming_it_and_records_nothing(
     farm: Farm, kept: tuple[lease_pb2.KeptFile, ...], field: str, says: str
 ) -> None:
-    host, (a,) = await _leased(farm)
+    host, (a,) = await _assigned(farm, 1)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await host.c.lease.ReportResult(_report(a, *kept))
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -192,7 +181,7 @@ async def test_a_bad_carried_file_is_refused_naming_it_and_records_nothing(
 
 
 async def test_a_file_clashing_with_an_uploaded_one_is_refused(farm: Farm) -> None:
-    host, (a,) = await _leased(farm)
+    host, (a,) = await _assigned(farm, 1)
     request = _report(a, _log(action=0))
     request.result.steps[0].artifacts.add(action_index=0, kind="screenshot")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -204,7 +193,7 @@ async def test_a_file_clashing_with_an_uploaded_one_is_refused(farm: Farm) -> No
 async def test_results_carrying_files_are_batched_below_the_message_limit(farm: Farm) -> None:
     """THEN results whose files would make one call larger than the control plane takes go
     in several calls, each under MAX_BATCH_BYTES, and every one is recorded with its file."""
-    host, handed = await _leased(farm, 20)
+    host, handed = await _assigned(farm, 20)
     stub = Counting(host.c.lease)
     batcher = ResultBatcher(stub)  # type: ignore[arg-type]
     files = [_log(data=bytes([i]) * 60_000) for i in range(len(handed))]
