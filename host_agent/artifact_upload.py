@@ -82,6 +82,30 @@ def carried(result: RunResult, budget: int) -> tuple[RunResult, list[lease_pb2.K
     return dataclasses.replace(result, steps=tuple(steps)), files
 
 
+def without_carried(
+    request: lease_pb2.ReportResultRequest, why: str
+) -> lease_pb2.ReportResultRequest:
+    """`request` less the files it carried, each step that carried one saying why it was
+    not kept (its `artifact_error`): for a control plane that refused them (its limit fell
+    since it said it), so that the result itself is never lost for them."""
+    bare = lease_pb2.ReportResultRequest()
+    bare.CopyFrom(request)
+    del bare.kept[:]
+    steps = {s.index: s for s in bare.result.steps}
+    for k in request.kept:
+        step = steps.get(k.step_index)
+        if step is None:
+            continue
+        key = next(
+            key
+            for i in range(len(step.data) + 1)
+            if (key := "artifact_error" if i == 0 else f"artifact_error#{i}") not in step.data
+        )
+        step.data[key] = f"{k.kind} not kept: refused with the report: {why}"
+        metrics.ARTIFACT_UPLOADS.labels("failed").inc()
+    return bare
+
+
 async def upload_step(
     stub: lease_pb2_grpc.LeaseStub, step: StepResult, lease: HeldLease, budget: float
 ) -> StepResult:

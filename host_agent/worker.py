@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import structlog
 
 from amc.v1 import lease_pb2, lease_pb2_grpc
@@ -197,6 +198,10 @@ class Worker:
         )
         policy = RetryPolicy(total=self._tools.settings.report_timeout)
         delivery = await final.run(self._tools.results.report(request, policy))
+        if carried and delivery.code is grpc.StatusCode.INVALID_ARGUMENT:
+            # Refused for the files it carried: the result goes again without them.
+            request = artifact_upload.without_carried(request, delivery.details or "")
+            delivery = await final.run(self._tools.results.report(request, policy))
         return self._finished(Ending.REPORTED, result, delivery)
 
     async def _execute(self, token: StopToken) -> RunResult:

@@ -206,3 +206,28 @@ async def test_results_carrying_files_are_batched_below_the_message_limit(farm: 
     assert max(sizes) * 60_000 <= MAX_BATCH_BYTES
     for a, f in zip(handed, files, strict=True):
         assert await _artifacts(farm, a.task_id) == [("logcat", 0, 998, f.data)]
+
+
+async def test_a_result_refused_for_its_files_goes_again_without_them(database_url: str) -> None:
+    """GIVEN a host that carries more than the control plane takes (its limit fell since
+    the host registered) THEN the result is refused for its files, sent again without
+    them, and recorded: the task done, its step saying why its screenshot was not kept."""
+    farm = Farm(database_url, dataclasses.replace(FAST, max_artifact_bytes=16))
+    await farm.start()
+    try:
+        client = await farm.client()
+        async with running_agent(farm, SimulatedSource(1, delay=0.01)) as agent:
+            # What an earlier start of this control plane said (64 KiB).
+            agent.keeper.timing = dataclasses.replace(agent.keeper.timing, kept_max_bytes=65536)
+            task_id = await submit(client, actions_spec(SCREENSHOT))
+            await status_is(farm, task_id, "done")
+        (step,) = (await get(client, task_id)).result.steps
+        assert step.status == task_pb2.STEP_STATUS_OK
+        errors = [v for k, v in step.data.items() if k.startswith("artifact_error")]
+        assert any(
+            e.startswith("screenshot not kept: refused with the report: kept") for e in errors
+        )
+        assert not [a for a in step.artifacts if a.kind == "screenshot"]
+        assert await _artifacts(farm, task_id) == []
+    finally:
+        await farm.stop()
