@@ -101,7 +101,9 @@ async def _episode(stub: scheduler_pb2_grpc.SchedulerStub) -> Episode:
         await call.write(TAP)
         response = await call.read()
         if response is grpc.aio.EOF or not response.HasField("step"):
-            raise RuntimeError("a session ended during its actions")
+            raise RuntimeError(
+                f"a session ended during its actions, at tap {i + 1}: {_said(response)}"
+            )
         if i == 0:
             first, first_wall = time.perf_counter(), time.time()
     actions_done = time.perf_counter()
@@ -257,3 +259,15 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
         + f"; load {load[0]:.1f}"
     )
     return out
+
+
+def _said(response: object) -> str:
+    """What came instead of a tap's step: the end of the call, a refusal, or the task."""
+    if response is grpc.aio.EOF:
+        return "the call ended"
+    if response.HasField("refused"):  # type: ignore[attr-defined]
+        refused = response.refused  # type: ignore[attr-defined]
+        return f"refused {refused.code}: {refused.message}"
+    task = response.task  # type: ignore[attr-defined]
+    status = task_pb2.TaskStatus.Name(task.status)
+    return f"task {task.task_id} {status}: {task.result.error or task.cancel_reason or '-'}"
