@@ -33,6 +33,12 @@ CHUNK = 256 * 1024
 # How many files one report may carry (ReportResultRequest.kept: the control plane's
 # limit; what they may hold in all, it says at registration).
 CARRIED_FILES = 16
+# What a report carrying files may come to at most: below the control plane's 1 MiB
+# message limit with room to spare (a result near it carries nothing and uploads all).
+CARRYING_REPORT = 768 * 1024
+# What a step adds to a report beyond its texts (index, status, times), and an artifact's
+# reference, at most.
+STEP_BYTES, ARTIFACT_BYTES = 64, 256
 # What an upload is given at least, even when the budget is nearly spent: one try.
 MIN_TRY = 1.0
 
@@ -60,7 +66,8 @@ def carried(result: RunResult, budget: int) -> tuple[RunResult, list[lease_pb2.K
     first (as many as fit in `budget` bytes, in step order: a run's phone log, mostly),
     and those files. One upload call and transaction less a run, and the report still
     batched with those of the host's other phones."""
-    left, files = budget, list[lease_pb2.KeptFile]()
+    left = min(budget, CARRYING_REPORT - _size_bound(result))
+    files: list[lease_pb2.KeptFile] = []
     steps = []
     for step in result.steps:
         kept = []
@@ -80,6 +87,17 @@ def carried(result: RunResult, budget: int) -> tuple[RunResult, list[lease_pb2.K
         return result, files
     metrics.ARTIFACT_UPLOADS.labels("with_report").inc(len(files))
     return dataclasses.replace(result, steps=tuple(steps)), files
+
+
+def _size_bound(result: RunResult) -> int:
+    """More than `result` comes to in its report, its kept files left out (each may be
+    uploaded and referenced instead)."""
+    size = len(result.error.encode())
+    for s in result.steps:
+        texts = (s.name, s.output, s.error, *s.data.keys(), *s.data.values(), *s.warnings)
+        size += STEP_BYTES + sum(len(t.encode()) + 4 for t in texts)
+        size += ARTIFACT_BYTES * (len(s.artifacts) + len(s.kept))
+    return size
 
 
 def without_carried(

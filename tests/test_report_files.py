@@ -14,7 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
+from amc_common.statuses import Outcome
+from host_agent.artifact_upload import carried
 from host_agent.reporting import MAX_BATCH_BYTES, ResultBatcher
+from host_agent.results import Kept, RunResult, StepResult, StepStatus
 from host_agent.simulated import SimulatedSource
 from tests.conftest import FAST
 from tests.support import Farm, actions_spec
@@ -231,3 +234,21 @@ async def test_a_result_refused_for_its_files_goes_again_without_them(database_u
         assert await _artifacts(farm, task_id) == []
     finally:
         await farm.stop()
+
+
+def test_a_result_near_the_message_limit_carries_nothing_and_a_small_one_its_log() -> None:
+    """THEN a result whose report would come near the control plane's message limit keeps
+    its files to be uploaded; a small one carries them (in step order, within the budget),
+    leaving those that do not fit."""
+    log, big = Kept("logcat", LOG, 998), Kept("screenshot", b"p" * 70_000, 0)
+
+    def run(steps: int, output: str) -> RunResult:
+        done = [StepResult(i, f"s{i}", StepStatus.OK, output=output) for i in range(steps)]
+        done[-1] = dataclasses.replace(done[-1], kept=(big, log))
+        return RunResult(Outcome.DONE, "", tuple(done))
+
+    small, files = carried(run(3, "ok"), 65536)
+    assert [(f.step_index, f.kind, f.data) for f in files] == [(2, "logcat", LOG)]
+    assert small.steps[-1].kept == (big,)
+    large = run(200, "x" * 4096)
+    assert carried(large, 65536) == (large, [])
