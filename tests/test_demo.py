@@ -66,6 +66,22 @@ def of_session(sid: int) -> list[str]:
     return found
 
 
+def described(sid: int) -> list[str]:
+    """The processes still running in the demo's session: pid, status, command line, and
+    the signals each ignores and catches (from /proc)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "status", "cmdline"]):
+        try:
+            if os.getsid(proc.pid) != sid:
+                continue
+            masks = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            sig = [m for m in masks if m.startswith(("SigIgn", "SigCgt", "SigBlk"))]
+            found.append(f"{proc.pid} {proc.info['status']} {proc.info['cmdline']} {sig}")
+        except (ProcessLookupError, PermissionError, FileNotFoundError):
+            continue
+    return found
+
+
 async def tasks(address: str) -> list[tuple[str, str]]:
     """(status, cancel reason) of every task of the farm, sorted."""
     channel = aio_channel(address)
@@ -135,8 +151,14 @@ async def test_a_demo_interrupted_mid_run_stops_its_watch_and_cancels_its_task(
         # shell was starting the pause's `sleep` could be lost to the child before its exec.
         await eventually(lambda: pausing(proc.pid), what="the demo's pause")
         os.killpg(proc.pid, signal.SIGINT)
-        async with asyncio.timeout(60):
-            out, _ = await proc.communicate()
+        try:
+            async with asyncio.timeout(60):
+                out, _ = await proc.communicate()
+        except TimeoutError:
+            # Said, so that a run where the interrupt went unheeded tells what still ran.
+            raise AssertionError(
+                f"the demo runs on 60 s after Ctrl-C: {described(proc.pid)}; it said {seen}"
+            ) from None
     finally:
         if proc.returncode is None:  # never leave the demo behind
             os.killpg(proc.pid, signal.SIGKILL)
