@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +23,18 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "scripts" / "demo.sh"
 
 pytestmark = pytest.mark.timeout(180)
+# What a terminal gives its foreground job: Ctrl-C's SIGINT (and SIGQUIT) at their
+# defaults. A test run started in the background of a non-interactive shell (as CI may
+# start it) has them ignored, every child inherits that, and a shell cannot trap a signal
+# ignored on its entry: the demo would sleep through its Ctrl-C. So the demo starts through
+# this, which restores them and then runs it.
+AS_FOREGROUND = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys\n"
+    "for s in (signal.SIGINT, signal.SIGQUIT): signal.signal(s, signal.SIG_DFL)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])",
+)
 
 
 @pytest.fixture
@@ -39,6 +52,7 @@ async def start(
     if pause is not None:
         env["AMC_DEMO_PAUSE"] = str(pause)
     return await asyncio.create_subprocess_exec(
+        *AS_FOREGROUND,
         "bash",
         str(DEMO),
         *args,
