@@ -26,7 +26,7 @@ from amc_client import Farm
 from amc_client.actions import seconds
 from amc_client.errors import AmcClientError, SessionRefused, session_ended
 from amc_client.opening import open_phone
-from amc_client.phone import ENDING_PATIENCE, Phone
+from amc_client.phone import ENDING_PATIENCE, TERMINAL, Phone
 from amc_common.adb_auth import AdbKey, read_keys, user_key_path
 
 HOST = "127.0.0.1"
@@ -167,6 +167,11 @@ async def _ended(farm: Farm, phone: Phone, why: str, by_user: bool, say: Say) ->
         say(f"door closed: {why}; the session is abandoned")
         return ExitCode.UNAVAILABLE
     task = await phone.close()
+    if task.status not in TERMINAL:
+        # The session's call broke before its end came, and the farm did not say it in
+        # time (a replica going away, say): unknown, not failed.
+        say(f"door closed: the farm did not say how session {phone.task_id} ended")
+        return ExitCode.UNAVAILABLE
     if task.status == task_pb2.TASK_STATUS_DONE:
         say(f"door closed: session {task.task_id} done")
         return ExitCode.OK

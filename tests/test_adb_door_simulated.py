@@ -288,6 +288,16 @@ async def test_a_door_its_user_stopped_exits_with_the_end_the_farm_recorded(
     assert said in told[0], told
 
 
+async def test_a_door_whose_sessions_end_the_farm_did_not_say_exits_unavailable() -> None:
+    """THEN a door stopped by its user whose session's end never came (its call broke and
+    the farm did not answer in time) exits 5, saying the end is unknown: not 8, failed."""
+    unknown = task_pb2.Task(task_id="t")
+    told: list[str] = []
+    phone: Any = _EndedPhone(unknown)
+    assert await _ended(_Recorded(unknown), phone, "the door closed", True, told.append) == 5  # type: ignore[arg-type]
+    assert "did not say how session t ended" in told[0], told
+
+
 async def test_a_door_whose_call_broke_as_the_farm_ended_the_session_exits_with_that_end() -> None:
     """THEN a door's call that broke as a cancel landed (its host's end came first) exits 9
     and says the session was cancelled, not that it was abandoned."""
