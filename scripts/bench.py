@@ -416,7 +416,10 @@ class Run:
         if st.control_plane is None:
             await st.start_control_plane()
         opts = episodes.Options(a.episodes_emulators, a.episodes_seconds, a.episodes_load)
-        self.results["episodes"] = await episodes.run(st, opts, say)
+        # --profile: the control plane's samples and the statements over the whole workload
+        # (its agent starts inside it).
+        async with self.profiled("episodes", None, a.episodes_seconds + 30):
+            self.results["episodes"] = await episodes.run(st, opts, say)
 
     async def install(self) -> None:
         a, st = self.args, self.stack
