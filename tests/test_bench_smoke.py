@@ -301,6 +301,29 @@ def test_issue_20_fleet_target_wants_two_repoll_periods_and_the_short_wait_hosts
     assert fleet.judge([run])["windows_cover_two_repolls"] is False
 
 
+def test_pickups_of_a_rack_whose_phone_was_not_ready_are_told_apart() -> None:
+    """THEN a host says whether a phone of its was not ready within a span, and the fleet
+    rows give the pickups of the hosts whose phones stayed ready beside the others."""
+    from bench_lib.fleet_host import FleetHost
+
+    host = FleetHost.__new__(FleetHost)
+    host.not_ready = [[10.0, 20.0], [30.0, float("inf")]]
+    assert host.had_phone_not_ready(5.0, 10.0) and host.had_phone_not_ready(15.0, 16.0)
+    assert not host.had_phone_not_ready(20.5, 29.9)
+    assert host.had_phone_not_ready(100.0, 101.0)
+    run = _fleet_run(1000, 1, (5.0, 15.0), 3.0)
+    run["submit"]["pickup_ms_short_wait"] = {"n": 50, "p50": 5.0, "p99": 12.0}
+    run["submit"]["pickup_ms_long_wait"] = {"n": 50, "p50": 5.0, "p99": 12.0}
+    run["submit"]["pickup_ms"] = {"n": 100, "p50": 5.0, "p99": 15.0, "max": 8000.0}
+    run["submit"]["window_s"] = 121.0
+    run["submit"]["pickup_ms_phones_ready"] = {"n": 97, "p50": 5.0, "p99": 14.0, "max": 30.0}
+    out = report._repoll_rows("7 fleet 1,000x4", run)
+    ready = [r for r in out if "stayed ready" in r.measure]
+    assert len(ready) == 1 and "max 30.0" in ready[0].value and "3 others" in ready[0].value
+    run["submit"]["pickup_ms_phones_ready"] = dict(run["submit"]["pickup_ms"])
+    assert not [r for r in report._repoll_rows("x", run) if "stayed ready" in r.measure]
+
+
 def test_deep_targets_compare_with_the_empty_database_run() -> None:
     """THEN deep pickup is held to 8/20 ms, CPU per task to 1.5x the empty run's, and the
     big run to p99 50 ms."""

@@ -195,6 +195,14 @@ class FleetHost:
         self._screen_wanted = asyncio.Event()  # pushed screen_wanted: open the screen call
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        # (from, until) on the monotonic clock of each span a phone of this host was said
+        # not ready (until: inf while it still is): a task for this host's rack may wait
+        # for the phone rather than for AMC.
+        self.not_ready: list[list[float]] = []
+
+    def had_phone_not_ready(self, start: float, end: float) -> bool:
+        """A phone of this host was not ready at some time in [start, end]."""
+        return any(f <= end and u >= start for f, u in self.not_ready)
 
     async def register(self) -> None:
         devices = [
@@ -330,6 +338,7 @@ class FleetHost:
         round_at = time.monotonic() + rng.uniform(0, PROBE_ROUND)  # this host's phase
         next_change = time.monotonic() + rng.expovariate(rate)
         held: dict[str, float] = {}  # not ready -> from when it is ready again
+        spans: dict[str, list[float]] = {}  # its span in self.not_ready
         while not self._stopping:
             due = min([next_change, *held.values()])
             if due > round_at:
@@ -339,6 +348,8 @@ class FleetHost:
             for serial, ready_at in list(held.items()):
                 if ready_at <= round_at:
                     del held[serial]
+                    span = spans.pop(serial)
+                    span[1] = time.monotonic()
                     changed.append(
                         lease_pb2.DeviceHealth(
                             serial=serial,
@@ -354,6 +365,8 @@ class FleetHost:
                     continue
                 serial = rng.choice(ready)
                 held[serial] = round_at + PROBE_ROUND
+                spans[serial] = [time.monotonic(), math.inf]
+                self.not_ready.append(spans[serial])
                 condition, reason, battery, celsius = rng.choice(NOT_READY)
                 changed.append(
                     lease_pb2.DeviceHealth(

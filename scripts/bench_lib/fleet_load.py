@@ -687,6 +687,17 @@ class Fleet:
             "pickup_ms_long_wait": summarize(
                 [ms for t, ms in pickup.items() if host_of[t] not in self.short]
             ),
+            # The same over the tasks whose host kept every phone ready from submit to
+            # pickup (the others may have waited for a phone the churn took away).
+            "pickup_ms_phones_ready": summarize(
+                [
+                    ms
+                    for t, ms in pickup.items()
+                    if not self.hosts[host_of[t]].had_phone_not_ready(
+                        submitted[t], self.assigned[t]
+                    )
+                ]
+            ),
             "pickup_ms_by_slice": slices(
                 [(submitted[t] - start, ms) for t, ms in pickup.items()], SLICE
             ),
@@ -698,6 +709,11 @@ class Fleet:
                     "pickup_ms": round(ms, 1),
                     "submit_call_ms": round(call_of[t], 1),
                     "short_wait": host_of[t] in self.short,
+                    # A phone of the task's host (its rack's) was said not ready meanwhile
+                    # (the condition churn): the task may have waited for a ready phone.
+                    "phone_not_ready": self.hosts[host_of[t]].had_phone_not_ready(
+                        submitted[t], self.assigned[t]
+                    ),
                 }
                 for t, ms in sorted(pickup.items(), key=lambda kv: -kv[1])[:SLOWEST]
             ],

@@ -698,6 +698,7 @@ def _repoll_rows(name: str, run: dict[str, Any]) -> list[Row]:
             f"{_p(sub['pickup_ms_short_wait'], 'p50')} / {_p(sub['pickup_ms_short_wait'], 'p99')};"
             f" {_p(sub['pickup_ms_long_wait'], 'p50')} / {_p(sub['pickup_ms_long_wait'], 'p99')}",
         ),
+        *_ready_rows(name, sub),
         Row(
             name,
             "  issue 20: p99 over >= 2 re-poll periods; window, re-polls in it, worst 10-s p99",
@@ -706,6 +707,23 @@ def _repoll_rows(name: str, run: dict[str, Any]) -> list[Row]:
             f"p99 <= {fleet.PICKUP_P99_MS:g} (all, and 10-s hosts)" if judged else "",
             fleet.p99_met(run, fleet.PICKUP_P99_MS) if judged else None,
         ),
+    ]
+
+
+def _ready_rows(name: str, sub: dict[str, Any]) -> list[Row]:
+    """The pickups whose host kept every phone ready meanwhile (the condition churn may have
+    left another task's rack with no ready phone to take it)."""
+    ready = sub.get("pickup_ms_phones_ready")
+    if not ready or ready.get("n", 0) >= sub["pickup_ms"].get("n", 0):
+        return []
+    waited = sub["pickup_ms"]["n"] - ready["n"]
+    return [
+        Row(
+            name,
+            "  pickup, hosts whose phones all stayed ready (others: a phone not ready), ms",
+            f"{_p(ready, 'p50')} / {_p(ready, 'p99')}, max {_p(ready, 'max')}"
+            f" (n={ready['n']:,}; {waited:,} others)",
+        )
     ]
 
 
