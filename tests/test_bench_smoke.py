@@ -324,6 +324,43 @@ def test_pickups_of_a_rack_whose_phone_was_not_ready_are_told_apart() -> None:
     assert not [r for r in report._repoll_rows("x", run) if "stayed ready" in r.measure]
 
 
+def test_the_video_rows_judge_issue_40s_targets() -> None:
+    """THEN the screen's video figures become rows with issue 40's targets: bytes against
+    PNG, 10 viewers' frame rate and CPU against one's (the grpc.aio floor beside it), the
+    console's sockets, click to decoded pixel."""
+    video = {
+        "per_viewer": {
+            "h264": {"bytes_per_s": 4000.0},
+            "png_bytes_per_s_at_h264_rate": 400000.0,
+            "h264_to_png_bytes": 0.01,
+        },
+        "viewers": {
+            "one": {"cp_cores": 0.02},
+            "ten": {"cp_cores": 0.03, "frames_per_s_each": [31.0] * 9 + [29.5]},
+            "cores_ratio": 1.5,
+            "cp_us_per_further_viewer_frame": 40.0,
+        },
+        "grpc_floor": {"one_cores": 0.01, "ten_cores": 0.02, "us_per_message": 40.0},
+        "console_viewers": {
+            "one": {"cp_cores": 0.02},
+            "ten": {"cp_cores": 0.023},
+            "cores_ratio": 1.15,
+        },
+        "clicks": {"click_to_decoded_pixel_ms": {"n": 50, "p50": 25.0, "p99": 160.0}},
+    }
+    rows = {r.measure.strip(): r for r in report._video_rows(video)}
+    assert rows["bytes/s a viewer: H.264 / PNG frames at the H.264 rate"].met is True
+    assert rows["10 viewers of one phone: frames/s, the slowest viewer"].met is False
+    ratio = rows["control-plane cores: 1 viewer / 10 viewers (ratio)"]
+    assert ratio.met is False and "(1.50x)" in ratio.value
+    floor = rows["bare grpc.aio server, same frames: 1 call / 10 calls, cores (ratio)"]
+    assert "(2.00x)" in floor.value and floor.met is None
+    pages = rows["the console's sockets: 1 page / 10 pages, control-plane cores (ratio)"]
+    assert pages.met is True
+    assert rows["click through a session -> decoded pixel changed, ms"].met is False
+    assert report._video_rows(None) == []
+
+
 def test_deep_targets_compare_with_the_empty_database_run() -> None:
     """THEN deep pickup is held to 8/20 ms, CPU per task to 1.5x the empty run's, and the
     big run to p99 50 ms."""

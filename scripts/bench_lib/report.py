@@ -201,7 +201,89 @@ def _screen_rows(sc: dict[str, Any] | None) -> list[Row]:
             ),
         ),
         *_watched_task_row(sc.get("task_watched")),
+        *_video_rows(sc.get("video")),
     ]
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+# Issue 40's targets for the video stream.
+VIDEO_FPS, VIDEO_BYTES_RATIO, VIEWERS_CORES_RATIO = 30.0, 0.1, 1.2
+CLICK_PIXEL_MS = (80.0, 150.0)
+
+
+def _video_rows(v: dict[str, Any] | None) -> list[Row]:
+    """Issue 40's targets: bytes a viewer against PNG frames, 10 viewers of one phone's
+    stream (their frame rate, and the control plane's CPU against one viewer's, beside
+    grpc.aio's own floor and the console's sockets), click to decoded pixel."""
+    if not v:
+        return []
+    name = "11 screen video"
+    per, viewers, floor = v["per_viewer"], v["viewers"], v.get("grpc_floor")
+    one, ten = viewers["one"], viewers["ten"]
+    slowest = min(ten["frames_per_s_each"], default=0.0)
+    click = v["clicks"]["click_to_decoded_pixel_ms"]
+    out = [
+        Row(
+            name,
+            "bytes/s a viewer: H.264 / PNG frames at the H.264 rate",
+            f"{_num(per['h264']['bytes_per_s'])} / {_num(per['png_bytes_per_s_at_h264_rate'])}"
+            f" ({per['h264_to_png_bytes']:.3f}x)",
+            f"<= {VIDEO_BYTES_RATIO:g}x",
+            per["h264_to_png_bytes"] <= VIDEO_BYTES_RATIO,
+        ),
+        Row(
+            name,
+            "10 viewers of one phone: frames/s, the slowest viewer",
+            f"{slowest:.1f}",
+            f">= {VIDEO_FPS:g}",
+            slowest >= VIDEO_FPS,
+        ),
+        Row(
+            name,
+            "  control-plane cores: 1 viewer / 10 viewers (ratio)",
+            f"{one['cp_cores']:.3f} / {ten['cp_cores']:.3f} ({viewers['cores_ratio']:.2f}x);"
+            f" {viewers['cp_us_per_further_viewer_frame']:.0f} us a further viewer's frame",
+            f"<= {VIEWERS_CORES_RATIO:g}x",
+            viewers["cores_ratio"] <= VIEWERS_CORES_RATIO,
+        ),
+    ]
+    if floor:
+        out.append(
+            Row(
+                name,
+                "  bare grpc.aio server, same frames: 1 call / 10 calls, cores (ratio)",
+                f"{floor['one_cores']:.3f} / {floor['ten_cores']:.3f}"
+                f" ({_ratio(floor['ten_cores'], floor['one_cores'])});"
+                f" {floor['us_per_message']:.0f} us a further call's message",
+            )
+        )
+    pages = v.get("console_viewers")
+    if pages:
+        out.append(
+            Row(
+                name,
+                "  the console's sockets: 1 page / 10 pages, control-plane cores (ratio)",
+                f"{pages['one']['cp_cores']:.3f} / {pages['ten']['cp_cores']:.3f}"
+                f" ({pages['cores_ratio']:.2f}x)",
+                f"<= {VIEWERS_CORES_RATIO:g}x",
+                pages["cores_ratio"] <= VIEWERS_CORES_RATIO,
+            )
+        )
+    out.append(
+        Row(
+            name,
+            "click through a session -> decoded pixel changed, ms",
+            pcts(click),
+            f"p50 <= {CLICK_PIXEL_MS[0]:g}, p99 <= {CLICK_PIXEL_MS[1]:g}",
+            click["p50"] <= CLICK_PIXEL_MS[0] and click["p99"] <= CLICK_PIXEL_MS[1]
+            if click.get("n")
+            else None,
+        )
+    )
+    return out
 
 
 def _watched_task_row(t: dict[str, Any] | None) -> list[Row]:
