@@ -9,7 +9,8 @@ Steps are marked by the phone's clock, with nothing written on the phone per ste
 run starts the agent writes one line into the phone's log (`log -p i -t amc 'run began'`)
 and reads it back, which tells the phone's clock against its own (the line's time less the
 midpoint of the write's round trip; up to CLOCK_TRIES lines when the round trip is slow,
-the quickest one's). A step's beginning and end are then times on the
+the quickest one's: the run waits for the first only, the others are written while it goes
+on, and make the clock finer from then on). A step's beginning and end are then times on the
 phone's clock, and their marks (`step 2 'tap' began`, `… ended: ok in 0.31s`, pid 0) go into
 the kept log before the first line stamped after them (or after MARK_FLUSH when none comes).
 A line belongs to the step whose beginning last came before the line's time (a line after a
@@ -102,6 +103,10 @@ class Capture:
         # The last crash flagged (its pid, its list, its place): the next line names its app.
         self._last_crash: tuple[int, list[str], int] | None = None
         self._reader: asyncio.Task[None] | None = None
+        # The clock's further lines, written while the run goes on (start()).
+        self._refining: asyncio.Task[None] | None = None
+        # The latest mark's time: marks stay in order when the clock is made finer.
+        self._last_mark = -math.inf
         # A line written on the phone, waited for until the reader reads it (its entry).
         self._awaited: dict[str, asyncio.Future[logcat.Entry | None]] = {}
         self.cleared = True
@@ -118,14 +123,28 @@ class Capture:
         self._reader = asyncio.get_running_loop().create_task(
             self._read(), name=f"logcat {self._serial}"
         )
-        for i in range(CLOCK_TRIES):
-            before = time.monotonic()
-            entry, after = await self._written("run began" if not i else f"clock {i + 1}")
-            if entry is None or (phone := self.clock.stamp(entry.when)) is None:
-                break
-            self.clock.learn(before, after, phone)
-            if after - before <= CLOCK_GOOD:
-                break
+        if await self._clock_read("run began"):
+            return
+        # A slow first write: the clock is known roughly, and made finer while the run goes
+        # on (no action waits for a second line's round trip).
+        self._refining = asyncio.get_running_loop().create_task(
+            self._refine(), name=f"logcat clock {self._serial}"
+        )
+
+    async def _clock_read(self, message: str) -> bool:
+        """One line written and read back, the phone's clock learnt from it; whether no
+        further line is worth writing (its write was quick, or the phone took none)."""
+        before = time.monotonic()
+        entry, after = await self._written(message)
+        if entry is None or (phone := self.clock.stamp(entry.when)) is None:
+            return True
+        self.clock.learn(before, after, phone)
+        return after - before <= CLOCK_GOOD
+
+    async def _refine(self) -> None:
+        for i in range(1, CLOCK_TRIES):
+            if await self._clock_read(f"clock {i + 1}"):
+                return
 
     # -- marks (host_agent.runner's Marks) ------------------------------------------------
 
@@ -156,6 +175,7 @@ class Capture:
         if at is None or self._reader is None or self._reader.done():
             self._take([logcat.line(time.time(), 0, 0, "I", logcat.MARK_TAG, message)])
             return None
+        at = self._last_mark = max(at, self._last_mark)
         line = logcat.line(at, 0, 0, "I", logcat.MARK_TAG, message, usec=True, local=False)
         self._marks.append((at, now, line))
         if self._flush is None:
@@ -324,12 +344,19 @@ class Capture:
     async def _settle(self) -> None:
         """Until the reader has read a last mark written now (SETTLE at most); the marks
         still waiting go in before it (or after it when it did not come)."""
+        self._stop_refining()
         if self._reader is not None and not self._reader.done():
             await self._written(f"run ended ({self.seq} lines read)", SETTLE)
         self._take(self._marks_until())
 
+    def _stop_refining(self) -> None:
+        if self._refining is not None:
+            self._refining.cancel()
+            self._refining = None
+
     def close(self) -> None:
         """Stop reading (the phone's logcat ends with its connection)."""
+        self._stop_refining()
         if self._reader is not None:
             self._reader.cancel()
         if self._flush is not None:

@@ -23,7 +23,15 @@ from control_plane.log_tails import RING_CHARS, Tails
 from host_agent.devices import DeviceLost
 from host_agent.log_feed import MAX_PENDING_CHARS, LogFeed
 from host_agent.log_store import BLOCK, LogStore
-from host_agent.logcat import MAX_LINE, MAX_WARNINGS, SETTLE, Capture, capture_for
+from host_agent.logcat import (
+    CLOCK_GOOD,
+    CLOCK_TRIES,
+    MAX_LINE,
+    MAX_WARNINGS,
+    SETTLE,
+    Capture,
+    capture_for,
+)
 from host_agent.results import RunResult, StepResult, StepStatus
 from host_agent.simulated import SimulatedSource
 from host_agent.simulated_logcat import PhoneLog
@@ -287,6 +295,52 @@ async def test_a_line_with_no_end_is_cut_so_the_reader_holds_at_most_max_line() 
     assert max(len(x) for x in cut) <= MAX_LINE
     assert sum(len(x) for x in cut) == 100 * 1024
     capture.close()
+
+
+class SlowMarks:
+    """A phone whose log writes are each answered after the next of `delays` seconds (its
+    own slowness, not a wait of the test's); its lines are read back as written."""
+
+    def __init__(self, delays: list[float]) -> None:
+        self.delays = delays
+        self.written: list[str] = []
+        self._lines: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def clear_log(self, timeout: float) -> None:
+        pass
+
+    async def follow_log(self) -> AsyncIterator[bytes]:
+        while True:
+            yield await self._lines.get()
+
+    async def mark_log(self, tag: str, message: str, timeout: float) -> None:
+        await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
+        self.written.append(message)
+        line = logcat.line(time.time(), 1, 1, "I", tag, message, usec=True)
+        self._lines.put_nowait(line.encode() + b"\n")
+
+
+async def test_a_slow_first_clock_line_holds_the_run_for_it_alone_and_the_rest_go_on_beside() -> None:
+    """THEN a phone whose log writes are slow (over CLOCK_GOOD) holds the run's start for
+    the first line only; the clock's further lines are written while the run goes on, the
+    quicker one's reading kept, and the marks made meanwhile stay in order."""
+    phone = SlowMarks([0.05, 0.02, 0.01])
+    capture = capture_for(phone, "slow", 1 << 20)
+    assert capture is not None
+    await capture.start()
+    assert phone.written == ["run began"]  # returned without waiting for another line
+    first = capture.clock.spread
+    assert first is not None and first > CLOCK_GOOD
+    await capture.began(0, "tap")
+    await eventually(lambda: len(phone.written) == CLOCK_TRIES, what="the clock's lines")
+    assert phone.written[1:] == [f"clock {i + 1}" for i in range(1, CLOCK_TRIES)]
+    assert capture.clock.spread is not None and capture.clock.spread < first
+    await capture.began(1, "tap")
+    result = await capture.finish(RunResult(Outcome.DONE, "", (step(0), step(1))))
+    text = gzip.decompress(result.steps[-1].kept[0].data).decode()
+    marks = [e.message for x in text.splitlines() if (e := logcat.parse(x)) and e.tag == "amc"]
+    began = [m for m in marks if m.endswith("began") and m.startswith("step")]
+    assert began == ["step 1 'tap' began", "step 2 'tap' began"], marks
 
 
 def test_a_device_without_a_log_or_a_bound_of_0_is_not_captured() -> None:
