@@ -320,7 +320,7 @@ class SlowMarks:
         self._lines.put_nowait(line.encode() + b"\n")
 
 
-async def test_a_slow_first_clock_line_holds_the_run_for_it_alone_and_the_rest_go_on_beside() -> None:
+async def test_a_slow_first_clock_line_alone_holds_the_run_and_the_rest_go_on_beside() -> None:
     """THEN a phone whose log writes are slow (over CLOCK_GOOD) holds the run's start for
     the first line only; the clock's further lines are written while the run goes on, the
     quicker one's reading kept, and the marks made meanwhile stay in order."""
