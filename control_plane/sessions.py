@@ -149,6 +149,8 @@ class ClientSession:
         self._context = context
         self._finished = False
         self._out: Writer = Writer(context)
+        # The task as the session's watch last read it, while the phone was its.
+        self._seen: Task | None = None
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """Over gRPC the session writes on its call itself (relayed steps as their bytes),
@@ -339,26 +341,28 @@ class ClientSession:
                 task = await self._read(task_id)
             except AmcError:
                 continue
+            except asyncio.CancelledError:
+                changed.set()  # what woke it is still to be read, by _terminal
+                raise
+            self._seen = task
             if task.status is not TaskStatus.DISPATCHED:
                 log.info("session's task no longer runs: relay ended", task_id=str(task_id))
                 relay.host_left()
 
     async def _terminal(self, task_id: TaskId, changed: asyncio.Event) -> Task:
-        """The task once its host (or the sweep) ended it."""
-        settings = self._svc.settings
-        patience = 4 * settings.lease_ttl.total_seconds()
+        """The task once its host (or the sweep) ended it: read when it changed (one the watch
+        heard and did not read is still set), or every watch_refresh in case one was missed."""
+        refresh = self._svc.settings.watch_refresh.total_seconds()
         loop = asyncio.get_running_loop()
-        until = loop.time() + patience
-        while True:
+        until = loop.time() + 4 * self._svc.settings.lease_ttl.total_seconds()
+        task = self._seen
+        while task is None or not task.status.terminal:
+            if (left := until - loop.time()) <= 0:
+                raise Unavailable("session over; its result is not recorded yet: WatchTask")
+            await _first(changed.wait(), timeout=min(left, refresh))
             changed.clear()
             task = await self._read(task_id)
-            if task.status.terminal:
-                return task
-            left = until - loop.time()
-            if left <= 0:
-                raise Unavailable("session over; its result is not recorded yet: WatchTask")
-            wait = min(left, settings.watch_refresh.total_seconds())
-            await _first(changed.wait(), timeout=wait)
+        return task
 
     async def _linger(self, relay: Relay, idle: float) -> None:
         """After the last response: until the client closes its side, cancels or sends

@@ -239,3 +239,35 @@ async def test_a_token_past_its_session_limit_is_refused_resource_exhausted(
 async def farm_tasks(farm: Farm) -> int:
     assert farm.db is not None
     return int(await farm.db.fetchval("SELECT count(*) FROM tasks"))
+
+
+@pytest.mark.parametrize("ends", ["close", "cancel", "idle"])
+async def test_a_sessions_end_is_heard_as_a_change_not_found_by_a_periodic_read(
+    database_url: str, ends: str
+) -> None:
+    """THEN with the periodic re-read out of the test's reach (watch_refresh 10 minutes), a
+    session closed by its client, cancelled by an operator or idle too long answers its
+    client with the finished task: its end is a change every replica hears, read when it
+    comes (also when the session's watch heard it and was stopped before reading it)."""
+    settings = Settings(lease_ttl=timedelta(seconds=15), watch_refresh=timedelta(minutes=10))
+    async with short_ttl_farm(database_url, settings) as farm:
+        client = await farm.client()
+        async with running_agent(farm, SimulatedSource(1, delay=0.0)):
+            call = client.scheduler.OpenSession()
+            await call.write(opening(idle=1.0 if ends == "idle" else 30.0))
+            task = await dispatched(call)
+            await call.write(act(tap(1, 2)))
+            assert (await asyncio.wait_for(call.read(), 20)).HasField("step")
+            if ends == "close":
+                await call.write(
+                    scheduler_pb2.OpenSessionRequest(close=scheduler_pb2.SessionClose())
+                )
+            elif ends == "cancel":
+                await end_by_cancel(farm, task.task_id)
+            final = await last_task(call)
+    expected = {
+        "close": task_pb2.TASK_STATUS_DONE,
+        "cancel": task_pb2.TASK_STATUS_CANCELLED,
+        "idle": task_pb2.TASK_STATUS_FAILED,
+    }
+    assert (final.task_id, final.status) == (task.task_id, expected[ends])
