@@ -100,8 +100,11 @@ class Hub:
         self._outbox_ready.set()
 
     def task_changed(self, task_id: uuid.UUID | str) -> None:
-        """After committing a transition of the task (its watchers re-read it)."""
-        self.publish("amc_task", str(task_id))
+        """After committing a transition of the task (its watchers re-read it): here at
+        once, and on the other replicas by a notification that names this one, so that its
+        echo here is not a second change (each wake of a watcher is a read)."""
+        self.notify("amc_task", str(task_id))
+        self._send("amc_task", f"{task_id} {self.replica}")
 
     def progress_kept(self, task_ids: list[TaskId]) -> None:
         """After writing steps of these running tasks: their watchers, here and on the other
@@ -179,6 +182,9 @@ class Hub:
         elif channel == "amc_freed":
             self.dispatcher.wake_host(payload)
         elif channel == "amc_task":
+            payload, _, sender = payload.partition(" ")
+            if sender == self.replica:
+                return  # its own: acted on as it was committed
             self._wake_watchers(payload)
         elif channel == "amc_progress":
             # Listeners hear each task as changed (amc_task), as they heard each step.

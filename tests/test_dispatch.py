@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from datetime import datetime
 
 import asyncpg
@@ -17,6 +18,7 @@ from prometheus_client import REGISTRY
 from amc.v1 import lease_pb2, scheduler_pb2, task_pb2
 from control_plane.dispatch import MAX_PAYLOAD, RECENT, Dispatcher, Offer, Waiter
 from control_plane.lease_service import REPOLL_SPREAD
+from tests.conftest import FAST
 from tests.support import Clients, Farm, HostClient, actions_spec, eventually
 
 # -- the index on its own -------------------------------------------------------------------
@@ -265,6 +267,43 @@ async def test_notifications_that_could_not_be_sent_are_sent_again() -> None:
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sender
+
+
+async def test_a_task_change_is_heard_once_on_its_replica_and_once_on_another(
+    database_url: str,
+) -> None:
+    """THEN a task submitted through replica A is heard there once, as it is committed (its
+    notification's echo is not a second change: each is a read for the task's watchers),
+    and once on replica B; B's cancel of it is heard once on each, A's watcher woken."""
+    a, b = Farm(database_url, FAST), Farm(database_url, FAST)
+    await a.start()
+    await b.start()
+    heard: dict[str, list[str]] = {"a": [], "b": []}
+    try:
+        assert a.plane is not None and b.plane is not None
+        with (
+            a.plane.hub.listening(lambda c, p: c == "amc_task" and heard["a"].append(p)),
+            b.plane.hub.listening(lambda c, p: c == "amc_task" and heard["b"].append(p)),
+        ):
+            task = await (await a.client()).scheduler.SubmitTask(
+                scheduler_pb2.SubmitTaskRequest(
+                    spec=actions_spec(),
+                    selector=task_pb2.DeviceSelector(labels={"model": "Nowhere"}),
+                )
+            )
+            await eventually(lambda: heard["b"] == [task.task_id], what="B hears the submit")
+            assert heard["a"] == [task.task_id]
+            with a.plane.hub.watch(uuid.UUID(task.task_id)) as changed:
+                await (await b.client()).scheduler.CancelTask(
+                    scheduler_pb2.CancelTaskRequest(task_id=task.task_id, reason="test")
+                )
+                await asyncio.wait_for(changed.wait(), 10)
+            await eventually(lambda: len(heard["a"]) == 2, what="A hears B's cancel")
+            # Anything more A might hear of its own submit came before B's cancel.
+            assert heard == {"a": [task.task_id] * 2, "b": [task.task_id] * 2}
+    finally:
+        await b.stop()
+        await a.stop()
 
 
 # -- offers that must not be lost (issue 21, item 5) ----------------------------------------
