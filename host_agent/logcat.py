@@ -10,18 +10,18 @@ run starts the agent writes one line into the phone's log (`log -p i -t amc 'run
 and reads it back, which tells the phone's clock against its own (the line's time less the
 midpoint of the write's round trip; up to CLOCK_TRIES lines when the round trip is slow,
 the quickest one's: the run waits for the first only, the others are written while it goes
-on, and make the clock finer from then on). A step's beginning and end are then times on the
-phone's clock, and their marks (`step 2 'tap' began`, `… ended: ok in 0.31s`, pid 0) go into
-the kept log before the first line stamped after them (or after MARK_FLUSH when none comes).
-A line belongs to the step whose beginning last came before the line's time (a line after a
-step's end and before the next one's beginning is still that step's: an app that crashes a
-moment after a tap; one before the first step, the first step's). When the phone took no
+on, and make the clock finer from then on). A phone behind adb empties its log, writes that
+line and starts the stream in one command (host_agent.adb_logcat: one round trip where
+three were), the line's write then bounded by the stream's start and the line's reading. A
+step's beginning and end are then times on the phone's clock, and their marks (`step 2
+'tap' began`, `… ended: ok in 0.31s`, pid 0) go into the kept log before the first line
+stamped after them (or after MARK_FLUSH when none comes). The lines that flag a step are
+its warnings (host_agent.log_warnings: which step a line is of); when the phone took no
 first line (it is gone or hung: MARK_TIMEOUT, SETTLE), lines go to the step begun last when
-they are read, and marks in as they are made. Warnings (amc_common.logcat.warning_of:
-`FATAL EXCEPTION`, `ANR in`) are on their step: a step's progress, and a session's answer,
-carry those read by its end (no step waits for the stream); the report carries every one on
-its own step, once the stream has read back a last line written as the run ends (SETTLE at
-most). At most MAX_WARNINGS per step, then how many more.
+they are read, and marks in as they are made. A step's progress, and a session's answer,
+carry the warnings read by its end (no step waits for the stream); the report carries
+every one on its own step, once the stream has read back a last line written as the run
+ends (SETTLE at most).
 
 A phone that has no log to give (a device without `PhoneLogs`) or --logcat-max-bytes 0:
 nothing is captured. A run with no step keeps no log (nothing to keep it with).
@@ -30,13 +30,12 @@ nothing is captured. A run with no step keeps no log (nothing to keep it with).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import dataclasses
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 
@@ -45,6 +44,7 @@ from host_agent import metrics
 from host_agent.devices import DeviceError, PhoneLogs
 from host_agent.log_clock import PhoneClock
 from host_agent.log_store import LogStore
+from host_agent.log_warnings import StepWarnings
 from host_agent.results import Kept, RunResult, StepResult
 
 log = structlog.get_logger(__name__)
@@ -63,12 +63,14 @@ MARK_FLUSH = 1.0
 # answered soonest (a write answered within CLOCK_GOOD seconds ends the tries).
 CLOCK_TRIES = 3
 CLOCK_GOOD = 0.002
+# The run's first line, and the one a phone writes before it when its log was not emptied.
+FIRST = "run began"
+NOT_CLEARED = "the log was not cleared"
 # Lines kept in memory for a live tail's start.
 RECENT = 1000
 # A line longer than this (bytes) is cut there, the rest a line of its own: logd's own
 # lines are at most about 4 KB, and what a phone sends with no newline is held within it.
 MAX_LINE = 8 * 1024
-MAX_WARNINGS = 10
 # Told of the lines read: the number of the first (lines count from 1) and the lines.
 Listener = Callable[[int, list[str]], None]
 
@@ -88,20 +90,11 @@ class Capture:
         # The phone's clock, learnt as the run starts; not known when the phone took no
         # line then (lines then go to the step begun last when they are read).
         self.clock = PhoneClock()
-        # The steps begun, on the phone's clock (seconds, logcat.seconds' scale): the
-        # lines stamped from one on are its, until the next.
-        self._starts: list[float] = []
-        self._indexes: list[int] = []
         # Marks not in the log yet (phone time, agent time, line): each goes in before the
         # first line stamped after it, or after MARK_FLUSH.
         self._marks: deque[tuple[float, float, str]] = deque()
         self._flush: asyncio.TimerHandle | None = None
-        self._step: int | None = None
-        self._early: list[str] = []
-        self._warnings: dict[int, list[str]] = {}
-        self._more: dict[int, int] = {}
-        # The last crash flagged (its pid, its list, its place): the next line names its app.
-        self._last_crash: tuple[int, list[str], int] | None = None
+        self._warnings = StepWarnings(self.clock)
         self._reader: asyncio.Task[None] | None = None
         # The clock's further lines, written while the run goes on (start()).
         self._refining: asyncio.Task[None] | None = None
@@ -114,21 +107,47 @@ class Capture:
 
     async def start(self) -> None:
         """The phone's log emptied (what came before is another run's), then read; one
-        mark written on the phone and read back tells its clock against the agent's."""
+        mark written on the phone and read back tells its clock against the agent's. A
+        phone that can (`follow_fresh_log`: adb's) does the three in one command."""
+        fresh = getattr(self._device, "follow_fresh_log", None)
+        if fresh is not None:
+            slow = await self._start_fresh(fresh(logcat.MARK_TAG, FIRST, NOT_CLEARED))
+        else:
+            try:
+                await self._device.clear_log(CLEAR_TIMEOUT)
+            except DeviceError as exc:
+                self.cleared = False
+                log.info("phone log not cleared", device=self._serial, error=str(exc))
+            self._reader = self._reading(self._device.follow_log())
+            slow = not await self._clock_read(FIRST)
+        if slow:
+            # The clock is known roughly, and made finer while the run goes on (no action
+            # waits for a second line's round trip).
+            self._refining = asyncio.get_running_loop().create_task(
+                self._refine(), name=f"logcat clock {self._serial}"
+            )
+
+    async def _start_fresh(self, stream: AsyncIterator[bytes]) -> bool:
+        """Read from a stream that empties the log and writes FIRST into it as it starts:
+        the line read back (SETTLE at most) tells the clock, its write bounded by the
+        stream's start and the line's reading. Whether the clock wants finer lines."""
+        waiter = self._awaited[FIRST] = asyncio.get_running_loop().create_future()
+        before = time.monotonic()
+        self._reader = self._reading(stream)
         try:
-            await self._device.clear_log(CLEAR_TIMEOUT)
-        except DeviceError as exc:
-            self.cleared = False
-            log.info("phone log not cleared", device=self._serial, error=str(exc))
-        self._reader = asyncio.get_running_loop().create_task(
-            self._read(), name=f"logcat {self._serial}"
-        )
-        if await self._clock_read("run began"):
-            return
-        # A slow first write: the clock is known roughly, and made finer while the run goes
-        # on (no action waits for a second line's round trip).
-        self._refining = asyncio.get_running_loop().create_task(
-            self._refine(), name=f"logcat clock {self._serial}"
+            entry = await asyncio.wait_for(asyncio.shield(waiter), SETTLE)
+        except TimeoutError:
+            entry = None
+        finally:
+            self._awaited.pop(FIRST, None)
+        if entry is None:  # written into the kept log by the agent instead, with pid 0
+            self._take([logcat.line(time.time(), 0, 0, "I", logcat.MARK_TAG, FIRST)])
+            return False
+        return not self._learnt(before, time.monotonic(), entry)
+
+    def _reading(self, stream: AsyncIterator[bytes]) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(
+            self._read(stream), name=f"logcat {self._serial}"
         )
 
     async def _clock_read(self, message: str) -> bool:
@@ -136,7 +155,12 @@ class Capture:
         further line is worth writing (its write was quick, or the phone took none)."""
         before = time.monotonic()
         entry, after = await self._written(message)
-        if entry is None or (phone := self.clock.stamp(entry.when)) is None:
+        return entry is None or self._learnt(before, after, entry)
+
+    def _learnt(self, before: float, after: float, entry: logcat.Entry) -> bool:
+        """The clock learnt from a line written between `before` and `after`; whether it is
+        as good as it gets (the write was quick, or the line had no time)."""
+        if (phone := self.clock.stamp(entry.when)) is None:
             return True
         self.clock.learn(before, after, phone)
         return after - before <= CLOCK_GOOD
@@ -151,14 +175,7 @@ class Capture:
     async def began(self, index: int, name: str) -> None:
         """From now on (the phone's clock) the lines are step `index`'s; its mark is put
         into the log, nothing is written on the phone."""
-        self._step = index
-        at = self._mark(logcat.began(index, name))
-        if at is not None:
-            self._starts.append(at)
-            self._indexes.append(index)
-        for early in self._early:  # read before any step began: the first one's
-            self._flag(index, early)
-        self._early = []
+        self._warnings.began(index, self._mark(logcat.began(index, name)))
 
     async def ended(self, step: StepResult) -> StepResult:
         """The step with the warnings read by now (its progress, and a session's answer,
@@ -223,16 +240,14 @@ class Capture:
         return None, time.monotonic()
 
     def warnings(self, index: int) -> tuple[str, ...]:
-        found = self._warnings.get(index, [])
-        more = self._more.get(index, 0)
-        return (*found, f"… and {more} more") if more else tuple(found)
+        return self._warnings.of(index)
 
     # -- reading --------------------------------------------------------------------------
 
-    async def _read(self) -> None:
+    async def _read(self, stream: AsyncIterator[bytes]) -> None:
         partial = b""
         try:
-            async for chunk in self._device.follow_log():
+            async for chunk in stream:
                 lines = (partial + chunk).split(b"\n")
                 partial = lines.pop()
                 if len(partial) >= MAX_LINE:
@@ -271,7 +286,7 @@ class Capture:
             self.seq += 1
             self.store.add(text)
             self.recent.append(text)
-            if self._awaited or self._last_crash or _flags(text):  # else nothing to heed
+            if self._awaited or self._warnings.last_crash or _flags(text):  # else nothing to heed
                 entry = logcat.parse(text)
                 if entry is not None:
                     self._heed(entry)
@@ -279,43 +294,15 @@ class Capture:
         for listener in list(self.listeners):
             listener(first, lines)
 
-    def _owner(self, entry: logcat.Entry) -> int | None:
-        """The step a line is of: the one begun last before its time on the phone's clock
-        (before any: the first); by when it is read when that clock is not known."""
-        at = self.clock.stamp(entry.when) if self._starts else None
-        if at is None:
-            return self._step
-        found = bisect.bisect_right(self._starts, at)
-        return self._indexes[max(found - 1, 0)]
-
     def _heed(self, entry: logcat.Entry) -> None:
-        if entry.tag == logcat.MARK_TAG:
-            waiter = self._awaited.pop(entry.message, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(entry)
+        if entry.tag != logcat.MARK_TAG:
+            self._warnings.heed(entry)
             return
-        crash, self._last_crash = self._last_crash, None
-        if crash is not None and entry.pid == crash[0] and entry.message.startswith("Process: "):
-            found, at = crash[1], crash[2]  # which app it was: the next line says
-            found[at] = f"{found[at]} ({entry.message})"[: logcat.WARNING_CHARS]
-        warning = logcat.warning_of(entry)
-        if warning is None:
-            return
-        step = self._owner(entry)
-        found = self._early if step is None else self._warnings.setdefault(step, [])
-        if step is not None and len(found) >= MAX_WARNINGS:
-            self._more[step] = self._more.get(step, 0) + 1
-            return
-        found.append(warning)
-        if "FATAL EXCEPTION" in warning:
-            self._last_crash = (entry.pid, found, len(found) - 1)
-
-    def _flag(self, index: int, warning: str) -> None:
-        found = self._warnings.setdefault(index, [])
-        if len(found) < MAX_WARNINGS:
-            found.append(warning)
-        else:
-            self._more[index] = self._more.get(index, 0) + 1
+        if entry.message == NOT_CLEARED:
+            self.cleared = False
+        waiter = self._awaited.pop(entry.message, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
 
     # -- the end --------------------------------------------------------------------------
 

@@ -155,6 +155,9 @@ class SimulatedDoor:
 
     async def _command(self, command: str, pipe: Pipe) -> None:
         if (argv := logcat_command(command)) is not None:
+            head, _, _ = command.rpartition(";")  # what runs before it (`logcat -c; …`)
+            if head.strip() and (printed := await self._sh(head)):
+                await pipe.emit(printed)
             await self._logcat(argv, pipe)
         elif (size := stdin_size(command)) is not None:
             data = await pipe.stdin.readexactly(size)
@@ -179,6 +182,9 @@ class SimulatedDoor:
             if argv[:1] == ["echo"]:
                 words = [w.replace("$?", str(status)) for w in argv[1:]]
                 out, status = out + (" ".join(words) + "\n").encode(), 0
+                continue
+            if argv[:1] == ["export"]:  # a builtin: nothing to print (`adb logcat` sends one)
+                status = 0
                 continue
             result = await self._device.shell(shlex.join(argv), _SHELL_TIMEOUT)
             out, status = out + result.output.encode(), result.exit_code

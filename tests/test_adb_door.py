@@ -265,10 +265,10 @@ async def test_an_adb_server_without_the_users_key_stays_unauthorized(
             assert await user_adb.shell(d.address, "echo me") == b"me\n"
             assert await d.stop() == 0
             assert "not trusted" in d.said()
-    # The agent's own commands carry its exit-code marker, its read of the run's log is
-    # `logcat -v threadtime` (host_agent.adb_logcat); the door's user's, "echo me".
-    ours = ("AMC_EXIT_", "shell:logcat -v threadtime")
-    assert [s for s in phone.adbd.services if not s.startswith(ours[1]) and ours[0] not in s] == [
+    # The agent's own commands carry its exit-code marker, its read of the run's log ends
+    # `exec logcat -v threadtime …` (host_agent.adb_logcat); the door's user's, "echo me".
+    ours = ("AMC_EXIT_", "; exec logcat -v threadtime -v usec")
+    assert [s for s in phone.adbd.services if not s.endswith(ours[1]) and ours[0] not in s] == [
         "shell:echo me"
     ]
 

@@ -23,11 +23,11 @@ from control_plane.log_tails import RING_CHARS, Tails
 from host_agent.devices import DeviceLost
 from host_agent.log_feed import MAX_PENDING_CHARS, LogFeed
 from host_agent.log_store import BLOCK, LogStore
+from host_agent.log_warnings import MAX_WARNINGS
 from host_agent.logcat import (
     CLOCK_GOOD,
     CLOCK_TRIES,
     MAX_LINE,
-    MAX_WARNINGS,
     SETTLE,
     Capture,
     capture_for,

@@ -27,6 +27,7 @@ from host_agent.logcat import CLOCK_TRIES
 from host_agent.simulated import SimulatedSource
 from tests.support import Clients, Farm, actions_spec, eventually, tap, wait_action
 from tests.support.agent import finished, get, running_agent, status_is, submit
+from tests.support.fakes.adb_server import FakeAdbServer
 from tests.support.fakes.adbd import FakeAdbd
 from tests.support.fakes.phone import FakePhone
 from tests.support.fakes.real_adb import RealAdbServer
@@ -256,11 +257,11 @@ async def test_a_phone_behind_the_real_adb_server_has_its_log_kept_and_its_crash
     farm: Farm, tmp_path: Path
 ) -> None:
     """THEN through pure-python-adb → the real adb server → the fake adbd, the agent
-    clears the phone's log (`logcat -c`), streams `logcat -v threadtime -v usec`, writes
-    lines into it with `log -p i -t amc` only as the run begins (the phone's clock; more
-    than one only when the write was slow) and ends, none per step (the steps are marked
-    by the phone's clock), and the crash lands on step 3 as on a
-    simulated phone; the log it keeps holds the step marks around the crash."""
+    clears the phone's log (`logcat -c`), writes the run's first line into it (`log -p i -t
+    amc`) and streams `logcat -v threadtime -v usec`, all in one command, writes more lines
+    only when that was slow (the phone's clock) and as the run ends, none per step (the
+    steps are marked by the phone's clock), and the crash lands on step 3 as on a simulated
+    phone; the log it keeps holds the step marks around the crash."""
     phone = FakePhone("FAKE0001")
     async with FakeAdbd(phone) as adbd, RealAdbServer(tmp_path / "adb-home") as adb:
         await adb.connect(adbd.address)
@@ -271,16 +272,20 @@ async def test_a_phone_behind_the_real_adb_server_has_its_log_kept_and_its_crash
             await status_is(farm, task_id, "done", within=30)
             task = await get(client, task_id)
     commands = phone.shell_commands()
-    assert any(c.startswith("logcat -c") for c in commands)
+    # One command empties the log, writes the run's first line and follows it.
+    (started,) = [c for c in commands if "logcat -v threadtime -v usec" in c]
+    assert started == (
+        "logcat -c || log -p w -t amc 'the log was not cleared';"
+        " log -p i -t amc 'run began'; exec logcat -v threadtime -v usec"
+    )
     written = [
         c.split(";")[0][len("log -p i -t amc ") :]
         for c in commands
         if c.startswith("log -p i -t amc")
     ]
-    # The run's first line, up to two more when its write was slow (the clock), the last.
-    assert written[0] == "'run began'" and written[-1].startswith("'run ended ("), written
-    assert written[1:-1] == [f"'clock {i}'" for i in range(2, len(written))][: CLOCK_TRIES - 1]
-    assert "logcat -v threadtime -v usec" in commands
+    # Up to two more lines when the first was slow (the clock), and the last.
+    assert written[-1].startswith("'run ended ("), written
+    assert written[:-1] == [f"'clock {i}'" for i in range(2, len(written) + 1)][: CLOCK_TRIES - 1]
     warned = [i for i, s in enumerate(task.result.steps) if s.warnings]
     assert warned == [2, 4], [list(s.warnings) for s in task.result.steps]
     assert f"(Process: {APP}, PID: " in task.result.steps[2].warnings[0]
@@ -290,6 +295,26 @@ async def test_a_phone_behind_the_real_adb_server_has_its_log_kept_and_its_crash
     began = next(i for i, x in enumerate(lines) if x.endswith("step 3 'shell' began"))
     ended = next(i for i, x in enumerate(lines) if "step 3 'shell' ended: ok" in x)
     assert began < fatal < ended
+
+
+async def test_a_phone_whose_log_could_not_be_cleared_says_so_with_the_log_kept(
+    farm: Farm,
+) -> None:
+    """THEN through the adb host protocol, a phone whose `logcat -c` fails writes the line
+    that says so before the run's first (in the command that starts the log), and the
+    kept log's step says the log could not be cleared first: the run goes on."""
+    phone = FakePhone("FAKE0002")
+    phone.failures["logcat -c"] = (1, "logcat: failed to clear the 'main' log\n")
+    async with FakeAdbServer([phone]) as server:
+        client = await farm.client()
+        async with running_agent(farm, AdbSource(port=server.port, call_timeout=10.0)):
+            task_id = await submit(client, actions_spec(tap(), tap()))
+            await status_is(farm, task_id, "done", within=30)
+            task = await get(client, task_id)
+    assert task.result.steps[-1].data["logcat"] == "the phone's log could not be cleared first"
+    _, text = await kept_log(client, task_id)
+    ours = [e.message for x in text.splitlines() if (e := logcat.parse(x)) and e.tag == "amc"]
+    assert ours[:2] == ["the log was not cleared", "run began"], ours
 
 
 async def test_a_sessions_steps_carry_their_warnings_and_its_log_is_kept(farm: Farm) -> None:

@@ -142,6 +142,10 @@ class FakePhone:
         argv = logcat_command(command)
         if argv is not None and (asked := logcat_args(argv)).follows:
             self.commands.append((time.monotonic(), command))
+            head, _, _ = command.rpartition(";")  # what runs before it (`logcat -c; …`)
+            for step in self._steps(head):
+                if isinstance(step, bytes) and step:
+                    yield step
             async for chunk in self.log.follow(usec=asked.usec):
                 yield chunk
             return
@@ -154,6 +158,9 @@ class FakePhone:
     def iter_shell(self, command: str) -> Iterator[bytes | Sleep]:
         """Run `command` lazily: output chunks and pauses, in order."""
         self.commands.append((time.monotonic(), command))
+        return self._steps(command)
+
+    def _steps(self, command: str) -> Iterator[bytes | Sleep]:
         status = 0
         for operator, argv in split_commands(command):
             if (operator == "&&" and status != 0) or (operator == "||" and status == 0):
