@@ -3,9 +3,12 @@ source (`AdbSource`: what the server lists, reconnects and reboots).
 
 The adb host protocol itself (framing, deadlines, error mapping, the one import of
 `ppadb`) is host_agent.adb_protocol; every call here runs under its `guard` (one deadline,
-→ `DeviceTimeout`) on a connection that closes its connection in ``finally``. ppadb's own
-``shell()`` and ``screencap()`` are not used: output is decoded leniently here, and a
-screenshot is read over ``exec-out`` (no pty, so no newline rewriting).
+→ `DeviceTimeout`) on a connection of its own, closed in ``finally``, but a held phone's
+input commands: while a session holds the phone (`hold_control`), its ``input tap``,
+``swipe``, ``text`` and ``keyevent`` share one kept ``sh`` (host_agent.adb_kept_shell),
+closed as the hold ends. ppadb's own ``shell()`` and ``screencap()`` are not used: output
+is decoded leniently here, and a screenshot is read over ``exec-out`` (no pty, so no
+newline rewriting).
 
 Where scrcpy's server runs for a phone (host_agent.scrcpy_link: while its stream is
 watched or recorded, or a session holds it), taps, swipes, keys and text go through its
@@ -29,6 +32,7 @@ from pathlib import Path
 import structlog
 
 from host_agent import adb_files
+from host_agent.adb_kept_shell import KeptShell
 from host_agent.adb_listing import info_from_props, parse_devices_l, parse_getprop
 from host_agent.adb_logcat import AdbPhoneLog
 from host_agent.adb_protocol import ClientAsync, device_session, failure_to_error, guard, host_query
@@ -126,7 +130,8 @@ def _raise_if_reported(command: str, output: str, needles: tuple[str, ...]) -> N
 
 
 class AdbDevice(AdbPhoneLog):
-    """One phone behind the adb server. Each call opens its own connection."""
+    """One phone behind the adb server. Each call opens its own connection, but a held
+    phone's input commands (one kept `sh`)."""
 
     def __init__(
         self, client: ClientAsync, serial: str, call_timeout: float, links: Links | None = None
@@ -135,6 +140,7 @@ class AdbDevice(AdbPhoneLog):
         self._client = client
         self._call_timeout = call_timeout
         self._links = links or Links(client, None, 30)
+        self._kept = KeptShell(client, serial)
 
     # -- Device protocol ---------------------------------------------------------------
 
@@ -151,14 +157,14 @@ class AdbDevice(AdbPhoneLog):
     async def tap(self, x: int, y: int) -> InputPath:
         if await self._control(lambda link: link.tap(x, y)):
             return "control"
-        await self._action(f"input tap {int(x)} {int(y)}")
+        await self._action(f"input tap {int(x)} {int(y)}", kept=True)
         return "input"
 
     async def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> InputPath:
         if await self._control(lambda link: link.swipe(x1, y1, x2, y2, duration_ms)):
             return "control"
         points = " ".join(str(int(v)) for v in (x1, y1, x2, y2, duration_ms))
-        await self._action(f"input swipe {points}")
+        await self._action(f"input swipe {points}", kept=True)
         return "input"
 
     async def input_text(self, text: str) -> InputPath:
@@ -166,13 +172,13 @@ class AdbDevice(AdbPhoneLog):
         if text and await self._control(lambda link: link.text(text)):
             return "control"
         if text:
-            await self._action(f"input text {escaped}")
+            await self._action(f"input text {escaped}", kept=True)
         return "input"
 
     async def key(self, keycode: int) -> InputPath:
         if await self._control(lambda link: link.key(keycode)):
             return "control"
-        await self._action(f"input keyevent {int(keycode)}")
+        await self._action(f"input keyevent {int(keycode)}", kept=True)
         return "input"
 
     async def _control(self, act: Callable[[Link], Awaitable[None]]) -> bool:
@@ -195,14 +201,15 @@ class AdbDevice(AdbPhoneLog):
     @asynccontextmanager
     async def hold_control(self) -> AsyncIterator[bool]:
         """scrcpy's server kept running for the block (a session: its input goes through
-        the control socket); False when it has none or it could not start."""
-        held = AsyncExitStack()
-        try:
-            if self._links.jar is not None:
-                await held.enter_async_context(self._links.hold(self.serial))
-        except DeviceError as exc:
-            log.info("scrcpy did not start: input instead", device=self.serial, error=str(exc))
-        async with held:
+        the control socket); False when it has none or it could not start. Input that
+        goes through `input` meanwhile shares one kept `sh`, closed as the block ends."""
+        async with AsyncExitStack() as held:
+            await held.enter_async_context(self._kept.hold())
+            try:
+                if self._links.jar is not None:
+                    await held.enter_async_context(self._links.hold(self.serial))
+            except DeviceError as exc:
+                log.info("scrcpy did not start: input instead", device=self.serial, error=str(exc))
             yield self._links.running(self.serial) is not None
 
     async def launch_app(self, package: str, activity: str) -> None:
@@ -244,20 +251,24 @@ class AdbDevice(AdbPhoneLog):
 
     # -- internals ---------------------------------------------------------------------
 
-    async def _action(self, command: str) -> str:
-        """Run an action command; its output, or CommandFailed on a non-zero exit."""
+    async def _action(self, command: str, *, kept: bool = False) -> str:
+        """Run an action command; its output, or CommandFailed on a non-zero exit.
+        `kept`: an input command, run by the kept `sh` while the phone is held."""
         async with guard(self.serial, f"`{command}`", self._call_timeout):
-            code, raw = await self._run("shell", command)
+            code, raw = await self._run("shell", command, kept=kept)
         output = raw.decode("utf-8", errors="replace")
         if code != 0:
             raise CommandFailed(f"`{command}` exited {code}: {output.strip()}")
         return output
 
-    async def _run(self, service: str, command: str) -> tuple[int, bytes]:
-        """Run under the caller's guard: (exit code, raw output)."""
+    async def _run(self, service: str, command: str, *, kept: bool = False) -> tuple[int, bytes]:
+        """Run under the caller's guard: (exit code, raw output). `kept`: by the kept
+        `sh` while the phone is held; else, or not held, on a connection of its own."""
         marker = f"AMC_EXIT_{uuid.uuid4().hex}_"
         wrapped = f"{command.rstrip().rstrip(';')}; echo {marker}$?"
-        raw = await self._exchange(f"{service}:{wrapped}")
+        raw = await self._kept.exchange(wrapped, marker) if kept else None
+        if raw is None:
+            raw = await self._exchange(f"{service}:{wrapped}")
         result = _split_exit_marker(raw, marker.encode())
         if result is None:
             raise await self._why_cut_short(command)

@@ -49,6 +49,7 @@ __all__ = [
     "failure_to_error",
     "guard",
     "host_query",
+    "open_service",
 ]
 
 READ_SIZE = 65536
@@ -129,6 +130,10 @@ class Session:
             return await self._reader.read(READ_SIZE)
         return b""
 
+    def ended(self) -> bool:
+        """The server has closed or reset the connection, and nothing it sent is unread."""
+        return self._reader.at_eof() or self._reader.exception() is not None
+
     def ack_now(self) -> None:
         """Acknowledge what has arrived at once (TCP_QUICKACK, on Linux), not within the
         kernel's delayed-ACK time (40 ms): the adb server's socket holds a small write back
@@ -148,13 +153,17 @@ class Session:
             writer.close()
 
 
+async def _connection(client: ClientAsync) -> Any:
+    try:
+        return await client.create_connection()
+    except RuntimeError as exc:  # ppadb wraps OSError from connect in RuntimeError
+        raise SourceUnreachable(f"adb server unreachable at {client.host}:{client.port}") from exc
+
+
 @asynccontextmanager
 async def connect(client: ClientAsync) -> AsyncIterator[Session]:
     """One connection to the adb server, closed however the block ends."""
-    try:
-        connection = await client.create_connection()
-    except RuntimeError as exc:  # ppadb wraps OSError from connect in RuntimeError
-        raise SourceUnreachable(f"adb server unreachable at {client.host}:{client.port}") from exc
+    connection = await _connection(client)
     session = Session(connection)
     try:
         yield session
@@ -177,3 +186,17 @@ async def host_query(client: ClientAsync, payload: str) -> str:
     async with connect(client) as server:
         await server.request(payload)
         return await server.read_string()
+
+
+async def open_service(client: ClientAsync, serial: str, service: str) -> Session:
+    """A connection to one of `serial`'s services that outlives a block (a kept shell,
+    host_agent.adb_kept_shell): its caller closes it (`Session.close`); closed here if
+    the transport or the service is refused (`AdbFailure`) or anything else raises."""
+    session = Session(await _connection(client))
+    try:
+        await session.request(f"host:transport:{serial}")
+        await session.request(service)
+    except BaseException:
+        session.close()
+        raise
+    return session

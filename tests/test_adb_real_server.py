@@ -192,6 +192,37 @@ async def test_host_agent_adb_source_drives_fake_phone_through_real_server(
     assert "com.example:id/title" in await device.ui_dump()
 
 
+@pytest.mark.parametrize("pty", [False, True], ids=["raw", "pty"])
+async def test_a_held_phones_taps_go_through_one_kept_sh_stream_of_the_real_adb_server(
+    adb_server: RealAdbServer, adbd: FakeAdbd, phone: FakePhone, pty: bool
+) -> None:
+    """THEN through the real adb server, a held phone's taps, key and text are lines of
+    one `shell:sh` stream (none is a `shell:input …` stream of its own), each run once on
+    the phone, raw or over a pty (as before Android 7: echoed, CRLF); as the hold ends,
+    the server closes that stream on the phone; a tap after it has its own stream again."""
+    phone.sh_pty = pty
+    device = AdbSource(adb_server.host, adb_server.port, call_timeout=10.0).device(adbd.address)
+    async with device.hold_control():
+        for i in range(5):
+            await device.tap(i, i)
+        await device.key(4)
+        await device.input_text("ok")
+        assert [s for s in adbd.services if s.startswith("shell:")] == ["shell:sh"]
+
+    async def hung_up() -> bool:
+        return "shell:sh" in adbd.hung_up
+
+    await poll_until(hung_up, 10.0, "the server to close the kept sh on the phone")
+    await device.tap(9, 9)
+    inputs = [c.split(";")[0] for c in phone.shell_commands() if c.startswith("input")]
+    taps = [f"input tap {i} {i}" for i in range(5)]
+    assert inputs == [*taps, "input keyevent 4", "input text ok", "input tap 9 9"]
+    assert [s.split(";")[0] for s in adbd.services if s.startswith("shell:")] == [
+        "shell:sh",
+        "shell:input tap 9 9",
+    ]
+
+
 async def _line_read(stream: AsyncIterator[bytes], line: bytes) -> float:
     """When (time.monotonic) the stream has read `line`."""
     seen = b""

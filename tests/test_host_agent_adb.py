@@ -6,16 +6,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from amc.v1 import task_pb2
 from host_agent.adb import AdbSource
-from tests.support import Farm, actions_spec, tap, workflow_spec
+from tests.support import Farm, actions_spec, eventually, tap, workflow_spec
 from tests.support.agent import running_agent, status_is, submit
 from tests.support.fakes.adb_server import FakeAdbServer
 from tests.support.fakes.adbd import FakeAdbd
 from tests.support.fakes.phone import FakePhone, make_png
 from tests.support.fakes.real_adb import RealAdbServer
+from tests.test_sessions import act, dispatched, last_task, opening
 
 
 def screenshot() -> task_pb2.Action:
@@ -36,6 +38,35 @@ async def test_agent_runs_a_tap_through_the_fake_adb_server(farm: Farm) -> None:
             await status_is(farm, task_id, "done")
     assert any("input tap 120 340" in command for command in phone.shell_commands())
     assert (await farm.task_row(task_id))["device_serial"] == "emu-5554"
+
+
+async def test_a_sessions_taps_on_a_phone_over_adb_share_one_kept_sh_closed_as_it_ends(
+    farm: Farm,
+) -> None:
+    """THEN a session's taps (no scrcpy server: through `input`) reach the phone as lines
+    of one `shell:sh` connection, none as a `shell:input …` request of its own, and the
+    agent closes that connection as the session ends."""
+    phone = FakePhone("emu-5554")
+    client = await farm.client()
+    async with FakeAdbServer([phone]) as server:
+        source = AdbSource(server.host, server.port, call_timeout=5.0)
+        async with running_agent(farm, source):
+            call = client.scheduler.OpenSession()
+            await call.write(opening())
+            await dispatched(call)
+            for i in range(5):
+                await call.write(act(tap(10 + i, 20 + i)))
+                step = (await asyncio.wait_for(call.read(), 20)).step.step
+                assert step.status == task_pb2.STEP_STATUS_OK and step.data["input"] == "input"
+            await call.done_writing()
+            final = await last_task(call)
+            [kept] = [c for c in server.connections if "shell:sh" in c.requests]
+            await eventually(lambda: kept.closed, what="the kept sh to close")
+    assert final.status == task_pb2.TASK_STATUS_DONE
+    assert kept.closed_by == "client"
+    assert not [p for p in server.payloads() if p.startswith("shell:input")]
+    taps = [c.split(";")[0] for c in phone.shell_commands() if c.startswith("input")]
+    assert taps == [f"input tap {10 + i} {20 + i}" for i in range(5)]
 
 
 async def test_agent_registers_adb_inventory_with_model_and_takes_work_only_for_online_phones(

@@ -13,6 +13,8 @@ followed by four hex digits and a message. Supported requests:
 * ``host:transport-any`` → the only attached phone
 * ``shell:<cmd>`` and ``exec-out:<cmd>`` (after a transport) → ``OKAY``, the raw output
   as the phone produces it, then close
+* ``shell:sh`` (after a transport) → ``OKAY``, then ``sh`` reading command lines from the
+  connection (`FakePhone.sh`), each answered as it comes, until the client closes it
 * ``exec:<cmd>`` (after a transport): as ``exec-out:``; a command that announces a stdin
   size (``cmd package install -S N``) reads N bytes from the connection first
 * ``sync:`` (after a transport) → ``OKAY``, then the sync protocol (tests.support.fakes.sync:
@@ -25,7 +27,9 @@ followed by four hex digits and a message. Supported requests:
 
 Faults (mutable at runtime through `FakeAdbServer.faults`): replies split into tiny TCP
 segments, the connection reset half-way through a command's output, or a request that
-is never answered. Every request and every connection (with who closed it) is recorded.
+is never answered (on ``shell:sh``, a line: half its output then a reset, or no answer).
+Every request and every connection (with who closed it) is recorded; the lines of a
+``shell:sh`` are the phone's `commands`, not requests.
 
 Usage::
 
@@ -36,6 +40,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Iterable
@@ -53,9 +58,11 @@ class Faults:
     # > 0: every reply is written in chunks of this many bytes, each drained and paced.
     chunk_size: int = 0
     chunk_delay: float = 0.001
-    # A shell/exec-out command containing this gets OKAY, half its output, then a reset.
+    # A shell/exec-out command (or a line of shell:sh) containing this gets OKAY, half its
+    # output, then a reset.
     drop_on: str | None = None
-    # A request containing this is never answered (the server waits for the client to go).
+    # A request (or a line of shell:sh) containing this is never answered (the server
+    # waits for the client to go).
     hang_on: str | None = None
 
 
@@ -221,7 +228,7 @@ class FakeAdbServer:
         elif payload == "host:transport-any":
             return not await self._select(conn, self._any_serial())
         elif payload.startswith(("shell:", "exec-out:", "exec:")):
-            await self._run_service(conn, payload.split(":", 1)[1])
+            await self._run_service(conn, payload)
         elif payload == "sync:" and conn.record.serial in self._phones:
             await self._send(conn, b"OKAY")
             phone = self._phones[conn.record.serial]
@@ -292,7 +299,8 @@ class FakeAdbServer:
 
     # -- device services ----------------------------------------------------------------
 
-    async def _run_service(self, conn: _Conn, command: str) -> None:
+    async def _run_service(self, conn: _Conn, payload: str) -> None:
+        command = payload.split(":", 1)[1]
         serial = conn.record.serial
         if serial is None:
             await self._fail(conn, "no device selected: send host:transport first")
@@ -306,7 +314,9 @@ class FakeAdbServer:
             return
         phone = self._phones[serial]
         await self._send(conn, b"OKAY")
-        if (size := stdin_size(command)) is not None:
+        if payload == "shell:sh":
+            await self._serve_sh(conn, phone)
+        elif (size := stdin_size(command)) is not None:
             data = await conn.reader.readexactly(size)
             await self._send(conn, phone.stdin_command(command, data))
         elif self.faults.drop_on is not None and self.faults.drop_on in command:
@@ -328,6 +338,22 @@ class FakeAdbServer:
             await asyncio.gather(pump, watcher, return_exceptions=True)
         if pump in done and pump.exception() is None:
             return
+        conn.record.mark_closed("client")
+
+    async def _serve_sh(self, conn: _Conn, phone: FakePhone) -> None:
+        """``sh`` reading lines from the connection: each line's output sent as it comes,
+        the faults applied line by line, until the client closes the connection."""
+        async with contextlib.aclosing(phone.sh(conn.reader.readline)) as lines:
+            async for command, output in lines:
+                if self.faults.hang_on is not None and self.faults.hang_on in command:
+                    await self._wait_for_client_close(conn)
+                    return
+                if self.faults.drop_on is not None and self.faults.drop_on in command:
+                    await self._drop_half_way(conn, phone, command)
+                    return
+                async with contextlib.aclosing(output):
+                    async for chunk in output:
+                        await self._send(conn, chunk)
         conn.record.mark_closed("client")
 
     async def _pump(self, conn: _Conn, phone: FakePhone, command: str) -> None:

@@ -15,10 +15,12 @@ with ``magic == command ^ 0xffffffff``, followed by ``data_length`` bytes.
 
 Services ``shell:``, ``exec:`` and ``exec-out:`` run the command on a `FakePhone` (an
 ``exec:`` that announces a stdin size, ``cmd package install -S N``, reads N bytes of the
-server's WRTEs first); ``sync:`` speaks the sync protocol on the phone's files
-(tests.support.fakes.sync); ``tcp:7`` echoes what it is sent (the phone's echo port, as a
-simulated phone's, so that ``adb forward`` has something to reach); anything else
-(``reboot:``, …) is refused with ``CLSE(0, their_id)``.
+server's WRTEs first); ``shell:sh`` is ``sh`` reading command lines from the server's
+WRTEs (`FakePhone.sh`), each run as its line ends, until the server closes the stream (as
+adbd's ``sh -c sh`` with the stream as its stdin); ``sync:`` speaks the sync protocol on
+the phone's files (tests.support.fakes.sync); ``tcp:7`` echoes what it is sent (the
+phone's echo port, as a simulated phone's, so that ``adb forward`` has something to
+reach); anything else (``reboot:``, …) is refused with ``CLSE(0, their_id)``.
 `wedged`: the transport hangs (OPENs go unanswered, as over a stuck USB link) until the
 server connects again (`adb reconnect`), which clears it.
 We do not advertise ``shell_v2`` so the server uses plain ``shell:``, the service our
@@ -133,11 +135,13 @@ class FakeAdbd:
 
     `connections` lists the transports the server opened (one per ``adb connect``,
     again after a reconnect); `services` every stream the server opened, in order
-    (e.g. ``"shell:input tap 1 2"``). The phone records the commands themselves.
+    (e.g. ``"shell:input tap 1 2"``), and `hung_up` those the server closed before they
+    ended (its CLSE first). The phone records the commands themselves.
 
     `features` goes into the CNXN banner. Leave out ``shell_v2``: with it the server
     would expect the shell protocol's packet framing (and exit codes), which this fake
-    does not speak. Data the server writes into a stream (stdin) is acked and dropped.
+    does not speak. Data the server writes into a stream is its stdin: read by an install
+    from stdin, by sync and by ``shell:sh``, dropped by the others.
     """
 
     def __init__(
@@ -156,6 +160,7 @@ class FakeAdbd:
         self.features = features
         self.connections: list[ConnectionRecord] = []
         self.services: list[str] = []
+        self.hung_up: list[str] = []
         # While set, services asked for are never answered; a new connection clears it.
         self.wedged = False
         # Bytes the server wrote into streams; while `reading` is clear, the phone reads
@@ -360,6 +365,7 @@ class _Session:
         stream = self.streams.pop(message.arg1, None)
         if stream is None:
             return
+        self.adbd.hung_up.append(stream.service)
         stream.closed = True
         stream.acked.set()
         stream.stdin.feed_eof()
@@ -374,6 +380,9 @@ class _Session:
             if stream.service == ECHO_PORT:
                 while chunk := await stream.stdin.read(self.max_payload):
                     await self._write(stream, chunk)
+                return
+            if stream.service == "shell:sh":
+                await self._serve_sh(stream)
                 return
             if (size := stdin_size(command)) is not None:
                 data = await stream.stdin.readexactly(size)
@@ -395,6 +404,18 @@ class _Session:
             # A bug in the fake phone: say so, and end the stream rather than hang the host.
             log.exception("adbd %s: %r failed", self.peer, stream.service)
             await self._close_stream(stream)
+
+    async def _serve_sh(self, stream: _Stream) -> None:
+        """Each line the server writes run as it ends, its output written back, until the
+        server closes the stream (which cancels this, as SIGHUP ends adbd's ``sh``)."""
+        async with contextlib.aclosing(self.adbd.phone.sh(stream.stdin.readline)) as lines:
+            async for _command, output in lines:
+                async with contextlib.aclosing(output):
+                    async for chunk in output:
+                        await self._write_all(stream, chunk)
+                if stream.closed:
+                    return
+        await self._close_stream(stream)
 
     async def _serve_sync(self, stream: _Stream) -> None:
         async def write(data: bytes) -> None:

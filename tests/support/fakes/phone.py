@@ -35,6 +35,9 @@ Three ways to run a command, all recording it in `commands`:
 * ``await run_shell(cmd) -> bytes``: ``sleep N`` really sleeps (cancellable).
 * ``async for chunk in stream_shell(cmd)``: like `run_shell`, but yields output as it is
   produced, so a server can send what came before a ``sleep`` before sleeping.
+
+And `sh(readline)`: ``sh`` reading command lines from a connection (adbd's ``shell:sh``,
+the agent's kept shell), each line with its output, for both fake servers to serve.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 # One PNG writer for the simulator and the fakes; re-exported for tests.
@@ -110,6 +113,9 @@ class FakePhone:
     # Set: `screencap` draws a live frame, as a simulated phone does (a red square where the
     # last `input tap` landed, the text typed), instead of `png`.
     screen: LiveScreen | None = None
+    # Set: `sh` answers as over a pty, as adbd's `shell:` did before Android 7: each line
+    # written comes back echoed, and every "\n" of the output as "\r\n".
+    sh_pty: bool = False
 
     def reboot(self) -> None:
         self.reboots += 1
@@ -154,6 +160,23 @@ class FakePhone:
                 await asyncio.sleep(step.seconds)
             elif step:
                 yield step
+
+    async def sh(
+        self, readline: Callable[[], Awaitable[bytes]]
+    ) -> AsyncGenerator[tuple[str, AsyncGenerator[bytes, None]], None]:
+        """``sh`` reading its command lines from a connection: each line as it is read,
+        with its output (`stream_shell`'s, produced as the caller iterates it; a caller
+        that never does leaves the line unrun), until `readline` gives b"" (the
+        connection closed). The next line is read once the caller asks for it."""
+        while line := await readline():
+            command = line.decode(errors="replace").rstrip("\r\n")
+            yield command, self._sh_output(line, command)
+
+    async def _sh_output(self, line: bytes, command: str) -> AsyncGenerator[bytes, None]:
+        if self.sh_pty:
+            yield line.rstrip(b"\r\n") + b"\r\n"
+        async for chunk in self.stream_shell(command):
+            yield chunk.replace(b"\n", b"\r\n") if self.sh_pty else chunk
 
     def iter_shell(self, command: str) -> Iterator[bytes | Sleep]:
         """Run `command` lazily: output chunks and pauses, in order."""
