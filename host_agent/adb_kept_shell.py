@@ -43,6 +43,8 @@ __all__ = ["KeptShell"]
 
 # Room after where the last read ended for a marker it cut, its exit code and "\r\n".
 _TAIL = 16
+# An exit code's digits and the end of its line, after a marker.
+_EXIT_LINE = re.compile(rb"\d+\r?\n")
 
 
 class KeptShell:
@@ -112,7 +114,6 @@ class KeptShell:
 async def _read_through(phone: Session, marker: bytes) -> tuple[bytes, bool]:
     """(what was read, whether it ends with the marker's line) once the marker, its exit
     code and a newline have come, or once the connection ended."""
-    end = re.compile(re.escape(marker) + rb"\d+\r?\n")
     data = bytearray()
     while True:
         chunk = await phone.read_some()
@@ -120,9 +121,13 @@ async def _read_through(phone: Session, marker: bytes) -> tuple[bytes, bool]:
             return bytes(data), False
         start = max(0, len(data) - len(marker) - _TAIL)
         data += chunk
-        found = end.search(data, start)
-        if found is not None:
-            return bytes(data[: found.end()]), True
+        # The marker found by bytes, then its code's line (a pattern of its own per marker
+        # would be compiled for each command: every marker is new).
+        at = data.find(marker, start)
+        while at >= 0:
+            if (code := _EXIT_LINE.match(data, at + len(marker))) is not None:
+                return bytes(data[: code.end()]), True
+            at = data.find(marker, at + 1)
 
 
 def _without_echo(raw: bytes, line: bytes) -> bytes:
