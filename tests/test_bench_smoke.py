@@ -4,7 +4,9 @@ is checked against a time: only that every workload ran and was accounted for.""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,7 +18,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_lib import deep, fleet, flood, options, peer, promtext, report, stats  # noqa: E402
+from bench_lib import (  # noqa: E402
+    deep,
+    fleet,
+    flood,
+    options,
+    peer,
+    promtext,
+    relay_floor,
+    report,
+    stats,
+)
 
 BENCH = [sys.executable, str(ROOT / "scripts" / "bench.py")]
 
@@ -359,6 +371,27 @@ def test_the_video_rows_judge_issue_40s_targets() -> None:
     assert pages.met is True
     assert rows["click through a session -> decoded pixel changed, ms"].met is False
     assert report._video_rows(None) == []
+
+
+@pytest.mark.parametrize("relay_dials", [False, True], ids=["hosts-dial", "relay-dials"])
+async def test_the_relay_floor_delivers_every_byte_in_order(relay_dials: bool) -> None:
+    """THEN what the bench writes into the floor's sender comes out of its receiver's
+    connection byte for byte, push after push (a push of many frames and a ragged last
+    one, a push of one byte, an empty push), through its three processes: a floor that
+    lost or reordered bytes would measure nothing. It carries the door's frames."""
+    from amc_common import adb_carriage
+
+    assert relay_floor.CHUNK == adb_carriage.CHUNK and relay_floor.WINDOW == adb_carriage.WINDOW
+    assert relay_floor.ACK_EVERY == adb_carriage.ACK_EVERY
+    assert relay_floor.JOINED == adb_carriage.JOINED
+    pushes = [os.urandom(3 * relay_floor.WINDOW + 12345), b"x", b"", os.urandom(5_000_000)]
+    async with relay_floor.started(relay_dials) as floor:
+        assert len(set(floor.pids.values())) == 3 and os.getpid() not in floor.pids.values()
+        for data in pushes:
+            _, digest = await relay_floor.push(floor, data, digest=True)
+            assert digest == hashlib.sha256(data).hexdigest(), len(data)
+        _, size = await relay_floor.push(floor, pushes[0])
+        assert size == len(pushes[0])
 
 
 def test_deep_targets_compare_with_the_empty_database_run() -> None:
