@@ -83,6 +83,10 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert screen["many"]["viewers"] == 4 and screen["many"]["frames_per_s"] > 0
     assert "11 screen" in done.stdout
     assert results["session"]["verified"] is True
+    # The door's push, and the bare grpc.aio relay's of the same bytes after each.
+    assert results["adb"]["verified"] is True
+    assert results["adb"]["push_floor"]["delivered"] is True
+    assert results["adb"]["push_floor"]["pushes"] == results["adb"]["pushes"]
     webdriver = results["webdriver"]  # skipped only where the npm registry is unreachable
     assert webdriver.get("verified") is True or "unreachable" in webdriver["skipped"]
     assert "17 webdriver" in done.stdout
