@@ -4,7 +4,9 @@ is checked against a time: only that every workload ran and was accounted for.""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,7 +18,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_lib import deep, fleet, flood, options, peer, promtext, report, stats  # noqa: E402
+from bench_lib import (  # noqa: E402
+    adb_floor,
+    deep,
+    fleet,
+    flood,
+    options,
+    peer,
+    promtext,
+    relay_floor,
+    report,
+    stats,
+)
 
 BENCH = [sys.executable, str(ROOT / "scripts" / "bench.py")]
 
@@ -70,6 +83,10 @@ def test_quick_bench_runs_every_workload_and_writes_the_results(tmp_path: Path) 
     assert screen["many"]["viewers"] == 4 and screen["many"]["frames_per_s"] > 0
     assert "11 screen" in done.stdout
     assert results["session"]["verified"] is True
+    # The door's push, and the bare grpc.aio relay's of the same bytes after each.
+    assert results["adb"]["verified"] is True
+    assert results["adb"]["push_floor"]["delivered"] is True
+    assert results["adb"]["push_floor"]["pushes"] == results["adb"]["pushes"]
     webdriver = results["webdriver"]  # skipped only where the npm registry is unreachable
     assert webdriver.get("verified") is True or "unreachable" in webdriver["skipped"]
     assert "17 webdriver" in done.stdout
@@ -359,6 +376,83 @@ def test_the_video_rows_judge_issue_40s_targets() -> None:
     assert pages.met is True
     assert rows["click through a session -> decoded pixel changed, ms"].met is False
     assert report._video_rows(None) == []
+
+
+def test_the_adb_rows_put_a_bare_grpc_relay_beside_the_door() -> None:
+    """THEN the adb workload's push is followed by the bare grpc.aio relay's: its MB/s and
+    share of direct, its three processes' CPU a MB (sum) against AMC's door, control plane
+    and agent (sum), and the ceiling each sum implies on the machine's cores with the adb
+    server's and phone's own CPU: cores x 1,000 / (three + adb server + phone)."""
+    door_ms = {"door": 1.5, "control plane": 1.5, "agent": 1.0}
+    door_ms |= {"adb server": 1.0, "phone (this process)": 2.0}
+    tally = adb_floor.Tally(mb_s=150.0, pushes=2)
+    # Seconds over two pushes of 100 MB: 1.0 / 1.0 / 0.6 ms a MB, 2.6 in all.
+    tally.cpu.update({"sender": 0.2, "relay": 0.2, "receiver": 0.12, "bench (its ends)": 0.1})
+    floor = adb_floor.figures(tally, 100, door_ms, 300.0)
+    cores = floor["cores"]
+    assert floor["sum_ms_per_mb"] == pytest.approx({"floor": 2.6, "amc": 4.0})
+    assert floor["ceiling_mb_s"]["floor"] == pytest.approx(1000 * cores / 5.6)
+    assert floor["ceiling_share"]["amc"] == pytest.approx(1000 * cores / 7.0 / 300.0)
+    adb = {
+        "shell_direct_ms": {"n": 5, "p50": 4.0, "p99": 6.0, "max": 6.0},
+        "shell_door_ms": {"n": 5, "p50": 7.0, "p99": 9.0, "max": 9.0},
+        "shell_overhead_ms": {"p50": 3.0, "p99": 3.0},
+        "push_mb": 100,
+        "push_direct_mb_s": 300.0,
+        "push_door_mb_s": 120.0,
+        "push_ratio": 0.4,
+        "verified": True,
+        "push_door_cpu_ms_per_mb": door_ms,
+        "push_floor": floor,
+    }
+    rows = {r.measure.strip(): r for r in report._adb_rows(adb)}
+    push = rows["push of 100 MB, MB/s direct / door"]
+    assert push.value == "300.0 / 120.0 (40%)" and push.met is False
+    bare = rows["bare grpc.aio relay, same frames: MB/s; CPU ms a MB (sum)"]
+    assert bare.value == (
+        "150.0 (50%); 1.00 / 1.00 / 0.60 (2.60) against AMC's 1.50 / 1.50 / 1.00 (4.00)"
+    )
+    assert bare.met is None
+    best = rows[
+        f"at best on {cores} cores: {1000 * cores:,} / (three + adb server + phone) ms a MB"
+    ]
+    floor_mb_s, amc_mb_s = 1000 * cores / 5.6, 1000 * cores / 7.0
+    assert best.value == (
+        f"{floor_mb_s:.0f} MB/s ({floor_mb_s / 300:.0%}) with the floor's three,"
+        f" {amc_mb_s:.0f} ({amc_mb_s / 300:.0%}) with AMC's"
+    )
+    # A floor that lost bytes says so; results from before the floor have no such rows.
+    adb["push_floor"] = {**floor, "delivered": False}
+    assert report._adb_rows(adb)[4].value.endswith("; BYTES LOST")
+    del adb["push_floor"]
+    assert len(report._adb_rows(adb)) == 4
+
+
+@pytest.mark.parametrize("relay_dials", [False, True], ids=["hosts-dial", "relay-dials"])
+async def test_the_relay_floor_delivers_every_byte_in_order(relay_dials: bool) -> None:
+    """THEN what the bench writes into the floor's sender comes out of its receiver's
+    connection byte for byte, push after push (a push of many frames and a ragged last
+    one, a push of one byte, an empty push), through its three processes: a floor that
+    lost or reordered bytes would measure nothing. It carries the door's frames."""
+    from amc_common import adb_carriage
+
+    assert relay_floor.CHUNK == adb_carriage.CHUNK and relay_floor.WINDOW == adb_carriage.WINDOW
+    assert relay_floor.ACK_EVERY == adb_carriage.ACK_EVERY
+    assert relay_floor.JOINED == adb_carriage.JOINED
+    pushes = [os.urandom(3 * relay_floor.WINDOW + 12345), b"x", b"", os.urandom(5_000_000)]
+    async with relay_floor.started(relay_dials) as floor:
+        assert len(set(floor.pids.values())) == 3 and os.getpid() not in floor.pids.values()
+        for data in pushes:
+            _, digest = await relay_floor.push(floor, data, digest=True)
+            assert digest == hashlib.sha256(data).hexdigest(), len(data)
+        _, size = await relay_floor.push(floor, pushes[0])
+        assert size == len(pushes[0])
+        tally = adb_floor.Tally()
+        await adb_floor.measured(floor, pushes[-1], tally)
+        assert tally.delivered and tally.pushes == 1 and tally.mb_s > 0
+        # CPU in 10-ms ticks: a few MB may show none in a process.
+        assert set(tally.cpu) == {*relay_floor.NAMES, adb_floor.BENCH}
+        assert min(tally.cpu.values()) >= 0, tally.cpu
 
 
 def test_deep_targets_compare_with_the_empty_database_run() -> None:

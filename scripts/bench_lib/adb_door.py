@@ -13,6 +13,9 @@ the same server:
 then PUSHES pushes of --adb-push-mb MB on each path, direct and door in turn so that a
 change in the machine's load falls on both alike, MB/s (the best of each), with the CPU
 seconds each process spent on the door's pushes (and its main thread's: its event loop).
+Beside them, in the same turns, the same bytes pushed through the door's path with nothing
+of AMC in it (bench_lib.relay_floor: a bare grpc.aio relay, the same frames and window),
+its MB/s and its three processes' CPU (`push_floor`, bench_lib.adb_floor).
 Under --profile, py-spy samples the door, the control plane and the agent during the
 door's pushes (`profile` in the results).
 """
@@ -36,7 +39,7 @@ import psutil
 from amc_testing.adbd import SimulatedAdbd
 from amc_testing.database import free_port
 from amc_testing.host import SimulatedSource
-from bench_lib import profiling
+from bench_lib import adb_floor, profiling, relay_floor
 from bench_lib.report import Row, pcts
 from bench_lib.stack import AGENT_TOKEN, Stack, cpu_seconds, rss_bytes, spawn
 from bench_lib.stats import summarize
@@ -210,9 +213,11 @@ async def _pushes(
     pids: dict[str, int],
     tries: int,
     profile: Path | None,
+    floor: tuple[relay_floor.Floor, bytes, adb_floor.Tally] | None = None,
 ) -> Pushed:
     """The better of `tries` pushes on each path, direct and door in turn (so a change in
-    the machine's load falls on both alike), and each process's CPU over the door's."""
+    the machine's load falls on both alike), and each process's CPU over the door's; with
+    `floor`, a push of the same bytes through it after each pair (counted in its tally)."""
     out = Pushed({path: 0.0 for path in serials}, dict.fromkeys(pids, 0.0), {}, {})
     out.main_thread = dict.fromkeys(pids, 0.0)
     out.profile = dict.fromkeys(PROFILED, "")
@@ -236,6 +241,8 @@ async def _pushes(
                     out.main_thread[name] += _main_thread_seconds(pid) - main[name]
             for name, recording in zip(PROFILED, recordings, strict=False):
                 out.profile[name] += await profiling.finish_raw(recording)
+        if floor is not None:
+            await adb_floor.measured(*floor)
     return out
 
 
@@ -261,8 +268,12 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
                 say(f"adb: {options.shells} adb shell round trips each, direct and door")
                 times = await _shells(adb, serials, options.shells)
                 big = stack.root / "push.bin"
-                big.write_bytes(os.urandom(options.push_mb * 1_000_000))
-                say(f"adb: {PUSHES} pushes of {options.push_mb} MB, direct and door in turn")
+                payload = os.urandom(options.push_mb * 1_000_000)
+                big.write_bytes(payload)
+                say(
+                    f"adb: {PUSHES} pushes of {options.push_mb} MB, direct, door and a bare"
+                    " grpc.aio relay (bench_lib.relay_floor) in turn"
+                )
                 assert stack.control_plane is not None
                 pids = {
                     "door": door_pid,
@@ -272,19 +283,31 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
                     "phone (this process)": os.getpid(),
                 }
                 rss_before = rss_bytes(stack.control_plane.pid)
-                pushed = await _pushes(
-                    adb, serials, big, options.push_mb, pids, PUSHES, options.profile
-                )
+                tally = adb_floor.Tally()
+                async with relay_floor.started() as floor:
+                    pushed = await _pushes(
+                        adb,
+                        serials,
+                        big,
+                        options.push_mb,
+                        pids,
+                        PUSHES,
+                        options.profile,
+                        (floor, payload, tally),
+                    )
                 rss_after = rss_bytes(stack.control_plane.pid)
                 direct_mbs, door_mbs = pushed.best["direct"], pushed.best["door"]
                 # Checked while the door's session holds the phone: its clean after the
                 # lease removes what was pushed.
                 on_phone = source.apps["adb-phone-0"].files.get("/sdcard/bench.bin")
-                verified = on_phone == big.read_bytes()
+                verified = on_phone == payload
                 big.unlink()
         finally:
             agent.stop()
     direct, through = summarize(times["direct"]), summarize(times["door"])
+    door_ms = {
+        name: 1000 * seconds / (PUSHES * options.push_mb) for name, seconds in pushed.cpu.items()
+    }
     result: dict[str, Any] = {
         "shell_direct_ms": direct,
         "shell_door_ms": through,
@@ -298,10 +321,9 @@ async def run(stack: Stack, options: Options, say: Callable[[str], None]) -> dic
         # The same, of each process's main thread (its event loop; the rest is gRPC's).
         "push_door_main_thread_cpu_s": pushed.main_thread,
         # CPU milliseconds each process spent per MB pushed through the door.
-        "push_door_cpu_ms_per_mb": {
-            name: 1000 * seconds / (PUSHES * options.push_mb)
-            for name, seconds in pushed.cpu.items()
-        },
+        "push_door_cpu_ms_per_mb": door_ms,
+        # The same bytes through a bare grpc.aio relay of the door's shape, in the same turns.
+        "push_floor": adb_floor.figures(tally, options.push_mb, door_ms, direct_mbs),
         "pushes": PUSHES,
         # The control plane's RSS before the pushes and after them, MB.
         "control_plane_rss_mb": [rss_before / 1e6, rss_after / 1e6],
@@ -341,4 +363,5 @@ def rows(adb: dict[str, Any] | None) -> list[Row]:
             f">= {PUSH_SHARE:.0%} of direct",
             adb["push_ratio"] >= PUSH_SHARE and adb["verified"],
         ),
+        *adb_floor.rows(adb),
     ]

@@ -389,8 +389,12 @@ def _doors(a: argparse.Namespace) -> list[tuple[str, str, float]]:
     """The plan's steps for the doors onto a leased phone: adb, then MCP."""
     out: list[tuple[str, str, float]] = []
     if "adb" in a.only:
+        # Three pushes direct and three through the door; then three through the bare
+        # grpc.aio relay (bench_lib.relay_floor: 1.3-2.0 s with its start at load 1.4).
         seconds = 2 + a.adb_shells * 2 * 0.01 + a.adb_push_mb * 6 / 100
-        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push",
+        seconds += 1 + a.adb_push_mb * 3 / 100
+        out.append(("adb", f"{a.adb_shells} adb shells each way, a {a.adb_push_mb} MB push"
+                    " direct, through the door and through a bare grpc.aio relay",
                     seconds))  # fmt: skip
     if "mcp" in a.only:
         seconds = 2 * a.mcp_actions * a.mcp_think * 1.1 + a.mcp_clients / 20 + 6
