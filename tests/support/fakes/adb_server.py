@@ -114,6 +114,8 @@ class FakeAdbServer:
         self.port = 0
         # `adb reconnect`s asked for, per serial.
         self.reconnects: dict[str, int] = {}
+        # The lines of a `shell:sh` left unanswered (faults.hang_on), as they came.
+        self.hung: list[str] = []
         for phone in phones:
             self.add_phone(phone)
 
@@ -346,6 +348,7 @@ class FakeAdbServer:
         async with contextlib.aclosing(phone.sh(conn.reader.readline)) as lines:
             async for command, output in lines:
                 if self.faults.hang_on is not None and self.faults.hang_on in command:
+                    self.hung.append(command)
                     await self._wait_for_client_close(conn)
                     return
                 if self.faults.drop_on is not None and self.faults.drop_on in command:
