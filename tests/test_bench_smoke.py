@@ -378,6 +378,31 @@ def test_the_video_rows_judge_issue_40s_targets() -> None:
     assert report._video_rows(None) == []
 
 
+def test_the_lifecycle_rows_judge_issue_41s_shares_of_the_peers_drain() -> None:
+    """THEN the lifecycle's batched run is held to half of pgqueuer b10's drain and its run
+    of one SubmitTask each to three tenths (issue 41), each met or not by its own ratio."""
+    spread = {"median": 600.0, "min": 590.0, "max": 610.0, "reps": [590.0, 600.0, 610.0]}
+    run = {
+        "tasks": 2000,
+        "tasks_per_s": spread,
+        "verified": True,
+        "commits_per_task": spread,
+        "wal_fsyncs_per_task": spread,
+        "cpu_cores": {"control_plane": spread, "agents": spread, "postgres": spread},
+        "cpu_ms_per_task": {},
+    }
+    results = {
+        "lifecycle": {**run, "submit_batch": 50},
+        "lifecycle_single": {**run, "submit_batch": 1},
+        "ratios": {"lifecycle_vs_pgqueuer_b10": 0.52, "lifecycle_single_vs_pgqueuer_b10": 0.2},
+    }
+    rows = [r for r in report._lifecycle_rows(results) if r.measure.startswith("tasks/s")]
+    assert [(r.target, r.met) for r in rows] == [
+        (">= 0.5x pgqueuer b10", True),
+        (">= 0.3x pgqueuer b10", False),
+    ]
+
+
 def test_the_adb_rows_put_a_bare_grpc_relay_beside_the_door() -> None:
     """THEN the adb workload's push is followed by the bare grpc.aio relay's: its MB/s and
     share of direct, its three processes' CPU a MB (sum) against AMC's door, control plane
