@@ -26,7 +26,8 @@
 --      before or after an Acquire that assigns (no assignment commits after a cordon
 --      returned), while Acquires wait neither for each other nor for the host's
 --      registration and presence writes (FOR NO KEY UPDATE);
---   4. devices.
+--   4. devices; several in one transaction: in (host_id, serial) order, held before any
+--      is changed (a batched report's, a host's health report's).
 -- A lock taken with SKIP LOCKED never waits, so it cannot close a cycle (Acquire takes
 -- queued tasks in queue order that way); all the same the sweeps take theirs in task_id
 -- order too. The one statement that writes an attempt row without its task

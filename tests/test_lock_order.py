@@ -858,3 +858,75 @@ async def test_two_acquires_meeting_capped_keys_in_opposite_orders_do_not_deadlo
         assert not isinstance(answer, BaseException), f"{type(answer).__name__}: {answer}"
     taken = [[r["task_id"] for r in rows if r["task_id"]] for rows in answers]  # type: ignore[union-attr]
     assert [len(t) for t in taken] == [2, 2]
+
+
+async def leases_lower_on(
+    client: Clients, host: HostClient, stream: RenewStream, serial: str
+) -> tuple[lease_pb2.Assignment, lease_pb2.Assignment]:
+    """Two acknowledged leases of host h1 (devices s1, s2), a's task_id the lower and a on
+    `serial`: pairs are submitted (and the others cancelled) until one falls that way."""
+    for _ in range(40):
+        submitted = await client.scheduler.SubmitTasks(
+            scheduler_pb2.SubmitTasksRequest(
+                tasks=[
+                    scheduler_pb2.SubmitTaskRequest(
+                        spec=actions_spec(), selector=task_pb2.DeviceSelector(serial=s)
+                    )
+                    for s in ("s1", "s2")
+                ]
+            )
+        )
+        low, high = sorted(submitted.tasks, key=lambda t: uuid.UUID(t.task_id))
+        if low.selector.serial == serial:
+            a = await host.acquire_one(low.selector.serial)
+            b = await host.acquire_one(high.selector.serial)
+            assert {x.result for x in await stream.renew(a.lease_id, b.lease_id)} == {RENEWED}
+            return a, b
+        for t in (low, high):
+            await client.scheduler.CancelTask(scheduler_pb2.CancelTaskRequest(task_id=t.task_id))
+    raise AssertionError(f"no pair with the lower task on {serial} in 40")
+
+
+@pytest.mark.parametrize("lower_on", ["s1", "s2"])
+async def test_a_batched_report_and_a_health_report_of_its_devices_do_not_deadlock(
+    farm: Farm, lower_on: str
+) -> None:
+    """GIVEN a batched report of a and b (task_id order) stopped at b's task, holding a's
+    device, and a health report (a probe round's conditions) of b's device then a's WHEN
+    the report goes on THEN neither is a deadlock victim (PostgreSQL finds one only after
+    its deadlock_timeout, 1 s, which every phone of the host waited): the report takes its
+    tasks' devices in serial order after its tasks, and the health report its devices in
+    serial order."""
+    client = await farm.client()
+    host = await farm.host("h1", "s1", "s2")
+    stream = RenewStream(host)
+    try:
+        a, b = await leases_lower_on(client, host, stream, lower_on)
+        deadlocks = await deadlock_count(farm)
+        pause = await Pause.before_update(
+            farm, "tasks", f"current_query() LIKE '%amc_report(%' AND OLD.task_id = '{b.task_id}'"
+        )
+        try:
+            report = asyncio.ensure_future(host.c.lease.ReportResults(done(a, b)))
+            await eventually(
+                lambda: waiting(farm, "report_results", "advisory"), what="it to stop at b"
+            )
+            hot = [
+                lease_pb2.DeviceHealth(serial=s, condition=scheduler_pb2.DEVICE_CONDITION_TOO_HOT)
+                for s in (b.device_serial, a.device_serial)
+            ]
+            request = lease_pb2.ReportDeviceHealthRequest(host_id=host.host_id, devices=hot)
+            health = asyncio.ensure_future(host.c.lease.ReportDeviceHealth(request))
+            await eventually(lambda: waiting(farm, "set_device_health"), what="it to wait")
+        finally:
+            resumed = time.monotonic()
+            await pause.resume()
+        answer = await asyncio.wait_for(report, 30)
+        took = time.monotonic() - resumed
+        await asyncio.wait_for(health, 30)
+    finally:
+        await stream.close()
+    assert [x.code for x in answer.answers] == [0, 0], answer
+    assert [await farm.status(t.task_id) for t in (a, b)] == ["done", "done"]
+    await _consistent(farm)
+    assert await deadlock_count(farm) == deadlocks, f"deadlock; the report took {took:.2f} s"

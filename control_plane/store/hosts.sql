@@ -159,7 +159,10 @@ WITH h AS (
                          $7::bool[])
         AS h (serial, condition, reason, battery, temperature, charging)
 ), was AS (
+    -- Held in serial order before any is changed (u reads them from here), as a batched
+    -- report holds its devices (report_results): two orders deadlocked.
     SELECT d.serial, d.condition FROM devices d JOIN h USING (serial) WHERE d.host_id = $1
+    ORDER BY d.serial FOR UPDATE OF d
 ), ev AS (
     INSERT INTO host_events (host_id, serial, kind, actor, actor_name, reason)
     SELECT $1, e.serial, e.kind, $1, 'host agent', e.reason
@@ -178,7 +181,7 @@ WITH h AS (
     UPDATE devices d SET condition = h.condition, condition_reason = h.reason,
                          battery_percent = h.battery, temperature_celsius = h.temperature,
                          charging = h.charging, probed_at = now()
-    FROM h
+    FROM h JOIN was USING (serial)
     WHERE d.host_id = $1 AND d.serial = h.serial
     RETURNING d.serial, d.condition
 )

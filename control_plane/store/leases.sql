@@ -317,14 +317,31 @@ SELECT k.task_id FROM amc_keep_steps($1::uuid[], $2::integer[], $3::integer[], $
 -- the `ord` of its result: kept as artifacts (one chunk each) of the results recorded
 -- here, none of a result refused or repeated. Its task's row is held already (FOR UPDATE,
 -- by amc_report), so no lock is taken out of order.
-WITH r AS MATERIALIZED (
+-- The results' tasks are held first (task_id order), then the devices they hold (serial
+-- order), and only then reported: a report frees each task's device, and one that took
+-- task a, a's device, task b, b's device deadlocked with a host's health report taking the
+-- same devices in another order (set_device_health), 1 s (deadlock_timeout) for every
+-- phone of the host.
+WITH held AS MATERIALIZED (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM tasks tk WHERE tk.task_id = ANY ($2::uuid[])
+        ORDER BY tk.task_id FOR UPDATE
+    ) t
+), held_devices AS MATERIALIZED (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM devices dv CROSS JOIN held
+        WHERE dv.task_id = ANY ($2::uuid[])
+        ORDER BY dv.host_id, dv.serial FOR UPDATE OF dv
+    ) d
+), r AS MATERIALIZED (
     SELECT r.ord, x.code, (x.task).*, x.att_cancel_requested_at, x.att_cancel_delivered_at,
            (SELECT COALESCE(a.acknowledged_at, a.created_at) FROM attempts a
             WHERE a.task_id = r.task_id AND a.attempt = r.attempt) AS att_started_at
-    FROM (SELECT * FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[],
-                               $6::bytea[], $7::text[], $8::boolean[])
+    FROM (SELECT u.* FROM unnest($2::uuid[], $3::integer[], $4::uuid[], $5::text[],
+                                 $6::bytea[], $7::text[], $8::boolean[])
               WITH ORDINALITY AS u (task_id, attempt, lease_id, outcome, result, error,
                                     cleans, ord)
+          CROSS JOIN held_devices
           ORDER BY u.task_id, u.ord) r
     LEFT JOIN LATERAL amc_report($1, r.task_id, r.attempt, r.lease_id, r.outcome, r.result,
                                  r.error, r.cleans) x ON true
