@@ -28,6 +28,17 @@ BEGIN
     RETURN v_lease;
 END $$;
 
+-- A task's deadline as its row has it now, not as the calling statement's snapshot has it:
+-- amc_acquire's own queries see (and may assign) a task submitted after the Acquire's
+-- statement began, whose snapshot does not have that task's row, so the statement read the
+-- deadline as NULL and the host ran the task with none (tests/test_deadlines.py met it under
+-- load). VOLATILE: each call reads with a snapshot of its own.
+CREATE OR REPLACE FUNCTION amc_task_deadline(p_task uuid)
+RETURNS interval
+LANGUAGE sql VOLATILE AS $$
+    SELECT tk.deadline FROM tasks tk WHERE tk.task_id = p_task
+$$;
+
 -- assign: queued -> assigned, for up to one task per idle device of the host; then the
 -- host's devices still idle (labels set, task_id NULL), for the replica's index of parked
 -- Acquires (control_plane/dispatch.py).
@@ -298,8 +309,9 @@ END $$;
 
 -- name: acquire
 -- Assignments (task_id set), then the devices left idle (labels set); each assignment with
--- its task's deadline (fixed at submit, so the statement's snapshot has it).
-SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline
+-- its task's deadline (amc_task_deadline: a task submitted after this statement began may
+-- be assigned, and this statement's snapshot does not have it).
+SELECT a.*, amc_task_deadline(a.task_id) AS deadline
 FROM amc_acquire($1, $2, $3) a;
 
 -- name: acquire_offered
@@ -313,7 +325,7 @@ FROM amc_acquire($1, $2, $3) a;
 -- again when its cap is raised). Still one statement; the extra rows are primary-key
 -- lookups (one per offered task, its status asked of the row: amc_acquire says why), and
 -- a count of a capped key's running tasks (at most its cap).
-SELECT a.*, (SELECT tk.deadline FROM tasks tk WHERE tk.task_id = a.task_id) AS deadline,
+SELECT a.*, amc_task_deadline(a.task_id) AS deadline,
        NULL::uuid AS queued
 FROM amc_acquire($1, $2, $3) a
 UNION ALL
