@@ -32,10 +32,11 @@ END $$;
 -- amc_acquire's own queries see (and may assign) a task submitted after the Acquire's
 -- statement began, whose snapshot does not have that task's row, so the statement read the
 -- deadline as NULL and the host ran the task with none (tests/test_deadlines.py met it under
--- load). VOLATILE: each call reads with a snapshot of its own.
+-- load). VOLATILE: each call reads with a snapshot of its own; STRICT: the rows of devices
+-- left idle (no task) cost no query.
 CREATE OR REPLACE FUNCTION amc_task_deadline(p_task uuid)
 RETURNS interval
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE sql VOLATILE STRICT AS $$
     SELECT tk.deadline FROM tasks tk WHERE tk.task_id = p_task
 $$;
 
